@@ -1,0 +1,87 @@
+# ds41 — build, test, run.  See README.md.
+CC      ?= gcc
+PKGS    := jansson libpcre2-8 libutf8proc
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+# -ffp-contract=off: exact mode forbids fused multiply-add (exact-mode.md); gcc's
+# default in GNU mode would fuse a*b+c once FMA is enabled.
+ARCH    ?= -mavx2 -mfma -mf16c
+OPT     ?= -O2
+CFLAGS  ?= $(OPT) -g
+CFLAGS  += -std=gnu11 -Wall -Wextra -ffp-contract=off -fno-math-errno $(ARCH) -pthread -Iinclude -Isrc $(PKG_CFLAGS)
+LDLIBS  += $(PKG_LIBS) -lm -pthread
+BUILD   ?= build
+
+LIB_SRC := $(sort $(wildcard src/*.c src/kernels/*.c))
+LIB_SRC := $(filter-out src/main.c,$(LIB_SRC))
+LIB_OBJ := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC))
+TEST_SRC := $(sort $(wildcard tests/test_*.c))
+TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+BENCH_SRC := $(sort $(wildcard bench/bench_*.c))
+BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+
+.PHONY: all setup test run bench check-asan fuzz clean
+
+all: ds41 libds41.a $(TEST_BIN) $(BENCH_BIN)
+
+setup:
+	@bash scripts/setup.sh
+
+$(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h src/kernels/*.h include/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/libds41.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+libds41.a: $(BUILD)/libds41.a
+	@if [ "$(BUILD)" = build ]; then cp $< $@; fi
+
+$(BUILD)/ds41: src/main.c $(BUILD)/libds41.a
+	$(CC) $(CFLAGS) $< $(BUILD)/libds41.a -o $@ $(LDFLAGS) $(LDLIBS)
+
+ds41: $(BUILD)/ds41
+	@if [ "$(BUILD)" = build ]; then cp $< $@; fi
+
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libds41.a tests/check.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests $< $(BUILD)/libds41.a -o $@ $(LDFLAGS) $(LDLIBS)
+
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libds41.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< $(BUILD)/libds41.a -o $@ $(LDFLAGS) $(LDLIBS)
+
+# make test: install what is missing, build, run every test; last line "N passed, N failed".
+test: setup
+	@$(MAKE) --no-print-directory all
+	@bash tests/run.sh
+
+# make run: the main job (see README).
+run: setup
+	@$(MAKE) --no-print-directory all
+	@bash scripts/run.sh
+
+bench: setup
+	@$(MAKE) --no-print-directory all
+	@bash bench/run.sh
+
+# AddressSanitizer + UndefinedBehaviorSanitizer build of everything, then the C and CLI tests.
+check-asan:
+	@$(MAKE) --no-print-directory BUILD=build-asan OPT=-O1 \
+	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
+	  LDFLAGS="-fsanitize=address,undefined" build-asan/ds41 $(patsubst $(BUILD)/%,build-asan/%,$(TEST_BIN))
+	@DS41_BUILD=build-asan DS41_ASAN=1 bash tests/run.sh
+
+FUZZ_SRC := $(sort $(wildcard fuzz/fuzz_*.c))
+FUZZ_BIN := $(patsubst fuzz/%.c,build-fuzz/%,$(FUZZ_SRC))
+FUZZ_SECONDS ?= 20
+build-fuzz/%: fuzz/%.c $(LIB_SRC) $(wildcard src/*.h)
+	@mkdir -p build-fuzz
+	clang -O1 -g -std=gnu11 -ffp-contract=off $(ARCH) -Isrc -Iinclude $(PKG_CFLAGS) \
+	  -fsanitize=fuzzer,address,undefined $< $(LIB_SRC) -o $@ $(PKG_LIBS) -lm -pthread
+fuzz: $(FUZZ_BIN)
+	@bash fuzz/run.sh $(FUZZ_SECONDS)
+
+clean:
+	rm -rf build build-asan build-fuzz ds41 libds41.a

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian 12 machine lacks for ds41: build tools and libraries (apt, as
+# root), Debian's Python numpy for the reference and tools, and the npm packages used as test
+# oracles (tests/oracle/). Idempotent and quick when everything is present.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+APT_PKGS="gcc make pkg-config bc clang libclang-rt-14-dev libjansson-dev libpcre2-dev libutf8proc-dev python3 python3-numpy nodejs npm"
+missing=""
+for p in $APT_PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    echo "setup: installing Debian packages:$missing"
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "setup: need root to apt-get install:$missing" >&2
+        exit 1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # nodejs/npm may already come from elsewhere (node on PATH): do not fight it.
+    if command -v npm >/dev/null 2>&1; then missing=$(echo "$missing" | sed 's/ nodejs//; s/ npm//'); fi
+    [ -n "${missing// /}" ] && apt-get install -y -qq $missing >/dev/null
+fi
+if [ -f tests/oracle/package.json ]; then
+    if [ ! -f tests/oracle/node_modules/.ds41-installed ] || [ tests/oracle/package.json -nt tests/oracle/node_modules/.ds41-installed ]; then
+        echo "setup: installing npm test oracles (tests/oracle)"
+        (cd tests/oracle && if [ -f package-lock.json ]; then npm ci --no-audit --no-fund --loglevel=error; else npm install --no-audit --no-fund --loglevel=error; fi)
+        touch tests/oracle/node_modules/.ds41-installed
+    fi
+fi

@@ -1,0 +1,12 @@
+/* ds41 CLI commands: each is `int ds41_cli_NAME(int argc, char **argv)` with argv[0] the
+ * command name; returns the process exit status. Each has --help. */
+#ifndef DS41_CLI_H
+#define DS41_CLI_H
+
+int ds41_cli_inspect(int argc, char **argv);
+int ds41_cli_tokenize(int argc, char **argv);
+int ds41_cli_chat_template(int argc, char **argv);
+int ds41_cli_run(int argc, char **argv);
+int ds41_cli_bench(int argc, char **argv);
+
+#endif

@@ -1,0 +1,67 @@
+/* ds41 kernels: linears over packed FP8 / FP4 / BF16 / FP32 weights, RMSNorm, RoPE,
+ * elementary functions. Activations are float arrays; where the spec says BF16 they hold
+ * BF16-representable values (every output marked "bf16" below is rounded to BF16).
+ * Two kernel sets chosen by ds41_ctx.exact:
+ *   exact: the order-independent contract of exact-mode.md (double accumulation rounded
+ *          once to FP32, transcendentals in double rounded once, no FMA);
+ *   fast:  FP32 accumulation, reordered/threaded/SIMD as the kernel likes.
+ * Every fast kernel has an exact twin and is tested against it with a stated tolerance. */
+#ifndef DS41_KERNELS_H
+#define DS41_KERNELS_H
+
+#include "config.h"
+#include "model.h"
+
+typedef struct ds41_pool ds41_pool;   /* thread pool (kernels/pool.c) */
+
+typedef struct ds41_ctx {
+    int exact;          /* 1: exact kernels; 0: fast kernels */
+    int n_threads;      /* >= 1 */
+    ds41_pool *pool;    /* NULL: single-threaded */
+} ds41_ctx;
+
+/* Thread pool: run fn(arg, i) for i in [0, n) over the pool's threads (static split). */
+ds41_pool *ds41_pool_create(int n_threads);
+void ds41_pool_destroy(ds41_pool *p);
+void ds41_parallel_for(const ds41_ctx *ctx, int n, void (*fn)(void *arg, int i0, int i1), void *arg);
+
+/* ---- elementary functions (exact: evaluated in double from the FP32 input, rounded once) ---- */
+float ds41_expf_x(const ds41_ctx *ctx, float x);
+float ds41_sigmoid_x(const ds41_ctx *ctx, float x);      /* 1/(1+exp(-x)) */
+float ds41_silu_x(const ds41_ctx *ctx, float x);         /* x/(1+exp(-x)) */
+float ds41_softplus_x(const ds41_ctx *ctx, float x);     /* x > 20 ? x : log1p(exp(x)) */
+float ds41_rsqrt_x(const ds41_ctx *ctx, float x);        /* 1/sqrt(x) as one operation */
+
+/* ---- linears: x [T, in] row-major, y [T, out] row-major ---- */
+/* FP8 linear (spec 3.0): Q8 of each x row per 32 along K, per-block dots, scales, bf16 out. */
+void ds41_linear_fp8(const ds41_ctx *ctx, const ds41_fp8w *w, const float *x, int T, float *y);
+/* FP4 linear (routed experts): same with E2M1 weights and per-row per-32 UE8M0 scales; bf16 out. */
+void ds41_linear_fp4(const ds41_ctx *ctx, const ds41_fp4w *w, const float *x, int T, float *y);
+/* BF16 linear: out_bf16 ? bf16 result : fp32 result. x values are used as given (BF16 or FP32). */
+void ds41_linear_bf16(const ds41_ctx *ctx, const ds41_bf16w *w, const float *x, int T, float *y, int out_bf16);
+/* FP32 linear with FP32 weights [out, in]; fp32 out. */
+void ds41_linear_f32(const ds41_ctx *ctx, const float *w, int out, int in, const float *x, int T, float *y);
+/* BF16 matmul against FP8 weights dequantized on the fly (exactly), rows [row0, row0+nrows) of w,
+ * reading x[t*x_stride + k] for k < w->in; no activation quantization; bf16 out to
+ * y[t*y_stride + r]. Used by the grouped wo_a (spec 3.13). */
+void ds41_linear_fp8_dq(const ds41_ctx *ctx, const ds41_fp8w *w, int row0, int nrows,
+                        const float *x, int x_stride, int T, float *y, int y_stride);
+
+/* ---- RMSNorm (spec 3.0): y = bf16(fp32(w) * fp32(x * rsqrt(mean(x^2) + eps))) ---- */
+void ds41_rmsnorm(const ds41_ctx *ctx, const float *x, const uint16_t *w, int T, int d, float eps, float *y);
+
+/* ---- RoPE (spec 3.6) ---- */
+typedef struct ds41_rope {
+    int d;              /* rope dims (pairs = d/2) */
+    int max_pos;
+    float inv[256];     /* inverse frequencies, FP32 */
+    float *cos, *sin;   /* [max_pos, d/2] */
+} ds41_rope;
+/* theta and yarn per layer (ds41_layer_plan); YaRN constants from cfg. */
+int ds41_rope_init(ds41_rope *r, const ds41_config *cfg, float theta, int yarn, int max_pos, ds41_err *err);
+void ds41_rope_free(ds41_rope *r);
+/* Rotates x[0..d) (the rope dims of one vector) at position pos, in place, rounding to bf16.
+ * inverse: rotation by -angle. */
+void ds41_rope_apply(const ds41_rope *r, float *x, int pos, int inverse);
+
+#endif

@@ -1,0 +1,37 @@
+/* ds41: command-line entry point. Dispatches to the commands in src/cli_*.c. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+typedef struct command {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *summary;
+} command;
+
+static const command commands[] = {
+    { "inspect", ds41_cli_inspect, "config, layer plan, tensor table and byte budgets of a checkpoint" },
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: ds41 COMMAND [options]   (ds41 COMMAND --help for details)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].summary);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "ds41: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

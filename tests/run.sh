@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Runs every test program and prints the total as its last line: "N passed, N failed".
+# A test program prints "PASS name" / "FAIL name: why" lines; a program that exits non-zero
+# without printing a FAIL line counts as one failure.
+#   build/tests/test_*        C unit and conformance tests
+#   tests/*.test.sh           CLI / end-to-end tests (get $DS41 = the binary to drive)
+#   tests/*_test.py           Python-side tests (Debian's python3 with numpy), skipped under ASan
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${DS41_BUILD:-build}
+export DS41="$PWD/$BUILD/ds41"
+export DS41_ROOT="$PWD"
+export PYTHON=/usr/bin/python3
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+filter=${DS41_TEST_FILTER:-}
+mkdir -p "$BUILD/test-logs"
+pass=0 fail=0
+run_one() {
+    local name=$1; shift
+    local log="$BUILD/test-logs/$(basename "$name").log"
+    local t0=$(date +%s.%N)
+    "$@" >"$log" 2>&1
+    local rc=$?
+    local t1=$(date +%s.%N)
+    local p=$(grep -c '^PASS ' "$log")
+    local f=$(grep -c '^FAIL ' "$log")
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        f=1
+        echo "FAIL $name: exited with status $rc" >>"$log"
+    fi
+    pass=$((pass + p)); fail=$((fail + f))
+    printf '%-40s %4d passed %3d failed  %6.1fs\n' "$(basename "$name")" "$p" "$f" "$(echo "$t1 - $t0" | bc)"
+    if [ "$f" -ne 0 ]; then grep -E '^(FAIL|  )' "$log" | head -n 40 | sed 's/^/    /'; tail -n 5 "$log" | sed 's/^/    | /'; fi
+}
+for t in "$BUILD"/tests/test_*; do
+    [ -x "$t" ] || continue
+    case "$t" in *"$filter"*) ;; *) continue ;; esac
+    run_one "$t" "$t"
+done
+for t in tests/*.test.sh; do
+    [ -f "$t" ] || continue
+    case "$t" in *"$filter"*) ;; *) continue ;; esac
+    run_one "$t" bash "$t"
+done
+if [ -z "${DS41_ASAN:-}" ]; then
+    for t in tests/*_test.py; do
+        [ -f "$t" ] || continue
+        case "$t" in *"$filter"*) ;; *) continue ;; esac
+        run_one "$t" "$PYTHON" "$t"
+    done
+fi
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
