@@ -7,8 +7,9 @@ PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 # default in GNU mode would fuse a*b+c once FMA is enabled.
 ARCH    ?= -mavx2 -mfma -mf16c
 OPT     ?= -O2
+SAN     ?=
 CFLAGS  ?= $(OPT) -g
-CFLAGS  += -std=gnu11 -Wall -Wextra -ffp-contract=off -fno-math-errno $(ARCH) -pthread -Iinclude -Isrc $(PKG_CFLAGS)
+CFLAGS  += $(SAN) -std=gnu11 -Wall -Wextra -ffp-contract=off -fno-math-errno $(ARCH) -pthread -Iinclude -Isrc $(PKG_CFLAGS)
 LDLIBS  += $(PKG_LIBS) -lm -pthread
 BUILD   ?= build
 
@@ -27,7 +28,7 @@ all: ds41 libds41.a $(TEST_BIN) $(BENCH_BIN)
 setup:
 	@bash scripts/setup.sh
 
-$(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h src/kernels/*.h include/*.h)
+$(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h src/kernels/*.h include/*.h) Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
@@ -69,17 +70,27 @@ bench: setup
 # AddressSanitizer + UndefinedBehaviorSanitizer build of everything, then the C and CLI tests.
 check-asan:
 	@$(MAKE) --no-print-directory BUILD=build-asan OPT=-O1 \
-	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
+	  SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
 	  LDFLAGS="-fsanitize=address,undefined" build-asan/ds41 $(patsubst $(BUILD)/%,build-asan/%,$(TEST_BIN))
 	@DS41_BUILD=build-asan DS41_ASAN=1 bash tests/run.sh
 
 FUZZ_SRC := $(sort $(wildcard fuzz/fuzz_*.c))
 FUZZ_BIN := $(patsubst fuzz/%.c,build-fuzz/%,$(FUZZ_SRC))
 FUZZ_SECONDS ?= 20
-build-fuzz/%: fuzz/%.c $(LIB_SRC) $(wildcard src/*.h)
-	@mkdir -p build-fuzz
-	clang -O1 -g -std=gnu11 -ffp-contract=off $(ARCH) -Isrc -Iinclude $(PKG_CFLAGS) \
-	  -fsanitize=fuzzer,address,undefined $< $(LIB_SRC) -o $@ $(PKG_LIBS) -lm -pthread
+# The library is compiled once with coverage instrumentation (fuzzer-no-link) and
+# archived, so each harness links only the objects it uses; UB aborts (no recover) so
+# that the fuzzer sees it as a crash.
+FUZZ_CFLAGS := -O1 -g -std=gnu11 -ffp-contract=off $(ARCH) -pthread -Iinclude -Isrc $(PKG_CFLAGS) \
+  -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_OBJ := $(patsubst src/%.c,build-fuzz/obj/%.o,$(LIB_SRC))
+build-fuzz/obj/%.o: src/%.c $(wildcard src/*.h src/kernels/*.h include/*.h)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+build-fuzz/libds41.a: $(FUZZ_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+build-fuzz/fuzz_%: fuzz/fuzz_%.c build-fuzz/libds41.a
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer $< build-fuzz/libds41.a -o $@ $(PKG_LIBS) -lm -pthread
 fuzz: $(FUZZ_BIN)
 	@bash fuzz/run.sh $(FUZZ_SECONDS)
 
