@@ -86,6 +86,8 @@ typedef struct ds41_config {
     int quant_fp8;                         /* quant_method fp8 */
     int weight_block[2];                   /* 32, 32 */
     int expert_fp4;                        /* expert_dtype fp4 */
+    /* vision tower (not run; only decides whether gate.bias_vl is expected) */
+    int vision_n_layers;                   /* 0: no vision tower */
     /* derived */
     int first_decoder_layer;               /* the last KV source */
     ds41_layer_plan *layers;               /* n_layers + n_mtp entries */
