@@ -21,6 +21,10 @@ typedef struct ds41_engram_consts {
  * engram_num_embeddings (naming the layer). */
 int ds41_engram_consts_init(ds41_engram_consts *c, const ds41_config *cfg, ds41_err *err);
 
+/* numpy.random.default_rng(seed).integers(0, high, size=n, dtype=numpy.int64) as NumPy 1.24
+ * computes it (SeedSequence, PCG64, Lemire bounded integers); high >= 1. Exposed for tests. */
+void ds41_engram_numpy_integers(uint64_t seed, int64_t high, int n, int64_t *out);
+
 /* Hash ids for one position: hist[0] = compressed id at p, hist[s] = at p-s (s < max_ngram),
  * with DS41_ENGRAM_DEAD for image tokens; p is the position (p < s means blocked).
  * ids[slot][col] with col = (n-2)*heads + head, cols = (max_ngram-1)*heads. */

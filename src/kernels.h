@@ -43,7 +43,8 @@ void ds41_linear_bf16(const ds41_ctx *ctx, const ds41_bf16w *w, const float *x, 
 void ds41_linear_f32(const ds41_ctx *ctx, const float *w, int out, int in, const float *x, int T, float *y);
 /* BF16 matmul against FP8 weights dequantized on the fly (exactly), rows [row0, row0+nrows) of w,
  * reading x[t*x_stride + k] for k < w->in; no activation quantization; bf16 out to
- * y[t*y_stride + r]. Used by the grouped wo_a (spec 3.13). */
+ * y[t*y_stride + r] for r = 0..nrows-1 (r relative to row0: y points at the group's first
+ * output). Used by the grouped wo_a (spec 3.13). */
 void ds41_linear_fp8_dq(const ds41_ctx *ctx, const ds41_fp8w *w, int row0, int nrows,
                         const float *x, int x_stride, int T, float *y, int y_stride);
 

@@ -1,0 +1,258 @@
+/* ds41 DSpark draft forward (spec 5.1-5.2). See dspark.h for how it plugs into the target
+ * forward. Every stage is a normal V4.1 block (delayed mHC pre, MoE with the plan's expert
+ * counts) whose attention is SWA-only and special: the KV list is the stage's context ring
+ * in slot order followed by the block's own keys, identical for every block query
+ * (non-causal inside the block), all through the attention.h pieces, so exact and fast mode
+ * follow ctx->exact like the rest of the forward. */
+#include "dspark.h"
+#include "attention.h"
+#include "formats.h"
+#include "mhc.h"
+#include "moe.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int check_model(const ds41_engine *e, ds41_err *err) {
+    const ds41_config *cfg = e->cfg;
+    if (cfg->n_mtp < 1 || cfg->dspark_block_size < 1)
+        return ds41_errf(err, "dspark: the config has no DSpark stages (num_nextn_predict_layers %d, "
+                         "dspark_block_size %d)", cfg->n_mtp, cfg->dspark_block_size);
+    if (cfg->dspark_block_size > DS41_DSPARK_MAX_BLOCK)
+        return ds41_errf(err, "dspark: dspark_block_size %d exceeds the supported %d", cfg->dspark_block_size,
+                         DS41_DSPARK_MAX_BLOCK);
+    if (cfg->n_dspark_targets < 1) return ds41_errf(err, "dspark: dspark_target_layer_ids is empty");
+    if (!e->w || e->w->n_layers < cfg->n_layers + cfg->n_mtp || !e->w->layers)
+        return ds41_errf(err, "dspark: the weights hold no DSpark stages");
+    const ds41_layer_weights *s0 = &e->w->layers[cfg->n_layers];
+    const ds41_layer_weights *sl = &e->w->layers[cfg->n_layers + cfg->n_mtp - 1];
+    if (!s0->main_proj.w || !s0->main_norm) return ds41_errf(err, "dspark: mtp.0.main_proj / main_norm not bound");
+    if (s0->main_proj.in != cfg->n_dspark_targets * cfg->dim || s0->main_proj.out != cfg->dim)
+        return ds41_errf(err, "dspark: mtp.0.main_proj is [%d, %d], expected [%d, %d]", s0->main_proj.out,
+                         s0->main_proj.in, cfg->dim, cfg->n_dspark_targets * cfg->dim);
+    if (!sl->final_norm || !sl->markov_embed.w || !sl->markov_head.w || !sl->conf_proj.w)
+        return ds41_errf(err, "dspark: mtp.%d norm / markov_head / confidence_head not bound", cfg->n_mtp - 1);
+    if (sl->conf_proj.in != cfg->dim + cfg->dspark_markov_rank)
+        return ds41_errf(err, "dspark: confidence_head.proj has %d inputs, expected %d", sl->conf_proj.in,
+                         cfg->dim + cfg->dspark_markov_rank);
+    return 0;
+}
+
+int ds41_dspark_context(const ds41_engine *e, const float *main_hidden, int n, float *ctx_rows, ds41_err *err) {
+    if (check_model(e, err)) return -1;
+    if (n <= 0) return 0;
+    const ds41_config *cfg = e->cfg;
+    const ds41_layer_weights *s0 = &e->w->layers[cfg->n_layers];
+    float *p = malloc((size_t)n * cfg->dim * sizeof(float));
+    if (!p) return ds41_errf(err, "dspark: out of memory for %d context rows", n);
+    ds41_linear_fp8(&e->ctx, &s0->main_proj, main_hidden, n, p);
+    ds41_rmsnorm(&e->ctx, p, s0->main_norm, n, cfg->dim, cfg->norm_eps, ctx_rows);
+    free(p);
+    return 0;
+}
+
+/* Context keys of n context rows at positions pos0.. into the ring of stage s. */
+static int write_ring(const ds41_engine *e, ds41_cache *c, int s, const float *cx, int n, long long pos0,
+                      ds41_err *err) {
+    const ds41_config *cfg = e->cfg;
+    int l = cfg->n_layers + s;
+    if (l >= c->n_rings) return ds41_errf(err, "dspark: the cache has no ring for stage %d", s);
+    ds41_ring *ring = &c->rings[l];
+    int rb = ds41_swa_rec_bytes(cfg);
+    if (ring->rec_bytes != rb) return ds41_errf(err, "dspark: stage %d ring records are %d B, expected %d", s,
+                                                ring->rec_bytes, rb);
+    int *pos = malloc((size_t)n * sizeof(int));
+    float *k = malloc((size_t)n * cfg->head_dim * sizeof(float));
+    uint8_t *rec = malloc((size_t)n * rb);
+    if (!pos || !k || !rec) {
+        free(pos); free(k); free(rec);
+        return ds41_errf(err, "dspark: out of memory");
+    }
+    for (int i = 0; i < n; i++) pos[i] = (int)(pos0 + i);
+    ds41_attn_swa_k(&e->ctx, cfg, &e->w->layers[l], &e->ropes[e->layer_rope[l]], cx, n, pos, k, rec);
+    for (int i = 0; i < n; i++) memcpy(ds41_ring_slot(ring, pos0 + i), rec + (size_t)i * rb, (size_t)rb);
+    free(pos); free(k); free(rec);
+    return 0;
+}
+
+int ds41_dspark_seed(const ds41_engine *e, ds41_cache *c, const float *main_hidden, int n, long long pos0,
+                     ds41_err *err) {
+    if (check_model(e, err)) return -1;
+    const ds41_config *cfg = e->cfg;
+    if (n <= 0) return 0;
+    if (pos0 < 0 || pos0 + n > e->max_pos)
+        return ds41_errf(err, "dspark: context positions %lld..%lld outside the context of %lld", pos0,
+                         pos0 + n - 1, e->max_pos);
+    /* only the last `window` positions survive in a ring */
+    int skip = n > cfg->window ? n - cfg->window : 0;
+    main_hidden += (size_t)skip * cfg->n_dspark_targets * cfg->dim;
+    n -= skip;
+    pos0 += skip;
+    float *cx = malloc((size_t)n * cfg->dim * sizeof(float));
+    if (!cx) return ds41_errf(err, "dspark: out of memory");
+    int rc = ds41_dspark_context(e, main_hidden, n, cx, err);
+    for (int s = 0; s < cfg->n_mtp && !rc; s++) rc = write_ring(e, c, s, cx, n, pos0, err);
+    free(cx);
+    return rc;
+}
+
+typedef struct dbuf {
+    float *X, *X2, *pre, *a_pre, *a_post, *a_C, *f_pre, *f_post, *f_C, *xin, *xa, *y;
+    float *cx, *kctx, *cq, *q, *kv, *o, *wos, *base, *bias, *cin, *scratch;
+    uint8_t *rec;
+    int32_t *list;
+    int *iscratch;
+} dbuf;
+
+static void *zalloc(size_t n, size_t sz, int *fail) {
+    void *p = calloc(n ? n : 1, sz);
+    if (!p) *fail = 1;
+    return p;
+}
+
+static void dbuf_free(dbuf *b) {
+    float **f[] = { &b->X, &b->X2, &b->pre, &b->a_pre, &b->a_post, &b->a_C, &b->f_pre, &b->f_post, &b->f_C,
+                    &b->xin, &b->xa, &b->y, &b->cx, &b->kctx, &b->cq, &b->q, &b->kv, &b->o, &b->wos,
+                    &b->base, &b->bias, &b->cin, &b->scratch };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(*f[i]);
+    free(b->rec);
+    free(b->list);
+    free(b->iscratch);
+}
+
+int ds41_dspark_propose(const ds41_engine *e, ds41_cache *c, const float *main_hidden_row, long long P,
+                        int32_t t_next, ds41_sampler *sampler, int32_t *ids, float *conf, ds41_err *err) {
+    if (check_model(e, err)) return -1;
+    const ds41_config *cfg = e->cfg;
+    const ds41_weights *w = e->w;
+    const ds41_ctx *ctx = &e->ctx;
+    const int B = cfg->dspark_block_size, hc = cfg->hc_mult, dim = cfg->dim, W = cfg->window;
+    const int D = cfg->head_dim, HD = cfg->n_heads * cfg->head_dim, V = cfg->vocab_size;
+    const int rank = cfg->dspark_markov_rank;
+    if (P < 1) return ds41_errf(err, "dspark: a proposal needs P >= 1 (got %lld)", P);
+    if (P >= e->max_pos) return ds41_errf(err, "dspark: position %lld outside the context of %lld", P, e->max_pos);
+    if (t_next < 0 || t_next >= V) return ds41_errf(err, "dspark: token %d outside the vocabulary of %d", t_next, V);
+    if (cfg->dspark_noise_token_id < 0 || cfg->dspark_noise_token_id >= V)
+        return ds41_errf(err, "dspark: dspark_noise_token_id %d outside the vocabulary", cfg->dspark_noise_token_id);
+
+    dbuf b;
+    memset(&b, 0, sizeof b);
+    int fail = 0;
+    size_t Bz = (size_t)B;
+    b.X = zalloc(Bz * hc * dim, sizeof(float), &fail);
+    b.X2 = zalloc(Bz * hc * dim, sizeof(float), &fail);
+    b.pre = zalloc(Bz * hc, sizeof(float), &fail);
+    b.a_pre = zalloc(Bz * hc, sizeof(float), &fail);
+    b.a_post = zalloc(Bz * hc, sizeof(float), &fail);
+    b.a_C = zalloc(Bz * hc * hc, sizeof(float), &fail);
+    b.f_pre = zalloc(Bz * hc, sizeof(float), &fail);
+    b.f_post = zalloc(Bz * hc, sizeof(float), &fail);
+    b.f_C = zalloc(Bz * hc * hc, sizeof(float), &fail);
+    b.xin = zalloc(Bz * dim, sizeof(float), &fail);
+    b.xa = zalloc(Bz * dim, sizeof(float), &fail);
+    b.y = zalloc(Bz * dim, sizeof(float), &fail);
+    b.cx = zalloc((size_t)dim, sizeof(float), &fail);
+    b.kctx = zalloc((size_t)D, sizeof(float), &fail);
+    b.rec = zalloc((size_t)ds41_swa_rec_bytes(cfg), 1, &fail);
+    b.cq = zalloc(Bz * cfg->q_lora_rank, sizeof(float), &fail);
+    b.q = zalloc(Bz * HD, sizeof(float), &fail);
+    b.kv = zalloc(((size_t)W + Bz) * D, sizeof(float), &fail);
+    b.o = zalloc(Bz * HD, sizeof(float), &fail);
+    b.wos = zalloc(Bz * cfg->o_groups * cfg->o_lora_rank, sizeof(float), &fail);
+    b.list = zalloc(Bz * ((size_t)W + Bz), sizeof(int32_t), &fail);
+    b.base = zalloc(Bz * V, sizeof(float), &fail);
+    b.bias = zalloc((size_t)V, sizeof(float), &fail);
+    b.cin = zalloc((size_t)dim + rank, sizeof(float), &fail);
+    b.scratch = zalloc((size_t)V, sizeof(float), &fail);
+    b.iscratch = zalloc((size_t)V, sizeof(int), &fail);
+    if (fail) {
+        dbuf_free(&b);
+        return ds41_errf(err, "dspark: out of memory for a block of %d", B);
+    }
+    int rc = ds41_dspark_context(e, main_hidden_row, 1, b.cx, err);
+    if (rc) { dbuf_free(&b); return -1; }
+
+    /* block = [t_{P+1}, noise, ...] at positions P+1 .. P+B; 4 copies; pre one-hot copy 0 */
+    int pos[DS41_DSPARK_MAX_BLOCK];
+    for (int i = 0; i < B; i++) {
+        pos[i] = (int)(P + 1 + i);
+        int tok = i == 0 ? t_next : cfg->dspark_noise_token_id;
+        const uint16_t *er = w->embed + (size_t)tok * dim;
+        for (int cc = 0; cc < hc; cc++)
+            for (int d = 0; d < dim; d++) b.X[((size_t)i * hc + cc) * dim + d] = ds41_bf16_to_f32(er[d]);
+        b.pre[(size_t)i * hc] = 1.0f;
+    }
+    /* the index list, the same for every query: ring slots 0 .. min(W, P+1)-1 in slot order
+     * (not chronological), then the block keys at KV rows W .. W+B-1 */
+    int nring = P + 1 < W ? (int)(P + 1) : W, L = nring + B;
+    for (int i = 0; i < B; i++) {
+        int32_t *li = b.list + (size_t)i * L;
+        for (int j = 0; j < nring; j++) li[j] = j;
+        for (int j = 0; j < B; j++) li[nring + j] = W + j;
+    }
+    const float scale = ds41_attn_scale(cfg);
+    int P32 = (int)P;
+
+    for (int s = 0; s < cfg->n_mtp && !rc; s++) {
+        int l = cfg->n_layers + s;
+        const ds41_layer_weights *lw = &w->layers[l];
+        const ds41_layer_plan *lp = &cfg->layers[l];
+        const ds41_rope *rope = &e->ropes[e->layer_rope[l]];
+        ds41_ring *ring = l < c->n_rings ? &c->rings[l] : NULL;
+        if (!ring || ring->slots != W) {
+            rc = ds41_errf(err, "dspark: the cache has no %d-slot ring for stage %d", W, s);
+            break;
+        }
+        /* ---- attention sublayer */
+        ds41_hc_mixes(ctx, cfg, lw->hc_attn_fn, lw->hc_attn_base, lw->hc_attn_scale, b.X, B, b.a_pre, b.a_post,
+                      b.a_C);
+        ds41_hc_apply_pre(ctx, b.X, b.pre, B, hc, dim, b.xin);
+        ds41_rmsnorm(ctx, b.xin, lw->attn_norm, B, dim, cfg->norm_eps, b.xa);
+        /* context key of position P, written before this stage's attention */
+        ds41_attn_swa_k(ctx, cfg, lw, rope, b.cx, 1, &P32, b.kctx, b.rec);
+        memcpy(ds41_ring_slot(ring, P), b.rec, (size_t)ring->rec_bytes);
+        ds41_attn_query(ctx, cfg, lw, rope, b.xa, B, pos, b.cq, b.q);
+        ds41_swa_rec_unpack(cfg, ring->rec, W, b.kv);
+        ds41_attn_swa_k(ctx, cfg, lw, rope, b.xa, B, pos, b.kv + (size_t)W * D, NULL);
+        ds41_kvset kvs = { { b.kv, b.kv + (size_t)W * D, NULL }, { W, B, 0 } };
+        ds41_sparse_attn(ctx, cfg->n_heads, D, b.q, B, &kvs, b.list, L, lw->attn_sink, scale, b.o);
+        ds41_attn_output(ctx, cfg, lw, rope, b.o, B, pos, b.wos, b.y);
+        ds41_hc_apply_post(ctx, b.y, b.X, b.a_post, b.a_C, B, hc, dim, b.X2);
+        /* ---- MoE sublayer (the stage's expert counts from the plan; drafts are text) */
+        ds41_hc_mixes(ctx, cfg, lw->hc_ffn_fn, lw->hc_ffn_base, lw->hc_ffn_scale, b.X2, B, b.f_pre, b.f_post,
+                      b.f_C);
+        ds41_hc_apply_pre(ctx, b.X2, b.a_pre, B, hc, dim, b.xin);
+        ds41_rmsnorm(ctx, b.xin, lw->ffn_norm, B, dim, cfg->norm_eps, b.xa);
+        ds41_moe(ctx, cfg, lw, lp, b.xa, B, NULL, b.y, NULL);
+        ds41_hc_apply_post(ctx, b.y, b.X2, b.f_post, b.f_C, B, hc, dim, b.X);
+        memcpy(b.pre, b.f_pre, Bz * hc * sizeof(float));
+    }
+
+    if (!rc) {
+        /* ---- heads: base logits of the normalised collapse, then the Markov loop */
+        const ds41_layer_weights *last = &w->layers[cfg->n_layers + cfg->n_mtp - 1];
+        float *h = b.xin, *hn = b.xa;
+        ds41_hc_apply_pre(ctx, b.X, b.pre, B, hc, dim, h);
+        ds41_rmsnorm(ctx, h, last->final_norm, B, dim, cfg->norm_eps, hn);
+        ds41_bf16w head = { w->head, V, dim };
+        ds41_linear_bf16(ctx, &head, hn, B, b.base, 0);
+        int32_t prev = t_next;
+        for (int k = 0; k < B; k++) {
+            float *me = b.cin + dim;
+            const uint16_t *mr = last->markov_embed.w + (size_t)prev * rank;
+            for (int r = 0; r < rank; r++) me[r] = ds41_bf16_to_f32(mr[r]);
+            ds41_linear_bf16(ctx, &last->markov_head, me, 1, b.bias, 0);
+            float *bk = b.base + (size_t)k * V;
+            for (int v = 0; v < V; v++) bk[v] = bk[v] + b.bias[v];
+            int next = sampler ? ds41_sample(sampler, bk, V, b.scratch, b.iscratch) : ds41_argmax(bk, V);
+            /* confidence of draft k from the un-normalised collapse and the previous token's
+             * Markov embedding, an FP32 linear */
+            memcpy(b.cin, h + (size_t)k * dim, (size_t)dim * sizeof(float));
+            ds41_linear_bf16(ctx, &last->conf_proj, b.cin, 1, &conf[k], 0);
+            ids[k] = next;
+            prev = next;
+        }
+    }
+    dbuf_free(&b);
+    return rc;
+}

@@ -1,0 +1,38 @@
+/* ds41 DSpark draft forward (spec 5.1-5.2): the context projection, the per-stage context
+ * rings, the draft blocks (1 known token + noise tokens, non-causal inside the block), the
+ * Markov head and the confidence head. Verification is a later issue.
+ *
+ * Use with the target forward of forward.h:
+ *   after every target forward (prefill, extend or decode) over positions [p0, p0 + n):
+ *       ds41_dspark_seed(e, &seq->cache, seq->main_hidden, seq->mh_rows, seq->mh_pos0, err)
+ *     (writes the context key of every kept row into each stage's ring, slot p mod window);
+ *   at a target step that processed position P (P >= 1) and sampled t_next = t_{P+1}:
+ *       ds41_dspark_propose(e, &seq->cache, <main_hidden row of P>, P, t_next, sampler, ids, conf, err)
+ *     which proposes block_size tokens for positions P+2 .. P+1+block_size and returns their
+ *     raw confidence logits (sigmoid(conf[k]) = acceptance probability of ids[k] given the
+ *     earlier ones). propose rewrites ring slot P mod window itself before each stage's
+ *     attention (spec 5.2), with the same bytes seed wrote, so seeding P first is harmless. */
+#ifndef DS41_DSPARK_H
+#define DS41_DSPARK_H
+
+#include "cache.h"
+#include "forward.h"
+#include "sampler.h"
+
+#define DS41_DSPARK_MAX_BLOCK 64   /* = the config loader's bound on dspark_block_size */
+
+/* ctx rows = rmsnorm(main_proj(main_hidden), mtp.0.main_norm): [n, dim] from
+ * main_hidden [n, n_targets * dim] (BF16 values). */
+int ds41_dspark_context(const ds41_engine *e, const float *main_hidden, int n, float *ctx_rows, ds41_err *err);
+
+/* Writes the context keys of positions pos0 .. pos0+n-1 into every stage's ring. n may be 0. */
+int ds41_dspark_seed(const ds41_engine *e, ds41_cache *c, const float *main_hidden, int n, long long pos0,
+                     ds41_err *err);
+
+/* One proposal (spec 5.2). main_hidden_row: [n_targets * dim] of position P. sampler: the
+ * Markov loop's sampling (NULL = greedy, the only bit-exact choice). Writes ids[block_size]
+ * (the proposals out[1..block_size]) and conf[block_size] (raw FP32 logits). */
+int ds41_dspark_propose(const ds41_engine *e, ds41_cache *c, const float *main_hidden_row, long long P,
+                        int32_t t_next, ds41_sampler *sampler, int32_t *ids, float *conf, ds41_err *err);
+
+#endif
