@@ -11,7 +11,11 @@ typedef struct command {
 } command;
 
 static const command commands[] = {
+    { "run", ds41_cli_run, "generate from a prompt (text or token ids)" },
+    { "bench", ds41_cli_bench, "prefill / decode throughput, peak RSS and state bytes" },
     { "inspect", ds41_cli_inspect, "config, layer plan, tensor table and byte budgets of a checkpoint" },
+    { "tokenize", ds41_cli_tokenize, "text to token ids and back with the checkpoint's tokenizer.json" },
+    { "chat-template", ds41_cli_chat_template, "render a messages JSON in the V4.1 prompt format, with its token ids" },
 };
 
 static void usage(FILE *f) {

@@ -1,0 +1,423 @@
+/* ds41 attention pieces (spec 3.5-3.13). See attention.h for the contract of each function.
+ *
+ * Exact mode (ctx->exact): every contraction and sum accumulates in double and is rounded
+ * once to FP32 (then to BF16 where the spec says so); exp via ds41_expf_x (double, rounded
+ * once). Fast mode: the same sequence of roundings with FP32 accumulation. */
+#include "attention.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "formats.h"
+
+/* Scratch for intermediate rows. Running out of memory mid-forward is not recoverable for a
+ * void kernel; say so and stop rather than corrupt results. */
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "ds41: out of memory allocating %zu bytes in attention\n", n);
+        abort();
+    }
+    return p;
+}
+
+static inline float bf16r(float x) { return ds41_bf16_round(x); }
+
+float ds41_attn_scale(const ds41_config *cfg) { return (float)pow((double)cfg->head_dim, -0.5); }
+
+/* dot of two float vectors: exact = double sum rounded to FP32; fast = FP32 sum. */
+static inline float dot_f(const ds41_ctx *ctx, const float *a, const float *b, int n) {
+    if (ctx->exact) {
+        double s = 0.0;
+        for (int i = 0; i < n; i++) s += (double)a[i] * (double)b[i];
+        return (float)s;
+    }
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += a[i] * b[i];
+        s1 += a[i + 1] * b[i + 1];
+        s2 += a[i + 2] * b[i + 2];
+        s3 += a[i + 3] * b[i + 3];
+    }
+    for (; i < n; i++) s0 += a[i] * b[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+/* ====================================================================== 3.5 query path */
+
+void ds41_attn_query(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
+                     const ds41_rope *rope, const float *x, int T, const int *pos, float *cq, float *q) {
+    int ql = cfg->q_lora_rank, H = cfg->n_heads, D = cfg->head_dim, rd = cfg->rope_dim;
+    float *tmp = xmalloc((size_t)T * ql * sizeof(float));
+    ds41_linear_fp8(ctx, &lw->wq_a, x, T, tmp);
+    ds41_rmsnorm(ctx, tmp, lw->q_norm, T, ql, cfg->norm_eps, cq);
+    free(tmp);
+    ds41_linear_fp8(ctx, &lw->wq_b, cq, T, q);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++)
+            ds41_rope_apply(rope, q + ((size_t)t * H + h) * D + (D - rd), pos[t], 0);
+}
+
+/* ====================================================================== 3.7 SWA K */
+
+void ds41_attn_swa_k(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
+                     const ds41_rope *rope, const float *x, int T, const int *pos, float *k, uint8_t *rec) {
+    int D = cfg->head_dim, rd = cfg->rope_dim, rb = ds41_swa_rec_bytes(cfg);
+    float *tmp = xmalloc((size_t)T * D * sizeof(float));
+    uint8_t *one = xmalloc((size_t)rb);
+    ds41_linear_fp8(ctx, &lw->wkv, x, T, tmp);
+    ds41_rmsnorm(ctx, tmp, lw->kv_norm, T, D, cfg->norm_eps, k);
+    for (int t = 0; t < T; t++) {
+        float *kt = k + (size_t)t * D;
+        ds41_rope_apply(rope, kt + (D - rd), pos[t], 0);
+        /* Q8 over all dims, RoPE tail included; the attention reads the dequantized record so
+         * the values it sees are exactly what the ring will hold. */
+        uint8_t *r = rec ? rec + (size_t)t * rb : one;
+        ds41_pack_q8(kt, D, r, r + D);
+        ds41_unpack_q8(r, r + D, D, kt);
+    }
+    free(one);
+    free(tmp);
+}
+
+void ds41_swa_rec_unpack(const ds41_config *cfg, const uint8_t *rec, int n, float *out) {
+    int D = cfg->head_dim, rb = ds41_swa_rec_bytes(cfg);
+    for (int i = 0; i < n; i++) ds41_unpack_q8(rec + (size_t)i * rb, rec + (size_t)i * rb + D, D, out + (size_t)i * D);
+}
+
+/* ====================================================================== 3.8 compressor */
+
+void ds41_compress_r1(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
+                      const float *x, int T, float *c) {
+    int D = cfg->head_dim;
+    float *tmp = xmalloc((size_t)T * D * sizeof(float));
+    ds41_linear_bf16(ctx, &lw->comp_wkv, x, T, tmp, 1);
+    ds41_rmsnorm(ctx, tmp, lw->comp_norm, T, D, cfg->norm_eps, c);
+    free(tmp);
+}
+
+void ds41_compress_proj(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
+                        const float *x, int T, float *kv, float *sc) {
+    (void)cfg;
+    ds41_linear_bf16(ctx, &lw->comp_wkv, x, T, kv, 0);
+    ds41_linear_bf16(ctx, &lw->comp_wgate, x, T, sc, 0);
+}
+
+void ds41_compress_pool(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
+                        const float *const *kv_rows, const float *const *sc_rows, int r, float *c) {
+    int D = cfg->head_dim;
+    float *pooled = xmalloc((size_t)D * sizeof(float));
+    for (int d = 0; d < D; d++) {
+        float w[DS41_MAX_RATIO];
+        if (ctx->exact) {
+            /* one softmax operation entirely in double, each weight rounded once */
+            double m = sc_rows[0][d];
+            for (int i = 1; i < r; i++) if ((double)sc_rows[i][d] > m) m = sc_rows[i][d];
+            double e[DS41_MAX_RATIO], s = 0.0;
+            for (int i = 0; i < r; i++) { e[i] = exp((double)sc_rows[i][d] - m); s += e[i]; }
+            for (int i = 0; i < r; i++) w[i] = (float)(e[i] / s);
+        } else {
+            float m = sc_rows[0][d];
+            for (int i = 1; i < r; i++) if (sc_rows[i][d] > m) m = sc_rows[i][d];
+            float e[DS41_MAX_RATIO], s = 0.0f;
+            for (int i = 0; i < r; i++) { e[i] = expf(sc_rows[i][d] - m); s += e[i]; }
+            for (int i = 0; i < r; i++) w[i] = e[i] / s;
+        }
+        /* FP32 products, then an r-term reduction */
+        if (ctx->exact) {
+            double s = 0.0;
+            for (int i = 0; i < r; i++) s += (double)(float)(kv_rows[i][d] * w[i]);
+            pooled[d] = bf16r((float)s);
+        } else {
+            float s = 0.0f;
+            for (int i = 0; i < r; i++) s += kv_rows[i][d] * w[i];
+            pooled[d] = bf16r(s);
+        }
+    }
+    ds41_rmsnorm(ctx, pooled, lw->comp_norm, 1, D, cfg->norm_eps, c);
+    free(pooled);
+}
+
+void ds41_compress_entry(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
+                         const ds41_rope *rope, float *c, int pos, uint8_t *ik_rec, uint8_t *kv_rec) {
+    int D = cfg->head_dim, rd = cfg->rope_dim, ID = cfg->index_head_dim;
+    float *ik = xmalloc((size_t)ID * 2 * sizeof(float));
+    float *tmp = ik + ID;
+    /* 1. index key from the pre-RoPE latent */
+    ds41_linear_bf16(ctx, &lw->idx_wk, c, 1, tmp, 1);
+    ds41_rmsnorm(ctx, tmp, lw->idx_k_norm, 1, ID, cfg->norm_eps, ik);
+    ds41_rope_apply(rope, ik + (ID - rd), pos, 0);
+    ds41_pack_q4mx(ik, ID, ik_rec, ik_rec + ID / 2);
+    /* 2. main KV: RoPE on the latent's tail, then Q4nv */
+    ds41_rope_apply(rope, c + (D - rd), pos, 0);
+    ds41_pack_q4nv(c, D, kv_rec, kv_rec + D / 2);
+    free(ik);
+}
+
+void ds41_kv_rec_unpack(const ds41_config *cfg, const uint8_t *rec, int n, float *out) {
+    int D = cfg->head_dim, rb = ds41_kv_rec_bytes(cfg);
+    for (int i = 0; i < n; i++)
+        ds41_unpack_q4nv(rec + (size_t)i * rb, rec + (size_t)i * rb + D / 2, D, out + (size_t)i * D);
+}
+
+void ds41_ik_rec_unpack(const ds41_config *cfg, const uint8_t *rec, int n, float *out) {
+    int D = cfg->index_head_dim, rb = ds41_ik_rec_bytes(cfg);
+    for (int i = 0; i < n; i++)
+        ds41_unpack_q4mx(rec + (size_t)i * rb, rec + (size_t)i * rb + D / 2, D, out + (size_t)i * D);
+}
+
+/* ====================================================================== 3.9 indexer */
+
+void ds41_indexer_query(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
+                        const ds41_rope *rope, const float *cq, const float *x, int T, const int *pos,
+                        float *iq, float *wt) {
+    int NH = cfg->index_n_heads, ID = cfg->index_head_dim, rd = cfg->rope_dim;
+    ds41_linear_fp8(ctx, &lw->idx_wq_b, cq, T, iq);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < NH; h++) {
+            float *v = iq + ((size_t)t * NH + h) * ID;
+            ds41_rope_apply(rope, v + (ID - rd), pos[t], 0);
+            ds41_q4mx_qdq(v, ID);
+        }
+    /* index_head_dim^-0.5 * index_n_heads^-0.5, formed in double as the reference's Python
+     * scalar and rounded to FP32 (a power of two for every shipped config, so exact) */
+    float c = (float)(pow((double)ID, -0.5) * pow((double)NH, -0.5));
+    ds41_linear_bf16(ctx, &lw->idx_weights_proj, x, T, wt, 1);
+    for (size_t i = 0; i < (size_t)T * NH; i++) wt[i] = bf16r(wt[i] * c);
+}
+
+void ds41_indexer_scores(const ds41_ctx *ctx, const ds41_config *cfg, const float *iq, const float *wt,
+                         const float *ik, int E, int n_visible, float *scores) {
+    int NH = cfg->index_n_heads, ID = cfg->index_head_dim;
+    for (int j = 0; j < E; j++) {
+        if (j >= n_visible) { scores[j] = -INFINITY; continue; }
+        const float *k = ik + (size_t)j * ID;
+        if (ctx->exact) {
+            double sum = 0.0;
+            for (int h = 0; h < NH; h++) {
+                float s = bf16r(dot_f(ctx, iq + (size_t)h * ID, k, ID));
+                float r = s > 0.0f ? s : 0.0f;
+                sum += (double)bf16r(r * wt[h]);
+            }
+            scores[j] = bf16r((float)sum);
+        } else {
+            float sum = 0.0f;
+            for (int h = 0; h < NH; h++) {
+                float s = bf16r(dot_f(ctx, iq + (size_t)h * ID, k, ID));
+                float r = s > 0.0f ? s : 0.0f;
+                sum += bf16r(r * wt[h]);
+            }
+            scores[j] = bf16r(sum);
+        }
+    }
+}
+
+/* ====================================================================== 3.11 top-k */
+
+/* k-th largest value of v[n] (1-based k), by quickselect on a copy. */
+static float kth_largest(float *a, int n, int k) {
+    int lo = 0, hi = n - 1, want = k - 1;   /* position in descending order */
+    while (lo < hi) {
+        float piv = a[lo + (hi - lo) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] > piv) i++;
+            while (a[j] < piv) j--;
+            if (i <= j) { float t = a[i]; a[i] = a[j]; a[j] = t; i++; j--; }
+        }
+        if (want <= j) hi = j;
+        else if (want >= i) lo = i;
+        else return a[want];
+    }
+    return a[want];
+}
+
+void ds41_topk(const float *v, int n, int k, int *out, int *idx_scratch) {
+    if (k <= 0) return;
+    if (k >= n) {
+        for (int i = 0; i < n; i++) out[i] = i;
+        return;
+    }
+    float *a = (float *)idx_scratch;   /* ints and floats share size: reuse the scratch */
+    _Static_assert(sizeof(float) == sizeof(int), "float/int size");
+    memcpy(a, v, (size_t)n * sizeof(float));
+    float thr = kth_largest(a, n, k);
+    int n_gt = 0;
+    for (int i = 0; i < n; i++) n_gt += v[i] > thr;
+    /* everything above the threshold, then equal values lowest index first; one ascending
+     * pass yields the indices already sorted */
+    int ties = k - n_gt, c = 0;
+    for (int i = 0; i < n; i++) {
+        if (v[i] > thr) out[c++] = i;
+        else if (v[i] == thr && ties > 0) { out[c++] = i; ties--; }
+    }
+}
+
+/* ====================================================================== 3.10 candidates */
+
+void ds41_candidate_blocks(const ds41_config *cfg, const float *scores, int E, int n_visible,
+                           uint8_t *keep, int *scratch) {
+    int B = cfg->candidate_block_size;
+    if (E <= 0 || B <= 0) return;
+    int nb = (E + B - 1) / B;
+    float *bs = (float *)scratch;
+    int *chosen = scratch + nb;
+    for (int b = 0; b < nb; b++) {
+        float m = -INFINITY;
+        for (int j = b * B; j < (b + 1) * B && j < E; j++) if (scores[j] > m) m = scores[j];
+        bs[b] = m;
+    }
+    /* pin the newest (partly filled) block; Python floor division: n_visible = 0 pins the
+     * last block (index -1), which cannot matter since no entry is visible then */
+    int last = n_visible >= 1 ? (n_visible - 1) / B : nb - 1;
+    if (nb > 0) bs[last] = INFINITY;
+    int kb = cfg->candidate_topk_blocks < nb ? cfg->candidate_topk_blocks : nb;
+    memset(keep, 0, (size_t)nb);
+    if (kb <= 0) return;
+    /* ds41_topk needs n ints of scratch: the block scores copy lives in a separate buffer */
+    int *sc2 = xmalloc((size_t)nb * sizeof(int));
+    ds41_topk(bs, nb, kb, chosen, sc2);
+    free(sc2);
+    for (int i = 0; i < kb; i++)
+        if (bs[chosen[i]] != -INFINITY) keep[chosen[i]] = 1;
+}
+
+/* ====================================================================== 3.11 index lists */
+
+int ds41_swa_width(const ds41_config *cfg, long long P, int T) {
+    long long w = P + T;
+    return (int)(w < cfg->window ? w : cfg->window);
+}
+
+void ds41_swa_list_positions(const ds41_config *cfg, long long p, long long lo, int W, int32_t *list) {
+    long long base = p - cfg->window + 1;
+    if (base < lo) base = lo;
+    if (base < 0) base = 0;
+    for (int i = 0; i < W; i++) {
+        long long q = base + i;
+        list[i] = q > p ? -1 : (int32_t)q;
+    }
+}
+
+void ds41_swa_list_decode(const ds41_config *cfg, long long P, int32_t *list) {
+    int w = cfg->window;
+    int o = (int)(P % w) + 1;
+    for (int i = 0; i < w; i++) {
+        int slot = (o + i) % w;
+        list[i] = slot > P ? -1 : slot;
+    }
+}
+
+/* ====================================================================== 3.12 sparse attention */
+
+typedef struct sa_job {
+    const ds41_ctx *ctx;
+    int H, D, T, L;
+    const float *q, *sink;
+    const ds41_kvset *kv;
+    const int32_t *idx;
+    float scale;
+    float *out;
+} sa_job;
+
+#define SA_BLOCK 64
+
+static inline const float *kv_row(const ds41_kvset *kv, int r, int D) {
+    for (int p = 0; p < DS41_KVSET_PARTS; p++) {
+        if (r < kv->n[p]) return kv->part[p] + (size_t)r * D;
+        r -= kv->n[p];
+    }
+    return NULL;   /* out of range: treated as empty */
+}
+
+static void sa_one(const sa_job *j, int t, int h, double *dacc, float *acc) {
+    const ds41_ctx *ctx = j->ctx;
+    int D = j->D, L = j->L;
+    const float *qh = j->q + ((size_t)t * j->H + h) * D;
+    const int32_t *idx = j->idx + (size_t)t * L;
+    float m = -1e30f, den = 0.0f;
+    float s[SA_BLOCK], p[SA_BLOCK];
+    const float *rows[SA_BLOCK];
+    for (int d = 0; d < D; d++) acc[d] = 0.0f;
+    for (int b0 = 0; b0 < L; b0 += SA_BLOCK) {
+        int n = L - b0 < SA_BLOCK ? L - b0 : SA_BLOCK;
+        float bmax = -INFINITY;
+        for (int i = 0; i < n; i++) {
+            const float *kr = idx[b0 + i] >= 0 ? kv_row(j->kv, idx[b0 + i], D) : NULL;
+            rows[i] = kr;
+            s[i] = kr ? dot_f(ctx, qh, kr, D) * j->scale : -INFINITY;
+            if (s[i] > bmax) bmax = s[i];
+        }
+        float m_new = m > bmax ? m : bmax;
+        float f = ds41_expf_x(ctx, m - m_new);
+        for (int i = 0; i < n; i++) p[i] = rows[i] ? ds41_expf_x(ctx, s[i] - m_new) : 0.0f;
+        float bsum;
+        if (ctx->exact) {
+            double ds = 0.0;
+            for (int i = 0; i < n; i++) ds += p[i];
+            bsum = (float)ds;
+            for (int d = 0; d < D; d++) dacc[d] = 0.0;
+            for (int i = 0; i < n; i++) {
+                const float *kr = rows[i];
+                if (!kr) continue;
+                double pb = bf16r(p[i]);
+                for (int d = 0; d < D; d++) dacc[d] += pb * (double)kr[d];
+            }
+            for (int d = 0; d < D; d++) acc[d] = acc[d] * f + (float)dacc[d];
+        } else {
+            bsum = 0.0f;
+            for (int i = 0; i < n; i++) bsum += p[i];
+            float *facc = (float *)dacc;
+            for (int d = 0; d < D; d++) facc[d] = 0.0f;
+            for (int i = 0; i < n; i++) {
+                const float *kr = rows[i];
+                if (!kr) continue;
+                float pb = bf16r(p[i]);
+                for (int d = 0; d < D; d++) facc[d] += pb * kr[d];
+            }
+            for (int d = 0; d < D; d++) acc[d] = acc[d] * f + facc[d];
+        }
+        den = den * f + bsum;
+        m = m_new;
+    }
+    den = den + ds41_expf_x(ctx, j->sink[h] - m);
+    float *o = j->out + ((size_t)t * j->H + h) * D;
+    for (int d = 0; d < D; d++) o[d] = bf16r(acc[d] / den);
+}
+
+static void sa_range(void *arg, int i0, int i1) {
+    const sa_job *j = arg;
+    double *dacc = xmalloc((size_t)j->D * sizeof(double));
+    float *acc = xmalloc((size_t)j->D * sizeof(float));
+    for (int i = i0; i < i1; i++) sa_one(j, i / j->H, i % j->H, dacc, acc);
+    free(acc);
+    free(dacc);
+}
+
+void ds41_sparse_attn(const ds41_ctx *ctx, int n_heads, int head_dim, const float *q, int T,
+                      const ds41_kvset *kv, const int32_t *idx, int L, const float *sink,
+                      float scale, float *out) {
+    sa_job j = { .ctx = ctx, .H = n_heads, .D = head_dim, .T = T, .L = L, .q = q, .sink = sink,
+                 .kv = kv, .idx = idx, .scale = scale, .out = out };
+    int n = T * n_heads;
+    if (ctx->pool && n > 1) ds41_parallel_for(ctx, n, sa_range, &j);
+    else sa_range(&j, 0, n);
+}
+
+/* ====================================================================== 3.13 output projection */
+
+void ds41_attn_output(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
+                      const ds41_rope *rope, float *o, int T, const int *pos, float *scratch, float *y) {
+    int H = cfg->n_heads, D = cfg->head_dim, rd = cfg->rope_dim;
+    int G = cfg->o_groups, OL = cfg->o_lora_rank, hpg = H / G;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++)
+            ds41_rope_apply(rope, o + ((size_t)t * H + h) * D + (D - rd), pos[t], 1);
+    for (int g = 0; g < G; g++)
+        ds41_linear_fp8_dq(ctx, &lw->wo_a, g * OL, OL, o + (size_t)g * hpg * D, H * D, T,
+                           scratch + (size_t)g * OL, G * OL);
+    ds41_linear_fp8(ctx, &lw->wo_b, scratch, T, y);
+}

@@ -1,0 +1,189 @@
+/* ds41 bench: prefill throughput (ced and full) at several prompt lengths, decode throughput,
+ * peak RSS and state bytes; a table, or one JSON object with --json. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "cli.h"
+#include "ds41.h"
+
+static const char *BENCH_USAGE =
+    "usage: ds41 bench -m DIR [options]\n"
+    "  -m, --model DIR     checkpoint directory\n"
+    "  --lengths LIST      prompt lengths (default 64,256,1024, capped by the context)\n"
+    "  --modes LIST        prefill modes to time (default ced,full)\n"
+    "  --decode N          decode steps timed after the longest prompt (default 16)\n"
+    "  -t, --threads N     fast-mode threads (default 1)\n"
+    "  -c, --ctx-size N    context size (default: longest prompt + decode)\n"
+    "  --exact             exact kernels\n"
+    "  --seed S            seed of the random prompt ids (default 1)\n"
+    "  --json              machine-readable output\n";
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static long long peak_rss_bytes(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (long long)ru.ru_maxrss * 1024;
+}
+
+static int parse_list(const char *s, int *v, int cap) {
+    int n = 0;
+    while (*s && n < cap) {
+        char *end;
+        long x = strtol(s, &end, 10);
+        if (end == s || x <= 0 || x > (1 << 24)) return -1;
+        v[n++] = (int)x;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return -1;
+    }
+    return n;
+}
+
+int ds41_cli_bench(int argc, char **argv) {
+    const char *dir = NULL;
+    int lengths[16] = { 64, 256, 1024 }, n_len = 3, n_dec = 16, threads = 1, exact = 0, json = 0;
+    int modes[3] = { DS41_PREFILL_MODE_CED, DS41_PREFILL_MODE_FULL }, n_modes = 2;
+    long long ctx = 0;
+    unsigned long long seed = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int has = i + 1 < argc;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(BENCH_USAGE, stdout); return 0; }
+        else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && has) dir = argv[++i];
+        else if (!strcmp(a, "--lengths") && has) {
+            if ((n_len = parse_list(argv[++i], lengths, 16)) <= 0) { fprintf(stderr, "ds41 bench: bad --lengths\n"); return 2; }
+        } else if (!strcmp(a, "--modes") && has) {
+            char *v = argv[++i];
+            n_modes = 0;
+            for (char *t = strtok(v, ","); t && n_modes < 3; t = strtok(NULL, ",")) {
+                if (!strcmp(t, "ced")) modes[n_modes++] = DS41_PREFILL_MODE_CED;
+                else if (!strcmp(t, "full")) modes[n_modes++] = DS41_PREFILL_MODE_FULL;
+                else if (!strcmp(t, "ced-replay")) modes[n_modes++] = DS41_PREFILL_MODE_REPLAY;
+                else { fprintf(stderr, "ds41 bench: unknown mode '%s'\n", t); return 2; }
+            }
+        } else if (!strcmp(a, "--decode") && has) n_dec = atoi(argv[++i]);
+        else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && has) threads = atoi(argv[++i]);
+        else if ((!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) && has) ctx = atoll(argv[++i]);
+        else if (!strcmp(a, "--seed") && has) seed = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(a, "--exact")) exact = 1;
+        else if (!strcmp(a, "--json")) json = 1;
+        else { fprintf(stderr, "ds41 bench: unknown or incomplete option '%s'\n%s", a, BENCH_USAGE); return 2; }
+    }
+    if (!dir) { fprintf(stderr, "ds41 bench: -m DIR is required\n"); return 2; }
+    if (threads < 1 || n_dec < 0) { fprintf(stderr, "ds41 bench: bad -t or --decode\n"); return 2; }
+    int maxlen = 0;
+    for (int i = 0; i < n_len; i++) if (lengths[i] > maxlen) maxlen = lengths[i];
+    ds41_load_params lp;
+    ds41_load_params_default(&lp);
+    lp.exact = exact;
+    lp.n_threads = threads;
+    lp.ctx_size = ctx > 0 ? ctx : maxlen + n_dec + 1;
+    char ebuf[1024];
+    ds41_engine *e = ds41_load(dir, &lp, ebuf, sizeof ebuf);
+    if (!e && ctx <= 0) {
+        /* the model's context may be shorter than asked for: fall back to its maximum */
+        lp.ctx_size = 0;
+        e = ds41_load(dir, &lp, ebuf, sizeof ebuf);
+    }
+    if (!e) { fprintf(stderr, "ds41 bench: %s\n", ebuf); return 1; }
+    long long C = ds41_ctx_size(e);
+    int V = ds41_vocab_size(e);
+    int32_t *ids = malloc((size_t)(maxlen + n_dec + 1) * sizeof(int32_t));
+    if (!ids) { ds41_unload(e); return 1; }
+    uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 1;
+    for (int i = 0; i < maxlen + n_dec + 1; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        ids[i] = (int32_t)(x % (uint64_t)V);
+    }
+    /* warm-up: touch the mapped weights once so the first timed run does not pay page faults */
+    {
+        ds41_session *w = ds41_session_open(e, NULL, ebuf, sizeof ebuf);
+        int wn = lengths[0] < 8 ? lengths[0] : 8;
+        if (w && wn <= C) (void)ds41_feed(w, ids, (size_t)wn);
+        ds41_session_close(w);
+    }
+    json_t *root = json_object(), *pre = json_array();
+    if (!json) printf("%-10s %8s %12s %10s %14s\n", "mode", "tokens", "prefill tok/s", "seconds", "state bytes");
+    ds41_state_info last_state;
+    memset(&last_state, 0, sizeof last_state);
+    double t_mode[3][16];
+    int rc = 0;
+    for (int li = 0; li < n_len && !rc; li++) {
+        int n = lengths[li];
+        if (n > C) { fprintf(stderr, "ds41 bench: length %d exceeds the context %lld; skipped\n", n, C); continue; }
+        for (int mi = 0; mi < n_modes; mi++) {
+            ds41_session_params sp;
+            ds41_session_params_default(&sp);
+            sp.prefill = modes[mi];
+            ds41_session *s = ds41_session_open(e, &sp, ebuf, sizeof ebuf);
+            if (!s) { fprintf(stderr, "ds41 bench: %s\n", ebuf); rc = 1; break; }
+            double t0 = now_s();
+            if (ds41_feed(s, ids, (size_t)n)) { fprintf(stderr, "ds41 bench: %s\n", ds41_session_error(s)); rc = 1; }
+            double dt = now_s() - t0;
+            t_mode[mi][li] = dt;
+            ds41_state_info si;
+            ds41_session_state(s, &si);
+            const char *mn = modes[mi] == 0 ? "ced" : modes[mi] == 1 ? "full" : "ced-replay";
+            if (json) {
+                json_array_append_new(pre, json_pack("{s:s,s:i,s:f,s:f,s:I,s:I}", "mode", mn, "tokens", n, "seconds", dt,
+                                                     "tokens_per_s", n / dt, "state_bytes", (json_int_t)si.total_bytes,
+                                                     "global_kv_bytes", (json_int_t)si.global_kv_bytes));
+            } else {
+                printf("%-10s %8d %12.1f %10.3f %14lld\n", mn, n, n / dt, dt, si.total_bytes);
+            }
+            fflush(stdout);
+            ds41_session_close(s);
+        }
+        if (!json && n_modes >= 2 && modes[0] == DS41_PREFILL_MODE_CED && modes[1] == DS41_PREFILL_MODE_FULL)
+            printf("%-10s %8d %12.3f\n", "ced/full", n, t_mode[0][li] / t_mode[1][li]);
+    }
+    /* decode after the longest prompt that fits */
+    int n = maxlen > C - n_dec - 1 ? (int)(C - n_dec - 1) : maxlen;
+    double dtok = 0;
+    if (!rc && n_dec > 0 && n > 0) {
+        ds41_session *s = ds41_session_open(e, NULL, ebuf, sizeof ebuf);
+        if (!s || ds41_feed(s, ids, (size_t)n)) { fprintf(stderr, "ds41 bench: decode setup failed\n"); rc = 1; }
+        else {
+            double t0 = now_s();
+            for (int i = 0; i < n_dec && !rc; i++) {
+                int32_t t = ds41_session_sample(s);
+                if (ds41_feed(s, &t, 1)) { fprintf(stderr, "ds41 bench: %s\n", ds41_session_error(s)); rc = 1; }
+            }
+            double dt = now_s() - t0;
+            dtok = n_dec / dt;
+            ds41_session_state(s, &last_state);
+            if (!json) printf("decode after %d tokens: %d steps, %.2f tok/s\n", n, n_dec, dtok);
+        }
+        ds41_session_close(s);
+    }
+    long long rss = peak_rss_bytes();
+    if (json) {
+        json_object_set_new(root, "prefill", pre);
+        json_object_set_new(root, "decode", json_pack("{s:i,s:i,s:f}", "context", n, "steps", n_dec, "tokens_per_s", dtok));
+        json_object_set_new(root, "peak_rss_bytes", json_integer(rss));
+        json_object_set_new(root, "state", json_pack("{s:I,s:I,s:f,s:I}", "tokens", (json_int_t)last_state.tokens,
+                                                     "global_kv_bytes", (json_int_t)last_state.global_kv_bytes,
+                                                     "global_kv_bytes_per_token", last_state.global_kv_bytes_per_token,
+                                                     "total_bytes", (json_int_t)last_state.total_bytes));
+        json_object_set_new(root, "threads", json_integer(threads));
+        json_object_set_new(root, "exact", json_boolean(exact));
+        char *line = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(6));
+        if (line) { puts(line); free(line); }
+    } else {
+        json_decref(pre);
+        printf("peak RSS %.1f MiB; state after decode: %lld B total, global KV %lld B (%.1f B/token)\n", rss / 1048576.0,
+               last_state.total_bytes, last_state.global_kv_bytes, last_state.global_kv_bytes_per_token);
+    }
+    json_decref(root);
+    free(ids);
+    ds41_unload(e);
+    return rc;
+}

@@ -1,0 +1,371 @@
+/* ds41 run: generate from a prompt (text or token ids) with a checkpoint. */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "cli.h"
+#include "common.h"
+#include "ds41.h"
+#include "tokenizer.h"
+
+static const char *RUN_USAGE =
+    "usage: ds41 run -m DIR (-p TEXT | --prompt-ids 1,2,3) [options]\n"
+    "  -m, --model DIR        checkpoint directory\n"
+    "  -p, --prompt TEXT      prompt text (needs DIR/tokenizer.json)\n"
+    "  --prompt-ids LIST      prompt as comma-separated token ids (no tokenizer needed)\n"
+    "  -n, --n-predict N      tokens to generate (default 32)\n"
+    "  --temp T               temperature (default 0 = greedy, first maximum)\n"
+    "  --top-k K, --top-p P, --min-p P, --seed S   sampling filters and seed\n"
+    "  -t, --threads N        fast-mode threads (default 1)\n"
+    "  -c, --ctx-size N       context size in tokens (default 4096, at most the model's)\n"
+    "  --prefill MODE         ced (default; exact, skips decoder rows), full, ced-replay (spec 4.1 approximation)\n"
+    "  --chunk N              prefill in chunks of N tokens (exact for N >= window)\n"
+    "  --index-k own|official index-K reading of spec 3.9 / 10.1 (default own)\n"
+    "  --exact                exact kernels (also DS41_EXACT=1); default fast\n"
+    "  --force-ids LIST       teacher forcing: feed these ids instead of sampling (logits still reported)\n"
+    "  --ignore-eos           do not stop at the end-of-sequence token\n"
+    "  --json                 one JSON object per generated token, then a {\"timing\": ...} line\n"
+    "  --top-logprobs K       entries of \"top\" in --json output (default 5)\n"
+    "  --dump-logits FILE     float32 little-endian logits, one vocabulary row per generated step\n"
+    "  --trace DIR            conformance trace (docs/conformance.md; with DSpark stages also dspark.*)\n"
+    "  --draft-trace          DSpark proposals and confidence logits after every step (JSON keys\n"
+    "                         \"draft\" and \"draft_conf\", else lines on stderr)\n"
+    "  --no-draft             do not run the DSpark drafter for --trace\n";
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* "1,2,3" -> ids; rejects anything that is not a comma-separated list of integers. */
+static int parse_ids(const char *s, int32_t **out, size_t *n, const char *what) {
+    size_t cap = 16, k = 0;
+    int32_t *v = malloc(cap * sizeof *v);
+    if (!v) return -1;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (end == p || errno || x < INT32_MIN || x > INT32_MAX) {
+            fprintf(stderr, "ds41 run: %s: '%s' is not a comma-separated list of integers\n", what, s);
+            free(v);
+            return -1;
+        }
+        if (k == cap) {
+            cap *= 2;
+            int32_t *nv = realloc(v, cap * sizeof *v);
+            if (!nv) { free(v); return -1; }
+            v = nv;
+        }
+        v[k++] = (int32_t)x;
+        p = end;
+        while (*p == ' ') p++;
+        if (*p == ',') p++;
+        else if (*p) {
+            fprintf(stderr, "ds41 run: %s: unexpected '%c' in '%s'\n", what, *p, s);
+            free(v);
+            return -1;
+        }
+    }
+    *out = v;
+    *n = k;
+    return 0;
+}
+
+static int file_exists(const char *dir, const char *name) {
+    char *p = ds41_path_join(dir, name);
+    struct stat sb;
+    int ok = p && stat(p, &sb) == 0;
+    free(p);
+    return ok;
+}
+
+/* log-softmax of the K best logits (values descending, ties lower id) as a JSON array. */
+static json_t *top_json(const float *lg, int V, int K) {
+    double mx = -INFINITY;
+    for (int i = 0; i < V; i++) if (lg[i] > mx) mx = lg[i];
+    double se = 0.0;
+    for (int i = 0; i < V; i++) se += exp((double)lg[i] - mx);
+    double lse = mx + log(se);
+    json_t *arr = json_array();
+    if (K > V) K = V;
+    int *best = malloc((size_t)(K > 0 ? K : 1) * sizeof(int));
+    int nb = 0;
+    for (int i = 0; i < V && K > 0; i++) {
+        /* insertion into a small sorted list */
+        if (nb == K && !(lg[i] > lg[best[K - 1]])) continue;
+        int j = nb < K ? nb++ : K - 1;
+        while (j > 0 && lg[i] > lg[best[j - 1]]) { best[j] = best[j - 1]; j--; }
+        best[j] = i;
+    }
+    for (int i = 0; i < nb; i++) {
+        json_t *o = json_object();
+        json_object_set_new(o, "id", json_integer(best[i]));
+        json_object_set_new(o, "logit", json_real(lg[best[i]]));
+        json_object_set_new(o, "logprob", json_real((double)lg[best[i]] - lse));
+        json_array_append_new(arr, o);
+    }
+    free(best);
+    return arr;
+}
+
+int ds41_cli_run(int argc, char **argv) {
+    const char *dir = NULL, *prompt = NULL, *prompt_ids = NULL, *force_ids = NULL, *dump = NULL, *trace = NULL;
+    int draft_trace = 0, no_draft = 0;
+    int n_predict = 32, top_k = 0, threads = 1, json = 0, top_lp = 5, ignore_eos = 0, chunk = 0;
+    int exact = getenv("DS41_EXACT") && !strcmp(getenv("DS41_EXACT"), "1");
+    float temp = 0.0f, top_p = 1.0f, min_p = 0.0f;
+    unsigned long long seed = 0;
+    long long ctx = 0;
+    int prefill = DS41_PREFILL_MODE_CED, index_k = DS41_INDEX_K_OWN;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int has = i + 1 < argc;
+#define ARG(s1, s2) ((!strcmp(a, s1) || ((s2) && !strcmp(a, s2 ? s2 : ""))))
+#define NEED() do { if (!has) { fprintf(stderr, "ds41 run: %s needs a value\n", a); return 2; } } while (0)
+        if (ARG("--help", "-h")) { fputs(RUN_USAGE, stdout); return 0; }
+        else if (ARG("-m", "--model")) { NEED(); dir = argv[++i]; }
+        else if (ARG("-p", "--prompt")) { NEED(); prompt = argv[++i]; }
+        else if (ARG("--prompt-ids", NULL)) { NEED(); prompt_ids = argv[++i]; }
+        else if (ARG("--force-ids", NULL)) { NEED(); force_ids = argv[++i]; }
+        else if (ARG("-n", "--n-predict")) { NEED(); n_predict = atoi(argv[++i]); }
+        else if (ARG("--temp", NULL)) { NEED(); temp = strtof(argv[++i], NULL); }
+        else if (ARG("--top-k", NULL)) { NEED(); top_k = atoi(argv[++i]); }
+        else if (ARG("--top-p", NULL)) { NEED(); top_p = strtof(argv[++i], NULL); }
+        else if (ARG("--min-p", NULL)) { NEED(); min_p = strtof(argv[++i], NULL); }
+        else if (ARG("--seed", NULL)) { NEED(); seed = strtoull(argv[++i], NULL, 10); }
+        else if (ARG("-t", "--threads")) { NEED(); threads = atoi(argv[++i]); }
+        else if (ARG("-c", "--ctx-size")) { NEED(); ctx = atoll(argv[++i]); }
+        else if (ARG("--chunk", NULL)) { NEED(); chunk = atoi(argv[++i]); }
+        else if (ARG("--exact", NULL)) exact = 1;
+        else if (ARG("--json", NULL)) json = 1;
+        else if (ARG("--ignore-eos", NULL)) ignore_eos = 1;
+        else if (ARG("--draft-trace", NULL)) draft_trace = 1;
+        else if (ARG("--no-draft", NULL)) no_draft = 1;
+        else if (ARG("--top-logprobs", NULL)) { NEED(); top_lp = atoi(argv[++i]); }
+        else if (ARG("--dump-logits", NULL)) { NEED(); dump = argv[++i]; }
+        else if (ARG("--trace", NULL)) { NEED(); trace = argv[++i]; }
+        else if (ARG("--prefill", NULL)) {
+            NEED();
+            const char *v = argv[++i];
+            if (!strcmp(v, "ced")) prefill = DS41_PREFILL_MODE_CED;
+            else if (!strcmp(v, "full")) prefill = DS41_PREFILL_MODE_FULL;
+            else if (!strcmp(v, "ced-replay")) prefill = DS41_PREFILL_MODE_REPLAY;
+            else { fprintf(stderr, "ds41 run: --prefill must be ced, full or ced-replay, not '%s'\n", v); return 2; }
+        } else if (ARG("--index-k", NULL)) {
+            NEED();
+            const char *v = argv[++i];
+            if (!strcmp(v, "own")) index_k = DS41_INDEX_K_OWN;
+            else if (!strcmp(v, "official")) index_k = DS41_INDEX_K_OFFICIAL;
+            else { fprintf(stderr, "ds41 run: --index-k must be own or official, not '%s'\n", v); return 2; }
+        } else { fprintf(stderr, "ds41 run: unknown option '%s'\n%s", a, RUN_USAGE); return 2; }
+#undef NEED
+#undef ARG
+    }
+    if (!dir) { fprintf(stderr, "ds41 run: -m DIR is required\n%s", RUN_USAGE); return 2; }
+    if (!prompt == !prompt_ids) { fprintf(stderr, "ds41 run: give exactly one of -p TEXT and --prompt-ids LIST\n"); return 2; }
+    if (n_predict < 0) { fprintf(stderr, "ds41 run: -n must be >= 0\n"); return 2; }
+    if (threads < 1 || threads > 256) { fprintf(stderr, "ds41 run: -t must be 1..256\n"); return 2; }
+    if (chunk < 0) { fprintf(stderr, "ds41 run: --chunk must be >= 0\n"); return 2; }
+    if (ctx < 0) { fprintf(stderr, "ds41 run: -c must be > 0\n"); return 2; }
+    if (temp < 0 || !(top_p > 0 && top_p <= 1) || min_p < 0 || min_p > 1 || top_k < 0) {
+        fprintf(stderr, "ds41 run: sampling options out of range (temp >= 0, 0 < top-p <= 1, 0 <= min-p <= 1, top-k >= 0)\n");
+        return 2;
+    }
+
+    int rc = 1;
+    ds41_tokenizer *tok = NULL;
+    ds41_engine *e = NULL;
+    ds41_session *s = NULL;
+    int32_t *ids = NULL, *forced = NULL;
+    size_t n_ids = 0, n_forced = 0;
+    FILE *fdump = NULL;
+    ds41_err err;
+    char ebuf[1024];
+
+    if (file_exists(dir, "tokenizer.json")) {
+        if (ds41_tokenizer_load(dir, &tok, &err)) { fprintf(stderr, "ds41 run: %s\n", err.msg); goto out; }
+    }
+    if (prompt) {
+        if (!tok) {
+            fprintf(stderr, "ds41 run: %s has no tokenizer.json; give the prompt as --prompt-ids\n", dir);
+            goto out;
+        }
+        if (ds41_tokenize(tok, prompt, strlen(prompt), 1, 1, &ids, &n_ids, &err)) {
+            fprintf(stderr, "ds41 run: %s\n", err.msg);
+            goto out;
+        }
+    } else if (parse_ids(prompt_ids, &ids, &n_ids, "--prompt-ids")) {
+        goto out;
+    }
+    if (force_ids && parse_ids(force_ids, &forced, &n_forced, "--force-ids")) goto out;
+    if (n_ids == 0) { fprintf(stderr, "ds41 run: the prompt is empty\n"); goto out; }
+
+    ds41_load_params lp;
+    ds41_load_params_default(&lp);
+    lp.exact = exact;
+    lp.n_threads = threads;
+    lp.ctx_size = ctx;
+    e = ds41_load(dir, &lp, ebuf, sizeof ebuf);
+    if (!e) { fprintf(stderr, "ds41 run: %s\n", ebuf); goto out; }
+    int V = ds41_vocab_size(e);
+    long long C = ds41_ctx_size(e);
+    for (size_t i = 0; i < n_ids; i++)
+        if (ids[i] < 0 || ids[i] >= V) {
+            fprintf(stderr, "ds41 run: prompt token %zu is %d, outside the vocabulary 0..%d\n", i, ids[i], V - 1);
+            goto out;
+        }
+    for (size_t i = 0; i < n_forced; i++)
+        if (forced[i] < 0 || forced[i] >= V) {
+            fprintf(stderr, "ds41 run: --force-ids entry %zu is %d, outside the vocabulary 0..%d\n", i, forced[i], V - 1);
+            goto out;
+        }
+    if ((long long)n_ids > C) {
+        fprintf(stderr, "ds41 run: the prompt has %zu tokens, more than the context size %lld (-c)\n", n_ids, C);
+        goto out;
+    }
+    /* the last generated token is not fed back, so prompt + n - 1 positions are needed */
+    if (n_predict > 0 && (long long)n_ids + n_predict - 1 > C) {
+        fprintf(stderr, "ds41 run: prompt (%zu tokens) + -n %d runs past the context size %lld (-c)\n", n_ids, n_predict, C);
+        goto out;
+    }
+    if (forced && (long long)n_forced < n_predict) {
+        fprintf(stderr, "ds41 run: --force-ids has %zu ids, fewer than -n %d\n", n_forced, n_predict);
+        goto out;
+    }
+
+    ds41_session_params sp;
+    ds41_session_params_default(&sp);
+    sp.prefill = prefill;
+    sp.chunk = chunk;
+    sp.index_k = index_k;
+    int B = ds41_draft_block_size(e);
+    if (draft_trace && B == 0) { fprintf(stderr, "ds41 run: --draft-trace: %s has no DSpark stages\n", dir); goto out; }
+    sp.draft = B > 0 && (draft_trace || (trace && !no_draft));
+    s = ds41_session_open(e, &sp, ebuf, sizeof ebuf);
+    if (!s) { fprintf(stderr, "ds41 run: %s\n", ebuf); goto out; }
+    ds41_session_set_sampling(s, temp, top_k, top_p, min_p, seed);
+    if (trace && ds41_session_trace(s, trace)) { fprintf(stderr, "ds41 run: %s\n", ds41_session_error(s)); goto out; }
+    if (dump && !(fdump = fopen(dump, "wb"))) {
+        fprintf(stderr, "ds41 run: %s: cannot create: %s\n", dump, strerror(errno));
+        goto out;
+    }
+    ds41_session_trace_tokens(s, ids, n_ids);
+
+    int eos = tok ? ds41_tokenizer_eos(tok) : -1;
+    ds41_detok_stream ds;
+    if (tok) ds41_detok_stream_init(&ds, tok);
+
+    double t0 = now_s();
+    if (ds41_feed(s, ids, n_ids)) { fprintf(stderr, "ds41 run: %s\n", ds41_session_error(s)); goto out; }
+    double t_prefill = now_s() - t0, t_decode = 0.0;
+    int n_dec = 0, n_gen = 0;
+    for (int step = 0; step < n_predict; step++) {
+        const float *lg = ds41_logits(s);
+        if (fdump) fwrite(lg, sizeof(float), (size_t)V, fdump);
+        ds41_session_trace_logits(s);
+        int32_t next = forced ? forced[step] : ds41_session_sample(s);
+        ds41_session_trace_tokens(s, &next, 1);
+        n_gen++;
+        char text[256];
+        size_t tl = 0;
+        if (tok) tl = ds41_detok_stream_push(&ds, next, text, sizeof text - 1);
+        text[tl] = 0;
+        if (json) {
+            json_t *o = json_object();
+            json_object_set_new(o, "id", json_integer(next));
+            json_object_set_new(o, "text", tok ? json_stringn(text, tl) : json_null());
+            json_object_set_new(o, "top", top_json(lg, V, top_lp));
+            char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
+            if (line) { puts(line); free(line); }
+            json_decref(o);
+        } else if (tok) {
+            fwrite(text, 1, tl, stdout);
+        } else {
+            printf("%s%d", step ? " " : "", next);
+        }
+        fflush(stdout);
+        int32_t dids[64];
+        float dconf[64];
+        /* a proposal follows every decode step (docs/conformance.md: per decode step), i.e.
+         * every step whose logits came from a single-token forward */
+        int drafted = 0;
+        if (sp.draft && step >= 1 && B <= 64) {
+            if (ds41_session_draft(s, next, dids, dconf)) { fprintf(stderr, "\nds41 run: %s\n", ds41_session_error(s)); goto out; }
+            drafted = 1;
+        }
+        if (json && drafted && draft_trace) {
+            /* printed as its own line right after the token's line */
+            json_t *o = json_object(), *a = json_array(), *c = json_array();
+            for (int k = 0; k < B; k++) { json_array_append_new(a, json_integer(dids[k])); json_array_append_new(c, json_real(dconf[k])); }
+            json_object_set_new(o, "draft", a);
+            json_object_set_new(o, "draft_conf", c);
+            json_object_set_new(o, "after", json_integer(next));
+            char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
+            if (line) { puts(line); free(line); }
+            json_decref(o);
+        } else if (drafted && draft_trace) {
+            fprintf(stderr, "draft after %d:", next);
+            for (int k = 0; k < B; k++) fprintf(stderr, " %d (%.4f)", dids[k], dconf[k]);
+            fputc('\n', stderr);
+        }
+        if (!ignore_eos && !forced && next == eos && eos >= 0) break;
+        if (step + 1 < n_predict) {
+            double t1 = now_s();
+            if (ds41_feed(s, &next, 1)) { fprintf(stderr, "\nds41 run: %s\n", ds41_session_error(s)); goto out; }
+            t_decode += now_s() - t1;
+            n_dec++;
+        }
+    }
+    if (tok && !json) {
+        char text[64];
+        size_t tl = ds41_detok_stream_flush(&ds, text, sizeof text);
+        fwrite(text, 1, tl, stdout);
+    }
+    if (!json && n_gen) putchar('\n');
+
+    ds41_state_info si;
+    ds41_session_state(s, &si);
+    double pf = t_prefill > 0 ? n_ids / t_prefill : 0, dc = t_decode > 0 ? n_dec / t_decode : 0;
+    if (json) {
+        json_t *tm = json_pack("{s:I,s:f,s:f,s:I,s:f,s:f}", "prefill_tokens", (json_int_t)n_ids, "prefill_s", t_prefill,
+                               "prefill_tokens_per_s", pf, "decode_tokens", (json_int_t)n_dec, "decode_s", t_decode,
+                               "decode_tokens_per_s", dc);
+        json_t *sb = json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f}", "tokens", (json_int_t)si.tokens,
+                               "global_kv", (json_int_t)si.global_kv_bytes, "global_kv_main", (json_int_t)si.global_kv_main_bytes,
+                               "global_kv_index", (json_int_t)si.global_kv_index_bytes,
+                               "global_kv_pages", (json_int_t)si.global_kv_page_bytes, "swa_rings", (json_int_t)si.swa_bytes,
+                               "dspark_rings", (json_int_t)si.dspark_ring_bytes, "compressor", (json_int_t)si.compressor_bytes,
+                               "total", (json_int_t)si.total_bytes, "global_kv_per_token", si.global_kv_bytes_per_token);
+        json_object_set_new(tm, "state_bytes", sb);
+        json_object_set_new(tm, "prefill", json_string(prefill == 0 ? "ced" : prefill == 1 ? "full" : "ced-replay"));
+        json_object_set_new(tm, "exact", json_boolean(exact));
+        json_object_set_new(tm, "threads", json_integer(threads));
+        json_t *o = json_pack("{s:o}", "timing", tm);
+        char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
+        if (line) { puts(line); free(line); }
+        json_decref(o);
+    } else {
+        fprintf(stderr, "ds41 run: prefill %zu tokens in %.3f s (%.1f tok/s), decode %d tokens in %.3f s (%.2f tok/s)\n",
+                n_ids, t_prefill, pf, n_dec, t_decode, dc);
+        fprintf(stderr, "ds41 run: state %lld B held (global KV %lld B = %.1f B/token, SWA rings %lld B, compressor %lld B)\n",
+                si.total_bytes, si.global_kv_bytes, si.global_kv_bytes_per_token, si.swa_bytes, si.compressor_bytes);
+    }
+    if (trace && ds41_session_trace_finish(s)) { fprintf(stderr, "ds41 run: writing the trace failed\n"); goto out; }
+    rc = 0;
+out:
+    if (fdump && fclose(fdump) != 0 && rc == 0) { fprintf(stderr, "ds41 run: %s: write failed\n", dump); rc = 1; }
+    ds41_session_close(s);
+    ds41_unload(e);
+    if (tok) ds41_tokenizer_free(tok);
+    free(ids);
+    free(forced);
+    return rc;
+}

@@ -1,0 +1,630 @@
+/* ds41 forward pass: the block loop of spec 3.1, readable top to bottom.
+ *
+ *   tokens -> Engram hash ids, embedding, 4 stream copies
+ *   for each layer: [Engram] -> [DSpark tap] -> mHC pre-mix -> attention -> mHC post-mix
+ *                    -> mHC pre-mix -> MoE -> mHC post-mix
+ *   collapse (apply_pre with the last FFN's pre) -> final norm -> head -> logits
+ *
+ * Rows. A forward covers positions [P, P+T). Layer l computes its attention input x and its
+ * SWA key on rows [krow, T) and its attention + MoE output on rows [qrow, T) (ds41_row_plan):
+ * everything in a full prefill, fewer decoder rows in a CED prefill. Because every row that is
+ * computed uses exactly the per-query lists of the full prefill, the two are bit-identical
+ * on every value they both compute.
+ *
+ * KV list of one layer (spec 3.11, docs/conformance.md), as a ds41_kvset:
+ *   one-shot (P = 0):   [chunk keys (row = position) ; compressed entries]
+ *   extend (P > 0, T>1): [ring before the chunk (slot order) ; chunk keys ; compressed]
+ *   decode (T = 1):     [ring after writing slot P mod window ; compressed] */
+#include "forward.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "formats.h"
+#include "mhc.h"
+#include "moe.h"
+
+enum { LAYOUT_ONESHOT, LAYOUT_EXTEND, LAYOUT_DECODE };
+
+/* ====================================================================== engine */
+
+int ds41_engine_init(ds41_engine *e, ds41_model *m, int own_model, int exact, int n_threads,
+                     long long max_pos, int32_t *token_map, int n_compressed, ds41_err *err) {
+    memset(e, 0, sizeof *e);
+    e->model = m;
+    e->own_model = own_model;
+    e->cfg = &m->cfg;
+    e->w = &m->w;
+    e->token_map = token_map;   /* owned from here on, also on failure */
+    e->n_compressed = n_compressed;
+    const ds41_config *cfg = e->cfg;
+    if (!m->st) return ds41_errf(err, "%s: the checkpoint holds no tensors (config.json only)", m->dir ? m->dir : "model");
+    if (max_pos < 1 || max_pos > cfg->max_position_embeddings)
+        return ds41_errf(err, "context size %lld outside 1..%lld (max_position_embeddings)", max_pos,
+                         cfg->max_position_embeddings);
+    if (max_pos > (1LL << 30)) return ds41_errf(err, "context size %lld too large", max_pos);
+    e->max_pos = max_pos;
+    e->ctx.exact = exact;
+    e->ctx.n_threads = n_threads < 1 ? 1 : n_threads;
+    e->ctx.pool = e->ctx.n_threads > 1 ? ds41_pool_create(e->ctx.n_threads) : NULL;
+    int np = cfg->n_layers + cfg->n_mtp;
+    e->layer_rope = calloc((size_t)np, sizeof(int));
+    if (!e->layer_rope) return ds41_errf(err, "out of memory");
+    /* one RoPE table per distinct (theta, yarn); DSpark blocks reach P + block_size */
+    int rope_max = (int)max_pos + cfg->dspark_block_size + 1;
+    for (int l = 0; l < np; l++) {
+        const ds41_layer_plan *lp = &cfg->layers[l];
+        /* find an existing table with the same parameters */
+        int found = -1;
+        for (int j = 0; j < l; j++)
+            if (cfg->layers[j].rope_theta == lp->rope_theta && cfg->layers[j].yarn == lp->yarn) { found = e->layer_rope[j]; break; }
+        if (found >= 0) { e->layer_rope[l] = found; continue; }
+        if (e->n_ropes >= 4) return ds41_errf(err, "too many distinct RoPE settings");
+        if (ds41_rope_init(&e->ropes[e->n_ropes], cfg, lp->rope_theta, lp->yarn, rope_max, err)) return -1;
+        e->layer_rope[l] = e->n_ropes++;
+    }
+    if (cfg->n_engram_layers > 0) {
+        if (!token_map) return ds41_errf(err, "config has Engram layers but no Engram token map was given");
+        if (ds41_engram_consts_init(&e->eg, cfg, err)) return -1;
+        e->has_engram = 1;
+    }
+    return 0;
+}
+
+void ds41_engine_free(ds41_engine *e) {
+    for (int i = 0; i < e->n_ropes; i++) ds41_rope_free(&e->ropes[i]);
+    free(e->layer_rope);
+    free(e->token_map);
+    if (e->ctx.pool) ds41_pool_destroy(e->ctx.pool);
+    if (e->own_model && e->model) { ds41_model_close(e->model); free(e->model); }
+    memset(e, 0, sizeof *e);
+}
+
+int ds41_seq_init(ds41_seq *s, ds41_engine *e, ds41_err *err) {
+    memset(s, 0, sizeof *s);
+    s->e = e;
+    if (ds41_cache_init(&s->cache, e->cfg, e->max_pos, err)) return -1;
+    s->logits = calloc((size_t)e->cfg->vocab_size, sizeof(float));
+    if (!s->logits) { ds41_cache_free(&s->cache); return ds41_errf(err, "out of memory"); }
+    return 0;
+}
+
+void ds41_seq_free(ds41_seq *s) {
+    ds41_cache_free(&s->cache);
+    free(s->logits);
+    free(s->main_hidden);
+    memset(s, 0, sizeof *s);
+}
+
+/* ====================================================================== row plan */
+
+void ds41_row_plan(const ds41_config *cfg, ds41_prefill_mode mode, int T, int need_logits,
+                   int *qrow, int *krow, int *lo) {
+    int L = cfg->n_layers, W = cfg->window;
+    for (int l = 0; l < L; l++) qrow[l] = krow[l] = lo[l] = 0;
+    if (mode == DS41_PREFILL_FULL || T <= 1) return;
+    int q = need_logits ? T - 1 : T;
+    int s = T - W > 0 ? T - W : 0;
+    int replay_start = cfg->first_decoder_layer + 1;
+    for (int l = L - 1; l >= 0; l--) {
+        const ds41_layer_plan *lp = &cfg->layers[l];
+        if (mode == DS41_PREFILL_REPLAY && l >= replay_start && !lp->is_kv_source) {
+            /* decoder replay: only the last window, windows truncated to it */
+            qrow[l] = krow[l] = lo[l] = s;
+            q = s;
+            continue;
+        }
+        /* Rows layer l must output: q (what layer l+1 reads). Its keys must cover the
+         * windows of those queries and the rows its ring keeps (the last W); a compressor
+         * needs every row. */
+        int k = q - (W - 1);
+        if (T - W < k) k = T - W;
+        if (lp->is_kv_source) k = 0;
+        if (k < 0) k = 0;
+        qrow[l] = q;
+        krow[l] = k;
+        q = k;
+    }
+}
+
+/* ====================================================================== forward */
+
+typedef struct fwd_buf {
+    float *X, *X2, *pre, *a_pre, *a_post, *a_C, *f_pre, *f_post, *f_C;
+    float *xin, *xa, *y;
+    float *kc;
+    uint8_t *rec;
+    float *cq, *q, *o, *wos;
+    float *ringf;
+    int32_t *list;
+    int *msel;
+    int32_t *pos;
+    int64_t *eg_ids;      /* [n_eg][T][cols] */
+    float **ckv, **cik;   /* per store: dequantized entries of this forward */
+    int32_t **sel;        /* per layer: top-k lists [T, sel_w] (index sources) */
+    int *sel_w;
+    uint8_t *pool;        /* candidate pool [T, nb] of the candidate source */
+    int pool_nb;
+} fwd_buf;
+
+static void *zalloc(size_t n, size_t sz, int *fail) {
+    if (*fail) return NULL;
+    void *p = calloc(n ? n : 1, sz);
+    if (!p) *fail = 1;
+    return p;
+}
+
+static void buf_free(fwd_buf *b, int n_layers, int n_stores) {
+    free(b->X); free(b->X2); free(b->pre); free(b->a_pre); free(b->a_post); free(b->a_C);
+    free(b->f_pre); free(b->f_post); free(b->f_C); free(b->xin); free(b->xa); free(b->y);
+    free(b->kc); free(b->rec); free(b->cq); free(b->q); free(b->o); free(b->wos); free(b->ringf);
+    free(b->list); free(b->msel); free(b->pos); free(b->eg_ids); free(b->pool);
+    if (b->ckv) for (int i = 0; i < n_stores; i++) { free(b->ckv[i]); free(b->cik[i]); }
+    free(b->ckv); free(b->cik);
+    if (b->sel) for (int l = 0; l < n_layers; l++) free(b->sel[l]);
+    free(b->sel); free(b->sel_w);
+}
+
+static int store_index(const ds41_cache *c, int layer) {
+    for (int i = 0; i < c->n_stores; i++) if (c->stores[i].layer == layer) return i;
+    return -1;
+}
+
+/* Dequantized entries of store si for this forward (made on first use: a KV source
+ * refreshes them after its compressor; official index-K may read a store before its owner
+ * ran in this forward). */
+static int forward_store_rows(ds41_seq *s, fwd_buf *b, int si, int refresh, ds41_err *err) {
+    const ds41_config *cfg = s->e->cfg;
+    ds41_kv_store *st = &s->cache.stores[si];
+    if (b->ckv[si] && !refresh) return 0;
+    free(b->ckv[si]);
+    free(b->cik[si]);
+    size_t n = (size_t)(st->n_entries ? st->n_entries : 1);
+    b->ckv[si] = malloc(n * cfg->head_dim * sizeof(float));
+    b->cik[si] = malloc(n * cfg->index_head_dim * sizeof(float));
+    if (!b->ckv[si] || !b->cik[si]) return ds41_errf(err, "out of memory dequantizing layer %d's KV", st->layer);
+    ds41_store_unpack_kv(cfg, st, st->n_entries, b->ckv[si]);
+    ds41_store_unpack_ik(cfg, st, st->n_entries, b->cik[si]);
+    return 0;
+}
+
+static void trace_i32(FILE *f, const int32_t *v, size_t n) {
+    if (f) fwrite(v, sizeof(int32_t), n, f);
+}
+
+/* The compressor of KV-source layer l over the rows of this forward (all rows are computed
+ * for a KV source), writing its new entries into the store. Returns entries emitted or -1. */
+static int run_compressor(ds41_seq *s, int l, const float *xa, int T, long long P, int layout, ds41_err *err) {
+    ds41_engine *e = s->e;
+    const ds41_config *cfg = e->cfg;
+    const ds41_layer_weights *lw = &e->w->layers[l];
+    const ds41_rope *rope = &e->ropes[e->layer_rope[l]];
+    ds41_kv_store *st = ds41_cache_store(&s->cache, l);
+    int D = cfg->head_dim, r = st->ratio, emitted = 0;
+    float *c = malloc((size_t)T * D * sizeof(float) * (r > 1 ? 2 : 1));
+    float *one = malloc((size_t)D * sizeof(float));
+    if (!c || !one) { free(c); free(one); return ds41_errf(err, "out of memory in the compressor of layer %d", l); }
+    if (r == 1) {
+        ds41_compress_r1(&e->ctx, cfg, lw, xa, T, c);
+        for (int t = 0; t < T; t++) {
+            long long j = P + t;
+            uint8_t *kr = ds41_store_kv_rec(st, j, 1, err), *ir = ds41_store_ik_rec(st, j, 1, err);
+            if (!kr || !ir) { free(c); free(one); return -1; }
+            ds41_compress_entry(&e->ctx, cfg, lw, rope, c + (size_t)t * D, (int)(j * r), ir, kr);
+            emitted++;
+        }
+    } else {
+        ds41_comp_state *cs = ds41_cache_comp(&s->cache, l);
+        float *kv = c, *sc = c + (size_t)T * D;
+        ds41_compress_proj(&e->ctx, cfg, lw, xa, T, kv, sc);
+        for (int t = 0; t < T; t++) {
+            long long p = P + t;
+            if ((p + 1) % r) continue;
+            /* group (p+1)/r - 1 is complete at p: members p-r+1 .. p, from the state for
+             * positions before this forward, from this forward's rows otherwise */
+            const float *kvr[DS41_PAGE_TOKENS], *scr[DS41_PAGE_TOKENS];
+            for (int i = 0; i < r; i++) {
+                long long m = p - r + 1 + i;
+                if (m >= P) { kvr[i] = kv + (size_t)(m - P) * D; scr[i] = sc + (size_t)(m - P) * D; }
+                else { kvr[i] = cs->kv + (size_t)(m % r) * D; scr[i] = cs->sc + (size_t)(m % r) * D; }
+            }
+            ds41_compress_pool(&e->ctx, cfg, lw, kvr, scr, r, one);
+            long long j = p / r;
+            uint8_t *kr = ds41_store_kv_rec(st, j, 1, err), *ir = ds41_store_ik_rec(st, j, 1, err);
+            if (!kr || !ir) { free(c); free(one); return -1; }
+            ds41_compress_entry(&e->ctx, cfg, lw, rope, one, (int)(j * r), ir, kr);
+            emitted++;
+        }
+        /* State rows: decode writes its token's row every step (the reference's decode);
+         * a multi-token forward stores the rows of the trailing incomplete group (the
+         * reference's prefill remainder), which is all a later forward can read. */
+        long long end = P + T, cut = (end / r) * r;
+        for (int t = 0; t < T; t++) {
+            long long p = P + t;
+            if (layout == LAYOUT_DECODE || p >= cut) {
+                memcpy(cs->kv + (size_t)(p % r) * D, kv + (size_t)t * D, (size_t)D * sizeof(float));
+                memcpy(cs->sc + (size_t)(p % r) * D, sc + (size_t)t * D, (size_t)D * sizeof(float));
+            }
+        }
+    }
+    st->n_entries = (P + T) / r;
+    free(c);
+    free(one);
+    return emitted;
+}
+
+/* The indexer of index-source layer l on query rows [q0, T); fills b->sel[l]. */
+static int run_indexer(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long long P, const float *xa, ds41_err *err) {
+    ds41_engine *e = s->e;
+    const ds41_config *cfg = e->cfg;
+    const ds41_layer_plan *lp = &cfg->layers[l];
+    const ds41_layer_weights *lw = &e->w->layers[l];
+    int r = lp->ratio, NH = cfg->index_n_heads, ID = cfg->index_head_dim;
+    long long E = (P + T) / r;
+    int k = (int)(E < cfg->index_topk ? E : cfg->index_topk);
+    b->sel_w[l] = k;
+    b->sel[l] = malloc((size_t)T * (k ? k : 1) * sizeof(int32_t));
+    if (!b->sel[l]) return ds41_errf(err, "out of memory in the indexer of layer %d", l);
+    for (size_t i = 0; i < (size_t)T * k; i++) b->sel[l][i] = -1;
+    if (k == 0) return 0;
+    /* which index-K cache: own (default) or the published pointer (official, 10.1) */
+    int src = lp->index_k_source;
+    if (s->index_k_official && s->cache.ik_owner >= 0) src = s->cache.ik_owner;
+    int si = store_index(&s->cache, src);
+    if (si >= 0 && forward_store_rows(s, b, si, 0, err)) return -1;
+    if (si < 0 || s->cache.stores[si].n_entries < E)
+        return ds41_errf(err, "layer %d: index-K cache of layer %d holds %lld entries, need %lld", l, src,
+                         si < 0 ? 0LL : s->cache.stores[si].n_entries, E);
+    int nq = T - q0;
+    float *iq = malloc((size_t)nq * NH * ID * sizeof(float));
+    float *wt = malloc((size_t)nq * NH * sizeof(float));
+    float *scores = malloc((size_t)E * sizeof(float));
+    int *scratch = malloc((size_t)(E * 2 + 8) * sizeof(int));
+    int *chosen = malloc((size_t)k * sizeof(int));
+    if (!iq || !wt || !scores || !scratch || !chosen) {
+        free(iq); free(wt); free(scores); free(scratch); free(chosen);
+        return ds41_errf(err, "out of memory in the indexer of layer %d", l);
+    }
+    ds41_indexer_query(&e->ctx, cfg, lw, &e->ropes[e->layer_rope[l]], b->cq + (size_t)q0 * cfg->q_lora_rank,
+                       xa + (size_t)q0 * cfg->dim, nq, b->pos + q0, iq, wt);
+    int B = cfg->candidate_block_size > 0 ? cfg->candidate_block_size : 1;
+    int nb = (int)((E + B - 1) / B);
+    if (lp->is_candidate_source) {
+        free(b->pool);
+        b->pool = calloc((size_t)T * nb, 1);
+        b->pool_nb = nb;
+        if (!b->pool) { free(iq); free(wt); free(scores); free(scratch); free(chosen); return ds41_errf(err, "out of memory"); }
+    }
+    for (int t = q0; t < T; t++) {
+        long long p = P + t;
+        long long n_p = (p + 1) / r;
+        if (n_p > E) n_p = E;
+        ds41_indexer_scores(&e->ctx, cfg, iq + (size_t)(t - q0) * NH * ID, wt + (size_t)(t - q0) * NH,
+                            b->cik[si], (int)E, (int)n_p, scores);
+        if (lp->is_candidate_source)
+            ds41_candidate_blocks(cfg, scores, (int)E, (int)n_p, b->pool + (size_t)t * nb, scratch);
+        if (lp->uses_candidates && b->pool && b->pool_nb == nb) {
+            const uint8_t *keep = b->pool + (size_t)t * nb;
+            for (long long j = 0; j < E; j++) if (!keep[j / B]) scores[j] = -INFINITY;
+        }
+        ds41_topk(scores, (int)E, k, chosen, scratch);
+        for (int i = 0; i < k; i++) b->sel[l][(size_t)t * k + i] = chosen[i] >= n_p ? -1 : chosen[i];
+    }
+    free(iq); free(wt); free(scores); free(scratch); free(chosen);
+    return 0;
+}
+
+/* Attention sublayer of layer l (spec 3.5-3.13): x rows [k0, T) in b->xa; output rows
+ * [q0, T) into b->y (at row offset q0). */
+static int attention(ds41_seq *s, fwd_buf *b, int l, int k0, int q0, int lo, int T, long long P, int layout, ds41_err *err) {
+    ds41_engine *e = s->e;
+    const ds41_config *cfg = e->cfg;
+    const ds41_layer_plan *lp = &cfg->layers[l];
+    const ds41_layer_weights *lw = &e->w->layers[l];
+    const ds41_rope *rope = &e->ropes[e->layer_rope[l]];
+    const ds41_ctx *ctx = &e->ctx;
+    int D = cfg->head_dim, HD = cfg->n_heads * cfg->head_dim, W = cfg->window, rb = ds41_swa_rec_bytes(cfg);
+    int nk = T - k0, nq = T - q0;
+    ds41_ring *ring = &s->cache.rings[l];
+
+    /* SWA keys of rows [k0, T) */
+    ds41_attn_swa_k(ctx, cfg, lw, rope, b->xa + (size_t)k0 * cfg->dim, nk, b->pos + k0, b->kc + (size_t)k0 * D,
+                    b->rec + (size_t)k0 * rb);
+
+    /* compressor: new entries of this forward, published for the indexers and attention */
+    if (lp->is_kv_source) {
+        int em = run_compressor(s, l, b->xa, T, P, layout, err);
+        if (em < 0) return -1;
+        if (em > 0) s->cache.ik_owner = l;
+        if (forward_store_rows(s, b, store_index(&s->cache, l), 1, err)) return -1;
+    }
+
+    if (nq > 0) {
+        ds41_attn_query(ctx, cfg, lw, rope, b->xa + (size_t)q0 * cfg->dim, nq, b->pos + q0,
+                        b->cq + (size_t)q0 * cfg->q_lora_rank, b->q + (size_t)q0 * HD);
+        if (lp->is_index_source && run_indexer(s, b, l, q0, T, P, b->xa, err)) return -1;
+    }
+
+    /* KV set and lists */
+    ds41_kvset kv;
+    memset(&kv, 0, sizeof kv);
+    int np = 0, chunk_off = 0, ring_rows = 0;
+    if (layout == LAYOUT_DECODE) {
+        memcpy(ds41_ring_slot(ring, P), b->rec, (size_t)rb);
+        ds41_swa_rec_unpack(cfg, ring->rec, W, b->ringf);
+        kv.part[np] = b->ringf; kv.n[np++] = W;
+        ring_rows = W;
+    } else if (layout == LAYOUT_EXTEND) {
+        ds41_swa_rec_unpack(cfg, ring->rec, W, b->ringf);
+        kv.part[np] = b->ringf; kv.n[np++] = W;
+        ring_rows = W;
+        chunk_off = W;
+        kv.part[np] = b->kc; kv.n[np++] = T;
+    } else {
+        kv.part[np] = b->kc; kv.n[np++] = T;
+    }
+    int comp_off = ring_rows + (layout == LAYOUT_DECODE ? 0 : T);
+    int kc_w = 0;
+    const int32_t *csel = NULL;
+    if (lp->ratio > 0 && lp->topk_source >= 0) {
+        int si = store_index(&s->cache, lp->kv_source);
+        if (si >= 0 && forward_store_rows(s, b, si, 0, err)) return -1;
+        if (si < 0) return ds41_errf(err, "layer %d: KV source %d has no entries in this forward", l, lp->kv_source);
+        kv.part[np] = b->ckv[si]; kv.n[np++] = (int)s->cache.stores[si].n_entries;
+        kc_w = b->sel_w[lp->topk_source];
+        csel = b->sel[lp->topk_source];
+        if (kc_w > 0 && !csel) return ds41_errf(err, "layer %d: top-k source %d produced no lists", l, lp->topk_source);
+    }
+    int Wsw = layout == LAYOUT_DECODE ? W : ds41_swa_width(cfg, P, T);
+    int Lw = Wsw + kc_w;
+    for (int t = q0; t < T; t++) {
+        int32_t *li = b->list + (size_t)(t - q0) * Lw;
+        long long p = P + t;
+        if (layout == LAYOUT_DECODE) {
+            ds41_swa_list_decode(cfg, P, li);
+        } else {
+            ds41_swa_list_positions(cfg, p, lo > 0 ? P + lo : 0, Wsw, li);
+            for (int i = 0; i < Wsw; i++) {
+                if (li[i] < 0) continue;
+                long long qpos = li[i];
+                li[i] = qpos >= P ? (int32_t)(chunk_off + (qpos - P)) : (int32_t)(qpos % W);
+            }
+        }
+        for (int i = 0; i < kc_w; i++) {
+            int32_t j = csel[(size_t)t * kc_w + i];
+            li[Wsw + i] = j < 0 ? -1 : comp_off + j;
+        }
+    }
+    if (nq > 0) {
+        ds41_sparse_attn(ctx, cfg->n_heads, D, b->q + (size_t)q0 * HD, nq, &kv, b->list, Lw, lw->attn_sink,
+                         ds41_attn_scale(cfg), b->o + (size_t)q0 * HD);
+        ds41_attn_output(ctx, cfg, lw, rope, b->o + (size_t)q0 * HD, nq, b->pos + q0, b->wos,
+                         b->y + (size_t)q0 * cfg->dim);
+    }
+    /* ring: the last W positions of this forward (decode wrote its slot above) */
+    if (layout != LAYOUT_DECODE) {
+        int t0 = T - W > k0 ? T - W : k0;
+        for (int t = t0; t < T; t++) memcpy(ds41_ring_slot(ring, P + t), b->rec + (size_t)t * rb, (size_t)rb);
+    }
+    return 0;
+}
+
+int ds41_forward(ds41_seq *s, const int32_t *tokens, int T, int want_logits, ds41_err *err) {
+    ds41_engine *e = s->e;
+    const ds41_config *cfg = e->cfg;
+    const ds41_weights *w = e->w;
+    const ds41_ctx *ctx = &e->ctx;
+    ds41_cache *cache = &s->cache;
+    long long P = cache->pos;
+    int L = cfg->n_layers, hc = cfg->hc_mult, dim = cfg->dim, HD = cfg->n_heads * cfg->head_dim;
+    int D = cfg->head_dim, W = cfg->window;
+
+    if (T < 1) return ds41_errf(err, "forward: no tokens");
+    if (P + T > cache->max_pos)
+        return ds41_errf(err, "forward: positions %lld..%lld exceed the context size %lld", P, P + T - 1, cache->max_pos);
+    for (int t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= cfg->vocab_size)
+            return ds41_errf(err, "token id %d at position %lld is outside the vocabulary (0..%d)", tokens[t], P + t,
+                             cfg->vocab_size - 1);
+    int layout = P == 0 ? LAYOUT_ONESHOT : T == 1 ? LAYOUT_DECODE : LAYOUT_EXTEND;
+
+    int *qrow = malloc((size_t)L * 3 * sizeof(int));
+    if (!qrow) return ds41_errf(err, "out of memory");
+    int *krow = qrow + L, *lo = qrow + 2 * L;
+    ds41_row_plan(cfg, layout == LAYOUT_DECODE ? DS41_PREFILL_FULL : s->prefill, T, want_logits, qrow, krow, lo);
+
+    /* ---- buffers ---- */
+    fwd_buf b;
+    memset(&b, 0, sizeof b);
+    int fail = 0;
+    size_t Tz = (size_t)T;
+    long long Emax = 0;
+    for (int i = 0; i < cache->n_stores; i++) {
+        long long E = (P + T) / cache->stores[i].ratio;
+        if (E > Emax) Emax = E;
+    }
+    int kmax = (int)(Emax < cfg->index_topk ? Emax : cfg->index_topk);
+    b.X = zalloc(Tz * hc * dim, sizeof(float), &fail);
+    b.X2 = zalloc(Tz * hc * dim, sizeof(float), &fail);
+    b.pre = zalloc(Tz * hc, sizeof(float), &fail);
+    b.a_pre = zalloc(Tz * hc, sizeof(float), &fail);
+    b.a_post = zalloc(Tz * hc, sizeof(float), &fail);
+    b.a_C = zalloc(Tz * hc * hc, sizeof(float), &fail);
+    b.f_pre = zalloc(Tz * hc, sizeof(float), &fail);
+    b.f_post = zalloc(Tz * hc, sizeof(float), &fail);
+    b.f_C = zalloc(Tz * hc * hc, sizeof(float), &fail);
+    b.xin = zalloc(Tz * dim, sizeof(float), &fail);
+    b.xa = zalloc(Tz * dim, sizeof(float), &fail);
+    b.y = zalloc(Tz * dim, sizeof(float), &fail);
+    b.kc = zalloc(Tz * D, sizeof(float), &fail);
+    b.rec = zalloc(Tz * ds41_swa_rec_bytes(cfg), 1, &fail);
+    b.cq = zalloc(Tz * cfg->q_lora_rank, sizeof(float), &fail);
+    b.q = zalloc(Tz * HD, sizeof(float), &fail);
+    b.o = zalloc(Tz * HD, sizeof(float), &fail);
+    b.wos = zalloc(Tz * cfg->o_groups * cfg->o_lora_rank, sizeof(float), &fail);
+    b.ringf = zalloc((size_t)W * D, sizeof(float), &fail);
+    b.list = zalloc(Tz * (size_t)(W + kmax), sizeof(int32_t), &fail);
+    int n_act_max = cfg->n_active_experts > cfg->dspark_n_active ? cfg->n_active_experts : cfg->dspark_n_active;
+    if (n_act_max < 1) n_act_max = 1;
+    b.msel = zalloc(Tz * n_act_max, sizeof(int), &fail);
+    b.pos = zalloc(Tz, sizeof(int32_t), &fail);
+    b.ckv = zalloc((size_t)cache->n_stores + 1, sizeof(float *), &fail);
+    b.cik = zalloc((size_t)cache->n_stores + 1, sizeof(float *), &fail);
+    b.sel = zalloc((size_t)L, sizeof(int32_t *), &fail);
+    b.sel_w = zalloc((size_t)L, sizeof(int), &fail);
+    int eg_cols = e->has_engram ? (cfg->engram_max_ngram - 1) * cfg->engram_n_heads : 0;
+    if (e->has_engram) b.eg_ids = zalloc((size_t)cfg->n_engram_layers * Tz * eg_cols, sizeof(int64_t), &fail);
+    int n_tg = cfg->n_mtp > 0 ? cfg->n_dspark_targets : 0;
+    float *mh = NULL;
+    if (n_tg > 0) mh = zalloc(Tz * n_tg * dim, sizeof(float), &fail);
+    if (fail) {
+        free(mh);
+        buf_free(&b, L, cache->n_stores);
+        free(qrow);
+        return ds41_errf(err, "out of memory for a forward over %d tokens", T);
+    }
+    for (int t = 0; t < T; t++) b.pos[t] = (int32_t)(P + t);
+
+    /* ---- Engram hash ids (spec 3.2): integer only, from the token history ---- */
+    int32_t hist_new[16];
+    if (e->has_engram) {
+        int nh = cfg->engram_max_ngram;
+        int32_t pad = e->token_map[cfg->engram_pad_id];
+        int64_t *one = malloc((size_t)cfg->n_engram_layers * eg_cols * sizeof(int64_t));
+        if (!one) { free(mh); buf_free(&b, L, cache->n_stores); free(qrow); return ds41_errf(err, "out of memory"); }
+        for (int t = 0; t < T; t++) {
+            long long p = P + t;
+            int32_t h[16];
+            for (int k = 0; k < nh && k < 16; k++) {
+                long long qp = p - k;
+                if (qp < 0) h[k] = pad;
+                else if (qp >= P) h[k] = e->token_map[tokens[qp - P]];
+                else h[k] = cache->hist[P - 1 - qp];
+            }
+            ds41_engram_hash(&e->eg, h, p, pad, one);
+            for (int sl = 0; sl < cfg->n_engram_layers; sl++)
+                memcpy(b.eg_ids + ((size_t)sl * T + t) * eg_cols, one + (size_t)sl * eg_cols, (size_t)eg_cols * sizeof(int64_t));
+        }
+        free(one);
+        /* new history: compressed ids of the last positions, most recent first */
+        for (int k = 0; k < 16; k++) {
+            long long qp = P + T - 1 - k;
+            hist_new[k] = qp < 0 ? 0 : qp >= P ? e->token_map[tokens[qp - P]] : cache->hist[P - 1 - qp];
+        }
+    }
+
+    /* ---- embedding: 4 identical copies, pre = one-hot copy 0 ---- */
+    for (int t = 0; t < T; t++) {
+        const uint16_t *er = w->embed + (size_t)tokens[t] * dim;
+        for (int c = 0; c < hc; c++) {
+            float *xr = b.X + ((size_t)t * hc + c) * dim;
+            for (int d = 0; d < dim; d++) xr[d] = ds41_bf16_to_f32(er[d]);
+        }
+        for (int c = 0; c < hc; c++) b.pre[(size_t)t * hc + c] = c == 0 ? 1.0f : 0.0f;
+    }
+
+    int rc = 0;
+    s->rows_full += (long long)L * T;
+    for (int l = 0; l < L && !rc; l++) {
+        const ds41_layer_plan *lp = &cfg->layers[l];
+        const ds41_layer_weights *lw = &w->layers[l];
+        int k0 = krow[l], q0 = qrow[l], nk = T - k0, nq = T - q0;
+        size_t srow = (size_t)hc * dim;
+        s->rows_computed += nq;
+
+        /* Engram before the block, on the rows of the stream that exist */
+        if (lp->engram_slot >= 0 && e->has_engram)
+            ds41_engram_apply(ctx, cfg, lw, b.eg_ids + ((size_t)lp->engram_slot * T + k0) * eg_cols, nk, NULL,
+                              b.X + k0 * srow);
+        /* DSpark tap: mean over the copies of the block's input stream */
+        if (lp->is_dspark_target && mh) {
+            int ti = 0;
+            while (ti < n_tg && cfg->dspark_targets[ti] != l) ti++;
+            for (int t = k0; t < T && ti < n_tg; t++)
+                for (int d = 0; d < dim; d++) {
+                    double acc = 0.0;
+                    if (ctx->exact) {
+                        for (int c = 0; c < hc; c++) acc += b.X[t * srow + (size_t)c * dim + d];
+                        mh[((size_t)t * n_tg + ti) * dim + d] = ds41_bf16_round((float)(acc / hc));
+                    } else {
+                        float fa = 0.0f;
+                        for (int c = 0; c < hc; c++) fa += b.X[t * srow + (size_t)c * dim + d];
+                        mh[((size_t)t * n_tg + ti) * dim + d] = ds41_bf16_round(fa / (float)hc);
+                    }
+                }
+        }
+
+        /* ---- attention sublayer ---- */
+        if (nq > 0)
+            ds41_hc_mixes(ctx, cfg, lw->hc_attn_fn, lw->hc_attn_base, lw->hc_attn_scale, b.X + q0 * srow, nq,
+                          b.a_pre + (size_t)q0 * hc, b.a_post + (size_t)q0 * hc, b.a_C + (size_t)q0 * hc * hc);
+        ds41_hc_apply_pre(ctx, b.X + k0 * srow, b.pre + (size_t)k0 * hc, nk, hc, dim, b.xin + (size_t)k0 * dim);
+        ds41_rmsnorm(ctx, b.xin + (size_t)k0 * dim, lw->attn_norm, nk, dim, cfg->norm_eps, b.xa + (size_t)k0 * dim);
+        if (attention(s, &b, l, k0, q0, lo[l], T, P, layout, err)) { rc = -1; break; }
+        if (nq == 0) continue;
+        ds41_hc_apply_post(ctx, b.y + (size_t)q0 * dim, b.X + q0 * srow, b.a_post + (size_t)q0 * hc,
+                           b.a_C + (size_t)q0 * hc * hc, nq, hc, dim, b.X2 + q0 * srow);
+
+        /* ---- MoE sublayer (its input mix is the attention's pre: the delayed hand-off) ---- */
+        ds41_hc_mixes(ctx, cfg, lw->hc_ffn_fn, lw->hc_ffn_base, lw->hc_ffn_scale, b.X2 + q0 * srow, nq,
+                      b.f_pre + (size_t)q0 * hc, b.f_post + (size_t)q0 * hc, b.f_C + (size_t)q0 * hc * hc);
+        ds41_hc_apply_pre(ctx, b.X2 + q0 * srow, b.a_pre + (size_t)q0 * hc, nq, hc, dim, b.xin + (size_t)q0 * dim);
+        ds41_rmsnorm(ctx, b.xin + (size_t)q0 * dim, lw->ffn_norm, nq, dim, cfg->norm_eps, b.xa + (size_t)q0 * dim);
+        for (size_t i = 0; i < Tz * lp->n_active; i++) b.msel[i] = -1;
+        ds41_moe(ctx, cfg, lw, lp, b.xa + (size_t)q0 * dim, nq, NULL, b.y + (size_t)q0 * dim,
+                 b.msel + (size_t)q0 * lp->n_active);
+        ds41_hc_apply_post(ctx, b.y + (size_t)q0 * dim, b.X2 + q0 * srow, b.f_post + (size_t)q0 * hc,
+                           b.f_C + (size_t)q0 * hc * hc, nq, hc, dim, b.X + q0 * srow);
+        memcpy(b.pre + (size_t)q0 * hc, b.f_pre + (size_t)q0 * hc, (size_t)nq * hc * sizeof(float));
+
+        /* ---- trace ---- */
+        if (s->trace) {
+            if (lp->is_index_source && s->trace->topk && s->trace->topk[l]) {
+                int32_t hdr[2] = { T, b.sel_w[l] };
+                trace_i32(s->trace->topk[l], hdr, 2);
+                if (b.sel[l]) trace_i32(s->trace->topk[l], b.sel[l], Tz * b.sel_w[l]);
+            }
+            if (s->trace->experts && s->trace->experts[l]) {
+                int32_t hdr[2] = { T, lp->n_active };
+                trace_i32(s->trace->experts[l], hdr, 2);
+                trace_i32(s->trace->experts[l], b.msel, Tz * lp->n_active);
+            }
+        }
+    }
+
+    /* ---- collapse, final norm, head (last row only) ---- */
+    if (!rc && want_logits) {
+        size_t t = Tz - 1;
+        float *h = b.xin, *hn = b.xa;
+        ds41_hc_apply_pre(ctx, b.X + t * hc * dim, b.pre + t * hc, 1, hc, dim, h);
+        ds41_rmsnorm(ctx, h, w->norm, 1, dim, cfg->norm_eps, hn);
+        ds41_bf16w head = { w->head, cfg->vocab_size, dim };
+        ds41_linear_bf16(ctx, &head, hn, 1, s->logits, 0);
+    }
+    if (!rc) {
+        cache->pos = P + T;
+        if (e->has_engram) memcpy(cache->hist, hist_new, sizeof cache->hist);
+        free(s->main_hidden);
+        s->main_hidden = NULL;
+        s->mh_rows = 0;
+        if (mh) {
+            /* keep the rows computed for every target (CED: the last window at least) */
+            int r0 = 0;
+            for (int i = 0; i < n_tg; i++) {
+                int l = cfg->dspark_targets[i];
+                if (l >= 0 && l < L && krow[l] > r0) r0 = krow[l];
+            }
+            s->mh_rows = T - r0;
+            s->mh_pos0 = P + r0;
+            memmove(mh, mh + (size_t)r0 * n_tg * dim, (size_t)s->mh_rows * n_tg * dim * sizeof(float));
+            s->main_hidden = mh;
+            mh = NULL;
+        }
+    }
+    free(mh);
+    buf_free(&b, L, cache->n_stores);
+    free(qrow);
+    return rc;
+}

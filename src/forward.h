@@ -1,0 +1,81 @@
+/* ds41 forward pass (spec 3.1-3.16, 4.1): the block loop over the layer plan, for one
+ * sequence at a time. An engine (weights, kernels, RoPE tables, Engram constants) is shared
+ * read-only by any number of sequences; all mutable state lives in ds41_seq (its cache and
+ * scratch), so sequences never interfere. */
+#ifndef DS41_FORWARD_H
+#define DS41_FORWARD_H
+
+#include <stdio.h>
+
+#include "cache.h"
+#include "engram.h"
+#include "kernels.h"
+#include "model.h"
+
+typedef enum ds41_prefill_mode {
+    DS41_PREFILL_CED = 0,     /* encoder on every row, decoder only on the rows the kept outputs reach (exact) */
+    DS41_PREFILL_FULL = 1,    /* every layer on every row (the reference) */
+    DS41_PREFILL_REPLAY = 2   /* spec 4.1 Decoder SWA Bounded Replay (approximation) */
+} ds41_prefill_mode;
+
+typedef struct ds41_engine {
+    ds41_model *model;        /* owned when own_model */
+    int own_model;
+    const ds41_config *cfg;
+    const ds41_weights *w;
+    ds41_ctx ctx;
+    long long max_pos;        /* RoPE tables and caches cover positions < max_pos */
+    int n_ropes;
+    ds41_rope ropes[4];
+    int *layer_rope;          /* per plan entry: index into ropes */
+    int has_engram;
+    ds41_engram_consts eg;
+    int32_t *token_map;       /* Engram compressed ids [vocab] (NULL without Engram) */
+    int n_compressed;
+} ds41_engine;
+
+/* Per-forward trace output (docs/conformance.md); NULL fields are skipped. */
+typedef struct ds41_trace {
+    FILE **topk;              /* per plan layer (index sources) */
+    FILE **experts;           /* per plan layer */
+} ds41_trace;
+
+typedef struct ds41_seq {
+    ds41_engine *e;
+    ds41_cache cache;
+    ds41_prefill_mode prefill;
+    int index_k_official;     /* spec 3.9 / 10.1 reading */
+    float *logits;            /* [vocab]: the last row of the last forward that asked for it */
+    /* DSpark context input of the last forward: main_hidden rows for positions
+     * mh_pos0 .. mh_pos0 + mh_rows - 1 ([mh_rows, n_targets * dim] BF16 values). */
+    float *main_hidden;
+    int mh_rows;
+    long long mh_pos0;
+    ds41_trace *trace;
+    /* statistics */
+    long long rows_computed, rows_full;   /* layer-rows computed vs. a full prefill's */
+} ds41_seq;
+
+/* Takes over m when own_model. token_map may be NULL when the config has no Engram layer. */
+int ds41_engine_init(ds41_engine *e, ds41_model *m, int own_model, int exact, int n_threads,
+                     long long max_pos, int32_t *token_map, int n_compressed, ds41_err *err);
+void ds41_engine_free(ds41_engine *e);
+
+int ds41_seq_init(ds41_seq *s, ds41_engine *e, ds41_err *err);
+void ds41_seq_free(ds41_seq *s);
+
+/* Runs tokens[T] at positions cache.pos .. cache.pos+T-1 and advances the position.
+ * Layout (docs/conformance.md): pos 0 -> one-shot prefill; T = 1 -> decode; else extend.
+ * want_logits: compute s->logits for the last row (a prefill that only fills state skips the
+ * head and, in CED, the rows only the logits need). The prefill mode applies to forwards
+ * with T > 1. */
+int ds41_forward(ds41_seq *s, const int32_t *tokens, int T, int want_logits, ds41_err *err);
+
+/* Row plan of one forward over T rows (exposed for tests): layer l computes its attention
+ * input and SWA K on rows [krow[l], T) and its attention/MoE output on rows [qrow[l], T);
+ * lo[l] > 0 truncates the SWA window to rows >= lo[l] (replay only). need_logits = 0 leaves
+ * the last layer with no output row (qrow = T) when nothing beyond the state is wanted. */
+void ds41_row_plan(const ds41_config *cfg, ds41_prefill_mode mode, int T, int need_logits,
+                   int *qrow, int *krow, int *lo);
+
+#endif

@@ -1,0 +1,369 @@
+/* ds41 library API (include/ds41.h) over the engine/sequence of forward.h, plus the
+ * conformance trace writer (docs/conformance.md). */
+#include "ds41.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "attention.h"
+#include "dspark.h"
+#include "forward.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+struct ds41_session {
+    ds41_engine *e;
+    ds41_seq seq;
+    ds41_session_params p;
+    ds41_sampler sampler;
+    float *sscratch;
+    int *iscratch;
+    int broken;
+    char err[1024];
+    /* trace */
+    char *trace_dir;
+    FILE *t_tokens, *t_logits, *t_dspark_i, *t_dspark_f;
+    ds41_trace trace;
+};
+
+void ds41_load_params_default(ds41_load_params *p) {
+    memset(p, 0, sizeof *p);
+    p->n_threads = 1;
+}
+
+void ds41_session_params_default(ds41_session_params *p) { memset(p, 0, sizeof *p); }
+
+static void copy_err(char *dst, size_t cap, const char *msg) {
+    if (dst && cap) snprintf(dst, cap, "%s", msg);
+}
+
+/* Engram token map: DIR/engram_token_map.i32 as is, else built from the tokenizer. */
+static int load_token_map(const char *dir, const ds41_config *cfg, int32_t **map, int *n_comp, ds41_err *err) {
+    char *path = ds41_path_join(dir, "engram_token_map.i32");
+    if (!path) return ds41_errf(err, "out of memory");
+    struct stat sb;
+    if (stat(path, &sb) == 0) {
+        char *buf;
+        size_t len;
+        int rc = ds41_read_file(path, (size_t)cfg->vocab_size * 4 + 1, &buf, &len, err);
+        if (rc) { free(path); return -1; }
+        if (len != (size_t)cfg->vocab_size * 4) {
+            free(buf);
+            ds41_errf(err, "%s: %zu bytes, expected vocab_size x 4 = %lld", path, len, (long long)cfg->vocab_size * 4);
+            free(path);
+            return -1;
+        }
+        int32_t *m = malloc(len);
+        if (!m) { free(buf); free(path); return ds41_errf(err, "out of memory"); }
+        int mx = -1;
+        for (int i = 0; i < cfg->vocab_size; i++) {
+            const unsigned char *b = (const unsigned char *)buf + 4 * (size_t)i;
+            int32_t v = (int32_t)((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24);
+            if (v < 0 || v >= cfg->engram_compressed_vocab) {
+                ds41_errf(err, "%s: entry %d is %d, outside 0..%d (engram_compressed_vocab_size - 1)", path, i, v,
+                          cfg->engram_compressed_vocab - 1);
+                free(m); free(buf); free(path);
+                return -1;
+            }
+            m[i] = v;
+            if (v > mx) mx = v;
+        }
+        free(buf);
+        free(path);
+        *map = m;
+        *n_comp = mx + 1;
+        return 0;
+    }
+    free(path);
+    char *tpath = ds41_path_join(dir, "tokenizer.json");
+    if (!tpath) return ds41_errf(err, "out of memory");
+    int have_tok = stat(tpath, &sb) == 0;
+    free(tpath);
+    if (!have_tok)
+        return ds41_errf(err, "%s: the config has %d Engram layers but the directory holds neither "
+                         "engram_token_map.i32 nor tokenizer.json to build it from", dir, cfg->n_engram_layers);
+    ds41_tokenizer *tok;
+    if (ds41_tokenizer_load(dir, &tok, err)) return -1;
+    int rc = ds41_engram_token_map(dir, tok, cfg->vocab_size, map, n_comp, err);
+    ds41_tokenizer_free(tok);
+    return rc;
+}
+
+ds41_engine *ds41_load(const char *dir, const ds41_load_params *p, char *errbuf, size_t errcap) {
+    ds41_load_params def;
+    if (!p) { ds41_load_params_default(&def); p = &def; }
+    ds41_err err;
+    ds41_model *m = calloc(1, sizeof *m);
+    ds41_engine *e = calloc(1, sizeof *e);
+    int32_t *map = NULL;
+    int n_comp = 0;
+    if (!m || !e) { copy_err(errbuf, errcap, "out of memory"); free(m); free(e); return NULL; }
+    if (ds41_model_open(dir, m, &err)) goto fail_model;
+    if (m->cfg.n_engram_layers > 0 && load_token_map(dir, &m->cfg, &map, &n_comp, &err)) goto fail_open;
+    long long ctx = p->ctx_size > 0 ? p->ctx_size : 4096;
+    if (p->ctx_size <= 0 && ctx > m->cfg.max_position_embeddings) ctx = m->cfg.max_position_embeddings;
+    if (ds41_engine_init(e, m, 1, p->exact, p->n_threads, ctx, map, n_comp, &err)) {
+        ds41_engine_free(e);   /* closes the model and frees the map */
+        free(e);
+        copy_err(errbuf, errcap, err.msg);
+        return NULL;
+    }
+    return e;
+fail_open:
+    ds41_model_close(m);
+fail_model:
+    free(m);
+    free(e);
+    free(map);
+    copy_err(errbuf, errcap, err.msg);
+    return NULL;
+}
+
+void ds41_unload(ds41_engine *e) {
+    if (!e) return;
+    ds41_engine_free(e);
+    free(e);
+}
+
+int ds41_vocab_size(const ds41_engine *e) { return e->cfg->vocab_size; }
+long long ds41_ctx_size(const ds41_engine *e) { return e->max_pos; }
+
+ds41_session *ds41_session_open(ds41_engine *e, const ds41_session_params *p, char *errbuf, size_t errcap) {
+    ds41_session *s = calloc(1, sizeof *s);
+    if (!s) { copy_err(errbuf, errcap, "out of memory"); return NULL; }
+    if (p) s->p = *p;
+    else ds41_session_params_default(&s->p);
+    if (s->p.prefill < 0 || s->p.prefill > 2 || s->p.chunk < 0 || s->p.index_k < 0 || s->p.index_k > 1) {
+        copy_err(errbuf, errcap, "invalid session parameters");
+        free(s);
+        return NULL;
+    }
+    s->e = e;
+    ds41_err err;
+    if (ds41_seq_init(&s->seq, e, &err)) { copy_err(errbuf, errcap, err.msg); free(s); return NULL; }
+    s->seq.index_k_official = s->p.index_k == DS41_INDEX_K_OFFICIAL;
+    if (s->p.draft && ds41_draft_block_size(e) == 0) {
+        copy_err(errbuf, errcap, "the model has no DSpark stages to draft with");
+        ds41_session_close(s);
+        return NULL;
+    }
+    s->sscratch = malloc((size_t)e->cfg->vocab_size * sizeof(float));
+    s->iscratch = malloc((size_t)e->cfg->vocab_size * sizeof(int));
+    if (!s->sscratch || !s->iscratch) {
+        copy_err(errbuf, errcap, "out of memory");
+        ds41_session_close(s);
+        return NULL;
+    }
+    ds41_sampler_init(&s->sampler, 0.0f, 0, 1.0f, 0.0f, 0);
+    return s;
+}
+
+void ds41_session_close(ds41_session *s) {
+    if (!s) return;
+    if (s->trace_dir) ds41_session_trace_finish(s);
+    ds41_seq_free(&s->seq);
+    free(s->sscratch);
+    free(s->iscratch);
+    free(s);
+}
+
+void ds41_session_reset(ds41_session *s) {
+    ds41_cache_reset(&s->seq.cache);
+    s->broken = 0;
+    s->err[0] = 0;
+}
+
+long long ds41_session_pos(const ds41_session *s) { return s->seq.cache.pos; }
+const char *ds41_session_error(const ds41_session *s) { return s->err; }
+
+int ds41_feed(ds41_session *s, const int32_t *ids, size_t n) {
+    if (s->broken) { snprintf(s->err, sizeof s->err, "session is unusable after an earlier error; reset it"); return -1; }
+    if (n == 0) { snprintf(s->err, sizeof s->err, "feed: no tokens"); return -1; }
+    long long P = s->seq.cache.pos;
+    if ((long long)n > s->seq.cache.max_pos - P) {
+        snprintf(s->err, sizeof s->err, "feed: %zu tokens at position %lld exceed the context size %lld", n, P,
+                 s->seq.cache.max_pos);
+        return -1;
+    }
+    int V = s->e->cfg->vocab_size;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= V) {
+            snprintf(s->err, sizeof s->err, "token id %d (index %zu) is outside the vocabulary 0..%d", ids[i], i, V - 1);
+            return -1;
+        }
+    size_t chunk = s->p.chunk > 0 ? (size_t)s->p.chunk : n;
+    ds41_err err;
+    for (size_t off = 0; off < n; off += chunk) {
+        size_t m = n - off < chunk ? n - off : chunk;
+        int last = off + m == n;
+        /* the replay approximation only makes sense on the final rows of a prompt; earlier
+         * chunks use the exact CED row plan */
+        s->seq.prefill = (ds41_prefill_mode)s->p.prefill;
+        if (!last && s->seq.prefill == DS41_PREFILL_REPLAY) s->seq.prefill = DS41_PREFILL_CED;
+        if (ds41_forward(&s->seq, ids + off, (int)m, last, &err) ||
+            (s->p.draft && ds41_dspark_seed(s->e, &s->seq.cache, s->seq.main_hidden, s->seq.mh_rows, s->seq.mh_pos0, &err))) {
+            snprintf(s->err, sizeof s->err, "%s", err.msg);
+            s->broken = 1;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int ds41_feed_batch(ds41_session **ss, const int32_t *const *ids, const size_t *n, int count) {
+    int failed = 0;
+    for (int i = 0; i < count; i++) failed += ds41_feed(ss[i], ids[i], n[i]) != 0;
+    return failed;
+}
+
+const float *ds41_logits(const ds41_session *s) { return s->seq.logits; }
+
+void ds41_session_set_sampling(ds41_session *s, float temperature, int top_k, float top_p, float min_p, uint64_t seed) {
+    ds41_sampler_init(&s->sampler, temperature, top_k, top_p, min_p, seed);
+}
+
+int ds41_session_sample(ds41_session *s) {
+    return ds41_sample(&s->sampler, s->seq.logits, s->e->cfg->vocab_size, s->sscratch, s->iscratch);
+}
+
+int ds41_draft_block_size(const ds41_engine *e) {
+    return e->cfg->n_mtp > 0 && e->cfg->dspark_block_size > 0 ? e->cfg->dspark_block_size : 0;
+}
+
+int ds41_session_draft(ds41_session *s, int32_t t_next, int32_t *ids, float *conf) {
+    ds41_seq *q = &s->seq;
+    long long P = q->cache.pos - 1;
+    if (!s->p.draft) { snprintf(s->err, sizeof s->err, "draft: the session was opened without params.draft"); return -1; }
+    if (P < 1 || !q->main_hidden || q->mh_rows < 1 || q->mh_pos0 + q->mh_rows - 1 != P) {
+        snprintf(s->err, sizeof s->err, "draft: needs a forward that ended at a position >= 1");
+        return -1;
+    }
+    if (t_next < 0 || t_next >= s->e->cfg->vocab_size) {
+        snprintf(s->err, sizeof s->err, "draft: token %d outside the vocabulary", t_next);
+        return -1;
+    }
+    const float *row = q->main_hidden + (size_t)(q->mh_rows - 1) * s->e->cfg->n_dspark_targets * s->e->cfg->dim;
+    ds41_err err;
+    if (ds41_dspark_propose(s->e, &q->cache, row, P, t_next, NULL, ids, conf, &err)) {
+        snprintf(s->err, sizeof s->err, "%s", err.msg);
+        return -1;
+    }
+    int B = ds41_draft_block_size(s->e);
+    if (s->t_dspark_i) fwrite(ids, sizeof(int32_t), (size_t)B, s->t_dspark_i);
+    if (s->t_dspark_f) fwrite(conf, sizeof(float), (size_t)B, s->t_dspark_f);
+    return 0;
+}
+
+void ds41_session_state(const ds41_session *s, ds41_state_info *o) {
+    ds41_state_bytes b;
+    ds41_cache_bytes(&s->seq.cache, &b);
+    memset(o, 0, sizeof *o);
+    o->tokens = s->seq.cache.pos;
+    o->global_kv_bytes = b.global_kv_written;
+    o->global_kv_main_bytes = b.global_kv_main;
+    o->global_kv_index_bytes = b.global_kv_index;
+    o->global_kv_page_bytes = b.global_kv_pages;
+    o->swa_bytes = b.swa_rings;
+    o->dspark_ring_bytes = b.dspark_rings;
+    o->compressor_bytes = b.compressor;
+    o->engram_bytes = b.engram_history;
+    o->total_bytes = b.total_held;
+    o->global_kv_bytes_per_token = b.global_kv_per_token;
+}
+
+/* ====================================================================== trace */
+
+static FILE *trace_open(ds41_session *s, const char *fmt, int l) {
+    char name[64], *path;
+    snprintf(name, sizeof name, fmt, l);
+    path = ds41_path_join(s->trace_dir, name);
+    if (!path) return NULL;
+    FILE *f = fopen(path, "wb");
+    free(path);
+    return f;
+}
+
+int ds41_session_trace(ds41_session *s, const char *dir) {
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+        snprintf(s->err, sizeof s->err, "%s: cannot create the trace directory: %s", dir, strerror(errno));
+        return -1;
+    }
+    s->trace_dir = strdup(dir);
+    const ds41_config *cfg = s->e->cfg;
+    int L = cfg->n_layers;
+    s->trace.topk = calloc((size_t)L, sizeof(FILE *));
+    s->trace.experts = calloc((size_t)L, sizeof(FILE *));
+    if (!s->trace_dir || !s->trace.topk || !s->trace.experts) { snprintf(s->err, sizeof s->err, "out of memory"); return -1; }
+    s->t_tokens = trace_open(s, "tokens.i32", 0);
+    s->t_logits = trace_open(s, "logits.f32", 0);
+    int bad = !s->t_tokens || !s->t_logits;
+    if (s->p.draft) {
+        bad |= !(s->t_dspark_i = trace_open(s, "dspark.i32", 0));
+        bad |= !(s->t_dspark_f = trace_open(s, "dspark.f32", 0));
+    }
+    for (int l = 0; l < L; l++) {
+        if (cfg->layers[l].is_index_source) bad |= !(s->trace.topk[l] = trace_open(s, "topk_L%d.i32", l));
+        bad |= !(s->trace.experts[l] = trace_open(s, "experts_L%d.i32", l));
+    }
+    if (bad) { snprintf(s->err, sizeof s->err, "%s: cannot create the trace files", dir); return -1; }
+    s->seq.trace = &s->trace;
+    return 0;
+}
+
+void ds41_session_trace_tokens(ds41_session *s, const int32_t *ids, size_t n) {
+    if (s->t_tokens) fwrite(ids, sizeof(int32_t), n, s->t_tokens);
+}
+
+void ds41_session_trace_logits(ds41_session *s) {
+    if (s->t_logits) fwrite(s->seq.logits, sizeof(float), (size_t)s->e->cfg->vocab_size, s->t_logits);
+}
+
+int ds41_session_trace_finish(ds41_session *s) {
+    if (!s->trace_dir) return 0;
+    const ds41_config *cfg = s->e->cfg;
+    ds41_cache *c = &s->seq.cache;
+    int bad = 0;
+    for (int i = 0; i < c->n_stores; i++) {
+        ds41_kv_store *st = &c->stores[i];
+        FILE *fk = trace_open(s, "kv_L%d.bin", st->layer), *fi = trace_open(s, "ik_L%d.bin", st->layer);
+        if (!fk || !fi) bad = 1;
+        for (long long j = 0; j < st->n_entries && fk && fi; j++) {
+            fwrite(ds41_store_kv_rec(st, j, 0, NULL), 1, (size_t)st->kv_bytes, fk);
+            fwrite(ds41_store_ik_rec(st, j, 0, NULL), 1, (size_t)st->ik_bytes, fi);
+        }
+        if (fk) fclose(fk);
+        if (fi) fclose(fi);
+    }
+    for (int l = 0; l < cfg->n_layers; l++) {
+        FILE *f = trace_open(s, "swa_L%d.bin", l);
+        if (!f) { bad = 1; continue; }
+        fwrite(c->rings[l].rec, 1, (size_t)c->rings[l].slots * c->rings[l].rec_bytes, f);
+        fclose(f);
+    }
+    for (int i = 0; i < c->n_comp; i++) {
+        FILE *f = trace_open(s, "comp_L%d.f32", c->comp[i].layer);
+        if (!f) { bad = 1; continue; }
+        fwrite(c->comp[i].kv, sizeof(float), (size_t)c->comp[i].ratio * c->comp[i].dim, f);
+        fwrite(c->comp[i].sc, sizeof(float), (size_t)c->comp[i].ratio * c->comp[i].dim, f);
+        fclose(f);
+    }
+    FILE **fs[] = { &s->t_tokens, &s->t_logits, &s->t_dspark_i, &s->t_dspark_f };
+    for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++) {
+        if (*fs[i] && fclose(*fs[i]) != 0) bad = 1;
+        *fs[i] = NULL;
+    }
+    for (int l = 0; l < cfg->n_layers; l++) {
+        if (s->trace.topk && s->trace.topk[l]) fclose(s->trace.topk[l]);
+        if (s->trace.experts && s->trace.experts[l]) fclose(s->trace.experts[l]);
+    }
+    free(s->trace.topk);
+    free(s->trace.experts);
+    s->trace.topk = s->trace.experts = NULL;
+    s->seq.trace = NULL;
+    free(s->trace_dir);
+    s->trace_dir = NULL;
+    return bad ? -1 : 0;
+}
