@@ -5,6 +5,7 @@
 #include "check.h"
 #include "kernels.h"
 #include "formats.h"
+#include "kernels/linear_fast.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -330,8 +331,10 @@ static void test_linear_exact_vs_reference(void) {
 /* Fast vs exact, 1024 x 1024, 4 rows. Tolerance: FP32 accumulation over K = 1024 has a
  * relative error of order sqrt(K) * 2^-24 ~ 2e-6 of sum|terms|, far below the BF16 half-ulp
  * 2^-9, so a BF16 output differs only when the exact sum lies within that error of a BF16
- * rounding boundary, and then by 1 ulp. Measured here: fp8 and fp4 0 of 4096 outputs differ,
- * bf16 and fp8_dq 1 of 4096. Asserted: every BF16 output within 1 ulp (or 1e-5 absolute, for
+ * rounding boundary, and then by 1 ulp. Measured here with the AVX2 kernels of
+ * kernels/linear_fast.c (one 8-lane accumulator per output, FMA per 8-chunk): fp8 1 of 4096
+ * outputs differs, fp4, bf16 and fp8_dq 0 (the earlier per-block kernels: fp8 / fp4 0, bf16 /
+ * fp8_dq 1), so the same bound holds. Asserted: every BF16 output within 1 ulp (or 1e-5 absolute, for
  * sums that cancel), >= 99.5% identical; FP32 outputs (f32 kind, 83% differ in the last
  * bits) within 1e-5 relative. */
 static void test_linear_fast_vs_exact(void) {
@@ -378,6 +381,102 @@ static void test_linear_fast_vs_exact(void) {
               names[kind], bad, same, n);
     }
     free(x); free(ye); free(yf);
+    mats_free(&m);
+}
+
+
+/* The fast kernels' SIMD Q8 must be the model's Q8 bit for bit: random rows over many
+ * magnitudes (so groups hit E4M3 subnormals, ties and the 448 saturation), all-zero and
+ * tiny groups (the 1e-4 floor), signed zeros, exact E4M3 grid values and midpoints. */
+static void test_fast_q8(void) {
+    enum { IN = 32 * 64 };
+    float x[IN], a[IN];
+    int bad = 0, groups = 0;
+    for (int rep = 0; rep < 40; rep++) {
+        for (int i = 0; i < IN; i++) {
+            int g = i / 32, kind = (g + rep) % 8;
+            float mag = ldexpf(1.0f, (int)(rnd() % 60) - 40);
+            float v = urand() * mag;
+            if (kind == 1) v = 0.0f;
+            if (kind == 2) v = (rnd() & 1) ? -0.0f : urand() * 1e-6f;
+            if (kind == 3) v = ds41_e4m3_to_f32(e4m3_code()) * ldexpf(1.0f, (int)(rnd() % 20) - 10);
+            if (kind == 4) {   /* midpoints between E4M3 neighbours of one binade */
+                float base = ldexpf(1.0f, (int)(rnd() % 16) - 12);
+                v = base * (1.0f + (float)(rnd() % 8) / 8.0f + 1.0f / 16.0f) * ((rnd() & 1) ? 1.0f : -1.0f);
+            }
+            if (kind == 5 && i % 32 == 0) v = 448.0f * ldexpf(1.0f, (int)(rnd() % 10) - 5);
+            x[i] = (rep & 1) ? ds41_bf16_round(v) : v;
+        }
+        float mult = (rep % 3 == 0) ? 1.0f : ldexpf(1.0f, 100);
+        ds41_fast_q8_row(x, IN, mult, a);
+        for (int g = 0; g < IN / 32; g++, groups++) {
+            uint8_t codes[32], sb;
+            float sc = ds41_q8_group(x + 32 * g, 32, codes, &sb);
+            for (int i = 0; i < 32; i++) {
+                float want = ds41_e4m3_to_f32(codes[i]) * sc * mult;
+                bad += bits(a[32 * g + i]) != bits(want);
+            }
+        }
+    }
+    CHECK(bad == 0, "fast Q8: %d of %d values differ from ds41_q8_group", bad, groups * 32);
+}
+
+/* Canonical order: a fast output depends only on its weight row and activation row, never on
+ * T (decode streaming vs prefill panels, token tiles of 3 and 64, edge micro-kernels), on
+ * the row offset of a grouped FP8 product, or on the thread count. Bit-identical. */
+static void test_fast_row_independence(void) {
+    const int out = 100, in = 544, T = 70;   /* 544 = 17 blocks, not a multiple of the 256 panel */
+    mats m;
+    mats_make(&m, out, in);
+    float *x = malloc((size_t)T * in * 4), *yT = malloc((size_t)T * out * 4), *y1 = malloc((size_t)out * 4);
+    float *y2 = malloc((size_t)T * out * 4);
+    for (int i = 0; i < T * in; i++) x[i] = ds41_bf16_round(urand() * (i % 11 == 0 ? 6.0f : 1.0f));
+    ds41_fp8w f8 = { m.w8, m.s8, out, in };
+    ds41_fp4w f4 = { m.w4, m.s4, out, in };
+    ds41_bf16w fb = { m.wb, out, in };
+    ds41_bf16w fbo = { m.wb, out, in - 5 };   /* odd width: vector part plus a scalar tail */
+    ds41_pool *pool = ds41_pool_create(2);
+    ds41_ctx fa2 = { 0, 2, pool };
+    const char *names[6] = { "fp8", "fp4", "bf16", "bf16 odd", "f32", "fp8_dq" };
+    for (int kind = 0; kind < 6; kind++) {
+        int kin = kind == 3 ? in - 5 : in;
+        for (int pass = 0; pass < 2; pass++) {
+            const ds41_ctx *c = pass ? &fa2 : &FA;
+            int tn = pass ? T : 7;
+            float *y = pass ? y2 : yT;
+            if (kind == 0) ds41_linear_fp8(c, &f8, x, tn, y);
+            if (kind == 1) ds41_linear_fp4(c, &f4, x, tn, y);
+            if (kind == 2) ds41_linear_bf16(c, &fb, x, tn, y, 0);
+            if (kind == 3) ds41_linear_bf16(c, &fbo, x, tn, y, 1);   /* x rows read at stride in - 5 */
+            if (kind == 4) ds41_linear_f32(c, m.wf, out, in, x, tn, y);
+            if (kind == 5) ds41_linear_fp8_dq(c, &f8, 0, out, x, in, tn, y, out);
+        }
+        int bad = 0;
+        for (int t = 0; t < 7; t++) bad += count_diff(yT + (size_t)t * out, y2 + (size_t)t * out, out);
+        for (int t = 0; t < T; t += 23) {
+            const float *xt = x + (size_t)t * kin;
+            if (kind == 0) ds41_linear_fp8(&FA, &f8, xt, 1, y1);
+            if (kind == 1) ds41_linear_fp4(&FA, &f4, xt, 1, y1);
+            if (kind == 2) ds41_linear_bf16(&FA, &fb, xt, 1, y1, 0);
+            if (kind == 3) ds41_linear_bf16(&FA, &fbo, xt, 1, y1, 1);
+            if (kind == 4) ds41_linear_f32(&FA, m.wf, out, in, xt, 1, y1);
+            if (kind == 5) ds41_linear_fp8_dq(&FA, &f8, 0, out, xt, in, 1, y1, out);
+            bad += count_diff(y1, y2 + (size_t)t * out, out);
+        }
+        CHECK(bad == 0, "%s: %d outputs depend on T / threads", names[kind], bad);
+    }
+    /* grouped dq: rows [40, 40 + 37) at an offset that is not a multiple of the 32-row tile */
+    float *yd = malloc((size_t)T * 37 * 4);
+    ds41_linear_fp8_dq(&fa2, &f8, 40, 37, x, in, T, yd, 37);
+    ds41_linear_fp8_dq(&FA, &f8, 0, out, x, in, T, y2, out);
+    int bad = 0;
+    for (int t = 0; t < T; t++) bad += count_diff(yd + (size_t)t * 37, y2 + (size_t)t * out + 40, 37);
+    ds41_linear_fp8_dq(&FA, &f8, 40, 37, x, in, 1, yd, 37);
+    bad += count_diff(yd, y2 + 40, 37);
+    CHECK(bad == 0, "fp8_dq at row offset 40: %d differ", bad);
+    free(yd);
+    ds41_pool_destroy(pool);
+    free(x); free(yT); free(y1); free(y2);
     mats_free(&m);
 }
 
@@ -444,6 +543,8 @@ int main(void) {
     RUN_CASE(test_linear_hand);
     RUN_CASE(test_linear_exact_vs_reference);
     RUN_CASE(test_linear_fast_vs_exact);
+    RUN_CASE(test_fast_q8);
+    RUN_CASE(test_fast_row_independence);
     RUN_CASE(test_threads);
     return check_exit();
 }

@@ -14,12 +14,15 @@
  *     increasing K order; then FP32, then BF16.
  *   BF16 / FP32 / dequantized FP8: products exact in double, summed in double in increasing K
  *     order, rounded once to FP32 (then BF16 where the caller asks).
- * Fast kernels: the same activation quantization (it is part of the model), then FP32
- *   accumulation with 8-wide FMA; E4M3 weight codes are widened to FP16 bit patterns and
- *   converted with F16C (value * 2^-8, the 2^8 folded into the block scale), E2M1 codes go
- *   through a 16-entry byte shuffle (value * 2, the 1/2 folded likewise). */
+ * Fast kernels (ctx->exact == 0): kernels/linear_fast.c (AVX2, one canonical FP32 order per
+ *   output for decode and prefill alike). The fast code below only serves shapes those do not
+ *   cover (quantized linears with in % 32 != 0, FP8-dequantized with in % 32 != 0): the same
+ *   activation quantization, FP32 block dots with 8-wide FMA; E4M3 codes widened to FP16
+ *   patterns and converted with F16C (value * 2^-8, the 2^8 folded into the block scale), E2M1
+ *   codes through a 16-entry byte shuffle (value * 2, the 1/2 folded likewise). */
 #include "kernels.h"
 #include "formats.h"
+#include "linear_fast.h"
 
 #include <immintrin.h>
 #include <pthread.h>
@@ -279,6 +282,10 @@ static void qlin_run(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, in
     luts();
     if (T <= 0 || out <= 0) return;
     if (in <= 0) { for (size_t i = 0; i < (size_t)T * out; i++) y[i] = 0.0f; return; }
+    if (!ctx->exact && in % 32 == 0) {   /* the AVX2 kernels of linear_fast.c */
+        ds41_fast_qlin(ctx, w, s, fp4, out, in, x, T, y);
+        return;
+    }
     int nb = (in + 31) / 32;
     int tt = T < T_TILE ? T : T_TILE;
     float *qa = malloc((size_t)tt * in * sizeof(float));
@@ -403,6 +410,11 @@ static void dlin_rows(void *arg, int n0, int n1) {
 static void dlin_run(dlin_job *j) {
     luts();
     if (j->T <= 0 || j->out <= 0) return;
+    if (!j->ctx->exact && (j->kind != 2 || j->in % 32 == 0)) {   /* linear_fast.c */
+        ds41_fast_dense(j->ctx, j->kind, j->wb, j->wf, j->w8, j->row0, j->out, j->in, j->x, j->x_stride, j->T,
+                        j->y, j->y_stride, j->out_bf16);
+        return;
+    }
     if ((long long)j->out * j->in * j->T >= PAR_MIN_WORK) ds41_parallel_for(j->ctx, j->out, dlin_rows, j);
     else dlin_rows(j, 0, j->out);
 }

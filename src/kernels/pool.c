@@ -5,31 +5,60 @@
  * split (every exact kernel splits over output rows only) gives results identical to one
  * thread, and every kernel is deterministic for a given thread count.
  *
- * Workers sleep on a condition variable between jobs (a spin phase would burn the shared
- * cores between the many small linears of a decode step). The calling thread takes chunk 0
- * itself. A call made from inside a job (nested parallelism) runs serially in the caller. */
+ * Dispatch: a decode step issues a few hundred parallel_for calls a few microseconds apart, so
+ * a condition variable wake-up (tens of microseconds, and a sleeping worker lets the core's
+ * clock drop) would be a visible share of the step. Workers therefore spin on the job counter
+ * for a bounded time (SPIN_NS) after each job and only then sleep on a futex; the caller does
+ * the same while waiting for the last worker. The spin yields the core every 64 pauses, so
+ * that on an oversubscribed machine a spinning worker does not hold back the caller's serial
+ * work on the same core. When no job comes within SPIN_NS the workers
+ * sleep and cost nothing, so an idle process does not burn the shared cores. The calling
+ * thread takes chunk 0 itself. A call made from inside a job (nested parallelism) runs
+ * serially in the caller. */
 #include "kernels.h"
 
+#include <immintrin.h>
+#include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Spin budget before sleeping: covers the gap between consecutive linears of a decode step
+ * (norms, quantization, attention on the calling thread) without holding a core for long. */
+#define SPIN_NS 200000LL
 
 struct ds41_pool {
     int n_threads;                 /* including the caller */
     pthread_t *threads;            /* n_threads - 1 workers */
-    pthread_mutex_t mu;            /* guards the job fields below */
-    pthread_cond_t start_cv, done_cv;
     pthread_mutex_t submit_mu;     /* one job at a time from any number of callers */
-    unsigned long generation;      /* bumped per job */
-    int pending;                   /* workers still running the current job */
-    int quit;
+    /* job: written by the caller before gen is bumped (release), read after (acquire) */
     int n;
     void (*fn)(void *arg, int i0, int i1);
     void *arg;
+    int quit;
+    _Alignas(64) uint32_t gen;     /* job counter; futex word of the workers */
+    _Alignas(64) uint32_t pending; /* workers still running the job; futex word of the caller */
+    _Alignas(64) uint32_t caller_sleeping;
+    uint32_t sleepers;             /* workers in (or about to enter) futex sleep on gen */
 };
 
 typedef struct worker_arg { ds41_pool *p; int index; } worker_arg;
 
 static __thread int in_pool_job;   /* set while this thread runs a chunk */
+
+static long futex(uint32_t *addr, int op, uint32_t val) {
+    return syscall(SYS_futex, addr, op, val, NULL, NULL, 0);
+}
+
+static long long mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
 
 static void run_chunk(ds41_pool *p, int index, int n, void (*fn)(void *, int, int), void *arg) {
     long long nt = p->n_threads;
@@ -42,38 +71,50 @@ static void run_chunk(ds41_pool *p, int index, int n, void (*fn)(void *, int, in
     }
 }
 
+/* Waits until *addr != old: spin (checking the clock every 64 pauses) then futex sleep,
+ * announced in *sleepers so that the waker can skip the syscall when nobody sleeps. */
+static void wait_change(uint32_t *addr, uint32_t old, uint32_t *sleepers) {
+    long long t0 = -1;
+    for (int i = 0;; i++) {
+        if (__atomic_load_n(addr, __ATOMIC_ACQUIRE) != old) return;
+        _mm_pause();
+        if ((i & 63) == 63) {
+            sched_yield();   /* a shared core: let a runnable thread (the caller) go first */
+            long long t = mono_ns();
+            if (t0 < 0) t0 = t;
+            else if (t - t0 > SPIN_NS) break;
+        }
+    }
+    __atomic_add_fetch(sleepers, 1, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(addr, __ATOMIC_SEQ_CST) == old) futex(addr, FUTEX_WAIT_PRIVATE, old);
+    __atomic_sub_fetch(sleepers, 1, __ATOMIC_SEQ_CST);
+}
+
 static void *worker_main(void *v) {
     worker_arg wa = *(worker_arg *)v;
     free(v);
     ds41_pool *p = wa.p;
-    unsigned long seen = 0;
-    pthread_mutex_lock(&p->mu);
+    uint32_t seen = 0;
     for (;;) {
-        while (!p->quit && p->generation == seen) pthread_cond_wait(&p->start_cv, &p->mu);
+        wait_change(&p->gen, seen, &p->sleepers);
+        seen = __atomic_load_n(&p->gen, __ATOMIC_ACQUIRE);
         if (p->quit) break;
-        seen = p->generation;
-        int n = p->n;
-        void (*fn)(void *, int, int) = p->fn;
-        void *arg = p->arg;
-        pthread_mutex_unlock(&p->mu);
-        run_chunk(p, wa.index, n, fn, arg);
-        pthread_mutex_lock(&p->mu);
-        if (--p->pending == 0) pthread_cond_signal(&p->done_cv);
+        run_chunk(p, wa.index, p->n, p->fn, p->arg);
+        if (__atomic_sub_fetch(&p->pending, 1, __ATOMIC_SEQ_CST) == 0 &&
+            __atomic_load_n(&p->caller_sleeping, __ATOMIC_SEQ_CST))
+            futex(&p->pending, FUTEX_WAKE_PRIVATE, 1);
     }
-    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
 ds41_pool *ds41_pool_create(int n_threads) {
     if (n_threads < 1) n_threads = 1;
     if (n_threads > 256) n_threads = 256;
-    ds41_pool *p = calloc(1, sizeof *p);
-    if (!p) return NULL;
+    ds41_pool *p = NULL;
+    if (posix_memalign((void **)&p, 64, sizeof *p) != 0) return NULL;
+    *p = (ds41_pool){ 0 };
     p->n_threads = n_threads;
-    pthread_mutex_init(&p->mu, NULL);
     pthread_mutex_init(&p->submit_mu, NULL);
-    pthread_cond_init(&p->start_cv, NULL);
-    pthread_cond_init(&p->done_cv, NULL);
     if (n_threads > 1) {
         p->threads = calloc((size_t)n_threads - 1, sizeof *p->threads);
         if (!p->threads) { ds41_pool_destroy(p); return NULL; }
@@ -95,15 +136,13 @@ ds41_pool *ds41_pool_create(int n_threads) {
 
 void ds41_pool_destroy(ds41_pool *p) {
     if (!p) return;
-    pthread_mutex_lock(&p->mu);
+    pthread_mutex_lock(&p->submit_mu);
     p->quit = 1;
-    pthread_cond_broadcast(&p->start_cv);
-    pthread_mutex_unlock(&p->mu);
+    __atomic_add_fetch(&p->gen, 1, __ATOMIC_RELEASE);
+    futex(&p->gen, FUTEX_WAKE_PRIVATE, INT32_MAX);
+    pthread_mutex_unlock(&p->submit_mu);
     for (int i = 1; i < p->n_threads; i++) pthread_join(p->threads[i - 1], NULL);
     free(p->threads);
-    pthread_cond_destroy(&p->start_cv);
-    pthread_cond_destroy(&p->done_cv);
-    pthread_mutex_destroy(&p->mu);
     pthread_mutex_destroy(&p->submit_mu);
     free(p);
 }
@@ -116,17 +155,27 @@ void ds41_parallel_for(const ds41_ctx *ctx, int n, void (*fn)(void *arg, int i0,
         return;
     }
     pthread_mutex_lock(&p->submit_mu);
-    pthread_mutex_lock(&p->mu);
     p->n = n;
     p->fn = fn;
     p->arg = arg;
-    p->pending = p->n_threads - 1;
-    p->generation++;
-    pthread_cond_broadcast(&p->start_cv);
-    pthread_mutex_unlock(&p->mu);
+    __atomic_store_n(&p->pending, (uint32_t)(p->n_threads - 1), __ATOMIC_RELAXED);
+    __atomic_add_fetch(&p->gen, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&p->sleepers, __ATOMIC_SEQ_CST)) futex(&p->gen, FUTEX_WAKE_PRIVATE, INT32_MAX);
     run_chunk(p, 0, n, fn, arg);
-    pthread_mutex_lock(&p->mu);
-    while (p->pending > 0) pthread_cond_wait(&p->done_cv, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    /* wait for the workers: spin, then sleep on pending (the last worker wakes us) */
+    long long t0 = -1;
+    for (int i = 0; __atomic_load_n(&p->pending, __ATOMIC_ACQUIRE) != 0; i++) {
+        _mm_pause();
+        if ((i & 63) != 63) continue;
+        sched_yield();
+        long long t = mono_ns();
+        if (t0 < 0) { t0 = t; continue; }
+        if (t - t0 <= SPIN_NS) continue;
+        __atomic_store_n(&p->caller_sleeping, 1, __ATOMIC_SEQ_CST);
+        uint32_t v;
+        while ((v = __atomic_load_n(&p->pending, __ATOMIC_SEQ_CST)) != 0) futex(&p->pending, FUTEX_WAIT_PRIVATE, v);
+        __atomic_store_n(&p->caller_sleeping, 0, __ATOMIC_RELAXED);
+        break;
+    }
     pthread_mutex_unlock(&p->submit_mu);
 }

@@ -1,0 +1,338 @@
+/* Kernel micro-benchmark: the fast linears at production shapes, against the machine's limits.
+ *
+ *   build/bench/bench_kernels [--quick] [--threads 1,2] [--T 1,8,64] [--only NAME] [--exact]
+ *
+ * Prints, first, three probes of the machine: streaming read bandwidth (GB/s, 1 and N threads,
+ * a 512 MiB buffer, AVX2 loads), peak FP32 FMA throughput (GFLOP/s with 12 independent 8-wide
+ * accumulators per thread, and the clock it implies at 2 FMA x 8 lanes per cycle), the core
+ * clock measured with a chain of dependent integer adds, and the cost of an empty
+ * ds41_parallel_for. Then, for each linear: median time per call, weight GB/s (packed weight
+ * bytes read per call / time; for decode this is the figure to compare with the read
+ * bandwidth) and GMAC/s (out x in x T / time; for prefill compare with the FMA peak / 2).
+ * The weights of each kernel are replicated until they occupy >= 160 MiB and the calls cycle
+ * through the copies, so every call streams its weights from DRAM as in a real decode step
+ * (a 2.6 MB matrix read repeatedly would sit in the 32 MB L3). */
+#include "kernels.h"
+#include "formats.h"
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static uint64_t rs = 0x243F6A8885A308D3ULL;
+static uint32_t rnd(void) { rs = rs * 6364136223846793005ULL + 1442695040888963407ULL; return (uint32_t)(rs >> 33); }
+static float urand(void) { return (float)(rnd() & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f; }
+
+static void *xmalloc(size_t n) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? n : 64) != 0) { fprintf(stderr, "bench_kernels: out of memory (%zu B)\n", n); exit(1); }
+    return p;
+}
+
+/* ---------------------------------------------------------------- machine probes */
+
+typedef struct bw_job { const float *buf; size_t n; double sums[256]; } bw_job;
+
+static void bw_fn(void *arg, int i0, int i1) {
+    bw_job *j = arg;
+    for (int part = i0; part < i1; part++) {
+        size_t per = j->n / 64, k0 = per * (size_t)part, k1 = k0 + per;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (size_t k = k0; k < k1; k += 32) {
+            a0 = _mm256_add_ps(a0, _mm256_load_ps(j->buf + k));
+            a1 = _mm256_add_ps(a1, _mm256_load_ps(j->buf + k + 8));
+            a2 = _mm256_add_ps(a2, _mm256_load_ps(j->buf + k + 16));
+            a3 = _mm256_add_ps(a3, _mm256_load_ps(j->buf + k + 24));
+        }
+        float t[8];
+        _mm256_storeu_ps(t, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+        j->sums[part] = t[0] + t[7];
+    }
+}
+
+/* Streaming read bandwidth: 64 equal parts of the buffer split statically over the threads. */
+static double probe_bw(const ds41_ctx *ctx, const float *buf, size_t n, int reps) {
+    bw_job j = { buf, n, { 0 } };
+    double t[16];
+    for (int r = 0; r < reps; r++) {
+        double t0 = now();
+        ds41_parallel_for(ctx, 64, bw_fn, &j);
+        t[r] = now() - t0;
+    }
+    return (double)n * 4.0 / median(t, reps) / 1e9;
+}
+
+typedef struct fma_job { long iters; float out[256]; } fma_job;
+
+static void fma_fn(void *arg, int i0, int i1) {
+    fma_job *j = arg;
+    for (int part = i0; part < i1; part++) {
+        __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+        __m256 a[12];
+        for (int i = 0; i < 12; i++) a[i] = _mm256_set1_ps((float)i);
+        for (long it = 0; it < j->iters; it++) {
+            /* 12 independent chains: enough to cover latency 4 x 2 ports (and 5-6 on older cores) */
+            a[0] = _mm256_fmadd_ps(a[0], m, c); a[1] = _mm256_fmadd_ps(a[1], m, c);
+            a[2] = _mm256_fmadd_ps(a[2], m, c); a[3] = _mm256_fmadd_ps(a[3], m, c);
+            a[4] = _mm256_fmadd_ps(a[4], m, c); a[5] = _mm256_fmadd_ps(a[5], m, c);
+            a[6] = _mm256_fmadd_ps(a[6], m, c); a[7] = _mm256_fmadd_ps(a[7], m, c);
+            a[8] = _mm256_fmadd_ps(a[8], m, c); a[9] = _mm256_fmadd_ps(a[9], m, c);
+            a[10] = _mm256_fmadd_ps(a[10], m, c); a[11] = _mm256_fmadd_ps(a[11], m, c);
+        }
+        __m256 s = a[0];
+        for (int i = 1; i < 12; i++) s = _mm256_add_ps(s, a[i]);
+        float t[8];
+        _mm256_storeu_ps(t, s);
+        j->out[part] = t[0];
+    }
+}
+
+/* Peak FMA rate: one part per thread, GFLOP/s (2 flops per lane per FMA). */
+static double probe_fma(const ds41_ctx *ctx, int nt) {
+    fma_job j;
+    memset(&j, 0, sizeof j);
+    j.iters = 20000000;
+    double t[5];
+    for (int r = 0; r < 5; r++) {
+        double t0 = now();
+        ds41_parallel_for(ctx, nt, fma_fn, &j);
+        t[r] = now() - t0;
+    }
+    return (double)nt * (double)j.iters * 12.0 * 8.0 * 2.0 / median(t, 5) / 1e9;
+}
+
+/* Clock: a chain of dependent integer adds retires one per cycle on every x86 core. */
+static double probe_clock(void) {
+    double t[5];
+    const long n = 400000000;
+    for (int r = 0; r < 5; r++) {
+        long x = 0, i = n;
+        double t0 = now();
+        __asm__ volatile(
+            "1:\n\t"
+            "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
+            "sub $4, %1\n\tjnz 1b\n"
+            : "+r"(x), "+r"(i) : : "cc");
+        t[r] = now() - t0;
+    }
+    return (double)n / median(t, 5) / 1e9;
+}
+
+static void empty_fn(void *arg, int i0, int i1) { (void)arg; (void)i0; (void)i1; }
+
+static double probe_dispatch(const ds41_ctx *ctx) {
+    double t[7];
+    const int calls = 20000;
+    for (int r = 0; r < 7; r++) {
+        double t0 = now();
+        for (int i = 0; i < calls; i++) ds41_parallel_for(ctx, ctx->n_threads, empty_fn, NULL);
+        t[r] = (now() - t0) / calls;
+    }
+    return median(t, 7) * 1e6;
+}
+
+/* ---------------------------------------------------------------- linears */
+
+enum { K_FP8, K_FP4, K_BF16, K_DQ, K_F32 };
+
+typedef struct shape { const char *name; int kind, out, in; } shape;
+
+/* Production width (hidden 5120): the matrices of one layer, the BF16 head at a quarter of
+ * the 129280-row vocabulary (the same streaming behaviour, a quarter of the bytes), one
+ * 1024-row group of the grouped wo_a, and the mHC mixing projection (FP32, 24 x 4*5120). */
+static const shape shapes[] = {
+    { "fp8 wq_a", K_FP8, 1280, 5120 },
+    { "fp8 wq_b", K_FP8, 32768, 1280 },
+    { "fp8 wkv", K_FP8, 512, 5120 },
+    { "fp8 wo_b", K_FP8, 5120, 8192 },
+    { "fp8 sh_w1", K_FP8, 2304, 5120 },
+    { "fp8 sh_w2", K_FP8, 5120, 2304 },
+    { "fp4 w1", K_FP4, 2304, 5120 },
+    { "fp4 w2", K_FP4, 5120, 2304 },
+    { "bf16 head/4", K_BF16, 32320, 5120 },
+    { "bf16 comp", K_BF16, 512, 5120 },
+    { "fp8dq wo_a", K_DQ, 1024, 4096 },
+    { "f32 mhc", K_F32, 24, 20480 },
+};
+
+typedef struct wset {
+    int n;                  /* copies */
+    size_t bytes;           /* packed bytes of one copy */
+    uint8_t **w, **s;       /* fp8/fp4 codes and scales */
+    uint16_t **wb;
+    float **wf;
+} wset;
+
+static void wset_make(wset *ws, const shape *sh) {
+    size_t out = (size_t)sh->out, in = (size_t)sh->in;
+    size_t nbo = (out + 31) / 32, nbi = (in + 31) / 32;
+    size_t wbytes = 0, sbytes = 0;
+    switch (sh->kind) {
+    case K_FP8: case K_DQ: wbytes = out * in; sbytes = nbo * nbi; break;
+    case K_FP4: wbytes = out * in / 2; sbytes = out * (in / 32); break;
+    case K_BF16: wbytes = out * in * 2; break;
+    case K_F32: wbytes = out * in * 4; break;
+    }
+    ws->bytes = wbytes + sbytes;
+    size_t target = (size_t)160 << 20;
+    ws->n = (int)((target + ws->bytes - 1) / ws->bytes);
+    if (ws->n < 1) ws->n = 1;
+    if (ws->n > 4096) ws->n = 4096;
+    ws->w = calloc((size_t)ws->n, sizeof *ws->w);
+    ws->s = calloc((size_t)ws->n, sizeof *ws->s);
+    ws->wb = calloc((size_t)ws->n, sizeof *ws->wb);
+    ws->wf = calloc((size_t)ws->n, sizeof *ws->wf);
+    for (int c = 0; c < ws->n; c++) {
+        if (sh->kind == K_FP8 || sh->kind == K_DQ || sh->kind == K_FP4) {
+            ws->w[c] = xmalloc(wbytes);
+            ws->s[c] = xmalloc(sbytes);
+            uint32_t *p = (uint32_t *)ws->w[c];
+            for (size_t i = 0; i < wbytes / 4; i++) {
+                uint32_t v = rnd() ^ (rnd() << 16);
+                if (sh->kind != K_FP4) v &= 0xF7F7F7F7u;   /* no NaN codes (0x7F/0xFF) */
+                p[i] = v;
+            }
+            for (size_t i = 0; i < sbytes; i++) ws->s[c][i] = (uint8_t)(117 + rnd() % 6);
+        } else if (sh->kind == K_BF16) {
+            ws->wb[c] = xmalloc(wbytes);
+            for (size_t i = 0; i < out * in; i++) ws->wb[c][i] = ds41_bf16_from_f32(urand() * 0.05f);
+        } else {
+            ws->wf[c] = xmalloc(wbytes);
+            for (size_t i = 0; i < out * in; i++) ws->wf[c][i] = urand() * 0.05f;
+        }
+    }
+}
+
+static void wset_free(wset *ws) {
+    for (int c = 0; c < ws->n; c++) { free(ws->w[c]); free(ws->s[c]); free(ws->wb[c]); free(ws->wf[c]); }
+    free(ws->w); free(ws->s); free(ws->wb); free(ws->wf);
+}
+
+static void call(const ds41_ctx *ctx, const shape *sh, const wset *ws, int c, const float *x, int T, float *y) {
+    switch (sh->kind) {
+    case K_FP8: { ds41_fp8w w = { ws->w[c], ws->s[c], sh->out, sh->in }; ds41_linear_fp8(ctx, &w, x, T, y); break; }
+    case K_FP4: { ds41_fp4w w = { ws->w[c], ws->s[c], sh->out, sh->in }; ds41_linear_fp4(ctx, &w, x, T, y); break; }
+    case K_BF16: { ds41_bf16w w = { ws->wb[c], sh->out, sh->in }; ds41_linear_bf16(ctx, &w, x, T, y, 0); break; }
+    case K_DQ: {
+        ds41_fp8w w = { ws->w[c], ws->s[c], sh->out, sh->in };
+        ds41_linear_fp8_dq(ctx, &w, 0, sh->out, x, sh->in, T, y, sh->out);
+        break;
+    }
+    case K_F32: ds41_linear_f32(ctx, ws->wf[c], sh->out, sh->in, x, T, y); break;
+    }
+}
+
+static int parse_list(const char *s, int *v, int max) {
+    int n = 0;
+    while (*s && n < max) {
+        char *e;
+        long x = strtol(s, &e, 10);
+        if (e == s || x < 1 || x > 4096) return -1;
+        v[n++] = (int)x;
+        s = *e == ',' ? e + 1 : e;
+        if (*e && *e != ',') return -1;
+    }
+    return n;
+}
+
+int main(int argc, char **argv) {
+    int threads[8] = { 1, 2 }, n_thr = 2, Ts[8] = { 1, 8, 64 }, n_T = 3, quick = 0, exact = 0, probes = 1;
+    const char *only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--exact")) exact = 1;
+        else if (!strcmp(argv[i], "--no-probes")) probes = 0;
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) n_thr = parse_list(argv[++i], threads, 8);
+        else if (!strcmp(argv[i], "--T") && i + 1 < argc) n_T = parse_list(argv[++i], Ts, 8);
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+        else {
+            fprintf(stderr, "usage: bench_kernels [--quick] [--exact] [--no-probes] [--threads 1,2] [--T 1,8,64] [--only SUBSTR]\n");
+            return 2;
+        }
+        if (n_thr < 1 || n_T < 1) { fprintf(stderr, "bench_kernels: bad list\n"); return 2; }
+    }
+    double min_time = quick ? 0.08 : 0.25;
+    ds41_pool *pools[8] = { 0 };
+    ds41_ctx ctxs[8];
+    for (int i = 0; i < n_thr; i++) {
+        pools[i] = threads[i] > 1 ? ds41_pool_create(threads[i]) : NULL;
+        ctxs[i] = (ds41_ctx){ exact, threads[i], pools[i] };
+    }
+
+    if (probes) {
+        printf("== machine probes\n");
+        printf("clock (dependent integer adds): %.2f GHz\n", probe_clock());
+        size_t n = (size_t)128 << 20;   /* floats: 512 MiB */
+        float *buf = xmalloc(n * 4);
+        for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 7);
+        for (int i = 0; i < n_thr; i++) {
+            double bw = probe_bw(&ctxs[i], buf, n, quick ? 3 : 7);
+            double fl = probe_fma(&ctxs[i], threads[i]);
+            printf("threads %d: read bandwidth %.1f GB/s; FMA peak %.1f GFLOP/s = %.1f GMAC/s"
+                   " (%.2f GHz x 2 FMA x 8 lanes per core)",
+                   threads[i], bw, fl, fl / 2, fl / 2 / 16.0 / threads[i]);
+            if (threads[i] > 1) printf("; empty parallel_for %.2f us", probe_dispatch(&ctxs[i]));
+            printf("\n");
+        }
+        free(buf);
+    }
+
+    printf("== linears (%s kernels): median per call; GB/s = packed weight bytes / time\n", exact ? "exact" : "fast");
+    printf("%-12s %11s %4s %3s %10s %8s %8s\n", "kernel", "out x in", "T", "thr", "ms/call", "GB/s", "GMAC/s");
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const shape *sh = &shapes[si];
+        if (only && !strstr(sh->name, only)) continue;
+        wset ws;
+        wset_make(&ws, sh);
+        int maxT = 1;
+        for (int i = 0; i < n_T; i++) if (Ts[i] > maxT) maxT = Ts[i];
+        float *x = xmalloc((size_t)maxT * sh->in * 4), *y = xmalloc((size_t)maxT * sh->out * 4);
+        for (size_t i = 0; i < (size_t)maxT * sh->in; i++) x[i] = ds41_bf16_round(urand() * (i % 13 == 0 ? 8.0f : 1.0f));
+        for (int ti = 0; ti < n_T; ti++) {
+            int T = Ts[ti];
+            for (int hi = 0; hi < n_thr; hi++) {
+                const ds41_ctx *ctx = &ctxs[hi];
+                int c = 0;
+                /* warm-up: one pass over every copy (page faults, pool start) */
+                for (int w = 0; w < ws.n && w < 64; w++) call(ctx, sh, &ws, w, x, T, y);
+                double times[4096];
+                int n = 0;
+                double start = now();
+                while (n < 4096 && (n < 5 || now() - start < min_time)) {
+                    double t0 = now();
+                    call(ctx, sh, &ws, c, x, T, y);
+                    times[n++] = now() - t0;
+                    c = (c + 1) % ws.n;
+                }
+                double med = median(times, n);
+                double macs = (double)sh->out * sh->in * T;
+                printf("%-12s %5dx%-5d %4d %3d %10.3f %8.2f %8.2f\n", sh->name, sh->out, sh->in, T, threads[hi],
+                       med * 1e3, (double)ws.bytes / med / 1e9, macs / med / 1e9);
+                fflush(stdout);
+            }
+        }
+        free(x);
+        free(y);
+        wset_free(&ws);
+    }
+    for (int i = 0; i < n_thr; i++) ds41_pool_destroy(pools[i]);
+    return 0;
+}
