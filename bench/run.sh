@@ -19,4 +19,24 @@ echo "== kernels"
 "${DS41_BUILD:-build}"/bench/bench_kernels ${DS41_BENCH_QUICK:+--quick} || status=1
 # ---- end kernels ----------------------------------------------------------------------------
 
+# ---- model (ds41 bench): prefill ced vs full, decode, peak RSS, state bytes --------------------
+# Checkpoints written once into build/bench-ck/ by tools/make_checkpoint.py (seed 1):
+#   small43    the full 43-entry production plan at dim 256 (37 MB)
+#   prodwidth4 production width (dim 5120, 64 x 512 heads, vocab 129280), 6 layers + 1 stage,
+#              the four KV sources, 4 experts top-2 (about 4.9 GB, about 30 s to write)
+# DS41_BENCH_THREADS (default 2) threads, fast kernels.
+echo "== model"
+T=${DS41_BENCH_THREADS:-2}
+for spec in "small43 tests/configs/small43 256,1024,4096 16" "prodwidth4 bench/configs/prodwidth4 64,256 8"; do
+    set -- $spec
+    ck=build/bench-ck/$1
+    if [ ! -f "$ck/.complete" ] || ! cmp -s "$ck/config.json" "$2/config.json"; then
+        rm -rf "$ck"
+        /usr/bin/python3 tools/make_checkpoint.py "$2" "$ck" --seed 1 --token-map stub --shards 4 -q && touch "$ck/.complete" || { status=1; continue; }
+    fi
+    echo "-- ds41 bench -m $ck --lengths $3 --decode $4 -t $T"
+    "${DS41_BUILD:-build}"/ds41 bench -m "$ck" --lengths "$3" --decode "$4" -t "$T" || status=1
+done
+# ---- end model ------------------------------------------------------------------------------
+
 exit $status
