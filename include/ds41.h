@@ -3,10 +3,16 @@
  *
  * An engine is immutable after ds41_load and may be shared by any number of sessions; a
  * session owns one sequence's state (packed KV pages, SWA rings, compressor state, Engram
- * history) and its scratch, so sessions never share mutable memory. One session must not be
- * used from two threads at once, and with n_threads > 1 an engine's thread pool serves one
- * forward at a time (feed sessions of one engine from one thread). ds41_feed_batch is the entry point a batching scheduler
- * uses; today it runs the sequences one after another. */
+ * history) and its scratch, so sessions never share mutable memory.
+ *
+ * Threads: one session must not be used from two threads at once. Different sessions of one
+ * engine may be used from different threads at the same time: a forward only reads the
+ * engine, and with n_threads > 1 the engine's thread pool runs one parallel loop at a time
+ * (a lock), so concurrent forwards take turns on the same n_threads threads -- they do not
+ * get more of them -- and each gives bit for bit what it gives alone (the pool's split of a
+ * loop depends only on the loop size and n_threads). ds41_load / ds41_unload must not run
+ * concurrently with any use of the engine. ds41_feed_batch is the entry point a batching
+ * scheduler uses; today it runs the sequences one after another. */
 #ifndef DS41_H
 #define DS41_H
 
@@ -48,20 +54,28 @@ long long ds41_ctx_size(const ds41_engine *e);
 
 ds41_session *ds41_session_open(ds41_engine *e, const ds41_session_params *p, char *err, size_t errcap);
 void ds41_session_close(ds41_session *s);
-void ds41_session_reset(ds41_session *s);            /* forget the sequence, keep the memory */
+/* Forgets the sequence and keeps the memory (KV pages stay allocated and are still counted
+ * in global_kv_page_bytes): position 0, zero logits, the sampler's random stream back at its
+ * seed, an earlier error cleared. The same calls then give bit-identical results to a fresh
+ * session. A trace in progress keeps appending. */
+void ds41_session_reset(ds41_session *s);
 long long ds41_session_pos(const ds41_session *s);   /* tokens held */
 const char *ds41_session_error(const ds41_session *s);
 
 /* Appends ids[n] to the sequence (prefill, extend or decode) and computes the logits of the
- * last one. 0 on success, -1 on error (ds41_session_error); a failed feed leaves the session
- * unusable until ds41_session_reset. */
+ * last one. 0 on success, -1 on error (ds41_session_error). A feed refused before it starts
+ * (n = 0, an id outside the vocabulary, more tokens than the context has left) changes
+ * nothing; a feed that fails while running (out of memory) may have written part of the
+ * state, so the session then refuses ds41_feed and ds41_session_draft until
+ * ds41_session_reset. */
 int ds41_feed(ds41_session *s, const int32_t *ids, size_t n);
 /* Several sequences at once (each with its own ids); returns the number that failed. */
 int ds41_feed_batch(ds41_session **ss, const int32_t *const *ids, const size_t *n, int count);
 /* Logits of the last fed token: ds41_vocab_size floats. */
 const float *ds41_logits(const ds41_session *s);
 
-/* Sampling (spec 3.15): temperature 0 = greedy (first maximum); top_k 0, top_p 1, min_p 0 = off. */
+/* Sampling (spec 3.15): temperature 0 = greedy (first maximum); top_k 0, top_p 1, min_p 0 = off.
+ * A new session samples greedily with seed 0. */
 void ds41_session_set_sampling(ds41_session *s, float temperature, int top_k, float top_p, float min_p, uint64_t seed);
 int ds41_session_sample(ds41_session *s);           /* next token from the current logits */
 
@@ -85,7 +99,8 @@ typedef struct ds41_state_info {
 void ds41_session_state(const ds41_session *s, ds41_state_info *out);
 
 /* Conformance trace (docs/conformance.md) into an existing or new directory: per-forward
- * files from now on; the state files are written by ds41_session_trace_finish (also on close). */
+ * files from now on; the state files are written by ds41_session_trace_finish (also on close,
+ * and by a second ds41_session_trace before it starts the new trace). */
 int ds41_session_trace(ds41_session *s, const char *dir);
 int ds41_session_trace_finish(ds41_session *s);
 /* Appends ids / a logits row to the trace's tokens.i32 / logits.f32 (the caller decides which

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "cli_args.h"
 #include "ds41.h"
 
 static const char *BENCH_USAGE =
@@ -36,7 +37,8 @@ static long long peak_rss_bytes(void) {
 
 static int parse_list(const char *s, int *v, int cap) {
     int n = 0;
-    while (*s && n < cap) {
+    while (*s) {
+        if (n == cap) return -1;
         char *end;
         long x = strtol(s, &end, 10);
         if (end == s || x <= 0 || x > (1 << 24)) return -1;
@@ -56,29 +58,41 @@ int ds41_cli_bench(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
+        long long iv;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(BENCH_USAGE, stdout); return 0; }
         else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && has) dir = argv[++i];
         else if (!strcmp(a, "--lengths") && has) {
-            if ((n_len = parse_list(argv[++i], lengths, 16)) <= 0) { fprintf(stderr, "ds41 bench: bad --lengths\n"); return 2; }
+            if ((n_len = parse_list(argv[++i], lengths, 16)) <= 0) {
+                fprintf(stderr, "ds41 bench: --lengths: expected 1 to 16 comma-separated lengths in 1..16777216, got '%.40s'\n", argv[i]);
+                return 2;
+            }
         } else if (!strcmp(a, "--modes") && has) {
             char *v = argv[++i];
             n_modes = 0;
-            for (char *t = strtok(v, ","); t && n_modes < 3; t = strtok(NULL, ",")) {
+            for (char *t = strtok(v, ","); t; t = strtok(NULL, ",")) {
+                if (n_modes == 3) { fprintf(stderr, "ds41 bench: --modes: at most 3 modes\n"); return 2; }
                 if (!strcmp(t, "ced")) modes[n_modes++] = DS41_PREFILL_MODE_CED;
                 else if (!strcmp(t, "full")) modes[n_modes++] = DS41_PREFILL_MODE_FULL;
                 else if (!strcmp(t, "ced-replay")) modes[n_modes++] = DS41_PREFILL_MODE_REPLAY;
                 else { fprintf(stderr, "ds41 bench: unknown mode '%s'\n", t); return 2; }
             }
-        } else if (!strcmp(a, "--decode") && has) n_dec = atoi(argv[++i]);
-        else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && has) threads = atoi(argv[++i]);
-        else if ((!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) && has) ctx = atoll(argv[++i]);
-        else if (!strcmp(a, "--seed") && has) seed = strtoull(argv[++i], NULL, 10);
+            if (n_modes == 0) { fprintf(stderr, "ds41 bench: --modes: expected ced, full and/or ced-replay\n"); return 2; }
+        } else if (!strcmp(a, "--decode") && has) {
+            if (ds41_cli_int("bench", a, argv[++i], 0, 1 << 24, &iv)) return 2;
+            n_dec = (int)iv;
+        } else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && has) {
+            if (ds41_cli_int("bench", a, argv[++i], 1, 256, &iv)) return 2;
+            threads = (int)iv;
+        } else if ((!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) && has) {
+            if (ds41_cli_int("bench", a, argv[++i], 1, INT32_MAX, &ctx)) return 2;
+        } else if (!strcmp(a, "--seed") && has) {
+            if (ds41_cli_u64("bench", a, argv[++i], &seed)) return 2;
+        }
         else if (!strcmp(a, "--exact")) exact = 1;
         else if (!strcmp(a, "--json")) json = 1;
         else { fprintf(stderr, "ds41 bench: unknown or incomplete option '%s'\n%s", a, BENCH_USAGE); return 2; }
     }
     if (!dir) { fprintf(stderr, "ds41 bench: -m DIR is required\n"); return 2; }
-    if (threads < 1 || n_dec < 0) { fprintf(stderr, "ds41 bench: bad -t or --decode\n"); return 2; }
     int maxlen = 0;
     for (int i = 0; i < n_len; i++) if (lengths[i] > maxlen) maxlen = lengths[i];
     ds41_load_params lp;
@@ -96,6 +110,20 @@ int ds41_cli_bench(int argc, char **argv) {
     if (!e) { fprintf(stderr, "ds41 bench: %s\n", ebuf); return 1; }
     long long C = ds41_ctx_size(e);
     int V = ds41_vocab_size(e);
+    /* measuring nothing is an error, not an empty table with exit status 0 */
+    int minlen = lengths[0];
+    for (int i = 1; i < n_len; i++) if (lengths[i] < minlen) minlen = lengths[i];
+    if (minlen > C) {
+        fprintf(stderr, "ds41 bench: no --lengths entry fits the context size %lld (shortest %d)\n", C, minlen);
+        ds41_unload(e);
+        return 1;
+    }
+    if (n_dec > 0 && C < (long long)n_dec + 2) {
+        fprintf(stderr, "ds41 bench: --decode %d needs a context of at least %d tokens, the context size is %lld\n", n_dec,
+                n_dec + 2, C);
+        ds41_unload(e);
+        return 1;
+    }
     int32_t *ids = malloc((size_t)(maxlen + n_dec + 1) * sizeof(int32_t));
     if (!ids) { ds41_unload(e); return 1; }
     uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 1;
@@ -142,7 +170,7 @@ int ds41_cli_bench(int argc, char **argv) {
             fflush(stdout);
             ds41_session_close(s);
         }
-        if (!json && n_modes >= 2 && modes[0] == DS41_PREFILL_MODE_CED && modes[1] == DS41_PREFILL_MODE_FULL)
+        if (!rc && !json && n_modes >= 2 && modes[0] == DS41_PREFILL_MODE_CED && modes[1] == DS41_PREFILL_MODE_FULL)
             printf("%-10s %8d %12.3f\n", "ced/full", n, t_mode[0][li] / t_mode[1][li]);
     }
     /* decode after the longest prompt that fits */

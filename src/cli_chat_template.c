@@ -109,7 +109,7 @@ int ds41_cli_chat_template(int argc, char **argv) {
         } else if (!file) file = a;
         else { fprintf(stderr, "ds41 chat-template: more than one input file ('%s', '%s')\n", file, a); return 2; }
     }
-    if (!file) { usage(stderr); return 2; }
+    if (!file) { fprintf(stderr, "ds41 chat-template: FILE.json (or - for stdin) is required\n"); usage(stderr); return 2; }
     if (as_json && text_only) { fprintf(stderr, "ds41 chat-template: --json and --text exclude each other\n"); return 2; }
     if (!text_only && !model) {
         fprintf(stderr, "ds41 chat-template: -m DIR is needed for token ids (or use --text)\n");

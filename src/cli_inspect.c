@@ -369,6 +369,7 @@ int ds41_cli_inspect(int argc, char **argv) {
         }
     }
     if (!path) {
+        fprintf(stderr, "ds41 inspect: PATH is required\n");
         usage(stderr);
         return 2;
     }

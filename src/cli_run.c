@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "cli_args.h"
 #include "common.h"
 #include "ds41.h"
 #include "tokenizer.h"
@@ -128,28 +129,36 @@ int ds41_cli_run(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
+        long long iv;
+        double dv;
 #define ARG(s1, s2) ((!strcmp(a, s1) || ((s2) && !strcmp(a, s2 ? s2 : ""))))
 #define NEED() do { if (!has) { fprintf(stderr, "ds41 run: %s needs a value\n", a); return 2; } } while (0)
+#define INT(lo, hi) do { if (ds41_cli_int("run", a, argv[++i], (lo), (hi), &iv)) return 2; } while (0)
+#define DBL(lo, hi) do { if (ds41_cli_double("run", a, argv[++i], (lo), (hi), &dv)) return 2; } while (0)
         if (ARG("--help", "-h")) { fputs(RUN_USAGE, stdout); return 0; }
         else if (ARG("-m", "--model")) { NEED(); dir = argv[++i]; }
         else if (ARG("-p", "--prompt")) { NEED(); prompt = argv[++i]; }
         else if (ARG("--prompt-ids", NULL)) { NEED(); prompt_ids = argv[++i]; }
         else if (ARG("--force-ids", NULL)) { NEED(); force_ids = argv[++i]; }
-        else if (ARG("-n", "--n-predict")) { NEED(); n_predict = atoi(argv[++i]); }
-        else if (ARG("--temp", NULL)) { NEED(); temp = strtof(argv[++i], NULL); }
-        else if (ARG("--top-k", NULL)) { NEED(); top_k = atoi(argv[++i]); }
-        else if (ARG("--top-p", NULL)) { NEED(); top_p = strtof(argv[++i], NULL); }
-        else if (ARG("--min-p", NULL)) { NEED(); min_p = strtof(argv[++i], NULL); }
-        else if (ARG("--seed", NULL)) { NEED(); seed = strtoull(argv[++i], NULL, 10); }
-        else if (ARG("-t", "--threads")) { NEED(); threads = atoi(argv[++i]); }
-        else if (ARG("-c", "--ctx-size")) { NEED(); ctx = atoll(argv[++i]); }
-        else if (ARG("--chunk", NULL)) { NEED(); chunk = atoi(argv[++i]); }
+        else if (ARG("-n", "--n-predict")) { NEED(); INT(0, INT32_MAX); n_predict = (int)iv; }
+        else if (ARG("--temp", NULL)) { NEED(); DBL(0, 1e30); temp = (float)dv; }
+        else if (ARG("--top-k", NULL)) { NEED(); INT(0, INT32_MAX); top_k = (int)iv; }
+        else if (ARG("--top-p", NULL)) {
+            NEED(); DBL(0, 1);
+            if (dv <= 0) { fprintf(stderr, "ds41 run: --top-p must be in (0, 1], got '%s'\n", argv[i]); return 2; }
+            top_p = (float)dv;
+        }
+        else if (ARG("--min-p", NULL)) { NEED(); DBL(0, 1); min_p = (float)dv; }
+        else if (ARG("--seed", NULL)) { NEED(); if (ds41_cli_u64("run", a, argv[++i], &seed)) return 2; }
+        else if (ARG("-t", "--threads")) { NEED(); INT(1, 256); threads = (int)iv; }
+        else if (ARG("-c", "--ctx-size")) { NEED(); INT(1, INT32_MAX); ctx = iv; }
+        else if (ARG("--chunk", NULL)) { NEED(); INT(0, INT32_MAX); chunk = (int)iv; }
         else if (ARG("--exact", NULL)) exact = 1;
         else if (ARG("--json", NULL)) json = 1;
         else if (ARG("--ignore-eos", NULL)) ignore_eos = 1;
         else if (ARG("--draft-trace", NULL)) draft_trace = 1;
         else if (ARG("--no-draft", NULL)) no_draft = 1;
-        else if (ARG("--top-logprobs", NULL)) { NEED(); top_lp = atoi(argv[++i]); }
+        else if (ARG("--top-logprobs", NULL)) { NEED(); INT(0, INT32_MAX); top_lp = (int)iv; }
         else if (ARG("--dump-logits", NULL)) { NEED(); dump = argv[++i]; }
         else if (ARG("--trace", NULL)) { NEED(); trace = argv[++i]; }
         else if (ARG("--prefill", NULL)) {
@@ -167,18 +176,12 @@ int ds41_cli_run(int argc, char **argv) {
             else { fprintf(stderr, "ds41 run: --index-k must be own or official, not '%s'\n", v); return 2; }
         } else { fprintf(stderr, "ds41 run: unknown option '%s'\n%s", a, RUN_USAGE); return 2; }
 #undef NEED
+#undef INT
+#undef DBL
 #undef ARG
     }
     if (!dir) { fprintf(stderr, "ds41 run: -m DIR is required\n%s", RUN_USAGE); return 2; }
     if (!prompt == !prompt_ids) { fprintf(stderr, "ds41 run: give exactly one of -p TEXT and --prompt-ids LIST\n"); return 2; }
-    if (n_predict < 0) { fprintf(stderr, "ds41 run: -n must be >= 0\n"); return 2; }
-    if (threads < 1 || threads > 256) { fprintf(stderr, "ds41 run: -t must be 1..256\n"); return 2; }
-    if (chunk < 0) { fprintf(stderr, "ds41 run: --chunk must be >= 0\n"); return 2; }
-    if (ctx < 0) { fprintf(stderr, "ds41 run: -c must be > 0\n"); return 2; }
-    if (temp < 0 || !(top_p > 0 && top_p <= 1) || min_p < 0 || min_p > 1 || top_k < 0) {
-        fprintf(stderr, "ds41 run: sampling options out of range (temp >= 0, 0 < top-p <= 1, 0 <= min-p <= 1, top-k >= 0)\n");
-        return 2;
-    }
 
     int rc = 1;
     ds41_tokenizer *tok = NULL;
@@ -217,6 +220,13 @@ int ds41_cli_run(int argc, char **argv) {
     if (!e) { fprintf(stderr, "ds41 run: %s\n", ebuf); goto out; }
     int V = ds41_vocab_size(e);
     long long C = ds41_ctx_size(e);
+    /* a tokenizer with ids past the embedding table belongs to another checkpoint: say so
+     * rather than reporting its ids as out of range (or decoding generated ids with it) */
+    if (tok && ds41_tokenizer_vocab_size(tok) > V) {
+        fprintf(stderr, "ds41 run: %s/tokenizer.json has ids up to %d but the model's vocabulary is 0..%d: "
+                "the tokenizer does not belong to this checkpoint\n", dir, ds41_tokenizer_vocab_size(tok) - 1, V - 1);
+        goto out;
+    }
     for (size_t i = 0; i < n_ids; i++)
         if (ids[i] < 0 || ids[i] >= V) {
             fprintf(stderr, "ds41 run: prompt token %zu is %d, outside the vocabulary 0..%d\n", i, ids[i], V - 1);
@@ -269,7 +279,10 @@ int ds41_cli_run(int argc, char **argv) {
     int n_dec = 0, n_gen = 0;
     for (int step = 0; step < n_predict; step++) {
         const float *lg = ds41_logits(s);
-        if (fdump) fwrite(lg, sizeof(float), (size_t)V, fdump);
+        if (fdump && fwrite(lg, sizeof(float), (size_t)V, fdump) != (size_t)V) {
+            fprintf(stderr, "ds41 run: %s: write failed: %s\n", dump, strerror(errno));
+            goto out;
+        }
         ds41_session_trace_logits(s);
         int32_t next = forced ? forced[step] : ds41_session_sample(s);
         ds41_session_trace_tokens(s, &next, 1);
@@ -361,7 +374,10 @@ int ds41_cli_run(int argc, char **argv) {
     if (trace && ds41_session_trace_finish(s)) { fprintf(stderr, "ds41 run: writing the trace failed\n"); goto out; }
     rc = 0;
 out:
-    if (fdump && fclose(fdump) != 0 && rc == 0) { fprintf(stderr, "ds41 run: %s: write failed\n", dump); rc = 1; }
+    if (fdump && (ferror(fdump) | fclose(fdump)) != 0 && rc == 0) {
+        fprintf(stderr, "ds41 run: %s: write failed: %s\n", dump, strerror(errno));
+        rc = 1;
+    }
     ds41_session_close(s);
     ds41_unload(e);
     if (tok) ds41_tokenizer_free(tok);

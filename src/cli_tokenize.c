@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "cli.h"
+#include "config.h"
 #include "tokenizer.h"
 
 static void usage(FILE *f) {
@@ -33,7 +34,9 @@ static void usage(FILE *f) {
           "  --decode-each     print decode([id]) of every id, one JSON string per line\n"
           "  --engram-map      build (or load) DIR/engram_token_map.i32 and print its size\n"
           "  --vocab-size N    with --decode-each / --engram-map: ids 0..N-1 (default: the\n"
-          "                    tokenizer's largest id + 1)\n"
+          "                    tokenizer's largest id + 1; for --engram-map the vocab_size of\n"
+          "                    DIR/config.json when DIR has one)\n"
+          "  --                the next argument is TEXT even if it starts with '-'\n"
           "  -h, --help        this text\n",
           f);
 }
@@ -211,17 +214,19 @@ static int decode_each(const ds41_tokenizer *tok, int vocab_size) {
     return 0;
 }
 
-static int engram_map(const char *model, const ds41_tokenizer *tok, int vocab_size) {
+/* The directory -m names: itself, or the one holding the tokenizer.json it names. */
+static char *model_dir(const char *model) {
     struct stat st;
-    char *dir = NULL;
-    if (stat(model, &st) == 0 && S_ISDIR(st.st_mode)) {
-        dir = strdup(model);
-    } else {
-        dir = strdup(model);
-        char *slash = dir ? strrchr(dir, '/') : NULL;
-        if (slash) slash[1] = 0;
-        else if (dir) strcpy(dir, ".");
-    }
+    char *dir = strdup(model);
+    if (!dir || (stat(model, &st) == 0 && S_ISDIR(st.st_mode))) return dir;
+    char *slash = strrchr(dir, '/');
+    if (slash) slash[1] = 0;
+    else strcpy(dir, ".");
+    return dir;
+}
+
+static int engram_map(const char *model, const ds41_tokenizer *tok, int vocab_size) {
+    char *dir = model_dir(model);
     if (!dir) return 1;
     int32_t *map;
     int nc;
@@ -236,12 +241,26 @@ static int engram_map(const char *model, const ds41_tokenizer *tok, int vocab_si
     return rc ? 1 : 0;
 }
 
+static int file_in(const char *dir, const char *name) {
+    char *p = ds41_path_join(dir, name);
+    struct stat st;
+    int ok = p && stat(p, &st) == 0;
+    free(p);
+    return ok;
+}
+
 int ds41_cli_tokenize(int argc, char **argv) {
     const char *model = NULL, *text = NULL, *decode = NULL, *batch_file = NULL;
-    int json = 0, special = 1, bos = 1, skip_special = 0, each = 0, emap = 0, vocab_size = 0;
+    int json = 0, special = 1, bos = 1, skip_special = 0, each = 0, emap = 0, vocab_size = 0, opts_done = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
+        /* after "--" every argument is TEXT, so text starting with '-' can be encoded */
+        if (opts_done || !strcmp(a, "--")) {
+            if (!opts_done) { opts_done = 1; continue; }
+            if (text) { fprintf(stderr, "ds41 tokenize: more than one TEXT argument (quote it)\n"); return 2; }
+            text = a;
+        }
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
         else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && i + 1 < argc) model = argv[++i];
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--no-special")) special = 0;
@@ -279,6 +298,24 @@ int ds41_cli_tokenize(int argc, char **argv) {
         return 1;
     }
     int rc = 0;
+    if (!vocab_size && emap) {
+        /* the map must have one entry per id of the model's (padded) vocabulary, as ds41 run
+         * reads it: take the size from DIR/config.json when there is one */
+        char *dir = model_dir(model);
+        ds41_config cfg;
+        int bad = !dir;
+        if (dir && file_in(dir, "config.json")) {
+            if (ds41_config_load(dir, &cfg, &err)) {
+                fprintf(stderr, "ds41 tokenize: %s\n", err.msg);
+                bad = 1;
+            } else {
+                vocab_size = cfg.vocab_size;
+                ds41_config_free(&cfg);
+            }
+        }
+        free(dir);
+        if (bad) { ds41_tokenizer_free(tok); return 1; }
+    }
     if (!vocab_size) vocab_size = ds41_tokenizer_vocab_size(tok);
     if (batch_file) rc = batch(tok, batch_file);
     else if (each) rc = decode_each(tok, vocab_size);

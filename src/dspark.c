@@ -7,8 +7,6 @@
 #include "dspark.h"
 #include "attention.h"
 #include "formats.h"
-#include "mhc.h"
-#include "moe.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -97,7 +95,7 @@ int ds41_dspark_seed(const ds41_engine *e, ds41_cache *c, const float *main_hidd
 }
 
 typedef struct dbuf {
-    float *X, *X2, *pre, *a_pre, *a_post, *a_C, *f_pre, *f_post, *f_C, *xin, *xa, *y;
+    ds41_stream s;     /* the block's B rows */
     float *cx, *kctx, *cq, *q, *kv, *o, *wos, *base, *bias, *cin, *scratch;
     uint8_t *rec;
     int32_t *list;
@@ -111,8 +109,8 @@ static void *zalloc(size_t n, size_t sz, int *fail) {
 }
 
 static void dbuf_free(dbuf *b) {
-    float **f[] = { &b->X, &b->X2, &b->pre, &b->a_pre, &b->a_post, &b->a_C, &b->f_pre, &b->f_post, &b->f_C,
-                    &b->xin, &b->xa, &b->y, &b->cx, &b->kctx, &b->cq, &b->q, &b->kv, &b->o, &b->wos,
+    ds41_stream_free(&b->s);
+    float **f[] = { &b->cx, &b->kctx, &b->cq, &b->q, &b->kv, &b->o, &b->wos,
                     &b->base, &b->bias, &b->cin, &b->scratch };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(*f[i]);
     free(b->rec);
@@ -126,7 +124,7 @@ int ds41_dspark_propose(const ds41_engine *e, ds41_cache *c, const float *main_h
     const ds41_config *cfg = e->cfg;
     const ds41_weights *w = e->w;
     const ds41_ctx *ctx = &e->ctx;
-    const int B = cfg->dspark_block_size, hc = cfg->hc_mult, dim = cfg->dim, W = cfg->window;
+    const int B = cfg->dspark_block_size, dim = cfg->dim, W = cfg->window;
     const int D = cfg->head_dim, HD = cfg->n_heads * cfg->head_dim, V = cfg->vocab_size;
     const int rank = cfg->dspark_markov_rank;
     if (P < 1) return ds41_errf(err, "dspark: a proposal needs P >= 1 (got %lld)", P);
@@ -139,18 +137,7 @@ int ds41_dspark_propose(const ds41_engine *e, ds41_cache *c, const float *main_h
     memset(&b, 0, sizeof b);
     int fail = 0;
     size_t Bz = (size_t)B;
-    b.X = zalloc(Bz * hc * dim, sizeof(float), &fail);
-    b.X2 = zalloc(Bz * hc * dim, sizeof(float), &fail);
-    b.pre = zalloc(Bz * hc, sizeof(float), &fail);
-    b.a_pre = zalloc(Bz * hc, sizeof(float), &fail);
-    b.a_post = zalloc(Bz * hc, sizeof(float), &fail);
-    b.a_C = zalloc(Bz * hc * hc, sizeof(float), &fail);
-    b.f_pre = zalloc(Bz * hc, sizeof(float), &fail);
-    b.f_post = zalloc(Bz * hc, sizeof(float), &fail);
-    b.f_C = zalloc(Bz * hc * hc, sizeof(float), &fail);
-    b.xin = zalloc(Bz * dim, sizeof(float), &fail);
-    b.xa = zalloc(Bz * dim, sizeof(float), &fail);
-    b.y = zalloc(Bz * dim, sizeof(float), &fail);
+    if (ds41_stream_alloc(&b.s, cfg, Bz)) fail = 1;
     b.cx = zalloc((size_t)dim, sizeof(float), &fail);
     b.kctx = zalloc((size_t)D, sizeof(float), &fail);
     b.rec = zalloc((size_t)ds41_swa_rec_bytes(cfg), 1, &fail);
@@ -176,11 +163,7 @@ int ds41_dspark_propose(const ds41_engine *e, ds41_cache *c, const float *main_h
     int pos[DS41_DSPARK_MAX_BLOCK];
     for (int i = 0; i < B; i++) {
         pos[i] = (int)(P + 1 + i);
-        int tok = i == 0 ? t_next : cfg->dspark_noise_token_id;
-        const uint16_t *er = w->embed + (size_t)tok * dim;
-        for (int cc = 0; cc < hc; cc++)
-            for (int d = 0; d < dim; d++) b.X[((size_t)i * hc + cc) * dim + d] = ds41_bf16_to_f32(er[d]);
-        b.pre[(size_t)i * hc] = 1.0f;
+        ds41_stream_embed(cfg, w, &b.s, (size_t)i, i == 0 ? t_next : cfg->dspark_noise_token_id);
     }
     /* the index list, the same for every query: ring slots 0 .. min(W, P+1)-1 in slot order
      * (not chronological), then the block keys at KV rows W .. W+B-1 */
@@ -204,38 +187,26 @@ int ds41_dspark_propose(const ds41_engine *e, ds41_cache *c, const float *main_h
             break;
         }
         /* ---- attention sublayer */
-        ds41_hc_mixes(ctx, cfg, lw->hc_attn_fn, lw->hc_attn_base, lw->hc_attn_scale, b.X, B, b.a_pre, b.a_post,
-                      b.a_C);
-        ds41_hc_apply_pre(ctx, b.X, b.pre, B, hc, dim, b.xin);
-        ds41_rmsnorm(ctx, b.xin, lw->attn_norm, B, dim, cfg->norm_eps, b.xa);
+        ds41_block_attn_in(ctx, cfg, lw, &b.s, 0, B, 0, B);
         /* context key of position P, written before this stage's attention */
         ds41_attn_swa_k(ctx, cfg, lw, rope, b.cx, 1, &P32, b.kctx, b.rec);
         memcpy(ds41_ring_slot(ring, P), b.rec, (size_t)ring->rec_bytes);
-        ds41_attn_query(ctx, cfg, lw, rope, b.xa, B, pos, b.cq, b.q);
+        ds41_attn_query(ctx, cfg, lw, rope, b.s.xa, B, pos, b.cq, b.q);
         ds41_swa_rec_unpack(cfg, ring->rec, W, b.kv);
-        ds41_attn_swa_k(ctx, cfg, lw, rope, b.xa, B, pos, b.kv + (size_t)W * D, NULL);
+        ds41_attn_swa_k(ctx, cfg, lw, rope, b.s.xa, B, pos, b.kv + (size_t)W * D, NULL);
         ds41_kvset kvs = { { b.kv, b.kv + (size_t)W * D, NULL }, { W, B, 0 } };
         ds41_sparse_attn(ctx, cfg->n_heads, D, b.q, B, &kvs, b.list, L, lw->attn_sink, scale, b.o);
-        ds41_attn_output(ctx, cfg, lw, rope, b.o, B, pos, b.wos, b.y);
-        ds41_hc_apply_post(ctx, b.y, b.X, b.a_post, b.a_C, B, hc, dim, b.X2);
+        ds41_attn_output(ctx, cfg, lw, rope, b.o, B, pos, b.wos, b.s.y);
+        ds41_block_attn_out(ctx, cfg, &b.s, 0, B);
         /* ---- MoE sublayer (the stage's expert counts from the plan; drafts are text) */
-        ds41_hc_mixes(ctx, cfg, lw->hc_ffn_fn, lw->hc_ffn_base, lw->hc_ffn_scale, b.X2, B, b.f_pre, b.f_post,
-                      b.f_C);
-        ds41_hc_apply_pre(ctx, b.X2, b.a_pre, B, hc, dim, b.xin);
-        ds41_rmsnorm(ctx, b.xin, lw->ffn_norm, B, dim, cfg->norm_eps, b.xa);
-        ds41_moe(ctx, cfg, lw, lp, b.xa, B, NULL, b.y, NULL);
-        ds41_hc_apply_post(ctx, b.y, b.X2, b.f_post, b.f_C, B, hc, dim, b.X);
-        memcpy(b.pre, b.f_pre, Bz * hc * sizeof(float));
+        ds41_block_ffn(ctx, cfg, lw, lp, &b.s, 0, B, NULL);
     }
 
     if (!rc) {
         /* ---- heads: base logits of the normalised collapse, then the Markov loop */
         const ds41_layer_weights *last = &w->layers[cfg->n_layers + cfg->n_mtp - 1];
-        float *h = b.xin, *hn = b.xa;
-        ds41_hc_apply_pre(ctx, b.X, b.pre, B, hc, dim, h);
-        ds41_rmsnorm(ctx, h, last->final_norm, B, dim, cfg->norm_eps, hn);
-        ds41_bf16w head = { w->head, V, dim };
-        ds41_linear_bf16(ctx, &head, hn, B, b.base, 0);
+        ds41_stream_head(ctx, cfg, w, last->final_norm, &b.s, 0, B, b.base);
+        const float *h = b.s.xin;   /* the un-normalised collapse */
         int32_t prev = t_next;
         for (int k = 0; k < B; k++) {
             float *me = b.cin + dim;

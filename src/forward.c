@@ -98,6 +98,78 @@ void ds41_seq_free(ds41_seq *s) {
     memset(s, 0, sizeof *s);
 }
 
+/* ====================================================================== stream */
+
+int ds41_stream_alloc(ds41_stream *b, const ds41_config *cfg, size_t n) {
+    size_t hc = (size_t)cfg->hc_mult, dim = (size_t)cfg->dim, m = n ? n : 1;
+    memset(b, 0, sizeof *b);
+    float **f[] = { &b->X, &b->X2, &b->pre, &b->a_pre, &b->a_post, &b->a_C, &b->f_pre, &b->f_post, &b->f_C,
+                    &b->xin, &b->xa, &b->y };
+    size_t per_row[] = { hc * dim, hc * dim, hc, hc, hc, hc * hc, hc, hc, hc * hc, dim, dim, dim };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        if (per_row[i] > SIZE_MAX / sizeof(float) / m || !(*f[i] = calloc(m * per_row[i], sizeof(float)))) {
+            ds41_stream_free(b);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+void ds41_stream_free(ds41_stream *b) {
+    float *f[] = { b->X, b->X2, b->pre, b->a_pre, b->a_post, b->a_C, b->f_pre, b->f_post, b->f_C, b->xin, b->xa, b->y };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(f[i]);
+    memset(b, 0, sizeof *b);
+}
+
+void ds41_stream_embed(const ds41_config *cfg, const ds41_weights *w, ds41_stream *b, size_t t, int32_t tok) {
+    int hc = cfg->hc_mult, dim = cfg->dim;
+    const uint16_t *er = w->embed + (size_t)tok * dim;
+    for (int c = 0; c < hc; c++) {
+        float *xr = b->X + (t * hc + c) * dim;
+        for (int d = 0; d < dim; d++) xr[d] = ds41_bf16_to_f32(er[d]);
+    }
+    for (int c = 0; c < hc; c++) b->pre[t * hc + c] = c == 0 ? 1.0f : 0.0f;
+}
+
+void ds41_block_attn_in(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw, ds41_stream *b,
+                        size_t m0, int nm, size_t x0, int nx) {
+    size_t hc = (size_t)cfg->hc_mult, dim = (size_t)cfg->dim;
+    if (nm > 0)
+        ds41_hc_mixes(ctx, cfg, lw->hc_attn_fn, lw->hc_attn_base, lw->hc_attn_scale, b->X + m0 * hc * dim, nm,
+                      b->a_pre + m0 * hc, b->a_post + m0 * hc, b->a_C + m0 * hc * hc);
+    ds41_hc_apply_pre(ctx, b->X + x0 * hc * dim, b->pre + x0 * hc, nx, (int)hc, (int)dim, b->xin + x0 * dim);
+    ds41_rmsnorm(ctx, b->xin + x0 * dim, lw->attn_norm, nx, (int)dim, cfg->norm_eps, b->xa + x0 * dim);
+}
+
+void ds41_block_attn_out(const ds41_ctx *ctx, const ds41_config *cfg, ds41_stream *b, size_t r0, int n) {
+    size_t hc = (size_t)cfg->hc_mult, dim = (size_t)cfg->dim;
+    ds41_hc_apply_post(ctx, b->y + r0 * dim, b->X + r0 * hc * dim, b->a_post + r0 * hc, b->a_C + r0 * hc * hc, n,
+                       (int)hc, (int)dim, b->X2 + r0 * hc * dim);
+}
+
+void ds41_block_ffn(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
+                    const ds41_layer_plan *lp, ds41_stream *b, size_t r0, int n, int *msel) {
+    size_t hc = (size_t)cfg->hc_mult, dim = (size_t)cfg->dim, sr = hc * dim;
+    ds41_hc_mixes(ctx, cfg, lw->hc_ffn_fn, lw->hc_ffn_base, lw->hc_ffn_scale, b->X2 + r0 * sr, n, b->f_pre + r0 * hc,
+                  b->f_post + r0 * hc, b->f_C + r0 * hc * hc);
+    /* the delayed hand-off: the FFN input is collapsed with the attention sublayer's pre */
+    ds41_hc_apply_pre(ctx, b->X2 + r0 * sr, b->a_pre + r0 * hc, n, (int)hc, (int)dim, b->xin + r0 * dim);
+    ds41_rmsnorm(ctx, b->xin + r0 * dim, lw->ffn_norm, n, (int)dim, cfg->norm_eps, b->xa + r0 * dim);
+    ds41_moe(ctx, cfg, lw, lp, b->xa + r0 * dim, n, NULL, b->y + r0 * dim, msel);
+    ds41_hc_apply_post(ctx, b->y + r0 * dim, b->X2 + r0 * sr, b->f_post + r0 * hc, b->f_C + r0 * hc * hc, n, (int)hc,
+                       (int)dim, b->X + r0 * sr);
+    memcpy(b->pre + r0 * hc, b->f_pre + r0 * hc, (size_t)n * hc * sizeof(float));
+}
+
+void ds41_stream_head(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_weights *w, const uint16_t *norm,
+                      ds41_stream *b, size_t r0, int n, float *logits) {
+    size_t hc = (size_t)cfg->hc_mult, dim = (size_t)cfg->dim;
+    ds41_hc_apply_pre(ctx, b->X + r0 * hc * dim, b->pre + r0 * hc, n, (int)hc, (int)dim, b->xin + r0 * dim);
+    ds41_rmsnorm(ctx, b->xin + r0 * dim, norm, n, (int)dim, cfg->norm_eps, b->xa + r0 * dim);
+    ds41_bf16w head = { w->head, cfg->vocab_size, cfg->dim };
+    ds41_linear_bf16(ctx, &head, b->xa + r0 * dim, n, logits, 0);
+}
+
 /* ====================================================================== row plan */
 
 void ds41_row_plan(const ds41_config *cfg, ds41_prefill_mode mode, int T, int need_logits,
@@ -132,8 +204,7 @@ void ds41_row_plan(const ds41_config *cfg, ds41_prefill_mode mode, int T, int ne
 /* ====================================================================== forward */
 
 typedef struct fwd_buf {
-    float *X, *X2, *pre, *a_pre, *a_post, *a_C, *f_pre, *f_post, *f_C;
-    float *xin, *xa, *y;
+    ds41_stream s;        /* the residual stream of the T rows */
     float *kc;
     uint8_t *rec;
     float *cq, *q, *o, *wos;
@@ -157,8 +228,7 @@ static void *zalloc(size_t n, size_t sz, int *fail) {
 }
 
 static void buf_free(fwd_buf *b, int n_layers, int n_stores) {
-    free(b->X); free(b->X2); free(b->pre); free(b->a_pre); free(b->a_post); free(b->a_C);
-    free(b->f_pre); free(b->f_post); free(b->f_C); free(b->xin); free(b->xa); free(b->y);
+    ds41_stream_free(&b->s);
     free(b->kc); free(b->rec); free(b->cq); free(b->q); free(b->o); free(b->wos); free(b->ringf);
     free(b->list); free(b->msel); free(b->pos); free(b->eg_ids); free(b->pool);
     if (b->ckv) for (int i = 0; i < n_stores; i++) { free(b->ckv[i]); free(b->cik[i]); }
@@ -316,8 +386,8 @@ static int run_indexer(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long long 
     return 0;
 }
 
-/* Attention sublayer of layer l (spec 3.5-3.13): x rows [k0, T) in b->xa; output rows
- * [q0, T) into b->y (at row offset q0). */
+/* Attention sublayer of layer l (spec 3.5-3.13): x rows [k0, T) in b->s.xa; output rows
+ * [q0, T) into b->s.y (at row offset q0). */
 static int attention(ds41_seq *s, fwd_buf *b, int l, int k0, int q0, int lo, int T, long long P, int layout, ds41_err *err) {
     ds41_engine *e = s->e;
     const ds41_config *cfg = e->cfg;
@@ -330,21 +400,21 @@ static int attention(ds41_seq *s, fwd_buf *b, int l, int k0, int q0, int lo, int
     ds41_ring *ring = &s->cache.rings[l];
 
     /* SWA keys of rows [k0, T) */
-    ds41_attn_swa_k(ctx, cfg, lw, rope, b->xa + (size_t)k0 * cfg->dim, nk, b->pos + k0, b->kc + (size_t)k0 * D,
+    ds41_attn_swa_k(ctx, cfg, lw, rope, b->s.xa + (size_t)k0 * cfg->dim, nk, b->pos + k0, b->kc + (size_t)k0 * D,
                     b->rec + (size_t)k0 * rb);
 
     /* compressor: new entries of this forward, published for the indexers and attention */
     if (lp->is_kv_source) {
-        int em = run_compressor(s, l, b->xa, T, P, layout, err);
+        int em = run_compressor(s, l, b->s.xa, T, P, layout, err);
         if (em < 0) return -1;
         if (em > 0) s->cache.ik_owner = l;
         if (forward_store_rows(s, b, store_index(&s->cache, l), 1, err)) return -1;
     }
 
     if (nq > 0) {
-        ds41_attn_query(ctx, cfg, lw, rope, b->xa + (size_t)q0 * cfg->dim, nq, b->pos + q0,
+        ds41_attn_query(ctx, cfg, lw, rope, b->s.xa + (size_t)q0 * cfg->dim, nq, b->pos + q0,
                         b->cq + (size_t)q0 * cfg->q_lora_rank, b->q + (size_t)q0 * HD);
-        if (lp->is_index_source && run_indexer(s, b, l, q0, T, P, b->xa, err)) return -1;
+        if (lp->is_index_source && run_indexer(s, b, l, q0, T, P, b->s.xa, err)) return -1;
     }
 
     /* KV set and lists */
@@ -401,7 +471,7 @@ static int attention(ds41_seq *s, fwd_buf *b, int l, int k0, int q0, int lo, int
         ds41_sparse_attn(ctx, cfg->n_heads, D, b->q + (size_t)q0 * HD, nq, &kv, b->list, Lw, lw->attn_sink,
                          ds41_attn_scale(cfg), b->o + (size_t)q0 * HD);
         ds41_attn_output(ctx, cfg, lw, rope, b->o + (size_t)q0 * HD, nq, b->pos + q0, b->wos,
-                         b->y + (size_t)q0 * cfg->dim);
+                         b->s.y + (size_t)q0 * cfg->dim);
     }
     /* ring: the last W positions of this forward (decode wrote its slot above) */
     if (layout != LAYOUT_DECODE) {
@@ -446,18 +516,7 @@ int ds41_forward(ds41_seq *s, const int32_t *tokens, int T, int want_logits, ds4
         if (E > Emax) Emax = E;
     }
     int kmax = (int)(Emax < cfg->index_topk ? Emax : cfg->index_topk);
-    b.X = zalloc(Tz * hc * dim, sizeof(float), &fail);
-    b.X2 = zalloc(Tz * hc * dim, sizeof(float), &fail);
-    b.pre = zalloc(Tz * hc, sizeof(float), &fail);
-    b.a_pre = zalloc(Tz * hc, sizeof(float), &fail);
-    b.a_post = zalloc(Tz * hc, sizeof(float), &fail);
-    b.a_C = zalloc(Tz * hc * hc, sizeof(float), &fail);
-    b.f_pre = zalloc(Tz * hc, sizeof(float), &fail);
-    b.f_post = zalloc(Tz * hc, sizeof(float), &fail);
-    b.f_C = zalloc(Tz * hc * hc, sizeof(float), &fail);
-    b.xin = zalloc(Tz * dim, sizeof(float), &fail);
-    b.xa = zalloc(Tz * dim, sizeof(float), &fail);
-    b.y = zalloc(Tz * dim, sizeof(float), &fail);
+    fail = ds41_stream_alloc(&b.s, cfg, Tz) != 0;
     b.kc = zalloc(Tz * D, sizeof(float), &fail);
     b.rec = zalloc(Tz * ds41_swa_rec_bytes(cfg), 1, &fail);
     b.cq = zalloc(Tz * cfg->q_lora_rank, sizeof(float), &fail);
@@ -516,14 +575,7 @@ int ds41_forward(ds41_seq *s, const int32_t *tokens, int T, int want_logits, ds4
     }
 
     /* ---- embedding: 4 identical copies, pre = one-hot copy 0 ---- */
-    for (int t = 0; t < T; t++) {
-        const uint16_t *er = w->embed + (size_t)tokens[t] * dim;
-        for (int c = 0; c < hc; c++) {
-            float *xr = b.X + ((size_t)t * hc + c) * dim;
-            for (int d = 0; d < dim; d++) xr[d] = ds41_bf16_to_f32(er[d]);
-        }
-        for (int c = 0; c < hc; c++) b.pre[(size_t)t * hc + c] = c == 0 ? 1.0f : 0.0f;
-    }
+    for (int t = 0; t < T; t++) ds41_stream_embed(cfg, w, &b.s, (size_t)t, tokens[t]);
 
     int rc = 0;
     s->rows_full += (long long)L * T;
@@ -537,7 +589,7 @@ int ds41_forward(ds41_seq *s, const int32_t *tokens, int T, int want_logits, ds4
         /* Engram before the block, on the rows of the stream that exist */
         if (lp->engram_slot >= 0 && e->has_engram)
             ds41_engram_apply(ctx, cfg, lw, b.eg_ids + ((size_t)lp->engram_slot * T + k0) * eg_cols, nk, NULL,
-                              b.X + k0 * srow);
+                              b.s.X + k0 * srow);
         /* DSpark tap: mean over the copies of the block's input stream */
         if (lp->is_dspark_target && mh) {
             int ti = 0;
@@ -546,38 +598,25 @@ int ds41_forward(ds41_seq *s, const int32_t *tokens, int T, int want_logits, ds4
                 for (int d = 0; d < dim; d++) {
                     double acc = 0.0;
                     if (ctx->exact) {
-                        for (int c = 0; c < hc; c++) acc += b.X[t * srow + (size_t)c * dim + d];
+                        for (int c = 0; c < hc; c++) acc += b.s.X[t * srow + (size_t)c * dim + d];
                         mh[((size_t)t * n_tg + ti) * dim + d] = ds41_bf16_round((float)(acc / hc));
                     } else {
                         float fa = 0.0f;
-                        for (int c = 0; c < hc; c++) fa += b.X[t * srow + (size_t)c * dim + d];
+                        for (int c = 0; c < hc; c++) fa += b.s.X[t * srow + (size_t)c * dim + d];
                         mh[((size_t)t * n_tg + ti) * dim + d] = ds41_bf16_round(fa / (float)hc);
                     }
                 }
         }
 
         /* ---- attention sublayer ---- */
-        if (nq > 0)
-            ds41_hc_mixes(ctx, cfg, lw->hc_attn_fn, lw->hc_attn_base, lw->hc_attn_scale, b.X + q0 * srow, nq,
-                          b.a_pre + (size_t)q0 * hc, b.a_post + (size_t)q0 * hc, b.a_C + (size_t)q0 * hc * hc);
-        ds41_hc_apply_pre(ctx, b.X + k0 * srow, b.pre + (size_t)k0 * hc, nk, hc, dim, b.xin + (size_t)k0 * dim);
-        ds41_rmsnorm(ctx, b.xin + (size_t)k0 * dim, lw->attn_norm, nk, dim, cfg->norm_eps, b.xa + (size_t)k0 * dim);
+        ds41_block_attn_in(ctx, cfg, lw, &b.s, (size_t)q0, nq, (size_t)k0, nk);
         if (attention(s, &b, l, k0, q0, lo[l], T, P, layout, err)) { rc = -1; break; }
         if (nq == 0) continue;
-        ds41_hc_apply_post(ctx, b.y + (size_t)q0 * dim, b.X + q0 * srow, b.a_post + (size_t)q0 * hc,
-                           b.a_C + (size_t)q0 * hc * hc, nq, hc, dim, b.X2 + q0 * srow);
+        ds41_block_attn_out(ctx, cfg, &b.s, (size_t)q0, nq);
 
-        /* ---- MoE sublayer (its input mix is the attention's pre: the delayed hand-off) ---- */
-        ds41_hc_mixes(ctx, cfg, lw->hc_ffn_fn, lw->hc_ffn_base, lw->hc_ffn_scale, b.X2 + q0 * srow, nq,
-                      b.f_pre + (size_t)q0 * hc, b.f_post + (size_t)q0 * hc, b.f_C + (size_t)q0 * hc * hc);
-        ds41_hc_apply_pre(ctx, b.X2 + q0 * srow, b.a_pre + (size_t)q0 * hc, nq, hc, dim, b.xin + (size_t)q0 * dim);
-        ds41_rmsnorm(ctx, b.xin + (size_t)q0 * dim, lw->ffn_norm, nq, dim, cfg->norm_eps, b.xa + (size_t)q0 * dim);
+        /* ---- MoE sublayer ---- */
         for (size_t i = 0; i < Tz * lp->n_active; i++) b.msel[i] = -1;
-        ds41_moe(ctx, cfg, lw, lp, b.xa + (size_t)q0 * dim, nq, NULL, b.y + (size_t)q0 * dim,
-                 b.msel + (size_t)q0 * lp->n_active);
-        ds41_hc_apply_post(ctx, b.y + (size_t)q0 * dim, b.X2 + q0 * srow, b.f_post + (size_t)q0 * hc,
-                           b.f_C + (size_t)q0 * hc * hc, nq, hc, dim, b.X + q0 * srow);
-        memcpy(b.pre + (size_t)q0 * hc, b.f_pre + (size_t)q0 * hc, (size_t)nq * hc * sizeof(float));
+        ds41_block_ffn(ctx, cfg, lw, lp, &b.s, (size_t)q0, nq, b.msel + (size_t)q0 * lp->n_active);
 
         /* ---- trace ---- */
         if (s->trace) {
@@ -596,12 +635,7 @@ int ds41_forward(ds41_seq *s, const int32_t *tokens, int T, int want_logits, ds4
 
     /* ---- collapse, final norm, head (last row only) ---- */
     if (!rc && want_logits) {
-        size_t t = Tz - 1;
-        float *h = b.xin, *hn = b.xa;
-        ds41_hc_apply_pre(ctx, b.X + t * hc * dim, b.pre + t * hc, 1, hc, dim, h);
-        ds41_rmsnorm(ctx, h, w->norm, 1, dim, cfg->norm_eps, hn);
-        ds41_bf16w head = { w->head, cfg->vocab_size, dim };
-        ds41_linear_bf16(ctx, &head, hn, 1, s->logits, 0);
+        ds41_stream_head(ctx, cfg, w, w->norm, &b.s, Tz - 1, 1, s->logits);
     }
     if (!rc) {
         cache->pos = P + T;

@@ -71,6 +71,34 @@ void ds41_seq_free(ds41_seq *s);
  * with T > 1. */
 int ds41_forward(ds41_seq *s, const int32_t *tokens, int T, int want_logits, ds41_err *err);
 
+/* The residual stream of one block pass over n rows and the per-row mHC mixes (spec 3.1),
+ * shared by the target forward and the DSpark draft blocks (dspark.c), which run the same
+ * block on their own rows: X [n, hc, dim] the block input (and, after the FFN, its output),
+ * X2 the stream between the sublayers, pre [n, hc] the mix that feeds the next sublayer
+ * (the delayed hand-off), a_* / f_* the attention / FFN sublayer mixes, xin / xa / y [n, dim]
+ * the collapsed input, its norm and the sublayer output. */
+typedef struct ds41_stream {
+    float *X, *X2, *pre, *a_pre, *a_post, *a_C, *f_pre, *f_post, *f_C, *xin, *xa, *y;
+} ds41_stream;
+int ds41_stream_alloc(ds41_stream *b, const ds41_config *cfg, size_t n);   /* zeroed; -1 when out of memory */
+void ds41_stream_free(ds41_stream *b);
+/* Row t := token tok: hc copies of its embedding row, pre = one-hot copy 0. */
+void ds41_stream_embed(const ds41_config *cfg, const ds41_weights *w, ds41_stream *b, size_t t, int32_t tok);
+/* Before the attention sublayer: its mixes of rows [m0, m0+nm) (the rows it outputs) and
+ * xa = rmsnorm(collapse with pre) of rows [x0, x0+nx) (the rows it reads). */
+void ds41_block_attn_in(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw, ds41_stream *b,
+                        size_t m0, int nm, size_t x0, int nx);
+/* After the attention sublayer wrote y: X2 = post-mix of rows [r0, r0+n). */
+void ds41_block_attn_out(const ds41_ctx *ctx, const ds41_config *cfg, ds41_stream *b, size_t r0, int n);
+/* The MoE sublayer on rows [r0, r0+n): mixes of X2, input collapsed with the attention's pre,
+ * X = post-mix, pre = the FFN's pre. msel: chosen experts [n, n_active] (or NULL). */
+void ds41_block_ffn(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
+                    const ds41_layer_plan *lp, ds41_stream *b, size_t r0, int n, int *msel);
+/* Head over rows [r0, r0+n): xin = collapse (apply_pre with pre), xa = rmsnorm(xin, norm),
+ * logits [n, vocab] = head(xa) in FP32. */
+void ds41_stream_head(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_weights *w, const uint16_t *norm,
+                      ds41_stream *b, size_t r0, int n, float *logits);
+
 /* Row plan of one forward over T rows (exposed for tests): layer l computes its attention
  * input and SWA K on rows [krow[l], T) and its attention/MoE output on rows [qrow[l], T);
  * lo[l] > 0 truncates the SWA window to rows >= lo[l] (replay only). need_logits = 0 leaves

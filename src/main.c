@@ -1,4 +1,5 @@
 /* ds41: command-line entry point. Dispatches to the commands in src/cli_*.c. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -34,7 +35,15 @@ int main(int argc, char **argv) {
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+        if (!strcmp(argv[1], commands[i].name)) {
+            int rc = commands[i].fn(argc - 1, argv + 1);
+            /* a full disk or a closed pipe must not pass for success */
+            if (fflush(stdout) != 0 || ferror(stdout)) {
+                fprintf(stderr, "ds41 %s: error writing standard output: %s\n", argv[1], strerror(errno));
+                if (rc == 0) rc = 1;
+            }
+            return rc;
+        }
     fprintf(stderr, "ds41: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

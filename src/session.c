@@ -19,6 +19,7 @@ struct ds41_session {
     ds41_seq seq;
     ds41_session_params p;
     ds41_sampler sampler;
+    ds41_sampler sampler0;   /* as set by ds41_session_set_sampling: reset restarts from it */
     float *sscratch;
     int *iscratch;
     int broken;
@@ -87,6 +88,14 @@ static int load_token_map(const char *dir, const ds41_config *cfg, int32_t **map
                          "engram_token_map.i32 nor tokenizer.json to build it from", dir, cfg->n_engram_layers);
     ds41_tokenizer *tok;
     if (ds41_tokenizer_load(dir, &tok, err)) return -1;
+    /* a tokenizer with ids past the embedding table is another model's: building (and
+     * caching) a map from its first vocab_size ids would silently give a wrong map */
+    if (ds41_tokenizer_vocab_size(tok) > cfg->vocab_size) {
+        ds41_errf(err, "%s/tokenizer.json has ids up to %d but vocab_size is %d: it does not belong to this checkpoint",
+                  dir, ds41_tokenizer_vocab_size(tok) - 1, cfg->vocab_size);
+        ds41_tokenizer_free(tok);
+        return -1;
+    }
     int rc = ds41_engram_token_map(dir, tok, cfg->vocab_size, map, n_comp, err);
     ds41_tokenizer_free(tok);
     return rc;
@@ -102,6 +111,9 @@ ds41_engine *ds41_load(const char *dir, const ds41_load_params *p, char *errbuf,
     int n_comp = 0;
     if (!m || !e) { copy_err(errbuf, errcap, "out of memory"); free(m); free(e); return NULL; }
     if (ds41_model_open(dir, m, &err)) goto fail_model;
+    /* checked before the token map, so a config-only directory is reported as such rather
+     * than as lacking engram_token_map.i32 */
+    if (!m->st) { ds41_errf(&err, "%s: the checkpoint holds no tensors (config.json only)", dir); goto fail_open; }
     if (m->cfg.n_engram_layers > 0 && load_token_map(dir, &m->cfg, &map, &n_comp, &err)) goto fail_open;
     long long ctx = p->ctx_size > 0 ? p->ctx_size : 4096;
     if (p->ctx_size <= 0 && ctx > m->cfg.max_position_embeddings) ctx = m->cfg.max_position_embeddings;
@@ -157,7 +169,7 @@ ds41_session *ds41_session_open(ds41_engine *e, const ds41_session_params *p, ch
         ds41_session_close(s);
         return NULL;
     }
-    ds41_sampler_init(&s->sampler, 0.0f, 0, 1.0f, 0.0f, 0);
+    ds41_session_set_sampling(s, 0.0f, 0, 1.0f, 0.0f, 0);
     return s;
 }
 
@@ -170,8 +182,19 @@ void ds41_session_close(ds41_session *s) {
     free(s);
 }
 
+/* Everything a fresh session starts from, except the allocations (KV pages, rings, scratch)
+ * and the parameters: the cache, the last logits, the DSpark context rows, the statistics and
+ * the sampler's random stream, so that the same calls give bit-identical results. */
 void ds41_session_reset(ds41_session *s) {
-    ds41_cache_reset(&s->seq.cache);
+    ds41_seq *q = &s->seq;
+    ds41_cache_reset(&q->cache);
+    memset(q->logits, 0, (size_t)s->e->cfg->vocab_size * sizeof(float));
+    free(q->main_hidden);
+    q->main_hidden = NULL;
+    q->mh_rows = 0;
+    q->mh_pos0 = 0;
+    q->rows_computed = q->rows_full = 0;
+    s->sampler = s->sampler0;
     s->broken = 0;
     s->err[0] = 0;
 }
@@ -222,7 +245,8 @@ int ds41_feed_batch(ds41_session **ss, const int32_t *const *ids, const size_t *
 const float *ds41_logits(const ds41_session *s) { return s->seq.logits; }
 
 void ds41_session_set_sampling(ds41_session *s, float temperature, int top_k, float top_p, float min_p, uint64_t seed) {
-    ds41_sampler_init(&s->sampler, temperature, top_k, top_p, min_p, seed);
+    ds41_sampler_init(&s->sampler0, temperature, top_k, top_p, min_p, seed);
+    s->sampler = s->sampler0;
 }
 
 int ds41_session_sample(ds41_session *s) {
@@ -236,6 +260,8 @@ int ds41_draft_block_size(const ds41_engine *e) {
 int ds41_session_draft(ds41_session *s, int32_t t_next, int32_t *ids, float *conf) {
     ds41_seq *q = &s->seq;
     long long P = q->cache.pos - 1;
+    /* a failed feed may have written part of the state (rings, KV pages) */
+    if (s->broken) { snprintf(s->err, sizeof s->err, "session is unusable after an earlier error; reset it"); return -1; }
     if (!s->p.draft) { snprintf(s->err, sizeof s->err, "draft: the session was opened without params.draft"); return -1; }
     if (P < 1 || !q->main_hidden || q->mh_rows < 1 || q->mh_pos0 + q->mh_rows - 1 != P) {
         snprintf(s->err, sizeof s->err, "draft: needs a forward that ended at a position >= 1");
@@ -287,6 +313,11 @@ static FILE *trace_open(ds41_session *s, const char *fmt, int l) {
 }
 
 int ds41_session_trace(ds41_session *s, const char *dir) {
+    /* a second call ends the first trace (its files would otherwise stay open and leak) */
+    if (s->trace_dir && ds41_session_trace_finish(s)) {
+        snprintf(s->err, sizeof s->err, "cannot finish the earlier trace before starting one in %s", dir);
+        return -1;
+    }
     if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
         snprintf(s->err, sizeof s->err, "%s: cannot create the trace directory: %s", dir, strerror(errno));
         return -1;

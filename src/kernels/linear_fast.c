@@ -42,6 +42,7 @@
 #include "formats.h"
 
 #include <immintrin.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,18 +59,18 @@ static inline float p2(int k) { return ds41_bits_f32((uint32_t)(127 + k) << 23);
 
 static float ue8_lut100[256];   /* ue8m0(e) * 2^100 (FP8 tile scale as used at T = 1) */
 static float ue8_lut26[256];    /* ue8m0(e) * 2^26 (FP4 row-block scale) */
-static int luts_ready;
+static pthread_once_t luts_once = PTHREAD_ONCE_INIT;
 
-static void luts_init(void) {
-    if (__atomic_load_n(&luts_ready, __ATOMIC_ACQUIRE)) return;
-    /* idempotent: concurrent first calls write the same values */
+static void luts_fill(void) {
     for (int e = 0; e < 256; e++) {
         float s = ds41_ue8m0_to_f32((uint8_t)e);
         ue8_lut100[e] = s * p2(100);
         ue8_lut26[e] = s * p2(26);
     }
-    __atomic_store_n(&luts_ready, 1, __ATOMIC_RELEASE);
 }
+
+/* sessions on different threads may make the first call at the same time */
+static void luts_init(void) { pthread_once(&luts_once, luts_fill); }
 
 static void *amalloc(size_t n) {
     void *p = NULL;
