@@ -14,7 +14,9 @@
  * KV list of one layer (spec 3.11, docs/conformance.md), as a ds41_kvset:
  *   one-shot (P = 0):   [chunk keys (row = position) ; compressed entries]
  *   extend (P > 0, T>1): [ring before the chunk (slot order) ; chunk keys ; compressed]
- *   decode (T = 1):     [ring after writing slot P mod window ; compressed] */
+ *   decode (T = 1):     [ring after writing slot P mod window ; compressed]
+ * "compressed" holds only the main-KV entries some query of the layer lists (gather_kv),
+ * dequantized from the store's records; the lists are renumbered to match. */
 #include "forward.h"
 
 #include <math.h>
@@ -213,7 +215,10 @@ typedef struct fwd_buf {
     int *msel;
     int32_t *pos;
     int64_t *eg_ids;      /* [n_eg][T][cols] */
-    float **ckv, **cik;   /* per store: dequantized entries of this forward */
+    float **cik;          /* per store: dequantized index keys of this forward (the indexer scores them all) */
+    float *gkv;           /* main-KV rows one layer's queries list, dequantized [n_gather, head_dim] */
+    int32_t *gmap;        /* per entry j: its row in gkv + 1, 0 = not gathered (zero between layers) */
+    int32_t *gent;        /* per gathered row: its entry, to clear gmap afterwards */
     int32_t **sel;        /* per layer: top-k lists [T, sel_w] (index sources) */
     int *sel_w;
     uint8_t *pool;        /* candidate pool [T, nb] of the candidate source */
@@ -231,8 +236,8 @@ static void buf_free(fwd_buf *b, int n_layers, int n_stores) {
     ds41_stream_free(&b->s);
     free(b->kc); free(b->rec); free(b->cq); free(b->q); free(b->o); free(b->wos); free(b->ringf);
     free(b->list); free(b->msel); free(b->pos); free(b->eg_ids); free(b->pool);
-    if (b->ckv) for (int i = 0; i < n_stores; i++) { free(b->ckv[i]); free(b->cik[i]); }
-    free(b->ckv); free(b->cik);
+    if (b->cik) for (int i = 0; i < n_stores; i++) free(b->cik[i]);
+    free(b->cik); free(b->gkv); free(b->gmap); free(b->gent);
     if (b->sel) for (int l = 0; l < n_layers; l++) free(b->sel[l]);
     free(b->sel); free(b->sel_w);
 }
@@ -242,22 +247,43 @@ static int store_index(const ds41_cache *c, int layer) {
     return -1;
 }
 
-/* Dequantized entries of store si for this forward (made on first use: a KV source
- * refreshes them after its compressor; official index-K may read a store before its owner
- * ran in this forward). */
-static int forward_store_rows(ds41_seq *s, fwd_buf *b, int si, int refresh, ds41_err *err) {
+/* Dequantized index keys of store si for this forward: the indexer scores every visible
+ * entry, so all of them (made on first use: a KV source refreshes them after its compressor;
+ * official index-K may read a store before its owner ran in this forward). At index_head_dim
+ * per entry this is a small fraction of the scoring itself (index_n_heads dot products per
+ * entry and query). Main KV is never dequantized whole: see gather_kv. */
+static int forward_index_keys(ds41_seq *s, fwd_buf *b, int si, int refresh, ds41_err *err) {
     const ds41_config *cfg = s->e->cfg;
     ds41_kv_store *st = &s->cache.stores[si];
-    if (b->ckv[si] && !refresh) return 0;
-    free(b->ckv[si]);
+    if (b->cik[si] && !refresh) return 0;
     free(b->cik[si]);
     size_t n = (size_t)(st->n_entries ? st->n_entries : 1);
-    b->ckv[si] = malloc(n * cfg->head_dim * sizeof(float));
     b->cik[si] = malloc(n * cfg->index_head_dim * sizeof(float));
-    if (!b->ckv[si] || !b->cik[si]) return ds41_errf(err, "out of memory dequantizing layer %d's KV", st->layer);
-    ds41_store_unpack_kv(cfg, st, st->n_entries, b->ckv[si]);
+    if (!b->cik[si]) return ds41_errf(err, "out of memory dequantizing layer %d's index keys", st->layer);
     ds41_store_unpack_ik(cfg, st, st->n_entries, b->cik[si]);
     return 0;
+}
+
+/* The compressed entries that query rows [q0, T) list in csel [T, kc_w] (-1 = none),
+ * dequantized once each into b->gkv in order of first appearance; b->gmap[j] - 1 is entry
+ * j's row there. Sparse attention reads rows only through the list, so the renumbered list
+ * gives exactly the values of the whole-store layout, at index_topk entries per query instead
+ * of every entry. Returns the number of rows; clear_gather resets the map. */
+static int gather_kv(const ds41_config *cfg, fwd_buf *b, ds41_kv_store *st, const int32_t *csel, int kc_w, int q0,
+                     int T) {
+    int D = cfg->head_dim, n = 0;
+    for (size_t i = (size_t)q0 * kc_w; i < (size_t)T * kc_w; i++) {
+        int32_t j = csel[i];
+        if (j < 0 || j >= st->n_entries || b->gmap[j]) continue;   /* not held: read as empty, as -1 */
+        ds41_kv_rec_unpack(cfg, ds41_store_kv_rec(st, j, 0, NULL), 1, b->gkv + (size_t)n * D);
+        b->gent[n++] = j;
+        b->gmap[j] = n;
+    }
+    return n;
+}
+
+static void clear_gather(fwd_buf *b, int n) {
+    for (int i = 0; i < n; i++) b->gmap[b->gent[i]] = 0;
 }
 
 static void trace_i32(FILE *f, const int32_t *v, size_t n) {
@@ -343,7 +369,7 @@ static int run_indexer(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long long 
     int src = lp->index_k_source;
     if (s->index_k_official && s->cache.ik_owner >= 0) src = s->cache.ik_owner;
     int si = store_index(&s->cache, src);
-    if (si >= 0 && forward_store_rows(s, b, si, 0, err)) return -1;
+    if (si >= 0 && forward_index_keys(s, b, si, 0, err)) return -1;
     if (si < 0 || s->cache.stores[si].n_entries < E)
         return ds41_errf(err, "layer %d: index-K cache of layer %d holds %lld entries, need %lld", l, src,
                          si < 0 ? 0LL : s->cache.stores[si].n_entries, E);
@@ -408,7 +434,7 @@ static int attention(ds41_seq *s, fwd_buf *b, int l, int k0, int q0, int lo, int
         int em = run_compressor(s, l, b->s.xa, T, P, layout, err);
         if (em < 0) return -1;
         if (em > 0) s->cache.ik_owner = l;
-        if (forward_store_rows(s, b, store_index(&s->cache, l), 1, err)) return -1;
+        if (forward_index_keys(s, b, store_index(&s->cache, l), 1, err)) return -1;
     }
 
     if (nq > 0) {
@@ -436,16 +462,16 @@ static int attention(ds41_seq *s, fwd_buf *b, int l, int k0, int q0, int lo, int
         kv.part[np] = b->kc; kv.n[np++] = T;
     }
     int comp_off = ring_rows + (layout == LAYOUT_DECODE ? 0 : T);
-    int kc_w = 0;
+    int kc_w = 0, n_gather = 0;
     const int32_t *csel = NULL;
     if (lp->ratio > 0 && lp->topk_source >= 0) {
         int si = store_index(&s->cache, lp->kv_source);
-        if (si >= 0 && forward_store_rows(s, b, si, 0, err)) return -1;
         if (si < 0) return ds41_errf(err, "layer %d: KV source %d has no entries in this forward", l, lp->kv_source);
-        kv.part[np] = b->ckv[si]; kv.n[np++] = (int)s->cache.stores[si].n_entries;
         kc_w = b->sel_w[lp->topk_source];
         csel = b->sel[lp->topk_source];
         if (kc_w > 0 && !csel) return ds41_errf(err, "layer %d: top-k source %d produced no lists", l, lp->topk_source);
+        if (kc_w > 0) n_gather = gather_kv(cfg, b, &s->cache.stores[si], csel, kc_w, q0, T);
+        kv.part[np] = b->gkv; kv.n[np++] = n_gather;
     }
     int Wsw = layout == LAYOUT_DECODE ? W : ds41_swa_width(cfg, P, T);
     int Lw = Wsw + kc_w;
@@ -464,9 +490,10 @@ static int attention(ds41_seq *s, fwd_buf *b, int l, int k0, int q0, int lo, int
         }
         for (int i = 0; i < kc_w; i++) {
             int32_t j = csel[(size_t)t * kc_w + i];
-            li[Wsw + i] = j < 0 ? -1 : comp_off + j;
+            li[Wsw + i] = j < 0 || !b->gmap[j] ? -1 : comp_off + b->gmap[j] - 1;
         }
     }
+    clear_gather(b, n_gather);
     if (nq > 0) {
         ds41_sparse_attn(ctx, cfg->n_heads, D, b->q + (size_t)q0 * HD, nq, &kv, b->list, Lw, lw->attn_sink,
                          ds41_attn_scale(cfg), b->o + (size_t)q0 * HD);
@@ -529,8 +556,12 @@ int ds41_forward(ds41_seq *s, const int32_t *tokens, int T, int want_logits, ds4
     if (n_act_max < 1) n_act_max = 1;
     b.msel = zalloc(Tz * n_act_max, sizeof(int), &fail);
     b.pos = zalloc(Tz, sizeof(int32_t), &fail);
-    b.ckv = zalloc((size_t)cache->n_stores + 1, sizeof(float *), &fail);
     b.cik = zalloc((size_t)cache->n_stores + 1, sizeof(float *), &fail);
+    /* gathered main KV: each query lists at most kmax entries, and there are at most Emax */
+    size_t n_gather_max = (size_t)T * kmax < (size_t)Emax ? (size_t)T * kmax : (size_t)Emax;
+    b.gkv = zalloc(n_gather_max * D, sizeof(float), &fail);
+    b.gent = zalloc(n_gather_max, sizeof(int32_t), &fail);
+    b.gmap = zalloc((size_t)Emax, sizeof(int32_t), &fail);
     b.sel = zalloc((size_t)L, sizeof(int32_t *), &fail);
     b.sel_w = zalloc((size_t)L, sizeof(int), &fail);
     int eg_cols = e->has_engram ? (cfg->engram_max_ngram - 1) * cfg->engram_n_heads : 0;
