@@ -60,23 +60,6 @@ static int param_cb(const ds41_tensor_spec *t, void *ctx) {
     return 0;
 }
 
-/* Does PATH name a directory holding safetensors (an index or any *.safetensors file)? */
-static int dir_has_safetensors(const char *path) {
-    struct stat sb;
-    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) return 0;
-    DIR *d = opendir(path);
-    if (!d) return 0;
-    struct dirent *e;
-    int found = 0;
-    while (!found && (e = readdir(d))) {
-        size_t n = strlen(e->d_name);
-        if (!strcmp(e->d_name, "model.safetensors.index.json")) found = 1;
-        else if (n > 12 && !strcmp(e->d_name + n - 12, ".safetensors")) found = 1;
-    }
-    closedir(d);
-    return found;
-}
-
 /* ------------------------------------------------------------------------------------------
  * Text report
  * ---------------------------------------------------------------------------------------- */
@@ -386,7 +369,7 @@ int ds41_cli_inspect(int argc, char **argv) {
     ds41_contract_each(&r.cfg, NULL, param_cb, &r);
 
     int rc = 0;
-    if (dir_has_safetensors(path)) {
+    if (ds41_st_dir_has_tensors(path)) {
         if (ds41_st_open(path, &r.st, &err)) {
             fprintf(stderr, "ds41 inspect: %s\n", err.msg);
             ds41_config_free(&r.cfg);

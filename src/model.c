@@ -219,28 +219,12 @@ void ds41_check_stats_free(ds41_check_stats *s) {
 
 /* ------------------------------------------------------------------------------------------ */
 
-/* Does DIR hold safetensors (one file, or an index)? */
-static int has_safetensors(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return 0;
-    struct dirent *e;
-    int found = 0;
-    while (!found && (e = readdir(d))) {
-        size_t n = strlen(e->d_name);
-        if (!strcmp(e->d_name, "model.safetensors.index.json")) found = 1;
-        else if (n > 12 && !strcmp(e->d_name + n - 12, ".safetensors")) found = 1;
-    }
-    closedir(d);
-    return found;
-}
-
 int ds41_model_open(const char *dir, ds41_model *m, ds41_err *err) {
     memset(m, 0, sizeof *m);
     m->dir = strdup(dir);
     if (!m->dir) return ds41_errf(err, "out of memory");
     if (ds41_config_load(dir, &m->cfg, err)) goto fail;
-    struct stat sb;
-    if (stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode) && has_safetensors(dir)) {
+    if (ds41_st_dir_has_tensors(dir)) {
         if (ds41_st_open(dir, &m->st, err)) goto fail;
         ds41_err e;
         if (ds41_weights_bind(&m->cfg, m->st, &m->w, &e)) {

@@ -737,3 +737,19 @@ const char *ds41_st_shard_path(const ds41_st *st, int i) {
 uint64_t ds41_st_shard_bytes(const ds41_st *st, int i) {
     return i >= 0 && i < st->nshards ? st->shards[i].size : 0;
 }
+
+int ds41_st_dir_has_tensors(const char *dir) {
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) return 0;
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *e;
+    int found = 0;
+    while (!found && (e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        if (!strcmp(e->d_name, "model.safetensors.index.json")) found = 1;
+        else if (n > 12 && !strcmp(e->d_name + n - 12, ".safetensors")) found = 1;
+    }
+    closedir(d);
+    return found;
+}

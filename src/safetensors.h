@@ -40,6 +40,10 @@ typedef struct ds41_st ds41_st;
 int ds41_st_open(const char *path, ds41_st **out, ds41_err *err);
 void ds41_st_close(ds41_st *st);
 
+/* Does DIR name a directory holding safetensors (an index or any *.safetensors file)?
+ * Reads only the directory listing. */
+int ds41_st_dir_has_tensors(const char *dir);
+
 /* Parses one in-memory file image (header + data) — used by the fuzz harness.
  * The buffer must outlive the returned object. */
 int ds41_st_open_buffer(const void *buf, size_t len, const char *label, ds41_st **out, ds41_err *err);

@@ -16,18 +16,7 @@ mkdir -p "$CK"
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; }
 
-# the same cached checkpoint as run.test.sh (same seed, same stub token map)
-checkpoint() {
-    local name=$1
-    local dir=$CK/conf-$name
-    if [ ! -f "$dir/config.json" ] || ! cmp -s "$dir/config.json" "tests/configs/$name/config.json" || [ ! -f "$dir/.complete" ]; then
-        rm -rf "$dir"
-        "$PY" tools/make_checkpoint.py "tests/configs/$name" "$dir" --seed 1 --token-map stub -q >"$TMP/mk.log" 2>&1 \
-            || { echo "FAIL checkpoint_$name: $(tail -n 2 "$TMP/mk.log")" >&2; return 1; }
-        touch "$dir/.complete"
-    fi
-    echo "$dir"
-}
+. tests/lib.sh
 
 # expect NAME RC PATTERN CMD...: exit status RC (no crash), stderr matching PATTERN; for a
 # non-zero RC the message must be one line

@@ -21,21 +21,8 @@ TMP=$(mktemp -d /tmp/ds41-conf.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 mkdir -p "$CK"
 
-checkpoint() {   # name -> path of an up-to-date checkpoint of tests/configs/name
-    local name=$1
-    local dir=$CK/conf-$name
-    if [ ! -f "$dir/config.json" ] || ! cmp -s "$dir/config.json" "tests/configs/$name/config.json" || [ ! -f "$dir/.complete" ]; then
-        rm -rf "$dir"
-        "$PY" tools/make_checkpoint.py "tests/configs/$name" "$dir" --seed 1 --token-map stub -q >"$TMP/mk.log" 2>&1 \
-            || { echo "FAIL checkpoint_$name: make_checkpoint.py failed: $(tail -n 2 "$TMP/mk.log")" >&2; return 1; }
-        touch "$dir/.complete"
-    fi
-    echo "$dir"
-}
+. tests/lib.sh
 
-ids() {   # n seed vocab -> comma-separated random ids
-    "$PY" -c "import random,sys; r=random.Random($2); print(','.join(str(r.randrange($3)) for _ in range($1)))"
-}
 
 # compare NAME CKPT IDS N WHAT "C ARGS" "PY ARGS"; WHAT = all | state (skip topk/experts)
 compare() {

@@ -13,18 +13,7 @@ TMP=$(mktemp -d /tmp/ds41-run.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 mkdir -p "$CK"
 
-checkpoint() {
-    local name=$1
-    local dir=$CK/conf-$name
-    if [ ! -f "$dir/config.json" ] || ! cmp -s "$dir/config.json" "tests/configs/$name/config.json" || [ ! -f "$dir/.complete" ]; then
-        rm -rf "$dir"
-        "$PY" tools/make_checkpoint.py "tests/configs/$name" "$dir" --seed 1 --token-map stub -q >"$TMP/mk.log" 2>&1 \
-            || { echo "FAIL checkpoint_$name: $(tail -n 2 "$TMP/mk.log")" >&2; return 1; }
-        touch "$dir/.complete"
-    fi
-    echo "$dir"
-}
-ids() { "$PY" -c "import random; r=random.Random($2); print(','.join(str(r.randrange($3)) for _ in range($1)))"; }
+. tests/lib.sh
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; }
 

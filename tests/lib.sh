@@ -1,0 +1,19 @@
+# Shared helpers of the shell tests (sourced; not a test itself).
+# Needs: PY (python with numpy), CK (checkpoint cache dir), TMP (scratch dir).
+
+# checkpoint NAME -> path of an up-to-date generated checkpoint of tests/configs/NAME (seed 1,
+# stub Engram token map), cached in $CK/conf-NAME and rewritten when the config changes.
+checkpoint() {
+    local name=$1
+    local dir=$CK/conf-$name
+    if [ ! -f "$dir/config.json" ] || ! cmp -s "$dir/config.json" "tests/configs/$name/config.json" || [ ! -f "$dir/.complete" ]; then
+        rm -rf "$dir"
+        "$PY" tools/make_checkpoint.py "tests/configs/$name" "$dir" --seed 1 --token-map stub -q >"$TMP/mk.log" 2>&1 \
+            || { echo "FAIL checkpoint_$name: make_checkpoint.py failed: $(tail -n 2 "$TMP/mk.log")" >&2; return 1; }
+        touch "$dir/.complete"
+    fi
+    echo "$dir"
+}
+
+# ids N SEED VOCAB -> N comma-separated random ids below VOCAB
+ids() { "$PY" -c "import random; r=random.Random($2); print(','.join(str(r.randrange($3)) for _ in range($1)))"; }
