@@ -328,11 +328,6 @@ typedef struct dlin_job {
     int out_bf16;
 } dlin_job;
 
-static inline __m256 bf16x8(const uint16_t *p) {
-    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-}
-
 static inline float dot_fast_f32(const float *a, const float *w, int n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int k = 0;
@@ -343,19 +338,6 @@ static inline float dot_fast_f32(const float *a, const float *w, int n) {
     for (; k + 8 <= n; k += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(w + k), acc0);
     float s = hsum8(_mm256_add_ps(acc0, acc1));
     for (; k < n; k++) s += a[k] * w[k];
-    return s;
-}
-
-static inline float dot_fast_bf16(const float *a, const uint16_t *w, int n) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int k = 0;
-    for (; k + 16 <= n; k += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), bf16x8(w + k), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 8), bf16x8(w + k + 8), acc1);
-    }
-    for (; k + 8 <= n; k += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), bf16x8(w + k), acc0);
-    float s = hsum8(_mm256_add_ps(acc0, acc1));
-    for (; k < n; k++) s += a[k] * ds41_bf16_to_f32(w[k]);
     return s;
 }
 
@@ -377,14 +359,11 @@ static void dlin_rows(void *arg, int n0, int n1) {
         if (!wrow) return;
     }
     for (int n = n0; n < n1; n++) {
-        const float *wr = NULL;
-        const uint16_t *wbr = NULL;
-        if (j->kind == 0) {
-            wbr = j->wb + (size_t)n * in;
-            if (j->ctx->exact) {
-                for (int k = 0; k < in; k++) wrow[k] = ds41_bf16_to_f32(wbr[k]);
-                wr = wrow;
-            }
+        const float *wr;
+        if (j->kind == 0) {   /* exact only: fast BF16 always goes to linear_fast.c */
+            const uint16_t *wbr = j->wb + (size_t)n * in;
+            for (int k = 0; k < in; k++) wrow[k] = ds41_bf16_to_f32(wbr[k]);
+            wr = wrow;
         } else if (j->kind == 1) {
             wr = j->wf + (size_t)n * in;
         } else {
@@ -399,7 +378,7 @@ static void dlin_rows(void *arg, int n0, int n1) {
                 for (int k = 0; k < in; k++) s += (double)x[k] * (double)wr[k];
                 v = (float)s;
             } else {
-                v = wr ? dot_fast_f32(x, wr, in) : dot_fast_bf16(x, wbr, in);
+                v = dot_fast_f32(x, wr, in);
             }
             j->y[(size_t)t * j->y_stride + n] = j->out_bf16 ? ds41_bf16_round(v) : v;
         }
