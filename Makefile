@@ -3,18 +3,23 @@ CC      ?= gcc
 PKGS    := jansson libpcre2-8 libutf8proc
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+# src/ is layered (README, Architecture): format < model < kernels < layers < text < engine < cli;
+# every folder is on the include path and a file includes only headers of its own or lower layers.
+SRC_DIRS := format model kernels layers text engine cli
+INCLUDES := -Iinclude -Isrc $(addprefix -Isrc/,$(SRC_DIRS))
+SRC_HDR  := $(wildcard $(addsuffix /*.h,$(addprefix src/,$(SRC_DIRS))) include/*.h)
 # -ffp-contract=off: exact mode forbids fused multiply-add (exact-mode.md); gcc's
 # default in GNU mode would fuse a*b+c once FMA is enabled.
 ARCH    ?= -mavx2 -mfma -mf16c
 OPT     ?= -O2
 SAN     ?=
 CFLAGS  ?= $(OPT) -g
-CFLAGS  += $(SAN) -std=gnu11 -Wall -Wextra -ffp-contract=off -fno-math-errno $(ARCH) -pthread -Iinclude -Isrc $(PKG_CFLAGS)
+CFLAGS  += $(SAN) -std=gnu11 -Wall -Wextra -ffp-contract=off -fno-math-errno $(ARCH) -pthread $(INCLUDES) $(PKG_CFLAGS)
 LDLIBS  += $(PKG_LIBS) -lm -pthread
 BUILD   ?= build
 
-LIB_SRC := $(sort $(wildcard src/*.c src/kernels/*.c))
-LIB_SRC := $(filter-out src/main.c,$(LIB_SRC))
+LIB_SRC := $(sort $(wildcard $(addsuffix /*.c,$(addprefix src/,$(SRC_DIRS)))))
+LIB_SRC := $(filter-out src/cli/main.c,$(LIB_SRC))
 LIB_OBJ := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
@@ -28,7 +33,7 @@ all: ds41 libds41.a $(TEST_BIN) $(BENCH_BIN)
 setup:
 	@bash scripts/setup.sh
 
-$(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h src/kernels/*.h include/*.h) Makefile
+$(BUILD)/obj/%.o: src/%.c $(SRC_HDR) Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
@@ -39,7 +44,7 @@ $(BUILD)/libds41.a: $(LIB_OBJ)
 libds41.a: $(BUILD)/libds41.a
 	@if [ "$(BUILD)" = build ]; then cp $< $@; fi
 
-$(BUILD)/ds41: src/main.c $(BUILD)/libds41.a
+$(BUILD)/ds41: src/cli/main.c $(BUILD)/libds41.a
 	$(CC) $(CFLAGS) $< $(BUILD)/libds41.a -o $@ $(LDFLAGS) $(LDLIBS)
 
 ds41: $(BUILD)/ds41
@@ -80,10 +85,10 @@ FUZZ_SECONDS ?= 20
 # The library is compiled once with coverage instrumentation (fuzzer-no-link) and
 # archived, so each harness links only the objects it uses; UB aborts (no recover) so
 # that the fuzzer sees it as a crash.
-FUZZ_CFLAGS := -O1 -g -std=gnu11 -ffp-contract=off $(ARCH) -pthread -Iinclude -Isrc $(PKG_CFLAGS) \
+FUZZ_CFLAGS := -O1 -g -std=gnu11 -ffp-contract=off $(ARCH) -pthread $(INCLUDES) $(PKG_CFLAGS) \
   -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_OBJ := $(patsubst src/%.c,build-fuzz/obj/%.o,$(LIB_SRC))
-build-fuzz/obj/%.o: src/%.c $(wildcard src/*.h src/kernels/*.h include/*.h)
+build-fuzz/obj/%.o: src/%.c $(SRC_HDR)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
 build-fuzz/libds41.a: $(FUZZ_OBJ)

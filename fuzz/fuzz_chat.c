@@ -1,4 +1,4 @@
-/* libFuzzer harness for the chat JSON parser and the V4.1 prompt renderer (src/chat*.c).
+/* libFuzzer harness for the chat JSON parser and the V4.1 prompt renderer (src/text/chat*.c).
  * Each input is parsed as a conversation file; a rejected input must come with a one-line
  * message. An accepted one is rendered in chat and thinking mode with and without dropped
  * reasoning: rendering either succeeds with a NUL-terminated text of the reported length that

@@ -1,4 +1,4 @@
-/* libFuzzer harness for the config parser (src/config.c): any byte string must either parse
+/* libFuzzer harness for the config parser (src/model/config.c): any byte string must either parse
  * into a consistent plan or fail with a one-line message; never crash, leak or overflow.
  * Build and run with `make fuzz` (clang, -fsanitize=fuzzer,address,undefined). */
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* libFuzzer harness for the safetensors header parser (src/safetensors.c).
+/* libFuzzer harness for the safetensors header parser (src/format/safetensors.c).
  * Feeds each input to ds41_st_open_buffer as a whole file image. A rejected input
  * must come with a one-line message; an accepted one must satisfy every promise
  * the loader makes (sorted names, find agrees, views inside the image, aligned,

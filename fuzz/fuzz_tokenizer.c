@@ -1,4 +1,4 @@
-/* libFuzzer harness for the tokenizer (src/tokenizer*.c). The first byte picks a mode:
+/* libFuzzer harness for the tokenizer (src/text/tokenizer*.c). The first byte picks a mode:
  *   0, 1  encode the rest as text (special-token matching on / off), then check
  *         decode(encode(s)) == lossy(s), that streaming decode emits only whole characters and
  *         adds up to the full decode, and that the post-processor only adds its ids;

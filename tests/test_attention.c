@@ -1,4 +1,4 @@
-/* Unit tests of src/attention.c and the CED row plan of src/forward.c: top-k tie rule, index
+/* Unit tests of src/layers/attention.c and the CED row plan of src/engine/forward.c: top-k tie rule, index
  * list layouts, candidate blocks, sparse attention (structure, exact vs a double-precision
  * softmax, fast vs exact), indexer scores, and the row plan on the production layer plan.
  * The bit-exact end-to-end check against the Python reference is tests/conformance.test.sh. */

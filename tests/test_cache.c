@@ -1,4 +1,4 @@
-/* Unit tests of src/cache.c: packed record sizes of spec 6.1, page addressing, the state
+/* Unit tests of src/engine/cache.c: packed record sizes of spec 6.1, page addressing, the state
  * bytes of spec 6.2 / 6.3 on the production plan (890 B per token of global KV), the initial
  * compressor state, and record round trips (the dequantized record equals the QDQ value). */
 #include <math.h>

@@ -1,4 +1,4 @@
-/* Tests for src/config.c: the production layer plan row by row against the table of spec
+/* Tests for src/model/config.c: the production layer plan row by row against the table of spec
  * section 2, the tiny oracle config of spec section 9, flat == HF spelling, budgets (spec 6,
  * 8), and every case of the malformed config corpus. */
 #include <dirent.h>

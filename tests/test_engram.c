@@ -241,7 +241,7 @@ static void fixture(eg_fixture *f) {
 }
 static void fixture_free(eg_fixture *f) { free(f->embed); free(f->escale); free(f->wkv); free(f->wkv_s); free(f->q); free(f->k); }
 
-/* scalar double formulation of spec 3.3 (exact mode), written independently of src/engram.c;
+/* scalar double formulation of spec 3.3 (exact mode), written independently of src/layers/engram.c;
  * the FP8 wkv linear itself is tested in test_kernels */
 static void ref_engram(const eg_fixture *f, const int64_t *ids, int T, const uint8_t *img, float *X) {
     const int hc = 4, dim = 64, hd = 32, cols = 6, in = cols * hd;

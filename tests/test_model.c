@@ -1,4 +1,4 @@
-/* Tests for the tensor contract (src/contract.c) and the weight binding (src/model.c).
+/* Tests for the tensor contract (src/model/contract.c) and the weight binding (src/model/model.c).
  * Contract: production names/dtypes/shapes spot-checked against spec section 8 by hand.
  * Binding: the test writes its own small safetensors files for the tiny config (spec 9),
  * complete and with one defect each, and binds them. */

@@ -1,4 +1,4 @@
-/* Tests for src/safetensors.c: dtype table, valid single / directory / sharded
+/* Tests for src/format/safetensors.c: dtype table, valid single / directory / sharded
  * checkpoints written here (exact dtype, shape, offset and data pointer values),
  * in-memory images, many tensors, the malformed corpus tests/malformed/st/, and a
  * mincore() check that opening touches no tensor data. */

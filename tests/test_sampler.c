@@ -1,5 +1,5 @@
 /* Sampler (spec 3.15): greedy = first maximum; reproducible for a seed; filters (top-k,
- * top-p, min-p) restrict the support as documented in src/sampler.c; the exponential race
+ * top-p, min-p) restrict the support as documented in src/engine/sampler.c; the exponential race
  * samples the softmax distribution (frequency check with a 6-sigma tolerance). */
 #include "check.h"
 #include "sampler.h"

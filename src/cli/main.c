@@ -1,4 +1,4 @@
-/* ds41: command-line entry point. Dispatches to the commands in src/cli_*.c. */
+/* ds41: command-line entry point. Dispatches to the commands in src/cli/cli_*.c. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>

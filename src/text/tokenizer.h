@@ -70,7 +70,7 @@ size_t ds41_detok_stream_flush(ds41_detok_stream *s, char *out, size_t cap);
 
 /* Engram compressed-token map (spec 1.7): map[vocab] of compressed ids. Loaded from
  * DIR/engram_token_map.i32 when present (used as is; its size must be 4 * vocab_size),
- * otherwise built from the tokenizer (utf8proc normalization; src/engram_map.c) and cached
+ * otherwise built from the tokenizer (utf8proc normalization; src/text/engram_map.c) and cached
  * to that file when the directory is writable. dir may be NULL (build only). */
 int ds41_engram_token_map(const char *dir, const ds41_tokenizer *tok, int vocab_size,
                           int32_t **map, int *n_compressed, ds41_err *err);

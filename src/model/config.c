@@ -147,7 +147,7 @@ static const fdesc FIELDS[] = {
     { "hc_mult", "hc_mult", K_INT, OFF(hc_mult), 0, 0, 1, 16, R_ALWAYS, R_ALWAYS, 0, 0 },
     { "hc_sinkhorn_iters", "hc_sinkhorn_iters", K_INT, OFF(hc_sinkhorn_iters), 0, 0, 1, 1000, R_ALWAYS, R_ALWAYS, 0, 0 },
     { "hc_eps", "hc_eps", K_F32, OFF(hc_eps), 0, 0, 1e-38, 1.0, R_ALWAYS, R_ALWAYS, 0, 0 },
-    /* Engram (caps match src/engram.h: 8 layers, n-gram size 8, 32 heads) */
+    /* Engram (caps match src/layers/engram.h: 8 layers, n-gram size 8, 32 heads) */
     { "engram_layer_ids", "engram_layer_ids", K_INTS, OFF(engram_layers), CNT(n_engram_layers), 8, 0, 1e9,
       R_ALWAYS, R_ALWAYS, 0, 0 },
     { "engram_max_ngram_size", "engram_max_ngram_size", K_INT, OFF(engram_max_ngram), 0, 0, 2, 8, R_ENGRAM,

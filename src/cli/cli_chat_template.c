@@ -18,7 +18,7 @@ static void usage(FILE *f) {
         "Renders a conversation in the DeepSeek V4.1 prompt format. FILE.json is an array of\n"
         "messages ({\"role\", \"content\", \"reasoning_content\"?, \"tool_calls\"?, ...}) or an object\n"
         "{\"messages\": [...], \"thinking\": bool, \"reasoning_effort\": ..., \"tools\": [...]}\n"
-        "(see src/chat.h). '-' reads standard input.\n"
+        "(see src/text/chat.h). '-' reads standard input.\n"
         "\n"
         "Output: the prompt text, a newline, then a line 'ids: N N ...' (token ids from\n"
         "DIR/tokenizer.json, special tokens matched, nothing added: the text carries its BOS).\n"

@@ -1,6 +1,6 @@
 /* ds41 tensor contract (spec section 8): the list of tensors a config implies, each with its
  * released name, storage dtype and exact shape. One enumerator serves the weight binding
- * (src/model.c), the weight-byte and parameter budgets (src/config.c) and `ds41 inspect`. */
+ * (src/model/model.c), the weight-byte and parameter budgets (src/model/config.c) and `ds41 inspect`. */
 #ifndef DS41_CONTRACT_H
 #define DS41_CONTRACT_H
 

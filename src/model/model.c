@@ -1,4 +1,4 @@
-/* ds41 model: binds the tensors of the contract (src/contract.c) to views into the mmap'd
+/* ds41 model: binds the tensors of the contract (src/model/contract.c) to views into the mmap'd
  * safetensors, checking dtype and exact shape; opens a checkpoint directory. */
 #include "model.h"
 
