@@ -69,6 +69,16 @@ const char *ds41_session_error(const ds41_session *s);
  * state, so the session then refuses ds41_feed and ds41_session_draft until
  * ds41_session_reset. */
 int ds41_feed(ds41_session *s, const int32_t *ids, size_t n);
+/* ds41_feed that also returns the logits of every fed token: out [n x ds41_vocab_size],
+ * row i = the logits after ids[i] (the distribution of the token at position pos + i + 1);
+ * ds41_logits then returns row n-1. For perplexity and speculative verification. Every layer
+ * runs on every row and the final norm + head on every row (no CED row cut; the prefill mode
+ * is ignored, replay included); the session's chunk setting applies as in ds41_feed. Works at
+ * position 0 (prompt) and after it (extend; n = 1 is a decode step). Same checks, errors and
+ * state afterwards as ds41_feed. In exact mode row i equals bit for bit the logits of feeding
+ * the tokens one at a time while the SWA + compressed list of each layer fits one 64-wide
+ * attention block (tests/test_feed_logits.c; README, Library). */
+int ds41_feed_logits(ds41_session *s, const int32_t *ids, size_t n, float *out);
 /* Several sequences at once (each with its own ids); returns the number that failed. */
 int ds41_feed_batch(ds41_session **ss, const int32_t *const *ids, const size_t *n, int count);
 /* Logits of the last fed token: ds41_vocab_size floats. */

@@ -508,7 +508,8 @@ static int attention(ds41_seq *s, fwd_buf *b, int l, int k0, int q0, int lo, int
     return 0;
 }
 
-int ds41_forward(ds41_seq *s, const int32_t *tokens, int T, int want_logits, ds41_err *err) {
+/* rows != NULL (ds41_forward_rows): every layer on every row and the head on every row. */
+static int forward_impl(ds41_seq *s, const int32_t *tokens, int T, int want_logits, float *rows, ds41_err *err) {
     ds41_engine *e = s->e;
     const ds41_config *cfg = e->cfg;
     const ds41_weights *w = e->w;
@@ -530,7 +531,7 @@ int ds41_forward(ds41_seq *s, const int32_t *tokens, int T, int want_logits, ds4
     int *qrow = malloc((size_t)L * 3 * sizeof(int));
     if (!qrow) return ds41_errf(err, "out of memory");
     int *krow = qrow + L, *lo = qrow + 2 * L;
-    ds41_row_plan(cfg, layout == LAYOUT_DECODE ? DS41_PREFILL_FULL : s->prefill, T, want_logits, qrow, krow, lo);
+    ds41_row_plan(cfg, layout == LAYOUT_DECODE || rows ? DS41_PREFILL_FULL : s->prefill, T, want_logits, qrow, krow, lo);
 
     /* ---- buffers ---- */
     fwd_buf b;
@@ -664,8 +665,11 @@ int ds41_forward(ds41_seq *s, const int32_t *tokens, int T, int want_logits, ds4
         }
     }
 
-    /* ---- collapse, final norm, head (last row only) ---- */
-    if (!rc && want_logits) {
+    /* ---- collapse, final norm, head (last row only; every row for ds41_forward_rows) ---- */
+    if (!rc && rows) {
+        ds41_stream_head(ctx, cfg, w, w->norm, &b.s, 0, T, rows);
+        memcpy(s->logits, rows + (Tz - 1) * cfg->vocab_size, (size_t)cfg->vocab_size * sizeof(float));
+    } else if (!rc && want_logits) {
         ds41_stream_head(ctx, cfg, w, w->norm, &b.s, Tz - 1, 1, s->logits);
     }
     if (!rc) {
@@ -692,4 +696,15 @@ int ds41_forward(ds41_seq *s, const int32_t *tokens, int T, int want_logits, ds4
     buf_free(&b, L, cache->n_stores);
     free(qrow);
     return rc;
+}
+
+int ds41_forward(ds41_seq *s, const int32_t *tokens, int T, int want_logits, ds41_err *err) {
+    return forward_impl(s, tokens, T, want_logits, NULL, err);
+}
+
+/* ====================================================================== all-row logits */
+
+int ds41_forward_rows(ds41_seq *s, const int32_t *tokens, int T, float *rows, ds41_err *err) {
+    if (!rows) return ds41_errf(err, "forward: no output buffer for the logits rows");
+    return forward_impl(s, tokens, T, 1, rows, err);
 }

@@ -70,6 +70,10 @@ void ds41_seq_free(ds41_seq *s);
  * head and, in CED, the rows only the logits need). The prefill mode applies to forwards
  * with T > 1. */
 int ds41_forward(ds41_seq *s, const int32_t *tokens, int T, int want_logits, ds41_err *err);
+/* ds41_forward with the final norm + head on every row: rows [T, vocab] gets the logits of
+ * each row (s->logits the last one). Every layer runs on every row (the full row plan: no CED
+ * cut, no replay), in the forward's usual layout (one-shot at pos 0, extend, decode). */
+int ds41_forward_rows(ds41_seq *s, const int32_t *tokens, int T, float *rows, ds41_err *err);
 
 /* The residual stream of one block pass over n rows and the per-row mHC mixes (spec 3.1),
  * shared by the target forward and the DSpark draft blocks (dspark.c), which run the same

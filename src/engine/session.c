@@ -202,7 +202,8 @@ void ds41_session_reset(ds41_session *s) {
 long long ds41_session_pos(const ds41_session *s) { return s->seq.cache.pos; }
 const char *ds41_session_error(const ds41_session *s) { return s->err; }
 
-int ds41_feed(ds41_session *s, const int32_t *ids, size_t n) {
+/* ds41_feed, and ds41_feed_logits when rows != NULL (rows [n, vocab]). */
+static int feed_impl(ds41_session *s, const int32_t *ids, size_t n, float *rows) {
     if (s->broken) { snprintf(s->err, sizeof s->err, "session is unusable after an earlier error; reset it"); return -1; }
     if (n == 0) { snprintf(s->err, sizeof s->err, "feed: no tokens"); return -1; }
     long long P = s->seq.cache.pos;
@@ -226,7 +227,9 @@ int ds41_feed(ds41_session *s, const int32_t *ids, size_t n) {
          * chunks use the exact CED row plan */
         s->seq.prefill = (ds41_prefill_mode)s->p.prefill;
         if (!last && s->seq.prefill == DS41_PREFILL_REPLAY) s->seq.prefill = DS41_PREFILL_CED;
-        if (ds41_forward(&s->seq, ids + off, (int)m, last, &err) ||
+        int frc = rows ? ds41_forward_rows(&s->seq, ids + off, (int)m, rows + off * (size_t)V, &err)
+                       : ds41_forward(&s->seq, ids + off, (int)m, last, &err);
+        if (frc ||
             (s->p.draft && ds41_dspark_seed(s->e, &s->seq.cache, s->seq.main_hidden, s->seq.mh_rows, s->seq.mh_pos0, &err))) {
             snprintf(s->err, sizeof s->err, "%s", err.msg);
             s->broken = 1;
@@ -234,6 +237,14 @@ int ds41_feed(ds41_session *s, const int32_t *ids, size_t n) {
         }
     }
     return 0;
+}
+
+int ds41_feed(ds41_session *s, const int32_t *ids, size_t n) { return feed_impl(s, ids, n, NULL); }
+
+/* ---- all-row logits (perplexity, speculative verification) ---- */
+int ds41_feed_logits(ds41_session *s, const int32_t *ids, size_t n, float *out) {
+    if (!out) { snprintf(s->err, sizeof s->err, "feed_logits: no output buffer"); return -1; }
+    return feed_impl(s, ids, n, out);
 }
 
 int ds41_feed_batch(ds41_session **ss, const int32_t *const *ids, const size_t *n, int count) {
