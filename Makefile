@@ -1,11 +1,11 @@
 # ds41 — build, test, run.  See README.md.
 CC      ?= gcc
-PKGS    := jansson libpcre2-8 libutf8proc
+PKGS    := jansson libpcre2-8 libutf8proc libmicrohttpd
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
-# src/ is layered (README, Architecture): format < model < kernels < layers < text < engine < cli;
+# src/ is layered (README, Architecture): format < model < kernels < layers < text < engine < serve < cli;
 # every folder is on the include path and a file includes only headers of its own or lower layers.
-SRC_DIRS := format model kernels layers text engine cli
+SRC_DIRS := format model kernels layers text engine serve cli
 INCLUDES := -Iinclude -Isrc $(addprefix -Isrc/,$(SRC_DIRS))
 SRC_HDR  := $(wildcard $(addsuffix /*.h,$(addprefix src/,$(SRC_DIRS))) include/*.h)
 # -ffp-contract=off: exact mode forbids fused multiply-add (exact-mode.md); gcc's

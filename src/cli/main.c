@@ -16,6 +16,8 @@ static const command commands[] = {
     { "bench", ds41_cli_bench, "prefill / decode throughput, peak RSS and state bytes" },
     { "inspect", ds41_cli_inspect, "config, layer plan, tensor table and byte budgets of a checkpoint" },
     { "tokenize", ds41_cli_tokenize, "text to token ids and back with the checkpoint's tokenizer.json" },
+    { "serve", ds41_cli_serve, "OpenAI-compatible HTTP server with continuous batching" },
+    { "bench-serve", ds41_cli_bench_serve, "load generator for ds41 serve: TTFT, ITL, output tok/s at several concurrencies" },
     { "chat-template", ds41_cli_chat_template, "render a messages JSON in the V4.1 prompt format, with its token ids" },
 };
 

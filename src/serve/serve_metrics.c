@@ -1,0 +1,143 @@
+/* ds41 serve: Prometheus metrics (serve_metrics.h). Names follow vLLM's /metrics so that
+ * dashboards and `vllm bench` style tooling read them unchanged; ds41-only ones use ds41:. */
+#define _GNU_SOURCE
+#include "serve_metrics.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void hist_init(ds41_hist *h, const char *name, const char *help, const double *b, int nb) {
+    memset(h, 0, sizeof *h);
+    h->name = name;
+    h->help = help;
+    h->nb = nb < DS41_HIST_MAX ? nb : DS41_HIST_MAX;
+    memcpy(h->bounds, b, (size_t)h->nb * sizeof *b);
+}
+
+void ds41_metrics_init(ds41_metrics *m) {
+    memset(m, 0, sizeof *m);
+    pthread_mutex_init(&m->mu, NULL);
+    static const double lat[] = { 0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                                  2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0 };
+    static const double itl[] = { 0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+                                  0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0 };
+    static const double tok[] = { 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000,
+                                  100000, 200000, 500000, 1000000 };
+    int nl = sizeof lat / sizeof lat[0], ni = sizeof itl / sizeof itl[0], nt = sizeof tok / sizeof tok[0];
+    hist_init(&m->ttft, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", lat, nl);
+    hist_init(&m->itl, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", itl, ni);
+    hist_init(&m->e2e, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", lat, nl);
+    hist_init(&m->queue, "vllm:request_queue_time_seconds", "Histogram of time spent in the waiting queue in seconds.", lat, nl);
+    hist_init(&m->prefill, "vllm:request_prefill_time_seconds", "Histogram of time spent in prefill in seconds.", lat, nl);
+    hist_init(&m->decode, "vllm:request_decode_time_seconds", "Histogram of time spent in decode in seconds.", lat, nl);
+    hist_init(&m->prompt_len, "vllm:request_prompt_tokens", "Number of prefill tokens processed.", tok, nt);
+    hist_init(&m->gen_len, "vllm:request_generation_tokens", "Number of generation tokens processed.", tok, nt);
+    hist_init(&m->iter_tokens, "vllm:iteration_tokens_total", "Histogram of number of tokens per engine step.", tok, nt);
+}
+
+void ds41_metrics_free(ds41_metrics *m) { pthread_mutex_destroy(&m->mu); }
+
+void ds41_metrics_observe(ds41_metrics *m, ds41_hist *h, double v) {
+    pthread_mutex_lock(&m->mu);
+    int i = 0;
+    while (i < h->nb && v > h->bounds[i]) i++;
+    h->counts[i]++;
+    h->sum += v;
+    h->count++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void ds41_metrics_status(ds41_metrics *m, int status) {
+    if (status < 100 || status >= 600) return;
+    pthread_mutex_lock(&m->mu);
+    m->status[status]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+typedef struct out { char *p; size_t n, cap; } out;
+
+static void outf(out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void outf(out *o, const char *fmt, ...) {
+    va_list ap;
+    for (;;) {
+        va_start(ap, fmt);
+        int k = vsnprintf(o->p ? o->p + o->n : NULL, o->p ? o->cap - o->n : 0, fmt, ap);
+        va_end(ap);
+        if (k < 0) return;
+        if (o->p && o->n + (size_t)k < o->cap) { o->n += (size_t)k; return; }
+        size_t nc = (o->cap ? o->cap * 2 : 8192) + (size_t)k;
+        char *np = realloc(o->p, nc);
+        if (!np) return;
+        o->p = np;
+        o->cap = nc;
+    }
+}
+
+static void gauge(out *o, const char *name, const char *help, const char *lbl, double v) {
+    outf(o, "# HELP %s %s\n# TYPE %s gauge\n%s{%s} %.17g\n", name, help, name, name, lbl, v);
+}
+static void counter(out *o, const char *name, const char *help, const char *lbl, unsigned long long v) {
+    outf(o, "# HELP %s %s\n# TYPE %s counter\n%s{%s} %llu\n", name, help, name, name, lbl, v);
+}
+static void hist(out *o, const ds41_hist *h, const char *lbl) {
+    outf(o, "# HELP %s %s\n# TYPE %s histogram\n", h->name, h->help, h->name);
+    unsigned long long c = 0;
+    for (int i = 0; i < h->nb; i++) {
+        c += h->counts[i];
+        outf(o, "%s_bucket{%s,le=\"%g\"} %llu\n", h->name, lbl, h->bounds[i], c);
+    }
+    c += h->counts[h->nb];
+    outf(o, "%s_bucket{%s,le=\"+Inf\"} %llu\n%s_sum{%s} %.17g\n%s_count{%s} %llu\n", h->name, lbl, c, h->name, lbl,
+         h->sum, h->name, lbl, h->count);
+}
+
+char *ds41_metrics_text(ds41_metrics *m, const ds41_gauges *g, const char *model_name, size_t *len) {
+    out o = { 0 };
+    char lbl[300];
+    /* a label value: backslash, quote and newline escaped */
+    char mn[200];
+    size_t k = 0;
+    for (const char *p = model_name; *p && k + 2 < sizeof mn; p++) {
+        if (*p == '\\' || *p == '"') mn[k++] = '\\';
+        if (*p == '\n') { mn[k++] = '\\'; mn[k++] = 'n'; continue; }
+        mn[k++] = *p;
+    }
+    mn[k] = 0;
+    snprintf(lbl, sizeof lbl, "model_name=\"%s\"", mn);
+    pthread_mutex_lock(&m->mu);
+    gauge(&o, "vllm:num_requests_running", "Number of requests in model execution batches.", lbl, (double)g->running);
+    gauge(&o, "vllm:num_requests_waiting", "Number of requests waiting to be processed.", lbl, (double)g->waiting);
+    gauge(&o, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage (reserved bytes / --kv-budget).", lbl,
+          g->kv_budget > 0 ? (double)g->kv_reserved / (double)g->kv_budget : 0.0);
+    counter(&o, "vllm:num_preemptions_total", "Cumulative number of preemptions (ds41 reserves up front: always 0).", lbl, m->preempted);
+    counter(&o, "vllm:prompt_tokens_total", "Number of prefill tokens processed.", lbl, m->prompt_tokens);
+    counter(&o, "vllm:generation_tokens_total", "Number of generation tokens processed.", lbl, m->generation_tokens);
+    static const char *fin[DS41_FIN_N] = { "stop", "length", "abort", "error" };
+    outf(&o, "# HELP vllm:request_success_total Count of finished requests by finish reason.\n"
+             "# TYPE vllm:request_success_total counter\n");
+    for (int i = 0; i < DS41_FIN_N; i++)
+        outf(&o, "vllm:request_success_total{%s,finished_reason=\"%s\"} %llu\n", lbl, fin[i], m->finished[i]);
+    hist(&o, &m->ttft, lbl);
+    hist(&o, &m->itl, lbl);
+    hist(&o, &m->e2e, lbl);
+    hist(&o, &m->queue, lbl);
+    hist(&o, &m->prefill, lbl);
+    hist(&o, &m->decode, lbl);
+    hist(&o, &m->prompt_len, lbl);
+    hist(&o, &m->gen_len, lbl);
+    hist(&o, &m->iter_tokens, lbl);
+    gauge(&o, "ds41:sessions_open", "Engine sessions open (one per running sequence; 0 when idle).", lbl, (double)g->sessions_open);
+    gauge(&o, "ds41:kv_budget_bytes", "KV byte budget for admission control (--kv-budget).", lbl, (double)g->kv_budget);
+    gauge(&o, "ds41:kv_reserved_bytes", "Bytes reserved by admitted sequences.", lbl, (double)g->kv_reserved);
+    gauge(&o, "ds41:kv_used_bytes", "Bytes of sequence state held by open sessions.", lbl, (double)g->kv_used);
+    gauge(&o, "ds41:http_connections", "Open HTTP connections.", lbl, (double)g->connections);
+    counter(&o, "ds41:engine_steps_total", "Engine steps (one ds41_feed_batch call each).", lbl, m->steps);
+    outf(&o, "# HELP ds41:http_responses_total HTTP responses by status code.\n# TYPE ds41:http_responses_total counter\n");
+    for (int s = 100; s < 600; s++)
+        if (m->status[s]) outf(&o, "ds41:http_responses_total{%s,code=\"%d\"} %llu\n", lbl, s, m->status[s]);
+    pthread_mutex_unlock(&m->mu);
+    *len = o.n;
+    return o.p;
+}

@@ -1,0 +1,44 @@
+/* ds41 serve: Prometheus metrics with vLLM's names (counters, gauges, histograms). */
+#ifndef DS41_SERVE_METRICS_H
+#define DS41_SERVE_METRICS_H
+
+#include <pthread.h>
+#include <stddef.h>
+
+#define DS41_HIST_MAX 24
+
+typedef struct ds41_hist {
+    const char *name, *help;
+    int nb;
+    double bounds[DS41_HIST_MAX];
+    unsigned long long counts[DS41_HIST_MAX + 1];   /* counts[nb] = +Inf */
+    double sum;
+    unsigned long long count;
+} ds41_hist;
+
+enum { DS41_FIN_STOP, DS41_FIN_LENGTH, DS41_FIN_ABORT, DS41_FIN_ERROR, DS41_FIN_N };
+
+typedef struct ds41_metrics {
+    pthread_mutex_t mu;
+    unsigned long long prompt_tokens, generation_tokens;
+    unsigned long long finished[DS41_FIN_N];
+    unsigned long long status[600];   /* per HTTP status */
+    unsigned long long steps, preempted;
+    ds41_hist ttft, itl, e2e, queue, prefill, decode, prompt_len, gen_len, iter_tokens;
+} ds41_metrics;
+
+/* Gauges sampled when /metrics is read. */
+typedef struct ds41_gauges {
+    long long running, waiting, sessions_open;
+    long long kv_budget, kv_reserved, kv_used;
+    long long connections;
+} ds41_gauges;
+
+void ds41_metrics_init(ds41_metrics *m);
+void ds41_metrics_free(ds41_metrics *m);
+void ds41_metrics_observe(ds41_metrics *m, ds41_hist *h, double v);
+void ds41_metrics_status(ds41_metrics *m, int status);
+/* Prometheus text exposition (malloc'd). */
+char *ds41_metrics_text(ds41_metrics *m, const ds41_gauges *g, const char *model_name, size_t *len);
+
+#endif

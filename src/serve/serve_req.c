@@ -1,0 +1,486 @@
+/* ds41 serve: OpenAI request bodies -> ds41_req (see serve_req.h).
+ *
+ * Validation follows the OpenAI API's ranges (temperature 0..2, top_p (0, 1], n >= 1,
+ * top_logprobs 0..20, at most 4 stop strings in OpenAI, 16 here) and vLLM's extensions
+ * (top_k, min_p, ignore_eos, stop_token_ids, skip_special_tokens, chat_template_kwargs).
+ * Members this server does not implement but that do not change the output (user,
+ * metadata, store, parallel_tool_calls, ...) are accepted and ignored; members that would
+ * change it and are not implemented (response_format other than text, logit_bias with
+ * entries, presence / frequency penalties other than 0, best_of > n, suffix) are refused
+ * with 400 rather than silently ignored. */
+#include "serve_req.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chat.h"
+#include "common.h"
+
+int ds41_req_fail(ds41_req_error *e, int status, const char *type, const char *param, const char *code,
+                  const char *fmt, ...) {
+    if (!e) return -1;
+    e->status = status;
+    snprintf(e->type, sizeof e->type, "%s", type ? type : "invalid_request_error");
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    snprintf(e->code, sizeof e->code, "%s", code ? code : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    /* one line, printable ASCII controls removed (messages quote request text) */
+    for (char *p = e->message; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = ' ';
+    return -1;
+}
+
+#define BAD(param, ...) ds41_req_fail(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
+
+int ds41_req_json_depth(const char *b, size_t len) {
+    int depth = 0, max = 0, in_str = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = b[i];
+        if (in_str) {
+            if (c == '\\') i++;
+            else if (c == '"') in_str = 0;
+        } else if (c == '"') in_str = 1;
+        else if (c == '[' || c == '{') { if (++depth > max) max = depth; }
+        else if (c == ']' || c == '}') depth--;
+    }
+    return max;
+}
+
+static json_t *load_body(const char *body, size_t len, ds41_req_error *e) {
+    if (len == 0) { BAD(NULL, "the request body is empty: expected a JSON object"); return NULL; }
+    if (ds41_req_json_depth(body, len) > DS41_REQ_MAX_DEPTH) {
+        BAD(NULL, "the request JSON nests deeper than %d levels", DS41_REQ_MAX_DEPTH);
+        return NULL;
+    }
+    json_error_t je;
+    json_t *root = json_loadb(body, len, 0, &je);
+    if (!root) {
+        BAD(NULL, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        BAD(NULL, "the request body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+static char *dupn(const char *s, size_t n) {
+    char *p = malloc(n + 1);
+    if (p) { memcpy(p, s, n); p[n] = 0; }
+    return p;
+}
+
+/* Optional number member in [lo, hi]; absent or null leaves *dst. */
+static int opt_num(const json_t *o, const char *k, double lo, double hi, double *dst, ds41_req_error *e) {
+    const json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v)) return BAD(k, "%s: expected a number", k);
+    double x = json_number_value(v);
+    if (!(x >= lo && x <= hi)) return BAD(k, "%s: %g is outside %g..%g", k, x, lo, hi);
+    *dst = x;
+    return 0;
+}
+
+static int opt_int(const json_t *o, const char *k, long long lo, long long hi, long long *dst, ds41_req_error *e) {
+    const json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_integer(v)) return BAD(k, "%s: expected an integer", k);
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi) return BAD(k, "%s: %lld is outside %lld..%lld", k, x, lo, hi);
+    *dst = x;
+    return 0;
+}
+
+static int opt_bool(const json_t *o, const char *k, int *dst, ds41_req_error *e) {
+    const json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) return BAD(k, "%s: expected true or false", k);
+    *dst = json_is_true(v);
+    return 0;
+}
+
+/* An array of token ids (each 0 .. 2^31-1; the vocabulary check comes later). */
+static int id_array(const json_t *a, const char *what, int32_t **ids, size_t *n, ds41_req_error *e) {
+    size_t m = json_array_size(a);
+    *ids = malloc((m ? m : 1) * sizeof **ids);
+    if (!*ids) return ds41_req_fail(e, 500, "internal_error", NULL, NULL, "out of memory");
+    for (size_t i = 0; i < m; i++) {
+        const json_t *x = json_array_get(a, i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT32_MAX) {
+            free(*ids);
+            *ids = NULL;
+            return BAD(what, "%s[%zu]: expected a token id (an integer >= 0)", what, i);
+        }
+        (*ids)[i] = (int32_t)json_integer_value(x);
+    }
+    *n = m;
+    return 0;
+}
+
+static int add_prompt(ds41_req *r, const json_t *v, size_t idx, ds41_req_error *e) {
+    ds41_req_prompt *p = &r->prompts[r->n_prompts];
+    memset(p, 0, sizeof *p);
+    if (json_is_string(v)) {
+        p->text = dupn(json_string_value(v), json_string_length(v));
+        p->text_len = json_string_length(v);
+        if (!p->text) return ds41_req_fail(e, 500, "internal_error", NULL, NULL, "out of memory");
+    } else if (json_is_array(v)) {
+        if (json_array_size(v) == 0) return BAD("prompt", "prompt[%zu]: empty token list", idx);
+        if (id_array(v, "prompt", &p->ids, &p->n_ids, e)) return -1;
+    } else {
+        return BAD("prompt", "prompt: expected a string, an array of strings, an array of token ids or an array of those");
+    }
+    r->n_prompts++;
+    return 0;
+}
+
+static int parse_prompts(ds41_req *r, const json_t *root, ds41_req_error *e) {
+    const json_t *p = json_object_get(root, "prompt");
+    if (!p || json_is_null(p)) return BAD("prompt", "prompt: required");
+    size_t np = 1;
+    int list = 0;   /* an array of prompts (strings or id arrays), not one id array */
+    if (json_is_array(p)) {
+        if (json_array_size(p) == 0) return BAD("prompt", "prompt: empty array");
+        const json_t *f = json_array_get(p, 0);
+        list = json_is_string(f) || json_is_array(f);
+        if (list) np = json_array_size(p);
+    }
+    if (np > DS41_REQ_MAX_CHOICES) return BAD("prompt", "prompt: %zu prompts, more than %d", np, DS41_REQ_MAX_CHOICES);
+    r->prompts = calloc(np, sizeof *r->prompts);
+    if (!r->prompts) return ds41_req_fail(e, 500, "internal_error", NULL, NULL, "out of memory");
+    if (!list) return add_prompt(r, p, 0, e);
+    for (size_t i = 0; i < np; i++) {
+        const json_t *x = json_array_get(p, i);
+        if (!json_is_string(x) && !json_is_array(x))
+            return BAD("prompt", "prompt[%zu]: expected a string or an array of token ids", i);
+        if (add_prompt(r, x, i, e)) return -1;
+    }
+    return 0;
+}
+
+/* OpenAI reasoning_effort names -> the V4.1 encoder's (low 25, high 50, xhigh 75, max 100). */
+static const char *effort_name(const char *s) {
+    if (!strcmp(s, "minimal")) return "low";
+    if (!strcmp(s, "medium")) return "high";
+    return s;
+}
+
+/* Renders messages (+ tools and thinking options) to the prompt text. */
+static int parse_chat(ds41_req *r, json_t *root, ds41_req_error *e) {
+    const json_t *msgs = json_object_get(root, "messages");
+    if (!json_is_array(msgs)) return BAD("messages", "messages: required, an array of messages");
+    if (json_array_size(msgs) == 0) return BAD("messages", "messages: empty");
+    /* the subset the renderer reads, rebuilt so that OpenAI spellings map onto it */
+    json_t *sub = json_object();
+    json_object_set(sub, "messages", (json_t *)msgs);
+    int rc = -1;
+    const json_t *tc = json_object_get(root, "tool_choice");
+    int choice_none = 0;
+    if (tc && !json_is_null(tc)) {
+        if (json_is_string(tc)) {
+            const char *s = json_string_value(tc);
+            if (!strcmp(s, "none")) choice_none = 1;
+            else if (strcmp(s, "auto") && strcmp(s, "required")) {
+                BAD("tool_choice", "tool_choice: expected none, auto, required or {\"type\": \"function\", ...}");
+                goto out;
+            }
+        } else if (json_is_object(tc)) {
+            const json_t *fn = json_object_get(tc, "function");
+            const char *name = json_string_value(json_object_get(fn, "name"));
+            if (!name) { BAD("tool_choice", "tool_choice.function.name: required"); goto out; }
+            r->tool_choice_name = dupn(name, strlen(name));
+        } else {
+            BAD("tool_choice", "tool_choice: expected a string or an object");
+            goto out;
+        }
+    }
+    const json_t *tools = json_object_get(root, "tools");
+    if (tools && !json_is_null(tools)) {
+        if (!json_is_array(tools)) { BAD("tools", "tools: expected an array of tools"); goto out; }
+        for (size_t i = 0; i < json_array_size(tools); i++) {
+            const json_t *t = json_array_get(tools, i);
+            const json_t *fn = json_object_get(t, "function");
+            if (!json_is_object(t) || !json_is_object(fn) || !json_is_string(json_object_get(fn, "name"))) {
+                BAD("tools", "tools[%zu]: expected {\"type\": \"function\", \"function\": {\"name\": ..., ...}}", i);
+                goto out;
+            }
+        }
+        if (json_array_size(tools) > 0 && !choice_none) {
+            json_object_set(sub, "tools", (json_t *)tools);
+            r->tools = 1;
+        }
+    }
+    if (r->tool_choice_name && !r->tools) { BAD("tool_choice", "tool_choice names a function but no tools are given"); goto out; }
+    /* thinking: chat_template_kwargs.{thinking, enable_thinking}, else reasoning_effort
+     * (anything but "none" turns thinking on), else chat mode */
+    const json_t *kw = json_object_get(root, "chat_template_kwargs");
+    if (kw && !json_is_null(kw) && !json_is_object(kw)) { BAD("chat_template_kwargs", "chat_template_kwargs: expected an object"); goto out; }
+    json_t *kw2 = json_object();
+    json_object_set_new(sub, "chat_template_kwargs", kw2);
+    int thinking_set = 0;
+    if (json_is_object(kw)) {
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)kw, k, v) {
+            if (!strcmp(k, "enable_thinking")) k = "thinking";
+            if (!strcmp(k, "thinking") || !strcmp(k, "reasoning_effort") || !strcmp(k, "drop_thinking")) {
+                if (!strcmp(k, "thinking")) thinking_set = 1;
+                json_object_set(kw2, k, v);
+            }
+        }
+    }
+    const json_t *eff = json_object_get(root, "reasoning_effort");
+    if (eff && !json_is_null(eff)) {
+        if (json_is_string(eff) && !strcmp(json_string_value(eff), "none")) {
+            if (!thinking_set) json_object_set_new(kw2, "thinking", json_false());
+        } else {
+            if (json_is_string(eff)) json_object_set_new(sub, "reasoning_effort", json_string(effort_name(json_string_value(eff))));
+            else json_object_set(sub, "reasoning_effort", (json_t *)eff);
+            if (!thinking_set) json_object_set_new(kw2, "thinking", json_true());
+        }
+    }
+    static const char *pass[] = { "add_generation_prompt", "continue_final_message", "thinking" };
+    for (size_t i = 0; i < sizeof pass / sizeof pass[0]; i++) {
+        json_t *v = json_object_get(root, pass[i]);
+        if (v) json_object_set(sub, pass[i], v);
+    }
+    char *txt = json_dumps(sub, JSON_COMPACT);
+    if (!txt) { ds41_req_fail(e, 500, "internal_error", NULL, NULL, "out of memory"); goto out; }
+    ds41_chat c;
+    ds41_chat_init(&c);
+    ds41_chat_options o;
+    ds41_chat_options_init(&o);
+    ds41_err err;
+    err.msg[0] = 0;
+    int prc = ds41_chat_parse_json(txt, strlen(txt), "request", &c, &o, &err);
+    free(txt);
+    if (prc) {
+        const char *m = err.msg;
+        if (!strncmp(m, "request: ", 9)) m += 9;
+        BAD(!strncmp(m, "messages", 8) ? "messages" : !strncmp(m, "tools", 5) ? "tools" : NULL, "%s", m);
+        ds41_chat_free(&c);
+        goto out;
+    }
+    if (o.continue_final_message && (c.n == 0 || c.msgs[c.n - 1].role != DS41_ROLE_ASSISTANT)) {
+        BAD("messages", "continue_final_message: the last message must be an assistant message");
+        ds41_chat_free(&c);
+        goto out;
+    }
+    if (o.continue_final_message) o.add_generation_prompt = 0;
+    char *out = NULL;
+    size_t olen = 0;
+    int rrc = ds41_chat_render(&c, &o, &out, &olen, &err);
+    ds41_chat_free(&c);
+    if (rrc) {
+        const char *m = err.msg;
+        BAD("messages", "%s", m);
+        goto out;
+    }
+    r->prompts = calloc(1, sizeof *r->prompts);
+    if (!r->prompts) { free(out); ds41_req_fail(e, 500, "internal_error", NULL, NULL, "out of memory"); goto out; }
+    r->prompts[0].text = out;
+    r->prompts[0].text_len = olen;
+    r->n_prompts = 1;
+    /* the generation prompt of thinking mode ends in <think>: output starts as reasoning */
+    r->thinking = o.thinking && o.add_generation_prompt;
+    rc = 0;
+out:
+    json_decref(sub);
+    return rc;
+}
+
+static int parse_stop(ds41_req *r, const json_t *root, ds41_req_error *e) {
+    const json_t *s = json_object_get(root, "stop");
+    if (!s || json_is_null(s)) return 0;
+    if (json_is_string(s)) {
+        if (json_string_length(s) == 0) return 0;
+        r->stop[r->n_stop++] = dupn(json_string_value(s), json_string_length(s));
+        return 0;
+    }
+    if (!json_is_array(s)) return BAD("stop", "stop: expected a string or an array of strings");
+    if (json_array_size(s) > DS41_REQ_MAX_STOP) return BAD("stop", "stop: more than %d strings", DS41_REQ_MAX_STOP);
+    for (size_t i = 0; i < json_array_size(s); i++) {
+        const json_t *x = json_array_get(s, i);
+        if (!json_is_string(x)) return BAD("stop", "stop[%zu]: expected a string", i);
+        if (json_string_length(x) == 0) continue;
+        if (json_string_length(x) > 1024) return BAD("stop", "stop[%zu]: longer than 1024 bytes", i);
+        r->stop[r->n_stop++] = dupn(json_string_value(x), json_string_length(x));
+    }
+    return 0;
+}
+
+static int parse_sampling(ds41_req *r, const json_t *root, ds41_req_error *e) {
+    long long n = 1, topk = 0, mt = -1, tl = 0;
+    if (opt_num(root, "temperature", 0, 2, &r->temperature, e) || opt_num(root, "top_p", 0, 1, &r->top_p, e) ||
+        opt_num(root, "min_p", 0, 1, &r->min_p, e) || opt_int(root, "top_k", -1, INT32_MAX, &topk, e) ||
+        opt_int(root, "n", 1, DS41_REQ_MAX_N, &n, e))
+        return -1;
+    if (r->top_p <= 0) return BAD("top_p", "top_p: must be in (0, 1]");
+    r->top_k = topk < 0 ? 0 : (int)topk;
+    r->n = (int)n;
+    if (opt_int(root, "max_tokens", 0, INT32_MAX, &mt, e) ||
+        opt_int(root, "max_completion_tokens", 0, INT32_MAX, &mt, e))
+        return -1;
+    if (mt == 0 && !(r->kind == DS41_REQ_COMPLETION)) return BAD("max_tokens", "max_tokens: must be at least 1");
+    r->max_tokens = mt;
+    const json_t *sd = json_object_get(root, "seed");
+    if (sd && !json_is_null(sd)) {
+        if (!json_is_integer(sd)) return BAD("seed", "seed: expected an integer");
+        r->has_seed = 1;
+        r->seed = (uint64_t)json_integer_value(sd);
+    }
+    if (parse_stop(r, root, e)) return -1;
+    const json_t *sti = json_object_get(root, "stop_token_ids");
+    if (sti && !json_is_null(sti)) {
+        if (!json_is_array(sti) || json_array_size(sti) > 64) return BAD("stop_token_ids", "stop_token_ids: expected an array of at most 64 ids");
+        if (id_array(sti, "stop_token_ids", &r->stop_token_ids, &r->n_stop_token_ids, e)) return -1;
+    }
+    /* logprobs: chat -> bool + top_logprobs; completions -> an integer 0..20 */
+    const json_t *lp = json_object_get(root, "logprobs");
+    if (r->kind == DS41_REQ_CHAT) {
+        if (opt_bool(root, "logprobs", &r->logprobs, e)) return -1;
+        if (opt_int(root, "top_logprobs", 0, DS41_REQ_MAX_TOP_LOGPROBS, &tl, e)) return -1;
+        if (tl > 0 && !r->logprobs) return BAD("top_logprobs", "top_logprobs: needs logprobs: true");
+        r->top_logprobs = (int)tl;
+    } else if (lp && !json_is_null(lp)) {
+        if (!json_is_integer(lp) || json_integer_value(lp) < 0 || json_integer_value(lp) > DS41_REQ_MAX_TOP_LOGPROBS)
+            return BAD("logprobs", "logprobs: expected an integer 0..%d", DS41_REQ_MAX_TOP_LOGPROBS);
+        r->logprobs = 1;
+        r->top_logprobs = (int)json_integer_value(lp);
+    }
+    if (opt_bool(root, "stream", &r->stream, e) || opt_bool(root, "ignore_eos", &r->ignore_eos, e) ||
+        opt_bool(root, "skip_special_tokens", &r->skip_special_tokens, e))
+        return -1;
+    const json_t *so = json_object_get(root, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so)) return BAD("stream_options", "stream_options: expected an object");
+        if (!r->stream) return BAD("stream_options", "stream_options: only allowed with stream: true");
+        if (opt_bool(so, "include_usage", &r->include_usage, e)) return -1;
+    }
+    if (r->kind == DS41_REQ_COMPLETION && opt_bool(root, "echo", &r->echo, e)) return -1;
+    if (r->kind == DS41_REQ_COMPLETION && r->max_tokens == 0 && !r->echo)
+        return BAD("max_tokens", "max_tokens: 0 is only allowed with echo");
+    /* refused rather than ignored: they would change the output */
+    double pen = 0;
+    if (opt_num(root, "presence_penalty", -2, 2, &pen, e)) return -1;
+    if (pen != 0) return BAD("presence_penalty", "presence_penalty: not supported (only 0)");
+    if (opt_num(root, "frequency_penalty", -2, 2, &pen, e)) return -1;
+    if (pen != 0) return BAD("frequency_penalty", "frequency_penalty: not supported (only 0)");
+    pen = 1;
+    if (opt_num(root, "repetition_penalty", 0, 1e9, &pen, e)) return -1;
+    if (pen != 1) return BAD("repetition_penalty", "repetition_penalty: not supported (only 1)");
+    const json_t *lb = json_object_get(root, "logit_bias");
+    if (lb && !json_is_null(lb) && (!json_is_object(lb) || json_object_size(lb) > 0))
+        return BAD("logit_bias", "logit_bias: not supported");
+    const json_t *rf = json_object_get(root, "response_format");
+    if (rf && !json_is_null(rf)) {
+        const char *t = json_string_value(json_object_get(rf, "type"));
+        if (!t || strcmp(t, "text")) return BAD("response_format", "response_format: only {\"type\": \"text\"} is supported");
+    }
+    long long best = n;
+    if (opt_int(root, "best_of", 1, DS41_REQ_MAX_N, &best, e)) return -1;
+    if (best != n) return BAD("best_of", "best_of: only equal to n is supported");
+    const json_t *sfx = json_object_get(root, "suffix");
+    if (sfx && !json_is_null(sfx)) return BAD("suffix", "suffix: not supported");
+    return 0;
+}
+
+int ds41_req_parse(ds41_req_kind kind, const char *body, size_t len, ds41_req *r, ds41_req_error *e) {
+    memset(r, 0, sizeof *r);
+    r->kind = kind;
+    r->n = 1;
+    r->max_tokens = -1;
+    r->temperature = 1.0;
+    r->top_p = 1.0;
+    r->skip_special_tokens = 1;
+    json_t *root = load_body(body, len, e);
+    if (!root) return -1;
+    int rc = -1;
+    const json_t *m = json_object_get(root, "model");
+    if (m && !json_is_null(m)) {
+        if (!json_is_string(m)) { BAD("model", "model: expected a string"); goto out; }
+        r->model = dupn(json_string_value(m), json_string_length(m));
+    }
+    const json_t *u = json_object_get(root, "user");
+    if (u && !json_is_null(u) && !json_is_string(u)) { BAD("user", "user: expected a string"); goto out; }
+    if (parse_sampling(r, root, e)) goto out;
+    if (kind == DS41_REQ_CHAT ? parse_chat(r, root, e) : parse_prompts(r, root, e)) goto out;
+    if (r->n_prompts * (size_t)r->n > DS41_REQ_MAX_CHOICES) {
+        BAD("n", "%zu prompts x n %d is more than %d choices", r->n_prompts, r->n, DS41_REQ_MAX_CHOICES);
+        goto out;
+    }
+    rc = 0;
+out:
+    json_decref(root);
+    if (rc) ds41_req_free(r);
+    return rc;
+}
+
+void ds41_req_free(ds41_req *r) {
+    if (!r) return;
+    for (size_t i = 0; i < r->n_prompts; i++) { free(r->prompts[i].text); free(r->prompts[i].ids); }
+    free(r->prompts);
+    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->stop_token_ids);
+    free(r->model);
+    free(r->tool_choice_name);
+    free(r->user);
+    memset(r, 0, sizeof *r);
+}
+
+int ds41_req_parse_tokenize(const char *body, size_t len, char **text, size_t *text_len, int *add_special,
+                            ds41_req_error *e) {
+    *text = NULL;
+    json_t *root = load_body(body, len, e);
+    if (!root) return -1;
+    int rc = -1;
+    *add_special = 1;
+    if (json_object_get(root, "messages")) {
+        ds41_req r;
+        char *txt = json_dumps(root, JSON_COMPACT);
+        json_decref(root);
+        root = NULL;
+        if (!txt) return ds41_req_fail(e, 500, "internal_error", NULL, NULL, "out of memory");
+        /* the same rendering as a chat request */
+        int prc = ds41_req_parse(DS41_REQ_CHAT, txt, strlen(txt), &r, e);
+        free(txt);
+        if (prc) return -1;
+        *text = r.prompts[0].text;
+        *text_len = r.prompts[0].text_len;
+        r.prompts[0].text = NULL;
+        ds41_req_free(&r);
+        *add_special = 0;
+        return 0;
+    }
+    const json_t *p = json_object_get(root, "prompt");
+    if (!json_is_string(p)) { BAD("prompt", "prompt: required, a string (or give messages)"); goto out; }
+    int as = 1;
+    if (opt_bool(root, "add_special_tokens", &as, e)) goto out;
+    *add_special = as;
+    *text = dupn(json_string_value(p), json_string_length(p));
+    *text_len = json_string_length(p);
+    rc = *text ? 0 : ds41_req_fail(e, 500, "internal_error", NULL, NULL, "out of memory");
+out:
+    json_decref(root);
+    return rc;
+}
+
+int ds41_req_parse_detokenize(const char *body, size_t len, int32_t **ids, size_t *n, ds41_req_error *e) {
+    *ids = NULL;
+    *n = 0;
+    json_t *root = load_body(body, len, e);
+    if (!root) return -1;
+    const json_t *t = json_object_get(root, "tokens");
+    int rc = json_is_array(t) ? id_array(t, "tokens", ids, n, e) : BAD("tokens", "tokens: required, an array of token ids");
+    json_decref(root);
+    return rc;
+}

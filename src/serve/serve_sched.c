@@ -1,0 +1,459 @@
+/* ds41 serve: scheduler (serve_sched.h). Lock order: S->mu before g->mu; the HTTP threads
+ * take g->mu alone or S->mu alone, never g->mu then S->mu. */
+#define _GNU_SOURCE
+#include "serve_sched.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct ds41_sched {
+    ds41_engine *e;
+    const ds41_tokenizer *tok;
+    ds41_sched_params p;
+    ds41_metrics *m;
+    int V, eos;
+    long long ctx;
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stopping;
+    /* waiting FIFO (ring of max_queue) and running set; S->mu */
+    ds41_sseq **q;
+    int q_head, q_len;
+    ds41_sseq **run;
+    int n_run;
+    long long kv_reserved, kv_used, sessions_open;
+    char *piece;     /* detok scratch */
+    size_t piece_cap;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---------------------------------------------------------------- groups */
+
+ds41_sgroup *ds41_sgroup_new(int n_seq) {
+    ds41_sgroup *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    g->seq = calloc((size_t)(n_seq > 0 ? n_seq : 1), sizeof *g->seq);
+    if (!g->seq) { free(g); return NULL; }
+    g->n_seq = n_seq;
+    g->refs = 1;
+    g->skip_special = 1;
+    atomic_init(&g->cancel, 0);
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    for (int i = 0; i < n_seq; i++) { g->seq[i].g = g; g->seq[i].n_top = -1; }
+    return g;
+}
+
+static void sgroup_free(ds41_sgroup *g) {
+    for (int i = 0; i < g->n_seq; i++) {
+        ds41_sseq *q = &g->seq[i];
+        free(q->prompt); free(q->ids); free(q->lp); free(q->top_id); free(q->top_lp); free(q->off); free(q->text);
+    }
+    for (int i = 0; i < g->n_stop; i++) free(g->stop[i]);
+    free(g->stop);
+    free(g->stop_ids);
+    free(g->seq);
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    free(g);
+}
+
+void ds41_sgroup_release(ds41_sgroup *g) {
+    if (!g) return;
+    pthread_mutex_lock(&g->mu);
+    int left = --g->refs;
+    pthread_mutex_unlock(&g->mu);
+    if (left == 0) sgroup_free(g);
+}
+
+/* ---------------------------------------------------------------- budget */
+
+long long ds41_sched_reserve_bytes(const ds41_sched *S, size_t n_prompt, long long max_tokens) {
+    long long t = (long long)n_prompt + (max_tokens > 0 ? max_tokens : 0);
+    if (t > S->ctx) t = S->ctx;
+    long long pages = (t + 127) / 128;
+    return S->p.bounded_bytes + (long long)ceil(S->p.kv_per_token * 128.0) * pages;
+}
+
+/* ---------------------------------------------------------------- submit / cancel */
+
+int ds41_sched_submit(ds41_sched *S, ds41_sgroup *g, int *status) {
+    pthread_mutex_lock(&S->mu);
+    if (S->stopping) { pthread_mutex_unlock(&S->mu); *status = 503; return -1; }
+    if (S->q_len + g->n_seq > S->p.max_queue) { pthread_mutex_unlock(&S->mu); *status = 429; return -1; }
+    pthread_mutex_lock(&g->mu);
+    g->refs++;
+    pthread_mutex_unlock(&g->mu);
+    g->t_arrival = now_s();
+    for (int i = 0; i < g->n_seq; i++) {
+        ds41_sseq *q = &g->seq[i];
+        q->state = DS41_SEQ_WAITING;
+        q->reserve = ds41_sched_reserve_bytes(S, q->n_prompt, q->max_tokens);
+        S->q[(S->q_head + S->q_len++) % S->p.max_queue] = q;
+    }
+    pthread_cond_signal(&S->cv);
+    pthread_mutex_unlock(&S->mu);
+    return 0;
+}
+
+void ds41_sched_cancel(ds41_sched *S, ds41_sgroup *g) {
+    atomic_store(&g->cancel, 1);
+    pthread_mutex_lock(&S->mu);
+    pthread_cond_signal(&S->cv);
+    pthread_mutex_unlock(&S->mu);
+}
+
+void ds41_sched_gauges(ds41_sched *S, ds41_gauges *o) {
+    memset(o, 0, sizeof *o);
+    pthread_mutex_lock(&S->mu);
+    o->running = S->n_run;
+    o->waiting = S->q_len;
+    o->sessions_open = S->sessions_open;
+    o->kv_budget = S->p.kv_budget;
+    o->kv_reserved = S->kv_reserved;
+    o->kv_used = S->kv_used;
+    pthread_mutex_unlock(&S->mu);
+}
+
+/* ---------------------------------------------------------------- finishing */
+
+/* Marks q finished (group mutex), closes its session, and drops the scheduler's reference to
+ * the group after its last sequence. Called on the scheduler thread without S->mu. */
+static void seq_finish(ds41_sched *S, ds41_sseq *q, int reason, const char *err) {
+    ds41_sgroup *g = q->g;
+    double t = now_s();
+    if (q->s) {
+        ds41_session_close(q->s);
+        q->s = NULL;
+        pthread_mutex_lock(&S->mu);
+        S->sessions_open--;
+        pthread_mutex_unlock(&S->mu);
+    }
+    ds41_metrics *m = S->m;
+    pthread_mutex_lock(&m->mu);
+    m->finished[reason]++;
+    pthread_mutex_unlock(&m->mu);
+    if (reason != DS41_FIN_ABORT && reason != DS41_FIN_ERROR) {
+        ds41_metrics_observe(m, &m->e2e, t - g->t_arrival);
+        ds41_metrics_observe(m, &m->gen_len, (double)q->n_ids);
+        ds41_metrics_observe(m, &m->prompt_len, (double)q->n_prompt);
+        if (q->t_first > 0) ds41_metrics_observe(m, &m->decode, t - q->t_first);
+    }
+    q->state = DS41_SEQ_DONE;
+    pthread_mutex_lock(&g->mu);
+    q->finished = 1;
+    q->finish = reason;
+    if (err) snprintf(q->err, sizeof q->err, "%s", err);
+    int last = ++g->n_finished == g->n_seq;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    if (last) ds41_sgroup_release(g);
+}
+
+/* ---------------------------------------------------------------- one token */
+
+static int grow(ds41_sseq *q) {
+    if (q->n_ids < q->cap_ids) return 0;
+    size_t nc = q->cap_ids ? q->cap_ids * 2 : 64;
+    int32_t *ids = realloc(q->ids, nc * sizeof *ids);
+    if (!ids) return -1;
+    q->ids = ids;
+    size_t *off = realloc(q->off, nc * sizeof *off);
+    if (!off) return -1;
+    q->off = off;
+    if (q->n_top >= 0) {
+        float *lp = realloc(q->lp, nc * sizeof *lp);
+        if (!lp) return -1;
+        q->lp = lp;
+        size_t k = (size_t)(q->n_top > 0 ? q->n_top : 1);
+        int32_t *ti = realloc(q->top_id, nc * k * sizeof *ti);
+        if (!ti) return -1;
+        q->top_id = ti;
+        float *tl = realloc(q->top_lp, nc * k * sizeof *tl);
+        if (!tl) return -1;
+        q->top_lp = tl;
+    }
+    q->cap_ids = nc;
+    return 0;
+}
+
+static int text_add(ds41_sseq *q, const char *p, size_t n) {
+    if (q->text_len + n + 1 > q->text_cap) {
+        size_t nc = (q->text_cap ? q->text_cap * 2 : 256) + n;
+        char *t = realloc(q->text, nc);
+        if (!t) return -1;
+        q->text = t;
+        q->text_cap = nc;
+    }
+    memcpy(q->text + q->text_len, p, n);
+    q->text_len += n;
+    q->text[q->text_len] = 0;
+    return 0;
+}
+
+/* log-softmax of logits at id and the n_top best (values descending, ties lower id). */
+static void logprobs(const float *lg, int V, int32_t id, int n_top, float *lp, int32_t *top_id, float *top_lp) {
+    double mx = -INFINITY;
+    for (int i = 0; i < V; i++) if (lg[i] > mx) mx = lg[i];
+    double se = 0;
+    for (int i = 0; i < V; i++) se += exp((double)lg[i] - mx);
+    double lse = mx + log(se);
+    *lp = (float)((double)lg[id] - lse);
+    int nb = 0;
+    for (int i = 0; i < V && n_top > 0; i++) {
+        if (nb == n_top && !(lg[i] > lg[top_id[n_top - 1]])) continue;
+        int j = nb < n_top ? nb++ : n_top - 1;
+        while (j > 0 && lg[i] > lg[top_id[j - 1]]) { top_id[j] = top_id[j - 1]; j--; }
+        top_id[j] = i;
+    }
+    for (int i = 0; i < nb; i++) top_lp[i] = (float)((double)lg[top_id[i]] - lse);
+    for (int i = nb; i < n_top; i++) { top_id[i] = 0; top_lp[i] = -INFINITY; }
+}
+
+/* Samples q's next token from its fresh logits, records it and applies the stop conditions.
+ * Returns 1 when q finished. */
+static int seq_token(ds41_sched *S, ds41_sseq *q, double t) {
+    ds41_sgroup *g = q->g;
+    int32_t id = ds41_session_sample(q->s);
+    if (id < 0 || id >= S->V) { seq_finish(S, q, DS41_FIN_ERROR, "sampling failed"); return 1; }
+    int is_eos = !g->ignore_eos && id == S->eos && S->eos >= 0;
+    for (size_t i = 0; i < g->n_stop_ids && !is_eos; i++) is_eos = id == g->stop_ids[i];
+    size_t pl = 0;
+    if (S->tok && !is_eos) pl = ds41_detok_stream_push(&q->ds, id, S->piece, S->piece_cap);
+    ds41_metrics *m = S->m;
+    if (q->t_first == 0) {
+        q->t_first = t;
+        ds41_metrics_observe(m, &m->ttft, t - g->t_arrival);
+        ds41_metrics_observe(m, &m->prefill, t - q->t_admit);
+    } else {
+        ds41_metrics_observe(m, &m->itl, t - q->t_last);
+    }
+    q->t_last = t;
+    pthread_mutex_lock(&m->mu);
+    m->generation_tokens++;
+    pthread_mutex_unlock(&m->mu);
+    int reason = -1;
+    pthread_mutex_lock(&g->mu);
+    int oom = grow(q);
+    if (!oom) {
+        size_t k = (size_t)(q->n_top > 0 ? q->n_top : 0);
+        if (q->n_top >= 0)
+            logprobs(ds41_logits(q->s), S->V, id, q->n_top, &q->lp[q->n_ids], q->top_id + q->n_ids * k,
+                     q->top_lp + q->n_ids * k);
+        q->off[q->n_ids] = q->text_len;
+        q->ids[q->n_ids++] = id;
+        size_t before = q->text_len;
+        oom = text_add(q, S->piece, pl);
+        if (!oom && (is_eos || (long long)q->n_ids >= q->max_tokens || ds41_session_pos(q->s) >= S->ctx)) {
+            /* the text held back by the stream decoder is final now */
+            size_t fl = S->tok && !is_eos ? ds41_detok_stream_flush(&q->ds, S->piece, S->piece_cap) : 0;
+            oom = text_add(q, S->piece, fl);
+            reason = is_eos ? DS41_FIN_STOP : DS41_FIN_LENGTH;
+        }
+        /* stop strings: the earliest match in the text that could have changed */
+        size_t from = before > g->stop_hold ? before - g->stop_hold : 0, best = (size_t)-1;
+        for (int i = 0; i < g->n_stop && !oom; i++) {
+            const char *hit = memmem(q->text + from, q->text_len - from, g->stop[i], strlen(g->stop[i]));
+            if (hit && (size_t)(hit - q->text) < best) best = (size_t)(hit - q->text);
+        }
+        if (best != (size_t)-1) {
+            q->text_len = best;
+            q->text[best] = 0;
+            reason = DS41_FIN_STOP;
+        }
+    }
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    if (oom) { seq_finish(S, q, DS41_FIN_ERROR, "out of memory"); return 1; }
+    if (reason >= 0) { seq_finish(S, q, reason, NULL); return 1; }
+    q->next = id;
+    q->state = DS41_SEQ_DECODE;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the loop */
+
+static int open_session(ds41_sched *S, ds41_sseq *q) {
+    char eb[512];
+    q->s = ds41_session_open(S->e, &S->p.sp, eb, sizeof eb);
+    if (!q->s) { seq_finish(S, q, DS41_FIN_ERROR, eb); return -1; }
+    pthread_mutex_lock(&S->mu);
+    S->sessions_open++;
+    pthread_mutex_unlock(&S->mu);
+    ds41_session_set_sampling(q->s, q->temperature, q->top_k, q->top_p, q->min_p, q->seed);
+    if (S->tok) {
+        ds41_detok_stream_init(&q->ds, S->tok);
+        q->ds.skip_special = q->g->skip_special;
+    }
+    q->fed = 0;
+    q->state = DS41_SEQ_PREFILL;
+    return 0;
+}
+
+static void *sched_main(void *arg) {
+    ds41_sched *S = arg;
+    int P = S->p.parallel;
+    ds41_session **bs = calloc((size_t)P, sizeof *bs);
+    const int32_t **bi = calloc((size_t)P, sizeof *bi);
+    size_t *bn = calloc((size_t)P, sizeof *bn);
+    ds41_sseq **bq = calloc((size_t)P, sizeof *bq), **admitted = calloc((size_t)P, sizeof *admitted);
+    ds41_sseq **local = calloc((size_t)P, sizeof *local), **dropped = calloc((size_t)S->p.max_queue + 1, sizeof *dropped);
+    if (!bs || !bi || !bn || !bq || !admitted || !local || !dropped) abort();
+    for (;;) {
+        /* ---- admission (S->mu) */
+        int n_adm = 0, n_drop = 0, stop = 0;
+        pthread_mutex_lock(&S->mu);
+        while (!S->stopping && S->n_run == 0 && S->q_len == 0) pthread_cond_wait(&S->cv, &S->mu);
+        stop = S->stopping;
+        while (S->q_len > 0) {
+            ds41_sseq *q = S->q[S->q_head];
+            if (!stop && !atomic_load(&q->g->cancel)) {
+                if (S->n_run >= P || S->kv_reserved + q->reserve > S->p.kv_budget) break;
+                S->kv_reserved += q->reserve;
+                S->run[S->n_run++] = q;
+                admitted[n_adm++] = q;
+            } else {
+                dropped[n_drop++] = q;
+            }
+            S->q_head = (S->q_head + 1) % S->p.max_queue;
+            S->q_len--;
+        }
+        int n_local = S->n_run;
+        memcpy(local, S->run, (size_t)n_local * sizeof *local);
+        pthread_mutex_unlock(&S->mu);
+
+        double t = now_s();
+        for (int i = 0; i < n_drop; i++) seq_finish(S, dropped[i], DS41_FIN_ABORT, stop ? "server shutting down" : "cancelled");
+        for (int i = 0; i < n_adm; i++) {
+            admitted[i]->t_admit = t;
+            ds41_metrics_observe(S->m, &S->m->queue, t - admitted[i]->g->t_arrival);
+            open_session(S, admitted[i]);
+        }
+        /* ---- cancelled or stopping running sequences */
+        for (int i = 0; i < n_local; i++) {
+            ds41_sseq *q = local[i];
+            if (q->state != DS41_SEQ_DONE && (stop || atomic_load(&q->g->cancel)))
+                seq_finish(S, q, DS41_FIN_ABORT, stop ? "server shutting down" : "cancelled");
+        }
+        /* ---- one batch under the token budget: decode rows first, then prefill chunks */
+        int nb = 0;
+        long long budget = S->p.batch_tokens;
+        for (int i = 0; i < n_local; i++) {
+            ds41_sseq *q = local[i];
+            if (q->state != DS41_SEQ_DECODE) continue;
+            bq[nb] = q; bs[nb] = q->s; bi[nb] = &q->next; bn[nb] = 1; nb++;
+            budget--;
+        }
+        for (int i = 0; i < n_local; i++) {
+            ds41_sseq *q = local[i];
+            if (q->state != DS41_SEQ_PREFILL) continue;
+            long long left = (long long)(q->n_prompt - q->fed), c = left < budget ? left : budget;
+            if (c < left && c < S->p.min_chunk) {
+                if (nb > 0) continue;
+                c = left < S->p.min_chunk ? left : S->p.min_chunk;
+            }
+            if (c <= 0) continue;
+            bq[nb] = q; bs[nb] = q->s; bi[nb] = q->prompt + q->fed; bn[nb] = (size_t)c; nb++;
+            budget -= c;
+        }
+        if (nb > 0) {
+            long long ntok = 0;
+            for (int i = 0; i < nb; i++) ntok += (long long)bn[i];
+            ds41_feed_batch(bs, bi, bn, nb);
+            double t1 = now_s();
+            ds41_metrics_observe(S->m, &S->m->iter_tokens, (double)ntok);
+            pthread_mutex_lock(&S->m->mu);
+            S->m->steps++;
+            pthread_mutex_unlock(&S->m->mu);
+            for (int i = 0; i < nb; i++) {
+                ds41_sseq *q = bq[i];
+                const char *err = ds41_session_error(q->s);
+                if (err && err[0]) { seq_finish(S, q, DS41_FIN_ERROR, err); continue; }
+                if (q->state == DS41_SEQ_PREFILL) {
+                    q->fed += bn[i];
+                    pthread_mutex_lock(&S->m->mu);
+                    S->m->prompt_tokens += bn[i];
+                    pthread_mutex_unlock(&S->m->mu);
+                    if (q->fed < q->n_prompt) continue;
+                    if (q->max_tokens == 0) { seq_finish(S, q, DS41_FIN_LENGTH, NULL); continue; }
+                }
+                seq_token(S, q, t1);
+            }
+        }
+        /* ---- retire finished sequences, account the state held */
+        long long used = 0;
+        for (int i = 0; i < n_local; i++)
+            if (local[i]->s) {
+                ds41_state_info si;
+                ds41_session_state(local[i]->s, &si);
+                used += si.total_bytes;
+            }
+        pthread_mutex_lock(&S->mu);
+        int k = 0;
+        for (int i = 0; i < S->n_run; i++) {
+            if (S->run[i]->state == DS41_SEQ_DONE) S->kv_reserved -= S->run[i]->reserve;
+            else S->run[k++] = S->run[i];
+        }
+        S->n_run = k;
+        S->kv_used = used;
+        int done = S->stopping && S->n_run == 0 && S->q_len == 0;
+        pthread_mutex_unlock(&S->mu);
+        if (done) break;
+    }
+    free(bs); free(bi); free(bn); free(bq); free(admitted); free(local); free(dropped);
+    return NULL;
+}
+
+ds41_sched *ds41_sched_start(ds41_engine *e, const ds41_tokenizer *tok, const ds41_sched_params *p,
+                             ds41_metrics *m, char *err, size_t errcap) {
+    ds41_sched *S = calloc(1, sizeof *S);
+    if (!S) { snprintf(err, errcap, "out of memory"); return NULL; }
+    S->e = e;
+    S->tok = tok;
+    S->p = *p;
+    if (S->p.parallel < 1) S->p.parallel = 1;
+    if (S->p.max_queue < 1) S->p.max_queue = 1;
+    if (S->p.batch_tokens < 1) S->p.batch_tokens = 1;
+    S->m = m;
+    S->V = ds41_vocab_size(e);
+    S->ctx = ds41_ctx_size(e);
+    S->eos = tok ? ds41_tokenizer_eos(tok) : -1;
+    S->q = calloc((size_t)S->p.max_queue, sizeof *S->q);
+    S->run = calloc((size_t)S->p.parallel, sizeof *S->run);
+    S->piece_cap = tok ? ds41_detok_stream_cap(tok) : 16;
+    S->piece = malloc(S->piece_cap);
+    pthread_mutex_init(&S->mu, NULL);
+    pthread_cond_init(&S->cv, NULL);
+    if (!S->q || !S->run || !S->piece || pthread_create(&S->th, NULL, sched_main, S)) {
+        snprintf(err, errcap, "cannot start the scheduler");
+        free(S->q); free(S->run); free(S->piece); free(S);
+        return NULL;
+    }
+    return S;
+}
+
+void ds41_sched_stop(ds41_sched *S) {
+    if (!S) return;
+    pthread_mutex_lock(&S->mu);
+    S->stopping = 1;
+    pthread_cond_signal(&S->cv);
+    pthread_mutex_unlock(&S->mu);
+    pthread_join(S->th, NULL);
+}
+
+void ds41_sched_free(ds41_sched *S) {
+    if (!S) return;
+    pthread_mutex_destroy(&S->mu);
+    pthread_cond_destroy(&S->cv);
+    free(S->q); free(S->run); free(S->piece);
+    free(S);
+}

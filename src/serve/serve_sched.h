@@ -1,0 +1,113 @@
+/* ds41 serve: the scheduler (continuous batching over ds41_feed_batch).
+ *
+ * One scheduler thread owns every engine session. Each step it
+ *   1. drops cancelled sequences (client gone) and closes their sessions,
+ *   2. admits waiting sequences in arrival order while fewer than `parallel` run and the
+ *      sequence's KV reservation fits the byte budget (head of line waits: no overtaking),
+ *   3. builds ONE batch under the token budget: one row per decoding sequence first, then
+ *      prefill chunks of the sequences still prefilling (a chunk other than a prompt's last is
+ *      at least `min_chunk` tokens, the sliding window, so chunked prefill stays exact),
+ *   4. calls ds41_feed_batch once over the batch,
+ *   5. samples each sequence whose logits are new (its own session RNG, seeded per request),
+ *      detokenizes, applies the stop conditions and wakes the HTTP thread waiting on it.
+ *
+ * Admission reserves a sequence's whole KV need up front: bounded per-sequence state +
+ * global KV bytes/token x min(ctx, prompt + max_tokens) rounded up to 128-token pages. A
+ * running sequence therefore never runs out and is never preempted; a sequence that does not
+ * fit waits in the queue until running ones finish. A full queue refuses new requests (429). */
+#ifndef DS41_SERVE_SCHED_H
+#define DS41_SERVE_SCHED_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "ds41.h"
+#include "serve_metrics.h"
+#include "tokenizer.h"
+
+typedef struct ds41_sched_params {
+    int parallel;             /* sequences running at most */
+    int batch_tokens;         /* tokens per step (decode rows + prefill chunks) */
+    int max_queue;            /* waiting sequences at most; more -> 429 */
+    int min_chunk;            /* smallest non-final prefill chunk (the window) */
+    long long kv_budget;      /* bytes */
+    double kv_per_token;      /* global KV bytes per token */
+    long long bounded_bytes;  /* bounded per-sequence state */
+    ds41_session_params sp;
+} ds41_sched_params;
+
+enum { DS41_SEQ_WAITING, DS41_SEQ_PREFILL, DS41_SEQ_DECODE, DS41_SEQ_DONE };
+
+typedef struct ds41_sgroup ds41_sgroup;
+
+/* One sequence (one choice of a request). Inputs are set before submit and read-only after;
+ * outputs are written by the scheduler under the group's mutex. */
+typedef struct ds41_sseq {
+    /* input */
+    int32_t *prompt;
+    size_t n_prompt;
+    float temperature, top_p, min_p;
+    int top_k;
+    uint64_t seed;
+    long long max_tokens;     /* resolved: > 0 */
+    int n_top;                /* -1: no logprobs; else alternatives per position */
+    /* output (group mutex) */
+    int32_t *ids;             /* generated ids (EOS / stop ids included) */
+    float *lp;                /* logprob of ids[i] (n_top >= 0) */
+    int32_t *top_id;          /* [i * n_top + k] */
+    float *top_lp;
+    size_t *off;              /* text offset before ids[i] */
+    size_t n_ids, cap_ids;
+    char *text;               /* decoded text, cut at a stop string */
+    size_t text_len, text_cap;
+    int finished, finish;     /* DS41_FIN_* */
+    char err[256];
+    /* scheduler private */
+    ds41_sgroup *g;
+    int state;
+    ds41_session *s;
+    size_t fed;
+    int32_t next;
+    long long reserve;
+    ds41_detok_stream ds;
+    double t_admit, t_first, t_last;
+} ds41_sseq;
+
+struct ds41_sgroup {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    ds41_sseq *seq;
+    int n_seq, n_finished, refs;
+    atomic_int cancel;
+    /* stop conditions shared by the choices */
+    char **stop;
+    int n_stop;
+    size_t stop_hold;         /* longest stop string - 1: text the consumer must not show yet */
+    int32_t *stop_ids;
+    size_t n_stop_ids;
+    int ignore_eos, skip_special;
+    double t_arrival;
+};
+
+typedef struct ds41_sched ds41_sched;
+
+ds41_sched *ds41_sched_start(ds41_engine *e, const ds41_tokenizer *tok, const ds41_sched_params *p,
+                             ds41_metrics *m, char *err, size_t errcap);
+/* Aborts everything running or waiting, closes the sessions and joins the thread; submit then
+ * answers 503. ds41_sched_free releases the memory once no other thread uses S. */
+void ds41_sched_stop(ds41_sched *S);
+void ds41_sched_free(ds41_sched *S);
+
+/* A group with n_seq zeroed sequences and one reference (the caller's). */
+ds41_sgroup *ds41_sgroup_new(int n_seq);
+void ds41_sgroup_release(ds41_sgroup *g);
+/* Reservation of a sequence with this prompt and max_tokens (bytes). */
+long long ds41_sched_reserve_bytes(const ds41_sched *S, size_t n_prompt, long long max_tokens);
+/* Queues all sequences of g (the scheduler takes a reference). 0; -1 with status 429 when the
+ * queue is full, 503 when the scheduler is stopping. */
+int ds41_sched_submit(ds41_sched *S, ds41_sgroup *g, int *status);
+void ds41_sched_cancel(ds41_sched *S, ds41_sgroup *g);
+void ds41_sched_gauges(ds41_sched *S, ds41_gauges *out);
+
+#endif
