@@ -40,6 +40,8 @@ typedef struct ds41_session_params {
     int chunk;             /* > 0: feeds longer than this run in chunks of this many tokens */
     int index_k;           /* DS41_INDEX_K_* (spec 3.9 / 10.1) */
     int draft;             /* 1: keep the DSpark context rings so ds41_session_draft can propose */
+    int no_meta_reuse;     /* P5 off: a proposal recomputes the context row and ring key of its
+                            * position instead of reusing the ones the target side seeded */
 } ds41_session_params;
 
 void ds41_load_params_default(ds41_load_params *p);
@@ -95,6 +97,94 @@ int ds41_session_sample(ds41_session *s);           /* next token from the curre
  * acceptance probability). Greedy Markov loop. The trace (if any) records them. */
 int ds41_draft_block_size(const ds41_engine *e);     /* 0 without DSpark stages */
 int ds41_session_draft(ds41_session *s, int32_t t_next, int32_t *ids, float *conf);
+
+/* ---- Speculative decoding (spec 5.3-5.4; README "Speculative decoding") ----
+ * One step on a session: t_next = the pending token (see below) or a sample from the current
+ * logits; the drafter proposes after it; the scheduler picks K drafts; one forward verifies
+ * [t_next, d_1..d_K] with every row seeing exactly the KV list of a single-token decode (so in
+ * exact mode greedy speculation gives the same tokens and bit-identical logits as plain greedy
+ * decoding); the longest accepted prefix is kept (greedy: d_i == argmax; temperature > 0:
+ * rejection sampling with the session's sampler and random stream, which keeps the target
+ * distribution exactly: drafts are greedy, so q is a point mass and d_i is accepted with
+ * probability p(d_i) of the filtered target distribution p; on a rejection the token is drawn
+ * from p with d_i removed, renormalised); everything the rejected rows wrote is rolled back.
+ * Emits: t_next (unless it was pending), the accepted drafts, and the next token (argmax /
+ * residual / fresh sample of the last kept row), which stays pending: it is fed as the first
+ * row of the next step. ds41_feed and ds41_session_reset drop a pending token (feed it
+ * yourself if the context should hold it, as with plain decoding's last token).
+ * Needs params.draft (a model with DSpark stages); mode OFF still uses the same step shape
+ * (K = 0: a plain decode). */
+enum { DS41_SPEC_OFF = 0, DS41_SPEC_FIXED = 1, DS41_SPEC_AUTO = 2 };
+#define DS41_SPEC_MAX_DRAFTS 64
+#define DS41_SPEC_MAX_WIDTH 128
+
+/* Steps per second of one verify forward by its width in tokens (1 = a plain decode step),
+ * measured by ds41_spec_calibrate; sps[w] for 1 <= w <= n, beyond n extrapolated linearly in
+ * time from the last two points. */
+typedef struct ds41_spec_curve {
+    int n;
+    double sps[DS41_SPEC_MAX_WIDTH + 1];
+} ds41_spec_curve;
+
+typedef struct ds41_spec_params {
+    int mode;                      /* DS41_SPEC_* */
+    int k;                         /* FIXED: drafts verified per step (clamped to the block) */
+    const ds41_spec_curve *curve;  /* AUTO: the throughput curve (NULL: tokens/step only) */
+} ds41_spec_params;
+
+typedef struct ds41_spec_step_info {
+    int n_out;                     /* tokens emitted */
+    int proposed;                  /* drafts proposed (block size; 0 when none could be) */
+    int drafted;                   /* K verified */
+    int accepted;                  /* A accepted */
+    float conf[DS41_SPEC_MAX_DRAFTS];   /* raw confidence logits of the proposals */
+    double expected;               /* scheduler: expected accepted drafts for K */
+} ds41_spec_step_info;
+
+/* Running totals (vLLM: spec_decode_num_draft_tokens_total = drafted, ..._accepted_tokens_total
+ * = accepted, per position drafted_at[i] / accepted_at[i]). Zero it before the first step. */
+typedef struct ds41_spec_stats {
+    long long steps, drafted, accepted, emitted;
+    long long drafted_at[DS41_SPEC_MAX_DRAFTS], accepted_at[DS41_SPEC_MAX_DRAFTS];
+} ds41_spec_stats;
+
+/* out_ids: room for max_out >= block size + 2 ids; out_logits (NULL or [max_out][vocab]): the
+ * logits row each emitted token was drawn from. info, stats may be NULL. Returns the number
+ * of tokens emitted (>= 1) or -1 (ds41_session_error; a failure inside the forward breaks the
+ * session as ds41_feed does). The step never runs past the context: K is clamped so that
+ * pos + 1 + K <= ctx size (and, with index_k official, K <= pos; docs/speculative.md). */
+int ds41_spec_step(ds41_session *s, const ds41_spec_params *p, int32_t *out_ids, int max_out, float *out_logits,
+                   ds41_spec_step_info *info, ds41_spec_stats *stats);
+/* Lower level: verify given drafts after t_next (t_next emitted by the caller); writes the
+ * accepted drafts + the next token (pending afterwards) to out; returns their number. */
+int ds41_spec_verify(ds41_session *s, int32_t t_next, const int32_t *drafts, int k, int32_t *out, float *out_logits,
+                     int *n_accepted);
+int32_t ds41_spec_pending(const ds41_session *s);   /* -1: none */
+
+/* Confidence scheduler (spec 5.4, DSpark Algorithm 1) for a batch of R sequences: conf [R][stride]
+ * raw confidence logits, max_len[r] drafts sequence r may verify (<= stride). Survival
+ * a[r][j] = prod_{i<=j} sigmoid(conf[r][i]); positions are added in descending survival order
+ * (prefixes) while Theta = (R + sum of chosen a) * SPS(R + sum len) improves. Writes len[r];
+ * returns the expected tokens per step (R + sum of chosen survivals). curve NULL: maximise
+ * expected tokens with every step costing the same up to width 1 + max_len (takes all). */
+double ds41_spec_schedule(const ds41_spec_curve *curve, int R, int stride, const float *conf, const int *max_len,
+                          int *len);
+double ds41_spec_curve_sps(const ds41_spec_curve *c, int width);
+/* Times verify forwards of widths 1..max_width (max_width <= block size + 1) on a scratch
+ * session after a random prompt of prompt_len tokens, reps times each (the median). */
+int ds41_spec_calibrate(ds41_engine *e, int max_width, int prompt_len, int reps, ds41_spec_curve *out, char *err,
+                        size_t errcap);
+/* The cache file of a model's curve: $DS41_SPEC_CURVE if set, else
+ * ${XDG_CACHE_HOME:-$HOME/.cache}/ds41/spec-curve-<hash of the model dir, its config.json
+ * size and mtime, threads, exact>.txt. Text: one "width steps_per_s" line per width. */
+int ds41_spec_curve_path(const char *model_dir, int n_threads, int exact, char *buf, size_t cap);
+int ds41_spec_curve_load(const char *path, ds41_spec_curve *c);
+int ds41_spec_curve_save(const char *path, const ds41_spec_curve *c);
+
+/* Digest of the whole live sequence state (every ring, compressor, live KV / index-K record,
+ * entry and page counts, Engram history, position) plus the current logits and the DSpark
+ * context row the next proposal reads: equal digests = indistinguishable sessions. */
+uint64_t ds41_session_digest(const ds41_session *s);
 
 /* Bytes of state the session holds (spec 6). */
 typedef struct ds41_state_info {

@@ -75,6 +75,8 @@ void ds41_cache_reset(ds41_cache *c) {
     }
     for (int l = 0; l < c->n_rings; l++) memset(c->rings[l].rec, 0, (size_t)c->rings[l].slots * c->rings[l].rec_bytes);
     for (int i = 0; i < 16; i++) c->hist[i] = 0;
+    c->spec.n = 0;
+    c->dctx.n = 0;
 }
 
 void ds41_cache_free(ds41_cache *c) {
@@ -87,6 +89,11 @@ void ds41_cache_free(ds41_cache *c) {
         for (int i = 0; i < c->n_comp; i++) { free(c->comp[i].kv); free(c->comp[i].sc); }
     if (c->rings)
         for (int l = 0; l < c->n_rings; l++) free(c->rings[l].rec);
+    if (c->spec.kv)
+        for (int i = 0; i < c->n_comp; i++) { free(c->spec.kv[i]); free(c->spec.sc[i]); }
+    free(c->spec.kv);
+    free(c->spec.sc);
+    free(c->dctx.rows);
     free(c->stores);
     free(c->comp);
     free(c->rings);
@@ -168,4 +175,159 @@ void ds41_cache_bytes(const ds41_cache *c, ds41_state_bytes *b) {
     b->engram_history = c->cfg->engram_max_ngram > 1 ? (long long)(c->cfg->engram_max_ngram - 1) * 4 : 0;
     b->total_held = b->global_kv_pages + b->swa_rings + b->dspark_rings + b->compressor + b->engram_history;
     b->global_kv_per_token = c->pos > 0 ? (double)b->global_kv_written / (double)c->pos : 0.0;
+}
+
+/* ====================================================================== speculative rollback */
+
+int ds41_cache_snap_init(ds41_cache_snap *sn, const ds41_cache *c, int cap, ds41_err *err) {
+    memset(sn, 0, sizeof *sn);
+    size_t rb = c->n_rings ? (size_t)c->rings[0].rec_bytes : 0, cd = 0;
+    for (int i = 0; i < c->n_comp; i++) cd += (size_t)c->comp[i].ratio * c->comp[i].dim;
+    sn->cap = cap;
+    sn->ring_old = malloc((size_t)c->n_rings * cap * rb + 1);
+    sn->comp_kv = malloc((cd + 1) * sizeof(float));
+    sn->comp_sc = malloc((cd + 1) * sizeof(float));
+    sn->n_entries = calloc((size_t)c->n_stores + 1, sizeof(long long));
+    sn->n_pages = calloc((size_t)c->n_stores + 1, sizeof(int));
+    if (!sn->ring_old || !sn->comp_kv || !sn->comp_sc || !sn->n_entries || !sn->n_pages) {
+        ds41_cache_snap_free(sn);
+        return ds41_errf(err, "out of memory for the speculative snapshot");
+    }
+    return 0;
+}
+
+void ds41_cache_snap_free(ds41_cache_snap *sn) {
+    free(sn->ring_old); free(sn->comp_kv); free(sn->comp_sc); free(sn->n_entries); free(sn->n_pages);
+    memset(sn, 0, sizeof *sn);
+}
+
+int ds41_cache_snapshot(ds41_cache *c, ds41_cache_snap *sn, int T, ds41_err *err) {
+    const ds41_config *cfg = c->cfg;
+    if (T < 1 || T > sn->cap || T > cfg->window)
+        return ds41_errf(err, "speculative snapshot: %d positions (at most %d and the window %d)", T, sn->cap, cfg->window);
+    /* the compressor log */
+    if (c->spec.cap < T) {
+        if (!c->spec.kv) {
+            c->spec.kv = calloc((size_t)c->n_comp + 1, sizeof(float *));
+            c->spec.sc = calloc((size_t)c->n_comp + 1, sizeof(float *));
+            if (!c->spec.kv || !c->spec.sc) return ds41_errf(err, "out of memory for the compressor log");
+        }
+        for (int i = 0; i < c->n_comp; i++) {
+            float *a = realloc(c->spec.kv[i], (size_t)T * c->comp[i].dim * sizeof(float));
+            if (a) c->spec.kv[i] = a;
+            float *b = realloc(c->spec.sc[i], (size_t)T * c->comp[i].dim * sizeof(float));
+            if (b) c->spec.sc[i] = b;
+            if (!a || !b) return ds41_errf(err, "out of memory for the compressor log");
+        }
+        c->spec.cap = T;
+    }
+    c->spec.n = 0;
+    sn->P = c->pos;
+    sn->T = T;
+    for (int l = 0; l < c->n_rings; l++) {
+        ds41_ring *r = &c->rings[l];
+        for (int t = 0; t < T; t++)
+            memcpy(sn->ring_old + ((size_t)l * sn->cap + t) * r->rec_bytes, ds41_ring_slot(r, sn->P + t), (size_t)r->rec_bytes);
+    }
+    size_t off = 0;
+    for (int i = 0; i < c->n_comp; i++) {
+        size_t n = (size_t)c->comp[i].ratio * c->comp[i].dim;
+        memcpy(sn->comp_kv + off, c->comp[i].kv, n * sizeof(float));
+        memcpy(sn->comp_sc + off, c->comp[i].sc, n * sizeof(float));
+        off += n;
+    }
+    for (int i = 0; i < c->n_stores; i++) {
+        sn->n_entries[i] = c->stores[i].n_entries;
+        sn->n_pages[i] = c->stores[i].n_pages;
+    }
+    memcpy(sn->hist, c->hist, sizeof sn->hist);
+    sn->ik_owner = c->ik_owner;
+    return 0;
+}
+
+void ds41_cache_rollback(ds41_cache *c, const ds41_cache_snap *sn, int keep, const int32_t *tokens,
+                         const int32_t *token_map, int ik_owner_after) {
+    long long P = sn->P, a = P + keep;   /* positions < a are kept */
+    int T = sn->T;
+    if (keep < 0) keep = 0;
+    if (keep > T) keep = T;
+    /* rings: slots of rejected positions back to what they held */
+    for (int l = 0; l < c->n_rings; l++) {
+        ds41_ring *r = &c->rings[l];
+        for (int t = keep; t < T; t++)
+            memcpy(ds41_ring_slot(r, P + t), sn->ring_old + ((size_t)l * sn->cap + t) * r->rec_bytes, (size_t)r->rec_bytes);
+    }
+    /* compressor state: the snapshot, then row p mod r of every kept position (what decode writes) */
+    size_t off = 0;
+    for (int i = 0; i < c->n_comp; i++) {
+        ds41_comp_state *cs = &c->comp[i];
+        size_t n = (size_t)cs->ratio * cs->dim;
+        memcpy(cs->kv, sn->comp_kv + off, n * sizeof(float));
+        memcpy(cs->sc, sn->comp_sc + off, n * sizeof(float));
+        off += n;
+        for (int t = 0; t < keep && t < c->spec.n; t++) {
+            long long p = P + t;
+            memcpy(cs->kv + (size_t)(p % cs->ratio) * cs->dim, c->spec.kv[i] + (size_t)t * cs->dim, (size_t)cs->dim * sizeof(float));
+            memcpy(cs->sc + (size_t)(p % cs->ratio) * cs->dim, c->spec.sc[i] + (size_t)t * cs->dim, (size_t)cs->dim * sizeof(float));
+        }
+    }
+    /* global KV / index K: entries of groups not complete at a - 1 are dropped (zeroed, so the
+     * bytes equal a fresh session's), and pages allocated only for them are freed */
+    for (int i = 0; i < c->n_stores; i++) {
+        ds41_kv_store *st = &c->stores[i];
+        long long ne = a / st->ratio;
+        for (long long j = ne; j < st->n_entries; j++) {
+            uint8_t *kr = ds41_store_kv_rec(st, j, 0, NULL), *ir = ds41_store_ik_rec(st, j, 0, NULL);
+            if (kr) memset(kr, 0, (size_t)st->kv_bytes);
+            if (ir) memset(ir, 0, (size_t)st->ik_bytes);
+        }
+        st->n_entries = ne;
+        int need = (int)((ne + st->per_page - 1) / st->per_page);
+        if (need < sn->n_pages[i]) need = sn->n_pages[i];
+        while (st->n_pages > need) free(st->pages[--st->n_pages]);
+    }
+    /* Engram history: compressed ids of positions a-1, a-2, ... */
+    if (token_map) {
+        for (int k = 0; k < 16; k++) {
+            long long qp = a - 1 - k;
+            c->hist[k] = qp < 0 ? 0 : qp >= P ? token_map[tokens[qp - P]] : sn->hist[P - 1 - qp];
+        }
+    }
+    c->ik_owner = ik_owner_after;
+    c->pos = a;
+    c->spec.n = 0;
+    if (c->dctx.n > 0 && c->dctx.pos0 + c->dctx.n > a) {
+        long long n = a - c->dctx.pos0;
+        c->dctx.n = n > 0 ? (int)n : 0;
+    }
+}
+
+uint64_t ds41_digest_bytes(uint64_t h, const void *p, size_t n) {
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) { h ^= b[i]; h *= 0x100000001b3ULL; }
+    return h;
+}
+
+uint64_t ds41_cache_digest(const ds41_cache *c) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    h = ds41_digest_bytes(h, &c->pos, sizeof c->pos);
+    h = ds41_digest_bytes(h, &c->ik_owner, sizeof c->ik_owner);
+    for (int i = 0; i < c->n_stores; i++) {
+        ds41_kv_store *st = &c->stores[i];
+        h = ds41_digest_bytes(h, &st->n_entries, sizeof st->n_entries);
+        h = ds41_digest_bytes(h, &st->n_pages, sizeof st->n_pages);
+        for (long long j = 0; j < st->n_entries; j++) {
+            h = ds41_digest_bytes(h, ds41_store_kv_rec(st, j, 0, NULL), (size_t)st->kv_bytes);
+            h = ds41_digest_bytes(h, ds41_store_ik_rec(st, j, 0, NULL), (size_t)st->ik_bytes);
+        }
+    }
+    for (int l = 0; l < c->n_rings; l++)
+        h = ds41_digest_bytes(h, c->rings[l].rec, (size_t)c->rings[l].slots * c->rings[l].rec_bytes);
+    for (int i = 0; i < c->n_comp; i++) {
+        h = ds41_digest_bytes(h, c->comp[i].kv, (size_t)c->comp[i].ratio * c->comp[i].dim * sizeof(float));
+        h = ds41_digest_bytes(h, c->comp[i].sc, (size_t)c->comp[i].ratio * c->comp[i].dim * sizeof(float));
+    }
+    int nh = c->cfg->engram_max_ngram > 1 ? c->cfg->engram_max_ngram - 1 : 0;
+    if (c->cfg->n_engram_layers > 0) h = ds41_digest_bytes(h, c->hist, (size_t)(nh < 16 ? nh : 16) * sizeof(int32_t));
+    return h;
 }

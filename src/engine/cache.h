@@ -35,6 +35,23 @@ typedef struct ds41_comp_state {
     float *kv, *sc;          /* [ratio][dim] each; initially kv 0 and score -inf */
 } ds41_comp_state;
 
+/* Speculative verification log (spec 5.3, src/engine/spec.c): a verify forward over [P, P+T)
+ * copies the ratio-r compressors' projected rows here, so a rollback to P + keep can rebuild
+ * the state rows a sequence of single-token decodes would have left. cap = 0: off. */
+typedef struct ds41_spec_log {
+    int cap;                 /* rows each buffer holds */
+    int n;                   /* rows logged by the last verify forward */
+    float **kv, **sc;        /* per compressor state (comp order): [cap][dim] */
+} ds41_spec_log;
+
+/* DSpark context rows ctx = rmsnorm(main_proj(main_hidden)) of the last seed, so a proposal
+ * can reuse the target side's projection (P5 metadata reuse, dspark.c). */
+typedef struct ds41_ctx_rows {
+    int cap, n;
+    long long pos0;          /* positions pos0 .. pos0 + n - 1 */
+    float *rows;             /* [cap][dim] */
+} ds41_ctx_rows;
+
 typedef struct ds41_cache {
     const ds41_config *cfg;
     long long pos;           /* tokens held (the next token's position) */
@@ -47,6 +64,8 @@ typedef struct ds41_cache {
     ds41_comp_state *comp;   /* one per KV source with ratio > 1 */
     int32_t hist[16];        /* Engram history: hist[s] = compressed id at pos-1-s, s < max_ngram-1 */
     int ik_owner;            /* index_k=official: layer whose index-K cache is published (-1) */
+    ds41_spec_log spec;      /* verify forwards only */
+    ds41_ctx_rows dctx;      /* DSpark: context rows of the last seed */
 } ds41_cache;
 
 int ds41_cache_init(ds41_cache *c, const ds41_config *cfg, long long max_pos, ds41_err *err);
@@ -67,6 +86,35 @@ void ds41_store_unpack_ik(const ds41_config *cfg, ds41_kv_store *s, long long n,
 static inline uint8_t *ds41_ring_slot(ds41_ring *r, long long pos) {
     return r->rec + (size_t)(pos % r->slots) * r->rec_bytes;
 }
+
+/* ---- speculative rollback (spec 5.3; docs/speculative.md) ----
+ * Before a verify forward over T <= window positions [P, P+T): ds41_cache_snapshot saves what
+ * the forward overwrites (the T ring slots of every SWA and DSpark ring, the compressor state,
+ * entry and page counts, Engram history, the published index-K owner) and turns on the
+ * compressor log. ds41_cache_rollback(keep) then leaves the cache exactly as `keep` single-
+ * token decodes of tokens[0..keep) would have (0 <= keep <= T): ring slots of rejected
+ * positions restored, compressor rows rebuilt from the log, entries past (P+keep)/r zeroed and
+ * dropped, pages allocated for them freed, history recomputed, ik_owner = ik_owner_after. */
+typedef struct ds41_cache_snap {
+    long long P;
+    int T, cap;
+    uint8_t *ring_old;       /* [n_rings][cap][rec_bytes] */
+    float *comp_kv, *comp_sc;/* [n_comp][ratio*dim] */
+    long long *n_entries;    /* [n_stores] */
+    int *n_pages;            /* [n_stores] */
+    int32_t hist[16];
+    int ik_owner;
+} ds41_cache_snap;
+int ds41_cache_snap_init(ds41_cache_snap *sn, const ds41_cache *c, int cap, ds41_err *err);
+void ds41_cache_snap_free(ds41_cache_snap *sn);
+int ds41_cache_snapshot(ds41_cache *c, ds41_cache_snap *sn, int T, ds41_err *err);
+/* token_map: the engine's Engram map (NULL without Engram). */
+void ds41_cache_rollback(ds41_cache *c, const ds41_cache_snap *sn, int keep, const int32_t *tokens,
+                         const int32_t *token_map, int ik_owner_after);
+/* 64-bit FNV-1a digest of every live state byte: position, published owner, each store's entry
+ * count, page count and live records, every ring, the compressor state and the Engram history. */
+uint64_t ds41_cache_digest(const ds41_cache *c);
+uint64_t ds41_digest_bytes(uint64_t h, const void *p, size_t n);
 
 /* Bytes actually held by the state, by kind. */
 typedef struct ds41_state_bytes {

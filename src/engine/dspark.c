@@ -90,6 +90,19 @@ int ds41_dspark_seed(const ds41_engine *e, ds41_cache *c, const float *main_hidd
     if (!cx) return ds41_errf(err, "dspark: out of memory");
     int rc = ds41_dspark_context(e, main_hidden, n, cx, err);
     for (int s = 0; s < cfg->n_mtp && !rc; s++) rc = write_ring(e, c, s, cx, n, pos0, err);
+    /* keep the context rows: a proposal at one of these positions reuses them (P5) */
+    c->dctx.n = 0;
+    if (!rc) {
+        if (c->dctx.cap < n) {
+            float *r = realloc(c->dctx.rows, (size_t)n * cfg->dim * sizeof(float));
+            if (r) { c->dctx.rows = r; c->dctx.cap = n; }
+        }
+        if (c->dctx.cap >= n) {
+            memcpy(c->dctx.rows, cx, (size_t)n * cfg->dim * sizeof(float));
+            c->dctx.n = n;
+            c->dctx.pos0 = pos0;
+        }
+    }
     free(cx);
     return rc;
 }
@@ -120,6 +133,11 @@ static void dbuf_free(dbuf *b) {
 
 int ds41_dspark_propose(const ds41_engine *e, ds41_cache *c, const float *main_hidden_row, long long P,
                         int32_t t_next, ds41_sampler *sampler, int32_t *ids, float *conf, ds41_err *err) {
+    return ds41_dspark_propose_ex(e, c, main_hidden_row, P, t_next, sampler, 0, ids, conf, err);
+}
+
+int ds41_dspark_propose_ex(const ds41_engine *e, ds41_cache *c, const float *main_hidden_row, long long P,
+                           int32_t t_next, ds41_sampler *sampler, int reuse, int32_t *ids, float *conf, ds41_err *err) {
     if (check_model(e, err)) return -1;
     const ds41_config *cfg = e->cfg;
     const ds41_weights *w = e->w;
@@ -156,7 +174,12 @@ int ds41_dspark_propose(const ds41_engine *e, ds41_cache *c, const float *main_h
         dbuf_free(&b);
         return ds41_errf(err, "dspark: out of memory for a block of %d", B);
     }
-    int rc = ds41_dspark_context(e, main_hidden_row, 1, b.cx, err);
+    /* P5: the target side's seed already projected position P and wrote its context key
+     * into every stage ring (the same bytes this call would write) */
+    int reused = reuse && c->dctx.n > 0 && P >= c->dctx.pos0 && P < c->dctx.pos0 + c->dctx.n;
+    int rc = 0;
+    if (reused) memcpy(b.cx, c->dctx.rows + (size_t)(P - c->dctx.pos0) * dim, (size_t)dim * sizeof(float));
+    else rc = ds41_dspark_context(e, main_hidden_row, 1, b.cx, err);
     if (rc) { dbuf_free(&b); return -1; }
 
     /* block = [t_{P+1}, noise, ...] at positions P+1 .. P+B; 4 copies; pre one-hot copy 0 */
@@ -189,8 +212,10 @@ int ds41_dspark_propose(const ds41_engine *e, ds41_cache *c, const float *main_h
         /* ---- attention sublayer */
         ds41_block_attn_in(ctx, cfg, lw, &b.s, 0, B, 0, B);
         /* context key of position P, written before this stage's attention */
-        ds41_attn_swa_k(ctx, cfg, lw, rope, b.cx, 1, &P32, b.kctx, b.rec);
-        memcpy(ds41_ring_slot(ring, P), b.rec, (size_t)ring->rec_bytes);
+        if (!reused) {
+            ds41_attn_swa_k(ctx, cfg, lw, rope, b.cx, 1, &P32, b.kctx, b.rec);
+            memcpy(ds41_ring_slot(ring, P), b.rec, (size_t)ring->rec_bytes);
+        }
         ds41_attn_query(ctx, cfg, lw, rope, b.s.xa, B, pos, b.cq, b.q);
         ds41_swa_rec_unpack(cfg, ring->rec, W, b.kv);
         ds41_attn_swa_k(ctx, cfg, lw, rope, b.s.xa, B, pos, b.kv + (size_t)W * D, NULL);

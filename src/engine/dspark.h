@@ -34,5 +34,10 @@ int ds41_dspark_seed(const ds41_engine *e, ds41_cache *c, const float *main_hidd
  * (the proposals out[1..block_size]) and conf[block_size] (raw FP32 logits). */
 int ds41_dspark_propose(const ds41_engine *e, ds41_cache *c, const float *main_hidden_row, long long P,
                         int32_t t_next, ds41_sampler *sampler, int32_t *ids, float *conf, ds41_err *err);
+/* reuse = 1 (P5 metadata reuse): when the last ds41_dspark_seed covered position P, take its
+ * context row instead of recomputing main_proj + main_norm, and skip rewriting ring slot P
+ * (seed wrote the same bytes). In exact mode the proposal is bit-identical either way. */
+int ds41_dspark_propose_ex(const ds41_engine *e, ds41_cache *c, const float *main_hidden_row, long long P,
+                           int32_t t_next, ds41_sampler *sampler, int reuse, int32_t *ids, float *conf, ds41_err *err);
 
 #endif

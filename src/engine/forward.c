@@ -28,7 +28,9 @@
 #include "mhc.h"
 #include "moe.h"
 
-enum { LAYOUT_ONESHOT, LAYOUT_EXTEND, LAYOUT_DECODE };
+/* LAYOUT_VERIFY (speculative verification, spec.c, docs/speculative.md): a multi-token forward
+ * at P > 0 whose every row sees exactly the KV list of a single-token decode at its position. */
+enum { LAYOUT_ONESHOT, LAYOUT_EXTEND, LAYOUT_DECODE, LAYOUT_VERIFY };
 
 /* ====================================================================== engine */
 
@@ -339,10 +341,18 @@ static int run_compressor(ds41_seq *s, int l, const float *xa, int T, long long 
         long long end = P + T, cut = (end / r) * r;
         for (int t = 0; t < T; t++) {
             long long p = P + t;
-            if (layout == LAYOUT_DECODE || p >= cut) {
+            if (layout == LAYOUT_DECODE || layout == LAYOUT_VERIFY || p >= cut) {
                 memcpy(cs->kv + (size_t)(p % r) * D, kv + (size_t)t * D, (size_t)D * sizeof(float));
                 memcpy(cs->sc + (size_t)(p % r) * D, sc + (size_t)t * D, (size_t)D * sizeof(float));
             }
+        }
+        /* [verify] log every row's projections: a rollback rebuilds the decode state from them */
+        ds41_spec_log *lg = &s->cache.spec;
+        if (layout == LAYOUT_VERIFY && lg->cap >= T) {
+            size_t ci = (size_t)(cs - s->cache.comp);
+            memcpy(lg->kv[ci], kv, (size_t)T * D * sizeof(float));
+            memcpy(lg->sc[ci], sc, (size_t)T * D * sizeof(float));
+            lg->n = T;
         }
     }
     st->n_entries = (P + T) / r;
@@ -369,8 +379,10 @@ static int run_indexer(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long long 
     int src = lp->index_k_source;
     if (s->index_k_official && s->cache.ik_owner >= 0) src = s->cache.ik_owner;
     int si = store_index(&s->cache, src);
+    /* [verify] official reading: each row reads the cache a decode at its position would */
+    int vofficial = s->verify && P > 0 && T > 1 && s->index_k_official;
     if (si >= 0 && forward_index_keys(s, b, si, 0, err)) return -1;
-    if (si < 0 || s->cache.stores[si].n_entries < E)
+    if (!vofficial && (si < 0 || s->cache.stores[si].n_entries < E))
         return ds41_errf(err, "layer %d: index-K cache of layer %d holds %lld entries, need %lld", l, src,
                          si < 0 ? 0LL : s->cache.stores[si].n_entries, E);
     int nq = T - q0;
@@ -397,6 +409,18 @@ static int run_indexer(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long long 
         long long p = P + t;
         long long n_p = (p + 1) / r;
         if (n_p > E) n_p = E;
+        if (vofficial) {
+            int osrc = ds41_ik_owner_after(cfg, s->ik_owner0, P, p, l), ssi;
+            if (osrc < 0) osrc = lp->index_k_source;
+            ssi = store_index(&s->cache, osrc);
+            if (ssi < 0 || forward_index_keys(s, b, ssi, 0, err) || s->cache.stores[ssi].n_entries < n_p) {
+                free(iq); free(wt); free(scores); free(scratch); free(chosen);
+                return ds41_errf(err, "layer %d: verify row %lld needs %lld index keys of layer %d", l, p, n_p, osrc);
+            }
+            ds41_indexer_scores(&e->ctx, cfg, iq + (size_t)(t - q0) * NH * ID, wt + (size_t)(t - q0) * NH,
+                                b->cik[ssi], (int)n_p, (int)n_p, scores);
+            for (long long j = n_p; j < E; j++) scores[j] = -INFINITY;
+        } else
         ds41_indexer_scores(&e->ctx, cfg, iq + (size_t)(t - q0) * NH * ID, wt + (size_t)(t - q0) * NH,
                             b->cik[si], (int)E, (int)n_p, scores);
         if (lp->is_candidate_source)
@@ -452,7 +476,7 @@ static int attention(ds41_seq *s, fwd_buf *b, int l, int k0, int q0, int lo, int
         ds41_swa_rec_unpack(cfg, ring->rec, W, b->ringf);
         kv.part[np] = b->ringf; kv.n[np++] = W;
         ring_rows = W;
-    } else if (layout == LAYOUT_EXTEND) {
+    } else if (layout == LAYOUT_EXTEND || layout == LAYOUT_VERIFY) {
         ds41_swa_rec_unpack(cfg, ring->rec, W, b->ringf);
         kv.part[np] = b->ringf; kv.n[np++] = W;
         ring_rows = W;
@@ -473,13 +497,23 @@ static int attention(ds41_seq *s, fwd_buf *b, int l, int k0, int q0, int lo, int
         if (kc_w > 0) n_gather = gather_kv(cfg, b, &s->cache.stores[si], csel, kc_w, q0, T);
         kv.part[np] = b->gkv; kv.n[np++] = n_gather;
     }
-    int Wsw = layout == LAYOUT_DECODE ? W : ds41_swa_width(cfg, P, T);
+    int Wsw = layout == LAYOUT_DECODE || layout == LAYOUT_VERIFY ? W : ds41_swa_width(cfg, P, T);
     int Lw = Wsw + kc_w;
     for (int t = q0; t < T; t++) {
         int32_t *li = b->list + (size_t)(t - q0) * Lw;
         long long p = P + t;
         if (layout == LAYOUT_DECODE) {
             ds41_swa_list_decode(cfg, P, li);
+        } else if (layout == LAYOUT_VERIFY) {
+            /* [verify] the decode list at p: ring slots oldest -> newest, o = (p+1) mod W; the
+             * position in slot `sl` is the q <= p with q = sl mod W; q < 0 -> -1 (the leading
+             * -1s of a ring not yet full); q >= P comes from the chunk (a later verify row's key
+             * is never listed), q < P from the ring as it was before the forward */
+            for (int i = 0; i < W; i++) {
+                int sl = (int)((p + 1 + i) % W);
+                long long qpos = p - (((p - sl) % W) + W) % W;
+                li[i] = qpos < 0 ? -1 : qpos >= P ? (int32_t)(chunk_off + (qpos - P)) : (int32_t)sl;
+            }
         } else {
             ds41_swa_list_positions(cfg, p, lo > 0 ? P + lo : 0, Wsw, li);
             for (int i = 0; i < Wsw; i++) {
@@ -526,7 +560,8 @@ static int forward_impl(ds41_seq *s, const int32_t *tokens, int T, int want_logi
         if (tokens[t] < 0 || tokens[t] >= cfg->vocab_size)
             return ds41_errf(err, "token id %d at position %lld is outside the vocabulary (0..%d)", tokens[t], P + t,
                              cfg->vocab_size - 1);
-    int layout = P == 0 ? LAYOUT_ONESHOT : T == 1 ? LAYOUT_DECODE : LAYOUT_EXTEND;
+    int layout = P == 0 ? LAYOUT_ONESHOT : T == 1 ? LAYOUT_DECODE : s->verify ? LAYOUT_VERIFY : LAYOUT_EXTEND;
+    s->ik_owner0 = cache->ik_owner;   /* [verify] the published owner before this forward */
 
     int *qrow = malloc((size_t)L * 3 * sizeof(int));
     if (!qrow) return ds41_errf(err, "out of memory");
@@ -707,4 +742,17 @@ int ds41_forward(ds41_seq *s, const int32_t *tokens, int T, int want_logits, ds4
 int ds41_forward_rows(ds41_seq *s, const int32_t *tokens, int T, float *rows, ds41_err *err) {
     if (!rows) return ds41_errf(err, "forward: no output buffer for the logits rows");
     return forward_impl(s, tokens, T, 1, rows, err);
+}
+
+/* ====================================================================== verify (spec.c) */
+
+int ds41_ik_owner_after(const ds41_config *cfg, int owner, long long P, long long p, int upto_layer) {
+    for (long long q = P; q <= p; q++) {
+        int last = q == p ? upto_layer : cfg->n_layers - 1;
+        for (int l = 0; l <= last && l < cfg->n_layers; l++) {
+            const ds41_layer_plan *lp = &cfg->layers[l];
+            if (lp->is_kv_source && lp->ratio > 0 && (q + 1) % lp->ratio == 0) owner = l;
+        }
+    }
+    return owner;
 }

@@ -52,6 +52,11 @@ typedef struct ds41_seq {
     int mh_rows;
     long long mh_pos0;
     ds41_trace *trace;
+    /* speculative verification (src/engine/spec.c): verify = 1 makes a multi-token forward at
+     * P > 0 use the verify layout (each row sees a decode's KV list); ik_owner0 = the
+     * published index-K owner at the start of the current forward */
+    int verify;
+    int ik_owner0;
     /* statistics */
     long long rows_computed, rows_full;   /* layer-rows computed vs. a full prefill's */
 } ds41_seq;
@@ -74,6 +79,10 @@ int ds41_forward(ds41_seq *s, const int32_t *tokens, int T, int want_logits, ds4
  * each row (s->logits the last one). Every layer runs on every row (the full row plan: no CED
  * cut, no replay), in the forward's usual layout (one-shot at pos 0, extend, decode). */
 int ds41_forward_rows(ds41_seq *s, const int32_t *tokens, int T, float *rows, ds41_err *err);
+/* [verify] The published index-K owner (spec 3.9 official reading) that a sequence of decodes
+ * over positions P..p leaves in front of layer upto_layer's indexer at p, starting from owner
+ * (the owner after P-1); upto_layer = n_layers - 1 gives the owner after p. */
+int ds41_ik_owner_after(const ds41_config *cfg, int owner, long long P, long long p, int upto_layer);
 
 /* The residual stream of one block pass over n rows and the per-row mHC mixes (spec 3.1),
  * shared by the target forward and the DSpark draft blocks (dspark.c), which run the same

@@ -85,9 +85,8 @@ static void sift_down(const float *v, int *h, int n, int i) {
     }
 }
 
-int ds41_sample(ds41_sampler *s, const float *logits, int n, float *scratch, int *iscratch) {
+int ds41_sample_filter(const ds41_sampler *s, const float *logits, int n, float *scratch, int *iscratch) {
     if (n <= 0) return 0;
-    if (!(s->temperature > 0.0f)) return ds41_argmax(logits, n);
     float tdiv = s->temperature > 1e-5f ? s->temperature : 1e-5f;
     float *v = scratch;
     int *ids = iscratch;
@@ -110,7 +109,7 @@ int ds41_sample(ds41_sampler *s, const float *logits, int n, float *scratch, int
     /* softmax over the kept tokens (v becomes the probabilities for those ids) */
     float mx = -INFINITY;
     for (int i = 0; i < m; i++) mx = v[ids[i]] > mx ? v[ids[i]] : mx;
-    if (mx == -INFINITY) return ids[0];
+    if (mx == -INFINITY) return -ids[0] - 1;
     float sum = 0.0f;
     for (int i = 0; i < m; i++) {
         float e = expf(v[ids[i]] - mx);
@@ -139,11 +138,29 @@ int ds41_sample(ds41_sampler *s, const float *logits, int n, float *scratch, int
             if (v[ids[i]] >= thr) ids[w++] = ids[i];
         m = w;
     }
-    int best = ids[0];
+    return m;
+}
+
+int ds41_sample_race(ds41_sampler *s, const float *probs, const int *ids, int m, int exclude) {
+    int best = -1;
     double best_score = -1.0;
     for (int i = 0; i < m; i++) {
-        double sc = (double)v[ids[i]] / exp1(s->rng);
+        if (ids[i] == exclude) continue;
+        double sc = (double)probs[ids[i]] / exp1(s->rng);
         if (sc > best_score) { best_score = sc; best = ids[i]; }
     }
     return best;
+}
+
+int ds41_sample(ds41_sampler *s, const float *logits, int n, float *scratch, int *iscratch) {
+    if (n <= 0) return 0;
+    if (!(s->temperature > 0.0f)) return ds41_argmax(logits, n);
+    int m = ds41_sample_filter(s, logits, n, scratch, iscratch);
+    if (m < 0) return -m - 1;
+    int best = ds41_sample_race(s, scratch, iscratch, m, -1);
+    return best < 0 ? iscratch[0] : best;
+}
+
+double ds41_sampler_uniform(ds41_sampler *s) {
+    return (double)(xoro_next(s->rng) >> 11) * (1.0 / 9007199254740992.0);
 }

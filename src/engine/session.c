@@ -3,6 +3,7 @@
 #include "ds41.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include "dspark.h"
 #include "forward.h"
 #include "sampler.h"
+#include "spec.h"
 #include "tokenizer.h"
 
 struct ds41_session {
@@ -28,6 +30,9 @@ struct ds41_session {
     char *trace_dir;
     FILE *t_tokens, *t_logits, *t_dspark_i, *t_dspark_f;
     ds41_trace trace;
+    /* speculative decoding (spec.c): allocated on the first step; spec.pending always valid */
+    ds41_spec_state spec;
+    int spec_ready;
 };
 
 void ds41_load_params_default(ds41_load_params *p) {
@@ -154,6 +159,7 @@ ds41_session *ds41_session_open(ds41_engine *e, const ds41_session_params *p, ch
         return NULL;
     }
     s->e = e;
+    s->spec.pending = -1;
     ds41_err err;
     if (ds41_seq_init(&s->seq, e, &err)) { copy_err(errbuf, errcap, err.msg); free(s); return NULL; }
     s->seq.index_k_official = s->p.index_k == DS41_INDEX_K_OFFICIAL;
@@ -177,6 +183,7 @@ void ds41_session_close(ds41_session *s) {
     if (!s) return;
     if (s->trace_dir) ds41_session_trace_finish(s);
     ds41_seq_free(&s->seq);
+    ds41_spec_state_free(&s->spec);
     free(s->sscratch);
     free(s->iscratch);
     free(s);
@@ -195,6 +202,7 @@ void ds41_session_reset(ds41_session *s) {
     q->mh_pos0 = 0;
     q->rows_computed = q->rows_full = 0;
     s->sampler = s->sampler0;
+    s->spec.pending = -1;
     s->broken = 0;
     s->err[0] = 0;
 }
@@ -206,6 +214,7 @@ const char *ds41_session_error(const ds41_session *s) { return s->err; }
 static int feed_impl(ds41_session *s, const int32_t *ids, size_t n, float *rows) {
     if (s->broken) { snprintf(s->err, sizeof s->err, "session is unusable after an earlier error; reset it"); return -1; }
     if (n == 0) { snprintf(s->err, sizeof s->err, "feed: no tokens"); return -1; }
+    s->spec.pending = -1;   /* speculative: a fed token replaces the pending one */
     long long P = s->seq.cache.pos;
     if ((long long)n > s->seq.cache.max_pos - P) {
         snprintf(s->err, sizeof s->err, "feed: %zu tokens at position %lld exceed the context size %lld", n, P,
@@ -284,7 +293,7 @@ int ds41_session_draft(ds41_session *s, int32_t t_next, int32_t *ids, float *con
     }
     const float *row = q->main_hidden + (size_t)(q->mh_rows - 1) * s->e->cfg->n_dspark_targets * s->e->cfg->dim;
     ds41_err err;
-    if (ds41_dspark_propose(s->e, &q->cache, row, P, t_next, NULL, ids, conf, &err)) {
+    if (ds41_dspark_propose_ex(s->e, &q->cache, row, P, t_next, NULL, !s->p.no_meta_reuse, ids, conf, &err)) {
         snprintf(s->err, sizeof s->err, "%s", err.msg);
         return -1;
     }
@@ -408,4 +417,111 @@ int ds41_session_trace_finish(ds41_session *s) {
     free(s->trace_dir);
     s->trace_dir = NULL;
     return bad ? -1 : 0;
+}
+
+/* ====================================================================== speculative decoding */
+
+static int spec_ready(ds41_session *s) {
+    if (s->spec_ready) return 0;
+    ds41_err err;
+    int32_t pend = s->spec.pending;
+    if (ds41_spec_state_init(&s->spec, s->e, &err)) { snprintf(s->err, sizeof s->err, "%s", err.msg); return -1; }
+    s->spec.pending = pend;
+    s->spec_ready = 1;
+    return 0;
+}
+
+int32_t ds41_spec_pending(const ds41_session *s) { return s->spec.pending; }
+
+int ds41_spec_verify(ds41_session *s, int32_t t_next, const int32_t *drafts, int k, int32_t *out, float *out_logits,
+                     int *n_accepted) {
+    if (s->broken) { snprintf(s->err, sizeof s->err, "session is unusable after an earlier error; reset it"); return -1; }
+    if (spec_ready(s)) return -1;
+    if (k < 0 || k + 1 > s->spec.cap) { snprintf(s->err, sizeof s->err, "verify: %d drafts, at most %d", k, s->spec.cap - 1); return -1; }
+    ds41_err err;
+    long long pos = s->seq.cache.pos;
+    int n = ds41_spec_verify_block(s->e, &s->seq, &s->sampler, s->p.draft, &s->spec, t_next, drafts, k, out, out_logits,
+                                   n_accepted, &err);
+    if (n < 0) {
+        snprintf(s->err, sizeof s->err, "%s", err.msg);
+        s->seq.verify = 0;
+        /* refused before the forward ("verify: ..."): nothing changed; a failure inside it
+         * may have written part of the state, so the session breaks as with ds41_feed */
+        if (strncmp(err.msg, "verify:", 7) != 0 || s->seq.cache.pos != pos) s->broken = 1;
+    }
+    return n;
+}
+
+int ds41_spec_step(ds41_session *s, const ds41_spec_params *p, int32_t *out, int max_out, float *out_logits,
+                   ds41_spec_step_info *info, ds41_spec_stats *st) {
+    ds41_spec_params def = { DS41_SPEC_AUTO, 0, NULL };
+    if (!p) p = &def;
+    if (s->broken) { snprintf(s->err, sizeof s->err, "session is unusable after an earlier error; reset it"); return -1; }
+    if (spec_ready(s)) return -1;
+    const ds41_config *cfg = s->e->cfg;
+    int V = cfg->vocab_size, B = ds41_draft_block_size(s->e);
+    if (max_out < B + 2) { snprintf(s->err, sizeof s->err, "spec step: max_out %d < block size + 2 = %d", max_out, B + 2); return -1; }
+    long long P = s->seq.cache.pos;
+    if (P < 1) { snprintf(s->err, sizeof s->err, "spec step: feed a prompt first"); return -1; }
+    if (P + 1 > s->seq.cache.max_pos) { snprintf(s->err, sizeof s->err, "spec step: the context is full"); return -1; }
+    ds41_spec_step_info lin;
+    if (!info) info = &lin;
+    memset(info, 0, sizeof *info);
+    int n = 0;
+    int32_t t_next = s->spec.pending;
+    if (t_next < 0) {
+        t_next = ds41_session_sample(s);
+        if (out_logits) memcpy(out_logits, s->seq.logits, (size_t)V * sizeof(float));
+        out[n++] = t_next;
+    }
+    /* how many drafts the step may verify */
+    long long kmax = p->mode == DS41_SPEC_OFF ? 0 : B;
+    if (kmax > s->seq.cache.max_pos - P - 1) kmax = s->seq.cache.max_pos - P - 1;
+    if (kmax > s->spec.cap - 1) kmax = s->spec.cap - 1;
+    if (s->p.index_k == DS41_INDEX_K_OFFICIAL && kmax > P - 1) kmax = P - 1;
+    int32_t d[DS41_SPEC_MAX_DRAFTS];
+    int K = 0;
+    if (kmax > 0 && s->p.draft && P >= 2) {
+        if (ds41_session_draft(s, t_next, d, info->conf)) return -1;
+        info->proposed = B;
+        int km = (int)kmax;
+        if (p->mode == DS41_SPEC_FIXED) {
+            K = p->k < km ? p->k : km;
+            if (K < 0) K = 0;
+            double a = 1.0;
+            for (int i = 0; i < K; i++) { a /= 1.0 + exp(-(double)info->conf[i]); info->expected += a; }
+        } else {
+            info->expected = ds41_spec_schedule(p->curve, 1, B, info->conf, &km, &K) - 1.0;
+        }
+    }
+    int A = 0;
+    int m = ds41_spec_verify(s, t_next, d, K, out + n, out_logits ? out_logits + (size_t)n * V : NULL, &A);
+    if (m < 0) return -1;
+    n += m;
+    info->n_out = n;
+    info->drafted = K;
+    info->accepted = A;
+    if (st) {
+        st->steps++;
+        st->drafted += K;
+        st->accepted += A;
+        st->emitted += n;
+        for (int i = 0; i < K; i++) st->drafted_at[i]++;
+        for (int i = 0; i < A; i++) st->accepted_at[i]++;
+    }
+    return n;
+}
+
+uint64_t ds41_session_digest(const ds41_session *s) {
+    const ds41_seq *q = &s->seq;
+    const ds41_config *cfg = s->e->cfg;
+    uint64_t h = ds41_cache_digest(&q->cache);
+    h = ds41_digest_bytes(h, q->logits, (size_t)cfg->vocab_size * sizeof(float));
+    if (q->main_hidden && q->mh_rows > 0) {
+        size_t w = (size_t)cfg->n_dspark_targets * cfg->dim;
+        long long last = q->mh_pos0 + q->mh_rows - 1;
+        h = ds41_digest_bytes(h, &last, sizeof last);
+        h = ds41_digest_bytes(h, q->main_hidden + (size_t)(q->mh_rows - 1) * w, w * sizeof(float));
+    }
+    return h;
 }

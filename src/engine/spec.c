@@ -1,0 +1,337 @@
+/* ds41 speculative decoding: see spec.h and docs/speculative.md.
+ *
+ * Verify layout. A verify forward over [P, P+T) (T = 1 + K) runs every layer on every row
+ * (no CED cut) and gives each row the KV list a single-token decode at its position builds
+ * (forward.c, LAYOUT_VERIFY): the SWA part is the 128 (window) ring slots oldest -> newest in
+ * decode order with the leading -1s of a ring not yet full, each slot resolved to the ring as
+ * it was before the forward (positions < P) or to the chunk's key (positions P .. p; later
+ * rows' keys are never listed); the compressed part is the same per-query top-k as decode:
+ * scores over the entries visible at p, -inf beyond (so the top-k, candidate blocks and the
+ * sorted selection are decode's, with trailing -1s where this forward's wider k exceeds
+ * decode's, and an all -1 tail is an exact no-op of the 64-block recurrence). The official
+ * index-K reading is emulated per row (ds41_ik_owner_after). Every other per-row computation
+ * (Engram, mHC, compressor pooling, MoE, head) is row-independent in exact mode, so row i's
+ * logits equal a decode's bit for bit.
+ *
+ * Rollback (ds41_cache_rollback): ring slots of rejected positions (every SWA and DSpark ring)
+ * restored from the snapshot; the ratio-r compressor state rebuilt as decode leaves it (the
+ * snapshot + row p mod r of each kept position from the forward's log); entries of groups
+ * completed only by rejected rows zeroed and dropped, pages allocated for them freed; Engram
+ * history recomputed; the published index-K owner of the official reading recomputed; DSpark
+ * context rows and main_hidden cut to the kept rows. */
+#define _GNU_SOURCE
+#include "spec.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "dspark.h"
+
+int ds41_spec_state_init(ds41_spec_state *st, const ds41_engine *e, ds41_err *err) {
+    memset(st, 0, sizeof *st);
+    const ds41_config *cfg = e->cfg;
+    int B = cfg->n_mtp > 0 ? cfg->dspark_block_size : 0;
+    st->cap = B + 1;
+    if (st->cap > cfg->window) st->cap = cfg->window;
+    if (st->cap < 1) st->cap = 1;
+    st->pending = -1;
+    st->rows = malloc((size_t)st->cap * cfg->vocab_size * sizeof(float));
+    if (!st->rows) return ds41_errf(err, "out of memory for the verify logits");
+    return 0;
+}
+
+void ds41_spec_state_free(ds41_spec_state *st) {
+    ds41_cache_snap_free(&st->snap);
+    free(st->rows);
+    memset(st, 0, sizeof *st);
+    st->pending = -1;
+}
+
+/* forward over block[0..T) in the verify layout + DSpark seeding; leaves the cache ahead by T */
+static int verify_forward(ds41_engine *e, ds41_seq *q, int draft, ds41_spec_state *st, const int32_t *block, int T,
+                          ds41_err *err) {
+    if (!st->snap.ring_old && ds41_cache_snap_init(&st->snap, &q->cache, st->cap, err)) return -1;
+    if (T > st->cap) return ds41_errf(err, "verify: %d rows, at most %d", T, st->cap);
+    if (ds41_cache_snapshot(&q->cache, &st->snap, T, err)) return -1;
+    q->verify = 1;
+    int rc = ds41_forward_rows(q, block, T, st->rows, err);
+    q->verify = 0;
+    if (rc) return -1;
+    if (draft && ds41_dspark_seed(e, &q->cache, q->main_hidden, q->mh_rows, q->mh_pos0, err)) return -1;
+    return 0;
+}
+
+static void rollback(ds41_engine *e, ds41_seq *q, ds41_spec_state *st, const int32_t *block, int keep) {
+    const ds41_config *cfg = e->cfg;
+    long long P = st->snap.P;
+    int owner = keep > 0 ? ds41_ik_owner_after(cfg, st->snap.ik_owner, P, P + keep - 1, cfg->n_layers - 1)
+                         : st->snap.ik_owner;
+    ds41_cache_rollback(&q->cache, &st->snap, keep, block, e->has_engram ? e->token_map : NULL, owner);
+    if (q->main_hidden && q->mh_pos0 == P && q->mh_rows > keep) q->mh_rows = keep;
+    if (keep > 0)
+        memcpy(q->logits, st->rows + (size_t)(keep - 1) * cfg->vocab_size, (size_t)cfg->vocab_size * sizeof(float));
+}
+
+int ds41_spec_time_forward(ds41_engine *e, ds41_seq *q, ds41_spec_state *st, const int32_t *tokens, int T,
+                           ds41_err *err) {
+    if (verify_forward(e, q, 0, st, tokens, T, err)) return -1;
+    rollback(e, q, st, tokens, 0);
+    return 0;
+}
+
+/* is id among the m ascending kept ids? */
+static int kept(const int *ids, int m, int id) {
+    int lo = 0, hi = m - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (ids[mid] == id) return 1;
+        if (ids[mid] < id) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return 0;
+}
+
+int ds41_spec_verify_block(ds41_engine *e, ds41_seq *q, ds41_sampler *smp, int draft, ds41_spec_state *st,
+                           int32_t t_next, const int32_t *drafts, int k, int32_t *out, float *out_logits, int *n_acc,
+                           ds41_err *err) {
+    const ds41_config *cfg = e->cfg;
+    int V = cfg->vocab_size, T = 1 + k;
+    if (k < 0 || T > st->cap) return ds41_errf(err, "verify: %d drafts, at most %d", k, st->cap - 1);
+    if (q->cache.pos < 1) return ds41_errf(err, "verify: needs a prompt first");
+    if (q->cache.pos + T > q->cache.max_pos)
+        return ds41_errf(err, "verify: positions %lld..%lld exceed the context size %lld", q->cache.pos,
+                         q->cache.pos + T - 1, q->cache.max_pos);
+    int32_t block[DS41_SPEC_MAX_DRAFTS + 1];
+    block[0] = t_next;
+    for (int i = 0; i < k; i++) block[1 + i] = drafts[i];
+    for (int i = 0; i < T; i++)
+        if (block[i] < 0 || block[i] >= V) return ds41_errf(err, "verify: token %d outside the vocabulary", block[i]);
+    if (verify_forward(e, q, draft, st, block, T, err)) return -1;
+
+    float *scratch = malloc((size_t)V * sizeof(float));
+    int *ids = malloc((size_t)V * sizeof(int));
+    if (!scratch || !ids) { free(scratch); free(ids); return ds41_errf(err, "out of memory"); }
+    int greedy = !(smp->temperature > 0.0f);
+    int A = 0, next = -1;
+    for (; A < k; A++) {
+        const float *row = st->rows + (size_t)A * V;
+        int d = drafts[A];
+        if (greedy) {
+            int g = ds41_argmax(row, V);
+            if (g != d) { next = g; break; }
+            continue;
+        }
+        int m = ds41_sample_filter(smp, row, V, scratch, ids);
+        if (m < 0) {   /* degenerate row: one forced token */
+            if (-m - 1 != d) { next = -m - 1; break; }
+            continue;
+        }
+        double sum = 0.0;
+        for (int i = 0; i < m; i++) sum += scratch[ids[i]];
+        double pd = kept(ids, m, d) && sum > 0 ? scratch[d] / sum : 0.0;
+        /* q is a point mass at d: accept with probability min(1, p(d)/q(d)) = p(d) */
+        if (pd > 0.0 && ds41_sampler_uniform(smp) < pd) continue;
+        /* residual max(p - q, 0) renormalised = p without d, renormalised: the exponential
+         * race over the kept tokens other than d */
+        next = ds41_sample_race(smp, scratch, ids, m, d);
+        if (next < 0) next = d;   /* cannot happen: p(d) = 1 is always accepted */
+        break;
+    }
+    if (next < 0) {   /* every draft accepted: the next token from the last row */
+        const float *row = st->rows + (size_t)k * V;
+        next = greedy ? ds41_argmax(row, V) : ds41_sample(smp, row, V, scratch, ids);
+    }
+    free(scratch);
+    free(ids);
+    rollback(e, q, st, block, A + 1);
+    for (int i = 0; i < A; i++) out[i] = drafts[i];
+    out[A] = next;
+    if (out_logits) memcpy(out_logits, st->rows, (size_t)(A + 1) * V * sizeof(float));
+    st->pending = next;
+    if (n_acc) *n_acc = A;
+    return A + 1;
+}
+
+/* ====================================================================== scheduler (5.4) */
+
+double ds41_spec_curve_sps(const ds41_spec_curve *c, int w) {
+    if (!c || c->n < 1) return 1.0;
+    if (w < 1) w = 1;
+    if (w <= c->n) return c->sps[w];
+    if (c->n < 2) return c->sps[c->n] / w;   /* time proportional to width */
+    double t1 = 1.0 / c->sps[c->n - 1], t2 = 1.0 / c->sps[c->n];
+    double slope = t2 - t1;
+    if (slope < 0) slope = 0;
+    return 1.0 / (t2 + slope * (w - c->n));
+}
+
+typedef struct cand { double a; int r, j; } cand;
+static int cmp_cand(const void *x, const void *y) {
+    const cand *a = x, *b = y;
+    if (a->a > b->a) return -1;
+    if (a->a < b->a) return 1;
+    if (a->j != b->j) return a->j - b->j;
+    return a->r - b->r;
+}
+
+static double sigm(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+double ds41_spec_schedule(const ds41_spec_curve *curve, int R, int stride, const float *conf, const int *max_len,
+                          int *len) {
+    if (R <= 0) return 0.0;
+    size_t nc = 0;
+    for (int r = 0; r < R; r++) nc += (size_t)(max_len[r] > 0 ? max_len[r] : 0);
+    cand *c = malloc((nc ? nc : 1) * sizeof *c);
+    double tau = R;
+    for (int r = 0; r < R; r++) len[r] = 0;
+    if (!c) return tau;
+    size_t n = 0;
+    for (int r = 0; r < R; r++) {
+        double a = 1.0;
+        for (int j = 0; j < max_len[r] && j < stride; j++) {
+            a *= sigm(conf[(size_t)r * stride + j]);
+            c[n].a = a; c[n].r = r; c[n].j = j;
+            n++;
+        }
+    }
+    qsort(c, n, sizeof *c, cmp_cand);
+    int B = R;
+    double theta = tau * (curve ? ds41_spec_curve_sps(curve, B) : 1.0);
+    for (size_t i = 0; i < n; i++) {
+        if (c[i].j != len[c[i].r]) continue;   /* not the next of its prefix (ties out of order) */
+        double t2 = tau + c[i].a;
+        double th2 = t2 * (curve ? ds41_spec_curve_sps(curve, B + 1) : 1.0);
+        if (!(th2 > theta)) break;
+        tau = t2;
+        theta = th2;
+        B++;
+        len[c[i].r]++;
+    }
+    free(c);
+    return tau;
+}
+
+/* ====================================================================== curve */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_dbl(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int ds41_spec_calibrate(ds41_engine *e, int max_width, int prompt_len, int reps, ds41_spec_curve *out, char *errbuf,
+                        size_t errcap) {
+    ds41_err err;
+    memset(out, 0, sizeof *out);
+    const ds41_config *cfg = e->cfg;
+    if (max_width < 1) max_width = 1;
+    if (max_width > DS41_SPEC_MAX_WIDTH) max_width = DS41_SPEC_MAX_WIDTH;
+    if (max_width > cfg->window) max_width = cfg->window;
+    if (reps < 1) reps = 1;
+    if (prompt_len < 2) prompt_len = 2;
+    if (prompt_len + max_width > e->max_pos) prompt_len = (int)(e->max_pos - max_width);
+    if (prompt_len < 1) { snprintf(errbuf, errcap, "calibrate: the context is too small"); return -1; }
+    ds41_seq q;
+    ds41_spec_state st;
+    if (ds41_seq_init(&q, e, &err)) { snprintf(errbuf, errcap, "%s", err.msg); return -1; }
+    if (ds41_spec_state_init(&st, e, &err)) { ds41_seq_free(&q); snprintf(errbuf, errcap, "%s", err.msg); return -1; }
+    if (st.cap < max_width) {
+        free(st.rows);
+        st.cap = max_width;
+        st.rows = malloc((size_t)max_width * cfg->vocab_size * sizeof(float));
+    }
+    int32_t *tok = malloc((size_t)(prompt_len + max_width) * sizeof(int32_t));
+    double *t = malloc((size_t)reps * sizeof(double));
+    int rc = -1;
+    if (!tok || !t || !st.rows) { snprintf(errbuf, errcap, "out of memory"); goto done; }
+    uint64_t x = 88172645463325252ULL;
+    for (int i = 0; i < prompt_len + max_width; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        tok[i] = (int32_t)(x % (uint64_t)cfg->vocab_size);
+    }
+    if (ds41_forward(&q, tok, prompt_len, 1, &err)) { snprintf(errbuf, errcap, "%s", err.msg); goto done; }
+    for (int w = 1; w <= max_width; w++) {
+        if (ds41_spec_time_forward(e, &q, &st, tok + prompt_len, w, &err)) { snprintf(errbuf, errcap, "%s", err.msg); goto done; }
+        for (int r = 0; r < reps; r++) {
+            double t0 = now_s();
+            if (ds41_spec_time_forward(e, &q, &st, tok + prompt_len, w, &err)) { snprintf(errbuf, errcap, "%s", err.msg); goto done; }
+            t[r] = now_s() - t0;
+        }
+        qsort(t, (size_t)reps, sizeof(double), cmp_dbl);
+        double med = t[reps / 2];
+        out->sps[w] = med > 0 ? 1.0 / med : 1e9;
+        out->n = w;
+    }
+    rc = 0;
+done:
+    free(tok);
+    free(t);
+    ds41_spec_state_free(&st);
+    ds41_seq_free(&q);
+    return rc;
+}
+
+int ds41_spec_curve_path(const char *model_dir, int n_threads, int exact, char *buf, size_t cap) {
+    const char *env = getenv("DS41_SPEC_CURVE");
+    if (env && *env) return snprintf(buf, cap, "%s", env) < (int)cap ? 0 : -1;
+    char *rp = realpath(model_dir, NULL);
+    const char *d = rp ? rp : model_dir;
+    uint64_t h = 0xcbf29ce484222325ULL;
+    h = ds41_digest_bytes(h, d, strlen(d));
+    char cpath[4096];
+    snprintf(cpath, sizeof cpath, "%s/config.json", d);
+    struct stat sb;
+    if (stat(cpath, &sb) == 0) {
+        long long v[2] = { (long long)sb.st_size, (long long)sb.st_mtime };
+        h = ds41_digest_bytes(h, v, sizeof v);
+    }
+    free(rp);
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char base[4096];
+    if (xdg && *xdg) snprintf(base, sizeof base, "%s/ds41", xdg);
+    else if (home && *home) snprintf(base, sizeof base, "%s/.cache/ds41", home);
+    else return -1;
+    int n = snprintf(buf, cap, "%s/spec-curve-%016llx-t%d-%s.txt", base, (unsigned long long)h, n_threads,
+                     exact ? "exact" : "fast");
+    return n > 0 && (size_t)n < cap ? 0 : -1;
+}
+
+int ds41_spec_curve_load(const char *path, ds41_spec_curve *c) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    memset(c, 0, sizeof *c);
+    int w;
+    double v;
+    while (fscanf(f, "%d %lf", &w, &v) == 2) {
+        if (w != c->n + 1 || w > DS41_SPEC_MAX_WIDTH || !(v > 0)) { fclose(f); c->n = 0; return -1; }
+        c->sps[w] = v;
+        c->n = w;
+    }
+    fclose(f);
+    return c->n > 0 ? 0 : -1;
+}
+
+static void mkdirs(const char *path) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') { *p = 0; mkdir(tmp, 0777); *p = '/'; }
+}
+
+int ds41_spec_curve_save(const char *path, const ds41_spec_curve *c) {
+    mkdirs(path);
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    for (int w = 1; w <= c->n; w++) fprintf(f, "%d %.6f\n", w, c->sps[w]);
+    return fclose(f) ? -1 : 0;
+}

@@ -1,0 +1,39 @@
+/* ds41 speculative decoding (spec 5.3-5.4, docs/speculative.md): verification of a DSpark block
+ * in one forward with the verify layout (every row sees exactly a decode's KV list), greedy
+ * acceptance or speculative rejection sampling, rollback of everything the rejected rows
+ * wrote, and the confidence scheduler of spec 5.4 (Algorithm 1) over a measured curve. */
+#ifndef DS41_SPEC_H
+#define DS41_SPEC_H
+
+#include "ds41.h"
+#include "forward.h"
+#include "sampler.h"
+
+typedef struct ds41_spec_state {
+    int cap;                 /* verify rows: block size + 1 */
+    ds41_cache_snap snap;
+    float *rows;             /* [cap][vocab] logits of the verify rows */
+    int32_t pending;         /* the next token, already emitted, not yet fed (-1: none) */
+} ds41_spec_state;
+
+int ds41_spec_state_init(ds41_spec_state *st, const ds41_engine *e, ds41_err *err);
+void ds41_spec_state_free(ds41_spec_state *st);
+
+/* Verifies block = [t_next, drafts[0..k)] at positions P .. P+k (P = the cache position): one
+ * forward (verify layout, all-row logits), the DSpark rings seeded when `draft`, acceptance
+ * (greedy when the sampler's temperature is 0, else rejection sampling with the sampler's
+ * filters and stream), rollback to P + 1 + A. Writes the A accepted drafts and then the next
+ * token (greedy: argmax of the row after the last accepted; sampling: the residual sample on a
+ * rejection, a fresh sample after a full acceptance) to out[0..A]; out_logits (or NULL) gets
+ * the row each came from. On return seq->logits is that row and the next token is st->pending.
+ * Returns A + 1, or -1 (err; the sequence may be partly written). */
+int ds41_spec_verify_block(ds41_engine *e, ds41_seq *q, ds41_sampler *smp, int draft, ds41_spec_state *st,
+                           int32_t t_next, const int32_t *drafts, int k, int32_t *out, float *out_logits, int *n_acc,
+                           ds41_err *err);
+
+/* The verify forward alone, then everything rolled back (keep = 0): what a step of width T
+ * costs, for the calibration. */
+int ds41_spec_time_forward(ds41_engine *e, ds41_seq *q, ds41_spec_state *st, const int32_t *tokens, int T,
+                           ds41_err *err);
+
+#endif

@@ -1,0 +1,363 @@
+/* Speculative decoding (include/ds41.h ds41_spec_*, src/engine/spec.c, docs/speculative.md).
+ * On the tiny random checkpoint (and, given as arguments by tests/spec.test.sh, the small43
+ * production-plan checkpoint), exact kernels, both index-K readings:
+ *   - forced drafts (all right / first right, second wrong / first wrong, ...): every emitted
+ *     token and every logits row equals plain greedy decoding bit for bit, and after every
+ *     verify the whole session digest (rings, compressor state, live KV / index-K records,
+ *     entry and page counts, Engram history, logits, DSpark context row) equals that of a
+ *     plain session that never saw the rejected tokens;
+ *   - ds41_spec_step with the drafter's own proposals: same tokens and logits as plain greedy;
+ *   - P5 metadata reuse on/off gives identical proposals (exact mode);
+ *   - rejection sampling keeps the target distribution: chi-square of the joint of the first
+ *     two tokens after a fixed t_next (drafts forced to likely tokens so both the accept and the
+ *     residual paths run) against the exact filtered target probabilities;
+ *   - the scheduler (spec 5.4) on hand-made confidences and curves. */
+#include "check.h"
+#include "ds41.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char tiny[4096];
+
+static const char *env_or(const char *name, const char *def) {
+    const char *v = getenv(name);
+    return v && *v ? v : def;
+}
+
+static int make_tiny(void) {
+    const char *root = env_or("DS41_ROOT", "."), *build = env_or("DS41_BUILD", "build");
+    const char *py = env_or("PYTHON", "/usr/bin/python3");
+    if (build[0] == '/') snprintf(tiny, sizeof tiny, "%s/test-tmp/spec_tiny", build);
+    else snprintf(tiny, sizeof tiny, "%s/%s/test-tmp/spec_tiny", root, build);
+    char cmd[20000];
+    snprintf(cmd, sizeof cmd, "[ -f '%s/.complete' ] || { rm -rf '%s' && mkdir -p '%s' && %s '%s/tools/make_checkpoint.py' "
+             "'%s/tests/configs/tiny' '%s' --seed 7 --token-map stub -q && touch '%s/.complete'; }",
+             tiny, tiny, tiny, py, root, root, tiny, tiny);
+    return system(cmd);
+}
+
+static ds41_engine *load(const char *dir, int exact, long long ctx) {
+    ds41_load_params lp;
+    ds41_load_params_default(&lp);
+    lp.exact = exact;
+    lp.ctx_size = ctx;
+    char err[512];
+    ds41_engine *e = ds41_load(dir, &lp, err, sizeof err);
+    CHECK(e, "load %s: %s", dir, err);
+    return e;
+}
+
+static ds41_session *open_s(ds41_engine *e, int index_k, int reuse) {
+    ds41_session_params sp;
+    ds41_session_params_default(&sp);
+    sp.draft = 1;
+    sp.index_k = index_k;
+    sp.no_meta_reuse = !reuse;
+    char err[512];
+    ds41_session *s = ds41_session_open(e, &sp, err, sizeof err);
+    CHECK(s, "session: %s", err);
+    return s;
+}
+
+static void rand_ids(int32_t *v, int n, int V, unsigned seed) {
+    unsigned x = seed * 2654435761u + 1;
+    for (int i = 0; i < n; i++) { x = x * 1103515245u + 12345u; v[i] = (int32_t)((x >> 8) % (unsigned)V); }
+}
+
+/* plain greedy: tok[i] and logits row i (the row tok[i] came from), digest after feeding tok[i] */
+typedef struct plain { int n, V; int32_t *tok; float *lg; uint64_t *dig; } plain;
+
+static void plain_run(ds41_engine *e, int index_k, const int32_t *prompt, int np, int n, plain *o) {
+    int V = ds41_vocab_size(e);
+    o->n = n; o->V = V;
+    o->tok = calloc((size_t)n, sizeof(int32_t));
+    o->lg = calloc((size_t)n * V, sizeof(float));
+    o->dig = calloc((size_t)n + 1, sizeof(uint64_t));
+    ds41_session *s = open_s(e, index_k, 1);
+    if (!s) return;
+    CHECK(ds41_feed(s, prompt, (size_t)np) == 0, "plain prefill: %s", ds41_session_error(s));
+    o->dig[0] = ds41_session_digest(s);
+    for (int i = 0; i < n; i++) {
+        memcpy(o->lg + (size_t)i * V, ds41_logits(s), (size_t)V * sizeof(float));
+        o->tok[i] = ds41_session_sample(s);
+        CHECK(ds41_feed(s, &o->tok[i], 1) == 0, "plain feed: %s", ds41_session_error(s));
+        o->dig[i + 1] = ds41_session_digest(s);
+    }
+    ds41_session_close(s);
+}
+
+static void plain_free(plain *o) { free(o->tok); free(o->lg); free(o->dig); }
+
+/* forced drafts against a plain run: pattern p picks how many of the k drafts are right */
+static void forced_one(ds41_engine *e, int index_k, int np, int n, unsigned seed, const char *what) {
+    int V = ds41_vocab_size(e), B = ds41_draft_block_size(e);
+    int32_t *prompt = malloc((size_t)np * sizeof(int32_t));
+    rand_ids(prompt, np, V, seed);
+    plain pr;
+    plain_run(e, index_k, prompt, np, n + B + 2, &pr);
+    ds41_session *s = open_s(e, index_k, 1);
+    CHECK(ds41_feed(s, prompt, (size_t)np) == 0, "prefill");
+    float *lg = malloc((size_t)(B + 2) * V * sizeof(float));
+    int i = 0, step = 0, bad = 0;
+    /* token i is the next to emit: t_next = tok[i] (emitted by us), then drafts */
+    while (i + 1 + B < pr.n && i < n && !bad) {
+        int k = B;
+        if (index_k == DS41_INDEX_K_OFFICIAL && k > ds41_session_pos(s) - 1) k = (int)ds41_session_pos(s) - 1;
+        int right = step % (k + 1);   /* 0..k right drafts, then a wrong one */
+        int32_t d[64], out[66];
+        for (int j = 0; j < k; j++) d[j] = pr.tok[i + 1 + j];
+        if (right < k) d[right] = (d[right] + 1 + (int32_t)(step % 7)) % V;
+        int A = -1;
+        int m = ds41_spec_verify(s, pr.tok[i], d, k, out, lg, &A);
+        CHECK(m == (right < k ? right : k) + 1, "%s: step %d: %d emitted, expected %d (%s)", what, step, m,
+              (right < k ? right : k) + 1, ds41_session_error(s));
+        if (m < 1) { bad = 1; break; }
+        for (int j = 0; j < m; j++) {
+            if (out[j] != pr.tok[i + 1 + j]) { CHECK(0, "%s: step %d token %d: %d vs plain %d", what, step, j, out[j], pr.tok[i + 1 + j]); bad = 1; }
+            if (memcmp(lg + (size_t)j * V, pr.lg + (size_t)(i + 1 + j) * V, (size_t)V * sizeof(float))) {
+                CHECK(0, "%s: step %d row %d: logits differ from plain decode", what, step, j);
+                bad = 1;
+            }
+        }
+        i += m;   /* tokens 0..i-1 emitted; tok[i] = pending, fed 0..i-1 */
+        CHECK(ds41_spec_pending(s) == pr.tok[i], "%s: pending", what);
+        CHECK(ds41_session_digest(s) == pr.dig[i], "%s: step %d (pos %lld, %d right of %d): state digest differs from "
+              "a session that never saw the rejected tokens", what, step, ds41_session_pos(s), right, k);
+        step++;
+    }
+    free(lg);
+    free(prompt);
+    plain_free(&pr);
+    ds41_session_close(s);
+}
+
+static void natural_steps(ds41_engine *e, int index_k, int np, int n, unsigned seed, const char *what) {
+    int V = ds41_vocab_size(e), B = ds41_draft_block_size(e);
+    int32_t *prompt = malloc((size_t)np * sizeof(int32_t));
+    rand_ids(prompt, np, V, seed);
+    plain pr;
+    plain_run(e, index_k, prompt, np, n + B + 2, &pr);
+    ds41_session *s = open_s(e, index_k, 1);
+    CHECK(ds41_feed(s, prompt, (size_t)np) == 0, "prefill");
+    float *lg = malloc((size_t)(B + 2) * V * sizeof(float));
+    ds41_spec_params p = { DS41_SPEC_FIXED, B, NULL };
+    ds41_spec_stats st;
+    memset(&st, 0, sizeof st);
+    int i = 0;
+    while (i < n) {
+        int32_t out[66];
+        int m = ds41_spec_step(s, &p, out, B + 2, lg, NULL, &st);
+        CHECK(m >= 1, "%s: step: %s", what, ds41_session_error(s));
+        if (m < 1) break;
+        for (int j = 0; j < m && i + j < pr.n; j++) {
+            CHECK(out[j] == pr.tok[i + j], "%s: token %d: %d vs %d", what, i + j, out[j], pr.tok[i + j]);
+            CHECK(!memcmp(lg + (size_t)j * V, pr.lg + (size_t)(i + j) * V, (size_t)V * sizeof(float)),
+                  "%s: logits of token %d differ", what, i + j);
+        }
+        i += m;
+    }
+    CHECK(st.drafted > 0, "%s: nothing was drafted", what);
+    free(lg);
+    free(prompt);
+    plain_free(&pr);
+    ds41_session_close(s);
+}
+
+static const char *cur_dir;
+static int cur_n;
+
+static void exact_forced_own(void) {
+    ds41_engine *e = load(cur_dir, 1, 0);
+    if (!e) return;
+    int W = 16, lens[] = { 2, 7, 20 };
+    (void)W;
+    for (int i = 0; i < 3; i++) forced_one(e, DS41_INDEX_K_OWN, lens[i], cur_n, 11 + i, "own");
+    ds41_unload(e);
+}
+static void exact_forced_official(void) {
+    ds41_engine *e = load(cur_dir, 1, 0);
+    if (!e) return;
+    int lens[] = { 3, 8, 19 };
+    for (int i = 0; i < 3; i++) forced_one(e, DS41_INDEX_K_OFFICIAL, lens[i], cur_n, 21 + i, "official");
+    ds41_unload(e);
+}
+static void exact_steps_both(void) {
+    ds41_engine *e = load(cur_dir, 1, 0);
+    if (!e) return;
+    natural_steps(e, DS41_INDEX_K_OWN, 5, cur_n, 31, "own");
+    natural_steps(e, DS41_INDEX_K_OFFICIAL, 6, cur_n, 32, "official");
+    ds41_unload(e);
+}
+
+/* long prompt across a page boundary (small43: 64 ratio-2 entries per page) */
+static void exact_forced_page_boundary(void) {
+    ds41_engine *e = load(cur_dir, 1, 0);
+    if (!e) return;
+    forced_one(e, DS41_INDEX_K_OWN, 125, 6, 41, "page-own");
+    forced_one(e, DS41_INDEX_K_OFFICIAL, 126, 6, 42, "page-official");
+    ds41_unload(e);
+}
+
+static void meta_reuse_same_drafts(void) {
+    ds41_engine *e = load(cur_dir, 1, 0);
+    if (!e) return;
+    int V = ds41_vocab_size(e), B = ds41_draft_block_size(e);
+    int32_t prompt[12];
+    rand_ids(prompt, 12, V, 51);
+    ds41_session *a = open_s(e, 0, 1), *b = open_s(e, 0, 0);
+    CHECK(ds41_feed(a, prompt, 12) == 0 && ds41_feed(b, prompt, 12) == 0, "prefill");
+    for (int step = 0; step < 6; step++) {
+        int32_t t = ds41_session_sample(a), da[64], db[64];
+        float ca[64], cb[64];
+        CHECK(ds41_session_draft(a, t, da, ca) == 0 && ds41_session_draft(b, t, db, cb) == 0, "draft");
+        CHECK(!memcmp(da, db, (size_t)B * 4) && !memcmp(ca, cb, (size_t)B * 4), "step %d: proposals differ with P5 reuse", step);
+        CHECK(ds41_session_digest(a) == ds41_session_digest(b), "step %d: state differs with P5 reuse", step);
+        ds41_feed(a, &t, 1);
+        ds41_feed(b, &t, 1);
+    }
+    ds41_session_close(a);
+    ds41_session_close(b);
+    ds41_unload(e);
+}
+
+/* ---- sampling: chi-square of (x1, x2) after a fixed t_next ---- */
+#define TOPK 4
+static void topk_probs(const float *lg, int V, float temp, int *ids, double *p) {
+    for (int k = 0; k < TOPK; k++) ids[k] = -1;
+    for (int v = 0; v < V; v++) {
+        int k = TOPK;
+        while (k > 0 && (ids[k - 1] < 0 || lg[v] > lg[ids[k - 1]])) k--;
+        if (k >= TOPK) continue;
+        for (int j = TOPK - 1; j > k; j--) ids[j] = ids[j - 1];
+        ids[k] = v;
+    }
+    double mx = lg[ids[0]] / temp, s = 0;
+    for (int k = 0; k < TOPK; k++) { p[k] = exp(lg[ids[k]] / temp - mx); s += p[k]; }
+    for (int k = 0; k < TOPK; k++) p[k] /= s;
+}
+
+static void sampling_chi_square(void) {
+    ds41_engine *e = load(tiny, 1, 0);
+    if (!e) return;
+    int V = ds41_vocab_size(e);
+    const float temp = 1.5f;
+    int32_t prompt[6];
+    rand_ids(prompt, 6, V, 61);
+    /* the exact joint from teacher-forced plain forwards */
+    ds41_session *s = open_s(e, 0, 1);
+    CHECK(ds41_feed(s, prompt, 6) == 0, "prefill");
+    int32_t t0 = ds41_session_sample(s);   /* greedy */
+    CHECK(ds41_feed(s, &t0, 1) == 0, "feed");
+    int id1[TOPK], id2[TOPK][TOPK];
+    double p1[TOPK], p2[TOPK][TOPK];
+    topk_probs(ds41_logits(s), V, temp, id1, p1);
+    for (int a = 0; a < TOPK; a++) {
+        ds41_session_reset(s);
+        int32_t seq[8];
+        memcpy(seq, prompt, sizeof prompt);
+        seq[6] = t0;
+        seq[7] = id1[a];
+        CHECK(ds41_feed(s, seq, 6) == 0 && ds41_feed(s, seq + 6, 1) == 0 && ds41_feed(s, seq + 7, 1) == 0, "feed");
+        topk_probs(ds41_logits(s), V, temp, id2[a], p2[a]);
+    }
+    /* drafts: d1 = the most likely x1, d2 = the second most likely x2 after d1 */
+    int32_t d[2] = { id1[0], id2[0][1] };
+    const int N = 2000;
+    long long cnt[TOPK][TOPK];
+    memset(cnt, 0, sizeof cnt);
+    long long acc1 = 0, acc2 = 0, other = 0;
+    for (int r = 0; r < N; r++) {
+        ds41_session_reset(s);
+        ds41_session_set_sampling(s, temp, TOPK, 1.0f, 0.0f, 1000 + r);
+        ds41_feed(s, prompt, 6);
+        int32_t out[8], got[4];
+        int ng = 0, A = 0;
+        got[0] = got[1] = -1;
+        int m = ds41_spec_verify(s, t0, d, 2, out, NULL, &A);
+        CHECK(m >= 1, "verify: %s", ds41_session_error(s));
+        if (m < 1) break;
+        acc1 += A >= 1;
+        acc2 += A >= 2;
+        for (int j = 0; j < m && ng < 2; j++) got[ng++] = out[j];
+        while (ng < 2) {
+            int32_t pend = ds41_spec_pending(s);
+            m = ds41_spec_verify(s, pend, NULL, 0, out, NULL, &A);
+            if (m < 1) break;
+            got[ng++] = out[0];
+        }
+        int a = -1, b = -1;
+        for (int k = 0; k < TOPK; k++) if (id1[k] == got[0]) a = k;
+        if (a >= 0) for (int k = 0; k < TOPK; k++) if (id2[a][k] == got[1]) b = k;
+        if (a < 0 || b < 0) other++;
+        else cnt[a][b]++;
+    }
+    CHECK(other == 0, "%lld samples outside the top-%d support", other, TOPK);
+    double chi = 0;
+    int cells = 0;
+    for (int a = 0; a < TOPK; a++)
+        for (int b = 0; b < TOPK; b++) {
+            double ex = N * p1[a] * p2[a][b];
+            if (ex < 1e-9) continue;
+            chi += (cnt[a][b] - ex) * (cnt[a][b] - ex) / ex;
+            cells++;
+        }
+    /* 16 cells, 15 degrees of freedom: P(chi2 > 37.70) = 0.001 */
+    printf("  sampling: N %d, p(d1) %.3f, accepted d1 %lld, d1+d2 %lld, chi-square %.2f over %d cells (bound 37.70)\n",
+           N, p1[0], acc1, acc2, chi, cells);
+    CHECK(chi < 37.70, "chi-square %.2f >= 37.70 (df 15, p = 0.001)", chi);
+    CHECK(acc1 > N / 10 && acc2 > 0, "the accept path barely ran (%lld, %lld)", acc1, acc2);
+    ds41_session_close(s);
+    ds41_unload(e);
+}
+
+static void scheduler(void) {
+    ds41_spec_curve c;
+    memset(&c, 0, sizeof c);
+    c.n = 6;
+    for (int w = 1; w <= 6; w++) c.sps[w] = 100.0 / (1.0 + 0.05 * (w - 1));   /* cheap widths */
+    float conf[2][5] = { { 5, 5, 5, -5, -5 }, { -5, -5, -5, -5, -5 } };
+    int ml[2] = { 5, 5 }, len[2];
+    double tau = ds41_spec_schedule(&c, 2, 5, &conf[0][0], ml, len);
+    CHECK(len[0] == 3 && len[1] == 0, "lengths %d %d (expected 3 0)", len[0], len[1]);
+    CHECK(tau > 4.9 && tau < 5.0, "tau %f", tau);
+    /* flat curve (memory-bound): every positive survival is worth verifying */
+    for (int w = 1; w <= 6; w++) c.sps[w] = 100.0;
+    ds41_spec_schedule(&c, 2, 5, &conf[0][0], ml, len);
+    CHECK(len[0] == 5 && len[1] == 5, "flat: %d %d", len[0], len[1]);
+    /* linear cost: nothing pays unless survival > tau / B */
+    for (int w = 1; w <= 6; w++) c.sps[w] = 100.0 / w;
+    ds41_spec_schedule(&c, 2, 5, &conf[0][0], ml, len);
+    CHECK(len[0] == 0 && len[1] == 0, "linear: %d %d", len[0], len[1]);
+    CHECK(fabs(ds41_spec_curve_sps(&c, 8) - 100.0 / 8) < 1e-9, "extrapolation %f", ds41_spec_curve_sps(&c, 8));
+    int ml0 = 2;
+    ds41_spec_schedule(NULL, 1, 5, &conf[0][0], &ml0, len);
+    CHECK(len[0] == 2, "max_len respected: %d", len[0]);
+}
+
+int main(int argc, char **argv) {
+    if (make_tiny()) { printf("FAIL spec_checkpoint: make_checkpoint.py failed\n"); return 1; }
+    RUN_CASE(scheduler);
+    cur_dir = tiny;
+    cur_n = 24;
+    if (argc < 2) {
+        RUN_CASE(exact_forced_own);
+        RUN_CASE(exact_forced_official);
+        RUN_CASE(exact_steps_both);
+        RUN_CASE(meta_reuse_same_drafts);
+        RUN_CASE(sampling_chi_square);
+    }
+    for (int a = 1; a < argc; a++) {   /* further checkpoints (tests/spec.test.sh: small43) */
+        cur_dir = argv[a];
+        cur_n = 10;
+        printf("  checkpoint %s\n", cur_dir);
+        RUN_CASE(exact_forced_own);
+        RUN_CASE(exact_forced_official);
+        RUN_CASE(exact_steps_both);
+        RUN_CASE(exact_forced_page_boundary);
+        RUN_CASE(meta_reuse_same_drafts);
+    }
+    return check_exit();
+}
