@@ -25,6 +25,14 @@ ds41_pool *ds41_pool_create(int n_threads);
 void ds41_pool_destroy(ds41_pool *p);
 void ds41_parallel_for(const ds41_ctx *ctx, int n, void (*fn)(void *arg, int i0, int i1), void *arg);
 
+/* ---- ISA of the fast kernels: "avx2" (AVX2 + FMA + F16C, the baseline) or "avx512" (AVX-512
+ * F/BW/VL/DQ + VNNI), chosen at first use from CPUID; DS41_ISA=avx2|avx512|auto in the
+ * environment overrides (an unsupported choice falls back to the best supported one). Both
+ * give bit-identical results (one canonical order, linear_fast.c). */
+const char *ds41_kernels_isa(void);
+int ds41_kernels_isa_supported(const char *name);   /* 1 if the CPU runs it */
+int ds41_kernels_set_isa(const char *name);         /* 0 ok, -1 unknown or unsupported */
+
 /* ---- elementary functions (exact: evaluated in double from the FP32 input, rounded once) ---- */
 float ds41_expf_x(const ds41_ctx *ctx, float x);
 float ds41_sigmoid_x(const ds41_ctx *ctx, float x);      /* 1/(1+exp(-x)) */

@@ -1,36 +1,44 @@
-/* ds41 fast linears: AVX2 + FMA kernels over the packed weights (ds41_ctx.exact == 0).
+/* ds41 fast linears: SIMD kernels over the packed weights (ds41_ctx.exact == 0).
  *
  * Canonical order. Every output y[t][n] is computed by one fixed sequence of FP32 operations
  * that depends only on weight row n and activation row t: never on T, on the token or row
- * tile the output falls in, or on the thread count. Decode (T = 1, weights streamed once)
- * and prefill (T > 1, weights decoded once into an L1 panel and reused over tokens) are two
+ * tile the output falls in, on the thread count, or on the ISA (AVX2 here, AVX-512 in
+ * linear_avx512.c: the same sequence, bit for bit). Decode (T = 1, weights streamed once) and
+ * prefill (T > 1, weights decoded once into an L1 panel and reused over tokens) are
  * implementations of the same sequence, so a token gets the same bits whether it is computed
  * in a prefill batch or alone, and ced / full / chunked prefill stay consistent in fast mode.
- *   Accumulation: one 8-lane FP32 accumulator per output; the K axis is consumed in 8-wide
- *   chunks in a fixed order, each chunk added with one FMA; then the 8 lanes are summed
- *   in the fixed pattern of hsum8; odd tails (BF16 / FP32 only) are added after, in order.
- *   Every product entering an FMA is exact or fused, so the implementations only have to
- *   agree on which exact product goes to which lane in which order.
+ *   Two 8-lane FP32 accumulators A and B per output. The K axis is cut into 8-wide chunks
+ *   (FP8, FP8-dq, FP32), 16-wide groups (BF16) or 32-wide blocks (FP4); chunk / group / block
+ *   number c goes to A when c is even, to B when odd, each added with one FMA, in increasing
+ *   c; then y = hsum8(A + B) (lane-wise add, then the fixed pattern of hsum8); odd tails
+ *   (BF16 / FP32 only) are added after, in order. An AVX-512 register holds A in lanes 0-7
+ *   and B in lanes 8-15, so it consumes two chunks per instruction in the same order.
+ *   Neither accumulator is ever -0 (it starts at +0 and a sum that is exactly 0 rounds to +0),
+ *   so padding with zero products (fma(0, 0, B) = B) is exact.
  *
- * Weight decoding without lookups or conversions:
- *   E4M3 code c, sign-extended to 32 bits, shifted left by 20 and masked with 0x87FFFFFF is
- *   the FP32 pattern sign | c[6:0] << 20, whose value is exactly e4m3(c) * 2^-120 (normals
- *   and subnormals alike: E4M3 subnormals become FP32 subnormals). E2M1 nibbles likewise:
- *   sign | n[2:0] << 22 is e2m1(n) * 2^-126. The 2^-120 / 2^-126 are folded into the
- *   activations (x 2^100) and the scales, so that no FP32 value anywhere overflows or leaves
- *   the normal range for realistic scales (|activation * tile scale| < 2^28). Subnormal
- *   weight patterns only ever enter FMAs: on the AMD cores this was tuned on, a multiply
- *   with a subnormal input takes a slow path but an FMA does not (measured: 2.6x).
+ * Weight decoding never produces subnormal FP32 operands (Intel cores take a microcode
+ * assist, ~100 cycles, on an FMA with a subnormal input):
+ *   E4M3 code c, sign-extended to 16 bits, shifted left by 7 and masked with 0xBFFF is the
+ *   FP16 pattern of e4m3(c) * 2^-8 (normals and subnormals alike); F16C converts it to FP32
+ *   (a normal number) in hardware.
+ *   E2M1: a 16-byte shuffle table maps each nibble to 2 * e2m1 (an int8 in -12..12); FP4
+ *   linears multiply in integers (below).
  *   BF16: the even elements of a 32-bit pair are v << 16, the odd ones v & 0xFFFF0000; the
- *   activations are permuted once per call to match (even 8, then odd 8, per 16).
+ *   activations are permuted once per call to match (per 32: even elements of the first 16,
+ *   even of the second 16, odd of the first, odd of the second).
  *
- * FP8 (and the dequantized FP8 of wo_a): products w * 2^-120 * (a * s_tile * 2^100) in
- *   natural K order; y = bf16(hsum * 2^20). Prefill decodes the panel as w * s_tile * 2^-20
- *   (an FMA of the pattern with s_tile * 2^100) and multiplies it with a: the same products.
- * FP4: per 32-block, d = four chained FMAs of (w * 2^-126) * (a * 2^100) in the nibble order
- *   (even elements of bytes 0-7, odd of 0-7, even of 8-15, odd of 8-15), then
- *   acc = fma(d, s_row * 2^26, acc); y = bf16(hsum). The block-wise scale costs one FMA per
- *   32 weights instead of a multiply per weight.
+ * FP8 (and the dequantized FP8 of wo_a): products (e4m3 * 2^-8) * (a * s_tile * 2^8) in natural
+ *   K order, y = bf16(hsum). Prefill decodes the panel as e4m3 * s_tile (the FP16 value times
+ *   s_tile * 2^8) and multiplies it with a: the same exact products inside the same FMAs.
+ * FP4: the Q8 activations of a block (E4M3 values v times the power-of-two group scale s) are
+ *   written as int16 q = round(v * s / u) with u = 2^(floor(log2 max|v s|) - 14): exact for
+ *   every element within 2^-11 of the block's largest (E4M3 has 4 significant bits), the
+ *   smaller ones rounded to u (relative error < 2^-15 of the block's largest). Lane l of
+ *   block b is the exact integer sum of q * (2 e2m1) over k = 32 b + 4 l .. + 3 (vpmaddwd
+ *   pairs); then x = fp32(lane) * s_w (the row-block UE8M0 scale, exact) and
+ *   acc = fma(x, u / 2, acc); y = bf16(hsum). The int16 activations are stored per 64
+ *   elements (two blocks) as the 32 even elements then the 32 odd ones, matching the nibble
+ *   order of the packed bytes.
  * Activations of FP8 / FP4 linears: the model's Q8 (ds41_q8_group) recomputed with SIMD,
  *   bit-identical (tested): x / s for a power-of-two s is x * (1/s) exactly, and the E4M3
  *   round-to-nearest-even is the same integer trick for normals, a rounding to a multiple of
@@ -48,8 +56,8 @@
 
 #define ITEM 32          /* rows per work item */
 #define TT 64            /* tokens per activation tile */
-#define KC 256           /* K elements per prefill panel (32 rows x 1 KiB of floats: L1) */
-#define PFD 1024         /* prefetch distance per row stream, bytes (measured best of 1-4 KiB) */
+#define KC DS41_KC       /* K elements per prefill panel (32 rows x 1 KiB of floats: L1) */
+#define PFD 1024         /* prefetch distance per row stream, bytes */
 #define PAR_MIN_WORK 65536LL
 
 #define UNROLL _Pragma("GCC unroll 8")
@@ -57,20 +65,17 @@
 /* 2^k as a float (|k| < 127) */
 static inline float p2(int k) { return ds41_bits_f32((uint32_t)(127 + k) << 23); }
 
-static float ue8_lut100[256];   /* ue8m0(e) * 2^100 (FP8 tile scale as used at T = 1) */
-static float ue8_lut26[256];    /* ue8m0(e) * 2^26 (FP4 row-block scale) */
+static float ue8_lut8[256];    /* ue8m0(e) * 2^8 (FP8 tile scale with the FP16 decode's 2^8) */
+static float ue8_lut[256];     /* ue8m0(e) (FP4 row-block scale) */
 static pthread_once_t luts_once = PTHREAD_ONCE_INIT;
 
 static void luts_fill(void) {
     for (int e = 0; e < 256; e++) {
         float s = ds41_ue8m0_to_f32((uint8_t)e);
-        ue8_lut100[e] = s * p2(100);
-        ue8_lut26[e] = s * p2(26);
+        ue8_lut8[e] = s * p2(8);
+        ue8_lut[e] = s;
     }
 }
-
-/* sessions on different threads may make the first call at the same time */
-static void luts_init(void) { pthread_once(&luts_once, luts_fill); }
 
 static void *amalloc(size_t n) {
     void *p = NULL;
@@ -85,33 +90,277 @@ static inline float hsum8(__m256 v) {
     s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
     return _mm_cvtss_f32(s);
 }
+static inline float hsumab(const float *acc) { return hsum8(_mm256_add_ps(_mm256_loadu_ps(acc), _mm256_loadu_ps(acc + 8))); }
 
-/* ---------------------------------------------------------------- decoders */
+/* ---------------------------------------------------------------- AVX2 decoders */
 
-/* 8 E4M3 codes -> e4m3 * 2^-120 */
-static inline __m256 e4m3x8_raw(const uint8_t *p) {
-    __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
-    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32((int)0x87FFFFFF)));
+/* 8 E4M3 codes -> e4m3 * 2^-8 (normal FP32) */
+static inline __m256 e4m3x8_h(const uint8_t *p) {
+    __m128i b = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(b, 7), _mm_set1_epi16((short)0xBFFF)));
 }
 
-/* 16 bytes of E2M1 pairs (one 32-block) -> 4 vectors of e2m1 * 2^-126 in nibble order:
- * f[0] = even elements of bytes 0-7 (k = 0, 2, .., 14), f[1] = odd (1, 3, .., 15),
- * f[2] = even of bytes 8-15 (16, .., 30), f[3] = odd (17, .., 31). Each byte is moved to the
- * top of a 32-bit lane (pshufb of the block broadcast to both halves); the high nibble is
- * then bits 31-28, the low one (after << 4) too; >> 6 arithmetic and the mask keep the sign
- * and put the 3 magnitude bits at 24-22. */
-static inline void e2m1x32_raw(const uint8_t *p, __m256 *f) {
-    const __m256i c0 = _mm256_setr_epi8(-1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3,
-                                        -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7);
-    const __m256i c1 = _mm256_setr_epi8(-1, -1, -1, 8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11,
-                                        -1, -1, -1, 12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15);
-    const __m256i m = _mm256_set1_epi32((int)0x81C00000);
-    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
-    __m256i t0 = _mm256_shuffle_epi8(v, c0), t1 = _mm256_shuffle_epi8(v, c1);
-    f[0] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(t0, 4), 6), m));
-    f[1] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(t0, 6), m));
-    f[2] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(t1, 4), 6), m));
-    f[3] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(t1, 6), m));
+/* 16 packed E2M1 bytes (one block) -> int16 of 2 * e2m1: *we = even elements, *wo = odd */
+static inline void e2m1x32_i16(const uint8_t *p, __m256i *we, __m256i *wo) {
+    const __m128i tab = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i m = _mm_set1_epi8(0x0F);
+    __m128i v = _mm_loadu_si128((const __m128i *)p);
+    *we = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(tab, _mm_and_si128(v, m)));
+    *wo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(v, 4), m)));
+}
+
+/* ---------------------------------------------------------------- AVX2 decode kernels */
+
+#define DOT8(R)                                                                                       \
+    static void dot8_##R(const uint8_t *w, size_t ld, int in, const float *a2, float *out) {         \
+        __m256 A[R], B[R];                                                                        \
+        UNROLL for (int r = 0; r < R; r++) A[r] = B[r] = _mm256_setzero_ps();                     \
+        int k = 0;                                                                                \
+        for (; k + 16 <= in; k += 16) {                                                           \
+            if (!(k & 63)) UNROLL for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + r * ld + k + PFD), _MM_HINT_T0); \
+            __m256 a0 = _mm256_loadu_ps(a2 + k), a1 = _mm256_loadu_ps(a2 + k + 8);              \
+            UNROLL for (int r = 0; r < R; r++) {                                                  \
+                A[r] = _mm256_fmadd_ps(e4m3x8_h(w + r * ld + k), a0, A[r]);                       \
+                B[r] = _mm256_fmadd_ps(e4m3x8_h(w + r * ld + k + 8), a1, B[r]);                   \
+            }                                                                                     \
+        }                                                                                         \
+        if (k < in) UNROLL for (int r = 0; r < R; r++)                                            \
+            A[r] = _mm256_fmadd_ps(e4m3x8_h(w + r * ld + k), _mm256_loadu_ps(a2 + k), A[r]);      \
+        UNROLL for (int r = 0; r < R; r++) out[r] = hsum8(_mm256_add_ps(A[r], B[r]));             \
+    }
+DOT8(4) DOT8(1)
+
+static void dec_e4m3_avx2(const uint8_t *w, size_t ld, int nr, int in, const float *a2, float *out) {
+    int r = 0;
+    for (; r + 4 <= nr; r += 4) dot8_4(w + (size_t)r * ld, ld, in, a2, out + r);
+    for (; r < nr; r++) dot8_1(w + (size_t)r * ld, ld, in, a2, out + r);
+}
+
+/* one FP4 block of R rows into acc X */
+#define FP4BLK(R, X, b)                                                                               \
+    do {                                                                                          \
+        __m256i ae = _mm256_load_si256((const __m256i *)(aw + 64 * ((b) >> 1) + 16 * ((b) & 1)));   \
+        __m256i ao = _mm256_load_si256((const __m256i *)(aw + 64 * ((b) >> 1) + 32 + 16 * ((b) & 1))); \
+        __m256 sa = _mm256_load_ps(sav + 16 * ((b) >> 1) + 8 * ((b) & 1));                        \
+        UNROLL for (int r = 0; r < R; r++) {                                                      \
+            __m256i we, wo;                                                                       \
+            e2m1x32_i16(w + r * ld + 16 * (b), &we, &wo);                                         \
+            __m256i d = _mm256_add_epi32(_mm256_madd_epi16(we, ae), _mm256_madd_epi16(wo, ao));   \
+            __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(ue8_lut[s[r * lds + (b)]])); \
+            X[r] = _mm256_fmadd_ps(x, sa, X[r]);                                                  \
+        }                                                                                         \
+    } while (0)
+
+#define DOT4(R)                                                                                       \
+    static void dot4_##R(const uint8_t *w, size_t ld, const uint8_t *s, size_t lds, int nb,          \
+                         const int16_t *aw, const float *sav, float *out) {                       \
+        __m256 A[R], B[R];                                                                        \
+        UNROLL for (int r = 0; r < R; r++) A[r] = B[r] = _mm256_setzero_ps();                     \
+        int b = 0;                                                                                \
+        for (; b + 2 <= nb; b += 2) {                                                             \
+            if (!(b & 3)) UNROLL for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + r * ld + 16 * b + PFD), _MM_HINT_T0); \
+            FP4BLK(R, A, b);                                                                      \
+            FP4BLK(R, B, b + 1);                                                                  \
+        }                                                                                         \
+        if (b < nb) FP4BLK(R, A, b);                                                              \
+        UNROLL for (int r = 0; r < R; r++) out[r] = hsum8(_mm256_add_ps(A[r], B[r]));             \
+    }
+DOT4(4) DOT4(1)
+
+static void dec_fp4_avx2(const uint8_t *w, size_t ld, const uint8_t *s, size_t lds, int nr, int nb,
+                         const int16_t *aw, const float *sav, float *out) {
+    int r = 0;
+    for (; r + 4 <= nr; r += 4) dot4_4(w + (size_t)r * ld, ld, s + (size_t)r * lds, lds, nb, aw, sav, out + r);
+    for (; r < nr; r++) dot4_1(w + (size_t)r * ld, ld, s + (size_t)r * lds, lds, nb, aw, sav, out + r);
+}
+
+/* BF16 group g of R rows into acc X: even elements, then odd */
+#define BFGRP(R, X, g)                                                                                \
+    do {                                                                                          \
+        __m256 ae = _mm256_loadu_ps(a + 32 * ((g) >> 1) + 8 * ((g) & 1));                          \
+        __m256 ao = _mm256_loadu_ps(a + 32 * ((g) >> 1) + 16 + 8 * ((g) & 1));                     \
+        UNROLL for (int r = 0; r < R; r++) {                                                      \
+            __m256i v = _mm256_loadu_si256((const __m256i *)(w + r * ld + 16 * (g)));             \
+            X[r] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), ae, X[r]);      \
+            X[r] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hm)), ao, X[r]);       \
+        }                                                                                         \
+    } while (0)
+
+#define DOTB(R)                                                                                       \
+    static void dotb_##R(const uint16_t *w, size_t ld, int n16, const float *a, float *out) {        \
+        const __m256i hm = _mm256_set1_epi32((int)0xFFFF0000);                                    \
+        __m256 A[R], B[R];                                                                        \
+        UNROLL for (int r = 0; r < R; r++) A[r] = B[r] = _mm256_setzero_ps();                     \
+        int g = 0;                                                                                \
+        for (; g + 2 <= n16; g += 2) {                                                            \
+            UNROLL for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + r * ld + 16 * g) + PFD, _MM_HINT_T0); \
+            BFGRP(R, A, g);                                                                       \
+            BFGRP(R, B, g + 1);                                                                   \
+        }                                                                                         \
+        if (g < n16) BFGRP(R, A, g);                                                              \
+        UNROLL for (int r = 0; r < R; r++) out[r] = hsum8(_mm256_add_ps(A[r], B[r]));             \
+    }
+DOTB(4) DOTB(1)
+
+static void dec_bf16_avx2(const uint16_t *w, size_t ld, int nr, int n16, const float *a, float *out) {
+    int r = 0;
+    for (; r + 4 <= nr; r += 4) dotb_4(w + (size_t)r * ld, ld, n16, a, out + r);
+    for (; r < nr; r++) dotb_1(w + (size_t)r * ld, ld, n16, a, out + r);
+}
+
+#define DOTF(R)                                                                                       \
+    static void dotf_##R(const float *w, size_t ld, int n8, const float *a, float *out) {            \
+        __m256 A[R], B[R];                                                                        \
+        UNROLL for (int r = 0; r < R; r++) A[r] = B[r] = _mm256_setzero_ps();                     \
+        int g = 0;                                                                                \
+        for (; g + 2 <= n8; g += 2) {                                                             \
+            UNROLL for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + r * ld + 8 * g) + PFD, _MM_HINT_T0); \
+            __m256 a0 = _mm256_loadu_ps(a + 8 * g), a1 = _mm256_loadu_ps(a + 8 * g + 8);        \
+            UNROLL for (int r = 0; r < R; r++) {                                                  \
+                A[r] = _mm256_fmadd_ps(_mm256_loadu_ps(w + r * ld + 8 * g), a0, A[r]);            \
+                B[r] = _mm256_fmadd_ps(_mm256_loadu_ps(w + r * ld + 8 * g + 8), a1, B[r]);        \
+            }                                                                                     \
+        }                                                                                         \
+        if (g < n8) UNROLL for (int r = 0; r < R; r++)                                            \
+            A[r] = _mm256_fmadd_ps(_mm256_loadu_ps(w + r * ld + 8 * g), _mm256_loadu_ps(a + 8 * g), A[r]); \
+        UNROLL for (int r = 0; r < R; r++) out[r] = hsum8(_mm256_add_ps(A[r], B[r]));             \
+    }
+DOTF(4) DOTF(1)
+
+static void dec_f32_avx2(const float *w, size_t ld, int nr, int n8, const float *a, float *out) {
+    int r = 0;
+    for (; r + 4 <= nr; r += 4) dotf_4(w + (size_t)r * ld, ld, n8, a, out + r);
+    for (; r < nr; r++) dotf_1(w + (size_t)r * ld, ld, n8, a, out + r);
+}
+
+/* ---------------------------------------------------------------- AVX2 prefill micro-kernels */
+
+/* Float panel: acc[(r * T + t) * 16 + 8 * par] += P[r][8c..] * A[t][8c..] for chunks c of parity
+ * par (the A and B chains are independent, so each runs as its own pass). */
+#define MK_EW(R, C)                                                                                   \
+    static void mk_ew_##R##_##C(const float *P, const float *A, size_t lda, int nch, float *acc, int T) { \
+        for (int par = 0; par < 2; par++) {                                                       \
+            __m256 c[R][C];                                                                       \
+            UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++)                 \
+                c[r][t] = _mm256_loadu_ps(acc + ((size_t)r * T + t) * 16 + 8 * par);              \
+            for (int k = par; k < nch; k += 2) {                                                  \
+                __m256 a[C];                                                                      \
+                UNROLL for (int t = 0; t < C; t++) a[t] = _mm256_loadu_ps(A + t * lda + 8 * k);  \
+                UNROLL for (int r = 0; r < R; r++) {                                              \
+                    __m256 w = _mm256_load_ps(P + r * KC + 8 * k);                               \
+                    UNROLL for (int t = 0; t < C; t++) c[r][t] = _mm256_fmadd_ps(w, a[t], c[r][t]); \
+                }                                                                                 \
+            }                                                                                     \
+            UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++)                 \
+                _mm256_storeu_ps(acc + ((size_t)r * T + t) * 16 + 8 * par, c[r][t]);              \
+        }                                                                                         \
+    }
+MK_EW(1, 1) MK_EW(1, 2) MK_EW(1, 3) MK_EW(2, 1) MK_EW(2, 2) MK_EW(2, 3)
+MK_EW(3, 1) MK_EW(3, 2) MK_EW(3, 3) MK_EW(4, 1) MK_EW(4, 2) MK_EW(4, 3)
+typedef void (*mk_ew_fn)(const float *, const float *, size_t, int, float *, int);
+static const mk_ew_fn mk_ew[4][3] = {
+    { mk_ew_1_1, mk_ew_1_2, mk_ew_1_3 }, { mk_ew_2_1, mk_ew_2_2, mk_ew_2_3 },
+    { mk_ew_3_1, mk_ew_3_2, mk_ew_3_3 }, { mk_ew_4_1, mk_ew_4_2, mk_ew_4_3 } };
+
+static void pf_float_avx2(const float *P, int nr, const float *A, size_t lda, int T, int nch, float *acc) {
+    for (int t0 = 0; t0 < T; t0 += 3) {
+        int C = T - t0 < 3 ? T - t0 : 3;
+        for (int r0 = 0; r0 < nr; r0 += 4) {
+            int R = nr - r0 < 4 ? nr - r0 : 4;
+            mk_ew[R - 1][C - 1](P + (size_t)r0 * KC, A + (size_t)t0 * lda, lda, nch, acc + ((size_t)r0 * T + t0) * 16, T);
+        }
+    }
+}
+
+/* FP4 panel: int16 weight words PW[r] (row stride KC, the activation layout), row-block
+ * scale pair vectors SW[r] (row stride KC / 4 floats), activations AW / SAV. */
+#define MK_Q(R, C)                                                                                    \
+    static void mk_q_##R##_##C(const int16_t *PW, const float *SW, const int16_t *AW, size_t ldaw,   \
+                               const float *SAV, size_t ldsa, int nblk, float *acc, int T) {      \
+        for (int par = 0; par < 2; par++) {                                                       \
+            __m256 c[R][C];                                                                       \
+            UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++)                 \
+                c[r][t] = _mm256_loadu_ps(acc + ((size_t)r * T + t) * 16 + 8 * par);              \
+            for (int b = par; b < nblk; b += 2) {                                                 \
+                size_t oe = 64 * (size_t)(b >> 1) + 16 * (b & 1), os = 16 * (size_t)(b >> 1) + 8 * (b & 1); \
+                __m256i ae[C], ao[C];                                                             \
+                UNROLL for (int t = 0; t < C; t++) {                                              \
+                    ae[t] = _mm256_load_si256((const __m256i *)(AW + t * ldaw + oe));             \
+                    ao[t] = _mm256_load_si256((const __m256i *)(AW + t * ldaw + oe + 32));        \
+                }                                                                                 \
+                UNROLL for (int r = 0; r < R; r++) {                                              \
+                    __m256i we = _mm256_load_si256((const __m256i *)(PW + r * KC + oe));          \
+                    __m256i wo = _mm256_load_si256((const __m256i *)(PW + r * KC + oe + 32));     \
+                    __m256 sw = _mm256_load_ps(SW + r * (KC / 4) + os);                           \
+                    UNROLL for (int t = 0; t < C; t++) {                                          \
+                        __m256i d = _mm256_add_epi32(_mm256_madd_epi16(we, ae[t]), _mm256_madd_epi16(wo, ao[t])); \
+                        __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(d), sw);                      \
+                        c[r][t] = _mm256_fmadd_ps(x, _mm256_load_ps(SAV + t * ldsa + os), c[r][t]); \
+                    }                                                                             \
+                }                                                                                 \
+            }                                                                                     \
+            UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++)                 \
+                _mm256_storeu_ps(acc + ((size_t)r * T + t) * 16 + 8 * par, c[r][t]);              \
+        }                                                                                         \
+    }
+MK_Q(1, 1) MK_Q(1, 2) MK_Q(1, 3) MK_Q(2, 1) MK_Q(2, 2) MK_Q(2, 3)
+typedef void (*mk_q_fn)(const int16_t *, const float *, const int16_t *, size_t, const float *, size_t, int, float *, int);
+static const mk_q_fn mk_q[2][3] = { { mk_q_1_1, mk_q_1_2, mk_q_1_3 }, { mk_q_2_1, mk_q_2_2, mk_q_2_3 } };
+
+static void pf_fp4_avx2(const int16_t *PW, const float *SW, int nr, const int16_t *AW, size_t ldaw,
+                        const float *SAV, size_t ldsa, int T, int nblk, float *acc) {
+    for (int t0 = 0; t0 < T; t0 += 3) {
+        int C = T - t0 < 3 ? T - t0 : 3;
+        for (int r0 = 0; r0 < nr; r0 += 2) {
+            int R = nr - r0 < 2 ? nr - r0 : 2;
+            mk_q[R - 1][C - 1](PW + (size_t)r0 * KC, SW + (size_t)r0 * (KC / 4), AW + (size_t)t0 * ldaw, ldaw,
+                               SAV + (size_t)t0 * ldsa, ldsa, nblk, acc + ((size_t)r0 * T + t0) * 16, T);
+        }
+    }
+}
+
+static const ds41_fast_ops ops_avx2 = { "avx2", dec_e4m3_avx2, dec_fp4_avx2, dec_bf16_avx2, dec_f32_avx2,
+                                        pf_float_avx2, pf_fp4_avx2 };
+const ds41_fast_ops *ds41_fast_ops_avx2(void) { return &ops_avx2; }
+
+/* ---------------------------------------------------------------- ISA selection */
+
+static const ds41_fast_ops *g_ops;
+static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
+
+int ds41_kernels_isa_supported(const char *name) {
+    if (!strcmp(name, "avx2"))
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
+    if (!strcmp(name, "avx512"))
+        return ds41_fast_ops_avx512() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+               __builtin_cpu_supports("avx512vnni");
+    return 0;
+}
+
+static void isa_init(void) {
+    luts_fill();
+    const char *e = getenv("DS41_ISA");
+    g_ops = &ops_avx2;
+    if ((!e || !*e || !strcmp(e, "auto") || !strcmp(e, "avx512")) && ds41_kernels_isa_supported("avx512"))
+        g_ops = ds41_fast_ops_avx512();
+}
+
+const ds41_fast_ops *ds41_fast_ops_get(void) {
+    pthread_once(&isa_once, isa_init);
+    return __atomic_load_n(&g_ops, __ATOMIC_ACQUIRE);
+}
+
+const char *ds41_kernels_isa(void) { return ds41_fast_ops_get()->name; }
+
+int ds41_kernels_set_isa(const char *name) {
+    ds41_fast_ops_get();
+    const ds41_fast_ops *o = NULL;
+    if (!strcmp(name, "auto")) o = ds41_kernels_isa_supported("avx512") ? ds41_fast_ops_avx512() : &ops_avx2;
+    else if (!ds41_kernels_isa_supported(name)) return -1;
+    else o = !strcmp(name, "avx512") ? ds41_fast_ops_avx512() : &ops_avx2;
+    __atomic_store_n(&g_ops, o, __ATOMIC_RELEASE);
+    return 0;
 }
 
 /* ---------------------------------------------------------------- activations */
@@ -152,165 +401,47 @@ void ds41_fast_q8_row(const float *x, int in, float mult, float *a) {
     }
 }
 
-/* FP4 activation order within each 32-block: k = 0,2,..,14 | 1,3,..,15 | 16,..,30 | 17,..,31 */
-static void perm_fp4_row(float *a, int in) {
-    const __m256i idx = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-    for (int k0 = 0; k0 < in; k0 += 16) {
-        __m256 v0 = _mm256_permutevar8x32_ps(_mm256_loadu_ps(a + k0), idx);       /* e0 e2 e4 e6 o1 o3 o5 o7 */
-        __m256 v1 = _mm256_permutevar8x32_ps(_mm256_loadu_ps(a + k0 + 8), idx);   /* e8 .. e14 o9 .. o15 */
-        _mm256_storeu_ps(a + k0, _mm256_permute2f128_ps(v0, v1, 0x20));
-        _mm256_storeu_ps(a + k0 + 8, _mm256_permute2f128_ps(v0, v1, 0x31));
+/* FP4 activations of one row: Q8 values a[in] (v * s) -> int16 words aw (per 64: 32 even
+ * elements, 32 odd; ngrp groups, zero padded) and pair scale vectors sav (per 64: u/2 of the
+ * first block x 8, of the second x 8). */
+static void fp4_act_row(const float *a, int in, int16_t *aw, float *sav) {
+    int nb = in / 32, ngrp = (nb + 1) / 2;
+    memset(aw, 0, (size_t)ngrp * 64 * sizeof(int16_t));
+    memset(sav, 0, (size_t)ngrp * 16 * sizeof(float));
+    for (int b = 0; b < nb; b++) {
+        const float *ab = a + 32 * b;
+        float m = 0.0f;
+        for (int i = 0; i < 32; i++) { float v = ab[i] < 0 ? -ab[i] : ab[i]; m = v > m ? v : m; }
+        int ue = m > 0.0f ? (int)(ds41_f32_bits(m) >> 23) - 14 : 127;
+        if (ue < 2) ue = 2;
+        float inv = ds41_bits_f32((uint32_t)(254 - ue) << 23), half_u = ds41_bits_f32((uint32_t)(ue - 1) << 23);
+        int16_t *we = aw + 64 * (b >> 1) + 16 * (b & 1), *wo = we + 32;
+        for (int i = 0; i < 16; i++) {
+            we[i] = (int16_t)_mm_cvtss_si32(_mm_set_ss(ab[2 * i] * inv));
+            wo[i] = (int16_t)_mm_cvtss_si32(_mm_set_ss(ab[2 * i + 1] * inv));
+        }
+        for (int i = 0; i < 8; i++) sav[16 * (b >> 1) + 8 * (b & 1) + i] = half_u;
     }
 }
 
-/* BF16 activation order within each 16: k = 0,2,..,14 | 1,3,..,15 (the tail keeps its order) */
+/* BF16 activation order per 32: even elements of k0..k0+15, even of k0+16..+31, odd of the
+ * first 16, odd of the second (a lone last 16 as if the second were zeros); zero padded to a
+ * multiple of 32. */
 static void perm_bf16_row(const float *x, int in, float *a) {
-    const __m256i idx = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-    int k0 = 0;
-    for (; k0 + 16 <= in; k0 += 16) {
-        __m256 v0 = _mm256_permutevar8x32_ps(_mm256_loadu_ps(x + k0), idx);
-        __m256 v1 = _mm256_permutevar8x32_ps(_mm256_loadu_ps(x + k0 + 8), idx);
-        _mm256_storeu_ps(a + k0, _mm256_permute2f128_ps(v0, v1, 0x20));
-        _mm256_storeu_ps(a + k0 + 8, _mm256_permute2f128_ps(v0, v1, 0x31));
+    int kv = in & ~15, kp = (kv + 31) & ~31;
+    memset(a, 0, (size_t)kp * sizeof(float));
+    for (int k = 0; k < kv; k++) {
+        int j = k >> 5, g = (k >> 4) & 1, e = k & 15;
+        a[32 * j + 8 * g + (e & 1) * 16 + (e >> 1)] = x[k];
     }
-    for (; k0 < in; k0++) a[k0] = x[k0];
 }
-
-/* ---------------------------------------------------------------- prefill micro-kernels */
-
-/* Elementwise: acc[r][t] += P[r][k] * A[t][k] over n8 chunks of 8 (the accumulators live in
- * accb[r * ldc + t] between K panels, so the chain per output continues unchanged). */
-#define MK_EW(R, C)                                                                                   \
-    static void mk_ew_##R##_##C(const float *P, int ldp, const float *A, size_t lda, int n8,        \
-                                __m256 *accb, int ldc) {                                          \
-        __m256 c[R][C];                                                                           \
-        UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++) c[r][t] = accb[r * ldc + t]; \
-        for (int k = 0; k < n8; k++) {                                                            \
-            __m256 a[C];                                                                          \
-            UNROLL for (int t = 0; t < C; t++) a[t] = _mm256_loadu_ps(A + t * lda + 8 * k);      \
-            UNROLL for (int r = 0; r < R; r++) {                                                  \
-                __m256 w = _mm256_load_ps(P + r * ldp + 8 * k);                                  \
-                UNROLL for (int t = 0; t < C; t++) c[r][t] = _mm256_fmadd_ps(w, a[t], c[r][t]);   \
-            }                                                                                     \
-        }                                                                                         \
-        UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++) accb[r * ldc + t] = c[r][t]; \
-    }
-MK_EW(1, 1) MK_EW(1, 2) MK_EW(1, 3) MK_EW(2, 1) MK_EW(2, 2) MK_EW(2, 3)
-MK_EW(3, 1) MK_EW(3, 2) MK_EW(3, 3) MK_EW(4, 1) MK_EW(4, 2) MK_EW(4, 3)
-typedef void (*mk_ew_fn)(const float *, int, const float *, size_t, int, __m256 *, int);
-static const mk_ew_fn mk_ew[4][3] = {
-    { mk_ew_1_1, mk_ew_1_2, mk_ew_1_3 }, { mk_ew_2_1, mk_ew_2_2, mk_ew_2_3 },
-    { mk_ew_3_1, mk_ew_3_2, mk_ew_3_3 }, { mk_ew_4_1, mk_ew_4_2, mk_ew_4_3 } };
-
-/* FP4 block form: per 32-block d = 4 chained FMAs (the first onto +0), acc = fma(d, S[r][b]). */
-#define MK_BK(R, C)                                                                                   \
-    static void mk_bk_##R##_##C(const float *P, int ldp, const float *A, size_t lda, int nb,        \
-                                const float *S, int lds, __m256 *accb, int ldc) {                 \
-        __m256 c[R][C];                                                                           \
-        UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++) c[r][t] = accb[r * ldc + t]; \
-        for (int b = 0; b < nb; b++) {                                                            \
-            __m256 d[R][C];                                                                       \
-            UNROLL for (int q = 0; q < 4; q++) {                                                  \
-                __m256 a[C];                                                                      \
-                UNROLL for (int t = 0; t < C; t++) a[t] = _mm256_loadu_ps(A + t * lda + 32 * b + 8 * q); \
-                UNROLL for (int r = 0; r < R; r++) {                                              \
-                    __m256 w = _mm256_load_ps(P + r * ldp + 32 * b + 8 * q);                     \
-                    UNROLL for (int t = 0; t < C; t++)                                            \
-                        d[r][t] = _mm256_fmadd_ps(w, a[t], q ? d[r][t] : _mm256_setzero_ps());    \
-                }                                                                                 \
-            }                                                                                     \
-            UNROLL for (int r = 0; r < R; r++) {                                                  \
-                __m256 s = _mm256_broadcast_ss(S + r * lds + b);                                  \
-                UNROLL for (int t = 0; t < C; t++) c[r][t] = _mm256_fmadd_ps(d[r][t], s, c[r][t]); \
-            }                                                                                     \
-        }                                                                                         \
-        UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++) accb[r * ldc + t] = c[r][t]; \
-    }
-MK_BK(1, 1) MK_BK(1, 2) MK_BK(1, 3) MK_BK(2, 1) MK_BK(2, 2) MK_BK(2, 3)
-typedef void (*mk_bk_fn)(const float *, int, const float *, size_t, int, const float *, int, __m256 *, int);
-static const mk_bk_fn mk_bk[2][3] = { { mk_bk_1_1, mk_bk_1_2, mk_bk_1_3 }, { mk_bk_2_1, mk_bk_2_2, mk_bk_2_3 } };
-
-/* ---------------------------------------------------------------- decode (T = 1) kernels */
-
-/* FP8: R rows at stride ld, nb blocks, a2 = activation * tile scale * 2^100 */
-#define DOT8(R)                                                                                       \
-    static void dot8_##R(const uint8_t *w, size_t ld, int nb, const float *a2, float *out) {         \
-        __m256 acc[R];                                                                            \
-        UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                          \
-        for (int b = 0; b < nb; b++) {                                                            \
-            if (!(b & 1)) UNROLL for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + r * ld + 32 * b + PFD), _MM_HINT_T0); \
-            UNROLL for (int r = 0; r < R; r++) {                                                  \
-                const uint8_t *p = w + r * ld + 32 * b;                                           \
-                UNROLL for (int q = 0; q < 4; q++)                                                \
-                    acc[r] = _mm256_fmadd_ps(e4m3x8_raw(p + 8 * q), _mm256_loadu_ps(a2 + 32 * b + 8 * q), acc[r]); \
-            }                                                                                     \
-        }                                                                                         \
-        UNROLL for (int r = 0; r < R; r++) out[r] = hsum8(acc[r]);                                \
-    }
-DOT8(8) DOT8(1)
-
-/* FP4: R rows of packed pairs at stride ld bytes, their scale rows at stride lds bytes */
-#define DOT4(R)                                                                                       \
-    static void dot4_##R(const uint8_t *w, size_t ld, const uint8_t *s, size_t lds, int nb,          \
-                         const float *a, float *out) {                                            \
-        __m256 acc[R];                                                                            \
-        UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                          \
-        for (int b = 0; b < nb; b++) {                                                            \
-            if (!(b & 3)) UNROLL for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + r * ld + 16 * b + PFD), _MM_HINT_T0); \
-            __m256 a0 = _mm256_loadu_ps(a + 32 * b), a1 = _mm256_loadu_ps(a + 32 * b + 8);      \
-            __m256 a2 = _mm256_loadu_ps(a + 32 * b + 16), a3 = _mm256_loadu_ps(a + 32 * b + 24); \
-            UNROLL for (int r = 0; r < R; r++) {                                                  \
-                __m256 f[4];                                                                      \
-                e2m1x32_raw(w + r * ld + 16 * b, f);                                              \
-                __m256 d = _mm256_fmadd_ps(f[0], a0, _mm256_setzero_ps());                        \
-                d = _mm256_fmadd_ps(f[1], a1, d);                                                 \
-                d = _mm256_fmadd_ps(f[2], a2, d);                                                 \
-                d = _mm256_fmadd_ps(f[3], a3, d);                                                 \
-                acc[r] = _mm256_fmadd_ps(d, _mm256_set1_ps(ue8_lut26[s[r * lds + b]]), acc[r]);   \
-            }                                                                                     \
-        }                                                                                         \
-        UNROLL for (int r = 0; r < R; r++) out[r] = hsum8(acc[r]);                                \
-    }
-DOT4(4) DOT4(1)
-
-/* BF16 (n16 groups of 16, activation permuted) and FP32 (n8 chunks of 8), R rows */
-#define DOTB(R)                                                                                       \
-    static void dotb_##R(const uint16_t *w, size_t ld, int n16, const float *a, float *out) {        \
-        const __m256i hm = _mm256_set1_epi32((int)0xFFFF0000);                                    \
-        __m256 acc[R];                                                                            \
-        UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                          \
-        for (int g = 0; g < n16; g++) {                                                           \
-            if (!(g & 1)) UNROLL for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + r * ld + 16 * g) + PFD, _MM_HINT_T0); \
-            __m256 ae = _mm256_loadu_ps(a + 16 * g), ao = _mm256_loadu_ps(a + 16 * g + 8);       \
-            UNROLL for (int r = 0; r < R; r++) {                                                  \
-                __m256i v = _mm256_loadu_si256((const __m256i *)(w + r * ld + 16 * g));           \
-                acc[r] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), ae, acc[r]); \
-                acc[r] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hm)), ao, acc[r]); \
-            }                                                                                     \
-        }                                                                                         \
-        UNROLL for (int r = 0; r < R; r++) out[r] = hsum8(acc[r]);                                \
-    }
-DOTB(4) DOTB(1)
-
-#define DOTF(R)                                                                                       \
-    static void dotf_##R(const float *w, size_t ld, int n8, const float *a, float *out) {            \
-        __m256 acc[R];                                                                            \
-        UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                          \
-        for (int g = 0; g < n8; g++) {                                                            \
-            if (!(g & 1)) UNROLL for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + r * ld + 8 * g) + PFD, _MM_HINT_T0); \
-            __m256 av = _mm256_loadu_ps(a + 8 * g);                                               \
-            UNROLL for (int r = 0; r < R; r++)                                                    \
-                acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(w + r * ld + 8 * g), av, acc[r]);        \
-        }                                                                                         \
-        UNROLL for (int r = 0; r < R; r++) out[r] = hsum8(acc[r]);                                \
-    }
-DOTF(4) DOTF(1)
 
 /* ---------------------------------------------------------------- jobs */
 
 enum { J_FP8, J_FP4, J_DQ, J_BF16, J_F32 };
 
 typedef struct fjob {
+    const ds41_fast_ops *ops;
     int kind;
     const uint8_t *w, *s;      /* FP8 / FP4 / DQ codes and scales (full matrix) */
     const uint16_t *wb;
@@ -318,8 +449,12 @@ typedef struct fjob {
     int row0;                  /* absolute row of output 0 (DQ; 0 otherwise) */
     int out, in, T;
     int kv;                    /* K covered by the vector code (in, or in rounded down to 16 / 8) */
-    const float *a;            /* prepared activations, T rows at stride lda */
+    const float *a;            /* prepared activations (FP8 / BF16 / F32 / DQ), T rows at stride lda */
     size_t lda;
+    const int16_t *aw;         /* FP4: int16 activations, stride ldaw; pair scales sav, stride ldsa */
+    size_t ldaw;
+    const float *sav;
+    size_t ldsa;
     const float *x;            /* raw activations (tails of BF16 / FP32), stride x_stride */
     size_t x_stride;
     float *y;
@@ -336,8 +471,7 @@ static void item_rows(const fjob *j, int it, int *r0, int *r1) {
 }
 
 static float finish(const fjob *j, float acc, int t, int n) {
-    if (j->kind == J_FP8 || j->kind == J_DQ) return ds41_bf16_round(acc * p2(20));
-    if (j->kind == J_FP4) return ds41_bf16_round(acc);
+    if (j->kind == J_FP8 || j->kind == J_DQ || j->kind == J_FP4) return ds41_bf16_round(acc);
     /* BF16 / FP32 tails, in K order after the vector part */
     const float *x = j->x + (size_t)t * j->x_stride;
     size_t rowoff = (size_t)n * j->in;
@@ -351,75 +485,40 @@ static float finish(const fjob *j, float acc, int t, int n) {
 /* T = 1: stream the item's rows once. a2 scratch: in floats. */
 static void item_decode(const fjob *j, int r0, int r1, float *a2) {
     int in = j->in, nr = r1 - r0;
-    float v[8];
-    const float *a = j->a;
+    float v[ITEM];
     switch (j->kind) {
     case J_FP8: case J_DQ: {
         int nb = in / 32, nbk = (in + 31) / 32, tile = (j->row0 + r0) / 32;
         const uint8_t *st = j->s + (size_t)tile * nbk;
         for (int b = 0; b < nb; b++) {
-            __m256 sc = _mm256_set1_ps(ue8_lut100[st[b]]);
+            __m256 sc = _mm256_set1_ps(ue8_lut8[st[b]]);
             for (int q = 0; q < 4; q++)
-                _mm256_storeu_ps(a2 + 32 * b + 8 * q, _mm256_mul_ps(_mm256_loadu_ps(a + 32 * b + 8 * q), sc));
+                _mm256_storeu_ps(a2 + 32 * b + 8 * q, _mm256_mul_ps(_mm256_loadu_ps(j->a + 32 * b + 8 * q), sc));
         }
-        const uint8_t *w = j->w + (size_t)(j->row0 + r0) * in;
-        int r = 0;
-        for (; r + 8 <= nr; r += 8) {
-            dot8_8(w + (size_t)r * in, (size_t)in, nb, a2, v);
-            for (int i = 0; i < 8; i++) j->y[r0 + r + i] = finish(j, v[i], 0, r0 + r + i);
-        }
-        for (; r < nr; r++) {
-            dot8_1(w + (size_t)r * in, (size_t)in, nb, a2, v);
-            j->y[r0 + r] = finish(j, v[0], 0, r0 + r);
-        }
+        j->ops->dec_e4m3(j->w + (size_t)(j->row0 + r0) * in, (size_t)in, nr, in, a2, v);
         break;
     }
     case J_FP4: {
         int nb = in / 32;
-        const uint8_t *w = j->w + (size_t)r0 * (in / 2), *s = j->s + (size_t)r0 * nb;
-        int r = 0;
-        for (; r + 4 <= nr; r += 4) {
-            dot4_4(w + (size_t)r * (in / 2), (size_t)in / 2, s + (size_t)r * nb, (size_t)nb, nb, a, v);
-            for (int i = 0; i < 4; i++) j->y[r0 + r + i] = finish(j, v[i], 0, r0 + r + i);
-        }
-        for (; r < nr; r++) {
-            dot4_1(w + (size_t)r * (in / 2), (size_t)in / 2, s + (size_t)r * nb, (size_t)nb, nb, a, v);
-            j->y[r0 + r] = finish(j, v[0], 0, r0 + r);
-        }
+        j->ops->dec_fp4(j->w + (size_t)r0 * (in / 2), (size_t)in / 2, j->s + (size_t)r0 * nb, (size_t)nb, nr, nb,
+                        j->aw, j->sav, v);
         break;
     }
-    case J_BF16: {
-        const uint16_t *w = j->wb + (size_t)r0 * in;
-        int r = 0, n16 = j->kv / 16;
-        for (; r + 4 <= nr; r += 4) {
-            dotb_4(w + (size_t)r * in, (size_t)in, n16, a, v);
-            for (int i = 0; i < 4; i++) j->y[r0 + r + i] = finish(j, v[i], 0, r0 + r + i);
-        }
-        for (; r < nr; r++) {
-            dotb_1(w + (size_t)r * in, (size_t)in, n16, a, v);
-            j->y[r0 + r] = finish(j, v[0], 0, r0 + r);
-        }
+    case J_BF16:
+        j->ops->dec_bf16(j->wb + (size_t)r0 * in, (size_t)in, nr, j->kv / 16, j->a, v);
+        break;
+    case J_F32:
+        j->ops->dec_f32(j->wf + (size_t)r0 * in, (size_t)in, nr, j->kv / 8, j->a, v);
         break;
     }
-    case J_F32: {
-        const float *w = j->wf + (size_t)r0 * in;
-        int r = 0, n8 = j->kv / 8;
-        for (; r + 4 <= nr; r += 4) {
-            dotf_4(w + (size_t)r * in, (size_t)in, n8, a, v);
-            for (int i = 0; i < 4; i++) j->y[r0 + r + i] = finish(j, v[i], 0, r0 + r + i);
-        }
-        for (; r < nr; r++) {
-            dotf_1(w + (size_t)r * in, (size_t)in, n8, a, v);
-            j->y[r0 + r] = finish(j, v[0], 0, r0 + r);
-        }
-        break;
-    }
-    }
+    for (int r = 0; r < nr; r++) j->y[r0 + r] = finish(j, v[r], 0, r0 + r);
 }
 
-/* Decodes rows [r0, r1) x K [k0, k0 + kc) into the panel P[r][k] (ld KC). FP4 panel rows
- * also get their scales S[r][b] (ld KC / 32). */
-static void decode_panel(const fjob *j, int r0, int r1, int k0, int kc, float *P, float *S) {
+/* Decodes rows [r0, r1) x K [k0, k0 + kc) into the panel (row stride KC): floats P (FP8 / DQ:
+ * e4m3 * s_tile; BF16 in the activation order, zero padded to 32; FP32 as is) or, for FP4,
+ * int16 words PW in the activation layout and pair scale vectors SW. Returns the number of
+ * 8-chunks (float kinds) or blocks (FP4) of the panel. */
+static int decode_panel(const fjob *j, int r0, int r1, int k0, int kc, float *P, int16_t *PW, float *SW) {
     int in = j->in;
     for (int r = r0; r < r1; r++) {
         float *pr = P + (size_t)(r - r0) * KC;
@@ -428,30 +527,36 @@ static void decode_panel(const fjob *j, int r0, int r1, int k0, int kc, float *P
             int nbk = (in + 31) / 32, ar = j->row0 + r;
             const uint8_t *c = j->w + (size_t)ar * in + k0, *st = j->s + (size_t)(ar / 32) * nbk + k0 / 32;
             for (int b = 0; b < kc / 32; b++) {
-                __m256 sc = _mm256_set1_ps(ue8_lut100[st[b]]);
+                __m256 sc = _mm256_set1_ps(ue8_lut8[st[b]]);
                 for (int q = 0; q < 4; q++)
-                    _mm256_store_ps(pr + 32 * b + 8 * q, _mm256_fmadd_ps(e4m3x8_raw(c + 32 * b + 8 * q), sc, _mm256_setzero_ps()));
+                    _mm256_store_ps(pr + 32 * b + 8 * q, _mm256_mul_ps(e4m3x8_h(c + 32 * b + 8 * q), sc));
             }
             break;
         }
         case J_FP4: {
             const uint8_t *c = j->w + (size_t)r * (in / 2) + k0 / 2, *st = j->s + (size_t)r * (in / 32) + k0 / 32;
-            float *sr = S + (size_t)(r - r0) * (KC / 32);
-            for (int b = 0; b < kc / 32; b++) {
-                __m256 f[4];
-                e2m1x32_raw(c + 16 * b, f);
-                for (int q = 0; q < 4; q++) _mm256_store_ps(pr + 32 * b + 8 * q, f[q]);
-                sr[b] = ue8_lut26[st[b]];
+            int16_t *pw = PW + (size_t)(r - r0) * KC;
+            float *sw = SW + (size_t)(r - r0) * (KC / 4);
+            int nblk = kc / 32, ngrp = (nblk + 1) / 2;
+            memset(pw, 0, (size_t)ngrp * 64 * sizeof(int16_t));
+            memset(sw, 0, (size_t)ngrp * 16 * sizeof(float));
+            for (int b = 0; b < nblk; b++) {
+                __m256i we, wo;
+                e2m1x32_i16(c + 16 * b, &we, &wo);
+                int16_t *o = pw + 64 * (b >> 1) + 16 * (b & 1);
+                _mm256_store_si256((__m256i *)o, we);
+                _mm256_store_si256((__m256i *)(o + 32), wo);
+                _mm256_store_ps(sw + 16 * (b >> 1) + 8 * (b & 1), _mm256_set1_ps(ue8_lut[st[b]]));
             }
             break;
         }
         case J_BF16: {
             const uint16_t *w = j->wb + (size_t)r * in + k0;
-            const __m256i hm = _mm256_set1_epi32((int)0xFFFF0000);
-            for (int g = 0; g < kc / 16; g++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(w + 16 * g));
-                _mm256_store_ps(pr + 16 * g, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
-                _mm256_store_ps(pr + 16 * g + 8, _mm256_castsi256_ps(_mm256_and_si256(v, hm)));
+            int kp = (kc + 31) & ~31;
+            memset(pr, 0, (size_t)kp * sizeof(float));
+            for (int k = 0; k < kc; k++) {
+                int jj = k >> 5, g = (k >> 4) & 1, e = k & 15;
+                pr[32 * jj + 8 * g + (e & 1) * 16 + (e >> 1)] = ds41_bf16_to_f32(w[k]);
             }
             break;
         }
@@ -460,54 +565,50 @@ static void decode_panel(const fjob *j, int r0, int r1, int k0, int kc, float *P
             break;
         }
     }
+    if (j->kind == J_FP4) return kc / 32;
+    if (j->kind == J_BF16) return ((kc + 31) & ~31) / 8;
+    return kc / 8;
 }
 
 /* T > 1: per K panel, decode the item's rows once, then run every token through it. */
-static void item_prefill(const fjob *j, int r0, int r1, float *P, float *S, __m256 *accb) {
+static void item_prefill(const fjob *j, int r0, int r1, float *P, int16_t *PW, float *SW, float *acc) {
     int nr = r1 - r0, T = j->T;
-    for (int i = 0; i < nr * T; i++) accb[i] = _mm256_setzero_ps();
-    int step = j->kind == J_FP4 ? 2 : 4;
+    memset(acc, 0, (size_t)nr * T * 16 * sizeof(float));
     for (int k0 = 0; k0 < j->kv; k0 += KC) {
         int kc = j->kv - k0 < KC ? j->kv - k0 : KC;
-        decode_panel(j, r0, r1, k0, kc, P, S);
-        for (int t0 = 0; t0 < T; t0 += 3) {
-            int C = T - t0 < 3 ? T - t0 : 3;
-            const float *A = j->a + (size_t)t0 * j->lda + k0;
-            for (int rr = 0; rr < nr; rr += step) {
-                int R = nr - rr < step ? nr - rr : step;
-                if (j->kind == J_FP4)
-                    mk_bk[R - 1][C - 1](P + (size_t)rr * KC, KC, A, j->lda, kc / 32, S + (size_t)rr * (KC / 32), KC / 32,
-                                        accb + (size_t)rr * T + t0, T);
-                else
-                    mk_ew[R - 1][C - 1](P + (size_t)rr * KC, KC, A, j->lda, kc / 8, accb + (size_t)rr * T + t0, T);
-            }
-        }
+        int n = decode_panel(j, r0, r1, k0, kc, P, PW, SW);
+        if (j->kind == J_FP4)
+            j->ops->pf_fp4(PW, SW, nr, j->aw + k0, j->ldaw, j->sav + k0 / 4, j->ldsa, T, n, acc);
+        else
+            j->ops->pf_float(P, nr, j->a + k0, j->lda, T, n, acc);
     }
     for (int r = 0; r < nr; r++)
-        for (int t = 0; t < T; t++) j->y[(size_t)t * j->y_stride + r0 + r] = finish(j, hsum8(accb[(size_t)r * T + t]), t, r0 + r);
+        for (int t = 0; t < T; t++)
+            j->y[(size_t)t * j->y_stride + r0 + r] = finish(j, hsumab(acc + ((size_t)r * T + t) * 16), t, r0 + r);
 }
 
 static void fjob_items(void *arg, int i0, int i1) {
     const fjob *j = arg;
-    float *a2 = NULL, *P = NULL, *S = NULL;
-    __m256 *accb = NULL;
+    float *a2 = NULL, *P = NULL, *SW = NULL, *acc = NULL;
+    int16_t *PW = NULL;
     if (j->T == 1) {
         a2 = amalloc((size_t)j->in * sizeof(float));
         if (!a2) return;
     } else {
         P = amalloc((size_t)ITEM * KC * sizeof(float));
-        S = amalloc((size_t)ITEM * (KC / 32) * sizeof(float));
-        accb = amalloc((size_t)ITEM * j->T * sizeof(__m256));
-        if (!P || !S || !accb) { free(P); free(S); free(accb); return; }
+        PW = amalloc((size_t)ITEM * KC * sizeof(int16_t));
+        SW = amalloc((size_t)ITEM * (KC / 4) * sizeof(float));
+        acc = amalloc((size_t)ITEM * j->T * 16 * sizeof(float));
+        if (!P || !PW || !SW || !acc) { free(P); free(PW); free(SW); free(acc); return; }
     }
     for (int it = i0; it < i1; it++) {
         int r0, r1;
         item_rows(j, it, &r0, &r1);
         if (r1 <= r0) continue;
         if (j->T == 1) item_decode(j, r0, r1, a2);
-        else item_prefill(j, r0, r1, P, S, accb);
+        else item_prefill(j, r0, r1, P, PW, SW, acc);
     }
-    free(a2); free(P); free(S); free(accb);
+    free(a2); free(P); free(PW); free(SW); free(acc);
 }
 
 static void fjob_run(const ds41_ctx *ctx, fjob *j) {
@@ -522,34 +623,39 @@ static void fjob_run(const ds41_ctx *ctx, fjob *j) {
 
 void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int fp4, int out, int in,
                     const float *x, int T, float *y) {
-    luts_init();
+    const ds41_fast_ops *ops = ds41_fast_ops_get();
     int tt = T < TT ? T : TT;
+    int ngrp = (in / 32 + 1) / 2;
+    size_t ldaw = (size_t)ngrp * 64, ldsa = (size_t)ngrp * 16;
     float *a = amalloc((size_t)tt * in * sizeof(float));
-    if (!a) return;
+    int16_t *aw = fp4 ? amalloc((size_t)tt * ldaw * sizeof(int16_t)) : NULL;
+    float *sav = fp4 ? amalloc((size_t)tt * ldsa * sizeof(float)) : NULL;
+    if (!a || (fp4 && (!aw || !sav))) { free(a); free(aw); free(sav); return; }
     for (int t0 = 0; t0 < T; t0 += tt) {
         int nt = T - t0 < tt ? T - t0 : tt;
         for (int t = 0; t < nt; t++) {
             float *ar = a + (size_t)t * in;
-            ds41_fast_q8_row(x + (size_t)(t0 + t) * in, in, fp4 ? p2(100) : 1.0f, ar);
-            if (fp4) perm_fp4_row(ar, in);
+            ds41_fast_q8_row(x + (size_t)(t0 + t) * in, in, 1.0f, ar);
+            if (fp4) fp4_act_row(ar, in, aw + (size_t)t * ldaw, sav + (size_t)t * ldsa);
         }
-        fjob j = { fp4 ? J_FP4 : J_FP8, w, s, NULL, NULL, 0, out, in, nt, in, a, (size_t)in,
-                   NULL, 0, y + (size_t)t0 * out, (size_t)out, 1, 0 };
+        fjob j = { ops, fp4 ? J_FP4 : J_FP8, w, s, NULL, NULL, 0, out, in, nt, in, a, (size_t)in,
+                   aw, ldaw, sav, ldsa, NULL, 0, y + (size_t)t0 * out, (size_t)out, 1, 0 };
         fjob_run(ctx, &j);
     }
-    free(a);
+    free(a); free(aw); free(sav);
 }
 
 void ds41_fast_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const float *wf, const ds41_fp8w *w8,
                      int row0, int out, int in, const float *x, int x_stride, int T, float *y, int y_stride,
                      int out_bf16) {
-    luts_init();
+    const ds41_fast_ops *ops = ds41_fast_ops_get();
     int jk = kind == 0 ? J_BF16 : kind == 1 ? J_F32 : J_DQ;
     int kv = jk == J_BF16 ? in & ~15 : jk == J_F32 ? in & ~7 : in;
     int tt = T < TT ? T : TT;
+    size_t ldp = (size_t)((in + 31) & ~31);
     float *a = NULL;
     if (jk == J_BF16) {
-        a = amalloc((size_t)tt * in * sizeof(float));
+        a = amalloc((size_t)tt * ldp * sizeof(float));
         if (!a) return;
     }
     for (int t0 = 0; t0 < T; t0 += tt) {
@@ -558,12 +664,12 @@ void ds41_fast_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const fl
         const float *ap = xt;
         size_t lda = (size_t)x_stride;
         if (jk == J_BF16) {
-            for (int t = 0; t < nt; t++) perm_bf16_row(xt + (size_t)t * x_stride, in, a + (size_t)t * in);
+            for (int t = 0; t < nt; t++) perm_bf16_row(xt + (size_t)t * x_stride, in, a + (size_t)t * ldp);
             ap = a;
-            lda = (size_t)in;
+            lda = ldp;
         }
-        fjob j = { jk, w8 ? w8->w : NULL, w8 ? w8->s : NULL, wb, wf, row0, out, in, nt, kv, ap, lda,
-                   xt, (size_t)x_stride, y + (size_t)t0 * y_stride, (size_t)y_stride, out_bf16, 0 };
+        fjob j = { ops, jk, w8 ? w8->w : NULL, w8 ? w8->s : NULL, wb, wf, row0, out, in, nt, kv, ap, lda,
+                   NULL, 0, NULL, 0, xt, (size_t)x_stride, y + (size_t)t0 * y_stride, (size_t)y_stride, out_bf16, 0 };
         fjob_run(ctx, &j);
     }
     free(a);

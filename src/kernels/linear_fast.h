@@ -1,10 +1,13 @@
-/* ds41 fast linears (ds41_ctx.exact == 0): AVX2 kernels behind the ds41_linear_* entry
- * points of linear.c. Internal to src/kernels and its tests. */
+/* ds41 fast linears (ds41_ctx.exact == 0): the SIMD kernels behind the ds41_linear_* entry
+ * points of linear.c, in one canonical order (linear_fast.c) with one implementation per ISA
+ * (AVX2 + FMA + F16C in linear_fast.c, AVX-512 F/BW/VL/VNNI in linear_avx512.c), chosen at
+ * first use from CPUID. Internal to src/kernels and its tests. */
 #ifndef DS41_LINEAR_FAST_H
 #define DS41_LINEAR_FAST_H
 
 #include "kernels.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* FP8 (fp4 = 0: 32x32 tiles) or FP4 (fp4 = 1: per-row per-32 scales) linear, in % 32 == 0. */
@@ -21,5 +24,26 @@ void ds41_fast_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const fl
  * E4M3 decode and the multiplication by the group scale, times mult (a power of two): a[k] =
  * e4m3(x[k] / s) * s * mult. Exposed for tests/test_kernels.c. */
 void ds41_fast_q8_row(const float *x, int in, float mult, float *a);
+
+/* ---- per-ISA kernels (see linear_fast.c for the canonical order they all implement) ----
+ * acc blocks: 16 floats per (row, token): lanes 0-7 accumulator A, 8-15 accumulator B. */
+#define DS41_KC 256   /* K elements per prefill panel */
+typedef struct ds41_fast_ops {
+    const char *name;
+    /* decode, nr rows at stride ld; out[r] = hsum8(A + B) */
+    void (*dec_e4m3)(const uint8_t *w, size_t ld, int nr, int in, const float *a2, float *out);
+    void (*dec_fp4)(const uint8_t *w, size_t ld, const uint8_t *s, size_t lds, int nr, int nb,
+                    const int16_t *aw, const float *sav, float *out);
+    void (*dec_bf16)(const uint16_t *w, size_t ld, int nr, int n16, const float *a, float *out);
+    void (*dec_f32)(const float *w, size_t ld, int nr, int n8, const float *a, float *out);
+    /* prefill over one K panel: nr rows of panel P (row stride DS41_KC), T tokens */
+    void (*pf_float)(const float *P, int nr, const float *A, size_t lda, int T, int nch, float *acc);
+    void (*pf_fp4)(const int16_t *PW, const float *SW, int nr, const int16_t *AW, size_t ldaw,
+                   const float *SAV, size_t ldsa, int T, int nblk, float *acc);
+} ds41_fast_ops;
+
+const ds41_fast_ops *ds41_fast_ops_avx2(void);
+const ds41_fast_ops *ds41_fast_ops_avx512(void);   /* NULL when not compiled in */
+const ds41_fast_ops *ds41_fast_ops_get(void);     /* the selected one */
 
 #endif

@@ -1,0 +1,285 @@
+/* ds41 fast linears, AVX-512 (F/BW/VL/DQ + VNNI) implementation of the canonical order of
+ * linear_fast.c: one zmm register holds the accumulators A (lanes 0-7) and B (lanes 8-15),
+ * so each instruction consumes two consecutive chunks (FP8 / FP32: 2 x 8 elements; BF16:
+ * 2 x 16; FP4: 2 blocks of 32) exactly as the AVX2 code does with two registers: the results
+ * are bit-identical (tested). Odd tails go to A through zero-extended operands (fma(0, 0, B)
+ * = B, B is never -0).
+ *
+ * The file is compiled for the target below (GCC's target pragma, the same as
+ * __attribute__((target(...))) on every function), so the binary still runs on AVX2-only
+ * machines: linear_fast.c calls in only when CPUID reports the features. */
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+#include "linear_fast.h"
+#include "formats.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define KC DS41_KC
+#define PFD 1024
+#define UNROLL _Pragma("GCC unroll 8")
+
+static inline float hsum8(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    __m128 s = _mm_add_ps(lo, hi);
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+static inline float hsum16(__m512 v) {
+    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+static inline __m512 zext(__m256 v) { return _mm512_zextps256_ps512(v); }
+
+static float ue8_lut[256];
+static int lut_ready;
+static void lut_fill(void) {
+    if (__atomic_load_n(&lut_ready, __ATOMIC_ACQUIRE)) return;
+    for (int e = 0; e < 256; e++) ue8_lut[e] = ds41_ue8m0_to_f32((uint8_t)e);
+    __atomic_store_n(&lut_ready, 1, __ATOMIC_RELEASE);
+}
+
+/* 16 E4M3 codes -> e4m3 * 2^-8 */
+static inline __m512 e4m3x16_h(const uint8_t *p) {
+    __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+    return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16((short)0xBFFF)));
+}
+static inline __m256 e4m3x8_h(const uint8_t *p) {
+    __m128i b = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(b, 7), _mm_set1_epi16((short)0xBFFF)));
+}
+
+/* ---------------------------------------------------------------- decode */
+
+#define DOT8(R)                                                                                       \
+    static void dot8_##R(const uint8_t *w, size_t ld, int in, const float *a2, float *out) {         \
+        __m512 c[R];                                                                              \
+        UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();                            \
+        int k = 0;                                                                                \
+        for (; k + 16 <= in; k += 16) {                                                           \
+            if (!(k & 63)) UNROLL for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + r * ld + k + PFD), _MM_HINT_T0); \
+            __m512 a = _mm512_loadu_ps(a2 + k);                                                   \
+            UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_fmadd_ps(e4m3x16_h(w + r * ld + k), a, c[r]); \
+        }                                                                                         \
+        if (k < in) UNROLL for (int r = 0; r < R; r++)                                            \
+            c[r] = _mm512_fmadd_ps(zext(e4m3x8_h(w + r * ld + k)), zext(_mm256_loadu_ps(a2 + k)), c[r]); \
+        UNROLL for (int r = 0; r < R; r++) out[r] = hsum16(c[r]);                                 \
+    }
+DOT8(8) DOT8(1)
+
+static void dec_e4m3(const uint8_t *w, size_t ld, int nr, int in, const float *a2, float *out) {
+    int r = 0;
+    for (; r + 8 <= nr; r += 8) dot8_8(w + (size_t)r * ld, ld, in, a2, out + r);
+    for (; r < nr; r++) dot8_1(w + (size_t)r * ld, ld, in, a2, out + r);
+}
+
+/* 32 packed bytes (two blocks) -> int16 2*e2m1: *we even elements, *wo odd (64 elements) */
+static inline void e2m1x64_i16(const uint8_t *p, __m512i tab, __m512i *we, __m512i *wo) {
+    __m512i z = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
+    *we = _mm512_permutexvar_epi16(z, tab);                        /* index: low 5 bits (table repeats) */
+    *wo = _mm512_permutexvar_epi16(_mm512_srli_epi16(z, 4), tab);
+}
+/* one block (16 bytes) -> the AVX2 form */
+static inline void e2m1x32_i16(const uint8_t *p, __m256i *we, __m256i *wo) {
+    const __m128i tab = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i m = _mm_set1_epi8(0x0F);
+    __m128i v = _mm_loadu_si128((const __m128i *)p);
+    *we = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(tab, _mm_and_si128(v, m)));
+    *wo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(v, 4), m)));
+}
+static const int16_t e2m1_tab32[32] __attribute__((aligned(64))) = {
+    0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+    0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
+static inline __m512i e2m1_tab(void) { return _mm512_load_si512(e2m1_tab32); }
+
+#define DOT4(R)                                                                                       \
+    static void dot4_##R(const uint8_t *w, size_t ld, const uint8_t *s, size_t lds, int nb,          \
+                         const int16_t *aw, const float *sav, float *out) {                       \
+        const __m512i tab = e2m1_tab();                                                           \
+        __m512 c[R];                                                                              \
+        UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();                            \
+        int b = 0;                                                                                \
+        for (; b + 2 <= nb; b += 2) {                                                             \
+            if (!(b & 3)) UNROLL for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + r * ld + 16 * b + PFD), _MM_HINT_T0); \
+            __m512i ae = _mm512_load_si512(aw + 32 * b), ao = _mm512_load_si512(aw + 32 * b + 32);   \
+            __m512 sa = _mm512_load_ps(sav + 8 * b);                                              \
+            UNROLL for (int r = 0; r < R; r++) {                                                  \
+                __m512i we, wo;                                                                   \
+                e2m1x64_i16(w + r * ld + 16 * b, tab, &we, &wo);                                  \
+                __m512i d = _mm512_dpwssd_epi32(_mm512_madd_epi16(we, ae), wo, ao);               \
+                __m512 sw = _mm512_mask_mov_ps(_mm512_set1_ps(ue8_lut[s[r * lds + b]]), 0xFF00,   \
+                                               _mm512_set1_ps(ue8_lut[s[r * lds + b + 1]]));      \
+                c[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(d), sw), sa, c[r]);       \
+            }                                                                                     \
+        }                                                                                         \
+        if (b < nb) {                                                                             \
+            __m256i ae = _mm256_load_si256((const __m256i *)(aw + 32 * b));                       \
+            __m256i ao = _mm256_load_si256((const __m256i *)(aw + 32 * b + 32));                  \
+            __m256 sa = _mm256_load_ps(sav + 8 * b);                                              \
+            UNROLL for (int r = 0; r < R; r++) {                                                  \
+                __m256i we, wo;                                                                   \
+                e2m1x32_i16(w + r * ld + 16 * b, &we, &wo);                                       \
+                __m256i d = _mm256_add_epi32(_mm256_madd_epi16(we, ae), _mm256_madd_epi16(wo, ao)); \
+                __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(ue8_lut[s[r * lds + b]])); \
+                c[r] = _mm512_fmadd_ps(zext(x), zext(sa), c[r]);                                  \
+            }                                                                                     \
+        }                                                                                         \
+        UNROLL for (int r = 0; r < R; r++) out[r] = hsum16(c[r]);                                 \
+    }
+DOT4(4) DOT4(1)
+
+static void dec_fp4(const uint8_t *w, size_t ld, const uint8_t *s, size_t lds, int nr, int nb,
+                    const int16_t *aw, const float *sav, float *out) {
+    lut_fill();
+    int r = 0;
+    for (; r + 4 <= nr; r += 4) dot4_4(w + (size_t)r * ld, ld, s + (size_t)r * lds, lds, nb, aw, sav, out + r);
+    for (; r < nr; r++) dot4_1(w + (size_t)r * ld, ld, s + (size_t)r * lds, lds, nb, aw, sav, out + r);
+}
+
+#define DOTB(R)                                                                                       \
+    static void dotb_##R(const uint16_t *w, size_t ld, int n16, const float *a, float *out) {        \
+        const __m512i hm = _mm512_set1_epi32((int)0xFFFF0000);                                    \
+        __m512 c[R];                                                                              \
+        UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();                            \
+        int g = 0;                                                                                \
+        for (; g + 2 <= n16; g += 2) {                                                            \
+            UNROLL for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + r * ld + 16 * g) + PFD, _MM_HINT_T0); \
+            __m512 ae = _mm512_loadu_ps(a + 16 * g), ao = _mm512_loadu_ps(a + 16 * g + 16);      \
+            UNROLL for (int r = 0; r < R; r++) {                                                  \
+                __m512i v = _mm512_loadu_si512(w + r * ld + 16 * g);                              \
+                c[r] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), ae, c[r]);  \
+                c[r] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(v, hm)), ao, c[r]);   \
+            }                                                                                     \
+        }                                                                                         \
+        if (g < n16) {                                                                            \
+            __m256 ae = _mm256_loadu_ps(a + 16 * g), ao = _mm256_loadu_ps(a + 16 * g + 16);      \
+            UNROLL for (int r = 0; r < R; r++) {                                                  \
+                __m256i v = _mm256_loadu_si256((const __m256i *)(w + r * ld + 16 * g));           \
+                c[r] = _mm512_fmadd_ps(zext(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16))), zext(ae), c[r]); \
+                c[r] = _mm512_fmadd_ps(zext(_mm256_castsi256_ps(_mm256_and_si256(v, _mm512_castsi512_si256(hm)))), zext(ao), c[r]); \
+            }                                                                                     \
+        }                                                                                         \
+        UNROLL for (int r = 0; r < R; r++) out[r] = hsum16(c[r]);                                 \
+    }
+DOTB(4) DOTB(1)
+
+static void dec_bf16(const uint16_t *w, size_t ld, int nr, int n16, const float *a, float *out) {
+    int r = 0;
+    for (; r + 4 <= nr; r += 4) dotb_4(w + (size_t)r * ld, ld, n16, a, out + r);
+    for (; r < nr; r++) dotb_1(w + (size_t)r * ld, ld, n16, a, out + r);
+}
+
+#define DOTF(R)                                                                                       \
+    static void dotf_##R(const float *w, size_t ld, int n8, const float *a, float *out) {            \
+        __m512 c[R];                                                                              \
+        UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();                            \
+        int g = 0;                                                                                \
+        for (; g + 2 <= n8; g += 2) {                                                             \
+            UNROLL for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + r * ld + 8 * g) + PFD, _MM_HINT_T0); \
+            __m512 av = _mm512_loadu_ps(a + 8 * g);                                               \
+            UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_fmadd_ps(_mm512_loadu_ps(w + r * ld + 8 * g), av, c[r]); \
+        }                                                                                         \
+        if (g < n8) UNROLL for (int r = 0; r < R; r++)                                            \
+            c[r] = _mm512_fmadd_ps(zext(_mm256_loadu_ps(w + r * ld + 8 * g)), zext(_mm256_loadu_ps(a + 8 * g)), c[r]); \
+        UNROLL for (int r = 0; r < R; r++) out[r] = hsum16(c[r]);                                 \
+    }
+DOTF(4) DOTF(1)
+
+static void dec_f32(const float *w, size_t ld, int nr, int n8, const float *a, float *out) {
+    int r = 0;
+    for (; r + 4 <= nr; r += 4) dotf_4(w + (size_t)r * ld, ld, n8, a, out + r);
+    for (; r < nr; r++) dotf_1(w + (size_t)r * ld, ld, n8, a, out + r);
+}
+
+/* ---------------------------------------------------------------- prefill */
+
+#define MK_EW(R, C)                                                                                   \
+    static void mk_ew_##R##_##C(const float *P, const float *A, size_t lda, int nch, float *acc, int T) { \
+        __m512 c[R][C];                                                                           \
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++)                     \
+            c[r][t] = _mm512_loadu_ps(acc + ((size_t)r * T + t) * 16);                            \
+        int k = 0;                                                                                \
+        for (; k + 2 <= nch; k += 2) {                                                            \
+            __m512 a[C];                                                                          \
+            UNROLL for (int t = 0; t < C; t++) a[t] = _mm512_loadu_ps(A + t * lda + 8 * k);      \
+            UNROLL for (int r = 0; r < R; r++) {                                                  \
+                __m512 w = _mm512_load_ps(P + r * KC + 8 * k);                                   \
+                UNROLL for (int t = 0; t < C; t++) c[r][t] = _mm512_fmadd_ps(w, a[t], c[r][t]);   \
+            }                                                                                     \
+        }                                                                                         \
+        if (k < nch) {                                                                            \
+            __m512 a[C];                                                                          \
+            UNROLL for (int t = 0; t < C; t++) a[t] = zext(_mm256_loadu_ps(A + t * lda + 8 * k)); \
+            UNROLL for (int r = 0; r < R; r++) {                                                  \
+                __m512 w = zext(_mm256_load_ps(P + r * KC + 8 * k));                              \
+                UNROLL for (int t = 0; t < C; t++) c[r][t] = _mm512_fmadd_ps(w, a[t], c[r][t]);   \
+            }                                                                                     \
+        }                                                                                         \
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++)                     \
+            _mm512_storeu_ps(acc + ((size_t)r * T + t) * 16, c[r][t]);                            \
+    }
+#define MK_EW_R(R) MK_EW(R, 1) MK_EW(R, 2) MK_EW(R, 3) MK_EW(R, 4) MK_EW(R, 5) MK_EW(R, 6)
+MK_EW_R(1) MK_EW_R(2) MK_EW_R(3) MK_EW_R(4)
+typedef void (*mk_ew_fn)(const float *, const float *, size_t, int, float *, int);
+#define MK_EW_ROW(R) { mk_ew_##R##_1, mk_ew_##R##_2, mk_ew_##R##_3, mk_ew_##R##_4, mk_ew_##R##_5, mk_ew_##R##_6 }
+static const mk_ew_fn mk_ew[4][6] = { MK_EW_ROW(1), MK_EW_ROW(2), MK_EW_ROW(3), MK_EW_ROW(4) };
+
+static void pf_float(const float *P, int nr, const float *A, size_t lda, int T, int nch, float *acc) {
+    for (int t0 = 0; t0 < T; t0 += 6) {
+        int C = T - t0 < 6 ? T - t0 : 6;
+        for (int r0 = 0; r0 < nr; r0 += 4) {
+            int R = nr - r0 < 4 ? nr - r0 : 4;
+            mk_ew[R - 1][C - 1](P + (size_t)r0 * KC, A + (size_t)t0 * lda, lda, nch, acc + ((size_t)r0 * T + t0) * 16, T);
+        }
+    }
+}
+
+/* FP4: the panel and the activations are zero padded to whole 64-element groups (and zero
+ * scales), so the lone last block is a full-width step whose B half adds +0. */
+#define MK_Q(R, C)                                                                                    \
+    static void mk_q_##R##_##C(const int16_t *PW, const float *SW, const int16_t *AW, size_t ldaw,   \
+                               const float *SAV, size_t ldsa, int ngrp, float *acc, int T) {      \
+        __m512 c[R][C];                                                                           \
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++)                     \
+            c[r][t] = _mm512_loadu_ps(acc + ((size_t)r * T + t) * 16);                            \
+        for (int g = 0; g < ngrp; g++) {                                                          \
+            __m512i ae[C], ao[C];                                                                 \
+            UNROLL for (int t = 0; t < C; t++) {                                                  \
+                ae[t] = _mm512_load_si512(AW + t * ldaw + 64 * g);                                \
+                ao[t] = _mm512_load_si512(AW + t * ldaw + 64 * g + 32);                           \
+            }                                                                                     \
+            UNROLL for (int r = 0; r < R; r++) {                                                  \
+                __m512i we = _mm512_load_si512(PW + r * KC + 64 * g);                             \
+                __m512i wo = _mm512_load_si512(PW + r * KC + 64 * g + 32);                        \
+                __m512 sw = _mm512_load_ps(SW + r * (KC / 4) + 16 * g);                           \
+                UNROLL for (int t = 0; t < C; t++) {                                              \
+                    __m512i d = _mm512_dpwssd_epi32(_mm512_madd_epi16(we, ae[t]), wo, ao[t]);     \
+                    __m512 x = _mm512_mul_ps(_mm512_cvtepi32_ps(d), sw);                          \
+                    c[r][t] = _mm512_fmadd_ps(x, _mm512_load_ps(SAV + t * ldsa + 16 * g), c[r][t]); \
+                }                                                                                 \
+            }                                                                                     \
+        }                                                                                         \
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++)                     \
+            _mm512_storeu_ps(acc + ((size_t)r * T + t) * 16, c[r][t]);                            \
+    }
+#define MK_Q_R(R) MK_Q(R, 1) MK_Q(R, 2) MK_Q(R, 3) MK_Q(R, 4)
+MK_Q_R(1) MK_Q_R(2) MK_Q_R(3) MK_Q_R(4)
+typedef void (*mk_q_fn)(const int16_t *, const float *, const int16_t *, size_t, const float *, size_t, int, float *, int);
+#define MK_Q_ROW(R) { mk_q_##R##_1, mk_q_##R##_2, mk_q_##R##_3, mk_q_##R##_4 }
+static const mk_q_fn mk_q[4][4] = { MK_Q_ROW(1), MK_Q_ROW(2), MK_Q_ROW(3), MK_Q_ROW(4) };
+
+static void pf_fp4(const int16_t *PW, const float *SW, int nr, const int16_t *AW, size_t ldaw,
+                   const float *SAV, size_t ldsa, int T, int nblk, float *acc) {
+    int ngrp = (nblk + 1) / 2;
+    for (int t0 = 0; t0 < T; t0 += 4) {
+        int C = T - t0 < 4 ? T - t0 : 4;
+        for (int r0 = 0; r0 < nr; r0 += 4) {
+            int R = nr - r0 < 4 ? nr - r0 : 4;
+            mk_q[R - 1][C - 1](PW + (size_t)r0 * KC, SW + (size_t)r0 * (KC / 4), AW + (size_t)t0 * ldaw, ldaw,
+                               SAV + (size_t)t0 * ldsa, ldsa, ngrp, acc + ((size_t)r0 * T + t0) * 16, T);
+        }
+    }
+}
+
+static const ds41_fast_ops ops = { "avx512", dec_e4m3, dec_fp4, dec_bf16, dec_f32, pf_float, pf_fp4 };
+const ds41_fast_ops *ds41_fast_ops_avx512(void) { return &ops; }
