@@ -1,0 +1,194 @@
+/* ds41 run --spec: see cli_spec.h and README "Speculative decoding". */
+#include "cli_spec.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int ds41_cli_spec_parse(const char *cmd, const char *arg, int block, int plain_only, ds41_cli_spec *o) {
+    memset(o, 0, sizeof *o);
+    o->explicit_arg = arg != NULL;
+    if (!arg) { o->mode = block > 0 && !plain_only ? DS41_SPEC_AUTO : DS41_SPEC_OFF; return 0; }
+    if (!strcmp(arg, "off")) o->mode = DS41_SPEC_OFF;
+    else if (!strcmp(arg, "auto")) o->mode = DS41_SPEC_AUTO;
+    else if (!strncmp(arg, "fixed:", 6)) {
+        char *end;
+        errno = 0;
+        long k = strtol(arg + 6, &end, 10);
+        if (end == arg + 6 || *end || errno || k < 0 || k > DS41_SPEC_MAX_DRAFTS) {
+            fprintf(stderr, "ds41 %s: --spec fixed:K needs K in 0..%d, got '%s'\n", cmd, DS41_SPEC_MAX_DRAFTS, arg);
+            return 2;
+        }
+        o->mode = DS41_SPEC_FIXED;
+        o->k = (int)k;
+    } else {
+        fprintf(stderr, "ds41 %s: --spec must be off, fixed:K or auto, not '%s'\n", cmd, arg);
+        return 2;
+    }
+    if (o->mode != DS41_SPEC_OFF && block == 0) {
+        fprintf(stderr, "ds41 %s: --spec %s: the model has no DSpark stages\n", cmd, arg);
+        return 2;
+    }
+    if (o->mode != DS41_SPEC_OFF && plain_only) {
+        fprintf(stderr, "ds41 %s: --spec %s cannot be combined with --trace, --draft-trace or --force-ids\n", cmd, arg);
+        return 2;
+    }
+    return 0;
+}
+
+int ds41_cli_spec_curve(ds41_engine *e, const char *dir, int threads, int exact, int quiet, ds41_spec_curve *c) {
+    char path[4096];
+    int have_path = ds41_spec_curve_path(dir, threads, exact, path, sizeof path) == 0;
+    if (have_path && ds41_spec_curve_load(path, c) == 0) return 0;
+    char err[512];
+    double t0 = now_s();
+    int w = ds41_draft_block_size(e) + 1;
+    if (ds41_spec_calibrate(e, w, 32, 3, c, err, sizeof err)) {
+        fprintf(stderr, "ds41: speculative calibration failed: %s\n", err);
+        return -1;
+    }
+    if (have_path && ds41_spec_curve_save(path, c) == 0) ds41_spec_curve_load(path, c);   /* the saved values */
+    if (!quiet)
+        fprintf(stderr, "ds41: measured the verify-width curve in %.2f s (widths 1..%d)%s%s\n", now_s() - t0, c->n,
+                have_path ? ", cached in " : "", have_path ? path : "");
+    return 0;
+}
+
+static json_t *top_json(const float *lg, int V, int K) {
+    double mx = -INFINITY;
+    for (int i = 0; i < V; i++) if (lg[i] > mx) mx = lg[i];
+    double se = 0.0;
+    for (int i = 0; i < V; i++) se += exp((double)lg[i] - mx);
+    double lse = mx + log(se);
+    json_t *arr = json_array();
+    if (K > V) K = V;
+    int *best = malloc((size_t)(K > 0 ? K : 1) * sizeof(int));
+    int nb = 0;
+    for (int i = 0; i < V && K > 0; i++) {
+        if (nb == K && !(lg[i] > lg[best[K - 1]])) continue;
+        int j = nb < K ? nb++ : K - 1;
+        while (j > 0 && lg[i] > lg[best[j - 1]]) { best[j] = best[j - 1]; j--; }
+        best[j] = i;
+    }
+    for (int i = 0; i < nb; i++) {
+        json_t *o = json_object();
+        json_object_set_new(o, "id", json_integer(best[i]));
+        json_object_set_new(o, "logit", json_real(lg[best[i]]));
+        json_object_set_new(o, "logprob", json_real((double)lg[best[i]] - lse));
+        json_array_append_new(arr, o);
+    }
+    free(best);
+    return arr;
+}
+
+static void put_json(json_t *o) {
+    char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    if (line) { puts(line); free(line); }
+    json_decref(o);
+}
+
+int ds41_cli_spec_generate(ds41_cli_spec_run *r) {
+    ds41_session *s = r->s;
+    int V = ds41_vocab_size(r->e), B = ds41_draft_block_size(r->e), cap = B + 2;
+    ds41_spec_curve curve;
+    memset(&curve, 0, sizeof curve);
+    if (r->spec.mode == DS41_SPEC_AUTO && ds41_cli_spec_curve(r->e, r->dir, r->threads, r->exact, r->json, &curve))
+        return -1;
+    ds41_spec_params p = { r->spec.mode, r->spec.k, r->spec.mode == DS41_SPEC_AUTO ? &curve : NULL };
+    int32_t *out = malloc((size_t)cap * sizeof(int32_t));
+    float *lg = malloc((size_t)cap * V * sizeof(float));
+    ds41_spec_stats st;
+    memset(&st, 0, sizeof st);
+    int rc = -1, done = 0;
+    r->n_gen = r->n_dec = 0;
+    r->t_decode = 0;
+    if (!out || !lg) { fprintf(stderr, "ds41 run: out of memory\n"); goto end; }
+    double t_first = 0;
+    while (!done && r->n_gen < r->n_predict) {
+        ds41_spec_step_info info;
+        /* the step's context: pos + 1 + K <= ctx is clamped by the library; the last emitted
+         * token is never fed, so a step needs one free position */
+        if (ds41_session_pos(s) + 1 > ds41_ctx_size(r->e)) break;
+        double t1 = now_s();
+        int m = ds41_spec_step(s, &p, out, cap, lg, &info, &st);
+        double dt = now_s() - t1;
+        if (m < 0) { fprintf(stderr, "\nds41 run: %s\n", ds41_session_error(s)); goto end; }
+        if (r->n_gen == 0) t_first = dt;   /* the first step also samples the prefill's token */
+        r->t_decode += dt;
+        for (int j = 0; j < m && !done && r->n_gen < r->n_predict; j++) {
+            const float *row = lg + (size_t)j * V;
+            if (r->fdump && fwrite(row, sizeof(float), (size_t)V, r->fdump) != (size_t)V) {
+                fprintf(stderr, "ds41 run: --dump-logits: write failed: %s\n", strerror(errno));
+                goto end;
+            }
+            int32_t next = out[j];
+            char text[256];
+            size_t tl = 0;
+            if (r->tok) tl = ds41_detok_stream_push(r->ds, next, text, sizeof text - 1);
+            text[tl] = 0;
+            if (r->json) {
+                json_t *o = json_object();
+                json_object_set_new(o, "id", json_integer(next));
+                json_object_set_new(o, "text", r->tok ? json_stringn(text, tl) : json_null());
+                json_object_set_new(o, "top", top_json(row, V, r->top_lp));
+                put_json(o);
+            } else if (r->tok) {
+                fwrite(text, 1, tl, stdout);
+            } else {
+                printf("%s%d", r->n_gen ? " " : "", next);
+            }
+            r->n_gen++;
+            if (!r->ignore_eos && r->eos >= 0 && next == r->eos) done = 1;
+        }
+        if (r->json) {
+            json_t *c = json_array();
+            for (int k = 0; k < info.proposed; k++) json_array_append_new(c, json_real(info.conf[k]));
+            put_json(json_pack("{s:{s:i,s:i,s:i,s:i,s:f,s:o}}", "spec_step", "proposed", info.proposed, "drafted",
+                               info.drafted, "accepted", info.accepted, "emitted", m, "expected", info.expected,
+                               "conf", c));
+        }
+        fflush(stdout);
+    }
+    (void)t_first;
+    r->n_dec = r->n_gen > 0 ? r->n_gen - 1 : 0;
+    /* statistics */
+    double mean_acc = st.steps ? (double)st.accepted / st.steps : 0;
+    double rate = st.drafted ? (double)st.accepted / st.drafted : 0;
+    const char *mname = r->spec.mode == DS41_SPEC_AUTO ? "auto" : r->spec.mode == DS41_SPEC_FIXED ? "fixed" : "off";
+    if (r->json) {
+        json_t *da = json_array(), *aa = json_array(), *ra = json_array(), *cv = json_array();
+        for (int i = 0; i < B; i++) {
+            json_array_append_new(da, json_integer(st.drafted_at[i]));
+            json_array_append_new(aa, json_integer(st.accepted_at[i]));
+            json_array_append_new(ra, json_real(st.drafted_at[i] ? (double)st.accepted_at[i] / st.drafted_at[i] : 0.0));
+        }
+        for (int w = 1; w <= curve.n; w++) json_array_append_new(cv, json_real(curve.sps[w]));
+        json_t *o = json_pack("{s:s,s:i,s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:o,s:o,s:o,s:o}", "mode", mname, "k", r->spec.k,
+                              "steps", (json_int_t)st.steps, "drafted", (json_int_t)st.drafted, "accepted",
+                              (json_int_t)st.accepted, "emitted", (json_int_t)st.emitted, "mean_accepted", mean_acc,
+                              "acceptance_rate", rate, "tokens_per_step", st.steps ? (double)st.emitted / st.steps : 0.0,
+                              "drafted_at", da, "accepted_at", aa, "acceptance_at", ra, "curve_steps_per_s", cv);
+        put_json(json_pack("{s:o}", "spec", o));
+    } else {
+        fprintf(stderr, "ds41 run: spec %s: %lld steps, drafted %lld, accepted %lld (%.1f %%), mean accepted length %.2f, "
+                "%.2f tokens/step; acceptance by position:", mname, st.steps, st.drafted, st.accepted, 100 * rate,
+                mean_acc, st.steps ? (double)st.emitted / st.steps : 0.0);
+        for (int i = 0; i < B; i++)
+            fprintf(stderr, " %.3f", st.drafted_at[i] ? (double)st.accepted_at[i] / st.drafted_at[i] : 0.0);
+        fputc('\n', stderr);
+    }
+    rc = 0;
+end:
+    free(out);
+    free(lg);
+    return rc;
+}

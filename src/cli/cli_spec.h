@@ -1,0 +1,42 @@
+/* ds41 run's speculative decoding (--spec off|fixed:K|auto): the generation loop over
+ * ds41_spec_step, per-step JSON, the final statistics, the throughput curve cache. */
+#ifndef DS41_CLI_SPEC_H
+#define DS41_CLI_SPEC_H
+
+#include <stdio.h>
+
+#include "ds41.h"
+#include "tokenizer.h"
+
+typedef struct ds41_cli_spec {
+    int mode, k;                  /* DS41_SPEC_*, fixed K */
+    int explicit_arg;             /* --spec was given */
+} ds41_cli_spec;
+
+/* NULL arg: auto when the model has DSpark stages (block > 0), else off; `plain_only`
+ * (--trace, --draft-trace, --force-ids) makes the default off and an explicit --spec other
+ * than off an error. Returns 0, or 2 (usage error printed). */
+int ds41_cli_spec_parse(const char *cmd, const char *arg, int block, int plain_only, ds41_cli_spec *out);
+
+/* The curve for --spec auto: the cache file, else a start-up calibration (saved). */
+int ds41_cli_spec_curve(ds41_engine *e, const char *dir, int threads, int exact, int quiet, ds41_spec_curve *c);
+
+typedef struct ds41_cli_spec_run {
+    ds41_cli_spec spec;
+    ds41_engine *e;
+    ds41_session *s;
+    const char *dir;
+    int threads, exact;
+    ds41_tokenizer *tok;          /* or NULL: ids printed */
+    ds41_detok_stream *ds;
+    int json, top_lp, n_predict, eos, ignore_eos;
+    FILE *fdump;
+    /* out */
+    int n_gen, n_dec;
+    double t_decode;
+} ds41_cli_spec_run;
+/* Generates after the prompt was fed; prints tokens as ds41 run does, per-step JSON lines
+ * {"spec_step": ...} with --json, and the statistics ({"spec": ...} / a stderr line). */
+int ds41_cli_spec_generate(ds41_cli_spec_run *r);
+
+#endif
