@@ -1,6 +1,12 @@
 /* Kernel micro-benchmark: the fast linears at production shapes, against the machine's limits.
  *
  *   build/bench/bench_kernels [--quick] [--threads 1,2] [--T 1,8,64] [--only NAME] [--exact]
+ *                             [--isa avx2|avx512|auto]
+ *
+ * The ISA path of the fast kernels (CPUID, DS41_ISA or --isa) is printed first; the int8 dot
+ * probe (vpmaddubsw + vpmaddwd on AVX2, vpdpbusd on AVX-512 VNNI) is the integer road's peak.
+ * Each linear row ends with its ratio to the probe of the same run and thread count: %bw
+ * (weight GB/s / read bandwidth) for T = 1, %fma (GMAC/s / FMA peak GMAC/s) for T > 1.
  *
  * Prints, first, three probes of the machine: streaming read bandwidth (GB/s, 1 and N threads,
  * a 512 MiB buffer, AVX2 loads), peak FP32 FMA throughput (GFLOP/s with 12 independent 8-wide
@@ -117,6 +123,49 @@ static double probe_fma(const ds41_ctx *ctx, int nt) {
         t[r] = now() - t0;
     }
     return (double)nt * (double)j.iters * 12.0 * 8.0 * 2.0 / median(t, 5) / 1e9;
+}
+
+typedef struct i8_job { long iters; int vnni; int out[256]; } i8_job;
+
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+static int i8_vnni(long iters) {
+    __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2), c[10];
+    for (int i = 0; i < 10; i++) c[i] = _mm512_set1_epi32(i);
+    for (long it = 0; it < iters; it++)
+        for (int i = 0; i < 10; i++) c[i] = _mm512_dpbusd_epi32(c[i], a, b);
+    __m512i s = c[0];
+    for (int i = 1; i < 10; i++) s = _mm512_add_epi32(s, c[i]);
+    return _mm512_reduce_add_epi32(s);
+}
+
+static void i8_fn(void *arg, int i0, int i1) {
+    i8_job *j = arg;
+    for (int part = i0; part < i1; part++) {
+        if (j->vnni) { j->out[part] = i8_vnni(j->iters); continue; }
+        __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(-2), one = _mm256_set1_epi16(1), c[10];
+        for (int i = 0; i < 10; i++) c[i] = _mm256_set1_epi32(i);
+        for (long it = 0; it < j->iters; it++)
+            for (int i = 0; i < 10; i++)
+                c[i] = _mm256_add_epi32(c[i], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), one));
+        __m256i s = c[0];
+        for (int i = 1; i < 10; i++) s = _mm256_add_epi32(s, c[i]);
+        j->out[part] = _mm256_extract_epi32(s, 0);
+    }
+}
+
+/* Peak int8 dot rate, GMAC/s: AVX2 maddubs (32 MACs per instruction) or VNNI dpbusd (64). */
+static double probe_i8(const ds41_ctx *ctx, int nt, int vnni) {
+    i8_job j;
+    memset(&j, 0, sizeof j);
+    j.iters = 10000000;
+    j.vnni = vnni;
+    double t[5];
+    for (int r = 0; r < 5; r++) {
+        double t0 = now();
+        ds41_parallel_for(ctx, nt, i8_fn, &j);
+        t[r] = now() - t0;
+    }
+    return (double)nt * (double)j.iters * 10.0 * (vnni ? 64.0 : 32.0) / median(t, 5) / 1e9;
 }
 
 /* Clock: a chain of dependent integer adds retires one per cycle on every x86 core. */
@@ -257,6 +306,10 @@ int main(int argc, char **argv) {
     int threads[8] = { 1, 2 }, n_thr = 2, Ts[8] = { 1, 8, 64 }, n_T = 3, quick = 0, exact = 0, probes = 1;
     const char *only = NULL;
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
+            if (ds41_kernels_set_isa(argv[++i]) != 0) { fprintf(stderr, "bench_kernels: --isa %s: unknown or not supported by this CPU\n", argv[i]); return 2; }
+            continue;
+        }
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--exact")) exact = 1;
         else if (!strcmp(argv[i], "--no-probes")) probes = 0;
@@ -264,7 +317,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--T") && i + 1 < argc) n_T = parse_list(argv[++i], Ts, 8);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else {
-            fprintf(stderr, "usage: bench_kernels [--quick] [--exact] [--no-probes] [--threads 1,2] [--T 1,8,64] [--only SUBSTR]\n");
+            fprintf(stderr, "usage: bench_kernels [--quick] [--exact] [--no-probes] [--threads 1,2] [--T 1,8,64] [--only SUBSTR] [--isa avx2|avx512|auto]\n");
             return 2;
         }
         if (n_thr < 1 || n_T < 1) { fprintf(stderr, "bench_kernels: bad list\n"); return 2; }
@@ -277,6 +330,9 @@ int main(int argc, char **argv) {
         ctxs[i] = (ds41_ctx){ exact, threads[i], pools[i] };
     }
 
+    double bw_of[8] = { 0 }, fma_of[8] = { 0 };
+    printf("== fast kernels ISA path: %s (avx512 supported: %s; DS41_ISA=%s)\n", ds41_kernels_isa(),
+           ds41_kernels_isa_supported("avx512") ? "yes" : "no", getenv("DS41_ISA") ? getenv("DS41_ISA") : "unset");
     if (probes) {
         printf("== machine probes\n");
         printf("clock (dependent integer adds): %.2f GHz\n", probe_clock());
@@ -286,17 +342,27 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n_thr; i++) {
             double bw = probe_bw(&ctxs[i], buf, n, quick ? 3 : 7);
             double fl = probe_fma(&ctxs[i], threads[i]);
+            bw_of[i] = bw;
+            fma_of[i] = fl / 2;
             printf("threads %d: read bandwidth %.1f GB/s; FMA peak %.1f GFLOP/s = %.1f GMAC/s"
                    " (%.2f GHz x 2 FMA x 8 lanes per core)",
                    threads[i], bw, fl, fl / 2, fl / 2 / 16.0 / threads[i]);
             if (threads[i] > 1) printf("; empty parallel_for %.2f us", probe_dispatch(&ctxs[i]));
             printf("\n");
+            double i8 = probe_i8(&ctxs[i], threads[i], 0);
+            printf("threads %d: int8 dot peak AVX2 vpmaddubsw %.1f GMAC/s (%.2fx FMA)", threads[i], i8, i8 / (fl / 2));
+            if (ds41_kernels_isa_supported("avx512")) {
+                double v = probe_i8(&ctxs[i], threads[i], 1);
+                printf("; AVX-512 VNNI vpdpbusd %.1f GMAC/s (%.2fx FMA)", v, v / (fl / 2));
+            }
+            printf("\n");
         }
         free(buf);
     }
 
-    printf("== linears (%s kernels): median per call; GB/s = packed weight bytes / time\n", exact ? "exact" : "fast");
-    printf("%-12s %11s %4s %3s %10s %8s %8s\n", "kernel", "out x in", "T", "thr", "ms/call", "GB/s", "GMAC/s");
+    printf("== linears (%s kernels%s%s): median per call; GB/s = packed weight bytes / time\n", exact ? "exact" : "fast",
+           exact ? "" : ", ISA ", exact ? "" : ds41_kernels_isa());
+    printf("%-12s %11s %4s %3s %10s %8s %8s %7s\n", "kernel", "out x in", "T", "thr", "ms/call", "GB/s", "GMAC/s", "ratio");
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const shape *sh = &shapes[si];
         if (only && !strstr(sh->name, only)) continue;
@@ -324,8 +390,12 @@ int main(int argc, char **argv) {
                 }
                 double med = median(times, n);
                 double macs = (double)sh->out * sh->in * T;
-                printf("%-12s %5dx%-5d %4d %3d %10.3f %8.2f %8.2f\n", sh->name, sh->out, sh->in, T, threads[hi],
-                       med * 1e3, (double)ws.bytes / med / 1e9, macs / med / 1e9);
+                double gbs = (double)ws.bytes / med / 1e9, gmac = macs / med / 1e9;
+                printf("%-12s %5dx%-5d %4d %3d %10.3f %8.2f %8.2f", sh->name, sh->out, sh->in, T, threads[hi],
+                       med * 1e3, gbs, gmac);
+                if (T == 1 && bw_of[hi] > 0) printf(" %5.0f%%bw", 100.0 * gbs / bw_of[hi]);
+                else if (T > 1 && fma_of[hi] > 0) printf(" %4.0f%%fma", 100.0 * gmac / fma_of[hi]);
+                printf("\n");
                 fflush(stdout);
             }
         }
