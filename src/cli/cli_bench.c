@@ -10,6 +10,7 @@
 #include "cli.h"
 #include "cli_args.h"
 #include "ds41.h"
+#include "kernels.h"
 
 static const char *BENCH_USAGE =
     "usage: ds41 bench -m DIR [options]\n"
@@ -139,7 +140,7 @@ int ds41_cli_bench(int argc, char **argv) {
         ds41_session_close(w);
     }
     json_t *root = json_object(), *pre = json_array();
-    if (!json) printf("%-10s %8s %12s %10s %14s\n", "mode", "tokens", "prefill tok/s", "seconds", "state bytes");
+    if (!json) printf("kernels: %s, fast ISA path %s\n%-10s %8s %12s %10s %14s\n", exact ? "exact" : "fast", ds41_kernels_isa(), "mode", "tokens", "prefill tok/s", "seconds", "state bytes");
     ds41_state_info last_state;
     memset(&last_state, 0, sizeof last_state);
     double t_mode[3][16];
