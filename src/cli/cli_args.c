@@ -4,8 +4,10 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cli_args.h"
+#include "ds41.h"
 
 int ds41_cli_int(const char *cmd, const char *flag, const char *v, long long lo, long long hi, long long *out) {
     char *end;
@@ -42,5 +44,103 @@ int ds41_cli_u64(const char *cmd, const char *flag, const char *v, unsigned long
         return -1;
     }
     *out = x;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- shared generation flags */
+
+void ds41_cli_gen_default(ds41_cli_gen *g) {
+    memset(g, 0, sizeof *g);
+    g->n_predict = 32;
+    g->top_p = 1.0f;
+    g->threads = 1;
+    g->exact = getenv("DS41_EXACT") && !strcmp(getenv("DS41_EXACT"), "1");
+    g->prefill = DS41_PREFILL_MODE_CED;
+    g->index_k = DS41_INDEX_K_OWN;
+}
+
+int ds41_cli_gen_arg(const char *cmd, int argc, char **argv, int *i, unsigned groups, ds41_cli_gen *g) {
+    const char *a = argv[*i];
+    long long iv;
+    double dv;
+#define IS(s1, s2) (!strcmp(a, s1) || ((s2) && !strcmp(a, (s2) ? (s2) : "")))
+#define VAL() (*i + 1 < argc ? argv[++*i] : NULL)
+#define NEED(v) do { if (!(v)) { fprintf(stderr, "ds41 %s: %s needs a value\n", cmd, a); return -1; } } while (0)
+    if ((groups & DS41_CLI_NPREDICT) && IS("-n", "--n-predict")) {
+        const char *v = VAL(); NEED(v);
+        if (ds41_cli_int(cmd, a, v, 0, INT32_MAX, &iv)) return -1;
+        g->n_predict = (int)iv;
+        return 1;
+    }
+    if (groups & DS41_CLI_SAMPLING) {
+        if (IS("--temp", NULL)) {
+            const char *v = VAL(); NEED(v);
+            if (ds41_cli_double(cmd, a, v, 0, 1e30, &dv)) return -1;
+            g->temp = (float)dv;
+            return 1;
+        }
+        if (IS("--top-k", NULL)) {
+            const char *v = VAL(); NEED(v);
+            if (ds41_cli_int(cmd, a, v, 0, INT32_MAX, &iv)) return -1;
+            g->top_k = (int)iv;
+            return 1;
+        }
+        if (IS("--top-p", NULL)) {
+            const char *v = VAL(); NEED(v);
+            if (ds41_cli_double(cmd, a, v, 0, 1, &dv)) return -1;
+            if (dv <= 0) { fprintf(stderr, "ds41 %s: --top-p must be in (0, 1], got '%s'\n", cmd, v); return -1; }
+            g->top_p = (float)dv;
+            return 1;
+        }
+        if (IS("--min-p", NULL)) {
+            const char *v = VAL(); NEED(v);
+            if (ds41_cli_double(cmd, a, v, 0, 1, &dv)) return -1;
+            g->min_p = (float)dv;
+            return 1;
+        }
+        if (IS("--seed", NULL)) {
+            const char *v = VAL(); NEED(v);
+            return ds41_cli_u64(cmd, a, v, &g->seed) ? -1 : 1;
+        }
+    }
+    if (groups & DS41_CLI_ENGINE) {
+        if (IS("-t", "--threads")) {
+            const char *v = VAL(); NEED(v);
+            if (ds41_cli_int(cmd, a, v, 1, 256, &iv)) return -1;
+            g->threads = (int)iv;
+            return 1;
+        }
+        if (IS("--chunk", NULL)) {
+            const char *v = VAL(); NEED(v);
+            if (ds41_cli_int(cmd, a, v, 0, INT32_MAX, &iv)) return -1;
+            g->chunk = (int)iv;
+            return 1;
+        }
+        if (IS("--exact", NULL)) { g->exact = 1; return 1; }
+        if (IS("--index-k", NULL)) {
+            const char *v = VAL(); NEED(v);
+            if (!strcmp(v, "own")) g->index_k = DS41_INDEX_K_OWN;
+            else if (!strcmp(v, "official")) g->index_k = DS41_INDEX_K_OFFICIAL;
+            else { fprintf(stderr, "ds41 %s: --index-k must be own or official, not '%s'\n", cmd, v); return -1; }
+            return 1;
+        }
+    }
+    if ((groups & DS41_CLI_CTX) && IS("-c", "--ctx-size")) {
+        const char *v = VAL(); NEED(v);
+        if (ds41_cli_int(cmd, a, v, 1, INT32_MAX, &iv)) return -1;
+        g->ctx = iv;
+        return 1;
+    }
+    if ((groups & DS41_CLI_PREFILL) && IS("--prefill", NULL)) {
+        const char *v = VAL(); NEED(v);
+        if (!strcmp(v, "ced")) g->prefill = DS41_PREFILL_MODE_CED;
+        else if (!strcmp(v, "full")) g->prefill = DS41_PREFILL_MODE_FULL;
+        else if (!strcmp(v, "ced-replay")) g->prefill = DS41_PREFILL_MODE_REPLAY;
+        else { fprintf(stderr, "ds41 %s: --prefill must be ced, full or ced-replay, not '%s'\n", cmd, v); return -1; }
+        return 1;
+    }
+#undef IS
+#undef VAL
+#undef NEED
     return 0;
 }

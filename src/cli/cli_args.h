@@ -11,4 +11,31 @@ int ds41_cli_double(const char *cmd, const char *flag, const char *v, double lo,
 /* Unsigned 64-bit integer (no sign; a seed). */
 int ds41_cli_u64(const char *cmd, const char *flag, const char *v, unsigned long long *out);
 
+
+/* ---- The sampling and engine flags of ds41 run, shared by run, chat and perplexity so that
+ * their spelling, ranges and messages are the same everywhere (README, ds41 run). ---- */
+typedef struct ds41_cli_gen {
+    int n_predict;              /* -n, --n-predict (the command sets its default) */
+    float temp, top_p, min_p;   /* --temp, --top-p, --min-p */
+    int top_k;                  /* --top-k */
+    unsigned long long seed;    /* --seed */
+    int threads;                /* -t, --threads */
+    long long ctx;              /* -c, --ctx-size (0: the engine's default) */
+    int chunk;                  /* --chunk */
+    int exact;                  /* --exact, or DS41_EXACT=1 in the environment */
+    int prefill;                /* --prefill ced|full|ced-replay (DS41_PREFILL_MODE_*) */
+    int index_k;                /* --index-k own|official (DS41_INDEX_K_*) */
+} ds41_cli_gen;
+enum {
+    DS41_CLI_SAMPLING = 1,      /* --temp --top-k --top-p --min-p --seed */
+    DS41_CLI_NPREDICT = 2,      /* -n */
+    DS41_CLI_ENGINE = 4,        /* -t --exact --chunk --index-k */
+    DS41_CLI_CTX = 8,           /* -c */
+    DS41_CLI_PREFILL = 16,      /* --prefill */
+};
+void ds41_cli_gen_default(ds41_cli_gen *g);   /* ds41 run's defaults (-n 32, greedy, 1 thread) */
+/* If argv[*i] is a flag of one of the groups, consumes it and its value (advancing *i) and
+ * returns 1; returns 0 if it is none of them; -1 after printing "ds41 CMD: ..." (exit 2). */
+int ds41_cli_gen_arg(const char *cmd, int argc, char **argv, int *i, unsigned groups, ds41_cli_gen *g);
+
 #endif

@@ -120,40 +120,25 @@ static json_t *top_json(const float *lg, int V, int K) {
 int ds41_cli_run(int argc, char **argv) {
     const char *dir = NULL, *prompt = NULL, *prompt_ids = NULL, *force_ids = NULL, *dump = NULL, *trace = NULL;
     int draft_trace = 0, no_draft = 0;
-    int n_predict = 32, top_k = 0, threads = 1, json = 0, top_lp = 5, ignore_eos = 0, chunk = 0;
-    int exact = getenv("DS41_EXACT") && !strcmp(getenv("DS41_EXACT"), "1");
-    float temp = 0.0f, top_p = 1.0f, min_p = 0.0f;
-    unsigned long long seed = 0;
-    long long ctx = 0;
-    int prefill = DS41_PREFILL_MODE_CED, index_k = DS41_INDEX_K_OWN;
+    int json = 0, top_lp = 5, ignore_eos = 0;
+    ds41_cli_gen g;
+    ds41_cli_gen_default(&g);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
         long long iv;
-        double dv;
+        int ga = ds41_cli_gen_arg("run", argc, argv, &i, DS41_CLI_SAMPLING | DS41_CLI_NPREDICT | DS41_CLI_ENGINE |
+                                  DS41_CLI_CTX | DS41_CLI_PREFILL, &g);
+        if (ga < 0) return 2;
+        if (ga > 0) continue;
 #define ARG(s1, s2) ((!strcmp(a, s1) || ((s2) && !strcmp(a, s2 ? s2 : ""))))
 #define NEED() do { if (!has) { fprintf(stderr, "ds41 run: %s needs a value\n", a); return 2; } } while (0)
 #define INT(lo, hi) do { if (ds41_cli_int("run", a, argv[++i], (lo), (hi), &iv)) return 2; } while (0)
-#define DBL(lo, hi) do { if (ds41_cli_double("run", a, argv[++i], (lo), (hi), &dv)) return 2; } while (0)
         if (ARG("--help", "-h")) { fputs(RUN_USAGE, stdout); return 0; }
         else if (ARG("-m", "--model")) { NEED(); dir = argv[++i]; }
         else if (ARG("-p", "--prompt")) { NEED(); prompt = argv[++i]; }
         else if (ARG("--prompt-ids", NULL)) { NEED(); prompt_ids = argv[++i]; }
         else if (ARG("--force-ids", NULL)) { NEED(); force_ids = argv[++i]; }
-        else if (ARG("-n", "--n-predict")) { NEED(); INT(0, INT32_MAX); n_predict = (int)iv; }
-        else if (ARG("--temp", NULL)) { NEED(); DBL(0, 1e30); temp = (float)dv; }
-        else if (ARG("--top-k", NULL)) { NEED(); INT(0, INT32_MAX); top_k = (int)iv; }
-        else if (ARG("--top-p", NULL)) {
-            NEED(); DBL(0, 1);
-            if (dv <= 0) { fprintf(stderr, "ds41 run: --top-p must be in (0, 1], got '%s'\n", argv[i]); return 2; }
-            top_p = (float)dv;
-        }
-        else if (ARG("--min-p", NULL)) { NEED(); DBL(0, 1); min_p = (float)dv; }
-        else if (ARG("--seed", NULL)) { NEED(); if (ds41_cli_u64("run", a, argv[++i], &seed)) return 2; }
-        else if (ARG("-t", "--threads")) { NEED(); INT(1, 256); threads = (int)iv; }
-        else if (ARG("-c", "--ctx-size")) { NEED(); INT(1, INT32_MAX); ctx = iv; }
-        else if (ARG("--chunk", NULL)) { NEED(); INT(0, INT32_MAX); chunk = (int)iv; }
-        else if (ARG("--exact", NULL)) exact = 1;
         else if (ARG("--json", NULL)) json = 1;
         else if (ARG("--ignore-eos", NULL)) ignore_eos = 1;
         else if (ARG("--draft-trace", NULL)) draft_trace = 1;
@@ -161,23 +146,9 @@ int ds41_cli_run(int argc, char **argv) {
         else if (ARG("--top-logprobs", NULL)) { NEED(); INT(0, INT32_MAX); top_lp = (int)iv; }
         else if (ARG("--dump-logits", NULL)) { NEED(); dump = argv[++i]; }
         else if (ARG("--trace", NULL)) { NEED(); trace = argv[++i]; }
-        else if (ARG("--prefill", NULL)) {
-            NEED();
-            const char *v = argv[++i];
-            if (!strcmp(v, "ced")) prefill = DS41_PREFILL_MODE_CED;
-            else if (!strcmp(v, "full")) prefill = DS41_PREFILL_MODE_FULL;
-            else if (!strcmp(v, "ced-replay")) prefill = DS41_PREFILL_MODE_REPLAY;
-            else { fprintf(stderr, "ds41 run: --prefill must be ced, full or ced-replay, not '%s'\n", v); return 2; }
-        } else if (ARG("--index-k", NULL)) {
-            NEED();
-            const char *v = argv[++i];
-            if (!strcmp(v, "own")) index_k = DS41_INDEX_K_OWN;
-            else if (!strcmp(v, "official")) index_k = DS41_INDEX_K_OFFICIAL;
-            else { fprintf(stderr, "ds41 run: --index-k must be own or official, not '%s'\n", v); return 2; }
-        } else { fprintf(stderr, "ds41 run: unknown option '%s'\n%s", a, RUN_USAGE); return 2; }
+        else { fprintf(stderr, "ds41 run: unknown option '%s'\n%s", a, RUN_USAGE); return 2; }
 #undef NEED
 #undef INT
-#undef DBL
 #undef ARG
     }
     if (!dir) { fprintf(stderr, "ds41 run: -m DIR is required\n%s", RUN_USAGE); return 2; }
@@ -213,9 +184,9 @@ int ds41_cli_run(int argc, char **argv) {
 
     ds41_load_params lp;
     ds41_load_params_default(&lp);
-    lp.exact = exact;
-    lp.n_threads = threads;
-    lp.ctx_size = ctx;
+    lp.exact = g.exact;
+    lp.n_threads = g.threads;
+    lp.ctx_size = g.ctx;
     e = ds41_load(dir, &lp, ebuf, sizeof ebuf);
     if (!e) { fprintf(stderr, "ds41 run: %s\n", ebuf); goto out; }
     int V = ds41_vocab_size(e);
@@ -242,26 +213,26 @@ int ds41_cli_run(int argc, char **argv) {
         goto out;
     }
     /* the last generated token is not fed back, so prompt + n - 1 positions are needed */
-    if (n_predict > 0 && (long long)n_ids + n_predict - 1 > C) {
-        fprintf(stderr, "ds41 run: prompt (%zu tokens) + -n %d runs past the context size %lld (-c)\n", n_ids, n_predict, C);
+    if (g.n_predict > 0 && (long long)n_ids + g.n_predict - 1 > C) {
+        fprintf(stderr, "ds41 run: prompt (%zu tokens) + -n %d runs past the context size %lld (-c)\n", n_ids, g.n_predict, C);
         goto out;
     }
-    if (forced && (long long)n_forced < n_predict) {
-        fprintf(stderr, "ds41 run: --force-ids has %zu ids, fewer than -n %d\n", n_forced, n_predict);
+    if (forced && (long long)n_forced < g.n_predict) {
+        fprintf(stderr, "ds41 run: --force-ids has %zu ids, fewer than -n %d\n", n_forced, g.n_predict);
         goto out;
     }
 
     ds41_session_params sp;
     ds41_session_params_default(&sp);
-    sp.prefill = prefill;
-    sp.chunk = chunk;
-    sp.index_k = index_k;
+    sp.prefill = g.prefill;
+    sp.chunk = g.chunk;
+    sp.index_k = g.index_k;
     int B = ds41_draft_block_size(e);
     if (draft_trace && B == 0) { fprintf(stderr, "ds41 run: --draft-trace: %s has no DSpark stages\n", dir); goto out; }
     sp.draft = B > 0 && (draft_trace || (trace && !no_draft));
     s = ds41_session_open(e, &sp, ebuf, sizeof ebuf);
     if (!s) { fprintf(stderr, "ds41 run: %s\n", ebuf); goto out; }
-    ds41_session_set_sampling(s, temp, top_k, top_p, min_p, seed);
+    ds41_session_set_sampling(s, g.temp, g.top_k, g.top_p, g.min_p, g.seed);
     if (trace && ds41_session_trace(s, trace)) { fprintf(stderr, "ds41 run: %s\n", ds41_session_error(s)); goto out; }
     if (dump && !(fdump = fopen(dump, "wb"))) {
         fprintf(stderr, "ds41 run: %s: cannot create: %s\n", dump, strerror(errno));
@@ -277,7 +248,7 @@ int ds41_cli_run(int argc, char **argv) {
     if (ds41_feed(s, ids, n_ids)) { fprintf(stderr, "ds41 run: %s\n", ds41_session_error(s)); goto out; }
     double t_prefill = now_s() - t0, t_decode = 0.0;
     int n_dec = 0, n_gen = 0;
-    for (int step = 0; step < n_predict; step++) {
+    for (int step = 0; step < g.n_predict; step++) {
         const float *lg = ds41_logits(s);
         if (fdump && fwrite(lg, sizeof(float), (size_t)V, fdump) != (size_t)V) {
             fprintf(stderr, "ds41 run: %s: write failed: %s\n", dump, strerror(errno));
@@ -330,7 +301,7 @@ int ds41_cli_run(int argc, char **argv) {
             fputc('\n', stderr);
         }
         if (!ignore_eos && !forced && next == eos && eos >= 0) break;
-        if (step + 1 < n_predict) {
+        if (step + 1 < g.n_predict) {
             double t1 = now_s();
             if (ds41_feed(s, &next, 1)) { fprintf(stderr, "\nds41 run: %s\n", ds41_session_error(s)); goto out; }
             t_decode += now_s() - t1;
@@ -358,9 +329,9 @@ int ds41_cli_run(int argc, char **argv) {
                                "dspark_rings", (json_int_t)si.dspark_ring_bytes, "compressor", (json_int_t)si.compressor_bytes,
                                "total", (json_int_t)si.total_bytes, "global_kv_per_token", si.global_kv_bytes_per_token);
         json_object_set_new(tm, "state_bytes", sb);
-        json_object_set_new(tm, "prefill", json_string(prefill == 0 ? "ced" : prefill == 1 ? "full" : "ced-replay"));
-        json_object_set_new(tm, "exact", json_boolean(exact));
-        json_object_set_new(tm, "threads", json_integer(threads));
+        json_object_set_new(tm, "prefill", json_string(g.prefill == 0 ? "ced" : g.prefill == 1 ? "full" : "ced-replay"));
+        json_object_set_new(tm, "exact", json_boolean(g.exact));
+        json_object_set_new(tm, "threads", json_integer(g.threads));
         json_t *o = json_pack("{s:o}", "timing", tm);
         char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
         if (line) { puts(line); free(line); }
