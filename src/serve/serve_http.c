@@ -139,11 +139,11 @@ static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, double secs) {
 
 /* ---------------------------------------------------------------- token strings */
 
-static char *token_text(server *sv, int32_t id) {
+static char *token_text(server *sv, int32_t id, int as_id) {
     char *t = NULL;
     size_t n = 0;
     ds41_err err;
-    if (sv->tok && ds41_detokenize(sv->tok, &id, 1, 0, &t, &n, &err) == 0) return t;
+    if (!as_id && sv->tok && ds41_detokenize(sv->tok, &id, 1, 0, &t, &n, &err) == 0) return t;
     free(t);
     char b[32];
     snprintf(b, sizeof b, "token_id:%d", id);
@@ -157,14 +157,14 @@ static json_t *bytes_json(const char *s) {
 }
 
 /* Chat logprobs entries of tokens [i0, i1). */
-static json_t *chat_logprobs(server *sv, const ds41_sseq *q, size_t i0, size_t i1) {
+static json_t *chat_logprobs(server *sv, const ds41_sseq *q, size_t i0, size_t i1, int as_id) {
     json_t *arr = json_array();
     for (size_t i = i0; i < i1; i++) {
-        char *t = token_text(sv, q->ids[i]);
+        char *t = token_text(sv, q->ids[i], as_id);
         json_t *top = json_array();
         for (int k = 0; k < q->n_top; k++) {
             int32_t id = q->top_id[i * (size_t)q->n_top + (size_t)k];
-            char *tt = token_text(sv, id);
+            char *tt = token_text(sv, id, as_id);
             json_array_append_new(top, json_pack("{s:s?,s:o,s:o}", "token", tt, "logprob",
                                                  jlp(q->top_lp[i * (size_t)q->n_top + (size_t)k]), "bytes", bytes_json(tt ? tt : "")));
             free(tt);
@@ -177,17 +177,17 @@ static json_t *chat_logprobs(server *sv, const ds41_sseq *q, size_t i0, size_t i
 }
 
 /* Completions logprobs of tokens [i0, i1); text offsets shifted by base. */
-static json_t *completion_logprobs(server *sv, const ds41_sseq *q, size_t i0, size_t i1, size_t base) {
+static json_t *completion_logprobs(server *sv, const ds41_sseq *q, size_t i0, size_t i1, size_t base, int as_id) {
     json_t *tokens = json_array(), *tlp = json_array(), *top = json_array(), *off = json_array();
     for (size_t i = i0; i < i1; i++) {
-        char *t = token_text(sv, q->ids[i]);
+        char *t = token_text(sv, q->ids[i], as_id);
         json_array_append_new(tokens, json_string(t ? t : ""));
         json_array_append_new(tlp, jlp(q->lp[i]));
         json_array_append_new(off, json_integer((json_int_t)(base + q->off[i])));
         json_t *d = json_object();
         for (int k = 0; k < q->n_top; k++) {
             int32_t id = q->top_id[i * (size_t)q->n_top + (size_t)k];
-            char *tt = token_text(sv, id);
+            char *tt = token_text(sv, id, as_id);
             if (tt && !json_object_get(d, tt)) json_object_set_new(d, tt, jlp(q->top_lp[i * (size_t)q->n_top + (size_t)k]));
             free(tt);
         }
@@ -304,7 +304,7 @@ static json_t *final_json(job *j) {
             if (ntc) json_object_set_new(msg, "tool_calls", tool_calls_json(j, tc, ntc, 0));
             ds41_tool_calls_free(tc, ntc);
             json_t *ch = json_pack("{s:i,s:o,s:o,s:s}", "index", i, "message", msg, "logprobs",
-                                   q->n_top >= 0 ? chat_logprobs(j->sv, q, 0, q->n_ids) : json_null(), "finish_reason",
+                                   q->n_top >= 0 ? chat_logprobs(j->sv, q, 0, q->n_ids, j->r.tokens_as_ids) : json_null(), "finish_reason",
                                    finish_name(q->finish, ntc > 0));
             json_array_append_new(choices, ch);
         } else {
@@ -316,7 +316,7 @@ static json_t *final_json(job *j) {
             memcpy(t, pt, pl);
             if (q->text_len) memcpy(t + pl, q->text, q->text_len);
             json_t *ch = json_pack("{s:i,s:o,s:o,s:s}", "index", i, "text", jstrn(t, pl + q->text_len), "logprobs",
-                                   q->n_top >= 0 ? completion_logprobs(j->sv, q, 0, q->n_ids, pl) : json_null(),
+                                   q->n_top >= 0 ? completion_logprobs(j->sv, q, 0, q->n_ids, pl, j->r.tokens_as_ids) : json_null(),
                                    "finish_reason", finish_name(q->finish, 0));
             free(t);
             json_array_append_new(choices, ch);
@@ -391,7 +391,7 @@ static int produce(job *j) {
             }
             ds41_text_delta d;
             ds41_text_view_step(&cs->view, t, avail, q->finished, &d);
-            json_t *lp = q->n_top >= 0 && ntok > cs->tok_cur ? chat_logprobs(j->sv, q, cs->tok_cur, ntok) : NULL;
+            json_t *lp = q->n_top >= 0 && ntok > cs->tok_cur ? chat_logprobs(j->sv, q, cs->tok_cur, ntok, j->r.tokens_as_ids) : NULL;
             cs->tok_cur = ntok;
             if (d.r1 > d.r0) {
                 emit_choice(j, i, json_pack("{s:o}", "reasoning_content", jstrn(t + d.r0, d.r1 - d.r0)),
@@ -429,7 +429,7 @@ static int produce(job *j) {
             size_t nt = cs->tok_cur;
             while (nt < ntok && (q->finished || (nt + 1 < ntok ? q->off[nt + 1] <= avail : 0))) nt++;
             if (q->finished) nt = ntok;
-            json_t *lp = q->n_top >= 0 && nt > cs->tok_cur ? completion_logprobs(j->sv, q, cs->tok_cur, nt, base) : NULL;
+            json_t *lp = q->n_top >= 0 && nt > cs->tok_cur ? completion_logprobs(j->sv, q, cs->tok_cur, nt, base, j->r.tokens_as_ids) : NULL;
             cs->tok_cur = nt;
             if (avail > cs->text_cur || lp) {
                 emit_choice(j, i, jstrn(t + cs->text_cur, avail - cs->text_cur), lp, NULL);
@@ -710,6 +710,7 @@ typedef struct conn_ctx {
     char *body;
     size_t len, cap;
     int refused;          /* a response is queued already */
+    int too_big;          /* the body passed --max-body: the rest is discarded, 413 at the end */
     double t0;
 } conn_ctx;
 
@@ -779,16 +780,15 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     if (*upload_size) {
         size_t n = *upload_size;
         *upload_size = 0;
-        if (x->refused) return MHD_YES;
         if (now_s() - x->t0 > sv->o->body_timeout_s) return MHD_NO;   /* a trickling client: drop it */
+        if (x->refused || x->too_big) return MHD_YES;
         if (x->len + n > sv->o->max_body) {
-            char m[200];
-            snprintf(m, sizeof m, "the request body is larger than the limit of %zu bytes (--max-body)", sv->o->max_body);
-            x->refused = 1;
+            /* microhttpd takes a response only before the body or after all of it */
+            x->too_big = 1;
             free(x->body);
             x->body = NULL;
             x->len = x->cap = 0;
-            return fail(sv, c, 413, "invalid_request_error", NULL, "request_too_large", m);
+            return MHD_YES;
         }
         if (x->len + n > x->cap) {
             size_t nc = x->cap ? x->cap : 4096;
@@ -805,6 +805,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     }
     if (x->refused) return MHD_YES;
     x->refused = 1;   /* answered below */
+    if (x->too_big) {
+        char m[200];
+        snprintf(m, sizeof m, "the request body is larger than the limit of %zu bytes (--max-body)", sv->o->max_body);
+        return fail(sv, c, 413, "invalid_request_error", NULL, "request_too_large", m);
+    }
     switch (x->route) {
     case R_HEALTH: return send_text(sv, c, 200, "application/json", "{}", 2);
     case R_VERSION: return send_text(sv, c, 200, "application/json", "{\"version\":\"ds41\"}", 18);
@@ -933,12 +938,13 @@ int ds41_serve(const ds41_serve_opts *o) {
     if (gai) { fprintf(stderr, "ds41 serve: --host %s: %s\n", o->host, gai_strerror(gai)); goto out; }
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
                      (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
-    d = MHD_start_daemon(flags, 0, NULL, NULL, handler, sv, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+    d = MHD_start_daemon(flags, 0, NULL, NULL, handler, sv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, sv,
+                         MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                          MHD_OPTION_NOTIFY_COMPLETED, completed, sv, MHD_OPTION_NOTIFY_CONNECTION, notify_conn, sv,
                          MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
                          (unsigned)o->timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)65536,
                          MHD_OPTION_PER_IP_CONNECTION_LIMIT, 0u, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(4u << 20),
-                         MHD_OPTION_EXTERNAL_LOGGER, mhd_log, sv, MHD_OPTION_END);
+                         MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!d) { fprintf(stderr, "ds41 serve: cannot listen on %s:%d: %s\n", o->host, o->port, strerror(errno)); goto out; }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);

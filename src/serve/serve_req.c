@@ -358,7 +358,8 @@ static int parse_sampling(ds41_req *r, const json_t *root, ds41_req_error *e) {
         r->top_logprobs = (int)json_integer_value(lp);
     }
     if (opt_bool(root, "stream", &r->stream, e) || opt_bool(root, "ignore_eos", &r->ignore_eos, e) ||
-        opt_bool(root, "skip_special_tokens", &r->skip_special_tokens, e))
+        opt_bool(root, "skip_special_tokens", &r->skip_special_tokens, e) ||
+        opt_bool(root, "return_tokens_as_token_ids", &r->tokens_as_ids, e))
         return -1;
     const json_t *so = json_object_get(root, "stream_options");
     if (so && !json_is_null(so)) {

@@ -44,6 +44,7 @@ typedef struct ds41_req {
     int echo;                     /* completions: prepend the prompt */
     int ignore_eos;               /* vLLM extension */
     int skip_special_tokens;      /* vLLM extension, default 1 */
+    int tokens_as_ids;            /* vLLM return_tokens_as_token_ids: logprob tokens as "token_id:N" */
     /* chat */
     int thinking;                 /* the prompt ends in <think>: output starts as reasoning */
     int tools;                    /* tools offered and tool_choice != "none": parse DSML calls */

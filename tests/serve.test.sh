@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# End-to-end tests of `ds41 serve` on the tiny random checkpoint (4096-position variant) with a
+# small byte-level BPE tokenizer (tests/serve/make_tokenizer.py):
+#   - the official OpenAI Node SDK (tests/serve/sdk.mjs): chat, streaming, n, logprobs, stop,
+#     thinking, tools and a tool-result round trip, completions, models, errors;
+#   - 16 concurrent streams in exact mode, and 16 in fast mode, each equal to `ds41 run` alone
+#     with the same prompt and seed (tests/serve/streams.py), through a server whose token
+#     budget forces chunked prefill interleaved with decode and whose --parallel forces queueing;
+#   - a malformed-request corpus, slow and vanishing clients (tests/serve/hostile.py);
+#   - usage errors of the command, a clean shutdown on SIGTERM.
+# DS41_SERVE_TSAN=1 (make check-tsan) runs only the concurrent parts under ThreadSanitizer and
+# fails on any report.
+set -u
+cd "${DS41_ROOT:-$(dirname "$0")/..}"
+DS41=${DS41:-./ds41}
+PY=${PYTHON:-/usr/bin/python3}
+CK=build/test-ck
+TMP=$(mktemp -d /tmp/ds41-serve.XXXXXX)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$TMP"; }
+trap cleanup EXIT
+mkdir -p "$CK"
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: $2"; }
+TSAN=${DS41_SERVE_TSAN:-}
+
+# ---------------------------------------------------------------- checkpoint + tokenizer
+ck=$CK/serve-tiny
+mkdir -p "$TMP/cfg"
+sed 's/"max_position_embeddings": 128/"max_position_embeddings": 4096/' tests/configs/tiny/config.json >"$TMP/cfg/config.json"
+if [ ! -f "$ck/.complete" ] || ! cmp -s "$ck/config.json" "$TMP/cfg/config.json" || [ tests/serve/make_tokenizer.py -nt "$ck/.complete" ]; then
+    rm -rf "$ck"
+    "$PY" tools/make_checkpoint.py "$TMP/cfg" "$ck" --seed 1 --token-map stub -q >"$TMP/mk.log" 2>&1 &&
+        "$PY" tests/serve/make_tokenizer.py "$ck" 500 >>"$TMP/mk.log" 2>&1 ||
+        { fail serve_checkpoint "$(tail -n 3 "$TMP/mk.log")"; exit 1; }
+    touch "$ck/.complete"
+fi
+
+# start NAME ARGS...: a server on a free port; sets PORT and PID
+start() {
+    local name=$1; shift
+    "$DS41" serve -m "$ck" --port 0 "$@" >"$TMP/$name.log" 2>&1 &
+    PID=$!
+    PIDS+=("$PID")
+    PORT=
+    for _ in $(seq 1 200); do
+        PORT=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/$name.log" 2>/dev/null)
+        [ -n "$PORT" ] && break
+        kill -0 "$PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    if [ -z "$PORT" ]; then fail "serve_start_$name" "$(tail -n 5 "$TMP/$name.log")"; return 1; fi
+}
+# stop NAME: SIGTERM, exit status 0, and (under TSan) no report
+stop() {
+    local name=$1
+    kill -TERM "$PID"
+    wait "$PID"
+    local rc=$?
+    if [ "$rc" -ne 0 ]; then fail "serve_shutdown_$name" "exit status $rc: $(tail -n 5 "$TMP/$name.log")"; else pass "serve_shutdown_$name"; fi
+    if [ -n "$TSAN" ]; then
+        if grep -q "ThreadSanitizer" "$TMP/$name.log"; then
+            fail "serve_tsan_$name" "$(grep -A 12 'WARNING: ThreadSanitizer' "$TMP/$name.log" | head -n 30 | tr '\n' '|')"
+        else pass "serve_tsan_$name"; fi
+    fi
+}
+
+KEY=sk-ds41-test
+if [ -z "$TSAN" ]; then
+    # ------------------------------------------------------------ usage errors
+    "$DS41" serve >/dev/null 2>"$TMP/u1"; rc=$?
+    if [ $rc -eq 2 ] && grep -q -- "-m DIR is required" "$TMP/u1"; then pass serve_usage_no_model; else fail serve_usage_no_model "status $rc"; fi
+    "$DS41" serve -m "$ck" --port 70000 >/dev/null 2>"$TMP/u2"; rc=$?
+    if [ $rc -eq 2 ] && grep -q -- "--port" "$TMP/u2"; then pass serve_usage_bad_port; else fail serve_usage_bad_port "status $rc"; fi
+    "$DS41" serve -m "$ck" --kv-budget lots >/dev/null 2>"$TMP/u3"; rc=$?
+    if [ $rc -eq 2 ] && grep -q -- "--kv-budget" "$TMP/u3"; then pass serve_usage_bad_budget; else fail serve_usage_bad_budget "status $rc"; fi
+    "$DS41" serve -m "$TMP/nope" --port 0 >/dev/null 2>"$TMP/u4"; rc=$?
+    if [ $rc -eq 1 ] && grep -q "nope" "$TMP/u4"; then pass serve_missing_model; else fail serve_missing_model "status $rc"; fi
+fi
+
+# ---------------------------------------------------------------- exact server
+start exact --exact -c 1024 --api-key "$KEY" --parallel 8 --batch-tokens 40 --max-queue 64 \
+    --max-body 256K --body-timeout 3 --timeout 5 || exit 1
+if [ -z "$TSAN" ]; then
+    if [ -d tests/oracle/node_modules/openai ]; then
+        node tests/serve/sdk.mjs "$PORT" "$KEY" 2>&1 | grep -E '^(PASS|FAIL)'
+    else
+        fail serve_sdk "tests/oracle/node_modules/openai missing (run make setup)"
+    fi
+fi
+"$PY" tests/serve/streams.py "$PORT" "$KEY" "$DS41" "$ck" 1024 16 --exact
+"$PY" tests/serve/hostile.py "$PORT" "$KEY" | grep -E '^(PASS|FAIL)'
+stop exact
+
+# ---------------------------------------------------------------- fast server (batch invariance end to end)
+if [ -z "$TSAN" ]; then
+    start fast -t 2 -c 1024 --api-key "$KEY" --parallel 16 --batch-tokens 64 || exit 1
+    "$PY" tests/serve/streams.py "$PORT" "$KEY" "$DS41" "$ck" 1024 16 -t 2
+    # a budget that holds two sequences: the rest queue, all finish, nothing stays reserved
+    stop fast
+    start budget --exact -c 1024 --api-key "$KEY" --kv-budget 60K || exit 1
+    "$PY" tests/serve/streams.py "$PORT" "$KEY" "$DS41" "$ck" 1024 6 --exact | sed 's/streams_6_exact/serve_kv_budget_queue/'
+    st=$(curl -s -o "$TMP/big.json" -w '%{http_code}' -H "Authorization: Bearer $KEY" -d '{"prompt":[1,2,3],"max_tokens":1020}' \
+         "http://127.0.0.1:$PORT/v1/completions")
+    if [ "$st" = 400 ] && grep -q kv_budget_exceeded "$TMP/big.json"; then pass serve_kv_budget_too_big; else fail serve_kv_budget_too_big "$st $(cat "$TMP/big.json")"; fi
+    stop budget
+fi
