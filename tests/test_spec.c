@@ -134,7 +134,11 @@ static void forced_one(ds41_engine *e, int index_k, int np, int n, unsigned seed
     ds41_session_close(s);
 }
 
+static void natural_steps_k(ds41_engine *e, int index_k, int np, int n, unsigned seed, const char *what, int mode, int kk);
 static void natural_steps(ds41_engine *e, int index_k, int np, int n, unsigned seed, const char *what) {
+    natural_steps_k(e, index_k, np, n, seed, what, DS41_SPEC_FIXED, ds41_draft_block_size(e));
+}
+static void natural_steps_k(ds41_engine *e, int index_k, int np, int n, unsigned seed, const char *what, int mode, int kk) {
     int V = ds41_vocab_size(e), B = ds41_draft_block_size(e);
     int32_t *prompt = malloc((size_t)np * sizeof(int32_t));
     rand_ids(prompt, np, V, seed);
@@ -143,7 +147,7 @@ static void natural_steps(ds41_engine *e, int index_k, int np, int n, unsigned s
     ds41_session *s = open_s(e, index_k, 1);
     CHECK(ds41_feed(s, prompt, (size_t)np) == 0, "prefill");
     float *lg = malloc((size_t)(B + 2) * V * sizeof(float));
-    ds41_spec_params p = { DS41_SPEC_FIXED, B, NULL };
+    ds41_spec_params p = { mode, kk, NULL };
     ds41_spec_stats st;
     memset(&st, 0, sizeof st);
     int i = 0;
@@ -159,7 +163,8 @@ static void natural_steps(ds41_engine *e, int index_k, int np, int n, unsigned s
         }
         i += m;
     }
-    CHECK(st.drafted > 0, "%s: nothing was drafted", what);
+    CHECK(st.drafted > 0 || kk == 0, "%s: nothing was drafted", what);
+    CHECK(ds41_session_digest(s) == pr.dig[i - 1], "%s: final state differs from plain decoding", what);
     free(lg);
     free(prompt);
     plain_free(&pr);
@@ -189,6 +194,13 @@ static void exact_steps_both(void) {
     if (!e) return;
     natural_steps(e, DS41_INDEX_K_OWN, 5, cur_n, 31, "own");
     natural_steps(e, DS41_INDEX_K_OFFICIAL, 6, cur_n, 32, "official");
+    natural_steps_k(e, DS41_INDEX_K_OWN, 5, cur_n, 33, "own-k0", DS41_SPEC_FIXED, 0);
+    natural_steps_k(e, DS41_INDEX_K_OFFICIAL, 4, cur_n, 34, "official-k1", DS41_SPEC_FIXED, 1);
+    ds41_spec_curve cv;
+    memset(&cv, 0, sizeof cv);
+    cv.n = 3; cv.sps[1] = 100; cv.sps[2] = 95; cv.sps[3] = 90;   /* some steps take drafts, some not */
+    (void)cv;
+    natural_steps_k(e, DS41_INDEX_K_OWN, 9, cur_n, 35, "own-auto", DS41_SPEC_AUTO, 0);
     ds41_unload(e);
 }
 

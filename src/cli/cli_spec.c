@@ -192,3 +192,144 @@ end:
     free(lg);
     return rc;
 }
+
+/* ====================================================================== ds41 bench --spec */
+
+typedef struct bench_run {
+    double tps, seconds;
+    int n, identical;
+    ds41_spec_stats st;
+    long long chose[DS41_SPEC_MAX_DRAFTS + 1];
+} bench_run;
+
+static int bench_one(ds41_engine *e, const int32_t *prompt, int np, int n, int mode, int k, const ds41_spec_curve *cv,
+                     int reuse, int32_t *toks, const int32_t *ref, bench_run *o) {
+    memset(o, 0, sizeof *o);
+    ds41_session_params sp;
+    ds41_session_params_default(&sp);
+    sp.draft = ds41_draft_block_size(e) > 0;
+    sp.no_meta_reuse = !reuse;
+    char err[512];
+    ds41_session *s = ds41_session_open(e, &sp, err, sizeof err);
+    if (!s) { fprintf(stderr, "ds41 bench: %s\n", err); return -1; }
+    if (ds41_feed(s, prompt, (size_t)np)) { fprintf(stderr, "ds41 bench: %s\n", ds41_session_error(s)); ds41_session_close(s); return -1; }
+    int B = ds41_draft_block_size(e), got = 0;
+    int32_t out[DS41_SPEC_MAX_DRAFTS + 2];
+    double t0 = now_s();
+    if (mode < 0) {   /* plain decoding */
+        for (; got < n; got++) {
+            toks[got] = ds41_session_sample(s);
+            if (got + 1 < n && ds41_feed(s, &toks[got], 1)) { ds41_session_close(s); return -1; }
+        }
+    } else {
+        ds41_spec_params p = { mode, k, cv };
+        while (got < n) {
+            ds41_spec_step_info info;
+            int m = ds41_spec_step(s, &p, out, B + 2, NULL, &info, &o->st);
+            if (m < 0) { fprintf(stderr, "ds41 bench: %s\n", ds41_session_error(s)); ds41_session_close(s); return -1; }
+            o->chose[info.drafted]++;
+            for (int j = 0; j < m && got < n; j++) toks[got++] = out[j];
+        }
+    }
+    o->seconds = now_s() - t0;
+    o->n = n;
+    o->tps = n / o->seconds;
+    o->identical = ref ? !memcmp(ref, toks, (size_t)n * sizeof(int32_t)) : 1;
+    ds41_session_close(s);
+    return 0;
+}
+
+int ds41_cli_bench_spec(ds41_engine *e, const char *dir, int threads, int exact, const char *spec_prompt,
+                        const int32_t *prompt_ids, int n_prompt, int n, void *json_root) {
+    int B = ds41_draft_block_size(e);
+    if (B == 0) { fprintf(stderr, "ds41 bench: --spec: %s has no DSpark stages\n", dir); return 1; }
+    int32_t *prompt = NULL;
+    size_t np = 0;
+    if (spec_prompt) {
+        ds41_tokenizer *tok;
+        ds41_err err;
+        if (ds41_tokenizer_load(dir, &tok, &err)) { fprintf(stderr, "ds41 bench: --spec-prompt: %s\n", err.msg); return 1; }
+        if (ds41_tokenize(tok, spec_prompt, strlen(spec_prompt), 1, 1, &prompt, &np, &err)) {
+            fprintf(stderr, "ds41 bench: %s\n", err.msg);
+            ds41_tokenizer_free(tok);
+            return 1;
+        }
+        ds41_tokenizer_free(tok);
+    } else {
+        np = (size_t)n_prompt;
+        prompt = malloc(np * sizeof(int32_t));
+        if (prompt) memcpy(prompt, prompt_ids, np * sizeof(int32_t));
+    }
+    long long C = ds41_ctx_size(e);
+    if (!prompt || np < 2) { fprintf(stderr, "ds41 bench: --spec needs a prompt of at least 2 tokens\n"); free(prompt); return 1; }
+    if ((long long)np + n + B + 2 > C) n = (int)(C - (long long)np - B - 2);
+    if (n < 1) { fprintf(stderr, "ds41 bench: --spec: the context %lld is too small (use -c)\n", C); free(prompt); return 1; }
+    ds41_spec_curve cv;
+    char err[512];
+    if (ds41_spec_calibrate(e, B + 1, 32, 5, &cv, err, sizeof err)) { fprintf(stderr, "ds41 bench: %s\n", err); free(prompt); return 1; }
+    char path[4096];
+    int saved = ds41_spec_curve_path(dir, threads, exact, path, sizeof path) == 0 && ds41_spec_curve_save(path, &cv) == 0;
+    int32_t *ref = malloc((size_t)n * sizeof(int32_t)), *toks = malloc((size_t)n * sizeof(int32_t));
+    bench_run plain, fx[DS41_SPEC_MAX_DRAFTS + 1], au, au_noreuse;
+    int rc = 1;
+    if (!ref || !toks) goto done;
+    if (bench_one(e, prompt, (int)np, n, -1, 0, NULL, 1, ref, NULL, &plain)) goto done;
+    for (int k = 1; k <= B; k++)
+        if (bench_one(e, prompt, (int)np, n, DS41_SPEC_FIXED, k, NULL, 1, toks, ref, &fx[k])) goto done;
+    if (bench_one(e, prompt, (int)np, n, DS41_SPEC_AUTO, 0, &cv, 1, toks, ref, &au)) goto done;
+    if (bench_one(e, prompt, (int)np, n, DS41_SPEC_AUTO, 0, &cv, 0, toks, ref, &au_noreuse)) goto done;
+    if (json_root) {
+        json_t *curve = json_array(), *fixed = json_array(), *acc = json_array(), *chose = json_array();
+        for (int w = 1; w <= cv.n; w++)
+            json_array_append_new(curve, json_pack("{s:i,s:f,s:f}", "width", w, "steps_per_s", cv.sps[w], "cost_vs_decode",
+                                                   cv.sps[1] / cv.sps[w]));
+        for (int k = 1; k <= B; k++)
+            json_array_append_new(fixed, json_pack("{s:i,s:f,s:f,s:f,s:b}", "k", k, "tokens_per_s", fx[k].tps, "speedup",
+                                                   fx[k].tps / plain.tps, "mean_accepted",
+                                                   fx[k].st.steps ? (double)fx[k].st.accepted / fx[k].st.steps : 0.0,
+                                                   "identical", fx[k].identical));
+        for (int i = 0; i < B; i++) {
+            /* acceptance per position from the fixed:B run (every position drafted every step) */
+            const ds41_spec_stats *st = &fx[B].st;
+            json_array_append_new(acc, json_real(st->drafted_at[i] ? (double)st->accepted_at[i] / st->drafted_at[i] : 0.0));
+        }
+        for (int k = 0; k <= B; k++) json_array_append_new(chose, json_integer(au.chose[k]));
+        json_t *o = json_pack("{s:i,s:i,s:f,s:o,s:o,s:o,s:{s:f,s:f,s:f,s:b,s:o},s:{s:f,s:f},s:s}", "prompt_tokens", (int)np,
+                              "tokens", n, "plain_tokens_per_s", plain.tps, "curve", curve, "fixed", fixed,
+                              "acceptance_by_position", acc, "auto", "tokens_per_s", au.tps, "speedup", au.tps / plain.tps,
+                              "mean_accepted", au.st.steps ? (double)au.st.accepted / au.st.steps : 0.0, "identical",
+                              au.identical, "chose_k", chose, "auto_meta_reuse_off", "tokens_per_s", au_noreuse.tps,
+                              "speedup", au_noreuse.tps / plain.tps, "curve_file", saved ? path : "");
+        json_object_set_new((json_t *)json_root, "spec", o);
+    } else {
+        printf("\nspeculative decoding (greedy, %zu-token prompt, %d tokens, block %d)\n", np, n, B);
+        printf("verify-width curve (steps/s; cost relative to a decode step)%s%s:\n", saved ? ", cached in " : "",
+               saved ? path : "");
+        for (int w = 1; w <= cv.n; w++) printf("  width %d: %10.2f steps/s  x%.2f\n", w, cv.sps[w], cv.sps[1] / cv.sps[w]);
+        printf("%-22s %10s %8s %14s %10s\n", "mode", "tok/s", "speedup", "mean accepted", "identical");
+        printf("%-22s %10.2f %8.2f %14s %10s\n", "plain", plain.tps, 1.0, "-", "-");
+        for (int k = 1; k <= B; k++) {
+            char name[32];
+            snprintf(name, sizeof name, "fixed:%d", k);
+            printf("%-22s %10.2f %8.2f %14.2f %10s\n", name, fx[k].tps, fx[k].tps / plain.tps,
+                   fx[k].st.steps ? (double)fx[k].st.accepted / fx[k].st.steps : 0.0, fx[k].identical ? "yes" : "NO");
+        }
+        printf("%-22s %10.2f %8.2f %14.2f %10s\n", "auto", au.tps, au.tps / plain.tps,
+               au.st.steps ? (double)au.st.accepted / au.st.steps : 0.0, au.identical ? "yes" : "NO");
+        printf("%-22s %10.2f %8.2f %14.2f %10s\n", "auto, P5 reuse off", au_noreuse.tps, au_noreuse.tps / plain.tps,
+               au_noreuse.st.steps ? (double)au_noreuse.st.accepted / au_noreuse.st.steps : 0.0,
+               au_noreuse.identical ? "yes" : "NO");
+        printf("acceptance by draft position (fixed:%d):", B);
+        for (int i = 0; i < B; i++)
+            printf(" %.3f", fx[B].st.drafted_at[i] ? (double)fx[B].st.accepted_at[i] / fx[B].st.drafted_at[i] : 0.0);
+        printf("\nscheduler (auto) chose K = 0..%d:", B);
+        for (int k = 0; k <= B; k++) printf(" %lld", au.chose[k]);
+        printf(" steps\n");
+    }
+    rc = 0;
+done:
+    free(ref);
+    free(toks);
+    free(prompt);
+    return rc;
+}

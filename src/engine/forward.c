@@ -348,7 +348,7 @@ static int run_compressor(ds41_seq *s, int l, const float *xa, int T, long long 
         }
         /* [verify] log every row's projections: a rollback rebuilds the decode state from them */
         ds41_spec_log *lg = &s->cache.spec;
-        if (layout == LAYOUT_VERIFY && lg->cap >= T) {
+        if (s->verify && lg->cap >= T) {   /* also a 1-row verify (decode layout) */
             size_t ci = (size_t)(cs - s->cache.comp);
             memcpy(lg->kv[ci], kv, (size_t)T * D * sizeof(float));
             memcpy(lg->sc[ci], sc, (size_t)T * D * sizeof(float));
