@@ -26,7 +26,7 @@ TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCH_SRC := $(sort $(wildcard bench/bench_*.c))
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all setup test run bench check-asan fuzz clean
+.PHONY: all setup test run bench check-asan check-tsan fuzz clean
 
 all: ds41 libds41.a $(TEST_BIN) $(BENCH_BIN)
 
@@ -79,6 +79,18 @@ check-asan:
 	  LDFLAGS="-fsanitize=address,undefined" build-asan/ds41 $(patsubst $(BUILD)/%,build-asan/%,$(TEST_BIN))
 	@DS41_BUILD=build-asan DS41_ASAN=1 bash tests/run.sh
 
+# ThreadSanitizer build of ./ds41 (clang; TSAN_CC=gcc works too), then the server under
+# concurrent load (tests/serve.test.sh with DS41_SERVE_TSAN=1: 16 concurrent streams, the
+# malformed corpus, slow and vanishing clients, shutdown); clean = no ThreadSanitizer report.
+TSAN_CC ?= clang
+check-tsan:
+	@$(MAKE) --no-print-directory CC=$(TSAN_CC) BUILD=build-tsan OPT=-O1 SAN="-fsanitize=thread -fno-omit-frame-pointer" \
+	  LDFLAGS="-fsanitize=thread" build-tsan/ds41
+	@DS41=$(CURDIR)/build-tsan/ds41 DS41_SERVE_TSAN=1 TSAN_OPTIONS="halt_on_error=0 second_deadlock_stack=1" \
+	  bash tests/serve.test.sh >build-tsan/serve-tsan.log 2>&1; grep -E '^(PASS|FAIL)' build-tsan/serve-tsan.log; \
+	  p=$$(grep -c '^PASS' build-tsan/serve-tsan.log); f=$$(grep -c '^FAIL' build-tsan/serve-tsan.log); \
+	  echo "$$p passed, $$f failed"; [ "$$f" -eq 0 ] && [ "$$p" -gt 0 ]
+
 FUZZ_SRC := $(sort $(wildcard fuzz/fuzz_*.c))
 FUZZ_BIN := $(patsubst fuzz/%.c,build-fuzz/%,$(FUZZ_SRC))
 FUZZ_SECONDS ?= 20
@@ -100,4 +112,4 @@ fuzz: $(FUZZ_BIN)
 	@bash fuzz/run.sh $(FUZZ_SECONDS)
 
 clean:
-	rm -rf build build-asan build-fuzz ds41 libds41.a
+	rm -rf build build-asan build-tsan build-fuzz ds41 libds41.a

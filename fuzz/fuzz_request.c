@@ -1,0 +1,70 @@
+/* libFuzzer harness for the ds41 serve request parser (src/serve/serve_req.c): each input is a
+ * request body given to the chat, completions, /tokenize and /detokenize parsers. A rejected
+ * body must come with an OpenAI error of status 4xx/5xx, a known type and a one-line message;
+ * an accepted one must satisfy the documented ranges (n, choices, stop strings, logprobs) and
+ * carry prompts that are NUL-terminated text of the stated length or id lists. Violations
+ * abort. The DSML tool-call parser and the text view run on the input too. */
+#include "serve_req.h"
+#include "serve_text.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void check_err(const ds41_req_error *e) {
+    if (e->status < 400 || e->status > 599 || !e->type[0] || !e->message[0]) abort();
+    for (const char *p = e->message; *p; p++)
+        if ((unsigned char)*p < 0x20) abort();
+}
+
+static void check_req(const ds41_req *r) {
+    if (r->n < 1 || r->n > DS41_REQ_MAX_N || r->n_prompts < 1 || r->n_prompts * (size_t)r->n > DS41_REQ_MAX_CHOICES) abort();
+    if (r->n_stop < 0 || r->n_stop > DS41_REQ_MAX_STOP || r->top_logprobs < 0 || r->top_logprobs > DS41_REQ_MAX_TOP_LOGPROBS) abort();
+    if (!(r->temperature >= 0 && r->temperature <= 2) || !(r->top_p > 0 && r->top_p <= 1)) abort();
+    for (size_t i = 0; i < r->n_prompts; i++) {
+        const ds41_req_prompt *p = &r->prompts[i];
+        if (!p->text == !p->ids) abort();
+        if (p->text && p->text[p->text_len] != 0) abort();
+        if (p->ids && p->n_ids == 0) abort();
+        for (size_t k = 0; p->ids && k < p->n_ids; k++) if (p->ids[k] < 0) abort();
+    }
+    for (int i = 0; i < r->n_stop; i++) if (!r->stop[i] || !r->stop[i][0]) abort();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    const char *b = (const char *)data;
+    for (int kind = 0; kind < 2; kind++) {
+        ds41_req r;
+        ds41_req_error e;
+        memset(&e, 0, sizeof e);
+        if (ds41_req_parse(kind ? DS41_REQ_COMPLETION : DS41_REQ_CHAT, b, size, &r, &e)) check_err(&e);
+        else { check_req(&r); ds41_req_free(&r); }
+    }
+    char *text = NULL;
+    size_t tl = 0;
+    int add = 0;
+    ds41_req_error e;
+    memset(&e, 0, sizeof e);
+    if (ds41_req_parse_tokenize(b, size, &text, &tl, &add, &e)) { if (text) abort(); check_err(&e); }
+    else { if (!text || text[tl]) abort(); free(text); }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    memset(&e, 0, sizeof e);
+    if (ds41_req_parse_detokenize(b, size, &ids, &n, &e)) check_err(&e);
+    free(ids);
+    /* generated text: tool calls and the reasoning / content split never read out of bounds */
+    ds41_tool_call *tc = NULL;
+    size_t nc = ds41_dsml_parse(b, size, &tc);
+    for (size_t i = 0; i < nc; i++) if (!tc[i].name || !tc[i].arguments || tc[i].arguments[0] != '{') abort();
+    ds41_tool_calls_free(tc, nc);
+    ds41_text_view v;
+    ds41_text_view_init(&v, size & 1, 1);
+    for (size_t a = 0; a <= size; a += 1 + a / 3) {
+        ds41_text_delta d;
+        ds41_text_view_step(&v, b, a, 0, &d);
+        if (d.r0 > d.r1 || d.c0 > d.c1 || d.r1 > a || d.c1 > a || v.cur > a) abort();
+    }
+    return 0;
+}
