@@ -9,6 +9,7 @@
 
 #include "cli.h"
 #include "cli_args.h"
+#include "cli_spec.h"
 #include "ds41.h"
 #include "kernels.h"
 
@@ -22,7 +23,13 @@ static const char *BENCH_USAGE =
     "  -c, --ctx-size N    context size (default: longest prompt + decode)\n"
     "  --exact             exact kernels\n"
     "  --seed S            seed of the random prompt ids (default 1)\n"
-    "  --json              machine-readable output\n";
+    "  --json              machine-readable output\n"
+    "  --spec              speculative-decoding section: plain vs --spec fixed:1..B / auto / auto\n"
+    "                      without P5 reuse (greedy), acceptance, scheduler choices, the verify-width\n"
+    "                      curve (also cached for ds41 run --spec auto)\n"
+    "  --spec-prompt TEXT  its prompt (tokenized with DIR/tokenizer.json; default random ids)\n"
+    "  --spec-n N          tokens generated per spec run (default 64)\n"
+    "  --spec-curve        only measure and cache the verify-width curve, print it and exit\n";
 
 static double now_s(void) {
     struct timespec ts;
@@ -56,6 +63,8 @@ int ds41_cli_bench(int argc, char **argv) {
     int modes[3] = { DS41_PREFILL_MODE_CED, DS41_PREFILL_MODE_FULL }, n_modes = 2;
     long long ctx = 0;
     unsigned long long seed = 1;
+    int spec = 0, spec_curve = 0, spec_n = 64;   /* --spec section (cli_spec.c) */
+    const char *spec_prompt = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
@@ -91,6 +100,13 @@ int ds41_cli_bench(int argc, char **argv) {
         }
         else if (!strcmp(a, "--exact")) exact = 1;
         else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--spec")) spec = 1;
+        else if (!strcmp(a, "--spec-curve")) spec_curve = 1;
+        else if (!strcmp(a, "--spec-prompt") && has) { spec = 1; spec_prompt = argv[++i]; }
+        else if (!strcmp(a, "--spec-n") && has) {
+            if (ds41_cli_int("bench", a, argv[++i], 1, 1 << 20, &iv)) return 2;
+            spec_n = (int)iv;
+        }
         else { fprintf(stderr, "ds41 bench: unknown or incomplete option '%s'\n%s", a, BENCH_USAGE); return 2; }
     }
     if (!dir) { fprintf(stderr, "ds41 bench: -m DIR is required\n"); return 2; }
@@ -101,6 +117,7 @@ int ds41_cli_bench(int argc, char **argv) {
     lp.exact = exact;
     lp.n_threads = threads;
     lp.ctx_size = ctx > 0 ? ctx : maxlen + n_dec + 1;
+    if (spec && ctx <= 0 && lp.ctx_size < 32 + spec_n + 80) lp.ctx_size = 32 + spec_n + 80;
     char ebuf[1024];
     ds41_engine *e = ds41_load(dir, &lp, ebuf, sizeof ebuf);
     if (!e && ctx <= 0) {
@@ -111,6 +128,21 @@ int ds41_cli_bench(int argc, char **argv) {
     if (!e) { fprintf(stderr, "ds41 bench: %s\n", ebuf); return 1; }
     long long C = ds41_ctx_size(e);
     int V = ds41_vocab_size(e);
+    if (spec_curve) {   /* measure and cache the verify-width curve only */
+        ds41_spec_curve cv;
+        char path[4096];
+        int r2 = ds41_spec_calibrate(e, ds41_draft_block_size(e) + 1, 32, 5, &cv, ebuf, sizeof ebuf);
+        if (r2) fprintf(stderr, "ds41 bench: %s\n", ebuf);
+        else if (ds41_spec_curve_path(dir, threads, exact, path, sizeof path) || ds41_spec_curve_save(path, &cv)) {
+            fprintf(stderr, "ds41 bench: cannot write the curve cache file\n");
+            r2 = 1;
+        } else {
+            for (int w = 1; w <= cv.n; w++) printf("width %d: %.2f steps/s (x%.2f of a decode step)\n", w, cv.sps[w], cv.sps[1] / cv.sps[w]);
+            printf("cached in %s\n", path);
+        }
+        ds41_unload(e);
+        return r2;
+    }
     /* measuring nothing is an error, not an empty table with exit status 0 */
     int minlen = lengths[0];
     for (int i = 1; i < n_len; i++) if (lengths[i] < minlen) minlen = lengths[i];
@@ -193,6 +225,9 @@ int ds41_cli_bench(int argc, char **argv) {
         }
         ds41_session_close(s);
     }
+    if (!rc && spec)
+        rc = ds41_cli_bench_spec(e, dir, threads, exact, spec_prompt, ids, maxlen < 32 ? maxlen : 32, spec_n,
+                                 json ? (void *)root : NULL);
     long long rss = peak_rss_bytes();
     if (json) {
         json_object_set_new(root, "prefill", pre);

@@ -10,6 +10,7 @@
 
 #include "cli.h"
 #include "cli_args.h"
+#include "cli_spec.h"
 #include "common.h"
 #include "ds41.h"
 #include "tokenizer.h"
@@ -36,7 +37,12 @@ static const char *RUN_USAGE =
     "  --trace DIR            conformance trace (docs/conformance.md; with DSpark stages also dspark.*)\n"
     "  --draft-trace          DSpark proposals and confidence logits after every step (JSON keys\n"
     "                         \"draft\" and \"draft_conf\", else lines on stderr)\n"
-    "  --no-draft             do not run the DSpark drafter for --trace\n";
+    "  --no-draft             do not run the DSpark drafter for --trace\n"
+    "  --spec off|fixed:K|auto  speculative decoding with the DSpark drafter (default auto when the\n"
+    "                         model has DSpark stages; off with --trace/--draft-trace/--force-ids):\n"
+    "                         verify K drafts per step, or as many as the confidence scheduler picks\n"
+    "                         from the measured verify-width curve (cached, README); --json adds a\n"
+    "                         {\"spec_step\"} line per step and a {\"spec\"} statistics line\n";
 
 static double now_s(void) {
     struct timespec ts;
@@ -120,6 +126,7 @@ static json_t *top_json(const float *lg, int V, int K) {
 int ds41_cli_run(int argc, char **argv) {
     const char *dir = NULL, *prompt = NULL, *prompt_ids = NULL, *force_ids = NULL, *dump = NULL, *trace = NULL;
     int draft_trace = 0, no_draft = 0;
+    const char *spec_arg = NULL;   /* --spec (cli_spec.c) */
     int json = 0, top_lp = 5, ignore_eos = 0;
     ds41_cli_gen g;
     ds41_cli_gen_default(&g);
@@ -139,6 +146,7 @@ int ds41_cli_run(int argc, char **argv) {
         else if (ARG("-p", "--prompt")) { NEED(); prompt = argv[++i]; }
         else if (ARG("--prompt-ids", NULL)) { NEED(); prompt_ids = argv[++i]; }
         else if (ARG("--force-ids", NULL)) { NEED(); force_ids = argv[++i]; }
+        else if (ARG("--spec", NULL)) { NEED(); spec_arg = argv[++i]; }
         else if (ARG("--json", NULL)) json = 1;
         else if (ARG("--ignore-eos", NULL)) ignore_eos = 1;
         else if (ARG("--draft-trace", NULL)) draft_trace = 1;
@@ -230,6 +238,9 @@ int ds41_cli_run(int argc, char **argv) {
     int B = ds41_draft_block_size(e);
     if (draft_trace && B == 0) { fprintf(stderr, "ds41 run: --draft-trace: %s has no DSpark stages\n", dir); goto out; }
     sp.draft = B > 0 && (draft_trace || (trace && !no_draft));
+    ds41_cli_spec spc;   /* speculative decoding (cli_spec.c): default auto with DSpark stages */
+    if (ds41_cli_spec_parse("run", spec_arg, B, trace || draft_trace || forced, &spc)) { rc = 2; goto out; }
+    if (spc.mode != DS41_SPEC_OFF) sp.draft = 1;
     s = ds41_session_open(e, &sp, ebuf, sizeof ebuf);
     if (!s) { fprintf(stderr, "ds41 run: %s\n", ebuf); goto out; }
     ds41_session_set_sampling(s, g.temp, g.top_k, g.top_p, g.min_p, g.seed);
@@ -248,7 +259,16 @@ int ds41_cli_run(int argc, char **argv) {
     if (ds41_feed(s, ids, n_ids)) { fprintf(stderr, "ds41 run: %s\n", ds41_session_error(s)); goto out; }
     double t_prefill = now_s() - t0, t_decode = 0.0;
     int n_dec = 0, n_gen = 0;
-    for (int step = 0; step < g.n_predict; step++) {
+    if (spc.mode != DS41_SPEC_OFF) {
+        ds41_cli_spec_run sr = { .spec = spc, .e = e, .s = s, .dir = dir, .threads = g.threads, .exact = g.exact,
+                                 .tok = tok, .ds = &ds, .json = json, .top_lp = top_lp, .n_predict = g.n_predict,
+                                 .eos = eos, .ignore_eos = ignore_eos, .fdump = fdump };
+        if (ds41_cli_spec_generate(&sr)) goto out;
+        n_gen = sr.n_gen;
+        n_dec = sr.n_dec;
+        t_decode = sr.t_decode;
+    }
+    for (int step = 0; spc.mode == DS41_SPEC_OFF && step < g.n_predict; step++) {
         const float *lg = ds41_logits(s);
         if (fdump && fwrite(lg, sizeof(float), (size_t)V, fdump) != (size_t)V) {
             fprintf(stderr, "ds41 run: %s: write failed: %s\n", dump, strerror(errno));

@@ -701,7 +701,12 @@ static int forward_impl(ds41_seq *s, const int32_t *tokens, int T, int want_logi
     }
 
     /* ---- collapse, final norm, head (last row only; every row for ds41_forward_rows) ---- */
-    if (!rc && rows) {
+    if (!rc && rows && s->verify) {
+        /* [verify] the head row by row: the GEMV path decode uses (the multi-row BF16 head is
+         * much slower at small T; row-independent, so exact mode is unaffected) */
+        for (int t = 0; t < T; t++) ds41_stream_head(ctx, cfg, w, w->norm, &b.s, (size_t)t, 1, rows + (size_t)t * cfg->vocab_size);
+        memcpy(s->logits, rows + (Tz - 1) * cfg->vocab_size, (size_t)cfg->vocab_size * sizeof(float));
+    } else if (!rc && rows) {
         ds41_stream_head(ctx, cfg, w, w->norm, &b.s, 0, T, rows);
         memcpy(s->logits, rows + (Tz - 1) * cfg->vocab_size, (size_t)cfg->vocab_size * sizeof(float));
     } else if (!rc && want_logits) {
