@@ -91,7 +91,7 @@ int ds41_sched_submit(ds41_sched *S, ds41_sgroup *g, int *status) {
     if (S->stopping) { pthread_mutex_unlock(&S->mu); *status = 503; return -1; }
     if (S->q_len + g->n_seq > S->p.max_queue) { pthread_mutex_unlock(&S->mu); *status = 429; return -1; }
     pthread_mutex_lock(&g->mu);
-    g->refs++;
+    g->refs += g->n_seq;   /* one per sequence, dropped as each leaves the scheduler */
     pthread_mutex_unlock(&g->mu);
     g->t_arrival = now_s();
     for (int i = 0; i < g->n_seq; i++) {
@@ -126,8 +126,9 @@ void ds41_sched_gauges(ds41_sched *S, ds41_gauges *o) {
 
 /* ---------------------------------------------------------------- finishing */
 
-/* Marks q finished (group mutex), closes its session, and drops the scheduler's reference to
- * the group after its last sequence. Called on the scheduler thread without S->mu. */
+/* Marks q finished (group mutex) and closes its session. Called on the scheduler thread
+ * without S->mu. The scheduler holds one group reference per sequence and drops it only when
+ * the sequence leaves its lists (seq_release), so q stays valid until then. */
 static void seq_finish(ds41_sched *S, ds41_sseq *q, int reason, const char *err) {
     ds41_sgroup *g = q->g;
     double t = now_s();
@@ -153,11 +154,12 @@ static void seq_finish(ds41_sched *S, ds41_sseq *q, int reason, const char *err)
     q->finished = 1;
     q->finish = reason;
     if (err) snprintf(q->err, sizeof q->err, "%s", err);
-    int last = ++g->n_finished == g->n_seq;
+    g->n_finished++;
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
-    if (last) ds41_sgroup_release(g);
 }
+
+static void seq_release(ds41_sseq *q) { ds41_sgroup_release(q->g); }
 
 /* ---------------------------------------------------------------- one token */
 
@@ -332,7 +334,10 @@ static void *sched_main(void *arg) {
         pthread_mutex_unlock(&S->mu);
 
         double t = now_s();
-        for (int i = 0; i < n_drop; i++) seq_finish(S, dropped[i], DS41_FIN_ABORT, stop ? "server shutting down" : "cancelled");
+        for (int i = 0; i < n_drop; i++) {
+            seq_finish(S, dropped[i], DS41_FIN_ABORT, stop ? "server shutting down" : "cancelled");
+            seq_release(dropped[i]);
+        }
         for (int i = 0; i < n_adm; i++) {
             admitted[i]->t_admit = t;
             ds41_metrics_observe(S->m, &S->m->queue, t - admitted[i]->g->t_arrival);
@@ -397,16 +402,18 @@ static void *sched_main(void *arg) {
                 ds41_session_state(local[i]->s, &si);
                 used += si.total_bytes;
             }
+        int n_ret = 0;
         pthread_mutex_lock(&S->mu);
         int k = 0;
         for (int i = 0; i < S->n_run; i++) {
-            if (S->run[i]->state == DS41_SEQ_DONE) S->kv_reserved -= S->run[i]->reserve;
+            if (S->run[i]->state == DS41_SEQ_DONE) { S->kv_reserved -= S->run[i]->reserve; admitted[n_ret++] = S->run[i]; }
             else S->run[k++] = S->run[i];
         }
         S->n_run = k;
         S->kv_used = used;
         int done = S->stopping && S->n_run == 0 && S->q_len == 0;
         pthread_mutex_unlock(&S->mu);
+        for (int i = 0; i < n_ret; i++) seq_release(admitted[i]);
         if (done) break;
     }
     free(bs); free(bi); free(bn); free(bq); free(admitted); free(local); free(dropped);
