@@ -67,7 +67,6 @@ static inline float p2(int k) { return ds41_bits_f32((uint32_t)(127 + k) << 23);
 
 static float ue8_lut8[256];    /* ue8m0(e) * 2^8 (FP8 tile scale with the FP16 decode's 2^8) */
 static float ue8_lut[256];     /* ue8m0(e) (FP4 row-block scale) */
-static pthread_once_t luts_once = PTHREAD_ONCE_INIT;
 
 static void luts_fill(void) {
     for (int e = 0; e < 256; e++) {
@@ -552,11 +551,17 @@ static int decode_panel(const fjob *j, int r0, int r1, int k0, int kc, float *P,
         }
         case J_BF16: {
             const uint16_t *w = j->wb + (size_t)r * in + k0;
-            int kp = (kc + 31) & ~31;
-            memset(pr, 0, (size_t)kp * sizeof(float));
-            for (int k = 0; k < kc; k++) {
-                int jj = k >> 5, g = (k >> 4) & 1, e = k & 15;
-                pr[32 * jj + 8 * g + (e & 1) * 16 + (e >> 1)] = ds41_bf16_to_f32(w[k]);
+            const __m256i hm = _mm256_set1_epi32((int)0xFFFF0000);
+            for (int g = 0; g < kc / 16; g++) {   /* kc is a multiple of 16 */
+                __m256i v = _mm256_loadu_si256((const __m256i *)(w + 16 * g));
+                float *o = pr + 32 * (g >> 1) + 8 * (g & 1);
+                _mm256_store_ps(o, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+                _mm256_store_ps(o + 16, _mm256_castsi256_ps(_mm256_and_si256(v, hm)));
+            }
+            if ((kc / 16) & 1) {   /* a lone last group: its partner is zeros */
+                float *o = pr + 32 * (kc / 32) + 8;
+                _mm256_store_ps(o, _mm256_setzero_ps());
+                _mm256_store_ps(o + 16, _mm256_setzero_ps());
             }
             break;
         }
