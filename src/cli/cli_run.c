@@ -259,6 +259,7 @@ int ds41_cli_run(int argc, char **argv) {
     if (ds41_feed(s, ids, n_ids)) { fprintf(stderr, "ds41 run: %s\n", ds41_session_error(s)); goto out; }
     double t_prefill = now_s() - t0, t_decode = 0.0;
     int n_dec = 0, n_gen = 0;
+    void *spec_json = NULL;   /* --json statistics of --spec (cli_spec.c) */
     if (spc.mode != DS41_SPEC_OFF) {
         ds41_cli_spec_run sr = { .spec = spc, .e = e, .s = s, .dir = dir, .threads = g.threads, .exact = g.exact,
                                  .tok = tok, .ds = &ds, .json = json, .top_lp = top_lp, .n_predict = g.n_predict,
@@ -267,6 +268,7 @@ int ds41_cli_run(int argc, char **argv) {
         n_gen = sr.n_gen;
         n_dec = sr.n_dec;
         t_decode = sr.t_decode;
+        spec_json = sr.stats_json;
     }
     for (int step = 0; spc.mode == DS41_SPEC_OFF && step < g.n_predict; step++) {
         const float *lg = ds41_logits(s);
@@ -352,6 +354,8 @@ int ds41_cli_run(int argc, char **argv) {
         json_object_set_new(tm, "prefill", json_string(g.prefill == 0 ? "ced" : g.prefill == 1 ? "full" : "ced-replay"));
         json_object_set_new(tm, "exact", json_boolean(g.exact));
         json_object_set_new(tm, "threads", json_integer(g.threads));
+        json_object_set_new(tm, "spec", spec_json ? (json_t *)spec_json : json_null());
+        spec_json = NULL;
         json_t *o = json_pack("{s:o}", "timing", tm);
         char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
         if (line) { puts(line); free(line); }

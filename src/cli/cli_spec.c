@@ -124,6 +124,7 @@ int ds41_cli_spec_generate(ds41_cli_spec_run *r) {
         if (m < 0) { fprintf(stderr, "\nds41 run: %s\n", ds41_session_error(s)); goto end; }
         if (r->n_gen == 0) t_first = dt;   /* the first step also samples the prefill's token */
         r->t_decode += dt;
+        json_t *held = NULL;   /* --json: the step's last token object, printed with "spec_step" */
         for (int j = 0; j < m && !done && r->n_gen < r->n_predict; j++) {
             const float *row = lg + (size_t)j * V;
             if (r->fdump && fwrite(row, sizeof(float), (size_t)V, r->fdump) != (size_t)V) {
@@ -140,7 +141,8 @@ int ds41_cli_spec_generate(ds41_cli_spec_run *r) {
                 json_object_set_new(o, "id", json_integer(next));
                 json_object_set_new(o, "text", r->tok ? json_stringn(text, tl) : json_null());
                 json_object_set_new(o, "top", top_json(row, V, r->top_lp));
-                put_json(o);
+                if (held) put_json(held);
+                held = o;
             } else if (r->tok) {
                 fwrite(text, 1, tl, stdout);
             } else {
@@ -149,12 +151,13 @@ int ds41_cli_spec_generate(ds41_cli_spec_run *r) {
             r->n_gen++;
             if (!r->ignore_eos && r->eos >= 0 && next == r->eos) done = 1;
         }
-        if (r->json) {
+        if (held) {
             json_t *c = json_array();
             for (int k = 0; k < info.proposed; k++) json_array_append_new(c, json_real(info.conf[k]));
-            put_json(json_pack("{s:{s:i,s:i,s:i,s:i,s:f,s:o}}", "spec_step", "proposed", info.proposed, "drafted",
-                               info.drafted, "accepted", info.accepted, "emitted", m, "expected", info.expected,
-                               "conf", c));
+            json_object_set_new(held, "spec_step", json_pack("{s:i,s:i,s:i,s:i,s:f,s:o}", "proposed", info.proposed,
+                                                             "drafted", info.drafted, "accepted", info.accepted,
+                                                             "emitted", m, "expected", info.expected, "conf", c));
+            put_json(held);
         }
         fflush(stdout);
     }
@@ -177,7 +180,7 @@ int ds41_cli_spec_generate(ds41_cli_spec_run *r) {
                               (json_int_t)st.accepted, "emitted", (json_int_t)st.emitted, "mean_accepted", mean_acc,
                               "acceptance_rate", rate, "tokens_per_step", st.steps ? (double)st.emitted / st.steps : 0.0,
                               "drafted_at", da, "accepted_at", aa, "acceptance_at", ra, "curve_steps_per_s", cv);
-        put_json(json_pack("{s:o}", "spec", o));
+        r->stats_json = o;   /* ds41 run puts it into the timing object */
     } else {
         fprintf(stderr, "ds41 run: spec %s: %lld steps, drafted %lld, accepted %lld (%.1f %%), mean accepted length %.2f, "
                 "%.2f tokens/step; acceptance by position:", mname, st.steps, st.drafted, st.accepted, 100 * rate,
