@@ -522,8 +522,9 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_k
         }
         for (size_t i = 0; i < n; i++)
             if (ids[i] < 0 || ids[i] >= sv->V) {
+                int32_t bad = ids[i];
                 free(ids);
-                JFAIL(400, "invalid_request_error", "prompt", NULL, "prompt token %zu is %d, outside the vocabulary 0..%d", i, ids[i], sv->V - 1);
+                JFAIL(400, "invalid_request_error", "prompt", NULL, "prompt token %zu is %d, outside the vocabulary 0..%d", i, bad, sv->V - 1);
             }
         if (n == 0) { free(ids); JFAIL(400, "invalid_request_error", "prompt", NULL, "the prompt is empty"); }
         long long mt = r->max_tokens;

@@ -80,7 +80,8 @@ await test("sdk_chat_stop", async () => {
   // a stop string taken from the middle of the unconstrained output
   const chars = Array.from(full);
   const stop = chars.slice(4, 6).join("");
-  if (chars.length < 8 || stop.includes("\ufffd")) { check("sdk_chat_stop", true, ""); return; }
+  // the output of this seed is fixed for the test checkpoint: it must offer a usable stop string
+  if (chars.length < 8 || stop.includes("\ufffd")) { check("sdk_chat_stop", false, "no usable stop string in " + JSON.stringify(full)); return; }
   const cut = await client.chat.completions.create({ ...base, stop: [stop] });
   const want = full.slice(0, full.indexOf(stop));
   check("sdk_chat_stop", cut.choices[0].message.content === want && cut.choices[0].finish_reason === "stop",
