@@ -16,6 +16,13 @@ SAN     ?=
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += $(SAN) -std=gnu11 -Wall -Wextra -ffp-contract=off -fno-math-errno $(ARCH) -pthread $(INCLUDES) $(PKG_CFLAGS)
 LDLIBS  += $(PKG_LIBS) -lm -pthread
+# Optional: line editing and history for `ds41 chat` on a terminal with libedit (BSD licence,
+# Debian libedit-dev, installed by scripts/setup.sh); without it chat reads plain lines.
+EDIT_LIBS := $(shell pkg-config --libs libedit 2>/dev/null)
+ifneq ($(EDIT_LIBS),)
+CFLAGS  += -DDS41_HAVE_LIBEDIT
+LDLIBS  += $(EDIT_LIBS)
+endif
 BUILD   ?= build
 
 LIB_SRC := $(sort $(wildcard $(addsuffix /*.c,$(addprefix src/,$(SRC_DIRS)))))

@@ -4,7 +4,7 @@
 # oracles (tests/oracle/). Idempotent and quick when everything is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-APT_PKGS="gcc make pkg-config bc clang libclang-rt-14-dev libjansson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev python3 python3-numpy nodejs npm"
+APT_PKGS="gcc make pkg-config bc clang libclang-rt-14-dev libjansson-dev libpcre2-dev libutf8proc-dev libedit-dev libmicrohttpd-dev python3 python3-numpy nodejs npm"
 missing=""
 for p in $APT_PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

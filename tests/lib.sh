@@ -15,5 +15,18 @@ checkpoint() {
     echo "$dir"
 }
 
+# text_checkpoint NAME -> a directory with the generated checkpoint of tests/configs/NAME
+# (symlinked) and the small byte-level BPE tokenizer of tests/tiny_tokenizer.py (ids < 512),
+# for the commands that need text (perplexity, chat); in $TMP/text-NAME.
+text_checkpoint() {
+    local ck dir=$TMP/text-$1
+    ck=$(checkpoint "$1") || return 1
+    mkdir -p "$dir"
+    case $ck in /*) ;; *) ck=$PWD/$ck ;; esac
+    for f in config.json model.safetensors engram_token_map.i32; do ln -sf "$ck/$f" "$dir/$f"; done
+    "$PY" tests/tiny_tokenizer.py "$dir" || { echo "FAIL text_checkpoint_$1: tests/tiny_tokenizer.py failed" >&2; return 1; }
+    echo "$dir"
+}
+
 # ids N SEED VOCAB -> N comma-separated random ids below VOCAB
 ids() { "$PY" -c "import random; r=random.Random($2); print(','.join(str(r.randrange($3)) for _ in range($1)))"; }

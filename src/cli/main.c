@@ -14,6 +14,8 @@ typedef struct command {
 static const command commands[] = {
     { "run", ds41_cli_run, "generate from a prompt (text or token ids)" },
     { "bench", ds41_cli_bench, "prefill / decode throughput, peak RSS and state bytes" },
+    { "perplexity", ds41_cli_perplexity, "perplexity and bits per byte of a text file (llama.cpp convention)" },
+    { "chat", ds41_cli_chat, "interactive chat in the V4.1 template (scriptable over stdin)" },
     { "inspect", ds41_cli_inspect, "config, layer plan, tensor table and byte budgets of a checkpoint" },
     { "tokenize", ds41_cli_tokenize, "text to token ids and back with the checkpoint's tokenizer.json" },
     { "serve", ds41_cli_serve, "OpenAI-compatible HTTP server with continuous batching" },

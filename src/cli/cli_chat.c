@@ -1,0 +1,411 @@
+/* ds41 chat: a conversation with a checkpoint in the V4.1 prompt format (README, ds41 chat).
+ *
+ * Each turn renders the whole conversation with the chat-template renderer (src/text/chat.h,
+ * the same as ds41 chat-template), tokenizes it, and feeds only what the session does not
+ * hold yet: when the tokens already in the session (the earlier prompt and the generated
+ * answer) are a prefix of the new rendering, just the suffix is fed; otherwise (the answer
+ * re-tokenizes differently, or thinking mode dropped the earlier reasoning from the history)
+ * the session is reset and the whole rendering is prefilled. The answer is sampled token by
+ * token, streamed through the tokenizer's UTF-8-safe decoder, and stops at the end of sentence
+ * (the end of an assistant turn), a <｜User｜> / <｜Assistant｜> marker, -n tokens or the end of
+ * the context.
+ *
+ * On a terminal: a "> " prompt, line editing and history when built with libedit. Otherwise
+ * one user message per input line and each answer on stdout followed by a newline, nothing
+ * else (thinking-mode reasoning and --verbose statistics go to stderr), so it can be scripted.
+ * Lines "/reset" (forget the conversation, keep --system) and "/exit" are commands; empty
+ * lines are skipped. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef DS41_HAVE_LIBEDIT
+#include <editline/readline.h>
+#endif
+
+#include "chat.h"
+#include "cli.h"
+#include "cli_args.h"
+#include "common.h"
+#include "ds41.h"
+#include "tokenizer.h"
+
+static const char *CHAT_USAGE =
+    "usage: ds41 chat -m DIR [--system TEXT] [--thinking] [-n N] [sampling and engine options]\n"
+    "  -m, --model DIR        checkpoint directory (with tokenizer.json)\n"
+    "  --system TEXT          system message at the start of the conversation\n"
+    "  --thinking             thinking mode (default chat mode): the reasoning is shown (dimmed on a\n"
+    "                         terminal, on stderr when scripted) and dropped from the history\n"
+    "  -n, --n-predict N      at most N tokens per answer (default 256)\n"
+    "  --temp T               temperature (default 0 = greedy, first maximum)\n"
+    "  --top-k K, --top-p P, --min-p P, --seed S   sampling filters and seed\n"
+    "  -t, --threads N        fast-mode threads (default 1)\n"
+    "  -c, --ctx-size N       context size in tokens (default 4096, at most the model's)\n"
+    "  --prefill MODE         ced (default), full, ced-replay\n"
+    "  --chunk N              prefill in chunks of N tokens\n"
+    "  --index-k own|official index-K reading of spec 3.9 / 10.1 (default own)\n"
+    "  --exact                exact kernels (also DS41_EXACT=1); default fast\n"
+    "  --verbose              one statistics line per turn on stderr (tokens rendered, reused, prefilled,\n"
+    "                         generated, tokens/s, why it stopped)\n"
+    "Input: one user message per line; /reset forgets the conversation, /exit (or end of input) quits.\n";
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int file_exists(const char *dir, const char *name) {
+    char *p = ds41_path_join(dir, name);
+    struct stat sb;
+    int ok = p && stat(p, &sb) == 0;
+    free(p);
+    return ok;
+}
+
+/* ---------------------------------------------------------------- growable buffers */
+
+typedef struct ids_buf { int32_t *v; size_t n, cap; } ids_buf;
+typedef struct str_buf { char *v; size_t n, cap; } str_buf;
+
+static int ids_push(ids_buf *b, int32_t x) {
+    if (b->n == b->cap) {
+        size_t nc = b->cap ? b->cap * 2 : 256;
+        int32_t *nv = realloc(b->v, nc * sizeof *nv);
+        if (!nv) return -1;
+        b->v = nv;
+        b->cap = nc;
+    }
+    b->v[b->n++] = x;
+    return 0;
+}
+
+static int str_add(str_buf *b, const char *s, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        size_t nc = b->cap ? b->cap : 256;
+        while (nc < b->n + n + 1) nc *= 2;
+        char *nv = realloc(b->v, nc);
+        if (!nv) return -1;
+        b->v = nv;
+        b->cap = nc;
+    }
+    memcpy(b->v + b->n, s, n);
+    b->n += n;
+    b->v[b->n] = 0;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the conversation */
+
+typedef struct turn { char *user, *answer, *reasoning; } turn;
+
+typedef struct chat_state {
+    const char *system;
+    ds41_chat_options opts;
+    turn *t;
+    size_t n, cap;
+} chat_state;
+
+static void history_clear(chat_state *c) {
+    for (size_t i = 0; i < c->n; i++) { free(c->t[i].user); free(c->t[i].answer); free(c->t[i].reasoning); }
+    c->n = 0;
+}
+
+/* Renders the history plus the new user message (with the assistant header). */
+static int render(const chat_state *c, const char *user, char **text, size_t *len, ds41_err *err) {
+    ds41_chat chat;
+    ds41_chat_init(&chat);
+    int rc = -1;
+    if (c->system && !ds41_chat_push(&chat, DS41_ROLE_SYSTEM, c->system, NULL, err)) goto out;
+    for (size_t i = 0; i < c->n; i++) {
+        if (!ds41_chat_push(&chat, DS41_ROLE_USER, c->t[i].user, NULL, err)) goto out;
+        if (!ds41_chat_push(&chat, DS41_ROLE_ASSISTANT, c->t[i].answer, c->t[i].reasoning, err)) goto out;
+    }
+    if (!ds41_chat_push(&chat, DS41_ROLE_USER, user, NULL, err)) goto out;
+    rc = ds41_chat_render(&chat, &c->opts, text, len, err);
+out:
+    ds41_chat_free(&chat);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- output */
+
+typedef struct out_ctx {
+    int interactive;    /* stdin is a terminal */
+    int color;          /* stdout is a terminal: reasoning dimmed on stdout */
+} out_ctx;
+
+static void show_reasoning(const out_ctx *o, const char *s, size_t n, int *started) {
+    if (!n) return;
+    FILE *f = o->color ? stdout : stderr;
+    if (!*started) {
+        fputs(o->color ? "\033[2m" : "thinking: ", f);
+        *started = 1;
+    }
+    fwrite(s, 1, n, f);
+    fflush(f);
+}
+
+static void end_reasoning(const out_ctx *o, int *started) {
+    if (!*started) return;
+    if (o->color) fputs("\033[0m\n", stdout);
+    else fputc('\n', stderr);
+    fflush(o->color ? stdout : stderr);
+    *started = 2;
+}
+
+/* One line of input (without its newline) or NULL at the end of input; malloc'd. */
+static char *read_line(const out_ctx *o) {
+#ifdef DS41_HAVE_LIBEDIT
+    if (o->interactive) {
+        char *l = readline("> ");
+        if (l && *l) add_history(l);
+        return l;
+    }
+#endif
+    if (o->interactive) { fputs("> ", stdout); fflush(stdout); }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n = getline(&line, &cap, stdin);
+    if (n < 0) { free(line); return NULL; }
+    while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
+    return line;
+}
+
+/* ---------------------------------------------------------------- the command */
+
+int ds41_cli_chat(int argc, char **argv) {
+    const char *dir = NULL, *system = NULL;
+    int thinking = 0, verbose = 0;
+    ds41_cli_gen g;
+    ds41_cli_gen_default(&g);
+    g.n_predict = 256;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int ga = ds41_cli_gen_arg("chat", argc, argv, &i, DS41_CLI_SAMPLING | DS41_CLI_NPREDICT | DS41_CLI_ENGINE |
+                                  DS41_CLI_CTX | DS41_CLI_PREFILL, &g);
+        if (ga < 0) return 2;
+        if (ga > 0) continue;
+        int has = i + 1 < argc;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(CHAT_USAGE, stdout); return 0; }
+        else if (!strcmp(a, "--thinking")) thinking = 1;
+        else if (!strcmp(a, "--verbose")) verbose = 1;
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--system")) {
+            if (!has) { fprintf(stderr, "ds41 chat: %s needs a value\n", a); return 2; }
+            if (!strcmp(a, "--system")) system = argv[++i];
+            else dir = argv[++i];
+        } else { fprintf(stderr, "ds41 chat: unknown option '%s'\n%s", a, CHAT_USAGE); return 2; }
+    }
+    if (!dir) { fprintf(stderr, "ds41 chat: -m DIR is required\n%s", CHAT_USAGE); return 2; }
+
+    int rc = 1;
+    ds41_err err;
+    char ebuf[1024];
+    ds41_tokenizer *tok = NULL;
+    ds41_engine *e = NULL;
+    ds41_session *s = NULL;
+    ids_buf held = { 0 }, gen = { 0 };
+    str_buf answer = { 0 }, reasoning = { 0 };
+    chat_state c = { 0 };
+    char *line = NULL, *piece = NULL;
+    int turn_failed = 0;
+
+    struct stat dsb;
+    if (stat(dir, &dsb) != 0) { fprintf(stderr, "ds41 chat: %s: cannot open: %s\n", dir, strerror(errno)); goto out; }
+    if (!file_exists(dir, "tokenizer.json")) {
+        fprintf(stderr, "ds41 chat: %s has no tokenizer.json: chat needs the model's tokenizer\n", dir);
+        goto out;
+    }
+    if (ds41_tokenizer_load(dir, &tok, &err)) { fprintf(stderr, "ds41 chat: %s\n", err.msg); goto out; }
+    ds41_load_params lp;
+    ds41_load_params_default(&lp);
+    lp.exact = g.exact;
+    lp.n_threads = g.threads;
+    lp.ctx_size = g.ctx;
+    e = ds41_load(dir, &lp, ebuf, sizeof ebuf);
+    if (!e) { fprintf(stderr, "ds41 chat: %s\n", ebuf); goto out; }
+    int V = ds41_vocab_size(e);
+    long long C = ds41_ctx_size(e);
+    if (ds41_tokenizer_vocab_size(tok) > V) {
+        fprintf(stderr, "ds41 chat: %s/tokenizer.json has ids up to %d but the model's vocabulary is 0..%d: "
+                "the tokenizer does not belong to this checkpoint\n", dir, ds41_tokenizer_vocab_size(tok) - 1, V - 1);
+        goto out;
+    }
+    ds41_session_params sp;
+    ds41_session_params_default(&sp);
+    sp.prefill = g.prefill;
+    sp.chunk = g.chunk;
+    sp.index_k = g.index_k;
+    s = ds41_session_open(e, &sp, ebuf, sizeof ebuf);
+    if (!s) { fprintf(stderr, "ds41 chat: %s\n", ebuf); goto out; }
+    ds41_session_set_sampling(s, g.temp, g.top_k, g.top_p, g.min_p, g.seed);
+
+    /* the end of an assistant turn: the end of sentence, or the model opening a new turn */
+    int32_t stops[3] = { ds41_tokenizer_eos(tok), ds41_token_id(tok, "<｜User｜>"), ds41_token_id(tok, "<｜Assistant｜>") };
+    int32_t end_think = ds41_token_id(tok, "</think>");
+    c.system = system;
+    ds41_chat_options_init(&c.opts);
+    c.opts.thinking = thinking;
+    out_ctx oc = { isatty(0), isatty(1) };
+    size_t dcap = ds41_detok_stream_cap(tok);
+    piece = malloc(dcap + 1);
+    if (!piece) { fprintf(stderr, "ds41 chat: out of memory\n"); goto out; }
+    int n_turn = 0;
+
+    for (;;) {
+        if (!(line = read_line(&oc))) {
+            if (oc.interactive) putchar('\n');   /* end of input at the prompt */
+            break;
+        }
+        if (!strcmp(line, "/exit")) break;
+        if (!strcmp(line, "/reset")) {
+            history_clear(&c);
+            ds41_session_reset(s);
+            held.n = 0;
+            if (verbose || oc.interactive) fprintf(stderr, "chat: conversation reset\n");
+            free(line);
+            line = NULL;
+            continue;
+        }
+        if (!line[0]) { free(line); line = NULL; continue; }
+        n_turn++;
+
+        /* ---- render, tokenize, find what the session already holds ---- */
+        char *text = NULL;
+        size_t tlen = 0, n_ids = 0;
+        int32_t *ids = NULL;
+        if (render(&c, line, &text, &tlen, &err) || ds41_tokenize(tok, text, tlen, 1, 0, &ids, &n_ids, &err)) {
+            fprintf(stderr, "ds41 chat: %s\n", err.msg);
+            free(text);
+            free(ids);
+            goto out;
+        }
+        free(text);
+        if ((long long)n_ids + 1 > C) {
+            fprintf(stderr, "ds41 chat: the conversation is %zu tokens with this message, the context holds %lld "
+                    "(-c): /reset to start over\n", n_ids, C);
+            free(ids);
+            if (!oc.interactive) putchar('\n');   /* keep one answer line per message */
+            fflush(stdout);
+            turn_failed = 1;
+            free(line);
+            line = NULL;
+            continue;
+        }
+        size_t n_rendered = n_ids;
+        size_t reuse = held.n > 0 && held.n < n_ids && !memcmp(held.v, ids, held.n * sizeof *ids) ? held.n : 0;
+        if (reuse == 0 && held.n > 0) ds41_session_reset(s);
+        double t0 = now_s();
+        int frc = ds41_feed(s, ids + reuse, n_ids - reuse);
+        double t_prefill = now_s() - t0;
+        held.n = 0;
+        int bad = frc != 0;
+        for (size_t i = 0; i < n_ids && !bad; i++) bad = ids_push(&held, ids[i]) != 0;
+        free(ids);
+        if (bad) {
+            fprintf(stderr, "ds41 chat: %s\n", frc ? ds41_session_error(s) : "out of memory");
+            goto out;
+        }
+
+        /* ---- generate ---- */
+        ds41_detok_stream ds;
+        ds41_detok_stream_init(&ds, tok);
+        ds.skip_special = 1;
+        gen.n = answer.n = reasoning.n = 0;
+        int in_reasoning = thinking, shown = 0, n_gen = 0;
+        const char *why = "length";
+        double t1 = now_s();
+        for (int k = 0; k < g.n_predict; k++) {
+            int32_t t = ds41_session_sample(s);
+            n_gen++;
+            int stop = 0;
+            for (int j = 0; j < 3; j++) stop |= stops[j] >= 0 && t == stops[j];
+            if (stop) { why = t == stops[0] ? "eos" : "end-of-turn"; break; }
+            if (in_reasoning && t == end_think) {
+                size_t fl = ds41_detok_stream_flush(&ds, piece, dcap);
+                if (str_add(&reasoning, piece, fl)) goto oom;
+                show_reasoning(&oc, piece, fl, &shown);
+                end_reasoning(&oc, &shown);
+                ds41_detok_stream_init(&ds, tok);
+                ds.skip_special = 1;
+                in_reasoning = 0;
+            } else {
+                size_t pl = ds41_detok_stream_push(&ds, t, piece, dcap);
+                if (in_reasoning) {
+                    if (str_add(&reasoning, piece, pl)) goto oom;
+                    show_reasoning(&oc, piece, pl, &shown);
+                } else {
+                    if (pl) { fwrite(piece, 1, pl, stdout); fflush(stdout); }
+                    if (ids_push(&gen, t)) goto oom;
+                }
+            }
+            if (ds41_session_pos(s) >= C) { why = "context"; break; }
+            if (ds41_feed(s, &t, 1)) {
+                fprintf(stderr, "\nds41 chat: %s\n", ds41_session_error(s));
+                goto out;
+            }
+            if (ids_push(&held, t)) goto oom;
+        }
+        double t_gen = now_s() - t1;
+        size_t fl = ds41_detok_stream_flush(&ds, piece, dcap);
+        if (in_reasoning) {
+            if (str_add(&reasoning, piece, fl)) goto oom;
+            show_reasoning(&oc, piece, fl, &shown);
+            end_reasoning(&oc, &shown);
+        } else if (fl) {
+            fwrite(piece, 1, fl, stdout);
+        }
+        putchar('\n');
+        fflush(stdout);
+        if (!strcmp(why, "context"))
+            fprintf(stderr, "ds41 chat: the context of %lld tokens is full: /reset to start over\n", C);
+
+        /* ---- history: the answer as generated (special tokens kept, so that it re-renders
+         * to the same tokens); the reasoning is kept for the renderer to drop ---- */
+        char *atext = NULL;
+        size_t alen = 0;
+        if (gen.n == 0) atext = strdup("");
+        else if (ds41_detokenize(tok, gen.v, gen.n, 0, &atext, &alen, &err)) {
+            fprintf(stderr, "ds41 chat: %s\n", err.msg);
+            goto out;
+        }
+        if (!atext) goto oom;
+        if (c.n == c.cap) {
+            size_t nc = c.cap ? c.cap * 2 : 8;
+            turn *nt = realloc(c.t, nc * sizeof *nt);
+            if (!nt) { free(atext); goto oom; }
+            c.t = nt;
+            c.cap = nc;
+        }
+        c.t[c.n].user = line;
+        c.t[c.n].answer = atext;
+        c.t[c.n].reasoning = thinking ? strdup(reasoning.v ? reasoning.v : "") : NULL;
+        c.n++;
+        line = NULL;
+        if (verbose)
+            fprintf(stderr, "chat: turn %d: rendered %zu tokens, reused %zu, prefilled %zu in %.3f s; generated %d in "
+                    "%.3f s (%.1f tok/s), stop %s; context %lld/%lld\n", n_turn, n_rendered, reuse, n_rendered - reuse,
+                    t_prefill, n_gen, t_gen, t_gen > 0 ? n_gen / t_gen : 0.0, why, ds41_session_pos(s), C);
+    }
+    rc = turn_failed ? 1 : 0;
+    goto out;
+oom:
+    fprintf(stderr, "ds41 chat: out of memory\n");
+out:
+    free(line);
+    free(piece);
+    history_clear(&c);
+    free(c.t);
+    free(held.v);
+    free(gen.v);
+    free(answer.v);
+    free(reasoning.v);
+    ds41_session_close(s);
+    ds41_unload(e);
+    if (tok) ds41_tokenizer_free(tok);
+    return rc;
+}
