@@ -4,11 +4,13 @@
   /usr/bin/python3 tools/train/corpus.py build      [--out build/demo-data]
   /usr/bin/python3 tools/train/corpus.py tokenize   [--out build/demo-data] [-m models/demo]
   /usr/bin/python3 tools/train/corpus.py heldout    [--out DIR]   # held-out split only
+  /usr/bin/python3 tools/train/corpus.py check-template [-n 300] [--out DIR]
+                                         # heldout_chat.jsonl vs `ds41 chat-template` ($DS41)
 
 Sources (Debian 12 packages): bible-kjv-text (read with bible-kjv's `bible`), fortunes +
 fortunes-min (not the offensive `off/` files), jargon-text, dict-gcide. Every document is a
 plain UTF-8 string. Chat documents are some of those documents rendered in the DeepSeek V4.1
-chat format exactly as ds41's src/chat.c renders a finished exchange in chat mode (thinking
+chat format exactly as ds41's src/text/chat.c renders a finished exchange in chat mode (thinking
 off):
 
   <｜begin▁of▁sentence｜><｜User｜>QUESTION<｜Assistant｜></think>ANSWER<｜end▁of▁sentence｜>
@@ -23,6 +25,7 @@ document is held out exactly when the document it was made from is.
 
 Outputs (in --out):
   train.jsonl / heldout.jsonl / heldout_chat.jsonl   {"src","key","kind","text"} one a line
+  heldout_pd.jsonl                the KJV and Jargon File part of both held-out files
   train.txt, heldout.txt (plain), heldout_chat.txt (chat): texts joined by "\\n\\n"
   train.bin / heldout.bin / heldout_chat.bin   uint16 LE ids; plain document = [BOS] ids [EOS],
                                  chat document = ids of its rendered text (it carries BOS and EOS)
@@ -79,7 +82,7 @@ def held_out(src, key):
 
 
 def render_chat(user, answer):
-    """src/chat.c, chat mode, [user, assistant] without generation prompt == the prompt
+    """src/text/chat.c, chat mode, [user, assistant] without generation prompt == the prompt
     for [user] with add_generation_prompt followed by answer + EOS."""
     return BOS + USER + user + ASSISTANT + END_THINK + answer + EOS
 
@@ -192,8 +195,9 @@ def reflow(block):
 
 def jargon():
     text = gzip.open("/usr/share/doc/jargon-text/jargon.txt.gz").read().decode("utf-8")
-    start = text.index("Part II. The Jargon Lexicon")
-    end = text.find("Part III. Appendices", start)
+    start = text.index("\n   :(TM):")
+    end = text.find("\n", text.index("\n   :zorkmid:") + 1)
+    end = text.find("\n   Appendix", end)
     lex = text[start:end if end > 0 else len(text)]
     docs = []
     parts = re.split(r"\n   :([^\n:][^\n]*?):(?=[ \n])", lex)
@@ -270,17 +274,25 @@ def gcide():
     data = gzip.open("/usr/share/dictd/gcide.dict.dz").read()
     byword = {}
     order = []
+    used = set()
     for line in open("/usr/share/dictd/gcide.index", encoding="utf-8"):
         p = line.rstrip("\n").split("\t")
         if len(p) != 3 or p[0].startswith("00-") or not re.match(r"^[A-Za-z][A-Za-z' -]*$", p[0]):
             continue
-        w = p[0]
+        span = (b64num(p[1]), b64num(p[2]))
+        if span in used:
+            continue
+        # an index line can point at another headword's entry (a sub-entry): the document
+        # belongs to the entry's own headword, and each entry is used once
+        m = re.match(r"([^\\\n]+?) \\", data[span[0]:span[0] + 200].decode("utf-8", "replace"))
+        if not m or m.group(1).strip().lower() != p[0].lower():
+            continue
+        used.add(span)
+        w = p[0].lower()
         if w not in byword:
             byword[w] = []
             order.append(w)
-        span = (b64num(p[1]), b64num(p[2]))
-        if span not in byword[w]:
-            byword[w].append(span)
+        byword[w].append(span)
     rng = random.Random(SEED)
     order_s = order[:]
     rng.shuffle(order_s)
@@ -298,7 +310,8 @@ def gcide():
         text = "\n\n".join(defs)
         if len(text) < 20:
             continue
-        docs.append(dict(src="gcide", key=w, text=text, word=w, answer=text))
+        word = re.match(r"[^,\n]*", text).group(0).strip() or w
+        docs.append(dict(src="gcide", key=w, text=text, word=word, answer=text))
         total += len(text.encode()) + 2
         if total >= GCIDE_MAX_BYTES:
             break
@@ -310,7 +323,7 @@ def gcide():
 def chat_docs(sources, rng):
     out = []
     for d in sources["gcide"]:
-        if rng.random() < 0.30:
+        if rng.random() < 0.18:
             out.append((d, "What does %s mean?" % d["word"], cut_answer(d["answer"])))
     for d in sources["jargon"]:
         if rng.random() < 0.60:
@@ -370,6 +383,11 @@ def build(out, heldout_only=False):
         write_jsonl(os.path.join(out, "train.jsonl"), train)
         write_txt(os.path.join(out, "train.txt"), [d for d in train if d["kind"] == "plain"])
         write_txt(os.path.join(out, "train_chat.txt"), [d for d in train if d["kind"] == "chat"])
+    # the public-domain part (KJV, Jargon File) of the held-out split, committed as
+    # models/demo/heldout/heldout_pd.jsonl for the tokenizer test (GCIDE is GPL and fortunes
+    # carry their authors' notices: those are regenerated from the packages instead)
+    write_jsonl(os.path.join(out, "heldout_pd.jsonl"),
+                [d for d in held + held_chat if d["src"].split("-")[0] in ("kjv", "jargon")])
     write_jsonl(os.path.join(out, "heldout.jsonl"), held)
     write_jsonl(os.path.join(out, "heldout_chat.jsonl"), held_chat)
     write_txt(os.path.join(out, "heldout.txt"), held)
@@ -400,7 +418,7 @@ def encode_all(texts, model_dir):
             f.write(json.dumps(t, ensure_ascii=False) + "\n")
         path = f.name
     try:
-        ds41 = os.path.join(ROOT, "ds41")
+        ds41 = os.environ.get("DS41") or os.path.join(ROOT, "ds41")
         if os.path.exists(ds41):
             r = subprocess.run([ds41, "tokenize", "-m", model_dir, "--batch", path],
                                capture_output=True, check=True)
@@ -452,13 +470,14 @@ def tokenize(out, model_dir):
         json.dump(summ, f, indent=1)
 
 
-def check_template(n):
+def check_template(n, model_dir, data_dir):
     """Renders n chat documents' prompts with ./ds41 chat-template --text and compares."""
     import tempfile
     rng = random.Random(7)
-    docs = [json.loads(l) for l in open(os.path.join(ROOT, "build/demo-data/heldout_chat.jsonl"), encoding="utf-8")]
+    docs = [json.loads(l) for l in open(os.path.join(data_dir, "heldout_chat.jsonl"), encoding="utf-8")]
     docs = rng.sample(docs, min(n, len(docs)))
     bad = 0
+    pairs = []
     for d in docs:
         t = d["text"]
         user = t[len(BOS + USER):t.index(ASSISTANT)]
@@ -467,16 +486,22 @@ def check_template(n):
                           ([{"role": "user", "content": user}, {"role": "assistant", "content": answer}], False)):
             with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
                 json.dump({"messages": msgs}, f, ensure_ascii=False)
-            cmd = [os.path.join(ROOT, "ds41"), "chat-template", f.name, "--text"]
+            cmd = [os.environ.get("DS41") or os.path.join(ROOT, "ds41"), "chat-template", "-m", model_dir, f.name, "--json"]
             if not gen:
                 cmd.append("--no-generation-prompt")
-            r = subprocess.run(cmd, capture_output=True, check=True).stdout.decode()
+            r = json.loads(subprocess.run(cmd, capture_output=True, check=True).stdout.decode())
             os.unlink(f.name)
             want = chat_prompt(user) if gen else t
-            if r != want and r.rstrip("\n") != want:
+            if r["text"] != want:
                 bad += 1
-                print("MISMATCH", repr(r[:200]), repr(want[:200]))
-    print("chat-template check: %d conversations x 2 renderings, %d mismatches" % (len(docs), bad))
+                print("MISMATCH", repr(r["text"][:200]), repr(want[:200]))
+            if not gen:
+                pairs.append((t, r["ids"]))
+    enc = encode_all([t for t, _ in pairs], model_dir)
+    bad_ids = sum(e != ids for e, (_, ids) in zip(enc, pairs))
+    print("chat-template check: %d conversations x 2 renderings, %d text mismatches, "
+          "%d id mismatches (chat-template ids vs tokenize)" % (len(docs), bad, bad_ids))
+    bad += bad_ids
     return bad == 0
 
 
@@ -494,7 +519,7 @@ def main():
     elif a.cmd == "tokenize":
         tokenize(a.out, a.m)
     else:
-        sys.exit(0 if check_template(a.n) else 1)
+        sys.exit(0 if check_template(a.n, a.m, a.out) else 1)
 
 
 if __name__ == "__main__":
