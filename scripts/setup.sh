@@ -5,6 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 APT_PKGS="gcc make pkg-config bc clang libclang-rt-14-dev libjansson-dev libpcre2-dev libutf8proc-dev libedit-dev libmicrohttpd-dev python3 python3-numpy nodejs npm"
+# The demo model's data (tests rebuild its held-out split) and Debian's CPU torch with OpenBLAS
+# (the torch twin is the second implementation the demo-model tests compare ds41 against).
+APT_PKGS="$APT_PKGS bible-kjv bible-kjv-text fortunes fortunes-min jargon-text dict-gcide python3-torch libopenblas0-pthread"
+# make train-demo: the trainer also plots its loss curve
+[ "${DS41_SETUP_TRAIN:-0}" = 1 ] && APT_PKGS="$APT_PKGS python3-matplotlib"
 missing=""
 for p in $APT_PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -160,13 +160,17 @@ static void test_dspark_fast(void) {
     float ca[3 * DS41_DSPARK_MAX_BLOCK], cb[3 * DS41_DSPARK_MAX_BLOCK];
     if (run_open(&a, 1, 1) == 0 && drive(&a, ia, ca) == 0 && run_open(&b, 0, 2) == 0 && drive(&b, ib, cb) == 0) {
         int B = a.e.cfg->dspark_block_size;
-        /* Fast mode reorders every sum of the 6-layer target and the drafter; on a random tiny
-         * model that can move logits by tenths (exact-mode.md); on this prompt the drafts agree
-         * and the confidences differ by 2.4e-7 (printed). Asserted: within 0.05. */
+        /* Fast mode reorders every sum of the 6-layer target and the drafter and runs FP4 on the
+         * int16 road (activations rescaled per block, elements far below the block's largest
+         * rounded); on a random tiny model that moves logits by tenths (exact-mode.md) and can
+         * flip later greedy tokens, so only the first proposal (same context in both modes) is
+         * compared: its drafts must agree and its confidences differ by 0.079 at most here
+         * (printed). Asserted: equal drafts, confidences within 0.2. */
         double md = 0;
-        for (int i = 0; i < 3 * B; i++) md = fmax(md, fabs((double)ca[i] - cb[i]));
-        printf("  fast vs exact: max confidence difference %.4g\n", md);
-        CHECK(md < 0.05, "fast confidences differ by %g", md);
+        for (int i = 0; i < B; i++) md = fmax(md, fabs((double)ca[i] - cb[i]));
+        printf("  fast vs exact, first proposal: max confidence difference %.4g\n", md);
+        CHECK(!memcmp(ia, ib, (size_t)B * sizeof(int32_t)), "fast and exact first drafts differ");
+        CHECK(md < 0.2, "fast confidences differ by %g", md);
     }
     run_close(&a);
     run_close(&b);

@@ -7,13 +7,21 @@
  *
  * The file is compiled for the target below (GCC's target pragma, the same as
  * __attribute__((target(...))) on every function), so the binary still runs on AVX2-only
- * machines: linear_fast.c calls in only when CPUID reports the features. */
+ * machines: linear_fast.c calls in only when CPUID reports the features. clang ignores the GCC
+ * pragma; it gets the same target through `#pragma clang attribute` on every function defined
+ * after the includes (the fuzz and ThreadSanitizer builds use clang). */
+#ifndef __clang__
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+#endif
 #include "linear_fast.h"
 #include "formats.h"
 
 #include <immintrin.h>
 #include <string.h>
+
+#ifdef __clang__
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"))), apply_to = function)
+#endif
 
 #define KC DS41_KC
 #define PFD 1024
@@ -283,3 +291,7 @@ static void pf_fp4(const int16_t *PW, const float *SW, int nr, const int16_t *AW
 
 static const ds41_fast_ops ops = { "avx512", dec_e4m3, dec_fp4, dec_bf16, dec_f32, pf_float, pf_fp4 };
 const ds41_fast_ops *ds41_fast_ops_avx512(void) { return &ops; }
+
+#ifdef __clang__
+#pragma clang attribute pop
+#endif
