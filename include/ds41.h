@@ -160,6 +160,31 @@ int ds41_spec_step(ds41_session *s, const ds41_spec_params *p, int32_t *out_ids,
 int ds41_spec_verify(ds41_session *s, int32_t t_next, const int32_t *drafts, int k, int32_t *out, float *out_logits,
                      int *n_accepted);
 int32_t ds41_spec_pending(const ds41_session *s);   /* -1: none */
+/* The most drafts a verify at the session's current position may take, with the clamps of
+ * ds41_spec_step: min(block size, ctx - pos - 1, window - 1, and pos - 1 with index_k
+ * official); 0 when the session cannot draft (no DSpark stages, params.draft 0, fewer than 2
+ * tokens held, an earlier error). For a caller that drafts (ds41_session_draft) and verifies
+ * (ds41_spec_verify) itself: ds41 chat (to stop a block at a stop token), ds41 serve (the
+ * scheduler over the batch). */
+int ds41_spec_max_drafts(const ds41_session *s);
+
+/* One batched engine step, what a serving scheduler calls once per step: each item either
+ * feeds ids[0..n) (ds41_feed: a prefill chunk or a decode row) or, with verify = 1, verifies
+ * the n - 1 drafts ids[1..n) after t_next = ids[0] (ds41_spec_verify: out (room for n ids)
+ * gets the accepted drafts and the next token, out_logits (NULL or [n][vocab]) their logits
+ * rows; n_out and n_accepted are set). failed: 1 when the item failed (ds41_session_error).
+ * Like ds41_feed_batch the sequences run one after another today; each gives bit for bit what
+ * it gives alone. Returns the number that failed. */
+typedef struct ds41_batch_item {
+    ds41_session *s;
+    const int32_t *ids;
+    size_t n;
+    int verify;
+    int32_t *out;
+    float *out_logits;
+    int n_out, n_accepted, failed;
+} ds41_batch_item;
+int ds41_batch_step(ds41_batch_item *items, int count);
 
 /* Confidence scheduler (spec 5.4, DSpark Algorithm 1) for a batch of R sequences: conf [R][stride]
  * raw confidence logits, max_len[r] drafts sequence r may verify (<= stride). Survival

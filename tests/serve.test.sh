@@ -6,6 +6,11 @@
 #   - 16 concurrent streams in exact mode, and 16 in fast mode, each equal to `ds41 run` alone
 #     with the same prompt and seed (tests/serve/streams.py), through a server whose token
 #     budget forces chunked prefill interleaved with decode and whose --parallel forces queueing;
+#   - speculative decoding (the tiny model has a 2-token DSpark block): the servers above run
+#     the default --spec auto (sampled streams equal `ds41 run`'s auto with the same curve
+#     cache, whatever the batch); a --spec fixed:3 exact server's concurrent streams equal
+#     `ds41 run --exact --spec off` (greedy) and `--spec fixed:3` (sampled); /metrics has the
+#     vLLM spec_decode counters, accepted <= drafted per position; --spec off has none;
 #   - a malformed-request corpus, slow and vanishing clients (tests/serve/hostile.py);
 #   - usage errors of the command, a clean shutdown on SIGTERM.
 # DS41_SERVE_TSAN=1 (make check-tsan) runs only the concurrent parts under ThreadSanitizer and
@@ -20,6 +25,7 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$TMP"; }
 trap cleanup EXIT
 mkdir -p "$CK"
+export XDG_CACHE_HOME="$TMP/cache"   # the verify-width curve cache of --spec auto (server and ds41 run)
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; }
 TSAN=${DS41_SERVE_TSAN:-}
@@ -76,6 +82,8 @@ if [ -z "$TSAN" ]; then
     if [ $rc -eq 2 ] && grep -q -- "--kv-budget" "$TMP/u3"; then pass serve_usage_bad_budget; else fail serve_usage_bad_budget "status $rc"; fi
     "$DS41" serve -m "$TMP/nope" --port 0 >/dev/null 2>"$TMP/u4"; rc=$?
     if [ $rc -eq 1 ] && grep -q "nope" "$TMP/u4"; then pass serve_missing_model; else fail serve_missing_model "status $rc"; fi
+    "$DS41" serve -m "$ck" --spec fixed:x >/dev/null 2>"$TMP/u5"; rc=$?
+    if [ $rc -eq 2 ] && grep -q -- "--spec" "$TMP/u5"; then pass serve_usage_bad_spec; else fail serve_usage_bad_spec "status $rc"; fi
 fi
 
 # ---------------------------------------------------------------- exact server
@@ -91,6 +99,40 @@ fi
 "$PY" tests/serve/streams.py "$PORT" "$KEY" "$DS41" "$ck" 1024 16 --exact
 "$PY" tests/serve/hostile.py "$PORT" "$KEY" | grep -E '^(PASS|FAIL)'
 stop exact
+
+# ---------------------------------------------------------------- speculative decoding
+# spec_metrics NAME WANT: /metrics spec_decode counters present (WANT=1, with drafts, accepted
+# <= drafted at each position) or absent (WANT=0)
+spec_metrics() {
+    curl -s "http://127.0.0.1:$PORT/metrics" >"$TMP/$1.metrics"
+    "$PY" - "$TMP/$1.metrics" "$2" "$1" <<'EOF'
+import re, sys
+txt, want, name = open(sys.argv[1]).read(), sys.argv[2] == "1", sys.argv[3]
+def val(n, extra=""):
+    m = re.search(r"^" + re.escape(n) + r"\{[^}]*" + extra + r"[^}]*\} (\S+)$", txt, re.M)
+    return float(m.group(1)) if m else None
+d, a = val("vllm:spec_decode_num_draft_tokens_total"), val("vllm:spec_decode_num_accepted_tokens_total")
+if not want:
+    ok = d is None and "spec_decode" not in txt
+    print(("PASS %s" % name) if ok else "FAIL %s: spec_decode metrics with --spec off" % name)
+    sys.exit(0)
+pa = [val("vllm:spec_decode_num_accepted_tokens_per_pos_total", 'position="%d"' % i) for i in range(2)]
+pd = [val("ds41:spec_decode_num_draft_tokens_per_pos_total", 'position="%d"' % i) for i in range(2)]
+ok = (d and d > 0 and a is not None and a <= d and (val("vllm:spec_decode_num_drafts_total") or 0) > 0 and None not in pa + pd
+      and sum(pa) == a and sum(pd) == d and all(x <= y for x, y in zip(pa, pd)) and pd[1] <= pd[0])
+print(("PASS %s" % name) if ok else "FAIL %s: drafted %s accepted %s per position %s / %s" % (name, d, a, pa, pd))
+EOF
+}
+if [ -z "$TSAN" ]; then
+    start spec --exact -c 1024 --api-key "$KEY" --parallel 6 --batch-tokens 40 --spec fixed:3 || exit 1
+    "$PY" tests/serve/streams.py "$PORT" "$KEY" "$DS41" "$ck" 1024 6 --exact --spec fixed:3
+    spec_metrics serve_spec_metrics 1
+    stop spec
+    start specoff --exact -c 1024 --api-key "$KEY" --parallel 4 --spec off || exit 1
+    "$PY" tests/serve/streams.py "$PORT" "$KEY" "$DS41" "$ck" 1024 3 --exact --spec off
+    spec_metrics serve_spec_off_metrics 0
+    stop specoff
+fi
 
 # ---------------------------------------------------------------- fast server (batch invariance end to end)
 if [ -z "$TSAN" ]; then

@@ -5,6 +5,7 @@
 
 #include "cli.h"
 #include "cli_args.h"
+#include "cli_spec.h"
 #include "ds41.h"
 #include "serve.h"
 
@@ -30,6 +31,10 @@ static const char *SERVE_USAGE =
     "  --prefill MODE           ced (default), full, ced-replay\n"
     "  --index-k own|official   index-K reading (default own)\n"
     "  --exact                  exact kernels (also DS41_EXACT=1)\n"
+    "  --spec off|fixed:K|auto  speculative decoding with the DSpark drafter (default auto when the\n"
+    "                           model has DSpark stages): each sequence verifies its own block in the\n"
+    "                           step; auto: the confidence scheduler over the batch and the verify-width\n"
+    "                           curve (cached as ds41 run's; else measured once before the first step)\n"
     "  -v, --verbose            log microhttpd messages\n";
 
 /* 123, 64K, 8M, 2G (powers of 1024) */
@@ -82,6 +87,14 @@ int ds41_cli_serve(int argc, char **argv) {
         else if (IS("-t") || IS("--threads")) { INT(1, 256); o.lp.n_threads = (int)iv; }
         else if (IS("-c") || IS("--ctx-size")) { INT(1, INT32_MAX); o.lp.ctx_size = iv; }
         else if (IS("--exact")) o.lp.exact = 1;
+        else if (IS("--spec")) {
+            NEED();
+            ds41_cli_spec sc;   /* the block size is known once loaded: checked by ds41_serve */
+            if (ds41_cli_spec_parse("serve", argv[++i], 1, 0, &sc)) return 2;
+            o.spec_mode = sc.mode;
+            o.spec_k = sc.k;
+            o.spec_default = 0;
+        }
         else if (IS("-v") || IS("--verbose")) o.verbose = 1;
         else if (IS("--prefill")) {
             NEED();

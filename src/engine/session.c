@@ -452,6 +452,37 @@ int ds41_spec_verify(ds41_session *s, int32_t t_next, const int32_t *drafts, int
     return n;
 }
 
+int ds41_spec_max_drafts(const ds41_session *s) {
+    if (s->broken || !s->p.draft) return 0;
+    long long P = s->seq.cache.pos, k = ds41_draft_block_size(s->e);
+    if (P < 2) return 0;
+    if (k > s->seq.cache.max_pos - P - 1) k = s->seq.cache.max_pos - P - 1;
+    long long cap = s->spec_ready ? s->spec.cap - 1 : (k < s->e->cfg->window - 1 ? k : s->e->cfg->window - 1);
+    if (k > cap) k = cap;
+    if (s->p.index_k == DS41_INDEX_K_OFFICIAL && k > P - 1) k = P - 1;
+    return k > 0 ? (int)k : 0;
+}
+
+int ds41_batch_step(ds41_batch_item *it, int count) {
+    int failed = 0;
+    for (int i = 0; i < count; i++) {
+        ds41_batch_item *b = &it[i];
+        b->n_out = b->n_accepted = 0;
+        if (b->verify) {
+            int m = b->n >= 1 ? ds41_spec_verify(b->s, b->ids[0], b->ids + 1, (int)b->n - 1, b->out, b->out_logits,
+                                                 &b->n_accepted)
+                              : -1;
+            if (b->n < 1) snprintf(b->s->err, sizeof b->s->err, "batch: a verify item needs t_next");
+            b->failed = m < 0;
+            if (m > 0) b->n_out = m;
+        } else {
+            b->failed = ds41_feed(b->s, b->ids, b->n) != 0;
+        }
+        failed += b->failed;
+    }
+    return failed;
+}
+
 int ds41_spec_step(ds41_session *s, const ds41_spec_params *p, int32_t *out, int max_out, float *out_logits,
                    ds41_spec_step_info *info, ds41_spec_stats *st) {
     ds41_spec_params def = { DS41_SPEC_AUTO, 0, NULL };

@@ -30,6 +30,9 @@ typedef struct ds41_serve_opts {
     int body_timeout_s;          /* whole request body within this (default 30) */
     int max_connections;         /* default 256 */
     int verbose;
+    /* --spec: DS41_SPEC_* and fixed K; spec_default: no --spec given (auto when the model has
+     * DSpark stages, else off; an explicit non-off --spec on a model without them is an error) */
+    int spec_mode, spec_k, spec_default;
 } ds41_serve_opts;
 
 void ds41_serve_opts_default(ds41_serve_opts *o);

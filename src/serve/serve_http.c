@@ -863,6 +863,8 @@ void ds41_serve_opts_default(ds41_serve_opts *o) {
     o->timeout_s = 60;
     o->body_timeout_s = 30;
     o->max_connections = 256;
+    o->spec_mode = DS41_SPEC_AUTO;
+    o->spec_default = 1;
 }
 
 static long long default_kv_budget(void) {
@@ -929,6 +931,17 @@ int ds41_serve(const ds41_serve_opts *o) {
     sp.bounded_bytes = bu.bounded_state_bytes;
     sp.sp = o->sp;
     sp.sp.chunk = 0;   /* the scheduler chunks prefill itself */
+    int B = ds41_draft_block_size(sv->e);
+    sp.spec_mode = B > 0 ? o->spec_mode : DS41_SPEC_OFF;
+    sp.spec_k = o->spec_k;
+    if (B == 0 && o->spec_mode != DS41_SPEC_OFF && !o->spec_default) {
+        fprintf(stderr, "ds41 serve: --spec: %s has no DSpark stages\n", o->model_dir);
+        goto out;
+    }
+    if (sp.spec_mode == DS41_SPEC_AUTO &&
+        ds41_spec_curve_path(o->model_dir, o->lp.n_threads > 0 ? o->lp.n_threads : 1, o->lp.exact, sp.curve_path,
+                             sizeof sp.curve_path))
+        sp.curve_path[0] = 0;
     sv->S = ds41_sched_start(sv->e, sv->tok, &sp, &sv->m, eb, sizeof eb);
     if (!sv->S) { fprintf(stderr, "ds41 serve: %s\n", eb); goto out; }
 
@@ -949,10 +962,13 @@ int ds41_serve(const ds41_serve_opts *o) {
     freeaddrinfo(ai);
     if (!d) { fprintf(stderr, "ds41 serve: cannot listen on %s:%d: %s\n", o->host, o->port, strerror(errno)); goto out; }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    char spec_name[32];
+    if (sp.spec_mode == DS41_SPEC_FIXED) snprintf(spec_name, sizeof spec_name, "fixed:%d", sp.spec_k);
+    else snprintf(spec_name, sizeof spec_name, "%s", sp.spec_mode == DS41_SPEC_AUTO ? "auto" : "off");
     fprintf(stderr, "ds41 serve: listening on http://%s:%u (model %s, context %lld, %s kernels, parallel %d, batch tokens %d, "
-            "kv budget %lld B = %lld B/sequence at full context)\n", o->host, di ? di->port : (unsigned)o->port, sv->model_name,
+            "kv budget %lld B = %lld B/sequence at full context, spec %s)\n", o->host, di ? di->port : (unsigned)o->port, sv->model_name,
             sv->ctx, o->lp.exact ? "exact" : "fast", sp.parallel, sp.batch_tokens, sp.kv_budget,
-            ds41_sched_reserve_bytes(sv->S, 0, sv->ctx));
+            ds41_sched_reserve_bytes(sv->S, 0, sv->ctx), spec_name);
     fflush(stderr);
     int sig = 0;
     sigwait(&ss, &sig);

@@ -133,7 +133,26 @@ char *ds41_metrics_text(ds41_metrics *m, const ds41_gauges *g, const char *model
     gauge(&o, "ds41:kv_reserved_bytes", "Bytes reserved by admitted sequences.", lbl, (double)g->kv_reserved);
     gauge(&o, "ds41:kv_used_bytes", "Bytes of sequence state held by open sessions.", lbl, (double)g->kv_used);
     gauge(&o, "ds41:http_connections", "Open HTTP connections.", lbl, (double)g->connections);
-    counter(&o, "ds41:engine_steps_total", "Engine steps (one ds41_feed_batch call each).", lbl, m->steps);
+    counter(&o, "ds41:engine_steps_total", "Engine steps (one ds41_batch_step call each).", lbl, m->steps);
+    if (m->spec_positions > 0) {
+        counter(&o, "vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts (verify blocks with K >= 1).", lbl,
+                m->spec_drafts);
+        counter(&o, "vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens verified.", lbl, m->spec_draft_tokens);
+        counter(&o, "vllm:spec_decode_num_accepted_tokens_total", "Number of accepted draft tokens.", lbl,
+                m->spec_accepted_tokens);
+        outf(&o, "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted draft tokens by draft position.\n"
+                 "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter\n");
+        for (int i = 0; i < m->spec_positions && i < 64; i++)
+            outf(&o, "vllm:spec_decode_num_accepted_tokens_per_pos_total{%s,position=\"%d\"} %llu\n", lbl, i,
+                 m->spec_accepted_at[i]);
+        outf(&o, "# HELP ds41:spec_decode_num_draft_tokens_per_pos_total Verified draft tokens by draft position.\n"
+                 "# TYPE ds41:spec_decode_num_draft_tokens_per_pos_total counter\n");
+        for (int i = 0; i < m->spec_positions && i < 64; i++)
+            outf(&o, "ds41:spec_decode_num_draft_tokens_per_pos_total{%s,position=\"%d\"} %llu\n", lbl, i,
+                 m->spec_drafted_at[i]);
+        counter(&o, "ds41:spec_decode_verify_steps_total", "Decode rows run as verify blocks (K >= 0).", lbl,
+                m->spec_verify_steps);
+    }
     outf(&o, "# HELP ds41:http_responses_total HTTP responses by status code.\n# TYPE ds41:http_responses_total counter\n");
     for (int s = 100; s < 600; s++)
         if (m->status[s]) outf(&o, "ds41:http_responses_total{%s,code=\"%d\"} %llu\n", lbl, s, m->status[s]);

@@ -25,6 +25,10 @@ typedef struct ds41_metrics {
     unsigned long long status[600];   /* per HTTP status */
     unsigned long long steps, preempted;
     ds41_hist ttft, itl, e2e, queue, prefill, decode, prompt_len, gen_len, iter_tokens;
+    /* speculative decoding; spec_positions = block size (0: not exposed) */
+    int spec_positions;
+    unsigned long long spec_drafts, spec_draft_tokens, spec_accepted_tokens, spec_verify_steps;
+    unsigned long long spec_drafted_at[64], spec_accepted_at[64];
 } ds41_metrics;
 
 /* Gauges sampled when /metrics is read. */

@@ -28,6 +28,13 @@ struct ds41_sched {
     long long kv_reserved, kv_used, sessions_open;
     char *piece;     /* detok scratch */
     size_t piece_cap;
+    /* speculative decoding: block size, curve, per batch slot the verify block, its output,
+     * proposals and (for logprobs, allocated on first use) the logits rows */
+    int B;
+    ds41_spec_curve curve;
+    int32_t *vblk, *vout;      /* [parallel][B + 2] */
+    float *conf;               /* [parallel][B] */
+    float **vlg;               /* [parallel] -> [B + 1][V] */
 };
 
 static double now_s(void) {
@@ -221,11 +228,11 @@ static void logprobs(const float *lg, int V, int32_t id, int n_top, float *lp, i
     for (int i = nb; i < n_top; i++) { top_id[i] = 0; top_lp[i] = -INFINITY; }
 }
 
-/* Samples q's next token from its fresh logits, records it and applies the stop conditions.
+/* Records q's next token id, drawn from the logits row lg, and applies the stop conditions;
+ * pos: the tokens the session holds when id is next in plain decoding (the context check).
  * Returns 1 when q finished. */
-static int seq_token(ds41_sched *S, ds41_sseq *q, double t) {
+static int seq_emit(ds41_sched *S, ds41_sseq *q, int32_t id, const float *lg, long long pos, double t) {
     ds41_sgroup *g = q->g;
-    int32_t id = ds41_session_sample(q->s);
     if (id < 0 || id >= S->V) { seq_finish(S, q, DS41_FIN_ERROR, "sampling failed"); return 1; }
     int is_eos = !g->ignore_eos && id == S->eos && S->eos >= 0;
     for (size_t i = 0; i < g->n_stop_ids && !is_eos; i++) is_eos = id == g->stop_ids[i];
@@ -249,13 +256,13 @@ static int seq_token(ds41_sched *S, ds41_sseq *q, double t) {
     if (!oom) {
         size_t k = (size_t)(q->n_top > 0 ? q->n_top : 0);
         if (q->n_top >= 0)
-            logprobs(ds41_logits(q->s), S->V, id, q->n_top, &q->lp[q->n_ids], q->top_id + q->n_ids * k,
+            logprobs(lg, S->V, id, q->n_top, &q->lp[q->n_ids], q->top_id + q->n_ids * k,
                      q->top_lp + q->n_ids * k);
         q->off[q->n_ids] = q->text_len;
         q->ids[q->n_ids++] = id;
         size_t before = q->text_len;
         oom = text_add(q, S->piece, pl);
-        if (!oom && (is_eos || (long long)q->n_ids >= q->max_tokens || ds41_session_pos(q->s) >= S->ctx)) {
+        if (!oom && (is_eos || (long long)q->n_ids >= q->max_tokens || pos >= S->ctx)) {
             /* the text held back by the stream decoder is final now */
             size_t fl = S->tok && !is_eos ? ds41_detok_stream_flush(&q->ds, S->piece, S->piece_cap) : 0;
             oom = text_add(q, S->piece, fl);
@@ -280,6 +287,97 @@ static int seq_token(ds41_sched *S, ds41_sseq *q, double t) {
     q->next = id;
     q->state = DS41_SEQ_DECODE;
     return 0;
+}
+
+/* Samples q's next token from its fresh logits (its own random stream) and records it. */
+static int seq_token(ds41_sched *S, ds41_sseq *q, double t) {
+    return seq_emit(S, q, ds41_session_sample(q->s), ds41_logits(q->s), ds41_session_pos(q->s), t);
+}
+
+/* ---------------------------------------------------------------- speculative decoding */
+
+/* The curve of --spec auto: the cache file, else measured now (on the scheduler thread,
+ * before the first step: requests wait in the queue meanwhile) and saved. */
+static void spec_curve_init(ds41_sched *S) {
+    if (S->p.curve_path[0] && ds41_spec_curve_load(S->p.curve_path, &S->curve) == 0) return;
+    char eb[512];
+    double t0 = now_s();
+    if (ds41_spec_calibrate(S->e, S->B + 1, 32, 3, &S->curve, eb, sizeof eb)) {
+        fprintf(stderr, "ds41 serve: speculative calibration failed (%s): drafts scheduled by expected tokens only\n", eb);
+        memset(&S->curve, 0, sizeof S->curve);
+        return;
+    }
+    int saved = S->p.curve_path[0] && ds41_spec_curve_save(S->p.curve_path, &S->curve) == 0;
+    if (saved) ds41_spec_curve_load(S->p.curve_path, &S->curve);
+    fprintf(stderr, "ds41 serve: measured the verify-width curve in %.2f s (widths 1..%d)%s%s\n", now_s() - t0,
+            S->curve.n, saved ? ", cached in " : "", saved ? S->p.curve_path : "");
+}
+
+/* The step's cost model for R greedy sequences verifying together: ds41_batch_step runs the
+ * sequences one after another, so a step of total width w = R + drafts costs about
+ * R t(1) + (w - R) s, t(1) = one decode, s = the measured curve's marginal cost of a verify row
+ * ((t(n) - t(1)) / (n - 1)). Linear past the last width, as ds41_spec_curve_sps extrapolates. */
+static int batch_curve(const ds41_spec_curve *c, int R, int B, ds41_spec_curve *o) {
+    if (!c || c->n < 1) return -1;
+    double t1 = 1.0 / c->sps[1];
+    double sl = c->n > 1 ? (1.0 / c->sps[c->n] - t1) / (c->n - 1) : t1;
+    if (sl < 0) sl = 0;
+    int n = R * (B + 1);
+    if (n > DS41_SPEC_MAX_WIDTH) n = DS41_SPEC_MAX_WIDTH;
+    if (n < 2) n = 2;
+    memset(o, 0, sizeof *o);
+    for (int w = 1; w <= n; w++) {
+        double tw = w <= R ? w * t1 : R * t1 + (w - R) * sl;
+        o->sps[w] = 1.0 / (tw > 0 ? tw : 1e-12);
+    }
+    o->n = n;
+    return 0;
+}
+
+/* Draft lengths of the decode rows dq[0..R): kmax per row (0: a plain decode row), the
+ * proposals in S->vblk / S->conf by batch slot; fills len. budget: the step's tokens. */
+static void spec_plan(ds41_sched *S, ds41_sseq **dq, int R, const int *kmax, int *len, long long budget) {
+    int B = S->B;
+    for (int r = 0; r < R; r++) len[r] = 0;
+    if (S->p.spec_mode == DS41_SPEC_FIXED) {
+        for (int r = 0; r < R; r++) len[r] = S->p.spec_k < kmax[r] ? S->p.spec_k : kmax[r];
+        return;
+    }
+    /* sampled sequences alone over the measured curve (as ds41 run --spec auto) */
+    int ng = 0;
+    int *gi = malloc((size_t)(R ? R : 1) * sizeof *gi), *gm = malloc((size_t)(R ? R : 1) * sizeof *gm),
+        *gl = malloc((size_t)(R ? R : 1) * sizeof *gl);
+    float *gc = malloc((size_t)(R ? R : 1) * (B ? B : 1) * sizeof *gc);
+    if (!gi || !gm || !gl || !gc) { free(gi); free(gm); free(gl); free(gc); return; }
+    const ds41_spec_curve *cv = S->curve.n > 0 ? &S->curve : NULL;
+    for (int r = 0; r < R; r++) {
+        if (kmax[r] <= 0) continue;
+        if (dq[r]->temperature > 0.0f) {
+            ds41_spec_schedule(cv, 1, B, S->conf + (size_t)r * B, &kmax[r], &len[r]);
+        } else {
+            memcpy(gc + (size_t)ng * B, S->conf + (size_t)r * B, (size_t)B * sizeof(float));
+            gm[ng] = kmax[r];
+            gi[ng++] = r;
+        }
+    }
+    /* the greedy ones together (spec 5.4 across the batch) */
+    if (ng > 0) {
+        ds41_spec_curve bc;
+        ds41_spec_schedule(batch_curve(cv, ng, B, &bc) == 0 ? &bc : NULL, ng, B, gc, gm, gl);
+        /* within the step's token budget: the longest greedy blocks give way first */
+        long long w = R;
+        for (int r = 0; r < R; r++) w += len[r];
+        for (int i = 0; i < ng; i++) w += gl[i];
+        while (w > budget) {
+            int best = -1;
+            for (int i = 0; i < ng; i++) if (gl[i] > 0 && (best < 0 || gl[i] > gl[best])) best = i;
+            if (best < 0) break;
+            gl[best]--;
+            w--;
+        }
+        for (int i = 0; i < ng; i++) len[gi[i]] = gl[i];
+    }
+    free(gi); free(gm); free(gl); free(gc);
 }
 
 /* ---------------------------------------------------------------- the loop */
@@ -309,7 +407,12 @@ static void *sched_main(void *arg) {
     size_t *bn = calloc((size_t)P, sizeof *bn);
     ds41_sseq **bq = calloc((size_t)P, sizeof *bq), **admitted = calloc((size_t)P, sizeof *admitted);
     ds41_sseq **local = calloc((size_t)P, sizeof *local), **dropped = calloc((size_t)S->p.max_queue + 1, sizeof *dropped);
-    if (!bs || !bi || !bn || !bq || !admitted || !local || !dropped) abort();
+    ds41_batch_item *items = calloc((size_t)P, sizeof *items);
+    int *kmax = calloc((size_t)P, sizeof *kmax), *len = calloc((size_t)P, sizeof *len);
+    long long *pos0 = calloc((size_t)P, sizeof *pos0);
+    if (!bs || !bi || !bn || !bq || !admitted || !local || !dropped || !items || !kmax || !len || !pos0) abort();
+    int spec = S->p.spec_mode != DS41_SPEC_OFF && S->B > 0, W = S->B + 2;
+    if (spec && S->p.spec_mode == DS41_SPEC_AUTO) spec_curve_init(S);
     for (;;) {
         /* ---- admission (S->mu) */
         int n_adm = 0, n_drop = 0, stop = 0;
@@ -349,14 +452,35 @@ static void *sched_main(void *arg) {
             if (q->state != DS41_SEQ_DONE && (stop || atomic_load(&q->g->cancel)))
                 seq_finish(S, q, DS41_FIN_ABORT, stop ? "server shutting down" : "cancelled");
         }
-        /* ---- one batch under the token budget: decode rows first, then prefill chunks */
+        /* ---- one batch under the token budget: decode rows (with --spec: verify blocks)
+         * first, then prefill chunks */
         int nb = 0;
         long long budget = S->p.batch_tokens;
         for (int i = 0; i < n_local; i++) {
             ds41_sseq *q = local[i];
             if (q->state != DS41_SEQ_DECODE) continue;
-            bq[nb] = q; bs[nb] = q->s; bi[nb] = &q->next; bn[nb] = 1; nb++;
+            bq[nb] = q; bs[nb] = q->s; bi[nb] = &q->next; bn[nb] = 1;
+            kmax[nb] = 0;
+            if (spec) {
+                int32_t *blk = S->vblk + (size_t)nb * W;
+                blk[0] = q->next;
+                kmax[nb] = ds41_spec_max_drafts(q->s);
+                if (kmax[nb] > 0 && ds41_session_draft(q->s, q->next, blk + 1, S->conf + (size_t)nb * S->B)) {
+                    seq_finish(S, q, DS41_FIN_ERROR, ds41_session_error(q->s));
+                    continue;
+                }
+            }
+            nb++;
             budget--;
+        }
+        int n_dec = nb;
+        if (spec && n_dec > 0) {
+            spec_plan(S, bq, n_dec, kmax, len, budget + n_dec);
+            for (int r = 0; r < n_dec; r++) {
+                bi[r] = S->vblk + (size_t)r * W;
+                bn[r] = (size_t)(1 + len[r]);
+                budget -= len[r];
+            }
         }
         for (int i = 0; i < n_local; i++) {
             ds41_sseq *q = local[i];
@@ -373,7 +497,22 @@ static void *sched_main(void *arg) {
         if (nb > 0) {
             long long ntok = 0;
             for (int i = 0; i < nb; i++) ntok += (long long)bn[i];
-            ds41_feed_batch(bs, bi, bn, nb);
+            for (int i = 0; i < nb; i++) {
+                ds41_batch_item *b = &items[i];
+                memset(b, 0, sizeof *b);
+                b->s = bs[i]; b->ids = bi[i]; b->n = bn[i];
+                if (spec && i < n_dec) {
+                    pos0[i] = ds41_session_pos(bs[i]);
+                    b->verify = 1;
+                    b->out = S->vout + (size_t)i * W;
+                    if (bq[i]->n_top >= 0) {
+                        if (!S->vlg[i]) S->vlg[i] = malloc((size_t)(S->B + 1) * S->V * sizeof(float));
+                        if (!S->vlg[i]) abort();
+                        b->out_logits = S->vlg[i];
+                    }
+                }
+            }
+            ds41_batch_step(items, nb);
             double t1 = now_s();
             ds41_metrics_observe(S->m, &S->m->iter_tokens, (double)ntok);
             pthread_mutex_lock(&S->m->mu);
@@ -390,6 +529,24 @@ static void *sched_main(void *arg) {
                     pthread_mutex_unlock(&S->m->mu);
                     if (q->fed < q->n_prompt) continue;
                     if (q->max_tokens == 0) { seq_finish(S, q, DS41_FIN_LENGTH, NULL); continue; }
+                } else if (items[i].verify) {
+                    const ds41_batch_item *b = &items[i];
+                    int K = (int)b->n - 1, A = b->n_accepted;
+                    pthread_mutex_lock(&S->m->mu);
+                    S->m->spec_verify_steps++;
+                    if (K > 0) S->m->spec_drafts++;
+                    S->m->spec_draft_tokens += (unsigned long long)K;
+                    S->m->spec_accepted_tokens += (unsigned long long)A;
+                    for (int j = 0; j < K && j < 64; j++) S->m->spec_drafted_at[j]++;
+                    for (int j = 0; j < A && j < 64; j++) S->m->spec_accepted_at[j]++;
+                    pthread_mutex_unlock(&S->m->mu);
+                    /* out[j] is the token after position pos0 + j: plain decoding would hold
+                     * pos0 + 1 + j tokens when it is next */
+                    for (int j = 0; j < b->n_out; j++)
+                        if (seq_emit(S, q, b->out[j], b->out_logits ? b->out_logits + (size_t)j * S->V : NULL,
+                                     pos0[i] + 1 + j, t1))
+                            break;
+                    continue;
                 }
                 seq_token(S, q, t1);
             }
@@ -417,6 +574,7 @@ static void *sched_main(void *arg) {
         if (done) break;
     }
     free(bs); free(bi); free(bn); free(bq); free(admitted); free(local); free(dropped);
+    free(items); free(kmax); free(len); free(pos0);
     return NULL;
 }
 
@@ -438,6 +596,23 @@ ds41_sched *ds41_sched_start(ds41_engine *e, const ds41_tokenizer *tok, const ds
     S->run = calloc((size_t)S->p.parallel, sizeof *S->run);
     S->piece_cap = tok ? ds41_detok_stream_cap(tok) : 16;
     S->piece = malloc(S->piece_cap);
+    S->B = ds41_draft_block_size(e);
+    if (S->p.spec_mode != DS41_SPEC_OFF && S->B > 0) {
+        S->p.sp.draft = 1;
+        size_t W = (size_t)S->B + 2;
+        S->vblk = malloc((size_t)S->p.parallel * W * sizeof *S->vblk);
+        S->vout = malloc((size_t)S->p.parallel * W * sizeof *S->vout);
+        S->conf = malloc((size_t)S->p.parallel * S->B * sizeof *S->conf);
+        S->vlg = calloc((size_t)S->p.parallel, sizeof *S->vlg);
+        if (!S->vblk || !S->vout || !S->conf || !S->vlg) {
+            snprintf(err, errcap, "out of memory");
+            free(S->vblk); free(S->vout); free(S->conf); free(S->vlg); free(S->q); free(S->run); free(S->piece); free(S);
+            return NULL;
+        }
+        m->spec_positions = S->B;
+    } else {
+        S->p.spec_mode = DS41_SPEC_OFF;
+    }
     pthread_mutex_init(&S->mu, NULL);
     pthread_cond_init(&S->cv, NULL);
     if (!S->q || !S->run || !S->piece || pthread_create(&S->th, NULL, sched_main, S)) {
@@ -462,5 +637,8 @@ void ds41_sched_free(ds41_sched *S) {
     pthread_mutex_destroy(&S->mu);
     pthread_cond_destroy(&S->cv);
     free(S->q); free(S->run); free(S->piece);
+    if (S->vlg)
+        for (int i = 0; i < S->p.parallel; i++) free(S->vlg[i]);
+    free(S->vblk); free(S->vout); free(S->conf); free(S->vlg);
     free(S);
 }

@@ -7,9 +7,17 @@
  *   3. builds ONE batch under the token budget: one row per decoding sequence first, then
  *      prefill chunks of the sequences still prefilling (a chunk other than a prompt's last is
  *      at least `min_chunk` tokens, the sliding window, so chunked prefill stays exact),
- *   4. calls ds41_feed_batch once over the batch,
+ *   4. calls the engine once over the batch (ds41_batch_step; ds41_feed_batch semantics),
  *   5. samples each sequence whose logits are new (its own session RNG, seeded per request),
  *      detokenizes, applies the stop conditions and wakes the HTTP thread waiting on it.
+ *
+ * Speculative decoding (--spec, docs/speculative.md): a decoding sequence's row becomes a
+ * verify block [next, d_1..d_K] of the DSpark drafts proposed after its pending token; each
+ * sequence verifies its own block inside the step and emits its accepted drafts and the next
+ * token (which stays pending). K: fixed:K, or for auto the confidence scheduler
+ * (ds41_spec_schedule): the greedy sequences of the step are scheduled together over the
+ * step's cost model, each sampled sequence alone over the measured curve (its random stream
+ * must not depend on the other requests). Greedy tokens do not depend on K in exact mode.
  *
  * Admission reserves a sequence's whole KV need up front: bounded per-sequence state +
  * global KV bytes/token x min(ctx, prompt + max_tokens) rounded up to 128-token pages. A
@@ -35,6 +43,10 @@ typedef struct ds41_sched_params {
     double kv_per_token;      /* global KV bytes per token */
     long long bounded_bytes;  /* bounded per-sequence state */
     ds41_session_params sp;
+    /* speculative decoding (README, ds41 serve): DS41_SPEC_* (sp.draft must be 1 unless OFF),
+     * fixed K, and for AUTO the curve cache file ("" = none: measured, not saved) */
+    int spec_mode, spec_k;
+    char curve_path[4096];
 } ds41_sched_params;
 
 enum { DS41_SEQ_WAITING, DS41_SEQ_PREFILL, DS41_SEQ_DECODE, DS41_SEQ_DONE };

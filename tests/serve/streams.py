@@ -3,12 +3,18 @@
 decoded at once by `ds41 tokenize --decode`) with the same
 prompt ids, seed and sampling (the server's kernels: pass --exact to both or to neither).
 Prompts of different lengths make prefill chunks and decode rows mix in the server's steps.
-  streams.py PORT API_KEY DS41 CKPT CTX N [--exact] [-t T]"""
+With --spec X among the extra arguments (the server's --spec), sampled streams are compared
+with `ds41 run --spec X` (the same draft lengths consume the random stream the same way) and,
+in exact mode, greedy ones with `ds41 run --spec off` (exact greedy speculation is plain
+decoding).
+  streams.py PORT API_KEY DS41 CKPT CTX N [--exact] [-t T] [--spec X]"""
 import json, random, subprocess, sys, threading, http.client
 
 port, key, ds41, ck, ctx, n = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6])
 extra = sys.argv[7:]
 tag = "exact" if "--exact" in extra else "fast"
+if "--spec" in extra:
+    tag += "_spec_" + extra[extra.index("--spec") + 1].replace(":", "")
 rng = random.Random(41)
 jobs = []
 for i in range(n):
@@ -52,6 +58,9 @@ for i, j in enumerate(jobs):
     args = [ds41, "run", "-m", ck, "--prompt-ids", ",".join(map(str, j["ids"])), "-n", str(j["max"]), "--seed", str(j["seed"]),
             "--temp", str(j["temp"]), "--top-k", str(j["top_k"]), "--top-p", str(j["top_p"]), "-c", ctx, "--json",
             "--ignore-eos", "--top-logprobs", "0"] + extra
+    if "--spec" in extra and "--exact" in extra and j["temp"] == 0.0:
+        k = args.index("--spec")
+        args[k + 1] = "off"
     out = subprocess.run(args, capture_output=True, text=True)
     if out.returncode:
         bad.append("%d: ds41 run failed: %s" % (i, out.stderr.strip()[-200:]))
