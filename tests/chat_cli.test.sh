@@ -8,6 +8,9 @@
 #   - history: the second turn feeds only the suffix of the new rendering (--verbose counts:
 #     reused = the first turn's tokens, rendered = chat-template's count); in thinking mode the
 #     reasoning goes to stderr and, dropped from the history, forces a re-prefill;
+#   - --spec (the tiny model has a 2-token DSpark block): with --exact, auto, fixed:1 and fixed:2
+#     give the answers of --spec off byte for byte and the same per-turn counts (the session
+#     holds the same tokens), and drafts are verified; a sampled conversation is reproducible;
 #   - sampling flags as ds41 run (reproducible for a seed), context overflow, errors.
 # About 10 s.
 set -u
@@ -18,6 +21,7 @@ CK=build/test-ck
 TMP=$(mktemp -d /tmp/ds41-chat.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 mkdir -p "$CK"
+export XDG_CACHE_HOME="$TMP/cache"   # the verify-width curve cache of --spec auto
 
 . tests/lib.sh
 pass() { echo "PASS $1"; }
@@ -105,6 +109,31 @@ EOF
 }
 
 check_scripted tiny "$tiny" 6
+
+# ---------------------------------------------------------------- speculative decoding
+# exact greedy: every --spec gives --spec off's answers and turn counts (-n 5 cuts blocks at
+# the limit, -n 24 runs into stop tokens)
+printf '%s\n%s\n%s\n/reset\n%s\n' "$U1" "$U2" "$U1" "$U2" >"$TMP/insp"
+for n in 5 24; do
+    "$DS41" chat -m "$tiny" -n $n --exact --verbose --spec off <"$TMP/insp" >"$TMP/sp_off.out" 2>"$TMP/sp_off.err"
+    for sp in auto fixed:1 fixed:2; do
+        name=chat_spec_${sp/:/}_n${n}_equals_off
+        "$DS41" chat -m "$tiny" -n $n --exact --verbose --spec $sp <"$TMP/insp" >"$TMP/sp.out" 2>"$TMP/sp.err"
+        "$PY" - "$TMP/sp_off.out" "$TMP/sp_off.err" "$TMP/sp.out" "$TMP/sp.err" "$name" <<'EOF'
+import re, sys
+o0, e0, o1, e1, name = open(sys.argv[1], "rb").read(), open(sys.argv[2]).read(), open(sys.argv[3], "rb").read(), open(sys.argv[4]).read(), sys.argv[5]
+cnt = lambda e: [re.search(r"rendered (\d+) tokens, reused (\d+), prefilled (\d+).*generated (\d+).*stop (\S+); context (\d+)", l).groups()
+                 for l in e.splitlines() if l.startswith("chat: turn")]
+dr = [int(x) for x in re.findall(r"spec \S+: drafted (\d+), accepted \d+", e1)]
+c0, c1 = cnt(e0), cnt(e1)
+ok = o0 == o1 and c0 == c1 and len(c0) == 4 and len(dr) == 4 and sum(dr) > 0 and "spec" not in e0
+print(("PASS %s" % name) if ok else "FAIL %s: answers %s, counts %s vs %s, drafted %s" % (name, "equal" if o0 == o1 else "differ", c0, c1, dr))
+EOF
+    done
+done
+for k in a b; do "$DS41" chat -m "$tiny" -n 12 --temp 0.9 --seed 3 --spec fixed:2 <"$TMP/insp" >"$TMP/ss$k.out" 2>&1; done
+cmp -s "$TMP/ssa.out" "$TMP/ssb.out" && [ -s "$TMP/ssa.out" ] && pass chat_spec_sampling_reproducible || fail chat_spec_sampling_reproducible "two runs with --seed 3 differ"
+expect_status err_chat_bad_spec 2 "--spec must be" -m "$tiny" --spec sometimes
 
 # ---------------------------------------------------------------- history reuse, counted
 # With -n 0 (and -n 1, whose single greedy token re-tokenizes to itself on this checkpoint)

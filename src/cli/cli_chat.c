@@ -14,7 +14,14 @@
  * one user message per input line and each answer on stdout followed by a newline, nothing
  * else (thinking-mode reasoning and --verbose statistics go to stderr), so it can be scripted.
  * Lines "/reset" (forget the conversation, keep --system) and "/exit" are commands; empty
- * lines are skipped. */
+ * lines are skipped.
+ *
+ * --spec (default auto with DSpark stages, docs/speculative.md): after each token the drafter
+ * proposes a block, K drafts are chosen (fixed:K, or the confidence scheduler over the
+ * verify-width curve: the cache file, else measured once before the first answer) and
+ * verified in one forward (ds41_spec_verify). K is cut before the first draft that is a stop
+ * token and to the tokens -n leaves, so the session holds exactly what plain decoding would
+ * have fed (the history reuse is unchanged; exact greedy answers are identical to --spec off). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +37,7 @@
 #include "chat.h"
 #include "cli.h"
 #include "cli_args.h"
+#include "cli_spec.h"
 #include "common.h"
 #include "ds41.h"
 #include "tokenizer.h"
@@ -49,8 +57,11 @@ static const char *CHAT_USAGE =
     "  --chunk N              prefill in chunks of N tokens\n"
     "  --index-k own|official index-K reading of spec 3.9 / 10.1 (default own)\n"
     "  --exact                exact kernels (also DS41_EXACT=1); default fast\n"
+    "  --spec off|fixed:K|auto  speculative decoding with the DSpark drafter (default auto when the\n"
+    "                         model has DSpark stages; the verify-width curve as in ds41 run: cached,\n"
+    "                         else measured once before the first answer)\n"
     "  --verbose              one statistics line per turn on stderr (tokens rendered, reused, prefilled,\n"
-    "                         generated, tokens/s, why it stopped)\n"
+    "                         generated, tokens/s, why it stopped; with --spec drafted / accepted)\n"
     "Input: one user message per line; /reset forgets the conversation, /exit (or end of input) quits.\n";
 
 static double now_s(void) {
@@ -179,7 +190,7 @@ static char *read_line(const out_ctx *o) {
 /* ---------------------------------------------------------------- the command */
 
 int ds41_cli_chat(int argc, char **argv) {
-    const char *dir = NULL, *system = NULL;
+    const char *dir = NULL, *system = NULL, *spec_arg = NULL;
     int thinking = 0, verbose = 0;
     ds41_cli_gen g;
     ds41_cli_gen_default(&g);
@@ -194,9 +205,10 @@ int ds41_cli_chat(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(CHAT_USAGE, stdout); return 0; }
         else if (!strcmp(a, "--thinking")) thinking = 1;
         else if (!strcmp(a, "--verbose")) verbose = 1;
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--system")) {
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--system") || !strcmp(a, "--spec")) {
             if (!has) { fprintf(stderr, "ds41 chat: %s needs a value\n", a); return 2; }
             if (!strcmp(a, "--system")) system = argv[++i];
+            else if (!strcmp(a, "--spec")) spec_arg = argv[++i];
             else dir = argv[++i];
         } else { fprintf(stderr, "ds41 chat: unknown option '%s'\n%s", a, CHAT_USAGE); return 2; }
     }
@@ -213,6 +225,7 @@ int ds41_cli_chat(int argc, char **argv) {
     chat_state c = { 0 };
     char *line = NULL, *piece = NULL;
     int turn_failed = 0;
+    int32_t *spec_out = NULL;
 
     struct stat dsb;
     if (stat(dir, &dsb) != 0) { fprintf(stderr, "ds41 chat: %s: cannot open: %s\n", dir, strerror(errno)); goto out; }
@@ -240,6 +253,15 @@ int ds41_cli_chat(int argc, char **argv) {
     sp.prefill = g.prefill;
     sp.chunk = g.chunk;
     sp.index_k = g.index_k;
+    int B = ds41_draft_block_size(e);
+    ds41_cli_spec spc;
+    if (ds41_cli_spec_parse("chat", spec_arg, B, 0, &spc)) { rc = 2; goto out; }
+    sp.draft = spc.mode != DS41_SPEC_OFF;
+    ds41_spec_curve curve;
+    memset(&curve, 0, sizeof curve);
+    int have_curve = 0;
+    spec_out = malloc((size_t)(B + 2) * sizeof *spec_out);
+    if (!spec_out) goto oom;
     s = ds41_session_open(e, &sp, ebuf, sizeof ebuf);
     if (!s) { fprintf(stderr, "ds41 chat: %s\n", ebuf); goto out; }
     ds41_session_set_sampling(s, g.temp, g.top_k, g.top_p, g.min_p, g.seed);
@@ -318,9 +340,18 @@ int ds41_cli_chat(int argc, char **argv) {
         gen.n = answer.n = reasoning.n = 0;
         int in_reasoning = thinking, shown = 0, n_gen = 0;
         const char *why = "length";
+        if (spc.mode == DS41_SPEC_AUTO && !have_curve) {
+            if (ds41_cli_spec_curve(e, dir, g.threads, g.exact, !(verbose || oc.interactive), &curve)) goto out;
+            have_curve = 1;
+        }
+        /* speculative: the tokens of the last verify still to show (spec_out[qi..nq)), the
+         * first qa of them already fed */
+        int qi = 0, nq = 0, qa = 0;
+        long long drafted = 0, accepted = 0;
         double t1 = now_s();
         for (int k = 0; k < g.n_predict; k++) {
-            int32_t t = ds41_session_sample(s);
+            int fed = qi < qa;
+            int32_t t = qi < nq ? spec_out[qi++] : ds41_session_sample(s);
             n_gen++;
             int stop = 0;
             for (int j = 0; j < 3; j++) stop |= stops[j] >= 0 && t == stops[j];
@@ -343,10 +374,40 @@ int ds41_cli_chat(int argc, char **argv) {
                     if (ids_push(&gen, t)) goto oom;
                 }
             }
+            if (fed) {   /* an accepted draft: in the session already */
+                if (ids_push(&held, t)) goto oom;
+                continue;
+            }
             if (ds41_session_pos(s) >= C) { why = "context"; break; }
-            if (ds41_feed(s, &t, 1)) {
-                fprintf(stderr, "\nds41 chat: %s\n", ds41_session_error(s));
-                goto out;
+            /* drafts after t: at most the tokens -n leaves, none from the first stop token on */
+            int K = 0, km = spc.mode == DS41_SPEC_OFF ? 0 : ds41_spec_max_drafts(s);
+            if (km > g.n_predict - n_gen) km = g.n_predict - n_gen;
+            int32_t d[DS41_SPEC_MAX_DRAFTS];
+            float cf[DS41_SPEC_MAX_DRAFTS];
+            if (km > 0) {
+                if (ds41_session_draft(s, t, d, cf)) { fprintf(stderr, "\nds41 chat: %s\n", ds41_session_error(s)); goto out; }
+                for (int i = 0; i < km; i++) {
+                    int st = 0;
+                    for (int j = 0; j < 3; j++) st |= stops[j] >= 0 && d[i] == stops[j];
+                    if (st) { km = i; break; }
+                }
+                if (spc.mode == DS41_SPEC_FIXED) K = spc.k < km ? spc.k : km;
+                else if (km > 0) ds41_spec_schedule(have_curve ? &curve : NULL, 1, B, cf, &km, &K);
+            }
+            if (K == 0) {
+                if (ds41_feed(s, &t, 1)) {
+                    fprintf(stderr, "\nds41 chat: %s\n", ds41_session_error(s));
+                    goto out;
+                }
+            } else {
+                int A = 0;
+                int m = ds41_spec_verify(s, t, d, K, spec_out, NULL, &A);
+                if (m < 0) { fprintf(stderr, "\nds41 chat: %s\n", ds41_session_error(s)); goto out; }
+                qi = 0;
+                nq = m;
+                qa = A;
+                drafted += K;
+                accepted += A;
             }
             if (ids_push(&held, t)) goto oom;
         }
@@ -386,10 +447,15 @@ int ds41_cli_chat(int argc, char **argv) {
         c.t[c.n].reasoning = thinking ? strdup(reasoning.v ? reasoning.v : "") : NULL;
         c.n++;
         line = NULL;
-        if (verbose)
+        if (verbose) {
+            char sx[96] = "";
+            if (spc.mode != DS41_SPEC_OFF)
+                snprintf(sx, sizeof sx, "; spec %s: drafted %lld, accepted %lld", spc.mode == DS41_SPEC_AUTO ? "auto" : "fixed",
+                         drafted, accepted);
             fprintf(stderr, "chat: turn %d: rendered %zu tokens, reused %zu, prefilled %zu in %.3f s; generated %d in "
-                    "%.3f s (%.1f tok/s), stop %s; context %lld/%lld\n", n_turn, n_rendered, reuse, n_rendered - reuse,
-                    t_prefill, n_gen, t_gen, t_gen > 0 ? n_gen / t_gen : 0.0, why, ds41_session_pos(s), C);
+                    "%.3f s (%.1f tok/s), stop %s; context %lld/%lld%s\n", n_turn, n_rendered, reuse, n_rendered - reuse,
+                    t_prefill, n_gen, t_gen, t_gen > 0 ? n_gen / t_gen : 0.0, why, ds41_session_pos(s), C, sx);
+        }
     }
     rc = turn_failed ? 1 : 0;
     goto out;
@@ -398,6 +464,7 @@ oom:
 out:
     free(line);
     free(piece);
+    free(spec_out);
     history_clear(&c);
     free(c.t);
     free(held.v);
