@@ -33,7 +33,7 @@ TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCH_SRC := $(sort $(wildcard bench/bench_*.c))
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all setup test run bench check-asan check-tsan fuzz clean
+.PHONY: all setup test run train-demo bench check-asan check-tsan fuzz clean
 
 all: ds41 libds41.a $(TEST_BIN) $(BENCH_BIN)
 
@@ -74,6 +74,13 @@ test: setup
 run: setup
 	@$(MAKE) --no-print-directory all
 	@bash scripts/run.sh
+
+# make train-demo: rebuild models/demo from the Debian packages (about 45 minutes on 2 cores;
+# tools/train/README.md). Not part of make test.
+train-demo:
+	@DS41_SETUP_TRAIN=1 bash scripts/setup.sh
+	@$(MAKE) --no-print-directory all
+	@bash tools/train/run.sh
 
 bench: setup
 	@$(MAKE) --no-print-directory all

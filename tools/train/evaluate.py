@@ -42,7 +42,8 @@ def detok_bytes(ds41, model_dir, ids):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--weights", default="build/demo-train/released.pt")
+    ap.add_argument("--weights", default=None,
+                    help="a torch state dict (export.py's released.pt); default: decode -m DIR's safetensors")
     ap.add_argument("-m", "--model", default="models/demo")
     ap.add_argument("-f", "--file", required=True)
     ap.add_argument("--ctx", type=int, default=256)
@@ -55,7 +56,11 @@ def main():
     torch.set_flush_denormal(True)
     with open(os.path.join(args.model, "config.json")) as f:
         model = v41.V41(json.load(f))
-    model.load_state_dict(torch.load(args.weights))
+    if args.weights:
+        model.load_state_dict(torch.load(args.weights))
+    else:
+        from export import load_release
+        model.load_state_dict(load_release(model, args.model))
     model.eval()
     token_map = np.fromfile(os.path.join(args.model, "engram_token_map.i32"), dtype="<i4").astype(np.int64)
     pad = int(token_map[model.cfg["engram_pad_id"]])

@@ -72,8 +72,8 @@ def e4m3_rows(w):
 
 
 def bf16(w):
-    w = np.ascontiguousarray(w, dtype=F32)
-    return bf16_to_bits(w).astype("<u2"), bf16_round(w).astype(F32)
+    r = bf16_round(np.ascontiguousarray(w, dtype=F32))
+    return bf16_to_bits(r).astype("<u2"), r.astype(F32)
 
 
 def source_map(model):
@@ -166,6 +166,45 @@ def build(model, sd):
             raise ValueError("two release tensors decode %s differently" % key)
         rel[key] = dec
     return out, rel
+
+
+def load_release(model, ckpt_dir):
+    """The torch state dict that a release checkpoint decodes to (the inverse of build(): FP8
+    tiles, FP4 rows and E4M3 Engram rows dequantized, BF16 widened, F32 as is); Engram
+    q_weight * k_weight becomes qk. Used to evaluate the twin on the committed files."""
+    from checkpoint import open_tensors
+    raw = open_tensors(ckpt_dir)
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def arr(name):
+        return np.asarray(raw[name].data)
+
+    def bf(name):
+        return (arr(name).astype(np.uint32) << 16).view(F32)
+    for base, (key, kind) in source_map(model).items():
+        if kind == "ones":
+            continue
+        if kind == "bf16":
+            v = bf(base)
+        elif kind == "f32":
+            v = arr(base).astype(F32)
+        elif kind == "fp8":
+            q, sc = arr(base + ".weight"), arr(base + ".scale")
+            N, K = q.shape
+            s = ue8m0_decode(sc)
+            v = e4m3_decode(q) * np.repeat(np.repeat(s, 32, axis=0), 32, axis=1)[:N, :K]
+        elif kind == "fp4":
+            packed, sc = arr(base + ".weight"), arr(base + ".scale")
+            codes = np.empty((packed.shape[0], packed.shape[1] * 2), dtype=np.uint8)
+            codes[:, 0::2], codes[:, 1::2] = packed & 15, packed >> 4
+            v = e2m1_decode(codes) * np.repeat(ue8m0_decode(sc), 32, axis=1)
+        elif kind == "e4m3rows":
+            q, sc = arr(base + ".weight"), arr(base + ".scale")
+            v = e4m3_decode(q) * np.repeat(ue8m0_decode(sc), 32, axis=1)
+        if kind == "bf16" and key.endswith(".qk"):
+            v = v * bf(base.replace("q_weight", "k_weight"))
+        sd[key] = torch.from_numpy(np.ascontiguousarray(v, dtype=F32)).reshape(sd[key].shape)
+    return sd
 
 
 def write_safetensors(path, tensors, expected):

@@ -235,6 +235,8 @@ def main():
         model.load_state_dict(st["model"])
         step, evals, phase_loaded = st["step"], st["evals"], st["phase"]
         data.rng.bit_generator.state = st["rng"]
+        if args.rank:                  # the saved stream is rank 0's; the others derive theirs
+            data.rng = np.random.default_rng([args.seed, args.rank, step])
         torch.set_rng_state(st["torch_rng"])
         opt = make_opt(model, phase_loaded, args)
         opt.load_state_dict(st["opt"])
@@ -328,6 +330,11 @@ def main():
     with open(os.path.join(args.out, "eval.json"), "w") as f:
         json.dump(evals, f, indent=1)
     save(state_path, model, opt, step, data, cur, evals)
+    try:
+        import plot
+        plot.plot(os.path.join(args.out, "log.jsonl"), os.path.join(args.out, "loss.png"))
+    except ImportError as e:          # matplotlib is only needed for the picture
+        print("no loss plot (%s)" % e, flush=True)
     print("done: %s" % json.dumps(evals), flush=True)
 
 
