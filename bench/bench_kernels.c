@@ -6,7 +6,10 @@
  * The ISA path of the fast kernels (CPUID, DS41_ISA or --isa) is printed first; the int8 dot
  * probe (vpmaddubsw + vpmaddwd on AVX2, vpdpbusd on AVX-512 VNNI) is the integer road's peak.
  * Each linear row ends with its ratio to the probe of the same run and thread count: %bw
- * (weight GB/s / read bandwidth) for T = 1, %fma (GMAC/s / FMA peak GMAC/s) for T > 1.
+ * (weight GB/s / read bandwidth) for T = 1, %fma (GMAC/s / FMA peak GMAC/s) for T > 1, and,
+ * when the --T list holds 1 before it, cost(T) / cost(1) (T/T=1: time per call over the T = 1
+ * time of the same thread count; 1.00x would mean T rows for the price of one, as the few-row
+ * path aims at for the speculative verify widths T = 2 .. 8).
  *
  * Prints, first, three probes of the machine: streaming read bandwidth (GB/s, 1 and N threads,
  * a 512 MiB buffer, AVX2 loads), peak FP32 FMA throughput (GFLOP/s with 12 independent 8-wide
@@ -362,7 +365,8 @@ int main(int argc, char **argv) {
 
     printf("== linears (%s kernels%s%s): median per call; GB/s = packed weight bytes / time\n", exact ? "exact" : "fast",
            exact ? "" : ", ISA ", exact ? "" : ds41_kernels_isa());
-    printf("%-12s %11s %4s %3s %10s %8s %8s %7s\n", "kernel", "out x in", "T", "thr", "ms/call", "GB/s", "GMAC/s", "ratio");
+    printf("%-12s %11s %4s %3s %10s %8s %8s %7s %7s\n", "kernel", "out x in", "T", "thr", "ms/call", "GB/s", "GMAC/s", "ratio",
+           "T/T=1");
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const shape *sh = &shapes[si];
         if (only && !strstr(sh->name, only)) continue;
@@ -372,6 +376,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n_T; i++) if (Ts[i] > maxT) maxT = Ts[i];
         float *x = xmalloc((size_t)maxT * sh->in * 4), *y = xmalloc((size_t)maxT * sh->out * 4);
         for (size_t i = 0; i < (size_t)maxT * sh->in; i++) x[i] = ds41_bf16_round(urand() * (i % 13 == 0 ? 8.0f : 1.0f));
+        double t1_of[8] = { 0 };   /* T = 1 median per thread count, for cost(T) / cost(1) */
         for (int ti = 0; ti < n_T; ti++) {
             int T = Ts[ti];
             for (int hi = 0; hi < n_thr; hi++) {
@@ -395,6 +400,9 @@ int main(int argc, char **argv) {
                        med * 1e3, gbs, gmac);
                 if (T == 1 && bw_of[hi] > 0) printf(" %5.0f%%bw", 100.0 * gbs / bw_of[hi]);
                 else if (T > 1 && fma_of[hi] > 0) printf(" %4.0f%%fma", 100.0 * gmac / fma_of[hi]);
+                else printf(" %7s", "");
+                if (T == 1) t1_of[hi] = med;
+                else if (t1_of[hi] > 0) printf(" %6.2fx", med / t1_of[hi]);
                 printf("\n");
                 fflush(stdout);
             }

@@ -480,6 +480,58 @@ static void test_fast_row_independence(void) {
     mats_free(&m);
 }
 
+/* Few rows (T = 2 .. 8, the speculative verify widths): each weight row is streamed once for
+ * all rows of x, and every output must still be its T = 1 bits (the decode order per output).
+ * Every kind, widths with odd chunk / group / block tails, 32-row items cut by out, a grouped
+ * FP8 product at a row offset, 1 and 2 threads, random and adversarial activations. */
+static void fast_call(int kind, const ds41_ctx *c, const mats *m, int in, const float *x, int T, float *y) {
+    ds41_fp8w f8 = { m->w8, m->s8, m->out, m->in };
+    ds41_fp4w f4 = { m->w4, m->s4, m->out, m->in };
+    ds41_bf16w fb = { m->wb, m->out, in };
+    switch (kind) {
+    case 0: ds41_linear_fp8(c, &f8, x, T, y); break;
+    case 1: ds41_linear_fp4(c, &f4, x, T, y); break;
+    case 2: case 3: case 4: ds41_linear_bf16(c, &fb, x, T, y, kind != 2); break;
+    case 5: ds41_linear_f32(c, m->wf, m->out, in, x, T, y); break;
+    case 6: ds41_linear_fp8_dq(c, &f8, 0, m->out, x, m->in, T, y, m->out); break;
+    case 7: ds41_linear_fp8_dq(c, &f8, 40, 37, x, m->in, T, y, 37); break;
+    }
+}
+
+static void fill_adversarial(float *x, int n);
+
+static void test_fast_few_rows(void) {
+    int shapes[][2] = { { 100, 544 }, { 67, 1056 }, { 40, 2080 } };
+    const char *names[8] = { "fp8", "fp4", "bf16", "bf16 in-5", "bf16 in-8", "f32 in-8", "fp8_dq", "fp8_dq @40" };
+    ds41_pool *pool = ds41_pool_create(2);
+    ds41_ctx fa2 = { 0, 2, pool };
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int out = shapes[si][0], in = shapes[si][1];
+        mats m;
+        mats_make(&m, out, in);
+        float *x = malloc((size_t)8 * in * 4), *y1 = malloc((size_t)8 * out * 4), *yT = malloc((size_t)8 * out * 4);
+        if (si == 1) fill_adversarial(x, 8 * in);
+        else for (int i = 0; i < 8 * in; i++) x[i] = ds41_bf16_round(urand() * (i % 11 == 0 ? 6.0f : 1.0f));
+        for (int kind = 0; kind < 8; kind++) {
+            int kin = kind == 3 ? in - 5 : (kind == 4 || kind == 5) ? in - 8 : in;
+            int kout = kind == 7 ? 37 : out;
+            for (int t = 0; t < 8; t++) fast_call(kind, &FA, &m, kin, x + (size_t)t * kin, 1, y1 + (size_t)t * kout);
+            int bad = 0;
+            for (int T = 2; T <= 8; T++)
+                for (int pass = 0; pass < 2; pass++) {
+                    fast_call(kind, pass ? &fa2 : &FA, &m, kin, x, T, yT);
+                    int d = count_diff(yT, y1, T * kout);
+                    if (d) printf("  %s %dx%d T=%d threads %d: %d differ from T = 1\n", names[kind], out, in, T, pass + 1, d);
+                    bad += d;
+                }
+            CHECK(bad == 0, "%s %dx%d (%s): %d few-row outputs differ from T = 1", names[kind], out, in, ds41_kernels_isa(), bad);
+        }
+        free(x); free(y1); free(yT);
+        mats_free(&m);
+    }
+    ds41_pool_destroy(pool);
+}
+
 /* ---------------------------------------------------------------- ISA paths */
 
 /* Every ISA path the CPU has gives the same bits as the AVX2 baseline (one canonical order),
@@ -619,6 +671,7 @@ int main(void) {
         RUN_CASE(test_linear_hand);
         RUN_CASE(test_linear_fast_vs_exact);
         RUN_CASE(test_fast_row_independence);
+        RUN_CASE(test_fast_few_rows);
     }
     ds41_kernels_set_isa("auto");
     RUN_CASE(test_elementary);

@@ -199,6 +199,152 @@ static void dec_f32(const float *w, size_t ld, int nr, int n8, const float *a, f
     for (; r < nr; r++) dotf_1(w + (size_t)r * ld, ld, n8, a, out + r);
 }
 
+/* ---------------------------------------------------------------- few rows (T = 2 .. 8) */
+
+/* One weight row streamed once for C <= 8 tokens, one zmm (A | B) per token fed as the decode
+ * kernels feed theirs. */
+#define FEW8(C)                                                                                       \
+    static void few8_##C(const uint8_t *w, int in, const float *a2, size_t lda, float *out) {        \
+        __m512 c[C];                                                                              \
+        UNROLL for (int t = 0; t < C; t++) c[t] = _mm512_setzero_ps();                            \
+        int k = 0;                                                                                \
+        for (; k + 16 <= in; k += 16) {                                                           \
+            if (!(k & 63)) _mm_prefetch((const char *)(w + k + PFD), _MM_HINT_T0);                \
+            __m512 wv = e4m3x16_h(w + k);                                                         \
+            UNROLL for (int t = 0; t < C; t++) c[t] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(a2 + t * lda + k), c[t]); \
+        }                                                                                         \
+        if (k < in) {                                                                             \
+            __m512 wv = zext(e4m3x8_h(w + k));                                                    \
+            UNROLL for (int t = 0; t < C; t++)                                                    \
+                c[t] = _mm512_fmadd_ps(wv, zext(_mm256_loadu_ps(a2 + t * lda + k)), c[t]);        \
+        }                                                                                         \
+        UNROLL for (int t = 0; t < C; t++) out[t] = hsum16(c[t]);                                 \
+    }
+FEW8(1) FEW8(2) FEW8(3) FEW8(4) FEW8(5) FEW8(6) FEW8(7) FEW8(8)
+static void (*const few8_k[8])(const uint8_t *, int, const float *, size_t, float *) = {
+    few8_1, few8_2, few8_3, few8_4, few8_5, few8_6, few8_7, few8_8 };
+
+static void few_e4m3(const uint8_t *w, size_t ld, int nr, int in, const float *a2, size_t lda, int T, float *out) {
+    for (int r = 0; r < nr; r++)
+        for (int t0 = 0; t0 < T; t0 += 8) {
+            int C = T - t0 < 8 ? T - t0 : 8;
+            few8_k[C - 1](w + (size_t)r * ld, in, a2 + (size_t)t0 * lda, lda, out + (size_t)r * T + t0);
+        }
+}
+
+#define FEW4(C)                                                                                       \
+    static void few4_##C(const uint8_t *w, const uint8_t *s, int nb, const int16_t *aw, size_t ldaw, \
+                         const float *sav, size_t ldsa, float *out) {                             \
+        const __m512i tab = e2m1_tab();                                                           \
+        __m512 c[C];                                                                              \
+        UNROLL for (int t = 0; t < C; t++) c[t] = _mm512_setzero_ps();                            \
+        int b = 0;                                                                                \
+        for (; b + 2 <= nb; b += 2) {                                                             \
+            if (!(b & 3)) _mm_prefetch((const char *)(w + 16 * b + PFD), _MM_HINT_T0);            \
+            __m512i we, wo;                                                                       \
+            e2m1x64_i16(w + 16 * b, tab, &we, &wo);                                               \
+            __m512 sw = _mm512_mask_mov_ps(_mm512_set1_ps(ue8_lut[s[b]]), 0xFF00, _mm512_set1_ps(ue8_lut[s[b + 1]])); \
+            UNROLL for (int t = 0; t < C; t++) {                                                  \
+                __m512i ae = _mm512_load_si512(aw + t * ldaw + 32 * b), ao = _mm512_load_si512(aw + t * ldaw + 32 * b + 32); \
+                __m512i d = _mm512_dpwssd_epi32(_mm512_madd_epi16(we, ae), wo, ao);               \
+                c[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(d), sw), _mm512_load_ps(sav + t * ldsa + 8 * b), c[t]); \
+            }                                                                                     \
+        }                                                                                         \
+        if (b < nb) {                                                                             \
+            __m256i we, wo;                                                                       \
+            e2m1x32_i16(w + 16 * b, &we, &wo);                                                    \
+            __m256 sw = _mm256_set1_ps(ue8_lut[s[b]]);                                            \
+            UNROLL for (int t = 0; t < C; t++) {                                                  \
+                __m256i ae = _mm256_load_si256((const __m256i *)(aw + t * ldaw + 32 * b));        \
+                __m256i ao = _mm256_load_si256((const __m256i *)(aw + t * ldaw + 32 * b + 32));   \
+                __m256i d = _mm256_add_epi32(_mm256_madd_epi16(we, ae), _mm256_madd_epi16(wo, ao)); \
+                __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(d), sw);                              \
+                c[t] = _mm512_fmadd_ps(zext(x), zext(_mm256_load_ps(sav + t * ldsa + 8 * b)), c[t]); \
+            }                                                                                     \
+        }                                                                                         \
+        UNROLL for (int t = 0; t < C; t++) out[t] = hsum16(c[t]);                                 \
+    }
+FEW4(1) FEW4(2) FEW4(3) FEW4(4) FEW4(5) FEW4(6) FEW4(7) FEW4(8)
+static void (*const few4_k[8])(const uint8_t *, const uint8_t *, int, const int16_t *, size_t, const float *,
+                               size_t, float *) = { few4_1, few4_2, few4_3, few4_4, few4_5, few4_6, few4_7, few4_8 };
+
+static void few_fp4(const uint8_t *w, size_t ld, const uint8_t *s, size_t lds, int nr, int nb,
+                    const int16_t *aw, size_t ldaw, const float *sav, size_t ldsa, int T, float *out) {
+    lut_fill();
+    for (int r = 0; r < nr; r++)
+        for (int t0 = 0; t0 < T; t0 += 8) {
+            int C = T - t0 < 8 ? T - t0 : 8;
+            few4_k[C - 1](w + (size_t)r * ld, s + (size_t)r * lds, nb, aw + (size_t)t0 * ldaw, ldaw,
+                          sav + (size_t)t0 * ldsa, ldsa, out + (size_t)r * T + t0);
+        }
+}
+
+#define FEWB(C)                                                                                       \
+    static void fewb_##C(const uint16_t *w, int n16, const float *a, size_t lda, float *out) {       \
+        const __m512i hm = _mm512_set1_epi32((int)0xFFFF0000);                                    \
+        __m512 c[C];                                                                              \
+        UNROLL for (int t = 0; t < C; t++) c[t] = _mm512_setzero_ps();                            \
+        int g = 0;                                                                                \
+        for (; g + 2 <= n16; g += 2) {                                                            \
+            _mm_prefetch((const char *)(w + 16 * g) + PFD, _MM_HINT_T0);                          \
+            __m512i v = _mm512_loadu_si512(w + 16 * g);                                           \
+            __m512 ev = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), od = _mm512_castsi512_ps(_mm512_and_si512(v, hm)); \
+            UNROLL for (int t = 0; t < C; t++) {                                                  \
+                c[t] = _mm512_fmadd_ps(ev, _mm512_loadu_ps(a + t * lda + 16 * g), c[t]);          \
+                c[t] = _mm512_fmadd_ps(od, _mm512_loadu_ps(a + t * lda + 16 * g + 16), c[t]);     \
+            }                                                                                     \
+        }                                                                                         \
+        if (g < n16) {                                                                            \
+            __m256i v = _mm256_loadu_si256((const __m256i *)(w + 16 * g));                        \
+            __m512 ev = zext(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));                      \
+            __m512 od = zext(_mm256_castsi256_ps(_mm256_and_si256(v, _mm512_castsi512_si256(hm)))); \
+            UNROLL for (int t = 0; t < C; t++) {                                                  \
+                c[t] = _mm512_fmadd_ps(ev, zext(_mm256_loadu_ps(a + t * lda + 16 * g)), c[t]);    \
+                c[t] = _mm512_fmadd_ps(od, zext(_mm256_loadu_ps(a + t * lda + 16 * g + 16)), c[t]); \
+            }                                                                                     \
+        }                                                                                         \
+        UNROLL for (int t = 0; t < C; t++) out[t] = hsum16(c[t]);                                 \
+    }
+FEWB(1) FEWB(2) FEWB(3) FEWB(4) FEWB(5) FEWB(6) FEWB(7) FEWB(8)
+static void (*const fewb_k[8])(const uint16_t *, int, const float *, size_t, float *) = {
+    fewb_1, fewb_2, fewb_3, fewb_4, fewb_5, fewb_6, fewb_7, fewb_8 };
+
+static void few_bf16(const uint16_t *w, size_t ld, int nr, int n16, const float *a, size_t lda, int T, float *out) {
+    for (int r = 0; r < nr; r++)
+        for (int t0 = 0; t0 < T; t0 += 8) {
+            int C = T - t0 < 8 ? T - t0 : 8;
+            fewb_k[C - 1](w + (size_t)r * ld, n16, a + (size_t)t0 * lda, lda, out + (size_t)r * T + t0);
+        }
+}
+
+#define FEWF(C)                                                                                       \
+    static void fewf_##C(const float *w, int n8, const float *a, size_t lda, float *out) {           \
+        __m512 c[C];                                                                              \
+        UNROLL for (int t = 0; t < C; t++) c[t] = _mm512_setzero_ps();                            \
+        int g = 0;                                                                                \
+        for (; g + 2 <= n8; g += 2) {                                                             \
+            _mm_prefetch((const char *)(w + 8 * g) + PFD, _MM_HINT_T0);                           \
+            __m512 wv = _mm512_loadu_ps(w + 8 * g);                                               \
+            UNROLL for (int t = 0; t < C; t++) c[t] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(a + t * lda + 8 * g), c[t]); \
+        }                                                                                         \
+        if (g < n8) {                                                                             \
+            __m512 wv = zext(_mm256_loadu_ps(w + 8 * g));                                         \
+            UNROLL for (int t = 0; t < C; t++) c[t] = _mm512_fmadd_ps(wv, zext(_mm256_loadu_ps(a + t * lda + 8 * g)), c[t]); \
+        }                                                                                         \
+        UNROLL for (int t = 0; t < C; t++) out[t] = hsum16(c[t]);                                 \
+    }
+FEWF(1) FEWF(2) FEWF(3) FEWF(4) FEWF(5) FEWF(6) FEWF(7) FEWF(8)
+static void (*const fewf_k[8])(const float *, int, const float *, size_t, float *) = {
+    fewf_1, fewf_2, fewf_3, fewf_4, fewf_5, fewf_6, fewf_7, fewf_8 };
+
+static void few_f32(const float *w, size_t ld, int nr, int n8, const float *a, size_t lda, int T, float *out) {
+    for (int r = 0; r < nr; r++)
+        for (int t0 = 0; t0 < T; t0 += 8) {
+            int C = T - t0 < 8 ? T - t0 : 8;
+            fewf_k[C - 1](w + (size_t)r * ld, n8, a + (size_t)t0 * lda, lda, out + (size_t)r * T + t0);
+        }
+}
+
 /* ---------------------------------------------------------------- prefill */
 
 #define MK_EW(R, C)                                                                                   \
@@ -289,7 +435,8 @@ static void pf_fp4(const int16_t *PW, const float *SW, int nr, const int16_t *AW
     }
 }
 
-static const ds41_fast_ops ops = { "avx512", dec_e4m3, dec_fp4, dec_bf16, dec_f32, pf_float, pf_fp4 };
+static const ds41_fast_ops ops = { "avx512", dec_e4m3, dec_fp4, dec_bf16, dec_f32, few_e4m3, few_fp4, few_bf16, few_f32,
+                                    pf_float, pf_fp4 };
 const ds41_fast_ops *ds41_fast_ops_avx512(void) { return &ops; }
 
 #ifdef __clang__

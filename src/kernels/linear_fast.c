@@ -7,6 +7,11 @@
  * prefill (T > 1, weights decoded once into an L1 panel and reused over tokens) are
  * implementations of the same sequence, so a token gets the same bits whether it is computed
  * in a prefill batch or alone, and ced / full / chunked prefill stay consistent in fast mode.
+ * A third implementation serves the few-row widths T = 2 .. DS41_FEW_MAX (speculative verify
+ * blocks): the decode kernels with one A / B pair per token, each weight row streamed from
+ * memory and decoded once for all T tokens (AVX2: at most 6 tokens per pass, 4 for FP4, a
+ * second pass over the row from L1 beyond; AVX-512: 8 in one pass), where the prefill panel
+ * path would re-read the weights through 32-row panels without the decode's prefetch.
  *   Two 8-lane FP32 accumulators A and B per output. The K axis is cut into 8-wide chunks
  *   (FP8, FP8-dq, FP32), 16-wide groups (BF16) or 32-wide blocks (FP4); chunk / group / block
  *   number c goes to A when c is even, to B when odd, each added with one FMA, in increasing
@@ -232,6 +237,166 @@ static void dec_f32_avx2(const float *w, size_t ld, int nr, int n8, const float 
     for (; r < nr; r++) dotf_1(w + (size_t)r * ld, ld, n8, a, out + r);
 }
 
+/* ---------------------------------------------------------------- AVX2 few-row kernels */
+
+/* T = 2 .. DS41_FEW_MAX: one weight row streamed (and decoded) once for C activation rows, each
+ * (row, token) with its own A / B pair fed exactly as the decode kernels feed theirs. At most
+ * FEWC tokens per pass (the register file: 2 C accumulators + the decoded chunk); T above that
+ * takes two passes over the row, the second from L1. */
+#define FEWC 6
+#define FEWC4 4   /* FP4: the row-block scale and two word vectors stay live as well */
+
+#define FEW8(C)                                                                                       \
+    static void few8_##C(const uint8_t *w, int in, const float *a2, size_t lda, float *out) {        \
+        __m256 A[C], B[C];                                                                        \
+        UNROLL for (int t = 0; t < C; t++) A[t] = B[t] = _mm256_setzero_ps();                     \
+        int k = 0;                                                                                \
+        for (; k + 16 <= in; k += 16) {                                                           \
+            if (!(k & 63)) _mm_prefetch((const char *)(w + k + PFD), _MM_HINT_T0);                \
+            __m256 w0 = e4m3x8_h(w + k), w1 = e4m3x8_h(w + k + 8);                                \
+            UNROLL for (int t = 0; t < C; t++) {                                                  \
+                A[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a2 + t * lda + k), A[t]);              \
+                B[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(a2 + t * lda + k + 8), B[t]);          \
+            }                                                                                     \
+        }                                                                                         \
+        if (k < in) {                                                                             \
+            __m256 w0 = e4m3x8_h(w + k);                                                          \
+            UNROLL for (int t = 0; t < C; t++) A[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a2 + t * lda + k), A[t]); \
+        }                                                                                         \
+        UNROLL for (int t = 0; t < C; t++) out[t] = hsum8(_mm256_add_ps(A[t], B[t]));             \
+    }
+FEW8(1) FEW8(2) FEW8(3) FEW8(4) FEW8(5) FEW8(6)
+static void (*const few8_k[FEWC])(const uint8_t *, int, const float *, size_t, float *) = {
+    few8_1, few8_2, few8_3, few8_4, few8_5, few8_6 };
+
+/* token passes of at most cmax: T <= cmax in one, else two of ceil(T / 2) and the rest */
+static inline int few_pass(int T, int t0, int cmax) {
+    if (T <= cmax) return T;
+    int h = (T + 1) / 2;
+    return t0 == 0 ? h : T - h;
+}
+
+static void few_e4m3_avx2(const uint8_t *w, size_t ld, int nr, int in, const float *a2, size_t lda, int T, float *out) {
+    for (int r = 0; r < nr; r++)
+        for (int t0 = 0, C; t0 < T; t0 += C) {
+            C = few_pass(T, t0, FEWC);
+            few8_k[C - 1](w + (size_t)r * ld, in, a2 + (size_t)t0 * lda, lda, out + (size_t)r * T + t0);
+        }
+}
+
+/* one FP4 block of one row into X[t], t < C (the FP4BLK operations, per token) */
+#define FEW4BLK(C, X, b)                                                                              \
+    do {                                                                                          \
+        __m256i we, wo;                                                                           \
+        e2m1x32_i16(w + 16 * (b), &we, &wo);                                                      \
+        __m256 sw = _mm256_set1_ps(ue8_lut[s[(b)]]);                                              \
+        size_t oe = 64 * (size_t)((b) >> 1) + 16 * ((b) & 1), os = 16 * (size_t)((b) >> 1) + 8 * ((b) & 1); \
+        UNROLL for (int t = 0; t < C; t++) {                                                      \
+            __m256i ae = _mm256_load_si256((const __m256i *)(aw + t * ldaw + oe));                \
+            __m256i ao = _mm256_load_si256((const __m256i *)(aw + t * ldaw + oe + 32));           \
+            __m256i d = _mm256_add_epi32(_mm256_madd_epi16(we, ae), _mm256_madd_epi16(wo, ao));   \
+            __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(d), sw);                                  \
+            X[t] = _mm256_fmadd_ps(x, _mm256_load_ps(sav + t * ldsa + os), X[t]);                 \
+        }                                                                                         \
+    } while (0)
+
+#define FEW4(C)                                                                                       \
+    static void few4_##C(const uint8_t *w, const uint8_t *s, int nb, const int16_t *aw, size_t ldaw, \
+                         const float *sav, size_t ldsa, float *out) {                             \
+        __m256 A[C], B[C];                                                                        \
+        UNROLL for (int t = 0; t < C; t++) A[t] = B[t] = _mm256_setzero_ps();                     \
+        int b = 0;                                                                                \
+        for (; b + 2 <= nb; b += 2) {                                                             \
+            if (!(b & 3)) _mm_prefetch((const char *)(w + 16 * b + PFD), _MM_HINT_T0);            \
+            FEW4BLK(C, A, b);                                                                     \
+            FEW4BLK(C, B, b + 1);                                                                 \
+        }                                                                                         \
+        if (b < nb) FEW4BLK(C, A, b);                                                             \
+        UNROLL for (int t = 0; t < C; t++) out[t] = hsum8(_mm256_add_ps(A[t], B[t]));             \
+    }
+FEW4(1) FEW4(2) FEW4(3) FEW4(4)
+static void (*const few4_k[FEWC4])(const uint8_t *, const uint8_t *, int, const int16_t *, size_t, const float *,
+                                   size_t, float *) = { few4_1, few4_2, few4_3, few4_4 };
+
+static void few_fp4_avx2(const uint8_t *w, size_t ld, const uint8_t *s, size_t lds, int nr, int nb,
+                         const int16_t *aw, size_t ldaw, const float *sav, size_t ldsa, int T, float *out) {
+    for (int r = 0; r < nr; r++)
+        for (int t0 = 0, C; t0 < T; t0 += C) {
+            C = few_pass(T, t0, FEWC4);
+            few4_k[C - 1](w + (size_t)r * ld, s + (size_t)r * lds, nb, aw + (size_t)t0 * ldaw, ldaw,
+                          sav + (size_t)t0 * ldsa, ldsa, out + (size_t)r * T + t0);
+        }
+}
+
+/* BF16 group g of one row into X[t]: even elements, then odd (BFGRP per token) */
+#define FEWBGRP(C, X, g)                                                                              \
+    do {                                                                                          \
+        __m256i v = _mm256_loadu_si256((const __m256i *)(w + 16 * (g)));                          \
+        __m256 ev = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), od = _mm256_castsi256_ps(_mm256_and_si256(v, hm)); \
+        size_t oa = 32 * (size_t)((g) >> 1) + 8 * ((g) & 1);                                      \
+        UNROLL for (int t = 0; t < C; t++) {                                                      \
+            X[t] = _mm256_fmadd_ps(ev, _mm256_loadu_ps(a + t * lda + oa), X[t]);                  \
+            X[t] = _mm256_fmadd_ps(od, _mm256_loadu_ps(a + t * lda + oa + 16), X[t]);             \
+        }                                                                                         \
+    } while (0)
+
+#define FEWB(C)                                                                                       \
+    static void fewb_##C(const uint16_t *w, int n16, const float *a, size_t lda, float *out) {       \
+        const __m256i hm = _mm256_set1_epi32((int)0xFFFF0000);                                    \
+        __m256 A[C], B[C];                                                                        \
+        UNROLL for (int t = 0; t < C; t++) A[t] = B[t] = _mm256_setzero_ps();                     \
+        int g = 0;                                                                                \
+        for (; g + 2 <= n16; g += 2) {                                                            \
+            _mm_prefetch((const char *)(w + 16 * g) + PFD, _MM_HINT_T0);                          \
+            FEWBGRP(C, A, g);                                                                     \
+            FEWBGRP(C, B, g + 1);                                                                 \
+        }                                                                                         \
+        if (g < n16) FEWBGRP(C, A, g);                                                            \
+        UNROLL for (int t = 0; t < C; t++) out[t] = hsum8(_mm256_add_ps(A[t], B[t]));             \
+    }
+FEWB(1) FEWB(2) FEWB(3) FEWB(4) FEWB(5) FEWB(6)
+static void (*const fewb_k[FEWC])(const uint16_t *, int, const float *, size_t, float *) = {
+    fewb_1, fewb_2, fewb_3, fewb_4, fewb_5, fewb_6 };
+
+static void few_bf16_avx2(const uint16_t *w, size_t ld, int nr, int n16, const float *a, size_t lda, int T, float *out) {
+    for (int r = 0; r < nr; r++)
+        for (int t0 = 0, C; t0 < T; t0 += C) {
+            C = few_pass(T, t0, FEWC);
+            fewb_k[C - 1](w + (size_t)r * ld, n16, a + (size_t)t0 * lda, lda, out + (size_t)r * T + t0);
+        }
+}
+
+#define FEWF(C)                                                                                       \
+    static void fewf_##C(const float *w, int n8, const float *a, size_t lda, float *out) {           \
+        __m256 A[C], B[C];                                                                        \
+        UNROLL for (int t = 0; t < C; t++) A[t] = B[t] = _mm256_setzero_ps();                     \
+        int g = 0;                                                                                \
+        for (; g + 2 <= n8; g += 2) {                                                             \
+            _mm_prefetch((const char *)(w + 8 * g) + PFD, _MM_HINT_T0);                           \
+            __m256 w0 = _mm256_loadu_ps(w + 8 * g), w1 = _mm256_loadu_ps(w + 8 * g + 8);          \
+            UNROLL for (int t = 0; t < C; t++) {                                                  \
+                A[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a + t * lda + 8 * g), A[t]);           \
+                B[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(a + t * lda + 8 * g + 8), B[t]);       \
+            }                                                                                     \
+        }                                                                                         \
+        if (g < n8) {                                                                             \
+            __m256 w0 = _mm256_loadu_ps(w + 8 * g);                                               \
+            UNROLL for (int t = 0; t < C; t++) A[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a + t * lda + 8 * g), A[t]); \
+        }                                                                                         \
+        UNROLL for (int t = 0; t < C; t++) out[t] = hsum8(_mm256_add_ps(A[t], B[t]));             \
+    }
+FEWF(1) FEWF(2) FEWF(3) FEWF(4) FEWF(5) FEWF(6)
+static void (*const fewf_k[FEWC])(const float *, int, const float *, size_t, float *) = {
+    fewf_1, fewf_2, fewf_3, fewf_4, fewf_5, fewf_6 };
+
+static void few_f32_avx2(const float *w, size_t ld, int nr, int n8, const float *a, size_t lda, int T, float *out) {
+    for (int r = 0; r < nr; r++)
+        for (int t0 = 0, C; t0 < T; t0 += C) {
+            C = few_pass(T, t0, FEWC);
+            fewf_k[C - 1](w + (size_t)r * ld, n8, a + (size_t)t0 * lda, lda, out + (size_t)r * T + t0);
+        }
+}
+
 /* ---------------------------------------------------------------- AVX2 prefill micro-kernels */
 
 /* Float panel: acc[(r * T + t) * 16 + 8 * par] += P[r][8c..] * A[t][8c..] for chunks c of parity
@@ -319,6 +484,7 @@ static void pf_fp4_avx2(const int16_t *PW, const float *SW, int nr, const int16_
 }
 
 static const ds41_fast_ops ops_avx2 = { "avx2", dec_e4m3_avx2, dec_fp4_avx2, dec_bf16_avx2, dec_f32_avx2,
+                                        few_e4m3_avx2, few_fp4_avx2, few_bf16_avx2, few_f32_avx2,
                                         pf_float_avx2, pf_fp4_avx2 };
 const ds41_fast_ops *ds41_fast_ops_avx2(void) { return &ops_avx2; }
 
@@ -513,6 +679,45 @@ static void item_decode(const fjob *j, int r0, int r1, float *a2) {
     for (int r = 0; r < nr; r++) j->y[r0 + r] = finish(j, v[r], 0, r0 + r);
 }
 
+/* T = 2 .. DS41_FEW_MAX: stream the item's rows once for all T tokens (the decode order per
+ * output, so every token gets its T = 1 bits). a2 scratch: T x in floats. */
+static void item_few(const fjob *j, int r0, int r1, float *a2) {
+    int in = j->in, nr = r1 - r0, T = j->T;
+    float v[ITEM * DS41_FEW_MAX];
+    switch (j->kind) {
+    case J_FP8: case J_DQ: {
+        int nb = in / 32, nbk = (in + 31) / 32, tile = (j->row0 + r0) / 32;
+        const uint8_t *st = j->s + (size_t)tile * nbk;
+        for (int t = 0; t < T; t++) {
+            const float *at = j->a + (size_t)t * j->lda;
+            float *o = a2 + (size_t)t * in;
+            for (int b = 0; b < nb; b++) {
+                __m256 sc = _mm256_set1_ps(ue8_lut8[st[b]]);
+                for (int q = 0; q < 4; q++)
+                    _mm256_storeu_ps(o + 32 * b + 8 * q, _mm256_mul_ps(_mm256_loadu_ps(at + 32 * b + 8 * q), sc));
+            }
+        }
+        j->ops->few_e4m3(j->w + (size_t)(j->row0 + r0) * in, (size_t)in, nr, in, a2, (size_t)in, T, v);
+        break;
+    }
+    case J_FP4: {
+        int nb = in / 32;
+        j->ops->few_fp4(j->w + (size_t)r0 * (in / 2), (size_t)in / 2, j->s + (size_t)r0 * nb, (size_t)nb, nr, nb,
+                        j->aw, j->ldaw, j->sav, j->ldsa, T, v);
+        break;
+    }
+    case J_BF16:
+        j->ops->few_bf16(j->wb + (size_t)r0 * in, (size_t)in, nr, j->kv / 16, j->a, j->lda, T, v);
+        break;
+    case J_F32:
+        j->ops->few_f32(j->wf + (size_t)r0 * in, (size_t)in, nr, j->kv / 8, j->a, j->lda, T, v);
+        break;
+    }
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < T; t++)
+            j->y[(size_t)t * j->y_stride + r0 + r] = finish(j, v[r * T + t], t, r0 + r);
+}
+
 /* Decodes rows [r0, r1) x K [k0, k0 + kc) into the panel (row stride KC): floats P (FP8 / DQ:
  * e4m3 * s_tile; BF16 in the activation order, zero padded to 32; FP32 as is) or, for FP4,
  * int16 words PW in the activation layout and pair scale vectors SW. Returns the number of
@@ -596,8 +801,8 @@ static void fjob_items(void *arg, int i0, int i1) {
     const fjob *j = arg;
     float *a2 = NULL, *P = NULL, *SW = NULL, *acc = NULL;
     int16_t *PW = NULL;
-    if (j->T == 1) {
-        a2 = amalloc((size_t)j->in * sizeof(float));
+    if (j->T <= DS41_FEW_MAX) {
+        a2 = amalloc((size_t)j->T * j->in * sizeof(float));
         if (!a2) return;
     } else {
         P = amalloc((size_t)ITEM * KC * sizeof(float));
@@ -611,6 +816,7 @@ static void fjob_items(void *arg, int i0, int i1) {
         item_rows(j, it, &r0, &r1);
         if (r1 <= r0) continue;
         if (j->T == 1) item_decode(j, r0, r1, a2);
+        else if (j->T <= DS41_FEW_MAX) item_few(j, r0, r1, a2);
         else item_prefill(j, r0, r1, P, PW, SW, acc);
     }
     free(a2); free(P); free(PW); free(SW); free(acc);

@@ -28,6 +28,7 @@ void ds41_fast_q8_row(const float *x, int in, float mult, float *a);
 /* ---- per-ISA kernels (see linear_fast.c for the canonical order they all implement) ----
  * acc blocks: 16 floats per (row, token): lanes 0-7 accumulator A, 8-15 accumulator B. */
 #define DS41_KC 256   /* K elements per prefill panel */
+#define DS41_FEW_MAX 8   /* T = 2 .. DS41_FEW_MAX: the few-row path (weights streamed once) */
 typedef struct ds41_fast_ops {
     const char *name;
     /* decode, nr rows at stride ld; out[r] = hsum8(A + B) */
@@ -36,6 +37,13 @@ typedef struct ds41_fast_ops {
                     const int16_t *aw, const float *sav, float *out);
     void (*dec_bf16)(const uint16_t *w, size_t ld, int nr, int n16, const float *a, float *out);
     void (*dec_f32)(const float *w, size_t ld, int nr, int n8, const float *a, float *out);
+    /* few rows (T = 2 .. DS41_FEW_MAX): nr weight rows streamed once for all T activation
+     * rows (row t at a + t * lda), out[r * T + t] = the T = 1 result of (row r, token t) */
+    void (*few_e4m3)(const uint8_t *w, size_t ld, int nr, int in, const float *a2, size_t lda, int T, float *out);
+    void (*few_fp4)(const uint8_t *w, size_t ld, const uint8_t *s, size_t lds, int nr, int nb,
+                    const int16_t *aw, size_t ldaw, const float *sav, size_t ldsa, int T, float *out);
+    void (*few_bf16)(const uint16_t *w, size_t ld, int nr, int n16, const float *a, size_t lda, int T, float *out);
+    void (*few_f32)(const float *w, size_t ld, int nr, int n8, const float *a, size_t lda, int T, float *out);
     /* prefill over one K panel: nr rows of panel P (row stride DS41_KC), T tokens */
     void (*pf_float)(const float *P, int nr, const float *A, size_t lda, int T, int nch, float *acc);
     void (*pf_fp4)(const int16_t *PW, const float *SW, int nr, const int16_t *AW, size_t ldaw,
