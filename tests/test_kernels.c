@@ -605,6 +605,118 @@ static void test_isa_paths(void) {
     ds41_kernels_set_isa("auto");
 }
 
+/* ---------------------------------------------------------------- exact kernels at speed */
+
+/* The vectorised exact linears (linear_exact.c) against the scalar exact kernels of
+ * linear.c (ds41_exact_simd = 0), bit for bit: every format (FP8 tiles, FP4, BF16 with BF16
+ * and FP32 outputs, FP32, FP8-dequantized at a row offset), widths with 8-element tails and
+ * 128-element panel tails, outputs not a multiple of the 16-row group, T = 1 and T > 1 (odd,
+ * beyond the 32-token tile), 1 and 2 threads; random inputs and adversarial ones: activations
+ * over the whole E4M3 range with zero / signed-zero / saturating blocks, random finite FP32
+ * bit patterns (dense kinds), weight scale bytes 0 (the FP32-subnormal 2^-127: subnormal
+ * dequantized weights) to 2^73, subnormal E4M3 / BF16 / FP32 weights, huge BF16 / FP32
+ * weights (FP32 outputs overflow to inf the same way), sums that cancel. */
+static float rand_finite_f32(void) {
+    uint32_t u;
+    do u = rnd() ^ (rnd() << 16); while (((u >> 23) & 0xFF) == 0xFF);
+    return ds41_bits_f32(u);
+}
+
+static void exact_call(int kind, const ds41_ctx *c, const mats *m, int in, const float *x, int T, float *y) {
+    ds41_fp8w f8 = { m->w8, m->s8, m->out, m->in };
+    ds41_fp4w f4 = { m->w4, m->s4, m->out, m->in };
+    ds41_bf16w fb = { m->wb, m->out, in };
+    switch (kind) {
+    case 0: ds41_linear_fp8(c, &f8, x, T, y); break;
+    case 1: ds41_linear_fp4(c, &f4, x, T, y); break;
+    case 2: ds41_linear_bf16(c, &fb, x, T, y, 1); break;
+    case 3: ds41_linear_bf16(c, &fb, x, T, y, 0); break;
+    case 4: ds41_linear_f32(c, m->wf, m->out, in, x, T, y); break;
+    case 5: ds41_linear_fp8_dq(c, &f8, 0, m->out, x, m->in, T, y, m->out); break;
+    case 6: ds41_linear_fp8_dq(c, &f8, 5, m->out - 9, x, m->in, T, y, m->out - 9); break;
+    }
+}
+
+static void test_exact_simd(void) {
+    int shapes[][3] = { { 67, 544, 33 }, { 33, 96, 3 }, { 100, 1056, 9 }, { 40, 2080, 1 }, { 17, 160, 2 } };
+    const char *names[7] = { "fp8", "fp4", "bf16", "bf16 f32-out", "f32", "fp8_dq", "fp8_dq @5" };
+    ds41_pool *pool = ds41_pool_create(2);
+    ds41_ctx ex2 = { 1, 2, pool };
+    int cases = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int adv = 0; adv < 4; adv++) {
+            int out = shapes[si][0], in = shapes[si][1], T = shapes[si][2];
+            mats m;
+            mats_make(&m, out, in);
+            int nbo = (out + 31) / 32, nbi = (in + 31) / 32;
+            float *x = malloc((size_t)T * in * 4), *ys = malloc((size_t)T * out * 4), *yv = malloc((size_t)T * out * 4);
+            if (adv == 0) for (int i = 0; i < T * in; i++) x[i] = ds41_bf16_round(urand() * (i % 7 == 0 ? 30.0f : 1.0f));
+            else fill_adversarial(x, T * in);
+            if (adv) {
+                static const uint8_t sc[8] = { 0, 1, 2, 100, 127, 150, 200, 127 };
+                for (int i = 0; i < nbo * nbi; i++) m.s8[i] = sc[rnd() % 8];
+                for (int i = 0; i < out * (in / 32); i++) m.s4[i] = sc[rnd() % 8];
+                for (int i = 0; i < out * in; i++) {
+                    uint16_t b;
+                    do b = (uint16_t)rnd(); while (((b >> 7) & 0xFF) == 0xFF);
+                    if (i % 5 == 0) b &= 0x807F;   /* subnormal or zero */
+                    m.wb[i] = b;
+                    m.wf[i] = i % 3 == 0 ? rand_finite_f32() : urand() * ldexpf(1.0f, (int)(rnd() % 60) - 30);
+                }
+                /* a cancelling row: w[k] = -w[k - 1] pairs with equal x pairs below */
+                for (int k = 1; k < in; k += 2) { m.wb[k] = m.wb[k - 1] ^ 0x8000; m.wf[k] = -m.wf[k - 1]; }
+                if (adv == 2) for (int i = 0; i < T * in; i++) x[i] = i % 4 < 2 ? x[i - i % 4] : rand_finite_f32();
+            }
+            if (adv == 3 && in >= 128) {
+                /* order: x = 1 and, per row, a product +2^60 early and -2^60 late (dense), or
+                 * block 1 and block nbi - 2 at scale 2^73 with opposite codes (quantized): the
+                 * result is the sum of the terms after the cancellation only if the kernel adds
+                 * in the contract's order (other orders lose them or others) */
+                for (int i = 0; i < T * in; i++) x[i] = 1.0f;
+                int b1 = 1, b2 = nbi - 2;
+                for (int o = 0; o < out; o++) {
+                    int k1 = (o * 7) % (in / 2), k2 = in / 2 + (o * 13) % (in / 2 - 8);
+                    m.wb[(size_t)o * in + k1] = ds41_bf16_from_f32(ldexpf(1.0f, 60));
+                    m.wb[(size_t)o * in + k2] = ds41_bf16_from_f32(-ldexpf(1.0f, 60));
+                    m.wf[(size_t)o * in + k1] = ldexpf(1.0f, 60);
+                    m.wf[(size_t)o * in + k2] = -ldexpf(1.0f, 60);
+                    for (int k = 0; k < 32; k++) m.w8[(size_t)o * in + 32 * b2 + k] = m.w8[(size_t)o * in + 32 * b1 + k] ^ 0x80;
+                    for (int k = 0; k < 16; k++) m.w4[(size_t)o * in / 2 + 16 * b2 + k] = m.w4[(size_t)o * in / 2 + 16 * b1 + k] ^ 0x88;
+                    m.s4[(size_t)o * (in / 32) + b1] = m.s4[(size_t)o * (in / 32) + b2] = 200;
+                }
+                for (int i = 0; i < nbo * nbi; i++) m.s8[i] = (i % nbi == b1 || i % nbi == b2) ? 200 : 127;
+                for (int i = 0; i < out * (in / 32); i++) if (i % (in / 32) != b1 && i % (in / 32) != b2) m.s4[i] = 127;
+            }
+            for (int kind = 0; kind < 7; kind++) {
+                if (adv == 2 && kind < 2) continue;   /* random FP32 bits: dense kinds only */
+                int kin = kind == 2 ? in - 5 : kind == 4 ? in - 3 : in;   /* 8-element tails */
+                int kout = kind == 6 ? out - 9 : out;
+                ds41_exact_simd = 0;
+                exact_call(kind, &EX, &m, kin, x, T, ys);
+                ds41_exact_simd = 1;
+                for (int pass = 0; pass < 2; pass++) {
+                    memset(yv, 0xA5, (size_t)T * out * 4);
+                    exact_call(kind, pass ? &ex2 : &EX, &m, kin, x, T, yv);
+                    int d = count_diff(ys, yv, T * kout);
+                    CHECK(d == 0, "exact %s %dx%d T=%d adv %d threads %d: vectorised differs from scalar in %d of %d",
+                          names[kind], kout, kin, T, adv, pass + 1, d, T * kout);
+                    cases++;
+                }
+                /* each row alone (T = 1) equals its row of the batch */
+                float *y1 = malloc((size_t)kout * 4);
+                exact_call(kind, &EX, &m, kin, x + (size_t)(T - 1) * kin, 1, y1);
+                CHECK(count_diff(y1, yv + (size_t)(T - 1) * kout, kout) == 0, "exact %s: T=1 differs from row %d of T=%d",
+                      names[kind], T - 1, T);
+                free(y1);
+            }
+            free(x); free(ys); free(yv);
+            mats_free(&m);
+        }
+    printf("  vectorised exact kernels: %d cases bit-identical to the scalar ones\n", cases);
+    ds41_exact_simd = 1;
+    ds41_pool_destroy(pool);
+}
+
 /* ---------------------------------------------------------------- threads */
 
 typedef struct cover { int *hits; } cover;
@@ -679,6 +791,7 @@ int main(void) {
     RUN_CASE(test_rope_tables);
     RUN_CASE(test_linear_exact_vs_reference);
     RUN_CASE(test_fast_q8);
+    RUN_CASE(test_exact_simd);
     RUN_CASE(test_threads);
     return check_exit();
 }

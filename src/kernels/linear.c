@@ -14,6 +14,10 @@
  *     increasing K order; then FP32, then BF16.
  *   BF16 / FP32 / dequantized FP8: products exact in double, summed in double in increasing K
  *     order, rounded once to FP32 (then BF16 where the caller asks).
+ *   The scalar code below is the readable statement of these sums and the twin the tests
+ *   compare against; ds41_linear_* run the vectorised version of the same sums
+ *   (linear_exact.c: output rows in double lanes, each lane in the scalar order, bit for bit)
+ *   whenever the shape fits it, and the scalar code when ds41_exact_simd is 0.
  * Fast kernels (ctx->exact == 0): kernels/linear_fast.c (AVX2, one canonical FP32 order per
  *   output for decode and prefill alike). The fast code below only serves shapes those do not
  *   cover (quantized linears with in % 32 != 0, FP8-dequantized with in % 32 != 0): the same
@@ -286,6 +290,10 @@ static void qlin_run(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, in
         ds41_fast_qlin(ctx, w, s, fp4, out, in, x, T, y);
         return;
     }
+    if (ctx->exact && ds41_exact_simd && in % 32 == 0) {   /* the same sums, vectorised: linear_exact.c */
+        ds41_exact_qlin(ctx, w, s, fp4, out, in, x, T, y);
+        return;
+    }
     int nb = (in + 31) / 32;
     int tt = T < T_TILE ? T : T_TILE;
     float *qa = malloc((size_t)tt * in * sizeof(float));
@@ -392,6 +400,11 @@ static void dlin_run(dlin_job *j) {
     if (!j->ctx->exact && (j->kind != 2 || j->in % 32 == 0)) {   /* linear_fast.c */
         ds41_fast_dense(j->ctx, j->kind, j->wb, j->wf, j->w8, j->row0, j->out, j->in, j->x, j->x_stride, j->T,
                         j->y, j->y_stride, j->out_bf16);
+        return;
+    }
+    if (j->ctx->exact && ds41_exact_simd && (j->kind != 2 || j->in % 8 == 0)) {   /* linear_exact.c */
+        ds41_exact_dense(j->ctx, j->kind, j->wb, j->wf, j->w8, j->row0, j->out, j->in, j->x, j->x_stride, j->T,
+                         j->y, j->y_stride, j->out_bf16);
         return;
     }
     if ((long long)j->out * j->in * j->T >= PAR_MIN_WORK) ds41_parallel_for(j->ctx, j->out, dlin_rows, j);

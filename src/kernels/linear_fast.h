@@ -54,4 +54,15 @@ const ds41_fast_ops *ds41_fast_ops_avx2(void);
 const ds41_fast_ops *ds41_fast_ops_avx512(void);   /* NULL when not compiled in */
 const ds41_fast_ops *ds41_fast_ops_get(void);     /* the selected one */
 
+/* ---- exact linears at speed (linear_exact.c, AVX2, double accumulation): bit-identical to
+ * the scalar exact kernels of linear.c for finite inputs; linear.c calls them for ctx->exact
+ * when ds41_exact_simd is 1 (the default; tests set 0 to run the scalar twins) and the shape
+ * fits (quantized: in % 32 == 0; FP8-dequantized: in % 8 == 0). */
+extern int ds41_exact_simd;
+void ds41_exact_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int fp4, int out, int in,
+                     const float *x, int T, float *y);
+void ds41_exact_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const float *wf, const ds41_fp8w *w8,
+                      int row0, int out, int in, const float *x, int x_stride, int T, float *y, int y_stride,
+                      int out_bf16);
+
 #endif

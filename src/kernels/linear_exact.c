@@ -1,0 +1,313 @@
+/* ds41 exact linears at speed: AVX2 kernels with double accumulation, bit-identical to the
+ * scalar exact kernels of linear.c (exact-mode.md) for every finite input.
+ *
+ * The contract sums, per output, products that are exact in double in increasing K order
+ * (BF16 / FP32 / dequantized FP8), or adds per-block dot products that are themselves exact in
+ * double in increasing block order (FP8 / FP4). Both are kept lane by lane: the four lanes of
+ * a __m256d are four different output rows, each lane sees the scalar kernel's sequence of
+ * additions. A double FMA is the scalar multiply-then-add here, because the product is exact
+ * in double (BF16 x BF16: 16 significant bits, FP32 x FP32: 48, E4M3 / E2M1 x Q8: < 9), so
+ * the FMA and the add of the exactly rounded product round the same sum once.
+ *
+ *   Weights: 16 output rows (a group: four row vectors of 4 lanes) x 128 K elements (a panel)
+ *     are decoded to exact doubles once into an L1 panel laid out K-major (wt[k * 16 + r]: one
+ *     aligned load gives rows r..r+3 at k), by decoding 4 rows x 8 K to floats, transposing
+ *     4 x 4 per 128-bit half and widening. FP8 / FP4 panels carry the weight scale (a power of
+ *     two, exact in double: FP8 e4m3 * 2^-8 from the FP16 trick times ue8m0 * 2^8, FP4 2 e2m1
+ *     from the byte shuffle times ue8m0 / 2).
+ *   Activations: doubles, one row per token; for FP8 / FP4 the Q8 values of ds41_q8_group
+ *     times their group scale (e4m3 * s, exact in double), so that a block's products are
+ *     q * w * s_a * s_w exactly and the block dot in any order is the scalar kernel's
+ *     dot * s_a * s_w (the partial sums are exact: < 32 * 2^18 times the scale product, on a
+ *     2^-18 grid of it, < 42 bits).
+ *   Dense: acc_r = fma(w[r][k], x[k], acc_r) for k ascending, then FP32 (then BF16).
+ *   Quantized: per block d_r = sum of its 32 products (in K order, exact anyway), then
+ *     acc_r = acc_r + d_r for blocks ascending; then FP32, then BF16.
+ *   Every accumulator starts at +0 as the scalar ones do, so signed zeros agree as well.
+ *
+ * Threads: work items are 16-row groups split statically (FP8 groups lie inside one 32-row
+ * scale tile); the result does not depend on the split. Tokens: tiles of TT, two tokens per
+ * pass over the panel (two independent sets of chains). */
+#include "linear_fast.h"
+#include "formats.h"
+
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define G 16              /* rows per group */
+#define KE 128            /* K per panel */
+#define TT 32             /* tokens per activation tile */
+#define PAR_MIN_WORK 65536LL
+
+int ds41_exact_simd = 1;
+
+enum { E_FP8, E_FP4, E_BF16, E_F32, E_DQ };
+
+typedef struct ejob {
+    int kind;
+    const uint8_t *w, *s;      /* FP8 / FP4 / DQ codes and scales */
+    const uint16_t *wb;
+    const float *wf;
+    int row0;                  /* DQ: absolute row of output 0 */
+    int out, in, T;
+    const double *ad;          /* T rows of in doubles */
+    float *y;
+    size_t y_stride;
+    int out_bf16;
+} ejob;
+
+static void *amalloc(size_t n) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? n : 64) != 0) return NULL;
+    return p;
+}
+
+static double ue8_d(uint8_t e) { return (double)ds41_ue8m0_to_f32(e); }
+
+/* 8 E4M3 codes -> e4m3 * 2^-8 (normal FP32) */
+static inline __m256 e4m3x8_h(const uint8_t *p) {
+    __m128i b = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(b, 7), _mm_set1_epi16((short)0xBFFF)));
+}
+
+/* float RNE to BF16 (finite values), as float */
+static inline __m256 bf16_rne(__m256 v) {
+    __m256i u = _mm256_castps_si256(v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    u = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb);
+    return _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xFFFF0000)));
+}
+
+/* 4 rows x 8 K of floats -> wt[(k + j) * G + 4q .. + 3] for j < 8, as doubles times sc */
+static inline void put4x8(double *wt, __m256 r0, __m256 r1, __m256 r2, __m256 r3, __m256d sc) {
+    __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+    __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+    __m256 u[4];
+    u[0] = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+    u[1] = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+    u[2] = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+    u[3] = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+    for (int j = 0; j < 4; j++) {
+        _mm256_store_pd(wt + j * G, _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(u[j])), sc));
+        _mm256_store_pd(wt + (j + 4) * G, _mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(u[j], 1)), sc));
+    }
+}
+
+/* one row's 8 K elements at k as floats (without scales); valid rows only */
+static inline __m256 row8(const ejob *j, int r, int k) {
+    size_t in = (size_t)j->in;
+    switch (j->kind) {
+    case E_FP8: return e4m3x8_h(j->w + (size_t)r * in + k);
+    case E_DQ: {
+        int ar = j->row0 + r, nbk = (j->in + 31) / 32;
+        float sc = ds41_ue8m0_to_f32(j->s[(size_t)(ar / 32) * nbk + k / 32]);
+        __m256 v = _mm256_mul_ps(e4m3x8_h(j->w + (size_t)ar * in + k), _mm256_set1_ps(256.0f));   /* exact */
+        return bf16_rne(_mm256_mul_ps(v, _mm256_set1_ps(sc)));
+    }
+    case E_FP4: {
+        const __m128i tab = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+        int32_t b4;
+        memcpy(&b4, j->w + (size_t)r * (in / 2) + k / 2, 4);
+        __m128i b = _mm_cvtsi32_si128(b4);
+        __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F)), hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
+        __m128i e = _mm_unpacklo_epi8(_mm_shuffle_epi8(tab, lo), _mm_shuffle_epi8(tab, hi));
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e));   /* 2 * e2m1 */
+    }
+    case E_BF16:
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(j->wb + (size_t)r * in + k))), 16));
+    default:
+        return _mm256_loadu_ps(j->wf + (size_t)r * in + k);
+    }
+}
+
+static inline double scalar_w(const ejob *j, int r, int k) {
+    size_t in = (size_t)j->in;
+    if (j->kind == E_BF16) return (double)ds41_bf16_to_f32(j->wb[(size_t)r * in + k]);
+    return (double)j->wf[(size_t)r * in + k];
+}
+
+/* Decodes rows [g0, g0 + nr) x K [k0, k0 + kc) into wt (rows >= nr zero). */
+static void decode_panel(const ejob *j, int g0, int nr, int k0, int kc, double *wt) {
+    int kv = kc & ~7;
+    for (int q = 0; q < 4; q++) {
+        int rb = g0 + 4 * q;
+        int n = nr - 4 * q;
+        if (n <= 0) {
+            for (int k = 0; k < kc; k++) _mm256_store_pd(wt + (size_t)k * G + 4 * q, _mm256_setzero_pd());
+            continue;
+        }
+        for (int k = 0; k < kv; k += 8) {
+            int ka = k0 + k;
+            __m256d sc = _mm256_set1_pd(1.0);
+            if (j->kind == E_FP8) {
+                int nbk = j->in / 32;
+                sc = _mm256_set1_pd(ue8_d(j->s[(size_t)(rb / 32) * nbk + ka / 32]) * 256.0);
+            } else if (j->kind == E_FP4) {
+                int nb = j->in / 32;
+                double s4[4];
+                for (int i = 0; i < 4; i++) s4[i] = i < n ? ue8_d(j->s[(size_t)(rb + i) * nb + ka / 32]) * 0.5 : 0.0;
+                sc = _mm256_loadu_pd(s4);
+            }
+            __m256 z = _mm256_setzero_ps();
+            __m256 r0 = row8(j, rb, ka);
+            __m256 r1 = n > 1 ? row8(j, rb + 1, ka) : z;
+            __m256 r2 = n > 2 ? row8(j, rb + 2, ka) : z;
+            __m256 r3 = n > 3 ? row8(j, rb + 3, ka) : z;
+            put4x8(wt + (size_t)k * G + 4 * q, r0, r1, r2, r3, sc);
+        }
+        for (int k = kv; k < kc; k++)   /* dense tails (BF16 / FP32 with in % 8 != 0) */
+            for (int i = 0; i < 4; i++) wt[(size_t)k * G + 4 * q + i] = i < n ? scalar_w(j, rb + i, k0 + k) : 0.0;
+    }
+}
+
+/* dense: C tokens (1 or 2) over the panel; acc[t * G ..] */
+static inline void dense_pass(const double *wt, int kc, const double *x0, const double *x1, double *a0, double *a1) {
+    __m256d c0 = _mm256_load_pd(a0), c1 = _mm256_load_pd(a0 + 4), c2 = _mm256_load_pd(a0 + 8), c3 = _mm256_load_pd(a0 + 12);
+    if (x1) {
+        __m256d d0 = _mm256_load_pd(a1), d1 = _mm256_load_pd(a1 + 4), d2 = _mm256_load_pd(a1 + 8), d3 = _mm256_load_pd(a1 + 12);
+        for (int k = 0; k < kc; k++) {
+            const double *w = wt + (size_t)k * G;
+            __m256d w0 = _mm256_load_pd(w), w1 = _mm256_load_pd(w + 4), w2 = _mm256_load_pd(w + 8), w3 = _mm256_load_pd(w + 12);
+            __m256d xa = _mm256_broadcast_sd(x0 + k), xb = _mm256_broadcast_sd(x1 + k);
+            c0 = _mm256_fmadd_pd(w0, xa, c0); c1 = _mm256_fmadd_pd(w1, xa, c1);
+            c2 = _mm256_fmadd_pd(w2, xa, c2); c3 = _mm256_fmadd_pd(w3, xa, c3);
+            d0 = _mm256_fmadd_pd(w0, xb, d0); d1 = _mm256_fmadd_pd(w1, xb, d1);
+            d2 = _mm256_fmadd_pd(w2, xb, d2); d3 = _mm256_fmadd_pd(w3, xb, d3);
+        }
+        _mm256_store_pd(a1, d0); _mm256_store_pd(a1 + 4, d1); _mm256_store_pd(a1 + 8, d2); _mm256_store_pd(a1 + 12, d3);
+    } else {
+        for (int k = 0; k < kc; k++) {
+            const double *w = wt + (size_t)k * G;
+            __m256d xa = _mm256_broadcast_sd(x0 + k);
+            c0 = _mm256_fmadd_pd(_mm256_load_pd(w), xa, c0); c1 = _mm256_fmadd_pd(_mm256_load_pd(w + 4), xa, c1);
+            c2 = _mm256_fmadd_pd(_mm256_load_pd(w + 8), xa, c2); c3 = _mm256_fmadd_pd(_mm256_load_pd(w + 12), xa, c3);
+        }
+    }
+    _mm256_store_pd(a0, c0); _mm256_store_pd(a0 + 4, c1); _mm256_store_pd(a0 + 8, c2); _mm256_store_pd(a0 + 12, c3);
+}
+
+/* quantized: per 32-block exact dots d (fresh +0 chains), then acc += d, blocks ascending */
+static inline void quant_pass(const double *wt, int kc, const double *x0, const double *x1, double *a0, double *a1) {
+    for (int b = 0; b < kc; b += 32) {
+        __m256d c0 = _mm256_setzero_pd(), c1 = c0, c2 = c0, c3 = c0;
+        if (x1) {
+            __m256d d0 = _mm256_setzero_pd(), d1 = d0, d2 = d0, d3 = d0;
+            for (int k = b; k < b + 32; k++) {
+                const double *w = wt + (size_t)k * G;
+                __m256d w0 = _mm256_load_pd(w), w1 = _mm256_load_pd(w + 4), w2 = _mm256_load_pd(w + 8), w3 = _mm256_load_pd(w + 12);
+                __m256d xa = _mm256_broadcast_sd(x0 + k), xb = _mm256_broadcast_sd(x1 + k);
+                c0 = _mm256_fmadd_pd(w0, xa, c0); c1 = _mm256_fmadd_pd(w1, xa, c1);
+                c2 = _mm256_fmadd_pd(w2, xa, c2); c3 = _mm256_fmadd_pd(w3, xa, c3);
+                d0 = _mm256_fmadd_pd(w0, xb, d0); d1 = _mm256_fmadd_pd(w1, xb, d1);
+                d2 = _mm256_fmadd_pd(w2, xb, d2); d3 = _mm256_fmadd_pd(w3, xb, d3);
+            }
+            _mm256_store_pd(a1, _mm256_add_pd(_mm256_load_pd(a1), d0));
+            _mm256_store_pd(a1 + 4, _mm256_add_pd(_mm256_load_pd(a1 + 4), d1));
+            _mm256_store_pd(a1 + 8, _mm256_add_pd(_mm256_load_pd(a1 + 8), d2));
+            _mm256_store_pd(a1 + 12, _mm256_add_pd(_mm256_load_pd(a1 + 12), d3));
+        } else {
+            /* one token: two chains per row vector (even / odd K; exact sums, any order) */
+            __m256d e0 = _mm256_setzero_pd(), e1 = e0, e2 = e0, e3 = e0;
+            for (int k = b; k < b + 32; k += 2) {
+                const double *w = wt + (size_t)k * G;
+                __m256d xa = _mm256_broadcast_sd(x0 + k), xb = _mm256_broadcast_sd(x0 + k + 1);
+                c0 = _mm256_fmadd_pd(_mm256_load_pd(w), xa, c0); c1 = _mm256_fmadd_pd(_mm256_load_pd(w + 4), xa, c1);
+                c2 = _mm256_fmadd_pd(_mm256_load_pd(w + 8), xa, c2); c3 = _mm256_fmadd_pd(_mm256_load_pd(w + 12), xa, c3);
+                e0 = _mm256_fmadd_pd(_mm256_load_pd(w + G), xb, e0); e1 = _mm256_fmadd_pd(_mm256_load_pd(w + G + 4), xb, e1);
+                e2 = _mm256_fmadd_pd(_mm256_load_pd(w + G + 8), xb, e2); e3 = _mm256_fmadd_pd(_mm256_load_pd(w + G + 12), xb, e3);
+            }
+            c0 = _mm256_add_pd(c0, e0); c1 = _mm256_add_pd(c1, e1); c2 = _mm256_add_pd(c2, e2); c3 = _mm256_add_pd(c3, e3);
+        }
+        _mm256_store_pd(a0, _mm256_add_pd(_mm256_load_pd(a0), c0));
+        _mm256_store_pd(a0 + 4, _mm256_add_pd(_mm256_load_pd(a0 + 4), c1));
+        _mm256_store_pd(a0 + 8, _mm256_add_pd(_mm256_load_pd(a0 + 8), c2));
+        _mm256_store_pd(a0 + 12, _mm256_add_pd(_mm256_load_pd(a0 + 12), c3));
+    }
+}
+
+static void ejob_items(void *arg, int i0, int i1) {
+    const ejob *j = arg;
+    int quant = j->kind == E_FP8 || j->kind == E_FP4;
+    double *wt = amalloc((size_t)KE * G * sizeof(double));
+    double *acc = amalloc((size_t)j->T * G * sizeof(double));
+    if (!wt || !acc) { free(wt); free(acc); return; }
+    for (int it = i0; it < i1; it++) {
+        int g0 = it * G, nr = j->out - g0 < G ? j->out - g0 : G;
+        memset(acc, 0, (size_t)j->T * G * sizeof(double));
+        for (int k0 = 0; k0 < j->in; k0 += KE) {
+            int kc = j->in - k0 < KE ? j->in - k0 : KE;
+            decode_panel(j, g0, nr, k0, kc, wt);
+            for (int t = 0; t < j->T; t += 2) {
+                const double *x0 = j->ad + (size_t)t * j->in + k0;
+                const double *x1 = t + 1 < j->T ? x0 + j->in : NULL;
+                double *a0 = acc + (size_t)t * G, *a1 = a0 + G;
+                if (quant) quant_pass(wt, kc, x0, x1, a0, a1);
+                else dense_pass(wt, kc, x0, x1, a0, a1);
+            }
+        }
+        for (int t = 0; t < j->T; t++)
+            for (int r = 0; r < nr; r++) {
+                float v = (float)acc[(size_t)t * G + r];
+                j->y[(size_t)t * j->y_stride + g0 + r] = (quant || j->out_bf16) ? ds41_bf16_round(v) : v;
+            }
+    }
+    free(wt);
+    free(acc);
+}
+
+static void ejob_run(const ds41_ctx *ctx, ejob *j) {
+    int n_items = (j->out + G - 1) / G;
+    if ((long long)j->out * j->in * j->T >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, ejob_items, j);
+    else ejob_items(j, 0, n_items);
+}
+
+static float e4m3_val[256];
+static pthread_once_t val_once = PTHREAD_ONCE_INIT;
+static void val_init(void) { for (int c = 0; c < 256; c++) e4m3_val[c] = ds41_e4m3_to_f32((uint8_t)c); }
+
+void ds41_exact_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int fp4, int out, int in,
+                     const float *x, int T, float *y) {
+    pthread_once(&val_once, val_init);
+    int tt = T < TT ? T : TT;
+    double *ad = amalloc((size_t)tt * in * sizeof(double));
+    if (!ad) return;
+    for (int t0 = 0; t0 < T; t0 += tt) {
+        int nt = T - t0 < tt ? T - t0 : tt;
+        for (int t = 0; t < nt; t++) {
+            const float *xr = x + (size_t)(t0 + t) * in;
+            double *o = ad + (size_t)t * in;
+            uint8_t codes[32], sb;
+            for (int k0 = 0; k0 < in; k0 += 32) {
+                double sa = (double)ds41_q8_group(xr + k0, 32, codes, &sb);
+                for (int i = 0; i < 32; i++) o[k0 + i] = (double)e4m3_val[codes[i]] * sa;
+            }
+        }
+        ejob j = { fp4 ? E_FP4 : E_FP8, w, s, NULL, NULL, 0, out, in, nt, ad, y + (size_t)t0 * out, (size_t)out, 1 };
+        ejob_run(ctx, &j);
+    }
+    free(ad);
+}
+
+void ds41_exact_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const float *wf, const ds41_fp8w *w8,
+                      int row0, int out, int in, const float *x, int x_stride, int T, float *y, int y_stride,
+                      int out_bf16) {
+    int ek = kind == 0 ? E_BF16 : kind == 1 ? E_F32 : E_DQ;
+    int tt = T < TT ? T : TT;
+    double *ad = amalloc((size_t)tt * in * sizeof(double));
+    if (!ad) return;
+    for (int t0 = 0; t0 < T; t0 += tt) {
+        int nt = T - t0 < tt ? T - t0 : tt;
+        for (int t = 0; t < nt; t++) {
+            const float *xr = x + (size_t)(t0 + t) * x_stride;
+            double *o = ad + (size_t)t * in;
+            for (int k = 0; k < in; k++) o[k] = (double)xr[k];
+        }
+        ejob j = { ek, w8 ? w8->w : NULL, w8 ? w8->s : NULL, wb, wf, row0, out, in, nt, ad,
+                   y + (size_t)t0 * y_stride, (size_t)y_stride, out_bf16 };
+        ejob_run(ctx, &j);
+    }
+    free(ad);
+}
