@@ -25,6 +25,10 @@
  *     acc_r = acc_r + d_r for blocks ascending; then FP32, then BF16.
  *   Every accumulator starts at +0 as the scalar ones do, so signed zeros agree as well.
  *
+ * T > 1 on an AVX-512 machine (the fast kernels' ISA, DS41_ISA=avx2 forces AVX2): the token
+ * passes of linear_exact_avx512.c, 8 rows per zmm and 4 tokens per pass, the same operations
+ * lane by lane.
+ *
  * Threads: work items are 16-row groups split statically (FP8 groups lie inside one 32-row
  * scale tile); the result does not depend on the split. Tokens: tiles of TT, two tokens per
  * pass over the panel (two independent sets of chains). */
@@ -56,6 +60,7 @@ typedef struct ejob {
     float *y;
     size_t y_stride;
     int out_bf16;
+    int avx512;                /* token passes on AVX-512 (linear_exact_avx512.c) */
 } ejob;
 
 static void *amalloc(size_t n) {
@@ -240,6 +245,10 @@ static void ejob_items(void *arg, int i0, int i1) {
         for (int k0 = 0; k0 < j->in; k0 += KE) {
             int kc = j->in - k0 < KE ? j->in - k0 : KE;
             decode_panel(j, g0, nr, k0, kc, wt);
+            if (j->avx512 && j->T > 1) {
+                ds41_exact_panel_avx512(quant, wt, kc, j->ad + k0, (size_t)j->in, j->T, acc);
+                continue;
+            }
             for (int t = 0; t < j->T; t += 2) {
                 const double *x0 = j->ad + (size_t)t * j->in + k0;
                 const double *x1 = t + 1 < j->T ? x0 + j->in : NULL;
@@ -259,6 +268,7 @@ static void ejob_items(void *arg, int i0, int i1) {
 }
 
 static void ejob_run(const ds41_ctx *ctx, ejob *j) {
+    j->avx512 = !strcmp(ds41_kernels_isa(), "avx512");
     int n_items = (j->out + G - 1) / G;
     if ((long long)j->out * j->in * j->T >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, ejob_items, j);
     else ejob_items(j, 0, n_items);
@@ -285,7 +295,7 @@ void ds41_exact_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, in
                 for (int i = 0; i < 32; i++) o[k0 + i] = (double)e4m3_val[codes[i]] * sa;
             }
         }
-        ejob j = { fp4 ? E_FP4 : E_FP8, w, s, NULL, NULL, 0, out, in, nt, ad, y + (size_t)t0 * out, (size_t)out, 1 };
+        ejob j = { fp4 ? E_FP4 : E_FP8, w, s, NULL, NULL, 0, out, in, nt, ad, y + (size_t)t0 * out, (size_t)out, 1, 0 };
         ejob_run(ctx, &j);
     }
     free(ad);
@@ -306,7 +316,7 @@ void ds41_exact_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const f
             for (int k = 0; k < in; k++) o[k] = (double)xr[k];
         }
         ejob j = { ek, w8 ? w8->w : NULL, w8 ? w8->s : NULL, wb, wf, row0, out, in, nt, ad,
-                   y + (size_t)t0 * y_stride, (size_t)y_stride, out_bf16 };
+                   y + (size_t)t0 * y_stride, (size_t)y_stride, out_bf16, 0 };
         ejob_run(ctx, &j);
     }
     free(ad);

@@ -64,5 +64,7 @@ void ds41_exact_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, in
 void ds41_exact_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const float *wf, const ds41_fp8w *w8,
                       int row0, int out, int in, const float *x, int x_stride, int T, float *y, int y_stride,
                       int out_bf16);
+/* AVX-512 token passes over one exact panel (linear_exact_avx512.c) */
+void ds41_exact_panel_avx512(int quant, const double *wt, int kc, const double *x, size_t ldx, int T, double *acc);
 
 #endif
