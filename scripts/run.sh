@@ -12,10 +12,12 @@ echo
 echo "== ds41 inspect $M (the bundled demo model) =="
 ./ds41 inspect "$M" | sed -n '1,/^layer plan/p' | sed '$d'
 echo
-echo "== ds41 run -m $M -p \"And God said unto Noah,\" -n 60 (greedy, speculative decoding on) =="
-./ds41 run -m "$M" -p "And God said unto Noah," -n 60 -t 2
+# Sampled (temperature 0.7, top-p 0.9, a fixed seed): a model this small repeats itself
+# under greedy decoding.
+echo "== ds41 run -m $M -p \"And God said unto Noah,\" -n 60 --temp 0.7 --top-p 0.9 --seed 1 =="
+./ds41 run -m "$M" -p "And God said unto Noah," -n 60 -t 2 --temp 0.7 --top-p 0.9 --seed 1
 echo
 echo
 echo "== ds41 chat -m $M (one question over stdin) =="
 echo "> What does telescope mean?"
-echo "What does telescope mean?" | ./ds41 chat -m "$M" -n 80 -t 2 --verbose
+echo "What does telescope mean?" | ./ds41 chat -m "$M" -n 80 -t 2 --temp 0.7 --top-p 0.9 --seed 1 --verbose
