@@ -70,7 +70,8 @@ static const pass_fn qpass[4] = { qpass_1, qpass_2, qpass_3, qpass_4 };
 void ds41_exact_panel_avx512(int quant, const double *wt, int kc, const double *x, size_t ldx, int T, double *acc) {
     for (int t0 = 0; t0 < T; t0 += 4) {
         int C = T - t0 < 4 ? T - t0 : 4;
-        (quant ? qpass : dpass)[C - 1](wt, kc, x + (size_t)t0 * ldx, ldx, acc + (size_t)t0 * G);
+        pass_fn f = quant ? qpass[C - 1] : dpass[C - 1];
+        f(wt, kc, x + (size_t)t0 * ldx, ldx, acc + (size_t)t0 * G);
     }
 }
 
