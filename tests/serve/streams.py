@@ -68,8 +68,9 @@ for i, j in enumerate(jobs):
     lines = [json.loads(l) for l in out.stdout.splitlines()][:-1]
     want_ids = [o["id"] for o in lines]
     # the text of all ids decoded at once (a stream's last incomplete character is flushed)
+    # bytes, decoded without newline translation (text=True would turn a generated \r into \n)
     want_text = subprocess.run([ds41, "tokenize", "-m", ck, "--decode", ",".join(map(str, want_ids))],
-                               capture_output=True, text=True).stdout
+                               capture_output=True).stdout.decode("utf-8", errors="replace")
     st, ids, text, done = results[i]
     if st != 200 or not done or ids != want_ids or text != want_text:
         bad.append("%d: status %s done %s ids %s vs %s text %r vs %r" % (i, st, done, ids, want_ids, text, want_text))
