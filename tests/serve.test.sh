@@ -96,7 +96,10 @@ if [ -z "$TSAN" ]; then
         fail serve_sdk "tests/oracle/node_modules/openai missing (run make setup)"
     fi
 fi
-"$PY" tests/serve/streams.py "$PORT" "$KEY" "$DS41" "$ck" 1024 16 --exact
+# Under the sanitizers exact mode is so slow that streams queued behind --parallel 8 sit past the
+# server's 5 s idle timeout before their first byte: there 8 streams (none queued).
+NSTREAMS=16; [ -n "${DS41_ASAN:-}" ] && NSTREAMS=8
+"$PY" tests/serve/streams.py "$PORT" "$KEY" "$DS41" "$ck" 1024 $NSTREAMS --exact
 "$PY" tests/serve/hostile.py "$PORT" "$KEY" | grep -E '^(PASS|FAIL)'
 stop exact
 
