@@ -5,8 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli_args.h"
+#include "common.h"
 #include "ds41.h"
 
 int ds41_cli_int(const char *cmd, const char *flag, const char *v, long long lo, long long hi, long long *out) {
@@ -143,4 +145,41 @@ int ds41_cli_gen_arg(const char *cmd, int argc, char **argv, int *i, unsigned gr
 #undef VAL
 #undef NEED
     return 0;
+}
+
+int ds41_cli_file_exists(const char *dir, const char *name) {
+    char *p = ds41_path_join(dir, name);
+    struct stat sb;
+    int ok = p && stat(p, &sb) == 0;
+    free(p);
+    return ok;
+}
+
+/* log-softmax of the K best logits (values descending, ties lower id) as a JSON array. */
+json_t *ds41_cli_top_json(const float *lg, int V, int K) {
+    double mx = -INFINITY;
+    for (int i = 0; i < V; i++) if (lg[i] > mx) mx = lg[i];
+    double se = 0.0;
+    for (int i = 0; i < V; i++) se += exp((double)lg[i] - mx);
+    double lse = mx + log(se);
+    json_t *arr = json_array();
+    if (K > V) K = V;
+    int *best = malloc((size_t)(K > 0 ? K : 1) * sizeof(int));
+    int nb = 0;
+    for (int i = 0; i < V && K > 0; i++) {
+        /* insertion into a small sorted list */
+        if (nb == K && !(lg[i] > lg[best[K - 1]])) continue;
+        int j = nb < K ? nb++ : K - 1;
+        while (j > 0 && lg[i] > lg[best[j - 1]]) { best[j] = best[j - 1]; j--; }
+        best[j] = i;
+    }
+    for (int i = 0; i < nb; i++) {
+        json_t *o = json_object();
+        json_object_set_new(o, "id", json_integer(best[i]));
+        json_object_set_new(o, "logit", json_real(lg[best[i]]));
+        json_object_set_new(o, "logprob", json_real((double)lg[best[i]] - lse));
+        json_array_append_new(arr, o);
+    }
+    free(best);
+    return arr;
 }

@@ -4,6 +4,8 @@
 #ifndef DS41_CLI_ARGS_H
 #define DS41_CLI_ARGS_H
 
+#include <jansson.h>
+
 /* Decimal integer in lo..hi. Returns 0, or -1 after printing "ds41 CMD: FLAG: ...". */
 int ds41_cli_int(const char *cmd, const char *flag, const char *v, long long lo, long long hi, long long *out);
 /* Finite number in lo..hi (no nan / inf). */
@@ -37,5 +39,12 @@ void ds41_cli_gen_default(ds41_cli_gen *g);   /* ds41 run's defaults (-n 32, gre
 /* If argv[*i] is a flag of one of the groups, consumes it and its value (advancing *i) and
  * returns 1; returns 0 if it is none of them; -1 after printing "ds41 CMD: ..." (exit 2). */
 int ds41_cli_gen_arg(const char *cmd, int argc, char **argv, int *i, unsigned groups, ds41_cli_gen *g);
+
+/* ---- Helpers shared by the commands ---- */
+/* 1 when DIR/NAME exists. */
+int ds41_cli_file_exists(const char *dir, const char *name);
+/* log-softmax of the K best logits of a row of V (values descending, ties to the lower id) as a
+ * JSON array of {"id", "logit", "logprob"}. */
+json_t *ds41_cli_top_json(const float *lg, int V, int K);
 
 #endif

@@ -70,14 +70,6 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int file_exists(const char *dir, const char *name) {
-    char *p = ds41_path_join(dir, name);
-    struct stat sb;
-    int ok = p && stat(p, &sb) == 0;
-    free(p);
-    return ok;
-}
-
 /* ---------------------------------------------------------------- growable buffers */
 
 typedef struct ids_buf { int32_t *v; size_t n, cap; } ids_buf;
@@ -229,7 +221,7 @@ int ds41_cli_chat(int argc, char **argv) {
 
     struct stat dsb;
     if (stat(dir, &dsb) != 0) { fprintf(stderr, "ds41 chat: %s: cannot open: %s\n", dir, strerror(errno)); goto out; }
-    if (!file_exists(dir, "tokenizer.json")) {
+    if (!ds41_cli_file_exists(dir, "tokenizer.json")) {
         fprintf(stderr, "ds41 chat: %s has no tokenizer.json: chat needs the model's tokenizer\n", dir);
         goto out;
     }

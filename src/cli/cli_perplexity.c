@@ -70,14 +70,6 @@ static int read_text(const char *path, char **out, size_t *len, ds41_err *err) {
     return 0;
 }
 
-static int file_exists(const char *dir, const char *name) {
-    char *p = ds41_path_join(dir, name);
-    struct stat sb;
-    int ok = p && stat(p, &sb) == 0;
-    free(p);
-    return ok;
-}
-
 /* -log softmax(row)[target] in double. */
 static double token_nll(const float *row, int V, int target) {
     double mx = -INFINITY;
@@ -133,7 +125,7 @@ int ds41_cli_perplexity(int argc, char **argv) {
 
     struct stat dsb;
     if (stat(dir, &dsb) != 0) { fprintf(stderr, "ds41 perplexity: %s: cannot open: %s\n", dir, strerror(errno)); goto out; }
-    if (!file_exists(dir, "tokenizer.json")) {
+    if (!ds41_cli_file_exists(dir, "tokenizer.json")) {
         fprintf(stderr, "ds41 perplexity: %s has no tokenizer.json: perplexity needs the text tokenized\n", dir);
         goto out;
     }

@@ -86,43 +86,6 @@ static int parse_ids(const char *s, int32_t **out, size_t *n, const char *what) 
     return 0;
 }
 
-static int file_exists(const char *dir, const char *name) {
-    char *p = ds41_path_join(dir, name);
-    struct stat sb;
-    int ok = p && stat(p, &sb) == 0;
-    free(p);
-    return ok;
-}
-
-/* log-softmax of the K best logits (values descending, ties lower id) as a JSON array. */
-static json_t *top_json(const float *lg, int V, int K) {
-    double mx = -INFINITY;
-    for (int i = 0; i < V; i++) if (lg[i] > mx) mx = lg[i];
-    double se = 0.0;
-    for (int i = 0; i < V; i++) se += exp((double)lg[i] - mx);
-    double lse = mx + log(se);
-    json_t *arr = json_array();
-    if (K > V) K = V;
-    int *best = malloc((size_t)(K > 0 ? K : 1) * sizeof(int));
-    int nb = 0;
-    for (int i = 0; i < V && K > 0; i++) {
-        /* insertion into a small sorted list */
-        if (nb == K && !(lg[i] > lg[best[K - 1]])) continue;
-        int j = nb < K ? nb++ : K - 1;
-        while (j > 0 && lg[i] > lg[best[j - 1]]) { best[j] = best[j - 1]; j--; }
-        best[j] = i;
-    }
-    for (int i = 0; i < nb; i++) {
-        json_t *o = json_object();
-        json_object_set_new(o, "id", json_integer(best[i]));
-        json_object_set_new(o, "logit", json_real(lg[best[i]]));
-        json_object_set_new(o, "logprob", json_real((double)lg[best[i]] - lse));
-        json_array_append_new(arr, o);
-    }
-    free(best);
-    return arr;
-}
-
 int ds41_cli_run(int argc, char **argv) {
     const char *dir = NULL, *prompt = NULL, *prompt_ids = NULL, *force_ids = NULL, *dump = NULL, *trace = NULL;
     int draft_trace = 0, no_draft = 0;
@@ -172,7 +135,7 @@ int ds41_cli_run(int argc, char **argv) {
     ds41_err err;
     char ebuf[1024];
 
-    if (file_exists(dir, "tokenizer.json")) {
+    if (ds41_cli_file_exists(dir, "tokenizer.json")) {
         if (ds41_tokenizer_load(dir, &tok, &err)) { fprintf(stderr, "ds41 run: %s\n", err.msg); goto out; }
     }
     if (prompt) {
@@ -288,7 +251,7 @@ int ds41_cli_run(int argc, char **argv) {
             json_t *o = json_object();
             json_object_set_new(o, "id", json_integer(next));
             json_object_set_new(o, "text", tok ? json_stringn(text, tl) : json_null());
-            json_object_set_new(o, "top", top_json(lg, V, top_lp));
+            json_object_set_new(o, "top", ds41_cli_top_json(lg, V, top_lp));
             char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
             if (line) { puts(line); free(line); }
             json_decref(o);

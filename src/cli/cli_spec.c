@@ -1,4 +1,5 @@
 /* ds41 run --spec: see cli_spec.h and README "Speculative decoding". */
+#include "cli_args.h"
 #include "cli_spec.h"
 
 #include <errno.h>
@@ -63,33 +64,6 @@ int ds41_cli_spec_curve(ds41_engine *e, const char *dir, int threads, int exact,
     return 0;
 }
 
-static json_t *top_json(const float *lg, int V, int K) {
-    double mx = -INFINITY;
-    for (int i = 0; i < V; i++) if (lg[i] > mx) mx = lg[i];
-    double se = 0.0;
-    for (int i = 0; i < V; i++) se += exp((double)lg[i] - mx);
-    double lse = mx + log(se);
-    json_t *arr = json_array();
-    if (K > V) K = V;
-    int *best = malloc((size_t)(K > 0 ? K : 1) * sizeof(int));
-    int nb = 0;
-    for (int i = 0; i < V && K > 0; i++) {
-        if (nb == K && !(lg[i] > lg[best[K - 1]])) continue;
-        int j = nb < K ? nb++ : K - 1;
-        while (j > 0 && lg[i] > lg[best[j - 1]]) { best[j] = best[j - 1]; j--; }
-        best[j] = i;
-    }
-    for (int i = 0; i < nb; i++) {
-        json_t *o = json_object();
-        json_object_set_new(o, "id", json_integer(best[i]));
-        json_object_set_new(o, "logit", json_real(lg[best[i]]));
-        json_object_set_new(o, "logprob", json_real((double)lg[best[i]] - lse));
-        json_array_append_new(arr, o);
-    }
-    free(best);
-    return arr;
-}
-
 static void put_json(json_t *o) {
     char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
     if (line) { puts(line); free(line); }
@@ -140,7 +114,7 @@ int ds41_cli_spec_generate(ds41_cli_spec_run *r) {
                 json_t *o = json_object();
                 json_object_set_new(o, "id", json_integer(next));
                 json_object_set_new(o, "text", r->tok ? json_stringn(text, tl) : json_null());
-                json_object_set_new(o, "top", top_json(row, V, r->top_lp));
+                json_object_set_new(o, "top", ds41_cli_top_json(row, V, r->top_lp));
                 if (held) put_json(held);
                 held = o;
             } else if (r->tok) {
