@@ -2,6 +2,7 @@
 #include "cache.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -66,7 +67,13 @@ oom:
 void ds41_cache_reset(ds41_cache *c) {
     c->pos = 0;
     c->ik_owner = -1;
-    for (int i = 0; i < c->n_stores; i++) c->stores[i].n_entries = 0;
+    for (int i = 0; i < c->n_stores; i++) {
+        /* keep private pages for reuse; shared ones (a prefix cache holds them) are released */
+        ds41_kv_store *st = &c->stores[i];
+        st->n_entries = 0;
+        for (int p = 0; p < st->n_pages; p++)
+            if (st->pages[p] && ds41_page_refs(st->pages[p]) > 1) { ds41_page_unref(st->pages[p]); st->pages[p] = NULL; }
+    }
     for (int i = 0; i < c->n_comp; i++) {
         ds41_comp_state *cs = &c->comp[i];
         size_t n = (size_t)cs->ratio * cs->dim;
@@ -82,7 +89,7 @@ void ds41_cache_reset(ds41_cache *c) {
 void ds41_cache_free(ds41_cache *c) {
     if (c->stores)
         for (int i = 0; i < c->n_stores; i++) {
-            for (int p = 0; p < c->stores[i].n_pages; p++) free(c->stores[i].pages[p]);
+            for (int p = 0; p < c->stores[i].n_pages; p++) ds41_page_unref(c->stores[i].pages[p]);
             free(c->stores[i].pages);
         }
     if (c->comp)
@@ -110,27 +117,82 @@ ds41_comp_state *ds41_cache_comp(ds41_cache *c, int layer) {
     return NULL;
 }
 
+/* ---- pages: a header with a reference count in front of the records, so that a prefix cache
+ * can hold full pages and hand them to several sequences (src/store/prefix.c). A page with more
+ * than one reference is read-only: a writer replaces it by a private copy first. */
+typedef struct page_hdr {
+    _Atomic long ref;
+    size_t bytes;
+    char pad[64 - sizeof(long) - sizeof(size_t)];   /* records stay 64-byte aligned */
+} page_hdr;
+
+static _Atomic long long g_page_bytes;
+
+static page_hdr *hdr_of(const uint8_t *pg) { return (page_hdr *)(void *)(pg - sizeof(page_hdr)); }
+
+uint8_t *ds41_page_new(size_t bytes) {
+    page_hdr *h = NULL;
+    if (posix_memalign((void **)&h, 64, sizeof(page_hdr) + bytes)) return NULL;
+    memset(h, 0, sizeof(page_hdr) + bytes);
+    atomic_store(&h->ref, 1);
+    h->bytes = bytes;
+    atomic_fetch_add(&g_page_bytes, (long long)bytes);
+    return (uint8_t *)(h + 1);
+}
+
+void ds41_page_ref(uint8_t *pg) {
+    if (pg) atomic_fetch_add(&hdr_of(pg)->ref, 1);
+}
+
+void ds41_page_unref(uint8_t *pg) {
+    if (!pg) return;
+    page_hdr *h = hdr_of(pg);
+    if (atomic_fetch_sub(&h->ref, 1) == 1) {
+        atomic_fetch_sub(&g_page_bytes, (long long)h->bytes);
+        free(h);
+    }
+}
+
+long ds41_page_refs(const uint8_t *pg) { return pg ? atomic_load(&hdr_of(pg)->ref) : 0; }
+
+long long ds41_page_live_bytes(void) { return atomic_load(&g_page_bytes); }
+
+static int grow_table(ds41_kv_store *s, long long p, ds41_err *err) {
+    if (p >= 1 << 30) return ds41_errf(err, "KV store of layer %d: page %lld too far", s->layer, p);
+    if (p >= s->cap_pages) {
+        int nc = s->cap_pages ? s->cap_pages : 4;
+        while (nc <= p) nc *= 2;
+        uint8_t **np = realloc(s->pages, (size_t)nc * sizeof *np);
+        if (!np) return ds41_errf(err, "out of memory growing the page table of layer %d", s->layer);
+        s->pages = np;
+        s->cap_pages = nc;
+    }
+    while (s->n_pages <= p) s->pages[s->n_pages++] = NULL;
+    return 0;
+}
+
+/* alloc = 1 is the write path: missing pages are allocated and a shared page is replaced by a
+ * private copy (copy on write); alloc = 0 only reads. */
 static uint8_t *store_page(ds41_kv_store *s, long long j, int alloc, ds41_err *err) {
     if (j < 0) return NULL;
     long long p = j / s->per_page;
-    if (p >= s->n_pages) {
-        if (!alloc) return NULL;
-        if (p >= 1 << 30) { ds41_errf(err, "KV store of layer %d: entry %lld too far", s->layer, j); return NULL; }
-        if (p >= s->cap_pages) {
-            int nc = s->cap_pages ? s->cap_pages : 4;
-            while (nc <= p) nc *= 2;
-            uint8_t **np = realloc(s->pages, (size_t)nc * sizeof *np);
-            if (!np) { ds41_errf(err, "out of memory growing the page table of layer %d", s->layer); return NULL; }
-            s->pages = np;
-            s->cap_pages = nc;
-        }
-        while (s->n_pages <= p) {
-            uint8_t *pg = calloc(1, s->page_bytes);
-            if (!pg) { ds41_errf(err, "out of memory allocating a KV page of layer %d", s->layer); return NULL; }
-            s->pages[s->n_pages++] = pg;
-        }
-    }
-    return s->pages[p];
+    if (!alloc) return p < s->n_pages ? s->pages[p] : NULL;
+    if (p >= s->n_pages && grow_table(s, p, err)) return NULL;
+    if (s->pages[p] && ds41_page_refs(s->pages[p]) == 1) return s->pages[p];
+    uint8_t *pg = ds41_page_new(s->page_bytes);
+    if (!pg) { ds41_errf(err, "out of memory allocating a KV page of layer %d", s->layer); return NULL; }
+    if (s->pages[p]) { memcpy(pg, s->pages[p], s->page_bytes); ds41_page_unref(s->pages[p]); }
+    s->pages[p] = pg;
+    return pg;
+}
+
+int ds41_store_attach_page(ds41_kv_store *s, int p, uint8_t *pg, ds41_err *err) {
+    if (p < 0) return ds41_errf(err, "KV store of layer %d: page %d", s->layer, p);
+    if (p >= s->n_pages && grow_table(s, p, err)) return -1;
+    ds41_page_ref(pg);
+    ds41_page_unref(s->pages[p]);
+    s->pages[p] = pg;
+    return 0;
 }
 
 uint8_t *ds41_store_kv_rec(ds41_kv_store *s, long long j, int alloc, ds41_err *err) {
@@ -163,7 +225,8 @@ void ds41_cache_bytes(const ds41_cache *c, ds41_state_bytes *b) {
         const ds41_kv_store *s = &c->stores[i];
         b->global_kv_main += s->n_entries * s->kv_bytes;
         b->global_kv_index += s->n_entries * s->ik_bytes;
-        b->global_kv_pages += (long long)s->n_pages * (long long)s->page_bytes;
+        for (int p = 0; p < s->n_pages; p++)
+            if (s->pages[p]) b->global_kv_pages += (long long)s->page_bytes;
     }
     b->global_kv_written = b->global_kv_main + b->global_kv_index;
     for (int l = 0; l < c->n_rings; l++) {
@@ -277,14 +340,14 @@ void ds41_cache_rollback(ds41_cache *c, const ds41_cache_snap *sn, int keep, con
         ds41_kv_store *st = &c->stores[i];
         long long ne = a / st->ratio;
         for (long long j = ne; j < st->n_entries; j++) {
-            uint8_t *kr = ds41_store_kv_rec(st, j, 0, NULL), *ir = ds41_store_ik_rec(st, j, 0, NULL);
+            uint8_t *kr = ds41_store_kv_rec(st, j, 1, NULL), *ir = ds41_store_ik_rec(st, j, 1, NULL);
             if (kr) memset(kr, 0, (size_t)st->kv_bytes);
             if (ir) memset(ir, 0, (size_t)st->ik_bytes);
         }
         st->n_entries = ne;
         int need = (int)((ne + st->per_page - 1) / st->per_page);
         if (need < sn->n_pages[i]) need = sn->n_pages[i];
-        while (st->n_pages > need) free(st->pages[--st->n_pages]);
+        while (st->n_pages > need) ds41_page_unref(st->pages[--st->n_pages]);
     }
     /* Engram history: compressed ids of positions a-1, a-2, ... */
     if (token_map) {

@@ -73,6 +73,17 @@ void ds41_cache_free(ds41_cache *c);
 /* Forgets the sequence (position 0) and keeps the allocations for reuse. */
 void ds41_cache_reset(ds41_cache *c);
 
+/* KV pages (cache.c): zeroed, reference-counted blocks of page_bytes. A page with more than one
+ * reference (a prefix cache holds it, or several sequences do) is never written: the write
+ * path (ds41_store_*_rec with alloc = 1) replaces it by a private copy first. */
+uint8_t *ds41_page_new(size_t bytes);
+void ds41_page_ref(uint8_t *pg);
+void ds41_page_unref(uint8_t *pg);     /* frees on the last reference; NULL is ignored */
+long ds41_page_refs(const uint8_t *pg);
+long long ds41_page_live_bytes(void);  /* bytes of all live pages in the process */
+/* Puts page pg (one more reference taken) at page index p of the store, releasing what was there. */
+int ds41_store_attach_page(ds41_kv_store *s, int p, uint8_t *pg, ds41_err *err);
+
 /* Store of KV-source layer `layer`, or NULL. */
 ds41_kv_store *ds41_cache_store(ds41_cache *c, int layer);
 ds41_comp_state *ds41_cache_comp(ds41_cache *c, int layer);

@@ -197,7 +197,7 @@ void ds41_row_plan(const ds41_config *cfg, ds41_prefill_mode mode, int T, int ne
          * needs every row. */
         int k = q - (W - 1);
         if (T - W < k) k = T - W;
-        if (lp->is_kv_source) k = 0;
+        if (lp->is_kv_source && mode != DS41_PREFILL_RESTORE) k = 0;
         if (k < 0) k = 0;
         qrow[l] = q;
         krow[l] = k;
@@ -361,6 +361,18 @@ static int run_compressor(ds41_seq *s, int l, const float *xa, int T, long long 
     return emitted;
 }
 
+/* [restore] The compressor of KV source l in a prefix-cache replay: its entries up to P + T are
+ * already in the store (restored pages), so nothing is computed; returns the number it would
+ * have emitted (the published index-K owner moves as in the forward it replays). */
+static int restored_entries(ds41_seq *s, int l, int T, long long P, ds41_err *err) {
+    ds41_kv_store *st = ds41_cache_store(&s->cache, l);
+    long long r = st->ratio, want = (P + T) / r;
+    if (st->n_entries < want)
+        return ds41_errf(err, "replay: layer %d holds %lld restored entries, positions up to %lld need %lld", l,
+                         st->n_entries, P + T - 1, want);
+    return (int)(want - P / r);
+}
+
 /* The indexer of index-source layer l on query rows [q0, T); fills b->sel[l]. */
 static int run_indexer(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long long P, const float *xa, ds41_err *err) {
     ds41_engine *e = s->e;
@@ -455,7 +467,7 @@ static int attention(ds41_seq *s, fwd_buf *b, int l, int k0, int q0, int lo, int
 
     /* compressor: new entries of this forward, published for the indexers and attention */
     if (lp->is_kv_source) {
-        int em = run_compressor(s, l, b->s.xa, T, P, layout, err);
+        int em = s->restore ? restored_entries(s, l, T, P, err) : run_compressor(s, l, b->s.xa, T, P, layout, err);
         if (em < 0) return -1;
         if (em > 0) s->cache.ik_owner = l;
         if (forward_index_keys(s, b, store_index(&s->cache, l), 1, err)) return -1;
@@ -515,7 +527,7 @@ static int attention(ds41_seq *s, fwd_buf *b, int l, int k0, int q0, int lo, int
                 li[i] = qpos < 0 ? -1 : qpos >= P ? (int32_t)(chunk_off + (qpos - P)) : (int32_t)sl;
             }
         } else {
-            ds41_swa_list_positions(cfg, p, lo > 0 ? P + lo : 0, Wsw, li);
+            ds41_swa_list_positions(cfg, p, lo > 0 || s->restore == 2 ? P + lo : 0, Wsw, li);
             for (int i = 0; i < Wsw; i++) {
                 if (li[i] < 0) continue;
                 long long qpos = li[i];
@@ -566,7 +578,8 @@ static int forward_impl(ds41_seq *s, const int32_t *tokens, int T, int want_logi
     int *qrow = malloc((size_t)L * 3 * sizeof(int));
     if (!qrow) return ds41_errf(err, "out of memory");
     int *krow = qrow + L, *lo = qrow + 2 * L;
-    ds41_row_plan(cfg, layout == LAYOUT_DECODE || rows ? DS41_PREFILL_FULL : s->prefill, T, want_logits, qrow, krow, lo);
+    ds41_row_plan(cfg, layout == LAYOUT_DECODE || rows || s->restore == 2 ? DS41_PREFILL_FULL : s->prefill, T,
+                  want_logits, qrow, krow, lo);
 
     /* ---- buffers ---- */
     fwd_buf b;

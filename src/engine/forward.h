@@ -15,7 +15,9 @@
 typedef enum ds41_prefill_mode {
     DS41_PREFILL_CED = 0,     /* encoder on every row, decoder only on the rows the kept outputs reach (exact) */
     DS41_PREFILL_FULL = 1,    /* every layer on every row (the reference) */
-    DS41_PREFILL_REPLAY = 2   /* spec 4.1 Decoder SWA Bounded Replay (approximation) */
+    DS41_PREFILL_REPLAY = 2,  /* spec 4.1 Decoder SWA Bounded Replay (approximation) */
+    DS41_PREFILL_RESTORE = 3  /* prefix-cache replay (restore.c): the CED row reach on every layer,
+                               * KV sources included (their entries are restored, not recomputed) */
 } ds41_prefill_mode;
 
 typedef struct ds41_engine {
@@ -57,6 +59,11 @@ typedef struct ds41_seq {
      * published index-K owner at the start of the current forward */
     int verify;
     int ik_owner0;
+    /* prefix-cache replay (restore.c): 1 = exact, 2 = approx (windows truncated at the forward's
+     * first position). The KV sources' entries for every position of the forward are already in
+     * the stores, so their compressors do not run; the published index-K owner moves as if they
+     * had emitted. */
+    int restore;
     /* statistics */
     long long rows_computed, rows_full;   /* layer-rows computed vs. a full prefill's */
 } ds41_seq;

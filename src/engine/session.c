@@ -12,6 +12,7 @@
 #include "attention.h"
 #include "dspark.h"
 #include "forward.h"
+#include "restore.h"
 #include "sampler.h"
 #include "spec.h"
 #include "tokenizer.h"
@@ -249,6 +250,24 @@ static int feed_impl(ds41_session *s, const int32_t *ids, size_t n, float *rows)
 }
 
 int ds41_feed(ds41_session *s, const int32_t *ids, size_t n) { return feed_impl(s, ids, n, NULL); }
+
+/* ---- prefix-cache restore (restore.h) ---- */
+ds41_seq *ds41_session_seq(ds41_session *s) { return &s->seq; }
+int ds41_session_index_k(const ds41_session *s) { return s->p.index_k; }
+
+int ds41_session_restore(ds41_session *s, const int32_t *ids, long long M, uint8_t *const *pages, int mode,
+                         int want_logits) {
+    if (s->broken) { snprintf(s->err, sizeof s->err, "session is unusable after an earlier error; reset it"); return -1; }
+    s->spec.pending = -1;
+    ds41_err err;
+    if (ds41_seq_restore(&s->seq, ids, M, pages, mode, want_logits, &err) ||
+        (s->p.draft && ds41_dspark_seed(s->e, &s->seq.cache, s->seq.main_hidden, s->seq.mh_rows, s->seq.mh_pos0, &err))) {
+        snprintf(s->err, sizeof s->err, "%s", err.msg);
+        s->broken = 1;
+        return -1;
+    }
+    return 0;
+}
 
 /* ---- all-row logits (perplexity, speculative verification) ---- */
 int ds41_feed_logits(ds41_session *s, const int32_t *ids, size_t n, float *out) {

@@ -1,0 +1,45 @@
+/* ds41 prefix-cache restore (spec 4.2, 4.3, 6; README "Prefix cache"): a sequence rebuilt from
+ * the global KV pages of whole 128-token blocks plus a bounded replay of its tail.
+ *
+ * A cached block holds, per KV source, the page of its 128 positions (main KV + index K
+ * records) and the 128 token ids. Nothing else is needed to resume at a block end:
+ *   - the ratio-r compressor's partial group is empty there (r divides 128), which is the state
+ *     a one-shot prefill leaves;
+ *   - the Engram history is the compressed ids of the last tokens, known from the ids;
+ *   - the SWA rings and DSpark rings are rebuilt by the replay.
+ * Replay (ds41_seq_replay_rows):
+ *   exact  : positions [M - R, M) with R = W + (L - 1)(W - 1) (every row a layer's window or
+ *            ring can reach, the CED row reach applied to every layer, ds41_row_plan mode
+ *            RESTORE); each computed row sees exactly the KV lists of a one-shot prefill, so
+ *            the state, logits and continuation are bit-identical to a fresh prefill in exact
+ *            mode (tests/test_prefix.c).
+ *   approx : the last W positions only, every layer's window truncated to them (the deployment
+ *            rule of spec 4.2 / 10.6); the global KV is exact, the rings approximate. */
+#ifndef DS41_RESTORE_H
+#define DS41_RESTORE_H
+
+#include "ds41.h"
+#include "forward.h"
+
+enum { DS41_RESTORE_EXACT = 1, DS41_RESTORE_APPROX = 2 };
+
+/* Rows the replay of a restored prefix of M tokens recomputes. */
+long long ds41_seq_replay_rows(const ds41_config *cfg, int mode, long long M);
+/* 1 when every KV source's ratio divides the page (a block end is a group end). */
+int ds41_restore_supported(const ds41_config *cfg);
+/* s at position 0. pages [M / 128][n_stores] (borrowed; s takes its own references), ids the M
+ * token ids. Attaches the pages, sets the state at the replay start and runs the replay forward
+ * (want_logits: the logits of position M - 1 too). On failure the sequence must be reset. */
+int ds41_seq_restore(ds41_seq *s, const int32_t *ids, long long M, uint8_t *const *pages, int mode, int want_logits,
+                     ds41_err *err);
+
+/* Session-level (session.c): ds41_seq_restore plus the DSpark ring seeding a feed does; the
+ * session must be at position 0 and not broken. Returns 0 or -1 (ds41_session_error; the
+ * session is then broken until reset). */
+int ds41_session_restore(ds41_session *s, const int32_t *ids, long long M, uint8_t *const *pages, int mode,
+                         int want_logits);
+/* The sequence of a session (for the prefix cache, which reads its pages and settings). */
+ds41_seq *ds41_session_seq(ds41_session *s);
+int ds41_session_index_k(const ds41_session *s);
+
+#endif
