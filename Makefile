@@ -3,9 +3,9 @@ CC      ?= gcc
 PKGS    := jansson libpcre2-8 libutf8proc libmicrohttpd
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
-# src/ is layered (README, Architecture): format < model < kernels < layers < text < engine < serve < cli;
+# src/ is layered (README, Architecture): format < model < kernels < layers < text < engine < store < serve < cli;
 # every folder is on the include path and a file includes only headers of its own or lower layers.
-SRC_DIRS := format model kernels layers text engine serve cli
+SRC_DIRS := format model kernels layers text engine store serve cli
 INCLUDES := -Iinclude -Isrc $(addprefix -Isrc/,$(SRC_DIRS))
 SRC_HDR  := $(wildcard $(addsuffix /*.h,$(addprefix src/,$(SRC_DIRS))) include/*.h)
 # -ffp-contract=off: exact mode forbids fused multiply-add (exact-mode.md); gcc's
@@ -30,12 +30,17 @@ LIB_SRC := $(filter-out src/cli/main.c,$(LIB_SRC))
 LIB_OBJ := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+# test helpers: programs driven by the shell tests (tests/tools/) and LD_PRELOAD fault shims (tests/faults/)
+TOOL_SRC := $(sort $(wildcard tests/tools/*.c))
+TOOL_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TOOL_SRC))
+SHIM_SRC := $(sort $(wildcard tests/faults/*.c))
+SHIM_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%.so,$(SHIM_SRC))
 BENCH_SRC := $(sort $(wildcard bench/bench_*.c))
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
 .PHONY: all setup test run train-demo bench check-asan check-tsan fuzz clean
 
-all: ds41 libds41.a $(TEST_BIN) $(BENCH_BIN)
+all: ds41 libds41.a $(TEST_BIN) $(TOOL_BIN) $(SHIM_BIN) $(BENCH_BIN)
 
 setup:
 	@bash scripts/setup.sh
@@ -60,6 +65,11 @@ ds41: $(BUILD)/ds41
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libds41.a tests/check.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests $< $(BUILD)/libds41.a -o $@ $(LDFLAGS) $(LDLIBS)
+
+# a shim is loaded into other programs: no sanitizer flags (it must not need their runtime)
+$(BUILD)/tests/faults/%.so: tests/faults/%.c Makefile
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -g -Wall -Wextra -fPIC -shared $< -o $@ -ldl
 
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libds41.a
 	@mkdir -p $(dir $@)
@@ -90,7 +100,7 @@ bench: setup
 check-asan:
 	@$(MAKE) --no-print-directory BUILD=build-asan OPT=-O1 \
 	  SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
-	  LDFLAGS="-fsanitize=address,undefined" build-asan/ds41 $(patsubst $(BUILD)/%,build-asan/%,$(TEST_BIN))
+	  LDFLAGS="-fsanitize=address,undefined" build-asan/ds41 $(patsubst $(BUILD)/%,build-asan/%,$(TEST_BIN) $(TOOL_BIN) $(SHIM_BIN))
 	@DS41_BUILD=build-asan DS41_ASAN=1 bash tests/run.sh
 
 # ThreadSanitizer build of ./ds41 (clang; TSAN_CC=gcc works too), then the server under

@@ -21,6 +21,7 @@ static const command commands[] = {
     { "serve", ds41_cli_serve, "OpenAI-compatible HTTP server with continuous batching" },
     { "bench-serve", ds41_cli_bench_serve, "load generator for ds41 serve: TTFT, ITL, output tok/s at several concurrencies" },
     { "chat-template", ds41_cli_chat_template, "render a messages JSON in the V4.1 prompt format, with its token ids" },
+    { "cache", ds41_cli_cache, "look inside a --cache-dir prefix store: ls, stats, verify, clear" },
 };
 
 static void usage(FILE *f) {
