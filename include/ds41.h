@@ -223,6 +223,47 @@ typedef struct ds41_state_info {
 } ds41_state_info;
 void ds41_session_state(const ds41_session *s, ds41_state_info *out);
 
+/* ---- Prefix cache (spec 4.2, 4.3, 6; README "Prefix cache") ----
+ * Whole 128-token blocks of prompts, keyed by a chained 128-bit hash of the model fingerprint and
+ * the token ids (ids and the parent block compared on every hit), holding only the global KV
+ * pages of every KV source (890 B/token at production size). In memory the pages are shared
+ * with the sessions that use them (reference counts, copy on write); least recently used leaf
+ * blocks are evicted past mem_bytes. With a dir, blocks are also written to a persistent store
+ * (src/store/pstore.h) and read back after a restart. A hit rebuilds the sliding windows and
+ * the DSpark rings by a bounded replay: exact (bit-identical to a fresh prefill in exact mode)
+ * or approx (the last window only, truncated windows). One cache serves one engine and one
+ * index-K reading; it is thread-safe. */
+typedef struct ds41_prefix_cache ds41_prefix_cache;
+enum { DS41_REPLAY_EXACT = 0, DS41_REPLAY_APPROX = 1 };
+typedef struct ds41_prefix_params {
+    long long mem_bytes;    /* in-memory capacity (0: 1 GiB) */
+    const char *dir;        /* persistent store directory, or NULL */
+    long long disk_bytes;   /* its capacity (0: unlimited) */
+    int replay;             /* DS41_REPLAY_* */
+    int index_k;            /* DS41_INDEX_K_* of the sessions that use it */
+} ds41_prefix_params;
+typedef struct ds41_prefix_stats {
+    long long queries, hits;        /* tokens looked up / tokens restored (vLLM prefix_cache_*) */
+    long long disk_hits, disk_writes, disk_errors;   /* blocks */
+    long long blocks, bytes;        /* held in memory now */
+    long long replay_rows;          /* rows recomputed by replays */
+} ds41_prefix_stats;
+ds41_prefix_cache *ds41_prefix_open(ds41_engine *e, const ds41_prefix_params *p, char *err, size_t errcap);
+void ds41_prefix_close(ds41_prefix_cache *pc);
+/* s at position 0: restores the longest cached prefix of ids[0..n) (whole blocks) and replays
+ * it. Returns the tokens restored (0: nothing cached, the session untouched), -1 on failure
+ * (ds41_session_error; reset the session). The caller feeds ids[ret..n) with ds41_feed; when
+ * ret == n the logits of the last id are already there. */
+long long ds41_prefix_restore(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n);
+/* Publishes the whole blocks of the first n tokens the session holds (ids = those tokens, n <=
+ * its position) to memory and, with a dir, to disk. Returns the blocks newly stored or -1. */
+long long ds41_prefix_publish(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n);
+void ds41_prefix_get_stats(ds41_prefix_cache *pc, ds41_prefix_stats *out);
+/* Bytes of the model fingerprint the cache keys on (32), hex for display (65 bytes). */
+void ds41_prefix_fingerprint_hex(const ds41_prefix_cache *pc, char out[65]);
+/* Bytes one cached token holds (global KV of every KV source, page granularity). */
+double ds41_prefix_bytes_per_token(const ds41_engine *e);
+
 /* Conformance trace (docs/conformance.md) into an existing or new directory: per-forward
  * files from now on; the state files are written by ds41_session_trace_finish (also on close,
  * and by a second ds41_session_trace before it starts the new trace). */

@@ -183,3 +183,18 @@ json_t *ds41_cli_top_json(const float *lg, int V, int K) {
     free(best);
     return arr;
 }
+
+int ds41_cli_bytes(const char *cmd, const char *flag, const char *v, long long *out) {
+    char *end;
+    double x = strtod(v, &end);
+    long long mul = 1;
+    if (*end == 'k' || *end == 'K') mul = 1LL << 10, end++;
+    else if (*end == 'm' || *end == 'M') mul = 1LL << 20, end++;
+    else if (*end == 'g' || *end == 'G') mul = 1LL << 30, end++;
+    if (end == v || *end || !(x >= 1) || x * (double)mul > 9.0e18) {
+        fprintf(stderr, "ds41 %s: %s: '%s' is not a byte count (e.g. 512M)\n", cmd, flag, v);
+        return -1;
+    }
+    *out = (long long)(x * (double)mul);
+    return 0;
+}

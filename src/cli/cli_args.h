@@ -10,6 +10,8 @@
 int ds41_cli_int(const char *cmd, const char *flag, const char *v, long long lo, long long hi, long long *out);
 /* Finite number in lo..hi (no nan / inf). */
 int ds41_cli_double(const char *cmd, const char *flag, const char *v, double lo, double hi, double *out);
+/* A byte count: 123, 64K, 8M, 2G (powers of 1024), at least 1. */
+int ds41_cli_bytes(const char *cmd, const char *flag, const char *v, long long *out);
 /* Unsigned 64-bit integer (no sign; a seed). */
 int ds41_cli_u64(const char *cmd, const char *flag, const char *v, unsigned long long *out);
 

@@ -38,6 +38,13 @@ static const char *RUN_USAGE =
     "  --draft-trace          DSpark proposals and confidence logits after every step (JSON keys\n"
     "                         \"draft\" and \"draft_conf\", else lines on stderr)\n"
     "  --no-draft             do not run the DSpark drafter for --trace\n"
+    "  --cache-dir DIR        persistent prefix cache: whole 128-token blocks of the prompt are\n"
+    "                         restored from DIR (global KV only, windows rebuilt by replay) and the\n"
+    "                         prompt's blocks written there (README \"Prefix cache\")\n"
+    "  --cache-bytes N        capacity of DIR in bytes, least recently used blocks evicted (default\n"
+    "                         unlimited; suffixes k, M, G)\n"
+    "  --replay exact|approx  replay of a restored prefix: exact (default; bit-identical to a fresh\n"
+    "                         prefill in exact mode) or approx (the last window only)\n"
     "  --spec off|fixed:K|auto  speculative decoding with the DSpark drafter (default auto when the\n"
     "                         model has DSpark stages; off with --trace/--draft-trace/--force-ids):\n"
     "                         verify K drafts per step, or as many as the confidence scheduler picks\n"
@@ -90,7 +97,9 @@ int ds41_cli_run(int argc, char **argv) {
     const char *dir = NULL, *prompt = NULL, *prompt_ids = NULL, *force_ids = NULL, *dump = NULL, *trace = NULL;
     int draft_trace = 0, no_draft = 0;
     const char *spec_arg = NULL;   /* --spec (cli_spec.c) */
-    int json = 0, top_lp = 5, ignore_eos = 0;
+    int json = 0, top_lp = 5, ignore_eos = 0, replay = DS41_REPLAY_EXACT;
+    const char *cache_dir = NULL;
+    long long cache_bytes = 0;
     ds41_cli_gen g;
     ds41_cli_gen_default(&g);
     for (int i = 1; i < argc; i++) {
@@ -117,6 +126,15 @@ int ds41_cli_run(int argc, char **argv) {
         else if (ARG("--top-logprobs", NULL)) { NEED(); INT(0, INT32_MAX); top_lp = (int)iv; }
         else if (ARG("--dump-logits", NULL)) { NEED(); dump = argv[++i]; }
         else if (ARG("--trace", NULL)) { NEED(); trace = argv[++i]; }
+        else if (ARG("--cache-dir", NULL)) { NEED(); cache_dir = argv[++i]; }
+        else if (ARG("--cache-bytes", NULL)) { NEED(); if (ds41_cli_bytes("run", a, argv[++i], &cache_bytes)) return 2; }
+        else if (ARG("--replay", NULL)) {
+            NEED();
+            const char *v = argv[++i];
+            if (!strcmp(v, "exact")) replay = DS41_REPLAY_EXACT;
+            else if (!strcmp(v, "approx")) replay = DS41_REPLAY_APPROX;
+            else { fprintf(stderr, "ds41 run: --replay: '%s' is not exact or approx\n", v); return 2; }
+        }
         else { fprintf(stderr, "ds41 run: unknown option '%s'\n%s", a, RUN_USAGE); return 2; }
 #undef NEED
 #undef INT
@@ -124,11 +142,13 @@ int ds41_cli_run(int argc, char **argv) {
     }
     if (!dir) { fprintf(stderr, "ds41 run: -m DIR is required\n%s", RUN_USAGE); return 2; }
     if (!prompt == !prompt_ids) { fprintf(stderr, "ds41 run: give exactly one of -p TEXT and --prompt-ids LIST\n"); return 2; }
+    if (cache_dir && trace) { fprintf(stderr, "ds41 run: --cache-dir and --trace cannot be combined (a restored prefix has no trace)\n"); return 2; }
 
     int rc = 1;
     ds41_tokenizer *tok = NULL;
     ds41_engine *e = NULL;
     ds41_session *s = NULL;
+    ds41_prefix_cache *pc = NULL;
     int32_t *ids = NULL, *forced = NULL;
     size_t n_ids = 0, n_forced = 0;
     FILE *fdump = NULL;
@@ -218,9 +238,32 @@ int ds41_cli_run(int argc, char **argv) {
     ds41_detok_stream ds;
     if (tok) ds41_detok_stream_init(&ds, tok);
 
+    if (cache_dir) {
+        ds41_prefix_params pp;
+        memset(&pp, 0, sizeof pp);
+        pp.dir = cache_dir;
+        pp.disk_bytes = cache_bytes;
+        pp.replay = replay;
+        pp.index_k = g.index_k;
+        if (!(pc = ds41_prefix_open(e, &pp, ebuf, sizeof ebuf))) { fprintf(stderr, "ds41 run: %s\n", ebuf); goto out; }
+    }
     double t0 = now_s();
-    if (ds41_feed(s, ids, n_ids)) { fprintf(stderr, "ds41 run: %s\n", ds41_session_error(s)); goto out; }
-    double t_prefill = now_s() - t0, t_decode = 0.0;
+    long long hit = 0, written = 0;
+    if (pc && (hit = ds41_prefix_restore(pc, s, ids, n_ids)) < 0) {
+        fprintf(stderr, "ds41 run: restoring the cached prefix: %s\n", ds41_session_error(s));
+        goto out;
+    }
+    double t_restore = now_s() - t0;
+    if (hit < (long long)n_ids && ds41_feed(s, ids + hit, n_ids - (size_t)hit)) {
+        fprintf(stderr, "ds41 run: %s\n", ds41_session_error(s));
+        goto out;
+    }
+    double t_prefill = now_s() - t0, t_decode = 0.0, t_publish = 0.0;
+    if (pc) {
+        double t1 = now_s();
+        written = ds41_prefix_publish(pc, s, ids, n_ids);
+        t_publish = now_s() - t1;
+    }
     int n_dec = 0, n_gen = 0;
     void *spec_json = NULL;   /* --json statistics of --spec (cli_spec.c) */
     if (spc.mode != DS41_SPEC_OFF) {
@@ -318,6 +361,16 @@ int ds41_cli_run(int argc, char **argv) {
         json_object_set_new(tm, "exact", json_boolean(g.exact));
         json_object_set_new(tm, "threads", json_integer(g.threads));
         json_object_set_new(tm, "spec", spec_json ? (json_t *)spec_json : json_null());
+        if (pc) {
+            ds41_prefix_stats ps;
+            ds41_prefix_get_stats(pc, &ps);
+            json_object_set_new(tm, "prefix_cache",
+                                json_pack("{s:I,s:I,s:I,s:f,s:I,s:f,s:s}", "restored_tokens", (json_int_t)hit,
+                                          "disk_blocks_read", (json_int_t)ps.disk_hits, "replay_rows",
+                                          (json_int_t)ps.replay_rows, "restore_s", t_restore, "blocks_written",
+                                          (json_int_t)written, "write_s", t_publish, "replay",
+                                          replay == DS41_REPLAY_EXACT ? "exact" : "approx"));
+        }
         spec_json = NULL;
         json_t *o = json_pack("{s:o}", "timing", tm);
         char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
@@ -326,6 +379,13 @@ int ds41_cli_run(int argc, char **argv) {
     } else {
         fprintf(stderr, "ds41 run: prefill %zu tokens in %.3f s (%.1f tok/s), decode %d tokens in %.3f s (%.2f tok/s)\n",
                 n_ids, t_prefill, pf, n_dec, t_decode, dc);
+        if (pc) {
+            ds41_prefix_stats ps;
+            ds41_prefix_get_stats(pc, &ps);
+            fprintf(stderr, "ds41 run: prefix cache: %lld of %zu prompt tokens restored (%lld blocks read from disk, "
+                    "%s replay of %lld rows) in %.3f s; %lld blocks written in %.3f s\n", hit, n_ids, ps.disk_hits,
+                    replay == DS41_REPLAY_EXACT ? "exact" : "approx", ps.replay_rows, t_restore, written, t_publish);
+        }
         fprintf(stderr, "ds41 run: state %lld B held (global KV %lld B = %.1f B/token, SWA rings %lld B, compressor %lld B)\n",
                 si.total_bytes, si.global_kv_bytes, si.global_kv_bytes_per_token, si.swa_bytes, si.compressor_bytes);
     }
@@ -337,6 +397,7 @@ out:
         rc = 1;
     }
     ds41_session_close(s);
+    ds41_prefix_close(pc);
     ds41_unload(e);
     if (tok) ds41_tokenizer_free(tok);
     free(ids);

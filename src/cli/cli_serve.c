@@ -35,23 +35,13 @@ static const char *SERVE_USAGE =
     "                           model has DSpark stages): each sequence verifies its own block in the\n"
     "                           step; auto: the confidence scheduler over the batch and the verify-width\n"
     "                           curve (cached as ds41 run's; else measured once before the first step)\n"
+    "  --no-prefix-cache        no prefix cache (default: on, in memory; README \"Prefix cache\")\n"
+    "  --cache-mem BYTES        prefix cache memory, K/M/G suffixes (default 1G)\n"
+    "  --cache-dir DIR          also keep the prefix cache on disk in DIR (reused across restarts)\n"
+    "  --cache-bytes BYTES      capacity of DIR (default unlimited; least recently used blocks go)\n"
+    "  --replay exact|approx    replay of a restored prefix (default exact: bit-identical to a fresh\n"
+    "                           prefill in exact mode; approx: the last window only)\n"
     "  -v, --verbose            log microhttpd messages\n";
-
-/* 123, 64K, 8M, 2G (powers of 1024) */
-static int parse_bytes(const char *flag, const char *v, long long *out) {
-    char *end;
-    double x = strtod(v, &end);
-    long long mul = 1;
-    if (*end == 'k' || *end == 'K') mul = 1LL << 10, end++;
-    else if (*end == 'm' || *end == 'M') mul = 1LL << 20, end++;
-    else if (*end == 'g' || *end == 'G') mul = 1LL << 30, end++;
-    if (end == v || *end || !(x >= 1) || x * (double)mul > 9.0e18) {
-        fprintf(stderr, "ds41 serve: %s: '%s' is not a byte count (e.g. 512M)\n", flag, v);
-        return -1;
-    }
-    *out = (long long)(x * (double)mul);
-    return 0;
-}
 
 int ds41_cli_serve(int argc, char **argv) {
     ds41_serve_opts o;
@@ -74,11 +64,11 @@ int ds41_cli_serve(int argc, char **argv) {
         else if (IS("--parallel")) { INT(1, 4096); o.parallel = (int)iv; }
         else if (IS("--batch-tokens")) { INT(1, 1 << 24); o.batch_tokens = (int)iv; }
         else if (IS("--max-queue")) { INT(1, 1 << 20); o.max_queue = (int)iv; }
-        else if (IS("--kv-budget")) { NEED(); if (parse_bytes(a, argv[++i], &o.kv_budget)) return 2; }
+        else if (IS("--kv-budget")) { NEED(); if (ds41_cli_bytes("serve", a, argv[++i], &o.kv_budget)) return 2; }
         else if (IS("--max-body")) {
             NEED();
             long long b;
-            if (parse_bytes(a, argv[++i], &b)) return 2;
+            if (ds41_cli_bytes("serve", a, argv[++i], &b)) return 2;
             o.max_body = (size_t)b;
         }
         else if (IS("--timeout")) { INT(1, 86400); o.timeout_s = (int)iv; }
@@ -96,6 +86,17 @@ int ds41_cli_serve(int argc, char **argv) {
             o.spec_default = 0;
         }
         else if (IS("-v") || IS("--verbose")) o.verbose = 1;
+        else if (IS("--no-prefix-cache")) o.no_prefix_cache = 1;
+        else if (IS("--cache-dir")) { NEED(); o.cache_dir = argv[++i]; }
+        else if (IS("--cache-bytes")) { NEED(); if (ds41_cli_bytes("serve", a, argv[++i], &o.cache_bytes)) return 2; }
+        else if (IS("--cache-mem")) { NEED(); if (ds41_cli_bytes("serve", a, argv[++i], &o.cache_mem)) return 2; }
+        else if (IS("--replay")) {
+            NEED();
+            const char *v = argv[++i];
+            if (!strcmp(v, "exact")) o.replay = DS41_REPLAY_EXACT;
+            else if (!strcmp(v, "approx")) o.replay = DS41_REPLAY_APPROX;
+            else { fprintf(stderr, "ds41 serve: --replay must be exact or approx, not '%s'\n", v); return 2; }
+        }
         else if (IS("--prefill")) {
             NEED();
             const char *v = argv[++i];

@@ -33,6 +33,11 @@ typedef struct ds41_serve_opts {
     /* --spec: DS41_SPEC_* and fixed K; spec_default: no --spec given (auto when the model has
      * DSpark stages, else off; an explicit non-off --spec on a model without them is an error) */
     int spec_mode, spec_k, spec_default;
+    /* prefix cache (README "Prefix cache"): on unless no_prefix_cache; cache_mem bytes in
+     * memory (0: 1 GiB), cache_dir / cache_bytes the persistent store, replay DS41_REPLAY_* */
+    int no_prefix_cache, replay;
+    long long cache_mem, cache_bytes;
+    const char *cache_dir;
 } ds41_serve_opts;
 
 void ds41_serve_opts_default(ds41_serve_opts *o);

@@ -43,6 +43,7 @@ typedef struct server {
     ds41_engine *e;
     ds41_tokenizer *tok;
     ds41_sched *S;
+    ds41_prefix_cache *pc;   /* NULL with --no-prefix-cache */
     ds41_metrics m;
     int V;
     long long ctx;
@@ -942,6 +943,19 @@ int ds41_serve(const ds41_serve_opts *o) {
         ds41_spec_curve_path(o->model_dir, o->lp.n_threads > 0 ? o->lp.n_threads : 1, o->lp.exact, sp.curve_path,
                              sizeof sp.curve_path))
         sp.curve_path[0] = 0;
+    if (!o->no_prefix_cache) {
+        ds41_prefix_params pp;
+        memset(&pp, 0, sizeof pp);
+        pp.mem_bytes = o->cache_mem;
+        pp.dir = o->cache_dir;
+        pp.disk_bytes = o->cache_bytes;
+        pp.replay = o->replay;
+        pp.index_k = o->sp.index_k;
+        sv->pc = ds41_prefix_open(sv->e, &pp, eb, sizeof eb);
+        if (!sv->pc) { fprintf(stderr, "ds41 serve: %s\n", eb); goto out; }
+        sp.pc = sv->pc;
+        sv->m.prefix_cache = 1;
+    }
     sv->S = ds41_sched_start(sv->e, sv->tok, &sp, &sv->m, eb, sizeof eb);
     if (!sv->S) { fprintf(stderr, "ds41 serve: %s\n", eb); goto out; }
 
@@ -966,9 +980,11 @@ int ds41_serve(const ds41_serve_opts *o) {
     if (sp.spec_mode == DS41_SPEC_FIXED) snprintf(spec_name, sizeof spec_name, "fixed:%d", sp.spec_k);
     else snprintf(spec_name, sizeof spec_name, "%s", sp.spec_mode == DS41_SPEC_AUTO ? "auto" : "off");
     fprintf(stderr, "ds41 serve: listening on http://%s:%u (model %s, context %lld, %s kernels, parallel %d, batch tokens %d, "
-            "kv budget %lld B = %lld B/sequence at full context, spec %s)\n", o->host, di ? di->port : (unsigned)o->port, sv->model_name,
+            "kv budget %lld B = %lld B/sequence at full context, spec %s, prefix cache %s%s%s)\n", o->host, di ? di->port : (unsigned)o->port, sv->model_name,
             sv->ctx, o->lp.exact ? "exact" : "fast", sp.parallel, sp.batch_tokens, sp.kv_budget,
-            ds41_sched_reserve_bytes(sv->S, 0, sv->ctx), spec_name);
+            ds41_sched_reserve_bytes(sv->S, 0, sv->ctx), spec_name,
+            !sv->pc ? "off" : o->replay == DS41_REPLAY_APPROX ? "on (approx replay)" : "on (exact replay)",
+            o->cache_dir && sv->pc ? ", store " : "", o->cache_dir && sv->pc ? o->cache_dir : "");
     fflush(stderr);
     int sig = 0;
     sigwait(&ss, &sig);
@@ -980,6 +996,7 @@ out:
     if (sv->S) ds41_sched_stop(sv->S);
     if (d) MHD_stop_daemon(d);
     ds41_sched_free(sv->S);
+    ds41_prefix_close(sv->pc);
     ds41_unload(sv->e);
     if (sv->tok) ds41_tokenizer_free(sv->tok);
     if (have_cfg) ds41_config_free(&cfg);

@@ -128,6 +128,11 @@ char *ds41_metrics_text(ds41_metrics *m, const ds41_gauges *g, const char *model
     hist(&o, &m->prompt_len, lbl);
     hist(&o, &m->gen_len, lbl);
     hist(&o, &m->iter_tokens, lbl);
+    if (m->prefix_cache) {
+        counter(&o, "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", lbl,
+                m->prefix_queries);
+        counter(&o, "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", lbl, m->prefix_hits);
+    }
     gauge(&o, "ds41:sessions_open", "Engine sessions open (one per running sequence; 0 when idle).", lbl, (double)g->sessions_open);
     gauge(&o, "ds41:kv_budget_bytes", "KV byte budget for admission control (--kv-budget).", lbl, (double)g->kv_budget);
     gauge(&o, "ds41:kv_reserved_bytes", "Bytes reserved by admitted sequences.", lbl, (double)g->kv_reserved);

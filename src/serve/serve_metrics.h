@@ -21,6 +21,8 @@ enum { DS41_FIN_STOP, DS41_FIN_LENGTH, DS41_FIN_ABORT, DS41_FIN_ERROR, DS41_FIN_
 typedef struct ds41_metrics {
     pthread_mutex_t mu;
     unsigned long long prompt_tokens, generation_tokens;
+    int prefix_cache;                                   /* 1: the prefix cache is on */
+    unsigned long long prefix_queries, prefix_hits;     /* tokens looked up / restored */
     unsigned long long finished[DS41_FIN_N];
     unsigned long long status[600];   /* per HTTP status */
     unsigned long long steps, preempted;

@@ -136,9 +136,25 @@ void ds41_sched_gauges(ds41_sched *S, ds41_gauges *o) {
 /* Marks q finished (group mutex) and closes its session. Called on the scheduler thread
  * without S->mu. The scheduler holds one group reference per sequence and drops it only when
  * the sequence leaves its lists (seq_release), so q stays valid until then. */
+/* Publishes the whole blocks of what q's session holds: the prompt, then the generated ids. */
+static void seq_publish(ds41_sched *S, ds41_sseq *q, int with_generated) {
+    if (!S->p.pc || !q->s) return;
+    size_t n = q->n_prompt, extra = with_generated ? q->n_ids : 0;
+    if ((n + extra) / 128 <= n / 128 && with_generated) return;   /* no new whole block */
+    int32_t *t = malloc((n + extra + 1) * sizeof *t);
+    if (!t) return;
+    memcpy(t, q->prompt, n * sizeof *t);
+    pthread_mutex_lock(&q->g->mu);
+    if (extra) memcpy(t + n, q->ids, extra * sizeof *t);
+    pthread_mutex_unlock(&q->g->mu);
+    ds41_prefix_publish(S->p.pc, q->s, t, n + extra);
+    free(t);
+}
+
 static void seq_finish(ds41_sched *S, ds41_sseq *q, int reason, const char *err) {
     ds41_sgroup *g = q->g;
     double t = now_s();
+    if (q->s && (reason == DS41_FIN_STOP || reason == DS41_FIN_LENGTH)) seq_publish(S, q, 1);
     if (q->s) {
         ds41_session_close(q->s);
         q->s = NULL;
@@ -396,6 +412,21 @@ static int open_session(ds41_sched *S, ds41_sseq *q) {
     }
     q->fed = 0;
     q->state = DS41_SEQ_PREFILL;
+    if (S->p.pc) {
+        long long hit = ds41_prefix_restore(S->p.pc, q->s, q->prompt, q->n_prompt);
+        if (hit < 0) { seq_finish(S, q, DS41_FIN_ERROR, ds41_session_error(q->s)); return -1; }
+        pthread_mutex_lock(&S->m->mu);
+        S->m->prefix_queries += q->n_prompt;
+        S->m->prefix_hits += (unsigned long long)hit;
+        S->m->prompt_tokens += (unsigned long long)hit;
+        pthread_mutex_unlock(&S->m->mu);
+        q->fed = (size_t)hit;
+        if (q->fed == q->n_prompt) {
+            /* the whole prompt was cached: its logits are there, the first token now */
+            if (q->max_tokens == 0) { seq_finish(S, q, DS41_FIN_LENGTH, NULL); return 0; }
+            seq_token(S, q, now_s());
+        }
+    }
     return 0;
 }
 
@@ -528,6 +559,7 @@ static void *sched_main(void *arg) {
                     S->m->prompt_tokens += bn[i];
                     pthread_mutex_unlock(&S->m->mu);
                     if (q->fed < q->n_prompt) continue;
+                    seq_publish(S, q, 0);
                     if (q->max_tokens == 0) { seq_finish(S, q, DS41_FIN_LENGTH, NULL); continue; }
                 } else if (items[i].verify) {
                     const ds41_batch_item *b = &items[i];

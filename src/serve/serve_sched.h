@@ -22,7 +22,13 @@
  * Admission reserves a sequence's whole KV need up front: bounded per-sequence state +
  * global KV bytes/token x min(ctx, prompt + max_tokens) rounded up to 128-token pages. A
  * running sequence therefore never runs out and is never preempted; a sequence that does not
- * fit waits in the queue until running ones finish. A full queue refuses new requests (429). */
+ * fit waits in the queue until running ones finish. A full queue refuses new requests (429).
+ *
+ * Prefix cache (params.pc): admission restores the longest cached prefix of the prompt (whole
+ * 128-token blocks; the bounded replay runs on the scheduler thread, inside that step) and the
+ * sequence prefills only the rest; when its prefill ends its whole prompt blocks are published
+ * (so concurrent requests with the same prefix hit at once), and when it finishes (stop or
+ * length) the blocks of prompt + generated tokens, for the next turn of a conversation. */
 #ifndef DS41_SERVE_SCHED_H
 #define DS41_SERVE_SCHED_H
 
@@ -47,6 +53,10 @@ typedef struct ds41_sched_params {
      * fixed K, and for AUTO the curve cache file ("" = none: measured, not saved) */
     int spec_mode, spec_k;
     char curve_path[4096];
+    /* prefix cache (NULL: none; owned by the caller, outlives the scheduler): a prompt's
+     * cached blocks are restored when its sequence is admitted, its whole blocks published
+     * when its prefill ends and, with the generated tokens, when it finishes */
+    ds41_prefix_cache *pc;
 } ds41_sched_params;
 
 enum { DS41_SEQ_WAITING, DS41_SEQ_PREFILL, DS41_SEQ_DECODE, DS41_SEQ_DONE };

@@ -1,0 +1,463 @@
+/* ds41 prefix cache (include/ds41.h "Prefix cache"; restore.h for what a block holds and how a
+ * hit is replayed; pstore.h for the files on disk).
+ *
+ * Blocks form a tree: block b of a prompt is a node whose parent is block b - 1 of the same
+ * prompt. A node's key is hash128(parent key, the block's 128 ids) with the model fingerprint
+ * as the root key; a lookup walks the prompt's blocks, finds each key in a hash table and
+ * accepts a node only when its ids equal the prompt's and its parent is the node accepted for
+ * the previous block, so a hash collision can never serve another prompt's state (on disk the
+ * stored parent key and ids are compared the same way).
+ *
+ * A node holds one reference to the page of its positions in every KV source's store; a
+ * session restored from it holds its own references to the same pages (no copy), and one that
+ * publishes its blocks gives the cache references to its pages. Pages with several references
+ * are never written (cache.c copies on write). Past mem_bytes, least recently used leaves go.
+ *
+ * Locking: one mutex over the table, the LRU list and the statistics; the replay forward runs
+ * outside it, holding references to the pages it restores. Disk writes happen inside publish
+ * (synchronous: a block is durable when publish returns). */
+#include "ds41.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "forward.h"
+#include "pstore.h"
+#include "restore.h"
+
+#define BT DS41_PAGE_TOKENS
+
+typedef struct pnode {
+    uint8_t key[16];
+    struct pnode *parent;      /* NULL for block 0; a node keeps its parent alive (n_children) */
+    int32_t ids[BT];
+    int depth;                 /* block index */
+    int n_children;
+    uint8_t **pages;           /* [n_stores], one reference each */
+    struct pnode *hnext;       /* hash chain */
+    struct pnode *prev, *next; /* LRU list: head = most recent */
+} pnode;
+
+struct ds41_prefix_cache {
+    ds41_engine *e;
+    ds41_prefix_params p;
+    char *dir;
+    uint8_t fp[32];
+    ds41_pstore *disk;
+    int n_stores;
+    size_t *page_bytes;        /* per store */
+    long long node_bytes;
+    pthread_mutex_t mu;
+    pnode **table;
+    size_t table_size;
+    pnode *head, *tail;
+    ds41_prefix_stats st;
+};
+
+/* ---------------------------------------------------------------------- hashing */
+
+static uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+static uint64_t fmix64(uint64_t k) {
+    k ^= k >> 33; k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33; k *= 0xc4ceb9fe1a85ec53ULL;
+    k ^= k >> 33;
+    return k;
+}
+
+typedef struct h128 { uint64_t a, b; uint64_t len; } h128;
+
+static void h128_init(h128 *h, uint64_t seed) { h->a = 0x9e3779b97f4a7c15ULL ^ seed; h->b = 0x6a09e667f3bcc909ULL + seed; h->len = 0; }
+
+static void h128_word(h128 *h, uint64_t w) {
+    h->a = rotl64(h->a ^ (w * 0x87c37b91114253d5ULL), 31) * 0x4cf5ad432745937fULL + h->b;
+    h->b = rotl64(h->b ^ (w * 0x4cf5ad432745937fULL), 33) * 0x87c37b91114253d5ULL + h->a;
+}
+
+static void h128_bytes(h128 *h, const void *p, size_t n) {
+    const uint8_t *c = p;
+    h->len += n;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, c, 8);
+        h128_word(h, w);
+        c += 8;
+        n -= 8;
+    }
+    if (n) {
+        uint64_t w = 0;
+        memcpy(&w, c, n);
+        h128_word(h, w ^ ((uint64_t)n << 56));
+    }
+}
+
+static void h128_final(h128 *h, uint8_t out[16]) {
+    uint64_t a = fmix64(h->a ^ h->len), b = fmix64(h->b + a);
+    a = fmix64(a + b);
+    memcpy(out, &a, 8);
+    memcpy(out + 8, &b, 8);
+}
+
+/* key of a block: its parent's key (the fingerprint's first 16 bytes for block 0) and its ids */
+static void block_key(const uint8_t parent[16], const int32_t *ids, uint8_t out[16]) {
+    h128 h;
+    h128_init(&h, 0x64733431626c6bULL);
+    h128_bytes(&h, parent, 16);
+    h128_bytes(&h, ids, BT * sizeof(int32_t));
+    h128_final(&h, out);
+}
+
+/* Model fingerprint: what changes the KV records a prompt produces. config.json's bytes, the
+ * tensor table (names, dtypes, shapes, sizes) and 64 bytes at the start and the end of up to
+ * 4096 tensors spread over the sorted table (a different checkpoint of the same shapes differs
+ * there; the bytes of a 500 GB checkpoint are not all read), the kernels (exact / fast) and
+ * the index-K reading. Guards against accidents, not against a crafted checkpoint. */
+static int fingerprint(const ds41_engine *e, int index_k, uint8_t fp[32], ds41_err *err) {
+    h128 h[2];
+    h128_init(&h[0], 1);
+    h128_init(&h[1], 2);
+    const char *tag = "ds41 prefix cache v1";
+    int exact = e->ctx.exact;
+    for (int k = 0; k < 2; k++) {
+        h128_bytes(&h[k], tag, strlen(tag));
+        h128_bytes(&h[k], &exact, sizeof exact);
+        h128_bytes(&h[k], &index_k, sizeof index_k);
+    }
+    char *path = ds41_path_join(e->model->dir, "config.json");
+    if (!path) return ds41_errf(err, "out of memory");
+    char *buf = NULL;
+    size_t len = 0;
+    int rc = ds41_read_file(path, 64u << 20, &buf, &len, err);
+    free(path);
+    if (rc) return -1;
+    for (int k = 0; k < 2; k++) h128_bytes(&h[k], buf, len);
+    free(buf);
+    const ds41_st *st = e->model->st;
+    size_t n = st ? ds41_st_count(st) : 0, step = n > 4096 ? n / 4096 : 1;
+    for (size_t i = 0; i < n; i++) {
+        const ds41_tensor *t = ds41_st_at(st, i);
+        for (int k = 0; k < 2; k++) {
+            h128_bytes(&h[k], t->name, strlen(t->name) + 1);
+            h128_bytes(&h[k], &t->dtype, sizeof t->dtype);
+            h128_bytes(&h[k], t->shape, (size_t)t->ndim * sizeof t->shape[0]);
+            h128_bytes(&h[k], &t->nbytes, sizeof t->nbytes);
+        }
+        if (i % step == 0 && t->nbytes > 0) {
+            size_t m = t->nbytes < 64 ? (size_t)t->nbytes : 64;
+            for (int k = 0; k < 2; k++) {
+                h128_bytes(&h[k], t->data, m);
+                h128_bytes(&h[k], (const uint8_t *)t->data + t->nbytes - m, m);
+            }
+        }
+    }
+    h128_final(&h[0], fp);
+    h128_final(&h[1], fp + 16);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------- table and LRU */
+
+static size_t slot_of(const ds41_prefix_cache *pc, const uint8_t key[16]) {
+    uint64_t v;
+    memcpy(&v, key, 8);
+    return (size_t)(v % pc->table_size);
+}
+
+static pnode *find(ds41_prefix_cache *pc, const uint8_t key[16], const pnode *parent, const int32_t *ids) {
+    for (pnode *n = pc->table[slot_of(pc, key)]; n; n = n->hnext)
+        if (!memcmp(n->key, key, 16) && n->parent == parent && !memcmp(n->ids, ids, BT * sizeof(int32_t))) return n;
+    return NULL;
+}
+
+static void lru_unlink(ds41_prefix_cache *pc, pnode *n) {
+    if (n->prev) n->prev->next = n->next; else pc->head = n->next;
+    if (n->next) n->next->prev = n->prev; else pc->tail = n->prev;
+    n->prev = n->next = NULL;
+}
+
+static void lru_front(ds41_prefix_cache *pc, pnode *n) {
+    if (pc->head == n) return;
+    if (n->prev || n->next || pc->tail == n) lru_unlink(pc, n);
+    n->next = pc->head;
+    if (pc->head) pc->head->prev = n;
+    pc->head = n;
+    if (!pc->tail) pc->tail = n;
+}
+
+static void node_free(ds41_prefix_cache *pc, pnode *n) {
+    if (n->pages)
+        for (int i = 0; i < pc->n_stores; i++) ds41_page_unref(n->pages[i]);
+    free(n->pages);
+    free(n);
+}
+
+static void drop(ds41_prefix_cache *pc, pnode *n) {
+    pnode **pp = &pc->table[slot_of(pc, n->key)];
+    while (*pp != n) pp = &(*pp)->hnext;
+    *pp = n->hnext;
+    lru_unlink(pc, n);
+    if (n->parent) n->parent->n_children--;
+    pc->st.blocks--;
+    pc->st.bytes -= pc->node_bytes;
+    node_free(pc, n);
+}
+
+/* least recently used leaves first, until `need` more bytes fit */
+static void evict(ds41_prefix_cache *pc, long long need) {
+    while (pc->st.bytes + need > pc->p.mem_bytes) {
+        pnode *v = pc->tail;
+        while (v && v->n_children) v = v->prev;
+        if (!v) return;
+        drop(pc, v);
+    }
+}
+
+static pnode *insert(ds41_prefix_cache *pc, const uint8_t key[16], pnode *parent, const int32_t *ids, int depth,
+                     uint8_t **pages) {
+    if (pc->node_bytes > pc->p.mem_bytes) return NULL;
+    if (parent) parent->n_children++;   /* not a leaf while room is made */
+    evict(pc, pc->node_bytes);
+    pnode *n = calloc(1, sizeof *n);
+    if (!n) { if (parent) parent->n_children--; return NULL; }
+    n->pages = pages;
+    memcpy(n->key, key, 16);
+    memcpy(n->ids, ids, sizeof n->ids);
+    n->parent = parent;
+    n->depth = depth;
+    size_t s = slot_of(pc, key);
+    n->hnext = pc->table[s];
+    pc->table[s] = n;
+    lru_front(pc, n);
+    pc->st.blocks++;
+    pc->st.bytes += pc->node_bytes;
+    return n;
+}
+
+/* ---------------------------------------------------------------------- open / close */
+
+ds41_prefix_cache *ds41_prefix_open(ds41_engine *e, const ds41_prefix_params *p, char *errbuf, size_t errcap) {
+    ds41_err err;
+    ds41_prefix_cache *pc = calloc(1, sizeof *pc);
+    if (!pc) { if (errbuf && errcap) snprintf(errbuf, errcap, "out of memory"); return NULL; }
+    pc->e = e;
+    if (p) pc->p = *p;
+    if (pc->p.mem_bytes <= 0) pc->p.mem_bytes = 1LL << 30;
+    pc->p.dir = NULL;
+    pthread_mutex_init(&pc->mu, NULL);
+    const ds41_config *cfg = e->cfg;
+    if (!ds41_restore_supported(cfg)) {
+        ds41_errf(&err, "prefix cache: a KV source's compress ratio does not divide the %d-token block", BT);
+        goto fail;
+    }
+    if (pc->p.replay != DS41_REPLAY_EXACT && pc->p.replay != DS41_REPLAY_APPROX) {
+        ds41_errf(&err, "prefix cache: replay mode %d", pc->p.replay);
+        goto fail;
+    }
+    pc->n_stores = cfg->n_kv_sources;
+    pc->page_bytes = calloc((size_t)pc->n_stores + 1, sizeof(size_t));
+    pc->table_size = 4099;
+    pc->table = calloc(pc->table_size, sizeof *pc->table);
+    if (!pc->page_bytes || !pc->table) { ds41_errf(&err, "out of memory"); goto fail; }
+    {
+        /* page sizes as the stores lay them out */
+        ds41_cache c;
+        if (ds41_cache_init(&c, cfg, 1, &err)) goto fail;
+        for (int i = 0; i < pc->n_stores; i++) {
+            pc->page_bytes[i] = c.stores[i].page_bytes;
+            pc->node_bytes += (long long)c.stores[i].page_bytes;
+        }
+        ds41_cache_free(&c);
+    }
+    if (fingerprint(e, pc->p.index_k, pc->fp, &err)) goto fail;
+    if (p && p->dir) {
+        pc->dir = strdup(p->dir);
+        if (!pc->dir) { ds41_errf(&err, "out of memory"); goto fail; }
+        pc->p.dir = pc->dir;
+        pc->disk = ds41_pstore_open(pc->dir, pc->fp, pc->p.disk_bytes, &err);
+        if (!pc->disk) goto fail;
+    }
+    return pc;
+fail:
+    if (errbuf && errcap) snprintf(errbuf, errcap, "%s", err.msg);
+    ds41_prefix_close(pc);
+    return NULL;
+}
+
+void ds41_prefix_close(ds41_prefix_cache *pc) {
+    if (!pc) return;
+    if (pc->table)
+        for (size_t s = 0; s < pc->table_size; s++)
+            for (pnode *n = pc->table[s], *nx; n; n = nx) { nx = n->hnext; node_free(pc, n); }
+    free(pc->table);
+    if (pc->disk) ds41_pstore_close(pc->disk);
+    free(pc->dir);
+    free(pc->page_bytes);
+    pthread_mutex_destroy(&pc->mu);
+    free(pc);
+}
+
+void ds41_prefix_get_stats(ds41_prefix_cache *pc, ds41_prefix_stats *out) {
+    pthread_mutex_lock(&pc->mu);
+    *out = pc->st;
+    pthread_mutex_unlock(&pc->mu);
+}
+
+void ds41_prefix_fingerprint_hex(const ds41_prefix_cache *pc, char out[65]) {
+    static const char hx[] = "0123456789abcdef";
+    for (int i = 0; i < 32; i++) { out[2 * i] = hx[pc->fp[i] >> 4]; out[2 * i + 1] = hx[pc->fp[i] & 15]; }
+    out[64] = 0;
+}
+
+double ds41_prefix_bytes_per_token(const ds41_engine *e) {
+    ds41_cache c;
+    ds41_err err;
+    if (ds41_cache_init(&c, e->cfg, 1, &err)) return 0.0;
+    long long b = 0;
+    for (int i = 0; i < c.n_stores; i++) b += (long long)c.stores[i].page_bytes;
+    ds41_cache_free(&c);
+    return (double)b / BT;
+}
+
+/* ---------------------------------------------------------------------- disk payload */
+
+/* payload = the pages of every store in kv_sources order */
+static uint8_t **pages_from_payload(ds41_prefix_cache *pc, const uint8_t *payload, size_t n) {
+    if ((long long)n != pc->node_bytes) return NULL;
+    uint8_t **pages = calloc((size_t)pc->n_stores + 1, sizeof *pages);
+    if (!pages) return NULL;
+    size_t off = 0;
+    for (int i = 0; i < pc->n_stores; i++) {
+        pages[i] = ds41_page_new(pc->page_bytes[i]);
+        if (!pages[i]) {
+            for (int k = 0; k < i; k++) ds41_page_unref(pages[k]);
+            free(pages);
+            return NULL;
+        }
+        memcpy(pages[i], payload + off, pc->page_bytes[i]);
+        off += pc->page_bytes[i];
+    }
+    return pages;
+}
+
+static int put_disk(ds41_prefix_cache *pc, const uint8_t key[16], const uint8_t parent[16], const int32_t *ids,
+                    uint8_t *const *pages) {
+    uint8_t *payload = malloc((size_t)pc->node_bytes);
+    if (!payload) return -1;
+    size_t off = 0;
+    for (int i = 0; i < pc->n_stores; i++) {
+        memcpy(payload + off, pages[i], pc->page_bytes[i]);
+        off += pc->page_bytes[i];
+    }
+    ds41_err err;
+    int rc = ds41_pstore_put(pc->disk, key, parent, ids, BT, payload, off, &err);
+    free(payload);
+    if (rc) {
+        pc->st.disk_errors++;
+        fprintf(stderr, "ds41: prefix cache: %s (block not stored; serving continues)\n", err.msg);
+    } else {
+        pc->st.disk_writes++;
+    }
+    return rc;
+}
+
+/* ---------------------------------------------------------------------- restore / publish */
+
+long long ds41_prefix_restore(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n) {
+    ds41_seq *q = ds41_session_seq(s);
+    if (q->e != pc->e || q->cache.pos != 0 || ds41_session_index_k(s) != pc->p.index_k) return 0;
+    long long maxb = (long long)n / BT;
+    if (maxb * BT > q->cache.max_pos) maxb = q->cache.max_pos / BT;
+    for (size_t i = 0; i < (size_t)maxb * BT; i++)
+        if (ids[i] < 0 || ids[i] >= pc->e->cfg->vocab_size) { maxb = (long long)i / BT; break; }
+    pthread_mutex_lock(&pc->mu);
+    pc->st.queries += (long long)n;
+    uint8_t **pages = maxb > 0 ? calloc((size_t)maxb * pc->n_stores, sizeof *pages) : NULL;
+    long long nb = 0;
+    pnode *prev = NULL;
+    uint8_t pkey[16];
+    memcpy(pkey, pc->fp, 16);
+    while (pages && nb < maxb) {
+        const int32_t *bid = ids + nb * BT;
+        uint8_t key[16];
+        block_key(pkey, bid, key);
+        pnode *node = find(pc, key, prev, bid);
+        if (!node && pc->disk) {
+            void *payload = NULL;
+            size_t len = 0;
+            ds41_err err;
+            uint8_t zero[16] = { 0 };
+            int g = ds41_pstore_get(pc->disk, key, nb ? pkey : zero, bid, BT, &payload, &len, &err);
+            uint8_t **pg = g == 1 ? pages_from_payload(pc, payload, len) : NULL;
+            free(payload);
+            if (pg) {
+                node = insert(pc, key, prev, bid, (int)nb, pg);
+                if (!node) { for (int i = 0; i < pc->n_stores; i++) ds41_page_unref(pg[i]); free(pg); }
+                else pc->st.disk_hits++;
+            }
+        }
+        if (!node) break;
+        lru_front(pc, node);
+        for (int i = 0; i < pc->n_stores; i++) {
+            ds41_page_ref(node->pages[i]);
+            pages[(size_t)nb * pc->n_stores + i] = node->pages[i];
+        }
+        memcpy(pkey, key, 16);
+        prev = node;
+        nb++;
+    }
+    pthread_mutex_unlock(&pc->mu);
+    long long M = nb * BT, rc = M;
+    if (M > 0) {
+        int mode = pc->p.replay == DS41_REPLAY_APPROX ? DS41_RESTORE_APPROX : DS41_RESTORE_EXACT;
+        if (ds41_session_restore(s, ids, M, pages, mode, M == (long long)n)) rc = -1;
+        pthread_mutex_lock(&pc->mu);
+        if (rc > 0) {
+            pc->st.hits += M;
+            pc->st.replay_rows += ds41_seq_replay_rows(pc->e->cfg, mode, M);
+        }
+        pthread_mutex_unlock(&pc->mu);
+    }
+    for (long long i = 0; i < nb * pc->n_stores; i++) ds41_page_unref(pages[i]);
+    free(pages);
+    return rc;
+}
+
+long long ds41_prefix_publish(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n) {
+    ds41_seq *q = ds41_session_seq(s);
+    if (q->e != pc->e || ds41_session_index_k(s) != pc->p.index_k) return 0;
+    if ((long long)n > q->cache.pos) n = (size_t)q->cache.pos;
+    long long nb = (long long)n / BT, added = 0;
+    pthread_mutex_lock(&pc->mu);
+    pnode *prev = NULL;
+    uint8_t pkey[16], zero[16] = { 0 };
+    memcpy(pkey, pc->fp, 16);
+    for (long long b = 0; b < nb; b++) {
+        const int32_t *bid = ids + b * BT;
+        uint8_t key[16];
+        block_key(pkey, bid, key);
+        pnode *node = find(pc, key, prev, bid);
+        if (!node) {
+            uint8_t **pg = calloc((size_t)pc->n_stores + 1, sizeof *pg);
+            int ok = pg != NULL;
+            for (int i = 0; ok && i < pc->n_stores; i++) {
+                ds41_kv_store *st = &q->cache.stores[i];
+                if (b >= st->n_pages || !st->pages[b]) ok = 0;
+                else pg[i] = st->pages[b];
+            }
+            if (!ok) { free(pg); break; }
+            for (int i = 0; i < pc->n_stores; i++) ds41_page_ref(pg[i]);
+            if (pc->disk) put_disk(pc, key, b ? pkey : zero, bid, pg);
+            node = insert(pc, key, prev, bid, (int)b, pg);
+            if (!node) { for (int i = 0; i < pc->n_stores; i++) ds41_page_unref(pg[i]); free(pg); break; }
+            added++;
+        }
+        lru_front(pc, node);
+        memcpy(pkey, key, 16);
+        prev = node;
+    }
+    pthread_mutex_unlock(&pc->mu);
+    return added;
+}
