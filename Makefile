@@ -76,13 +76,16 @@ $(BUILD)/bench/%: bench/%.c $(BUILD)/libds41.a
 	$(CC) $(CFLAGS) $< $(BUILD)/libds41.a -o $@ $(LDFLAGS) $(LDLIBS)
 
 # make test: install what is missing, build, run every test; last line "N passed, N failed".
+# builds use every core (JOBS=1 for a sequential build)
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+
 test: setup
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@bash tests/run.sh
 
 # make run: the main job (see README).
 run: setup
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@bash scripts/run.sh
 
 # make train-demo: rebuild models/demo from the Debian packages (about 45 minutes on 2 cores;
@@ -98,7 +101,7 @@ bench: setup
 
 # AddressSanitizer + UndefinedBehaviorSanitizer build of everything, then the C and CLI tests.
 check-asan:
-	@$(MAKE) --no-print-directory BUILD=build-asan OPT=-O1 \
+	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=build-asan OPT=-O1 \
 	  SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
 	  LDFLAGS="-fsanitize=address,undefined" build-asan/ds41 $(patsubst $(BUILD)/%,build-asan/%,$(TEST_BIN) $(TOOL_BIN) $(SHIM_BIN))
 	@DS41_BUILD=build-asan DS41_ASAN=1 bash tests/run.sh

@@ -30,3 +30,18 @@ text_checkpoint() {
 
 # ids N SEED VOCAB -> N comma-separated random ids below VOCAB
 ids() { "$PY" -c "import random; r=random.Random($2); print(','.join(str(r.randrange($3)) for _ in range($1)))"; }
+
+# serve_checkpoint -> the tiny checkpoint with a 4096-position context and the byte-level BPE
+# tokenizer of tests/serve/make_tokenizer.py (ds41 serve's tests), cached in $CK/serve-tiny.
+serve_checkpoint() {
+    local ck=$CK/serve-tiny
+    mkdir -p "$TMP/cfg"
+    sed 's/"max_position_embeddings": 128/"max_position_embeddings": 4096/' tests/configs/tiny/config.json >"$TMP/cfg/config.json"
+    if [ ! -f "$ck/.complete" ] || ! cmp -s "$ck/config.json" "$TMP/cfg/config.json" || [ tests/serve/make_tokenizer.py -nt "$ck/.complete" ]; then
+        rm -rf "$ck"
+        "$PY" tools/make_checkpoint.py "$TMP/cfg" "$ck" --seed 1 --token-map stub -q >"$TMP/mk.log" 2>&1 &&
+            "$PY" tests/serve/make_tokenizer.py "$ck" 500 >>"$TMP/mk.log" 2>&1 || return 1
+        touch "$ck/.complete"
+    fi
+    echo "$ck"
+}

@@ -11,6 +11,9 @@ BUILD=${DS41_BUILD:-build}
 export DS41="$PWD/$BUILD/ds41"
 export DS41_ROOT="$PWD"
 export PYTHON=/usr/bin/python3
+# caches the commands write (the verify-width curves of --spec auto) stay in the build tree,
+# one per build (so the sanitizer run and the normal one never share a file)
+export XDG_CACHE_HOME="$PWD/$BUILD/test-cache"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 filter=${DS41_TEST_FILTER:-}
@@ -46,24 +49,53 @@ run_one() {
     printf '%-40s %4d passed %3d failed  %6.1fs\n' "$(basename "$name")" "$p" "$f" "$(echo "$t1 - $t0" | bc)"
     if [ "$f" -ne 0 ]; then grep -E '^(FAIL|  )' "$log" | head -n 40 | sed 's/^/    /'; tail -n 5 "$log" | sed 's/^/    | /'; fi
 }
-for t in "$BUILD"/tests/test_*; do
-    [ -x "$t" ] || continue
-    case "$t" in *"$filter"*) ;; *) continue ;; esac
-    skipped "$t" && continue
-    run_one "$t" "$t"
-done
-for t in tests/*.test.sh; do
-    [ -f "$t" ] || continue
-    case "$t" in *"$filter"*) ;; *) continue ;; esac
-    skipped "$t" && continue
-    run_one "$t" bash "$t"
-done
-if [ -z "${DS41_ASAN:-}" ]; then
-    for t in tests/*_test.py; do
-        [ -f "$t" ] || continue
+# The list of test programs, in the order they print.
+all_tests() {
+    local t
+    for t in "$BUILD"/tests/test_*; do [ -x "$t" ] && echo "$t"; done
+    for t in tests/*.test.sh; do [ -f "$t" ] && echo "$t"; done
+    if [ -z "${DS41_ASAN:-}" ]; then for t in tests/*_test.py; do [ -f "$t" ] && echo "$t"; done; fi
+}
+# run_list FILE: runs the tests listed in FILE; the totals go to FILE.totals
+run_list() {
+    local t
+    while read -r t; do
         case "$t" in *"$filter"*) ;; *) continue ;; esac
-        run_one "$t" "$PYTHON" "$t"
-    done
+        skipped "$t" && continue
+        case "$t" in
+            *.test.sh) run_one "$t" bash "$t" ;;
+            *_test.py) run_one "$t" "$PYTHON" "$t" ;;
+            *) run_one "$t" "$t" ;;
+        esac
+    done <"$1"
+    echo "$pass $fail" >"$1.totals"
+}
+# Two lanes on machines with two or more cores (not inside the sanitizer run, which is itself
+# in a lane): lane A runs the long sequential programs named in DS41_LANE_A in the background
+# (its lines are printed when it ends), lane B everything else. The checkpoints the shell tests
+# share (build/test-ck) are written first, so the lanes never write the same files.
+# DS41_TEST_JOBS=1 runs one lane.
+lane_a=${DS41_LANE_A-sanitizers.test.sh conformance.test.sh}
+jobs=${DS41_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}
+all_tests >"$BUILD/test-logs/list"
+if [ -z "${DS41_ASAN:-}" ] && [ "$jobs" -gt 1 ] && [ -n "$lane_a" ]; then
+    : >"$BUILD/test-logs/list.a"; : >"$BUILD/test-logs/list.b"
+    while read -r t; do
+        in_a=0
+        for n in $lane_a; do [ "$(basename "$t")" = "$n" ] && in_a=1; done
+        [ $in_a = 1 ] && echo "$t" >>"$BUILD/test-logs/list.a" || echo "$t" >>"$BUILD/test-logs/list.b"
+    done <"$BUILD/test-logs/list"
+    DS41_BUILD=$BUILD bash tests/prepare.sh || echo "FAIL prepare: shared test checkpoints could not be written"
+    run_list "$BUILD/test-logs/list.a" >"$BUILD/test-logs/lane-a.out" 2>&1 &
+    lane_pid=$!
+    run_list "$BUILD/test-logs/list.b"
+    wait "$lane_pid"
+    cat "$BUILD/test-logs/lane-a.out"
+    read -r pa fa <"$BUILD/test-logs/list.a.totals" || { pa=0; fa=1; }
+    read -r pb fb <"$BUILD/test-logs/list.b.totals" || { pb=0; fb=1; }
+    pass=$((pa + pb)); fail=$((fa + fb))
+else
+    run_list "$BUILD/test-logs/list"
 fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

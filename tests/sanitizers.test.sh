@@ -8,14 +8,14 @@ cd "$DS41_ROOT"
 [ -n "${DS41_ASAN:-}" ] && exit 0
 if [ -n "${DS41_SKIP_SANITIZERS:-}" ]; then echo "sanitizers skipped (DS41_SKIP_SANITIZERS)" >&2; exit 0; fi
 log=build/test-logs/check-asan.out
-make --no-print-directory check-asan >"$log" 2>&1
+make --no-print-directory -j"$(nproc)" check-asan >"$log" 2>&1
 rc=$?
 grep -E '^(PASS|FAIL) ' build-asan/test-logs/*.log 2>/dev/null | sed -E 's/^build-asan\/test-logs\/([^:]*)\.log:(PASS|FAIL) /\2 asan:\1:/'
 if [ "$rc" -ne 0 ] && ! grep -q '^FAIL' build-asan/test-logs/*.log 2>/dev/null; then
     echo "FAIL asan: make check-asan exited $rc"; tail -n 20 "$log"
 fi
 flog=build/test-logs/fuzz.out
-make --no-print-directory fuzz FUZZ_SECONDS=${DS41_FUZZ_SECONDS:-5} >"$flog" 2>&1
+make --no-print-directory -j"$(nproc)" fuzz FUZZ_SECONDS=${DS41_FUZZ_SECONDS:-5} >"$flog" 2>&1
 frc=$?
 grep -E '^(PASS|FAIL)|^    ' "$flog" | sed -E 's/^(PASS|FAIL) /\1 fuzz:/'
 if [ "$frc" -ne 0 ] && ! grep -q '^FAIL' "$flog"; then

@@ -26,21 +26,13 @@ cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$TMP"
 trap cleanup EXIT
 mkdir -p "$CK"
 export XDG_CACHE_HOME="$TMP/cache"   # the verify-width curve cache of --spec auto (server and ds41 run)
+. tests/lib.sh
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; }
 TSAN=${DS41_SERVE_TSAN:-}
 
 # ---------------------------------------------------------------- checkpoint + tokenizer
-ck=$CK/serve-tiny
-mkdir -p "$TMP/cfg"
-sed 's/"max_position_embeddings": 128/"max_position_embeddings": 4096/' tests/configs/tiny/config.json >"$TMP/cfg/config.json"
-if [ ! -f "$ck/.complete" ] || ! cmp -s "$ck/config.json" "$TMP/cfg/config.json" || [ tests/serve/make_tokenizer.py -nt "$ck/.complete" ]; then
-    rm -rf "$ck"
-    "$PY" tools/make_checkpoint.py "$TMP/cfg" "$ck" --seed 1 --token-map stub -q >"$TMP/mk.log" 2>&1 &&
-        "$PY" tests/serve/make_tokenizer.py "$ck" 500 >>"$TMP/mk.log" 2>&1 ||
-        { fail serve_checkpoint "$(tail -n 3 "$TMP/mk.log")"; exit 1; }
-    touch "$ck/.complete"
-fi
+ck=$(serve_checkpoint) || { fail serve_checkpoint "$(tail -n 3 "$TMP/mk.log")"; exit 1; }
 
 # start NAME ARGS...: a server on a free port; sets PORT and PID
 start() {

@@ -380,13 +380,18 @@ int main(void) {
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "mkdir -p '%s'", tmpdir);
     sh(cmd);
-    if (make_tiny() || make_small43()) { printf("FAIL checkpoints: make_checkpoint.py failed\n"); return 1; }
+    if (make_tiny() || (!(getenv("DS41_ASAN") && *getenv("DS41_ASAN")) && make_small43())) { printf("FAIL checkpoints: make_checkpoint.py failed\n"); return 1; }
+    /* under the sanitizers (make check-asan) the demo-model cases only: the page sharing,
+     * restore, store and eviction code is the same, the other checkpoints add arithmetic */
+    int asan = getenv("DS41_ASAN") && *getenv("DS41_ASAN");
     RUN_CASE(test_demo_exact_own);
-    RUN_CASE(test_demo_exact_official);
-    RUN_CASE(test_demo_exact_whole_prompt);
-    RUN_CASE(test_tiny_exact_own);
-    RUN_CASE(test_tiny_exact_official);
-    RUN_CASE(test_small43_exact_both);
+    if (!asan) {
+        RUN_CASE(test_demo_exact_official);
+        RUN_CASE(test_demo_exact_whole_prompt);
+        RUN_CASE(test_tiny_exact_own);
+        RUN_CASE(test_tiny_exact_official);
+        RUN_CASE(test_small43_exact_both);
+    }
     RUN_CASE(test_shared_pages_not_written);
     RUN_CASE(test_disk_restart);
     RUN_CASE(test_lru);

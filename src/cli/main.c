@@ -19,6 +19,7 @@ static const command commands[] = {
     { "inspect", ds41_cli_inspect, "config, layer plan, tensor table and byte budgets of a checkpoint" },
     { "tokenize", ds41_cli_tokenize, "text to token ids and back with the checkpoint's tokenizer.json" },
     { "serve", ds41_cli_serve, "OpenAI-compatible HTTP server with continuous batching" },
+    { "bench-prefix", ds41_cli_bench_prefix, "prefix cache: time to first logits on a hit vs a fresh prefill, bytes per cached token" },
     { "bench-serve", ds41_cli_bench_serve, "load generator for ds41 serve: TTFT, ITL, output tok/s at several concurrencies" },
     { "chat-template", ds41_cli_chat_template, "render a messages JSON in the V4.1 prompt format, with its token ids" },
     { "cache", ds41_cli_cache, "look inside a --cache-dir prefix store: ls, stats, verify, clear" },

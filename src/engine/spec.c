@@ -29,6 +29,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dspark.h"
 
@@ -330,8 +331,17 @@ static void mkdirs(const char *path) {
 
 int ds41_spec_curve_save(const char *path, const ds41_spec_curve *c) {
     mkdirs(path);
-    FILE *f = fopen(path, "w");
-    if (!f) return -1;
+    /* a temporary file renamed over the name: a reader (another process measuring or loading
+     * the same curve) sees the old file or the new one, never a partial one */
+    size_t n = strlen(path) + 32;
+    char *tmp = malloc(n);
+    if (!tmp) return -1;
+    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) { free(tmp); return -1; }
     for (int w = 1; w <= c->n; w++) fprintf(f, "%d %.6f\n", w, c->sps[w]);
-    return fclose(f) ? -1 : 0;
+    int rc = fclose(f) ? -1 : rename(tmp, path) ? -1 : 0;
+    if (rc) remove(tmp);
+    free(tmp);
+    return rc;
 }

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Writes the generated checkpoints several shell tests share (build/test-ck) before tests/run.sh
+# starts its two lanes, so that no two tests write the same checkpoint at the same time.
+set -u
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-/usr/bin/python3}
+CK=build/test-ck
+TMP=$(mktemp -d /tmp/ds41-prepare.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+mkdir -p "$CK"
+. tests/lib.sh
+for n in tiny small43 prodslice; do checkpoint "$n" >/dev/null || exit 1; done
+serve_checkpoint >/dev/null || exit 1
