@@ -20,6 +20,7 @@ fail() { echo "FAIL $1: $2"; }
 M=models/demo
 # a ~600-token prompt: the first paragraphs of the GPL (every Debian has it)
 PROMPT=$(head -c 2400 /usr/share/common-licenses/GPL-3 | tr '\n' ' ')
+printf '%s' "$PROMPT" >"$TMP/prompt.txt"
 
 # ---------------------------------------------------------------- ds41 run
 "$DS41" run -m $M -p "$PROMPT" -n 12 --exact --json --top-logprobs 3 >"$TMP/plain.json" 2>"$TMP/plain.err" ||
@@ -47,6 +48,40 @@ if not (plain == c1 == c2) or len(plain) != 12:
     print("  token lines differ:", len(plain), len(c1), len(c2)); ok = False
 sys.exit(0 if ok else 1)
 EOF
+# a damaged store file (a flipped byte in the third block the prompt reads, then a truncated
+# fourth) is a miss, never served: the run restores the blocks before it, prefills the rest and
+# prints the same tokens; ds41 cache verify names the damage first
+"$PY" - "$TMP" "$DS41" <<'EOF2' && pass run_cache_damaged_block || fail run_cache_damaged_block "see above"
+import json, os, subprocess, sys
+t, ds41 = sys.argv[1], sys.argv[2]
+ls = subprocess.run([ds41, "cache", "ls", "--cache-dir", f"{t}/store", "--json"], capture_output=True, text=True)
+blocks = json.loads(ls.stdout)
+blocks = blocks.get("blocks", blocks) if isinstance(blocks, dict) else blocks
+by_key = {b["key"]: b for b in blocks}
+# the chain of the prompt: the block whose parent is all zero, then its child, ...
+chain, parent = [], "0" * 32
+while True:
+    nxt = [b for b in blocks if b["parent"] == parent]
+    if not nxt: break
+    chain.append(nxt[0]); parent = nxt[0]["key"]
+ok = len(chain) >= 4
+def path(b):
+    return b.get("path") or os.path.join(f"{t}/store", b["fingerprint"], b["key"] + ".blk")
+p3, p4 = path(chain[2]), path(chain[3])
+with open(p3, "r+b") as f:
+    f.seek(os.path.getsize(p3) // 2); c = f.read(1); f.seek(-1, 1); f.write(bytes([c[0] ^ 0x10]))
+os.truncate(p4, os.path.getsize(p4) - 100)
+v = subprocess.run([ds41, "cache", "verify", "--cache-dir", f"{t}/store"], capture_output=True, text=True)
+if v.returncode != 1: print("  verify exit", v.returncode, v.stdout[-300:], v.stderr[-300:]); ok = False
+r = subprocess.run([ds41, "run", "-m", "models/demo", "-p", open(f"{t}/prompt.txt").read(), "-n", "12", "--exact",
+                    "--json", "--top-logprobs", "3", "--cache-dir", f"{t}/store"], capture_output=True, text=True)
+lines = r.stdout.splitlines()
+plain = open(f"{t}/plain.json").read().splitlines()
+pc = json.loads(lines[-1])["timing"]["prefix_cache"] if lines else {}
+if r.returncode or lines[:-1] != plain[:-1] or pc.get("restored_tokens") != 256:
+    print("  run after damage:", r.returncode, pc, r.stderr[-300:]); ok = False
+sys.exit(0 if ok else 1)
+EOF2
 "$DS41" run -m $M -p "$PROMPT" -n 4 --exact --replay approx --cache-dir "$TMP/store" >/dev/null 2>"$TMP/ap.err" &&
     grep -q "approx replay of 64 rows" "$TMP/ap.err" && pass run_cache_approx || fail run_cache_approx "$(tail -n 2 "$TMP/ap.err")"
 "$DS41" run -m $M -p x --replay sometimes >/dev/null 2>"$TMP/u1.err"; rc=$?
