@@ -227,6 +227,10 @@ typedef struct fwd_buf {
     int pool_nb;
 } fwd_buf;
 
+static int eg_cols(const ds41_config *cfg) {
+    return cfg->n_engram_layers > 0 ? (cfg->engram_max_ngram - 1) * cfg->engram_n_heads : 0;
+}
+
 static void *zalloc(size_t n, size_t sz, int *fail) {
     if (*fail) return NULL;
     void *p = calloc(n ? n : 1, sz);
@@ -234,14 +238,27 @@ static void *zalloc(size_t n, size_t sz, int *fail) {
     return p;
 }
 
+/* The per-sequence part of a forward's buffers: index keys, top-k lists, candidate pool. */
+static int seq_part_alloc(fwd_buf *b, int n_layers, int n_stores) {
+    b->cik = calloc((size_t)n_stores + 1, sizeof(float *));
+    b->sel = calloc((size_t)n_layers, sizeof(int32_t *));
+    b->sel_w = calloc((size_t)n_layers, sizeof(int));
+    return b->cik && b->sel && b->sel_w ? 0 : -1;
+}
+
+static void seq_part_free(fwd_buf *b, int n_layers, int n_stores) {
+    if (b->cik) for (int i = 0; i < n_stores; i++) free(b->cik[i]);
+    if (b->sel) for (int l = 0; l < n_layers; l++) free(b->sel[l]);
+    free(b->cik); free(b->sel); free(b->sel_w); free(b->pool);
+    b->cik = NULL; b->sel = NULL; b->sel_w = NULL; b->pool = NULL;
+}
+
 static void buf_free(fwd_buf *b, int n_layers, int n_stores) {
     ds41_stream_free(&b->s);
     free(b->kc); free(b->rec); free(b->cq); free(b->q); free(b->o); free(b->wos); free(b->ringf);
-    free(b->list); free(b->msel); free(b->pos); free(b->eg_ids); free(b->pool);
-    if (b->cik) for (int i = 0; i < n_stores; i++) free(b->cik[i]);
-    free(b->cik); free(b->gkv); free(b->gmap); free(b->gent);
-    if (b->sel) for (int l = 0; l < n_layers; l++) free(b->sel[l]);
-    free(b->sel); free(b->sel_w);
+    free(b->list); free(b->msel); free(b->pos); free(b->eg_ids);
+    free(b->gkv); free(b->gmap); free(b->gent);
+    seq_part_free(b, n_layers, n_stores);
 }
 
 static int store_index(const ds41_cache *c, int layer) {
@@ -292,31 +309,49 @@ static void trace_i32(FILE *f, const int32_t *v, size_t n) {
     if (f) fwrite(v, sizeof(int32_t), n, f);
 }
 
+static int compressor_emit(ds41_seq *s, int l, float *kv, const float *sc, int T, long long P, int layout,
+                           ds41_err *err);
+
 /* The compressor of KV-source layer l over the rows of this forward (all rows are computed
  * for a KV source), writing its new entries into the store. Returns entries emitted or -1. */
+
 static int run_compressor(ds41_seq *s, int l, const float *xa, int T, long long P, int layout, ds41_err *err) {
+    ds41_engine *e = s->e;
+    const ds41_config *cfg = e->cfg;
+    const ds41_layer_weights *lw = &e->w->layers[l];
+    int D = cfg->head_dim, r = ds41_cache_store(&s->cache, l)->ratio;
+    float *c = malloc((size_t)T * D * sizeof(float) * (r > 1 ? 2 : 1));
+    if (!c) return ds41_errf(err, "out of memory in the compressor of layer %d", l);
+    if (r == 1) ds41_compress_r1(&e->ctx, cfg, lw, xa, T, c);
+    else ds41_compress_proj(&e->ctx, cfg, lw, xa, T, c, c + (size_t)T * D);
+    int emitted = compressor_emit(s, l, c, r == 1 ? NULL : c + (size_t)T * D, T, P, layout, err);
+    free(c);
+    return emitted;
+}
+
+/* The compressor's per-sequence part over its T rows' projections (ratio 1: the latents
+ * kv [T, head_dim], modified by RoPE; ratio r > 1: kv and sc [T, head_dim]): pooling, the
+ * entries' records, the state rows. Returns entries emitted or -1. */
+static int compressor_emit(ds41_seq *s, int l, float *kv, const float *sc, int T, long long P, int layout,
+                           ds41_err *err) {
     ds41_engine *e = s->e;
     const ds41_config *cfg = e->cfg;
     const ds41_layer_weights *lw = &e->w->layers[l];
     const ds41_rope *rope = &e->ropes[e->layer_rope[l]];
     ds41_kv_store *st = ds41_cache_store(&s->cache, l);
     int D = cfg->head_dim, r = st->ratio, emitted = 0;
-    float *c = malloc((size_t)T * D * sizeof(float) * (r > 1 ? 2 : 1));
-    float *one = malloc((size_t)D * sizeof(float));
-    if (!c || !one) { free(c); free(one); return ds41_errf(err, "out of memory in the compressor of layer %d", l); }
     if (r == 1) {
-        ds41_compress_r1(&e->ctx, cfg, lw, xa, T, c);
         for (int t = 0; t < T; t++) {
             long long j = P + t;
             uint8_t *kr = ds41_store_kv_rec(st, j, 1, err), *ir = ds41_store_ik_rec(st, j, 1, err);
-            if (!kr || !ir) { free(c); free(one); return -1; }
-            ds41_compress_entry(&e->ctx, cfg, lw, rope, c + (size_t)t * D, (int)(j * r), ir, kr);
+            if (!kr || !ir) return -1;
+            ds41_compress_entry(&e->ctx, cfg, lw, rope, kv + (size_t)t * D, (int)(j * r), ir, kr);
             emitted++;
         }
     } else {
         ds41_comp_state *cs = ds41_cache_comp(&s->cache, l);
-        float *kv = c, *sc = c + (size_t)T * D;
-        ds41_compress_proj(&e->ctx, cfg, lw, xa, T, kv, sc);
+        float *one = malloc((size_t)D * sizeof(float));
+        if (!one) return ds41_errf(err, "out of memory in the compressor of layer %d", l);
         for (int t = 0; t < T; t++) {
             long long p = P + t;
             if ((p + 1) % r) continue;
@@ -331,10 +366,11 @@ static int run_compressor(ds41_seq *s, int l, const float *xa, int T, long long 
             ds41_compress_pool(&e->ctx, cfg, lw, kvr, scr, r, one);
             long long j = p / r;
             uint8_t *kr = ds41_store_kv_rec(st, j, 1, err), *ir = ds41_store_ik_rec(st, j, 1, err);
-            if (!kr || !ir) { free(c); free(one); return -1; }
+            if (!kr || !ir) { free(one); return -1; }
             ds41_compress_entry(&e->ctx, cfg, lw, rope, one, (int)(j * r), ir, kr);
             emitted++;
         }
+        free(one);
         /* State rows: decode writes its token's row every step (the reference's decode);
          * a multi-token forward stores the rows of the trailing incomplete group (the
          * reference's prefill remainder), which is all a later forward can read. */
@@ -356,8 +392,6 @@ static int run_compressor(ds41_seq *s, int l, const float *xa, int T, long long 
         }
     }
     st->n_entries = (P + T) / r;
-    free(c);
-    free(one);
     return emitted;
 }
 
@@ -372,13 +406,33 @@ static int restored_entries(ds41_seq *s, int l, int T, long long P, ds41_err *er
                          st->n_entries, P + T - 1, want);
     return (int)(want - P / r);
 }
+static int indexer_select(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long long P, const float *iq,
+                          const float *wt, ds41_err *err);
 
 /* The indexer of index-source layer l on query rows [q0, T); fills b->sel[l]. */
 static int run_indexer(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long long P, const float *xa, ds41_err *err) {
     ds41_engine *e = s->e;
     const ds41_config *cfg = e->cfg;
+    int nq = T - q0, NH = cfg->index_n_heads, ID = cfg->index_head_dim;
+    float *iq = malloc(((size_t)nq * NH * ID + 1) * sizeof(float));
+    float *wt = malloc(((size_t)nq * NH + 1) * sizeof(float));
+    if (!iq || !wt) { free(iq); free(wt); return ds41_errf(err, "out of memory in the indexer of layer %d", l); }
+    if (nq > 0)
+        ds41_indexer_query(&e->ctx, cfg, &e->w->layers[l], &e->ropes[e->layer_rope[l]], b->cq + (size_t)q0 * cfg->q_lora_rank,
+                           xa + (size_t)q0 * cfg->dim, nq, b->pos + q0, iq, wt);
+    int rc = indexer_select(s, b, l, q0, T, P, iq, wt, err);
+    free(iq);
+    free(wt);
+    return rc;
+}
+
+/* The indexer's per-sequence part: scores of query rows [q0, T) (queries iq, weights wt of
+ * those rows) against the sequence's index keys, candidate pool, top-k into b->sel[l]. */
+static int indexer_select(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long long P, const float *iq,
+                          const float *wt, ds41_err *err) {
+    ds41_engine *e = s->e;
+    const ds41_config *cfg = e->cfg;
     const ds41_layer_plan *lp = &cfg->layers[l];
-    const ds41_layer_weights *lw = &e->w->layers[l];
     int r = lp->ratio, NH = cfg->index_n_heads, ID = cfg->index_head_dim;
     long long E = (P + T) / r;
     int k = (int)(E < cfg->index_topk ? E : cfg->index_topk);
@@ -397,25 +451,20 @@ static int run_indexer(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long long 
     if (!vofficial && (si < 0 || s->cache.stores[si].n_entries < E))
         return ds41_errf(err, "layer %d: index-K cache of layer %d holds %lld entries, need %lld", l, src,
                          si < 0 ? 0LL : s->cache.stores[si].n_entries, E);
-    int nq = T - q0;
-    float *iq = malloc((size_t)nq * NH * ID * sizeof(float));
-    float *wt = malloc((size_t)nq * NH * sizeof(float));
     float *scores = malloc((size_t)E * sizeof(float));
     int *scratch = malloc((size_t)(E * 2 + 8) * sizeof(int));
     int *chosen = malloc((size_t)k * sizeof(int));
-    if (!iq || !wt || !scores || !scratch || !chosen) {
-        free(iq); free(wt); free(scores); free(scratch); free(chosen);
+    if (!scores || !scratch || !chosen) {
+        free(scores); free(scratch); free(chosen);
         return ds41_errf(err, "out of memory in the indexer of layer %d", l);
     }
-    ds41_indexer_query(&e->ctx, cfg, lw, &e->ropes[e->layer_rope[l]], b->cq + (size_t)q0 * cfg->q_lora_rank,
-                       xa + (size_t)q0 * cfg->dim, nq, b->pos + q0, iq, wt);
     int B = cfg->candidate_block_size > 0 ? cfg->candidate_block_size : 1;
     int nb = (int)((E + B - 1) / B);
     if (lp->is_candidate_source) {
         free(b->pool);
         b->pool = calloc((size_t)T * nb, 1);
         b->pool_nb = nb;
-        if (!b->pool) { free(iq); free(wt); free(scores); free(scratch); free(chosen); return ds41_errf(err, "out of memory"); }
+        if (!b->pool) { free(scores); free(scratch); free(chosen); return ds41_errf(err, "out of memory"); }
     }
     for (int t = q0; t < T; t++) {
         long long p = P + t;
@@ -426,7 +475,7 @@ static int run_indexer(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long long 
             if (osrc < 0) osrc = lp->index_k_source;
             ssi = store_index(&s->cache, osrc);
             if (ssi < 0 || forward_index_keys(s, b, ssi, 0, err) || s->cache.stores[ssi].n_entries < n_p) {
-                free(iq); free(wt); free(scores); free(scratch); free(chosen);
+                free(scores); free(scratch); free(chosen);
                 return ds41_errf(err, "layer %d: verify row %lld needs %lld index keys of layer %d", l, p, n_p, osrc);
             }
             ds41_indexer_scores(&e->ctx, cfg, iq + (size_t)(t - q0) * NH * ID, wt + (size_t)(t - q0) * NH,
@@ -444,9 +493,12 @@ static int run_indexer(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long long 
         ds41_topk(scores, (int)E, k, chosen, scratch);
         for (int i = 0; i < k; i++) b->sel[l][(size_t)t * k + i] = chosen[i] >= n_p ? -1 : chosen[i];
     }
-    free(iq); free(wt); free(scores); free(scratch); free(chosen);
+    free(scores); free(scratch); free(chosen);
     return 0;
 }
+
+static int attend(ds41_seq *s, fwd_buf *b, int l, int q0, int lo, int T, long long P, int layout, ds41_err *err);
+static void ring_store(ds41_seq *s, fwd_buf *b, int l, int k0, int T, long long P, int layout);
 
 /* Attention sublayer of layer l (spec 3.5-3.13): x rows [k0, T) in b->s.xa; output rows
  * [q0, T) into b->s.y (at row offset q0). */
@@ -457,9 +509,8 @@ static int attention(ds41_seq *s, fwd_buf *b, int l, int k0, int q0, int lo, int
     const ds41_layer_weights *lw = &e->w->layers[l];
     const ds41_rope *rope = &e->ropes[e->layer_rope[l]];
     const ds41_ctx *ctx = &e->ctx;
-    int D = cfg->head_dim, HD = cfg->n_heads * cfg->head_dim, W = cfg->window, rb = ds41_swa_rec_bytes(cfg);
+    int D = cfg->head_dim, HD = cfg->n_heads * cfg->head_dim, rb = ds41_swa_rec_bytes(cfg);
     int nk = T - k0, nq = T - q0;
-    ds41_ring *ring = &s->cache.rings[l];
 
     /* SWA keys of rows [k0, T) */
     ds41_attn_swa_k(ctx, cfg, lw, rope, b->s.xa + (size_t)k0 * cfg->dim, nk, b->pos + k0, b->kc + (size_t)k0 * D,
@@ -479,7 +530,27 @@ static int attention(ds41_seq *s, fwd_buf *b, int l, int k0, int q0, int lo, int
         if (lp->is_index_source && run_indexer(s, b, l, q0, T, P, b->s.xa, err)) return -1;
     }
 
-    /* KV set and lists */
+    /* KV set, lists and sparse attention into b->o */
+    if (attend(s, b, l, q0, lo, T, P, layout, err)) return -1;
+    if (nq > 0)
+        ds41_attn_output(ctx, cfg, lw, rope, b->o + (size_t)q0 * HD, nq, b->pos + q0, b->wos,
+                         b->s.y + (size_t)q0 * cfg->dim);
+    ring_store(s, b, l, k0, T, P, layout);
+    return 0;
+}
+
+/* The per-sequence middle of the attention sublayer: the KV set of layer l (ring, chunk keys,
+ * gathered compressed entries), every query row's list (docs/conformance.md), and the sparse
+ * attention of rows [q0, T) into b->o. Decode writes its ring slot first. */
+static int attend(ds41_seq *s, fwd_buf *b, int l, int q0, int lo, int T, long long P, int layout, ds41_err *err) {
+    ds41_engine *e = s->e;
+    const ds41_config *cfg = e->cfg;
+    const ds41_layer_plan *lp = &cfg->layers[l];
+    const ds41_layer_weights *lw = &e->w->layers[l];
+    const ds41_ctx *ctx = &e->ctx;
+    int D = cfg->head_dim, HD = cfg->n_heads * cfg->head_dim, W = cfg->window, rb = ds41_swa_rec_bytes(cfg);
+    int nq = T - q0;
+    ds41_ring *ring = &s->cache.rings[l];
     ds41_kvset kv;
     memset(&kv, 0, sizeof kv);
     int np = 0, chunk_off = 0, ring_rows = 0;
@@ -540,18 +611,152 @@ static int attention(ds41_seq *s, fwd_buf *b, int l, int k0, int q0, int lo, int
         }
     }
     clear_gather(b, n_gather);
-    if (nq > 0) {
+    if (nq > 0)
         ds41_sparse_attn(ctx, cfg->n_heads, D, b->q + (size_t)q0 * HD, nq, &kv, b->list, Lw, lw->attn_sink,
                          ds41_attn_scale(cfg), b->o + (size_t)q0 * HD);
-        ds41_attn_output(ctx, cfg, lw, rope, b->o + (size_t)q0 * HD, nq, b->pos + q0, b->wos,
-                         b->s.y + (size_t)q0 * cfg->dim);
-    }
-    /* ring: the last W positions of this forward (decode wrote its slot above) */
+    return 0;
+}
+
+/* Ring of layer l: the SWA records of the last W positions of this forward (decode wrote its
+ * slot in attend). */
+static void ring_store(ds41_seq *s, fwd_buf *b, int l, int k0, int T, long long P, int layout) {
+    int W = s->e->cfg->window, rb = ds41_swa_rec_bytes(s->e->cfg);
+    ds41_ring *ring = &s->cache.rings[l];
     if (layout != LAYOUT_DECODE) {
         int t0 = T - W > k0 ? T - W : k0;
         for (int t = t0; t < T; t++) memcpy(ds41_ring_slot(ring, P + t), b->rec + (size_t)t * rb, (size_t)rb);
     }
+}
+
+/* The buffers of one forward over N stacked rows (one sequence: N = T), the longest
+ * sequence having Tmax rows and at most Emax compressed entries per store; with_seq: also the
+ * per-sequence part (index keys, top-k lists), which a batch keeps per sequence instead. */
+static int buf_alloc(fwd_buf *b, const ds41_engine *e, int n_stores, size_t N, size_t Tmax, long long Emax,
+                     int with_seq) {
+    const ds41_config *cfg = e->cfg;
+    size_t D = (size_t)cfg->head_dim, HD = (size_t)cfg->n_heads * cfg->head_dim, W = (size_t)cfg->window;
+    int fail = 0;
+    memset(b, 0, sizeof *b);
+    int kmax = (int)(Emax < cfg->index_topk ? Emax : cfg->index_topk);
+    fail = ds41_stream_alloc(&b->s, cfg, N) != 0;
+    b->kc = zalloc(N * D, sizeof(float), &fail);
+    b->rec = zalloc(N * ds41_swa_rec_bytes(cfg), 1, &fail);
+    b->cq = zalloc(N * cfg->q_lora_rank, sizeof(float), &fail);
+    b->q = zalloc(N * HD, sizeof(float), &fail);
+    b->o = zalloc(N * HD, sizeof(float), &fail);
+    b->wos = zalloc(N * cfg->o_groups * cfg->o_lora_rank, sizeof(float), &fail);
+    b->ringf = zalloc(W * D, sizeof(float), &fail);
+    b->list = zalloc(Tmax * (W + (size_t)kmax), sizeof(int32_t), &fail);
+    int n_act_max = cfg->n_active_experts > cfg->dspark_n_active ? cfg->n_active_experts : cfg->dspark_n_active;
+    b->msel = zalloc(N * (size_t)(n_act_max < 1 ? 1 : n_act_max), sizeof(int), &fail);
+    b->pos = zalloc(N, sizeof(int32_t), &fail);
+    /* gathered main KV: each query lists at most kmax entries, and there are at most Emax */
+    size_t n_gather_max = Tmax * kmax < (size_t)Emax ? Tmax * kmax : (size_t)Emax;
+    b->gkv = zalloc(n_gather_max * D, sizeof(float), &fail);
+    b->gent = zalloc(n_gather_max, sizeof(int32_t), &fail);
+    b->gmap = zalloc((size_t)Emax, sizeof(int32_t), &fail);
+    if (e->has_engram) b->eg_ids = zalloc((size_t)cfg->n_engram_layers * N * eg_cols(cfg), sizeof(int64_t), &fail);
+    if (!fail && with_seq && seq_part_alloc(b, cfg->n_layers, n_stores)) fail = 1;
+    if (fail) buf_free(b, cfg->n_layers, n_stores);
+    return fail ? -1 : 0;
+}
+
+/* Engram hash ids (spec 3.2; integer only, from the token history) of the T rows of one
+ * sequence at positions P.. into ids[(slot * N + r0 + t) * cols] (N stacked rows), and its new
+ * history (compressed ids of the last 16 positions, most recent first) into hist_new. */
+static int engram_ids(const ds41_engine *e, const ds41_cache *cache, const int32_t *tokens, int T, long long P,
+                      int64_t *ids, size_t r0, size_t N, int32_t *hist_new) {
+    const ds41_config *cfg = e->cfg;
+    int nh = cfg->engram_max_ngram, cols = eg_cols(cfg);
+    int32_t pad = e->token_map[cfg->engram_pad_id];
+    int64_t *one = malloc((size_t)cfg->n_engram_layers * cols * sizeof(int64_t));
+    if (!one) return -1;
+    for (int t = 0; t < T; t++) {
+        long long p = P + t;
+        int32_t h[16];
+        for (int k = 0; k < nh && k < 16; k++) {
+            long long qp = p - k;
+            if (qp < 0) h[k] = pad;
+            else if (qp >= P) h[k] = e->token_map[tokens[qp - P]];
+            else h[k] = cache->hist[P - 1 - qp];
+        }
+        ds41_engram_hash(&e->eg, h, p, pad, one);
+        for (int sl = 0; sl < cfg->n_engram_layers; sl++)
+            memcpy(ids + ((size_t)sl * N + r0 + t) * cols, one + (size_t)sl * cols, (size_t)cols * sizeof(int64_t));
+    }
+    free(one);
+    for (int k = 0; k < 16; k++) {
+        long long qp = P + T - 1 - k;
+        hist_new[k] = qp < 0 ? 0 : qp >= P ? e->token_map[tokens[qp - P]] : cache->hist[P - 1 - qp];
+    }
     return 0;
+}
+
+/* DSpark tap of target ti (of n_tg) on rows [r0, r1) of the block's input stream X: the mean
+ * over the hc copies, BF16, into mh [rows, n_tg, dim]. */
+static void dspark_tap(const ds41_ctx *ctx, const ds41_config *cfg, const float *X, size_t r0, size_t r1, int ti,
+                       int n_tg, float *mh) {
+    int hc = cfg->hc_mult, dim = cfg->dim;
+    size_t srow = (size_t)hc * dim;
+    for (size_t t = r0; t < r1; t++)
+        for (int d = 0; d < dim; d++) {
+            float *o = mh + (t * n_tg + ti) * dim + d;
+            if (ctx->exact) {
+                double acc = 0.0;
+                for (int c = 0; c < hc; c++) acc += X[t * srow + (size_t)c * dim + d];
+                *o = ds41_bf16_round((float)(acc / hc));
+            } else {
+                float fa = 0.0f;
+                for (int c = 0; c < hc; c++) fa += X[t * srow + (size_t)c * dim + d];
+                *o = ds41_bf16_round(fa / (float)hc);
+            }
+        }
+}
+
+static int dspark_target_index(const ds41_config *cfg, int n_tg, int l) {
+    for (int ti = 0; ti < n_tg; ti++) if (cfg->dspark_targets[ti] == l) return ti;
+    return -1;
+}
+
+/* Checks of a forward over tokens[T] at the sequence's position. */
+static int forward_check(const ds41_seq *s, const int32_t *tokens, int T, ds41_err *err) {
+    const ds41_config *cfg = s->e->cfg;
+    long long P = s->cache.pos;
+    if (T < 1) return ds41_errf(err, "forward: no tokens");
+    if (P + T > s->cache.max_pos)
+        return ds41_errf(err, "forward: positions %lld..%lld exceed the context size %lld", P, P + T - 1, s->cache.max_pos);
+    for (int t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= cfg->vocab_size)
+            return ds41_errf(err, "token id %d at position %lld is outside the vocabulary (0..%d)", tokens[t], P + t,
+                             cfg->vocab_size - 1);
+    return 0;
+}
+
+static long long max_entries(const ds41_cache *cache, long long end) {
+    long long Emax = 0;
+    for (int i = 0; i < cache->n_stores; i++) {
+        long long E = end / cache->stores[i].ratio;
+        if (E > Emax) Emax = E;
+    }
+    return Emax;
+}
+
+/* After a forward over [P, P + T): the DSpark context rows of the rows [r0, T) every target
+ * computed (mh [T, n_tg, dim], taken over), the Engram history, the position. */
+static void forward_commit(ds41_seq *s, int T, const int32_t *hist_new, float *mh, int r0) {
+    const ds41_config *cfg = s->e->cfg;
+    int n_tg = cfg->n_dspark_targets, dim = cfg->dim;
+    s->cache.pos += T;
+    if (s->e->has_engram) memcpy(s->cache.hist, hist_new, sizeof s->cache.hist);
+    free(s->main_hidden);
+    s->main_hidden = NULL;
+    s->mh_rows = 0;
+    if (mh) {
+        s->mh_rows = T - r0;
+        s->mh_pos0 = s->cache.pos - T + r0;
+        memmove(mh, mh + (size_t)r0 * n_tg * dim, (size_t)s->mh_rows * n_tg * dim * sizeof(float));
+        s->main_hidden = mh;
+    }
 }
 
 /* rows != NULL (ds41_forward_rows): every layer on every row and the head on every row. */
@@ -562,16 +767,9 @@ static int forward_impl(ds41_seq *s, const int32_t *tokens, int T, int want_logi
     const ds41_ctx *ctx = &e->ctx;
     ds41_cache *cache = &s->cache;
     long long P = cache->pos;
-    int L = cfg->n_layers, hc = cfg->hc_mult, dim = cfg->dim, HD = cfg->n_heads * cfg->head_dim;
-    int D = cfg->head_dim, W = cfg->window;
+    int L = cfg->n_layers, hc = cfg->hc_mult, dim = cfg->dim;
 
-    if (T < 1) return ds41_errf(err, "forward: no tokens");
-    if (P + T > cache->max_pos)
-        return ds41_errf(err, "forward: positions %lld..%lld exceed the context size %lld", P, P + T - 1, cache->max_pos);
-    for (int t = 0; t < T; t++)
-        if (tokens[t] < 0 || tokens[t] >= cfg->vocab_size)
-            return ds41_errf(err, "token id %d at position %lld is outside the vocabulary (0..%d)", tokens[t], P + t,
-                             cfg->vocab_size - 1);
+    if (forward_check(s, tokens, T, err)) return -1;
     int layout = P == 0 ? LAYOUT_ONESHOT : T == 1 ? LAYOUT_DECODE : s->verify ? LAYOUT_VERIFY : LAYOUT_EXTEND;
     s->ik_owner0 = cache->ik_owner;   /* [verify] the published owner before this forward */
 
@@ -583,75 +781,21 @@ static int forward_impl(ds41_seq *s, const int32_t *tokens, int T, int want_logi
 
     /* ---- buffers ---- */
     fwd_buf b;
-    memset(&b, 0, sizeof b);
-    int fail = 0;
     size_t Tz = (size_t)T;
-    long long Emax = 0;
-    for (int i = 0; i < cache->n_stores; i++) {
-        long long E = (P + T) / cache->stores[i].ratio;
-        if (E > Emax) Emax = E;
-    }
-    int kmax = (int)(Emax < cfg->index_topk ? Emax : cfg->index_topk);
-    fail = ds41_stream_alloc(&b.s, cfg, Tz) != 0;
-    b.kc = zalloc(Tz * D, sizeof(float), &fail);
-    b.rec = zalloc(Tz * ds41_swa_rec_bytes(cfg), 1, &fail);
-    b.cq = zalloc(Tz * cfg->q_lora_rank, sizeof(float), &fail);
-    b.q = zalloc(Tz * HD, sizeof(float), &fail);
-    b.o = zalloc(Tz * HD, sizeof(float), &fail);
-    b.wos = zalloc(Tz * cfg->o_groups * cfg->o_lora_rank, sizeof(float), &fail);
-    b.ringf = zalloc((size_t)W * D, sizeof(float), &fail);
-    b.list = zalloc(Tz * (size_t)(W + kmax), sizeof(int32_t), &fail);
-    int n_act_max = cfg->n_active_experts > cfg->dspark_n_active ? cfg->n_active_experts : cfg->dspark_n_active;
-    if (n_act_max < 1) n_act_max = 1;
-    b.msel = zalloc(Tz * n_act_max, sizeof(int), &fail);
-    b.pos = zalloc(Tz, sizeof(int32_t), &fail);
-    b.cik = zalloc((size_t)cache->n_stores + 1, sizeof(float *), &fail);
-    /* gathered main KV: each query lists at most kmax entries, and there are at most Emax */
-    size_t n_gather_max = (size_t)T * kmax < (size_t)Emax ? (size_t)T * kmax : (size_t)Emax;
-    b.gkv = zalloc(n_gather_max * D, sizeof(float), &fail);
-    b.gent = zalloc(n_gather_max, sizeof(int32_t), &fail);
-    b.gmap = zalloc((size_t)Emax, sizeof(int32_t), &fail);
-    b.sel = zalloc((size_t)L, sizeof(int32_t *), &fail);
-    b.sel_w = zalloc((size_t)L, sizeof(int), &fail);
-    int eg_cols = e->has_engram ? (cfg->engram_max_ngram - 1) * cfg->engram_n_heads : 0;
-    if (e->has_engram) b.eg_ids = zalloc((size_t)cfg->n_engram_layers * Tz * eg_cols, sizeof(int64_t), &fail);
-    int n_tg = cfg->n_mtp > 0 ? cfg->n_dspark_targets : 0;
-    float *mh = NULL;
-    if (n_tg > 0) mh = zalloc(Tz * n_tg * dim, sizeof(float), &fail);
-    if (fail) {
+    int n_tg = cfg->n_mtp > 0 ? cfg->n_dspark_targets : 0, cols = eg_cols(cfg);
+    float *mh = n_tg > 0 ? calloc(Tz * n_tg * dim, sizeof(float)) : NULL;
+    if ((n_tg > 0 && !mh) || buf_alloc(&b, e, cache->n_stores, Tz, Tz, max_entries(cache, P + T), 1)) {
         free(mh);
-        buf_free(&b, L, cache->n_stores);
         free(qrow);
         return ds41_errf(err, "out of memory for a forward over %d tokens", T);
     }
     for (int t = 0; t < T; t++) b.pos[t] = (int32_t)(P + t);
 
-    /* ---- Engram hash ids (spec 3.2): integer only, from the token history ---- */
+    /* ---- Engram hash ids (spec 3.2) ---- */
     int32_t hist_new[16];
-    if (e->has_engram) {
-        int nh = cfg->engram_max_ngram;
-        int32_t pad = e->token_map[cfg->engram_pad_id];
-        int64_t *one = malloc((size_t)cfg->n_engram_layers * eg_cols * sizeof(int64_t));
-        if (!one) { free(mh); buf_free(&b, L, cache->n_stores); free(qrow); return ds41_errf(err, "out of memory"); }
-        for (int t = 0; t < T; t++) {
-            long long p = P + t;
-            int32_t h[16];
-            for (int k = 0; k < nh && k < 16; k++) {
-                long long qp = p - k;
-                if (qp < 0) h[k] = pad;
-                else if (qp >= P) h[k] = e->token_map[tokens[qp - P]];
-                else h[k] = cache->hist[P - 1 - qp];
-            }
-            ds41_engram_hash(&e->eg, h, p, pad, one);
-            for (int sl = 0; sl < cfg->n_engram_layers; sl++)
-                memcpy(b.eg_ids + ((size_t)sl * T + t) * eg_cols, one + (size_t)sl * eg_cols, (size_t)eg_cols * sizeof(int64_t));
-        }
-        free(one);
-        /* new history: compressed ids of the last positions, most recent first */
-        for (int k = 0; k < 16; k++) {
-            long long qp = P + T - 1 - k;
-            hist_new[k] = qp < 0 ? 0 : qp >= P ? e->token_map[tokens[qp - P]] : cache->hist[P - 1 - qp];
-        }
+    if (e->has_engram && engram_ids(e, cache, tokens, T, P, b.eg_ids, 0, Tz, hist_new)) {
+        free(mh); buf_free(&b, L, cache->n_stores); free(qrow);
+        return ds41_errf(err, "out of memory");
     }
 
     /* ---- embedding: 4 identical copies, pre = one-hot copy 0 ---- */
@@ -668,25 +812,11 @@ static int forward_impl(ds41_seq *s, const int32_t *tokens, int T, int want_logi
 
         /* Engram before the block, on the rows of the stream that exist */
         if (lp->engram_slot >= 0 && e->has_engram)
-            ds41_engram_apply(ctx, cfg, lw, b.eg_ids + ((size_t)lp->engram_slot * T + k0) * eg_cols, nk, NULL,
+            ds41_engram_apply(ctx, cfg, lw, b.eg_ids + ((size_t)lp->engram_slot * T + k0) * cols, nk, NULL,
                               b.s.X + k0 * srow);
         /* DSpark tap: mean over the copies of the block's input stream */
-        if (lp->is_dspark_target && mh) {
-            int ti = 0;
-            while (ti < n_tg && cfg->dspark_targets[ti] != l) ti++;
-            for (int t = k0; t < T && ti < n_tg; t++)
-                for (int d = 0; d < dim; d++) {
-                    double acc = 0.0;
-                    if (ctx->exact) {
-                        for (int c = 0; c < hc; c++) acc += b.s.X[t * srow + (size_t)c * dim + d];
-                        mh[((size_t)t * n_tg + ti) * dim + d] = ds41_bf16_round((float)(acc / hc));
-                    } else {
-                        float fa = 0.0f;
-                        for (int c = 0; c < hc; c++) fa += b.s.X[t * srow + (size_t)c * dim + d];
-                        mh[((size_t)t * n_tg + ti) * dim + d] = ds41_bf16_round(fa / (float)hc);
-                    }
-                }
-        }
+        int ti = lp->is_dspark_target && mh ? dspark_target_index(cfg, n_tg, l) : -1;
+        if (ti >= 0) dspark_tap(ctx, cfg, b.s.X, (size_t)k0, Tz, ti, n_tg, mh);
 
         /* ---- attention sublayer ---- */
         ds41_block_attn_in(ctx, cfg, lw, &b.s, (size_t)q0, nq, (size_t)k0, nk);
@@ -726,24 +856,14 @@ static int forward_impl(ds41_seq *s, const int32_t *tokens, int T, int want_logi
         ds41_stream_head(ctx, cfg, w, w->norm, &b.s, Tz - 1, 1, s->logits);
     }
     if (!rc) {
-        cache->pos = P + T;
-        if (e->has_engram) memcpy(cache->hist, hist_new, sizeof cache->hist);
-        free(s->main_hidden);
-        s->main_hidden = NULL;
-        s->mh_rows = 0;
-        if (mh) {
-            /* keep the rows computed for every target (CED: the last window at least) */
-            int r0 = 0;
-            for (int i = 0; i < n_tg; i++) {
-                int l = cfg->dspark_targets[i];
-                if (l >= 0 && l < L && krow[l] > r0) r0 = krow[l];
-            }
-            s->mh_rows = T - r0;
-            s->mh_pos0 = P + r0;
-            memmove(mh, mh + (size_t)r0 * n_tg * dim, (size_t)s->mh_rows * n_tg * dim * sizeof(float));
-            s->main_hidden = mh;
-            mh = NULL;
+        /* keep the DSpark rows computed for every target (CED: the last window at least) */
+        int r0 = 0;
+        for (int i = 0; i < n_tg; i++) {
+            int l = cfg->dspark_targets[i];
+            if (l >= 0 && l < L && krow[l] > r0) r0 = krow[l];
         }
+        forward_commit(s, T, hist_new, mh, r0);
+        mh = NULL;
     }
     free(mh);
     buf_free(&b, L, cache->n_stores);
@@ -773,4 +893,185 @@ int ds41_ik_owner_after(const ds41_config *cfg, int owner, long long P, long lon
         }
     }
     return owner;
+}
+
+/* ====================================================================== batch */
+
+/* The part of a batch that one sequence sees: its rows [r0, r0 + T) of the stacked buffers,
+ * its own index keys, top-k lists and candidate pool, and the shared per-sequence scratch
+ * (ring, lists, gathered KV), which the sequences use one after another. */
+static void batch_view(fwd_buf *v, const fwd_buf *b, const ds41_config *cfg, size_t r0) {
+    size_t D = (size_t)cfg->head_dim, HD = (size_t)cfg->n_heads * cfg->head_dim;
+    v->kc = b->kc + r0 * D;
+    v->rec = b->rec + r0 * ds41_swa_rec_bytes(cfg);
+    v->cq = b->cq + r0 * cfg->q_lora_rank;
+    v->q = b->q + r0 * HD;
+    v->o = b->o + r0 * HD;
+    v->pos = b->pos + r0;
+    v->ringf = b->ringf;
+    v->list = b->list;
+    v->gkv = b->gkv;
+    v->gmap = b->gmap;
+    v->gent = b->gent;
+}
+
+typedef struct batch_seqs {
+    ds41_seq *const *ss;
+    fwd_buf *v;               /* per sequence: its view */
+    const int *T;             /* rows per sequence */
+    const size_t *r0;         /* first stacked row */
+    const int *layout;
+    int count;
+    size_t N;                 /* stacked rows */
+    float *cproj, *iq, *wt;   /* compressor projections [2N, head_dim], indexer queries and weights [N, ...] */
+} batch_seqs;
+
+/* The attention sublayer of layer l over a batch: the projections (SWA K, compressor, query,
+ * indexer query, output) over the N stacked rows, the rest per sequence with exactly the
+ * calls a decode / verify forward of that sequence alone makes (compressor_emit,
+ * indexer_select, attend, ring_store on its view). */
+static int attention_batch(const batch_seqs *bs, fwd_buf *b, int l, ds41_err *err) {
+    ds41_engine *e = bs->ss[0]->e;
+    const ds41_config *cfg = e->cfg;
+    const ds41_layer_plan *lp = &cfg->layers[l];
+    const ds41_layer_weights *lw = &e->w->layers[l];
+    const ds41_rope *rope = &e->ropes[e->layer_rope[l]];
+    const ds41_ctx *ctx = &e->ctx;
+    size_t N = bs->N, D = (size_t)cfg->head_dim, NH = (size_t)cfg->index_n_heads, ID = (size_t)cfg->index_head_dim;
+
+    ds41_attn_swa_k(ctx, cfg, lw, rope, b->s.xa, (int)N, b->pos, b->kc, b->rec);
+    if (lp->is_kv_source) {
+        int r = ds41_cache_store(&bs->ss[0]->cache, l)->ratio;
+        float *kv = bs->cproj, *sc = bs->cproj + N * D;
+        if (r == 1) ds41_compress_r1(ctx, cfg, lw, b->s.xa, (int)N, kv);
+        else ds41_compress_proj(ctx, cfg, lw, b->s.xa, (int)N, kv, sc);
+        for (int i = 0; i < bs->count; i++) {
+            ds41_seq *s = bs->ss[i];
+            int em = compressor_emit(s, l, kv + bs->r0[i] * D, r == 1 ? NULL : sc + bs->r0[i] * D, bs->T[i], s->cache.pos,
+                                     bs->layout[i], err);
+            if (em < 0) return -1;
+            if (em > 0) s->cache.ik_owner = l;
+            if (forward_index_keys(s, &bs->v[i], store_index(&s->cache, l), 1, err)) return -1;
+        }
+    }
+    ds41_attn_query(ctx, cfg, lw, rope, b->s.xa, (int)N, b->pos, b->cq, b->q);
+    if (lp->is_index_source) {
+        ds41_indexer_query(ctx, cfg, lw, rope, b->cq, b->s.xa, (int)N, b->pos, bs->iq, bs->wt);
+        for (int i = 0; i < bs->count; i++)
+            if (indexer_select(bs->ss[i], &bs->v[i], l, 0, bs->T[i], bs->ss[i]->cache.pos, bs->iq + bs->r0[i] * NH * ID,
+                               bs->wt + bs->r0[i] * NH, err))
+                return -1;
+    }
+    for (int i = 0; i < bs->count; i++)
+        if (attend(bs->ss[i], &bs->v[i], l, 0, 0, bs->T[i], bs->ss[i]->cache.pos, bs->layout[i], err)) return -1;
+    ds41_attn_output(ctx, cfg, lw, rope, b->o, (int)N, b->pos, b->wos, b->s.y);
+    for (int i = 0; i < bs->count; i++)
+        ring_store(bs->ss[i], &bs->v[i], l, 0, bs->T[i], bs->ss[i]->cache.pos, bs->layout[i]);
+    return 0;
+}
+
+int ds41_forward_batch(ds41_seq *const *ss, const int32_t *const *tokens, const int *T, float *const *rows, int count,
+                       ds41_err *err) {
+    if (count < 1) return 0;
+    ds41_engine *e = ss[0]->e;
+    const ds41_config *cfg = e->cfg;
+    const ds41_weights *w = e->w;
+    const ds41_ctx *ctx = &e->ctx;
+    int L = cfg->n_layers, dim = cfg->dim, V = cfg->vocab_size, n_stores = ss[0]->cache.n_stores;
+    size_t N = 0, Tmax = 0;
+    long long Emax = 0;
+    for (int i = 0; i < count; i++) {
+        ds41_seq *s = ss[i];
+        if (s->e != e) return ds41_errf(err, "batch: sequence %d belongs to another engine", i);
+        if (forward_check(s, tokens[i], T[i], err)) return -1;
+        if (s->cache.pos < 1) return ds41_errf(err, "batch: sequence %d holds no tokens (a prompt is not a batch row)", i);
+        if (T[i] > 1 && !s->verify) return ds41_errf(err, "batch: sequence %d feeds %d rows outside a verify", i, T[i]);
+        for (int j = 0; j < i; j++)
+            if (ss[j] == s) return ds41_errf(err, "batch: sequence %d appears twice", i);
+        N += (size_t)T[i];
+        if ((size_t)T[i] > Tmax) Tmax = (size_t)T[i];
+        long long E = max_entries(&s->cache, s->cache.pos + T[i]);
+        if (E > Emax) Emax = E;
+    }
+
+    /* ---- buffers: the stacked rows, and per sequence its view ---- */
+    int n_tg = cfg->n_mtp > 0 ? cfg->n_dspark_targets : 0, cols = eg_cols(cfg);
+    size_t D = (size_t)cfg->head_dim;
+    fwd_buf b;
+    fwd_buf *v = calloc((size_t)count, sizeof *v);
+    size_t *r0 = calloc((size_t)count, sizeof *r0);
+    int *layout = calloc((size_t)count, sizeof *layout);
+    int32_t (*hist)[16] = calloc((size_t)count, sizeof *hist);
+    float *mh = n_tg > 0 ? calloc(N * n_tg * dim, sizeof(float)) : NULL;
+    float *cproj = malloc(2 * N * D * sizeof(float));
+    float *iq = malloc((N * cfg->index_n_heads * cfg->index_head_dim + 1) * sizeof(float));
+    float *wt = malloc((N * cfg->index_n_heads + 1) * sizeof(float));
+    float *lg = malloc(N * V * sizeof(float));
+    int fail = !v || !r0 || !layout || !hist || (n_tg > 0 && !mh) || !cproj || !iq || !wt || !lg;
+    int have_b = !fail && buf_alloc(&b, e, n_stores, N, Tmax, Emax, 0) == 0;
+    fail |= !have_b;
+    for (int i = 0, r = 0; i < count && !fail; r += T[i], i++) {
+        r0[i] = (size_t)r;
+        layout[i] = T[i] == 1 ? LAYOUT_DECODE : LAYOUT_VERIFY;
+        batch_view(&v[i], &b, cfg, r0[i]);
+        if (seq_part_alloc(&v[i], L, n_stores)) fail = 1;
+    }
+    batch_seqs bs = { ss, v, T, r0, layout, count, N, cproj, iq, wt };
+    int rc = 0;
+    if (fail) { rc = ds41_errf(err, "out of memory for a batch of %d sequences (%zu rows)", count, N); goto done; }
+
+    /* ---- per sequence: positions, Engram ids, embedding ---- */
+    for (int i = 0; i < count; i++) {
+        ds41_seq *s = ss[i];
+        s->ik_owner0 = s->cache.ik_owner;
+        for (int t = 0; t < T[i]; t++) {
+            b.pos[r0[i] + t] = (int32_t)(s->cache.pos + t);
+            ds41_stream_embed(cfg, w, &b.s, r0[i] + t, tokens[i][t]);
+        }
+        if (e->has_engram && engram_ids(e, &s->cache, tokens[i], T[i], s->cache.pos, b.eg_ids, r0[i], N, hist[i])) {
+            rc = ds41_errf(err, "out of memory");
+            goto done;
+        }
+        s->rows_full += (long long)L * T[i];
+        s->rows_computed += (long long)L * T[i];
+    }
+
+    /* ---- the block loop over the stacked rows: every layer on every row ---- */
+    for (int l = 0; l < L; l++) {
+        const ds41_layer_plan *lp = &cfg->layers[l];
+        const ds41_layer_weights *lw = &w->layers[l];
+        if (lp->engram_slot >= 0 && e->has_engram)
+            ds41_engram_apply(ctx, cfg, lw, b.eg_ids + (size_t)lp->engram_slot * N * cols, (int)N, NULL, b.s.X);
+        int ti = lp->is_dspark_target && mh ? dspark_target_index(cfg, n_tg, l) : -1;
+        if (ti >= 0) dspark_tap(ctx, cfg, b.s.X, 0, N, ti, n_tg, mh);
+
+        ds41_block_attn_in(ctx, cfg, lw, &b.s, 0, (int)N, 0, (int)N);
+        if (attention_batch(&bs, &b, l, err)) { rc = -1; goto done; }
+        ds41_block_attn_out(ctx, cfg, &b.s, 0, (int)N);
+
+        for (size_t i = 0; i < N * lp->n_active; i++) b.msel[i] = -1;
+        ds41_block_ffn(ctx, cfg, lw, lp, &b.s, 0, (int)N, b.msel);
+    }
+
+    /* ---- head on every row; each sequence takes its rows ---- */
+    ds41_stream_head(ctx, cfg, w, w->norm, &b.s, 0, (int)N, lg);
+    for (int i = 0; i < count; i++) {
+        ds41_seq *s = ss[i];
+        const float *li = lg + r0[i] * V;
+        if (rows && rows[i]) memcpy(rows[i], li, (size_t)T[i] * V * sizeof(float));
+        memcpy(s->logits, li + (size_t)(T[i] - 1) * V, (size_t)V * sizeof(float));
+        float *m = NULL;
+        if (mh) {
+            m = malloc((size_t)T[i] * n_tg * dim * sizeof(float));
+            if (!m) { rc = ds41_errf(err, "out of memory"); goto done; }
+            memcpy(m, mh + r0[i] * n_tg * dim, (size_t)T[i] * n_tg * dim * sizeof(float));
+        }
+        forward_commit(s, T[i], hist[i], m, 0);
+    }
+
+done:
+    if (v) for (int i = 0; i < count; i++) seq_part_free(&v[i], L, n_stores);
+    if (have_b) buf_free(&b, L, n_stores);
+    free(v); free(r0); free(layout); free(hist); free(mh); free(cproj); free(iq); free(wt); free(lg);
+    return rc;
 }

@@ -86,6 +86,20 @@ int ds41_forward(ds41_seq *s, const int32_t *tokens, int T, int want_logits, ds4
  * each row (s->logits the last one). Every layer runs on every row (the full row plan: no CED
  * cut, no replay), in the forward's usual layout (one-shot at pos 0, extend, decode). */
 int ds41_forward_rows(ds41_seq *s, const int32_t *tokens, int T, float *rows, ds41_err *err);
+/* Several sequences in one forward (a serving step): sequence i runs tokens[i][0..T[i]) at
+ * its position (> 0), a decode (T[i] = 1) or, with ss[i]->verify set, a verify block
+ * (LAYOUT_VERIFY: every row sees a decode's KV list, as in ds41_forward_rows). Every linear
+ * (attention projections, compressor, indexer query, output, mHC, Engram, shared and routed
+ * experts, head) runs once over the stacked rows of all sequences, the MoE grouped by expert
+ * across them; attention, indexer scores, compressor pooling and ring writes run per sequence
+ * over its own state with the lists it would use alone. rows (NULL, or per sequence NULL or
+ * [T[i], vocab]) gets every row's logits; ss[i]->logits its last row. Each sequence ends
+ * bit for bit as its own ds41_forward (decode) / ds41_forward_rows (verify) would leave it:
+ * exact kernels compute every row independently, and the fast kernels keep one canonical
+ * order per row whatever the number of rows (kernels/linear_fast.c). A sequence must appear
+ * once and hold a prompt; on an error the sequences may be half-written. */
+int ds41_forward_batch(ds41_seq *const *ss, const int32_t *const *tokens, const int *T, float *const *rows, int count,
+                       ds41_err *err);
 /* [verify] The published index-K owner (spec 3.9 official reading) that a sequence of decodes
  * over positions P..p leaves in front of layer upto_layer's indexer at p, starting from owner
  * (the owner after P-1); upto_layer = n_layers - 1 gives the owner after p. */

@@ -276,8 +276,15 @@ int ds41_feed_logits(ds41_session *s, const int32_t *ids, size_t n, float *out) 
 }
 
 int ds41_feed_batch(ds41_session **ss, const int32_t *const *ids, const size_t *n, int count) {
-    int failed = 0;
-    for (int i = 0; i < count; i++) failed += ds41_feed(ss[i], ids[i], n[i]) != 0;
+    ds41_batch_item *it = calloc(count > 0 ? (size_t)count : 1, sizeof *it);
+    if (!it) {   /* one at a time */
+        int failed = 0;
+        for (int i = 0; i < count; i++) failed += ds41_feed(ss[i], ids[i], n[i]) != 0;
+        return failed;
+    }
+    for (int i = 0; i < count; i++) { it[i].s = ss[i]; it[i].ids = ids[i]; it[i].n = n[i]; }
+    int failed = ds41_batch_step(it, count);
+    free(it);
     return failed;
 }
 
@@ -482,11 +489,68 @@ int ds41_spec_max_drafts(const ds41_session *s) {
     return k > 0 ? (int)k : 0;
 }
 
+/* An item the batched forward can take: a decode row (n = 1) or a verify block of a session
+ * that holds a prompt, has no trace open and is not broken. Anything else (prefill chunks,
+ * traced sessions, errors to report) goes through ds41_feed / ds41_spec_verify. */
+static int batchable(const ds41_batch_item *b) {
+    const ds41_session *s = b->s;
+    if (s->broken || s->trace_dir || s->seq.cache.pos < 1 || b->n < 1) return 0;
+    return b->verify || b->n == 1;
+}
+
 int ds41_batch_step(ds41_batch_item *it, int count) {
     int failed = 0;
+    if (count < 1) return 0;
+    ds41_seq **ss = calloc((size_t)count, sizeof *ss);
+    const int32_t **tok = calloc((size_t)count, sizeof *tok);
+    int *T = calloc((size_t)count, sizeof *T), *idx = calloc((size_t)count, sizeof *idx);
+    float **rows = calloc((size_t)count, sizeof *rows);
+    int32_t (*blocks)[DS41_SPEC_MAX_DRAFTS + 1] = calloc((size_t)count, sizeof *blocks);
+    int nb = 0, ok = ss && tok && T && idx && rows && blocks;
     for (int i = 0; i < count; i++) {
         ds41_batch_item *b = &it[i];
         b->n_out = b->n_accepted = 0;
+        b->failed = 0;
+        int dup = 0;
+        for (int j = 0; j < i; j++) dup |= it[j].s == b->s;
+        if (ok && !dup && batchable(b)) {
+            /* the checks and preparation of ds41_feed / ds41_spec_verify, without the forward */
+            ds41_session *s = b->s;
+            ds41_err err;
+            if (b->verify) {
+                long long pos = s->seq.cache.pos;
+                if (spec_ready(s)) { b->failed = 1; continue; }
+                int k = (int)b->n - 1;
+                if (k + 1 > s->spec.cap) {
+                    snprintf(s->err, sizeof s->err, "verify: %d drafts, at most %d", k, s->spec.cap - 1);
+                    b->failed = 1;
+                    continue;
+                }
+                if (ds41_spec_verify_begin(s->e, &s->seq, &s->spec, b->ids[0], b->ids + 1, k, blocks[nb], &err) < 0) {
+                    snprintf(s->err, sizeof s->err, "%s", err.msg);
+                    s->seq.verify = 0;
+                    if (strncmp(err.msg, "verify:", 7) != 0 || s->seq.cache.pos != pos) s->broken = 1;
+                    b->failed = 1;
+                    continue;
+                }
+                tok[nb] = blocks[nb];
+                rows[nb] = s->spec.rows;
+            } else {
+                if (b->ids[0] < 0 || b->ids[0] >= s->e->cfg->vocab_size || s->seq.cache.pos + 1 > s->seq.cache.max_pos) {
+                    b->failed = ds41_feed(s, b->ids, b->n) != 0;   /* reports the error */
+                    continue;
+                }
+                s->spec.pending = -1;
+                s->seq.prefill = (ds41_prefill_mode)s->p.prefill;
+                tok[nb] = b->ids;
+                rows[nb] = NULL;
+            }
+            ss[nb] = &s->seq;
+            T[nb] = (int)b->n;
+            idx[nb++] = i;
+            continue;
+        }
+        /* one at a time: prefill chunks, traced sessions, errors */
         if (b->verify) {
             int m = b->n >= 1 ? ds41_spec_verify(b->s, b->ids[0], b->ids + 1, (int)b->n - 1, b->out, b->out_logits,
                                                  &b->n_accepted)
@@ -497,8 +561,41 @@ int ds41_batch_step(ds41_batch_item *it, int count) {
         } else {
             b->failed = ds41_feed(b->s, b->ids, b->n) != 0;
         }
-        failed += b->failed;
     }
+    if (nb > 0) {
+        ds41_err err;
+        if (ds41_forward_batch(ss, tok, T, rows, nb, &err)) {
+            for (int j = 0; j < nb; j++) {
+                ds41_session *s = it[idx[j]].s;
+                snprintf(s->err, sizeof s->err, "%s", err.msg);
+                s->seq.verify = 0;
+                s->broken = 1;
+                it[idx[j]].failed = 1;
+            }
+        } else {
+            for (int j = 0; j < nb; j++) {
+                ds41_batch_item *b = &it[idx[j]];
+                ds41_session *s = b->s;
+                int rc;
+                if (b->verify) {
+                    rc = ds41_spec_verify_end(s->e, &s->seq, &s->sampler, s->p.draft, &s->spec, blocks[j], (int)b->n - 1,
+                                              b->out, b->out_logits, &b->n_accepted, &err);
+                    if (rc > 0) b->n_out = rc;
+                } else {
+                    rc = s->p.draft ? ds41_dspark_seed(s->e, &s->seq.cache, s->seq.main_hidden, s->seq.mh_rows,
+                                                       s->seq.mh_pos0, &err)
+                                    : 0;
+                }
+                if (rc < 0) {
+                    snprintf(s->err, sizeof s->err, "%s", err.msg);
+                    s->broken = 1;
+                    b->failed = 1;
+                }
+            }
+        }
+    }
+    for (int i = 0; i < count; i++) failed += it[i].failed;
+    free(ss); free(tok); free(T); free(idx); free(rows); free(blocks);
     return failed;
 }
 

@@ -97,22 +97,43 @@ static int kept(const int *ids, int m, int id) {
     return 0;
 }
 
-int ds41_spec_verify_block(ds41_engine *e, ds41_seq *q, ds41_sampler *smp, int draft, ds41_spec_state *st,
-                           int32_t t_next, const int32_t *drafts, int k, int32_t *out, float *out_logits, int *n_acc,
-                           ds41_err *err) {
-    const ds41_config *cfg = e->cfg;
-    int V = cfg->vocab_size, T = 1 + k;
-    if (k < 0 || T > st->cap) return ds41_errf(err, "verify: %d drafts, at most %d", k, st->cap - 1);
+int ds41_spec_verify_begin(ds41_engine *e, ds41_seq *q, ds41_spec_state *st, int32_t t_next, const int32_t *drafts,
+                           int k, int32_t *block, ds41_err *err) {
+    int V = e->cfg->vocab_size, T = 1 + k;
+    if (k < 0 || T > st->cap || k > DS41_SPEC_MAX_DRAFTS) return ds41_errf(err, "verify: %d drafts, at most %d", k, st->cap - 1);
     if (q->cache.pos < 1) return ds41_errf(err, "verify: needs a prompt first");
     if (q->cache.pos + T > q->cache.max_pos)
         return ds41_errf(err, "verify: positions %lld..%lld exceed the context size %lld", q->cache.pos,
                          q->cache.pos + T - 1, q->cache.max_pos);
-    int32_t block[DS41_SPEC_MAX_DRAFTS + 1];
     block[0] = t_next;
     for (int i = 0; i < k; i++) block[1 + i] = drafts[i];
     for (int i = 0; i < T; i++)
         if (block[i] < 0 || block[i] >= V) return ds41_errf(err, "verify: token %d outside the vocabulary", block[i]);
-    if (verify_forward(e, q, draft, st, block, T, err)) return -1;
+    if (!st->snap.ring_old && ds41_cache_snap_init(&st->snap, &q->cache, st->cap, err)) return -1;
+    if (ds41_cache_snapshot(&q->cache, &st->snap, T, err)) return -1;
+    q->verify = 1;
+    return T;
+}
+
+int ds41_spec_verify_block(ds41_engine *e, ds41_seq *q, ds41_sampler *smp, int draft, ds41_spec_state *st,
+                           int32_t t_next, const int32_t *drafts, int k, int32_t *out, float *out_logits, int *n_acc,
+                           ds41_err *err) {
+    int32_t block[DS41_SPEC_MAX_DRAFTS + 1];
+    int T = ds41_spec_verify_begin(e, q, st, t_next, drafts, k, block, err);
+    if (T < 0) return -1;
+    int rc = ds41_forward_rows(q, block, T, st->rows, err);
+    q->verify = 0;
+    if (rc) return -1;
+    return ds41_spec_verify_end(e, q, smp, draft, st, block, k, out, out_logits, n_acc, err);
+}
+
+int ds41_spec_verify_end(ds41_engine *e, ds41_seq *q, ds41_sampler *smp, int draft, ds41_spec_state *st,
+                         const int32_t *block, int k, int32_t *out, float *out_logits, int *n_acc, ds41_err *err) {
+    const ds41_config *cfg = e->cfg;
+    int V = cfg->vocab_size;
+    const int32_t *drafts = block + 1;
+    q->verify = 0;
+    if (draft && ds41_dspark_seed(e, &q->cache, q->main_hidden, q->mh_rows, q->mh_pos0, err)) return -1;
 
     float *scratch = malloc((size_t)V * sizeof(float));
     int *ids = malloc((size_t)V * sizeof(int));

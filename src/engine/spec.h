@@ -31,6 +31,18 @@ int ds41_spec_verify_block(ds41_engine *e, ds41_seq *q, ds41_sampler *smp, int d
                            int32_t t_next, const int32_t *drafts, int k, int32_t *out, float *out_logits, int *n_acc,
                            ds41_err *err);
 
+/* ds41_spec_verify_block in three parts, for a batched step (ds41_batch_step) that runs the
+ * verify forwards of many sequences in one ds41_forward_batch:
+ *   begin: the checks (errors start with "verify:"; nothing changed), the block into
+ *          block[0..k] (room for DS41_SPEC_MAX_DRAFTS + 1), the snapshot, q->verify = 1;
+ *          returns the forward's width k + 1 or -1;
+ *   the forward over block with all-row logits into st->rows;
+ *   end:   q->verify = 0, DSpark seeding, acceptance, rollback (as ds41_spec_verify_block). */
+int ds41_spec_verify_begin(ds41_engine *e, ds41_seq *q, ds41_spec_state *st, int32_t t_next, const int32_t *drafts,
+                           int k, int32_t *block, ds41_err *err);
+int ds41_spec_verify_end(ds41_engine *e, ds41_seq *q, ds41_sampler *smp, int draft, ds41_spec_state *st,
+                         const int32_t *block, int k, int32_t *out, float *out_logits, int *n_acc, ds41_err *err);
+
 /* The verify forward alone, then everything rolled back (keep = 0): what a step of width T
  * costs, for the calibration. */
 int ds41_spec_time_forward(ds41_engine *e, ds41_seq *q, ds41_spec_state *st, const int32_t *tokens, int T,

@@ -1,0 +1,292 @@
+/* The batched engine step (ds41_batch_step -> ds41_forward_batch, src/engine/forward.c): decode
+ * rows and speculative verify blocks of many sessions in one forward, prefill chunks one at a
+ * time in the same call.
+ *
+ * Every case runs B pairs of sessions in lockstep: the batched session of each pair is stepped
+ * by ds41_batch_step together with the B - 1 others, its twin alone by ds41_feed /
+ * ds41_spec_verify (the single-sequence forward). Sequences differ in prompt and length
+ * (shorter and longer than the window, so rings wrap at different slots and compressors sit in
+ * different group phases). After every step each pair must agree bit for bit: the logits
+ * (memcmp), every verify output (emitted ids, accepted count, logits rows), the pending token,
+ * and the whole-state digest (ds41_session_digest: rings, compressor state, KV / index-K
+ * records, pages, Engram history, logits, DSpark context row).
+ *   exact kernels: bit-identical to running alone (each row is computed independently);
+ *   fast kernels: the same equality, i.e. batch invariance (a row's bits do not depend on
+ *   what else is in the batch or on its size; kernels/linear_fast.c's canonical order).
+ * Cases: decode-only batches and decode + verify mixes (drafts from the sequence's greedy
+ * continuation, some corrupted so that acceptance stops at different places) of 1, 2, 3, 9
+ * and 16 sequences; one sequence's prompt fed inside the first batched step (the one-at-a-time
+ * path in the same call); both index-K readings; the tiny and small43 checkpoints. */
+#include "check.h"
+#include "ds41.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *env_or(const char *name, const char *def) {
+    const char *v = getenv(name);
+    return v && *v ? v : def;
+}
+
+/* writes tests/configs/NAME as a random checkpoint (seed 7) under build/test-tmp once */
+static int make_ck(const char *name, char *dir, size_t cap) {
+    const char *root = env_or("DS41_ROOT", "."), *build = env_or("DS41_BUILD", "build");
+    const char *py = env_or("PYTHON", "/usr/bin/python3");
+    if (build[0] == '/') snprintf(dir, cap, "%s/test-tmp/batch_%s", build, name);
+    else snprintf(dir, cap, "%s/%s/test-tmp/batch_%s", root, build, name);
+    char cmd[32768];
+    snprintf(cmd, sizeof cmd, "[ -f '%s/.complete' ] || { rm -rf '%s' && mkdir -p '%s' && %s '%s/tools/make_checkpoint.py' "
+             "'%s/tests/configs/%s' '%s' --seed 7 --token-map stub -q && touch '%s/.complete'; }",
+             dir, dir, dir, py, root, root, name, dir, dir);
+    return system(cmd);
+}
+
+static ds41_engine *load(const char *dir, int exact) {
+    ds41_load_params lp;
+    ds41_load_params_default(&lp);
+    lp.exact = exact;
+    lp.ctx_size = 0;   /* min(4096, the model's) */
+    char err[512];
+    ds41_engine *e = ds41_load(dir, &lp, err, sizeof err);
+    if (!e) printf("  load %s: %s\n", dir, err);
+    return e;
+}
+
+static ds41_session *open_s(ds41_engine *e, int index_k) {
+    ds41_session_params sp;
+    ds41_session_params_default(&sp);
+    sp.draft = ds41_draft_block_size(e) > 0;
+    sp.index_k = index_k;
+    char err[512];
+    ds41_session *s = ds41_session_open(e, &sp, err, sizeof err);
+    CHECK(s, "session: %s", err);
+    return s;
+}
+
+static void rand_ids(int32_t *v, int n, int V, unsigned seed) {
+    unsigned x = seed * 2654435761u + 1;
+    for (int i = 0; i < n; i++) { x = x * 1103515245u + 12345u; v[i] = (int32_t)((x >> 8) % (unsigned)V); }
+}
+
+static int argmax(const float *v, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++) if (v[i] > v[b]) b = i;
+    return b;
+}
+
+#define MAXB 16
+#define MAXP 200
+#define MAXG 512
+
+typedef struct pair {
+    ds41_session *bat, *alone;
+    int32_t prompt[MAXP];
+    int len;
+    int32_t G[MAXG];   /* greedy continuation: G[p] = the token at position p (p >= len) */
+    int nG;
+    /* this step */
+    int32_t block[DS41_SPEC_MAX_DRAFTS + 1];
+    int verify, k, m_alone, acc_alone;
+    int32_t out_a[DS41_SPEC_MAX_DRAFTS + 2], out_b[DS41_SPEC_MAX_DRAFTS + 2];
+    float *lg_a, *lg_b;
+} pair;
+
+/* mix: 0 decode only, 1 decode + verify. prefill_in_step: sequence 0's prompt is an item of
+ * the first batched step. maxlen: prompt lengths 2 .. maxlen. */
+static void run_case(ds41_engine *e, const char *name, int B, int steps, int mix, int index_k, int prefill_in_step,
+                     int maxlen) {
+    CASE_BEGIN();
+    int V = ds41_vocab_size(e), blk = ds41_draft_block_size(e);
+    pair *pr = calloc((size_t)B, sizeof *pr);
+    ds41_batch_item items[MAXB];
+    int n_verify = 0, n_accepted = 0;
+    CHECK(pr && B <= MAXB, "setup");
+    if (!pr || B > MAXB) { case_end(name); free(pr); return; }
+    for (int i = 0; i < B; i++) {
+        pair *p = &pr[i];
+        p->len = 2 + (int)((i * 37u + (unsigned)B * 11u) % (unsigned)(maxlen - 1));
+        rand_ids(p->prompt, p->len, V, 1000u + (unsigned)i * 17u + (unsigned)B);
+        p->bat = open_s(e, index_k);
+        p->alone = open_s(e, index_k);
+        p->lg_a = calloc((size_t)(blk + 2) * V, sizeof(float));
+        p->lg_b = calloc((size_t)(blk + 2) * V, sizeof(float));
+        if (!p->bat || !p->alone || !p->lg_a || !p->lg_b) { CHECK(0, "open"); goto out; }
+        CHECK(ds41_feed(p->alone, p->prompt, (size_t)p->len) == 0, "prefill alone: %s", ds41_session_error(p->alone));
+        if (!(prefill_in_step && i == 0))
+            CHECK(ds41_feed(p->bat, p->prompt, (size_t)p->len) == 0, "prefill: %s", ds41_session_error(p->bat));
+        if (mix) {
+            /* the greedy continuation, from a third session */
+            ds41_session *g = open_s(e, index_k);
+            if (!g) goto out;
+            CHECK(ds41_feed(g, p->prompt, (size_t)p->len) == 0, "prefill g");
+            p->nG = p->len;
+            int need = p->len + steps * (blk + 1) + 2;
+            while (p->nG < need && p->nG < MAXG) {
+                int32_t t = argmax(ds41_logits(g), V);
+                p->G[p->nG++] = t;
+                if (ds41_feed(g, &t, 1)) break;
+            }
+            ds41_session_close(g);
+        }
+    }
+
+    for (int step = 0; step < steps; step++) {
+        for (int i = 0; i < B; i++) {
+            pair *p = &pr[i];
+            ds41_batch_item *it = &items[i];
+            memset(it, 0, sizeof *it);
+            it->s = p->bat;
+            p->verify = 0;
+            if (prefill_in_step && i == 0 && step == 0) {   /* the prompt: a prefill item */
+                it->ids = p->prompt;
+                it->n = (size_t)p->len;
+                continue;
+            }
+            int32_t pend = ds41_spec_pending(p->alone);
+            int32_t t = pend >= 0 ? pend : argmax(ds41_logits(p->alone), V);
+            long long P = ds41_session_pos(p->alone);
+            int maxd = mix ? ds41_spec_max_drafts(p->alone) : 0;
+            p->block[0] = t;
+            if (mix && maxd > 0 && (i + step) % 3 != 0) {
+                p->verify = 1;
+                p->k = 1 + (i + step) % maxd;
+                int bad = (i + step) % 2 ? (i * 3 + step) % (p->k + 1) : p->k;   /* p->k: no corrupted draft */
+                for (int j = 0; j < p->k; j++) {
+                    long long q = P + 1 + j;
+                    int32_t d = q < p->nG ? p->G[q] : (int32_t)((q * 31) % V);
+                    if (j == bad) d = (d + 1 + i) % V;
+                    p->block[1 + j] = d;
+                }
+                p->m_alone = ds41_spec_verify(p->alone, t, p->block + 1, p->k, p->out_a, p->lg_a, &p->acc_alone);
+                CHECK(p->m_alone > 0, "seq %d step %d: verify alone: %s", i, step, ds41_session_error(p->alone));
+                it->ids = p->block;
+                it->n = (size_t)p->k + 1;
+                it->verify = 1;
+                it->out = p->out_b;
+                it->out_logits = p->lg_b;
+            } else {
+                CHECK(ds41_feed(p->alone, &t, 1) == 0, "seq %d step %d: feed alone: %s", i, step,
+                      ds41_session_error(p->alone));
+                it->ids = p->block;
+                it->n = 1;
+            }
+        }
+        int failed = ds41_batch_step(items, B);
+        CHECK(failed == 0, "step %d: %d items failed (%s)", step, failed, ds41_session_error(items[0].s));
+        for (int i = 0; i < B; i++) {
+            pair *p = &pr[i];
+            ds41_batch_item *it = &items[i];
+            CHECK(!it->failed, "seq %d step %d failed: %s", i, step, ds41_session_error(p->bat));
+            if (p->verify) {
+                n_verify++;
+                n_accepted += it->n_accepted;
+                CHECK(it->n_out == p->m_alone && it->n_accepted == p->acc_alone,
+                      "seq %d step %d: verify emitted %d (accepted %d), alone %d (%d)", i, step, it->n_out,
+                      it->n_accepted, p->m_alone, p->acc_alone);
+                if (it->n_out == p->m_alone && p->m_alone > 0) {
+                    CHECK(!memcmp(p->out_a, p->out_b, (size_t)p->m_alone * sizeof(int32_t)), "seq %d step %d: ids differ",
+                          i, step);
+                    CHECK(!memcmp(p->lg_a, p->lg_b, (size_t)p->m_alone * V * sizeof(float)),
+                          "seq %d step %d: verify logits differ", i, step);
+                }
+            }
+            CHECK(ds41_session_pos(p->bat) == ds41_session_pos(p->alone), "seq %d step %d: pos %lld vs %lld", i, step,
+                  ds41_session_pos(p->bat), ds41_session_pos(p->alone));
+            CHECK(ds41_spec_pending(p->bat) == ds41_spec_pending(p->alone), "seq %d step %d: pending differs", i, step);
+            CHECK(!memcmp(ds41_logits(p->bat), ds41_logits(p->alone), (size_t)V * sizeof(float)),
+                  "seq %d step %d (%s, pos %lld): logits differ", i, step, p->verify ? "verify" : "decode",
+                  ds41_session_pos(p->alone));
+            CHECK(ds41_session_digest(p->bat) == ds41_session_digest(p->alone), "seq %d step %d: state digest differs",
+                  i, step);
+        }
+    }
+    if (mix) {
+        printf("  %s: %d verify blocks, %d drafts accepted\n", name, n_verify, n_accepted);
+        CHECK(n_verify > 0 && n_accepted > 0, "no verify block accepted a draft");
+    }
+out:
+    for (int i = 0; i < B; i++) {
+        ds41_session_close(pr[i].bat);
+        ds41_session_close(pr[i].alone);
+        free(pr[i].lg_a);
+        free(pr[i].lg_b);
+    }
+    free(pr);
+    case_end(name);
+}
+
+/* Errors inside a batch stay with their item: an id outside the vocabulary and a verify on an
+ * empty session fail alone; the others run and equal their twins. */
+static void errors_case(ds41_engine *e) {
+    CASE_BEGIN();
+    int V = ds41_vocab_size(e);
+    ds41_session *a = open_s(e, 0), *b = open_s(e, 0), *c = open_s(e, 0), *tw = open_s(e, 0);
+    if (!a || !b || !c || !tw) { case_end("batch_errors_stay_with_their_item"); return; }
+    int32_t pr[5] = { 1, 2, 3, 4, 5 }, bad = V + 3, t = 7, blk[2] = { 7, 8 };
+    ds41_feed(a, pr, 5);
+    ds41_feed(b, pr, 5);
+    ds41_feed(tw, pr, 5);
+    ds41_batch_item it[3];
+    memset(it, 0, sizeof it);
+    it[0].s = a; it[0].ids = &bad; it[0].n = 1;
+    it[1].s = b; it[1].ids = &t; it[1].n = 1;
+    int32_t out[4];
+    it[2].s = c; it[2].ids = blk; it[2].n = 2; it[2].verify = 1; it[2].out = out;
+    int failed = ds41_batch_step(it, 3);
+    CHECK(failed == 2 && it[0].failed && !it[1].failed && it[2].failed, "failed %d: %d %d %d", failed, it[0].failed,
+          it[1].failed, it[2].failed);
+    CHECK(ds41_session_pos(a) == 5, "refused item changed the session");
+    ds41_feed(tw, &t, 1);
+    CHECK(ds41_session_digest(b) == ds41_session_digest(tw), "the good item differs from its twin");
+    /* the session refused by the vocabulary check still works */
+    CHECK(ds41_feed(a, &t, 1) == 0 && ds41_session_digest(a) == ds41_session_digest(tw), "a after the refusal");
+    ds41_session_close(a);
+    ds41_session_close(b);
+    ds41_session_close(c);
+    ds41_session_close(tw);
+    case_end("batch_errors_stay_with_their_item");
+}
+
+static void suite(const char *ck, const char *dir, int maxlen, int steps, int full) {
+    static const int sizes[] = { 1, 2, 3, 9, 16 };
+    for (int exact = 1; exact >= 0; exact--) {
+        ds41_engine *e = load(dir, exact);
+        CHECK(e, "load");
+        if (!e) { case_end(ck); continue; }
+        char name[128];
+        const char *mode = exact ? "exact" : "fast";
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+            int B = sizes[si];
+            snprintf(name, sizeof name, "batch_%s_%s_decode_B%d", ck, mode, B);
+            run_case(e, name, B, steps, 0, 0, B == 3, maxlen);
+            if (ds41_draft_block_size(e) > 0 && (full || B == 3 || B == 16)) {
+                snprintf(name, sizeof name, "batch_%s_%s_decode_verify_B%d", ck, mode, B);
+                run_case(e, name, B, steps, 1, 0, B == 9, maxlen);
+            }
+        }
+        if (ds41_draft_block_size(e) > 0) {
+            snprintf(name, sizeof name, "batch_%s_%s_decode_verify_official_B9", ck, mode);
+            run_case(e, name, 9, steps, 1, 1, 0, maxlen);
+        }
+        if (exact && full) errors_case(e);
+        ds41_unload(e);
+    }
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    char tiny[4096], small[4096];
+    CASE_BEGIN();
+    int rc = make_ck("tiny", tiny, sizeof tiny);
+    CHECK(rc == 0, "make_checkpoint.py tiny failed");
+    case_end("batch_checkpoint_tiny");
+    if (rc == 0) suite("tiny", tiny, 40, 6, 1);
+    CASE_BEGIN();
+    rc = make_ck("small43", small, sizeof small);
+    CHECK(rc == 0, "make_checkpoint.py small43 failed");
+    case_end("batch_checkpoint_small43");
+    if (rc == 0) suite("small43", small, 180, 4, 0);
+    return check_exit();
+}
