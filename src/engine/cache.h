@@ -4,8 +4,9 @@
  * ratio-r compressor partial state (FP32), the Engram token history and the position.
  *
  * Nothing is global: a ds41_cache is one sequence, so any number can live side by side.
- * Pages are owned through a per-sequence page table; a later batching issue can hand them
- * out from a shared pool without changing how records are addressed. */
+ * Pages are reached through a per-sequence page table; a page is reference-counted, so the
+ * prefix cache (src/store/prefix.c) holds full pages and hands the same page to every
+ * sequence restored from it (a shared page is never written: copy on write). */
 #ifndef DS41_CACHE_H
 #define DS41_CACHE_H
 
