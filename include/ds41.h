@@ -259,6 +259,10 @@ long long ds41_prefix_restore(ds41_prefix_cache *pc, ds41_session *s, const int3
  * its position) to memory and, with a dir, to disk. Returns the blocks newly stored or -1. */
 long long ds41_prefix_publish(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n);
 void ds41_prefix_get_stats(ds41_prefix_cache *pc, ds41_prefix_stats *out);
+/* Evicts least recently used leaf blocks until the cache holds at most max_bytes in memory
+ * (blocks on disk stay). Returns the bytes it holds afterwards. A serving pool calls it when a
+ * waiting sequence needs the room. */
+long long ds41_prefix_trim(ds41_prefix_cache *pc, long long max_bytes);
 /* Bytes of the model fingerprint the cache keys on (32), hex for display (65 bytes). */
 void ds41_prefix_fingerprint_hex(const ds41_prefix_cache *pc, char out[65]);
 /* Bytes one cached token holds (global KV of every KV source, page granularity). */

@@ -330,6 +330,13 @@ static void test_lru(void) {
     CHECK(ds41_prefix_restore(pc, s, p1, (size_t)n) == 0, "evicted prompt still hit");
     ds41_session_reset(s);
     CHECK(ds41_prefix_restore(pc, s, p2, (size_t)n) == 384, "recent prompt missed");
+    /* trim (the serving pool needs room): leaves first, so the prompt's head stays longest */
+    CHECK(ds41_prefix_trim(pc, 2 * node) == 2 * node, "trim to 2 blocks");
+    ds41_session_reset(s);
+    CHECK(ds41_prefix_restore(pc, s, p2, (size_t)n) == 256, "after trimming to 2 blocks: the first 2 stay");
+    CHECK(ds41_prefix_trim(pc, 0) == 0, "trim to nothing");
+    ds41_session_reset(s);
+    CHECK(ds41_prefix_restore(pc, s, p2, (size_t)n) == 0, "trimmed cache still hit");
     ds41_session_close(s);
     ds41_prefix_close(pc);
     ds41_unload(e);

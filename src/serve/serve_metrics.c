@@ -132,6 +132,8 @@ char *ds41_metrics_text(ds41_metrics *m, const ds41_gauges *g, const char *model
         counter(&o, "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", lbl,
                 m->prefix_queries);
         counter(&o, "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", lbl, m->prefix_hits);
+        gauge(&o, "ds41:prefix_cache_bytes", "Bytes of prefix-cache blocks held in memory (inside --kv-budget).", lbl,
+              (double)g->prefix_bytes);
     }
     gauge(&o, "ds41:sessions_open", "Engine sessions open (one per running sequence; 0 when idle).", lbl, (double)g->sessions_open);
     gauge(&o, "ds41:kv_budget_bytes", "KV byte budget for admission control (--kv-budget).", lbl, (double)g->kv_budget);

@@ -37,6 +37,7 @@ typedef struct ds41_metrics {
 typedef struct ds41_gauges {
     long long running, waiting, sessions_open;
     long long kv_budget, kv_reserved, kv_used;
+    long long prefix_bytes;       /* prefix-cache blocks held in memory */
     long long connections;
 } ds41_gauges;
 

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "serve_sched.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,6 +127,7 @@ void ds41_sched_gauges(ds41_sched *S, ds41_gauges *o) {
     o->waiting = S->q_len;
     o->sessions_open = S->sessions_open;
     o->kv_budget = S->p.kv_budget;
+    o->prefix_bytes = S->p.pc ? ds41_prefix_trim(S->p.pc, LLONG_MAX) : 0;
     o->kv_reserved = S->kv_reserved;
     o->kv_used = S->kv_used;
     pthread_mutex_unlock(&S->mu);
@@ -453,7 +455,13 @@ static void *sched_main(void *arg) {
         while (S->q_len > 0) {
             ds41_sseq *q = S->q[S->q_head];
             if (!stop && !atomic_load(&q->g->cancel)) {
-                if (S->n_run >= P || S->kv_reserved + q->reserve > S->p.kv_budget) break;
+                if (S->n_run >= P) break;
+                /* the prefix cache's blocks live in the same byte budget: when a sequence
+                 * needs the room, least recently used blocks go first */
+                long long held = S->p.pc ? ds41_prefix_trim(S->p.pc, LLONG_MAX) : 0;
+                if (S->kv_reserved + q->reserve + held > S->p.kv_budget && held > 0)
+                    held = ds41_prefix_trim(S->p.pc, S->p.kv_budget - S->kv_reserved - q->reserve);
+                if (S->kv_reserved + q->reserve + held > S->p.kv_budget) break;
                 S->kv_reserved += q->reserve;
                 S->run[S->n_run++] = q;
                 admitted[n_adm++] = q;

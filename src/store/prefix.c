@@ -205,9 +205,9 @@ static void drop(ds41_prefix_cache *pc, pnode *n) {
     node_free(pc, n);
 }
 
-/* least recently used leaves first, until `need` more bytes fit */
-static void evict(ds41_prefix_cache *pc, long long need) {
-    while (pc->st.bytes + need > pc->p.mem_bytes) {
+/* least recently used leaves first, until `need` more bytes fit under cap */
+static void evict_to(ds41_prefix_cache *pc, long long need, long long cap) {
+    while (pc->st.bytes + need > cap) {
         pnode *v = pc->tail;
         while (v && v->n_children) v = v->prev;
         if (!v) return;
@@ -219,7 +219,7 @@ static pnode *insert(ds41_prefix_cache *pc, const uint8_t key[16], pnode *parent
                      uint8_t **pages) {
     if (pc->node_bytes > pc->p.mem_bytes) return NULL;
     if (parent) parent->n_children++;   /* not a leaf while room is made */
-    evict(pc, pc->node_bytes);
+    evict_to(pc, pc->node_bytes, pc->p.mem_bytes);
     pnode *n = calloc(1, sizeof *n);
     if (!n) { if (parent) parent->n_children--; return NULL; }
     n->pages = pages;
@@ -303,6 +303,14 @@ void ds41_prefix_get_stats(ds41_prefix_cache *pc, ds41_prefix_stats *out) {
     pthread_mutex_lock(&pc->mu);
     *out = pc->st;
     pthread_mutex_unlock(&pc->mu);
+}
+
+long long ds41_prefix_trim(ds41_prefix_cache *pc, long long max_bytes) {
+    pthread_mutex_lock(&pc->mu);
+    evict_to(pc, 0, max_bytes < 0 ? 0 : max_bytes);
+    long long b = pc->st.bytes;
+    pthread_mutex_unlock(&pc->mu);
+    return b;
 }
 
 void ds41_prefix_fingerprint_hex(const ds41_prefix_cache *pc, char out[65]) {
