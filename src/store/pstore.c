@@ -365,7 +365,8 @@ ds41_pstore *ds41_pstore_open(const char *dir, const uint8_t fingerprint[32], lo
      * verify --fix. */
     usage_ctx u = { 0, 0 };
     if (flock_retry(s->lockfd, LOCK_EX | LOCK_NB) == 0) u.clean = 1;
-    int rc = walk_dir(dir, NULL, usage_visit, &u, err);
+    /* without a capacity the total is not needed: only this fingerprint's directory is walked */
+    int rc = cap_bytes || u.clean ? walk_dir(dir, cap_bytes ? NULL : fphex, usage_visit, &u, err) : 0;
     if (u.clean) flock_retry(s->lockfd, LOCK_UN);
     if (rc != 0) goto fail;
     s->used = u.bytes;

@@ -82,7 +82,8 @@ int ds41_pstore_get(ds41_pstore *s, const uint8_t key[16], const uint8_t parent[
                     void **payload, size_t *n, ds41_err *err);
 /* The fingerprint subdirectory of this store (DIR/<64 hex>). */
 const char *ds41_pstore_path(const ds41_pstore *s);
-/* This process's running total of DIR's block bytes (see capacity above). */
+/* This process's running total of DIR's block bytes (see capacity above; without a capacity,
+ * open counts only this fingerprint's blocks, and not at all while a writer holds the lock). */
 long long ds41_pstore_used(const ds41_pstore *s);
 
 /* ---- Parsing a block file image (the reader's checks; also what fuzz/fuzz_pstore.c drives) ---- */
