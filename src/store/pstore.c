@@ -83,11 +83,34 @@ static int is_blk_name(const char *s) {
 }
 static int is_tmp_name(const char *s) { return !strncmp(s, TMP_PREFIX, strlen(TMP_PREFIX)); }
 
-/* Sets the file's atime and mtime (the LRU age) to the current time, to the nanosecond (the
- * kernel's own timestamps are coarser, and ties would blur the eviction order). */
-static void touch_fd(int fd) {
-    struct timespec t[2];
-    clock_gettime(CLOCK_REALTIME, &t[0]);
+/* The LRU age of a block is its file's mtime (atime is set to the same value). A block whose
+ * parent is present is stamped 1 us before the parent's stamp (never later than now), so that a
+ * chain of blocks, put or looked up head first, has its descendants older than its ancestors:
+ * eviction then takes a prompt's tail blocks before its head (a block without its ancestors is
+ * unreachable), and the chain's recency is that of its head. Blocks without a parent (all-zero
+ * key) or whose parent is gone are stamped now. Nanoseconds, set explicitly: the kernel's own
+ * timestamps are coarser and ties would blur the order. */
+static const uint8_t ZERO_KEY[16];
+static void block_name(const uint8_t key[16], char out[32 + sizeof ".blk"]);
+
+static void stamp_fd(const char *fpdir, int fd, const uint8_t parent[16]) {
+    struct timespec now, t[2];
+    clock_gettime(CLOCK_REALTIME, &now);
+    t[0] = now;
+    if (memcmp(parent, ZERO_KEY, 16) != 0) {
+        char name[32 + sizeof ".blk"], path[4200];
+        block_name(parent, name);
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", fpdir, name);
+        if (stat(path, &st) == 0) {
+            long long p = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec - 1000;
+            long long n = (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
+            if (p < n && p > 0) {
+                t[0].tv_sec = (time_t)(p / 1000000000LL);
+                t[0].tv_nsec = (long)(p % 1000000000LL);
+            }
+        }
+    }
     t[1] = t[0];
     (void)futimens(fd, t);
 }
@@ -513,7 +536,7 @@ int ds41_pstore_put(ds41_pstore *s, const uint8_t key[16], const uint8_t parent[
         ds41_errf(err, "%s: write failed: %s", tmp, strerror(errno));
         goto out;
     }
-    touch_fd(fd);   /* the LRU age: now, to the nanosecond */
+    stamp_fd(s->fpdir, fd, parent);   /* the LRU age (see stamp_fd) */
     /* 1. the file's bytes reach the disk before its name can point at it */
     if (fsync(fd) != 0) {
         ds41_errf(err, "%s: fsync failed: %s", tmp, strerror(errno));
@@ -610,7 +633,7 @@ int ds41_pstore_get(ds41_pstore *s, const uint8_t key[16], const uint8_t parent[
         close(fd);
         return 0;
     }
-    touch_fd(fd);
+    stamp_fd(s->fpdir, fd, parent);
     close(fd);
     size_t np = (size_t)b.n_payload;
     memmove(buf, b.payload, np);

@@ -34,7 +34,11 @@
  * Several processes (and threads) may share a directory: publication is an atomic rename, a
  * reader needs no lock (an evicted file stays readable through its open descriptor), and the
  * lock file orders writers against eviction and cleanup (see above). LRU age is the file's
- * mtime, set to the current time on put and on every hit; eviction removes the oldest. */
+ * mtime, set on put and on every hit: to the current time for a first block (all-zero parent),
+ * and to 1 us before its parent's for a block whose parent is present, so that descendants are
+ * always older than their ancestors and eviction (oldest first) takes a prompt's tail before
+ * its head: a chain's recency is its head's, and no block is kept without its ancestors
+ * because of the order of puts and lookups. */
 #ifndef DS41_PSTORE_H
 #define DS41_PSTORE_H
 
