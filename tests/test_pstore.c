@@ -569,12 +569,20 @@ static void put_failure_is_clean(void) {
     blk_make(&a, 90, 100);
     char fpdir[400];
     snprintf(fpdir, sizeof fpdir, "%s", ds41_pstore_path(s));
+    /* the fingerprint directory replaced by a file: put fails, naming the path and errno */
     rm_rf(fpdir);
+    spit(fpdir, (const uint8_t *)"x", 1);
     ds41_err err;
     err.msg[0] = 0;
-    CHECK(ds41_pstore_put(s, a.key, a.parent, a.ids, NID, a.p, a.n, &err) == -1, "put into a vanished directory fails");
-    CHECK(strstr(err.msg, fpdir) && strstr(err.msg, "No such file or directory"), "message: %s", err.msg);
+    CHECK(ds41_pstore_put(s, a.key, a.parent, a.ids, NID, a.p, a.n, &err) == -1, "put into a non-directory fails");
+    CHECK(strstr(err.msg, fpdir) && strstr(err.msg, "Not a directory"), "message: %s", err.msg);
     CHECK(get(s, &a) == 0, "a miss");
+    /* the whole store removed under a running process: put recreates it and the lock file */
+    rm_rf(dir);
+    CHECK(put(s, &a) == 0 && get(s, &a) == 1, "put recreates a removed store directory");
+    char lockp[300];
+    snprintf(lockp, sizeof lockp, "%s/lock", dir);
+    CHECK(exists(lockp) && blk_exists(s, &a), "lock file and block back");
     CHECK(ds41_pstore_put(s, a.key, a.parent, a.ids, -1, a.p, a.n, &err) == -1, "negative n_ids refused");
     CHECK(ds41_pstore_put(s, a.key, a.parent, NULL, 3, a.p, a.n, &err) == -1, "NULL ids refused");
     ds41_pstore_close(s);

@@ -421,6 +421,37 @@ long long ds41_pstore_used(const ds41_pstore *s) {
     return u;
 }
 
+/* Under s->mu: recreates DIR and the fingerprint directory and reopens the lock file and the
+ * directory descriptor (after they were removed). */
+static int reattach(ds41_pstore *s, ds41_err *err) {
+    if (mkdir_p(s->fpdir, err) != 0) return -1;
+    char *lockpath = ds41_path_join(s->dir, "lock");
+    if (!lockpath) return ds41_errf(err, "%s: out of memory", s->dir);
+    int lf = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lf < 0) {
+        ds41_errf(err, "%s: cannot open the lock file: %s", lockpath, strerror(errno));
+        free(lockpath);
+        return -1;
+    }
+    free(lockpath);
+    int df = open(s->fpdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (df < 0) {
+        close(lf);
+        return ds41_errf(err, "%s: cannot open directory: %s", s->fpdir, strerror(errno));
+    }
+    if (fsync_path(s->dir) != 0) {
+        close(lf);
+        close(df);
+        return ds41_errf(err, "%s: fsync of the directory failed: %s", s->dir, strerror(errno));
+    }
+    close(s->lockfd);
+    close(s->dirfd);
+    s->lockfd = lf;
+    s->dirfd = df;
+    s->used = 0;
+    return 0;
+}
+
 /* ---- eviction ----------------------------------------------------------------------------- */
 
 typedef struct lru_entry { long long mtime; long long bytes; char *path; } lru_entry;
@@ -526,6 +557,19 @@ int ds41_pstore_put(ds41_pstore *s, const uint8_t key[16], const uint8_t parent[
     locked = 1;
     snprintf(tmp, dl + 96, "%s/" TMP_PREFIX "%.32s.%ld.%lu", s->fpdir, name, (long)getpid(), s->seq++);
     fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == ENOENT) {
+        /* the directory was removed under us (an operator's rm -rf of DIR): recreate it, with a
+         * new lock file, so that a long-running server recovers */
+        flock_retry(s->lockfd, LOCK_UN);
+        locked = 0;
+        if (reattach(s, err) != 0) goto out;
+        if (flock_retry(s->lockfd, LOCK_SH) != 0) {
+            ds41_errf(err, "%s/lock: cannot lock: %s", s->dir, strerror(errno));
+            goto out;
+        }
+        locked = 1;
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    }
     if (fd < 0) {
         ds41_errf(err, "%s: cannot create: %s", tmp, strerror(errno));
         goto out;

@@ -73,7 +73,8 @@ void ds41_pstore_close(ds41_pstore *s);
  * with the same key is left alone (return 0). -1 with a message naming the path and errno text on
  * any failure (disk full, I/O error): then nothing partial is visible and the store stays usable.
  * (When only the final directory fsync fails, the complete block may stay visible: it is valid.)
- * A block larger than the capacity is refused (-1). Thread-safe (puts of one store serialize). */
+ * A block larger than the capacity is refused (-1). If DIR or the fingerprint directory was
+ * removed meanwhile, put recreates them (and the lock file). Thread-safe (puts serialize). */
 int ds41_pstore_put(ds41_pstore *s, const uint8_t key[16], const uint8_t parent[16], const int32_t *ids, int n_ids,
                     const void *payload, size_t n, ds41_err *err);
 /* 1: hit, *payload = malloc'd copy (caller frees), *n its size; the stored parent key and ids
