@@ -19,6 +19,13 @@ echo "== kernels"
 "${DS41_BUILD:-build}"/bench/bench_kernels ${DS41_BENCH_QUICK:+--quick} || status=1
 # ---- end kernels ----------------------------------------------------------------------------
 
+# ---- store (bench/bench_pstore.c): persistent prefix store put / get of 128-token blocks ---------
+# 113920 B (production, 890 B/token) and 10176 B (demo, 79.5 B/token) blocks in build/bench-pstore:
+# put = temp file, write, fsync, rename, directory fsync; get = warm read + checksum. Medians.
+echo "== store"
+"${DS41_BUILD:-build}"/bench/bench_pstore || status=1
+# ---- end store ------------------------------------------------------------------------------
+
 # ---- model (ds41 bench): prefill ced vs full, decode, peak RSS, state bytes --------------------
 # Checkpoints written once into build/bench-ck/ by tools/make_checkpoint.py (seed 1):
 #   small43    the full 43-entry production plan at dim 256 (37 MB)

@@ -1,7 +1,7 @@
 /* Tests of the persistent prefix store (src/store/pstore.c) and its CRC32C: round trips, keys,
- * fingerprints, LRU eviction order, every byte of a file flipped and every truncation (a miss,
- * never a wrong payload), foreign versions, orphaned temporary files, scan / fix / clear,
- * failing puts, threads. Each case works in its own directory under a fresh /tmp directory. */
+ * fingerprints, LRU eviction order, a prompt's chain evicted tail first, every byte of a file
+ * flipped and every truncation (a miss, never a wrong payload), foreign versions, orphaned
+ * temporary files, scan / fix / clear, failing puts, threads. Each case works in its own directory under a fresh /tmp directory. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -253,7 +253,10 @@ static void lru_eviction_order(void) {
     ds41_pstore *s = open_fp(dir, 1, fb * 7 / 2);
     if (!s) { CHECK(0, "open"); return; }
     blk b[5];
-    for (int i = 0; i < 5; i++) blk_make(&b[i], 20 + i, 1000);
+    for (int i = 0; i < 5; i++) {
+        blk_make(&b[i], 20 + i, 1000);
+        memset(b[i].parent, 0, 16);   /* five first blocks: plain LRU by time */
+    }
     CHECK(put(s, &b[0]) == 0 && put(s, &b[1]) == 0 && put(s, &b[2]) == 0, "A B C");
     CHECK(blk_exists(s, &b[0]) && blk_exists(s, &b[1]) && blk_exists(s, &b[2]), "three fit");
     CHECK(get(s, &b[0]) == 1, "hit A (refreshes its age)");
@@ -280,6 +283,7 @@ static void lru_eviction_order(void) {
     ds41_pstore *s2 = open_fp(dir, 2, fb * 7 / 2);
     blk o;
     blk_make(&o, 50, 1000);
+    memset(o.parent, 0, 16);
     CHECK(s2 && ds41_pstore_used(s2) == 3 * fb, "a new process sees the directory's bytes");
     CHECK(s2 && put(s2, &o) == 0, "put of fingerprint 2");
     s = open_fp(dir, 1, 0);
@@ -289,6 +293,48 @@ static void lru_eviction_order(void) {
     for (int i = 0; i < 5; i++) free(b[i].p);
     free(big.p);
     free(o.p);
+}
+
+static void chain_evicts_tail_first(void) {
+    char dir[256];
+    case_dir(dir, sizeof dir);
+    const long long fb = 108 + 4 * NID + 1000;
+    ds41_pstore *s = open_fp(dir, 1, fb * 11 / 2);
+    if (!s) { CHECK(0, "open"); return; }
+    /* a prompt of five blocks A0..A4 (A0's parent is zero, Ai's is Ai-1), put head first */
+    blk a[5], x, y;
+    for (int i = 0; i < 5; i++) blk_make(&a[i], i, 1000);
+    blk_make(&x, 100, 1000);
+    blk_make(&y, 101, 1000);
+    memset(x.parent, 0, 16);
+    memset(y.parent, 0, 16);
+    int ok = 1;
+    for (int i = 0; i < 5; i++) ok &= put(s, &a[i]) == 0;
+    CHECK(ok, "chain puts");
+    char p0[512], p4[512];
+    struct stat s0, s4;
+    blk_path(s, a[0].key, p0, sizeof p0);
+    blk_path(s, a[4].key, p4, sizeof p4);
+    CHECK(stat(p0, &s0) == 0 && stat(p4, &s4) == 0 &&
+              (long long)s0.st_mtim.tv_sec * 1000000000LL + s0.st_mtim.tv_nsec -
+                      ((long long)s4.st_mtim.tv_sec * 1000000000LL + s4.st_mtim.tv_nsec) == 4000,
+          "A4 is stamped 4 us before A0");
+    /* another prompt's block needs room: the tail A4 goes, not the head A0 */
+    CHECK(put(s, &x) == 0, "X");
+    CHECK(blk_exists(s, &a[0]) && blk_exists(s, &a[3]) && !blk_exists(s, &a[4]) && blk_exists(s, &x),
+          "X evicted the tail A4: A0 %d A3 %d A4 %d", blk_exists(s, &a[0]), blk_exists(s, &a[3]), blk_exists(s, &a[4]));
+    /* the prompt is looked up again, head first: its four blocks become newer than X */
+    ok = 1;
+    for (int i = 0; i < 4; i++) ok &= get(s, &a[i]) == 1;
+    CHECK(ok, "lookups");
+    CHECK(put(s, &y) == 0, "Y");
+    CHECK(!blk_exists(s, &x) && blk_exists(s, &a[0]) && blk_exists(s, &a[3]) && blk_exists(s, &y),
+          "Y evicted X, older than the chain's lookup: X %d A0 %d A3 %d", blk_exists(s, &x), blk_exists(s, &a[0]),
+          blk_exists(s, &a[3]));
+    ds41_pstore_close(s);
+    for (int i = 0; i < 5; i++) free(a[i].p);
+    free(x.p);
+    free(y.p);
 }
 
 /* writes the image into the block's path, then gets: must be a miss (never a wrong payload) */
@@ -523,12 +569,20 @@ static void put_failure_is_clean(void) {
     blk_make(&a, 90, 100);
     char fpdir[400];
     snprintf(fpdir, sizeof fpdir, "%s", ds41_pstore_path(s));
+    /* the fingerprint directory replaced by a file: put fails, naming the path and errno */
     rm_rf(fpdir);
+    spit(fpdir, (const uint8_t *)"x", 1);
     ds41_err err;
     err.msg[0] = 0;
-    CHECK(ds41_pstore_put(s, a.key, a.parent, a.ids, NID, a.p, a.n, &err) == -1, "put into a vanished directory fails");
-    CHECK(strstr(err.msg, fpdir) && strstr(err.msg, "No such file or directory"), "message: %s", err.msg);
+    CHECK(ds41_pstore_put(s, a.key, a.parent, a.ids, NID, a.p, a.n, &err) == -1, "put into a non-directory fails");
+    CHECK(strstr(err.msg, fpdir) && strstr(err.msg, "Not a directory"), "message: %s", err.msg);
     CHECK(get(s, &a) == 0, "a miss");
+    /* the whole store removed under a running process: put recreates it and the lock file */
+    rm_rf(dir);
+    CHECK(put(s, &a) == 0 && get(s, &a) == 1, "put recreates a removed store directory");
+    char lockp[300];
+    snprintf(lockp, sizeof lockp, "%s/lock", dir);
+    CHECK(exists(lockp) && blk_exists(s, &a), "lock file and block back");
     CHECK(ds41_pstore_put(s, a.key, a.parent, a.ids, -1, a.p, a.n, &err) == -1, "negative n_ids refused");
     CHECK(ds41_pstore_put(s, a.key, a.parent, NULL, 3, a.p, a.n, &err) == -1, "NULL ids refused");
     ds41_pstore_close(s);
@@ -548,6 +602,7 @@ static void *thread_main(void *arg) {
     for (int i = 0; i < 40; i++) {
         blk b;
         blk_make(&b, t->base + i, 500 + (size_t)i * 13);
+        memset(b.parent, 0, 16);   /* independent blocks: each is the newest when put */
         if (put(t->s, &b) != 0 || get(t->s, &b) != 1) t->bad++;
         free(b.p);
     }
@@ -590,6 +645,7 @@ int main(void) {
     RUN_CASE(mismatch_is_miss);
     RUN_CASE(other_fingerprint_is_miss);
     RUN_CASE(lru_eviction_order);
+    RUN_CASE(chain_evicts_tail_first);
     RUN_CASE(corrupt_every_byte);
     RUN_CASE(truncate_every_length);
     RUN_CASE(foreign_files_are_misses);

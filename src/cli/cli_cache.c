@@ -139,7 +139,7 @@ static int resolve_fingerprint(const char *dir, const char *prefix, uint8_t fp[3
         if (ds41_pstore_unhex(nm, fp, 32) != 0) continue;
         if (*matches == 0 || strcmp(nm, found) != 0) {
             (*matches)++;
-            snprintf(found, sizeof found, "%s", nm);
+            memcpy(found, nm, 65);   /* 64 digits and the NUL */
         }
     }
     closedir(d);

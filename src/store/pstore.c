@@ -83,11 +83,34 @@ static int is_blk_name(const char *s) {
 }
 static int is_tmp_name(const char *s) { return !strncmp(s, TMP_PREFIX, strlen(TMP_PREFIX)); }
 
-/* Sets the file's atime and mtime (the LRU age) to the current time, to the nanosecond (the
- * kernel's own timestamps are coarser, and ties would blur the eviction order). */
-static void touch_fd(int fd) {
-    struct timespec t[2];
-    clock_gettime(CLOCK_REALTIME, &t[0]);
+/* The LRU age of a block is its file's mtime (atime is set to the same value). A block whose
+ * parent is present is stamped 1 us before the parent's stamp (never later than now), so that a
+ * chain of blocks, put or looked up head first, has its descendants older than its ancestors:
+ * eviction then takes a prompt's tail blocks before its head (a block without its ancestors is
+ * unreachable), and the chain's recency is that of its head. Blocks without a parent (all-zero
+ * key) or whose parent is gone are stamped now. Nanoseconds, set explicitly: the kernel's own
+ * timestamps are coarser and ties would blur the order. */
+static const uint8_t ZERO_KEY[16];
+static void block_name(const uint8_t key[16], char out[32 + sizeof ".blk"]);
+
+static void stamp_fd(const char *fpdir, int fd, const uint8_t parent[16]) {
+    struct timespec now, t[2];
+    clock_gettime(CLOCK_REALTIME, &now);
+    t[0] = now;
+    if (memcmp(parent, ZERO_KEY, 16) != 0) {
+        char name[32 + sizeof ".blk"], path[4200];
+        block_name(parent, name);
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", fpdir, name);
+        if (stat(path, &st) == 0) {
+            long long p = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec - 1000;
+            long long n = (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
+            if (p < n && p > 0) {
+                t[0].tv_sec = (time_t)(p / 1000000000LL);
+                t[0].tv_nsec = (long)(p % 1000000000LL);
+            }
+        }
+    }
     t[1] = t[0];
     (void)futimens(fd, t);
 }
@@ -365,7 +388,8 @@ ds41_pstore *ds41_pstore_open(const char *dir, const uint8_t fingerprint[32], lo
      * verify --fix. */
     usage_ctx u = { 0, 0 };
     if (flock_retry(s->lockfd, LOCK_EX | LOCK_NB) == 0) u.clean = 1;
-    int rc = walk_dir(dir, NULL, usage_visit, &u, err);
+    /* without a capacity the total is not needed: only this fingerprint's directory is walked */
+    int rc = cap_bytes || u.clean ? walk_dir(dir, cap_bytes ? NULL : fphex, usage_visit, &u, err) : 0;
     if (u.clean) flock_retry(s->lockfd, LOCK_UN);
     if (rc != 0) goto fail;
     s->used = u.bytes;
@@ -395,6 +419,37 @@ long long ds41_pstore_used(const ds41_pstore *s) {
     long long u = m->used;
     pthread_mutex_unlock(&m->mu);
     return u;
+}
+
+/* Under s->mu: recreates DIR and the fingerprint directory and reopens the lock file and the
+ * directory descriptor (after they were removed). */
+static int reattach(ds41_pstore *s, ds41_err *err) {
+    if (mkdir_p(s->fpdir, err) != 0) return -1;
+    char *lockpath = ds41_path_join(s->dir, "lock");
+    if (!lockpath) return ds41_errf(err, "%s: out of memory", s->dir);
+    int lf = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lf < 0) {
+        ds41_errf(err, "%s: cannot open the lock file: %s", lockpath, strerror(errno));
+        free(lockpath);
+        return -1;
+    }
+    free(lockpath);
+    int df = open(s->fpdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (df < 0) {
+        close(lf);
+        return ds41_errf(err, "%s: cannot open directory: %s", s->fpdir, strerror(errno));
+    }
+    if (fsync_path(s->dir) != 0) {
+        close(lf);
+        close(df);
+        return ds41_errf(err, "%s: fsync of the directory failed: %s", s->dir, strerror(errno));
+    }
+    close(s->lockfd);
+    close(s->dirfd);
+    s->lockfd = lf;
+    s->dirfd = df;
+    s->used = 0;
+    return 0;
 }
 
 /* ---- eviction ----------------------------------------------------------------------------- */
@@ -502,6 +557,19 @@ int ds41_pstore_put(ds41_pstore *s, const uint8_t key[16], const uint8_t parent[
     locked = 1;
     snprintf(tmp, dl + 96, "%s/" TMP_PREFIX "%.32s.%ld.%lu", s->fpdir, name, (long)getpid(), s->seq++);
     fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == ENOENT) {
+        /* the directory was removed under us (an operator's rm -rf of DIR): recreate it, with a
+         * new lock file, so that a long-running server recovers */
+        flock_retry(s->lockfd, LOCK_UN);
+        locked = 0;
+        if (reattach(s, err) != 0) goto out;
+        if (flock_retry(s->lockfd, LOCK_SH) != 0) {
+            ds41_errf(err, "%s/lock: cannot lock: %s", s->dir, strerror(errno));
+            goto out;
+        }
+        locked = 1;
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    }
     if (fd < 0) {
         ds41_errf(err, "%s: cannot create: %s", tmp, strerror(errno));
         goto out;
@@ -512,7 +580,7 @@ int ds41_pstore_put(ds41_pstore *s, const uint8_t key[16], const uint8_t parent[
         ds41_errf(err, "%s: write failed: %s", tmp, strerror(errno));
         goto out;
     }
-    touch_fd(fd);   /* the LRU age: now, to the nanosecond */
+    stamp_fd(s->fpdir, fd, parent);   /* the LRU age (see stamp_fd) */
     /* 1. the file's bytes reach the disk before its name can point at it */
     if (fsync(fd) != 0) {
         ds41_errf(err, "%s: fsync failed: %s", tmp, strerror(errno));
@@ -609,7 +677,7 @@ int ds41_pstore_get(ds41_pstore *s, const uint8_t key[16], const uint8_t parent[
         close(fd);
         return 0;
     }
-    touch_fd(fd);
+    stamp_fd(s->fpdir, fd, parent);
     close(fd);
     size_t np = (size_t)b.n_payload;
     memmove(buf, b.payload, np);

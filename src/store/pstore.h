@@ -34,7 +34,11 @@
  * Several processes (and threads) may share a directory: publication is an atomic rename, a
  * reader needs no lock (an evicted file stays readable through its open descriptor), and the
  * lock file orders writers against eviction and cleanup (see above). LRU age is the file's
- * mtime, set to the current time on put and on every hit; eviction removes the oldest. */
+ * mtime, set on put and on every hit: to the current time for a first block (all-zero parent),
+ * and to 1 us before its parent's for a block whose parent is present, so that descendants are
+ * always older than their ancestors and eviction (oldest first) takes a prompt's tail before
+ * its head: a chain's recency is its head's, and no block is kept without its ancestors
+ * because of the order of puts and lookups. */
 #ifndef DS41_PSTORE_H
 #define DS41_PSTORE_H
 
@@ -69,7 +73,8 @@ void ds41_pstore_close(ds41_pstore *s);
  * with the same key is left alone (return 0). -1 with a message naming the path and errno text on
  * any failure (disk full, I/O error): then nothing partial is visible and the store stays usable.
  * (When only the final directory fsync fails, the complete block may stay visible: it is valid.)
- * A block larger than the capacity is refused (-1). Thread-safe (puts of one store serialize). */
+ * A block larger than the capacity is refused (-1). If DIR or the fingerprint directory was
+ * removed meanwhile, put recreates them (and the lock file). Thread-safe (puts serialize). */
 int ds41_pstore_put(ds41_pstore *s, const uint8_t key[16], const uint8_t parent[16], const int32_t *ids, int n_ids,
                     const void *payload, size_t n, ds41_err *err);
 /* 1: hit, *payload = malloc'd copy (caller frees), *n its size; the stored parent key and ids
@@ -82,7 +87,8 @@ int ds41_pstore_get(ds41_pstore *s, const uint8_t key[16], const uint8_t parent[
                     void **payload, size_t *n, ds41_err *err);
 /* The fingerprint subdirectory of this store (DIR/<64 hex>). */
 const char *ds41_pstore_path(const ds41_pstore *s);
-/* This process's running total of DIR's block bytes (see capacity above). */
+/* This process's running total of DIR's block bytes (see capacity above; without a capacity,
+ * open counts only this fingerprint's blocks, and not at all while a writer holds the lock). */
 long long ds41_pstore_used(const ds41_pstore *s);
 
 /* ---- Parsing a block file image (the reader's checks; also what fuzz/fuzz_pstore.c drives) ---- */

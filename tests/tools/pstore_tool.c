@@ -11,7 +11,7 @@
  *   pstore_tool open DIR                   open and close (cleans orphaned temporary files)
  *   pstore_tool key I                      the key of block I in hex (its file name)
  * SIZE: payload bytes (default 4096 + (I * 257) % 8192). DS41_TOOL_FP=N picks another model
- * fingerprint. Exit 4 on usage or open errors. */
+ * fingerprint, DS41_TOOL_CAP=BYTES a capacity. Exit 4 on usage or open errors. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -62,8 +62,9 @@ static ds41_pstore *open_store(const char *dir) {
     const char *e = getenv("DS41_TOOL_FP");
     unsigned seed = e ? (unsigned)atoi(e) : 0;
     for (int k = 0; k < 32; k++) fp[k] = (uint8_t)(k * 7 + 1 + seed * 31);
+    const char *c = getenv("DS41_TOOL_CAP");
     ds41_err err;
-    ds41_pstore *s = ds41_pstore_open(dir, fp, 0, &err);
+    ds41_pstore *s = ds41_pstore_open(dir, fp, c ? atoll(c) : 0, &err);
     if (!s) fprintf(stderr, "pstore_tool: %s\n", err.msg);
     return s;
 }
