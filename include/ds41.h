@@ -256,9 +256,12 @@ void ds41_prefix_close(ds41_prefix_cache *pc);
  * ret == n the logits of the last id are already there. */
 long long ds41_prefix_restore(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n);
 /* Publishes the whole blocks of the first n tokens the session holds (ids = those tokens, n <=
- * its position) to memory and, with a dir, to disk. Returns the blocks newly stored or -1. */
+ * its position) to memory and, with a dir, queues them for the disk writer thread (the caller
+ * does not wait for the fsyncs). Returns the blocks newly stored or -1. */
 long long ds41_prefix_publish(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n);
 void ds41_prefix_get_stats(ds41_prefix_cache *pc, ds41_prefix_stats *out);
+/* Waits until every queued block is on disk (or failed: disk_errors). Close flushes too. */
+void ds41_prefix_flush(ds41_prefix_cache *pc);
 /* Evicts least recently used leaf blocks until the cache holds at most max_bytes in memory
  * (blocks on disk stay). Returns the bytes it holds afterwards. A serving pool calls it when a
  * waiting sequence needs the room. */

@@ -250,6 +250,7 @@ static void test_disk_restart(void) {
         ds41_session *a = open_s(e, 0, 1);
         CHECK(ds41_feed(a, ids, (size_t)n) == 0, "prefill");
         CHECK(ds41_prefix_publish(pc, a, ids, (size_t)n) == 5, "publish");
+        ds41_prefix_flush(pc);
         ds41_prefix_stats st;
         ds41_prefix_get_stats(pc, &st);
         CHECK(st.disk_writes == 5 && st.disk_errors == 0, "disk writes %lld errors %lld", st.disk_writes, st.disk_errors);

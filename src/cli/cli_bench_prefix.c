@@ -148,6 +148,7 @@ int ds41_cli_bench_prefix(int argc, char **argv) {
         ds41_prefix_publish(pa, f, ids, (size_t)n);
         double t1 = now_s();
         ds41_prefix_publish(pd, f, ids, (size_t)n);
+        ds41_prefix_flush(pd);
         double t_write = now_s() - t1;
         ds41_prefix_close(pd);
         pd = open_pc(e, store, DS41_REPLAY_EXACT);   /* as after a restart: nothing in memory */

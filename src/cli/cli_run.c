@@ -262,6 +262,7 @@ int ds41_cli_run(int argc, char **argv) {
     if (pc) {
         double t1 = now_s();
         written = ds41_prefix_publish(pc, s, ids, n_ids);
+        ds41_prefix_flush(pc);   /* durable before the answer (a serving process would not wait) */
         t_publish = now_s() - t1;
     }
     int n_dec = 0, n_gen = 0;

@@ -14,8 +14,10 @@
  * are never written (cache.c copies on write). Past mem_bytes, least recently used leaves go.
  *
  * Locking: one mutex over the table, the LRU list and the statistics; the replay forward runs
- * outside it, holding references to the pages it restores. Disk writes happen inside publish
- * (synchronous: a block is durable when publish returns). */
+ * outside it, holding references to the pages it restores. Disk writes are off the caller's
+ * path: publish queues new blocks (holding references to their pages) for a writer thread,
+ * whose put makes each durable (an fsync'd file: pstore.h); ds41_prefix_flush waits for the
+ * queue, close flushes. A full queue (WQ_MAX blocks) makes publish write synchronously. */
 #include "ds41.h"
 
 #include <pthread.h>
@@ -29,6 +31,14 @@
 #include "restore.h"
 
 #define BT DS41_PAGE_TOKENS
+#define WQ_MAX 4096
+
+typedef struct wjob {
+    uint8_t key[16], parent[16];
+    int32_t ids[BT];
+    uint8_t **pages;           /* one reference each */
+    struct wjob *next;
+} wjob;
 
 typedef struct pnode {
     uint8_t key[16];
@@ -55,6 +65,12 @@ struct ds41_prefix_cache {
     size_t table_size;
     pnode *head, *tail;
     ds41_prefix_stats st;
+    /* the disk writer: a queue of blocks to put, its own mutex */
+    pthread_mutex_t wmu;
+    pthread_cond_t wcv, widle;
+    wjob *wq_head, *wq_tail;
+    int wq_len, w_busy, w_stop, w_started;
+    pthread_t writer;
 };
 
 /* ---------------------------------------------------------------------- hashing */
@@ -158,6 +174,8 @@ static int fingerprint(const ds41_engine *e, int index_k, uint8_t fp[32], ds41_e
     return 0;
 }
 
+static void *writer_main(void *arg);
+
 /* ---------------------------------------------------------------------- table and LRU */
 
 static size_t slot_of(const ds41_prefix_cache *pc, const uint8_t key[16]) {
@@ -247,6 +265,9 @@ ds41_prefix_cache *ds41_prefix_open(ds41_engine *e, const ds41_prefix_params *p,
     if (pc->p.mem_bytes <= 0) pc->p.mem_bytes = 1LL << 30;
     pc->p.dir = NULL;
     pthread_mutex_init(&pc->mu, NULL);
+    pthread_mutex_init(&pc->wmu, NULL);
+    pthread_cond_init(&pc->wcv, NULL);
+    pthread_cond_init(&pc->widle, NULL);
     const ds41_config *cfg = e->cfg;
     if (!ds41_restore_supported(cfg)) {
         ds41_errf(&err, "prefix cache: a KV source's compress ratio does not divide the %d-token block", BT);
@@ -278,6 +299,7 @@ ds41_prefix_cache *ds41_prefix_open(ds41_engine *e, const ds41_prefix_params *p,
         pc->p.dir = pc->dir;
         pc->disk = ds41_pstore_open(pc->dir, pc->fp, pc->p.disk_bytes, &err);
         if (!pc->disk) goto fail;
+        pc->w_started = pthread_create(&pc->writer, NULL, writer_main, pc) == 0;   /* else synchronous */
     }
     return pc;
 fail:
@@ -288,6 +310,14 @@ fail:
 
 void ds41_prefix_close(ds41_prefix_cache *pc) {
     if (!pc) return;
+    if (pc->w_started) {
+        ds41_prefix_flush(pc);
+        pthread_mutex_lock(&pc->wmu);
+        pc->w_stop = 1;
+        pthread_cond_broadcast(&pc->wcv);
+        pthread_mutex_unlock(&pc->wmu);
+        pthread_join(pc->writer, NULL);
+    }
     if (pc->table)
         for (size_t s = 0; s < pc->table_size; s++)
             for (pnode *n = pc->table[s], *nx; n; n = nx) { nx = n->hnext; node_free(pc, n); }
@@ -296,6 +326,9 @@ void ds41_prefix_close(ds41_prefix_cache *pc) {
     free(pc->dir);
     free(pc->page_bytes);
     pthread_mutex_destroy(&pc->mu);
+    pthread_mutex_destroy(&pc->wmu);
+    pthread_cond_destroy(&pc->wcv);
+    pthread_cond_destroy(&pc->widle);
     free(pc);
 }
 
@@ -351,6 +384,68 @@ static uint8_t **pages_from_payload(ds41_prefix_cache *pc, const uint8_t *payloa
 }
 
 static int put_disk(ds41_prefix_cache *pc, const uint8_t key[16], const uint8_t parent[16], const int32_t *ids,
+                    uint8_t *const *pages);
+
+static void *writer_main(void *arg) {
+    ds41_prefix_cache *pc = arg;
+    pthread_mutex_lock(&pc->wmu);
+    for (;;) {
+        while (!pc->wq_head && !pc->w_stop) pthread_cond_wait(&pc->wcv, &pc->wmu);
+        if (!pc->wq_head) break;
+        wjob *j = pc->wq_head;
+        pc->wq_head = j->next;
+        if (!pc->wq_head) pc->wq_tail = NULL;
+        pc->wq_len--;
+        pc->w_busy = 1;
+        pthread_mutex_unlock(&pc->wmu);
+        put_disk(pc, j->key, j->parent, j->ids, j->pages);
+        for (int i = 0; i < pc->n_stores; i++) ds41_page_unref(j->pages[i]);
+        free(j->pages);
+        free(j);
+        pthread_mutex_lock(&pc->wmu);
+        pc->w_busy = 0;
+        if (!pc->wq_head) pthread_cond_broadcast(&pc->widle);
+    }
+    pthread_mutex_unlock(&pc->wmu);
+    return NULL;
+}
+
+/* queues a block for the writer (references taken); 0, or -1 when it must be written now */
+static int enqueue(ds41_prefix_cache *pc, const uint8_t key[16], const uint8_t parent[16], const int32_t *ids,
+                   uint8_t *const *pages) {
+    if (!pc->w_started) return -1;
+    wjob *j = calloc(1, sizeof *j);
+    uint8_t **pg = calloc((size_t)pc->n_stores + 1, sizeof *pg);
+    if (!j || !pg) { free(j); free(pg); return -1; }
+    memcpy(j->key, key, 16);
+    memcpy(j->parent, parent, 16);
+    memcpy(j->ids, ids, sizeof j->ids);
+    for (int i = 0; i < pc->n_stores; i++) { pg[i] = pages[i]; ds41_page_ref(pg[i]); }
+    j->pages = pg;
+    pthread_mutex_lock(&pc->wmu);
+    if (pc->wq_len >= WQ_MAX) {
+        pthread_mutex_unlock(&pc->wmu);
+        for (int i = 0; i < pc->n_stores; i++) ds41_page_unref(pg[i]);
+        free(pg);
+        free(j);
+        return -1;
+    }
+    if (pc->wq_tail) pc->wq_tail->next = j; else pc->wq_head = j;
+    pc->wq_tail = j;
+    pc->wq_len++;
+    pthread_cond_signal(&pc->wcv);
+    pthread_mutex_unlock(&pc->wmu);
+    return 0;
+}
+
+void ds41_prefix_flush(ds41_prefix_cache *pc) {
+    if (!pc || !pc->w_started) return;
+    pthread_mutex_lock(&pc->wmu);
+    while (pc->wq_head || pc->w_busy) pthread_cond_wait(&pc->widle, &pc->wmu);
+    pthread_mutex_unlock(&pc->wmu);
+}
+
+static int put_disk(ds41_prefix_cache *pc, const uint8_t key[16], const uint8_t parent[16], const int32_t *ids,
                     uint8_t *const *pages) {
     uint8_t *payload = malloc((size_t)pc->node_bytes);
     if (!payload) return -1;
@@ -362,12 +457,11 @@ static int put_disk(ds41_prefix_cache *pc, const uint8_t key[16], const uint8_t 
     ds41_err err;
     int rc = ds41_pstore_put(pc->disk, key, parent, ids, BT, payload, off, &err);
     free(payload);
-    if (rc) {
-        pc->st.disk_errors++;
-        fprintf(stderr, "ds41: prefix cache: %s (block not stored; serving continues)\n", err.msg);
-    } else {
-        pc->st.disk_writes++;
-    }
+    if (rc) fprintf(stderr, "ds41: prefix cache: %s (block not stored; serving continues)\n", err.msg);
+    pthread_mutex_lock(&pc->mu);
+    if (rc) pc->st.disk_errors++;
+    else pc->st.disk_writes++;
+    pthread_mutex_unlock(&pc->mu);
     return rc;
 }
 
@@ -457,7 +551,11 @@ long long ds41_prefix_publish(ds41_prefix_cache *pc, ds41_session *s, const int3
             }
             if (!ok) { free(pg); break; }
             for (int i = 0; i < pc->n_stores; i++) ds41_page_ref(pg[i]);
-            if (pc->disk) put_disk(pc, key, b ? pkey : zero, bid, pg);
+            if (pc->disk && enqueue(pc, key, b ? pkey : zero, bid, pg)) {
+                pthread_mutex_unlock(&pc->mu);   /* put_disk counts under the mutex */
+                put_disk(pc, key, b ? pkey : zero, bid, pg);
+                pthread_mutex_lock(&pc->mu);
+            }
             node = insert(pc, key, prev, bid, (int)b, pg);
             if (!node) { for (int i = 0; i < pc->n_stores; i++) ds41_page_unref(pg[i]); free(pg); break; }
             added++;
