@@ -146,6 +146,23 @@ if start restarted --cache-dir "$TMP/sstore"; then
     chat "$PORT" "$TMP/s2.json" || fail serve_chat_restarted "client failed"
     stop
 fi
+# a generation that takes longer than --timeout before its first byte (a 2,000-token exact
+# prefill against a 1 s idle timeout) is not cut off: the timeout is for idle clients
+if start slowfirst --no-prefix-cache --timeout 1; then
+    "$PY" - "$PORT" "$(head -c 9000 /usr/share/common-licenses/GPL-3 | tr '\n' ' ')" <<'EOF' && pass serve_slow_first_byte_kept || fail serve_slow_first_byte_kept "see above"
+import http.client, json, sys, time
+port, prompt = sys.argv[1], sys.argv[2]
+c = http.client.HTTPConnection("127.0.0.1", int(port), timeout=300)
+t0 = time.time()
+c.request("POST", "/v1/completions", json.dumps({"prompt": prompt, "max_tokens": 4, "stream": True}),
+          {"Content-Type": "application/json"})
+r = c.getresponse()
+done = any(line.strip() == b"data: [DONE]" for line in r)
+print(f"  stream after {time.time() - t0:.1f} s: {'complete' if done else 'cut off'}")
+sys.exit(0 if done else 1)
+EOF
+    stop
+fi
 "$PY" - "$TMP" <<'EOF' && pass serve_prefix_multiturn || fail serve_prefix_multiturn "see above"
 import json, sys
 t = sys.argv[1]

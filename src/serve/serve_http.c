@@ -602,6 +602,11 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_k
         if (status == 429) JFAIL(429, "rate_limit_error", NULL, "queue_full", "the server's request queue is full; retry later");
         JFAIL(503, "service_unavailable", NULL, NULL, "the server is shutting down");
     }
+    /* --timeout is for idle clients; from here the engine is the slow side (a queued or long
+     * prompt can take longer than the timeout before its first byte, and microhttpd would
+     * close the connection for the time spent in this handler or the stream reader). A client
+     * that goes away is still seen within 0.1 s (client_gone). */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     if (r->stream) {
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, j, stream_free);
         if (!resp) { job_free(j); return MHD_NO; }
