@@ -357,6 +357,21 @@ static void trace_i32(FILE *f, const int32_t *v, size_t n) {
     if (f) fwrite(v, sizeof(int32_t), n, f);
 }
 
+/* The conformance trace of layer l (docs/conformance.md): the top-k lists of an index source
+ * and the chosen experts of every row, each after a [T, width] header. */
+static void trace_layer(ds41_trace *tr, const ds41_layer_plan *lp, int l, const fwd_buf *b, int T) {
+    if (lp->is_index_source && tr->topk && tr->topk[l]) {
+        int32_t hdr[2] = { T, b->sp->sel_w[l] };
+        trace_i32(tr->topk[l], hdr, 2);
+        if (b->sp->sel[l]) trace_i32(tr->topk[l], b->sp->sel[l], (size_t)T * b->sp->sel_w[l]);
+    }
+    if (tr->experts && tr->experts[l]) {
+        int32_t hdr[2] = { T, lp->n_active };
+        trace_i32(tr->experts[l], hdr, 2);
+        trace_i32(tr->experts[l], b->msel, (size_t)T * lp->n_active);
+    }
+}
+
 static int compressor_emit(ds41_seq *s, int l, float *kv, const float *sc, int T, long long P, int layout,
                            ds41_err *err);
 
@@ -930,18 +945,7 @@ static int forward_impl(ds41_seq *s, const int32_t *tokens, int T, int want_logi
         ds41_block_ffn(ctx, cfg, lw, lp, &b.s, (size_t)q0, nq, b.msel + (size_t)q0 * lp->n_active);
 
         /* ---- trace ---- */
-        if (s->trace) {
-            if (lp->is_index_source && s->trace->topk && s->trace->topk[l]) {
-                int32_t hdr[2] = { T, b.sp->sel_w[l] };
-                trace_i32(s->trace->topk[l], hdr, 2);
-                if (b.sp->sel[l]) trace_i32(s->trace->topk[l], b.sp->sel[l], Tz * b.sp->sel_w[l]);
-            }
-            if (s->trace->experts && s->trace->experts[l]) {
-                int32_t hdr[2] = { T, lp->n_active };
-                trace_i32(s->trace->experts[l], hdr, 2);
-                trace_i32(s->trace->experts[l], b.msel, Tz * lp->n_active);
-            }
-        }
+        if (s->trace) trace_layer(s->trace, lp, l, &b, T);
     }
 
     /* ---- collapse, final norm, head (last row only; every row for ds41_forward_rows) ---- */
