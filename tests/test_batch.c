@@ -244,6 +244,17 @@ static void errors_case(ds41_engine *e) {
     CHECK(ds41_session_digest(b) == ds41_session_digest(tw), "the good item differs from its twin");
     /* the session refused by the vocabulary check still works */
     CHECK(ds41_feed(a, &t, 1) == 0 && ds41_session_digest(a) == ds41_session_digest(tw), "a after the refusal");
+    /* a session listed twice: its items run in list order (b is fed 7 then 9, as its twin) */
+    int32_t t2 = 9;
+    ds41_batch_item d2[3];
+    memset(d2, 0, sizeof d2);
+    d2[0].s = b; d2[0].ids = &t; d2[0].n = 1;
+    d2[1].s = a; d2[1].ids = &t2; d2[1].n = 1;
+    d2[2].s = b; d2[2].ids = &t2; d2[2].n = 1;
+    CHECK(ds41_batch_step(d2, 3) == 0, "duplicate step failed");
+    ds41_feed(tw, &t, 1);
+    ds41_feed(tw, &t2, 1);
+    CHECK(ds41_session_digest(b) == ds41_session_digest(tw), "a session listed twice: not fed in list order");
     ds41_session_close(a);
     ds41_session_close(b);
     ds41_session_close(c);

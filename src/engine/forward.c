@@ -16,7 +16,15 @@
  *   extend (P > 0, T>1): [ring before the chunk (slot order) ; chunk keys ; compressed]
  *   decode (T = 1):     [ring after writing slot P mod window ; compressed]
  * "compressed" holds only the main-KV entries some query of the layer lists (gather_kv),
- * dequantized from the store's records; the lists are renumbered to match. */
+ * dequantized from the store's records; the lists are renumbered to match.
+ *
+ * Batches (ds41_forward_batch): the decode rows and verify blocks of many sequences stacked
+ * into one forward. Every projection runs once over the stacked rows; what reads or writes a
+ * sequence's state runs per sequence on its view of the stacked buffers (compressor_emit,
+ * indexer_select, attend, ring_store: the functions the single-sequence attention() calls).
+ *
+ * Scratch: ds41_seq.scratch owns the sequence's indexer buffers (seq_part) and the row buffers
+ * of short forwards, grown when needed; a decode step allocates little. */
 #include "forward.h"
 
 #include <math.h>
