@@ -11,8 +11,9 @@
  * (a lock), so concurrent forwards take turns on the same n_threads threads -- they do not
  * get more of them -- and each gives bit for bit what it gives alone (the pool's split of a
  * loop depends only on the loop size and n_threads). ds41_load / ds41_unload must not run
- * concurrently with any use of the engine. ds41_feed_batch is the entry point a batching
- * scheduler uses; today it runs the sequences one after another. */
+ * concurrently with any use of the engine. ds41_batch_step / ds41_feed_batch is the entry point
+ * a batching scheduler uses: the decode rows and verify blocks of all its sessions run in one
+ * forward (weights read once per step), bit for bit what each gives alone. */
 #ifndef DS41_H
 #define DS41_H
 
@@ -81,7 +82,8 @@ int ds41_feed(ds41_session *s, const int32_t *ids, size_t n);
  * the tokens one at a time while the SWA + compressed list of each layer fits one 64-wide
  * attention block (tests/test_feed_logits.c; README, Library). */
 int ds41_feed_logits(ds41_session *s, const int32_t *ids, size_t n, float *out);
-/* Several sequences at once (each with its own ids); returns the number that failed. */
+/* Several sequences at once (each with its own ids): ds41_batch_step with feed items (decode
+ * rows in one forward, longer feeds one at a time); returns the number that failed. */
 int ds41_feed_batch(ds41_session **ss, const int32_t *const *ids, const size_t *n, int count);
 /* Logits of the last fed token: ds41_vocab_size floats. */
 const float *ds41_logits(const ds41_session *s);
@@ -173,8 +175,17 @@ int ds41_spec_max_drafts(const ds41_session *s);
  * the n - 1 drafts ids[1..n) after t_next = ids[0] (ds41_spec_verify: out (room for n ids)
  * gets the accepted drafts and the next token, out_logits (NULL or [n][vocab]) their logits
  * rows; n_out and n_accepted are set). failed: 1 when the item failed (ds41_session_error).
- * Like ds41_feed_batch the sequences run one after another today; each gives bit for bit what
- * it gives alone. Returns the number that failed. */
+ * The decode rows (n = 1) and verify blocks of sessions that hold a prompt run in ONE forward
+ * (every linear over the stacked rows of all of them, so each weight is read once per step;
+ * the MoE grouped by expert across them; attention, indexer and caches per sequence).
+ * Prefill chunks (n > 1 without verify), the first feed of an empty session, sessions with a
+ * trace open and items refused by the checks run one at a time through ds41_feed /
+ * ds41_spec_verify in the same call; when a session is listed twice, every item of the call
+ * runs one at a time, in list order. Every item gives bit for bit what it
+ * gives alone, in exact and in fast mode (the fast kernels keep one order per row whatever
+ * the batch: batch invariance; tests/test_batch.c). A refused item changes nothing and fails
+ * alone; an error inside the batched forward (out of memory) fails and breaks every session
+ * of that forward. Returns the number that failed. */
 typedef struct ds41_batch_item {
     ds41_session *s;
     const int32_t *ids;

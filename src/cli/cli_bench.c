@@ -29,7 +29,12 @@ static const char *BENCH_USAGE =
     "                      curve (also cached for ds41 run --spec auto)\n"
     "  --spec-prompt TEXT  its prompt (tokenized with DIR/tokenizer.json; default random ids)\n"
     "  --spec-n N          tokens generated per spec run (default 64)\n"
-    "  --spec-curve        only measure and cache the verify-width curve, print it and exit\n";
+    "  --spec-curve        only measure and cache the verify-width curve, print it and exit\n"
+    "  --batch LIST        only the batched-decode section: for each B in LIST, B sessions after a\n"
+    "                      prompt of the longest --lengths entry (different ids each) decode --decode\n"
+    "                      greedy steps together through ds41_batch_step (one forward per step), in\n"
+    "                      3 rounds with the sizes interleaved; median step time, aggregate tokens/s\n"
+    "                      and its ratio to the first size (list 1 first)\n";
 
 static double now_s(void) {
     struct timespec ts;
@@ -41,6 +46,86 @@ static long long peak_rss_bytes(void) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return (long long)ru.ru_maxrss * 1024;
+}
+
+static int cmp_dbl(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* --batch: for each B of bs, B sessions (a different prompt each) decoding together, one
+ * ds41_batch_step per step; BENCH_ROUNDS rounds of `steps` steps, the B values interleaved in
+ * each round (so a change of the machine's load hits them alike), the median step time. */
+#define BENCH_ROUNDS 3
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* dt[0] wall seconds, dt[1] CPU seconds of the process (all threads) */
+static int one_step(ds41_session **ss, ds41_batch_item *it, int32_t *tok, int B, double *dt) {
+    for (int i = 0; i < B; i++) {
+        tok[i] = (int32_t)ds41_session_sample(ss[i]);
+        memset(&it[i], 0, sizeof it[i]);
+        it[i].s = ss[i];
+        it[i].ids = &tok[i];
+        it[i].n = 1;
+    }
+    double t0 = now_s(), c0 = cpu_s();
+    int f = ds41_batch_step(it, B);
+    if (dt) { dt[0] = now_s() - t0; dt[1] = cpu_s() - c0; }
+    if (f) fprintf(stderr, "ds41 bench: %s\n", ds41_session_error(ss[0]));
+    return f ? 1 : 0;
+}
+
+static int bench_batch(ds41_engine *e, const int32_t *ids, int n_ids, int plen, int steps, const int *bs, int nb,
+                       json_t *out) {
+    char ebuf[1024];
+    int rc = 0, total = 0, bmax = 0;
+    for (int bi = 0; bi < nb; bi++) { total += bs[bi]; if (bs[bi] > bmax) bmax = bs[bi]; }
+    ds41_session **ss = calloc((size_t)total, sizeof *ss);
+    ds41_batch_item *it = calloc((size_t)bmax, sizeof *it);
+    int32_t *tok = calloc((size_t)bmax, sizeof *tok), *p = malloc((size_t)plen * sizeof *p);
+    size_t nt = (size_t)BENCH_ROUNDS * steps;
+    double *dt = calloc((size_t)nb * nt * 2, sizeof *dt), *dw = calloc(nt, sizeof *dw), *dc = calloc(nt, sizeof *dc);
+    if (!ss || !it || !tok || !p || !dt || !dw || !dc) rc = 1;
+    for (int i = 0; i < total && !rc; i++) {
+        if (!(ss[i] = ds41_session_open(e, NULL, ebuf, sizeof ebuf))) { fprintf(stderr, "ds41 bench: %s\n", ebuf); rc = 1; break; }
+        for (int j = 0; j < plen; j++) p[j] = ids[(j + 7 * i) % n_ids];   /* a different prompt per session */
+        if (ds41_feed(ss[i], p, (size_t)plen)) { fprintf(stderr, "ds41 bench: %s\n", ds41_session_error(ss[i])); rc = 1; }
+    }
+    for (int bi = 0, o = 0; bi < nb && !rc; o += bs[bi], bi++) rc = one_step(ss + o, it, tok, bs[bi], NULL);   /* warm-up */
+    for (int r = 0; r < BENCH_ROUNDS && !rc; r++)
+        for (int bi = 0, o = 0; bi < nb && !rc; o += bs[bi], bi++)
+            for (int st = 0; st < steps && !rc; st++)
+                rc = one_step(ss + o, it, tok, bs[bi], &dt[(((size_t)bi * BENCH_ROUNDS + r) * steps + st) * 2]);
+    if (!rc && !out)
+        printf("batched decode after %d-token prompts, %d rounds x %d steps per batch size (ds41_batch_step, kernels %s)\n"
+               "(wall: the machine's clock; cpu: CPU time of the process, all threads, which a loaded machine does\n"
+               "not inflate)\n%8s %12s %12s %8s %12s %12s %8s\n", plen, BENCH_ROUNDS, steps, ds41_kernels_isa(), "sessions",
+               "wall ms/step", "wall tok/s", "x first", "cpu ms/step", "cpu tok/s", "x first");
+    double w1 = 0, c1 = 0;
+    for (int bi = 0; bi < nb && !rc; bi++) {
+        int B = bs[bi];
+        for (size_t i = 0; i < nt; i++) { dw[i] = dt[((size_t)bi * nt + i) * 2]; dc[i] = dt[((size_t)bi * nt + i) * 2 + 1]; }
+        qsort(dw, nt, sizeof *dw, cmp_dbl);
+        qsort(dc, nt, sizeof *dc, cmp_dbl);
+        double mw = nt % 2 ? dw[nt / 2] : 0.5 * (dw[nt / 2 - 1] + dw[nt / 2]);
+        double mc = nt % 2 ? dc[nt / 2] : 0.5 * (dc[nt / 2 - 1] + dc[nt / 2]);
+        double tw = B / mw, tc = B / mc;
+        if (bi == 0) { w1 = tw; c1 = tc; }   /* the first entry (B = 1 when listed first) */
+        if (out)
+            json_array_append_new(out, json_pack("{s:i,s:i,s:i,s:f,s:f,s:f,s:f,s:f,s:f}", "sessions", B, "prompt", plen,
+                                                 "steps", (int)nt, "step_s_median", mw, "tokens_per_s", tw, "ratio_to_first",
+                                                 tw / w1, "cpu_step_s_median", mc, "cpu_tokens_per_s", tc,
+                                                 "cpu_ratio_to_first", tc / c1));
+        else
+            printf("%8d %12.2f %12.2f %8.2f %12.2f %12.2f %8.2f\n", B, mw * 1e3, tw, tw / w1, mc * 1e3, tc, tc / c1);
+    }
+    for (int i = 0; i < total && ss; i++) ds41_session_close(ss[i]);
+    free(ss); free(it); free(tok); free(p); free(dt); free(dw); free(dc);
+    return rc;
 }
 
 static int parse_list(const char *s, int *v, int cap) {
@@ -65,6 +150,7 @@ int ds41_cli_bench(int argc, char **argv) {
     unsigned long long seed = 1;
     int spec = 0, spec_curve = 0, spec_n = 64;   /* --spec section (cli_spec.c) */
     const char *spec_prompt = NULL;
+    int batch[16], n_batch = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
@@ -103,6 +189,12 @@ int ds41_cli_bench(int argc, char **argv) {
         else if (!strcmp(a, "--spec")) spec = 1;
         else if (!strcmp(a, "--spec-curve")) spec_curve = 1;
         else if (!strcmp(a, "--spec-prompt") && has) { spec = 1; spec_prompt = argv[++i]; }
+        else if (!strcmp(a, "--batch") && has) {
+            if ((n_batch = parse_list(argv[++i], batch, 16)) <= 0) {
+                fprintf(stderr, "ds41 bench: --batch: expected 1 to 16 comma-separated session counts, got '%.40s'\n", argv[i]);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--spec-n") && has) {
             if (ds41_cli_int("bench", a, argv[++i], 1, 1 << 20, &iv)) return 2;
             spec_n = (int)iv;
@@ -116,7 +208,7 @@ int ds41_cli_bench(int argc, char **argv) {
     ds41_load_params_default(&lp);
     lp.exact = exact;
     lp.n_threads = threads;
-    lp.ctx_size = ctx > 0 ? ctx : maxlen + n_dec + 1;
+    lp.ctx_size = ctx > 0 ? ctx : maxlen + (n_batch > 0 ? BENCH_ROUNDS * n_dec + 2 : n_dec + 1);
     if (spec && ctx <= 0 && lp.ctx_size < 32 + spec_n + 80) lp.ctx_size = 32 + spec_n + 80;
     char ebuf[1024];
     ds41_engine *e = ds41_load(dir, &lp, ebuf, sizeof ebuf);
@@ -170,6 +262,21 @@ int ds41_cli_bench(int argc, char **argv) {
         int wn = lengths[0] < 8 ? lengths[0] : 8;
         if (w && wn <= C) (void)ds41_feed(w, ids, (size_t)wn);
         ds41_session_close(w);
+    }
+    if (n_batch > 0) {   /* the batched-decode section only */
+        int plen = maxlen > C - BENCH_ROUNDS * n_dec - 2 ? (int)(C - BENCH_ROUNDS * n_dec - 2) : maxlen;
+        json_t *bj = json ? json_array() : NULL;
+        int rb = plen < 1 || n_dec < 1 ? 1 : bench_batch(e, ids, maxlen + n_dec + 1, plen, n_dec, batch, n_batch, bj);
+        if (plen < 1 || n_dec < 1) fprintf(stderr, "ds41 bench: --batch needs --decode >= 1 and a prompt that fits\n");
+        if (bj) {
+            json_t *r = json_pack("{s:o,s:i,s:b,s:s}", "batch", bj, "threads", threads, "exact", exact, "isa", ds41_kernels_isa());
+            char *line = json_dumps(r, JSON_COMPACT | JSON_REAL_PRECISION(6));
+            if (line) { puts(line); free(line); }
+            json_decref(r);
+        }
+        free(ids);
+        ds41_unload(e);
+        return rb;
     }
     json_t *root = json_object(), *pre = json_array();
     if (!json) printf("kernels: %s, fast ISA path %s\n%-10s %8s %12s %10s %14s\n", exact ? "exact" : "fast", ds41_kernels_isa(), "mode", "tokens", "prefill tok/s", "seconds", "state bytes");

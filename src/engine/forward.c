@@ -16,7 +16,15 @@
  *   extend (P > 0, T>1): [ring before the chunk (slot order) ; chunk keys ; compressed]
  *   decode (T = 1):     [ring after writing slot P mod window ; compressed]
  * "compressed" holds only the main-KV entries some query of the layer lists (gather_kv),
- * dequantized from the store's records; the lists are renumbered to match. */
+ * dequantized from the store's records; the lists are renumbered to match.
+ *
+ * Batches (ds41_forward_batch): the decode rows and verify blocks of many sequences stacked
+ * into one forward. Every projection runs once over the stacked rows; what reads or writes a
+ * sequence's state runs per sequence on its view of the stacked buffers (compressor_emit,
+ * indexer_select, attend, ring_store: the functions the single-sequence attention() calls).
+ *
+ * Scratch: ds41_seq.scratch owns the sequence's indexer buffers (seq_part) and the row buffers
+ * of short forwards, grown when needed; a decode step allocates little. */
 #include "forward.h"
 
 #include <math.h>
@@ -95,7 +103,10 @@ int ds41_seq_init(ds41_seq *s, ds41_engine *e, ds41_err *err) {
     return 0;
 }
 
+static void seq_scratch_free(ds41_seq *s);
+
 void ds41_seq_free(ds41_seq *s) {
+    seq_scratch_free(s);
     ds41_cache_free(&s->cache);
     free(s->logits);
     free(s->main_hidden);
@@ -207,6 +218,26 @@ void ds41_row_plan(const ds41_config *cfg, ds41_prefill_mode mode, int T, int ne
 
 /* ====================================================================== forward */
 
+/* The sequence's part of a forward's scratch: what its indexers and attention keep between
+ * layers (index keys, top-k lists, candidate pool) and the indexer's temporaries. Owned by the
+ * sequence (ds41_seq.scratch) and grown when a forward needs more, so a decode step allocates
+ * none of it; seq_part_begin marks everything stale at the start of a forward. */
+typedef struct seq_part {
+    int n_layers, n_stores;
+    float **cik;          /* per store: dequantized index keys (the indexer scores them all) */
+    size_t *cik_cap;      /* floats held */
+    uint8_t *cik_ok;      /* per store: made in this forward */
+    int32_t **sel;        /* per layer: top-k lists [T, sel_w] (index sources) */
+    size_t *sel_cap;      /* ints held */
+    int *sel_w;
+    uint8_t *pool;        /* candidate pool [T, nb] of the candidate source */
+    size_t pool_cap;
+    int pool_nb;
+    float *scores;        /* indexer: [E] scores, [2E + 8] top-k scratch, [k] chosen */
+    int *iscr, *chosen;
+    size_t scores_cap, iscr_cap, chosen_cap;
+} seq_part;
+
 typedef struct fwd_buf {
     ds41_stream s;        /* the residual stream of the T rows */
     float *kc;
@@ -217,14 +248,10 @@ typedef struct fwd_buf {
     int *msel;
     int32_t *pos;
     int64_t *eg_ids;      /* [n_eg][T][cols] */
-    float **cik;          /* per store: dequantized index keys of this forward (the indexer scores them all) */
     float *gkv;           /* main-KV rows one layer's queries list, dequantized [n_gather, head_dim] */
     int32_t *gmap;        /* per entry j: its row in gkv + 1, 0 = not gathered (zero between layers) */
     int32_t *gent;        /* per gathered row: its entry, to clear gmap afterwards */
-    int32_t **sel;        /* per layer: top-k lists [T, sel_w] (index sources) */
-    int *sel_w;
-    uint8_t *pool;        /* candidate pool [T, nb] of the candidate source */
-    int pool_nb;
+    seq_part *sp;         /* the sequence's part (not owned) */
 } fwd_buf;
 
 static int eg_cols(const ds41_config *cfg) {
@@ -238,27 +265,55 @@ static void *zalloc(size_t n, size_t sz, int *fail) {
     return p;
 }
 
-/* The per-sequence part of a forward's buffers: index keys, top-k lists, candidate pool. */
-static int seq_part_alloc(fwd_buf *b, int n_layers, int n_stores) {
-    b->cik = calloc((size_t)n_stores + 1, sizeof(float *));
-    b->sel = calloc((size_t)n_layers, sizeof(int32_t *));
-    b->sel_w = calloc((size_t)n_layers, sizeof(int));
-    return b->cik && b->sel && b->sel_w ? 0 : -1;
+static void seq_part_free(seq_part *p) {
+    if (p->cik) for (int i = 0; i < p->n_stores; i++) free(p->cik[i]);
+    if (p->sel) for (int l = 0; l < p->n_layers; l++) free(p->sel[l]);
+    free(p->cik); free(p->cik_cap); free(p->cik_ok); free(p->sel); free(p->sel_cap); free(p->sel_w); free(p->pool);
+    free(p->scores); free(p->iscr); free(p->chosen);
+    memset(p, 0, sizeof *p);
 }
 
-static void seq_part_free(fwd_buf *b, int n_layers, int n_stores) {
-    if (b->cik) for (int i = 0; i < n_stores; i++) free(b->cik[i]);
-    if (b->sel) for (int l = 0; l < n_layers; l++) free(b->sel[l]);
-    free(b->cik); free(b->sel); free(b->sel_w); free(b->pool);
-    b->cik = NULL; b->sel = NULL; b->sel_w = NULL; b->pool = NULL;
+static int seq_part_init(seq_part *p, int n_layers, int n_stores) {
+    memset(p, 0, sizeof *p);
+    p->n_layers = n_layers;
+    p->n_stores = n_stores;
+    p->cik = calloc((size_t)n_stores + 1, sizeof(float *));
+    p->cik_cap = calloc((size_t)n_stores + 1, sizeof(size_t));
+    p->cik_ok = calloc((size_t)n_stores + 1, 1);
+    p->sel = calloc((size_t)n_layers + 1, sizeof(int32_t *));
+    p->sel_cap = calloc((size_t)n_layers + 1, sizeof(size_t));
+    p->sel_w = calloc((size_t)n_layers + 1, sizeof(int));
+    if (p->cik && p->cik_cap && p->cik_ok && p->sel && p->sel_cap && p->sel_w) return 0;
+    seq_part_free(p);
+    return -1;
 }
 
-static void buf_free(fwd_buf *b, int n_layers, int n_stores) {
+/* A forward starts: nothing of an earlier one is valid. */
+static void seq_part_begin(seq_part *p) {
+    memset(p->cik_ok, 0, (size_t)p->n_stores + 1);
+    memset(p->sel_w, 0, ((size_t)p->n_layers + 1) * sizeof(int));
+    p->pool_nb = 0;
+}
+
+/* *buf holds at least n elements of size sz (grown to max(n, 2 x its size); contents lost). */
+static int grow(void **buf, size_t *cap, size_t n, size_t sz) {
+    if (n <= *cap && *buf) return 0;
+    size_t c = n > 2 * *cap ? n : 2 * *cap;
+    if (c < 1) c = 1;
+    void *p = malloc(c * sz);
+    if (!p) return -1;
+    free(*buf);
+    *buf = p;
+    *cap = c;
+    return 0;
+}
+
+static void buf_free(fwd_buf *b) {
     ds41_stream_free(&b->s);
     free(b->kc); free(b->rec); free(b->cq); free(b->q); free(b->o); free(b->wos); free(b->ringf);
     free(b->list); free(b->msel); free(b->pos); free(b->eg_ids);
     free(b->gkv); free(b->gmap); free(b->gent);
-    seq_part_free(b, n_layers, n_stores);
+    memset(b, 0, sizeof *b);
 }
 
 static int store_index(const ds41_cache *c, int layer) {
@@ -274,12 +329,13 @@ static int store_index(const ds41_cache *c, int layer) {
 static int forward_index_keys(ds41_seq *s, fwd_buf *b, int si, int refresh, ds41_err *err) {
     const ds41_config *cfg = s->e->cfg;
     ds41_kv_store *st = &s->cache.stores[si];
-    if (b->cik[si] && !refresh) return 0;
-    free(b->cik[si]);
+    seq_part *sp = b->sp;
+    if (sp->cik_ok[si] && !refresh) return 0;
     size_t n = (size_t)(st->n_entries ? st->n_entries : 1);
-    b->cik[si] = malloc(n * cfg->index_head_dim * sizeof(float));
-    if (!b->cik[si]) return ds41_errf(err, "out of memory dequantizing layer %d's index keys", st->layer);
-    ds41_store_unpack_ik(cfg, st, st->n_entries, b->cik[si]);
+    if (grow((void **)&sp->cik[si], &sp->cik_cap[si], n * cfg->index_head_dim, sizeof(float)))
+        return ds41_errf(err, "out of memory dequantizing layer %d's index keys", st->layer);
+    ds41_store_unpack_ik(cfg, st, st->n_entries, sp->cik[si]);
+    sp->cik_ok[si] = 1;
     return 0;
 }
 
@@ -307,6 +363,21 @@ static void clear_gather(fwd_buf *b, int n) {
 
 static void trace_i32(FILE *f, const int32_t *v, size_t n) {
     if (f) fwrite(v, sizeof(int32_t), n, f);
+}
+
+/* The conformance trace of layer l (docs/conformance.md): the top-k lists of an index source
+ * and the chosen experts of every row, each after a [T, width] header. */
+static void trace_layer(ds41_trace *tr, const ds41_layer_plan *lp, int l, const fwd_buf *b, int T) {
+    if (lp->is_index_source && tr->topk && tr->topk[l]) {
+        int32_t hdr[2] = { T, b->sp->sel_w[l] };
+        trace_i32(tr->topk[l], hdr, 2);
+        if (b->sp->sel[l]) trace_i32(tr->topk[l], b->sp->sel[l], (size_t)T * b->sp->sel_w[l]);
+    }
+    if (tr->experts && tr->experts[l]) {
+        int32_t hdr[2] = { T, lp->n_active };
+        trace_i32(tr->experts[l], hdr, 2);
+        trace_i32(tr->experts[l], b->msel, (size_t)T * lp->n_active);
+    }
 }
 
 static int compressor_emit(ds41_seq *s, int l, float *kv, const float *sc, int T, long long P, int layout,
@@ -436,10 +507,11 @@ static int indexer_select(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long lo
     int r = lp->ratio, NH = cfg->index_n_heads, ID = cfg->index_head_dim;
     long long E = (P + T) / r;
     int k = (int)(E < cfg->index_topk ? E : cfg->index_topk);
-    b->sel_w[l] = k;
-    b->sel[l] = malloc((size_t)T * (k ? k : 1) * sizeof(int32_t));
-    if (!b->sel[l]) return ds41_errf(err, "out of memory in the indexer of layer %d", l);
-    for (size_t i = 0; i < (size_t)T * k; i++) b->sel[l][i] = -1;
+    seq_part *sp = b->sp;
+    if (grow((void **)&sp->sel[l], &sp->sel_cap[l], (size_t)T * (k ? k : 1), sizeof(int32_t)))
+        return ds41_errf(err, "out of memory in the indexer of layer %d", l);
+    sp->sel_w[l] = k;
+    for (size_t i = 0; i < (size_t)T * k; i++) sp->sel[l][i] = -1;
     if (k == 0) return 0;
     /* which index-K cache: own (default) or the published pointer (official, 10.1) */
     int src = lp->index_k_source;
@@ -451,20 +523,18 @@ static int indexer_select(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long lo
     if (!vofficial && (si < 0 || s->cache.stores[si].n_entries < E))
         return ds41_errf(err, "layer %d: index-K cache of layer %d holds %lld entries, need %lld", l, src,
                          si < 0 ? 0LL : s->cache.stores[si].n_entries, E);
-    float *scores = malloc((size_t)E * sizeof(float));
-    int *scratch = malloc((size_t)(E * 2 + 8) * sizeof(int));
-    int *chosen = malloc((size_t)k * sizeof(int));
-    if (!scores || !scratch || !chosen) {
-        free(scores); free(scratch); free(chosen);
+    if (grow((void **)&sp->scores, &sp->scores_cap, (size_t)E, sizeof(float)) ||
+        grow((void **)&sp->iscr, &sp->iscr_cap, (size_t)E * 2 + 8, sizeof(int)) ||
+        grow((void **)&sp->chosen, &sp->chosen_cap, (size_t)k, sizeof(int)))
         return ds41_errf(err, "out of memory in the indexer of layer %d", l);
-    }
+    float *scores = sp->scores;
+    int *scratch = sp->iscr, *chosen = sp->chosen;
     int B = cfg->candidate_block_size > 0 ? cfg->candidate_block_size : 1;
     int nb = (int)((E + B - 1) / B);
     if (lp->is_candidate_source) {
-        free(b->pool);
-        b->pool = calloc((size_t)T * nb, 1);
-        b->pool_nb = nb;
-        if (!b->pool) { free(scores); free(scratch); free(chosen); return ds41_errf(err, "out of memory"); }
+        if (grow((void **)&sp->pool, &sp->pool_cap, (size_t)T * nb, 1)) return ds41_errf(err, "out of memory");
+        memset(sp->pool, 0, (size_t)T * nb);
+        sp->pool_nb = nb;
     }
     for (int t = q0; t < T; t++) {
         long long p = P + t;
@@ -475,25 +545,23 @@ static int indexer_select(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long lo
             if (osrc < 0) osrc = lp->index_k_source;
             ssi = store_index(&s->cache, osrc);
             if (ssi < 0 || forward_index_keys(s, b, ssi, 0, err) || s->cache.stores[ssi].n_entries < n_p) {
-                free(scores); free(scratch); free(chosen);
                 return ds41_errf(err, "layer %d: verify row %lld needs %lld index keys of layer %d", l, p, n_p, osrc);
             }
             ds41_indexer_scores(&e->ctx, cfg, iq + (size_t)(t - q0) * NH * ID, wt + (size_t)(t - q0) * NH,
-                                b->cik[ssi], (int)n_p, (int)n_p, scores);
+                                sp->cik[ssi], (int)n_p, (int)n_p, scores);
             for (long long j = n_p; j < E; j++) scores[j] = -INFINITY;
         } else
         ds41_indexer_scores(&e->ctx, cfg, iq + (size_t)(t - q0) * NH * ID, wt + (size_t)(t - q0) * NH,
-                            b->cik[si], (int)E, (int)n_p, scores);
+                            sp->cik[si], (int)E, (int)n_p, scores);
         if (lp->is_candidate_source)
-            ds41_candidate_blocks(cfg, scores, (int)E, (int)n_p, b->pool + (size_t)t * nb, scratch);
-        if (lp->uses_candidates && b->pool && b->pool_nb == nb) {
-            const uint8_t *keep = b->pool + (size_t)t * nb;
+            ds41_candidate_blocks(cfg, scores, (int)E, (int)n_p, sp->pool + (size_t)t * nb, scratch);
+        if (lp->uses_candidates && sp->pool && sp->pool_nb == nb) {
+            const uint8_t *keep = sp->pool + (size_t)t * nb;
             for (long long j = 0; j < E; j++) if (!keep[j / B]) scores[j] = -INFINITY;
         }
         ds41_topk(scores, (int)E, k, chosen, scratch);
-        for (int i = 0; i < k; i++) b->sel[l][(size_t)t * k + i] = chosen[i] >= n_p ? -1 : chosen[i];
+        for (int i = 0; i < k; i++) sp->sel[l][(size_t)t * k + i] = chosen[i] >= n_p ? -1 : chosen[i];
     }
-    free(scores); free(scratch); free(chosen);
     return 0;
 }
 
@@ -574,8 +642,8 @@ static int attend(ds41_seq *s, fwd_buf *b, int l, int q0, int lo, int T, long lo
     if (lp->ratio > 0 && lp->topk_source >= 0) {
         int si = store_index(&s->cache, lp->kv_source);
         if (si < 0) return ds41_errf(err, "layer %d: KV source %d has no entries in this forward", l, lp->kv_source);
-        kc_w = b->sel_w[lp->topk_source];
-        csel = b->sel[lp->topk_source];
+        kc_w = b->sp->sel_w[lp->topk_source];
+        csel = b->sp->sel[lp->topk_source];
         if (kc_w > 0 && !csel) return ds41_errf(err, "layer %d: top-k source %d produced no lists", l, lp->topk_source);
         if (kc_w > 0) n_gather = gather_kv(cfg, b, &s->cache.stores[si], csel, kc_w, q0, T);
         kv.part[np] = b->gkv; kv.n[np++] = n_gather;
@@ -631,8 +699,7 @@ static void ring_store(ds41_seq *s, fwd_buf *b, int l, int k0, int T, long long 
 /* The buffers of one forward over N stacked rows (one sequence: N = T), the longest
  * sequence having Tmax rows and at most Emax compressed entries per store; with_seq: also the
  * per-sequence part (index keys, top-k lists), which a batch keeps per sequence instead. */
-static int buf_alloc(fwd_buf *b, const ds41_engine *e, int n_stores, size_t N, size_t Tmax, long long Emax,
-                     int with_seq) {
+static int buf_alloc(fwd_buf *b, const ds41_engine *e, size_t N, size_t Tmax, long long Emax) {
     const ds41_config *cfg = e->cfg;
     size_t D = (size_t)cfg->head_dim, HD = (size_t)cfg->n_heads * cfg->head_dim, W = (size_t)cfg->window;
     int fail = 0;
@@ -656,9 +723,75 @@ static int buf_alloc(fwd_buf *b, const ds41_engine *e, int n_stores, size_t N, s
     b->gent = zalloc(n_gather_max, sizeof(int32_t), &fail);
     b->gmap = zalloc((size_t)Emax, sizeof(int32_t), &fail);
     if (e->has_engram) b->eg_ids = zalloc((size_t)cfg->n_engram_layers * N * eg_cols(cfg), sizeof(int64_t), &fail);
-    if (!fail && with_seq && seq_part_alloc(b, cfg->n_layers, n_stores)) fail = 1;
-    if (fail) buf_free(b, cfg->n_layers, n_stores);
+    if (fail) buf_free(b);
     return fail ? -1 : 0;
+}
+
+/* ---- the sequence's scratch: the seq_part, and the row buffers of forwards up to
+ * SCRATCH_MAX_ROWS rows (decode, verify, short chunks), grown geometrically. Longer forwards
+ * (prompts) take their buffers for the forward only, so a sequence never holds a prompt's. */
+#define SCRATCH_MAX_ROWS 64
+
+struct ds41_fwd_scratch {
+    seq_part sp;
+    fwd_buf b;
+    int have;
+    size_t rows;          /* capacity of b in rows */
+    long long emax;       /* and in compressed entries per store */
+};
+
+static struct ds41_fwd_scratch *seq_scratch(ds41_seq *s) {
+    if (s->scratch) return s->scratch;
+    struct ds41_fwd_scratch *x = calloc(1, sizeof *x);
+    if (!x) return NULL;
+    if (seq_part_init(&x->sp, s->e->cfg->n_layers, s->cache.n_stores)) { free(x); return NULL; }
+    s->scratch = x;
+    return x;
+}
+
+static void seq_scratch_free(ds41_seq *s) {
+    struct ds41_fwd_scratch *x = s->scratch;
+    if (!x) return;
+    seq_part_free(&x->sp);
+    if (x->have) buf_free(&x->b);
+    free(x);
+    s->scratch = NULL;
+}
+
+/* The buffers of a T-row forward of s reaching Emax entries: the scratch's (grown if needed)
+ * or, past SCRATCH_MAX_ROWS, new ones in *tmp (tmp->sp too) that the caller frees with
+ * fwd_release. Marks the seq_part stale. NULL when out of memory. */
+static fwd_buf *fwd_acquire(ds41_seq *s, size_t T, long long Emax, fwd_buf *tmp, seq_part *tmp_sp) {
+    struct ds41_fwd_scratch *x = seq_scratch(s);
+    if (!x) return NULL;
+    if (T > SCRATCH_MAX_ROWS) {
+        if (seq_part_init(tmp_sp, s->e->cfg->n_layers, s->cache.n_stores)) return NULL;
+        if (buf_alloc(tmp, s->e, T, T, Emax)) { seq_part_free(tmp_sp); return NULL; }
+        tmp->sp = tmp_sp;
+        seq_part_begin(tmp_sp);
+        return tmp;
+    }
+    if (!x->have || T > x->rows || Emax > x->emax) {
+        size_t rows = x->have && 2 * x->rows > T ? 2 * x->rows : T;
+        if (rows > SCRATCH_MAX_ROWS) rows = SCRATCH_MAX_ROWS;
+        long long emax = x->have && 2 * x->emax > Emax ? 2 * x->emax : Emax;
+        if (emax < 64) emax = 64;
+        if (x->have) buf_free(&x->b);
+        x->have = 0;
+        if (buf_alloc(&x->b, s->e, rows, rows, emax)) return NULL;
+        x->have = 1;
+        x->rows = rows;
+        x->emax = emax;
+    }
+    x->b.sp = &x->sp;
+    seq_part_begin(&x->sp);
+    return &x->b;
+}
+
+static void fwd_release(fwd_buf *b, fwd_buf *tmp) {
+    if (b != tmp) return;
+    seq_part_free(tmp->sp);
+    buf_free(tmp);
 }
 
 /* Engram hash ids (spec 3.2; integer only, from the token history) of the T rows of one
@@ -780,21 +913,24 @@ static int forward_impl(ds41_seq *s, const int32_t *tokens, int T, int want_logi
                   want_logits, qrow, krow, lo);
 
     /* ---- buffers ---- */
-    fwd_buf b;
+    fwd_buf tmp;
+    seq_part tmp_sp;
     size_t Tz = (size_t)T;
     int n_tg = cfg->n_mtp > 0 ? cfg->n_dspark_targets : 0, cols = eg_cols(cfg);
-    float *mh = n_tg > 0 ? calloc(Tz * n_tg * dim, sizeof(float)) : NULL;
-    if ((n_tg > 0 && !mh) || buf_alloc(&b, e, cache->n_stores, Tz, Tz, max_entries(cache, P + T), 1)) {
+    float *mh = n_tg > 0 ? malloc(Tz * n_tg * dim * sizeof(float)) : NULL;
+    fwd_buf *bp = (n_tg > 0 && !mh) ? NULL : fwd_acquire(s, Tz, max_entries(cache, P + T), &tmp, &tmp_sp);
+    if (!bp) {
         free(mh);
         free(qrow);
         return ds41_errf(err, "out of memory for a forward over %d tokens", T);
     }
+    fwd_buf b = *bp;   /* the buffers (b.sp the sequence's part) */
     for (int t = 0; t < T; t++) b.pos[t] = (int32_t)(P + t);
 
     /* ---- Engram hash ids (spec 3.2) ---- */
     int32_t hist_new[16];
     if (e->has_engram && engram_ids(e, cache, tokens, T, P, b.eg_ids, 0, Tz, hist_new)) {
-        free(mh); buf_free(&b, L, cache->n_stores); free(qrow);
+        free(mh); fwd_release(bp, &tmp); free(qrow);
         return ds41_errf(err, "out of memory");
     }
 
@@ -829,18 +965,7 @@ static int forward_impl(ds41_seq *s, const int32_t *tokens, int T, int want_logi
         ds41_block_ffn(ctx, cfg, lw, lp, &b.s, (size_t)q0, nq, b.msel + (size_t)q0 * lp->n_active);
 
         /* ---- trace ---- */
-        if (s->trace) {
-            if (lp->is_index_source && s->trace->topk && s->trace->topk[l]) {
-                int32_t hdr[2] = { T, b.sel_w[l] };
-                trace_i32(s->trace->topk[l], hdr, 2);
-                if (b.sel[l]) trace_i32(s->trace->topk[l], b.sel[l], Tz * b.sel_w[l]);
-            }
-            if (s->trace->experts && s->trace->experts[l]) {
-                int32_t hdr[2] = { T, lp->n_active };
-                trace_i32(s->trace->experts[l], hdr, 2);
-                trace_i32(s->trace->experts[l], b.msel, Tz * lp->n_active);
-            }
-        }
+        if (s->trace) trace_layer(s->trace, lp, l, &b, T);
     }
 
     /* ---- collapse, final norm, head (last row only; every row for ds41_forward_rows) ---- */
@@ -866,7 +991,7 @@ static int forward_impl(ds41_seq *s, const int32_t *tokens, int T, int want_logi
         mh = NULL;
     }
     free(mh);
-    buf_free(&b, L, cache->n_stores);
+    fwd_release(bp, &tmp);
     free(qrow);
     return rc;
 }
@@ -977,7 +1102,7 @@ int ds41_forward_batch(ds41_seq *const *ss, const int32_t *const *tokens, const 
     const ds41_config *cfg = e->cfg;
     const ds41_weights *w = e->w;
     const ds41_ctx *ctx = &e->ctx;
-    int L = cfg->n_layers, dim = cfg->dim, V = cfg->vocab_size, n_stores = ss[0]->cache.n_stores;
+    int L = cfg->n_layers, dim = cfg->dim, V = cfg->vocab_size;
     size_t N = 0, Tmax = 0;
     long long Emax = 0;
     for (int i = 0; i < count; i++) {
@@ -1008,13 +1133,16 @@ int ds41_forward_batch(ds41_seq *const *ss, const int32_t *const *tokens, const 
     float *wt = malloc((N * cfg->index_n_heads + 1) * sizeof(float));
     float *lg = malloc(N * V * sizeof(float));
     int fail = !v || !r0 || !layout || !hist || (n_tg > 0 && !mh) || !cproj || !iq || !wt || !lg;
-    int have_b = !fail && buf_alloc(&b, e, n_stores, N, Tmax, Emax, 0) == 0;
+    int have_b = !fail && buf_alloc(&b, e, N, Tmax, Emax) == 0;
     fail |= !have_b;
     for (int i = 0, r = 0; i < count && !fail; r += T[i], i++) {
         r0[i] = (size_t)r;
         layout[i] = T[i] == 1 ? LAYOUT_DECODE : LAYOUT_VERIFY;
         batch_view(&v[i], &b, cfg, r0[i]);
-        if (seq_part_alloc(&v[i], L, n_stores)) fail = 1;
+        struct ds41_fwd_scratch *x = seq_scratch(ss[i]);   /* its own part: index keys, top-k lists, pool */
+        if (!x) { fail = 1; break; }
+        v[i].sp = &x->sp;
+        seq_part_begin(&x->sp);
     }
     batch_seqs bs = { ss, v, T, r0, layout, count, N, cproj, iq, wt };
     int rc = 0;
@@ -1070,8 +1198,7 @@ int ds41_forward_batch(ds41_seq *const *ss, const int32_t *const *tokens, const 
     }
 
 done:
-    if (v) for (int i = 0; i < count; i++) seq_part_free(&v[i], L, n_stores);
-    if (have_b) buf_free(&b, L, n_stores);
+    if (have_b) buf_free(&b);
     free(v); free(r0); free(layout); free(hist); free(mh); free(cproj); free(iq); free(wt); free(lg);
     return rc;
 }

@@ -66,6 +66,9 @@ typedef struct ds41_seq {
     int restore;
     /* statistics */
     long long rows_computed, rows_full;   /* layer-rows computed vs. a full prefill's */
+    /* forward scratch (forward.c): the indexers' per-sequence buffers and the row buffers of
+     * short forwards, grown when a forward needs more, so decode steps allocate little */
+    struct ds41_fwd_scratch *scratch;
 } ds41_seq;
 
 /* Takes over m when own_model. token_map may be NULL when the config has no Engram layer. */

@@ -507,13 +507,15 @@ int ds41_batch_step(ds41_batch_item *it, int count) {
     float **rows = calloc((size_t)count, sizeof *rows);
     int32_t (*blocks)[DS41_SPEC_MAX_DRAFTS + 1] = calloc((size_t)count, sizeof *blocks);
     int nb = 0, ok = ss && tok && T && idx && rows && blocks;
+    /* a session listed twice: every item one at a time, in order */
+    for (int i = 0; i < count && ok; i++)
+        for (int j = 0; j < i && ok; j++)
+            if (it[j].s == it[i].s) ok = 0;
     for (int i = 0; i < count; i++) {
         ds41_batch_item *b = &it[i];
         b->n_out = b->n_accepted = 0;
         b->failed = 0;
-        int dup = 0;
-        for (int j = 0; j < i; j++) dup |= it[j].s == b->s;
-        if (ok && !dup && batchable(b)) {
+        if (ok && batchable(b)) {
             /* the checks and preparation of ds41_feed / ds41_spec_verify, without the forward */
             ds41_session *s = b->s;
             ds41_err err;

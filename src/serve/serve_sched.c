@@ -331,23 +331,17 @@ static void spec_curve_init(ds41_sched *S) {
             S->curve.n, saved ? ", cached in " : "", saved ? S->p.curve_path : "");
 }
 
-/* The step's cost model for R greedy sequences verifying together: ds41_batch_step runs the
- * sequences one after another, so a step of total width w = R + drafts costs about
- * R t(1) + (w - R) s, t(1) = one decode, s = the measured curve's marginal cost of a verify row
- * ((t(n) - t(1)) / (n - 1)). Linear past the last width, as ds41_spec_curve_sps extrapolates. */
+/* The step's cost model for R greedy sequences verifying together: ds41_batch_step runs all
+ * their rows in one forward (weights read once per step), so a step of total width w = R +
+ * drafts costs about what one verify block of width w costs: t(w) from the measured curve,
+ * linear past its last width (ds41_spec_curve_sps). */
 static int batch_curve(const ds41_spec_curve *c, int R, int B, ds41_spec_curve *o) {
     if (!c || c->n < 1) return -1;
-    double t1 = 1.0 / c->sps[1];
-    double sl = c->n > 1 ? (1.0 / c->sps[c->n] - t1) / (c->n - 1) : t1;
-    if (sl < 0) sl = 0;
     int n = R * (B + 1);
     if (n > DS41_SPEC_MAX_WIDTH) n = DS41_SPEC_MAX_WIDTH;
     if (n < 2) n = 2;
     memset(o, 0, sizeof *o);
-    for (int w = 1; w <= n; w++) {
-        double tw = w <= R ? w * t1 : R * t1 + (w - R) * sl;
-        o->sps[w] = 1.0 / (tw > 0 ? tw : 1e-12);
-    }
+    for (int w = 1; w <= n; w++) o->sps[w] = ds41_spec_curve_sps(c, w);
     o->n = n;
     return 0;
 }

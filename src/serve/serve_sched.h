@@ -1,4 +1,4 @@
-/* ds41 serve: the scheduler (continuous batching over ds41_feed_batch).
+/* ds41 serve: the scheduler (continuous batching over ds41_batch_step: one forward per step).
  *
  * One scheduler thread owns every engine session. Each step it
  *   1. drops cancelled sequences (client gone) and closes their sessions,
