@@ -128,9 +128,10 @@ int ds41_cli_spec_generate(ds41_cli_spec_run *r) {
         if (held) {
             json_t *c = json_array();
             for (int k = 0; k < info.proposed; k++) json_array_append_new(c, json_real(info.conf[k]));
-            json_object_set_new(held, "spec_step", json_pack("{s:i,s:i,s:i,s:i,s:f,s:o}", "proposed", info.proposed,
-                                                             "drafted", info.drafted, "accepted", info.accepted,
-                                                             "emitted", m, "expected", info.expected, "conf", c));
+            json_object_set_new(held, "spec_step", json_pack("{s:b,s:i,s:i,s:i,s:i,s:f,s:o}", "proposal", info.proposal,
+                                                             "proposed", info.proposed, "drafted", info.drafted,
+                                                             "accepted", info.accepted, "emitted", m, "expected",
+                                                             info.expected, "conf", c));
             put_json(held);
         }
         fflush(stdout);

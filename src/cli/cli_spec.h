@@ -37,7 +37,7 @@ typedef struct ds41_cli_spec_run {
     void *stats_json;             /* --json: the statistics object (a jansson json_t *, owned by the caller) */
 } ds41_cli_spec_run;
 /* Generates after the prompt was fed; prints tokens as ds41 run does (--json: the last token
- * object of each step carries "spec_step": {proposed, drafted, accepted, emitted, expected,
+ * object of each step carries "spec_step": {proposal, proposed, drafted, accepted, emitted, expected,
  * conf}), and the statistics (--json: stats_json, else a stderr line). */
 int ds41_cli_spec_generate(ds41_cli_spec_run *r);
 

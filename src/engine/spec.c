@@ -308,47 +308,28 @@ static int cmp_dbl(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* The proposal at the calibration prompt's last position: the stages (ds41_dspark_begin) and
- * then each draft (confidence + head + Markov) timed, 4 x reps each, lower quartiles. */
-static int calibrate_proposal(ds41_engine *e, ds41_seq *q, int32_t t_next, int reps, ds41_spec_curve *out,
-                              ds41_err *err) {
-    /* the verify timings rolled everything back: one decode for a DSpark context row */
-    if (ds41_forward(q, &t_next, 1, 1, err)) return -1;
-    if (ds41_dspark_seed(e, &q->cache, q->main_hidden, q->mh_rows, q->mh_pos0, err)) return -1;
-    if (!q->main_hidden || q->mh_rows < 1) return ds41_errf(err, "calibrate: no DSpark context row");
-    ds41_dspark_work *w = ds41_dspark_work_new(e, err);
-    if (!w) return -1;
-    const ds41_config *cfg = e->cfg;
-    const float *row = q->main_hidden + (size_t)(q->mh_rows - 1) * cfg->n_dspark_targets * cfg->dim;
-    long long P = q->cache.pos - 1;
-    int n = 4 * reps, B = cfg->dspark_block_size, rc = 0;
-    double *tb = malloc((size_t)n * sizeof(double)), *td = malloc((size_t)n * sizeof(double));
-    if (!tb || !td) rc = ds41_errf(err, "out of memory");
-    for (int r = -1; r < n && !rc; r++) {   /* r = -1: a warm-up */
-        double t0 = cal_now(e);
-        if (ds41_dspark_begin(e, &q->cache, w, row, P, t_next, 1, err)) { rc = -1; break; }
-        double t1 = cal_now(e);
-        for (int k = 0; k < B && !rc; k++) {
-            float c;
-            int32_t id;
-            if (ds41_dspark_conf(e, w, k, &c) || ds41_dspark_next(e, w, NULL, &id)) rc = ds41_errf(err, "calibrate: draft");
-        }
-        double t2 = cal_now(e);
-        if (r >= 0) { tb[r] = t1 - t0; td[r] = (t2 - t1) / B; }
-    }
-    if (!rc) {
-        qsort(tb, (size_t)n, sizeof(double), cmp_dbl);
-        qsort(td, (size_t)n, sizeof(double), cmp_dbl);
-        out->propose_s = tb[n / 4] > 0 ? tb[n / 4] : 1e-9;   /* lower quartiles, as the widths */
-        out->draft_s = td[n / 4] > 0 ? td[n / 4] : 1e-9;
-    }
-    free(tb);
-    free(td);
-    ds41_dspark_work_free(w);
-    return rc;
-}
-
 #define DS41_SPEC_CAL_MAX_REPS 64
+
+/* Calibration state: the scratch sequence after the prompt and one decode (so a proposal at its
+ * last position P has its context row), a copy of that row, the proposal's scratch. */
+typedef struct cal {
+    ds41_engine *e;
+    ds41_seq q;
+    ds41_spec_state st;
+    ds41_dspark_work *w;     /* NULL: no DSpark stages */
+    float *mh;               /* main_hidden row of P */
+    long long P;
+    int32_t t_next;
+    const int32_t *vblock;   /* the verify rows' tokens (max_width of them) */
+} cal;
+
+/* one proposal with a single draft, untimed: what a drafting step runs before its verify */
+static int cal_propose(cal *c, ds41_err *err) {
+    int32_t id;
+    if (ds41_dspark_begin(c->e, &c->q.cache, c->w, c->mh, c->P, c->t_next, 1, err)) return -1;
+    if (ds41_dspark_next(c->e, c->w, NULL, &id)) return ds41_errf(err, "calibrate: draft");
+    return 0;
+}
 
 int ds41_spec_calibrate(ds41_engine *e, int max_width, int prompt_len, int reps, ds41_spec_curve *out, char *errbuf,
                         size_t errcap) {
@@ -360,44 +341,68 @@ int ds41_spec_calibrate(ds41_engine *e, int max_width, int prompt_len, int reps,
     if (max_width > cfg->window) max_width = cfg->window;
     if (reps < 1) reps = 1;
     if (prompt_len < 2) prompt_len = 2;
-    if (prompt_len + max_width > e->max_pos) prompt_len = (int)(e->max_pos - max_width);
+    if (prompt_len + 1 + max_width > e->max_pos) prompt_len = (int)(e->max_pos - max_width - 1);
     if (prompt_len < 1) { snprintf(errbuf, errcap, "calibrate: the context is too small"); return -1; }
-    ds41_seq q;
-    ds41_spec_state st;
-    if (ds41_seq_init(&q, e, &err)) { snprintf(errbuf, errcap, "%s", err.msg); return -1; }
-    if (ds41_spec_state_init(&st, e, &err)) { ds41_seq_free(&q); snprintf(errbuf, errcap, "%s", err.msg); return -1; }
-    if (st.cap < max_width) {
-        free(st.rows);
-        st.cap = max_width;
-        st.rows = malloc((size_t)max_width * cfg->vocab_size * sizeof(float));
+    cal c;
+    memset(&c, 0, sizeof c);
+    c.e = e;
+    if (ds41_seq_init(&c.q, e, &err)) { snprintf(errbuf, errcap, "%s", err.msg); return -1; }
+    if (ds41_spec_state_init(&c.st, e, &err)) { ds41_seq_free(&c.q); snprintf(errbuf, errcap, "%s", err.msg); return -1; }
+    if (c.st.cap < max_width) {
+        free(c.st.rows);
+        c.st.cap = max_width;
+        c.st.rows = malloc((size_t)max_width * cfg->vocab_size * sizeof(float));
     }
-    int32_t *tok = malloc((size_t)(prompt_len + max_width) * sizeof(int32_t));
+    int B = ds41_draft_block_size(e);
+    size_t mhw = (size_t)cfg->n_dspark_targets * cfg->dim;
+    int32_t *tok = malloc((size_t)(prompt_len + 1 + max_width) * sizeof(int32_t));
     if (reps > DS41_SPEC_CAL_MAX_REPS) reps = DS41_SPEC_CAL_MAX_REPS;
     double *t = malloc((size_t)max_width * DS41_SPEC_CAL_MAX_REPS * sizeof(double));
+    double *tb = malloc(4 * DS41_SPEC_CAL_MAX_REPS * sizeof(double)), *td = malloc(4 * DS41_SPEC_CAL_MAX_REPS * sizeof(double));
     int rc = -1;
-    if (!tok || !t || !st.rows) { snprintf(errbuf, errcap, "out of memory"); goto done; }
+    if (!tok || !t || !tb || !td || !c.st.rows) { snprintf(errbuf, errcap, "out of memory"); goto done; }
     uint64_t x = 88172645463325252ULL;
-    for (int i = 0; i < prompt_len + max_width; i++) {
+    for (int i = 0; i < prompt_len + 1 + max_width; i++) {
         x ^= x << 13; x ^= x >> 7; x ^= x << 17;
         tok[i] = (int32_t)(x % (uint64_t)cfg->vocab_size);
     }
-    if (ds41_forward(&q, tok, prompt_len, 1, &err)) { snprintf(errbuf, errcap, "%s", err.msg); goto done; }
-    /* a warm-up of every width; then rounds over the widths in turn, so that a noisy spell on
-     * a shared machine spreads over all widths instead of bending one, as many rounds as fit
-     * in about 0.3 s (at least reps, at most DS41_SPEC_CAL_MAX_REPS); the lower quartile of
-     * each width's times (cal_now: CPU time single-threaded; with a pool the wall clock, where
-     * a time slice given to another process lands in many single measurements of a few ms) */
+    /* the prompt, then one decode: position P = prompt_len has a DSpark context row */
+    if (ds41_forward(&c.q, tok, prompt_len + 1, 1, &err)) { snprintf(errbuf, errcap, "%s", err.msg); goto done; }
+    c.P = prompt_len;
+    c.t_next = tok[prompt_len];
+    c.vblock = tok + prompt_len + 1;
+    if (B > 0) {
+        if (ds41_dspark_seed(e, &c.q.cache, c.q.main_hidden, c.q.mh_rows, c.q.mh_pos0, &err)) {
+            snprintf(errbuf, errcap, "%s", err.msg);
+            goto done;
+        }
+        if (!c.q.main_hidden || c.q.mh_rows < 1 || !(c.mh = malloc(mhw * sizeof(float))) ||
+            !(c.w = ds41_dspark_work_new(e, &err))) {
+            snprintf(errbuf, errcap, "calibrate: no DSpark context row or out of memory");
+            goto done;
+        }
+        memcpy(c.mh, c.q.main_hidden + (size_t)(c.q.mh_rows - 1) * mhw, mhw * sizeof(float));
+    }
+    /* The widths: a warm-up of each; then rounds over the widths in turn, so that a noisy
+     * spell on a shared machine spreads over all widths instead of bending one, as many rounds
+     * as fit in about 0.3 s (at least reps, at most DS41_SPEC_CAL_MAX_REPS); the lower quartile
+     * of each width's times (cal_now: CPU time single-threaded; with a pool the wall clock,
+     * where a time slice given to another process lands in many single measurements of a few
+     * ms). Before each verify of width >= 2 an untimed proposal runs, as in a drafting step
+     * (the stages' weights pass through the caches between two backbone forwards); width 1
+     * is a plain step and runs after a plain step. */
     double round_s = 0;
     for (int w = 1; w <= max_width; w++) {
         double t0 = cal_now(e);
-        if (ds41_spec_time_forward(e, &q, &st, tok + prompt_len, w, &err)) { snprintf(errbuf, errcap, "%s", err.msg); goto done; }
+        if (ds41_spec_time_forward(e, &c.q, &c.st, c.vblock, w, &err)) { snprintf(errbuf, errcap, "%s", err.msg); goto done; }
         round_s += cal_now(e) - t0;
     }
     if (round_s > 0 && 0.3 / round_s > reps) reps = 0.3 / round_s < DS41_SPEC_CAL_MAX_REPS ? (int)(0.3 / round_s) : DS41_SPEC_CAL_MAX_REPS;
     for (int r = 0; r < reps; r++)
         for (int w = 1; w <= max_width; w++) {
+            if (c.w && w >= 2 && cal_propose(&c, &err)) { snprintf(errbuf, errcap, "%s", err.msg); goto done; }
             double t0 = cal_now(e);
-            if (ds41_spec_time_forward(e, &q, &st, tok + prompt_len, w, &err)) { snprintf(errbuf, errcap, "%s", err.msg); goto done; }
+            if (ds41_spec_time_forward(e, &c.q, &c.st, c.vblock, w, &err)) { snprintf(errbuf, errcap, "%s", err.msg); goto done; }
             t[(size_t)(w - 1) * DS41_SPEC_CAL_MAX_REPS + r] = cal_now(e) - t0;
         }
     for (int w = 1; w <= max_width; w++) {
@@ -407,16 +412,45 @@ int ds41_spec_calibrate(ds41_engine *e, int max_width, int prompt_len, int reps,
         out->sps[w] = q1 > 0 ? 1.0 / q1 : 1e9;
         out->n = w;
     }
-    if (ds41_draft_block_size(e) > 0 && calibrate_proposal(e, &q, tok[prompt_len], reps, out, &err)) {
-        snprintf(errbuf, errcap, "%s", err.msg);
-        goto done;
+    /* The proposal: the stages (ds41_dspark_begin), then each draft (confidence + head +
+     * Markov), 4 x reps times, each after an untimed verify of width 2 (as in decoding, after
+     * a backbone forward), lower quartiles. */
+    if (c.w) {
+        int n = 4 * reps;
+        for (int r = -1; r < n; r++) {   /* r = -1: a warm-up */
+            if (ds41_spec_time_forward(e, &c.q, &c.st, c.vblock, max_width < 2 ? 1 : 2, &err)) {
+                snprintf(errbuf, errcap, "%s", err.msg);
+                goto done;
+            }
+            double t0 = cal_now(e);
+            if (ds41_dspark_begin(e, &c.q.cache, c.w, c.mh, c.P, c.t_next, 1, &err)) { snprintf(errbuf, errcap, "%s", err.msg); goto done; }
+            double t1 = cal_now(e);
+            for (int k = 0; k < B; k++) {
+                float cf;
+                int32_t id;
+                if (ds41_dspark_conf(e, c.w, k, &cf) || ds41_dspark_next(e, c.w, NULL, &id)) {
+                    snprintf(errbuf, errcap, "calibrate: draft %d", k);
+                    goto done;
+                }
+            }
+            double t2 = cal_now(e);
+            if (r >= 0) { tb[r] = t1 - t0; td[r] = (t2 - t1) / B; }
+        }
+        qsort(tb, (size_t)n, sizeof(double), cmp_dbl);
+        qsort(td, (size_t)n, sizeof(double), cmp_dbl);
+        out->propose_s = tb[n / 4] > 0 ? tb[n / 4] : 1e-9;
+        out->draft_s = td[n / 4] > 0 ? td[n / 4] : 1e-9;
     }
     rc = 0;
 done:
     free(tok);
     free(t);
-    ds41_spec_state_free(&st);
-    ds41_seq_free(&q);
+    free(tb);
+    free(td);
+    free(c.mh);
+    ds41_dspark_work_free(c.w);
+    ds41_spec_state_free(&c.st);
+    ds41_seq_free(&c.q);
     return rc;
 }
 
