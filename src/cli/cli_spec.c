@@ -15,6 +15,12 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 int ds41_cli_spec_parse(const char *cmd, const char *arg, int block, int plain_only, ds41_cli_spec *o) {
     memset(o, 0, sizeof *o);
     o->explicit_arg = arg != NULL;
@@ -175,6 +181,7 @@ end:
 
 typedef struct bench_run {
     double tps, seconds;
+    double cpu_tps;          /* tokens per second of the thread's CPU time (-t 1: robust to other processes) */
     int n, identical;
     ds41_spec_stats st;
     long long chose[DS41_SPEC_MAX_DRAFTS + 1];
@@ -201,7 +208,7 @@ static int bench_one(ds41_engine *e, const int32_t *prompt, int np, int n, int m
     if (ds41_feed(s, prompt, (size_t)np)) { fprintf(stderr, "ds41 bench: %s\n", ds41_session_error(s)); ds41_session_close(s); return -1; }
     int B = ds41_draft_block_size(e), got = 0;
     int32_t out[DS41_SPEC_MAX_DRAFTS + 2];
-    double t0 = now_s();
+    double t0 = now_s(), c0 = cpu_s();
     if (mode < 0) {   /* plain decoding */
         for (; got < n; got++) {
             toks[got] = ds41_session_sample(s);
@@ -219,8 +226,10 @@ static int bench_one(ds41_engine *e, const int32_t *prompt, int np, int n, int m
         }
     }
     o->seconds = now_s() - t0;
+    double cs = cpu_s() - c0;
     o->n = n;
     o->tps = n / o->seconds;
+    o->cpu_tps = cs > 0 ? n / cs : 0.0;
     o->identical = ref ? !memcmp(ref, toks, (size_t)n * sizeof(int32_t)) : 1;
     ds41_session_close(s);
     return 0;
@@ -240,8 +249,8 @@ typedef struct bench_mode {
     int mode, k, reuse;
     const ds41_spec_curve *cv;
     bench_run last;
-    double tps[1000], ratio[1000];
-    double tps_med, ratio_med;
+    double tps[1000], ratio[1000], cratio[1000];
+    double tps_med, ratio_med, cratio_med;
     int identical;
 } bench_mode;
 
@@ -300,17 +309,20 @@ int ds41_cli_bench_spec(ds41_engine *e, const char *dir, int threads, int exact,
             if (bench_one(e, prompt, (int)np, n, m[i].mode, m[i].k, m[i].cv, m[i].reuse, i == 0 ? ref : toks,
                           i == 0 ? NULL : ref, &br))
                 goto done;
-            m[i].tps[r] = br.tps;
-            m[i].ratio[r] = br.tps / m[0].tps[r];
             m[i].identical = r == 0 ? br.identical : m[i].identical && br.identical;
             m[i].last = br;
+            m[i].tps[r] = br.tps;
+            m[i].ratio[r] = br.tps / m[0].tps[r];
+            m[i].cratio[r] = m[0].last.cpu_tps > 0 ? br.cpu_tps / m[0].last.cpu_tps : 0.0;
         }
     }
     for (int i = 0; i < nm; i++) {
         m[i].tps_med = median(m[i].tps, rounds);
         m[i].ratio_med = median(m[i].ratio, rounds);
+        m[i].cratio_med = median(m[i].cratio, rounds);
     }
     const bench_mode *fB = &m[2 + B - 1];   /* fixed:B: every position drafted every step */
+    int single = threads <= 1;               /* the thread's CPU time is the whole work */
     /* what a step costs (the curve and the proposal, in plain decode steps) and the expected
      * tokens a step of K drafts must emit to match plain decoding and to reach 1.8x */
     double t1 = 1.0 / cv.sps[1];
@@ -327,8 +339,9 @@ int ds41_cli_bench_spec(ds41_engine *e, const char *dir, int threads, int exact,
         }
         for (int i = 0; i < nm; i++) {
             const bench_run *b = &m[i].last;
-            json_array_append_new(modes, json_pack("{s:s,s:f,s:f,s:f,s:f,s:b}", "mode", m[i].name, "tokens_per_s",
-                                                   m[i].tps_med, "speedup", m[i].ratio_med, "mean_accepted",
+            json_array_append_new(modes, json_pack("{s:s,s:f,s:f,s:f,s:f,s:f,s:b}", "mode", m[i].name, "tokens_per_s",
+                                                   m[i].tps_med, "speedup", m[i].ratio_med, "cpu_speedup",
+                                                   single ? m[i].cratio_med : 0.0, "mean_accepted",
                                                    b->st.steps ? (double)b->st.accepted / b->st.steps : 0.0,
                                                    "tokens_per_step", b->st.steps ? (double)b->st.emitted / b->st.steps : 0.0,
                                                    "identical", m[i].identical));
@@ -358,18 +371,22 @@ int ds41_cli_bench_spec(ds41_engine *e, const char *dir, int threads, int exact,
             double tk = step_time(&cv, k) / t1;
             printf("  K = %d: x%.2f  (%.2f tokens for 1x, %.2f for 1.8x; at most %d)\n", k, tk, tk, 1.8 * tk, k + 1);
         }
-        printf("%-22s %10s %8s %14s %12s %10s\n", "mode", "tok/s", "speedup", "mean accepted", "tokens/step", "identical");
+        printf("%-22s %10s %8s %8s %14s %12s %10s\n", "mode", "tok/s", "speedup", "cpu", "mean accepted", "tokens/step",
+               "identical");
         for (int i = 0; i < nm; i++) {
             const bench_run *b = &m[i].last;
+            char cpu[16] = "-";
+            if (single) snprintf(cpu, sizeof cpu, "%.2f", m[i].cratio_med);
             if (m[i].mode < 0)
-                printf("%-22s %10.2f %8.2f %14s %12s %10s\n", m[i].name, m[i].tps_med, m[i].ratio_med, "-", "-",
+                printf("%-22s %10.2f %8.2f %8s %14s %12s %10s\n", m[i].name, m[i].tps_med, m[i].ratio_med, cpu, "-", "-",
                        i == 0 ? "-" : m[i].identical ? "yes" : "NO");
             else
-                printf("%-22s %10.2f %8.2f %14.2f %12.2f %10s\n", m[i].name, m[i].tps_med, m[i].ratio_med,
+                printf("%-22s %10.2f %8.2f %8s %14.2f %12.2f %10s\n", m[i].name, m[i].tps_med, m[i].ratio_med, cpu,
                        b->st.steps ? (double)b->st.accepted / b->st.steps : 0.0,
                        b->st.steps ? (double)b->st.emitted / b->st.steps : 0.0, m[i].identical ? "yes" : "NO");
         }
-        printf("(medians over the rounds; speedup = median of each round's ratio to plain)\n");
+        printf("(medians over the rounds; speedup = median of each round's ratio to plain in wall time; cpu = the same\n"
+               " in the thread's CPU time, -t 1 only: what the work costs whatever the other processes take)\n");
         printf("acceptance by draft position (fixed:%d):", B);
         for (int i = 0; i < B; i++)
             printf(" %.3f", fB->last.st.drafted_at[i] ? (double)fB->last.st.accepted_at[i] / fB->last.st.drafted_at[i] : 0.0);
