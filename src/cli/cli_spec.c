@@ -294,7 +294,7 @@ int ds41_cli_bench_spec(ds41_engine *e, const char *dir, int threads, int exact,
     if (!ref || !toks || !m) goto done;
     m[nm++] = (bench_mode){ .name = "plain", .mode = -2, .reuse = 1 };
     m[nm++] = (bench_mode){ .name = "plain, rings kept", .mode = -1, .reuse = 1 };
-    static char names[DS41_SPEC_MAX_DRAFTS + 1][16];
+    static char names[DS41_SPEC_MAX_DRAFTS + 1][24];
     for (int k = 1; k <= B && k <= DS41_SPEC_MAX_DRAFTS; k++) {
         snprintf(names[k], sizeof names[k], "fixed:%d", k);
         m[nm++] = (bench_mode){ .name = names[k], .mode = DS41_SPEC_FIXED, .k = k, .reuse = 1 };
