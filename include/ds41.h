@@ -122,10 +122,15 @@ enum { DS41_SPEC_OFF = 0, DS41_SPEC_FIXED = 1, DS41_SPEC_AUTO = 2 };
 
 /* Steps per second of one verify forward by its width in tokens (1 = a plain decode step),
  * measured by ds41_spec_calibrate; sps[w] for 1 <= w <= n, beyond n extrapolated linearly in
- * time from the last two points. */
+ * time from the last two points. The proposal's own cost: propose_s seconds for the DSpark
+ * stages over the block (the part every proposal pays) and draft_s seconds per draft taken
+ * (its head, Markov and confidence passes), so a drafting step of width 1 + K costs
+ * 1 / sps[1 + K] + propose_s + K draft_s and a plain step 1 / sps[1]. propose_s = 0: the
+ * proposal is not counted (a curve from before it was measured). */
 typedef struct ds41_spec_curve {
     int n;
     double sps[DS41_SPEC_MAX_WIDTH + 1];
+    double propose_s, draft_s;
 } ds41_spec_curve;
 
 typedef struct ds41_spec_params {
@@ -136,10 +141,12 @@ typedef struct ds41_spec_params {
 
 typedef struct ds41_spec_step_info {
     int n_out;                     /* tokens emitted */
-    int proposed;                  /* drafts proposed (block size; 0 when none could be) */
+    int proposed;                  /* drafts the proposal made (the head passes run: fixed:K makes K,
+                                      auto the ones it verifies; 0 when no proposal ran) */
+    int proposal;                  /* 1: the drafter's stages ran this step (a proposal) */
     int drafted;                   /* K verified */
     int accepted;                  /* A accepted */
-    float conf[DS41_SPEC_MAX_DRAFTS];   /* raw confidence logits of the proposals */
+    float conf[DS41_SPEC_MAX_DRAFTS];   /* raw confidence logits of the proposals (conf[0..proposed)) */
     double expected;               /* scheduler: expected accepted drafts for K */
 } ds41_spec_step_info;
 
@@ -169,6 +176,14 @@ int32_t ds41_spec_pending(const ds41_session *s);   /* -1: none */
  * (ds41_spec_verify) itself: ds41 chat (to stop a block at a stop token), ds41 serve (the
  * scheduler over the batch). */
 int ds41_spec_max_drafts(const ds41_session *s);
+/* --spec auto's drafting gate, asked before a proposal (ds41_spec_step asks it itself; ds41
+ * chat and ds41 serve before ds41_session_draft): 1 = propose, 0 = take a plain step (K = 0,
+ * no proposal). With a curve that counts the proposal (propose_s > 0): 0 whenever even an
+ * always-right drafter could not beat a plain step (max over K of (1 + K) / (1 / SPS(1 + K) +
+ * propose_s + K draft_s) <= SPS(1)); else 1 when the session's recent acceptance (decayed
+ * per-position counts of its verified drafts) predicts a higher Theta than a plain step, and
+ * otherwise 1 only as a probe every 8, 16, ... 256 plain steps. Without such a curve: 1. */
+int ds41_spec_want_draft(ds41_session *s, const ds41_spec_curve *curve);
 
 /* One batched engine step, what a serving scheduler calls once per step: each item either
  * feeds ids[0..n) (ds41_feed: a prefill chunk or a decode row) or, with verify = 1, verifies
@@ -200,19 +215,28 @@ int ds41_batch_step(ds41_batch_item *items, int count);
 /* Confidence scheduler (spec 5.4, DSpark Algorithm 1) for a batch of R sequences: conf [R][stride]
  * raw confidence logits, max_len[r] drafts sequence r may verify (<= stride). Survival
  * a[r][j] = prod_{i<=j} sigmoid(conf[r][i]); positions are added in descending survival order
- * (prefixes) while Theta = (R + sum of chosen a) * SPS(R + sum len) improves. Writes len[r];
- * returns the expected tokens per step (R + sum of chosen survivals). curve NULL: maximise
- * expected tokens with every step costing the same up to width 1 + max_len (takes all). */
+ * (prefixes) while Theta = (R + sum of chosen a) / step time improves, step time =
+ * 1 / SPS(R + sum len) + D propose_s + (sum len) draft_s with D = the sequences that proposed
+ * (max_len > 0): the proposals are part of the step. Writes len[r]; returns the expected
+ * tokens per step (R + sum of chosen survivals). curve NULL: maximise expected tokens with
+ * every step costing the same up to width 1 + max_len (takes all). */
 double ds41_spec_schedule(const ds41_spec_curve *curve, int R, int stride, const float *conf, const int *max_len,
                           int *len);
 double ds41_spec_curve_sps(const ds41_spec_curve *c, int width);
 /* Times verify forwards of widths 1..max_width (max_width <= block size + 1) on a scratch
- * session after a random prompt of prompt_len tokens, reps times each (the median). */
+ * session after a random prompt of prompt_len tokens: rounds over the widths in turn, at least
+ * reps and as many as fit in about 0.3 s (at most 64), the lower quartile of each width, timed
+ * by the thread's CPU time when single-threaded (robust to other processes on a shared
+ * machine), by the wall clock with a thread pool; and, on a model with DSpark stages,
+ * the proposal: propose_s (the stages) and draft_s (one draft's head, Markov and confidence
+ * passes), lower quartiles of 4 x reps. */
 int ds41_spec_calibrate(ds41_engine *e, int max_width, int prompt_len, int reps, ds41_spec_curve *out, char *err,
                         size_t errcap);
 /* The cache file of a model's curve: $DS41_SPEC_CURVE if set, else
  * ${XDG_CACHE_HOME:-$HOME/.cache}/ds41/spec-curve-<hash of the model dir, its config.json
- * size and mtime, threads, exact>.txt. Text: one "width steps_per_s" line per width. */
+ * size and mtime, threads, exact>.txt. Text: one "width steps_per_s" line per width, then
+ * "propose_s SECONDS" and "draft_s SECONDS" (a loader of the older format stops at them and
+ * keeps the widths). ds41_spec_curve_load refuses a file without propose_s (-1: re-measure). */
 int ds41_spec_curve_path(const char *model_dir, int n_threads, int exact, char *buf, size_t cap);
 int ds41_spec_curve_load(const char *path, ds41_spec_curve *c);
 int ds41_spec_curve_save(const char *path, const ds41_spec_curve *c);

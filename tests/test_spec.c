@@ -14,11 +14,13 @@
  *   - the scheduler (spec 5.4) on hand-made confidences and curves. */
 #include "check.h"
 #include "ds41.h"
+#include "spec.h"   /* the drafting gate's internals */
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static char tiny[4096];
 
@@ -134,11 +136,15 @@ static void forced_one(ds41_engine *e, int index_k, int np, int n, unsigned seed
     ds41_session_close(s);
 }
 
-static void natural_steps_k(ds41_engine *e, int index_k, int np, int n, unsigned seed, const char *what, int mode, int kk);
+static void natural_steps_k(ds41_engine *e, int index_k, int np, int n, unsigned seed, const char *what, int mode, int kk,
+                            const ds41_spec_curve *cv, long long *proposals);
 static void natural_steps(ds41_engine *e, int index_k, int np, int n, unsigned seed, const char *what) {
-    natural_steps_k(e, index_k, np, n, seed, what, DS41_SPEC_FIXED, ds41_draft_block_size(e));
+    natural_steps_k(e, index_k, np, n, seed, what, DS41_SPEC_FIXED, ds41_draft_block_size(e), NULL, NULL);
 }
-static void natural_steps_k(ds41_engine *e, int index_k, int np, int n, unsigned seed, const char *what, int mode, int kk) {
+/* ds41_spec_step with the drafter's own proposals (mode, kk, curve cv) against plain greedy:
+ * every token and logits row, the final digest; proposals (or NULL): steps that proposed */
+static void natural_steps_k(ds41_engine *e, int index_k, int np, int n, unsigned seed, const char *what, int mode, int kk,
+                            const ds41_spec_curve *cv, long long *proposals) {
     int V = ds41_vocab_size(e), B = ds41_draft_block_size(e);
     int32_t *prompt = malloc((size_t)np * sizeof(int32_t));
     rand_ids(prompt, np, V, seed);
@@ -147,15 +153,19 @@ static void natural_steps_k(ds41_engine *e, int index_k, int np, int n, unsigned
     ds41_session *s = open_s(e, index_k, 1);
     CHECK(ds41_feed(s, prompt, (size_t)np) == 0, "prefill");
     float *lg = malloc((size_t)(B + 2) * V * sizeof(float));
-    ds41_spec_params p = { mode, kk, NULL };
+    ds41_spec_params p = { mode, kk, cv };
     ds41_spec_stats st;
     memset(&st, 0, sizeof st);
     int i = 0;
+    if (proposals) *proposals = 0;
     while (i < n) {
         int32_t out[66];
-        int m = ds41_spec_step(s, &p, out, B + 2, lg, NULL, &st);
+        ds41_spec_step_info info;
+        int m = ds41_spec_step(s, &p, out, B + 2, lg, &info, &st);
         CHECK(m >= 1, "%s: step: %s", what, ds41_session_error(s));
         if (m < 1) break;
+        if (proposals) *proposals += info.proposal;
+        CHECK(info.proposal || info.drafted == 0, "%s: drafts verified without a proposal", what);
         for (int j = 0; j < m && i + j < pr.n; j++) {
             CHECK(out[j] == pr.tok[i + j], "%s: token %d: %d vs %d", what, i + j, out[j], pr.tok[i + j]);
             CHECK(!memcmp(lg + (size_t)j * V, pr.lg + (size_t)(i + j) * V, (size_t)V * sizeof(float)),
@@ -163,7 +173,7 @@ static void natural_steps_k(ds41_engine *e, int index_k, int np, int n, unsigned
         }
         i += m;
     }
-    CHECK(st.drafted > 0 || kk == 0, "%s: nothing was drafted", what);
+    CHECK(st.drafted > 0 || kk == 0 || mode == DS41_SPEC_AUTO, "%s: nothing was drafted", what);
     CHECK(ds41_session_digest(s) == pr.dig[i - 1], "%s: final state differs from plain decoding", what);
     free(lg);
     free(prompt);
@@ -194,13 +204,45 @@ static void exact_steps_both(void) {
     if (!e) return;
     natural_steps(e, DS41_INDEX_K_OWN, 5, cur_n, 31, "own");
     natural_steps(e, DS41_INDEX_K_OFFICIAL, 6, cur_n, 32, "official");
-    natural_steps_k(e, DS41_INDEX_K_OWN, 5, cur_n, 33, "own-k0", DS41_SPEC_FIXED, 0);
-    natural_steps_k(e, DS41_INDEX_K_OFFICIAL, 4, cur_n, 34, "official-k1", DS41_SPEC_FIXED, 1);
+    natural_steps_k(e, DS41_INDEX_K_OWN, 5, cur_n, 33, "own-k0", DS41_SPEC_FIXED, 0, NULL, NULL);
+    natural_steps_k(e, DS41_INDEX_K_OFFICIAL, 4, cur_n, 34, "official-k1", DS41_SPEC_FIXED, 1, NULL, NULL);
+    natural_steps_k(e, DS41_INDEX_K_OWN, 9, cur_n, 35, "own-auto", DS41_SPEC_AUTO, 0, NULL, NULL);
+    /* a curve on which some steps take drafts and some not, the proposal cheap */
     ds41_spec_curve cv;
     memset(&cv, 0, sizeof cv);
-    cv.n = 3; cv.sps[1] = 100; cv.sps[2] = 95; cv.sps[3] = 90;   /* some steps take drafts, some not */
-    (void)cv;
-    natural_steps_k(e, DS41_INDEX_K_OWN, 9, cur_n, 35, "own-auto", DS41_SPEC_AUTO, 0);
+    cv.n = 3; cv.sps[1] = 100; cv.sps[2] = 95; cv.sps[3] = 90;
+    cv.propose_s = 1e-6; cv.draft_s = 1e-7;
+    long long props = 0;
+    natural_steps_k(e, DS41_INDEX_K_OWN, 9, cur_n, 36, "own-auto-curve", DS41_SPEC_AUTO, 0, &cv, &props);
+    CHECK(props > 0, "a proposal of 1 us on a flat curve never ran");
+    ds41_unload(e);
+}
+
+/* --spec auto when the proposal costs more than any gain: never a proposal, K = 0 every step,
+ * the tokens, logits and final state of plain greedy decoding (exact mode) */
+static void exact_auto_proposal_too_dear(void) {
+    ds41_engine *e = load(cur_dir, 1, 0);
+    if (!e) return;
+    ds41_spec_curve cv;
+    memset(&cv, 0, sizeof cv);
+    cv.n = 6;
+    for (int w = 1; w <= 6; w++) cv.sps[w] = 1000.0;   /* verify rows free ... */
+    cv.propose_s = 0.02;                               /* ... a proposal 20 decode steps */
+    cv.draft_s = 0.0;
+    long long props = -1;
+    natural_steps_k(e, DS41_INDEX_K_OWN, 7, cur_n, 37, "auto-too-dear", DS41_SPEC_AUTO, 0, &cv, &props);
+    CHECK(props == 0, "%lld proposals although none can pay", props);
+    natural_steps_k(e, DS41_INDEX_K_OFFICIAL, 6, cur_n, 38, "auto-too-dear-official", DS41_SPEC_AUTO, 0, &cv, &props);
+    CHECK(props == 0, "official: %lld proposals although none can pay", props);
+    /* the lower level (ds41 chat / ds41 serve ask it before ds41_session_draft) */
+    ds41_session *s = open_s(e, DS41_INDEX_K_OWN, 1);
+    int32_t prompt[6];
+    rand_ids(prompt, 6, ds41_vocab_size(e), 39);
+    CHECK(ds41_feed(s, prompt, 6) == 0, "prefill");
+    CHECK(ds41_spec_want_draft(s, &cv) == 0, "want_draft with a 20-step proposal");
+    cv.propose_s = 1e-6;
+    CHECK(ds41_spec_want_draft(s, &cv) == 1, "want_draft with a 1 us proposal on free verify rows");
+    ds41_session_close(s);
     ds41_unload(e);
 }
 
@@ -349,15 +391,94 @@ static void scheduler(void) {
     CHECK(len[0] == 2, "max_len respected: %d", len[0]);
 }
 
+/* The drafting gate (spec.h) on a hand-made curve: t(w) = 1 + 0.2 (w - 1) ms, a proposal
+ * 0.5 ms + 0.05 ms per draft, so a step of K drafts takes 1.5 + 0.25 K ms; a plain step 1 ms
+ * (1000 tokens/s). */
+static void gate(void) {
+    ds41_spec_curve c;
+    memset(&c, 0, sizeof c);
+    c.n = 6;
+    for (int w = 1; w <= 6; w++) c.sps[w] = 1000.0 / (1.0 + 0.2 * (w - 1));
+    c.propose_s = 0.5e-3;
+    c.draft_s = 0.05e-3;
+    int bk = -1;
+    double th = ds41_spec_best_theta(&c, 5, NULL, &bk);
+    /* always right: max over K of (1 + K) / (1.5 + 0.25 K) ms is K = 5, 6 / 2.75 ms */
+    CHECK(bk == 5 && fabs(th - 6.0 / 2.75e-3) < 1e-6, "best case K %d, %.6f tokens/s", bk, th);
+    CHECK(fabs(ds41_spec_step_time(&c, 1, 3, 1) - 2.0e-3) < 1e-12, "step time K = 2: %.9f", ds41_spec_step_time(&c, 1, 3, 1));
+    CHECK(fabs(ds41_spec_step_time(&c, 1, 1, 0) - 1e-3) < 1e-12, "plain step time %.9f", ds41_spec_step_time(&c, 1, 1, 0));
+    ds41_spec_state st;
+    memset(&st, 0, sizeof st);
+    st.probe_every = DS41_SPEC_PROBE_MIN;
+    /* no history: the prior survivals 1/2, 1/4, ... give at best (1 + 0.5 + 0.25) / 2 ms
+     * (K = 2) = 875 tokens/s < 1000: no proposal but the probes, after 8, then 16 plain steps */
+    CHECK(fabs(ds41_spec_survival(&st, 0) - 0.5) < 1e-12 && fabs(ds41_spec_survival(&st, 1) - 0.25) < 1e-12,
+          "prior survival %f %f", ds41_spec_survival(&st, 0), ds41_spec_survival(&st, 1));
+    char got[25], want[] = "000000010000000000000001";
+    for (int i = 0; i < 24; i++) got[i] = (char)('0' + ds41_spec_gate(&st, &c, 5));
+    got[24] = 0;
+    CHECK(!strcmp(got, want), "gate without history: %s (expected %s)", got, want);
+    /* five steps with every draft accepted: survival ~0.91 .. 0.87, Theta ~1980 > 1000 */
+    for (int i = 0; i < 5; i++) ds41_spec_observe(&st, 5, 5);
+    CHECK(ds41_spec_survival(&st, 0) > 0.9 && ds41_spec_survival(&st, 4) > 0.85, "survival %f %f",
+          ds41_spec_survival(&st, 0), ds41_spec_survival(&st, 4));
+    CHECK(ds41_spec_gate(&st, &c, 5) == 1 && st.probe_every == DS41_SPEC_PROBE_MIN, "gate after acceptances");
+    /* then forty steps with nothing accepted: closed again */
+    for (int i = 0; i < 40; i++) ds41_spec_observe(&st, 5, 0);
+    CHECK(ds41_spec_survival(&st, 0) < 0.2, "survival after rejections %f", ds41_spec_survival(&st, 0));
+    CHECK(ds41_spec_gate(&st, &c, 5) == 0, "gate after rejections");
+    /* a proposal of 10 ms: even (1 + 5) / 12.25 ms = 490 tokens/s < 1000, whatever the
+     * history: never a proposal, no probes */
+    c.propose_s = 10e-3;
+    for (int i = 0; i < 20; i++) ds41_spec_observe(&st, 5, 5);
+    int opened = 0;
+    for (int i = 0; i < 1000; i++) opened += ds41_spec_gate(&st, &c, 5);
+    CHECK(opened == 0, "a 10 ms proposal opened the gate %d times", opened);
+    /* without the proposal's cost (an older curve file): always propose, as before */
+    c.propose_s = 0;
+    CHECK(ds41_spec_gate(&st, &c, 5) == 1 && ds41_spec_gate(&st, NULL, 5) == 1, "gate without a proposal cost");
+    CHECK(ds41_spec_gate(&st, &c, 0) == 0, "gate with no room for drafts");
+}
+
+/* The curve file: the widths, then propose_s / draft_s; a file without propose_s (the older
+ * format) is refused so that the caller re-measures */
+static void curve_file(void) {
+    const char *build = env_or("DS41_BUILD", "build");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/test-tmp/spec_curve_%d.txt", build, (int)getpid());
+    ds41_spec_curve c, r;
+    memset(&c, 0, sizeof c);
+    c.n = 3; c.sps[1] = 1000.5; c.sps[2] = 600.25; c.sps[3] = 450.125;
+    c.propose_s = 0.000612345; c.draft_s = 0.000078125;
+    CHECK(ds41_spec_curve_save(path, &c) == 0, "save %s", path);
+    CHECK(ds41_spec_curve_load(path, &r) == 0, "load");
+    CHECK(r.n == 3 && r.sps[1] == 1000.5 && r.sps[2] == 600.25 && r.sps[3] == 450.125 && r.propose_s == 0.000612345 &&
+          r.draft_s == 0.000078125, "round trip: n %d, %f %f %f, %.9f %.9f", r.n, r.sps[1], r.sps[2], r.sps[3], r.propose_s,
+          r.draft_s);
+    FILE *f = fopen(path, "w");
+    if (f) { fputs("1 1000.0\n2 600.0\n", f); fclose(f); }
+    CHECK(ds41_spec_curve_load(path, &r) == -1 && r.n == 0, "an old-format file (no propose_s) loaded");
+    f = fopen(path, "w");
+    if (f) { fputs("1 1000.0\n2 600.0\npropose_s 0.0005\ndraft_s 0.00005\nlater_key 3\n", f); fclose(f); }
+    CHECK(ds41_spec_curve_load(path, &r) == 0 && r.n == 2 && r.propose_s == 0.0005, "a file with an unknown key");
+    f = fopen(path, "w");
+    if (f) { fputs("1 1000.0\n3 600.0\npropose_s 0.0005\n", f); fclose(f); }
+    CHECK(ds41_spec_curve_load(path, &r) == -1, "a width skipped");
+    remove(path);
+}
+
 int main(int argc, char **argv) {
     if (make_tiny()) { printf("FAIL spec_checkpoint: make_checkpoint.py failed\n"); return 1; }
     RUN_CASE(scheduler);
+    RUN_CASE(gate);
+    RUN_CASE(curve_file);
     cur_dir = tiny;
     cur_n = 24;
     if (argc < 2) {
         RUN_CASE(exact_forced_own);
         RUN_CASE(exact_forced_official);
         RUN_CASE(exact_steps_both);
+        RUN_CASE(exact_auto_proposal_too_dear);
         RUN_CASE(meta_reuse_same_drafts);
         RUN_CASE(sampling_chi_square);
     }

@@ -29,6 +29,8 @@ static const char *BENCH_USAGE =
     "                      curve (also cached for ds41 run --spec auto)\n"
     "  --spec-prompt TEXT  its prompt (tokenized with DIR/tokenizer.json; default random ids)\n"
     "  --spec-n N          tokens generated per spec run (default 64)\n"
+    "  --spec-rounds R     rounds of every mode, interleaved (plain, fixed:1..B, auto, ... then\n"
+    "                      again); medians of tokens/s and of each round's ratio to plain (default 3)\n"
     "  --spec-curve        only measure and cache the verify-width curve, print it and exit\n"
     "  --batch LIST        only the batched-decode section: for each B in LIST, B sessions after a\n"
     "                      prompt of the longest --lengths entry (different ids each) decode --decode\n"
@@ -148,7 +150,7 @@ int ds41_cli_bench(int argc, char **argv) {
     int modes[3] = { DS41_PREFILL_MODE_CED, DS41_PREFILL_MODE_FULL }, n_modes = 2;
     long long ctx = 0;
     unsigned long long seed = 1;
-    int spec = 0, spec_curve = 0, spec_n = 64;   /* --spec section (cli_spec.c) */
+    int spec = 0, spec_curve = 0, spec_n = 64, spec_rounds = 3;   /* --spec section (cli_spec.c) */
     const char *spec_prompt = NULL;
     int batch[16], n_batch = 0;
     for (int i = 1; i < argc; i++) {
@@ -199,6 +201,10 @@ int ds41_cli_bench(int argc, char **argv) {
             if (ds41_cli_int("bench", a, argv[++i], 1, 1 << 20, &iv)) return 2;
             spec_n = (int)iv;
         }
+        else if (!strcmp(a, "--spec-rounds") && has) {
+            if (ds41_cli_int("bench", a, argv[++i], 1, 1000, &iv)) return 2;
+            spec_rounds = (int)iv;
+        }
         else { fprintf(stderr, "ds41 bench: unknown or incomplete option '%s'\n%s", a, BENCH_USAGE); return 2; }
     }
     if (!dir) { fprintf(stderr, "ds41 bench: -m DIR is required\n"); return 2; }
@@ -230,6 +236,9 @@ int ds41_cli_bench(int argc, char **argv) {
             r2 = 1;
         } else {
             for (int w = 1; w <= cv.n; w++) printf("width %d: %.2f steps/s (x%.2f of a decode step)\n", w, cv.sps[w], cv.sps[1] / cv.sps[w]);
+            if (cv.propose_s > 0)
+                printf("proposal: stages %.3f ms (x%.2f of a decode step), %.3f ms per draft taken\n", cv.propose_s * 1e3,
+                       cv.propose_s * cv.sps[1], cv.draft_s * 1e3);
             printf("cached in %s\n", path);
         }
         ds41_unload(e);
@@ -334,7 +343,7 @@ int ds41_cli_bench(int argc, char **argv) {
     }
     if (!rc && spec)
         rc = ds41_cli_bench_spec(e, dir, threads, exact, spec_prompt, ids, maxlen < 32 ? maxlen : 32, spec_n,
-                                 json ? (void *)root : NULL);
+                                 spec_rounds, json ? (void *)root : NULL);
     long long rss = peak_rss_bytes();
     if (json) {
         json_object_set_new(root, "prefill", pre);

@@ -376,6 +376,8 @@ int ds41_cli_chat(int argc, char **argv) {
             if (km > g.n_predict - n_gen) km = g.n_predict - n_gen;
             int32_t d[DS41_SPEC_MAX_DRAFTS];
             float cf[DS41_SPEC_MAX_DRAFTS];
+            /* auto: no proposal when the gate says drafting cannot pay (a plain step) */
+            if (km > 0 && spc.mode == DS41_SPEC_AUTO && have_curve && !ds41_spec_want_draft(s, &curve)) km = 0;
             if (km > 0) {
                 if (ds41_session_draft(s, t, d, cf)) { fprintf(stderr, "\nds41 chat: %s\n", ds41_session_error(s)); goto out; }
                 for (int i = 0; i < km; i++) {

@@ -15,6 +15,12 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 int ds41_cli_spec_parse(const char *cmd, const char *arg, int block, int plain_only, ds41_cli_spec *o) {
     memset(o, 0, sizeof *o);
     o->explicit_arg = arg != NULL;
@@ -128,9 +134,10 @@ int ds41_cli_spec_generate(ds41_cli_spec_run *r) {
         if (held) {
             json_t *c = json_array();
             for (int k = 0; k < info.proposed; k++) json_array_append_new(c, json_real(info.conf[k]));
-            json_object_set_new(held, "spec_step", json_pack("{s:i,s:i,s:i,s:i,s:f,s:o}", "proposed", info.proposed,
-                                                             "drafted", info.drafted, "accepted", info.accepted,
-                                                             "emitted", m, "expected", info.expected, "conf", c));
+            json_object_set_new(held, "spec_step", json_pack("{s:b,s:i,s:i,s:i,s:i,s:f,s:o}", "proposal", info.proposal,
+                                                             "proposed", info.proposed, "drafted", info.drafted,
+                                                             "accepted", info.accepted, "emitted", m, "expected",
+                                                             info.expected, "conf", c));
             put_json(held);
         }
         fflush(stdout);
@@ -174,17 +181,26 @@ end:
 
 typedef struct bench_run {
     double tps, seconds;
+    double cpu_tps;          /* tokens per second of the thread's CPU time (-t 1: robust to other processes) */
     int n, identical;
     ds41_spec_stats st;
     long long chose[DS41_SPEC_MAX_DRAFTS + 1];
+    long long proposals;   /* steps that ran a proposal */
 } bench_run;
 
+/* seconds of a drafting step of K drafts: the verify of width 1 + K, the stages, K head passes */
+static double step_time(const ds41_spec_curve *c, int k) {
+    return 1.0 / ds41_spec_curve_sps(c, 1 + k) + (k > 0 ? c->propose_s + k * c->draft_s : 0.0);
+}
+
+/* mode: -2 plain decoding on a session without the drafter (what --spec off runs), -1 plain
+ * decoding with the drafter's rings kept (params.draft), else a DS41_SPEC_* mode */
 static int bench_one(ds41_engine *e, const int32_t *prompt, int np, int n, int mode, int k, const ds41_spec_curve *cv,
                      int reuse, int32_t *toks, const int32_t *ref, bench_run *o) {
     memset(o, 0, sizeof *o);
     ds41_session_params sp;
     ds41_session_params_default(&sp);
-    sp.draft = ds41_draft_block_size(e) > 0;
+    sp.draft = mode != -2 && ds41_draft_block_size(e) > 0;
     sp.no_meta_reuse = !reuse;
     char err[512];
     ds41_session *s = ds41_session_open(e, &sp, err, sizeof err);
@@ -192,7 +208,7 @@ static int bench_one(ds41_engine *e, const int32_t *prompt, int np, int n, int m
     if (ds41_feed(s, prompt, (size_t)np)) { fprintf(stderr, "ds41 bench: %s\n", ds41_session_error(s)); ds41_session_close(s); return -1; }
     int B = ds41_draft_block_size(e), got = 0;
     int32_t out[DS41_SPEC_MAX_DRAFTS + 2];
-    double t0 = now_s();
+    double t0 = now_s(), c0 = cpu_s();
     if (mode < 0) {   /* plain decoding */
         for (; got < n; got++) {
             toks[got] = ds41_session_sample(s);
@@ -205,21 +221,45 @@ static int bench_one(ds41_engine *e, const int32_t *prompt, int np, int n, int m
             int m = ds41_spec_step(s, &p, out, B + 2, NULL, &info, &o->st);
             if (m < 0) { fprintf(stderr, "ds41 bench: %s\n", ds41_session_error(s)); ds41_session_close(s); return -1; }
             o->chose[info.drafted]++;
+            o->proposals += info.proposal;
             for (int j = 0; j < m && got < n; j++) toks[got++] = out[j];
         }
     }
     o->seconds = now_s() - t0;
+    double cs = cpu_s() - c0;
     o->n = n;
     o->tps = n / o->seconds;
+    o->cpu_tps = cs > 0 ? n / cs : 0.0;
     o->identical = ref ? !memcmp(ref, toks, (size_t)n * sizeof(int32_t)) : 1;
     ds41_session_close(s);
     return 0;
 }
 
+static double median(double *v, int n) {
+    for (int i = 1; i < n; i++)   /* insertion sort: a handful of rounds */
+        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) { double t = v[j]; v[j] = v[j - 1]; v[j - 1] = t; }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* one mode over the rounds: the last round's run (stats, choices: the same every round for
+ * greedy exact decoding; in fast mode they can differ with timing only through nothing: the
+ * scheduler reads the curve, not the clock) and the medians */
+typedef struct bench_mode {
+    const char *name;
+    int mode, k, reuse;
+    const ds41_spec_curve *cv;
+    bench_run last;
+    double tps[1000], ratio[1000], cratio[1000];
+    double tps_med, ratio_med, cratio_med;
+    int identical;
+} bench_mode;
+
 int ds41_cli_bench_spec(ds41_engine *e, const char *dir, int threads, int exact, const char *spec_prompt,
-                        const int32_t *prompt_ids, int n_prompt, int n, void *json_root) {
+                        const int32_t *prompt_ids, int n_prompt, int n, int rounds, void *json_root) {
     int B = ds41_draft_block_size(e);
     if (B == 0) { fprintf(stderr, "ds41 bench: --spec: %s has no DSpark stages\n", dir); return 1; }
+    if (rounds < 1) rounds = 1;
+    if (rounds > 1000) rounds = 1000;
     int32_t *prompt = NULL;
     size_t np = 0;
     if (spec_prompt) {
@@ -241,70 +281,125 @@ int ds41_cli_bench_spec(ds41_engine *e, const char *dir, int threads, int exact,
     if (!prompt || np < 2) { fprintf(stderr, "ds41 bench: --spec needs a prompt of at least 2 tokens\n"); free(prompt); return 1; }
     if ((long long)np + n + B + 2 > C) n = (int)(C - (long long)np - B - 2);
     if (n < 1) { fprintf(stderr, "ds41 bench: --spec: the context %lld is too small (use -c)\n", C); free(prompt); return 1; }
-    ds41_spec_curve cv;
+    ds41_spec_curve cv, cv_old;
     char err[512];
     if (ds41_spec_calibrate(e, B + 1, 32, 5, &cv, err, sizeof err)) { fprintf(stderr, "ds41 bench: %s\n", err); free(prompt); return 1; }
+    cv_old = cv;            /* the scheduler as it was: the proposal not counted */
+    cv_old.propose_s = cv_old.draft_s = 0;
     char path[4096];
     int saved = ds41_spec_curve_path(dir, threads, exact, path, sizeof path) == 0 && ds41_spec_curve_save(path, &cv) == 0;
     int32_t *ref = malloc((size_t)n * sizeof(int32_t)), *toks = malloc((size_t)n * sizeof(int32_t));
-    bench_run plain, fx[DS41_SPEC_MAX_DRAFTS + 1], au, au_noreuse;
-    int rc = 1;
-    if (!ref || !toks) goto done;
-    if (bench_one(e, prompt, (int)np, n, -1, 0, NULL, 1, ref, NULL, &plain)) goto done;
-    for (int k = 1; k <= B; k++)
-        if (bench_one(e, prompt, (int)np, n, DS41_SPEC_FIXED, k, NULL, 1, toks, ref, &fx[k])) goto done;
-    if (bench_one(e, prompt, (int)np, n, DS41_SPEC_AUTO, 0, &cv, 1, toks, ref, &au)) goto done;
-    if (bench_one(e, prompt, (int)np, n, DS41_SPEC_AUTO, 0, &cv, 0, toks, ref, &au_noreuse)) goto done;
+    int nm = 0, rc = 1;
+    bench_mode *m = calloc((size_t)B + 6, sizeof *m);
+    if (!ref || !toks || !m) goto done;
+    m[nm++] = (bench_mode){ .name = "plain", .mode = -2, .reuse = 1 };
+    m[nm++] = (bench_mode){ .name = "plain, rings kept", .mode = -1, .reuse = 1 };
+    static char names[DS41_SPEC_MAX_DRAFTS + 1][24];
+    for (int k = 1; k <= B && k <= DS41_SPEC_MAX_DRAFTS; k++) {
+        snprintf(names[k], sizeof names[k], "fixed:%d", k);
+        m[nm++] = (bench_mode){ .name = names[k], .mode = DS41_SPEC_FIXED, .k = k, .reuse = 1 };
+    }
+    int i_auto = nm;
+    m[nm++] = (bench_mode){ .name = "auto", .mode = DS41_SPEC_AUTO, .reuse = 1, .cv = &cv };
+    m[nm++] = (bench_mode){ .name = "auto, P5 reuse off", .mode = DS41_SPEC_AUTO, .reuse = 0, .cv = &cv };
+    m[nm++] = (bench_mode){ .name = "auto, proposal free", .mode = DS41_SPEC_AUTO, .reuse = 1, .cv = &cv_old };
+    for (int r = 0; r < rounds; r++) {
+        for (int i = 0; i < nm; i++) {
+            bench_run br;
+            if (bench_one(e, prompt, (int)np, n, m[i].mode, m[i].k, m[i].cv, m[i].reuse, i == 0 ? ref : toks,
+                          i == 0 ? NULL : ref, &br))
+                goto done;
+            m[i].identical = r == 0 ? br.identical : m[i].identical && br.identical;
+            m[i].last = br;
+            m[i].tps[r] = br.tps;
+            m[i].ratio[r] = br.tps / m[0].tps[r];
+            m[i].cratio[r] = m[0].last.cpu_tps > 0 ? br.cpu_tps / m[0].last.cpu_tps : 0.0;
+        }
+    }
+    for (int i = 0; i < nm; i++) {
+        m[i].tps_med = median(m[i].tps, rounds);
+        m[i].ratio_med = median(m[i].ratio, rounds);
+        m[i].cratio_med = median(m[i].cratio, rounds);
+    }
+    const bench_mode *fB = &m[2 + B - 1];   /* fixed:B: every position drafted every step */
+    int single = threads <= 1;               /* the thread's CPU time is the whole work */
+    /* what a step costs (the curve and the proposal, in plain decode steps) and the expected
+     * tokens a step of K drafts must emit to match plain decoding and to reach 1.8x */
+    double t1 = 1.0 / cv.sps[1];
     if (json_root) {
-        json_t *curve = json_array(), *fixed = json_array(), *acc = json_array(), *chose = json_array();
+        json_t *curve = json_array(), *modes = json_array(), *acc = json_array(), *chose = json_array(),
+               *need = json_array();
         for (int w = 1; w <= cv.n; w++)
             json_array_append_new(curve, json_pack("{s:i,s:f,s:f}", "width", w, "steps_per_s", cv.sps[w], "cost_vs_decode",
                                                    cv.sps[1] / cv.sps[w]));
-        for (int k = 1; k <= B; k++)
-            json_array_append_new(fixed, json_pack("{s:i,s:f,s:f,s:f,s:b}", "k", k, "tokens_per_s", fx[k].tps, "speedup",
-                                                   fx[k].tps / plain.tps, "mean_accepted",
-                                                   fx[k].st.steps ? (double)fx[k].st.accepted / fx[k].st.steps : 0.0,
-                                                   "identical", fx[k].identical));
+        for (int k = 1; k <= B && k + 1 <= cv.n; k++) {
+            double tk = step_time(&cv, k);
+            json_array_append_new(need, json_pack("{s:i,s:f,s:f,s:f}", "k", k, "step_cost_vs_decode", tk / t1,
+                                                  "tokens_for_1x", tk / t1, "tokens_for_1_8x", 1.8 * tk / t1));
+        }
+        for (int i = 0; i < nm; i++) {
+            const bench_run *b = &m[i].last;
+            json_array_append_new(modes, json_pack("{s:s,s:f,s:f,s:f,s:f,s:f,s:b}", "mode", m[i].name, "tokens_per_s",
+                                                   m[i].tps_med, "speedup", m[i].ratio_med, "cpu_speedup",
+                                                   single ? m[i].cratio_med : 0.0, "mean_accepted",
+                                                   b->st.steps ? (double)b->st.accepted / b->st.steps : 0.0,
+                                                   "tokens_per_step", b->st.steps ? (double)b->st.emitted / b->st.steps : 0.0,
+                                                   "identical", m[i].identical));
+        }
         for (int i = 0; i < B; i++) {
-            /* acceptance per position from the fixed:B run (every position drafted every step) */
-            const ds41_spec_stats *st = &fx[B].st;
+            const ds41_spec_stats *st = &fB->last.st;
             json_array_append_new(acc, json_real(st->drafted_at[i] ? (double)st->accepted_at[i] / st->drafted_at[i] : 0.0));
         }
-        for (int k = 0; k <= B; k++) json_array_append_new(chose, json_integer(au.chose[k]));
-        json_t *o = json_pack("{s:i,s:i,s:f,s:o,s:o,s:o,s:{s:f,s:f,s:f,s:b,s:o},s:{s:f,s:f},s:s}", "prompt_tokens", (int)np,
-                              "tokens", n, "plain_tokens_per_s", plain.tps, "curve", curve, "fixed", fixed,
-                              "acceptance_by_position", acc, "auto", "tokens_per_s", au.tps, "speedup", au.tps / plain.tps,
-                              "mean_accepted", au.st.steps ? (double)au.st.accepted / au.st.steps : 0.0, "identical",
-                              au.identical, "chose_k", chose, "auto_meta_reuse_off", "tokens_per_s", au_noreuse.tps,
-                              "speedup", au_noreuse.tps / plain.tps, "curve_file", saved ? path : "");
+        for (int k = 0; k <= B; k++) json_array_append_new(chose, json_integer(m[i_auto].last.chose[k]));
+        json_t *o = json_pack("{s:i,s:i,s:i,s:f,s:o,s:f,s:f,s:o,s:o,s:o,s:o,s:o,s:s}", "prompt_tokens", (int)np, "tokens", n,
+                              "rounds", rounds, "plain_tokens_per_s", m[0].tps_med, "curve", curve, "propose_s",
+                              cv.propose_s, "draft_s", cv.draft_s, "break_even", need, "modes", modes,
+                              "acceptance_by_position", acc, "chose_k", chose,
+                              "auto_identical", json_boolean(m[i_auto].identical), "curve_file", saved ? path : "");
+        json_object_set_new(o, "auto_proposals", json_integer(m[i_auto].last.proposals));
         json_object_set_new((json_t *)json_root, "spec", o);
     } else {
-        printf("\nspeculative decoding (greedy, %zu-token prompt, %d tokens, block %d)\n", np, n, B);
+        printf("\nspeculative decoding (greedy, %zu-token prompt, %d tokens, block %d, %d rounds interleaved)\n", np, n, B,
+               rounds);
         printf("verify-width curve (steps/s; cost relative to a decode step)%s%s:\n", saved ? ", cached in " : "",
                saved ? path : "");
         for (int w = 1; w <= cv.n; w++) printf("  width %d: %10.2f steps/s  x%.2f\n", w, cv.sps[w], cv.sps[1] / cv.sps[w]);
-        printf("%-22s %10s %8s %14s %10s\n", "mode", "tok/s", "speedup", "mean accepted", "identical");
-        printf("%-22s %10.2f %8.2f %14s %10s\n", "plain", plain.tps, 1.0, "-", "-");
-        for (int k = 1; k <= B; k++) {
-            char name[32];
-            snprintf(name, sizeof name, "fixed:%d", k);
-            printf("%-22s %10.2f %8.2f %14.2f %10s\n", name, fx[k].tps, fx[k].tps / plain.tps,
-                   fx[k].st.steps ? (double)fx[k].st.accepted / fx[k].st.steps : 0.0, fx[k].identical ? "yes" : "NO");
+        printf("proposal: the stages %.3f ms (x%.2f of a decode step), each draft taken %.3f ms (x%.2f)\n",
+               cv.propose_s * 1e3, cv.propose_s / t1, cv.draft_s * 1e3, cv.draft_s / t1);
+        printf("a step of K drafts costs (in decode steps; the expected tokens it must emit to match plain, to reach 1.8x):\n");
+        for (int k = 1; k <= B && k + 1 <= cv.n; k++) {
+            double tk = step_time(&cv, k) / t1;
+            printf("  K = %d: x%.2f  (%.2f tokens for 1x, %.2f for 1.8x; at most %d)\n", k, tk, tk, 1.8 * tk, k + 1);
         }
-        printf("%-22s %10.2f %8.2f %14.2f %10s\n", "auto", au.tps, au.tps / plain.tps,
-               au.st.steps ? (double)au.st.accepted / au.st.steps : 0.0, au.identical ? "yes" : "NO");
-        printf("%-22s %10.2f %8.2f %14.2f %10s\n", "auto, P5 reuse off", au_noreuse.tps, au_noreuse.tps / plain.tps,
-               au_noreuse.st.steps ? (double)au_noreuse.st.accepted / au_noreuse.st.steps : 0.0,
-               au_noreuse.identical ? "yes" : "NO");
+        printf("%-22s %10s %8s %8s %14s %12s %10s\n", "mode", "tok/s", "speedup", "cpu", "mean accepted", "tokens/step",
+               "identical");
+        for (int i = 0; i < nm; i++) {
+            const bench_run *b = &m[i].last;
+            char cpu[16] = "-";
+            if (single) snprintf(cpu, sizeof cpu, "%.2f", m[i].cratio_med);
+            if (m[i].mode < 0)
+                printf("%-22s %10.2f %8.2f %8s %14s %12s %10s\n", m[i].name, m[i].tps_med, m[i].ratio_med, cpu, "-", "-",
+                       i == 0 ? "-" : m[i].identical ? "yes" : "NO");
+            else
+                printf("%-22s %10.2f %8.2f %8s %14.2f %12.2f %10s\n", m[i].name, m[i].tps_med, m[i].ratio_med, cpu,
+                       b->st.steps ? (double)b->st.accepted / b->st.steps : 0.0,
+                       b->st.steps ? (double)b->st.emitted / b->st.steps : 0.0, m[i].identical ? "yes" : "NO");
+        }
+        printf("(medians over the rounds; speedup = median of each round's ratio to plain in wall time; cpu = the same\n"
+               " in the thread's CPU time, -t 1 only: what the work costs whatever the other processes take)\n");
         printf("acceptance by draft position (fixed:%d):", B);
         for (int i = 0; i < B; i++)
-            printf(" %.3f", fx[B].st.drafted_at[i] ? (double)fx[B].st.accepted_at[i] / fx[B].st.drafted_at[i] : 0.0);
+            printf(" %.3f", fB->last.st.drafted_at[i] ? (double)fB->last.st.accepted_at[i] / fB->last.st.drafted_at[i] : 0.0);
         printf("\nscheduler (auto) chose K = 0..%d:", B);
-        for (int k = 0; k <= B; k++) printf(" %lld", au.chose[k]);
-        printf(" steps\n");
+        for (int k = 0; k <= B; k++) printf(" %lld", m[i_auto].last.chose[k]);
+        printf(" steps (%lld with a proposal); with the proposal not counted (the old scheduler):",
+               m[i_auto].last.proposals);
+        for (int k = 0; k <= B; k++) printf(" %lld", m[nm - 1].last.chose[k]);
+        printf(" (%lld proposals)\n", m[nm - 1].last.proposals);
     }
     rc = 0;
 done:
+    free(m);
     free(ref);
     free(toks);
     free(prompt);

@@ -37,16 +37,19 @@ typedef struct ds41_cli_spec_run {
     void *stats_json;             /* --json: the statistics object (a jansson json_t *, owned by the caller) */
 } ds41_cli_spec_run;
 /* Generates after the prompt was fed; prints tokens as ds41 run does (--json: the last token
- * object of each step carries "spec_step": {proposed, drafted, accepted, emitted, expected,
+ * object of each step carries "spec_step": {proposal, proposed, drafted, accepted, emitted, expected,
  * conf}), and the statistics (--json: stats_json, else a stderr line). */
 int ds41_cli_spec_generate(ds41_cli_spec_run *r);
 
 #endif
 
 /* ds41 bench --spec: on a prompt (spec_prompt tokenized with DIR/tokenizer.json, else
- * prompt_ids), greedy decode of n tokens plain, with --spec fixed:1..B, auto, and auto with
- * P5 metadata reuse off: tokens/s, speed-up, acceptance per position, mean accepted length,
- * the K the scheduler chose, whether the tokens equal plain decoding; and the verify-width
- * curve (measured now, also saved to the cache). root != NULL: adds "spec" to it (--json). */
+ * prompt_ids), greedy decode of n tokens plain (a session without the drafter, what --spec off
+ * runs), plain with the drafter's context rings kept, --spec fixed:1..B, auto, and auto with
+ * P5 metadata reuse off, `rounds` times interleaved: median tokens/s and median of each
+ * round's ratio to plain, acceptance per position, mean accepted length, the K the scheduler
+ * chose, whether the tokens equal plain decoding; the verify-width curve and the proposal's
+ * cost (measured now, also saved to the cache), and what a step costs against a plain one
+ * (the break-even and 1.8x acceptance). root != NULL: adds "spec" to it (--json). */
 int ds41_cli_bench_spec(ds41_engine *e, const char *dir, int threads, int exact, const char *spec_prompt,
-                        const int32_t *prompt_ids, int n_prompt, int n, void *json_root);
+                        const int32_t *prompt_ids, int n_prompt, int n, int rounds, void *json_root);

@@ -7,9 +7,12 @@
 #include "dspark.h"
 #include "attention.h"
 #include "formats.h"
+#include "mhc.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+#define DS41_DSPARK_CTX_STACK 8192   /* dims up to this project the context row on the stack */
 
 static int check_model(const ds41_engine *e, ds41_err *err) {
     const ds41_config *cfg = e->cfg;
@@ -46,6 +49,17 @@ int ds41_dspark_context(const ds41_engine *e, const float *main_hidden, int n, f
     ds41_linear_fp8(&e->ctx, &s0->main_proj, main_hidden, n, p);
     ds41_rmsnorm(&e->ctx, p, s0->main_norm, n, cfg->dim, cfg->norm_eps, ctx_rows);
     free(p);
+    return 0;
+}
+
+/* One context row without allocating: main_proj into ctx_row, then the norm in place. */
+static int ds41_dspark_context_into(const ds41_engine *e, const float *main_hidden_row, float *ctx_row, ds41_err *err) {
+    const ds41_config *cfg = e->cfg;
+    const ds41_layer_weights *s0 = &e->w->layers[cfg->n_layers];
+    float tmp[DS41_DSPARK_CTX_STACK];
+    if (cfg->dim > DS41_DSPARK_CTX_STACK) return ds41_dspark_context(e, main_hidden_row, 1, ctx_row, err);
+    ds41_linear_fp8(&e->ctx, &s0->main_proj, main_hidden_row, 1, tmp);
+    ds41_rmsnorm(&e->ctx, tmp, s0->main_norm, 1, cfg->dim, cfg->norm_eps, ctx_row);
     return 0;
 }
 
@@ -107,13 +121,26 @@ int ds41_dspark_seed(const ds41_engine *e, ds41_cache *c, const float *main_hidd
     return rc;
 }
 
-typedef struct dbuf {
+/* Scratch of one proposal, allocated once (ds41_dspark_work_new) and reused: no allocation per
+ * call. The stages run on the whole block; the heads run lazily, one row when its draft is
+ * asked for (ds41_dspark_next), so a step that verifies K drafts pays K head + Markov passes,
+ * and the confidence of draft k (ds41_dspark_conf) needs only the drafts before it. */
+struct ds41_dspark_work {
+    int B, V, dim, rank;
     ds41_stream s;     /* the block's B rows */
     float *cx, *kctx, *cq, *q, *kv, *o, *wos, *base, *bias, *cin, *scratch;
     uint8_t *rec;
     int32_t *list;
     int *iscratch;
-} dbuf;
+    /* the current proposal */
+    int ready;                          /* ds41_dspark_begin succeeded */
+    int made;                           /* drafts made: ids[0..made) */
+    int32_t t_next;
+    int32_t ids[DS41_DSPARK_MAX_BLOCK];
+    float conf[DS41_DSPARK_MAX_BLOCK];
+    unsigned char conf_ok[DS41_DSPARK_MAX_BLOCK];
+    int conf_prev[DS41_DSPARK_MAX_BLOCK];   /* the previous token conf[k] was computed with */
+};
 
 static void *zalloc(size_t n, size_t sz, int *fail) {
     void *p = calloc(n ? n : 1, sz);
@@ -121,7 +148,8 @@ static void *zalloc(size_t n, size_t sz, int *fail) {
     return p;
 }
 
-static void dbuf_free(dbuf *b) {
+void ds41_dspark_work_free(ds41_dspark_work *b) {
+    if (!b) return;
     ds41_stream_free(&b->s);
     float **f[] = { &b->cx, &b->kctx, &b->cq, &b->q, &b->kv, &b->o, &b->wos,
                     &b->base, &b->bias, &b->cin, &b->scratch };
@@ -129,70 +157,78 @@ static void dbuf_free(dbuf *b) {
     free(b->rec);
     free(b->list);
     free(b->iscratch);
+    free(b);
 }
 
-int ds41_dspark_propose(const ds41_engine *e, ds41_cache *c, const float *main_hidden_row, long long P,
-                        int32_t t_next, ds41_sampler *sampler, int32_t *ids, float *conf, ds41_err *err) {
-    return ds41_dspark_propose_ex(e, c, main_hidden_row, P, t_next, sampler, 0, ids, conf, err);
+ds41_dspark_work *ds41_dspark_work_new(const ds41_engine *e, ds41_err *err) {
+    if (check_model(e, err)) return NULL;
+    const ds41_config *cfg = e->cfg;
+    const int B = cfg->dspark_block_size, dim = cfg->dim, W = cfg->window;
+    const int D = cfg->head_dim, HD = cfg->n_heads * cfg->head_dim, V = cfg->vocab_size;
+    ds41_dspark_work *b = calloc(1, sizeof *b);
+    if (!b) { ds41_errf(err, "dspark: out of memory"); return NULL; }
+    int fail = 0;
+    size_t Bz = (size_t)B;
+    b->B = B; b->V = V; b->dim = dim; b->rank = cfg->dspark_markov_rank;
+    if (ds41_stream_alloc(&b->s, cfg, Bz)) fail = 1;
+    b->cx = zalloc((size_t)dim, sizeof(float), &fail);
+    b->kctx = zalloc((size_t)D, sizeof(float), &fail);
+    b->rec = zalloc((size_t)ds41_swa_rec_bytes(cfg), 1, &fail);
+    b->cq = zalloc(Bz * cfg->q_lora_rank, sizeof(float), &fail);
+    b->q = zalloc(Bz * HD, sizeof(float), &fail);
+    b->kv = zalloc(((size_t)W + Bz) * D, sizeof(float), &fail);
+    b->o = zalloc(Bz * HD, sizeof(float), &fail);
+    b->wos = zalloc(Bz * cfg->o_groups * cfg->o_lora_rank, sizeof(float), &fail);
+    b->list = zalloc(Bz * ((size_t)W + Bz), sizeof(int32_t), &fail);
+    b->base = zalloc((size_t)V, sizeof(float), &fail);
+    b->bias = zalloc((size_t)V, sizeof(float), &fail);
+    b->cin = zalloc((size_t)dim + b->rank, sizeof(float), &fail);
+    b->scratch = zalloc((size_t)V, sizeof(float), &fail);
+    b->iscratch = zalloc((size_t)V, sizeof(int), &fail);
+    if (fail) {
+        ds41_dspark_work_free(b);
+        ds41_errf(err, "dspark: out of memory for a block of %d", B);
+        return NULL;
+    }
+    return b;
 }
 
-int ds41_dspark_propose_ex(const ds41_engine *e, ds41_cache *c, const float *main_hidden_row, long long P,
-                           int32_t t_next, ds41_sampler *sampler, int reuse, int32_t *ids, float *conf, ds41_err *err) {
+int ds41_dspark_begin(const ds41_engine *e, ds41_cache *c, ds41_dspark_work *b, const float *main_hidden_row,
+                      long long P, int32_t t_next, int reuse, ds41_err *err) {
     if (check_model(e, err)) return -1;
     const ds41_config *cfg = e->cfg;
     const ds41_weights *w = e->w;
     const ds41_ctx *ctx = &e->ctx;
     const int B = cfg->dspark_block_size, dim = cfg->dim, W = cfg->window;
-    const int D = cfg->head_dim, HD = cfg->n_heads * cfg->head_dim, V = cfg->vocab_size;
-    const int rank = cfg->dspark_markov_rank;
+    const int D = cfg->head_dim, V = cfg->vocab_size;
+    b->ready = 0;
+    b->made = 0;
+    if (b->B != B || b->V != V || b->dim != dim) return ds41_errf(err, "dspark: the work buffer belongs to another model");
     if (P < 1) return ds41_errf(err, "dspark: a proposal needs P >= 1 (got %lld)", P);
     if (P >= e->max_pos) return ds41_errf(err, "dspark: position %lld outside the context of %lld", P, e->max_pos);
     if (t_next < 0 || t_next >= V) return ds41_errf(err, "dspark: token %d outside the vocabulary of %d", t_next, V);
     if (cfg->dspark_noise_token_id < 0 || cfg->dspark_noise_token_id >= V)
         return ds41_errf(err, "dspark: dspark_noise_token_id %d outside the vocabulary", cfg->dspark_noise_token_id);
 
-    dbuf b;
-    memset(&b, 0, sizeof b);
-    int fail = 0;
-    size_t Bz = (size_t)B;
-    if (ds41_stream_alloc(&b.s, cfg, Bz)) fail = 1;
-    b.cx = zalloc((size_t)dim, sizeof(float), &fail);
-    b.kctx = zalloc((size_t)D, sizeof(float), &fail);
-    b.rec = zalloc((size_t)ds41_swa_rec_bytes(cfg), 1, &fail);
-    b.cq = zalloc(Bz * cfg->q_lora_rank, sizeof(float), &fail);
-    b.q = zalloc(Bz * HD, sizeof(float), &fail);
-    b.kv = zalloc(((size_t)W + Bz) * D, sizeof(float), &fail);
-    b.o = zalloc(Bz * HD, sizeof(float), &fail);
-    b.wos = zalloc(Bz * cfg->o_groups * cfg->o_lora_rank, sizeof(float), &fail);
-    b.list = zalloc(Bz * ((size_t)W + Bz), sizeof(int32_t), &fail);
-    b.base = zalloc(Bz * V, sizeof(float), &fail);
-    b.bias = zalloc((size_t)V, sizeof(float), &fail);
-    b.cin = zalloc((size_t)dim + rank, sizeof(float), &fail);
-    b.scratch = zalloc((size_t)V, sizeof(float), &fail);
-    b.iscratch = zalloc((size_t)V, sizeof(int), &fail);
-    if (fail) {
-        dbuf_free(&b);
-        return ds41_errf(err, "dspark: out of memory for a block of %d", B);
-    }
     /* P5: the target side's seed already projected position P and wrote its context key
      * into every stage ring (the same bytes this call would write) */
     int reused = reuse && c->dctx.n > 0 && P >= c->dctx.pos0 && P < c->dctx.pos0 + c->dctx.n;
     int rc = 0;
-    if (reused) memcpy(b.cx, c->dctx.rows + (size_t)(P - c->dctx.pos0) * dim, (size_t)dim * sizeof(float));
-    else rc = ds41_dspark_context(e, main_hidden_row, 1, b.cx, err);
-    if (rc) { dbuf_free(&b); return -1; }
+    if (reused) memcpy(b->cx, c->dctx.rows + (size_t)(P - c->dctx.pos0) * dim, (size_t)dim * sizeof(float));
+    else rc = ds41_dspark_context_into(e, main_hidden_row, b->cx, err);
+    if (rc) return -1;
 
     /* block = [t_{P+1}, noise, ...] at positions P+1 .. P+B; 4 copies; pre one-hot copy 0 */
     int pos[DS41_DSPARK_MAX_BLOCK];
     for (int i = 0; i < B; i++) {
         pos[i] = (int)(P + 1 + i);
-        ds41_stream_embed(cfg, w, &b.s, (size_t)i, i == 0 ? t_next : cfg->dspark_noise_token_id);
+        ds41_stream_embed(cfg, w, &b->s, (size_t)i, i == 0 ? t_next : cfg->dspark_noise_token_id);
     }
     /* the index list, the same for every query: ring slots 0 .. min(W, P+1)-1 in slot order
      * (not chronological), then the block keys at KV rows W .. W+B-1 */
     int nring = P + 1 < W ? (int)(P + 1) : W, L = nring + B;
     for (int i = 0; i < B; i++) {
-        int32_t *li = b.list + (size_t)i * L;
+        int32_t *li = b->list + (size_t)i * L;
         for (int j = 0; j < nring; j++) li[j] = j;
         for (int j = 0; j < B; j++) li[nring + j] = W + j;
     }
@@ -210,45 +246,104 @@ int ds41_dspark_propose_ex(const ds41_engine *e, ds41_cache *c, const float *mai
             break;
         }
         /* ---- attention sublayer */
-        ds41_block_attn_in(ctx, cfg, lw, &b.s, 0, B, 0, B);
+        ds41_block_attn_in(ctx, cfg, lw, &b->s, 0, B, 0, B);
         /* context key of position P, written before this stage's attention */
         if (!reused) {
-            ds41_attn_swa_k(ctx, cfg, lw, rope, b.cx, 1, &P32, b.kctx, b.rec);
-            memcpy(ds41_ring_slot(ring, P), b.rec, (size_t)ring->rec_bytes);
+            ds41_attn_swa_k(ctx, cfg, lw, rope, b->cx, 1, &P32, b->kctx, b->rec);
+            memcpy(ds41_ring_slot(ring, P), b->rec, (size_t)ring->rec_bytes);
         }
-        ds41_attn_query(ctx, cfg, lw, rope, b.s.xa, B, pos, b.cq, b.q);
-        ds41_swa_rec_unpack(cfg, ring->rec, W, b.kv);
-        ds41_attn_swa_k(ctx, cfg, lw, rope, b.s.xa, B, pos, b.kv + (size_t)W * D, NULL);
-        ds41_kvset kvs = { { b.kv, b.kv + (size_t)W * D, NULL }, { W, B, 0 } };
-        ds41_sparse_attn(ctx, cfg->n_heads, D, b.q, B, &kvs, b.list, L, lw->attn_sink, scale, b.o);
-        ds41_attn_output(ctx, cfg, lw, rope, b.o, B, pos, b.wos, b.s.y);
-        ds41_block_attn_out(ctx, cfg, &b.s, 0, B);
+        ds41_attn_query(ctx, cfg, lw, rope, b->s.xa, B, pos, b->cq, b->q);
+        ds41_swa_rec_unpack(cfg, ring->rec, W, b->kv);
+        ds41_attn_swa_k(ctx, cfg, lw, rope, b->s.xa, B, pos, b->kv + (size_t)W * D, NULL);
+        ds41_kvset kvs = { { b->kv, b->kv + (size_t)W * D, NULL }, { W, B, 0 } };
+        ds41_sparse_attn(ctx, cfg->n_heads, D, b->q, B, &kvs, b->list, L, lw->attn_sink, scale, b->o);
+        ds41_attn_output(ctx, cfg, lw, rope, b->o, B, pos, b->wos, b->s.y);
+        ds41_block_attn_out(ctx, cfg, &b->s, 0, B);
         /* ---- MoE sublayer (the stage's expert counts from the plan; drafts are text) */
-        ds41_block_ffn(ctx, cfg, lw, lp, &b.s, 0, B, NULL);
+        ds41_block_ffn(ctx, cfg, lw, lp, &b->s, 0, B, NULL);
     }
+    if (rc) return -1;
+    /* the un-normalised collapse of every row (the confidence head reads it); the final norm
+     * and the vocabulary head run per row in ds41_dspark_next */
+    size_t hc = (size_t)cfg->hc_mult;
+    ds41_hc_apply_pre(ctx, b->s.X, b->s.pre, B, (int)hc, dim, b->s.xin);
+    b->t_next = t_next;
+    memset(b->conf_ok, 0, sizeof b->conf_ok);
+    b->ready = 1;
+    return 0;
+}
 
-    if (!rc) {
-        /* ---- heads: base logits of the normalised collapse, then the Markov loop */
-        const ds41_layer_weights *last = &w->layers[cfg->n_layers + cfg->n_mtp - 1];
-        ds41_stream_head(ctx, cfg, w, last->final_norm, &b.s, 0, B, b.base);
-        const float *h = b.s.xin;   /* the un-normalised collapse */
-        int32_t prev = t_next;
-        for (int k = 0; k < B; k++) {
-            float *me = b.cin + dim;
-            const uint16_t *mr = last->markov_embed.w + (size_t)prev * rank;
-            for (int r = 0; r < rank; r++) me[r] = ds41_bf16_to_f32(mr[r]);
-            ds41_linear_bf16(ctx, &last->markov_head, me, 1, b.bias, 0);
-            float *bk = b.base + (size_t)k * V;
-            for (int v = 0; v < V; v++) bk[v] = bk[v] + b.bias[v];
-            int next = sampler ? ds41_sample(sampler, bk, V, b.scratch, b.iscratch) : ds41_argmax(bk, V);
-            /* confidence of draft k from the un-normalised collapse and the previous token's
-             * Markov embedding, an FP32 linear */
-            memcpy(b.cin, h + (size_t)k * dim, (size_t)dim * sizeof(float));
-            ds41_linear_bf16(ctx, &last->conf_proj, b.cin, 1, &conf[k], 0);
-            ids[k] = next;
-            prev = next;
-        }
+int ds41_dspark_made(const ds41_dspark_work *b) { return b && b->ready ? b->made : 0; }
+const int32_t *ds41_dspark_ids(const ds41_dspark_work *b) { return b->ids; }
+
+/* the Markov embedding of token prev (BF16 row widened) into cin[dim ..] */
+static void markov_embed(const ds41_layer_weights *last, ds41_dspark_work *b, int32_t prev) {
+    float *me = b->cin + b->dim;
+    const uint16_t *mr = last->markov_embed.w + (size_t)prev * b->rank;
+    for (int r = 0; r < b->rank; r++) me[r] = ds41_bf16_to_f32(mr[r]);
+}
+
+int ds41_dspark_conf(const ds41_engine *e, ds41_dspark_work *b, int k, float *conf) {
+    if (!b->ready || k < 0 || k >= b->B || k > b->made) return -1;
+    int32_t prev = k == 0 ? b->t_next : b->ids[k - 1];
+    if (!b->conf_ok[k] || b->conf_prev[k] != prev) {
+        const ds41_config *cfg = e->cfg;
+        const ds41_layer_weights *last = &e->w->layers[cfg->n_layers + cfg->n_mtp - 1];
+        /* confidence of draft k from the un-normalised collapse of row k and the previous
+         * token's Markov embedding, an FP32 linear */
+        markov_embed(last, b, prev);
+        memcpy(b->cin, b->s.xin + (size_t)k * b->dim, (size_t)b->dim * sizeof(float));
+        ds41_linear_bf16(&e->ctx, &last->conf_proj, b->cin, 1, &b->conf[k], 0);
+        b->conf_ok[k] = 1;
+        b->conf_prev[k] = prev;
     }
-    dbuf_free(&b);
+    *conf = b->conf[k];
+    return 0;
+}
+
+int ds41_dspark_next(const ds41_engine *e, ds41_dspark_work *b, ds41_sampler *sampler, int32_t *id) {
+    if (!b->ready || b->made >= b->B) return -1;
+    const ds41_config *cfg = e->cfg;
+    const ds41_ctx *ctx = &e->ctx;
+    const ds41_layer_weights *last = &e->w->layers[cfg->n_layers + cfg->n_mtp - 1];
+    int k = b->made, V = b->V, dim = b->dim;
+    /* base logits of row k: final norm of the collapse, the vocabulary head */
+    ds41_rmsnorm(ctx, b->s.xin + (size_t)k * dim, last->final_norm, 1, dim, cfg->norm_eps, b->s.xa + (size_t)k * dim);
+    ds41_bf16w head = { e->w->head, cfg->vocab_size, cfg->dim };
+    ds41_linear_bf16(ctx, &head, b->s.xa + (size_t)k * dim, 1, b->base, 0);
+    /* + the Markov bias of the previous token */
+    int32_t prev = k == 0 ? b->t_next : b->ids[k - 1];
+    markov_embed(last, b, prev);
+    ds41_linear_bf16(ctx, &last->markov_head, b->cin + dim, 1, b->bias, 0);
+    for (int v = 0; v < V; v++) b->base[v] = b->base[v] + b->bias[v];
+    int next = sampler ? ds41_sample(sampler, b->base, V, b->scratch, b->iscratch) : ds41_argmax(b->base, V);
+    b->ids[k] = next;
+    b->made = k + 1;
+    *id = next;
+    return 0;
+}
+
+int ds41_dspark_propose(const ds41_engine *e, ds41_cache *c, const float *main_hidden_row, long long P,
+                        int32_t t_next, ds41_sampler *sampler, int32_t *ids, float *conf, ds41_err *err) {
+    return ds41_dspark_propose_ex(e, c, main_hidden_row, P, t_next, sampler, 0, ids, conf, err);
+}
+
+int ds41_dspark_propose_w(const ds41_engine *e, ds41_cache *c, ds41_dspark_work *w, const float *main_hidden_row,
+                          long long P, int32_t t_next, ds41_sampler *sampler, int reuse, int32_t *ids, float *conf,
+                          ds41_err *err) {
+    if (ds41_dspark_begin(e, c, w, main_hidden_row, P, t_next, reuse, err)) return -1;
+    for (int k = 0; k < w->B; k++) {
+        if (ds41_dspark_conf(e, w, k, &conf[k]) || ds41_dspark_next(e, w, sampler, &ids[k]))
+            return ds41_errf(err, "dspark: draft %d out of order", k);
+    }
+    return 0;
+}
+
+int ds41_dspark_propose_ex(const ds41_engine *e, ds41_cache *c, const float *main_hidden_row, long long P,
+                           int32_t t_next, ds41_sampler *sampler, int reuse, int32_t *ids, float *conf, ds41_err *err) {
+    ds41_dspark_work *w = ds41_dspark_work_new(e, err);
+    if (!w) return -1;
+    int rc = ds41_dspark_propose_w(e, c, w, main_hidden_row, P, t_next, sampler, reuse, ids, conf, err);
+    ds41_dspark_work_free(w);
     return rc;
 }

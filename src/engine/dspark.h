@@ -40,4 +40,25 @@ int ds41_dspark_propose(const ds41_engine *e, ds41_cache *c, const float *main_h
 int ds41_dspark_propose_ex(const ds41_engine *e, ds41_cache *c, const float *main_hidden_row, long long P,
                            int32_t t_next, ds41_sampler *sampler, int reuse, int32_t *ids, float *conf, ds41_err *err);
 
+/* Staged proposals with scratch allocated once (no allocation per call; the session owns one).
+ * ds41_dspark_begin runs the stages over the block at P after t_next (as propose: P5 reuse,
+ * ring slot P); then drafts come one at a time: ds41_dspark_conf(k) is the raw confidence of
+ * draft k (k <= drafts made: it reads the block's row k and the token before draft k), and
+ * ds41_dspark_next makes the next draft (the final norm and vocabulary head of its row, the
+ * Markov bias of the previous token, argmax or the sampler). A caller that verifies K drafts
+ * pays K head passes instead of block_size. ds41_dspark_propose_w = begin + every draft, with
+ * the same values as ds41_dspark_propose_ex (which allocates a work buffer per call). */
+typedef struct ds41_dspark_work ds41_dspark_work;
+ds41_dspark_work *ds41_dspark_work_new(const ds41_engine *e, ds41_err *err);
+void ds41_dspark_work_free(ds41_dspark_work *w);
+int ds41_dspark_begin(const ds41_engine *e, ds41_cache *c, ds41_dspark_work *w, const float *main_hidden_row,
+                      long long P, int32_t t_next, int reuse, ds41_err *err);
+int ds41_dspark_conf(const ds41_engine *e, ds41_dspark_work *w, int k, float *conf);   /* -1: out of order */
+int ds41_dspark_next(const ds41_engine *e, ds41_dspark_work *w, ds41_sampler *sampler, int32_t *id);
+int ds41_dspark_made(const ds41_dspark_work *w);
+const int32_t *ds41_dspark_ids(const ds41_dspark_work *w);
+int ds41_dspark_propose_w(const ds41_engine *e, ds41_cache *c, ds41_dspark_work *w, const float *main_hidden_row,
+                          long long P, int32_t t_next, ds41_sampler *sampler, int reuse, int32_t *ids, float *conf,
+                          ds41_err *err);
+
 #endif

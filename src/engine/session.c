@@ -34,6 +34,7 @@ struct ds41_session {
     /* speculative decoding (spec.c): allocated on the first step; spec.pending always valid */
     ds41_spec_state spec;
     int spec_ready;
+    ds41_dspark_work *dwork;   /* the proposals' scratch: allocated on the first, then reused */
 };
 
 void ds41_load_params_default(ds41_load_params *p) {
@@ -185,6 +186,7 @@ void ds41_session_close(ds41_session *s) {
     if (s->trace_dir) ds41_session_trace_finish(s);
     ds41_seq_free(&s->seq);
     ds41_spec_state_free(&s->spec);
+    ds41_dspark_work_free(s->dwork);
     free(s->sscratch);
     free(s->iscratch);
     free(s);
@@ -303,23 +305,35 @@ int ds41_draft_block_size(const ds41_engine *e) {
     return e->cfg->n_mtp > 0 && e->cfg->dspark_block_size > 0 ? e->cfg->dspark_block_size : 0;
 }
 
-int ds41_session_draft(ds41_session *s, int32_t t_next, int32_t *ids, float *conf) {
+/* The checks of a proposal after t_next at the session's last position; the work buffer
+ * allocated on first use. Returns the main_hidden row of P, or NULL (s->err set). */
+static const float *draft_prepare(ds41_session *s, int32_t t_next) {
     ds41_seq *q = &s->seq;
     long long P = q->cache.pos - 1;
     /* a failed feed may have written part of the state (rings, KV pages) */
-    if (s->broken) { snprintf(s->err, sizeof s->err, "session is unusable after an earlier error; reset it"); return -1; }
-    if (!s->p.draft) { snprintf(s->err, sizeof s->err, "draft: the session was opened without params.draft"); return -1; }
+    if (s->broken) { snprintf(s->err, sizeof s->err, "session is unusable after an earlier error; reset it"); return NULL; }
+    if (!s->p.draft) { snprintf(s->err, sizeof s->err, "draft: the session was opened without params.draft"); return NULL; }
     if (P < 1 || !q->main_hidden || q->mh_rows < 1 || q->mh_pos0 + q->mh_rows - 1 != P) {
         snprintf(s->err, sizeof s->err, "draft: needs a forward that ended at a position >= 1");
-        return -1;
+        return NULL;
     }
     if (t_next < 0 || t_next >= s->e->cfg->vocab_size) {
         snprintf(s->err, sizeof s->err, "draft: token %d outside the vocabulary", t_next);
-        return -1;
+        return NULL;
     }
-    const float *row = q->main_hidden + (size_t)(q->mh_rows - 1) * s->e->cfg->n_dspark_targets * s->e->cfg->dim;
+    if (!s->dwork) {
+        ds41_err err;
+        if (!(s->dwork = ds41_dspark_work_new(s->e, &err))) { snprintf(s->err, sizeof s->err, "%s", err.msg); return NULL; }
+    }
+    return q->main_hidden + (size_t)(q->mh_rows - 1) * s->e->cfg->n_dspark_targets * s->e->cfg->dim;
+}
+
+int ds41_session_draft(ds41_session *s, int32_t t_next, int32_t *ids, float *conf) {
+    const float *row = draft_prepare(s, t_next);
+    if (!row) return -1;
     ds41_err err;
-    if (ds41_dspark_propose_ex(s->e, &q->cache, row, P, t_next, NULL, !s->p.no_meta_reuse, ids, conf, &err)) {
+    if (ds41_dspark_propose_w(s->e, &s->seq.cache, s->dwork, row, s->seq.cache.pos - 1, t_next, NULL,
+                              !s->p.no_meta_reuse, ids, conf, &err)) {
         snprintf(s->err, sizeof s->err, "%s", err.msg);
         return -1;
     }
@@ -466,8 +480,11 @@ int ds41_spec_verify(ds41_session *s, int32_t t_next, const int32_t *drafts, int
     if (k < 0 || k + 1 > s->spec.cap) { snprintf(s->err, sizeof s->err, "verify: %d drafts, at most %d", k, s->spec.cap - 1); return -1; }
     ds41_err err;
     long long pos = s->seq.cache.pos;
+    int acc = 0;
     int n = ds41_spec_verify_block(s->e, &s->seq, &s->sampler, s->p.draft, &s->spec, t_next, drafts, k, out, out_logits,
-                                   n_accepted, &err);
+                                   &acc, &err);
+    if (n_accepted) *n_accepted = acc;
+    if (n > 0) ds41_spec_observe(&s->spec, k, acc);
     if (n < 0) {
         snprintf(s->err, sizeof s->err, "%s", err.msg);
         s->seq.verify = 0;
@@ -496,6 +513,13 @@ static int batchable(const ds41_batch_item *b) {
     const ds41_session *s = b->s;
     if (s->broken || s->trace_dir || s->seq.cache.pos < 1 || b->n < 1) return 0;
     return b->verify || b->n == 1;
+}
+
+int ds41_spec_want_draft(ds41_session *s, const ds41_spec_curve *curve) {
+    int km = ds41_spec_max_drafts(s);
+    if (km <= 0) return 0;
+    if (spec_ready(s)) return 1;
+    return ds41_spec_gate(&s->spec, curve, km);
 }
 
 int ds41_batch_step(ds41_batch_item *it, int count) {
@@ -630,22 +654,67 @@ int ds41_spec_step(ds41_session *s, const ds41_spec_params *p, int32_t *out, int
     if (s->p.index_k == DS41_INDEX_K_OFFICIAL && kmax > P - 1) kmax = P - 1;
     int32_t d[DS41_SPEC_MAX_DRAFTS];
     int K = 0;
-    if (kmax > 0 && s->p.draft && P >= 2) {
-        if (ds41_session_draft(s, t_next, d, info->conf)) return -1;
-        info->proposed = B;
-        int km = (int)kmax;
-        if (p->mode == DS41_SPEC_FIXED) {
-            K = p->k < km ? p->k : km;
-            if (K < 0) K = 0;
-            double a = 1.0;
-            for (int i = 0; i < K; i++) { a /= 1.0 + exp(-(double)info->conf[i]); info->expected += a; }
-        } else {
-            info->expected = ds41_spec_schedule(p->curve, 1, B, info->conf, &km, &K) - 1.0;
+    int propose = kmax > 0 && s->p.draft && P >= 2;
+    /* auto: no proposal when drafting cannot pay (the gate counts the proposal's cost) */
+    if (propose && p->mode == DS41_SPEC_AUTO) propose = ds41_spec_gate(&s->spec, p->curve, (int)kmax);
+    if (propose) {
+        const float *row = draft_prepare(s, t_next);
+        ds41_err err;
+        if (!row) return -1;
+        if (ds41_dspark_begin(s->e, &s->seq.cache, s->dwork, row, P - 1, t_next, !s->p.no_meta_reuse, &err)) {
+            snprintf(s->err, sizeof s->err, "%s", err.msg);
+            return -1;
         }
+        ds41_dspark_work *w = s->dwork;
+        int km = (int)kmax;
+        if (km > B) km = B;
+        /* drafts are made one at a time, only as many as the step verifies (each costs a
+         * head + Markov pass); the confidence of draft j needs only the drafts before it */
+        double a = 1.0, tau = 1.0;
+        if (p->mode == DS41_SPEC_FIXED) {
+            int Kf = p->k < km ? p->k : km;
+            if (Kf < 0) Kf = 0;
+            for (int j = 0; j < Kf; j++) {
+                if (ds41_dspark_conf(s->e, w, j, &info->conf[j]) || ds41_dspark_next(s->e, w, NULL, &d[j])) goto order;
+                a /= 1.0 + exp(-(double)info->conf[j]);
+                info->expected += a;
+            }
+            K = Kf;
+        } else {
+            /* spec 5.4 Algorithm 1 for one sequence: survival decreases along the block, so
+             * positions come in order; add draft j while Theta = tau / step time grows */
+            const ds41_spec_curve *cv = p->curve;
+            double theta = ds41_spec_theta(cv, 1, 1, 1, tau);
+            for (int j = 0; j < km; j++) {
+                if (ds41_dspark_conf(s->e, w, j, &info->conf[j])) goto order;
+                double a2 = a / (1.0 + exp(-(double)info->conf[j]));
+                double th2 = ds41_spec_theta(cv, 1, 2 + j, 1, tau + a2);
+                if (!(th2 > theta)) break;
+                if (ds41_dspark_next(s->e, w, NULL, &d[j])) goto order;
+                a = a2;
+                tau += a2;
+                theta = th2;
+                K = j + 1;
+            }
+            info->expected = tau - 1.0;
+        }
+        info->proposed = ds41_dspark_made(w);
+        info->proposal = 1;
     }
-    int A = 0;
-    int m = ds41_spec_verify(s, t_next, d, K, out + n, out_logits ? out_logits + (size_t)n * V : NULL, &A);
-    if (m < 0) return -1;
+    int A = 0, m;
+    if (K == 0) {
+        /* a plain step: t_next fed as a decode (what a one-row verify computes, without its
+         * snapshot and rollback), the next token sampled from its logits and left pending */
+        if (feed_impl(s, &t_next, 1, NULL)) return -1;
+        int32_t next = ds41_session_sample(s);
+        if (out_logits) memcpy(out_logits + (size_t)n * V, s->seq.logits, (size_t)V * sizeof(float));
+        out[n] = next;
+        s->spec.pending = next;
+        m = 1;
+    } else {
+        m = ds41_spec_verify(s, t_next, d, K, out + n, out_logits ? out_logits + (size_t)n * V : NULL, &A);
+        if (m < 0) return -1;
+    }
     n += m;
     info->n_out = n;
     info->drafted = K;
@@ -659,6 +728,9 @@ int ds41_spec_step(ds41_session *s, const ds41_spec_params *p, int32_t *out, int
         for (int i = 0; i < A; i++) st->accepted_at[i]++;
     }
     return n;
+order:
+    snprintf(s->err, sizeof s->err, "spec step: drafts out of order");
+    return -1;
 }
 
 uint64_t ds41_session_digest(const ds41_session *s) {

@@ -41,6 +41,7 @@ int ds41_spec_state_init(ds41_spec_state *st, const ds41_engine *e, ds41_err *er
     if (st->cap > cfg->window) st->cap = cfg->window;
     if (st->cap < 1) st->cap = 1;
     st->pending = -1;
+    st->probe_every = DS41_SPEC_PROBE_MIN;
     st->rows = malloc((size_t)st->cap * cfg->vocab_size * sizeof(float));
     if (!st->rows) return ds41_errf(err, "out of memory for the verify logits");
     return 0;
@@ -203,11 +204,29 @@ static int cmp_cand(const void *x, const void *y) {
 
 static double sigm(double x) { return 1.0 / (1.0 + exp(-x)); }
 
+double ds41_spec_step_time(const ds41_spec_curve *c, int R, int width, int drafting) {
+    double t = 1.0 / ds41_spec_curve_sps(c, width);
+    if (c && drafting > 0 && c->propose_s > 0) {
+        int d = width - R > 0 ? width - R : 0;
+        t += drafting * c->propose_s + d * c->draft_s;
+    }
+    return t;
+}
+
+double ds41_spec_theta(const ds41_spec_curve *c, int R, int width, int drafting, double tau) {
+    if (!c || c->n < 1) return tau;   /* no curve: tokens per step */
+    return tau / ds41_spec_step_time(c, R, width, drafting);
+}
+
 double ds41_spec_schedule(const ds41_spec_curve *curve, int R, int stride, const float *conf, const int *max_len,
                           int *len) {
     if (R <= 0) return 0.0;
     size_t nc = 0;
-    for (int r = 0; r < R; r++) nc += (size_t)(max_len[r] > 0 ? max_len[r] : 0);
+    int drafting = 0;   /* sequences that proposed: their proposals are part of the step's time */
+    for (int r = 0; r < R; r++) {
+        nc += (size_t)(max_len[r] > 0 ? max_len[r] : 0);
+        drafting += max_len[r] > 0;
+    }
     cand *c = malloc((nc ? nc : 1) * sizeof *c);
     double tau = R;
     for (int r = 0; r < R; r++) len[r] = 0;
@@ -223,11 +242,11 @@ double ds41_spec_schedule(const ds41_spec_curve *curve, int R, int stride, const
     }
     qsort(c, n, sizeof *c, cmp_cand);
     int B = R;
-    double theta = tau * (curve ? ds41_spec_curve_sps(curve, B) : 1.0);
+    double theta = ds41_spec_theta(curve, R, B, drafting, tau);
     for (size_t i = 0; i < n; i++) {
         if (c[i].j != len[c[i].r]) continue;   /* not the next of its prefix (ties out of order) */
         double t2 = tau + c[i].a;
-        double th2 = t2 * (curve ? ds41_spec_curve_sps(curve, B + 1) : 1.0);
+        double th2 = ds41_spec_theta(curve, R, B + 1, drafting, t2);
         if (!(th2 > theta)) break;
         tau = t2;
         theta = th2;
@@ -238,17 +257,99 @@ double ds41_spec_schedule(const ds41_spec_curve *curve, int R, int stride, const
     return tau;
 }
 
+/* ====================================================================== drafting gate */
+
+double ds41_spec_survival(const ds41_spec_state *st, int j) {
+    double s = 1.0;
+    for (int i = 0; i <= j && i < DS41_SPEC_MAX_DRAFTS; i++) {
+        /* prior: half the previous position's survival, worth one observation */
+        double prior = 0.5 * s;
+        double v = (st->acc_num[i] + prior) / (st->acc_den[i] + 1.0);
+        s = v < s ? v : s;
+    }
+    return s;
+}
+
+void ds41_spec_observe(ds41_spec_state *st, int k, int accepted) {
+    if (k <= 0) return;
+    for (int i = 0; i < k && i < DS41_SPEC_MAX_DRAFTS; i++) {
+        st->acc_den[i] = st->acc_den[i] * DS41_SPEC_DECAY + 1.0;
+        st->acc_num[i] = st->acc_num[i] * DS41_SPEC_DECAY + (accepted > i ? 1.0 : 0.0);
+    }
+}
+
+double ds41_spec_best_theta(const ds41_spec_curve *c, int kmax, const double *surv, int *best_k) {
+    double best = 0.0, tau = 1.0;
+    if (best_k) *best_k = 0;
+    for (int k = 1; k <= kmax; k++) {
+        tau += surv ? surv[k - 1] : 1.0;
+        double th = ds41_spec_theta(c, 1, 1 + k, 1, tau);
+        if (th > best) { best = th; if (best_k) *best_k = k; }
+    }
+    return best;
+}
+
+int ds41_spec_gate(ds41_spec_state *st, const ds41_spec_curve *c, int kmax) {
+    if (kmax <= 0) return 0;
+    if (!c || c->n < 1 || !(c->propose_s > 0)) return 1;   /* proposal cost unknown: always propose */
+    double plain = ds41_spec_theta(c, 1, 1, 0, 1.0);
+    /* even a drafter that is always right cannot beat a plain step: never propose */
+    if (!(ds41_spec_best_theta(c, kmax, NULL, NULL) > plain)) return 0;
+    double surv[DS41_SPEC_MAX_DRAFTS];
+    if (kmax > DS41_SPEC_MAX_DRAFTS) kmax = DS41_SPEC_MAX_DRAFTS;
+    for (int j = 0; j < kmax; j++) surv[j] = ds41_spec_survival(st, j);
+    if (ds41_spec_best_theta(c, kmax, surv, NULL) > plain) {
+        st->plain_run = 0;
+        st->probe_every = DS41_SPEC_PROBE_MIN;
+        return 1;
+    }
+    /* the recent acceptance says drafting does not pay; propose now and then to notice when
+     * the text becomes predictable, less often while the probes keep failing */
+    if (++st->plain_run >= st->probe_every) {
+        st->plain_run = 0;
+        st->probe_every = st->probe_every * 2 > DS41_SPEC_PROBE_MAX ? DS41_SPEC_PROBE_MAX : st->probe_every * 2;
+        return 1;
+    }
+    return 0;
+}
+
 /* ====================================================================== curve */
 
-static double now_s(void) {
+/* The calibration's clock: single-threaded, the thread's CPU time (what the work costs,
+ * whatever share of the core the other processes of a shared machine take); with a thread
+ * pool, wall time (the workers' time is not the caller's). */
+static double cal_now(const ds41_engine *e) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(e->ctx.pool ? CLOCK_MONOTONIC : CLOCK_THREAD_CPUTIME_ID, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static int cmp_dbl(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
+}
+
+#define DS41_SPEC_CAL_MAX_REPS 64
+
+/* Calibration state: the scratch sequence after the prompt and one decode (so a proposal at its
+ * last position P has its context row), a copy of that row, the proposal's scratch. */
+typedef struct cal {
+    ds41_engine *e;
+    ds41_seq q;
+    ds41_spec_state st;
+    ds41_dspark_work *w;     /* NULL: no DSpark stages */
+    float *mh;               /* main_hidden row of P */
+    long long P;
+    int32_t t_next;
+    const int32_t *vblock;   /* the verify rows' tokens (max_width of them) */
+} cal;
+
+/* one proposal with a single draft, untimed: what a drafting step runs before its verify */
+static int cal_propose(cal *c, ds41_err *err) {
+    int32_t id;
+    if (ds41_dspark_begin(c->e, &c->q.cache, c->w, c->mh, c->P, c->t_next, 1, err)) return -1;
+    if (ds41_dspark_next(c->e, c->w, NULL, &id)) return ds41_errf(err, "calibrate: draft");
+    return 0;
 }
 
 int ds41_spec_calibrate(ds41_engine *e, int max_width, int prompt_len, int reps, ds41_spec_curve *out, char *errbuf,
@@ -261,45 +362,116 @@ int ds41_spec_calibrate(ds41_engine *e, int max_width, int prompt_len, int reps,
     if (max_width > cfg->window) max_width = cfg->window;
     if (reps < 1) reps = 1;
     if (prompt_len < 2) prompt_len = 2;
-    if (prompt_len + max_width > e->max_pos) prompt_len = (int)(e->max_pos - max_width);
+    if (prompt_len + 1 + max_width > e->max_pos) prompt_len = (int)(e->max_pos - max_width - 1);
     if (prompt_len < 1) { snprintf(errbuf, errcap, "calibrate: the context is too small"); return -1; }
-    ds41_seq q;
-    ds41_spec_state st;
-    if (ds41_seq_init(&q, e, &err)) { snprintf(errbuf, errcap, "%s", err.msg); return -1; }
-    if (ds41_spec_state_init(&st, e, &err)) { ds41_seq_free(&q); snprintf(errbuf, errcap, "%s", err.msg); return -1; }
-    if (st.cap < max_width) {
-        free(st.rows);
-        st.cap = max_width;
-        st.rows = malloc((size_t)max_width * cfg->vocab_size * sizeof(float));
+    cal c;
+    memset(&c, 0, sizeof c);
+    c.e = e;
+    if (ds41_seq_init(&c.q, e, &err)) { snprintf(errbuf, errcap, "%s", err.msg); return -1; }
+    if (ds41_spec_state_init(&c.st, e, &err)) { ds41_seq_free(&c.q); snprintf(errbuf, errcap, "%s", err.msg); return -1; }
+    if (c.st.cap < max_width) {
+        free(c.st.rows);
+        c.st.cap = max_width;
+        c.st.rows = malloc((size_t)max_width * cfg->vocab_size * sizeof(float));
     }
-    int32_t *tok = malloc((size_t)(prompt_len + max_width) * sizeof(int32_t));
-    double *t = malloc((size_t)reps * sizeof(double));
+    int B = ds41_draft_block_size(e);
+    size_t mhw = (size_t)cfg->n_dspark_targets * cfg->dim;
+    int32_t *tok = malloc((size_t)(prompt_len + 1 + max_width) * sizeof(int32_t));
+    if (reps > DS41_SPEC_CAL_MAX_REPS) reps = DS41_SPEC_CAL_MAX_REPS;
+    double *t = malloc((size_t)max_width * DS41_SPEC_CAL_MAX_REPS * sizeof(double));
+    double *tb = malloc(4 * DS41_SPEC_CAL_MAX_REPS * sizeof(double)), *td = malloc(4 * DS41_SPEC_CAL_MAX_REPS * sizeof(double));
     int rc = -1;
-    if (!tok || !t || !st.rows) { snprintf(errbuf, errcap, "out of memory"); goto done; }
+    if (!tok || !t || !tb || !td || !c.st.rows) { snprintf(errbuf, errcap, "out of memory"); goto done; }
     uint64_t x = 88172645463325252ULL;
-    for (int i = 0; i < prompt_len + max_width; i++) {
+    for (int i = 0; i < prompt_len + 1 + max_width; i++) {
         x ^= x << 13; x ^= x >> 7; x ^= x << 17;
         tok[i] = (int32_t)(x % (uint64_t)cfg->vocab_size);
     }
-    if (ds41_forward(&q, tok, prompt_len, 1, &err)) { snprintf(errbuf, errcap, "%s", err.msg); goto done; }
-    for (int w = 1; w <= max_width; w++) {
-        if (ds41_spec_time_forward(e, &q, &st, tok + prompt_len, w, &err)) { snprintf(errbuf, errcap, "%s", err.msg); goto done; }
-        for (int r = 0; r < reps; r++) {
-            double t0 = now_s();
-            if (ds41_spec_time_forward(e, &q, &st, tok + prompt_len, w, &err)) { snprintf(errbuf, errcap, "%s", err.msg); goto done; }
-            t[r] = now_s() - t0;
+    /* the prompt, then one decode: position P = prompt_len has a DSpark context row */
+    if (ds41_forward(&c.q, tok, prompt_len + 1, 1, &err)) { snprintf(errbuf, errcap, "%s", err.msg); goto done; }
+    c.P = prompt_len;
+    c.t_next = tok[prompt_len];
+    c.vblock = tok + prompt_len + 1;
+    if (B > 0) {
+        if (ds41_dspark_seed(e, &c.q.cache, c.q.main_hidden, c.q.mh_rows, c.q.mh_pos0, &err)) {
+            snprintf(errbuf, errcap, "%s", err.msg);
+            goto done;
         }
-        qsort(t, (size_t)reps, sizeof(double), cmp_dbl);
-        double med = t[reps / 2];
-        out->sps[w] = med > 0 ? 1.0 / med : 1e9;
+        if (!c.q.main_hidden || c.q.mh_rows < 1 || !(c.mh = malloc(mhw * sizeof(float))) ||
+            !(c.w = ds41_dspark_work_new(e, &err))) {
+            snprintf(errbuf, errcap, "calibrate: no DSpark context row or out of memory");
+            goto done;
+        }
+        memcpy(c.mh, c.q.main_hidden + (size_t)(c.q.mh_rows - 1) * mhw, mhw * sizeof(float));
+    }
+    /* The widths: a warm-up of each; then rounds over the widths in turn, so that a noisy
+     * spell on a shared machine spreads over all widths instead of bending one, as many rounds
+     * as fit in about 0.3 s (at least reps, at most DS41_SPEC_CAL_MAX_REPS); the lower quartile
+     * of each width's times (cal_now: CPU time single-threaded; with a pool the wall clock,
+     * where a time slice given to another process lands in many single measurements of a few
+     * ms). Before each verify of width >= 2 an untimed proposal runs, as in a drafting step
+     * (the stages' weights pass through the caches between two backbone forwards); width 1
+     * is a plain step and runs after a plain step. */
+    double round_s = 0;
+    for (int w = 1; w <= max_width; w++) {
+        double t0 = cal_now(e);
+        if (ds41_spec_time_forward(e, &c.q, &c.st, c.vblock, w, &err)) { snprintf(errbuf, errcap, "%s", err.msg); goto done; }
+        round_s += cal_now(e) - t0;
+    }
+    if (round_s > 0 && 0.3 / round_s > reps) reps = 0.3 / round_s < DS41_SPEC_CAL_MAX_REPS ? (int)(0.3 / round_s) : DS41_SPEC_CAL_MAX_REPS;
+    for (int r = 0; r < reps; r++)
+        for (int w = 1; w <= max_width; w++) {
+            if (c.w && w >= 2 && cal_propose(&c, &err)) { snprintf(errbuf, errcap, "%s", err.msg); goto done; }
+            double t0 = cal_now(e);
+            if (ds41_spec_time_forward(e, &c.q, &c.st, c.vblock, w, &err)) { snprintf(errbuf, errcap, "%s", err.msg); goto done; }
+            t[(size_t)(w - 1) * DS41_SPEC_CAL_MAX_REPS + r] = cal_now(e) - t0;
+        }
+    for (int w = 1; w <= max_width; w++) {
+        double *tw = t + (size_t)(w - 1) * DS41_SPEC_CAL_MAX_REPS;
+        qsort(tw, (size_t)reps, sizeof(double), cmp_dbl);
+        double q1 = tw[reps / 4];
+        out->sps[w] = q1 > 0 ? 1.0 / q1 : 1e9;
         out->n = w;
+    }
+    /* The proposal: the stages (ds41_dspark_begin), then each draft (confidence + head +
+     * Markov), 4 x reps times, each after an untimed verify of width 2 (as in decoding, after
+     * a backbone forward), lower quartiles. */
+    if (c.w) {
+        int n = 4 * reps;
+        for (int r = -1; r < n; r++) {   /* r = -1: a warm-up */
+            if (ds41_spec_time_forward(e, &c.q, &c.st, c.vblock, max_width < 2 ? 1 : 2, &err)) {
+                snprintf(errbuf, errcap, "%s", err.msg);
+                goto done;
+            }
+            double t0 = cal_now(e);
+            if (ds41_dspark_begin(e, &c.q.cache, c.w, c.mh, c.P, c.t_next, 1, &err)) { snprintf(errbuf, errcap, "%s", err.msg); goto done; }
+            double t1 = cal_now(e);
+            for (int k = 0; k < B; k++) {
+                float cf;
+                int32_t id;
+                if (ds41_dspark_conf(e, c.w, k, &cf) || ds41_dspark_next(e, c.w, NULL, &id)) {
+                    snprintf(errbuf, errcap, "calibrate: draft %d", k);
+                    goto done;
+                }
+            }
+            double t2 = cal_now(e);
+            if (r >= 0) { tb[r] = t1 - t0; td[r] = (t2 - t1) / B; }
+        }
+        qsort(tb, (size_t)n, sizeof(double), cmp_dbl);
+        qsort(td, (size_t)n, sizeof(double), cmp_dbl);
+        out->propose_s = tb[n / 4] > 0 ? tb[n / 4] : 1e-9;
+        out->draft_s = td[n / 4] > 0 ? td[n / 4] : 1e-9;
     }
     rc = 0;
 done:
     free(tok);
     free(t);
-    ds41_spec_state_free(&st);
-    ds41_seq_free(&q);
+    free(tb);
+    free(td);
+    free(c.mh);
+    ds41_dspark_work_free(c.w);
+    ds41_spec_state_free(&c.st);
+    ds41_seq_free(&c.q);
     return rc;
 }
 
@@ -332,15 +504,28 @@ int ds41_spec_curve_load(const char *path, ds41_spec_curve *c) {
     FILE *f = fopen(path, "r");
     if (!f) return -1;
     memset(c, 0, sizeof *c);
-    int w;
-    double v;
-    while (fscanf(f, "%d %lf", &w, &v) == 2) {
-        if (w != c->n + 1 || w > DS41_SPEC_MAX_WIDTH || !(v > 0)) { fclose(f); c->n = 0; return -1; }
-        c->sps[w] = v;
-        c->n = w;
+    char line[256];
+    int have_propose = 0, bad = 0;
+    while (!bad && fgets(line, sizeof line, f)) {
+        int w;
+        double v;
+        char key[32];
+        if (sscanf(line, "%d %lf", &w, &v) == 2) {
+            if (w != c->n + 1 || w > DS41_SPEC_MAX_WIDTH || !(v > 0)) bad = 1;
+            else { c->sps[w] = v; c->n = w; }
+        } else if (sscanf(line, "%31s %lf", key, &v) == 2) {
+            if (!(v >= 0) || v > 1e6) bad = 1;
+            else if (!strcmp(key, "propose_s")) { c->propose_s = v; have_propose = 1; }
+            else if (!strcmp(key, "draft_s")) c->draft_s = v;
+            /* other keys: from a later format, ignored */
+        } else if (line[0] != '\n') {
+            bad = 1;
+        }
     }
     fclose(f);
-    return c->n > 0 ? 0 : -1;
+    /* a file without the proposal's cost is from before it was measured: re-measure */
+    if (bad || c->n < 1 || !have_propose) { memset(c, 0, sizeof *c); return -1; }
+    return 0;
 }
 
 static void mkdirs(const char *path) {
@@ -361,6 +546,8 @@ int ds41_spec_curve_save(const char *path, const ds41_spec_curve *c) {
     FILE *f = fopen(tmp, "w");
     if (!f) { free(tmp); return -1; }
     for (int w = 1; w <= c->n; w++) fprintf(f, "%d %.6f\n", w, c->sps[w]);
+    /* after the widths: a loader of the older format stops here with the widths read */
+    fprintf(f, "propose_s %.9f\ndraft_s %.9f\n", c->propose_s, c->draft_s);
     int rc = fclose(f) ? -1 : rename(tmp, path) ? -1 : 0;
     if (rc) remove(tmp);
     free(tmp);

@@ -14,7 +14,29 @@ typedef struct ds41_spec_state {
     ds41_cache_snap snap;
     float *rows;             /* [cap][vocab] logits of the verify rows */
     int32_t pending;         /* the next token, already emitted, not yet fed (-1: none) */
+    /* --spec auto's drafting gate (ds41_spec_gate): decayed counts of this session's verified
+     * drafts, acc_num[i] / acc_den[i] ~ P(the first i + 1 drafts accepted), plain steps since
+     * the last proposal and the probe interval */
+    double acc_num[DS41_SPEC_MAX_DRAFTS], acc_den[DS41_SPEC_MAX_DRAFTS];
+    int plain_run, probe_every;
 } ds41_spec_state;
+
+#define DS41_SPEC_DECAY 0.95       /* per verified step: the counts' memory is ~20 drafting steps */
+#define DS41_SPEC_PROBE_MIN 8
+#define DS41_SPEC_PROBE_MAX 256
+
+/* Seconds of a step of `width` verify rows for R sequences of which `drafting` proposed
+ * (the curve's propose_s each, draft_s per verified draft); Theta = tau / that time (tau
+ * itself without a curve). */
+double ds41_spec_step_time(const ds41_spec_curve *c, int R, int width, int drafting);
+double ds41_spec_theta(const ds41_spec_curve *c, int R, int width, int drafting, double tau);
+/* The gate of ds41_spec_want_draft (1 = propose); ds41_spec_observe records a verify of k
+ * drafts with `accepted` accepted; ds41_spec_survival = the estimate for position j. */
+int ds41_spec_gate(ds41_spec_state *st, const ds41_spec_curve *c, int kmax);
+void ds41_spec_observe(ds41_spec_state *st, int k, int accepted);
+double ds41_spec_survival(const ds41_spec_state *st, int j);
+/* max over K = 1..kmax of Theta with survivals surv[0..K) (NULL: all 1), one sequence, drafting */
+double ds41_spec_best_theta(const ds41_spec_curve *c, int kmax, const double *surv, int *best_k);
 
 int ds41_spec_state_init(ds41_spec_state *st, const ds41_engine *e, ds41_err *err);
 void ds41_spec_state_free(ds41_spec_state *st);

@@ -343,6 +343,8 @@ static int batch_curve(const ds41_spec_curve *c, int R, int B, ds41_spec_curve *
     memset(o, 0, sizeof *o);
     for (int w = 1; w <= n; w++) o->sps[w] = ds41_spec_curve_sps(c, w);
     o->n = n;
+    o->propose_s = c->propose_s;   /* each drafting sequence's proposal, each draft's head pass */
+    o->draft_s = c->draft_s;
     return 0;
 }
 
@@ -498,6 +500,10 @@ static void *sched_main(void *arg) {
                 int32_t *blk = S->vblk + (size_t)nb * W;
                 blk[0] = q->next;
                 kmax[nb] = ds41_spec_max_drafts(q->s);
+                /* auto: no proposal where the gate says drafting cannot pay */
+                if (kmax[nb] > 0 && S->p.spec_mode == DS41_SPEC_AUTO && S->curve.n > 0 &&
+                    !ds41_spec_want_draft(q->s, &S->curve))
+                    kmax[nb] = 0;
                 if (kmax[nb] > 0 && ds41_session_draft(q->s, q->next, blk + 1, S->conf + (size_t)nb * S->B)) {
                     seq_finish(S, q, DS41_FIN_ERROR, ds41_session_error(q->s));
                     continue;

@@ -94,9 +94,10 @@ def evaluate(model, data, c, n=48, stream=None):
     return tot / cnt
 
 
-def draft_loss(model, data, w, c, n_pos):
+def draft_loss(model, data, w, c, n_pos, w_ce=0.5, w_kl=0.5):
     """DSpark: drafts at n_pos random positions P per window; returns (loss, accuracy per
-    draft position, confidence BCE)."""
+    draft position, confidence BCE). w_ce / w_kl weigh the cross-entropy to the text and the KL
+    to the frozen backbone."""
     cfg = model.cfg
     bs = cfg["dspark_block_size"]
     x = w[:, :-1]
@@ -117,7 +118,7 @@ def draft_loss(model, data, w, c, n_pos):
     target_greedy = logits_t[bidx, P[:, :, None] + 1 + kk].argmax(-1)
     hit = (logits.argmax(-1) == target_greedy).float()
     bce = F.binary_cross_entropy_with_logits(conf, hit)
-    return 0.5 * ce + 0.5 * kl + 0.2 * bce, hit.mean(dim=(0, 1)), bce
+    return w_ce * ce + w_kl * kl + 0.2 * bce, hit.mean(dim=(0, 1)), bce
 
 
 def allreduce_grads(dist, opt, model, phase, n):
@@ -201,6 +202,15 @@ def main():
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--init-release", metavar="DIR",
+                    help="start from a release checkpoint (e.g. models/demo): every tensor decoded from "
+                         "DIR/model.safetensors (export.load_release), the run begins at the dspark phase "
+                         "with the backbone frozen as released; only the DSpark stages train")
+    ap.add_argument("--dspark-minutes", type=float, default=0.0,
+                    help="end the dspark phase after this much wall time (its learning-rate schedule then "
+                         "runs on elapsed time; --dspark is only the upper bound on steps)")
+    ap.add_argument("--draft-ce", type=float, default=0.5, help="dspark loss: weight of the cross-entropy to the text")
+    ap.add_argument("--draft-kl", type=float, default=0.5, help="dspark loss: weight of the KL to the backbone")
     ap.add_argument("--procs", type=int, default=2,
                     help="data-parallel worker processes, one thread each (gloo all-reduce); on a busy "
                          "2-core machine two single-threaded workers beat one two-threaded one")
@@ -241,14 +251,32 @@ def main():
         opt = make_opt(model, phase_loaded, args)
         opt.load_state_dict(st["opt"])
         print("resumed at step %d (%s)" % (step, phase_loaded), flush=True)
+    elif args.init_release:
+        import export
+        model.load_state_dict(export.load_release(model, args.init_release))
+        step = args.dense + args.sparse + args.qat
+        evals = {"backbone": "release %s" % args.init_release}
+        print("initialised from the release in %s; dspark phase from step %d" % (args.init_release, step), flush=True)
     total = args.dense + args.sparse + args.qat + args.dspark
     log = open(os.path.join(args.out, "log.jsonl"), "a")
     n_params = sum(p.numel() for p in model.parameters())
     print("model: %.2fM parameters; %d steps of %d x %d tokens" % (n_params / 1e6, total, args.batch, args.ctx), flush=True)
     t0, tok0, step0 = time.time(), 0, step
     cur = phase_loaded
+    t_dspark = None
     while step < total:
         phase, i, n = phase_of(step, args)
+        if phase == "dspark" and args.dspark_minutes > 0:
+            if t_dspark is None:
+                t_dspark = time.time()
+            # rank 0's clock decides for every worker: progress in [0, 1], stop at 1
+            frac = torch.tensor([(time.time() - t_dspark) / (60.0 * args.dspark_minutes)])
+            if dist is not None:
+                dist.broadcast(frac, 0)
+            if frac.item() >= 1.0:
+                print("dspark phase: %.1f minutes reached after %d steps" % (args.dspark_minutes, i), flush=True)
+                total = step
+                break
         if phase != cur:
             if cur in ("sparse",) and "fp32" not in evals:
                 evals["fp32"] = evaluate(model, data, ctx_for("sparse"))
@@ -278,11 +306,13 @@ def main():
             cur = phase
         c = ctx_for(phase)
         lr = lr_at(phase, i, n, args)
+        if phase == "dspark" and args.dspark_minutes > 0:
+            lr = lr_at(phase, frac.item() * 1000.0, 1000, args)
         for g in opt.param_groups:
             g["lr"] = lr
         w = data.batch()
         if phase == "dspark":
-            loss, acc, bce = draft_loss(model, data, w, c, args.draft_positions)
+            loss, acc, bce = draft_loss(model, data, w, c, args.draft_positions, args.draft_ce, args.draft_kl)
             kl = torch.zeros(())
             total_loss = loss
         else:
@@ -308,6 +338,8 @@ def main():
             el = time.time() - t0
             tps = tok0 / el
             eta = (total - step) * el / max(1, step - step0)
+            if phase == "dspark" and args.dspark_minutes > 0:
+                eta = 60.0 * args.dspark_minutes - (time.time() - t_dspark)
             rec = {"step": step, "phase": phase, "loss": round(loss.item(), 4), "kl": round(kl.item(), 4),
                    "lr": lr, "tok_s": round(tps, 1), "elapsed_s": round(el, 1)}
             if phase == "dspark":
