@@ -29,7 +29,9 @@ static const char *BENCH_USAGE =
     "                      curve (also cached for ds41 run --spec auto)\n"
     "  --spec-prompt TEXT  its prompt (tokenized with DIR/tokenizer.json; default random ids)\n"
     "  --spec-n N          tokens generated per spec run (default 64)\n"
-    "  --spec-curve        only measure and cache the verify-width curve, print it and exit\n";
+    "  --spec-curve        only measure and cache the verify-width curve, print it and exit\n"
+    "  --synthetic-context LIST, --ablate p1,p2,p3: long-context decode and the performance points\n"
+    "                      on/off (ds41 bench --synthetic-context 4096 --help)\n";
 
 static double now_s(void) {
     struct timespec ts;
@@ -65,6 +67,9 @@ int ds41_cli_bench(int argc, char **argv) {
     unsigned long long seed = 1;
     int spec = 0, spec_curve = 0, spec_n = 64;   /* --spec section (cli_spec.c) */
     const char *spec_prompt = NULL;
+    /* long-context decode and the performance points on/off: cli_bench_long.c */
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--synthetic-context") || !strcmp(argv[i], "--ablate")) return ds41_cli_bench_long(argc, argv);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
