@@ -24,6 +24,7 @@ static const char *BENCH_USAGE =
     "  --exact             exact kernels\n"
     "  --seed S            seed of the random prompt ids (default 1)\n"
     "  --json              machine-readable output\n"
+    "  --load mmap|copy    weights mmap'd (default) or copied into anonymous memory; --readahead\n"
     "  --spec              speculative-decoding section: plain vs --spec fixed:1..B / auto / auto\n"
     "                      without P5 reuse (greedy), acceptance, scheduler choices, the verify-width\n"
     "                      curve (also cached for ds41 run --spec auto)\n"
@@ -66,6 +67,7 @@ int ds41_cli_bench(int argc, char **argv) {
     long long ctx = 0;
     unsigned long long seed = 1;
     int spec = 0, spec_curve = 0, spec_n = 64;   /* --spec section (cli_spec.c) */
+    int load = DS41_LOAD_MMAP, readahead = 0;     /* --load, --readahead */
     const char *spec_prompt = NULL;
     /* long-context decode and the performance points on/off: cli_bench_long.c */
     for (int i = 1; i < argc; i++)
@@ -104,6 +106,9 @@ int ds41_cli_bench(int argc, char **argv) {
             if (ds41_cli_u64("bench", a, argv[++i], &seed)) return 2;
         }
         else if (!strcmp(a, "--exact")) exact = 1;
+        else if (!strcmp(a, "--load") && has) {
+            if (ds41_parse_load(argv[++i], &load)) { fprintf(stderr, "ds41 bench: --load: expected mmap or copy\n"); return 2; }
+        } else if (!strcmp(a, "--readahead")) readahead = 1;
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--spec")) spec = 1;
         else if (!strcmp(a, "--spec-curve")) spec_curve = 1;
@@ -121,6 +126,8 @@ int ds41_cli_bench(int argc, char **argv) {
     ds41_load_params_default(&lp);
     lp.exact = exact;
     lp.n_threads = threads;
+    lp.load = load;
+    lp.readahead = readahead;
     lp.ctx_size = ctx > 0 ? ctx : maxlen + n_dec + 1;
     if (spec && ctx <= 0 && lp.ctx_size < 32 + spec_n + 80) lp.ctx_size = 32 + spec_n + 80;
     char ebuf[1024];

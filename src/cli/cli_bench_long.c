@@ -35,6 +35,14 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* CPU seconds of every thread of the process: less sensitive than the wall clock to other
+ * processes on a shared machine (the pool's spin-waits count in it) */
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -144,6 +152,7 @@ int ds41_cli_bench_long(int argc, char **argv) {
     int rc = 0;
     static double acc[DS41_TIMER_N];
     static double t_dec[MAX_SET][MAX_ROUNDS], t_pre[MAX_SET][MAX_ROUNDS], prof[MAX_SET][DS41_TIMER_N];
+    static double c_dec[MAX_SET][MAX_ROUNDS], c_pre[MAX_SET][MAX_ROUNDS];
 
     /* P1 acts in prefill: time a real prefill of `prefill` tokens per setting, interleaved */
     if (prefill > 0) {
@@ -154,24 +163,27 @@ int ds41_cli_bench_long(int argc, char **argv) {
                 if (!s) { fprintf(stderr, "ds41 bench: %s\n", ebuf); rc = 1; break; }
                 memset(acc, 0, sizeof acc);
                 ds41_engine_set_profile(e, acc);
-                double t0 = now_s();
+                double t0 = now_s(), c0 = cpu_s();
                 if (ds41_feed(s, ids, (size_t)prefill)) { fprintf(stderr, "ds41 bench: %s\n", ds41_session_error(s)); rc = 1; }
                 t_pre[k][r] = now_s() - t0;
+                c_pre[k][r] = cpu_s() - c0;
                 ds41_engine_set_profile(e, NULL);
                 prof[k][DS41_TIMER_COMPRESS] += acc[DS41_TIMER_COMPRESS];
                 ds41_session_close(s);
             }
         if (!rc) {
-            printf("prefill %d tokens (%d rounds, medians)\n%-14s %12s %10s %14s\n", prefill, rounds, "setting", "tok/s",
-                   "vs on", "compressor s");
+            printf("prefill %d tokens (%d rounds, medians)\n%-14s %12s %10s %12s %10s %14s\n", prefill, rounds, "setting",
+                   "tok/s", "vs on", "CPU s", "CPU vs on", "compressor s");
+            double cbase = 0;
             double base = 0;
             for (int k = 0; k < n_set; k++) {
-                double m = median(t_pre[k], rounds);
-                if (k == 0) base = m;
+                double m = median(t_pre[k], rounds), cm = median(c_pre[k], rounds);
+                if (k == 0) { base = m; cbase = cm; }
                 char name[32];
                 if (!set[k]) snprintf(name, sizeof name, "all on");
                 else snprintf(name, sizeof name, "%s%s%s off", set[k] & 1 ? "p1" : "", set[k] & 2 ? "p2" : "", set[k] & 4 ? "p3" : "");
-                printf("%-14s %12.2f %10.3f %14.3f\n", name, prefill / m, m / base, prof[k][DS41_TIMER_COMPRESS] / rounds);
+                printf("%-14s %12.2f %10.3f %12.3f %10.3f %14.3f\n", name, prefill / m, m / base, cm, cm / cbase,
+                       prof[k][DS41_TIMER_COMPRESS] / rounds);
             }
         }
         memset(prof, 0, sizeof prof);
@@ -191,31 +203,35 @@ int ds41_cli_bench_long(int argc, char **argv) {
         tb = now_s() - tb;
         /* one untimed step: first touch of the fresh state and of every layer's weights */
         int di = 0;
+        double tf = now_s();
         if (ds41_feed(s, &ids[di++ % n_ids], 1)) rc = 1;
+        tf = now_s() - tf;
         memset(prof, 0, sizeof prof);
         for (int r = 0; r < rounds && !rc; r++)
             for (int k = 0; k < n_set && !rc; k++) {
                 ds41_engine_set_ablate(e, set[k]);
                 memset(acc, 0, sizeof acc);
                 ds41_engine_set_profile(e, acc);
-                double t0 = now_s();
+                double t0 = now_s(), c0 = cpu_s();
                 for (int i = 0; i < n_dec && !rc; i++)
                     if (ds41_feed(s, &ids[di++ % n_ids], 1)) rc = 1;
                 t_dec[k][r] = (now_s() - t0) / n_dec;
+                c_dec[k][r] = (cpu_s() - c0) / n_dec;
                 ds41_engine_set_profile(e, NULL);
                 for (int q = 0; q < DS41_TIMER_N; q++) prof[k][q] += acc[q] / n_dec;
             }
         if (rc) { fprintf(stderr, "ds41 bench: %s\n", ds41_session_error(s)); ds41_session_close(s); break; }
         ds41_state_info si;
         ds41_session_state(s, &si);
-        printf("\ncontext %lld (synthetic, built in %.2f s; global KV %.1f MB, %.1f B/token), %d steps x %d rounds per setting\n",
-               N, tb, si.global_kv_bytes / 1e6, si.global_kv_bytes_per_token, n_dec, rounds);
-        printf("%-14s %9s %8s %9s %8s %8s %8s %8s %12s\n", "setting", "tok/s", "vs on", "ms/step", "attn %", "index %",
-               "ik-dq %", "sparse %", "KV MB/step");
-        double base = 0;
+        printf("\ncontext %lld (synthetic, built in %.2f s; global KV %.1f MB, %.1f B/token), first (untimed) step %.2f s, "
+               "%d steps x %d rounds per setting\n",
+               N, tb, si.global_kv_bytes / 1e6, si.global_kv_bytes_per_token, tf, n_dec, rounds);
+        printf("%-14s %8s %7s %9s %8s %7s %7s %8s %8s %9s %9s %10s\n", "setting", "tok/s", "vs on", "ms/step", "CPU ms",
+               "CPU/on", "attn %", "index %", "sparse %", "sparse ms", "sparse/on", "KV MB/step");
+        double base = 0, cbase = 0, sbase = 0;
         for (int k = 0; k < n_set; k++) {
-            double m = median(t_dec[k], rounds);
-            if (k == 0) base = m;
+            double m = median(t_dec[k], rounds), cm = median(c_dec[k], rounds);
+            if (k == 0) { base = m; cbase = cm; }
             char name[32];
             if (!set[k]) snprintf(name, sizeof name, "all on");
             else snprintf(name, sizeof name, "%s%s%s off", set[k] & 1 ? "p1" : "", set[k] & 2 ? "p2" : "", set[k] & 4 ? "p3" : "");
@@ -223,10 +239,12 @@ int ds41_cli_bench_long(int argc, char **argv) {
             for (int r = 0; r < rounds; r++) step += t_dec[k][r];
             step /= rounds;
             const double *pf = prof[k];
-            printf("%-14s %9.3f %8.3f %9.1f %8.1f %8.1f %8.1f %8.1f %12.2f\n", name, 1.0 / m, m / base, m * 1e3,
-                   100 * pf[DS41_TIMER_ATTN] / rounds / step, 100 * pf[DS41_TIMER_INDEXER] / rounds / step,
-                   100 * pf[DS41_TIMER_IKEYS] / rounds / step, 100 * pf[DS41_TIMER_SPARSE] / rounds / step,
-                   pf[DS41_TIMER_KVBYTES] / rounds / 1e6);
+            double sp = pf[DS41_TIMER_SPARSE] / rounds;
+            if (k == 0) sbase = sp;
+            printf("%-14s %8.3f %7.3f %9.1f %8.1f %7.3f %7.1f %8.1f %8.1f %9.2f %9.3f %10.2f\n", name, 1.0 / m, m / base,
+                   m * 1e3, cm * 1e3, cm / cbase, 100 * pf[DS41_TIMER_ATTN] / rounds / step,
+                   100 * (pf[DS41_TIMER_INDEXER] + pf[DS41_TIMER_IKEYS]) / rounds / step, 100 * sp / step, sp * 1e3,
+                   sp / sbase, pf[DS41_TIMER_KVBYTES] / rounds / 1e6);
         }
         fflush(stdout);
         ds41_session_close(s);
