@@ -12,7 +12,8 @@
  *           ds41_kv_rec_unpack), which the kernel then reads; the copy is timed with it;
  *   P3 on : each block's rows fetched once for all the heads (of a thread);
  *   P3 off: fetched once per head.
- * Also prints the bytes of KV each setting touches and a read-bandwidth probe of the same run. */
+ * Also prints the bytes of KV each setting touches and a read-bandwidth probe of the same run
+ * (build/bench/bench_kernels has the full probes: bandwidth, FMA peak). */
 #include "attention.h"
 #include "formats.h"
 #include "kernels.h"
@@ -80,20 +81,18 @@ int main(int argc, char **argv) {
     if (big) {
         for (size_t i = 0; i < nb; i++) big[i] = (float)(i & 7);
         for (int r = 0; r < 3; r++) {
-            struct timespec a, b;
-            clock_gettime(CLOCK_MONOTONIC, &a);
+            double a = clk(1);
             float s[8] = { 0 };
             for (size_t i = 0; i < nb; i += 8)
                 for (int k = 0; k < 8; k++) s[k] += big[i + k];
-            clock_gettime(CLOCK_MONOTONIC, &b);
-            double t = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+            double t = clk(1) - a;
             double g = nb * sizeof(float) / t / 1e9;
             if (g > bw && s[0] + s[7] > -1.0f) bw = g;
         }
         free(big);
     }
     printf("sparse attention, one decode row: %d heads x %d, list %d (ring %d float rows + %d of %lld packed entries), "
-           "%s kernels, %d thread%s; read bandwidth probe %.1f GB/s (1 thread, wall)\n",
+           "%s kernels, %d thread%s; read bandwidth probe %.1f GB/s (1 thread, thread CPU time, scalar sum of 256 MiB)\n",
            H, D, L, W, K, E, exact ? "exact" : "fast", threads, threads > 1 ? "s" : "", bw);
 
     static const char *names[4] = { "P2 on,  P3 on ", "P2 off, P3 on ", "P2 on,  P3 off", "P2 off, P3 off" };

@@ -5,6 +5,7 @@
  * once). Fast mode: the same sequence of roundings with FP32 accumulation. */
 #include "attention.h"
 
+#include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -404,14 +405,67 @@ static void sa_rows(const sa_job *j, const int32_t *idx, int n, float *tile, con
         rows[i] = idx[i] >= 0 ? kv_row(j->kv, idx[i], j->D, tile + (size_t)i * j->D) : NULL;
 }
 
+/* Fast-mode dot products of the sparse attention (AVX2 + FMA, the baseline ISA): two 8-lane
+ * accumulators over 16-float steps, one fixed reduction, a scalar tail. dot_v4 computes four
+ * such dots of four query heads against one row, loading the row once, each head's lanes in
+ * exactly dot_v's order (so the same bits as four dot_v calls). */
+static inline float hsum8(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+static inline float dot_v(const float *a, const float *b, int n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    float r = hsum8(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) r += a[i] * b[i];
+    return r;
+}
+
+static inline void dot_v4(const float *q, size_t qstride, const float *b, int n, float *out) {
+    const float *q0 = q, *q1 = q + qstride, *q2 = q + 2 * qstride, *q3 = q + 3 * qstride;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 r0 = _mm256_loadu_ps(b + i), r1 = _mm256_loadu_ps(b + i + 8);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), r0, a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i + 8), r1, a1);
+        b0 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), r0, b0);
+        b1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i + 8), r1, b1);
+        c0 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), r0, c0);
+        c1 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i + 8), r1, c1);
+        d0 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), r0, d0);
+        d1 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i + 8), r1, d1);
+    }
+    out[0] = hsum8(_mm256_add_ps(a0, a1));
+    out[1] = hsum8(_mm256_add_ps(b0, b1));
+    out[2] = hsum8(_mm256_add_ps(c0, c1));
+    out[3] = hsum8(_mm256_add_ps(d0, d1));
+    for (; i < n; i++) {
+        out[0] += q0[i] * b[i];
+        out[1] += q1[i] * b[i];
+        out[2] += q2[i] * b[i];
+        out[3] += q3[i] * b[i];
+    }
+}
+
 /* One 64-row block of the recurrence of 3.12 for one head: running max m, denominator den,
- * accumulator acc [D] (dacc: D doubles of scratch). */
+ * accumulator acc [D] (dacc: D doubles of scratch). dots (fast mode only, may be NULL): the
+ * q.k products of the block's rows, already computed (P3's four-head blocking). */
 static void sa_block(const ds41_ctx *ctx, const float *qh, const float *const *rows, int n, int D, float scale,
-                     float *m_io, float *den_io, float *acc, double *dacc) {
+                     float *m_io, float *den_io, float *acc, double *dacc, const float *dots) {
     float s[SA_BLOCK], p[SA_BLOCK];
     float m = *m_io, bmax = -INFINITY;
     for (int i = 0; i < n; i++) {
-        s[i] = rows[i] ? dot_f(ctx, qh, rows[i], D) * scale : -INFINITY;
+        if (!rows[i]) s[i] = -INFINITY;
+        else if (ctx->exact) s[i] = dot_f(ctx, qh, rows[i], D) * scale;
+        else s[i] = (dots ? dots[i] : dot_v(qh, rows[i], D)) * scale;
         if (s[i] > bmax) bmax = s[i];
     }
     float m_new = m > bmax ? m : bmax;
@@ -435,27 +489,36 @@ static void sa_block(const ds41_ctx *ctx, const float *qh, const float *const *r
         for (int i = 0; i < n; i++) bsum += p[i];
         float *facc = (float *)dacc;
         for (int d = 0; d < D; d++) facc[d] = 0.0f;
+        int D8 = D & ~7;
         for (int i = 0; i < n; i++) {
             const float *kr = rows[i];
             if (!kr) continue;
             float pb = bf16r(p[i]);
-            for (int d = 0; d < D; d++) facc[d] += pb * kr[d];
+            __m256 pv = _mm256_set1_ps(pb);
+            for (int d = 0; d < D8; d += 8)
+                _mm256_storeu_ps(facc + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(kr + d), _mm256_loadu_ps(facc + d)));
+            for (int d = D8; d < D; d++) facc[d] += pb * kr[d];
         }
-        for (int d = 0; d < D; d++) acc[d] = acc[d] * f + facc[d];
+        __m256 fv = _mm256_set1_ps(f);
+        for (int d = 0; d < D8; d += 8)
+            _mm256_storeu_ps(acc + d, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(acc + d), fv), _mm256_loadu_ps(facc + d)));
+        for (int d = D8; d < D; d++) acc[d] = acc[d] * f + facc[d];
     }
     *den_io = *den_io * f + bsum;
     *m_io = m_new;
 }
 
 /* Query row t, heads [h0, h1): each block's rows are fetched (P2: decoded) once and applied to
- * every head of the range. With h1 = h0 + 1 this is the per-head loop (P3 off). The arithmetic
- * of each head is the same sequence of operations either way. */
+ * every head of the range, in fast mode four heads' scores at a time off one load of each row.
+ * With h1 = h0 + 1 this is the per-head loop (P3 off). The arithmetic of each head is the same
+ * sequence of operations either way. */
 static void sa_heads(const sa_job *j, int t, int h0, int h1, float *tile, double *dacc, float *acc, float *m,
                      float *den) {
     const ds41_ctx *ctx = j->ctx;
     int D = j->D, L = j->L, nh = h1 - h0;
     const int32_t *idx = j->idx + (size_t)t * L;
     const float *rows[SA_BLOCK];
+    float dots[4][SA_BLOCK], d4[4];
     for (int k = 0; k < nh; k++) {
         m[k] = -1e30f;
         den[k] = 0.0f;
@@ -464,9 +527,22 @@ static void sa_heads(const sa_job *j, int t, int h0, int h1, float *tile, double
     for (int b0 = 0; b0 < L; b0 += SA_BLOCK) {
         int n = L - b0 < SA_BLOCK ? L - b0 : SA_BLOCK;
         sa_rows(j, idx + b0, n, tile, rows);
-        for (int k = 0; k < nh; k++)
+        int k = 0;
+        if (!ctx->exact)
+            for (; k + 4 <= nh; k += 4) {
+                const float *q4 = j->q + ((size_t)t * j->H + h0 + k) * D;
+                for (int i = 0; i < n; i++) {
+                    if (!rows[i]) continue;
+                    dot_v4(q4, (size_t)D, rows[i], D, d4);
+                    for (int c = 0; c < 4; c++) dots[c][i] = d4[c];
+                }
+                for (int c = 0; c < 4; c++)
+                    sa_block(ctx, q4 + (size_t)c * D, rows, n, D, j->scale, &m[k + c], &den[k + c],
+                             acc + (size_t)(k + c) * D, dacc, dots[c]);
+            }
+        for (; k < nh; k++)
             sa_block(ctx, j->q + ((size_t)t * j->H + h0 + k) * D, rows, n, D, j->scale, &m[k], &den[k],
-                     acc + (size_t)k * D, dacc);
+                     acc + (size_t)k * D, dacc, NULL);
     }
     for (int k = 0; k < nh; k++) {
         float dn = den[k] + ds41_expf_x(ctx, j->sink[h0 + k] - m[k]);
