@@ -31,7 +31,15 @@ typedef struct ds41_load_params {
     int exact;             /* 1: exact kernels (exact-mode.md), 0: fast kernels (default) */
     int n_threads;         /* fast-mode threads (default 1) */
     long long ctx_size;    /* positions a session can hold (default min(4096, model max)) */
+    int load;              /* DS41_LOAD_MMAP (default): weights read from the page cache through
+                            * mmap; DS41_LOAD_COPY: read once into anonymous memory (huge pages
+                            * advised) at load */
+    int readahead;         /* 1: before each layer runs, madvise(MADV_WILLNEED) the next layer's
+                            * weights (for checkpoints larger than the page cache); default 0 */
 } ds41_load_params;
+enum { DS41_LOAD_MMAP = 0, DS41_LOAD_COPY = 1 };
+/* "mmap" / "copy" -> DS41_LOAD_*; -1 if neither. */
+int ds41_parse_load(const char *s, int *load);
 
 enum { DS41_PREFILL_MODE_CED = 0, DS41_PREFILL_MODE_FULL = 1, DS41_PREFILL_MODE_REPLAY = 2 };
 enum { DS41_INDEX_K_OWN = 0, DS41_INDEX_K_OFFICIAL = 1 };
@@ -245,6 +253,29 @@ int ds41_spec_curve_save(const char *path, const ds41_spec_curve *c);
  * entry and page counts, Engram history, position) plus the current logits and the DSpark
  * context row the next proposal reads: equal digests = indistinguishable sessions. */
 uint64_t ds41_session_digest(const ds41_session *s);
+
+/* ---- Long-context measurement (ds41 bench --synthetic-context, --ablate; README "Long context") ----
+ * Fills a fresh session (position 0) as if n tokens had been prefilled, without running the
+ * model: valid packed records from seeded random BF16 values in every KV source's store (main KV
+ * and index K), full SWA / DSpark rings, compressor state, Engram history, position n. Decode
+ * steps after it do exactly the work they would after a real n-token prefill. 0 or -1
+ * (ds41_session_error). */
+int ds41_session_synthetic_context(ds41_session *s, long long n, unsigned long long seed);
+/* Deployment performance points switched off for measurement (a set bit = off; 0 = all on,
+ * the default and the faster setting): 1 = P1 fused ratio-1 compressor, 2 = P2 sparse attention
+ * reading the packed FP4 main-KV records, 4 = P3 one KV head's entries fetched once for all query
+ * heads. Every setting gives bit-identical results. Not thread-safe against running forwards. */
+void ds41_engine_set_ablate(ds41_engine *e, unsigned mask);
+unsigned ds41_engine_ablate(const ds41_engine *e);
+/* "p1,p3", "all" or "none" -> mask; -1 if malformed. */
+int ds41_parse_ablate(const char *s, unsigned *mask);
+/* Per-sublayer timers: acc (NULL: off, the default) gets seconds added at [0] the attention
+ * sublayer, [1] the indexer, [2] dequantizing index-K stores, [3] KV set + sparse attention,
+ * [4] the compressor, for every forward of the engine's sessions; [5] is a byte count: KV rows
+ * fetched by the sparse attention kernel plus the float copy of gathered entries (P2 off). */
+enum { DS41_TIMER_ATTN = 0, DS41_TIMER_INDEXER, DS41_TIMER_IKEYS, DS41_TIMER_SPARSE, DS41_TIMER_COMPRESS,
+       DS41_TIMER_KVBYTES, DS41_TIMER_N };
+void ds41_engine_set_profile(ds41_engine *e, double *acc);
 
 /* Bytes of state the session holds (spec 6). */
 typedef struct ds41_state_info {

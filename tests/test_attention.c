@@ -146,7 +146,7 @@ static void test_sparse_attn_structure(void) {
     float scale = 0.125f;
     /* 1. all -1: exactly 0 */
     for (int i = 0; i < L; i++) idx[i] = -1;
-    ds41_kvset set = { { kv, NULL, NULL }, { NKV, 0, 0 } };
+    ds41_kvset set = { { kv, NULL, NULL }, { NKV, 0, 0 }, { NULL, NULL, NULL } };
     ds41_sparse_attn(&ex, H, D, q, 1, &set, idx, L, sink, scale, o1);
     int zero = 1;
     for (int i = 0; i < H * D; i++) zero &= o1[i] == 0.0f;
@@ -159,7 +159,7 @@ static void test_sparse_attn_structure(void) {
     ds41_sparse_attn(&ex, H, D, q, 1, &set, idx2, 96, sink, scale, o2);
     CHECK(!memcmp(o1, o2, sizeof o1), "leading empty block changed the result");
     /* 3. the same rows split over three kvset parts give identical results */
-    ds41_kvset split = { { kv, kv + 30 * D, kv + 70 * D }, { 30, 40, 30 } };
+    ds41_kvset split = { { kv, kv + 30 * D, kv + 70 * D }, { 30, 40, 30 }, { NULL, NULL, NULL } };
     ds41_sparse_attn(&ex, H, D, q, 1, &split, idx2, 96, sink, scale, o3);
     CHECK(!memcmp(o2, o3, sizeof o2), "kvset parts addressing differs");
     /* 4. the 64-grouping is part of the numerics: moving the block boundary may change bits
@@ -199,7 +199,7 @@ static void test_sparse_attn_vs_double(void) {
     fill_bf16(q, (size_t)T * H * D, 2.0f);
     fill_bf16(kv, (size_t)NKV * D, 1.0f);
     for (int i = 0; i < T * L; i++) idx[i] = (int32_t)(rnd() % NKV);
-    ds41_kvset set = { { kv, NULL, NULL }, { NKV, 0, 0 } };
+    ds41_kvset set = { { kv, NULL, NULL }, { NKV, 0, 0 }, { NULL, NULL, NULL } };
     ds41_sparse_attn(&ex, H, D, q, T, &set, idx, L, sink, 0.125f, oe);
     ds41_sparse_attn(&fast, H, D, q, T, &set, idx, L, sink, 0.125f, of);
     double ref[D], worst = 0, worst_fast = 0;

@@ -18,7 +18,7 @@ static float urand(void) { return (float)(rnd() & 0xFFFFFF) / 16777216.0f * 2.0f
 static uint8_t e4m3_code(void) { uint8_t c; do c = (uint8_t)rnd(); while ((c & 0x7F) == 0x7F); return c; }
 static uint32_t bits(float f) { return ds41_f32_bits(f); }
 
-static const ds41_ctx EX = { 1, 1, NULL }, FA = { 0, 1, NULL };
+static const ds41_ctx EX = { 1, 1, NULL, 0, NULL }, FA = { 0, 1, NULL, 0, NULL };
 
 /* distance in BF16 ulps between two BF16 values of the same sign (else large) */
 static int bf16_ulps(float a, float b) {
@@ -436,7 +436,7 @@ static void test_fast_row_independence(void) {
     ds41_bf16w fb = { m.wb, out, in };
     ds41_bf16w fbo = { m.wb, out, in - 5 };   /* odd width: vector part plus a scalar tail */
     ds41_pool *pool = ds41_pool_create(2);
-    ds41_ctx fa2 = { 0, 2, pool };
+    ds41_ctx fa2 = { 0, 2, pool, 0, NULL };
     const char *names[6] = { "fp8", "fp4", "bf16", "bf16 odd", "f32", "fp8_dq" };
     for (int kind = 0; kind < 6; kind++) {
         int kin = kind == 3 ? in - 5 : in;
@@ -504,7 +504,7 @@ static void test_fast_few_rows(void) {
     int shapes[][2] = { { 100, 544 }, { 67, 1056 }, { 40, 2080 } };
     const char *names[8] = { "fp8", "fp4", "bf16", "bf16 in-5", "bf16 in-8", "f32 in-8", "fp8_dq", "fp8_dq @40" };
     ds41_pool *pool = ds41_pool_create(2);
-    ds41_ctx fa2 = { 0, 2, pool };
+    ds41_ctx fa2 = { 0, 2, pool, 0, NULL };
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int out = shapes[si][0], in = shapes[si][1];
         mats m;
@@ -641,7 +641,7 @@ static void test_exact_simd(void) {
     int shapes[][3] = { { 67, 544, 33 }, { 33, 96, 3 }, { 100, 1056, 9 }, { 40, 2080, 1 }, { 17, 160, 2 }, { 50, 288, 6 } };
     const char *names[7] = { "fp8", "fp4", "bf16", "bf16 f32-out", "f32", "fp8_dq", "fp8_dq @5" };
     ds41_pool *pool = ds41_pool_create(2);
-    ds41_ctx ex2 = { 1, 2, pool };
+    ds41_ctx ex2 = { 1, 2, pool, 0, NULL };
     int cases = 0;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (int adv = 0; adv < 4; adv++) {
@@ -729,7 +729,7 @@ static void test_threads(void) {
     ds41_pool *pool = ds41_pool_create(3);
     CHECK(pool != NULL, "pool");
     if (!pool) return;
-    ds41_ctx ex3 = { 1, 3, pool }, fa3 = { 0, 3, pool };
+    ds41_ctx ex3 = { 1, 3, pool, 0, NULL }, fa3 = { 0, 3, pool, 0, NULL };
     /* every index exactly once, for many sizes and repeated jobs */
     int hits[1000];
     for (int n = 1; n <= 1000; n += 37) {

@@ -106,6 +106,15 @@ int ds41_cli_gen_arg(const char *cmd, int argc, char **argv, int *i, unsigned gr
         }
     }
     if (groups & DS41_CLI_ENGINE) {
+        if (IS("--load", NULL)) {
+            const char *v = VAL(); NEED(v);
+            if (ds41_parse_load(v, &g->load)) {
+                fprintf(stderr, "ds41 %s: --load: '%s' is not mmap or copy\n", cmd, v);
+                return -1;
+            }
+            return 1;
+        }
+        if (IS("--readahead", NULL)) { g->readahead = 1; return 1; }
         if (IS("-t", "--threads")) {
             const char *v = VAL(); NEED(v);
             if (ds41_cli_int(cmd, a, v, 1, 256, &iv)) return -1;

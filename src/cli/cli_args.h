@@ -29,11 +29,13 @@ typedef struct ds41_cli_gen {
     int exact;                  /* --exact, or DS41_EXACT=1 in the environment */
     int prefill;                /* --prefill ced|full|ced-replay (DS41_PREFILL_MODE_*) */
     int index_k;                /* --index-k own|official (DS41_INDEX_K_*) */
+    int load;                   /* --load mmap|copy (DS41_LOAD_*) */
+    int readahead;              /* --readahead */
 } ds41_cli_gen;
 enum {
     DS41_CLI_SAMPLING = 1,      /* --temp --top-k --top-p --min-p --seed */
     DS41_CLI_NPREDICT = 2,      /* -n */
-    DS41_CLI_ENGINE = 4,        /* -t --exact --chunk --index-k */
+    DS41_CLI_ENGINE = 4,        /* -t --exact --chunk --index-k --load --readahead */
     DS41_CLI_CTX = 8,           /* -c */
     DS41_CLI_PREFILL = 16,      /* --prefill */
 };

@@ -24,6 +24,7 @@ static const char *BENCH_USAGE =
     "  --exact             exact kernels\n"
     "  --seed S            seed of the random prompt ids (default 1)\n"
     "  --json              machine-readable output\n"
+    "  --load mmap|copy    weights mmap'd (default) or copied into anonymous memory; --readahead\n"
     "  --spec              speculative-decoding section: plain vs --spec fixed:1..B / auto / auto\n"
     "                      without P5 reuse (greedy), acceptance, scheduler choices, the verify-width\n"
     "                      curve (also cached for ds41 run --spec auto)\n"
@@ -36,7 +37,9 @@ static const char *BENCH_USAGE =
     "                      prompt of the longest --lengths entry (different ids each) decode --decode\n"
     "                      greedy steps together through ds41_batch_step (one forward per step), in\n"
     "                      3 rounds with the sizes interleaved; median step time, aggregate tokens/s\n"
-    "                      and its ratio to the first size (list 1 first)\n";
+    "                      and its ratio to the first size (list 1 first)\n"
+    "  --synthetic-context LIST, --ablate p1,p2,p3: long-context decode and the performance points\n"
+    "                      on/off (ds41 bench --synthetic-context 4096 --help)\n";
 
 static double now_s(void) {
     struct timespec ts;
@@ -151,8 +154,12 @@ int ds41_cli_bench(int argc, char **argv) {
     long long ctx = 0;
     unsigned long long seed = 1;
     int spec = 0, spec_curve = 0, spec_n = 64, spec_rounds = 3;   /* --spec section (cli_spec.c) */
+    int load = DS41_LOAD_MMAP, readahead = 0;     /* --load, --readahead */
     const char *spec_prompt = NULL;
     int batch[16], n_batch = 0;
+    /* long-context decode and the performance points on/off: cli_bench_long.c */
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--synthetic-context") || !strcmp(argv[i], "--ablate")) return ds41_cli_bench_long(argc, argv);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
@@ -187,6 +194,9 @@ int ds41_cli_bench(int argc, char **argv) {
             if (ds41_cli_u64("bench", a, argv[++i], &seed)) return 2;
         }
         else if (!strcmp(a, "--exact")) exact = 1;
+        else if (!strcmp(a, "--load") && has) {
+            if (ds41_parse_load(argv[++i], &load)) { fprintf(stderr, "ds41 bench: --load: expected mmap or copy\n"); return 2; }
+        } else if (!strcmp(a, "--readahead")) readahead = 1;
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--spec")) spec = 1;
         else if (!strcmp(a, "--spec-curve")) spec_curve = 1;
@@ -214,6 +224,8 @@ int ds41_cli_bench(int argc, char **argv) {
     ds41_load_params_default(&lp);
     lp.exact = exact;
     lp.n_threads = threads;
+    lp.load = load;
+    lp.readahead = readahead;
     lp.ctx_size = ctx > 0 ? ctx : maxlen + (n_batch > 0 ? BENCH_ROUNDS * n_dec + 2 : n_dec + 1);
     if (spec && ctx <= 0 && lp.ctx_size < 32 + spec_n + 80) lp.ctx_size = 32 + spec_n + 80;
     char ebuf[1024];

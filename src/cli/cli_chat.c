@@ -229,6 +229,8 @@ int ds41_cli_chat(int argc, char **argv) {
     ds41_load_params lp;
     ds41_load_params_default(&lp);
     lp.exact = g.exact;
+    lp.load = g.load;
+    lp.readahead = g.readahead;
     lp.n_threads = g.threads;
     lp.ctx_size = g.ctx;
     e = ds41_load(dir, &lp, ebuf, sizeof ebuf);

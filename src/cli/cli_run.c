@@ -29,6 +29,9 @@ static const char *RUN_USAGE =
     "  --chunk N              prefill in chunks of N tokens (exact for N >= window)\n"
     "  --index-k own|official index-K reading of spec 3.9 / 10.1 (default own)\n"
     "  --exact                exact kernels (also DS41_EXACT=1); default fast\n"
+    "  --load mmap|copy       weights mmap'd from the page cache (default) or copied into anonymous\n"
+    "                         memory with huge pages advised (README, Weights in memory)\n"
+    "  --readahead            madvise(MADV_WILLNEED) the next layer's weights before each layer\n"
     "  --force-ids LIST       teacher forcing: feed these ids instead of sampling (logits still reported)\n"
     "  --ignore-eos           do not stop at the end-of-sequence token\n"
     "  --json                 one JSON object per generated token, then a {\"timing\": ...} line\n"
@@ -176,6 +179,8 @@ int ds41_cli_run(int argc, char **argv) {
     ds41_load_params lp;
     ds41_load_params_default(&lp);
     lp.exact = g.exact;
+    lp.load = g.load;
+    lp.readahead = g.readahead;
     lp.n_threads = g.threads;
     lp.ctx_size = g.ctx;
     e = ds41_load(dir, &lp, ebuf, sizeof ebuf);

@@ -31,6 +31,8 @@ static const char *SERVE_USAGE =
     "  --prefill MODE           ced (default), full, ced-replay\n"
     "  --index-k own|official   index-K reading (default own)\n"
     "  --exact                  exact kernels (also DS41_EXACT=1)\n"
+    "  --load mmap|copy         weights mmap'd (default) or copied into anonymous memory\n"
+    "  --readahead              madvise(MADV_WILLNEED) the next layer's weights before each layer\n"
     "  --spec off|fixed:K|auto  speculative decoding with the DSpark drafter (default auto when the\n"
     "                           model has DSpark stages): each sequence verifies its own block in the\n"
     "                           step; auto: the confidence scheduler over the batch and the verify-width\n"
@@ -77,6 +79,11 @@ int ds41_cli_serve(int argc, char **argv) {
         else if (IS("-t") || IS("--threads")) { INT(1, 256); o.lp.n_threads = (int)iv; }
         else if (IS("-c") || IS("--ctx-size")) { INT(1, INT32_MAX); o.lp.ctx_size = iv; }
         else if (IS("--exact")) o.lp.exact = 1;
+        else if (IS("--load")) {
+            NEED();
+            if (ds41_parse_load(argv[++i], &o.lp.load)) { fprintf(stderr, "ds41 serve: --load: '%s' is not mmap or copy\n", argv[i]); return 2; }
+        }
+        else if (IS("--readahead")) o.lp.readahead = 1;
         else if (IS("--spec")) {
             NEED();
             ds41_cli_spec sc;   /* the block size is known once loaded: checked by ds41_serve */

@@ -255,7 +255,7 @@ int ds41_dspark_begin(const ds41_engine *e, ds41_cache *c, ds41_dspark_work *b, 
         ds41_attn_query(ctx, cfg, lw, rope, b->s.xa, B, pos, b->cq, b->q);
         ds41_swa_rec_unpack(cfg, ring->rec, W, b->kv);
         ds41_attn_swa_k(ctx, cfg, lw, rope, b->s.xa, B, pos, b->kv + (size_t)W * D, NULL);
-        ds41_kvset kvs = { { b->kv, b->kv + (size_t)W * D, NULL }, { W, B, 0 } };
+        ds41_kvset kvs = { { b->kv, b->kv + (size_t)W * D, NULL }, { W, B, 0 }, { NULL, NULL, NULL } };
         ds41_sparse_attn(ctx, cfg->n_heads, D, b->q, B, &kvs, b->list, L, lw->attn_sink, scale, b->o);
         ds41_attn_output(ctx, cfg, lw, rope, b->o, B, pos, b->wos, b->s.y);
         ds41_block_attn_out(ctx, cfg, &b->s, 0, B);

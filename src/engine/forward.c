@@ -90,6 +90,7 @@ void ds41_engine_free(ds41_engine *e) {
     free(e->layer_rope);
     free(e->token_map);
     if (e->ctx.pool) ds41_pool_destroy(e->ctx.pool);
+    ds41_readahead_free(e->ra);
     if (e->own_model && e->model) { ds41_model_close(e->model); free(e->model); }
     memset(e, 0, sizeof *e);
 }
@@ -252,6 +253,7 @@ typedef struct fwd_buf {
     int32_t *gmap;        /* per entry j: its row in gkv + 1, 0 = not gathered (zero between layers) */
     int32_t *gent;        /* per gathered row: its entry, to clear gmap afterwards */
     seq_part *sp;         /* the sequence's part (not owned) */
+    const uint8_t **grec; /* P2: per gathered row its packed record (read by the attention kernel) */
 } fwd_buf;
 
 static int eg_cols(const ds41_config *cfg) {
@@ -312,7 +314,7 @@ static void buf_free(fwd_buf *b) {
     ds41_stream_free(&b->s);
     free(b->kc); free(b->rec); free(b->cq); free(b->q); free(b->o); free(b->wos); free(b->ringf);
     free(b->list); free(b->msel); free(b->pos); free(b->eg_ids);
-    free(b->gkv); free(b->gmap); free(b->gent);
+    free(b->gkv); free(b->gmap); free(b->gent); free(b->grec);
     memset(b, 0, sizeof *b);
 }
 
@@ -331,11 +333,14 @@ static int forward_index_keys(ds41_seq *s, fwd_buf *b, int si, int refresh, ds41
     ds41_kv_store *st = &s->cache.stores[si];
     seq_part *sp = b->sp;
     if (sp->cik_ok[si] && !refresh) return 0;
+    const ds41_ctx *ctx = &s->e->ctx;
+    double t0 = ctx->prof ? ds41_prof_now() : 0.0;
     size_t n = (size_t)(st->n_entries ? st->n_entries : 1);
     if (grow((void **)&sp->cik[si], &sp->cik_cap[si], n * cfg->index_head_dim, sizeof(float)))
         return ds41_errf(err, "out of memory dequantizing layer %d's index keys", st->layer);
     ds41_store_unpack_ik(cfg, st, st->n_entries, sp->cik[si]);
     sp->cik_ok[si] = 1;
+    if (ctx->prof) ctx->prof[DS41_PROF_IKEYS] += ds41_prof_now() - t0;
     return 0;
 }
 
@@ -345,12 +350,14 @@ static int forward_index_keys(ds41_seq *s, fwd_buf *b, int si, int refresh, ds41
  * gives exactly the values of the whole-store layout, at index_topk entries per query instead
  * of every entry. Returns the number of rows; clear_gather resets the map. */
 static int gather_kv(const ds41_config *cfg, fwd_buf *b, ds41_kv_store *st, const int32_t *csel, int kc_w, int q0,
-                     int T) {
+                     int T, int packed) {
     int D = cfg->head_dim, n = 0;
     for (size_t i = (size_t)q0 * kc_w; i < (size_t)T * kc_w; i++) {
         int32_t j = csel[i];
         if (j < 0 || j >= st->n_entries || b->gmap[j]) continue;   /* not held: read as empty, as -1 */
-        ds41_kv_rec_unpack(cfg, ds41_store_kv_rec(st, j, 0, NULL), 1, b->gkv + (size_t)n * D);
+        /* P2: only the record's address; the attention kernel decodes it where it reads it */
+        if (packed) b->grec[n] = ds41_store_kv_rec(st, j, 0, NULL);
+        else ds41_kv_rec_unpack(cfg, ds41_store_kv_rec(st, j, 0, NULL), 1, b->gkv + (size_t)n * D);
         b->gent[n++] = j;
         b->gmap[j] = n;
     }
@@ -386,11 +393,29 @@ static int compressor_emit(ds41_seq *s, int l, float *kv, const float *sc, int T
 /* The compressor of KV-source layer l over the rows of this forward (all rows are computed
  * for a KV source), writing its new entries into the store. Returns entries emitted or -1. */
 
+/* P1 (ratio 1): the fused compressor of attention.c writes the T records in place. */
+static int run_compressor_fused(ds41_seq *s, int l, const float *xa, int T, long long P, ds41_err *err) {
+    ds41_engine *e = s->e;
+    ds41_kv_store *st = ds41_cache_store(&s->cache, l);
+    uint8_t **rp = malloc((size_t)T * 2 * sizeof(uint8_t *));
+    if (!rp) return ds41_errf(err, "out of memory in the compressor of layer %d", l);
+    for (int t = 0; t < T; t++) {
+        rp[t] = ds41_store_ik_rec(st, P + t, 1, err);
+        rp[T + t] = ds41_store_kv_rec(st, P + t, 1, err);
+        if (!rp[t] || !rp[T + t]) { free(rp); return -1; }
+    }
+    ds41_compress_r1_fused(&e->ctx, e->cfg, &e->w->layers[l], &e->ropes[e->layer_rope[l]], xa, T, P, rp, rp + T);
+    free(rp);
+    st->n_entries = P + T;
+    return T;
+}
+
 static int run_compressor(ds41_seq *s, int l, const float *xa, int T, long long P, int layout, ds41_err *err) {
     ds41_engine *e = s->e;
     const ds41_config *cfg = e->cfg;
     const ds41_layer_weights *lw = &e->w->layers[l];
     int D = cfg->head_dim, r = ds41_cache_store(&s->cache, l)->ratio;
+    if (r == 1 && !(e->ctx.ablate & DS41_ABLATE_P1)) return run_compressor_fused(s, l, xa, T, P, err);
     float *c = malloc((size_t)T * D * sizeof(float) * (r > 1 ? 2 : 1));
     if (!c) return ds41_errf(err, "out of memory in the compressor of layer %d", l);
     if (r == 1) ds41_compress_r1(&e->ctx, cfg, lw, xa, T, c);
@@ -585,21 +610,27 @@ static int attention(ds41_seq *s, fwd_buf *b, int l, int k0, int q0, int lo, int
                     b->rec + (size_t)k0 * rb);
 
     /* compressor: new entries of this forward, published for the indexers and attention */
+    double t0 = ctx->prof ? ds41_prof_now() : 0.0;
     if (lp->is_kv_source) {
         int em = s->restore ? restored_entries(s, l, T, P, err) : run_compressor(s, l, b->s.xa, T, P, layout, err);
         if (em < 0) return -1;
         if (em > 0) s->cache.ik_owner = l;
+        if (ctx->prof) ctx->prof[DS41_PROF_COMPRESS] += ds41_prof_now() - t0;
         if (forward_index_keys(s, b, store_index(&s->cache, l), 1, err)) return -1;
     }
 
     if (nq > 0) {
         ds41_attn_query(ctx, cfg, lw, rope, b->s.xa + (size_t)q0 * cfg->dim, nq, b->pos + q0,
                         b->cq + (size_t)q0 * cfg->q_lora_rank, b->q + (size_t)q0 * HD);
+        if (ctx->prof) t0 = ds41_prof_now();
         if (lp->is_index_source && run_indexer(s, b, l, q0, T, P, b->s.xa, err)) return -1;
+        if (ctx->prof) ctx->prof[DS41_PROF_INDEXER] += ds41_prof_now() - t0;
     }
 
     /* KV set, lists and sparse attention into b->o */
+    if (ctx->prof) t0 = ds41_prof_now();
     if (attend(s, b, l, q0, lo, T, P, layout, err)) return -1;
+    if (ctx->prof) ctx->prof[DS41_PROF_SPARSE] += ds41_prof_now() - t0;
     if (nq > 0)
         ds41_attn_output(ctx, cfg, lw, rope, b->o + (size_t)q0 * HD, nq, b->pos + q0, b->wos,
                          b->s.y + (size_t)q0 * cfg->dim);
@@ -645,7 +676,10 @@ static int attend(ds41_seq *s, fwd_buf *b, int l, int q0, int lo, int T, long lo
         kc_w = b->sp->sel_w[lp->topk_source];
         csel = b->sp->sel[lp->topk_source];
         if (kc_w > 0 && !csel) return ds41_errf(err, "layer %d: top-k source %d produced no lists", l, lp->topk_source);
-        if (kc_w > 0) n_gather = gather_kv(cfg, b, &s->cache.stores[si], csel, kc_w, q0, T);
+        int packed = !(ctx->ablate & DS41_ABLATE_P2);
+        if (kc_w > 0) n_gather = gather_kv(cfg, b, &s->cache.stores[si], csel, kc_w, q0, T, packed);
+        if (packed) kv.rec[np] = b->grec;
+        else if (ctx->prof) ctx->prof[DS41_PROF_KVBYTES] += (double)n_gather * (ds41_kv_rec_bytes(cfg) + D * 4);
         kv.part[np] = b->gkv; kv.n[np++] = n_gather;
     }
     int Wsw = layout == LAYOUT_DECODE || layout == LAYOUT_VERIFY ? W : ds41_swa_width(cfg, P, T);
@@ -721,6 +755,7 @@ static int buf_alloc(fwd_buf *b, const ds41_engine *e, size_t N, size_t Tmax, lo
     size_t n_gather_max = Tmax * kmax < (size_t)Emax ? Tmax * kmax : (size_t)Emax;
     b->gkv = zalloc(n_gather_max * D, sizeof(float), &fail);
     b->gent = zalloc(n_gather_max, sizeof(int32_t), &fail);
+    b->grec = zalloc(n_gather_max, sizeof(uint8_t *), &fail);
     b->gmap = zalloc((size_t)Emax, sizeof(int32_t), &fail);
     if (e->has_engram) b->eg_ids = zalloc((size_t)cfg->n_engram_layers * N * eg_cols(cfg), sizeof(int64_t), &fail);
     if (fail) buf_free(b);
@@ -945,6 +980,10 @@ static int forward_impl(ds41_seq *s, const int32_t *tokens, int T, int want_logi
         int k0 = krow[l], q0 = qrow[l], nk = T - k0, nq = T - q0;
         size_t srow = (size_t)hc * dim;
         s->rows_computed += nq;
+        if (e->ra) {   /* --readahead: the next layer's weights (the first forward's layer 0 too) */
+            if (l == 0) ds41_engine_readahead(e, 0);
+            ds41_engine_readahead(e, l + 1);
+        }
 
         /* Engram before the block, on the rows of the stream that exist */
         if (lp->engram_slot >= 0 && e->has_engram)
@@ -956,7 +995,9 @@ static int forward_impl(ds41_seq *s, const int32_t *tokens, int T, int want_logi
 
         /* ---- attention sublayer ---- */
         ds41_block_attn_in(ctx, cfg, lw, &b.s, (size_t)q0, nq, (size_t)k0, nk);
+        double ta = ctx->prof ? ds41_prof_now() : 0.0;
         if (attention(s, &b, l, k0, q0, lo[l], T, P, layout, err)) { rc = -1; break; }
+        if (ctx->prof) ctx->prof[DS41_PROF_ATTN] += ds41_prof_now() - ta;
         if (nq == 0) continue;
         ds41_block_attn_out(ctx, cfg, &b.s, (size_t)q0, nq);
 
@@ -1038,6 +1079,7 @@ static void batch_view(fwd_buf *v, const fwd_buf *b, const ds41_config *cfg, siz
     v->gkv = b->gkv;
     v->gmap = b->gmap;
     v->gent = b->gent;
+    v->grec = b->grec;
 }
 
 typedef struct batch_seqs {

@@ -34,7 +34,14 @@ typedef struct ds41_engine {
     ds41_engram_consts eg;
     int32_t *token_map;       /* Engram compressed ids [vocab] (NULL without Engram) */
     int n_compressed;
+    struct ds41_readahead *ra;/* --readahead: per layer weight ranges (longctx.c), or NULL */
 } ds41_engine;
+
+/* Read-ahead of the weights (longctx.c): ranges of every layer's tensors, and
+ * madvise(MADV_WILLNEED) on those of layer l (l = n_layers: the head and the DSpark stages). */
+int ds41_engine_readahead_init(ds41_engine *e, ds41_err *err);
+void ds41_engine_readahead(const ds41_engine *e, int l);
+void ds41_readahead_free(struct ds41_readahead *ra);
 
 /* Per-forward trace output (docs/conformance.md); NULL fields are skipped. */
 typedef struct ds41_trace {

@@ -12,6 +12,7 @@
 #include "attention.h"
 #include "dspark.h"
 #include "forward.h"
+#include "longctx.h"
 #include "restore.h"
 #include "sampler.h"
 #include "spec.h"
@@ -117,7 +118,7 @@ ds41_engine *ds41_load(const char *dir, const ds41_load_params *p, char *errbuf,
     int32_t *map = NULL;
     int n_comp = 0;
     if (!m || !e) { copy_err(errbuf, errcap, "out of memory"); free(m); free(e); return NULL; }
-    if (ds41_model_open(dir, m, &err)) goto fail_model;
+    if (ds41_model_open_load(dir, m, p->load == DS41_LOAD_COPY, &err)) goto fail_model;
     /* checked before the token map, so a config-only directory is reported as such rather
      * than as lacking engram_token_map.i32 */
     if (!m->st) { ds41_errf(&err, "%s: the checkpoint holds no tensors (config.json only)", dir); goto fail_open; }
@@ -126,6 +127,12 @@ ds41_engine *ds41_load(const char *dir, const ds41_load_params *p, char *errbuf,
     if (p->ctx_size <= 0 && ctx > m->cfg.max_position_embeddings) ctx = m->cfg.max_position_embeddings;
     if (ds41_engine_init(e, m, 1, p->exact, p->n_threads, ctx, map, n_comp, &err)) {
         ds41_engine_free(e);   /* closes the model and frees the map */
+        free(e);
+        copy_err(errbuf, errcap, err.msg);
+        return NULL;
+    }
+    if (p->readahead && p->load != DS41_LOAD_COPY && ds41_engine_readahead_init(e, &err)) {
+        ds41_engine_free(e);
         free(e);
         copy_err(errbuf, errcap, err.msg);
         return NULL;
@@ -212,6 +219,15 @@ void ds41_session_reset(ds41_session *s) {
 
 long long ds41_session_pos(const ds41_session *s) { return s->seq.cache.pos; }
 const char *ds41_session_error(const ds41_session *s) { return s->err; }
+
+int ds41_session_synthetic_context(ds41_session *s, long long n, unsigned long long seed) {
+    ds41_err err;
+    if (ds41_seq_synthetic(&s->seq, n, seed, &err)) {
+        snprintf(s->err, sizeof s->err, "%s", err.msg);
+        return -1;
+    }
+    return 0;
+}
 
 /* ds41_feed, and ds41_feed_logits when rows != NULL (rows [n, vocab]). */
 static int feed_impl(ds41_session *s, const int32_t *ids, size_t n, float *rows) {

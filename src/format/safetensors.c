@@ -64,6 +64,7 @@ typedef struct st_shard {
     const uint8_t *base;   /* whole file image */
     uint64_t size;
     void *map;             /* our mmap, NULL for a caller's buffer */
+    size_t map_len;        /* its length when not the file size (an anonymous copy) */
     char *names;           /* arena holding this shard's tensor names */
 } st_shard;
 
@@ -393,7 +394,7 @@ static void st_free(ds41_st *st) {
     if (!st) return;
     for (int i = 0; i < st->nshards; i++) {
         st_shard *sh = &st->shards[i];
-        if (sh->map) munmap(sh->map, (size_t)sh->size);
+        if (sh->map) munmap(sh->map, sh->map_len ? sh->map_len : (size_t)sh->size);
         free(sh->names);
         free(sh->path);
     }
@@ -752,4 +753,51 @@ int ds41_st_dir_has_tensors(const char *dir) {
     }
     closedir(d);
     return found;
+}
+
+/* ------------------------------------------------------------------ copy into anonymous memory */
+
+int ds41_st_copy_anon(ds41_st *st, ds41_err *err) {
+    for (int i = 0; i < st->nshards; i++) {
+        st_shard *sh = &st->shards[i];
+        if (!sh->map || sh->map_len) continue;   /* a caller's buffer, or already copied */
+        size_t huge = (size_t)2 << 20, len = ((size_t)sh->size + huge - 1) / huge * huge;
+        uint8_t *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED)
+            return ds41_errf(err, "%s: cannot allocate %zu bytes for a copy of the weights: %s", sh->path, len,
+                             strerror(errno));
+#ifdef MADV_HUGEPAGE
+        madvise(m, len, MADV_HUGEPAGE);   /* advice: without transparent huge pages it is ignored */
+#endif
+        int fd = open(sh->path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) { munmap(m, len); return ds41_errf(err, "%s: cannot open: %s", sh->path, strerror(errno)); }
+        uint64_t off = 0;
+        while (off < sh->size) {
+            size_t want = sh->size - off > ((size_t)64 << 20) ? ((size_t)64 << 20) : (size_t)(sh->size - off);
+            ssize_t got = pread(fd, m + off, want, (off_t)off);
+            if (got <= 0) {
+                int e = got < 0 ? errno : EIO;
+                close(fd);
+                munmap(m, len);
+                return ds41_errf(err, "%s: read failed at byte %llu: %s", sh->path, (unsigned long long)off, strerror(e));
+            }
+            off += (uint64_t)got;
+        }
+        close(fd);
+        mprotect(m, len, PROT_READ);
+        /* the copy replaces the file mapping: every tensor of the shard moves with it */
+        for (size_t t = 0; t < st->ntensors; t++)
+            if (st->tensors[t].shard == i)
+                st->tensors[t].data = m + ((const uint8_t *)st->tensors[t].data - sh->base);
+        munmap(sh->map, (size_t)sh->size);
+        sh->map = m;
+        sh->base = m;
+        sh->map_len = len;
+    }
+    return 0;
+}
+
+void ds41_st_willneed(const void *p, uint64_t n) {
+    uintptr_t a = (uintptr_t)p, pg = 4096, lo = a & ~(pg - 1), hi = a + n;
+    if (n) madvise((void *)lo, hi - lo, MADV_WILLNEED);
 }

@@ -48,6 +48,12 @@ int ds41_st_dir_has_tensors(const char *dir);
  * The buffer must outlive the returned object. */
 int ds41_st_open_buffer(const void *buf, size_t len, const char *label, ds41_st **out, ds41_err *err);
 
+/* Replaces every shard's file mapping by a read-only copy in anonymous memory (2 MiB aligned,
+ * MADV_HUGEPAGE advised), read with pread; tensor data pointers move with it. */
+int ds41_st_copy_anon(ds41_st *st, ds41_err *err);
+/* madvise(MADV_WILLNEED) on the pages of [p, p + n): start reading them in, do not wait. */
+void ds41_st_willneed(const void *p, uint64_t n);
+
 size_t ds41_st_count(const ds41_st *st);
 const ds41_tensor *ds41_st_at(const ds41_st *st, size_t i);     /* sorted by name */
 const ds41_tensor *ds41_st_find(const ds41_st *st, const char *name);  /* NULL if absent */

@@ -14,11 +14,38 @@
 
 typedef struct ds41_pool ds41_pool;   /* thread pool (kernels/pool.c) */
 
+/* Deployment performance points (../shared/spec/deployment-points.md) that can be switched off
+ * for measurement (ds41 bench --ablate): a set bit turns the point OFF. Every setting gives
+ * bit-identical results in exact mode and in fast mode (same arithmetic, other data paths). */
+enum {
+    DS41_ABLATE_P1 = 1,   /* fused ratio-1 compressor (projection + RMSNorm + records per row tile) */
+    DS41_ABLATE_P2 = 2,   /* sparse attention reads the packed FP4 main-KV records (no float copy) */
+    DS41_ABLATE_P3 = 4    /* single-KV-head attention: each entry decoded once for all query heads */
+};
+
+/* Per-sublayer timers (seconds, accumulated) when ds41_ctx.prof is set; zero cost otherwise.
+ * The same indices as DS41_TIMER_* in ds41.h. */
+enum {
+    DS41_PROF_ATTN = 0,   /* the whole attention sublayer (projections, compressor, indexer, attention) */
+    DS41_PROF_INDEXER,    /* indexer: query projection, scores, candidate pool, top-k */
+    DS41_PROF_IKEYS,      /* dequantizing the index-K stores for the indexer */
+    DS41_PROF_SPARSE,     /* KV set, lists and sparse attention (gather / dequant included) */
+    DS41_PROF_COMPRESS,   /* compressor (projection, pooling, records) */
+    DS41_PROF_KVBYTES,    /* not a time: bytes of KV rows the sparse attention fetched, plus the
+                           * float copy gather_kv made of the compressed entries (P2 off) */
+    DS41_PROF_N
+};
+
 typedef struct ds41_ctx {
     int exact;          /* 1: exact kernels; 0: fast kernels */
     int n_threads;      /* >= 1 */
     ds41_pool *pool;    /* NULL: single-threaded */
+    unsigned ablate;    /* DS41_ABLATE_* bits: performance points switched off (0: all on) */
+    double *prof;       /* NULL, or DS41_PROF_N accumulators (seconds) */
 } ds41_ctx;
+
+/* Monotonic clock in seconds (the timers above). */
+double ds41_prof_now(void);
 
 /* Thread pool: run fn(arg, i) for i in [0, n) over the pool's threads (static split). */
 ds41_pool *ds41_pool_create(int n_threads);

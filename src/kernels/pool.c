@@ -179,3 +179,5 @@ void ds41_parallel_for(const ds41_ctx *ctx, int n, void (*fn)(void *arg, int i0,
     }
     pthread_mutex_unlock(&p->submit_mu);
 }
+
+double ds41_prof_now(void) { return (double)mono_ns() * 1e-9; }

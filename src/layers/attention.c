@@ -5,7 +5,9 @@
  * once). Fast mode: the same sequence of roundings with FP32 accumulation. */
 #include "attention.h"
 
+#include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,6 +157,34 @@ void ds41_compress_entry(const ds41_ctx *ctx, const ds41_config *cfg, const ds41
     ds41_rope_apply(rope, c + (D - rd), pos, 0);
     ds41_pack_q4nv(c, D, kv_rec, kv_rec + D / 2);
     free(ik);
+}
+
+void ds41_compress_r1_fused(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
+                            const ds41_rope *rope, const float *x, int T, long long j0, uint8_t *const *ik_rec,
+                            uint8_t *const *kv_rec) {
+    enum { TILE = 16 };
+    int D = cfg->head_dim, ID = cfg->index_head_dim, rd = cfg->rope_dim, dim = cfg->dim;
+    float *proj = xmalloc((size_t)TILE * (2 * (size_t)D + 2 * (size_t)ID) * sizeof(float));
+    float *c = proj + (size_t)TILE * D, *ikp = c + (size_t)TILE * D, *ik = ikp + (size_t)TILE * ID;
+    for (int t0 = 0; t0 < T; t0 += TILE) {
+        int n = T - t0 < TILE ? T - t0 : TILE;
+        /* the tile's latents, its index keys (one multi-row product instead of n single rows),
+         * then the records, while the tile is in cache */
+        ds41_linear_bf16(ctx, &lw->comp_wkv, x + (size_t)t0 * dim, n, proj, 1);
+        ds41_rmsnorm(ctx, proj, lw->comp_norm, n, D, cfg->norm_eps, c);
+        ds41_linear_bf16(ctx, &lw->idx_wk, c, n, ikp, 1);
+        ds41_rmsnorm(ctx, ikp, lw->idx_k_norm, n, ID, cfg->norm_eps, ik);
+        for (int i = 0; i < n; i++) {
+            int pos = (int)(j0 + t0 + i);
+            float *ki = ik + (size_t)i * ID, *ci = c + (size_t)i * D;
+            uint8_t *ir = ik_rec[t0 + i], *kr = kv_rec[t0 + i];
+            ds41_rope_apply(rope, ki + (ID - rd), pos, 0);
+            ds41_pack_q4mx(ki, ID, ir, ir + ID / 2);
+            ds41_rope_apply(rope, ci + (D - rd), pos, 0);
+            ds41_pack_q4nv(ci, D, kr, kr + D / 2);
+        }
+    }
+    free(proj);
 }
 
 void ds41_kv_rec_unpack(const ds41_config *cfg, const uint8_t *rec, int n, float *out) {
@@ -313,9 +343,40 @@ void ds41_swa_list_decode(const ds41_config *cfg, long long P, int32_t *list) {
 
 /* ====================================================================== 3.12 sparse attention */
 
+/* Q4nv decode table (P2): q4nv_tab[s][c] = bf16(e2m1(c) * e4m3(s)), the very expression of
+ * ds41_unpack_q4nv, so a record decoded through it gives the same floats bit for bit. */
+static float q4nv_tab[256][16];
+static pthread_once_t q4nv_once = PTHREAD_ONCE_INIT;
+
+static void q4nv_tab_init(void) {
+    for (int sb = 0; sb < 256; sb++) {
+        float sc = ds41_e4m3_to_f32((uint8_t)sb);
+        for (int c = 0; c < 16; c++) q4nv_tab[sb][c] = bf16r(ds41_e2m1_to_f32((uint8_t)c) * sc);
+    }
+}
+
+/* One packed main-KV record (D/2 code bytes, then D/16 E4M3 scales) into out [D]. */
+static inline void q4nv_decode(const uint8_t *rec, int D, float *out) {
+    const uint8_t *codes = rec, *scales = rec + D / 2;
+    for (int g = 0; g < D; g += 16) {
+        const float *t = q4nv_tab[scales[g / 16]];
+        const uint8_t *cb = codes + g / 2;
+        for (int i = 0; i < 8; i++) {
+            out[g + 2 * i] = t[cb[i] & 15u];
+            out[g + 2 * i + 1] = t[cb[i] >> 4];
+        }
+    }
+}
+
+void ds41_kv_rec_decode(const uint8_t *rec, int head_dim, float *out) {
+    pthread_once(&q4nv_once, q4nv_tab_init);
+    q4nv_decode(rec, head_dim, out);
+}
+
 typedef struct sa_job {
     const ds41_ctx *ctx;
     int H, D, T, L;
+    int hc, nch;          /* P3: heads per item and items per query row; otherwise 1 and H */
     const float *q, *sink;
     const ds41_kvset *kv;
     const int32_t *idx;
@@ -325,84 +386,218 @@ typedef struct sa_job {
 
 #define SA_BLOCK 64
 
-static inline const float *kv_row(const ds41_kvset *kv, int r, int D) {
+/* Row r of the KV set as floats: a pointer into a float part, or (a packed part, P2) the
+ * record decoded into buf; NULL when r is out of range (read as empty). */
+static inline const float *kv_row(const ds41_kvset *kv, int r, int D, float *buf) {
     for (int p = 0; p < DS41_KVSET_PARTS; p++) {
-        if (r < kv->n[p]) return kv->part[p] + (size_t)r * D;
+        if (r < kv->n[p]) {
+            if (kv->rec[p]) { q4nv_decode(kv->rec[p][r], D, buf); return buf; }
+            return kv->part[p] + (size_t)r * D;
+        }
         r -= kv->n[p];
     }
-    return NULL;   /* out of range: treated as empty */
+    return NULL;
 }
 
-static void sa_one(const sa_job *j, int t, int h, double *dacc, float *acc) {
-    const ds41_ctx *ctx = j->ctx;
-    int D = j->D, L = j->L;
-    const float *qh = j->q + ((size_t)t * j->H + h) * D;
-    const int32_t *idx = j->idx + (size_t)t * L;
-    float m = -1e30f, den = 0.0f;
+/* The rows of one block of the list idx[0..n) (tile: n * D floats for decoded records). */
+static void sa_rows(const sa_job *j, const int32_t *idx, int n, float *tile, const float **rows) {
+    for (int i = 0; i < n; i++)
+        rows[i] = idx[i] >= 0 ? kv_row(j->kv, idx[i], j->D, tile + (size_t)i * j->D) : NULL;
+}
+
+/* Fast-mode dot products of the sparse attention (AVX2 + FMA, the baseline ISA): two 8-lane
+ * accumulators over 16-float steps, one fixed reduction, a scalar tail. dot_v4 computes four
+ * such dots of four query heads against one row, loading the row once, each head's lanes in
+ * exactly dot_v's order (so the same bits as four dot_v calls). */
+static inline float hsum8(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+static inline float dot_v(const float *a, const float *b, int n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    float r = hsum8(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) r += a[i] * b[i];
+    return r;
+}
+
+static inline void dot_v4(const float *q, size_t qstride, const float *b, int n, float *out) {
+    const float *q0 = q, *q1 = q + qstride, *q2 = q + 2 * qstride, *q3 = q + 3 * qstride;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 r0 = _mm256_loadu_ps(b + i), r1 = _mm256_loadu_ps(b + i + 8);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), r0, a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i + 8), r1, a1);
+        b0 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), r0, b0);
+        b1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i + 8), r1, b1);
+        c0 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), r0, c0);
+        c1 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i + 8), r1, c1);
+        d0 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), r0, d0);
+        d1 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i + 8), r1, d1);
+    }
+    out[0] = hsum8(_mm256_add_ps(a0, a1));
+    out[1] = hsum8(_mm256_add_ps(b0, b1));
+    out[2] = hsum8(_mm256_add_ps(c0, c1));
+    out[3] = hsum8(_mm256_add_ps(d0, d1));
+    for (; i < n; i++) {
+        out[0] += q0[i] * b[i];
+        out[1] += q1[i] * b[i];
+        out[2] += q2[i] * b[i];
+        out[3] += q3[i] * b[i];
+    }
+}
+
+/* One 64-row block of the recurrence of 3.12 for one head: running max m, denominator den,
+ * accumulator acc [D] (dacc: D doubles of scratch). dots (fast mode only, may be NULL): the
+ * q.k products of the block's rows, already computed (P3's four-head blocking). */
+static void sa_block(const ds41_ctx *ctx, const float *qh, const float *const *rows, int n, int D, float scale,
+                     float *m_io, float *den_io, float *acc, double *dacc, const float *dots) {
     float s[SA_BLOCK], p[SA_BLOCK];
+    float m = *m_io, bmax = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        if (!rows[i]) s[i] = -INFINITY;
+        else if (ctx->exact) s[i] = dot_f(ctx, qh, rows[i], D) * scale;
+        else s[i] = (dots ? dots[i] : dot_v(qh, rows[i], D)) * scale;
+        if (s[i] > bmax) bmax = s[i];
+    }
+    float m_new = m > bmax ? m : bmax;
+    float f = ds41_expf_x(ctx, m - m_new);
+    for (int i = 0; i < n; i++) p[i] = rows[i] ? ds41_expf_x(ctx, s[i] - m_new) : 0.0f;
+    float bsum;
+    if (ctx->exact) {
+        double ds = 0.0;
+        for (int i = 0; i < n; i++) ds += p[i];
+        bsum = (float)ds;
+        for (int d = 0; d < D; d++) dacc[d] = 0.0;
+        for (int i = 0; i < n; i++) {
+            const float *kr = rows[i];
+            if (!kr) continue;
+            double pb = bf16r(p[i]);
+            for (int d = 0; d < D; d++) dacc[d] += pb * (double)kr[d];
+        }
+        for (int d = 0; d < D; d++) acc[d] = acc[d] * f + (float)dacc[d];
+    } else {
+        bsum = 0.0f;
+        for (int i = 0; i < n; i++) bsum += p[i];
+        float *facc = (float *)dacc;
+        for (int d = 0; d < D; d++) facc[d] = 0.0f;
+        int D8 = D & ~7;
+        for (int i = 0; i < n; i++) {
+            const float *kr = rows[i];
+            if (!kr) continue;
+            float pb = bf16r(p[i]);
+            __m256 pv = _mm256_set1_ps(pb);
+            for (int d = 0; d < D8; d += 8)
+                _mm256_storeu_ps(facc + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(kr + d), _mm256_loadu_ps(facc + d)));
+            for (int d = D8; d < D; d++) facc[d] += pb * kr[d];
+        }
+        __m256 fv = _mm256_set1_ps(f);
+        for (int d = 0; d < D8; d += 8)
+            _mm256_storeu_ps(acc + d, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(acc + d), fv), _mm256_loadu_ps(facc + d)));
+        for (int d = D8; d < D; d++) acc[d] = acc[d] * f + facc[d];
+    }
+    *den_io = *den_io * f + bsum;
+    *m_io = m_new;
+}
+
+/* Query row t, heads [h0, h1): each block's rows are fetched (P2: decoded) once and applied to
+ * every head of the range, in fast mode four heads' scores at a time off one load of each row.
+ * With h1 = h0 + 1 this is the per-head loop (P3 off). The arithmetic of each head is the same
+ * sequence of operations either way. */
+static void sa_heads(const sa_job *j, int t, int h0, int h1, float *tile, double *dacc, float *acc, float *m,
+                     float *den) {
+    const ds41_ctx *ctx = j->ctx;
+    int D = j->D, L = j->L, nh = h1 - h0;
+    const int32_t *idx = j->idx + (size_t)t * L;
     const float *rows[SA_BLOCK];
-    for (int d = 0; d < D; d++) acc[d] = 0.0f;
+    float dots[4][SA_BLOCK], d4[4];
+    for (int k = 0; k < nh; k++) {
+        m[k] = -1e30f;
+        den[k] = 0.0f;
+        for (int d = 0; d < D; d++) acc[(size_t)k * D + d] = 0.0f;
+    }
     for (int b0 = 0; b0 < L; b0 += SA_BLOCK) {
         int n = L - b0 < SA_BLOCK ? L - b0 : SA_BLOCK;
-        float bmax = -INFINITY;
-        for (int i = 0; i < n; i++) {
-            const float *kr = idx[b0 + i] >= 0 ? kv_row(j->kv, idx[b0 + i], D) : NULL;
-            rows[i] = kr;
-            s[i] = kr ? dot_f(ctx, qh, kr, D) * j->scale : -INFINITY;
-            if (s[i] > bmax) bmax = s[i];
-        }
-        float m_new = m > bmax ? m : bmax;
-        float f = ds41_expf_x(ctx, m - m_new);
-        for (int i = 0; i < n; i++) p[i] = rows[i] ? ds41_expf_x(ctx, s[i] - m_new) : 0.0f;
-        float bsum;
-        if (ctx->exact) {
-            double ds = 0.0;
-            for (int i = 0; i < n; i++) ds += p[i];
-            bsum = (float)ds;
-            for (int d = 0; d < D; d++) dacc[d] = 0.0;
-            for (int i = 0; i < n; i++) {
-                const float *kr = rows[i];
-                if (!kr) continue;
-                double pb = bf16r(p[i]);
-                for (int d = 0; d < D; d++) dacc[d] += pb * (double)kr[d];
+        sa_rows(j, idx + b0, n, tile, rows);
+        int k = 0;
+        if (!ctx->exact)
+            for (; k + 4 <= nh; k += 4) {
+                const float *q4 = j->q + ((size_t)t * j->H + h0 + k) * D;
+                for (int i = 0; i < n; i++) {
+                    if (!rows[i]) continue;
+                    dot_v4(q4, (size_t)D, rows[i], D, d4);
+                    for (int c = 0; c < 4; c++) dots[c][i] = d4[c];
+                }
+                for (int c = 0; c < 4; c++)
+                    sa_block(ctx, q4 + (size_t)c * D, rows, n, D, j->scale, &m[k + c], &den[k + c],
+                             acc + (size_t)(k + c) * D, dacc, dots[c]);
             }
-            for (int d = 0; d < D; d++) acc[d] = acc[d] * f + (float)dacc[d];
-        } else {
-            bsum = 0.0f;
-            for (int i = 0; i < n; i++) bsum += p[i];
-            float *facc = (float *)dacc;
-            for (int d = 0; d < D; d++) facc[d] = 0.0f;
-            for (int i = 0; i < n; i++) {
-                const float *kr = rows[i];
-                if (!kr) continue;
-                float pb = bf16r(p[i]);
-                for (int d = 0; d < D; d++) facc[d] += pb * kr[d];
-            }
-            for (int d = 0; d < D; d++) acc[d] = acc[d] * f + facc[d];
-        }
-        den = den * f + bsum;
-        m = m_new;
+        for (; k < nh; k++)
+            sa_block(ctx, j->q + ((size_t)t * j->H + h0 + k) * D, rows, n, D, j->scale, &m[k], &den[k],
+                     acc + (size_t)k * D, dacc, NULL);
     }
-    den = den + ds41_expf_x(ctx, j->sink[h] - m);
-    float *o = j->out + ((size_t)t * j->H + h) * D;
-    for (int d = 0; d < D; d++) o[d] = bf16r(acc[d] / den);
+    for (int k = 0; k < nh; k++) {
+        float dn = den[k] + ds41_expf_x(ctx, j->sink[h0 + k] - m[k]);
+        float *o = j->out + ((size_t)t * j->H + h0 + k) * D;
+        for (int d = 0; d < D; d++) o[d] = bf16r(acc[(size_t)k * D + d] / dn);
+    }
 }
 
 static void sa_range(void *arg, int i0, int i1) {
     const sa_job *j = arg;
-    double *dacc = xmalloc((size_t)j->D * sizeof(double));
-    float *acc = xmalloc((size_t)j->D * sizeof(float));
-    for (int i = i0; i < i1; i++) sa_one(j, i / j->H, i % j->H, dacc, acc);
+    int D = j->D;
+    float *tile = xmalloc((size_t)SA_BLOCK * D * sizeof(float));
+    double *dacc = xmalloc((size_t)D * sizeof(double));
+    float *acc = xmalloc((size_t)j->hc * D * sizeof(float));
+    float *m = xmalloc((size_t)j->hc * 2 * sizeof(float));
+    for (int i = i0; i < i1; i++) {
+        int t = i / j->nch, c = i % j->nch;
+        int h0 = c * j->hc, h1 = h0 + j->hc < j->H ? h0 + j->hc : j->H;
+        sa_heads(j, t, h0, h1, tile, dacc, acc, m, m + j->hc);
+    }
+    free(m);
     free(acc);
     free(dacc);
+    free(tile);
 }
 
 void ds41_sparse_attn(const ds41_ctx *ctx, int n_heads, int head_dim, const float *q, int T,
                       const ds41_kvset *kv, const int32_t *idx, int L, const float *sink,
                       float scale, float *out) {
+    pthread_once(&q4nv_once, q4nv_tab_init);
     sa_job j = { .ctx = ctx, .H = n_heads, .D = head_dim, .T = T, .L = L, .q = q, .sink = sink,
-                 .kv = kv, .idx = idx, .scale = scale, .out = out };
-    int n = T * n_heads;
+                 .kv = kv, .idx = idx, .scale = scale, .out = out, .hc = 1, .nch = n_heads };
+    if (!(ctx->ablate & DS41_ABLATE_P3)) {
+        /* P3: one KV head serves every query head; split the heads only as far as the threads
+         * need work (a decode row on n threads: n head ranges) */
+        int nt = ctx->pool ? ctx->n_threads : 1;
+        int parts = T >= nt ? 1 : (nt + T - 1) / T;
+        if (parts > n_heads) parts = n_heads;
+        j.hc = (n_heads + parts - 1) / parts;
+        j.nch = (n_heads + j.hc - 1) / j.hc;
+    }
+    int n = T * j.nch;
+    if (ctx->prof) {
+        /* bytes of KV rows fetched: each listed row once per item that reads it (P3 on: once
+         * per head range, off: once per head), a packed record or a float row */
+        double by = 0.0;
+        for (size_t i = 0; i < (size_t)T * L; i++) {
+            int r = idx[i];
+            for (int p = 0; r >= 0 && p < DS41_KVSET_PARTS; p++) {
+                if (r < kv->n[p]) { by += kv->rec[p] ? head_dim / 2 + head_dim / 16 : head_dim * 4; break; }
+                r -= kv->n[p];
+            }
+        }
+        ctx->prof[DS41_PROF_KVBYTES] += by * j.nch;
+    }
     if (ctx->pool && n > 1) ds41_parallel_for(ctx, n, sa_range, &j);
     else sa_range(&j, 0, n);
 }

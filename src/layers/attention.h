@@ -55,6 +55,13 @@ void ds41_compress_pool(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_
  * Order as 3.8: index key from the pre-RoPE latent first, then RoPE + Q4nv of the latent. */
 void ds41_compress_entry(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
                          const ds41_rope *rope, float *c, int pos, uint8_t *ik_rec, uint8_t *kv_rec);
+/* P1, ratio 1: the compressor of rows x [T, dim] (entries j0 .. j0+T-1, at those positions)
+ * fused per 16-row tile: projection, RMSNorm, the index-key projection of the tile, RoPE and both
+ * records, written to ik_rec[t] / kv_rec[t]. The same records as ds41_compress_r1 followed by
+ * ds41_compress_entry per row (the linears are row-order invariant). */
+void ds41_compress_r1_fused(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
+                            const ds41_rope *rope, const float *x, int T, long long j0, uint8_t *const *ik_rec,
+                            uint8_t *const *kv_rec);
 /* Dequantize n consecutive records into [n, head_dim] / [n, index_head_dim]. */
 void ds41_kv_rec_unpack(const ds41_config *cfg, const uint8_t *rec, int n, float *out);
 void ds41_ik_rec_unpack(const ds41_config *cfg, const uint8_t *rec, int n, float *out);
@@ -100,10 +107,17 @@ void ds41_swa_list_decode(const ds41_config *cfg, long long P, int32_t *list);
 typedef struct ds41_kvset {
     const float *part[DS41_KVSET_PARTS];
     int n[DS41_KVSET_PARTS];
+    /* P2: a part with rec[p] != NULL holds packed main-KV records instead (row r is the Q4nv
+     * record rec[p][r], read in the kernel; part[p] unused) */
+    const uint8_t *const *rec[DS41_KVSET_PARTS];
 } ds41_kvset;
+/* One packed main-KV record decoded (the values of ds41_kv_rec_unpack, through a table). */
+void ds41_kv_rec_decode(const uint8_t *rec, int head_dim, float *out);
 /* q [T, n_heads*head_dim]; idx [T, L] rows of kv (or -1); sink [n_heads];
  * out [T, n_heads*head_dim] (BF16). Processes each list in blocks of 64 with the running-max
- * BF16 rounding of 3.12; -1 entries contribute nothing; an all -1 list gives exactly 0. */
+ * BF16 rounding of 3.12; -1 entries contribute nothing; an all -1 list gives exactly 0.
+ * ctx->ablate: P3 on (default) fetches (P2: decodes) each block's rows once for a range of
+ * heads, P3 off once per head; both give the same bits. */
 void ds41_sparse_attn(const ds41_ctx *ctx, int n_heads, int head_dim, const float *q, int T,
                       const ds41_kvset *kv, const int32_t *idx, int L, const float *sink,
                       float scale, float *out);

@@ -81,6 +81,9 @@ typedef struct ds41_model {
 
 /* Loads DIR: config.json, then safetensors (if any), then binding. */
 int ds41_model_open(const char *dir, ds41_model *m, ds41_err *err);
+/* copy = 1: the weights are read into anonymous memory (ds41_st_copy_anon) before binding
+ * instead of staying mmap'd from the files (--load copy). */
+int ds41_model_open_load(const char *dir, ds41_model *m, int copy, ds41_err *err);
 void ds41_model_close(ds41_model *m);
 
 #endif
