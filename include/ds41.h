@@ -192,6 +192,10 @@ int ds41_spec_max_drafts(const ds41_session *s);
  * per-position counts of its verified drafts) predicts a higher Theta than a plain step, and
  * otherwise 1 only as a probe every 8, 16, ... 256 plain steps. Without such a curve: 1. */
 int ds41_spec_want_draft(ds41_session *s, const ds41_spec_curve *curve);
+/* The session's running estimate of P(the first j + 1 drafts of a block accepted), j = 0 ..
+ * DS41_SPEC_MAX_DRAFTS - 1: what the gate above weighs (decayed counts of the drafts verified
+ * by ds41_spec_verify, ds41_spec_step or ds41_batch_step, with a prior); -1 for j out of range. */
+double ds41_spec_acceptance(const ds41_session *s, int j);
 
 /* One batched engine step, what a serving scheduler calls once per step: each item either
  * feeds ids[0..n) (ds41_feed: a prefill chunk or a decode row) or, with verify = 1, verifies

@@ -26,6 +26,12 @@ cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$TMP"
 trap cleanup EXIT
 mkdir -p "$CK"
 export XDG_CACHE_HOME="$TMP/cache"   # the verify-width curve cache of --spec auto (server and ds41 run)
+# --spec auto decides from a timing curve; a measured one makes the decisions depend on the
+# machine (on one, drafting never paid and the gate was never asked). This one, shared by the
+# servers and ds41 run, puts the gate and the schedule where the session's acceptance decides:
+# a draft pays at the prior's 0.5 survival and after one rejection, not after two.
+export DS41_SPEC_CURVE="$TMP/spec-curve.txt"
+printf '1 100\n2 90\n3 80\npropose_s 0.001\ndraft_s 0.0002\n' >"$DS41_SPEC_CURVE"
 . tests/lib.sh
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; }

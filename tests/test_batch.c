@@ -197,6 +197,11 @@ static void run_case(ds41_engine *e, const char *name, int B, int steps, int mix
             CHECK(ds41_session_pos(p->bat) == ds41_session_pos(p->alone), "seq %d step %d: pos %lld vs %lld", i, step,
                   ds41_session_pos(p->bat), ds41_session_pos(p->alone));
             CHECK(ds41_spec_pending(p->bat) == ds41_spec_pending(p->alone), "seq %d step %d: pending differs", i, step);
+            /* --spec auto's gate weighs these: a batched verify records its acceptance as one alone */
+            for (int j = 0; j < DS41_SPEC_MAX_DRAFTS; j++)
+                CHECK(ds41_spec_acceptance(p->bat, j) == ds41_spec_acceptance(p->alone, j),
+                      "seq %d step %d: acceptance estimate %d: %.17g vs %.17g alone", i, step, j,
+                      ds41_spec_acceptance(p->bat, j), ds41_spec_acceptance(p->alone, j));
             CHECK(!memcmp(ds41_logits(p->bat), ds41_logits(p->alone), (size_t)V * sizeof(float)),
                   "seq %d step %d (%s, pos %lld): logits differ", i, step, p->verify ? "verify" : "decode",
                   ds41_session_pos(p->alone));

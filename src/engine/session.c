@@ -538,6 +538,11 @@ int ds41_spec_want_draft(ds41_session *s, const ds41_spec_curve *curve) {
     return ds41_spec_gate(&s->spec, curve, km);
 }
 
+double ds41_spec_acceptance(const ds41_session *s, int j) {
+    if (j < 0 || j >= DS41_SPEC_MAX_DRAFTS) return -1.0;
+    return ds41_spec_survival(&s->spec, j);
+}
+
 int ds41_batch_step(ds41_batch_item *it, int count) {
     int failed = 0;
     if (count < 1) return 0;
@@ -622,7 +627,11 @@ int ds41_batch_step(ds41_batch_item *it, int count) {
                 if (b->verify) {
                     rc = ds41_spec_verify_end(s->e, &s->seq, &s->sampler, s->p.draft, &s->spec, blocks[j], (int)b->n - 1,
                                               b->out, b->out_logits, &b->n_accepted, &err);
-                    if (rc > 0) b->n_out = rc;
+                    if (rc > 0) {
+                        b->n_out = rc;
+                        /* the drafting gate's acceptance counts, as ds41_spec_verify records them */
+                        ds41_spec_observe(&s->spec, (int)b->n - 1, b->n_accepted);
+                    }
                 } else {
                     rc = s->p.draft ? ds41_dspark_seed(s->e, &s->seq.cache, s->seq.main_hidden, s->seq.mh_rows,
                                                        s->seq.mh_pos0, &err)
