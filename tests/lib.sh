@@ -45,3 +45,21 @@ serve_checkpoint() {
     fi
     echo "$ck"
 }
+
+# serve_start NAME ARGS...: `$DS41 serve --port 0 ARGS...` in the background, logging to
+# $TMP/NAME.log; waits (30 s at most) for its "listening on" line; sets PORT and PID and adds
+# the pid to PIDS (the caller's cleanup kills them). On failure calls the caller's `fail`.
+serve_start() {
+    local name=$1; shift
+    "$DS41" serve --port 0 "$@" >"$TMP/$name.log" 2>&1 &
+    PID=$!
+    PIDS+=("$PID")
+    PORT=
+    for _ in $(seq 1 300); do
+        PORT=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/$name.log" 2>/dev/null)
+        [ -n "$PORT" ] && break
+        kill -0 "$PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    if [ -z "$PORT" ]; then fail "serve_start_$name" "$(tail -n 5 "$TMP/$name.log")"; return 1; fi
+}

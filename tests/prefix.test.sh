@@ -17,6 +17,7 @@ cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$TMP"
 trap cleanup EXIT
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; }
+. tests/lib.sh
 M=models/demo
 # a ~600-token prompt: the first paragraphs of the GPL (every Debian has it)
 PROMPT=$(head -c 2400 /usr/share/common-licenses/GPL-3 | tr '\n' ' ')
@@ -93,20 +94,7 @@ touch "$TMP/afile"
 [ $rc -eq 1 ] && grep -q "afile" "$TMP/u3.err" && pass run_cache_dir_is_file || fail run_cache_dir_is_file "rc $rc: $(cat "$TMP/u3.err")"
 
 # ---------------------------------------------------------------- ds41 serve
-start() {
-    local name=$1; shift
-    "$DS41" serve -m $M --port 0 --exact --spec off "$@" >"$TMP/$name.log" 2>&1 &
-    PID=$!
-    PIDS+=("$PID")
-    PORT=
-    for _ in $(seq 1 300); do
-        PORT=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/$name.log" 2>/dev/null)
-        [ -n "$PORT" ] && break
-        kill -0 "$PID" 2>/dev/null || break
-        sleep 0.1
-    done
-    [ -n "$PORT" ] || { fail "serve_start_$name" "$(tail -n 3 "$TMP/$name.log")"; return 1; }
-}
+start() { local name=$1; shift; serve_start "$name" -m $M --exact --spec off "$@"; }
 stop() { kill -TERM "$PID" 2>/dev/null; wait "$PID" 2>/dev/null; }
 # chat PORT OUT: the two-turn conversation; writes the answers and the prefix-cache counters
 chat() {

@@ -41,20 +41,7 @@ TSAN=${DS41_SERVE_TSAN:-}
 ck=$(serve_checkpoint) || { fail serve_checkpoint "$(tail -n 3 "$TMP/mk.log")"; exit 1; }
 
 # start NAME ARGS...: a server on a free port; sets PORT and PID
-start() {
-    local name=$1; shift
-    "$DS41" serve -m "$ck" --port 0 "$@" >"$TMP/$name.log" 2>&1 &
-    PID=$!
-    PIDS+=("$PID")
-    PORT=
-    for _ in $(seq 1 200); do
-        PORT=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/$name.log" 2>/dev/null)
-        [ -n "$PORT" ] && break
-        kill -0 "$PID" 2>/dev/null || break
-        sleep 0.1
-    done
-    if [ -z "$PORT" ]; then fail "serve_start_$name" "$(tail -n 5 "$TMP/$name.log")"; return 1; fi
-}
+start() { local name=$1; shift; serve_start "$name" -m "$ck" "$@"; }
 # stop NAME: SIGTERM, exit status 0, and (under TSan) no report
 stop() {
     local name=$1

@@ -21,30 +21,14 @@
  * to 150 tokens) on batches of 1, 3, 16 (3 and 16 with verify blocks, 9 with the official
  * index-K reading). Under the sanitizers (DS41_ASAN) tiny only. */
 #include "check.h"
+#include "testutil.h"
 #include "ds41.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char *env_or(const char *name, const char *def) {
-    const char *v = getenv(name);
-    return v && *v ? v : def;
-}
-
 /* writes tests/configs/NAME as a random checkpoint (seed 7) under build/test-tmp once */
-static int make_ck(const char *name, char *dir, size_t cap) {
-    const char *root = env_or("DS41_ROOT", "."), *build = env_or("DS41_BUILD", "build");
-    const char *py = env_or("PYTHON", "/usr/bin/python3");
-    if (build[0] == '/') snprintf(dir, cap, "%s/test-tmp/batch_%s", build, name);
-    else snprintf(dir, cap, "%s/%s/test-tmp/batch_%s", root, build, name);
-    char cmd[32768];
-    snprintf(cmd, sizeof cmd, "[ -f '%s/.complete' ] || { rm -rf '%s' && mkdir -p '%s' && %s '%s/tools/make_checkpoint.py' "
-             "'%s/tests/configs/%s' '%s' --seed 7 --token-map stub -q && touch '%s/.complete'; }",
-             dir, dir, dir, py, root, root, name, dir, dir);
-    return system(cmd);
-}
-
 static ds41_engine *load(const char *dir, int exact) {
     ds41_load_params lp;
     ds41_load_params_default(&lp);
@@ -65,17 +49,6 @@ static ds41_session *open_s(ds41_engine *e, int index_k) {
     ds41_session *s = ds41_session_open(e, &sp, err, sizeof err);
     CHECK(s, "session: %s", err);
     return s;
-}
-
-static void rand_ids(int32_t *v, int n, int V, unsigned seed) {
-    unsigned x = seed * 2654435761u + 1;
-    for (int i = 0; i < n; i++) { x = x * 1103515245u + 12345u; v[i] = (int32_t)((x >> 8) % (unsigned)V); }
-}
-
-static int argmax(const float *v, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++) if (v[i] > v[b]) b = i;
-    return b;
 }
 
 #define MAXB 16
@@ -301,14 +274,14 @@ int main(int argc, char **argv) {
     (void)argv;
     char tiny[4096], small[4096];
     CASE_BEGIN();
-    int rc = make_ck("tiny", tiny, sizeof tiny);
+    int rc = make_ck("batch", "tiny", tiny, sizeof tiny);
     CHECK(rc == 0, "make_checkpoint.py tiny failed");
     case_end("batch_checkpoint_tiny");
     if (rc == 0) suite("tiny", tiny, 40, 6, 1);
     /* under the sanitizers (tests/run.sh's DS41_ASAN pass) the tiny checkpoint only */
     if (getenv("DS41_ASAN") && *getenv("DS41_ASAN")) return check_exit();
     CASE_BEGIN();
-    rc = make_ck("small43", small, sizeof small);
+    rc = make_ck("batch", "small43", small, sizeof small);
     CHECK(rc == 0, "make_checkpoint.py small43 failed");
     case_end("batch_checkpoint_small43");
     if (rc == 0) suite("small43", small, 150, 3, 0);

@@ -5,6 +5,7 @@
  * bad arguments are errors; and the proposals and confidence logits are bit-identical to the
  * Python reference's dspark.i32 / dspark.f32 traces (tiny config and the 43-layer plan). */
 #include "check.h"
+#include "testutil.h"
 #include "dspark.h"
 #include "formats.h"
 
@@ -16,21 +17,11 @@
 
 static char ckpt[1024];
 
-static const char *env_or(const char *name, const char *def) {
-    const char *v = getenv(name);
-    return v && *v ? v : def;
-}
-
-/* Writes a checkpoint of tests/configs/<config> into the build tree; path to out. */
+/* Writes a checkpoint of tests/configs/<config> into the build tree (afresh); path to out. */
 static int make_checkpoint_of(const char *config, int seed, char *out, size_t cap) {
-    const char *root = env_or("DS41_ROOT", "."), *build = env_or("DS41_BUILD", "build");
-    const char *py = env_or("PYTHON", "/usr/bin/python3");
-    if (build[0] == '/') snprintf(out, cap, "%s/test-tmp/dspark_%s_s%d", build, config, seed);
-    else snprintf(out, cap, "%s/%s/test-tmp/dspark_%s_s%d", root, build, config, seed);
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s' && %s '%s/tools/make_checkpoint.py' '%s/tests/configs/%s' "
-             "'%s' --seed %d --token-map stub -q", out, out, py, root, root, config, out, seed);
-    return system(cmd);
+    char leaf[256];
+    snprintf(leaf, sizeof leaf, "dspark_%s_s%d", config, seed);
+    return write_test_ck(leaf, config, seed, 0, out, cap);
 }
 static int make_checkpoint(void) { return make_checkpoint_of("tiny", 3, ckpt, sizeof ckpt); }
 

@@ -13,6 +13,7 @@
  * ds41_feed_logits equals the state after ds41_feed (the next decode steps agree bit for bit),
  * refused calls change nothing. About 2 s. */
 #include "check.h"
+#include "testutil.h"
 #include "ds41.h"
 #include "forward.h"
 
@@ -22,11 +23,6 @@
 #include <string.h>
 
 static char ckpt[1024];
-
-static const char *env_or(const char *name, const char *def) {
-    const char *v = getenv(name);
-    return v && *v ? v : def;
-}
 
 static int make_checkpoint(void) {
     const char *root = env_or("DS41_ROOT", "."), *build = env_or("DS41_BUILD", "build");
@@ -111,12 +107,6 @@ static double max_abs_diff(const float *a, const float *b, size_t n, size_t *n_d
     }
     if (n_diff) *n_diff = k;
     return m;
-}
-
-static int argmax(const float *v, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++) if (v[i] > v[b]) b = i;
-    return b;
 }
 
 /* True when every layer's attention list (SWA part + compressed part) fits one block. */

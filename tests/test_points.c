@@ -11,6 +11,7 @@
  *    deterministic for a seed and the same under every ablate setting;
  *  - --load copy: bit-identical logits to mmap. */
 #include "check.h"
+#include "testutil.h"
 #include "ds41.h"
 
 #include <math.h>
@@ -23,23 +24,6 @@
 #include "forward.h"
 #include "longctx.h"
 
-static const char *env_or(const char *name, const char *def) {
-    const char *v = getenv(name);
-    return v && *v ? v : def;
-}
-
-static int make_ck(const char *name, char *dir, size_t cap) {
-    const char *root = env_or("DS41_ROOT", "."), *build = env_or("DS41_BUILD", "build");
-    const char *py = env_or("PYTHON", "/usr/bin/python3");
-    if (build[0] == '/') snprintf(dir, cap, "%s/test-tmp/points_%s", build, name);
-    else snprintf(dir, cap, "%s/%s/test-tmp/points_%s", root, build, name);
-    char cmd[32768];
-    snprintf(cmd, sizeof cmd, "[ -f '%s/.complete' ] || { rm -rf '%s' && mkdir -p '%s' && %s '%s/tools/make_checkpoint.py' "
-             "'%s/tests/configs/%s' '%s' --seed 7 --token-map stub -q && touch '%s/.complete'; }",
-             dir, dir, dir, py, root, root, name, dir, dir);
-    return system(cmd);
-}
-
 static ds41_engine *load(const char *dir, int exact, int copy, int threads) {
     ds41_load_params lp;
     ds41_load_params_default(&lp);
@@ -51,11 +35,6 @@ static ds41_engine *load(const char *dir, int exact, int copy, int threads) {
     ds41_engine *e = ds41_load(dir, &lp, err, sizeof err);
     if (!e) printf("  load %s: %s\n", dir, err);
     return e;
-}
-
-static void rand_ids(int32_t *v, int n, int V, unsigned seed) {
-    unsigned x = seed * 2654435761u + 1;
-    for (int i = 0; i < n; i++) { x = x * 1103515245u + 12345u; v[i] = (int32_t)((x >> 8) % (unsigned)V); }
 }
 
 #define PROMPT 150
@@ -93,7 +72,7 @@ static void points_case(const char *ck, int exact, int threads, long long synth)
     char dir[4096], name[160];
     snprintf(name, sizeof name, "ablate_%s_%s_t%d%s", ck, exact ? "exact" : "fast", threads, synth ? "_synthetic" : "");
     CASE_BEGIN();
-    if (make_ck(ck, dir, sizeof dir)) { CHECK(0, "checkpoint %s", ck); case_end(name); return; }
+    if (make_ck("points", ck, dir, sizeof dir)) { CHECK(0, "checkpoint %s", ck); case_end(name); return; }
     ds41_engine *e = load(dir, exact, 0, threads);
     CHECK(e, "load");
     if (e) {
@@ -148,7 +127,7 @@ static int qdq_stable(const float *v, int d, int q8, uint8_t *rec, float *w) {
 /* records of a synthetic context round-trip through the unpackers and packers */
 static void synthetic_records(void) {
     char dir[4096];
-    if (make_ck("small43", dir, sizeof dir)) { CHECK(0, "checkpoint"); return; }
+    if (make_ck("points", "small43", dir, sizeof dir)) { CHECK(0, "checkpoint"); return; }
     ds41_engine *e = load(dir, 1, 0, 1);
     CHECK(e, "load");
     if (!e) return;
@@ -199,7 +178,7 @@ static void synthetic_records(void) {
 /* the same seed gives the same state and decode; another seed another */
 static void synthetic_deterministic(void) {
     char dir[4096];
-    if (make_ck("small43", dir, sizeof dir)) { CHECK(0, "checkpoint"); return; }
+    if (make_ck("points", "small43", dir, sizeof dir)) { CHECK(0, "checkpoint"); return; }
     ds41_engine *e = load(dir, 0, 0, 2);
     CHECK(e, "load");
     if (!e) return;
@@ -228,7 +207,7 @@ static void synthetic_deterministic(void) {
 /* --load copy: the same logits as mmap */
 static void load_copy(void) {
     char dir[4096];
-    if (make_ck("small43", dir, sizeof dir)) { CHECK(0, "checkpoint"); return; }
+    if (make_ck("points", "small43", dir, sizeof dir)) { CHECK(0, "checkpoint"); return; }
     for (int exact = 0; exact < 2; exact++) {
         ds41_engine *a = load(dir, exact, 0, 1), *b = load(dir, exact, 1, 1);
         CHECK(a && b, "load");

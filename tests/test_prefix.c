@@ -15,17 +15,13 @@
  *   - approx replay: global KV equal to the fresh prefill's, the rows it recomputes = window.
  * Checkpoints: models/demo, and tiny / small43 written by tools/make_checkpoint.py. */
 #include "check.h"
+#include "testutil.h"
 #include "ds41.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static const char *env_or(const char *name, const char *def) {
-    const char *v = getenv(name);
-    return v && *v ? v : def;
-}
 
 static char tmpdir[1024], demo[1100], tiny[1100], small43[1100];
 
@@ -93,12 +89,6 @@ static void prompt(int32_t *ids, int n, int V, unsigned seed) {
         seed = seed * 1103515245u + 12345u;
         ids[i] = 2 + (int32_t)((seed >> 8) % (unsigned)(V - 2));
     }
-}
-
-static int argmax(const float *v, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++) if (v[i] > v[b]) b = i;
-    return b;
 }
 
 /* What a session shows after its prompt: logits, digest, a greedy continuation of `steps`

@@ -6,6 +6,7 @@
  * threads at once give bit for bit what they give one after another; a second trace call
  * finishes the first. About 1 s. */
 #include "check.h"
+#include "testutil.h"
 #include "ds41.h"
 
 #include <pthread.h>
@@ -14,11 +15,6 @@
 #include <string.h>
 
 static char ckpt[1024];
-
-static const char *env_or(const char *name, const char *def) {
-    const char *v = getenv(name);
-    return v && *v ? v : def;
-}
 
 static int make_checkpoint(void) {
     const char *root = env_or("DS41_ROOT", "."), *build = env_or("DS41_BUILD", "build");

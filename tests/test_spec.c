@@ -13,6 +13,7 @@
  *     residual paths run) against the exact filtered target probabilities;
  *   - the scheduler (spec 5.4) on hand-made confidences and curves. */
 #include "check.h"
+#include "testutil.h"
 #include "ds41.h"
 #include "spec.h"   /* the drafting gate's internals */
 
@@ -23,11 +24,6 @@
 #include <unistd.h>
 
 static char tiny[4096];
-
-static const char *env_or(const char *name, const char *def) {
-    const char *v = getenv(name);
-    return v && *v ? v : def;
-}
 
 static int make_tiny(void) {
     const char *root = env_or("DS41_ROOT", "."), *build = env_or("DS41_BUILD", "build");
@@ -62,11 +58,6 @@ static ds41_session *open_s(ds41_engine *e, int index_k, int reuse) {
     ds41_session *s = ds41_session_open(e, &sp, err, sizeof err);
     CHECK(s, "session: %s", err);
     return s;
-}
-
-static void rand_ids(int32_t *v, int n, int V, unsigned seed) {
-    unsigned x = seed * 2654435761u + 1;
-    for (int i = 0; i < n; i++) { x = x * 1103515245u + 12345u; v[i] = (int32_t)((x >> 8) % (unsigned)V); }
 }
 
 /* plain greedy: tok[i] and logits row i (the row tok[i] came from), digest after feeding tok[i] */

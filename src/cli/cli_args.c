@@ -207,3 +207,16 @@ int ds41_cli_bytes(const char *cmd, const char *flag, const char *v, long long *
     *out = (long long)(x * (double)mul);
     return 0;
 }
+
+int ds41_cli_int_list(const char *s, long lo, long hi, int *v, int cap) {
+    int n = 0;
+    while (*s) {
+        if (n == cap) return -1;
+        char *end;
+        long x = strtol(s, &end, 10);
+        if (end == s || x < lo || x > hi || (*end && *end != ',')) return -1;
+        v[n++] = (int)x;
+        s = *end ? end + 1 : end;
+    }
+    return n > 0 ? n : -1;
+}

@@ -12,6 +12,9 @@ int ds41_cli_int(const char *cmd, const char *flag, const char *v, long long lo,
 int ds41_cli_double(const char *cmd, const char *flag, const char *v, double lo, double hi, double *out);
 /* A byte count: 123, 64K, 8M, 2G (powers of 1024), at least 1. */
 int ds41_cli_bytes(const char *cmd, const char *flag, const char *v, long long *out);
+/* A comma-separated list of 1..cap decimal integers, each in lo..hi, into v. Returns the count,
+ * or -1 (nothing printed: the caller names the flag and what it expects). */
+int ds41_cli_int_list(const char *s, long lo, long hi, int *v, int cap);
 /* Unsigned 64-bit integer (no sign; a seed). */
 int ds41_cli_u64(const char *cmd, const char *flag, const char *v, unsigned long long *out);
 

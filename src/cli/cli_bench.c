@@ -133,20 +133,6 @@ static int bench_batch(ds41_engine *e, const int32_t *ids, int n_ids, int plen, 
     return rc;
 }
 
-static int parse_list(const char *s, int *v, int cap) {
-    int n = 0;
-    while (*s) {
-        if (n == cap) return -1;
-        char *end;
-        long x = strtol(s, &end, 10);
-        if (end == s || x <= 0 || x > (1 << 24)) return -1;
-        v[n++] = (int)x;
-        s = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') return -1;
-    }
-    return n;
-}
-
 int ds41_cli_bench(int argc, char **argv) {
     const char *dir = NULL;
     int lengths[16] = { 64, 256, 1024 }, n_len = 3, n_dec = 16, threads = 1, exact = 0, json = 0;
@@ -167,7 +153,7 @@ int ds41_cli_bench(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(BENCH_USAGE, stdout); return 0; }
         else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && has) dir = argv[++i];
         else if (!strcmp(a, "--lengths") && has) {
-            if ((n_len = parse_list(argv[++i], lengths, 16)) <= 0) {
+            if ((n_len = ds41_cli_int_list(argv[++i], 1, 1 << 24, lengths, 16)) <= 0) {
                 fprintf(stderr, "ds41 bench: --lengths: expected 1 to 16 comma-separated lengths in 1..16777216, got '%.40s'\n", argv[i]);
                 return 2;
             }
@@ -202,7 +188,7 @@ int ds41_cli_bench(int argc, char **argv) {
         else if (!strcmp(a, "--spec-curve")) spec_curve = 1;
         else if (!strcmp(a, "--spec-prompt") && has) { spec = 1; spec_prompt = argv[++i]; }
         else if (!strcmp(a, "--batch") && has) {
-            if ((n_batch = parse_list(argv[++i], batch, 16)) <= 0) {
+            if ((n_batch = ds41_cli_int_list(argv[++i], 1, 1 << 24, batch, 16)) <= 0) {
                 fprintf(stderr, "ds41 bench: --batch: expected 1 to 16 comma-separated session counts, got '%.40s'\n", argv[i]);
                 return 2;
             }

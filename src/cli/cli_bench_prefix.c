@@ -85,17 +85,9 @@ int ds41_cli_bench_prefix(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(USAGE, stdout); return 0; }
         else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && has) dir = argv[++i];
         else if (!strcmp(a, "--lengths") && has) {
-            char *s = argv[++i];
-            n_len = 0;
-            while (*s) {
-                char *end;
-                long x = strtol(s, &end, 10);
-                if (end == s || x < 128 || x > (1 << 24) || n_len == 16 || (*end && *end != ',')) {
-                    fprintf(stderr, "ds41 bench-prefix: --lengths: expected up to 16 lengths in 128..16777216, got '%.40s'\n", argv[i]);
-                    return 2;
-                }
-                lengths[n_len++] = (int)x;
-                s = *end ? end + 1 : end;
+            if ((n_len = ds41_cli_int_list(argv[++i], 128, 1 << 24, lengths, 16)) < 0) {
+                fprintf(stderr, "ds41 bench-prefix: --lengths: expected up to 16 lengths in 128..16777216, got '%.40s'\n", argv[i]);
+                return 2;
             }
         }
         else if (!strcmp(a, "--continue") && has) { if (ds41_cli_int("bench-prefix", a, argv[++i], 0, 4096, &iv)) return 2; n_cont = (int)iv; }

@@ -8,6 +8,16 @@
 
 #include "attention.h"
 
+/* entries per page of a KV source of compress ratio r */
+static int store_per_page(int ratio) { return DS41_PAGE_TOKENS / ratio > 1 ? DS41_PAGE_TOKENS / ratio : 1; }
+
+size_t ds41_cache_page_bytes(const ds41_config *cfg, int i) {
+    if (i < 0 || i >= cfg->n_kv_sources) return 0;
+    int r = cfg->compress_ratios[cfg->kv_sources[i]];
+    if (r < 1 || r > DS41_MAX_RATIO) return 0;
+    return (size_t)store_per_page(r) * (size_t)(ds41_kv_rec_bytes(cfg) + ds41_ik_rec_bytes(cfg));
+}
+
 int ds41_cache_init(ds41_cache *c, const ds41_config *cfg, long long max_pos, ds41_err *err) {
     memset(c, 0, sizeof *c);
     c->cfg = cfg;
@@ -35,8 +45,7 @@ int ds41_cache_init(ds41_cache *c, const ds41_config *cfg, long long max_pos, ds
             ds41_cache_free(c);
             return -1;
         }
-        s->per_page = DS41_PAGE_TOKENS / s->ratio;
-        if (s->per_page < 1) s->per_page = 1;
+        s->per_page = store_per_page(s->ratio);
         s->kv_bytes = ds41_kv_rec_bytes(cfg);
         s->ik_bytes = ds41_ik_rec_bytes(cfg);
         s->page_bytes = (size_t)s->per_page * (size_t)(s->kv_bytes + s->ik_bytes);

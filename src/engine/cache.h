@@ -70,6 +70,9 @@ typedef struct ds41_cache {
 } ds41_cache;
 
 int ds41_cache_init(ds41_cache *c, const ds41_config *cfg, long long max_pos, ds41_err *err);
+/* Bytes of one page of KV source i (cfg->kv_sources[i]) as ds41_cache_init lays it out; 0 for
+ * an index or ratio out of range (ds41_cache_init reports those). */
+size_t ds41_cache_page_bytes(const ds41_config *cfg, int i);
 void ds41_cache_free(ds41_cache *c);
 /* Forgets the sequence (position 0) and keeps the allocations for reuse. */
 void ds41_cache_reset(ds41_cache *c);

@@ -127,7 +127,11 @@ void ds41_sched_gauges(ds41_sched *S, ds41_gauges *o) {
     o->waiting = S->q_len;
     o->sessions_open = S->sessions_open;
     o->kv_budget = S->p.kv_budget;
-    o->prefix_bytes = S->p.pc ? ds41_prefix_trim(S->p.pc, LLONG_MAX) : 0;
+    if (S->p.pc) {
+        ds41_prefix_stats ps;
+        ds41_prefix_get_stats(S->p.pc, &ps);
+        o->prefix_bytes = ps.bytes;
+    }
     o->kv_reserved = S->kv_reserved;
     o->kv_used = S->kv_used;
     pthread_mutex_unlock(&S->mu);
@@ -454,7 +458,12 @@ static void *sched_main(void *arg) {
                 if (S->n_run >= P) break;
                 /* the prefix cache's blocks live in the same byte budget: when a sequence
                  * needs the room, least recently used blocks go first */
-                long long held = S->p.pc ? ds41_prefix_trim(S->p.pc, LLONG_MAX) : 0;
+                long long held = 0;
+                if (S->p.pc) {
+                    ds41_prefix_stats ps;
+                    ds41_prefix_get_stats(S->p.pc, &ps);
+                    held = ps.bytes;
+                }
                 if (S->kv_reserved + q->reserve + held > S->p.kv_budget && held > 0)
                     held = ds41_prefix_trim(S->p.pc, S->p.kv_budget - S->kv_reserved - q->reserve);
                 if (S->kv_reserved + q->reserve + held > S->p.kv_budget) break;

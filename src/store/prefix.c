@@ -282,15 +282,10 @@ ds41_prefix_cache *ds41_prefix_open(ds41_engine *e, const ds41_prefix_params *p,
     pc->table_size = 4099;
     pc->table = calloc(pc->table_size, sizeof *pc->table);
     if (!pc->page_bytes || !pc->table) { ds41_errf(&err, "out of memory"); goto fail; }
-    {
-        /* page sizes as the stores lay them out */
-        ds41_cache c;
-        if (ds41_cache_init(&c, cfg, 1, &err)) goto fail;
-        for (int i = 0; i < pc->n_stores; i++) {
-            pc->page_bytes[i] = c.stores[i].page_bytes;
-            pc->node_bytes += (long long)c.stores[i].page_bytes;
-        }
-        ds41_cache_free(&c);
+    for (int i = 0; i < pc->n_stores; i++) {
+        pc->page_bytes[i] = ds41_cache_page_bytes(cfg, i);
+        if (!pc->page_bytes[i]) { ds41_errf(&err, "config: KV source %d has no page layout", i); goto fail; }
+        pc->node_bytes += (long long)pc->page_bytes[i];
     }
     if (fingerprint(e, pc->p.index_k, pc->fp, &err)) goto fail;
     if (p && p->dir) {
@@ -353,12 +348,8 @@ void ds41_prefix_fingerprint_hex(const ds41_prefix_cache *pc, char out[65]) {
 }
 
 double ds41_prefix_bytes_per_token(const ds41_engine *e) {
-    ds41_cache c;
-    ds41_err err;
-    if (ds41_cache_init(&c, e->cfg, 1, &err)) return 0.0;
     long long b = 0;
-    for (int i = 0; i < c.n_stores; i++) b += (long long)c.stores[i].page_bytes;
-    ds41_cache_free(&c);
+    for (int i = 0; i < e->cfg->n_kv_sources; i++) b += (long long)ds41_cache_page_bytes(e->cfg, i);
     return (double)b / BT;
 }
 

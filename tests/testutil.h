@@ -1,0 +1,53 @@
+/* Helpers shared by the C tests that load generated checkpoints (static inline: a test uses
+ * what it needs). */
+#ifndef DS41_TESTUTIL_H
+#define DS41_TESTUTIL_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* getenv(name) when set and not empty, else def */
+static inline const char *env_or(const char *name, const char *def) {
+    const char *v = getenv(name);
+    return v && *v ? v : def;
+}
+
+/* Writes the checkpoint of tests/configs/CONFIG (stub Engram token map) with tools/
+ * make_checkpoint.py into $DS41_BUILD/test-tmp/LEAF, its path into out; reuse: keep one that
+ * is already complete. 0 = ready. */
+static inline int write_test_ck(const char *leaf, const char *config, int seed, int reuse, char *out, size_t cap) {
+    const char *root = env_or("DS41_ROOT", "."), *build = env_or("DS41_BUILD", "build");
+    const char *py = env_or("PYTHON", "/usr/bin/python3");
+    if (build[0] == '/') snprintf(out, cap, "%s/test-tmp/%s", build, leaf);
+    else snprintf(out, cap, "%s/%s/test-tmp/%s", root, build, leaf);
+    char head[8192] = "";
+    if (reuse) snprintf(head, sizeof head, "[ -f '%s/.complete' ] || ", out);
+    char cmd[32768];
+    snprintf(cmd, sizeof cmd, "%s{ rm -rf '%s' && mkdir -p '%s' && %s '%s/tools/make_checkpoint.py' "
+             "'%s/tests/configs/%s' '%s' --seed %d --token-map stub -q && touch '%s/.complete'; }",
+             head, out, out, py, root, root, config, out, seed, out);
+    return system(cmd);
+}
+
+/* tests/configs/NAME at seed 7, written once into test-tmp/TAG_NAME */
+static inline int make_ck(const char *tag, const char *name, char *dir, size_t cap) {
+    char leaf[256];
+    snprintf(leaf, sizeof leaf, "%s_%s", tag, name);
+    return write_test_ck(leaf, name, 7, 1, dir, cap);
+}
+
+/* n pseudo-random ids below V from seed (a fixed LCG: the same ids on every machine) */
+static inline void rand_ids(int32_t *v, int n, int V, unsigned seed) {
+    unsigned x = seed * 2654435761u + 1;
+    for (int i = 0; i < n; i++) { x = x * 1103515245u + 12345u; v[i] = (int32_t)((x >> 8) % (unsigned)V); }
+}
+
+/* the first index of the largest of v[0..n) */
+static inline int argmax(const float *v, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++) if (v[i] > v[b]) b = i;
+    return b;
+}
+
+#endif
