@@ -13,7 +13,9 @@
  *   P3 on : each block's rows fetched once for all the heads (of a thread);
  *   P3 off: fetched once per head.
  * Also prints the bytes of KV each setting touches and a read-bandwidth probe of the same run
- * (build/bench/bench_kernels has the full probes: bandwidth, FMA peak). */
+ * (build/bench/bench_kernels has the full probes: bandwidth, FMA peak), and then the indexer's
+ * scores of one decode row against the E index keys (32 heads x 128): the SIMD kernel against
+ * its scalar definition (ds41_indexer_scores_ref), medians, and whether they are bit-identical. */
 #include "attention.h"
 #include "formats.h"
 #include "kernels.h"
@@ -135,6 +137,44 @@ int main(int argc, char **argv) {
         printf("%-16s %10.3f %8.3f %13.2f MB\n", names[k], m * 1e3, m / base, by / 1e6);
     }
     printf("all settings bit-identical: %s\n", same ? "yes" : "NO");
+
+    /* The indexer's scores of the same decode row against all E index keys (32 heads x 128,
+     * Q4mx values as the store holds them): the SIMD kernel against its scalar definition. */
+    {
+        enum { NH = 32, ID = 128 };
+        ds41_config cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.index_n_heads = NH;
+        cfg.index_head_dim = ID;
+        float *iq = malloc((size_t)NH * ID * sizeof(float)), *wt = malloc(NH * sizeof(float));
+        float *ik = malloc((size_t)E * ID * sizeof(float)), *sa = malloc((size_t)E * sizeof(float)),
+              *sb = malloc((size_t)E * sizeof(float));
+        if (!iq || !wt || !ik || !sa || !sb) return 1;
+        for (int i = 0; i < NH * ID; i++) iq[i] = rndf();
+        for (long long i = 0; i < E * ID; i++) ik[i] = rndf();
+        ds41_q4mx_qdq(iq, NH * ID);
+        ds41_q4mx_qdq(ik, (int)(E * ID));
+        for (int h = 0; h < NH; h++) wt[h] = ds41_bf16_round(rndf() / 16);
+        double ti[2][101];
+        int isame = 1;
+        for (int r = 0; r < reps; r++) {
+            double t0 = clk(threads);
+            ds41_indexer_scores(&ctx, &cfg, iq, wt, ik, (int)E, (int)E, sa);
+            ti[0][r] = clk(threads) - t0;
+            t0 = clk(threads);
+            ds41_indexer_scores_ref(&ctx, &cfg, iq, wt, ik, (int)E, (int)E, sb);
+            ti[1][r] = clk(threads) - t0;
+            isame &= !memcmp(sa, sb, (size_t)E * sizeof(float));
+        }
+        qsort(ti[0], (size_t)reps, sizeof(double), cmp_d);
+        qsort(ti[1], (size_t)reps, sizeof(double), cmp_d);
+        double a = ti[0][reps / 2], b = ti[1][reps / 2], mac = (double)E * NH * ID;
+        printf("indexer scores, one decode row against %lld index keys (%d heads x %d): SIMD %.3f ms (%.1f GMAC/s), "
+               "scalar %.3f ms (%.1f GMAC/s), %.1fx; bit-identical: %s\n", E, NH, ID, a * 1e3, mac / a / 1e9, b * 1e3,
+               mac / b / 1e9, b / a, isame ? "yes" : "NO");
+        same &= isame;
+        free(iq); free(wt); free(ik); free(sa); free(sb);
+    }
     if (ctx.pool) ds41_pool_destroy(ctx.pool);
     return same ? 0 : 1;
 }

@@ -219,8 +219,169 @@ void ds41_indexer_query(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_
     for (size_t i = 0; i < (size_t)T * NH; i++) wt[i] = bf16r(wt[i] * c);
 }
 
+/* The scores of 16 entries at a time, one entry per SIMD lane, each lane running exactly the
+ * scalar sequence of operations of its entry (so the result is bit for bit the scalar loop's):
+ *   the 16 keys are transposed into tile[d][16] (L1), then for every head h:
+ *   fast:  dot_f's four FP32 partial sums s_m += q[i + m] * k[i + m] (a rounded product, then
+ *          a rounded sum: no FMA), i = 0, 4, ..; dot = (s0 + s1) + (s2 + s3);
+ *   exact: one double sum in increasing i of the exact products, rounded to FP32;
+ *   then bf16, ReLU (max(s, +0): +0 for -0 and NaN, as s > 0 ? s : 0), bf16(r * w_h) added to
+ *   the head sum (FP32 in fast mode, double in exact mode) in increasing h; the score is bf16
+ *   of the sum. Each query's keys are read once for all heads instead of once per head, and
+ *   the head loop's 16 lanes replace 16 scalar dot products. Entries are split over the
+ *   thread pool by blocks of 16 (a lane's result does not depend on its block or thread). */
+#define IXL 16
+
+/* float -> BF16 -> float, round to nearest even; NaN kept quiet (ds41_bf16_from_f32) */
+static inline __m256 bf16r_v(__m256 v) {
+    __m256i u = _mm256_castps_si256(v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb);
+    __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF));
+    __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F800000));
+    __m256i q = _mm256_or_si256(u, _mm256_set1_epi32(0x00400000));
+    r = _mm256_blendv_epi8(r, q, nan);
+    return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32((int)0xFFFF0000)));
+}
+
+typedef struct ixs_job {
+    const ds41_ctx *ctx;
+    const float *iq, *wt, *ik;
+    int NH, ID, E, n_vis;
+    float *scores;
+} ixs_job;
+
+/* entries [j0, j0 + n) (n <= IXL) of a job into scores */
+static void ixs_block(const ixs_job *jb, int j0, int n, float *tile) {
+    int ID = jb->ID, NH = jb->NH;
+    if (n == IXL && ID % 8 == 0) {
+        /* 8 x 8 transposes in registers: keys l0 .. l0 + 7, elements d0 .. d0 + 7 */
+        for (int l0 = 0; l0 < IXL; l0 += 8)
+            for (int d0 = 0; d0 < ID; d0 += 8) {
+                const float *src = jb->ik + (size_t)(j0 + l0) * ID + d0;
+                __m256 r[8], t[8];
+                for (int k = 0; k < 8; k++) r[k] = _mm256_loadu_ps(src + (size_t)k * ID);
+                for (int k = 0; k < 8; k += 2) {
+                    t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
+                    t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
+                }
+                for (int k = 0; k < 8; k += 4) {
+                    r[k] = _mm256_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(1, 0, 1, 0));
+                    r[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(3, 2, 3, 2));
+                    r[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(1, 0, 1, 0));
+                    r[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(3, 2, 3, 2));
+                }
+                /* r[0..3]: elements d0 + {0, 1, 2, 3} of keys 0-3 (low half) and 4-7 (high half) */
+                for (int k = 0; k < 4; k++) {
+                    float *o = tile + (size_t)(d0 + k) * IXL + l0;
+                    float *o4 = tile + (size_t)(d0 + k + 4) * IXL + l0;
+                    _mm256_storeu_ps(o, _mm256_permute2f128_ps(r[k], r[k + 4], 0x20));
+                    _mm256_storeu_ps(o4, _mm256_permute2f128_ps(r[k], r[k + 4], 0x31));
+                }
+            }
+    } else {
+        for (int d = 0; d < ID; d++) {
+            float *row = tile + (size_t)d * IXL;
+            for (int l = 0; l < IXL; l++) row[l] = l < n ? jb->ik[(size_t)(j0 + l) * ID + d] : 0.0f;
+        }
+    }
+    const __m256 zero = _mm256_setzero_ps();
+    float out[IXL];
+    if (!jb->ctx->exact) {
+        __m256 sum0 = zero, sum1 = zero;
+        for (int h = 0; h < NH; h++) {
+            const float *q = jb->iq + (size_t)h * ID;
+            __m256 a[4][2];
+            for (int m = 0; m < 4; m++) a[m][0] = a[m][1] = zero;
+            for (int i = 0; i + 4 <= ID; i += 4)
+                for (int m = 0; m < 4; m++) {
+                    __m256 qv = _mm256_set1_ps(q[i + m]);
+                    const float *k = tile + (size_t)(i + m) * IXL;
+                    a[m][0] = _mm256_add_ps(a[m][0], _mm256_mul_ps(qv, _mm256_loadu_ps(k)));
+                    a[m][1] = _mm256_add_ps(a[m][1], _mm256_mul_ps(qv, _mm256_loadu_ps(k + 8)));
+                }
+            for (int i = ID & ~3; i < ID; i++) {   /* dot_f's tail, into s0 */
+                __m256 qv = _mm256_set1_ps(q[i]);
+                const float *k = tile + (size_t)i * IXL;
+                a[0][0] = _mm256_add_ps(a[0][0], _mm256_mul_ps(qv, _mm256_loadu_ps(k)));
+                a[0][1] = _mm256_add_ps(a[0][1], _mm256_mul_ps(qv, _mm256_loadu_ps(k + 8)));
+            }
+            __m256 w = _mm256_set1_ps(jb->wt[h]);
+            for (int g = 0; g < 2; g++) {
+                __m256 d = _mm256_add_ps(_mm256_add_ps(a[0][g], a[1][g]), _mm256_add_ps(a[2][g], a[3][g]));
+                __m256 r = _mm256_max_ps(bf16r_v(d), zero);
+                __m256 t = bf16r_v(_mm256_mul_ps(r, w));
+                if (g == 0) sum0 = _mm256_add_ps(sum0, t);
+                else sum1 = _mm256_add_ps(sum1, t);
+            }
+        }
+        _mm256_storeu_ps(out, bf16r_v(sum0));
+        _mm256_storeu_ps(out + 8, bf16r_v(sum1));
+    } else {
+        const __m256d dz = _mm256_setzero_pd();
+        __m256d sum[4] = { dz, dz, dz, dz };
+        /* two heads per pass: 8 independent double sums (each lane's sum stays in increasing i),
+         * the head sum then takes head h before h + 1 */
+        for (int h = 0; h < NH; h += 2) {
+            int nh = h + 1 < NH ? 2 : 1;
+            __m256d a[2][4] = { { dz, dz, dz, dz }, { dz, dz, dz, dz } };
+            const float *q0 = jb->iq + (size_t)h * ID, *q1 = q0 + (nh > 1 ? ID : 0);
+            for (int i = 0; i < ID; i++) {
+                __m256d qv0 = _mm256_set1_pd((double)q0[i]), qv1 = _mm256_set1_pd((double)q1[i]);
+                const float *k = tile + (size_t)i * IXL;
+                for (int g = 0; g < 4; g++) {
+                    __m256d kv = _mm256_cvtps_pd(_mm_loadu_ps(k + 4 * g));
+                    a[0][g] = _mm256_add_pd(a[0][g], _mm256_mul_pd(qv0, kv));
+                    a[1][g] = _mm256_add_pd(a[1][g], _mm256_mul_pd(qv1, kv));
+                }
+            }
+            for (int u = 0; u < nh; u++) {
+                __m256 d = _mm256_set_m128(_mm256_cvtpd_ps(a[u][1]), _mm256_cvtpd_ps(a[u][0]));
+                __m256 d2 = _mm256_set_m128(_mm256_cvtpd_ps(a[u][3]), _mm256_cvtpd_ps(a[u][2]));
+                __m256 w = _mm256_set1_ps(jb->wt[h + u]);
+                __m256 t = bf16r_v(_mm256_mul_ps(_mm256_max_ps(bf16r_v(d), zero), w));
+                __m256 t2 = bf16r_v(_mm256_mul_ps(_mm256_max_ps(bf16r_v(d2), zero), w));
+                sum[0] = _mm256_add_pd(sum[0], _mm256_cvtps_pd(_mm256_castps256_ps128(t)));
+                sum[1] = _mm256_add_pd(sum[1], _mm256_cvtps_pd(_mm256_extractf128_ps(t, 1)));
+                sum[2] = _mm256_add_pd(sum[2], _mm256_cvtps_pd(_mm256_castps256_ps128(t2)));
+                sum[3] = _mm256_add_pd(sum[3], _mm256_cvtps_pd(_mm256_extractf128_ps(t2, 1)));
+            }
+        }
+        for (int g = 0; g < 2; g++) {
+            __m256 f = _mm256_set_m128(_mm256_cvtpd_ps(sum[2 * g + 1]), _mm256_cvtpd_ps(sum[2 * g]));
+            _mm256_storeu_ps(out + 8 * g, bf16r_v(f));
+        }
+    }
+    for (int l = 0; l < n; l++) jb->scores[j0 + l] = j0 + l < jb->n_vis ? out[l] : -INFINITY;
+}
+
+static void ixs_range(void *arg, int b0, int b1) {
+    const ixs_job *jb = arg;
+    float *tile = aligned_alloc(64, (size_t)jb->ID * IXL * sizeof(float));
+    if (!tile) abort();
+    for (int b = b0; b < b1; b++) {
+        int j0 = b * IXL, n = jb->E - j0 < IXL ? jb->E - j0 : IXL;
+        /* entries past the visible ones are -inf whatever their keys: skip the work */
+        if (j0 >= jb->n_vis) { for (int l = 0; l < n; l++) jb->scores[j0 + l] = -INFINITY; continue; }
+        ixs_block(jb, j0, n, tile);
+    }
+    free(tile);
+}
+
 void ds41_indexer_scores(const ds41_ctx *ctx, const ds41_config *cfg, const float *iq, const float *wt,
                          const float *ik, int E, int n_visible, float *scores) {
+    if (E <= 0) return;
+    ixs_job jb = { ctx, iq, wt, ik, cfg->index_n_heads, cfg->index_head_dim, E, n_visible, scores };
+    int nb = (E + IXL - 1) / IXL;
+    /* a block is NH * ID * 16 multiply-adds (32 x 128 x 16 = 64 K at production width): split
+     * over the pool from 64 blocks on */
+    if (ctx->pool && nb >= 64) ds41_parallel_for(ctx, nb, ixs_range, &jb);
+    else ixs_range(&jb, 0, nb);
+}
+
+/* The scalar definition of ds41_indexer_scores (tests compare the two bit for bit). */
+void ds41_indexer_scores_ref(const ds41_ctx *ctx, const ds41_config *cfg, const float *iq, const float *wt,
+                             const float *ik, int E, int n_visible, float *scores) {
     int NH = cfg->index_n_heads, ID = cfg->index_head_dim;
     for (int j = 0; j < E; j++) {
         if (j >= n_visible) { scores[j] = -INFINITY; continue; }

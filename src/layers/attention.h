@@ -76,6 +76,10 @@ void ds41_indexer_query(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_
  * bf16(sum_h bf16(relu(bf16(iq_h . ik_j)) * wt_h)); entries j >= n_visible get -inf. */
 void ds41_indexer_scores(const ds41_ctx *ctx, const ds41_config *cfg, const float *iq, const float *wt,
                          const float *ik, int E, int n_visible, float *scores);
+/* The same by the scalar loop (the definition; ds41_indexer_scores computes every entry with
+ * the same operations in SIMD lanes, tested bit-identical). */
+void ds41_indexer_scores_ref(const ds41_ctx *ctx, const ds41_config *cfg, const float *iq, const float *wt,
+                             const float *ik, int E, int n_visible, float *scores);
 
 /* ---- 3.10 candidate pool (candidate source layer, per query) ----
  * From the masked scores [E] of one query with n_visible entries: keep[b] (for b <
