@@ -91,7 +91,8 @@ int ds41_feed(ds41_session *s, const int32_t *ids, size_t n);
  * attention block (tests/test_feed_logits.c; README, Library). */
 int ds41_feed_logits(ds41_session *s, const int32_t *ids, size_t n, float *out);
 /* Several sequences at once (each with its own ids): ds41_batch_step with feed items (decode
- * rows in one forward, longer feeds one at a time); returns the number that failed. */
+ * rows and one prefill chunk in one forward, further chunks one at a time); returns the number
+ * that failed. */
 int ds41_feed_batch(ds41_session **ss, const int32_t *const *ids, const size_t *n, int count);
 /* Logits of the last fed token: ds41_vocab_size floats. */
 const float *ds41_logits(const ds41_session *s);
@@ -202,12 +203,15 @@ double ds41_spec_acceptance(const ds41_session *s, int j);
  * the n - 1 drafts ids[1..n) after t_next = ids[0] (ds41_spec_verify: out (room for n ids)
  * gets the accepted drafts and the next token, out_logits (NULL or [n][vocab]) their logits
  * rows; n_out and n_accepted are set). failed: 1 when the item failed (ds41_session_error).
- * The decode rows (n = 1) and verify blocks of sessions that hold a prompt run in ONE forward
- * (every linear over the stacked rows of all of them, so each weight is read once per step;
- * the MoE grouped by expert across them; attention, indexer and caches per sequence).
- * Prefill chunks (n > 1 without verify), the first feed of an empty session, sessions with a
- * trace open and items refused by the checks run one at a time through ds41_feed /
- * ds41_spec_verify in the same call; when a session is listed twice, every item of the call
+ * The decode rows (n = 1) and verify blocks of sessions that hold a prompt, and the first
+ * prefill chunk of the list (n > 1 without verify, at any position, the first feed of an empty
+ * session included; with the session's CED or full row plan, as ds41_feed runs it: not in the
+ * replay mode, not longer than the session's chunk setting) run in ONE forward (every linear
+ * over the stacked rows of all of them, so each weight is read once per step; the MoE grouped
+ * by expert across them; attention, indexer and caches per sequence; the chunk's decoder layers
+ * only on the rows its CED plan keeps). Further prefill chunks, sessions with a trace open and
+ * items refused by the checks run one at a time through ds41_feed / ds41_spec_verify in the
+ * same call; when a session is listed twice, every item of the call
  * runs one at a time, in list order. Every item gives bit for bit what it
  * gives alone, in exact and in fast mode (the fast kernels keep one order per row whatever
  * the batch: batch invariance; tests/test_batch.c). A refused item changes nothing and fails

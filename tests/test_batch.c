@@ -21,6 +21,8 @@
  * to 150 tokens) on batches of 1, 3, 16 (3 and 16 with verify blocks, 9 with the official
  * index-K reading). Under the sanitizers (DS41_ASAN) tiny only. */
 #include "check.h"
+#include "forward.h"
+#include "restore.h"
 #include "testutil.h"
 #include "ds41.h"
 
@@ -58,7 +60,7 @@ static ds41_session *open_s(ds41_engine *e, int index_k) {
 typedef struct pair {
     ds41_session *bat, *alone;
     int32_t prompt[MAXP];
-    int len;
+    int len, fed;   /* fed: prompt tokens given so far (mode 2 feeds them in chunks) */
     int32_t G[MAXG];   /* greedy continuation: G[p] = the token at position p (p >= len) */
     int nG;
     /* this step */
@@ -68,28 +70,37 @@ typedef struct pair {
     float *lg_a, *lg_b;
 } pair;
 
-/* mix: 0 decode only, 1 decode + verify. prefill_in_step: sequence 0's prompt is an item of
- * the first batched step. maxlen: prompt lengths 2 .. maxlen. */
+/* mix: 0 decode only, 1 decode + verify. prefill_in_step: 1 = sequence 0's prompt is an item
+ * of the first batched step; 2 = sequences 0 and 1 feed their prompts (96 tokens in chunks of
+ * 45, and at least 12 in chunks of 5) over the first steps (0's chunk runs inside the batched
+ * forward, where on the tiny checkpoint, window 16, the CED plan skips rows of the decoder
+ * layers; 1's in the same call one at a time), the lone twins feed the same chunks with
+ * ds41_feed. Every pair also computes the same number of layer-rows. maxlen: other prompts'
+ * lengths 2 .. maxlen. */
 static void run_case(ds41_engine *e, const char *name, int B, int steps, int mix, int index_k, int prefill_in_step,
                      int maxlen) {
     CASE_BEGIN();
     int V = ds41_vocab_size(e), blk = ds41_draft_block_size(e);
     pair *pr = calloc((size_t)B, sizeof *pr);
     ds41_batch_item items[MAXB];
-    int n_verify = 0, n_accepted = 0;
+    int n_verify = 0, n_accepted = 0, n_chunks = 0;
     CHECK(pr && B <= MAXB, "setup");
     if (!pr || B > MAXB) { case_end(name); free(pr); return; }
     for (int i = 0; i < B; i++) {
         pair *p = &pr[i];
         p->len = 2 + (int)((i * 37u + (unsigned)B * 11u) % (unsigned)(maxlen - 1));
+        if (prefill_in_step == 2 && i == 0) p->len = 96;   /* chunks of 45, 45, 6 */
+        if (prefill_in_step == 2 && i == 1 && p->len < 12) p->len = 12;   /* chunks of 5 */
         rand_ids(p->prompt, p->len, V, 1000u + (unsigned)i * 17u + (unsigned)B);
         p->bat = open_s(e, index_k);
         p->alone = open_s(e, index_k);
         p->lg_a = calloc((size_t)(blk + 2) * V, sizeof(float));
         p->lg_b = calloc((size_t)(blk + 2) * V, sizeof(float));
         if (!p->bat || !p->alone || !p->lg_a || !p->lg_b) { CHECK(0, "open"); goto out; }
-        CHECK(ds41_feed(p->alone, p->prompt, (size_t)p->len) == 0, "prefill alone: %s", ds41_session_error(p->alone));
-        if (!(prefill_in_step && i == 0))
+        p->fed = prefill_in_step == 2 && i < 2 ? 0 : p->len;
+        if (p->fed)
+            CHECK(ds41_feed(p->alone, p->prompt, (size_t)p->len) == 0, "prefill alone: %s", ds41_session_error(p->alone));
+        if (!(prefill_in_step && i == 0) && p->fed)
             CHECK(ds41_feed(p->bat, p->prompt, (size_t)p->len) == 0, "prefill: %s", ds41_session_error(p->bat));
         if (mix) {
             /* the greedy continuation, from a third session */
@@ -114,9 +125,19 @@ static void run_case(ds41_engine *e, const char *name, int B, int steps, int mix
             memset(it, 0, sizeof *it);
             it->s = p->bat;
             p->verify = 0;
-            if (prefill_in_step && i == 0 && step == 0) {   /* the prompt: a prefill item */
+            if (prefill_in_step == 1 && i == 0 && step == 0) {   /* the prompt: a prefill item */
                 it->ids = p->prompt;
                 it->n = (size_t)p->len;
+                continue;
+            }
+            if (p->fed < p->len) {   /* the next chunk of the prompt, and the same for the twin */
+                int c = p->len - p->fed < (i == 0 ? 45 : 5) ? p->len - p->fed : (i == 0 ? 45 : 5);
+                CHECK(ds41_feed(p->alone, p->prompt + p->fed, (size_t)c) == 0, "seq %d step %d: chunk alone: %s", i, step,
+                      ds41_session_error(p->alone));
+                it->ids = p->prompt + p->fed;
+                it->n = (size_t)c;
+                p->fed += c;
+                n_chunks++;
                 continue;
             }
             int32_t pend = ds41_spec_pending(p->alone);
@@ -180,7 +201,15 @@ static void run_case(ds41_engine *e, const char *name, int B, int steps, int mix
                   ds41_session_pos(p->alone));
             CHECK(ds41_session_digest(p->bat) == ds41_session_digest(p->alone), "seq %d step %d: state digest differs",
                   i, step);
+            const ds41_seq *qb = ds41_session_seq(p->bat), *qa = ds41_session_seq(p->alone);
+            CHECK(qb->rows_computed == qa->rows_computed, "seq %d step %d: %lld layer-rows computed, alone %lld", i,
+                  step, qb->rows_computed, qa->rows_computed);
         }
+    }
+    if (prefill_in_step == 2) {
+        CHECK(n_chunks >= 5, "%d prompt chunks fed in steps", n_chunks);
+        const ds41_seq *q0 = ds41_session_seq(pr[0].bat);
+        printf("  %s: sequence 0 computed %lld of %lld layer-rows\n", name, q0->rows_computed, q0->rows_full);
     }
     if (mix) {
         printf("  %s: %d verify blocks, %d drafts accepted\n", name, n_verify, n_accepted);
@@ -263,6 +292,13 @@ static void suite(const char *ck, const char *dir, int maxlen, int steps, int fu
         if (ds41_draft_block_size(e) > 0) {
             snprintf(name, sizeof name, "batch_%s_%s_decode_verify_official_B9", ck, mode);
             run_case(e, name, 9, steps, 1, 1, 0, maxlen);
+        }
+        /* prompts fed in chunks inside the steps, beside decode rows (and verify blocks) */
+        snprintf(name, sizeof name, "batch_%s_%s_prefill_chunks_B4", ck, mode);
+        run_case(e, name, 4, steps + 3, 0, 0, 2, maxlen);
+        if (ds41_draft_block_size(e) > 0) {
+            snprintf(name, sizeof name, "batch_%s_%s_prefill_chunks_verify_official_B5", ck, mode);
+            run_case(e, name, 5, steps + 3, 1, 1, 2, maxlen);
         }
         if (exact && full) errors_case(e);
         ds41_unload(e);

@@ -1091,13 +1091,16 @@ typedef struct batch_seqs {
     int count;
     size_t N;                 /* stacked rows */
     float *cproj, *iq, *wt;   /* compressor projections [2N, head_dim], indexer queries and weights [N, ...] */
+    int chunk;                /* sequence 0 feeds a prefill chunk (its row plan applies) */
 } batch_seqs;
 
 /* The attention sublayer of layer l over a batch: the projections (SWA K, compressor, query,
- * indexer query, output) over the N stacked rows, the rest per sequence with exactly the
- * calls a decode / verify forward of that sequence alone makes (compressor_emit,
- * indexer_select, attend, ring_store on its view). */
-static int attention_batch(const batch_seqs *bs, fwd_buf *b, int l, ds41_err *err) {
+ * indexer query, output) over the stacked rows, the rest per sequence with exactly the calls a
+ * forward of that sequence alone makes (compressor_emit, indexer_select, attend, ring_store on
+ * its view). A prefill chunk (sequence 0 when bs->chunk) takes its row plan: keys of its rows
+ * [k0, T0), queries of [q0, T0), lists from lo; it is stacked first, so the layer's key rows
+ * are [k0, N) and its query rows [q0, N) of the stack, both contiguous. */
+static int attention_batch(const batch_seqs *bs, fwd_buf *b, int l, int k0, int q0, int lo, ds41_err *err) {
     ds41_engine *e = bs->ss[0]->e;
     const ds41_config *cfg = e->cfg;
     const ds41_layer_plan *lp = &cfg->layers[l];
@@ -1105,9 +1108,13 @@ static int attention_batch(const batch_seqs *bs, fwd_buf *b, int l, ds41_err *er
     const ds41_rope *rope = &e->ropes[e->layer_rope[l]];
     const ds41_ctx *ctx = &e->ctx;
     size_t N = bs->N, D = (size_t)cfg->head_dim, NH = (size_t)cfg->index_n_heads, ID = (size_t)cfg->index_head_dim;
+    size_t dim = (size_t)cfg->dim, HD = (size_t)cfg->n_heads * cfg->head_dim, rb = (size_t)ds41_swa_rec_bytes(cfg);
+    size_t K0 = (size_t)k0, Q0 = (size_t)q0;
 
-    ds41_attn_swa_k(ctx, cfg, lw, rope, b->s.xa, (int)N, b->pos, b->kc, b->rec);
+    ds41_attn_swa_k(ctx, cfg, lw, rope, b->s.xa + K0 * dim, (int)(N - K0), b->pos + K0, b->kc + K0 * D, b->rec + K0 * rb);
     if (lp->is_kv_source) {
+        /* a KV source computes every row (ds41_row_plan), so K0 = 0 here */
+        if (K0) return ds41_errf(err, "batch: layer %d is a KV source but its key rows start at %zu", l, K0);
         int r = ds41_cache_store(&bs->ss[0]->cache, l)->ratio;
         float *kv = bs->cproj, *sc = bs->cproj + N * D;
         if (r == 1) ds41_compress_r1(ctx, cfg, lw, b->s.xa, (int)N, kv);
@@ -1121,19 +1128,28 @@ static int attention_batch(const batch_seqs *bs, fwd_buf *b, int l, ds41_err *er
             if (forward_index_keys(s, &bs->v[i], store_index(&s->cache, l), 1, err)) return -1;
         }
     }
-    ds41_attn_query(ctx, cfg, lw, rope, b->s.xa, (int)N, b->pos, b->cq, b->q);
+    ds41_attn_query(ctx, cfg, lw, rope, b->s.xa + Q0 * dim, (int)(N - Q0), b->pos + Q0, b->cq + Q0 * cfg->q_lora_rank,
+                    b->q + Q0 * HD);
     if (lp->is_index_source) {
-        ds41_indexer_query(ctx, cfg, lw, rope, b->cq, b->s.xa, (int)N, b->pos, bs->iq, bs->wt);
-        for (int i = 0; i < bs->count; i++)
-            if (indexer_select(bs->ss[i], &bs->v[i], l, 0, bs->T[i], bs->ss[i]->cache.pos, bs->iq + bs->r0[i] * NH * ID,
-                               bs->wt + bs->r0[i] * NH, err))
+        /* iq / wt rows are the stack's rows from Q0 on */
+        ds41_indexer_query(ctx, cfg, lw, rope, b->cq + Q0 * cfg->q_lora_rank, b->s.xa + Q0 * dim, (int)(N - Q0),
+                           b->pos + Q0, bs->iq, bs->wt);
+        for (int i = 0; i < bs->count; i++) {
+            int qi = i == 0 && bs->chunk ? q0 : 0;
+            size_t off = bs->r0[i] + (size_t)qi - Q0;
+            if (indexer_select(bs->ss[i], &bs->v[i], l, qi, bs->T[i], bs->ss[i]->cache.pos, bs->iq + off * NH * ID,
+                               bs->wt + off * NH, err))
                 return -1;
+        }
     }
+    for (int i = 0; i < bs->count; i++) {
+        int c = i == 0 && bs->chunk;
+        if (attend(bs->ss[i], &bs->v[i], l, c ? q0 : 0, c ? lo : 0, bs->T[i], bs->ss[i]->cache.pos, bs->layout[i], err))
+            return -1;
+    }
+    ds41_attn_output(ctx, cfg, lw, rope, b->o + Q0 * HD, (int)(N - Q0), b->pos + Q0, b->wos, b->s.y + Q0 * dim);
     for (int i = 0; i < bs->count; i++)
-        if (attend(bs->ss[i], &bs->v[i], l, 0, 0, bs->T[i], bs->ss[i]->cache.pos, bs->layout[i], err)) return -1;
-    ds41_attn_output(ctx, cfg, lw, rope, b->o, (int)N, b->pos, b->wos, b->s.y);
-    for (int i = 0; i < bs->count; i++)
-        ring_store(bs->ss[i], &bs->v[i], l, 0, bs->T[i], bs->ss[i]->cache.pos, bs->layout[i]);
+        ring_store(bs->ss[i], &bs->v[i], l, i == 0 && bs->chunk ? k0 : 0, bs->T[i], bs->ss[i]->cache.pos, bs->layout[i]);
     return 0;
 }
 
@@ -1151,8 +1167,14 @@ int ds41_forward_batch(ds41_seq *const *ss, const int32_t *const *tokens, const 
         ds41_seq *s = ss[i];
         if (s->e != e) return ds41_errf(err, "batch: sequence %d belongs to another engine", i);
         if (forward_check(s, tokens[i], T[i], err)) return -1;
-        if (s->cache.pos < 1) return ds41_errf(err, "batch: sequence %d holds no tokens (a prompt is not a batch row)", i);
-        if (T[i] > 1 && !s->verify) return ds41_errf(err, "batch: sequence %d feeds %d rows outside a verify", i, T[i]);
+        int prefill = T[i] > 1 && !s->verify;
+        if (prefill && i > 0)
+            return ds41_errf(err, "batch: sequence %d feeds a prefill chunk of %d rows (only sequence 0 may)", i, T[i]);
+        if (prefill && (s->restore || s->prefill == DS41_PREFILL_REPLAY))
+            return ds41_errf(err, "batch: sequence 0's chunk is a restore or replay prefill (ds41_forward runs those)");
+        if (prefill && rows && rows[0]) return ds41_errf(err, "batch: no all-row logits for a prefill chunk");
+        if (s->cache.pos < 1 && !prefill)
+            return ds41_errf(err, "batch: sequence %d holds no tokens (a decode or verify row needs a prompt)", i);
         for (int j = 0; j < i; j++)
             if (ss[j] == s) return ds41_errf(err, "batch: sequence %d appears twice", i);
         N += (size_t)T[i];
@@ -1160,6 +1182,15 @@ int ds41_forward_batch(ds41_seq *const *ss, const int32_t *const *tokens, const 
         long long E = max_entries(&s->cache, s->cache.pos + T[i]);
         if (E > Emax) Emax = E;
     }
+
+    /* ---- the prefill chunk's row plan (CED as ds41_forward with logits; others: every row) ---- */
+    int chunk = T[0] > 1 && !ss[0]->verify;
+    int *qrow = calloc((size_t)L * 3, sizeof(int));
+    if (!qrow) return ds41_errf(err, "out of memory");
+    int *krow = qrow + L, *lo = qrow + 2 * L;
+    if (chunk) ds41_row_plan(cfg, ss[0]->prefill, T[0], 1, qrow, krow, lo);
+    /* the head runs on the chunk's last row and every row after it */
+    size_t h0 = chunk ? (size_t)T[0] - 1 : 0;
 
     /* ---- buffers: the stacked rows, and per sequence its view ---- */
     int n_tg = cfg->n_mtp > 0 ? cfg->n_dspark_targets : 0, cols = eg_cols(cfg);
@@ -1173,20 +1204,22 @@ int ds41_forward_batch(ds41_seq *const *ss, const int32_t *const *tokens, const 
     float *cproj = malloc(2 * N * D * sizeof(float));
     float *iq = malloc((N * cfg->index_n_heads * cfg->index_head_dim + 1) * sizeof(float));
     float *wt = malloc((N * cfg->index_n_heads + 1) * sizeof(float));
-    float *lg = malloc(N * V * sizeof(float));
+    float *lg = malloc((N - h0) * V * sizeof(float));
     int fail = !v || !r0 || !layout || !hist || (n_tg > 0 && !mh) || !cproj || !iq || !wt || !lg;
     int have_b = !fail && buf_alloc(&b, e, N, Tmax, Emax) == 0;
     fail |= !have_b;
     for (int i = 0, r = 0; i < count && !fail; r += T[i], i++) {
         r0[i] = (size_t)r;
-        layout[i] = T[i] == 1 ? LAYOUT_DECODE : LAYOUT_VERIFY;
+        layout[i] = i == 0 && chunk ? (ss[0]->cache.pos == 0 ? LAYOUT_ONESHOT : LAYOUT_EXTEND)
+                    : T[i] == 1     ? LAYOUT_DECODE
+                                    : LAYOUT_VERIFY;
         batch_view(&v[i], &b, cfg, r0[i]);
         struct ds41_fwd_scratch *x = seq_scratch(ss[i]);   /* its own part: index keys, top-k lists, pool */
         if (!x) { fail = 1; break; }
         v[i].sp = &x->sp;
         seq_part_begin(&x->sp);
     }
-    batch_seqs bs = { ss, v, T, r0, layout, count, N, cproj, iq, wt };
+    batch_seqs bs = { ss, v, T, r0, layout, count, N, cproj, iq, wt, chunk };
     int rc = 0;
     if (fail) { rc = ds41_errf(err, "out of memory for a batch of %d sequences (%zu rows)", count, N); goto done; }
 
@@ -1203,44 +1236,56 @@ int ds41_forward_batch(ds41_seq *const *ss, const int32_t *const *tokens, const 
             goto done;
         }
         s->rows_full += (long long)L * T[i];
-        s->rows_computed += (long long)L * T[i];
+        for (int l = 0; l < L; l++) s->rows_computed += T[i] - (i == 0 ? qrow[l] : 0);
     }
 
-    /* ---- the block loop over the stacked rows: every layer on every row ---- */
+    /* ---- the block loop over the stacked rows: layer l on the rows [k0, N) / [q0, N) that the
+     * chunk's plan keeps (0 without a chunk: every layer on every row) ---- */
+    size_t srow = (size_t)cfg->hc_mult * dim;
     for (int l = 0; l < L; l++) {
         const ds41_layer_plan *lp = &cfg->layers[l];
         const ds41_layer_weights *lw = &w->layers[l];
+        size_t k0 = (size_t)krow[l], q0 = (size_t)qrow[l];
         if (lp->engram_slot >= 0 && e->has_engram)
-            ds41_engram_apply(ctx, cfg, lw, b.eg_ids + (size_t)lp->engram_slot * N * cols, (int)N, NULL, b.s.X);
+            ds41_engram_apply(ctx, cfg, lw, b.eg_ids + ((size_t)lp->engram_slot * N + k0) * cols, (int)(N - k0), NULL,
+                              b.s.X + k0 * srow);
         int ti = lp->is_dspark_target && mh ? dspark_target_index(cfg, n_tg, l) : -1;
-        if (ti >= 0) dspark_tap(ctx, cfg, b.s.X, 0, N, ti, n_tg, mh);
+        if (ti >= 0) dspark_tap(ctx, cfg, b.s.X, k0, N, ti, n_tg, mh);
 
-        ds41_block_attn_in(ctx, cfg, lw, &b.s, 0, (int)N, 0, (int)N);
-        if (attention_batch(&bs, &b, l, err)) { rc = -1; goto done; }
-        ds41_block_attn_out(ctx, cfg, &b.s, 0, (int)N);
+        ds41_block_attn_in(ctx, cfg, lw, &b.s, q0, (int)(N - q0), k0, (int)(N - k0));
+        if (attention_batch(&bs, &b, l, (int)k0, (int)q0, lo[l], err)) { rc = -1; goto done; }
+        ds41_block_attn_out(ctx, cfg, &b.s, q0, (int)(N - q0));
 
-        for (size_t i = 0; i < N * lp->n_active; i++) b.msel[i] = -1;
-        ds41_block_ffn(ctx, cfg, lw, lp, &b.s, 0, (int)N, b.msel);
+        for (size_t i = q0 * lp->n_active; i < N * lp->n_active; i++) b.msel[i] = -1;
+        ds41_block_ffn(ctx, cfg, lw, lp, &b.s, q0, (int)(N - q0), b.msel + q0 * lp->n_active);
     }
 
-    /* ---- head on every row; each sequence takes its rows ---- */
-    ds41_stream_head(ctx, cfg, w, w->norm, &b.s, 0, (int)N, lg);
+    /* ---- head on the rows from h0 (every row but a chunk's first T0 - 1); each sequence takes
+     * its rows ---- */
+    ds41_stream_head(ctx, cfg, w, w->norm, &b.s, h0, (int)(N - h0), lg);
     for (int i = 0; i < count; i++) {
         ds41_seq *s = ss[i];
-        const float *li = lg + r0[i] * V;
-        if (rows && rows[i]) memcpy(rows[i], li, (size_t)T[i] * V * sizeof(float));
-        memcpy(s->logits, li + (size_t)(T[i] - 1) * V, (size_t)V * sizeof(float));
+        /* lg holds the stack's rows from h0 on (a chunk's rows before its last are not there;
+         * all-row logits of a chunk were refused above) */
+        if (rows && rows[i]) memcpy(rows[i], lg + (r0[i] - h0) * V, (size_t)T[i] * V * sizeof(float));
+        memcpy(s->logits, lg + (r0[i] + (size_t)T[i] - 1 - h0) * V, (size_t)V * sizeof(float));
         float *m = NULL;
         if (mh) {
             m = malloc((size_t)T[i] * n_tg * dim * sizeof(float));
             if (!m) { rc = ds41_errf(err, "out of memory"); goto done; }
             memcpy(m, mh + r0[i] * n_tg * dim, (size_t)T[i] * n_tg * dim * sizeof(float));
         }
-        forward_commit(s, T[i], hist[i], m, 0);
+        /* a chunk keeps the DSpark rows its plan computed for every target, as ds41_forward */
+        int keep0 = 0;
+        for (int k = 0; i == 0 && chunk && k < n_tg; k++) {
+            int l = cfg->dspark_targets[k];
+            if (l >= 0 && l < L && krow[l] > keep0) keep0 = krow[l];
+        }
+        forward_commit(s, T[i], hist[i], m, keep0);
     }
 
 done:
     if (have_b) buf_free(&b);
-    free(v); free(r0); free(layout); free(hist); free(mh); free(cproj); free(iq); free(wt); free(lg);
+    free(v); free(r0); free(layout); free(hist); free(mh); free(cproj); free(iq); free(wt); free(lg); free(qrow);
     return rc;
 }

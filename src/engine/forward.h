@@ -98,7 +98,11 @@ int ds41_forward(ds41_seq *s, const int32_t *tokens, int T, int want_logits, ds4
 int ds41_forward_rows(ds41_seq *s, const int32_t *tokens, int T, float *rows, ds41_err *err);
 /* Several sequences in one forward (a serving step): sequence i runs tokens[i][0..T[i]) at
  * its position (> 0), a decode (T[i] = 1) or, with ss[i]->verify set, a verify block
- * (LAYOUT_VERIFY: every row sees a decode's KV list, as in ds41_forward_rows). Every linear
+ * (LAYOUT_VERIFY: every row sees a decode's KV list, as in ds41_forward_rows); sequence 0 may
+ * instead feed a prefill chunk (T[0] > 1 without verify, at any position: what ds41_forward
+ * with logits computes, its row plan from ss[0]->prefill, CED or full, on the rows that start
+ * the stack, so that each layer's rows are a suffix of the stack; not a restore or replay, no
+ * all-row logits). Every linear
  * (attention projections, compressor, indexer query, output, mHC, Engram, shared and routed
  * experts, head) runs once over the stacked rows of all sequences, the MoE grouped by expert
  * across them; attention, indexer scores, compressor pooling and ring writes run per sequence

@@ -522,12 +522,17 @@ int ds41_spec_max_drafts(const ds41_session *s) {
     return k > 0 ? (int)k : 0;
 }
 
-/* An item the batched forward can take: a decode row (n = 1) or a verify block of a session
- * that holds a prompt, has no trace open and is not broken. Anything else (prefill chunks,
- * traced sessions, errors to report) goes through ds41_feed / ds41_spec_verify. */
-static int batchable(const ds41_batch_item *b) {
+/* An item the batched forward can take, of a session that has no trace open and is not
+ * broken: a decode row (n = 1) or a verify block after a prompt, or (chunk: one per step) a
+ * prefill chunk that ds41_feed would run as one forward with the session's CED / full row plan
+ * (not the replay approximation, not split by the session's --chunk). Anything else (further
+ * chunks, traced sessions, errors to report) goes through ds41_feed / ds41_spec_verify. */
+static int batchable(const ds41_batch_item *b, int chunk) {
     const ds41_session *s = b->s;
-    if (s->broken || s->trace_dir || s->seq.cache.pos < 1 || b->n < 1) return 0;
+    if (s->broken || s->trace_dir || b->n < 1) return 0;
+    if (chunk)
+        return !b->verify && b->n > 1 && s->p.prefill != DS41_PREFILL_REPLAY && (s->p.chunk <= 0 || b->n <= (size_t)s->p.chunk);
+    if (s->seq.cache.pos < 1) return 0;
     return b->verify || b->n == 1;
 }
 
@@ -556,11 +561,17 @@ int ds41_batch_step(ds41_batch_item *it, int count) {
     for (int i = 0; i < count && ok; i++)
         for (int j = 0; j < i && ok; j++)
             if (it[j].s == it[i].s) ok = 0;
-    for (int i = 0; i < count; i++) {
+    /* the first prefill chunk the forward can take goes first in the stack (ds41_forward_batch
+     * runs its row plan on rows that start the stack) */
+    int ci = -1;
+    for (int i = 0; i < count && ok && ci < 0; i++)
+        if (batchable(&it[i], 1)) ci = i;
+    for (int oi = 0; oi < count; oi++) {
+        int i = ci < 0 || oi > ci ? oi : oi == 0 ? ci : oi - 1;
         ds41_batch_item *b = &it[i];
         b->n_out = b->n_accepted = 0;
         b->failed = 0;
-        if (ok && batchable(b)) {
+        if (ok && batchable(b, i == ci)) {
             /* the checks and preparation of ds41_feed / ds41_spec_verify, without the forward */
             ds41_session *s = b->s;
             ds41_err err;
@@ -583,7 +594,9 @@ int ds41_batch_step(ds41_batch_item *it, int count) {
                 tok[nb] = blocks[nb];
                 rows[nb] = s->spec.rows;
             } else {
-                if (b->ids[0] < 0 || b->ids[0] >= s->e->cfg->vocab_size || s->seq.cache.pos + 1 > s->seq.cache.max_pos) {
+                int bad = s->seq.cache.pos + (long long)b->n > s->seq.cache.max_pos;
+                for (size_t t = 0; t < b->n && !bad; t++) bad = b->ids[t] < 0 || b->ids[t] >= s->e->cfg->vocab_size;
+                if (bad) {
                     b->failed = ds41_feed(s, b->ids, b->n) != 0;   /* reports the error */
                     continue;
                 }
