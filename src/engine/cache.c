@@ -80,6 +80,7 @@ void ds41_cache_reset(ds41_cache *c) {
         /* keep private pages for reuse; shared ones (a prefix cache holds them) are released */
         ds41_kv_store *st = &c->stores[i];
         st->n_entries = 0;
+        st->ik_low = 0;
         for (int p = 0; p < st->n_pages; p++)
             if (st->pages[p] && ds41_page_refs(st->pages[p]) > 1) { ds41_page_unref(st->pages[p]); st->pages[p] = NULL; }
     }
@@ -222,9 +223,15 @@ void ds41_store_unpack_kv(const ds41_config *cfg, ds41_kv_store *s, long long n,
 }
 
 void ds41_store_unpack_ik(const ds41_config *cfg, ds41_kv_store *s, long long n, float *out) {
-    for (long long j = 0; j < n; j += s->per_page) {
-        long long m = n - j < s->per_page ? n - j : s->per_page;
-        ds41_ik_rec_unpack(cfg, ds41_store_ik_rec(s, j, 0, NULL), (int)m, out + (size_t)j * cfg->index_head_dim);
+    ds41_store_unpack_ik_range(cfg, s, 0, n, out);
+}
+
+void ds41_store_unpack_ik_range(const ds41_config *cfg, ds41_kv_store *s, long long j0, long long j1, float *out) {
+    for (long long j = j0; j < j1;) {
+        /* to the end of j's page at most: records are contiguous within a page */
+        long long end = (j / s->per_page + 1) * s->per_page, m = (end < j1 ? end : j1) - j;
+        ds41_ik_rec_unpack(cfg, ds41_store_ik_rec(s, j, 0, NULL), (int)m, out + (size_t)(j - j0) * cfg->index_head_dim);
+        j += m;
     }
 }
 
@@ -354,6 +361,7 @@ void ds41_cache_rollback(ds41_cache *c, const ds41_cache_snap *sn, int keep, con
             if (ir) memset(ir, 0, (size_t)st->ik_bytes);
         }
         st->n_entries = ne;
+        if (ne < st->ik_low) st->ik_low = ne;
         int need = (int)((ne + st->per_page - 1) / st->per_page);
         if (need < sn->n_pages[i]) need = sn->n_pages[i];
         while (st->n_pages > need) ds41_page_unref(st->pages[--st->n_pages]);

@@ -23,6 +23,11 @@ typedef struct ds41_kv_store {
     int n_pages, cap_pages;
     uint8_t **pages;         /* page: [per_page main-KV records][per_page index-K records] */
     long long n_entries;     /* compressed entries written */
+    /* The lowest n_entries since the sequence's indexer scratch (forward.c) last brought its
+     * dequantized index keys up to date (LLONG_MAX: none): entries below it are unchanged, so
+     * only the ones from there on are dequantized again. Every path that drops or replaces
+     * entries (reset, rollback, restore, a synthetic context) lowers it. */
+    long long ik_low;
 } ds41_kv_store;
 
 typedef struct ds41_ring {
@@ -97,6 +102,8 @@ uint8_t *ds41_store_ik_rec(ds41_kv_store *s, long long j, int alloc, ds41_err *e
 /* Copies entries [0, n) dequantized: main KV into out [n, head_dim] / index K [n, index_head_dim]. */
 void ds41_store_unpack_kv(const ds41_config *cfg, ds41_kv_store *s, long long n, float *out);
 void ds41_store_unpack_ik(const ds41_config *cfg, ds41_kv_store *s, long long n, float *out);
+/* index keys of entries [j0, j1) into out[0 .. (j1 - j0) * index_head_dim) */
+void ds41_store_unpack_ik_range(const ds41_config *cfg, ds41_kv_store *s, long long j0, long long j1, float *out);
 
 static inline uint8_t *ds41_ring_slot(ds41_ring *r, long long pos) {
     return r->rec + (size_t)(pos % r->slots) * r->rec_bytes;

@@ -27,6 +27,7 @@
  * of short forwards, grown when needed; a decode step allocates little. */
 #include "forward.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -227,7 +228,9 @@ typedef struct seq_part {
     int n_layers, n_stores;
     float **cik;          /* per store: dequantized index keys (the indexer scores them all) */
     size_t *cik_cap;      /* floats held */
-    uint8_t *cik_ok;      /* per store: made in this forward */
+    long long *cik_n;     /* per store: entries of cik that are current (kept across forwards) */
+    uint8_t *cik_ok;      /* per store: brought up to date in this forward */
+    int persistent;       /* the sequence's own part (ds41_seq.scratch), not a forward's temporary one */
     int32_t **sel;        /* per layer: top-k lists [T, sel_w] (index sources) */
     size_t *sel_cap;      /* ints held */
     int *sel_w;
@@ -270,7 +273,7 @@ static void *zalloc(size_t n, size_t sz, int *fail) {
 static void seq_part_free(seq_part *p) {
     if (p->cik) for (int i = 0; i < p->n_stores; i++) free(p->cik[i]);
     if (p->sel) for (int l = 0; l < p->n_layers; l++) free(p->sel[l]);
-    free(p->cik); free(p->cik_cap); free(p->cik_ok); free(p->sel); free(p->sel_cap); free(p->sel_w); free(p->pool);
+    free(p->cik); free(p->cik_cap); free(p->cik_n); free(p->cik_ok); free(p->sel); free(p->sel_cap); free(p->sel_w); free(p->pool);
     free(p->scores); free(p->iscr); free(p->chosen);
     memset(p, 0, sizeof *p);
 }
@@ -281,11 +284,12 @@ static int seq_part_init(seq_part *p, int n_layers, int n_stores) {
     p->n_stores = n_stores;
     p->cik = calloc((size_t)n_stores + 1, sizeof(float *));
     p->cik_cap = calloc((size_t)n_stores + 1, sizeof(size_t));
+    p->cik_n = calloc((size_t)n_stores + 1, sizeof(long long));
     p->cik_ok = calloc((size_t)n_stores + 1, 1);
     p->sel = calloc((size_t)n_layers + 1, sizeof(int32_t *));
     p->sel_cap = calloc((size_t)n_layers + 1, sizeof(size_t));
     p->sel_w = calloc((size_t)n_layers + 1, sizeof(int));
-    if (p->cik && p->cik_cap && p->cik_ok && p->sel && p->sel_cap && p->sel_w) return 0;
+    if (p->cik && p->cik_cap && p->cik_n && p->cik_ok && p->sel && p->sel_cap && p->sel_w) return 0;
     seq_part_free(p);
     return -1;
 }
@@ -324,10 +328,14 @@ static int store_index(const ds41_cache *c, int layer) {
 }
 
 /* Dequantized index keys of store si for this forward: the indexer scores every visible
- * entry, so all of them (made on first use: a KV source refreshes them after its compressor;
- * official index-K may read a store before its owner ran in this forward). At index_head_dim
- * per entry this is a small fraction of the scoring itself (index_n_heads dot products per
- * entry and query). Main KV is never dequantized whole: see gather_kv. */
+ * entry, so all of them (brought up to date on first use: a KV source refreshes them after its
+ * compressor; official index-K may read a store before its owner ran in this forward). The
+ * sequence's own part keeps them across forwards and dequantizes only the entries from
+ * min(what it holds, the store's ik_low) on, then raises ik_low again: a decode step adds one
+ * entry where it used to dequantize the whole store (64k entries x 128 floats at 64k context);
+ * a rollback, reset or restore lowers ik_low, so a replaced entry is never read stale. A
+ * forward's temporary part (long prefills) starts empty and leaves ik_low alone. Main KV is
+ * never dequantized whole: see gather_kv. */
 static int forward_index_keys(ds41_seq *s, fwd_buf *b, int si, int refresh, ds41_err *err) {
     const ds41_config *cfg = s->e->cfg;
     ds41_kv_store *st = &s->cache.stores[si];
@@ -335,10 +343,21 @@ static int forward_index_keys(ds41_seq *s, fwd_buf *b, int si, int refresh, ds41
     if (sp->cik_ok[si] && !refresh) return 0;
     const ds41_ctx *ctx = &s->e->ctx;
     double t0 = ctx->prof ? ds41_prof_now() : 0.0;
-    size_t n = (size_t)(st->n_entries ? st->n_entries : 1);
-    if (grow((void **)&sp->cik[si], &sp->cik_cap[si], n * cfg->index_head_dim, sizeof(float)))
-        return ds41_errf(err, "out of memory dequantizing layer %d's index keys", st->layer);
-    ds41_store_unpack_ik(cfg, st, st->n_entries, sp->cik[si]);
+    size_t ID = (size_t)cfg->index_head_dim;
+    long long n = st->n_entries, have = sp->cik_n[si];
+    if (sp->persistent && st->ik_low < have) have = st->ik_low;
+    if (have > n) have = n;
+    size_t need = (size_t)(n ? n : 1) * ID;
+    if (need > sp->cik_cap[si]) {   /* grown keeping the current entries */
+        size_t c = need > 2 * sp->cik_cap[si] ? need : 2 * sp->cik_cap[si];
+        float *p = realloc(sp->cik[si], c * sizeof(float));
+        if (!p) return ds41_errf(err, "out of memory dequantizing layer %d's index keys", st->layer);
+        sp->cik[si] = p;
+        sp->cik_cap[si] = c;
+    }
+    ds41_store_unpack_ik_range(cfg, st, have, n, sp->cik[si] + (size_t)have * ID);
+    sp->cik_n[si] = n;
+    if (sp->persistent) st->ik_low = LLONG_MAX;
     sp->cik_ok[si] = 1;
     if (ctx->prof) ctx->prof[DS41_PROF_IKEYS] += ds41_prof_now() - t0;
     return 0;
@@ -780,6 +799,7 @@ static struct ds41_fwd_scratch *seq_scratch(ds41_seq *s) {
     struct ds41_fwd_scratch *x = calloc(1, sizeof *x);
     if (!x) return NULL;
     if (seq_part_init(&x->sp, s->e->cfg->n_layers, s->cache.n_stores)) { free(x); return NULL; }
+    x->sp.persistent = 1;
     s->scratch = x;
     return x;
 }
