@@ -290,9 +290,9 @@ static void qlin_run(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, in
         ds41_fast_qlin(ctx, w, s, fp4, out, in, x, T, y);
         return;
     }
-    /* the same sums, vectorised (linear_exact.c); a single row stays scalar, which measured
-     * faster than the panel decode for FP8 / FP4 at T = 1 (bench_kernels --exact) */
-    if (ctx->exact && ds41_exact_simd && in % 32 == 0 && T > 1) {
+    /* the same sums, vectorised (linear_exact.c: panels over tokens, and a single row decoded
+     * straight into double lanes) */
+    if (ctx->exact && ds41_exact_simd && in % 32 == 0) {
         ds41_exact_qlin(ctx, w, s, fp4, out, in, x, T, y);
         return;
     }

@@ -278,9 +278,91 @@ static float e4m3_val[256];
 static pthread_once_t val_once = PTHREAD_ONCE_INIT;
 static void val_init(void) { for (int c = 0; c < 256; c++) e4m3_val[c] = ds41_e4m3_to_f32((uint8_t)c); }
 
+/* ---- T = 1, FP8 / FP4: no panel. A decode step reads each weight once, so the panel's decode
+ * and transpose (made for reuse over tokens) would cost more than the products; instead each
+ * row's 32-element blocks are decoded straight into double lanes and multiplied with the
+ * activation doubles (q * s_a), four rows at a time sharing the activation loads. A block's
+ * products are exact in double and so are their partial sums (module comment), so the block
+ * dot is the scalar kernel's in any lane order; then acc_r += dot * (s_w * 2^8 for FP8 /
+ * s_w / 2 for FP4: the decoded codes' factor folded in, a power of two), blocks ascending,
+ * and y = bf16(fp32(acc_r)), as the scalar kernel. */
+typedef struct e1job {
+    const uint8_t *w, *s;
+    int fp4, out, in;
+    const double *ad;
+    float *y;
+} e1job;
+
+static inline double hsum4(__m256d v) {
+    __m128d a = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(a, _mm_unpackhi_pd(a, a)));
+}
+
+/* one block of row r: 32 weights as exact doubles (without the row-block scale) dotted with a */
+static inline __m256d blk1(const e1job *j, int r, int b, const double *a) {
+    __m256d c0 = _mm256_setzero_pd(), c1 = c0;
+    if (!j->fp4) {
+        const uint8_t *p = j->w + (size_t)r * j->in + (size_t)b * 32;
+        for (int q = 0; q < 4; q++) {
+            __m256 f = e4m3x8_h(p + 8 * q);
+            c0 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(f)), _mm256_loadu_pd(a + 8 * q), c0);
+            c1 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(f, 1)), _mm256_loadu_pd(a + 8 * q + 4), c1);
+        }
+    } else {
+        const __m128i tab = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+        __m128i v = _mm_loadu_si128((const __m128i *)(j->w + (size_t)r * (j->in / 2) + (size_t)b * 16));
+        __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x0F)), hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F));
+        __m128i tl = _mm_shuffle_epi8(tab, lo), th = _mm_shuffle_epi8(tab, hi);
+        __m128i e[2] = { _mm_unpacklo_epi8(tl, th), _mm_unpackhi_epi8(tl, th) };   /* 2 * e2m1, K order */
+        for (int h = 0; h < 2; h++) {
+            __m256i i32a = _mm256_cvtepi8_epi32(e[h]), i32b = _mm256_cvtepi8_epi32(_mm_srli_si128(e[h], 8));
+            const double *ah = a + 16 * h;
+            c0 = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(i32a)), _mm256_loadu_pd(ah), c0);
+            c1 = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(i32a, 1)), _mm256_loadu_pd(ah + 4), c1);
+            c0 = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(i32b)), _mm256_loadu_pd(ah + 8), c0);
+            c1 = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(i32b, 1)), _mm256_loadu_pd(ah + 12), c1);
+        }
+    }
+    return _mm256_add_pd(c0, c1);
+}
+
+static inline double wsc1(const e1job *j, int r, int b) {
+    int nb = j->in / 32;
+    return j->fp4 ? ue8_d(j->s[(size_t)r * nb + b]) * 0.5 : ue8_d(j->s[(size_t)(r / 32) * nb + b]) * 256.0;
+}
+
+static void e1_rows(void *arg, int i0, int i1) {
+    const e1job *j = arg;
+    int nb = j->in / 32;
+    for (int r0 = i0 * 4; r0 < i1 * 4 && r0 < j->out; r0 += 4) {
+        int nr = j->out - r0 < 4 ? j->out - r0 : 4;
+        double acc[4] = { 0.0, 0.0, 0.0, 0.0 };
+        for (int b = 0; b < nb; b++) {
+            const double *a = j->ad + (size_t)b * 32;
+            for (int i = 0; i < nr; i++) acc[i] += hsum4(blk1(j, r0 + i, b, a)) * wsc1(j, r0 + i, b);
+        }
+        for (int i = 0; i < nr; i++) j->y[r0 + i] = ds41_bf16_round((float)acc[i]);
+    }
+}
+
 void ds41_exact_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int fp4, int out, int in,
                      const float *x, int T, float *y) {
     pthread_once(&val_once, val_init);
+    if (T == 1) {
+        double *ad = amalloc((size_t)in * sizeof(double));
+        if (!ad) return;
+        uint8_t codes[32], sb;
+        for (int k0 = 0; k0 < in; k0 += 32) {
+            double sa = (double)ds41_q8_group(x + k0, 32, codes, &sb);
+            for (int i = 0; i < 32; i++) ad[k0 + i] = (double)e4m3_val[codes[i]] * sa;
+        }
+        e1job j = { w, s, fp4, out, in, ad, y };
+        int n_items = (out + 3) / 4;
+        if ((long long)out * in >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, e1_rows, &j);
+        else e1_rows(&j, 0, n_items);
+        free(ad);
+        return;
+    }
     int tt = T < TT ? T : TT;
     double *ad = amalloc((size_t)tt * in * sizeof(double));
     if (!ad) return;
