@@ -383,10 +383,77 @@ void ds41_exact_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, in
     free(ad);
 }
 
+/* ---- T = 1, BF16 / FP32: no panel either. 16 rows per pass (four __m256d chains, lane i of
+ * chain g = row 4 g + i), each 8-K chunk of 4 rows loaded, transposed in registers and widened,
+ * then acc = fma(w, x[k], acc) for k ascending: the scalar kernel's sequence per row (the
+ * products are exact in double, so the FMA rounds as its add); K tails after, in order. */
+typedef struct d1job {
+    ejob e;                    /* kind, wb / wf, out, in, y, out_bf16 */
+    const double *x;
+} d1job;
+
+/* row8 for the dense kinds only, inlined (row8's switch over every kind is not) */
+static inline __attribute__((always_inline)) __m256 d1_row8(const ejob *j, int r, int k) {
+    if (j->kind == E_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(j->wb + (size_t)r * j->in + k))), 16));
+    return _mm256_loadu_ps(j->wf + (size_t)r * j->in + k);
+}
+
+static void d1_rows(void *arg, int i0, int i1) {
+    const d1job *d = arg;
+    const ejob *j = &d->e;
+    int in = j->in, kv = in & ~7;
+    for (int g0 = i0 * G; g0 < i1 * G && g0 < j->out; g0 += G) {
+        int nr = j->out - g0 < G ? j->out - g0 : G;
+        __m256d acc[4] = { _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd() };
+        for (int k = 0; k < kv; k += 8) {
+            __m256d w[4][8];
+            for (int q = 0; q < 4; q++) {
+                int rb = g0 + 4 * q;
+                __m256 z = _mm256_setzero_ps();
+                __m256 r0 = rb < g0 + nr ? d1_row8(j, rb, k) : z, r1 = rb + 1 < g0 + nr ? d1_row8(j, rb + 1, k) : z;
+                __m256 r2 = rb + 2 < g0 + nr ? d1_row8(j, rb + 2, k) : z, r3 = rb + 3 < g0 + nr ? d1_row8(j, rb + 3, k) : z;
+                __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+                __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+                __m256 u[4] = { _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)), _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2)),
+                                _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)), _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2)) };
+                for (int m = 0; m < 4; m++) {   /* u[m]: K offset m (low half) and m + 4 (high half) */
+                    w[q][m] = _mm256_cvtps_pd(_mm256_castps256_ps128(u[m]));
+                    w[q][m + 4] = _mm256_cvtps_pd(_mm256_extractf128_ps(u[m], 1));
+                }
+            }
+            for (int m = 0; m < 8; m++) {
+                __m256d xb = _mm256_broadcast_sd(d->x + k + m);
+                for (int q = 0; q < 4; q++) acc[q] = _mm256_fmadd_pd(w[q][m], xb, acc[q]);
+            }
+        }
+        double a[G];
+        for (int q = 0; q < 4; q++) _mm256_storeu_pd(a + 4 * q, acc[q]);
+        for (int r = 0; r < nr; r++) {
+            double v = a[r];
+            for (int k = kv; k < in; k++) v += scalar_w(j, g0 + r, k) * d->x[k];
+            float f = (float)v;
+            j->y[g0 + r] = j->out_bf16 ? ds41_bf16_round(f) : f;
+        }
+    }
+}
+
 void ds41_exact_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const float *wf, const ds41_fp8w *w8,
                       int row0, int out, int in, const float *x, int x_stride, int T, float *y, int y_stride,
                       int out_bf16) {
     int ek = kind == 0 ? E_BF16 : kind == 1 ? E_F32 : E_DQ;
+    if (T == 1 && ek != E_DQ) {
+        double *ad = amalloc((size_t)in * sizeof(double));
+        if (!ad) return;
+        for (int k = 0; k < in; k++) ad[k] = (double)x[k];
+        d1job d = { { ek, NULL, NULL, wb, wf, 0, out, in, 1, NULL, y, (size_t)y_stride, out_bf16, 0 }, ad };
+        int n_items = (out + G - 1) / G;
+        if ((long long)out * in >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, d1_rows, &d);
+        else d1_rows(&d, 0, n_items);
+        free(ad);
+        return;
+    }
     int tt = T < TT ? T : TT;
     double *ad = amalloc((size_t)tt * in * sizeof(double));
     if (!ad) return;
