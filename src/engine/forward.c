@@ -465,27 +465,49 @@ static int compressor_emit(ds41_seq *s, int l, float *kv, const float *sc, int T
         }
     } else {
         ds41_comp_state *cs = ds41_cache_comp(&s->cache, l);
+        /* the groups complete in this forward: group (p+1)/r - 1 is complete at p, members
+         * p-r+1 .. p, from the state for positions before this forward, from this forward's
+         * rows otherwise */
+        int ng = 0;
+        for (int t = 0; t < T; t++) ng += (P + t + 1) % r == 0;
+        int fused = !(e->ctx.ablate & DS41_ABLATE_P1);
+        const float **rows = malloc(((size_t)ng * r * 2 + 1) * sizeof(float *));
+        uint8_t **recs = malloc(((size_t)ng * 2 + 1) * sizeof(uint8_t *));
+        int *gpos = malloc(((size_t)ng + 1) * sizeof(int));
         float *one = malloc((size_t)D * sizeof(float));
-        if (!one) return ds41_errf(err, "out of memory in the compressor of layer %d", l);
+        if (!rows || !recs || !gpos || !one) {
+            free(rows); free(recs); free(gpos); free(one);
+            return ds41_errf(err, "out of memory in the compressor of layer %d", l);
+        }
+        const float **kvr = rows, **scr = rows + (size_t)ng * r;
+        uint8_t **krs = recs, **irs = recs + ng;
+        int g = 0;
         for (int t = 0; t < T; t++) {
             long long p = P + t;
             if ((p + 1) % r) continue;
-            /* group (p+1)/r - 1 is complete at p: members p-r+1 .. p, from the state for
-             * positions before this forward, from this forward's rows otherwise */
-            const float *kvr[DS41_PAGE_TOKENS], *scr[DS41_PAGE_TOKENS];
             for (int i = 0; i < r; i++) {
                 long long m = p - r + 1 + i;
-                if (m >= P) { kvr[i] = kv + (size_t)(m - P) * D; scr[i] = sc + (size_t)(m - P) * D; }
-                else { kvr[i] = cs->kv + (size_t)(m % r) * D; scr[i] = cs->sc + (size_t)(m % r) * D; }
+                size_t k = (size_t)g * r + i;
+                if (m >= P) { kvr[k] = kv + (size_t)(m - P) * D; scr[k] = sc + (size_t)(m - P) * D; }
+                else { kvr[k] = cs->kv + (size_t)(m % r) * D; scr[k] = cs->sc + (size_t)(m % r) * D; }
             }
-            ds41_compress_pool(&e->ctx, cfg, lw, kvr, scr, r, one);
             long long j = p / r;
-            uint8_t *kr = ds41_store_kv_rec(st, j, 1, err), *ir = ds41_store_ik_rec(st, j, 1, err);
-            if (!kr || !ir) { free(one); return -1; }
-            ds41_compress_entry(&e->ctx, cfg, lw, rope, one, (int)(j * r), ir, kr);
-            emitted++;
+            krs[g] = ds41_store_kv_rec(st, j, 1, err);
+            irs[g] = ds41_store_ik_rec(st, j, 1, err);
+            gpos[g] = (int)(j * r);
+            if (!krs[g] || !irs[g]) { free(rows); free(recs); free(gpos); free(one); return -1; }
+            /* P1 off: the separate steps, group by group */
+            if (!fused) {
+                ds41_compress_pool(&e->ctx, cfg, lw, kvr + (size_t)g * r, scr + (size_t)g * r, r, one);
+                ds41_compress_entry(&e->ctx, cfg, lw, rope, one, gpos[g], irs[g], krs[g]);
+            }
+            g++;
         }
-        free(one);
+        /* P1 (ratio r): pooling fused with the entries' norm, index keys and records, per tile */
+        if (fused && ng > 0)
+            ds41_compress_pool_fused(&e->ctx, cfg, lw, rope, kvr, scr, r, ng, gpos, irs, krs);
+        emitted = ng;
+        free(rows); free(recs); free(gpos); free(one);
         /* State rows: decode writes its token's row every step (the reference's decode);
          * a multi-token forward stores the rows of the trailing incomplete group (the
          * reference's prefill remainder), which is all a later forward can read. */

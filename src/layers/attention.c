@@ -108,10 +108,10 @@ void ds41_compress_proj(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_
     ds41_linear_bf16(ctx, &lw->comp_wgate, x, T, sc, 0);
 }
 
-void ds41_compress_pool(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
-                        const float *const *kv_rows, const float *const *sc_rows, int r, float *c) {
-    int D = cfg->head_dim;
-    float *pooled = xmalloc((size_t)D * sizeof(float));
+/* The pooled (pre-norm) row of one group: per channel softmax over its r tokens, FP32 products
+ * summed, one BF16 rounding. */
+static void pool_row(const ds41_ctx *ctx, int D, const float *const *kv_rows, const float *const *sc_rows, int r,
+                     float *pooled) {
     for (int d = 0; d < D; d++) {
         float w[DS41_MAX_RATIO];
         if (ctx->exact) {
@@ -139,6 +139,13 @@ void ds41_compress_pool(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_
             pooled[d] = bf16r(s);
         }
     }
+}
+
+void ds41_compress_pool(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
+                        const float *const *kv_rows, const float *const *sc_rows, int r, float *c) {
+    int D = cfg->head_dim;
+    float *pooled = xmalloc((size_t)D * sizeof(float));
+    pool_row(ctx, D, kv_rows, sc_rows, r, pooled);
     ds41_rmsnorm(ctx, pooled, lw->comp_norm, 1, D, cfg->norm_eps, c);
     free(pooled);
 }
@@ -185,6 +192,34 @@ void ds41_compress_r1_fused(const ds41_ctx *ctx, const ds41_config *cfg, const d
         }
     }
     free(proj);
+}
+
+void ds41_compress_pool_fused(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
+                              const ds41_rope *rope, const float *const *kv_rows, const float *const *sc_rows, int r,
+                              int n, const int *pos, uint8_t *const *ik_rec, uint8_t *const *kv_rec) {
+    enum { TILE = 16 };
+    int D = cfg->head_dim, ID = cfg->index_head_dim, rd = cfg->rope_dim;
+    float *pooled = xmalloc((size_t)TILE * (2 * (size_t)D + 2 * (size_t)ID) * sizeof(float));
+    float *c = pooled + (size_t)TILE * D, *ikp = c + (size_t)TILE * D, *ik = ikp + (size_t)TILE * ID;
+    for (int e0 = 0; e0 < n; e0 += TILE) {
+        int m = n - e0 < TILE ? n - e0 : TILE;
+        /* the tile's groups pooled, normalised, their index keys in one m-row product, then the
+         * records, while the tile is in cache */
+        for (int i = 0; i < m; i++)
+            pool_row(ctx, D, kv_rows + (size_t)(e0 + i) * r, sc_rows + (size_t)(e0 + i) * r, r, pooled + (size_t)i * D);
+        ds41_rmsnorm(ctx, pooled, lw->comp_norm, m, D, cfg->norm_eps, c);
+        ds41_linear_bf16(ctx, &lw->idx_wk, c, m, ikp, 1);
+        ds41_rmsnorm(ctx, ikp, lw->idx_k_norm, m, ID, cfg->norm_eps, ik);
+        for (int i = 0; i < m; i++) {
+            float *ki = ik + (size_t)i * ID, *ci = c + (size_t)i * D;
+            uint8_t *ir = ik_rec[e0 + i], *kr = kv_rec[e0 + i];
+            ds41_rope_apply(rope, ki + (ID - rd), pos[e0 + i], 0);
+            ds41_pack_q4mx(ki, ID, ir, ir + ID / 2);
+            ds41_rope_apply(rope, ci + (D - rd), pos[e0 + i], 0);
+            ds41_pack_q4nv(ci, D, kr, kr + D / 2);
+        }
+    }
+    free(pooled);
 }
 
 void ds41_kv_rec_unpack(const ds41_config *cfg, const uint8_t *rec, int n, float *out) {

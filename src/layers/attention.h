@@ -59,6 +59,14 @@ void ds41_compress_entry(const ds41_ctx *ctx, const ds41_config *cfg, const ds41
  * fused per 16-row tile: projection, RMSNorm, the index-key projection of the tile, RoPE and both
  * records, written to ik_rec[t] / kv_rec[t]. The same records as ds41_compress_r1 followed by
  * ds41_compress_entry per row (the linears are row-order invariant). */
+/* P1, ratio r > 1: n complete groups (group e's tokens: kv_rows / sc_rows [e * r .. e * r + r),
+ * in position order; its entry at position pos[e]) pooled, normalised and turned into records
+ * per 16-entry tile, the index-key projection of the tile as one multi-row product instead of
+ * one single-row product per entry. The same records as ds41_compress_pool + ds41_compress_entry
+ * per group. */
+void ds41_compress_pool_fused(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
+                              const ds41_rope *rope, const float *const *kv_rows, const float *const *sc_rows, int r,
+                              int n, const int *pos, uint8_t *const *ik_rec, uint8_t *const *kv_rec);
 void ds41_compress_r1_fused(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
                             const ds41_rope *rope, const float *x, int T, long long j0, uint8_t *const *ik_rec,
                             uint8_t *const *kv_rec);
