@@ -270,7 +270,7 @@ uint64_t ds41_session_digest(const ds41_session *s);
  * (ds41_session_error). */
 int ds41_session_synthetic_context(ds41_session *s, long long n, unsigned long long seed);
 /* Deployment performance points switched off for measurement (a set bit = off; 0 = all on,
- * the default and the faster setting): 1 = P1 fused ratio-1 compressor, 2 = P2 sparse attention
+ * the default and the faster setting): 1 = P1 fused compressor (both ratios), 2 = P2 sparse attention
  * reading the packed FP4 main-KV records, 4 = P3 one KV head's entries fetched once for all query
  * heads. Every setting gives bit-identical results. Not thread-safe against running forwards. */
 void ds41_engine_set_ablate(ds41_engine *e, unsigned mask);

@@ -18,7 +18,7 @@ typedef struct ds41_pool ds41_pool;   /* thread pool (kernels/pool.c) */
  * for measurement (ds41 bench --ablate): a set bit turns the point OFF. Every setting gives
  * bit-identical results in exact mode and in fast mode (same arithmetic, other data paths). */
 enum {
-    DS41_ABLATE_P1 = 1,   /* fused ratio-1 compressor (projection + RMSNorm + records per row tile) */
+    DS41_ABLATE_P1 = 1,   /* fused compressor: ratio 1 projection + RMSNorm + records per row tile; ratio > 1 pooling + records per entry tile */
     DS41_ABLATE_P2 = 2,   /* sparse attention reads the packed FP4 main-KV records (no float copy) */
     DS41_ABLATE_P3 = 4    /* single-KV-head attention: each entry decoded once for all query heads */
 };
