@@ -66,7 +66,7 @@ static int trajectory(ds41_engine *e, unsigned mask, long long synth, float *lg,
     return rc;
 }
 
-static const unsigned MASKS[] = { DS41_ABLATE_P1, DS41_ABLATE_P2, DS41_ABLATE_P3, 7u };
+static const unsigned MASKS[] = { DS41_ABLATE_P1, DS41_ABLATE_P2, DS41_ABLATE_P3, DS41_ABLATE_P6, 15u };
 
 static void points_case(const char *ck, int exact, int threads, long long synth) {
     char dir[4096], name[160];

@@ -18,7 +18,7 @@ static const char *LONG_USAGE =
     "  --synthetic-context LIST  contexts (tokens) built synthetically: every KV store, ring and the\n"
     "                      compressor state filled with valid packed records of random values, then\n"
     "                      --decode steps timed at each (default 4096)\n"
-    "  --ablate LIST       performance points measured on and off: p1,p2,p3 (all: p1,p2,p3); each\n"
+    "  --ablate LIST       performance points measured on and off: p1,p2,p3,p6 (all: p1,p2,p3,p6); each\n"
     "                      round runs every setting: all on, each listed point off, all listed off\n"
     "  --decode N          decode steps per setting and round (default 4)\n"
     "  --rounds R          interleaved rounds (default 3; medians reported)\n"
@@ -90,7 +90,7 @@ int ds41_cli_bench_long(int argc, char **argv) {
             }
         } else if (!strcmp(a, "--ablate") && has) {
             if (ds41_parse_ablate(argv[++i], &points)) {
-                fprintf(stderr, "ds41 bench: --ablate: expected a list of p1, p2, p3 (or all), got '%.40s'\n", argv[i]);
+                fprintf(stderr, "ds41 bench: --ablate: expected a list of p1, p2, p3, p6 (or all), got '%.40s'\n", argv[i]);
                 return 2;
             }
         } else if (!strcmp(a, "--decode") && has) {
@@ -118,7 +118,7 @@ int ds41_cli_bench_long(int argc, char **argv) {
     unsigned set[MAX_SET];
     int n_set = 0;
     set[n_set++] = 0;
-    for (int p = 0; p < 3; p++) if (points & (1u << p)) set[n_set++] = 1u << p;
+    for (int p = 0; p < 4; p++) if (points & (1u << p)) set[n_set++] = 1u << p;
     if (n_set > 2) set[n_set++] = points;
 
     long long cmax = 0;
@@ -181,7 +181,8 @@ int ds41_cli_bench_long(int argc, char **argv) {
                 if (k == 0) { base = m; cbase = cm; }
                 char name[32];
                 if (!set[k]) snprintf(name, sizeof name, "all on");
-                else snprintf(name, sizeof name, "%s%s%s off", set[k] & 1 ? "p1" : "", set[k] & 2 ? "p2" : "", set[k] & 4 ? "p3" : "");
+                else snprintf(name, sizeof name, "%s%s%s%s off", set[k] & 1 ? "p1" : "", set[k] & 2 ? "p2" : "", set[k] & 4 ? "p3" : "",
+                              set[k] & 8 ? "p6" : "");
                 printf("%-14s %12.2f %10.3f %12.3f %10.3f %14.3f\n", name, prefill / m, m / base, cm, cm / cbase,
                        prof[k][DS41_TIMER_COMPRESS] / rounds);
             }
@@ -234,7 +235,8 @@ int ds41_cli_bench_long(int argc, char **argv) {
             if (k == 0) { base = m; cbase = cm; }
             char name[32];
             if (!set[k]) snprintf(name, sizeof name, "all on");
-            else snprintf(name, sizeof name, "%s%s%s off", set[k] & 1 ? "p1" : "", set[k] & 2 ? "p2" : "", set[k] & 4 ? "p3" : "");
+            else snprintf(name, sizeof name, "%s%s%s%s off", set[k] & 1 ? "p1" : "", set[k] & 2 ? "p2" : "", set[k] & 4 ? "p3" : "",
+                              set[k] & 8 ? "p6" : "");
             double step = 0;   /* the mean step the timers saw */
             for (int r = 0; r < rounds; r++) step += t_dec[k][r];
             step /= rounds;

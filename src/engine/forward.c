@@ -62,6 +62,9 @@ int ds41_engine_init(ds41_engine *e, ds41_model *m, int own_model, int exact, in
     e->ctx.exact = exact;
     e->ctx.n_threads = n_threads < 1 ? 1 : n_threads;
     e->ctx.pool = e->ctx.n_threads > 1 ? ds41_pool_create(e->ctx.n_threads) : NULL;
+    int n_index = 0;
+    for (int l = 0; l < cfg->n_layers; l++) n_index += cfg->layers[l].is_index_source;
+    e->side = n_index > 0 ? ds41_side_create() : NULL;   /* P6; NULL (no thread) runs serially */
     int np = cfg->n_layers + cfg->n_mtp;
     e->layer_rope = calloc((size_t)np, sizeof(int));
     if (!e->layer_rope) return ds41_errf(err, "out of memory");
@@ -91,6 +94,7 @@ void ds41_engine_free(ds41_engine *e) {
     free(e->layer_rope);
     free(e->token_map);
     if (e->ctx.pool) ds41_pool_destroy(e->ctx.pool);
+    ds41_side_destroy(e->side);
     ds41_readahead_free(e->ra);
     if (e->own_model && e->model) { ds41_model_close(e->model); free(e->model); }
     memset(e, 0, sizeof *e);
@@ -543,11 +547,13 @@ static int restored_entries(ds41_seq *s, int l, int T, long long P, ds41_err *er
                          st->n_entries, P + T - 1, want);
     return (int)(want - P / r);
 }
-static int indexer_select(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long long P, const float *iq,
-                          const float *wt, ds41_err *err);
+static int indexer_select(const ds41_ctx *ctx, ds41_seq *s, fwd_buf *b, int l, int q0, int T, long long P,
+                          const float *iq, const float *wt, ds41_err *err);
 
-/* The indexer of index-source layer l on query rows [q0, T); fills b->sel[l]. */
-static int run_indexer(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long long P, const float *xa, ds41_err *err) {
+/* The indexer of index-source layer l on query rows [q0, T); fills b->sel[l]. ctx: the
+ * engine's, or (P6, on the side worker) a copy without the thread pool. */
+static int run_indexer(const ds41_ctx *ctx, ds41_seq *s, fwd_buf *b, int l, int q0, int T, long long P, const float *xa,
+                       ds41_err *err) {
     ds41_engine *e = s->e;
     const ds41_config *cfg = e->cfg;
     int nq = T - q0, NH = cfg->index_n_heads, ID = cfg->index_head_dim;
@@ -555,9 +561,9 @@ static int run_indexer(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long long 
     float *wt = malloc(((size_t)nq * NH + 1) * sizeof(float));
     if (!iq || !wt) { free(iq); free(wt); return ds41_errf(err, "out of memory in the indexer of layer %d", l); }
     if (nq > 0)
-        ds41_indexer_query(&e->ctx, cfg, &e->w->layers[l], &e->ropes[e->layer_rope[l]], b->cq + (size_t)q0 * cfg->q_lora_rank,
+        ds41_indexer_query(ctx, cfg, &e->w->layers[l], &e->ropes[e->layer_rope[l]], b->cq + (size_t)q0 * cfg->q_lora_rank,
                            xa + (size_t)q0 * cfg->dim, nq, b->pos + q0, iq, wt);
-    int rc = indexer_select(s, b, l, q0, T, P, iq, wt, err);
+    int rc = indexer_select(ctx, s, b, l, q0, T, P, iq, wt, err);
     free(iq);
     free(wt);
     return rc;
@@ -565,8 +571,8 @@ static int run_indexer(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long long 
 
 /* The indexer's per-sequence part: scores of query rows [q0, T) (queries iq, weights wt of
  * those rows) against the sequence's index keys, candidate pool, top-k into b->sel[l]. */
-static int indexer_select(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long long P, const float *iq,
-                          const float *wt, ds41_err *err) {
+static int indexer_select(const ds41_ctx *ctx, ds41_seq *s, fwd_buf *b, int l, int q0, int T, long long P,
+                          const float *iq, const float *wt, ds41_err *err) {
     ds41_engine *e = s->e;
     const ds41_config *cfg = e->cfg;
     const ds41_layer_plan *lp = &cfg->layers[l];
@@ -613,11 +619,11 @@ static int indexer_select(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long lo
             if (ssi < 0 || forward_index_keys(s, b, ssi, 0, err) || s->cache.stores[ssi].n_entries < n_p) {
                 return ds41_errf(err, "layer %d: verify row %lld needs %lld index keys of layer %d", l, p, n_p, osrc);
             }
-            ds41_indexer_scores(&e->ctx, cfg, iq + (size_t)(t - q0) * NH * ID, wt + (size_t)(t - q0) * NH,
+            ds41_indexer_scores(ctx, cfg, iq + (size_t)(t - q0) * NH * ID, wt + (size_t)(t - q0) * NH,
                                 sp->cik[ssi], (int)n_p, (int)n_p, scores);
             for (long long j = n_p; j < E; j++) scores[j] = -INFINITY;
         } else
-        ds41_indexer_scores(&e->ctx, cfg, iq + (size_t)(t - q0) * NH * ID, wt + (size_t)(t - q0) * NH,
+        ds41_indexer_scores(ctx, cfg, iq + (size_t)(t - q0) * NH * ID, wt + (size_t)(t - q0) * NH,
                             sp->cik[si], (int)E, (int)n_p, scores);
         if (lp->is_candidate_source)
             ds41_candidate_blocks(cfg, scores, (int)E, (int)n_p, sp->pool + (size_t)t * nb, scratch);
@@ -633,6 +639,65 @@ static int indexer_select(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long lo
 
 static int attend(ds41_seq *s, fwd_buf *b, int l, int q0, int lo, int T, long long P, int layout, ds41_err *err);
 static void ring_store(ds41_seq *s, fwd_buf *b, int l, int k0, int T, long long P, int layout);
+
+/* P6: the indexer of a layer overlapped with the query projection. After cq (wq_a + norm), the
+ * indexer (its query projection, the scores, the candidate pool, top-k) needs only cq and the
+ * layer input, and q (wq_b, the layer's largest projection at production width, + RoPE) only
+ * cq: the indexer runs on the engine's side worker, single-threaded, while the caller computes
+ * q with its pool; then the caller waits. Every result is what the serial order computes (the
+ * kernels' results do not depend on the thread count). */
+typedef struct ix_job {
+    ds41_ctx ctx;             /* the engine's without the pool */
+    ds41_seq *s;
+    fwd_buf *b;
+    int l, q0, T;
+    long long P;
+    const float *xa;
+    int rc;
+    double seconds;
+    ds41_err err;
+} ix_job;
+
+static void ix_run(void *arg) {
+    ix_job *j = arg;
+    double t0 = ds41_prof_now();
+    j->rc = run_indexer(&j->ctx, j->s, j->b, j->l, j->q0, j->T, j->P, j->xa, &j->err);
+    j->seconds = ds41_prof_now() - t0;
+}
+
+/* The query path of layer l on rows [q0, T) of b with the indexer (index sources) beside it. */
+static int query_and_indexer(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long long P, ds41_err *err) {
+    ds41_engine *e = s->e;
+    const ds41_config *cfg = e->cfg;
+    const ds41_layer_plan *lp = &cfg->layers[l];
+    const ds41_layer_weights *lw = &e->w->layers[l];
+    const ds41_rope *rope = &e->ropes[e->layer_rope[l]];
+    const ds41_ctx *ctx = &e->ctx;
+    int nq = T - q0, HD = cfg->n_heads * cfg->head_dim;
+    float *cq = b->cq + (size_t)q0 * cfg->q_lora_rank, *q = b->q + (size_t)q0 * HD;
+    ds41_attn_query_c(ctx, cfg, lw, b->s.xa + (size_t)q0 * cfg->dim, nq, cq);
+    if (!lp->is_index_source) {
+        ds41_attn_query_q(ctx, cfg, lw, rope, cq, nq, b->pos + q0, q);
+        return 0;
+    }
+    ix_job j = { *ctx, s, b, l, q0, T, P, b->s.xa, 0, 0.0, { { 0 } } };
+    j.ctx.pool = NULL;
+    j.ctx.n_threads = 1;
+    j.ctx.prof = NULL;
+    int side = !(ctx->ablate & DS41_ABLATE_P6) && ds41_side_start(e->side, ix_run, &j) == 0;
+    if (!side) {
+        double t0 = ctx->prof ? ds41_prof_now() : 0.0;
+        j.rc = run_indexer(ctx, s, b, l, q0, T, P, b->s.xa, &j.err);
+        if (ctx->prof) ctx->prof[DS41_PROF_INDEXER] += ds41_prof_now() - t0;
+    }
+    ds41_attn_query_q(ctx, cfg, lw, rope, cq, nq, b->pos + q0, q);
+    if (side) {
+        ds41_side_wait(e->side);
+        if (ctx->prof) ctx->prof[DS41_PROF_INDEXER] += j.seconds;   /* its own time, overlapped */
+    }
+    if (j.rc) { *err = j.err; return -1; }
+    return 0;
+}
 
 /* Attention sublayer of layer l (spec 3.5-3.13): x rows [k0, T) in b->s.xa; output rows
  * [q0, T) into b->s.y (at row offset q0). */
@@ -660,13 +725,7 @@ static int attention(ds41_seq *s, fwd_buf *b, int l, int k0, int q0, int lo, int
         if (forward_index_keys(s, b, store_index(&s->cache, l), 1, err)) return -1;
     }
 
-    if (nq > 0) {
-        ds41_attn_query(ctx, cfg, lw, rope, b->s.xa + (size_t)q0 * cfg->dim, nq, b->pos + q0,
-                        b->cq + (size_t)q0 * cfg->q_lora_rank, b->q + (size_t)q0 * HD);
-        if (ctx->prof) t0 = ds41_prof_now();
-        if (lp->is_index_source && run_indexer(s, b, l, q0, T, P, b->s.xa, err)) return -1;
-        if (ctx->prof) ctx->prof[DS41_PROF_INDEXER] += ds41_prof_now() - t0;
-    }
+    if (nq > 0 && query_and_indexer(s, b, l, q0, T, P, err)) return -1;
 
     /* KV set, lists and sparse attention into b->o */
     if (ctx->prof) t0 = ds41_prof_now();
@@ -1136,6 +1195,34 @@ typedef struct batch_seqs {
     int chunk;                /* sequence 0 feeds a prefill chunk (its row plan applies) */
 } batch_seqs;
 
+/* P6 in a batch: the indexer query over the stacked rows from Q0, then each sequence's
+ * indexer_select (iq / wt rows are the stack's rows from Q0 on). */
+typedef struct bix_job {
+    ds41_ctx ctx;
+    const batch_seqs *bs;
+    fwd_buf *b;
+    int l, q0, rc;
+    ds41_err err;
+} bix_job;
+
+static void bix_run(void *arg) {
+    bix_job *j = arg;
+    const batch_seqs *bs = j->bs;
+    ds41_engine *e = bs->ss[0]->e;
+    const ds41_config *cfg = e->cfg;
+    size_t N = bs->N, Q0 = (size_t)j->q0, NH = (size_t)cfg->index_n_heads, ID = (size_t)cfg->index_head_dim;
+    ds41_indexer_query(&j->ctx, cfg, &e->w->layers[j->l], &e->ropes[e->layer_rope[j->l]],
+                       j->b->cq + Q0 * cfg->q_lora_rank, j->b->s.xa + Q0 * cfg->dim, (int)(N - Q0), j->b->pos + Q0, bs->iq,
+                       bs->wt);
+    for (int i = 0; i < bs->count && !j->rc; i++) {
+        int qi = i == 0 && bs->chunk ? j->q0 : 0;
+        size_t off = bs->r0[i] + (size_t)qi - Q0;
+        if (indexer_select(&j->ctx, bs->ss[i], &bs->v[i], j->l, qi, bs->T[i], bs->ss[i]->cache.pos, bs->iq + off * NH * ID,
+                           bs->wt + off * NH, &j->err))
+            j->rc = -1;
+    }
+}
+
 /* The attention sublayer of layer l over a batch: the projections (SWA K, compressor, query,
  * indexer query, output) over the stacked rows, the rest per sequence with exactly the calls a
  * forward of that sequence alone makes (compressor_emit, indexer_select, attend, ring_store on
@@ -1149,7 +1236,7 @@ static int attention_batch(const batch_seqs *bs, fwd_buf *b, int l, int k0, int 
     const ds41_layer_weights *lw = &e->w->layers[l];
     const ds41_rope *rope = &e->ropes[e->layer_rope[l]];
     const ds41_ctx *ctx = &e->ctx;
-    size_t N = bs->N, D = (size_t)cfg->head_dim, NH = (size_t)cfg->index_n_heads, ID = (size_t)cfg->index_head_dim;
+    size_t N = bs->N, D = (size_t)cfg->head_dim;
     size_t dim = (size_t)cfg->dim, HD = (size_t)cfg->n_heads * cfg->head_dim, rb = (size_t)ds41_swa_rec_bytes(cfg);
     size_t K0 = (size_t)k0, Q0 = (size_t)q0;
 
@@ -1170,20 +1257,20 @@ static int attention_batch(const batch_seqs *bs, fwd_buf *b, int l, int k0, int 
             if (forward_index_keys(s, &bs->v[i], store_index(&s->cache, l), 1, err)) return -1;
         }
     }
-    ds41_attn_query(ctx, cfg, lw, rope, b->s.xa + Q0 * dim, (int)(N - Q0), b->pos + Q0, b->cq + Q0 * cfg->q_lora_rank,
-                    b->q + Q0 * HD);
-    if (lp->is_index_source) {
-        /* iq / wt rows are the stack's rows from Q0 on */
-        ds41_indexer_query(ctx, cfg, lw, rope, b->cq + Q0 * cfg->q_lora_rank, b->s.xa + Q0 * dim, (int)(N - Q0),
-                           b->pos + Q0, bs->iq, bs->wt);
-        for (int i = 0; i < bs->count; i++) {
-            int qi = i == 0 && bs->chunk ? q0 : 0;
-            size_t off = bs->r0[i] + (size_t)qi - Q0;
-            if (indexer_select(bs->ss[i], &bs->v[i], l, qi, bs->T[i], bs->ss[i]->cache.pos, bs->iq + off * NH * ID,
-                               bs->wt + off * NH, err))
-                return -1;
-        }
+    /* the query path, the indexers beside wq_b (P6, as query_and_indexer) */
+    ds41_attn_query_c(ctx, cfg, lw, b->s.xa + Q0 * dim, (int)(N - Q0), b->cq + Q0 * cfg->q_lora_rank);
+    bix_job bj = { *ctx, bs, b, l, q0, 0, { { 0 } } };
+    bj.ctx.pool = NULL;
+    bj.ctx.n_threads = 1;
+    bj.ctx.prof = NULL;
+    int side = lp->is_index_source && !(ctx->ablate & DS41_ABLATE_P6) && ds41_side_start(e->side, bix_run, &bj) == 0;
+    if (lp->is_index_source && !side) {
+        bj.ctx = *ctx;
+        bix_run(&bj);
     }
+    ds41_attn_query_q(ctx, cfg, lw, rope, b->cq + Q0 * cfg->q_lora_rank, (int)(N - Q0), b->pos + Q0, b->q + Q0 * HD);
+    if (side) ds41_side_wait(e->side);
+    if (bj.rc) { *err = bj.err; return -1; }
     for (int i = 0; i < bs->count; i++) {
         int c = i == 0 && bs->chunk;
         if (attend(bs->ss[i], &bs->v[i], l, c ? q0 : 0, c ? lo : 0, bs->T[i], bs->ss[i]->cache.pos, bs->layout[i], err))

@@ -35,6 +35,7 @@ typedef struct ds41_engine {
     int32_t *token_map;       /* Engram compressed ids [vocab] (NULL without Engram) */
     int n_compressed;
     struct ds41_readahead *ra;/* --readahead: per layer weight ranges (longctx.c), or NULL */
+    ds41_side *side;          /* P6: the side worker the indexers run on (NULL: none, serial) */
 } ds41_engine;
 
 /* Read-ahead of the weights (longctx.c): ranges of every layer's tensors, and

@@ -84,7 +84,7 @@ int ds41_seq_synthetic(ds41_seq *s, long long n, uint64_t seed, ds41_err *err) {
 
 /* ---- public switches (ds41.h) ---- */
 
-void ds41_engine_set_ablate(ds41_engine *e, unsigned mask) { e->ctx.ablate = mask & 7u; }
+void ds41_engine_set_ablate(ds41_engine *e, unsigned mask) { e->ctx.ablate = mask & 15u; }
 unsigned ds41_engine_ablate(const ds41_engine *e) { return e->ctx.ablate; }
 void ds41_engine_set_profile(ds41_engine *e, double *acc) { e->ctx.prof = acc; }
 
@@ -97,7 +97,8 @@ int ds41_parse_ablate(const char *s, unsigned *mask) {
         const char *e = strchr(p, ',');
         size_t len = e ? (size_t)(e - p) : strlen(p);
         if (len == 2 && (p[0] == 'p' || p[0] == 'P') && p[1] >= '1' && p[1] <= '3') m |= 1u << (p[1] - '1');
-        else if (len == 3 && !strncmp(p, "all", 3)) m |= 7u;
+        else if (len == 2 && (p[0] == 'p' || p[0] == 'P') && p[1] == '6') m |= DS41_ABLATE_P6;
+        else if (len == 3 && !strncmp(p, "all", 3)) m |= 15u;
         else return -1;
         p += len;
         if (*p == ',') p++;

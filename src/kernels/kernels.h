@@ -20,7 +20,9 @@ typedef struct ds41_pool ds41_pool;   /* thread pool (kernels/pool.c) */
 enum {
     DS41_ABLATE_P1 = 1,   /* fused compressor: ratio 1 projection + RMSNorm + records per row tile; ratio > 1 pooling + records per entry tile */
     DS41_ABLATE_P2 = 2,   /* sparse attention reads the packed FP4 main-KV records (no float copy) */
-    DS41_ABLATE_P3 = 4    /* single-KV-head attention: each entry decoded once for all query heads */
+    DS41_ABLATE_P3 = 4,   /* single-KV-head attention: each entry decoded once for all query heads */
+    DS41_ABLATE_P6 = 8    /* overlap: an index layer's indexer (query, scores, top-k) on a side thread
+                           * while the caller computes the query projection wq_b */
 };
 
 /* Per-sublayer timers (seconds, accumulated) when ds41_ctx.prof is set; zero cost otherwise.
@@ -51,6 +53,16 @@ double ds41_prof_now(void);
 ds41_pool *ds41_pool_create(int n_threads);
 void ds41_pool_destroy(ds41_pool *p);
 void ds41_parallel_for(const ds41_ctx *ctx, int n, void (*fn)(void *arg, int i0, int i1), void *arg);
+
+/* Side worker (P6): one extra thread running one task at a time beside the caller. start
+ * returns 0 when the task runs there (the caller must ds41_side_wait before starting another
+ * or reading its results), -1 when the worker is busy with another caller's task or s is NULL
+ * (the caller then runs fn itself). */
+typedef struct ds41_side ds41_side;
+ds41_side *ds41_side_create(void);
+void ds41_side_destroy(ds41_side *s);
+int ds41_side_start(ds41_side *s, void (*fn)(void *arg), void *arg);
+void ds41_side_wait(ds41_side *s);
 
 /* ---- ISA of the fast kernels: "avx2" (AVX2 + FMA + F16C, the baseline) or "avx512" (AVX-512
  * F/BW/VL/DQ + VNNI), chosen at first use from CPUID; DS41_ISA=avx2|avx512|auto in the

@@ -181,3 +181,86 @@ void ds41_parallel_for(const ds41_ctx *ctx, int n, void (*fn)(void *arg, int i0,
 }
 
 double ds41_prof_now(void) { return (double)mono_ns() * 1e-9; }
+
+/* ---------------------------------------------------------------- side worker (P6) */
+
+/* One extra thread that runs one task at a time beside the caller: the caller starts a task,
+ * goes on with its own work (its pool's linears), then waits for it. Wake-ups are condition
+ * variables (one task per index layer of a forward, not hundreds per step). */
+struct ds41_side {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    void (*fn)(void *arg);
+    void *arg;
+    int busy;        /* a task was started and not yet waited for */
+    int has_task;    /* the thread has not taken it yet */
+    int done;
+    int quit;
+};
+
+static void *side_main(void *arg) {
+    ds41_side *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->has_task && !s->quit) pthread_cond_wait(&s->cv, &s->mu);
+        if (s->quit) break;
+        s->has_task = 0;
+        void (*fn)(void *) = s->fn;
+        void *a = s->arg;
+        pthread_mutex_unlock(&s->mu);
+        fn(a);
+        pthread_mutex_lock(&s->mu);
+        s->done = 1;
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+ds41_side *ds41_side_create(void) {
+    ds41_side *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    if (pthread_create(&s->thread, NULL, side_main, s)) {
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->cv);
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void ds41_side_destroy(ds41_side *s) {
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->quit = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}
+
+int ds41_side_start(ds41_side *s, void (*fn)(void *arg), void *arg) {
+    if (!s) return -1;
+    pthread_mutex_lock(&s->mu);
+    if (s->busy) { pthread_mutex_unlock(&s->mu); return -1; }
+    s->busy = 1;
+    s->done = 0;
+    s->fn = fn;
+    s->arg = arg;
+    s->has_task = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+void ds41_side_wait(ds41_side *s) {
+    pthread_mutex_lock(&s->mu);
+    while (!s->done) pthread_cond_wait(&s->cv, &s->mu);
+    s->busy = 0;
+    pthread_mutex_unlock(&s->mu);
+}

@@ -50,17 +50,28 @@ static inline float dot_f(const ds41_ctx *ctx, const float *a, const float *b, i
 
 /* ====================================================================== 3.5 query path */
 
-void ds41_attn_query(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
-                     const ds41_rope *rope, const float *x, int T, const int *pos, float *cq, float *q) {
-    int ql = cfg->q_lora_rank, H = cfg->n_heads, D = cfg->head_dim, rd = cfg->rope_dim;
+void ds41_attn_query_c(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw, const float *x,
+                       int T, float *cq) {
+    int ql = cfg->q_lora_rank;
     float *tmp = xmalloc((size_t)T * ql * sizeof(float));
     ds41_linear_fp8(ctx, &lw->wq_a, x, T, tmp);
     ds41_rmsnorm(ctx, tmp, lw->q_norm, T, ql, cfg->norm_eps, cq);
     free(tmp);
+}
+
+void ds41_attn_query_q(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
+                       const ds41_rope *rope, const float *cq, int T, const int *pos, float *q) {
+    int H = cfg->n_heads, D = cfg->head_dim, rd = cfg->rope_dim;
     ds41_linear_fp8(ctx, &lw->wq_b, cq, T, q);
     for (int t = 0; t < T; t++)
         for (int h = 0; h < H; h++)
             ds41_rope_apply(rope, q + ((size_t)t * H + h) * D + (D - rd), pos[t], 0);
+}
+
+void ds41_attn_query(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
+                     const ds41_rope *rope, const float *x, int T, const int *pos, float *cq, float *q) {
+    ds41_attn_query_c(ctx, cfg, lw, x, T, cq);
+    ds41_attn_query_q(ctx, cfg, lw, rope, cq, T, pos, q);
 }
 
 /* ====================================================================== 3.7 SWA K */

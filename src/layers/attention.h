@@ -28,6 +28,11 @@ float ds41_attn_scale(const ds41_config *cfg);
  * cq is also the indexer's input. */
 void ds41_attn_query(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
                      const ds41_rope *rope, const float *x, int T, const int *pos, float *cq, float *q);
+/* Its two halves: cq = rmsnorm(wq_a x, q_norm); q = rope(wq_b cq) (P6 runs the indexer between). */
+void ds41_attn_query_c(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw, const float *x,
+                       int T, float *cq);
+void ds41_attn_query_q(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
+                       const ds41_rope *rope, const float *cq, int T, const int *pos, float *q);
 
 /* ---- 3.7 SWA K ----
  * k [T, head_dim] = Q8-QDQ(rope(rmsnorm(wkv x, kv_norm))) (the BF16 values attention reads);
