@@ -658,6 +658,15 @@ typedef struct ix_job {
     ds41_err err;
 } ix_job;
 
+/* The context a side task runs with: the engine's kernels, one thread, no timers. */
+static ds41_ctx side_ctx(const ds41_ctx *c) {
+    ds41_ctx x = *c;
+    x.pool = NULL;
+    x.n_threads = 1;
+    x.prof = NULL;
+    return x;
+}
+
 static void ix_run(void *arg) {
     ix_job *j = arg;
     double t0 = ds41_prof_now();
@@ -680,10 +689,7 @@ static int query_and_indexer(ds41_seq *s, fwd_buf *b, int l, int q0, int T, long
         ds41_attn_query_q(ctx, cfg, lw, rope, cq, nq, b->pos + q0, q);
         return 0;
     }
-    ix_job j = { *ctx, s, b, l, q0, T, P, b->s.xa, 0, 0.0, { { 0 } } };
-    j.ctx.pool = NULL;
-    j.ctx.n_threads = 1;
-    j.ctx.prof = NULL;
+    ix_job j = { side_ctx(ctx), s, b, l, q0, T, P, b->s.xa, 0, 0.0, { { 0 } } };
     int side = !(ctx->ablate & DS41_ABLATE_P6) && ds41_side_start(e->side, ix_run, &j) == 0;
     if (!side) {
         double t0 = ctx->prof ? ds41_prof_now() : 0.0;
@@ -1259,10 +1265,7 @@ static int attention_batch(const batch_seqs *bs, fwd_buf *b, int l, int k0, int 
     }
     /* the query path, the indexers beside wq_b (P6, as query_and_indexer) */
     ds41_attn_query_c(ctx, cfg, lw, b->s.xa + Q0 * dim, (int)(N - Q0), b->cq + Q0 * cfg->q_lora_rank);
-    bix_job bj = { *ctx, bs, b, l, q0, 0, { { 0 } } };
-    bj.ctx.pool = NULL;
-    bj.ctx.n_threads = 1;
-    bj.ctx.prof = NULL;
+    bix_job bj = { side_ctx(ctx), bs, b, l, q0, 0, { { 0 } } };
     int side = lp->is_index_source && !(ctx->ablate & DS41_ABLATE_P6) && ds41_side_start(e->side, bix_run, &bj) == 0;
     if (lp->is_index_source && !side) {
         bj.ctx = *ctx;
