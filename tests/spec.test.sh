@@ -13,6 +13,10 @@ TMP=$(mktemp -d /tmp/ds41-spec.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 mkdir -p "$CK"
 export XDG_CACHE_HOME="$TMP/cache"   # the verify-width curve cache of --spec auto
+# a fixed curve for auto (a measured one depends on the machine: where drafting never pays,
+# auto would only ever take plain steps and the auto runs below would compare plain with plain)
+export DS41_SPEC_CURVE="$TMP/spec-curve.txt"
+printf '1 100\n2 90\n3 80\n4 70\n5 60\n6 50\npropose_s 0.001\ndraft_s 0.0002\n' >"$DS41_SPEC_CURVE"
 . tests/lib.sh
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; }
@@ -38,6 +42,7 @@ for ck in tiny small; do
             elif ! cmp -s "$TMP/off.txt" "$TMP/on.txt"; then fail $name "tokens differ: $(head -c 80 "$TMP/on.txt")"
             elif ! cmp -s "$TMP/off.f32" "$TMP/on.f32"; then fail $name "logits differ"
             elif ! grep -q "spec .*steps, drafted" "$TMP/err"; then fail $name "no statistics line"
+            elif grep -q "drafted 0," "$TMP/err"; then fail $name "nothing drafted: $(grep 'steps, drafted' "$TMP/err")"
             else pass $name; fi
         done
     done
