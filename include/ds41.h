@@ -272,7 +272,8 @@ int ds41_session_synthetic_context(ds41_session *s, long long n, unsigned long l
 /* Deployment performance points switched off for measurement (a set bit = off; 0 = all on,
  * the default and the faster setting): 1 = P1 fused compressor (both ratios), 2 = P2 sparse attention
  * reading the packed FP4 main-KV records, 4 = P3 one KV head's entries fetched once for all query
- * heads, 8 = P6 each index layer's indexer on a side thread beside the query projection. Every
+ * heads, 8 = P6 each index layer's indexer on a side thread beside the query projection (only
+ * where the engine's threads leave a CPU free; otherwise serial whatever the bit). Every
  * setting gives bit-identical results. Not thread-safe against running forwards. */
 void ds41_engine_set_ablate(ds41_engine *e, unsigned mask);
 unsigned ds41_engine_ablate(const ds41_engine *e);
