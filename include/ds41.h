@@ -269,8 +269,8 @@ uint64_t ds41_session_digest(const ds41_session *s);
  * steps after it do exactly the work they would after a real n-token prefill. 0 or -1
  * (ds41_session_error). */
 int ds41_session_synthetic_context(ds41_session *s, long long n, unsigned long long seed);
-/* Deployment performance points switched off for measurement (a set bit = off; 0 = all on,
- * the default and the faster setting): 1 = P1 fused compressor (both ratios), 2 = P2 sparse attention
+/* Deployment performance points switched off for measurement (a set bit = off; 0 = all on; an
+ * engine starts with 8, P6 off, the faster setting here): 1 = P1 fused compressor (both ratios), 2 = P2 sparse attention
  * reading the packed FP4 main-KV records, 4 = P3 one KV head's entries fetched once for all query
  * heads, 8 = P6 each index layer's indexer on a side thread beside the query projection (only
  * where the engine's threads leave a CPU free; otherwise serial whatever the bit). Every

@@ -63,13 +63,9 @@ int ds41_engine_init(ds41_engine *e, ds41_model *m, int own_model, int exact, in
     e->ctx.exact = exact;
     e->ctx.n_threads = n_threads < 1 ? 1 : n_threads;
     e->ctx.pool = e->ctx.n_threads > 1 ? ds41_pool_create(e->ctx.n_threads) : NULL;
-    /* P6's side worker, when the model has indexers and a core is left over by the pool (with
-     * every core in the pool, overlapping would only take one away from its linears, which
-     * split the indexer's scores over the pool anyway); NULL runs the indexers serially */
-    int n_index = 0;
-    for (int l = 0; l < cfg->n_layers; l++) n_index += cfg->layers[l].is_index_source;
-    long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
-    e->side = n_index > 0 && n_cpu > e->ctx.n_threads ? ds41_side_create() : NULL;
+    /* P6 starts off (measured slower on the CPUs here: README); ds41_engine_set_ablate turns it
+     * on and creates its side worker */
+    e->ctx.ablate = DS41_ABLATE_P6;
     int np = cfg->n_layers + cfg->n_mtp;
     e->layer_rope = calloc((size_t)np, sizeof(int));
     if (!e->layer_rope) return ds41_errf(err, "out of memory");

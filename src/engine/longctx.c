@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "attention.h"
 #include "ds41.h"
@@ -84,7 +85,17 @@ int ds41_seq_synthetic(ds41_seq *s, long long n, uint64_t seed, ds41_err *err) {
 
 /* ---- public switches (ds41.h) ---- */
 
-void ds41_engine_set_ablate(ds41_engine *e, unsigned mask) { e->ctx.ablate = mask & 15u; }
+void ds41_engine_set_ablate(ds41_engine *e, unsigned mask) {
+    e->ctx.ablate = mask & 15u;
+    /* P6 on: its side worker, when the model has indexers and the pool leaves a CPU free (with
+     * every CPU in the pool an overlap would take one from its linears, which split the
+     * indexer's scores over the pool anyway); without one the indexers run serially */
+    if (!(mask & DS41_ABLATE_P6) && !e->side && sysconf(_SC_NPROCESSORS_ONLN) > e->ctx.n_threads) {
+        int n_index = 0;
+        for (int l = 0; l < e->cfg->n_layers; l++) n_index += e->cfg->layers[l].is_index_source;
+        if (n_index > 0) e->side = ds41_side_create();
+    }
+}
 unsigned ds41_engine_ablate(const ds41_engine *e) { return e->ctx.ablate; }
 void ds41_engine_set_profile(ds41_engine *e, double *acc) { e->ctx.prof = acc; }
 
