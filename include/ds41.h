@@ -43,10 +43,18 @@ int ds41_parse_load(const char *s, int *load);
 
 enum { DS41_PREFILL_MODE_CED = 0, DS41_PREFILL_MODE_FULL = 1, DS41_PREFILL_MODE_REPLAY = 2 };
 enum { DS41_INDEX_K_OWN = 0, DS41_INDEX_K_OFFICIAL = 1 };
+/* Chunked prefill (ds41_session_params.chunk): a chunk of a prompt runs each decoder layer only
+ * on the rows the prompt's end can still reach (the CED row plan of the whole feed), so chunks
+ * cost what one forward over the prompt costs, in memory bounded by the chunk, and give
+ * bit-identical logits and state for chunks of at least the window. */
+enum { DS41_CHUNK_OFF = -1, DS41_CHUNK_AUTO = 2048 };
 
 typedef struct ds41_session_params {
     int prefill;           /* DS41_PREFILL_MODE_*: how multi-token feeds skip rows (default ced) */
-    int chunk;             /* > 0: feeds longer than this run in chunks of this many tokens */
+    int chunk;             /* > 0: feeds longer than this run in chunks of this many tokens;
+                            * 0 (default): feeds longer than DS41_CHUNK_AUTO tokens run in
+                            * about equal chunks of at most DS41_CHUNK_AUTO (never under the
+                            * window); DS41_CHUNK_OFF: every feed in one forward */
     int index_k;           /* DS41_INDEX_K_* (spec 3.9 / 10.1) */
     int draft;             /* 1: keep the DSpark context rings so ds41_session_draft can propose */
     int no_meta_reuse;     /* P5 off: a proposal recomputes the context row and ring key of its

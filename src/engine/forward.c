@@ -944,8 +944,25 @@ static int forward_impl(ds41_seq *s, const int32_t *tokens, int T, int want_logi
     int *qrow = malloc((size_t)L * 3 * sizeof(int));
     if (!qrow) return ds41_errf(err, "out of memory");
     int *krow = qrow + L, *lo = qrow + 2 * L;
-    ds41_row_plan(cfg, layout == LAYOUT_DECODE || rows || s->restore == 2 ? DS41_PREFILL_FULL : s->prefill, T,
-                  want_logits, qrow, krow, lo);
+    ds41_prefill_mode pmode = layout == LAYOUT_DECODE || rows || s->restore == 2 ? DS41_PREFILL_FULL : s->prefill;
+    if (s->plan_ahead > 0 && pmode == DS41_PREFILL_CED && !s->restore && !s->verify && !rows) {
+        /* a chunk of a longer prompt: the plan of the rows [P, P + T + ahead) with the last
+         * wanting logits, cut to this chunk. Every plan row is the prompt's end minus a
+         * distance (or 0), so planning from the chunk's first row gives each of its rows the
+         * one-shot plan's; a row at or past T is one a later chunk computes. */
+        if (s->plan_ahead > (long long)INT32_MAX - T) {
+            free(qrow);
+            return ds41_errf(err, "forward: a prompt of %lld rows is too long to plan", s->plan_ahead + T);
+        }
+        ds41_row_plan(cfg, pmode, T + (int)s->plan_ahead, 1, qrow, krow, lo);
+        for (int l = 0; l < L; l++) {
+            if (qrow[l] > T) qrow[l] = T;
+            if (krow[l] > T) krow[l] = T;
+            if (lo[l] > T) lo[l] = T;
+        }
+    } else {
+        ds41_row_plan(cfg, pmode, T, want_logits, qrow, krow, lo);
+    }
 
     /* ---- buffers ---- */
     fwd_buf tmp;
@@ -984,6 +1001,9 @@ static int forward_impl(ds41_seq *s, const int32_t *tokens, int T, int want_logi
             if (l == 0) ds41_engine_readahead(e, 0);
             ds41_engine_readahead(e, l + 1);
         }
+        /* a chunk before the rows this layer's reach starts at: nothing to compute (a KV
+         * source has every row) */
+        if (nk == 0) continue;
 
         /* Engram before the block, on the rows of the stream that exist */
         if (lp->engram_slot >= 0 && e->has_engram)

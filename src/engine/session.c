@@ -162,7 +162,7 @@ ds41_session *ds41_session_open(ds41_engine *e, const ds41_session_params *p, ch
     if (!s) { copy_err(errbuf, errcap, "out of memory"); return NULL; }
     if (p) s->p = *p;
     else ds41_session_params_default(&s->p);
-    if (s->p.prefill < 0 || s->p.prefill > 2 || s->p.chunk < 0 || s->p.index_k < 0 || s->p.index_k > 1) {
+    if (s->p.prefill < 0 || s->p.prefill > 2 || s->p.chunk < DS41_CHUNK_OFF || s->p.index_k < 0 || s->p.index_k > 1) {
         copy_err(errbuf, errcap, "invalid session parameters");
         free(s);
         return NULL;
@@ -246,17 +246,42 @@ static int feed_impl(ds41_session *s, const int32_t *ids, size_t n, float *rows)
             snprintf(s->err, sizeof s->err, "token id %d (index %zu) is outside the vocabulary 0..%d", ids[i], i, V - 1);
             return -1;
         }
-    size_t chunk = s->p.chunk > 0 ? (size_t)s->p.chunk : n;
+    size_t chunk = s->p.chunk > 0 ? (size_t)s->p.chunk : n, k = 0, unit = 1;
+    if (s->p.chunk == 0 && n > DS41_CHUNK_AUTO) {
+        /* the default for long feeds: k about equal chunks of at most DS41_CHUNK_AUTO (each
+         * then over half of it: at least the window, never a lone last row), their bounds at
+         * positions that are multiples of every compress ratio, so that no chunk but the
+         * last leaves rows of an incomplete group in a compressor's state (one forward would
+         * not have written those slots) */
+        size_t most = DS41_CHUNK_AUTO, W = (size_t)s->e->cfg->window;
+        if (most < 2 * W) most = 2 * W;
+        k = (n + most - 1) / most;
+        for (int i = 0; i < s->seq.cache.n_stores; i++) {
+            size_t r = (size_t)s->seq.cache.stores[i].ratio, a = unit, b = r;
+            while (b) { size_t t = a % b; a = b; b = t; }
+            if (r > 0) unit = unit / a * r;   /* lcm */
+        }
+        if (unit > most / 4) unit = 1;   /* (no such plan: ratios are at most a page) */
+    }
     ds41_err err;
-    for (size_t off = 0; off < n; off += chunk) {
+    for (size_t off = 0, i = 1; off < n; off += chunk, i++) {
+        if (k > 0) {
+            /* bound i of k: position P + i n / k rounded up to the unit (the last: n) */
+            size_t end = i >= k ? n : (((size_t)P + i * n / k + unit - 1) / unit * unit - (size_t)P);
+            if (end > n) end = n;
+            chunk = end - off;
+        }
         size_t m = n - off < chunk ? n - off : chunk;
         int last = off + m == n;
         /* the replay approximation only makes sense on the final rows of a prompt; earlier
          * chunks use the exact CED row plan */
         s->seq.prefill = (ds41_prefill_mode)s->p.prefill;
         if (!last && s->seq.prefill == DS41_PREFILL_REPLAY) s->seq.prefill = DS41_PREFILL_CED;
+        /* a chunk's CED row plan reaches from the prompt's end (the rest follows in this call) */
+        s->seq.plan_ahead = (long long)(n - off - m);
         int frc = rows ? ds41_forward_rows(&s->seq, ids + off, (int)m, rows + off * (size_t)V, &err)
                        : ds41_forward(&s->seq, ids + off, (int)m, last, &err);
+        s->seq.plan_ahead = 0;
         if (frc ||
             (s->p.draft && ds41_dspark_seed(s->e, &s->seq.cache, s->seq.main_hidden, s->seq.mh_rows, s->seq.mh_pos0, &err))) {
             snprintf(s->err, sizeof s->err, "%s", err.msg);
