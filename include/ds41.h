@@ -88,6 +88,15 @@ const char *ds41_session_error(const ds41_session *s);
  * state, so the session then refuses ds41_feed and ds41_session_draft until
  * ds41_session_reset. */
 int ds41_feed(ds41_session *s, const int32_t *ids, size_t n);
+/* A part of a prompt fed in several calls (a server's prefill chunks): ds41_feed of ids[n]
+ * where the caller's next feeds on this session are the prompt's next `ahead` tokens (ahead = 0
+ * for the last part). The CED row plan then reaches from the prompt's end, as in one ds41_feed
+ * of the whole prompt, so a part runs each decoder layer only on the rows the prompt's last
+ * logits or decode state can still reach. A part with ahead > 0 computes no logits
+ * (ds41_logits is not valid until the last part), and a session that is then fed anything else
+ * than those tokens has decoder windows missing rows. After the last part the logits and state
+ * equal those of one ds41_feed over the whole prompt chunked at the same bounds. */
+int ds41_feed_part(ds41_session *s, const int32_t *ids, size_t n, size_t ahead);
 /* ds41_feed that also returns the logits of every fed token: out [n x ds41_vocab_size],
  * row i = the logits after ids[i] (the distribution of the token at position pos + i + 1);
  * ds41_logits then returns row n-1. For perplexity and speculative verification. Every layer
@@ -229,6 +238,7 @@ typedef struct ds41_batch_item {
     int32_t *out;
     float *out_logits;
     int n_out, n_accepted, failed;
+    size_t ahead;          /* a prefill part (n > 1, no verify): as in ds41_feed_part */
 } ds41_batch_item;
 int ds41_batch_step(ds41_batch_item *items, int count);
 

@@ -11,7 +11,8 @@
  * work that one forward skips. Exact and fast kernels (the fast ones are row-independent, so
  * the equality holds for them too), both index-K readings, a prompt at position 0 and a long
  * extend after one, and the default (chunk 0: feeds over DS41_CHUNK_AUTO tokens in about equal
- * chunks) on a long prompt.
+ * chunks) on a long prompt; a prompt in the caller's parts (ds41_feed_part, and ds41_batch_step
+ * items with `ahead`, as ds41 serve feeds its prefill chunks).
  *   tiny (window 16): chunks 16, 25, 34 of 100 tokens (ctx 128); the default on 2,300 tokens
  *     (the tiny config with a 4,096-position context);
  *     and on 2,300 tokens after 7;
@@ -89,9 +90,36 @@ typedef struct outcome {
     long long rows;
 } outcome;
 
-/* pre (np ids, np may be 0) fed one-shot first, then ids[n] with the session's chunk setting */
+/* Parts of a prompt fed by the caller (a server's prefill chunks): sizes, 0-terminated, the
+ * last taking the rest; by ds41_feed_part, or by ds41_batch_step items with `ahead`. */
+typedef struct parts {
+    int by_batch;
+    int size[8];
+} parts;
+
+/* ids[n] in parts (pp) or in one ds41_feed */
+static int feed_prompt(ds41_session *s, const int32_t *ids, int n, const parts *pp) {
+    if (!pp) return ds41_feed(s, ids, (size_t)n);
+    for (int i = 0, off = 0; off < n; i++) {
+        int m = pp->size[i] > 0 && pp->size[i] < n - off ? pp->size[i] : n - off;
+        size_t ahead = (size_t)(n - off - m);
+        if (pp->by_batch) {
+            ds41_batch_item it;
+            memset(&it, 0, sizeof it);
+            it.s = s; it.ids = ids + off; it.n = (size_t)m; it.ahead = ahead;
+            if (ds41_batch_step(&it, 1)) return -1;
+        } else if (ds41_feed_part(s, ids + off, (size_t)m, ahead)) {
+            return -1;
+        }
+        off += m;
+    }
+    return 0;
+}
+
+/* pre (np ids, np may be 0) fed one-shot first, then ids[n] with the session's chunk setting
+ * (or in the caller's parts pp) */
 static int drive(ds41_engine *e, int chunk, int index_k, const int32_t *pre, int np, const int32_t *ids, int n,
-                 outcome *o) {
+                 const parts *pp, outcome *o) {
     int V = ds41_vocab_size(e), B = ds41_draft_block_size(e);
     memset(o, 0, sizeof *o);
     o->logits = calloc((size_t)(STEPS + 1) * V, sizeof(float));
@@ -102,7 +130,7 @@ static int drive(ds41_engine *e, int chunk, int index_k, const int32_t *pre, int
         if (ds41_feed(s, pre, (size_t)np)) { printf("  prefix: %s\n", ds41_session_error(s)); goto out; }
     }
     long long r0 = ds41_session_seq(s)->rows_computed;
-    if (ds41_feed(s, ids, (size_t)n)) { printf("  prompt: %s\n", ds41_session_error(s)); goto out; }
+    if (feed_prompt(s, ids, n, pp)) { printf("  prompt: %s\n", ds41_session_error(s)); goto out; }
     o->rows = ds41_session_seq(s)->rows_computed - r0;
     o->d_prompt = ds41_session_digest(s);
     memcpy(o->logits, ds41_logits(s), (size_t)V * sizeof(float));
@@ -127,13 +155,13 @@ out:
  * otherwise a chunk leaves the rows of its incomplete last group in a compressor's state, in
  * slots one forward does not write (rows no later forward reads, which the next decode steps
  * overwrite), so the state is compared after decoding only */
-static void compare(const char *name, ds41_engine *e, int chunk, int index_k, const int32_t *pre, int np,
-                    const int32_t *ids, int n, int aligned) {
+static void compare_parts(const char *name, ds41_engine *e, int chunk, int index_k, const int32_t *pre, int np,
+                          const int32_t *ids, int n, int aligned, const parts *pp) {
     int V = ds41_vocab_size(e);
     outcome a, b;
     CASE_BEGIN();
-    int ra = drive(e, DS41_CHUNK_OFF, index_k, pre, np, ids, n, &a);
-    int rb = drive(e, chunk, index_k, pre, np, ids, n, &b);
+    int ra = drive(e, DS41_CHUNK_OFF, index_k, pre, np, ids, n, NULL, &a);
+    int rb = drive(e, chunk, index_k, pre, np, ids, n, pp, &b);
     CHECK(ra == 0 && rb == 0, "a session failed");
     if (ra == 0 && rb == 0) {
         CHECK(!memcmp(a.logits, b.logits, (size_t)V * sizeof(float)), "logits after the prompt differ");
@@ -149,6 +177,11 @@ static void compare(const char *name, ds41_engine *e, int chunk, int index_k, co
     free(a.logits);
     free(b.logits);
     case_end(name);
+}
+
+static void compare(const char *name, ds41_engine *e, int chunk, int index_k, const int32_t *pre, int np,
+                    const int32_t *ids, int n, int aligned) {
+    compare_parts(name, e, chunk, index_k, pre, np, ids, n, aligned, NULL);
 }
 
 static void ids_of(int32_t *ids, int n, int V, unsigned seed) {
@@ -185,6 +218,16 @@ static void suite(const char *ck, const char *dir, long long ctx, int n, const i
             snprintf(name, sizeof name, "chunked_%s_%s_ik_%s_extend%d_at%d_chunk%d", ck, exact ? "exact" : "fast", ikn,
                      n_ext, n_pre, chunks[0]);
             compare(name, e, chunks[0], ik, ids, n_pre, ids + n_pre, n_ext, n_pre % 2 == 0 && chunks[0] % 2 == 0);
+            /* the prompt in the caller's parts (ds41_feed_part, ds41_batch_step items), the
+             * session's chunk off: bounds at n/4 and n/2 rounded to even, then the rest */
+            ids_of(ids, n, V, 11u + (unsigned)ik);
+            for (int by_batch = 0; by_batch < 2; by_batch++) {
+                int q = n / 4 / 2 * 2;
+                parts pp = { by_batch, { q, n / 2 / 2 * 2 - q, 0 } };
+                snprintf(name, sizeof name, "chunked_%s_%s_ik_%s_prompt%d_parts_%s", ck, exact ? "exact" : "fast", ikn, n,
+                         by_batch ? "batch_step" : "feed_part");
+                compare_parts(name, e, DS41_CHUNK_OFF, ik, NULL, 0, ids, n, 1, &pp);
+            }
         }
         free(ids);
         ds41_unload(e);
@@ -218,6 +261,26 @@ static void auto_suite(const char *dir) {
     }
 }
 
+/* A part whose prompt would run past the context is refused up front and changes nothing. */
+static void part_past_context(const char *dir) {
+    CASE_BEGIN();
+    ds41_engine *e = load(dir, 0, 64);
+    ds41_session *s = e ? open_s(e, 0, 0) : NULL;
+    CHECK(s != NULL, "no session");
+    if (s) {
+        int32_t ids[40];
+        ids_of(ids, 40, ds41_vocab_size(e), 5u);
+        CHECK(ds41_feed_part(s, ids, 40, 25) != 0, "40 + 25 tokens in a 64-token context accepted");
+        CHECK(strstr(ds41_session_error(s), "exceed the context") != NULL, "message: %s", ds41_session_error(s));
+        CHECK(ds41_session_pos(s) == 0, "position %lld after a refused part", ds41_session_pos(s));
+        CHECK(ds41_feed_part(s, ids, 40, 24) == 0, "40 + 24 tokens refused: %s", ds41_session_error(s));
+        CHECK(ds41_session_pos(s) == 40, "position %lld", ds41_session_pos(s));
+    }
+    ds41_session_close(s);
+    ds41_unload(e);
+    case_end("chunked_part_past_context_refused");
+}
+
 int main(void) {
     char tiny[4096], tiny_long[4096], small[4096];
     CASE_BEGIN();
@@ -226,6 +289,7 @@ int main(void) {
     case_end("chunked_checkpoint_tiny");
     int tiny_chunks[] = { 16, 25, 34 };
     if (rc == 0) suite("tiny", tiny, 128, 100, tiny_chunks, 3, 20, 90);
+    if (rc == 0) part_past_context(tiny);
     CASE_BEGIN();
     rc = make_ck("tiny", 4096, tiny_long, sizeof tiny_long);
     CHECK(rc == 0, "make_checkpoint.py tiny (4096 positions) failed");

@@ -229,8 +229,9 @@ int ds41_session_synthetic_context(ds41_session *s, long long n, unsigned long l
     return 0;
 }
 
-/* ds41_feed, and ds41_feed_logits when rows != NULL (rows [n, vocab]). */
-static int feed_impl(ds41_session *s, const int32_t *ids, size_t n, float *rows) {
+/* ds41_feed, and ds41_feed_logits when rows != NULL (rows [n, vocab]); ahead > 0
+ * (ds41_feed_part): the prompt goes on for ahead more tokens after these. */
+static int feed_impl(ds41_session *s, const int32_t *ids, size_t n, float *rows, size_t ahead) {
     if (s->broken) { snprintf(s->err, sizeof s->err, "session is unusable after an earlier error; reset it"); return -1; }
     if (n == 0) { snprintf(s->err, sizeof s->err, "feed: no tokens"); return -1; }
     s->spec.pending = -1;   /* speculative: a fed token replaces the pending one */
@@ -272,13 +273,13 @@ static int feed_impl(ds41_session *s, const int32_t *ids, size_t n, float *rows)
             chunk = end - off;
         }
         size_t m = n - off < chunk ? n - off : chunk;
-        int last = off + m == n;
+        int last = off + m == n && ahead == 0;
         /* the replay approximation only makes sense on the final rows of a prompt; earlier
          * chunks use the exact CED row plan */
         s->seq.prefill = (ds41_prefill_mode)s->p.prefill;
         if (!last && s->seq.prefill == DS41_PREFILL_REPLAY) s->seq.prefill = DS41_PREFILL_CED;
         /* a chunk's CED row plan reaches from the prompt's end (the rest follows in this call) */
-        s->seq.plan_ahead = (long long)(n - off - m);
+        s->seq.plan_ahead = rows ? 0 : (long long)(n - off - m + ahead);
         int frc = rows ? ds41_forward_rows(&s->seq, ids + off, (int)m, rows + off * (size_t)V, &err)
                        : ds41_forward(&s->seq, ids + off, (int)m, last, &err);
         s->seq.plan_ahead = 0;
@@ -292,7 +293,18 @@ static int feed_impl(ds41_session *s, const int32_t *ids, size_t n, float *rows)
     return 0;
 }
 
-int ds41_feed(ds41_session *s, const int32_t *ids, size_t n) { return feed_impl(s, ids, n, NULL); }
+int ds41_feed(ds41_session *s, const int32_t *ids, size_t n) { return feed_impl(s, ids, n, NULL, 0); }
+
+int ds41_feed_part(ds41_session *s, const int32_t *ids, size_t n, size_t ahead) {
+    long long room = s->seq.cache.max_pos - s->seq.cache.pos;
+    if (n <= (size_t)room && ahead > (size_t)room - n) {
+        /* refused up front, like a feed past the context: nothing changes */
+        snprintf(s->err, sizeof s->err, "feed: %zu tokens and %zu more of the prompt at position %lld exceed the context size %lld",
+                 n, ahead, s->seq.cache.pos, s->seq.cache.max_pos);
+        return -1;
+    }
+    return feed_impl(s, ids, n, NULL, ahead);
+}
 
 /* ---- prefix-cache restore (restore.h) ---- */
 ds41_seq *ds41_session_seq(ds41_session *s) { return &s->seq; }
@@ -315,7 +327,7 @@ int ds41_session_restore(ds41_session *s, const int32_t *ids, long long M, uint8
 /* ---- all-row logits (perplexity, speculative verification) ---- */
 int ds41_feed_logits(ds41_session *s, const int32_t *ids, size_t n, float *out) {
     if (!out) { snprintf(s->err, sizeof s->err, "feed_logits: no output buffer"); return -1; }
-    return feed_impl(s, ids, n, out);
+    return feed_impl(s, ids, n, out, 0);
 }
 
 int ds41_feed_batch(ds41_session **ss, const int32_t *const *ids, const size_t *n, int count) {
@@ -631,7 +643,7 @@ int ds41_batch_step(ds41_batch_item *it, int count) {
             b->failed = m < 0;
             if (m > 0) b->n_out = m;
         } else {
-            b->failed = ds41_feed(b->s, b->ids, b->n) != 0;
+            b->failed = ds41_feed_part(b->s, b->ids, b->n, b->ahead) != 0;
         }
     }
     if (nb > 0) {
@@ -755,7 +767,7 @@ int ds41_spec_step(ds41_session *s, const ds41_spec_params *p, int32_t *out, int
     if (K == 0) {
         /* a plain step: t_next fed as a decode (what a one-row verify computes, without its
          * snapshot and rollback), the next token sampled from its logits and left pending */
-        if (feed_impl(s, &t_next, 1, NULL)) return -1;
+        if (feed_impl(s, &t_next, 1, NULL, 0)) return -1;
         int32_t next = ds41_session_sample(s);
         if (out_logits) memcpy(out_logits + (size_t)n * V, s->seq.logits, (size_t)V * sizeof(float));
         out[n] = next;
