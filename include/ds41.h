@@ -222,9 +222,9 @@ double ds41_spec_acceptance(const ds41_session *s, int j);
  * The decode rows (n = 1) and verify blocks of sessions that hold a prompt run in ONE forward
  * (every linear over the stacked rows of all of them, so each weight is read once per step;
  * the MoE grouped by expert across them; attention, indexer and caches per sequence).
- * Prefill chunks (n > 1 without verify), the first feed of an empty session, sessions with a
- * trace open and items refused by the checks run one at a time through ds41_feed /
- * ds41_spec_verify in the same call; when a session is listed twice, every item of the call
+ * Prefill chunks (n > 1 without verify; `ahead` as in ds41_feed_part), the first feed of an
+ * empty session, sessions with a trace open and items refused by the checks run one at a time
+ * through ds41_feed_part / ds41_spec_verify in the same call; when a session is listed twice, every item of the call
  * runs one at a time, in list order. Every item gives bit for bit what it
  * gives alone, in exact and in fast mode (the fast kernels keep one order per row whatever
  * the batch: batch invariance; tests/test_batch.c). A refused item changes nothing and fails

@@ -219,11 +219,12 @@ static void suite(const char *ck, const char *dir, long long ctx, int n, const i
                      n_ext, n_pre, chunks[0]);
             compare(name, e, chunks[0], ik, ids, n_pre, ids + n_pre, n_ext, n_pre % 2 == 0 && chunks[0] % 2 == 0);
             /* the prompt in the caller's parts (ds41_feed_part, ds41_batch_step items), the
-             * session's chunk off: bounds at n/4 and n/2 rounded to even, then the rest */
+             * session's chunk off: W + 2, W + 6 (even; the first reaching past the window, as
+             * the bit-identity needs), then the rest */
             ids_of(ids, n, V, 11u + (unsigned)ik);
+            int W = e->cfg->window;
             for (int by_batch = 0; by_batch < 2; by_batch++) {
-                int q = n / 4 / 2 * 2;
-                parts pp = { by_batch, { q, n / 2 / 2 * 2 - q, 0 } };
+                parts pp = { by_batch, { W + 2, W + 6, 0 } };
                 snprintf(name, sizeof name, "chunked_%s_%s_ik_%s_prompt%d_parts_%s", ck, exact ? "exact" : "fast", ikn, n,
                          by_batch ? "batch_step" : "feed_part");
                 compare_parts(name, e, DS41_CHUNK_OFF, ik, NULL, 0, ids, n, 1, &pp);
