@@ -43,10 +43,18 @@ int ds41_parse_load(const char *s, int *load);
 
 enum { DS41_PREFILL_MODE_CED = 0, DS41_PREFILL_MODE_FULL = 1, DS41_PREFILL_MODE_REPLAY = 2 };
 enum { DS41_INDEX_K_OWN = 0, DS41_INDEX_K_OFFICIAL = 1 };
+/* Chunked prefill (ds41_session_params.chunk): a chunk of a prompt runs each decoder layer only
+ * on the rows the prompt's end can still reach (the CED row plan of the whole feed), so chunks
+ * cost what one forward over the prompt costs, in memory bounded by the chunk, and give
+ * bit-identical logits and state for chunks of at least the window. */
+enum { DS41_CHUNK_OFF = -1, DS41_CHUNK_AUTO = 2048 };
 
 typedef struct ds41_session_params {
     int prefill;           /* DS41_PREFILL_MODE_*: how multi-token feeds skip rows (default ced) */
-    int chunk;             /* > 0: feeds longer than this run in chunks of this many tokens */
+    int chunk;             /* > 0: feeds longer than this run in chunks of this many tokens;
+                            * 0 (default): feeds longer than DS41_CHUNK_AUTO tokens run in
+                            * about equal chunks of at most DS41_CHUNK_AUTO (never under the
+                            * window); DS41_CHUNK_OFF: every feed in one forward */
     int index_k;           /* DS41_INDEX_K_* (spec 3.9 / 10.1) */
     int draft;             /* 1: keep the DSpark context rings so ds41_session_draft can propose */
     int no_meta_reuse;     /* P5 off: a proposal recomputes the context row and ring key of its
@@ -80,6 +88,15 @@ const char *ds41_session_error(const ds41_session *s);
  * state, so the session then refuses ds41_feed and ds41_session_draft until
  * ds41_session_reset. */
 int ds41_feed(ds41_session *s, const int32_t *ids, size_t n);
+/* A part of a prompt fed in several calls (a server's prefill chunks): ds41_feed of ids[n]
+ * where the caller's next feeds on this session are the prompt's next `ahead` tokens (ahead = 0
+ * for the last part). The CED row plan then reaches from the prompt's end, as in one ds41_feed
+ * of the whole prompt, so a part runs each decoder layer only on the rows the prompt's last
+ * logits or decode state can still reach. A part with ahead > 0 computes no logits
+ * (ds41_logits is not valid until the last part), and a session that is then fed anything else
+ * than those tokens has decoder windows missing rows. After the last part the logits and state
+ * equal those of one ds41_feed over the whole prompt chunked at the same bounds. */
+int ds41_feed_part(ds41_session *s, const int32_t *ids, size_t n, size_t ahead);
 /* ds41_feed that also returns the logits of every fed token: out [n x ds41_vocab_size],
  * row i = the logits after ids[i] (the distribution of the token at position pos + i + 1);
  * ds41_logits then returns row n-1. For perplexity and speculative verification. Every layer
@@ -205,13 +222,13 @@ double ds41_spec_acceptance(const ds41_session *s, int j);
  * rows; n_out and n_accepted are set). failed: 1 when the item failed (ds41_session_error).
  * The decode rows (n = 1) and verify blocks of sessions that hold a prompt, and the first
  * prefill chunk of the list (n > 1 without verify, at any position, the first feed of an empty
- * session included; with the session's CED or full row plan, as ds41_feed runs it: not in the
- * replay mode, not longer than the session's chunk setting) run in ONE forward (every linear
- * over the stacked rows of all of them, so each weight is read once per step; the MoE grouped
- * by expert across them; attention, indexer and caches per sequence; the chunk's decoder layers
- * only on the rows its CED plan keeps). Further prefill chunks, sessions with a trace open and
- * items refused by the checks run one at a time through ds41_feed / ds41_spec_verify in the
- * same call; when a session is listed twice, every item of the call
+ * session included; with the session's CED or full row plan as ds41_feed_part runs it, `ahead`
+ * included: not in the replay mode, within the session's chunk setting) run in ONE forward
+ * (every linear over the stacked rows of all of them, so each weight is read once per step;
+ * the MoE grouped by expert across them; attention, indexer and caches per sequence; the
+ * chunk's layers only on the rows its CED plan keeps). Further prefill chunks, sessions with a
+ * trace open and items refused by the checks run one at a time through ds41_feed_part /
+ * ds41_spec_verify in the same call; when a session is listed twice, every item of the call
  * runs one at a time, in list order. Every item gives bit for bit what it
  * gives alone, in exact and in fast mode (the fast kernels keep one order per row whatever
  * the batch: batch invariance; tests/test_batch.c). A refused item changes nothing and fails
@@ -225,6 +242,7 @@ typedef struct ds41_batch_item {
     int32_t *out;
     float *out_logits;
     int n_out, n_accepted, failed;
+    size_t ahead;          /* a prefill part (n > 1, no verify): as in ds41_feed_part */
 } ds41_batch_item;
 int ds41_batch_step(ds41_batch_item *items, int count);
 

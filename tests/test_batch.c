@@ -73,10 +73,10 @@ typedef struct pair {
 /* mix: 0 decode only, 1 decode + verify. prefill_in_step: 1 = sequence 0's prompt is an item
  * of the first batched step; 2 = sequences 0 and 1 feed their prompts (96 tokens in chunks of
  * 45, and at least 12 in chunks of 5) over the first steps (0's chunk runs inside the batched
- * forward, where on the tiny checkpoint, window 16, the CED plan skips rows of the decoder
- * layers; 1's in the same call one at a time), the lone twins feed the same chunks with
- * ds41_feed. Every pair also computes the same number of layer-rows. maxlen: other prompts'
- * lengths 2 .. maxlen. */
+ * forward with `ahead` = the rest of its prompt, so its CED plan reaches from the prompt's end
+ * and skips rows of the decoder layers, all of some; 1's in the same call one at a time), the
+ * lone twins feed the same parts with ds41_feed_part. Every pair also computes the same number
+ * of layer-rows. maxlen: other prompts' lengths 2 .. maxlen. */
 static void run_case(ds41_engine *e, const char *name, int B, int steps, int mix, int index_k, int prefill_in_step,
                      int maxlen) {
     CASE_BEGIN();
@@ -132,10 +132,14 @@ static void run_case(ds41_engine *e, const char *name, int B, int steps, int mix
             }
             if (p->fed < p->len) {   /* the next chunk of the prompt, and the same for the twin */
                 int c = p->len - p->fed < (i == 0 ? 45 : 5) ? p->len - p->fed : (i == 0 ? 45 : 5);
-                CHECK(ds41_feed(p->alone, p->prompt + p->fed, (size_t)c) == 0, "seq %d step %d: chunk alone: %s", i, step,
-                      ds41_session_error(p->alone));
+                /* sequence 0's parts say how much of the prompt follows (its CED plan reaches from
+                 * the prompt's end: rows of the last layers skipped, no logits before the end) */
+                size_t ahead = i == 0 ? (size_t)(p->len - p->fed - c) : 0;
+                CHECK(ds41_feed_part(p->alone, p->prompt + p->fed, (size_t)c, ahead) == 0, "seq %d step %d: chunk alone: %s",
+                      i, step, ds41_session_error(p->alone));
                 it->ids = p->prompt + p->fed;
                 it->n = (size_t)c;
+                it->ahead = ahead;
                 p->fed += c;
                 n_chunks++;
                 continue;

@@ -123,8 +123,11 @@ int ds41_cli_gen_arg(const char *cmd, int argc, char **argv, int *i, unsigned gr
         }
         if (IS("--chunk", NULL)) {
             const char *v = VAL(); NEED(v);
+            /* 0 or off: one forward; auto: the library's default (g->chunk 0) */
+            if (!strcmp(v, "off")) { g->chunk = DS41_CHUNK_OFF; return 1; }
+            if (!strcmp(v, "auto")) { g->chunk = 0; return 1; }
             if (ds41_cli_int(cmd, a, v, 0, INT32_MAX, &iv)) return -1;
-            g->chunk = (int)iv;
+            g->chunk = iv == 0 ? DS41_CHUNK_OFF : (int)iv;
             return 1;
         }
         if (IS("--exact", NULL)) { g->exact = 1; return 1; }

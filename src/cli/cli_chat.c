@@ -54,7 +54,7 @@ static const char *CHAT_USAGE =
     "  -t, --threads N        fast-mode threads (default 1)\n"
     "  -c, --ctx-size N       context size in tokens (default 4096, at most the model's)\n"
     "  --prefill MODE         ced (default), full, ced-replay\n"
-    "  --chunk N              prefill in chunks of N tokens\n"
+    "  --chunk N|auto|off     prefill in chunks of N tokens (default auto: over 2048 tokens)\n"
     "  --index-k own|official index-K reading of spec 3.9 / 10.1 (default own)\n"
     "  --exact                exact kernels (also DS41_EXACT=1); default fast\n"
     "  --spec off|fixed:K|auto  speculative decoding with the DSpark drafter (default auto when the\n"

@@ -38,7 +38,7 @@ static const char *PPL_USAGE =
     "  --json                 one JSON object instead of the text report\n"
     "  -t, --threads N        fast-mode threads (default 1)\n"
     "  --exact                exact kernels (also DS41_EXACT=1); default fast\n"
-    "  --chunk N              evaluate each window in chunks of N tokens\n"
+    "  --chunk N|auto|off     evaluate each window in chunks of N tokens (default auto: over 2048)\n"
     "  --index-k own|official index-K reading of spec 3.9 / 10.1 (default own)\n";
 
 static double now_s(void) {

@@ -1035,6 +1035,29 @@ static void forward_commit(ds41_seq *s, int T, const int32_t *hist_new, float *m
     }
 }
 
+/* The row plan of a forward of T rows of s in mode pmode. A chunk of a longer prompt
+ * (s->plan_ahead > 0, CED, no restore or verify, may_ahead): the plan of the rows [P, P + T +
+ * ahead) with the last wanting logits, cut to this chunk. Every plan row is the prompt's end
+ * minus a distance (or 0), so planning from the chunk's first row gives each of its rows the
+ * one-shot plan's; a row at or past T is one a later chunk computes. */
+static int seq_row_plan(const ds41_seq *s, ds41_prefill_mode pmode, int T, int want_logits, int may_ahead, int *qrow,
+                        int *krow, int *lo, ds41_err *err) {
+    const ds41_config *cfg = s->e->cfg;
+    if (s->plan_ahead > 0 && pmode == DS41_PREFILL_CED && !s->restore && !s->verify && may_ahead) {
+        if (s->plan_ahead > (long long)INT32_MAX - T)
+            return ds41_errf(err, "forward: a prompt of %lld rows is too long to plan", s->plan_ahead + T);
+        ds41_row_plan(cfg, pmode, T + (int)s->plan_ahead, 1, qrow, krow, lo);
+        for (int l = 0; l < cfg->n_layers; l++) {
+            if (qrow[l] > T) qrow[l] = T;
+            if (krow[l] > T) krow[l] = T;
+            if (lo[l] > T) lo[l] = T;
+        }
+    } else {
+        ds41_row_plan(cfg, pmode, T, want_logits, qrow, krow, lo);
+    }
+    return 0;
+}
+
 /* rows != NULL (ds41_forward_rows): every layer on every row and the head on every row. */
 static int forward_impl(ds41_seq *s, const int32_t *tokens, int T, int want_logits, float *rows, ds41_err *err) {
     ds41_engine *e = s->e;
@@ -1052,8 +1075,11 @@ static int forward_impl(ds41_seq *s, const int32_t *tokens, int T, int want_logi
     int *qrow = malloc((size_t)L * 3 * sizeof(int));
     if (!qrow) return ds41_errf(err, "out of memory");
     int *krow = qrow + L, *lo = qrow + 2 * L;
-    ds41_row_plan(cfg, layout == LAYOUT_DECODE || rows || s->restore == 2 ? DS41_PREFILL_FULL : s->prefill, T,
-                  want_logits, qrow, krow, lo);
+    ds41_prefill_mode pmode = layout == LAYOUT_DECODE || rows || s->restore == 2 ? DS41_PREFILL_FULL : s->prefill;
+    if (seq_row_plan(s, pmode, T, want_logits, !rows, qrow, krow, lo, err)) {
+        free(qrow);
+        return -1;
+    }
 
     /* ---- buffers ---- */
     fwd_buf tmp;
@@ -1092,6 +1118,9 @@ static int forward_impl(ds41_seq *s, const int32_t *tokens, int T, int want_logi
             if (l == 0) ds41_engine_readahead(e, 0);
             ds41_engine_readahead(e, l + 1);
         }
+        /* a chunk before the rows this layer's reach starts at: nothing to compute (a KV
+         * source has every row) */
+        if (nk == 0) continue;
 
         /* Engram before the block, on the rows of the stream that exist */
         if (lp->engram_slot >= 0 && e->has_engram)
@@ -1223,6 +1252,7 @@ static void bix_run(void *arg) {
                        bs->wt);
     for (int i = 0; i < bs->count && !j->rc; i++) {
         int qi = i == 0 && bs->chunk ? j->q0 : 0;
+        if (qi >= bs->T[i]) continue;   /* a prompt part without query rows here: no indexer (as alone) */
         size_t off = bs->r0[i] + (size_t)qi - Q0;
         if (indexer_select(&j->ctx, bs->ss[i], &bs->v[i], j->l, qi, bs->T[i], bs->ss[i]->cache.pos, bs->iq + off * NH * ID,
                            bs->wt + off * NH, &j->err))
@@ -1264,24 +1294,30 @@ static int attention_batch(const batch_seqs *bs, fwd_buf *b, int l, int k0, int 
             if (forward_index_keys(s, &bs->v[i], store_index(&s->cache, l), 1, err)) return -1;
         }
     }
-    /* the query path, the indexers beside wq_b (P6, as query_and_indexer) */
-    ds41_attn_query_c(ctx, cfg, lw, b->s.xa + Q0 * dim, (int)(N - Q0), b->cq + Q0 * cfg->q_lora_rank);
-    bix_job bj = { side_ctx(ctx), bs, b, l, q0, 0, { { 0 } } };
-    int side = lp->is_index_source && !(ctx->ablate & DS41_ABLATE_P6) && ds41_side_start(e->side, bix_run, &bj) == 0;
-    if (lp->is_index_source && !side) {
-        bj.ctx = *ctx;
-        bix_run(&bj);
+    /* the query path (no query rows: a prompt part alone whose plan keeps only keys here), the
+     * indexers beside wq_b (P6, as query_and_indexer) */
+    if (N > Q0) {
+        ds41_attn_query_c(ctx, cfg, lw, b->s.xa + Q0 * dim, (int)(N - Q0), b->cq + Q0 * cfg->q_lora_rank);
+        bix_job bj = { side_ctx(ctx), bs, b, l, q0, 0, { { 0 } } };
+        int ix = lp->is_index_source;
+        int side = ix && !(ctx->ablate & DS41_ABLATE_P6) && ds41_side_start(e->side, bix_run, &bj) == 0;
+        if (ix && !side) {
+            bj.ctx = *ctx;
+            bix_run(&bj);
+        }
+        ds41_attn_query_q(ctx, cfg, lw, rope, b->cq + Q0 * cfg->q_lora_rank, (int)(N - Q0), b->pos + Q0, b->q + Q0 * HD);
+        if (side) ds41_side_wait(e->side);
+        if (bj.rc) { *err = bj.err; return -1; }
     }
-    ds41_attn_query_q(ctx, cfg, lw, rope, b->cq + Q0 * cfg->q_lora_rank, (int)(N - Q0), b->pos + Q0, b->q + Q0 * HD);
-    if (side) ds41_side_wait(e->side);
-    if (bj.rc) { *err = bj.err; return -1; }
-    for (int i = 0; i < bs->count; i++) {
+    /* a prompt part with no rows in this layer takes no part in it (ds41_forward skips it) */
+    int skip0 = bs->chunk && k0 >= bs->T[0];
+    for (int i = skip0; i < bs->count; i++) {
         int c = i == 0 && bs->chunk;
         if (attend(bs->ss[i], &bs->v[i], l, c ? q0 : 0, c ? lo : 0, bs->T[i], bs->ss[i]->cache.pos, bs->layout[i], err))
             return -1;
     }
-    ds41_attn_output(ctx, cfg, lw, rope, b->o + Q0 * HD, (int)(N - Q0), b->pos + Q0, b->wos, b->s.y + Q0 * dim);
-    for (int i = 0; i < bs->count; i++)
+    if (N > Q0) ds41_attn_output(ctx, cfg, lw, rope, b->o + Q0 * HD, (int)(N - Q0), b->pos + Q0, b->wos, b->s.y + Q0 * dim);
+    for (int i = skip0; i < bs->count; i++)
         ring_store(bs->ss[i], &bs->v[i], l, i == 0 && bs->chunk ? k0 : 0, bs->T[i], bs->ss[i]->cache.pos, bs->layout[i]);
     return 0;
 }
@@ -1321,9 +1357,15 @@ int ds41_forward_batch(ds41_seq *const *ss, const int32_t *const *tokens, const 
     int *qrow = calloc((size_t)L * 3, sizeof(int));
     if (!qrow) return ds41_errf(err, "out of memory");
     int *krow = qrow + L, *lo = qrow + 2 * L;
-    if (chunk) ds41_row_plan(cfg, ss[0]->prefill, T[0], 1, qrow, krow, lo);
-    /* the head runs on the chunk's last row and every row after it */
-    size_t h0 = chunk ? (size_t)T[0] - 1 : 0;
+    /* a part of a prompt that goes on (plan_ahead > 0) wants no logits: its plan reaches from
+     * the prompt's end, and its rows may stop short of the last layers */
+    int chunk_logits = chunk && ss[0]->plan_ahead == 0;
+    if (chunk && seq_row_plan(ss[0], ss[0]->prefill, T[0], 1, 1, qrow, krow, lo, err)) {
+        free(qrow);
+        return -1;
+    }
+    /* the head runs on the chunk's last row (when it wants logits) and every row after it */
+    size_t h0 = chunk ? (size_t)T[0] - (chunk_logits ? 1 : 0) : 0;
 
     /* ---- buffers: the stacked rows, and per sequence its view ---- */
     int n_tg = cfg->n_mtp > 0 ? cfg->n_dspark_targets : 0, cols = eg_cols(cfg);
@@ -1337,7 +1379,7 @@ int ds41_forward_batch(ds41_seq *const *ss, const int32_t *const *tokens, const 
     float *cproj = malloc(2 * N * D * sizeof(float));
     float *iq = malloc((N * cfg->index_n_heads * cfg->index_head_dim + 1) * sizeof(float));
     float *wt = malloc((N * cfg->index_n_heads + 1) * sizeof(float));
-    float *lg = malloc((N - h0) * V * sizeof(float));
+    float *lg = malloc(((N - h0) + 1) * V * sizeof(float));
     int fail = !v || !r0 || !layout || !hist || (n_tg > 0 && !mh) || !cproj || !iq || !wt || !lg;
     int have_b = !fail && buf_alloc(&b, e, N, Tmax, Emax) == 0;
     fail |= !have_b;
@@ -1379,6 +1421,9 @@ int ds41_forward_batch(ds41_seq *const *ss, const int32_t *const *tokens, const 
         const ds41_layer_plan *lp = &cfg->layers[l];
         const ds41_layer_weights *lw = &w->layers[l];
         size_t k0 = (size_t)krow[l], q0 = (size_t)qrow[l];
+        /* a prompt part whose plan has no rows in this layer, alone in the batch: nothing to
+         * compute (ds41_forward skips such a layer too) */
+        if (k0 == N) continue;
         if (lp->engram_slot >= 0 && e->has_engram)
             ds41_engram_apply(ctx, cfg, lw, b.eg_ids + ((size_t)lp->engram_slot * N + k0) * cols, (int)(N - k0), NULL,
                               b.s.X + k0 * srow);
@@ -1387,6 +1432,7 @@ int ds41_forward_batch(ds41_seq *const *ss, const int32_t *const *tokens, const 
 
         ds41_block_attn_in(ctx, cfg, lw, &b.s, q0, (int)(N - q0), k0, (int)(N - k0));
         if (attention_batch(&bs, &b, l, (int)k0, (int)q0, lo[l], err)) { rc = -1; goto done; }
+        if (q0 == N) continue;   /* keys only (a prompt part alone) */
         ds41_block_attn_out(ctx, cfg, &b.s, q0, (int)(N - q0));
 
         for (size_t i = q0 * lp->n_active; i < N * lp->n_active; i++) b.msel[i] = -1;
@@ -1395,13 +1441,15 @@ int ds41_forward_batch(ds41_seq *const *ss, const int32_t *const *tokens, const 
 
     /* ---- head on the rows from h0 (every row but a chunk's first T0 - 1); each sequence takes
      * its rows ---- */
-    ds41_stream_head(ctx, cfg, w, w->norm, &b.s, h0, (int)(N - h0), lg);
+    if (N > h0) ds41_stream_head(ctx, cfg, w, w->norm, &b.s, h0, (int)(N - h0), lg);
     for (int i = 0; i < count; i++) {
         ds41_seq *s = ss[i];
         /* lg holds the stack's rows from h0 on (a chunk's rows before its last are not there;
-         * all-row logits of a chunk were refused above) */
+         * all-row logits of a chunk were refused above; a part of a prompt that goes on has no
+         * logits, as ds41_forward without want_logits leaves them) */
         if (rows && rows[i]) memcpy(rows[i], lg + (r0[i] - h0) * V, (size_t)T[i] * V * sizeof(float));
-        memcpy(s->logits, lg + (r0[i] + (size_t)T[i] - 1 - h0) * V, (size_t)V * sizeof(float));
+        if (!(i == 0 && chunk && !chunk_logits))
+            memcpy(s->logits, lg + (r0[i] + (size_t)T[i] - 1 - h0) * V, (size_t)V * sizeof(float));
         float *m = NULL;
         if (mh) {
             m = malloc((size_t)T[i] * n_tg * dim * sizeof(float));

@@ -72,6 +72,12 @@ typedef struct ds41_seq {
      * the stores, so their compressors do not run; the published index-K owner moves as if they
      * had emitted. */
     int restore;
+    /* chunked prefill (ds41_feed): rows of the same prompt the caller feeds right after this
+     * forward, the last of them wanting logits. A CED forward plans its rows against the
+     * prompt's end instead of its own (ds41_row_plan over its rows + plan_ahead), so a chunk
+     * runs a decoder layer only on the rows that the prompt's last logits or decode state can
+     * still reach, as a one-shot prefill does. 0 = this forward ends the prompt. */
+    long long plan_ahead;
     /* statistics */
     long long rows_computed, rows_full;   /* layer-rows computed vs. a full prefill's */
     /* forward scratch (forward.c): the indexers' per-sequence buffers and the row buffers of

@@ -162,7 +162,7 @@ ds41_session *ds41_session_open(ds41_engine *e, const ds41_session_params *p, ch
     if (!s) { copy_err(errbuf, errcap, "out of memory"); return NULL; }
     if (p) s->p = *p;
     else ds41_session_params_default(&s->p);
-    if (s->p.prefill < 0 || s->p.prefill > 2 || s->p.chunk < 0 || s->p.index_k < 0 || s->p.index_k > 1) {
+    if (s->p.prefill < 0 || s->p.prefill > 2 || s->p.chunk < DS41_CHUNK_OFF || s->p.index_k < 0 || s->p.index_k > 1) {
         copy_err(errbuf, errcap, "invalid session parameters");
         free(s);
         return NULL;
@@ -229,8 +229,9 @@ int ds41_session_synthetic_context(ds41_session *s, long long n, unsigned long l
     return 0;
 }
 
-/* ds41_feed, and ds41_feed_logits when rows != NULL (rows [n, vocab]). */
-static int feed_impl(ds41_session *s, const int32_t *ids, size_t n, float *rows) {
+/* ds41_feed, and ds41_feed_logits when rows != NULL (rows [n, vocab]); ahead > 0
+ * (ds41_feed_part): the prompt goes on for ahead more tokens after these. */
+static int feed_impl(ds41_session *s, const int32_t *ids, size_t n, float *rows, size_t ahead) {
     if (s->broken) { snprintf(s->err, sizeof s->err, "session is unusable after an earlier error; reset it"); return -1; }
     if (n == 0) { snprintf(s->err, sizeof s->err, "feed: no tokens"); return -1; }
     s->spec.pending = -1;   /* speculative: a fed token replaces the pending one */
@@ -246,17 +247,42 @@ static int feed_impl(ds41_session *s, const int32_t *ids, size_t n, float *rows)
             snprintf(s->err, sizeof s->err, "token id %d (index %zu) is outside the vocabulary 0..%d", ids[i], i, V - 1);
             return -1;
         }
-    size_t chunk = s->p.chunk > 0 ? (size_t)s->p.chunk : n;
+    size_t chunk = s->p.chunk > 0 ? (size_t)s->p.chunk : n, k = 0, unit = 1;
+    if (s->p.chunk == 0 && n > DS41_CHUNK_AUTO) {
+        /* the default for long feeds: k about equal chunks of at most DS41_CHUNK_AUTO (each
+         * then over half of it: at least the window, never a lone last row), their bounds at
+         * positions that are multiples of every compress ratio, so that no chunk but the
+         * last leaves rows of an incomplete group in a compressor's state (one forward would
+         * not have written those slots) */
+        size_t most = DS41_CHUNK_AUTO, W = (size_t)s->e->cfg->window;
+        if (most < 2 * W) most = 2 * W;
+        k = (n + most - 1) / most;
+        for (int i = 0; i < s->seq.cache.n_stores; i++) {
+            size_t r = (size_t)s->seq.cache.stores[i].ratio, a = unit, b = r;
+            while (b) { size_t t = a % b; a = b; b = t; }
+            if (r > 0) unit = unit / a * r;   /* lcm */
+        }
+        if (unit > most / 4) unit = 1;   /* (no such plan: ratios are at most a page) */
+    }
     ds41_err err;
-    for (size_t off = 0; off < n; off += chunk) {
+    for (size_t off = 0, i = 1; off < n; off += chunk, i++) {
+        if (k > 0) {
+            /* bound i of k: position P + i n / k rounded up to the unit (the last: n) */
+            size_t end = i >= k ? n : (((size_t)P + i * n / k + unit - 1) / unit * unit - (size_t)P);
+            if (end > n) end = n;
+            chunk = end - off;
+        }
         size_t m = n - off < chunk ? n - off : chunk;
-        int last = off + m == n;
+        int last = off + m == n && ahead == 0;
         /* the replay approximation only makes sense on the final rows of a prompt; earlier
          * chunks use the exact CED row plan */
         s->seq.prefill = (ds41_prefill_mode)s->p.prefill;
         if (!last && s->seq.prefill == DS41_PREFILL_REPLAY) s->seq.prefill = DS41_PREFILL_CED;
+        /* a chunk's CED row plan reaches from the prompt's end (the rest follows in this call) */
+        s->seq.plan_ahead = rows ? 0 : (long long)(n - off - m + ahead);
         int frc = rows ? ds41_forward_rows(&s->seq, ids + off, (int)m, rows + off * (size_t)V, &err)
                        : ds41_forward(&s->seq, ids + off, (int)m, last, &err);
+        s->seq.plan_ahead = 0;
         if (frc ||
             (s->p.draft && ds41_dspark_seed(s->e, &s->seq.cache, s->seq.main_hidden, s->seq.mh_rows, s->seq.mh_pos0, &err))) {
             snprintf(s->err, sizeof s->err, "%s", err.msg);
@@ -267,7 +293,18 @@ static int feed_impl(ds41_session *s, const int32_t *ids, size_t n, float *rows)
     return 0;
 }
 
-int ds41_feed(ds41_session *s, const int32_t *ids, size_t n) { return feed_impl(s, ids, n, NULL); }
+int ds41_feed(ds41_session *s, const int32_t *ids, size_t n) { return feed_impl(s, ids, n, NULL, 0); }
+
+int ds41_feed_part(ds41_session *s, const int32_t *ids, size_t n, size_t ahead) {
+    long long room = s->seq.cache.max_pos - s->seq.cache.pos;
+    if (n <= (size_t)room && ahead > (size_t)room - n) {
+        /* refused up front, like a feed past the context: nothing changes */
+        snprintf(s->err, sizeof s->err, "feed: %zu tokens and %zu more of the prompt at position %lld exceed the context size %lld",
+                 n, ahead, s->seq.cache.pos, s->seq.cache.max_pos);
+        return -1;
+    }
+    return feed_impl(s, ids, n, NULL, ahead);
+}
 
 /* ---- prefix-cache restore (restore.h) ---- */
 ds41_seq *ds41_session_seq(ds41_session *s) { return &s->seq; }
@@ -290,7 +327,7 @@ int ds41_session_restore(ds41_session *s, const int32_t *ids, long long M, uint8
 /* ---- all-row logits (perplexity, speculative verification) ---- */
 int ds41_feed_logits(ds41_session *s, const int32_t *ids, size_t n, float *out) {
     if (!out) { snprintf(s->err, sizeof s->err, "feed_logits: no output buffer"); return -1; }
-    return feed_impl(s, ids, n, out);
+    return feed_impl(s, ids, n, out, 0);
 }
 
 int ds41_feed_batch(ds41_session **ss, const int32_t *const *ids, const size_t *n, int count) {
@@ -530,8 +567,13 @@ int ds41_spec_max_drafts(const ds41_session *s) {
 static int batchable(const ds41_batch_item *b, int chunk) {
     const ds41_session *s = b->s;
     if (s->broken || s->trace_dir || b->n < 1) return 0;
-    if (chunk)
-        return !b->verify && b->n > 1 && s->p.prefill != DS41_PREFILL_REPLAY && (s->p.chunk <= 0 || b->n <= (size_t)s->p.chunk);
+    if (chunk) {
+        /* one forward in ds41_feed_part too: within the session's chunk setting */
+        size_t most = s->p.chunk > 0 ? (size_t)s->p.chunk : s->p.chunk == 0 ? (size_t)DS41_CHUNK_AUTO : b->n;
+        long long room = s->seq.cache.max_pos - s->seq.cache.pos;
+        return !b->verify && b->n > 1 && b->n <= most && s->p.prefill != DS41_PREFILL_REPLAY &&
+               (long long)(b->n + b->ahead) <= room;
+    }
     if (s->seq.cache.pos < 1) return 0;
     return b->verify || b->n == 1;
 }
@@ -602,6 +644,8 @@ int ds41_batch_step(ds41_batch_item *it, int count) {
                 }
                 s->spec.pending = -1;
                 s->seq.prefill = (ds41_prefill_mode)s->p.prefill;
+                /* a prompt part plans its CED rows against the prompt's end (ds41_feed_part) */
+                s->seq.plan_ahead = b->n > 1 ? (long long)b->ahead : 0;
                 tok[nb] = b->ids;
                 rows[nb] = NULL;
             }
@@ -619,12 +663,14 @@ int ds41_batch_step(ds41_batch_item *it, int count) {
             b->failed = m < 0;
             if (m > 0) b->n_out = m;
         } else {
-            b->failed = ds41_feed(b->s, b->ids, b->n) != 0;
+            b->failed = ds41_feed_part(b->s, b->ids, b->n, b->ahead) != 0;
         }
     }
     if (nb > 0) {
         ds41_err err;
-        if (ds41_forward_batch(ss, tok, T, rows, nb, &err)) {
+        int frc = ds41_forward_batch(ss, tok, T, rows, nb, &err);
+        for (int j = 0; j < nb; j++) ss[j]->plan_ahead = 0;
+        if (frc) {
             for (int j = 0; j < nb; j++) {
                 ds41_session *s = it[idx[j]].s;
                 snprintf(s->err, sizeof s->err, "%s", err.msg);
@@ -743,7 +789,7 @@ int ds41_spec_step(ds41_session *s, const ds41_spec_params *p, int32_t *out, int
     if (K == 0) {
         /* a plain step: t_next fed as a decode (what a one-row verify computes, without its
          * snapshot and rollback), the next token sampled from its logits and left pending */
-        if (feed_impl(s, &t_next, 1, NULL)) return -1;
+        if (feed_impl(s, &t_next, 1, NULL, 0)) return -1;
         int32_t next = ds41_session_sample(s);
         if (out_logits) memcpy(out_logits + (size_t)n * V, s->seq.logits, (size_t)V * sizeof(float));
         out[n] = next;

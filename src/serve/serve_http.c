@@ -936,7 +936,7 @@ int ds41_serve(const ds41_serve_opts *o) {
     sp.kv_per_token = bu.global_kv_bytes_per_token;
     sp.bounded_bytes = bu.bounded_state_bytes;
     sp.sp = o->sp;
-    sp.sp.chunk = 0;   /* the scheduler chunks prefill itself */
+    sp.sp.chunk = 0;   /* the scheduler chunks prefill itself (a part over DS41_CHUNK_AUTO is chunked again) */
     int B = ds41_draft_block_size(sv->e);
     sp.spec_mode = B > 0 ? o->spec_mode : DS41_SPEC_OFF;
     sp.spec_k = o->spec_k;

@@ -549,6 +549,9 @@ static void *sched_main(void *arg) {
                 ds41_batch_item *b = &items[i];
                 memset(b, 0, sizeof *b);
                 b->s = bs[i]; b->ids = bi[i]; b->n = bn[i];
+                /* a prefill part: the rest of the prompt follows in later steps, so its CED row
+                 * plan reaches from the prompt's end */
+                if (bq[i]->state == DS41_SEQ_PREFILL) b->ahead = (size_t)(bq[i]->n_prompt - bq[i]->fed) - bn[i];
                 if (spec && i < n_dec) {
                     pos0[i] = ds41_session_pos(bs[i]);
                     b->verify = 1;
