@@ -769,11 +769,11 @@ static void item_few(const fjob *j, int r0, int r1, float *a2) {
             j->y[(size_t)t * j->y_stride + r0 + r] = finish(j, v[r * T + t], t, r0 + r);
 }
 
-/* K block of the mid path: the block's activations (T x kb floats; FP4: 3 bytes per element)
- * fill at most 32 KiB of L1; a multiple of 64 (FP8 scale tiles, BF16 group pairs, FP4 block
- * pairs). */
-static int mid_kb(int T) {
-    int kb = (8192 / T) & ~63;
+/* K block of the mid path: the block's activations fill 32 KiB (T x kb floats) or, FP4, 36
+ * KiB (3 bytes per element) of the 48 KiB L1 (measured best at T = 16 among 256 .. 1024); a
+ * multiple of 64 (FP8 scale tiles, BF16 group pairs, FP4 block pairs). */
+static int mid_kb(int kind, int T) {
+    int kb = ((kind == J_FP4 ? 12288 : 8192) / T) & ~63;
     return kb < 64 ? 64 : kb > 1024 ? 1024 : kb;
 }
 
@@ -816,7 +816,7 @@ static int16_t *mid_acts_q(const int16_t *aw, size_t ldaw, const float *sav, siz
  * row of the item decoded once in registers for all T tokens (the decode order per output, the
  * accumulator blocks of prefill). */
 static void item_mid(const fjob *j, int r0, int r1, float *acc) {
-    int in = j->in, nr = r1 - r0, T = j->T, kb = mid_kb(T);
+    int in = j->in, nr = r1 - r0, T = j->T, kb = mid_kb(j->kind, T);
     memset(acc, 0, (size_t)nr * T * 16 * sizeof(float));
     for (int k0 = 0; k0 < j->kv; k0 += kb) {
         int kc = j->kv - k0 < kb ? j->kv - k0 : kb;
