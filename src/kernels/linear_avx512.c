@@ -364,6 +364,8 @@ static void few_f32(const float *w, size_t ld, int nr, int n8, const float *a, s
  * tokens exhaust the general registers and the compiler reloads pointers inside the loop. A
  * block's activations fill at most 32 KiB and stay in L1 for all rows of the item. */
 #define MIDC 16
+#define MIDPF 2   /* a row's block is a short stream: the block of row r + MIDPF goes to L1 during row
+                   * r (measured at T = 16: 2 ahead of 1; without it, 10-15 % slower) */
 #define UNROLL16 _Pragma("GCC unroll 16")
 
 /* FP8: one step of 16 K per iteration (a 32-K scale block is two steps; one pointer walks the
@@ -401,8 +403,8 @@ static inline int mid_pass(int T, int t0) {
 static void mid_e4m3(const uint8_t *w, size_t ld, const uint8_t *st, int nr, int kc, const float *a2, int T, float *acc) {
     lut_fill();
     for (int r = 0; r < nr; r++) {
-        if (r + 1 < nr)   /* the next row's block into L1 (a row's block is a short stream) */
-            for (int k = 0; k < kc; k += 64) _mm_prefetch((const char *)(w + (size_t)(r + 1) * ld + k), _MM_HINT_T0);
+        if (r + MIDPF < nr)
+            for (int k = 0; k < kc; k += 64) _mm_prefetch((const char *)(w + (size_t)(r + MIDPF) * ld + k), _MM_HINT_T0);
         for (int t0 = 0, C; t0 < T; t0 += C) {
             C = mid_pass(T, t0);
             mid8_k[C - 1](w + (size_t)r * ld, st, kc / 16, a2 + 16 * (size_t)t0, 16 * (size_t)T, acc + ((size_t)r * T + t0) * 16);
@@ -453,8 +455,8 @@ static void mid_fp4(const uint8_t *w, size_t ld, const uint8_t *s, size_t lds, i
                     int T, float *acc) {
     lut_fill();
     for (int r = 0; r < nr; r++) {
-        if (r + 1 < nr)
-            for (int k = 0; k < 16 * nb; k += 64) _mm_prefetch((const char *)(w + (size_t)(r + 1) * ld + k), _MM_HINT_T0);
+        if (r + MIDPF < nr)
+            for (int k = 0; k < 16 * nb; k += 64) _mm_prefetch((const char *)(w + (size_t)(r + MIDPF) * ld + k), _MM_HINT_T0);
         for (int t0 = 0, C; t0 < T; t0 += C) {
             C = mid_pass(T, t0);
             mid4_k[C - 1](w + (size_t)r * ld, s + (size_t)r * lds, nb, a + 96 * (size_t)t0, 96 * (size_t)T,
@@ -498,8 +500,8 @@ static void (*const midb_k[MIDC])(const uint16_t *, int, const float *, size_t, 
 
 static void mid_bf16(const uint16_t *w, size_t ld, int nr, int n16, const float *a, int T, float *acc) {
     for (int r = 0; r < nr; r++) {
-        if (r + 1 < nr)
-            for (int k = 0; k < 16 * n16; k += 32) _mm_prefetch((const char *)(w + (size_t)(r + 1) * ld + k), _MM_HINT_T0);
+        if (r + MIDPF < nr)
+            for (int k = 0; k < 16 * n16; k += 32) _mm_prefetch((const char *)(w + (size_t)(r + MIDPF) * ld + k), _MM_HINT_T0);
         for (int t0 = 0, C; t0 < T; t0 += C) {
             C = mid_pass(T, t0);
             midb_k[C - 1](w + (size_t)r * ld, n16, a + 32 * (size_t)t0, 32 * (size_t)T, acc + ((size_t)r * T + t0) * 16);
