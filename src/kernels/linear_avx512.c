@@ -39,11 +39,15 @@ static inline float hsum16(__m512 v) {
 }
 static inline __m512 zext(__m256 v) { return _mm512_zextps256_ps512(v); }
 
-static float ue8_lut[256];
+static float ue8_lut[256];    /* ue8m0(e) */
+static float ue8_lut8[256];   /* ue8m0(e) * 2^8 (FP8 tile scale with the FP16 decode's 2^8) */
 static int lut_ready;
 static void lut_fill(void) {
     if (__atomic_load_n(&lut_ready, __ATOMIC_ACQUIRE)) return;
-    for (int e = 0; e < 256; e++) ue8_lut[e] = ds41_ue8m0_to_f32((uint8_t)e);
+    for (int e = 0; e < 256; e++) {
+        ue8_lut[e] = ds41_ue8m0_to_f32((uint8_t)e);
+        ue8_lut8[e] = ue8_lut[e] * 256.0f;
+    }
     __atomic_store_n(&lut_ready, 1, __ATOMIC_RELEASE);
 }
 
@@ -345,6 +349,166 @@ static void few_f32(const float *w, size_t ld, int nr, int n8, const float *a, s
         }
 }
 
+/* ---------------------------------------------------------------- mid rows (T = 9 .. DS41_MID_MAX) */
+
+/* One K block of one weight row, decoded once in registers and applied to C <= MIDC tokens:
+ * one zmm (A | B) per token, loaded from and stored back to the prefill accumulator blocks
+ * (acc + 16 t), fed in the decode order (chunks / groups / blocks 2i, 2i + 1 as one step).
+ * The prefill panels decode 32 rows x 256 K into memory and reread them for every token tile;
+ * here the codes are decoded straight into the FMA operand, which then serves every token of
+ * the pass. FP8 weights are decoded as prefill decodes them (e4m3 * 2^-8 times the tile scale
+ * * 2^8: the same exact product inside the same FMA as the decode's scaled activations), so
+ * the activations are the call's, not rescaled per 32-row tile. They come step-major
+ * (linear_fast.c, mid_acts: per step, the T tokens' operands side by side), so every token's
+ * operand is one base register plus a constant displacement: with one pointer per token, 16
+ * tokens exhaust the general registers and the compiler reloads pointers inside the loop. A
+ * block's activations fill at most 32 KiB and stay in L1 for all rows of the item. */
+#define MIDC 16
+#define MIDPF 2   /* a row's block is a short stream: the block of row r + MIDPF goes to L1 during row
+                   * r (measured at T = 16: 2 ahead of 1; without it, 10-15 % slower) */
+#define UNROLL16 _Pragma("GCC unroll 16")
+
+/* FP8: one step of 16 K per iteration (a 32-K scale block is two steps; one pointer walks the
+ * activations so that the token operands stay displacements); a: 16 floats per token per
+ * step, sstep floats per step; st: the tile's scale bytes of the block */
+#define MID8(C)                                                                                       \
+    static void mid8_##C(const uint8_t *w, const uint8_t *st, int ns, const float *a, size_t sstep, float *acc) { \
+        __m512 c[C];                                                                              \
+        UNROLL16 for (int t = 0; t < C; t++) c[t] = _mm512_loadu_ps(acc + 16 * t);                \
+        for (int i = 0; i < ns; i++, a += sstep) {                                                \
+            _mm_prefetch((const char *)(w + 16 * i + 16 * ns), _MM_HINT_T1);                      \
+            __m512 wv = _mm512_mul_ps(e4m3x16_h(w + 16 * i), _mm512_set1_ps(ue8_lut8[st[i >> 1]])); \
+            UNROLL16 for (int t = 0; t < C; t++) c[t] = _mm512_fmadd_ps(wv, _mm512_load_ps(a + 16 * t), c[t]); \
+        }                                                                                         \
+        UNROLL16 for (int t = 0; t < C; t++) _mm512_storeu_ps(acc + 16 * t, c[t]);                \
+    }
+MID8(1) MID8(2) MID8(3) MID8(4) MID8(5) MID8(6) MID8(7) MID8(8)
+MID8(9) MID8(10) MID8(11) MID8(12) MID8(13) MID8(14) MID8(15) MID8(16)
+static void (*const mid8_k[MIDC])(const uint8_t *, const uint8_t *, int, const float *, size_t, float *) = {
+    mid8_1, mid8_2, mid8_3, mid8_4, mid8_5, mid8_6, mid8_7, mid8_8,
+    mid8_9, mid8_10, mid8_11, mid8_12, mid8_13, mid8_14, mid8_15, mid8_16 };
+
+/* token passes of at most MIDC, of near-equal sizes (T = 20: 10 + 10, not 16 + 4) */
+static inline int mid_pass(int T, int t0) {
+    int np = (T + MIDC - 1) / MIDC, done = 0;
+    for (int p = 0; p < np; p++) {
+        int c = (T - done) / (np - p);
+        if (done == t0) return c;
+        done += c;
+    }
+    return T - t0;
+}
+
+/* kc % 32 == 0 (FP8 K is a multiple of 32, the blocks multiples of 64) */
+static void mid_e4m3(const uint8_t *w, size_t ld, const uint8_t *st, int nr, int kc, const float *a2, int T, float *acc) {
+    lut_fill();
+    for (int r = 0; r < nr; r++) {
+        if (r + MIDPF < nr)
+            for (int k = 0; k < kc; k += 64) _mm_prefetch((const char *)(w + (size_t)(r + MIDPF) * ld + k), _MM_HINT_T0);
+        for (int t0 = 0, C; t0 < T; t0 += C) {
+            C = mid_pass(T, t0);
+            mid8_k[C - 1](w + (size_t)r * ld, st, kc / 16, a2 + 16 * (size_t)t0, 16 * (size_t)T, acc + ((size_t)r * T + t0) * 16);
+        }
+    }
+}
+
+/* FP4: step = 64 K (two blocks); a: 96 int16-sized words per token (32 even words, 32 odd
+ * words, 16 pair scales), sstep per step. A lone last block (nb odd) takes the low halves. */
+#define MID4(C)                                                                                       \
+    static void mid4_##C(const uint8_t *w, const uint8_t *s, int nb, const int16_t *a, size_t sstep, float *acc) { \
+        const __m512i tab = e2m1_tab();                                                           \
+        __m512 c[C];                                                                              \
+        UNROLL16 for (int t = 0; t < C; t++) c[t] = _mm512_loadu_ps(acc + 16 * t);                \
+        int b = 0;                                                                                \
+        for (; b + 2 <= nb; b += 2, a += sstep) {                                                 \
+            _mm_prefetch((const char *)(w + 16 * b + 16 * nb), _MM_HINT_T1);                      \
+            __m512i we, wo;                                                                       \
+            e2m1x64_i16(w + 16 * b, tab, &we, &wo);                                               \
+            __m512 sw = _mm512_mask_mov_ps(_mm512_set1_ps(ue8_lut[s[b]]), 0xFF00, _mm512_set1_ps(ue8_lut[s[b + 1]])); \
+            UNROLL16 for (int t = 0; t < C; t++) {                                                \
+                __m512i ae = _mm512_load_si512(a + 96 * t), ao = _mm512_load_si512(a + 96 * t + 32); \
+                __m512i d = _mm512_dpwssd_epi32(_mm512_madd_epi16(we, ae), wo, ao);               \
+                c[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(d), sw), _mm512_load_ps(a + 96 * t + 64), c[t]); \
+            }                                                                                     \
+        }                                                                                         \
+        if (b < nb) {   /* a lone last block: A only, B gets fma(0, 0, B) = B */                  \
+            __m256i we, wo;                                                                       \
+            e2m1x32_i16(w + 16 * b, &we, &wo);                                                    \
+            __m256 sw = _mm256_set1_ps(ue8_lut[s[b]]);                                            \
+            UNROLL16 for (int t = 0; t < C; t++) {                                                \
+                __m256i ae = _mm256_load_si256((const __m256i *)(a + 96 * t));                    \
+                __m256i ao = _mm256_load_si256((const __m256i *)(a + 96 * t + 32));               \
+                __m256i d = _mm256_add_epi32(_mm256_madd_epi16(we, ae), _mm256_madd_epi16(wo, ao)); \
+                __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(d), sw);                              \
+                c[t] = _mm512_fmadd_ps(zext(x), zext(_mm256_load_ps((const float *)(a + 96 * t + 64))), c[t]); \
+            }                                                                                     \
+        }                                                                                         \
+        UNROLL16 for (int t = 0; t < C; t++) _mm512_storeu_ps(acc + 16 * t, c[t]);                \
+    }
+MID4(1) MID4(2) MID4(3) MID4(4) MID4(5) MID4(6) MID4(7) MID4(8)
+MID4(9) MID4(10) MID4(11) MID4(12) MID4(13) MID4(14) MID4(15) MID4(16)
+static void (*const mid4_k[MIDC])(const uint8_t *, const uint8_t *, int, const int16_t *, size_t, float *) = {
+    mid4_1, mid4_2, mid4_3, mid4_4, mid4_5, mid4_6, mid4_7, mid4_8,
+    mid4_9, mid4_10, mid4_11, mid4_12, mid4_13, mid4_14, mid4_15, mid4_16 };
+
+static void mid_fp4(const uint8_t *w, size_t ld, const uint8_t *s, size_t lds, int nr, int nb, const int16_t *a,
+                    int T, float *acc) {
+    lut_fill();
+    for (int r = 0; r < nr; r++) {
+        if (r + MIDPF < nr)
+            for (int k = 0; k < 16 * nb; k += 64) _mm_prefetch((const char *)(w + (size_t)(r + MIDPF) * ld + k), _MM_HINT_T0);
+        for (int t0 = 0, C; t0 < T; t0 += C) {
+            C = mid_pass(T, t0);
+            mid4_k[C - 1](w + (size_t)r * ld, s + (size_t)r * lds, nb, a + 96 * (size_t)t0, 96 * (size_t)T,
+                          acc + ((size_t)r * T + t0) * 16);
+        }
+    }
+}
+
+/* BF16: step = 32 K (two groups); a: 32 permuted floats per token, sstep per step */
+#define MIDB(C)                                                                                       \
+    static void midb_##C(const uint16_t *w, int n16, const float *a, size_t sstep, float *acc) {     \
+        const __m512i hm = _mm512_set1_epi32((int)0xFFFF0000);                                    \
+        __m512 c[C];                                                                              \
+        UNROLL16 for (int t = 0; t < C; t++) c[t] = _mm512_loadu_ps(acc + 16 * t);                \
+        int g = 0;                                                                                \
+        for (; g + 2 <= n16; g += 2, a += sstep) {                                                \
+            _mm_prefetch((const char *)(w + 16 * g + 16 * n16), _MM_HINT_T1);                     \
+            __m512i v = _mm512_loadu_si512(w + 16 * g);                                           \
+            __m512 ev = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), od = _mm512_castsi512_ps(_mm512_and_si512(v, hm)); \
+            UNROLL16 for (int t = 0; t < C; t++) {                                                \
+                c[t] = _mm512_fmadd_ps(ev, _mm512_load_ps(a + 32 * t), c[t]);                     \
+                c[t] = _mm512_fmadd_ps(od, _mm512_load_ps(a + 32 * t + 16), c[t]);                \
+            }                                                                                     \
+        }                                                                                         \
+        if (g < n16) {   /* a lone last group: A only */                                          \
+            __m256i v = _mm256_loadu_si256((const __m256i *)(w + 16 * g));                        \
+            __m512 ev = zext(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));                      \
+            __m512 od = zext(_mm256_castsi256_ps(_mm256_and_si256(v, _mm512_castsi512_si256(hm)))); \
+            UNROLL16 for (int t = 0; t < C; t++) {                                                \
+                c[t] = _mm512_fmadd_ps(ev, zext(_mm256_load_ps(a + 32 * t)), c[t]);               \
+                c[t] = _mm512_fmadd_ps(od, zext(_mm256_load_ps(a + 32 * t + 16)), c[t]);          \
+            }                                                                                     \
+        }                                                                                         \
+        UNROLL16 for (int t = 0; t < C; t++) _mm512_storeu_ps(acc + 16 * t, c[t]);                \
+    }
+MIDB(1) MIDB(2) MIDB(3) MIDB(4) MIDB(5) MIDB(6) MIDB(7) MIDB(8)
+MIDB(9) MIDB(10) MIDB(11) MIDB(12) MIDB(13) MIDB(14) MIDB(15) MIDB(16)
+static void (*const midb_k[MIDC])(const uint16_t *, int, const float *, size_t, float *) = {
+    midb_1, midb_2, midb_3, midb_4, midb_5, midb_6, midb_7, midb_8,
+    midb_9, midb_10, midb_11, midb_12, midb_13, midb_14, midb_15, midb_16 };
+
+static void mid_bf16(const uint16_t *w, size_t ld, int nr, int n16, const float *a, int T, float *acc) {
+    for (int r = 0; r < nr; r++) {
+        if (r + MIDPF < nr)
+            for (int k = 0; k < 16 * n16; k += 32) _mm_prefetch((const char *)(w + (size_t)(r + MIDPF) * ld + k), _MM_HINT_T0);
+        for (int t0 = 0, C; t0 < T; t0 += C) {
+            C = mid_pass(T, t0);
+            midb_k[C - 1](w + (size_t)r * ld, n16, a + 32 * (size_t)t0, 32 * (size_t)T, acc + ((size_t)r * T + t0) * 16);
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- prefill */
 
 #define MK_EW(R, C)                                                                                   \
@@ -436,7 +600,7 @@ static void pf_fp4(const int16_t *PW, const float *SW, int nr, const int16_t *AW
 }
 
 static const ds41_fast_ops ops = { "avx512", dec_e4m3, dec_fp4, dec_bf16, dec_f32, few_e4m3, few_fp4, few_bf16, few_f32,
-                                    pf_float, pf_fp4 };
+                                    mid_e4m3, mid_fp4, mid_bf16, pf_float, pf_fp4 };
 const ds41_fast_ops *ds41_fast_ops_avx512(void) { return &ops; }
 
 #ifdef __clang__

@@ -12,6 +12,13 @@
  * memory and decoded once for all T tokens (AVX2: at most 6 tokens per pass, 4 for FP4, a
  * second pass over the row from L1 beyond; AVX-512: 8 in one pass), where the prefill panel
  * path would re-read the weights through 32-row panels without the decode's prefetch.
+ * A fourth serves T = DS41_FEW_MAX + 1 .. DS41_MID_MAX (the server's 16-stream decode step,
+ * short prefill chunks) on ISAs that have it (AVX-512; AVX2 takes the panels): per K block of
+ * an item, each weight row is decoded once in registers and applied to up to 16 tokens held
+ * in zmm accumulators (A | B), the activations of the block step-major in L1 (item_mid).
+ * The panel path decodes into memory and reloads the decoded weights for every 3- or 6-token
+ * tile; at T = 16 that traffic and the accumulator spills per tile held it to about half the
+ * FMA peak.
  *   Two 8-lane FP32 accumulators A and B per output. The K axis is cut into 8-wide chunks
  *   (FP8, FP8-dq, FP32), 16-wide groups (BF16) or 32-wide blocks (FP4); chunk / group / block
  *   number c goes to A when c is even, to B when odd, each added with one FMA, in increasing
@@ -94,7 +101,35 @@ static inline float hsum8(__m256 v) {
     s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
     return _mm_cvtss_f32(s);
 }
-static inline float hsumab(const float *acc) { return hsum8(_mm256_add_ps(_mm256_loadu_ps(acc), _mm256_loadu_ps(acc + 8))); }
+/* hsum8(A + B) of n <= 8 accumulator blocks acc + 16 i (A: floats 0-7, B: 8-15) at once,
+ * out[i]: the same additions of the same pairs as hsum8 (A + B; low half + high half; lanes
+ * 0, 1 + lanes 2, 3; lane 0 + lane 1), with two or four outputs side by side in a register
+ * instead of one (absent blocks read as 0 and are dropped). */
+static void hsumab8(const float *acc, int n, float *out) {
+    __m256 v[8], s[4], p[2];
+    for (int i = 0; i < 8; i++)
+        v[i] = i < n ? _mm256_add_ps(_mm256_loadu_ps(acc + 16 * i), _mm256_loadu_ps(acc + 16 * i + 8)) : _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++)   /* [s(2i) | s(2i+1)]: lo + hi of each */
+        s[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+    for (int i = 0; i < 2; i++)   /* per 128-bit half h: [p(4i+h)0, p(4i+h)1, p(4i+2+h)0, p(4i+2+h)1] */
+        p[i] = _mm256_add_ps(_mm256_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m256 y = _mm256_add_ps(_mm256_shuffle_ps(p[0], p[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm256_shuffle_ps(p[0], p[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    float o[8];   /* lanes: outputs 0, 2, 4, 6, 1, 3, 5, 7 */
+    _mm256_storeu_ps(o, y);
+    static const int pos[8] = { 0, 4, 1, 5, 2, 6, 3, 7 };
+    for (int i = 0; i < n; i++) out[i] = o[pos[i]];
+}
+
+/* ds41_bf16_round inline (round to nearest even; NaN kept quiet with its top payload bits) */
+static inline float bf16r(float f) {
+    uint32_t u = ds41_f32_bits(f);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return ds41_bits_f32(((u >> 16) | 0x0040u) << 16);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return ds41_bits_f32(u & 0xFFFF0000u);
+}
 
 /* ---------------------------------------------------------------- AVX2 decoders */
 
@@ -485,7 +520,7 @@ static void pf_fp4_avx2(const int16_t *PW, const float *SW, int nr, const int16_
 
 static const ds41_fast_ops ops_avx2 = { "avx2", dec_e4m3_avx2, dec_fp4_avx2, dec_bf16_avx2, dec_f32_avx2,
                                         few_e4m3_avx2, few_fp4_avx2, few_bf16_avx2, few_f32_avx2,
-                                        pf_float_avx2, pf_fp4_avx2 };
+                                        NULL, NULL, NULL, pf_float_avx2, pf_fp4_avx2 };
 const ds41_fast_ops *ds41_fast_ops_avx2(void) { return &ops_avx2; }
 
 /* ---------------------------------------------------------------- ISA selection */
@@ -626,6 +661,8 @@ typedef struct fjob {
     size_t y_stride;
     int out_bf16;
     int tile0;                 /* absolute 32-row tile of item 0 */
+    const void *am;            /* mid path (T = DS41_FEW_MAX + 1 .. DS41_MID_MAX): step-major
+                                * activations (mid_acts); NULL: the other paths */
 } fjob;
 
 /* Rows [r0, r1) (relative to row0) of item it. */
@@ -635,8 +672,9 @@ static void item_rows(const fjob *j, int it, int *r0, int *r1) {
     *r1 = a1 > j->out ? j->out : a1;
 }
 
-static float finish(const fjob *j, float acc, int t, int n) {
-    if (j->kind == J_FP8 || j->kind == J_DQ || j->kind == J_FP4) return ds41_bf16_round(acc);
+static inline float finish(const fjob *j, float acc, int t, int n) {
+    if (j->kind == J_FP8 || j->kind == J_DQ || j->kind == J_FP4) return bf16r(acc);
+    if (j->kv == j->in) return j->out_bf16 ? bf16r(acc) : acc;
     /* BF16 / FP32 tails, in K order after the vector part */
     const float *x = j->x + (size_t)t * j->x_stride;
     size_t rowoff = (size_t)n * j->in;
@@ -644,7 +682,20 @@ static float finish(const fjob *j, float acc, int t, int n) {
         float w = j->kind == J_BF16 ? ds41_bf16_to_f32(j->wb[rowoff + k]) : j->wf[rowoff + k];
         acc += x[k] * w;
     }
-    return j->out_bf16 ? ds41_bf16_round(acc) : acc;
+    return j->out_bf16 ? bf16r(acc) : acc;
+}
+
+/* The outputs of rows [r0, r0 + nr) x T tokens from their accumulator blocks (mid, prefill). */
+static void finish_acc(const fjob *j, int r0, int nr, const float *acc) {
+    int T = j->T;
+    float v[8];
+    for (int r = 0; r < nr; r++)
+        for (int t0 = 0; t0 < T; t0 += 8) {
+            int n = T - t0 < 8 ? T - t0 : 8;
+            hsumab8(acc + ((size_t)r * T + t0) * 16, n, v);
+            for (int i = 0; i < n; i++)
+                j->y[(size_t)(t0 + i) * j->y_stride + r0 + r] = finish(j, v[i], t0 + i, r0 + r);
+        }
 }
 
 /* T = 1: stream the item's rows once. a2 scratch: in floats. */
@@ -716,6 +767,79 @@ static void item_few(const fjob *j, int r0, int r1, float *a2) {
     for (int r = 0; r < nr; r++)
         for (int t = 0; t < T; t++)
             j->y[(size_t)t * j->y_stride + r0 + r] = finish(j, v[r * T + t], t, r0 + r);
+}
+
+/* K block of the mid path: the block's activations fill 32 KiB (T x kb floats) or, FP4, 36
+ * KiB (3 bytes per element) of the 48 KiB L1 (measured best at T = 16 among 256 .. 1024); a
+ * multiple of 64 (FP8 scale tiles, BF16 group pairs, FP4 block pairs). */
+static int mid_kb(int kind, int T) {
+    int kb = ((kind == J_FP4 ? 12288 : 8192) / T) & ~63;
+    return kb < 64 ? 64 : kb > 1024 ? 1024 : kb;
+}
+
+/* 1 if the mid path serves T rows of this kind with these ops */
+static int mid_on(const ds41_fast_ops *ops, int kind, int T) {
+    if (T <= DS41_FEW_MAX || T > DS41_MID_MAX) return 0;
+    switch (kind) {
+    case J_FP8: case J_DQ: return ops->mid_e4m3 != NULL;
+    case J_FP4: return ops->mid_fp4 != NULL;
+    case J_BF16: return ops->mid_bf16 != NULL;
+    default: return 0;
+    }
+}
+
+/* The mid kernels' activations, step-major over the whole K, built once per call: step i of
+ * token t at (i * T + t) * step. Float rows (FP8: the Q8 values; FP8-dq: x; BF16: the
+ * permuted rows, zero padded to 32): ns steps of `step` floats from rows at src + t * lds.
+ * FP4: per 64 K, the 64 int16 words of aw then the 16 pair scales of sav (96 int16 units). */
+static float *mid_acts_f(const float *src, size_t lds, int T, int ns, int step) {
+    float *d = amalloc((size_t)ns * T * step * sizeof(float));
+    if (!d) return NULL;
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < ns; i++)
+            memcpy(d + ((size_t)i * T + t) * step, src + (size_t)t * lds + (size_t)i * step, (size_t)step * sizeof(float));
+    return d;
+}
+static int16_t *mid_acts_q(const int16_t *aw, size_t ldaw, const float *sav, size_t ldsa, int T, int ngrp) {
+    int16_t *d = amalloc((size_t)ngrp * T * 96 * sizeof(int16_t));
+    if (!d) return NULL;
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < ngrp; i++) {
+            int16_t *o = d + ((size_t)i * T + t) * 96;
+            memcpy(o, aw + (size_t)t * ldaw + 64 * (size_t)i, 64 * sizeof(int16_t));
+            memcpy(o + 64, sav + (size_t)t * ldsa + 16 * (size_t)i, 16 * sizeof(float));
+        }
+    return d;
+}
+
+/* T = DS41_FEW_MAX + 1 .. DS41_MID_MAX (ISAs with mid kernels): per K block of mid_kb(T), every
+ * row of the item decoded once in registers for all T tokens (the decode order per output, the
+ * accumulator blocks of prefill). */
+static void item_mid(const fjob *j, int r0, int r1, float *acc) {
+    int in = j->in, nr = r1 - r0, T = j->T, kb = mid_kb(j->kind, T);
+    memset(acc, 0, (size_t)nr * T * 16 * sizeof(float));
+    for (int k0 = 0; k0 < j->kv; k0 += kb) {
+        int kc = j->kv - k0 < kb ? j->kv - k0 : kb;
+        switch (j->kind) {
+        case J_FP8: case J_DQ: {   /* kc % 32 == 0: in % 32 == 0 on the fast road */
+            int nbk = (in + 31) / 32, tile = (j->row0 + r0) / 32;
+            j->ops->mid_e4m3(j->w + (size_t)(j->row0 + r0) * in + k0, (size_t)in, j->s + (size_t)tile * nbk + k0 / 32,
+                             nr, kc, (const float *)j->am + (size_t)k0 * T, T, acc);
+            break;
+        }
+        case J_FP4: {
+            int nb = in / 32;
+            j->ops->mid_fp4(j->w + (size_t)r0 * (in / 2) + k0 / 2, (size_t)in / 2, j->s + (size_t)r0 * nb + k0 / 32,
+                            (size_t)nb, nr, kc / 32, (const int16_t *)j->am + (size_t)k0 / 64 * T * 96, T, acc);
+            break;
+        }
+        case J_BF16:
+            j->ops->mid_bf16(j->wb + (size_t)r0 * in + k0, (size_t)in, nr, kc / 16, (const float *)j->am + (size_t)k0 * T,
+                             T, acc);
+            break;
+        }
+    }
+    finish_acc(j, r0, nr, acc);
 }
 
 /* Decodes rows [r0, r1) x K [k0, k0 + kc) into the panel (row stride KC): floats P (FP8 / DQ:
@@ -792,16 +916,17 @@ static void item_prefill(const fjob *j, int r0, int r1, float *P, int16_t *PW, f
         else
             j->ops->pf_float(P, nr, j->a + k0, j->lda, T, n, acc);
     }
-    for (int r = 0; r < nr; r++)
-        for (int t = 0; t < T; t++)
-            j->y[(size_t)t * j->y_stride + r0 + r] = finish(j, hsumab(acc + ((size_t)r * T + t) * 16), t, r0 + r);
+    finish_acc(j, r0, nr, acc);
 }
 
 static void fjob_items(void *arg, int i0, int i1) {
     const fjob *j = arg;
     float *a2 = NULL, *P = NULL, *SW = NULL, *acc = NULL;
     int16_t *PW = NULL;
-    if (j->T <= DS41_FEW_MAX) {
+    if (j->am) {
+        acc = amalloc((size_t)ITEM * j->T * 16 * sizeof(float));
+        if (!acc) return;
+    } else if (j->T <= DS41_FEW_MAX) {
         a2 = amalloc((size_t)j->T * j->in * sizeof(float));
         if (!a2) return;
     } else {
@@ -817,6 +942,7 @@ static void fjob_items(void *arg, int i0, int i1) {
         if (r1 <= r0) continue;
         if (j->T == 1) item_decode(j, r0, r1, a2);
         else if (j->T <= DS41_FEW_MAX) item_few(j, r0, r1, a2);
+        else if (j->am) item_mid(j, r0, r1, acc);
         else item_prefill(j, r0, r1, P, PW, SW, acc);
     }
     free(a2); free(P); free(PW); free(SW); free(acc);
@@ -850,8 +976,14 @@ void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int
             if (fp4) fp4_act_row(ar, in, aw + (size_t)t * ldaw, sav + (size_t)t * ldsa);
         }
         fjob j = { ops, fp4 ? J_FP4 : J_FP8, w, s, NULL, NULL, 0, out, in, nt, in, a, (size_t)in,
-                   aw, ldaw, sav, ldsa, NULL, 0, y + (size_t)t0 * out, (size_t)out, 1, 0 };
+                   aw, ldaw, sav, ldsa, NULL, 0, y + (size_t)t0 * out, (size_t)out, 1, 0, NULL };
+        void *am = NULL;
+        if (mid_on(ops, j.kind, nt)) {
+            am = fp4 ? (void *)mid_acts_q(aw, ldaw, sav, ldsa, nt, ngrp) : (void *)mid_acts_f(a, (size_t)in, nt, in / 16, 16);
+            j.am = am;   /* NULL (out of memory): the prefill panels */
+        }
         fjob_run(ctx, &j);
+        free(am);
     }
     free(a); free(aw); free(sav);
 }
@@ -880,8 +1012,15 @@ void ds41_fast_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const fl
             lda = ldp;
         }
         fjob j = { ops, jk, w8 ? w8->w : NULL, w8 ? w8->s : NULL, wb, wf, row0, out, in, nt, kv, ap, lda,
-                   NULL, 0, NULL, 0, xt, (size_t)x_stride, y + (size_t)t0 * y_stride, (size_t)y_stride, out_bf16, 0 };
+                   NULL, 0, NULL, 0, xt, (size_t)x_stride, y + (size_t)t0 * y_stride, (size_t)y_stride, out_bf16, 0,
+                   NULL };
+        float *am = NULL;
+        if (mid_on(ops, jk, nt)) {
+            am = jk == J_BF16 ? mid_acts_f(ap, lda, nt, (kv + 31) / 32, 32) : mid_acts_f(ap, lda, nt, in / 16, 16);
+            j.am = am;   /* NULL (out of memory): the prefill panels */
+        }
         fjob_run(ctx, &j);
+        free(am);
     }
     free(a);
 }

@@ -29,6 +29,7 @@ void ds41_fast_q8_row(const float *x, int in, float mult, float *a);
  * acc blocks: 16 floats per (row, token): lanes 0-7 accumulator A, 8-15 accumulator B. */
 #define DS41_KC 256   /* K elements per prefill panel */
 #define DS41_FEW_MAX 8   /* T = 2 .. DS41_FEW_MAX: the few-row path (weights streamed once) */
+#define DS41_MID_MAX 32  /* T = DS41_FEW_MAX + 1 .. DS41_MID_MAX: the mid path where the ISA has one */
 typedef struct ds41_fast_ops {
     const char *name;
     /* decode, nr rows at stride ld; out[r] = hsum8(A + B) */
@@ -44,6 +45,19 @@ typedef struct ds41_fast_ops {
                     const int16_t *aw, size_t ldaw, const float *sav, size_t ldsa, int T, float *out);
     void (*few_bf16)(const uint16_t *w, size_t ld, int nr, int n16, const float *a, size_t lda, int T, float *out);
     void (*few_f32)(const float *w, size_t ld, int nr, int n8, const float *a, size_t lda, int T, float *out);
+    /* mid rows (T = DS41_FEW_MAX + 1 .. DS41_MID_MAX; NULL where the ISA has none: the prefill
+     * panels serve): one K block of nr weight rows (w, st, s at the block's first element, row
+     * strides ld, lds; FP8: st the 32-row tile's scale bytes), each row decoded once in
+     * registers for all T tokens, accumulated into acc as prefill does. The activations a2 are
+     * step-major (mid_acts in linear_fast.c), at the block's first step: per step, T tokens side
+     * by side; FP8 (step 16 K, kc % 32 == 0): 16 floats per token; BF16 (step 32 K, n16
+     * groups): 32 permuted floats; FP4 (step 64 K, nb blocks): 32 even int16 words, 32 odd, then
+     * 16 pair-scale floats (96 int16 units, 192 bytes). */
+    void (*mid_e4m3)(const uint8_t *w, size_t ld, const uint8_t *st, int nr, int kc, const float *a2, int T,
+                     float *acc);
+    void (*mid_fp4)(const uint8_t *w, size_t ld, const uint8_t *s, size_t lds, int nr, int nb, const int16_t *a2,
+                    int T, float *acc);
+    void (*mid_bf16)(const uint16_t *w, size_t ld, int nr, int n16, const float *a2, int T, float *acc);
     /* prefill over one K panel: nr rows of panel P (row stride DS41_KC), T tokens */
     void (*pf_float)(const float *P, int nr, const float *A, size_t lda, int T, int nch, float *acc);
     void (*pf_fp4)(const int16_t *PW, const float *SW, int nr, const int16_t *AW, size_t ldaw,
