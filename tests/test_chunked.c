@@ -22,6 +22,7 @@
  * index-K reading only. */
 #include "check.h"
 #include "ds41.h"
+#include "testutil.h"
 #include "forward.h"
 #include "restore.h"
 
@@ -29,14 +30,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *env_or(const char *name, const char *def) {
-    const char *v = getenv(name);
-    return v && *v ? v : def;
-}
-
 /* writes tests/configs/NAME as a random checkpoint (seed 3) under build/test-tmp once; ctx > 0
  * replaces the config's max_position_embeddings of 128 with ctx */
-static int make_ck(const char *name, int ctx, char *dir, size_t cap) {
+static int make_ck_ctx(const char *name, int ctx, char *dir, size_t cap) {
     const char *root = env_or("DS41_ROOT", "."), *build = env_or("DS41_BUILD", "build");
     const char *py = env_or("PYTHON", "/usr/bin/python3");
     char base[1024], cfg[1100];
@@ -290,20 +286,20 @@ static void part_past_context(const char *dir) {
 int main(void) {
     char tiny[4096], tiny_long[4096], small[4096];
     CASE_BEGIN();
-    int rc = make_ck("tiny", 0, tiny, sizeof tiny);
+    int rc = make_ck_ctx("tiny", 0, tiny, sizeof tiny);
     CHECK(rc == 0, "make_checkpoint.py tiny failed");
     case_end("chunked_checkpoint_tiny");
     int tiny_chunks[] = { 16, 25, 34 };
     if (rc == 0) suite("tiny", tiny, 128, 100, tiny_chunks, 3, 20, 90);
     if (rc == 0) part_past_context(tiny);
     CASE_BEGIN();
-    rc = make_ck("tiny", 4096, tiny_long, sizeof tiny_long);
+    rc = make_ck_ctx("tiny", 4096, tiny_long, sizeof tiny_long);
     CHECK(rc == 0, "make_checkpoint.py tiny (4096 positions) failed");
     case_end("chunked_checkpoint_tiny_long");
     if (rc == 0) auto_suite(tiny_long);
     if (getenv("DS41_ASAN") && *getenv("DS41_ASAN")) return check_exit();
     CASE_BEGIN();
-    rc = make_ck("small43", 0, small, sizeof small);
+    rc = make_ck_ctx("small43", 0, small, sizeof small);
     CHECK(rc == 0, "make_checkpoint.py small43 failed");
     case_end("chunked_checkpoint_small43");
     int small_chunks[] = { 128, 150 };

@@ -49,17 +49,6 @@ static int make_small43(void) {
     return sh(cmd);
 }
 
-static ds41_engine *load(const char *dir, int exact, long long ctx) {
-    ds41_load_params lp;
-    ds41_load_params_default(&lp);
-    lp.exact = exact;
-    lp.ctx_size = ctx;
-    char err[512];
-    ds41_engine *e = ds41_load(dir, &lp, err, sizeof err);
-    CHECK(e, "load %s: %s", dir, err);
-    return e;
-}
-
 static ds41_session *open_s(ds41_engine *e, int index_k, int draft) {
     ds41_session_params sp;
     ds41_session_params_default(&sp);
@@ -143,7 +132,7 @@ static void view_free(view *v) { free(v->logits); }
  * fresh session (publish) */
 static void restore_vs_fresh(const char *dir, int n, int index_k, long long ctx, unsigned seed, int steps,
                              long long expect_hit) {
-    ds41_engine *e = load(dir, 1, ctx);
+    ds41_engine *e = load_checked(dir, 1, ctx);
     if (!e) return;
     int V = ds41_vocab_size(e), draft = ds41_draft_block_size(e) > 0;
     int32_t *ids = malloc((size_t)n * sizeof(int32_t));
@@ -190,7 +179,7 @@ static void test_small43_exact_both(void) {
  * restored session), then is reset and fed another prompt over the same pages; a third session
  * restored afterwards still equals a fresh prefill. */
 static void test_shared_pages_not_written(void) {
-    ds41_engine *e = load(demo, 1, 1024);
+    ds41_engine *e = load_checked(demo, 1, 1024);
     if (!e) return;
     int V = ds41_vocab_size(e), n = 600;
     int32_t ids[600], other[600];
@@ -233,7 +222,7 @@ static void test_disk_restart(void) {
     int32_t ids[700];
     view fresh, rest;
     {
-        ds41_engine *e = load(demo, 1, 1024);
+        ds41_engine *e = load_checked(demo, 1, 1024);
         if (!e) return;
         prompt(ids, n, ds41_vocab_size(e), 31);
         ds41_prefix_cache *pc = open_pc(e, 0, dir, 0, DS41_REPLAY_EXACT);
@@ -250,7 +239,7 @@ static void test_disk_restart(void) {
         ds41_unload(e);
     }
     {
-        ds41_engine *e = load(demo, 1, 1024);
+        ds41_engine *e = load_checked(demo, 1, 1024);
         if (!e) return;
         ds41_prefix_cache *pc = open_pc(e, 0, dir, 0, DS41_REPLAY_EXACT);
         ds41_session *b = open_s(e, 0, 1);
@@ -272,7 +261,7 @@ static void test_disk_restart(void) {
         ds41_unload(e);
     }
     {
-        ds41_engine *e = load(demo, 0, 1024);   /* fast kernels: other records */
+        ds41_engine *e = load_checked(demo, 0, 1024);   /* fast kernels: other records */
         if (!e) return;
         ds41_prefix_cache *pc = open_pc(e, 0, dir, 0, DS41_REPLAY_EXACT);
         ds41_session *b = open_s(e, 0, 1);
@@ -282,7 +271,7 @@ static void test_disk_restart(void) {
         ds41_unload(e);
     }
     {
-        ds41_engine *e = load(tiny, 1, 1024);   /* another checkpoint */
+        ds41_engine *e = load_checked(tiny, 1, 1024);   /* another checkpoint */
         if (!e) return;
         int32_t t[700];
         for (int i = 0; i < n; i++) t[i] = ids[i] % ds41_vocab_size(e);
@@ -298,7 +287,7 @@ static void test_disk_restart(void) {
 }
 
 static void test_lru(void) {
-    ds41_engine *e = load(demo, 0, 1024);
+    ds41_engine *e = load_checked(demo, 0, 1024);
     if (!e) return;
     int V = ds41_vocab_size(e), n = 384;
     int32_t p1[384], p2[384];
@@ -335,7 +324,7 @@ static void test_lru(void) {
 
 /* approx: global KV exact, the replay recomputes one window */
 static void test_approx(void) {
-    ds41_engine *e = load(demo, 1, 1024);
+    ds41_engine *e = load_checked(demo, 1, 1024);
     if (!e) return;
     int V = ds41_vocab_size(e), n = 700;
     int32_t ids[700];

@@ -37,17 +37,6 @@ static int make_tiny(void) {
     return system(cmd);
 }
 
-static ds41_engine *load(const char *dir, int exact, long long ctx) {
-    ds41_load_params lp;
-    ds41_load_params_default(&lp);
-    lp.exact = exact;
-    lp.ctx_size = ctx;
-    char err[512];
-    ds41_engine *e = ds41_load(dir, &lp, err, sizeof err);
-    CHECK(e, "load %s: %s", dir, err);
-    return e;
-}
-
 static ds41_session *open_s(ds41_engine *e, int index_k, int reuse) {
     ds41_session_params sp;
     ds41_session_params_default(&sp);
@@ -176,7 +165,7 @@ static const char *cur_dir;
 static int cur_n;
 
 static void exact_forced_own(void) {
-    ds41_engine *e = load(cur_dir, 1, 0);
+    ds41_engine *e = load_checked(cur_dir, 1, 0);
     if (!e) return;
     int W = 16, lens[] = { 2, 7, 20 };
     (void)W;
@@ -184,14 +173,14 @@ static void exact_forced_own(void) {
     ds41_unload(e);
 }
 static void exact_forced_official(void) {
-    ds41_engine *e = load(cur_dir, 1, 0);
+    ds41_engine *e = load_checked(cur_dir, 1, 0);
     if (!e) return;
     int lens[] = { 3, 8, 19 };
     for (int i = 0; i < 3; i++) forced_one(e, DS41_INDEX_K_OFFICIAL, lens[i], cur_n, 21 + i, "official");
     ds41_unload(e);
 }
 static void exact_steps_both(void) {
-    ds41_engine *e = load(cur_dir, 1, 0);
+    ds41_engine *e = load_checked(cur_dir, 1, 0);
     if (!e) return;
     natural_steps(e, DS41_INDEX_K_OWN, 5, cur_n, 31, "own");
     natural_steps(e, DS41_INDEX_K_OFFICIAL, 6, cur_n, 32, "official");
@@ -212,7 +201,7 @@ static void exact_steps_both(void) {
 /* --spec auto when the proposal costs more than any gain: never a proposal, K = 0 every step,
  * the tokens, logits and final state of plain greedy decoding (exact mode) */
 static void exact_auto_proposal_too_dear(void) {
-    ds41_engine *e = load(cur_dir, 1, 0);
+    ds41_engine *e = load_checked(cur_dir, 1, 0);
     if (!e) return;
     ds41_spec_curve cv;
     memset(&cv, 0, sizeof cv);
@@ -239,7 +228,7 @@ static void exact_auto_proposal_too_dear(void) {
 
 /* long prompt across a page boundary (small43: 64 ratio-2 entries per page) */
 static void exact_forced_page_boundary(void) {
-    ds41_engine *e = load(cur_dir, 1, 0);
+    ds41_engine *e = load_checked(cur_dir, 1, 0);
     if (!e) return;
     forced_one(e, DS41_INDEX_K_OWN, 125, 6, 41, "page-own");
     forced_one(e, DS41_INDEX_K_OFFICIAL, 126, 6, 42, "page-official");
@@ -247,7 +236,7 @@ static void exact_forced_page_boundary(void) {
 }
 
 static void meta_reuse_same_drafts(void) {
-    ds41_engine *e = load(cur_dir, 1, 0);
+    ds41_engine *e = load_checked(cur_dir, 1, 0);
     if (!e) return;
     int V = ds41_vocab_size(e), B = ds41_draft_block_size(e);
     int32_t prompt[12];
@@ -285,7 +274,7 @@ static void topk_probs(const float *lg, int V, float temp, int *ids, double *p) 
 }
 
 static void sampling_chi_square(void) {
-    ds41_engine *e = load(tiny, 1, 0);
+    ds41_engine *e = load_checked(tiny, 1, 0);
     if (!e) return;
     int V = ds41_vocab_size(e);
     const float temp = 1.5f;

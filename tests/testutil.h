@@ -3,6 +3,9 @@
 #ifndef DS41_TESTUTIL_H
 #define DS41_TESTUTIL_H
 
+#include "check.h"
+#include "ds41.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +51,19 @@ static inline int argmax(const float *v, int n) {
     int b = 0;
     for (int i = 1; i < n; i++) if (v[i] > v[b]) b = i;
     return b;
+}
+
+/* dir loaded with the given kernels and context (a CHECK failure, and NULL, when it cannot be);
+ */
+static inline ds41_engine *load_checked(const char *dir, int exact, long long ctx) {
+    ds41_load_params lp;
+    ds41_load_params_default(&lp);
+    lp.exact = exact;
+    lp.ctx_size = ctx;
+    char err[512];
+    ds41_engine *e = ds41_load(dir, &lp, err, sizeof err);
+    CHECK(e, "load %s: %s", dir, err);
+    return e;
 }
 
 #endif

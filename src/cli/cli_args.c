@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -222,4 +223,25 @@ int ds41_cli_int_list(const char *s, long lo, long hi, int *v, int cap) {
         s = *end ? end + 1 : end;
     }
     return n > 0 ? n : -1;
+}
+
+static double clock_s(clockid_t id) {
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+double ds41_cli_now(void) { return clock_s(CLOCK_MONOTONIC); }
+double ds41_cli_cpu_process(void) { return clock_s(CLOCK_PROCESS_CPUTIME_ID); }
+double ds41_cli_cpu_thread(void) { return clock_s(CLOCK_THREAD_CPUTIME_ID); }
+
+int ds41_cli_cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double ds41_cli_median(double *v, int n) {
+    if (n <= 0) return 0.0;
+    qsort(v, (size_t)n, sizeof *v, ds41_cli_cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }

@@ -15,6 +15,14 @@ int ds41_cli_bytes(const char *cmd, const char *flag, const char *v, long long *
 /* A comma-separated list of 1..cap decimal integers, each in lo..hi, into v. Returns the count,
  * or -1 (nothing printed: the caller names the flag and what it expects). */
 int ds41_cli_int_list(const char *s, long lo, long hi, int *v, int cap);
+/* Clocks and the median of the commands' timings: the monotonic wall clock, the CPU time of
+ * the whole process (every thread) and of the calling thread, in seconds; the median of v[0..n)
+ * (sorts v; the mean of the two middle values for even n). */
+double ds41_cli_now(void);
+double ds41_cli_cpu_process(void);
+double ds41_cli_cpu_thread(void);
+double ds41_cli_median(double *v, int n);
+int ds41_cli_cmp_double(const void *a, const void *b);   /* qsort, ascending */
 /* Unsigned 64-bit integer (no sign; a seed). */
 int ds41_cli_u64(const char *cmd, const char *flag, const char *v, unsigned long long *out);
 

@@ -41,33 +41,16 @@ static const char *BENCH_USAGE =
     "  --synthetic-context LIST, --ablate p1,p2,p3: long-context decode and the performance points\n"
     "                      on/off (ds41 bench --synthetic-context 4096 --help)\n";
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static long long peak_rss_bytes(void) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return (long long)ru.ru_maxrss * 1024;
 }
 
-static int cmp_dbl(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* --batch: for each B of bs, B sessions (a different prompt each) decoding together, one
  * ds41_batch_step per step; BENCH_ROUNDS rounds of `steps` steps, the B values interleaved in
  * each round (so a change of the machine's load hits them alike), the median step time. */
 #define BENCH_ROUNDS 3
-static double cpu_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* dt[0] wall seconds, dt[1] CPU seconds of the process (all threads) */
 static int one_step(ds41_session **ss, ds41_batch_item *it, int32_t *tok, int B, double *dt) {
     for (int i = 0; i < B; i++) {
@@ -77,9 +60,9 @@ static int one_step(ds41_session **ss, ds41_batch_item *it, int32_t *tok, int B,
         it[i].ids = &tok[i];
         it[i].n = 1;
     }
-    double t0 = now_s(), c0 = cpu_s();
+    double t0 = ds41_cli_now(), c0 = ds41_cli_cpu_process();
     int f = ds41_batch_step(it, B);
-    if (dt) { dt[0] = now_s() - t0; dt[1] = cpu_s() - c0; }
+    if (dt) { dt[0] = ds41_cli_now() - t0; dt[1] = ds41_cli_cpu_process() - c0; }
     if (f) fprintf(stderr, "ds41 bench: %s\n", ds41_session_error(ss[0]));
     return f ? 1 : 0;
 }
@@ -114,8 +97,8 @@ static int bench_batch(ds41_engine *e, const int32_t *ids, int n_ids, int plen, 
     for (int bi = 0; bi < nb && !rc; bi++) {
         int B = bs[bi];
         for (size_t i = 0; i < nt; i++) { dw[i] = dt[((size_t)bi * nt + i) * 2]; dc[i] = dt[((size_t)bi * nt + i) * 2 + 1]; }
-        qsort(dw, nt, sizeof *dw, cmp_dbl);
-        qsort(dc, nt, sizeof *dc, cmp_dbl);
+        qsort(dw, nt, sizeof *dw, ds41_cli_cmp_double);
+        qsort(dc, nt, sizeof *dc, ds41_cli_cmp_double);
         double mw = nt % 2 ? dw[nt / 2] : 0.5 * (dw[nt / 2 - 1] + dw[nt / 2]);
         double mc = nt % 2 ? dc[nt / 2] : 0.5 * (dc[nt / 2 - 1] + dc[nt / 2]);
         double tw = B / mw, tc = B / mc;
@@ -300,9 +283,9 @@ int ds41_cli_bench(int argc, char **argv) {
             sp.prefill = modes[mi];
             ds41_session *s = ds41_session_open(e, &sp, ebuf, sizeof ebuf);
             if (!s) { fprintf(stderr, "ds41 bench: %s\n", ebuf); rc = 1; break; }
-            double t0 = now_s();
+            double t0 = ds41_cli_now();
             if (ds41_feed(s, ids, (size_t)n)) { fprintf(stderr, "ds41 bench: %s\n", ds41_session_error(s)); rc = 1; }
-            double dt = now_s() - t0;
+            double dt = ds41_cli_now() - t0;
             t_mode[mi][li] = dt;
             ds41_state_info si;
             ds41_session_state(s, &si);
@@ -327,12 +310,12 @@ int ds41_cli_bench(int argc, char **argv) {
         ds41_session *s = ds41_session_open(e, NULL, ebuf, sizeof ebuf);
         if (!s || ds41_feed(s, ids, (size_t)n)) { fprintf(stderr, "ds41 bench: decode setup failed\n"); rc = 1; }
         else {
-            double t0 = now_s();
+            double t0 = ds41_cli_now();
             for (int i = 0; i < n_dec && !rc; i++) {
                 int32_t t = ds41_session_sample(s);
                 if (ds41_feed(s, &t, 1)) { fprintf(stderr, "ds41 bench: %s\n", ds41_session_error(s)); rc = 1; }
             }
-            double dt = now_s() - t0;
+            double dt = ds41_cli_now() - t0;
             dtok = n_dec / dt;
             ds41_session_state(s, &last_state);
             if (!json) printf("decode after %d tokens: %d steps, %.2f tok/s\n", n, n_dec, dtok);

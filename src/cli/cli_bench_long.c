@@ -29,31 +29,13 @@ static const char *LONG_USAGE =
     "  --readahead         madvise(MADV_WILLNEED) the next layer's weights before each layer\n"
     "  --seed S            seed of the synthetic values and token ids (default 1)\n";
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* CPU seconds of every thread of the process: less sensitive than the wall clock to other
- * processes on a shared machine (the pool's spin-waits count in it) */
-static double cpu_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* "4096,16k,64k" */
+/* "all on", or the points a setting turns off ("p2p3 off") */
+static void setting_name(unsigned set, char *name, size_t cap) {
+    if (!set) snprintf(name, cap, "all on");
+    else snprintf(name, cap, "%s%s%s%s off", set & 1 ? "p1" : "", set & 2 ? "p2" : "", set & 4 ? "p3" : "", set & 8 ? "p6" : "");
+}
+
 static int parse_ctx_list(const char *s, long long *v, int cap) {
     int n = 0;
     while (*s) {
@@ -134,10 +116,10 @@ int ds41_cli_bench_long(int argc, char **argv) {
         return 2;
     }
     char ebuf[1024];
-    double tl = now_s();
+    double tl = ds41_cli_now();
     ds41_engine *e = ds41_load(dir, &lp, ebuf, sizeof ebuf);
     if (!e) { fprintf(stderr, "ds41 bench: %s\n", ebuf); return 1; }
-    tl = now_s() - tl;
+    tl = ds41_cli_now() - tl;
     int V = ds41_vocab_size(e);
     uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 1;
     int n_ids = prefill > 64 ? prefill : 64;
@@ -163,10 +145,10 @@ int ds41_cli_bench_long(int argc, char **argv) {
                 if (!s) { fprintf(stderr, "ds41 bench: %s\n", ebuf); rc = 1; break; }
                 memset(acc, 0, sizeof acc);
                 ds41_engine_set_profile(e, acc);
-                double t0 = now_s(), c0 = cpu_s();
+                double t0 = ds41_cli_now(), c0 = ds41_cli_cpu_process();
                 if (ds41_feed(s, ids, (size_t)prefill)) { fprintf(stderr, "ds41 bench: %s\n", ds41_session_error(s)); rc = 1; }
-                t_pre[k][r] = now_s() - t0;
-                c_pre[k][r] = cpu_s() - c0;
+                t_pre[k][r] = ds41_cli_now() - t0;
+                c_pre[k][r] = ds41_cli_cpu_process() - c0;
                 ds41_engine_set_profile(e, NULL);
                 prof[k][DS41_TIMER_COMPRESS] += acc[DS41_TIMER_COMPRESS];
                 ds41_session_close(s);
@@ -177,12 +159,10 @@ int ds41_cli_bench_long(int argc, char **argv) {
             double cbase = 0;
             double base = 0;
             for (int k = 0; k < n_set; k++) {
-                double m = median(t_pre[k], rounds), cm = median(c_pre[k], rounds);
+                double m = ds41_cli_median(t_pre[k], rounds), cm = ds41_cli_median(c_pre[k], rounds);
                 if (k == 0) { base = m; cbase = cm; }
                 char name[32];
-                if (!set[k]) snprintf(name, sizeof name, "all on");
-                else snprintf(name, sizeof name, "%s%s%s%s off", set[k] & 1 ? "p1" : "", set[k] & 2 ? "p2" : "", set[k] & 4 ? "p3" : "",
-                              set[k] & 8 ? "p6" : "");
+                setting_name(set[k], name, sizeof name);
                 printf("%-14s %12.2f %10.3f %12.3f %10.3f %14.3f\n", name, prefill / m, m / base, cm, cm / cbase,
                        prof[k][DS41_TIMER_COMPRESS] / rounds);
             }
@@ -194,30 +174,30 @@ int ds41_cli_bench_long(int argc, char **argv) {
         long long N = ctxs[c];
         ds41_session *s = ds41_session_open(e, NULL, ebuf, sizeof ebuf);
         if (!s) { fprintf(stderr, "ds41 bench: %s\n", ebuf); rc = 1; break; }
-        double tb = now_s();
+        double tb = ds41_cli_now();
         if (ds41_session_synthetic_context(s, N, seed)) {
             fprintf(stderr, "ds41 bench: %s\n", ds41_session_error(s));
             ds41_session_close(s);
             rc = 1;
             break;
         }
-        tb = now_s() - tb;
+        tb = ds41_cli_now() - tb;
         /* one untimed step: first touch of the fresh state and of every layer's weights */
         int di = 0;
-        double tf = now_s();
+        double tf = ds41_cli_now();
         if (ds41_feed(s, &ids[di++ % n_ids], 1)) rc = 1;
-        tf = now_s() - tf;
+        tf = ds41_cli_now() - tf;
         memset(prof, 0, sizeof prof);
         for (int r = 0; r < rounds && !rc; r++)
             for (int k = 0; k < n_set && !rc; k++) {
                 ds41_engine_set_ablate(e, set[k]);
                 memset(acc, 0, sizeof acc);
                 ds41_engine_set_profile(e, acc);
-                double t0 = now_s(), c0 = cpu_s();
+                double t0 = ds41_cli_now(), c0 = ds41_cli_cpu_process();
                 for (int i = 0; i < n_dec && !rc; i++)
                     if (ds41_feed(s, &ids[di++ % n_ids], 1)) rc = 1;
-                t_dec[k][r] = (now_s() - t0) / n_dec;
-                c_dec[k][r] = (cpu_s() - c0) / n_dec;
+                t_dec[k][r] = (ds41_cli_now() - t0) / n_dec;
+                c_dec[k][r] = (ds41_cli_cpu_process() - c0) / n_dec;
                 ds41_engine_set_profile(e, NULL);
                 for (int q = 0; q < DS41_TIMER_N; q++) prof[k][q] += acc[q] / n_dec;
             }
@@ -231,12 +211,10 @@ int ds41_cli_bench_long(int argc, char **argv) {
                "CPU/on", "attn %", "index %", "sparse %", "sparse ms", "sparse/on", "KV MB/step");
         double base = 0, cbase = 0, sbase = 0;
         for (int k = 0; k < n_set; k++) {
-            double m = median(t_dec[k], rounds), cm = median(c_dec[k], rounds);
+            double m = ds41_cli_median(t_dec[k], rounds), cm = ds41_cli_median(c_dec[k], rounds);
             if (k == 0) { base = m; cbase = cm; }
             char name[32];
-            if (!set[k]) snprintf(name, sizeof name, "all on");
-            else snprintf(name, sizeof name, "%s%s%s%s off", set[k] & 1 ? "p1" : "", set[k] & 2 ? "p2" : "", set[k] & 4 ? "p3" : "",
-                              set[k] & 8 ? "p6" : "");
+            setting_name(set[k], name, sizeof name);
             double step = 0;   /* the mean step the timers saw */
             for (int r = 0; r < rounds; r++) step += t_dec[k][r];
             step /= rounds;

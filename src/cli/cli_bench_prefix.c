@@ -35,12 +35,6 @@ static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW 
     return 0;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static int argmax(const float *v, int n) {
     int b = 0;
     for (int i = 1; i < n; i++) if (v[i] > v[b]) b = i;
@@ -68,10 +62,10 @@ static ds41_prefix_cache *open_pc(ds41_engine *e, const char *dir, int replay) {
 
 /* restore ids into a fresh session of e from pc; the seconds to the first logits */
 static double timed_restore(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n, long long *hit) {
-    double t0 = now_s();
+    double t0 = ds41_cli_now();
     *hit = ds41_prefix_restore(pc, s, ids, n);
     if (*hit >= 0 && *hit < (long long)n && ds41_feed(s, ids + *hit, n - (size_t)*hit)) *hit = -1;
-    return now_s() - t0;
+    return ds41_cli_now() - t0;
 }
 
 int ds41_cli_bench_prefix(int argc, char **argv) {
@@ -130,18 +124,18 @@ int ds41_cli_bench_prefix(int argc, char **argv) {
         ds41_session *f = open_s(e), *se = open_s(e), *sa = open_s(e), *sd = open_s(e);
         if (!ids || !l0 || !pe || !pa || !pd || !f || !se || !sa || !sd) { rc = 1; goto next; }
         /* fresh */
-        double t0 = now_s();
+        double t0 = ds41_cli_now();
         if (ds41_feed(f, ids, (size_t)n)) { fprintf(stderr, "ds41 bench-prefix: %s\n", ds41_session_error(f)); rc = 1; goto next; }
-        double t_fresh = now_s() - t0;
+        double t_fresh = ds41_cli_now() - t0;
         memcpy(l0, ds41_logits(f), (size_t)V * sizeof(float));
         ds41_state_info si;
         ds41_session_state(f, &si);
         ds41_prefix_publish(pe, f, ids, (size_t)n);
         ds41_prefix_publish(pa, f, ids, (size_t)n);
-        double t1 = now_s();
+        double t1 = ds41_cli_now();
         ds41_prefix_publish(pd, f, ids, (size_t)n);
         ds41_prefix_flush(pd);
-        double t_write = now_s() - t1;
+        double t_write = ds41_cli_now() - t1;
         ds41_prefix_close(pd);
         pd = open_pc(e, store, DS41_REPLAY_EXACT);   /* as after a restart: nothing in memory */
         long long he, ha, hd;

@@ -39,12 +39,6 @@ static const char *BS_USAGE =
     "  --temperature T        sampling temperature (default 0)\n"
     "  --json                 one JSON object per concurrency instead of the tables\n";
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 typedef struct result {
     int ok;
     int out_tokens;
@@ -94,7 +88,7 @@ static void on_event(result *r, const char *js, size_t n, double t0, double *t_l
     json_t *toks = json_object_get(json_object_get(ch, "logprobs"), "tokens");
     int k = (int)json_array_size(toks);
     if (k > 0) {
-        double t = now_s();
+        double t = ds41_cli_now();
         if (r->out_tokens == 0) r->ttft = t - t0;
         else itl_add(r, t - *t_last);
         for (int i = 1; i < k; i++) if (r->out_tokens + i > 0) itl_add(r, 0.0);
@@ -127,7 +121,7 @@ static void run_one(bench *b, int idx, result *r) {
     int hl = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
                       "Connection: close\r\n%s%s%sContent-Length: %zu\r\n\r\n", b->host, b->key ? "Authorization: Bearer " : "",
                       b->key ? b->key : "", b->key ? "\r\n" : "", o);
-    double t0 = now_s(), t_last = t0;
+    double t0 = ds41_cli_now(), t_last = t0;
     int fd = dial(b->host, b->port);
     if (fd < 0) { snprintf(r->err, sizeof r->err, "connect: %s", strerror(errno)); free(body); return; }
     if (write(fd, head, (size_t)hl) != hl || write(fd, body, o) != (ssize_t)o) {
@@ -195,7 +189,7 @@ static void run_one(bench *b, int idx, result *r) {
         if (scan == bl) { bl = scan = 0; }
     }
     close(fd);
-    r->e2e = now_s() - t0;
+    r->e2e = ds41_cli_now() - t0;
     if (status != 200) {
         r->ok = 0;
         if (!r->err[0]) snprintf(r->err, sizeof r->err, "HTTP status %d", status);
@@ -217,10 +211,6 @@ static void *worker(void *arg) {
     return NULL;
 }
 
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 static double pct(double *v, int n, double p) {
     if (n == 0) return 0;
     double k = p / 100.0 * (n - 1);
@@ -278,10 +268,10 @@ int ds41_cli_bench_serve(int argc, char **argv) {
         b.res = calloc((size_t)b.n_req, sizeof *b.res);
         atomic_store(&b.next, 0);
         pthread_t *th = calloc((size_t)c, sizeof *th);
-        double t0 = now_s();
+        double t0 = ds41_cli_now();
         for (long long i = 0; i < c; i++) pthread_create(&th[i], NULL, worker, &b);
         for (long long i = 0; i < c; i++) pthread_join(th[i], NULL);
-        double dur = now_s() - t0;
+        double dur = ds41_cli_now() - t0;
         int ok = 0, n_itl = 0;
         long long out = 0;
         double *ttft = calloc((size_t)b.n_req, sizeof *ttft), *tpot = calloc((size_t)b.n_req, sizeof *tpot),
@@ -301,10 +291,10 @@ int ds41_cli_bench_serve(int argc, char **argv) {
             memcpy(itl + n_itl, r->itl, (size_t)r->n_itl * sizeof *itl);
             n_itl += r->n_itl;
         }
-        qsort(ttft, (size_t)ok, sizeof *ttft, cmp_d);
-        qsort(tpot, (size_t)ok, sizeof *tpot, cmp_d);
-        qsort(e2e, (size_t)ok, sizeof *e2e, cmp_d);
-        qsort(itl, (size_t)n_itl, sizeof *itl, cmp_d);
+        qsort(ttft, (size_t)ok, sizeof *ttft, ds41_cli_cmp_double);
+        qsort(tpot, (size_t)ok, sizeof *tpot, ds41_cli_cmp_double);
+        qsort(e2e, (size_t)ok, sizeof *e2e, ds41_cli_cmp_double);
+        qsort(itl, (size_t)n_itl, sizeof *itl, ds41_cli_cmp_double);
         if (json) {
             printf("{\"concurrency\":%lld,\"num_prompts\":%d,\"completed\":%d,\"duration_s\":%.4f,\"input_len\":%d,"
                    "\"output_len\":%d,\"total_output_tokens\":%lld,\"request_throughput\":%.4f,\"output_throughput\":%.4f,"

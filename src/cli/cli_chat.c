@@ -64,12 +64,6 @@ static const char *CHAT_USAGE =
     "                         generated, tokens/s, why it stopped; with --spec drafted / accepted)\n"
     "Input: one user message per line; /reset forgets the conversation, /exit (or end of input) quits.\n";
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* ---------------------------------------------------------------- growable buffers */
 
 typedef struct ids_buf { int32_t *v; size_t n, cap; } ids_buf;
@@ -315,9 +309,9 @@ int ds41_cli_chat(int argc, char **argv) {
         size_t n_rendered = n_ids;
         size_t reuse = held.n > 0 && held.n < n_ids && !memcmp(held.v, ids, held.n * sizeof *ids) ? held.n : 0;
         if (reuse == 0 && held.n > 0) ds41_session_reset(s);
-        double t0 = now_s();
+        double t0 = ds41_cli_now();
         int frc = ds41_feed(s, ids + reuse, n_ids - reuse);
-        double t_prefill = now_s() - t0;
+        double t_prefill = ds41_cli_now() - t0;
         held.n = 0;
         int bad = frc != 0;
         for (size_t i = 0; i < n_ids && !bad; i++) bad = ids_push(&held, ids[i]) != 0;
@@ -342,7 +336,7 @@ int ds41_cli_chat(int argc, char **argv) {
          * first qa of them already fed */
         int qi = 0, nq = 0, qa = 0;
         long long drafted = 0, accepted = 0;
-        double t1 = now_s();
+        double t1 = ds41_cli_now();
         for (int k = 0; k < g.n_predict; k++) {
             int fed = qi < qa;
             int32_t t = qi < nq ? spec_out[qi++] : ds41_session_sample(s);
@@ -407,7 +401,7 @@ int ds41_cli_chat(int argc, char **argv) {
             }
             if (ids_push(&held, t)) goto oom;
         }
-        double t_gen = now_s() - t1;
+        double t_gen = ds41_cli_now() - t1;
         size_t fl = ds41_detok_stream_flush(&ds, piece, dcap);
         if (in_reasoning) {
             if (str_add(&reasoning, piece, fl)) goto oom;

@@ -41,12 +41,6 @@ static const char *PPL_USAGE =
     "  --chunk N|auto|off     evaluate each window in chunks of N tokens (default auto: over 2048)\n"
     "  --index-k own|official index-K reading of spec 3.9 / 10.1 (default own)\n";
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* The whole of FILE (or standard input for "-"), NUL-terminated. */
 static int read_text(const char *path, char **out, size_t *len, ds41_err *err) {
     if (strcmp(path, "-")) return ds41_read_file(path, (size_t)1 << 32, out, len, err);
@@ -191,12 +185,12 @@ int ds41_cli_perplexity(int argc, char **argv) {
         memcpy(win, ids + start, (size_t)C * sizeof *win);
         if (add_bos) win[0] = bos;
         ds41_session_reset(s);
-        double t0 = now_s();
+        double t0 = ds41_cli_now();
         if (ds41_feed_logits(s, win, (size_t)C, rows)) {
             fprintf(stderr, "ds41 perplexity: window %lld: %s\n", w, ds41_session_error(s));
             goto out;
         }
-        t_fwd += now_s() - t0;
+        t_fwd += ds41_cli_now() - t0;
         for (long long j = first; j < C - 1; j++) {
             double x = token_nll(rows + (size_t)j * V, V, win[j + 1]);
             nll += x;

@@ -55,12 +55,6 @@ static const char *RUN_USAGE =
     "                         from the measured verify-width curve (cached, README); --json adds a\n"
     "                         {\"spec_step\"} line per step and a {\"spec\"} statistics line\n";
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* "1,2,3" -> ids; rejects anything that is not a comma-separated list of integers. */
 static int parse_ids(const char *s, int32_t **out, size_t *n, const char *what) {
     size_t cap = 16, k = 0;
@@ -253,23 +247,23 @@ int ds41_cli_run(int argc, char **argv) {
         pp.index_k = g.index_k;
         if (!(pc = ds41_prefix_open(e, &pp, ebuf, sizeof ebuf))) { fprintf(stderr, "ds41 run: %s\n", ebuf); goto out; }
     }
-    double t0 = now_s();
+    double t0 = ds41_cli_now();
     long long hit = 0, written = 0;
     if (pc && (hit = ds41_prefix_restore(pc, s, ids, n_ids)) < 0) {
         fprintf(stderr, "ds41 run: restoring the cached prefix: %s\n", ds41_session_error(s));
         goto out;
     }
-    double t_restore = now_s() - t0;
+    double t_restore = ds41_cli_now() - t0;
     if (hit < (long long)n_ids && ds41_feed(s, ids + hit, n_ids - (size_t)hit)) {
         fprintf(stderr, "ds41 run: %s\n", ds41_session_error(s));
         goto out;
     }
-    double t_prefill = now_s() - t0, t_decode = 0.0, t_publish = 0.0;
+    double t_prefill = ds41_cli_now() - t0, t_decode = 0.0, t_publish = 0.0;
     if (pc) {
-        double t1 = now_s();
+        double t1 = ds41_cli_now();
         written = ds41_prefix_publish(pc, s, ids, n_ids);
         ds41_prefix_flush(pc);   /* durable before the answer (a serving process would not wait) */
-        t_publish = now_s() - t1;
+        t_publish = ds41_cli_now() - t1;
     }
     int n_dec = 0, n_gen = 0;
     void *spec_json = NULL;   /* --json statistics of --spec (cli_spec.c) */
@@ -337,9 +331,9 @@ int ds41_cli_run(int argc, char **argv) {
         }
         if (!ignore_eos && !forced && next == eos && eos >= 0) break;
         if (step + 1 < g.n_predict) {
-            double t1 = now_s();
+            double t1 = ds41_cli_now();
             if (ds41_feed(s, &next, 1)) { fprintf(stderr, "\nds41 run: %s\n", ds41_session_error(s)); goto out; }
-            t_decode += now_s() - t1;
+            t_decode += ds41_cli_now() - t1;
             n_dec++;
         }
     }

@@ -9,18 +9,6 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static double cpu_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 int ds41_cli_spec_parse(const char *cmd, const char *arg, int block, int plain_only, ds41_cli_spec *o) {
     memset(o, 0, sizeof *o);
     o->explicit_arg = arg != NULL;
@@ -57,7 +45,7 @@ int ds41_cli_spec_curve(ds41_engine *e, const char *dir, int threads, int exact,
     int have_path = ds41_spec_curve_path(dir, threads, exact, path, sizeof path) == 0;
     if (have_path && ds41_spec_curve_load(path, c) == 0) return 0;
     char err[512];
-    double t0 = now_s();
+    double t0 = ds41_cli_now();
     int w = ds41_draft_block_size(e) + 1;
     if (ds41_spec_calibrate(e, w, 32, 3, c, err, sizeof err)) {
         fprintf(stderr, "ds41: speculative calibration failed: %s\n", err);
@@ -65,7 +53,7 @@ int ds41_cli_spec_curve(ds41_engine *e, const char *dir, int threads, int exact,
     }
     if (have_path && ds41_spec_curve_save(path, c) == 0) ds41_spec_curve_load(path, c);   /* the saved values */
     if (!quiet)
-        fprintf(stderr, "ds41: measured the verify-width curve in %.2f s (widths 1..%d)%s%s\n", now_s() - t0, c->n,
+        fprintf(stderr, "ds41: measured the verify-width curve in %.2f s (widths 1..%d)%s%s\n", ds41_cli_now() - t0, c->n,
                 have_path ? ", cached in " : "", have_path ? path : "");
     return 0;
 }
@@ -98,9 +86,9 @@ int ds41_cli_spec_generate(ds41_cli_spec_run *r) {
         /* the step's context: pos + 1 + K <= ctx is clamped by the library; the last emitted
          * token is never fed, so a step needs one free position */
         if (ds41_session_pos(s) + 1 > ds41_ctx_size(r->e)) break;
-        double t1 = now_s();
+        double t1 = ds41_cli_now();
         int m = ds41_spec_step(s, &p, out, cap, lg, &info, &st);
-        double dt = now_s() - t1;
+        double dt = ds41_cli_now() - t1;
         if (m < 0) { fprintf(stderr, "\nds41 run: %s\n", ds41_session_error(s)); goto end; }
         if (r->n_gen == 0) t_first = dt;   /* the first step also samples the prefill's token */
         r->t_decode += dt;
@@ -208,7 +196,7 @@ static int bench_one(ds41_engine *e, const int32_t *prompt, int np, int n, int m
     if (ds41_feed(s, prompt, (size_t)np)) { fprintf(stderr, "ds41 bench: %s\n", ds41_session_error(s)); ds41_session_close(s); return -1; }
     int B = ds41_draft_block_size(e), got = 0;
     int32_t out[DS41_SPEC_MAX_DRAFTS + 2];
-    double t0 = now_s(), c0 = cpu_s();
+    double t0 = ds41_cli_now(), c0 = ds41_cli_cpu_thread();
     if (mode < 0) {   /* plain decoding */
         for (; got < n; got++) {
             toks[got] = ds41_session_sample(s);
@@ -225,20 +213,14 @@ static int bench_one(ds41_engine *e, const int32_t *prompt, int np, int n, int m
             for (int j = 0; j < m && got < n; j++) toks[got++] = out[j];
         }
     }
-    o->seconds = now_s() - t0;
-    double cs = cpu_s() - c0;
+    o->seconds = ds41_cli_now() - t0;
+    double cs = ds41_cli_cpu_thread() - c0;
     o->n = n;
     o->tps = n / o->seconds;
     o->cpu_tps = cs > 0 ? n / cs : 0.0;
     o->identical = ref ? !memcmp(ref, toks, (size_t)n * sizeof(int32_t)) : 1;
     ds41_session_close(s);
     return 0;
-}
-
-static double median(double *v, int n) {
-    for (int i = 1; i < n; i++)   /* insertion sort: a handful of rounds */
-        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) { double t = v[j]; v[j] = v[j - 1]; v[j - 1] = t; }
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* one mode over the rounds: the last round's run (stats, choices: the same every round for
@@ -317,9 +299,9 @@ int ds41_cli_bench_spec(ds41_engine *e, const char *dir, int threads, int exact,
         }
     }
     for (int i = 0; i < nm; i++) {
-        m[i].tps_med = median(m[i].tps, rounds);
-        m[i].ratio_med = median(m[i].ratio, rounds);
-        m[i].cratio_med = median(m[i].cratio, rounds);
+        m[i].tps_med = ds41_cli_median(m[i].tps, rounds);
+        m[i].ratio_med = ds41_cli_median(m[i].ratio, rounds);
+        m[i].cratio_med = ds41_cli_median(m[i].cratio, rounds);
     }
     const bench_mode *fB = &m[2 + B - 1];   /* fixed:B: every position drafted every step */
     int single = threads <= 1;               /* the thread's CPU time is the whole work */

@@ -161,19 +161,27 @@ void ds41_compress_pool(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_
     free(pooled);
 }
 
+/* An entry's records from its normalised index key ik (index_head_dim) and pre-RoPE latent c
+ * (head_dim), both modified: RoPE on their tails at pos, then Q4mx / Q4nv. */
+static void entry_records(const ds41_config *cfg, const ds41_rope *rope, float *ik, float *c, int pos, uint8_t *ik_rec,
+                          uint8_t *kv_rec) {
+    int D = cfg->head_dim, rd = cfg->rope_dim, ID = cfg->index_head_dim;
+    ds41_rope_apply(rope, ik + (ID - rd), pos, 0);
+    ds41_pack_q4mx(ik, ID, ik_rec, ik_rec + ID / 2);
+    ds41_rope_apply(rope, c + (D - rd), pos, 0);
+    ds41_pack_q4nv(c, D, kv_rec, kv_rec + D / 2);
+}
+
 void ds41_compress_entry(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
                          const ds41_rope *rope, float *c, int pos, uint8_t *ik_rec, uint8_t *kv_rec) {
-    int D = cfg->head_dim, rd = cfg->rope_dim, ID = cfg->index_head_dim;
+    int ID = cfg->index_head_dim;
     float *ik = xmalloc((size_t)ID * 2 * sizeof(float));
     float *tmp = ik + ID;
     /* 1. index key from the pre-RoPE latent */
     ds41_linear_bf16(ctx, &lw->idx_wk, c, 1, tmp, 1);
     ds41_rmsnorm(ctx, tmp, lw->idx_k_norm, 1, ID, cfg->norm_eps, ik);
-    ds41_rope_apply(rope, ik + (ID - rd), pos, 0);
-    ds41_pack_q4mx(ik, ID, ik_rec, ik_rec + ID / 2);
-    /* 2. main KV: RoPE on the latent's tail, then Q4nv */
-    ds41_rope_apply(rope, c + (D - rd), pos, 0);
-    ds41_pack_q4nv(c, D, kv_rec, kv_rec + D / 2);
+    /* 2. both records (main KV: RoPE on the latent's tail, then Q4nv) */
+    entry_records(cfg, rope, ik, c, pos, ik_rec, kv_rec);
     free(ik);
 }
 
@@ -181,7 +189,7 @@ void ds41_compress_r1_fused(const ds41_ctx *ctx, const ds41_config *cfg, const d
                             const ds41_rope *rope, const float *x, int T, long long j0, uint8_t *const *ik_rec,
                             uint8_t *const *kv_rec) {
     enum { TILE = 16 };
-    int D = cfg->head_dim, ID = cfg->index_head_dim, rd = cfg->rope_dim, dim = cfg->dim;
+    int D = cfg->head_dim, ID = cfg->index_head_dim, dim = cfg->dim;
     float *proj = xmalloc((size_t)TILE * (2 * (size_t)D + 2 * (size_t)ID) * sizeof(float));
     float *c = proj + (size_t)TILE * D, *ikp = c + (size_t)TILE * D, *ik = ikp + (size_t)TILE * ID;
     for (int t0 = 0; t0 < T; t0 += TILE) {
@@ -192,15 +200,9 @@ void ds41_compress_r1_fused(const ds41_ctx *ctx, const ds41_config *cfg, const d
         ds41_rmsnorm(ctx, proj, lw->comp_norm, n, D, cfg->norm_eps, c);
         ds41_linear_bf16(ctx, &lw->idx_wk, c, n, ikp, 1);
         ds41_rmsnorm(ctx, ikp, lw->idx_k_norm, n, ID, cfg->norm_eps, ik);
-        for (int i = 0; i < n; i++) {
-            int pos = (int)(j0 + t0 + i);
-            float *ki = ik + (size_t)i * ID, *ci = c + (size_t)i * D;
-            uint8_t *ir = ik_rec[t0 + i], *kr = kv_rec[t0 + i];
-            ds41_rope_apply(rope, ki + (ID - rd), pos, 0);
-            ds41_pack_q4mx(ki, ID, ir, ir + ID / 2);
-            ds41_rope_apply(rope, ci + (D - rd), pos, 0);
-            ds41_pack_q4nv(ci, D, kr, kr + D / 2);
-        }
+        for (int i = 0; i < n; i++)
+            entry_records(cfg, rope, ik + (size_t)i * ID, c + (size_t)i * D, (int)(j0 + t0 + i), ik_rec[t0 + i],
+                          kv_rec[t0 + i]);
     }
     free(proj);
 }
@@ -209,7 +211,7 @@ void ds41_compress_pool_fused(const ds41_ctx *ctx, const ds41_config *cfg, const
                               const ds41_rope *rope, const float *const *kv_rows, const float *const *sc_rows, int r,
                               int n, const int *pos, uint8_t *const *ik_rec, uint8_t *const *kv_rec) {
     enum { TILE = 16 };
-    int D = cfg->head_dim, ID = cfg->index_head_dim, rd = cfg->rope_dim;
+    int D = cfg->head_dim, ID = cfg->index_head_dim;
     float *pooled = xmalloc((size_t)TILE * (2 * (size_t)D + 2 * (size_t)ID) * sizeof(float));
     float *c = pooled + (size_t)TILE * D, *ikp = c + (size_t)TILE * D, *ik = ikp + (size_t)TILE * ID;
     for (int e0 = 0; e0 < n; e0 += TILE) {
@@ -221,14 +223,8 @@ void ds41_compress_pool_fused(const ds41_ctx *ctx, const ds41_config *cfg, const
         ds41_rmsnorm(ctx, pooled, lw->comp_norm, m, D, cfg->norm_eps, c);
         ds41_linear_bf16(ctx, &lw->idx_wk, c, m, ikp, 1);
         ds41_rmsnorm(ctx, ikp, lw->idx_k_norm, m, ID, cfg->norm_eps, ik);
-        for (int i = 0; i < m; i++) {
-            float *ki = ik + (size_t)i * ID, *ci = c + (size_t)i * D;
-            uint8_t *ir = ik_rec[e0 + i], *kr = kv_rec[e0 + i];
-            ds41_rope_apply(rope, ki + (ID - rd), pos[e0 + i], 0);
-            ds41_pack_q4mx(ki, ID, ir, ir + ID / 2);
-            ds41_rope_apply(rope, ci + (D - rd), pos[e0 + i], 0);
-            ds41_pack_q4nv(ci, D, kr, kr + D / 2);
-        }
+        for (int i = 0; i < m; i++)
+            entry_records(cfg, rope, ik + (size_t)i * ID, c + (size_t)i * D, pos[e0 + i], ik_rec[e0 + i], kv_rec[e0 + i]);
     }
     free(pooled);
 }
@@ -403,7 +399,9 @@ static void ixs_block(const ixs_job *jb, int j0, int n, float *tile) {
 
 static void ixs_range(void *arg, int b0, int b1) {
     const ixs_job *jb = arg;
-    float *tile = aligned_alloc(64, (size_t)jb->ID * IXL * sizeof(float));
+    /* the tile on the stack up to index_head_dim 256 (production: 128), no allocation per call */
+    _Alignas(64) float local[256 * IXL];
+    float *tile = jb->ID <= 256 ? local : aligned_alloc(64, (size_t)jb->ID * IXL * sizeof(float));
     if (!tile) abort();
     for (int b = b0; b < b1; b++) {
         int j0 = b * IXL, n = jb->E - j0 < IXL ? jb->E - j0 : IXL;
@@ -411,7 +409,7 @@ static void ixs_range(void *arg, int b0, int b1) {
         if (j0 >= jb->n_vis) { for (int l = 0; l < n; l++) jb->scores[j0 + l] = -INFINITY; continue; }
         ixs_block(jb, j0, n, tile);
     }
-    free(tile);
+    if (tile != local) free(tile);
 }
 
 void ds41_indexer_scores(const ds41_ctx *ctx, const ds41_config *cfg, const float *iq, const float *wt,
