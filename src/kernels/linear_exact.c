@@ -275,92 +275,188 @@ static void ejob_run(const ds41_ctx *ctx, ejob *j) {
 }
 
 static float e4m3_val[256];
+static int32_t e4m3_i512[256];   /* e4m3 value * 512: an integer, |.| <= 229376 */
+static double ue8_tab[256];      /* ds41_ue8m0_to_f32 in double */
+static float ue8_f[256];         /* ds41_ue8m0_to_f32 */
 static pthread_once_t val_once = PTHREAD_ONCE_INIT;
-static void val_init(void) { for (int c = 0; c < 256; c++) e4m3_val[c] = ds41_e4m3_to_f32((uint8_t)c); }
+static void val_init(void) {
+    for (int c = 0; c < 256; c++) {
+        e4m3_val[c] = ds41_e4m3_to_f32((uint8_t)c);
+        float v = e4m3_val[c] * 512.0f;   /* exact: E4M3 values are multiples of 2^-9 */
+        e4m3_i512[c] = v == v ? (int32_t)v : 0;   /* the NaN codes never come out of the quantizer */
+        ue8_f[c] = ds41_ue8m0_to_f32((uint8_t)c);
+        ue8_tab[c] = (double)ue8_f[c];
+    }
+}
+
+#define PFD 1024          /* prefetch distance per weight row stream, bytes */
+#define UNROLL4 _Pragma("GCC unroll 4")
+#define UNROLL8 _Pragma("GCC unroll 8")
 
 /* ---- T = 1, FP8 / FP4: no panel. A decode step reads each weight once, so the panel's decode
- * and transpose (made for reuse over tokens) would cost more than the products; instead each
- * row's 32-element blocks are decoded straight into double lanes and multiplied with the
- * activation doubles (q * s_a), four rows at a time sharing the activation loads. A block's
- * products are exact in double and so are their partial sums (module comment), so the block
- * dot is the scalar kernel's in any lane order; then acc_r += dot * (s_w * 2^8 for FP8 /
- * s_w / 2 for FP4: the decoded codes' factor folded in, a power of two), blocks ascending,
- * and y = bf16(fp32(acc_r)), as the scalar kernel. */
+ * and transpose (made for reuse over tokens) would cost more than the products; instead four
+ * rows at a time stream their blocks, each block's four dots are formed in registers, reduced
+ * to one vector (lane i = row i) and added to a __m256d accumulator (lane i = row i), blocks
+ * ascending. The scale lookups are tables (ue8m0 as doubles), the activation's group scale is
+ * folded into a per-block double.
+ *
+ * FP8: activation doubles = E4M3 code values v (without the group scale); weights decoded to
+ *   e4m3 * 2^-8 floats (FP16 trick) and widened; per row two chains of exact products (module
+ *   comment: the partial sums are exact), their sum reduced across lanes with hadd (exact);
+ *   the block's 4 dots d times c_b = s_a * s_w * 2^8 (s_w of the row tile: one per 4 rows, the
+ *   group lies in one 32-row tile), and acc = fma(d, c_b, acc) = acc + d * c_b rounded once,
+ *   since d * c_b is exact (a power-of-two scaling in double range): the scalar kernel's
+ *   acc += (dot * s_a) * s_w.
+ * FP4: integers. I = 512 v is an integer (E4M3 values are multiples of 2^-9), |I| <= 229376;
+ *   I = 512 hi + lo with hi = I >> 9 (arithmetic), lo = I & 511, both int16. The weights
+ *   2 e2m1 are int16 in -12..12 (byte shuffle, sign extension). vpmaddwd gives exact pair sums
+ *   and the block integer B = 512 sum(w hi) + sum(w lo) = sum(2 e2m1 * 512 v) stays below
+ *   32 * 12 * 229376 < 2^27 in every partial sum, so int32 holds it exactly, in any order:
+ *   within a block the elements may be permuted freely, so the activation halves are stored per
+ *   block as [even hi | even lo | odd hi | odd lo] (16 int16 each) to match the nibble order
+ *   of the packed bytes. The block's exact dot is B * 2^-10; B (exact in double) times
+ *   c = s_w * (s_a * 2^-10) (powers of two, exact) is the scalar kernel's dot * s_a * s_w;
+ *   acc = fma(B, c, acc) as for FP8.
+ * Then y = bf16(fp32(acc_r)) as the scalar kernel. Rows past the end (out % 4) repeat the last
+ * row and are dropped. Work items are 32-row tiles. */
 typedef struct e1job {
     const uint8_t *w, *s;
     int fp4, out, in;
-    const double *ad;
+    const double *ad;          /* FP8: code values, in */
+    const int16_t *aq;         /* FP4: 64 int16 per block */
+    const double *sab;         /* per block: FP8 s_a * 2^8, FP4 s_a * 2^-10 */
     float *y;
 } e1job;
 
-static inline double hsum4(__m256d v) {
-    __m128d a = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
-    return _mm_cvtsd_f64(_mm_add_sd(a, _mm_unpackhi_pd(a, a)));
+/* lane i of the result = sum of the lanes of v_i (exact sums only) */
+static inline __m256d hsum4x4(__m256d v0, __m256d v1, __m256d v2, __m256d v3) {
+    __m256d h01 = _mm256_hadd_pd(v0, v1), h23 = _mm256_hadd_pd(v2, v3);
+    return _mm256_add_pd(_mm256_permute2f128_pd(h01, h23, 0x20), _mm256_permute2f128_pd(h01, h23, 0x31));
 }
 
-/* one block of row r: 32 weights as exact doubles (without the row-block scale) dotted with a */
-static inline __m256d blk1(const e1job *j, int r, int b, const double *a) {
-    __m256d c0 = _mm256_setzero_pd(), c1 = c0;
-    if (!j->fp4) {
-        const uint8_t *p = j->w + (size_t)r * j->in + (size_t)b * 32;
-        for (int q = 0; q < 4; q++) {
-            __m256 f = e4m3x8_h(p + 8 * q);
-            c0 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(f)), _mm256_loadu_pd(a + 8 * q), c0);
-            c1 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(f, 1)), _mm256_loadu_pd(a + 8 * q + 4), c1);
-        }
-    } else {
-        const __m128i tab = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-        __m128i v = _mm_loadu_si128((const __m128i *)(j->w + (size_t)r * (j->in / 2) + (size_t)b * 16));
-        __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x0F)), hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F));
-        __m128i tl = _mm_shuffle_epi8(tab, lo), th = _mm_shuffle_epi8(tab, hi);
-        __m128i e[2] = { _mm_unpacklo_epi8(tl, th), _mm_unpackhi_epi8(tl, th) };   /* 2 * e2m1, K order */
-        for (int h = 0; h < 2; h++) {
-            __m256i i32a = _mm256_cvtepi8_epi32(e[h]), i32b = _mm256_cvtepi8_epi32(_mm_srli_si128(e[h], 8));
-            const double *ah = a + 16 * h;
-            c0 = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(i32a)), _mm256_loadu_pd(ah), c0);
-            c1 = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(i32a, 1)), _mm256_loadu_pd(ah + 4), c1);
-            c0 = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(i32b)), _mm256_loadu_pd(ah + 8), c0);
-            c1 = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(i32b, 1)), _mm256_loadu_pd(ah + 12), c1);
-        }
-    }
-    return _mm256_add_pd(c0, c1);
+static inline __m128i hsum4x8i(__m256i d0, __m256i d1, __m256i d2, __m256i d3) {
+    __m256i t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(d0, d1), _mm256_unpackhi_epi32(d0, d1));
+    __m256i t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(d2, d3), _mm256_unpackhi_epi32(d2, d3));
+    __m256i u = _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
+    return _mm_add_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
 }
 
-static inline double wsc1(const e1job *j, int r, int b) {
+static inline void put4(const e1job *j, int r0, __m256d acc) {
+    double a[4];
+    _mm256_storeu_pd(a, acc);
+    for (int i = 0; i < 4 && r0 + i < j->out; i++) j->y[r0 + i] = ds41_bf16_round((float)a[i]);
+}
+
+static void e1_fp8_group(const e1job *j, int r0, const double *scl) {
     int nb = j->in / 32;
-    return j->fp4 ? ue8_d(j->s[(size_t)r * nb + b]) * 0.5 : ue8_d(j->s[(size_t)(r / 32) * nb + b]) * 256.0;
+    const uint8_t *p[4];
+    for (int i = 0; i < 4; i++) p[i] = j->w + (size_t)(r0 + i < j->out ? r0 + i : j->out - 1) * j->in;
+    __m256d acc = _mm256_setzero_pd();
+    for (int b = 0; b < nb; b++) {
+        const double *a = j->ad + (size_t)b * 32;
+        const size_t o = (size_t)b * 32;
+        if (!(b & 1)) UNROLL4 for (int r = 0; r < 4; r++) _mm_prefetch((const char *)(p[r] + o + PFD), _MM_HINT_T0);
+        __m256d c0[4], c1[4];
+        UNROLL4 for (int q = 0; q < 4; q++) {
+            __m256d a0 = _mm256_load_pd(a + 8 * q), a1 = _mm256_load_pd(a + 8 * q + 4);
+            UNROLL4 for (int r = 0; r < 4; r++) {
+                __m256 f = e4m3x8_h(p[r] + o + 8 * q);
+                __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(f)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1));
+                if (q == 0) { c0[r] = _mm256_mul_pd(lo, a0); c1[r] = _mm256_mul_pd(hi, a1); }
+                else { c0[r] = _mm256_fmadd_pd(lo, a0, c0[r]); c1[r] = _mm256_fmadd_pd(hi, a1, c1[r]); }
+            }
+        }
+        __m256d d = hsum4x4(_mm256_add_pd(c0[0], c1[0]), _mm256_add_pd(c0[1], c1[1]),
+                            _mm256_add_pd(c0[2], c1[2]), _mm256_add_pd(c0[3], c1[3]));
+        acc = _mm256_fmadd_pd(d, _mm256_broadcast_sd(scl + b), acc);
+    }
+    put4(j, r0, acc);
+}
+
+static void e1_fp4_group(const e1job *j, int r0) {
+    int nb = j->in / 32;
+    const __m128i tab = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i m = _mm_set1_epi8(0x0F);
+    const uint8_t *p[4], *sr[4];
+    for (int i = 0; i < 4; i++) {
+        size_t r = (size_t)(r0 + i < j->out ? r0 + i : j->out - 1);
+        p[i] = j->w + r * (size_t)(j->in / 2);
+        sr[i] = j->s + r * (size_t)nb;
+    }
+    __m256d acc = _mm256_setzero_pd();
+    for (int b = 0; b < nb; b++) {
+        const int16_t *q = j->aq + (size_t)b * 64;
+        const size_t o = (size_t)b * 16;
+        if (!(b & 3)) UNROLL4 for (int r = 0; r < 4; r++) _mm_prefetch((const char *)(p[r] + o + PFD), _MM_HINT_T0);
+        __m256i aeh = _mm256_load_si256((const __m256i *)q), ael = _mm256_load_si256((const __m256i *)(q + 16));
+        __m256i aoh = _mm256_load_si256((const __m256i *)(q + 32)), aol = _mm256_load_si256((const __m256i *)(q + 48));
+        __m256i d[4];
+        UNROLL4 for (int r = 0; r < 4; r++) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(p[r] + o));
+            __m256i we = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(tab, _mm_and_si128(v, m)));
+            __m256i wo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(v, 4), m)));
+            __m256i h = _mm256_add_epi32(_mm256_madd_epi16(we, aeh), _mm256_madd_epi16(wo, aoh));
+            __m256i l = _mm256_add_epi32(_mm256_madd_epi16(we, ael), _mm256_madd_epi16(wo, aol));
+            d[r] = _mm256_add_epi32(_mm256_slli_epi32(h, 9), l);
+        }
+        __m256d bi = _mm256_cvtepi32_pd(hsum4x8i(d[0], d[1], d[2], d[3]));
+        __m256d sw = _mm256_setr_pd(ue8_tab[sr[0][b]], ue8_tab[sr[1][b]], ue8_tab[sr[2][b]], ue8_tab[sr[3][b]]);
+        acc = _mm256_fmadd_pd(bi, _mm256_mul_pd(sw, _mm256_broadcast_sd(j->sab + b)), acc);
+    }
+    put4(j, r0, acc);
 }
 
 static void e1_rows(void *arg, int i0, int i1) {
     const e1job *j = arg;
     int nb = j->in / 32;
-    for (int r0 = i0 * 4; r0 < i1 * 4 && r0 < j->out; r0 += 4) {
-        int nr = j->out - r0 < 4 ? j->out - r0 : 4;
-        double acc[4] = { 0.0, 0.0, 0.0, 0.0 };
-        for (int b = 0; b < nb; b++) {
-            const double *a = j->ad + (size_t)b * 32;
-            for (int i = 0; i < nr; i++) acc[i] += hsum4(blk1(j, r0 + i, b, a)) * wsc1(j, r0 + i, b);
+    double *scl = j->fp4 ? NULL : amalloc((size_t)nb * sizeof(double));
+    if (!j->fp4 && !scl) return;
+    for (int t = i0; t < i1; t++) {
+        int r1 = (t + 1) * 32 < j->out ? (t + 1) * 32 : j->out;
+        if (!j->fp4) {
+            const uint8_t *st = j->s + (size_t)t * nb;
+            for (int b = 0; b < nb; b++) scl[b] = j->sab[b] * ue8_tab[st[b]];
         }
-        for (int i = 0; i < nr; i++) j->y[r0 + i] = ds41_bf16_round((float)acc[i]);
+        for (int r0 = t * 32; r0 < r1; r0 += 4) {
+            if (j->fp4) e1_fp4_group(j, r0);
+            else e1_fp8_group(j, r0, scl);
+        }
     }
+    free(scl);
 }
 
 void ds41_exact_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int fp4, int out, int in,
                      const float *x, int T, float *y) {
     pthread_once(&val_once, val_init);
     if (T == 1) {
-        double *ad = amalloc((size_t)in * sizeof(double));
-        if (!ad) return;
+        int nb = in / 32;
+        double *ad = amalloc((size_t)in * sizeof(double) + (size_t)nb * sizeof(double));
+        int16_t *aq = fp4 ? amalloc((size_t)in * 2 * sizeof(int16_t)) : NULL;
+        if (!ad || (fp4 && !aq)) { free(ad); free(aq); return; }
+        double *sab = ad + in;
         uint8_t codes[32], sb;
-        for (int k0 = 0; k0 < in; k0 += 32) {
-            double sa = (double)ds41_q8_group(x + k0, 32, codes, &sb);
-            for (int i = 0; i < 32; i++) ad[k0 + i] = (double)e4m3_val[codes[i]] * sa;
+        for (int b = 0; b < nb; b++) {
+            double sa = (double)ds41_q8_group(x + 32 * b, 32, codes, &sb);
+            if (fp4) {
+                int16_t *q = aq + (size_t)b * 64;
+                for (int i = 0; i < 32; i++) {
+                    int32_t v = e4m3_i512[codes[i]];
+                    int h = i & 1, e = i >> 1;
+                    q[32 * h + e] = (int16_t)(v >> 9);
+                    q[32 * h + 16 + e] = (int16_t)(v & 511);
+                }
+                sab[b] = sa * 0x1p-10;
+            } else {
+                for (int i = 0; i < 32; i++) ad[32 * b + i] = (double)e4m3_val[codes[i]];
+                sab[b] = sa * 256.0;
+            }
         }
-        e1job j = { w, s, fp4, out, in, ad, y };
-        int n_items = (out + 3) / 4;
+        e1job j = { w, s, fp4, out, in, ad, aq, sab, y };
+        int n_items = (out + 31) / 32;
         if ((long long)out * in >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, e1_rows, &j);
         else e1_rows(&j, 0, n_items);
         free(ad);
+        free(aq);
         return;
     }
     int tt = T < TT ? T : TT;
@@ -383,71 +479,119 @@ void ds41_exact_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, in
     free(ad);
 }
 
-/* ---- T = 1, BF16 / FP32: no panel either. 16 rows per pass (four __m256d chains, lane i of
- * chain g = row 4 g + i), each 8-K chunk of 4 rows loaded, transposed in registers and widened,
- * then acc = fma(w, x[k], acc) for k ascending: the scalar kernel's sequence per row (the
- * products are exact in double, so the FMA rounds as its add); K tails after, in order. */
+/* ---- T = 1, BF16 / FP32 / dequantized FP8: no panel either. 4 Q row quads (Q = 4: 16 rows, or
+ * fewer for a short last group) per pass, lane i of chain q = row 4 q + i; each 8-K chunk of 4
+ * rows is loaded (BF16 widened by a shift, DQ decoded and rounded to BF16 as the scalar
+ * converter does), transposed in registers and widened, then acc = fma(w, x[k], acc) for k
+ * ascending: the scalar kernel's sequence per row (the products are exact in double, so the
+ * FMA rounds as its add); K tails after, in order. The kind and the quad count are
+ * compile-time constants of each instance. Rows past the end repeat the last row and are
+ * dropped. */
 typedef struct d1job {
-    ejob e;                    /* kind, wb / wf, out, in, y, out_bf16 */
+    int kind;
+    const uint16_t *wb;
+    const float *wf;
+    const uint8_t *w8, *s8;
+    int row0, out, in;
     const double *x;
+    float *y;
+    int out_bf16;
 } d1job;
 
-/* row8 for the dense kinds only, inlined (row8's switch over every kind is not) */
-static inline __attribute__((always_inline)) __m256 d1_row8(const ejob *j, int r, int k) {
-    if (j->kind == E_BF16)
-        return _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(j->wb + (size_t)r * j->in + k))), 16));
-    return _mm256_loadu_ps(j->wf + (size_t)r * j->in + k);
+static inline __attribute__((always_inline)) __m256 d1_ld(int kind, const void *p, const uint8_t *srow, int k) {
+    if (kind == E_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + k))), 16));
+    if (kind == E_F32) return _mm256_loadu_ps((const float *)p + k);
+    __m256 v = _mm256_mul_ps(e4m3x8_h((const uint8_t *)p + k), _mm256_set1_ps(256.0f));   /* exact */
+    return bf16_rne(_mm256_mul_ps(v, _mm256_set1_ps(ue8_f[srow[k >> 5]])));
 }
+
+static inline double d1_scalar(const d1job *d, int r, int k) {
+    if (d->kind == E_BF16) return (double)ds41_bf16_to_f32(d->wb[(size_t)r * d->in + k]);
+    if (d->kind == E_F32) return (double)d->wf[(size_t)r * d->in + k];
+    int ar = d->row0 + r;
+    return (double)ds41_bf16_round(e4m3_val[d->w8[(size_t)ar * d->in + k]] * ue8_f[d->s8[(size_t)(ar / 32) * ((d->in + 31) / 32) + k / 32]]);
+}
+
+static inline __attribute__((always_inline)) void d1_group(const d1job *d, int g0, int kind, int nq) {
+    const int in = d->in, kv = in & ~7, esz = kind == E_BF16 ? 2 : kind == E_F32 ? 4 : 1;
+    const int pfm = kind == E_BF16 ? 31 : kind == E_F32 ? 15 : 63;   /* one prefetch per 64 bytes */
+    const char *p[16];
+    const uint8_t *sr[16];
+    for (int i = 0; i < 4 * nq; i++) {
+        int r = g0 + i < d->out ? g0 + i : d->out - 1;
+        int ar = kind == E_DQ ? d->row0 + r : r;
+        p[i] = kind == E_BF16 ? (const char *)d->wb : kind == E_F32 ? (const char *)d->wf : (const char *)d->w8;
+        p[i] += (size_t)ar * in * esz;
+        sr[i] = kind == E_DQ ? d->s8 + (size_t)(ar / 32) * ((in + 31) / 32) : NULL;
+    }
+    __m256d acc[4];
+    for (int q = 0; q < nq; q++) acc[q] = _mm256_setzero_pd();
+    for (int k = 0; k < kv; k += 8) {
+        if (!(k & pfm))
+            for (int i = 0; i < 4 * nq; i++) _mm_prefetch(p[i] + (size_t)k * esz + PFD, _MM_HINT_T0);
+        __m256d xb[8];
+        UNROLL8 for (int m = 0; m < 8; m++) xb[m] = _mm256_broadcast_sd(d->x + k + m);
+        for (int q = 0; q < nq; q++) {
+            __m256 r0 = d1_ld(kind, p[4 * q], sr[4 * q], k), r1 = d1_ld(kind, p[4 * q + 1], sr[4 * q + 1], k);
+            __m256 r2 = d1_ld(kind, p[4 * q + 2], sr[4 * q + 2], k), r3 = d1_ld(kind, p[4 * q + 3], sr[4 * q + 3], k);
+            __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+            __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+            __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)), u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+            __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)), u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+            /* u_m: K offset m (low half), m + 4 (high half) */
+            __m256d c = acc[q];
+            c = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(u0)), xb[0], c);
+            c = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(u1)), xb[1], c);
+            c = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(u2)), xb[2], c);
+            c = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(u3)), xb[3], c);
+            c = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(u0, 1)), xb[4], c);
+            c = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(u1, 1)), xb[5], c);
+            c = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(u2, 1)), xb[6], c);
+            c = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(u3, 1)), xb[7], c);
+            acc[q] = c;
+        }
+    }
+    double a[16];
+    for (int q = 0; q < nq; q++) _mm256_storeu_pd(a + 4 * q, acc[q]);
+    for (int r = 0; r < 4 * nq && g0 + r < d->out; r++) {
+        double v = a[r];
+        for (int k = kv; k < in; k++) v += d1_scalar(d, g0 + r, k) * d->x[k];
+        float f = (float)v;
+        d->y[g0 + r] = d->out_bf16 ? ds41_bf16_round(f) : f;
+    }
+}
+
+#define D1_INST(K, NAME)                                                                              \
+    static void NAME##_1(const d1job *d, int g0) { d1_group(d, g0, K, 1); }                          \
+    static void NAME##_2(const d1job *d, int g0) { d1_group(d, g0, K, 2); }                          \
+    static void NAME##_4(const d1job *d, int g0) { d1_group(d, g0, K, 4); }
+D1_INST(E_BF16, d1b)
+D1_INST(E_F32, d1f)
+D1_INST(E_DQ, d1q)
 
 static void d1_rows(void *arg, int i0, int i1) {
     const d1job *d = arg;
-    const ejob *j = &d->e;
-    int in = j->in, kv = in & ~7;
-    for (int g0 = i0 * G; g0 < i1 * G && g0 < j->out; g0 += G) {
-        int nr = j->out - g0 < G ? j->out - g0 : G;
-        __m256d acc[4] = { _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd() };
-        for (int k = 0; k < kv; k += 8) {
-            __m256d w[4][8];
-            for (int q = 0; q < 4; q++) {
-                int rb = g0 + 4 * q;
-                __m256 z = _mm256_setzero_ps();
-                __m256 r0 = rb < g0 + nr ? d1_row8(j, rb, k) : z, r1 = rb + 1 < g0 + nr ? d1_row8(j, rb + 1, k) : z;
-                __m256 r2 = rb + 2 < g0 + nr ? d1_row8(j, rb + 2, k) : z, r3 = rb + 3 < g0 + nr ? d1_row8(j, rb + 3, k) : z;
-                __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
-                __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
-                __m256 u[4] = { _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)), _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2)),
-                                _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)), _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2)) };
-                for (int m = 0; m < 4; m++) {   /* u[m]: K offset m (low half) and m + 4 (high half) */
-                    w[q][m] = _mm256_cvtps_pd(_mm256_castps256_ps128(u[m]));
-                    w[q][m + 4] = _mm256_cvtps_pd(_mm256_extractf128_ps(u[m], 1));
-                }
-            }
-            for (int m = 0; m < 8; m++) {
-                __m256d xb = _mm256_broadcast_sd(d->x + k + m);
-                for (int q = 0; q < 4; q++) acc[q] = _mm256_fmadd_pd(w[q][m], xb, acc[q]);
-            }
-        }
-        double a[G];
-        for (int q = 0; q < 4; q++) _mm256_storeu_pd(a + 4 * q, acc[q]);
-        for (int r = 0; r < nr; r++) {
-            double v = a[r];
-            for (int k = kv; k < in; k++) v += scalar_w(j, g0 + r, k) * d->x[k];
-            float f = (float)v;
-            j->y[g0 + r] = j->out_bf16 ? ds41_bf16_round(f) : f;
-        }
+    static void (*const fn[3][3])(const d1job *, int) = { { d1b_1, d1b_2, d1b_4 }, { d1f_1, d1f_2, d1f_4 }, { d1q_1, d1q_2, d1q_4 } };
+    int ki = d->kind == E_BF16 ? 0 : d->kind == E_F32 ? 1 : 2;
+    for (int g0 = i0 * G; g0 < i1 * G && g0 < d->out; g0 += G) {
+        int nr = d->out - g0 < G ? d->out - g0 : G;
+        if (nr > 8) fn[ki][2](d, g0);
+        else if (nr > 4) fn[ki][1](d, g0);
+        else fn[ki][0](d, g0);
     }
 }
 
 void ds41_exact_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const float *wf, const ds41_fp8w *w8,
                       int row0, int out, int in, const float *x, int x_stride, int T, float *y, int y_stride,
                       int out_bf16) {
+    pthread_once(&val_once, val_init);
     int ek = kind == 0 ? E_BF16 : kind == 1 ? E_F32 : E_DQ;
-    if (T == 1 && ek != E_DQ) {
+    if (T == 1) {
         double *ad = amalloc((size_t)in * sizeof(double));
         if (!ad) return;
         for (int k = 0; k < in; k++) ad[k] = (double)x[k];
-        d1job d = { { ek, NULL, NULL, wb, wf, 0, out, in, 1, NULL, y, (size_t)y_stride, out_bf16, 0 }, ad };
+        d1job d = { ek, wb, wf, w8 ? w8->w : NULL, w8 ? w8->s : NULL, row0, out, in, ad, y, out_bf16 };
         int n_items = (out + G - 1) / G;
         if ((long long)out * in >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, d1_rows, &d);
         else d1_rows(&d, 0, n_items);
