@@ -322,7 +322,7 @@ static void val_init(void) {
 typedef struct e1job {
     const uint8_t *w, *s;
     int fp4, out, in;
-    const double *ad;          /* FP8: code values, in */
+    const double *ad, *ab;     /* FP8: code values a, and a * 2^1008 */
     const int16_t *aq;         /* FP4: 64 int16 per block */
     const double *sab;         /* per block: FP8 s_a * 2^8, FP4 s_a * 2^-10 */
     float *y;
@@ -347,27 +347,74 @@ static inline void put4(const e1job *j, int r0, __m256d acc) {
     for (int i = 0; i < 4 && r0 + i < j->out; i++) j->y[r0 + i] = ds41_bf16_round((float)a[i]);
 }
 
+/* FP8 block of 4 rows, weights through the FP16 trick (e4m3 * 2^-8 floats, widened), the
+ * activation code values a: lane i = row i's dot * 2^-8 */
+static inline __m256d fp8_blk4_h(const uint8_t *const *p, size_t o, const double *a) {
+    __m256d c0[4], c1[4];
+    UNROLL4 for (int q = 0; q < 4; q++) {
+        __m256d a0 = _mm256_load_pd(a + 8 * q), a1 = _mm256_load_pd(a + 8 * q + 4);
+        UNROLL4 for (int r = 0; r < 4; r++) {
+            __m256 f = e4m3x8_h(p[r] + o + 8 * q);
+            __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(f)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1));
+            if (q == 0) { c0[r] = _mm256_mul_pd(lo, a0); c1[r] = _mm256_mul_pd(hi, a1); }
+            else { c0[r] = _mm256_fmadd_pd(lo, a0, c0[r]); c1[r] = _mm256_fmadd_pd(hi, a1, c1[r]); }
+        }
+    }
+    return hsum4x4(_mm256_add_pd(c0[0], c1[0]), _mm256_add_pd(c0[1], c1[1]),
+                   _mm256_add_pd(c0[2], c1[2]), _mm256_add_pd(c0[3], c1[3]));
+}
+
+/* The same for blocks without subnormal E4M3 codes, weights decoded straight into doubles: the
+ * code sign-extended to 64 bits, shifted left by 49 and masked (sign to bit 63, the 7 magnitude
+ * bits to 49..55) is the double e4m3 * 2^-1016, for every code (the E4M3 subnormals m 2^-9 land
+ * on double subnormals, which cost a microcode-speed FMA on this core, hence the test); times
+ * a * 2^1008 (the activation array ab) the products are again e4m3 * a * 2^-8, exact, normal. */
+static inline __m256d fp8_blk4_d(const uint8_t *const *p, size_t o, const double *ab) {
+    const __m256i msk = _mm256_set1_epi64x((long long)0x80FE000000000000ULL);
+    __m256d c0[4], c1[4];
+    UNROLL8 for (int q = 0; q < 8; q++) {
+        __m256d aq = _mm256_load_pd(ab + 4 * q);
+        UNROLL4 for (int r = 0; r < 4; r++) {
+            int32_t c4;
+            memcpy(&c4, p[r] + o + 4 * q, 4);
+            __m256i v = _mm256_cvtepi8_epi64(_mm_cvtsi32_si128(c4));
+            __m256d wd = _mm256_castsi256_pd(_mm256_and_si256(_mm256_slli_epi64(v, 49), msk));
+            if (q == 0) c0[r] = _mm256_mul_pd(wd, aq);
+            else if (q == 1) c1[r] = _mm256_mul_pd(wd, aq);
+            else if (q & 1) c1[r] = _mm256_fmadd_pd(wd, aq, c1[r]);
+            else c0[r] = _mm256_fmadd_pd(wd, aq, c0[r]);
+        }
+    }
+    return hsum4x4(_mm256_add_pd(c0[0], c1[0]), _mm256_add_pd(c0[1], c1[1]),
+                   _mm256_add_pd(c0[2], c1[2]), _mm256_add_pd(c0[3], c1[3]));
+}
+
+/* nonzero when a block of the 4 rows holds a code with a zero exponent field ((c & 0x7F) < 8:
+ * the E4M3 subnormals, and the zeros, which would not need it but are rare) */
+static inline int fp8_has_sub(const uint8_t *const *p, size_t o) {
+    const __m256i m7 = _mm256_set1_epi8(0x7F);
+    __m256i u0 = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p[0] + o)), m7);
+    __m256i u1 = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p[1] + o)), m7);
+    __m256i u2 = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p[2] + o)), m7);
+    __m256i u3 = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p[3] + o)), m7);
+    __m256i mn = _mm256_min_epu8(_mm256_min_epu8(u0, u1), _mm256_min_epu8(u2, u3));
+    __m256i t = _mm256_subs_epu8(_mm256_set1_epi8(8), mn);   /* nonzero bytes where mn < 8 */
+    return !_mm256_testz_si256(t, t);
+}
+
+static __attribute__((noinline)) __m256d fp8_blk4_h_ool(const uint8_t *const *p, size_t o, const double *a) {
+    return fp8_blk4_h(p, o, a);
+}
+
 static void e1_fp8_group(const e1job *j, int r0, const double *scl) {
     int nb = j->in / 32;
     const uint8_t *p[4];
     for (int i = 0; i < 4; i++) p[i] = j->w + (size_t)(r0 + i < j->out ? r0 + i : j->out - 1) * j->in;
     __m256d acc = _mm256_setzero_pd();
     for (int b = 0; b < nb; b++) {
-        const double *a = j->ad + (size_t)b * 32;
         const size_t o = (size_t)b * 32;
         if (!(b & 1)) UNROLL4 for (int r = 0; r < 4; r++) _mm_prefetch((const char *)(p[r] + o + PFD), _MM_HINT_T0);
-        __m256d c0[4], c1[4];
-        UNROLL4 for (int q = 0; q < 4; q++) {
-            __m256d a0 = _mm256_load_pd(a + 8 * q), a1 = _mm256_load_pd(a + 8 * q + 4);
-            UNROLL4 for (int r = 0; r < 4; r++) {
-                __m256 f = e4m3x8_h(p[r] + o + 8 * q);
-                __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(f)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1));
-                if (q == 0) { c0[r] = _mm256_mul_pd(lo, a0); c1[r] = _mm256_mul_pd(hi, a1); }
-                else { c0[r] = _mm256_fmadd_pd(lo, a0, c0[r]); c1[r] = _mm256_fmadd_pd(hi, a1, c1[r]); }
-            }
-        }
-        __m256d d = hsum4x4(_mm256_add_pd(c0[0], c1[0]), _mm256_add_pd(c0[1], c1[1]),
-                            _mm256_add_pd(c0[2], c1[2]), _mm256_add_pd(c0[3], c1[3]));
+        __m256d d = __builtin_expect(fp8_has_sub(p, o), 0) ? fp8_blk4_h_ool(p, o, j->ad + o) : fp8_blk4_d(p, o, j->ab + o);
         acc = _mm256_fmadd_pd(d, _mm256_broadcast_sd(scl + b), acc);
     }
     put4(j, r0, acc);
@@ -430,10 +477,10 @@ void ds41_exact_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, in
     pthread_once(&val_once, val_init);
     if (T == 1) {
         int nb = in / 32;
-        double *ad = amalloc((size_t)in * sizeof(double) + (size_t)nb * sizeof(double));
+        double *ad = amalloc((size_t)(2 * in + nb) * sizeof(double));
         int16_t *aq = fp4 ? amalloc((size_t)in * 2 * sizeof(int16_t)) : NULL;
         if (!ad || (fp4 && !aq)) { free(ad); free(aq); return; }
-        double *sab = ad + in;
+        double *ab = ad + in, *sab = ad + 2 * in;
         uint8_t codes[32], sb;
         for (int b = 0; b < nb; b++) {
             double sa = (double)ds41_q8_group(x + 32 * b, 32, codes, &sb);
@@ -447,11 +494,14 @@ void ds41_exact_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, in
                 }
                 sab[b] = sa * 0x1p-10;
             } else {
-                for (int i = 0; i < 32; i++) ad[32 * b + i] = (double)e4m3_val[codes[i]];
+                for (int i = 0; i < 32; i++) {
+                    ad[32 * b + i] = (double)e4m3_val[codes[i]];
+                    ab[32 * b + i] = ad[32 * b + i] * 0x1p1008;
+                }
                 sab[b] = sa * 256.0;
             }
         }
-        e1job j = { w, s, fp4, out, in, ad, aq, sab, y };
+        e1job j = { w, s, fp4, out, in, ad, ab, aq, sab, y };
         int n_items = (out + 31) / 32;
         if ((long long)out * in >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, e1_rows, &j);
         else e1_rows(&j, 0, n_items);
