@@ -576,13 +576,13 @@ static inline __attribute__((always_inline)) void d1_group(const d1job *d, int g
         sr[i] = kind == E_DQ ? d->s8 + (size_t)(ar / 32) * ((in + 31) / 32) : NULL;
     }
     __m256d acc[4];
-    for (int q = 0; q < nq; q++) acc[q] = _mm256_setzero_pd();
+    UNROLL4 for (int q = 0; q < nq; q++) acc[q] = _mm256_setzero_pd();
     for (int k = 0; k < kv; k += 8) {
         if (!(k & pfm))
-            for (int i = 0; i < 4 * nq; i++) _mm_prefetch(p[i] + (size_t)k * esz + PFD, _MM_HINT_T0);
+            UNROLL8 for (int i = 0; i < 4 * nq; i++) _mm_prefetch(p[i] + (size_t)k * esz + PFD, _MM_HINT_T0);
         __m256d xb[8];
         UNROLL8 for (int m = 0; m < 8; m++) xb[m] = _mm256_broadcast_sd(d->x + k + m);
-        for (int q = 0; q < nq; q++) {
+        UNROLL4 for (int q = 0; q < nq; q++) {
             __m256 r0 = d1_ld(kind, p[4 * q], sr[4 * q], k), r1 = d1_ld(kind, p[4 * q + 1], sr[4 * q + 1], k);
             __m256 r2 = d1_ld(kind, p[4 * q + 2], sr[4 * q + 2], k), r3 = d1_ld(kind, p[4 * q + 3], sr[4 * q + 3], k);
             __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
