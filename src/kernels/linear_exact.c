@@ -563,8 +563,33 @@ static inline double d1_scalar(const d1job *d, int r, int k) {
     return (double)ds41_bf16_round(e4m3_val[d->w8[(size_t)ar * d->in + k]] * ue8_f[d->s8[(size_t)(ar / 32) * ((d->in + 31) / 32) + k / 32]]);
 }
 
+/* BF16, 16 K of 4 rows: transposed as 16-bit words (two unpack levels give, per 128-bit lane,
+ * the 4 rows' words at two K), widened to FP32 by interleaving with zero words, then to double:
+ * half the shuffles of a float transpose, no separate widening of the loads */
+static inline __attribute__((always_inline)) __m256d bf16_quad16(const char *const *p, int k, const double *x, __m256d c) {
+    const __m256i z = _mm256_setzero_si256();
+    __m256i R0 = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p[0] + k));
+    __m256i R1 = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p[1] + k));
+    __m256i R2 = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p[2] + k));
+    __m256i R3 = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p[3] + k));
+    __m256i a = _mm256_unpacklo_epi16(R0, R1), b = _mm256_unpackhi_epi16(R0, R1);   /* K 0-3 | 8-11, 4-7 | 12-15 */
+    __m256i c2 = _mm256_unpacklo_epi16(R2, R3), d = _mm256_unpackhi_epi16(R2, R3);
+    __m256i T[4] = { _mm256_unpacklo_epi32(a, c2), _mm256_unpackhi_epi32(a, c2),     /* K 0,1 | 8,9;  2,3 | 10,11 */
+                     _mm256_unpacklo_epi32(b, d), _mm256_unpackhi_epi32(b, d) };     /* K 4,5 | 12,13; 6,7 | 14,15 */
+    __m256 F[8];   /* F[2 t]: K 2 t (low half), 8 + 2 t (high); F[2 t + 1]: K 2 t + 1, 9 + 2 t */
+    UNROLL4 for (int t = 0; t < 4; t++) {
+        F[2 * t] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, T[t]));
+        F[2 * t + 1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, T[t]));
+    }
+    UNROLL8 for (int m = 0; m < 8; m++)
+        c = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(F[m])), _mm256_broadcast_sd(x + k + m), c);
+    UNROLL8 for (int m = 0; m < 8; m++)
+        c = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(F[m], 1)), _mm256_broadcast_sd(x + k + 8 + m), c);
+    return c;
+}
+
 static inline __attribute__((always_inline)) void d1_group(const d1job *d, int g0, int kind, int nq) {
-    const int in = d->in, kv = in & ~7, esz = kind == E_BF16 ? 2 : kind == E_F32 ? 4 : 1;
+    const int in = d->in, kv = in & (kind == E_BF16 ? ~15 : ~7), esz = kind == E_BF16 ? 2 : kind == E_F32 ? 4 : 1;
     const int pfm = kind == E_BF16 ? 31 : kind == E_F32 ? 15 : 63;   /* one prefetch per 64 bytes */
     const char *p[16];
     const uint8_t *sr[16];
@@ -577,7 +602,13 @@ static inline __attribute__((always_inline)) void d1_group(const d1job *d, int g
     }
     __m256d acc[4];
     UNROLL4 for (int q = 0; q < nq; q++) acc[q] = _mm256_setzero_pd();
-    for (int k = 0; k < kv; k += 8) {
+    if (kind == E_BF16) {
+        for (int k = 0; k < kv; k += 16) {
+            if (!(k & pfm))
+                UNROLL8 for (int i = 0; i < 4 * nq; i++) _mm_prefetch(p[i] + (size_t)k * esz + PFD, _MM_HINT_T0);
+            UNROLL4 for (int q = 0; q < nq; q++) acc[q] = bf16_quad16(p + 4 * q, k, d->x, acc[q]);
+        }
+    } else for (int k = 0; k < kv; k += 8) {
         if (!(k & pfm))
             UNROLL8 for (int i = 0; i < 4 * nq; i++) _mm_prefetch(p[i] + (size_t)k * esz + PFD, _MM_HINT_T0);
         __m256d xb[8];
