@@ -47,7 +47,7 @@
 
 int ds41_exact_simd = 1;
 
-enum { E_FP8, E_FP4, E_BF16, E_F32, E_DQ };
+enum { E_FP8, E_FP4, E_BF16, E_F32, E_DQ, E_DQF };
 
 typedef struct ejob {
     int kind;
@@ -552,6 +552,7 @@ static inline __attribute__((always_inline)) __m256 d1_ld(int kind, const void *
     if (kind == E_BF16)
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + k))), 16));
     if (kind == E_F32) return _mm256_loadu_ps((const float *)p + k);
+    if (kind == E_DQF) return e4m3x8_h((const uint8_t *)p + k);
     __m256 v = _mm256_mul_ps(e4m3x8_h((const uint8_t *)p + k), _mm256_set1_ps(256.0f));   /* exact */
     return bf16_rne(_mm256_mul_ps(v, _mm256_set1_ps(ue8_f[srow[k >> 5]])));
 }
@@ -588,17 +589,17 @@ static inline __attribute__((always_inline)) __m256d bf16_quad16(const char *con
     return c;
 }
 
-static inline __attribute__((always_inline)) void d1_group(const d1job *d, int g0, int kind, int nq) {
+static inline __attribute__((always_inline)) void d1_group(const d1job *d, int g0, int kind, int nq, const double *x) {
     const int in = d->in, kv = in & (kind == E_BF16 ? ~15 : ~7), esz = kind == E_BF16 ? 2 : kind == E_F32 ? 4 : 1;
     const int pfm = kind == E_BF16 ? 31 : kind == E_F32 ? 15 : 63;   /* one prefetch per 64 bytes */
     const char *p[16];
     const uint8_t *sr[16];
     for (int i = 0; i < 4 * nq; i++) {
         int r = g0 + i < d->out ? g0 + i : d->out - 1;
-        int ar = kind == E_DQ ? d->row0 + r : r;
+        int ar = kind >= E_DQ ? d->row0 + r : r;
         p[i] = kind == E_BF16 ? (const char *)d->wb : kind == E_F32 ? (const char *)d->wf : (const char *)d->w8;
         p[i] += (size_t)ar * in * esz;
-        sr[i] = kind == E_DQ ? d->s8 + (size_t)(ar / 32) * ((in + 31) / 32) : NULL;
+        sr[i] = kind >= E_DQ ? d->s8 + (size_t)(ar / 32) * ((in + 31) / 32) : NULL;
     }
     __m256d acc[4];
     UNROLL4 for (int q = 0; q < nq; q++) acc[q] = _mm256_setzero_pd();
@@ -606,13 +607,13 @@ static inline __attribute__((always_inline)) void d1_group(const d1job *d, int g
         for (int k = 0; k < kv; k += 16) {
             if (!(k & pfm))
                 UNROLL8 for (int i = 0; i < 4 * nq; i++) _mm_prefetch(p[i] + (size_t)k * esz + PFD, _MM_HINT_T0);
-            UNROLL4 for (int q = 0; q < nq; q++) acc[q] = bf16_quad16(p + 4 * q, k, d->x, acc[q]);
+            UNROLL4 for (int q = 0; q < nq; q++) acc[q] = bf16_quad16(p + 4 * q, k, x, acc[q]);
         }
     } else for (int k = 0; k < kv; k += 8) {
         if (!(k & pfm))
             UNROLL8 for (int i = 0; i < 4 * nq; i++) _mm_prefetch(p[i] + (size_t)k * esz + PFD, _MM_HINT_T0);
         __m256d xb[8];
-        UNROLL8 for (int m = 0; m < 8; m++) xb[m] = _mm256_broadcast_sd(d->x + k + m);
+        UNROLL8 for (int m = 0; m < 8; m++) xb[m] = _mm256_broadcast_sd(x + k + m);
         UNROLL4 for (int q = 0; q < nq; q++) {
             __m256 r0 = d1_ld(kind, p[4 * q], sr[4 * q], k), r1 = d1_ld(kind, p[4 * q + 1], sr[4 * q + 1], k);
             __m256 r2 = d1_ld(kind, p[4 * q + 2], sr[4 * q + 2], k), r3 = d1_ld(kind, p[4 * q + 3], sr[4 * q + 3], k);
@@ -644,23 +645,49 @@ static inline __attribute__((always_inline)) void d1_group(const d1job *d, int g
 }
 
 #define D1_INST(K, NAME)                                                                              \
-    static void NAME##_1(const d1job *d, int g0) { d1_group(d, g0, K, 1); }                          \
-    static void NAME##_2(const d1job *d, int g0) { d1_group(d, g0, K, 2); }                          \
-    static void NAME##_4(const d1job *d, int g0) { d1_group(d, g0, K, 4); }
+    static void NAME##_1(const d1job *d, int g0, const double *x) { d1_group(d, g0, K, 1, x); }      \
+    static void NAME##_2(const d1job *d, int g0, const double *x) { d1_group(d, g0, K, 2, x); }      \
+    static void NAME##_4(const d1job *d, int g0, const double *x) { d1_group(d, g0, K, 4, x); }
 D1_INST(E_BF16, d1b)
 D1_INST(E_F32, d1f)
 D1_INST(E_DQ, d1q)
+D1_INST(E_DQF, d1s)
+
+/* DQ rows whose tile has every scale byte in 10 .. 246: bf16(e4m3 * s) is then e4m3 * s exactly
+ * (4 significant bits, a normal FP32 / BF16 result: 2^-9 * 2^-117 >= 2^-126, 448 * 2^119 <
+ * 2^128), so the product with x is e4m3 * (s * x), exact in double either way: such groups run
+ * the plain E4M3 decode against xs = x * s * 2^8 (the FP16 trick's 2^-8 folded in) for their
+ * tile. Groups across two tiles, or tiles with scales outside, decode and round as above. */
+static int dq_tile_xs(const d1job *d, int t, double *xs) {
+    int nbk = (d->in + 31) / 32;
+    const uint8_t *st = d->s8 + (size_t)t * nbk;
+    for (int b = 0; b < nbk; b++)
+        if (st[b] < 10 || st[b] > 246) return 0;
+    for (int k = 0; k < d->in; k++) xs[k] = d->x[k] * ((double)ue8_f[st[k >> 5]] * 256.0);
+    return 1;
+}
 
 static void d1_rows(void *arg, int i0, int i1) {
     const d1job *d = arg;
-    static void (*const fn[3][3])(const d1job *, int) = { { d1b_1, d1b_2, d1b_4 }, { d1f_1, d1f_2, d1f_4 }, { d1q_1, d1q_2, d1q_4 } };
+    static void (*const fn[4][3])(const d1job *, int, const double *) = {
+        { d1b_1, d1b_2, d1b_4 }, { d1f_1, d1f_2, d1f_4 }, { d1q_1, d1q_2, d1q_4 }, { d1s_1, d1s_2, d1s_4 } };
     int ki = d->kind == E_BF16 ? 0 : d->kind == E_F32 ? 1 : 2;
+    double *xs = NULL;
+    int xt = -1, xok = 0;
     for (int g0 = i0 * G; g0 < i1 * G && g0 < d->out; g0 += G) {
         int nr = d->out - g0 < G ? d->out - g0 : G;
-        if (nr > 8) fn[ki][2](d, g0);
-        else if (nr > 4) fn[ki][1](d, g0);
-        else fn[ki][0](d, g0);
+        int w = nr > 8 ? 2 : nr > 4 ? 1 : 0;
+        if (ki == 2) {
+            int t = (d->row0 + g0) / 32;
+            if (t == (d->row0 + g0 + nr - 1) / 32) {
+                if (!xs) xs = amalloc((size_t)d->in * sizeof(double));
+                if (xs && t != xt) { xok = dq_tile_xs(d, t, xs); xt = t; }
+                if (xs && xok) { fn[3][w](d, g0, xs); continue; }
+            }
+        }
+        fn[ki][w](d, g0, d->x);
     }
+    free(xs);
 }
 
 void ds41_exact_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const float *wf, const ds41_fp8w *w8,
