@@ -369,42 +369,43 @@ static inline __m256d fp8_blk4_h(const uint8_t *const *p, size_t o, const double
                    _mm256_add_pd(c0[2], c1[2]), _mm256_add_pd(c0[3], c1[3]));
 }
 
-/* The same for blocks without subnormal E4M3 codes, weights decoded straight into doubles: the
- * code sign-extended to 64 bits, shifted left by 49 and masked (sign to bit 63, the 7 magnitude
- * bits to 49..55) is the double e4m3 * 2^-1016, for every code (the E4M3 subnormals m 2^-9 land
- * on double subnormals, which cost a microcode-speed FMA on this core, hence the test); times
- * a * 2^1008 (the activation array ab) the products are again e4m3 * a * 2^-8, exact, normal. */
-static inline __m256d fp8_blk4_d(const uint8_t *const *p, size_t o, const double *ab) {
-    const __m256i msk = _mm256_set1_epi64x((long long)0x80FE000000000000ULL);
-    __m256d c0[4], c1[4];
-    UNROLL8 for (int q = 0; q < 8; q++) {
-        __m256d aq = _mm256_load_pd(ab + 4 * q);
-        UNROLL4 for (int r = 0; r < 4; r++) {
-            int32_t c4;
-            memcpy(&c4, p[r] + o + 4 * q, 4);
-            __m256i v = _mm256_cvtepi8_epi64(_mm_cvtsi32_si128(c4));
-            __m256d wd = _mm256_castsi256_pd(_mm256_and_si256(_mm256_slli_epi64(v, 49), msk));
-            if (q == 0) c0[r] = _mm256_mul_pd(wd, aq);
-            else if (q == 1) c1[r] = _mm256_mul_pd(wd, aq);
-            else if (q & 1) c1[r] = _mm256_fmadd_pd(wd, aq, c1[r]);
-            else c0[r] = _mm256_fmadd_pd(wd, aq, c0[r]);
-        }
+/* The same for blocks without zero-exponent E4M3 codes, weights decoded straight into doubles:
+ * the double with bits sign << 63 | (c & 0x7F) << 49 is e4m3(c) * 2^-1016 for every code (the
+ * E4M3 subnormals m 2^-9 land on double subnormals, which cost a microcode-speed FMA on this
+ * core, hence the test); times a * 2^1008 (the activation array ab) the products are again
+ * e4m3 * a * 2^-8, exact, normal. The patterns come from byte vectors t1 = c + c (the 7
+ * magnitude bits, shifted left once) and t2 = c & 0x80, interleaved (t1 at byte 6, t2 at byte 7
+ * of each qword) by three unpack levels with zero; that puts elements 2v, 2v + 1, 16 + 2v,
+ * 17 + 2v in vector v, and ab is stored in that order per block. The block test shares t1:
+ * a code has a zero exponent field iff t1 < 16 (zeros too: rare, and merely slower). */
+static inline __m256d fp8_blk4_d(const uint8_t *const *p, size_t o, const double *ab, int *slow) {
+    const __m256i z = _mm256_setzero_si256(), sg = _mm256_set1_epi8((char)0x80);
+    __m256i t1[4];
+    UNROLL4 for (int r = 0; r < 4; r++) {
+        __m256i c = _mm256_loadu_si256((const __m256i *)(p[r] + o));
+        t1[r] = _mm256_add_epi8(c, c);
     }
-    return hsum4x4(_mm256_add_pd(c0[0], c1[0]), _mm256_add_pd(c0[1], c1[1]),
-                   _mm256_add_pd(c0[2], c1[2]), _mm256_add_pd(c0[3], c1[3]));
-}
-
-/* nonzero when a block of the 4 rows holds a code with a zero exponent field ((c & 0x7F) < 8:
- * the E4M3 subnormals, and the zeros, which would not need it but are rare) */
-static inline int fp8_has_sub(const uint8_t *const *p, size_t o) {
-    const __m256i m7 = _mm256_set1_epi8(0x7F);
-    __m256i u0 = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p[0] + o)), m7);
-    __m256i u1 = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p[1] + o)), m7);
-    __m256i u2 = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p[2] + o)), m7);
-    __m256i u3 = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p[3] + o)), m7);
-    __m256i mn = _mm256_min_epu8(_mm256_min_epu8(u0, u1), _mm256_min_epu8(u2, u3));
-    __m256i t = _mm256_subs_epu8(_mm256_set1_epi8(8), mn);   /* nonzero bytes where mn < 8 */
-    return !_mm256_testz_si256(t, t);
+    __m256i mn = _mm256_min_epu8(_mm256_min_epu8(t1[0], t1[1]), _mm256_min_epu8(t1[2], t1[3]));
+    __m256i lt = _mm256_subs_epu8(_mm256_set1_epi8(16), mn);
+    if (__builtin_expect(!_mm256_testz_si256(lt, lt), 0)) { *slow = 1; return _mm256_setzero_pd(); }
+    __m256d c0[4];
+    UNROLL4 for (int r = 0; r < 4; r++) {
+        __m256i t2 = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p[r] + o)), sg);
+        __m256i wl = _mm256_unpacklo_epi8(t1[r], t2), wh = _mm256_unpackhi_epi8(t1[r], t2);
+        __m256i dw[4] = { _mm256_unpacklo_epi16(z, wl), _mm256_unpackhi_epi16(z, wl),
+                          _mm256_unpacklo_epi16(z, wh), _mm256_unpackhi_epi16(z, wh) };
+        __m256d c = _mm256_setzero_pd();
+        UNROLL4 for (int i = 0; i < 4; i++) {
+            __m256d q0 = _mm256_castsi256_pd(_mm256_unpacklo_epi32(z, dw[i]));
+            __m256d q1 = _mm256_castsi256_pd(_mm256_unpackhi_epi32(z, dw[i]));
+            if (i == 0) c = _mm256_mul_pd(q0, _mm256_load_pd(ab));
+            else c = _mm256_fmadd_pd(q0, _mm256_load_pd(ab + 8 * i), c);
+            c = _mm256_fmadd_pd(q1, _mm256_load_pd(ab + 8 * i + 4), c);
+        }
+        c0[r] = c;
+    }
+    *slow = 0;
+    return hsum4x4(c0[0], c0[1], c0[2], c0[3]);
 }
 
 static __attribute__((noinline)) __m256d fp8_blk4_h_ool(const uint8_t *const *p, size_t o, const double *a) {
@@ -419,7 +420,9 @@ static void e1_fp8_group(const e1job *j, int r0, const double *scl) {
     for (int b = 0; b < nb; b++) {
         const size_t o = (size_t)b * 32;
         if (!(b & 1)) UNROLL4 for (int r = 0; r < 4; r++) _mm_prefetch((const char *)(p[r] + o + PFD), _MM_HINT_T0);
-        __m256d d = __builtin_expect(fp8_has_sub(p, o), 0) ? fp8_blk4_h_ool(p, o, j->ad + o) : fp8_blk4_d(p, o, j->ab + o);
+        int slow;
+        __m256d d = fp8_blk4_d(p, o, j->ab + o, &slow);
+        if (slow) d = fp8_blk4_h_ool(p, o, j->ad + o);
         acc = _mm256_fmadd_pd(d, _mm256_broadcast_sd(scl + b), acc);
     }
     put4(j, r0, acc);
@@ -505,7 +508,8 @@ void ds41_exact_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, in
             } else {
                 for (int i = 0; i < 32; i++) {
                     ad[32 * b + i] = (double)e4m3_val[codes[i]];
-                    ab[32 * b + i] = ad[32 * b + i] * 0x1p1008;
+                    int v = (i & 15) >> 1;   /* element i sits in vector v, lane (i & 1) + 2 (i >> 4) */
+                    ab[32 * b + 4 * v + (i & 1) + 2 * (i >> 4)] = ad[32 * b + i] * 0x1p1008;
                 }
                 sab[b] = sa * 256.0;
             }
