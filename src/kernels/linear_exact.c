@@ -480,6 +480,36 @@ static void e1_rows(void *arg, int i0, int i1) {
     free(scl);
 }
 
+/* The Q8 of one activation row (ds41_q8_group per 32) as E4M3 code values cv and scales sa:
+ * ds41_fast_q8_row gives code * s (tested bit-identical to ds41_q8_group), s comes from the
+ * group's amax as ds41_q8_group takes it, and code = (code * s) * (1 / s) exactly (s a power of
+ * two in 2^-22 .. 2^118 here). Groups with amax above 2^126 (where code * s can overflow FP32)
+ * or a NaN take ds41_q8_group itself. */
+static void q8_codes_row(const float *x, int in, float *cv, float *sa) {
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    ds41_fast_q8_row(x, in, 1.0f, cv);
+    for (int b = 0; b < in / 32; b++) {
+        const float *xb = x + 32 * b;
+        __m256 mx = _mm256_setzero_ps();
+        for (int q = 0; q < 4; q++) mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(xb + 8 * q), absm));
+        float m8[8], amax = 0.0f;
+        _mm256_storeu_ps(m8, mx);
+        for (int i = 0; i < 8; i++) amax = m8[i] > amax ? m8[i] : amax;
+        int nan = 0;
+        for (int i = 0; i < 32; i++) nan |= xb[i] != xb[i];
+        if (nan || amax > 0x1p126f) {
+            uint8_t codes[32], sb;
+            sa[b] = ds41_q8_group(xb, 32, codes, &sb);
+            for (int i = 0; i < 32; i++) cv[32 * b + i] = e4m3_val[codes[i]];
+            continue;
+        }
+        float sc = ds41_pow2ceil(amax < 1e-4f ? 1e-4f : amax, ds41_bits_f32(DS41_INV448_BITS));
+        __m256 inv = _mm256_set1_ps(1.0f / sc);
+        for (int q = 0; q < 4; q++) _mm256_storeu_ps(cv + 32 * b + 8 * q, _mm256_mul_ps(_mm256_loadu_ps(cv + 32 * b + 8 * q), inv));
+        sa[b] = sc;
+    }
+}
+
 void ds41_exact_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int fp4, int out, int in,
                      const float *x, int T, float *y) {
     pthread_once(&val_once, val_init);
@@ -489,31 +519,33 @@ void ds41_exact_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, in
     }
     if (T == 1) {
         int nb = in / 32;
-        double *ad = amalloc((size_t)(2 * in + nb) * sizeof(double));
+        double *ad = amalloc((size_t)(2 * in + 2 * nb) * sizeof(double));
         int16_t *aq = fp4 ? amalloc((size_t)in * 2 * sizeof(int16_t)) : NULL;
         if (!ad || (fp4 && !aq)) { free(ad); free(aq); return; }
         double *ab = ad + in, *sab = ad + 2 * in;
-        uint8_t codes[32], sb;
+        float *cv = (float *)ab, *saf = (float *)(sab + nb);   /* cv: read below before ab is written */
+        q8_codes_row(x, in, cv, saf);
         for (int b = 0; b < nb; b++) {
-            double sa = (double)ds41_q8_group(x + 32 * b, 32, codes, &sb);
+            double sa = (double)saf[b];
             if (fp4) {
                 int16_t *q = aq + (size_t)b * 64;
                 for (int i = 0; i < 32; i++) {
-                    int32_t v = e4m3_i512[codes[i]];
+                    int32_t v = (int32_t)(cv[32 * b + i] * 512.0f);   /* exact */
                     int h = i & 1, e = i >> 1;
                     q[32 * h + e] = (int16_t)(v >> 9);
                     q[32 * h + 16 + e] = (int16_t)(v & 511);
                 }
                 sab[b] = sa * 0x1p-10;
             } else {
-                for (int i = 0; i < 32; i++) {
-                    ad[32 * b + i] = (double)e4m3_val[codes[i]];
-                    int v = (i & 15) >> 1;   /* element i sits in vector v, lane (i & 1) + 2 (i >> 4) */
-                    ab[32 * b + 4 * v + (i & 1) + 2 * (i >> 4)] = ad[32 * b + i] * 0x1p1008;
-                }
+                for (int i = 0; i < 32; i++) ad[32 * b + i] = (double)cv[32 * b + i];
                 sab[b] = sa * 256.0;
             }
         }
+        if (!fp4)
+            for (int k = 0; k < in; k++) {   /* element i of a block sits in vector v, lane (i & 1) + 2 (i >> 4) */
+                int i = k & 31, v = (i & 15) >> 1;
+                ab[(k & ~31) + 4 * v + (i & 1) + 2 * (i >> 4)] = ad[k] * 0x1p1008;
+            }
         e1job j = { w, s, fp4, out, in, ad, ab, aq, sab, y };
         int n_items = (out + 31) / 32;
         if ((long long)out * in >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, e1_rows, &j);
