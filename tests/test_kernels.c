@@ -724,6 +724,118 @@ static void test_exact_simd(void) {
     ds41_pool_destroy(pool);
 }
 
+/* The T = 1 exact kernels at their edges (linear_exact.c), against the scalar kernels bit for
+ * bit, T = 1 and the per-token few-row widths (T = 2, 3), 1 and 2 threads, outputs 1 .. 7 rows
+ * (the 4-row tails) and more: FP8 blocks on the double-pattern path (no zero-exponent codes,
+ * codes up to +-448) alone and mixed, within a row, with blocks holding E4M3 subnormals or
+ * zeros (FP16 path); FP8 and FP4 blocks at their largest sums (+-448 activations against +-448 /
+ * +-6 weights, signs matched, and opposite); activations at FP32 subnormals and up to
+ * FLT_MAX (the Q8 groups that keep ds41_q8_group); FP8-dequantized tiles with scale bytes at
+ * the bounds of the exact-product path (10, 246) and just outside (9, 247), tile-aligned at
+ * row offsets 0 and 32 and unaligned at 5. */
+static void test_exact_t1_edges(void) {
+    const int outs[] = { 1, 3, 6, 7, 70 }, ins[] = { 64, 96, 1056 };
+    ds41_pool *pool = ds41_pool_create(2);
+    ds41_ctx ex2 = { 1, 2, pool, 0, NULL };
+    int cases = 0;
+    for (int oi = 0; oi < 5; oi++)
+        for (int ii = 0; ii < 3; ii++)
+            for (int var = 0; var < 8; var++) {
+                int out = outs[oi], in = ins[ii], nbi = in / 32, nbo = (out + 31) / 32;
+                mats m;
+                mats_make(&m, out, in);
+                const int TM = 3;
+                float *x = malloc((size_t)TM * in * 4), *ys = malloc((size_t)TM * out * 4), *yv = malloc((size_t)TM * out * 4);
+                for (int i = 0; i < TM * in; i++) x[i] = ds41_bf16_round(urand() * (i % 7 == 0 ? 30.0f : 1.0f));
+                if (var <= 1) {   /* FP8 codes with a nonzero exponent field, +-448 included */
+                    for (int i = 0; i < out * in; i++) {
+                        uint8_t c = (uint8_t)rnd();
+                        if ((c & 0x78) == 0) c |= 0x40;
+                        if ((c & 0x7F) == 0x7F) c ^= 1;
+                        if (i % 13 == 0) c = (c & 0x80) | 0x7E;
+                        m.w8[i] = c;
+                    }
+                    if (var == 1)   /* sparse subnormals and zeros: both paths within a row */
+                        for (int i = 0; i < out * in; i += 37 + (int)(rnd() % 200)) m.w8[i] = (uint8_t)(rnd() % 8) | (rnd() & 0x80);
+                    fill_adversarial(x, TM * in);
+                }
+                if (var == 2 || var == 3) {   /* largest block sums: +-448 codes against +-448 / +-6 */
+                    for (int o = 0; o < out; o++)
+                        for (int k = 0; k < in; k++) {
+                            int neg = (int)((k * 7 + o * 3) % 5 < 2);
+                            m.w8[(size_t)o * in + k] = (uint8_t)(0x7E | (neg ? 0x80 : 0));
+                            uint8_t nib = (uint8_t)(neg ? 0xF : 0x7);
+                            uint8_t *b4 = &m.w4[(size_t)o * in / 2 + k / 2];
+                            *b4 = (uint8_t)(k & 1 ? (*b4 & 0x0F) | (nib << 4) : (*b4 & 0xF0) | nib);
+                        }
+                    for (int t = 0; t < TM; t++)
+                        for (int k = 0; k < in; k++) {
+                            int neg = (int)((k * 7) % 5 < 2) ^ (var == 3 && k % 3 == 0);
+                            x[(size_t)t * in + k] = (neg ? -448.0f : 448.0f) * ldexpf(1.0f, (int)((k / 32 + t) % 9) - 4);
+                        }
+                    for (int i = 0; i < nbo * nbi; i++) m.s8[i] = (uint8_t)(120 + i % 15);
+                    for (int i = 0; i < out * nbi; i++) m.s4[i] = (uint8_t)(118 + i % 17);
+                }
+                if (var == 4)   /* FP32 subnormals, and groups up to FLT_MAX */
+                    for (int i = 0; i < TM * in; i++) {
+                        int g = (i / 32) % 4;
+                        if (g == 1) x[i] = urand() * 1e-39f;
+                        if (g == 2) x[i] = urand() * 3.4e38f;
+                        if (g == 3) x[i] = (i % 32 == 5) ? -3.4028235e38f : urand() * ldexpf(1.0f, 126);
+                    }
+                if (var == 5) {   /* DQ scale tiles: in range, at the bounds, outside */
+                    static const uint8_t safe[4] = { 10, 246, 127, 200 }, unsafe[2] = { 9, 247 };
+                    for (int tr = 0; tr < nbo; tr++)
+                        for (int b = 0; b < nbi; b++)
+                            m.s8[tr * nbi + b] = tr % 2 == 0 ? safe[(b + tr) % 4] : (b == nbi / 2 || b == 0) ? unsafe[b == 0] : safe[b % 4];
+                }
+                if (var >= 6)   /* the bounds bite: even tiles at 10 / 246 (exact), odd at 2 / 247 (rounded, overflowing) */
+                    for (int tr = 0; tr < nbo; tr++)
+                        for (int b = 0; b < nbi; b++) m.s8[tr * nbi + b] = var == 6 ? (tr % 2 ? 2 : 10) : (tr % 2 ? 247 : 246);
+                if (var == 6) {   /* subnormal E4M3 codes only (rounded to BF16 at scale 2^-125), large x */
+                    for (int i = 0; i < out * in; i++) m.w8[i] = (uint8_t)((1 + rnd() % 7) | (rnd() & 0x80));
+                    for (int i = 0; i < TM * in; i++) x[i] = urand() * 0x1p100f;
+                }
+                if (var == 7) {   /* +-448 codes (BF16 overflow at scale 2^120), small x */
+                    for (int i = 0; i < out * in; i += 3) m.w8[i] = (uint8_t)(0x7E | (rnd() & 0x80));
+                    for (int i = 0; i < TM * in; i++) x[i] = urand() * 0x1p-12f;
+                }
+                for (int kind = 0; kind < 7; kind++) {
+                    if (var >= 5 && kind < 5) continue;
+                    if (var < 5 && kind >= 2 && kind != 5) continue;
+                    int kout = kind == 6 ? out - 9 : out;
+                    if (kout <= 0) continue;
+                    for (int T = 1; T <= TM; T++) {
+                        ds41_exact_simd = 0;
+                        exact_call(kind, &EX, &m, in, x, T, ys);
+                        ds41_exact_simd = 1;
+                        for (int pass = 0; pass < 2; pass++) {
+                            memset(yv, 0xA5, (size_t)TM * out * 4);
+                            exact_call(kind, pass ? &ex2 : &EX, &m, in, x, T, yv);
+                            int d = count_diff(ys, yv, T * kout);
+                            CHECK(d == 0, "exact T=1 edges var %d kind %d %dx%d T=%d threads %d: %d of %d differ", var, kind,
+                                  kout, in, T, pass + 1, d, T * kout);
+                            cases++;
+                        }
+                    }
+                }
+                if (var >= 5 && out >= 70) {   /* DQ at row offset 32: tiles 1 and 2 */
+                    ds41_fp8w f8 = { m.w8, m.s8, m.out, m.in };
+                    ds41_exact_simd = 0;
+                    ds41_linear_fp8_dq(&EX, &f8, 32, out - 32, x, in, 1, ys, out - 32);
+                    ds41_exact_simd = 1;
+                    ds41_linear_fp8_dq(&ex2, &f8, 32, out - 32, x, in, 1, yv, out - 32);
+                    CHECK(count_diff(ys, yv, out - 32) == 0, "exact T=1 edges: DQ at row 32 differs");
+                    cases++;
+                }
+                free(x); free(ys); free(yv);
+                mats_free(&m);
+            }
+    printf("  exact T = 1 edges: %d cases bit-identical to the scalar kernels\n", cases);
+    ds41_exact_simd = 1;
+    ds41_pool_destroy(pool);
+}
+
 /* ---------------------------------------------------------------- threads */
 
 typedef struct cover { int *hits; } cover;
@@ -803,6 +915,7 @@ int main(void) {
         if (ds41_kernels_set_isa(isas[ii]) != 0) continue;
         printf("  -- exact kernels, ISA %s\n", ds41_kernels_isa());
         RUN_CASE(test_exact_simd);
+        RUN_CASE(test_exact_t1_edges);
     }
     ds41_kernels_set_isa("auto");
     RUN_CASE(test_threads);
