@@ -645,7 +645,8 @@ static void exact_call(int kind, const ds41_ctx *c, const mats *m, int in, const
 }
 
 static void test_exact_simd(void) {
-    int shapes[][3] = { { 67, 544, 33 }, { 33, 96, 3 }, { 100, 1056, 9 }, { 40, 2080, 1 }, { 17, 160, 2 }, { 50, 288, 6 } };
+    int shapes[][3] = { { 67, 544, 33 }, { 33, 96, 3 }, { 100, 1056, 9 }, { 40, 2080, 1 }, { 17, 160, 2 }, { 50, 288, 6 },
+                        { 45, 200, 1 }, { 26, 136, 1 } };   /* last groups of 13 and 10 rows: the 8-row passes' tails */
     const char *names[7] = { "fp8", "fp4", "bf16", "bf16 f32-out", "f32", "fp8_dq", "fp8_dq @5" };
     ds41_pool *pool = ds41_pool_create(2);
     ds41_ctx ex2 = { 1, 2, pool, 0, NULL };

@@ -574,8 +574,9 @@ void ds41_exact_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, in
     free(ad);
 }
 
-/* ---- T = 1, BF16 / FP32 / dequantized FP8: no panel either. 4 Q row quads (Q = 4: 16 rows, or
- * fewer for a short last group) per pass, lane i of chain q = row 4 q + i; each 8-K chunk of 4
+/* ---- T = 1, BF16 / FP32 / dequantized FP8: no panel either. Q row quads per pass (Q = 2: 8 rows
+ * for BF16 / FP32, Q = 4: 16 rows for DQ, fewer for a short last group), lane i of chain q = row
+ * 4 q + i; each 8-K chunk of 4
  * rows is loaded (BF16 widened by a shift, DQ decoded and rounded to BF16 as the scalar
  * converter does), transposed in registers and widened, then acc = fma(w, x[k], acc) for k
  * ascending: the scalar kernel's sequence per row (the products are exact in double, so the
@@ -729,6 +730,11 @@ static void d1_rows(void *arg, int i0, int i1) {
                 if (xs && t != xt) { xok = dq_tile_xs(d, t, xs); xt = t; }
                 if (xs && xok) { fn[3][w](d, g0, xs); continue; }
             }
+        }
+        if (ki < 2 && w == 2) {   /* BF16 / FP32: two 8-row passes (the 16-row one spills; measured slower) */
+            fn[ki][1](d, g0, d->x);
+            if (nr > 8) fn[ki][nr > 12 ? 1 : 0](d, g0 + 8, d->x);
+            continue;
         }
         fn[ki][w](d, g0, d->x);
     }
