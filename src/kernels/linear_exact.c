@@ -378,34 +378,41 @@ static inline __m256d fp8_blk4_h(const uint8_t *const *p, size_t o, const double
  * of each qword) by three unpack levels with zero; that puts elements 2v, 2v + 1, 16 + 2v,
  * 17 + 2v in vector v, and ab is stored in that order per block. The block test shares t1:
  * a code has a zero exponent field iff t1 < 16 (zeros too: rare, and merely slower). */
-static inline __m256d fp8_blk4_d(const uint8_t *const *p, size_t o, const double *ab, int *slow) {
-    const __m256i z = _mm256_setzero_si256(), sg = _mm256_set1_epi8((char)0x80);
-    __m256i t1[4];
+#define AINL static inline __attribute__((always_inline))
+
+/* nonzero when the block of the 4 rows holds a code with a zero exponent field */
+AINL int fp8_zero_exp(const uint8_t *const *p, size_t o) {
+    __m256i t[4];
     UNROLL4 for (int r = 0; r < 4; r++) {
         __m256i c = _mm256_loadu_si256((const __m256i *)(p[r] + o));
-        t1[r] = _mm256_add_epi8(c, c);
+        t[r] = _mm256_add_epi8(c, c);
     }
-    __m256i mn = _mm256_min_epu8(_mm256_min_epu8(t1[0], t1[1]), _mm256_min_epu8(t1[2], t1[3]));
+    __m256i mn = _mm256_min_epu8(_mm256_min_epu8(t[0], t[1]), _mm256_min_epu8(t[2], t[3]));
     __m256i lt = _mm256_subs_epu8(_mm256_set1_epi8(16), mn);
-    if (__builtin_expect(!_mm256_testz_si256(lt, lt), 0)) { *slow = 1; return _mm256_setzero_pd(); }
-    __m256d c0[4];
-    UNROLL4 for (int r = 0; r < 4; r++) {
-        __m256i t2 = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p[r] + o)), sg);
-        __m256i wl = _mm256_unpacklo_epi8(t1[r], t2), wh = _mm256_unpackhi_epi8(t1[r], t2);
-        __m256i dw[4] = { _mm256_unpacklo_epi16(z, wl), _mm256_unpackhi_epi16(z, wl),
-                          _mm256_unpacklo_epi16(z, wh), _mm256_unpackhi_epi16(z, wh) };
-        __m256d c = _mm256_setzero_pd();
-        UNROLL4 for (int i = 0; i < 4; i++) {
-            __m256d q0 = _mm256_castsi256_pd(_mm256_unpacklo_epi32(z, dw[i]));
-            __m256d q1 = _mm256_castsi256_pd(_mm256_unpackhi_epi32(z, dw[i]));
-            if (i == 0) c = _mm256_mul_pd(q0, _mm256_load_pd(ab));
-            else c = _mm256_fmadd_pd(q0, _mm256_load_pd(ab + 8 * i), c);
-            c = _mm256_fmadd_pd(q1, _mm256_load_pd(ab + 8 * i + 4), c);
-        }
-        c0[r] = c;
+    return !_mm256_testz_si256(lt, lt);
+}
+
+/* one row's block: the 4 lanes of its exact dot (times 2^-8) */
+AINL __m256d fp8_row_d(const uint8_t *pr, const double *ab) {
+    const __m256i z = _mm256_setzero_si256();
+    __m256i c = _mm256_loadu_si256((const __m256i *)pr);
+    __m256i t1 = _mm256_add_epi8(c, c), t2 = _mm256_and_si256(c, _mm256_set1_epi8((char)0x80));
+    __m256i wl = _mm256_unpacklo_epi8(t1, t2), wh = _mm256_unpackhi_epi8(t1, t2);
+    __m256i dw[4] = { _mm256_unpacklo_epi16(z, wl), _mm256_unpackhi_epi16(z, wl),
+                      _mm256_unpacklo_epi16(z, wh), _mm256_unpackhi_epi16(z, wh) };
+    __m256d acc = _mm256_mul_pd(_mm256_castsi256_pd(_mm256_unpacklo_epi32(z, dw[0])), _mm256_load_pd(ab));
+    acc = _mm256_fmadd_pd(_mm256_castsi256_pd(_mm256_unpackhi_epi32(z, dw[0])), _mm256_load_pd(ab + 4), acc);
+    UNROLL4 for (int i = 1; i < 4; i++) {
+        acc = _mm256_fmadd_pd(_mm256_castsi256_pd(_mm256_unpacklo_epi32(z, dw[i])), _mm256_load_pd(ab + 8 * i), acc);
+        acc = _mm256_fmadd_pd(_mm256_castsi256_pd(_mm256_unpackhi_epi32(z, dw[i])), _mm256_load_pd(ab + 8 * i + 4), acc);
     }
-    *slow = 0;
-    return hsum4x4(c0[0], c0[1], c0[2], c0[3]);
+    return acc;
+}
+
+AINL __m256d fp8_blk4_d(const uint8_t *const *p, size_t o, const double *ab) {
+    __m256d h01 = _mm256_hadd_pd(fp8_row_d(p[0] + o, ab), fp8_row_d(p[1] + o, ab));
+    __m256d h23 = _mm256_hadd_pd(fp8_row_d(p[2] + o, ab), fp8_row_d(p[3] + o, ab));
+    return _mm256_add_pd(_mm256_permute2f128_pd(h01, h23, 0x20), _mm256_permute2f128_pd(h01, h23, 0x31));
 }
 
 static __attribute__((noinline)) __m256d fp8_blk4_h_ool(const uint8_t *const *p, size_t o, const double *a) {
@@ -420,9 +427,7 @@ static void e1_fp8_group(const e1job *j, int r0, const double *scl) {
     for (int b = 0; b < nb; b++) {
         const size_t o = (size_t)b * 32;
         if (!(b & 1)) UNROLL4 for (int r = 0; r < 4; r++) _mm_prefetch((const char *)(p[r] + o + PFD), _MM_HINT_T0);
-        int slow;
-        __m256d d = fp8_blk4_d(p, o, j->ab + o, &slow);
-        if (slow) d = fp8_blk4_h_ool(p, o, j->ad + o);
+        __m256d d = __builtin_expect(fp8_zero_exp(p, o), 0) ? fp8_blk4_h_ool(p, o, j->ad + o) : fp8_blk4_d(p, o, j->ab + o);
         acc = _mm256_fmadd_pd(d, _mm256_broadcast_sd(scl + b), acc);
     }
     put4(j, r0, acc);
