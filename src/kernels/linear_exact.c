@@ -1,6 +1,16 @@
 /* ds41 exact linears at speed: AVX2 kernels with double accumulation, bit-identical to the
  * scalar exact kernels of linear.c (exact-mode.md) for every finite input.
  *
+ * Two implementations of the same sums: the panel passes below (T > 1, weights decoded once
+ * into an L1 panel and reused over the tokens), and the T = 1 kernels further down (decode:
+ * each weight read once, so no panel; their own comments give their arithmetic):
+ *   FP4 on integers (512 * E4M3 code split hi / lo into int16, vpmaddwd against 2 e2m1:
+ *     exact int32 block sums), FP8 straight to doubles by bit patterns (blocks without E4M3
+ *     subnormals) or by the FP16 trick, four rows per pass with a lane-transposing reduction
+ *     of the block dots; BF16 / FP32 / dequantized FP8 with rows in lanes, 8 or 16 rows per
+ *     pass, weights transposed in registers (BF16 as 16-bit words), the dequantized FP8 of
+ *     tiles whose scales keep bf16(e4m3 * s) exact as plain E4M3 against x * s.
+ *
  * The contract sums, per output, products that are exact in double in increasing K order
  * (BF16 / FP32 / dequantized FP8), or adds per-block dot products that are themselves exact in
  * double in increasing block order (FP8 / FP4). Both are kept lane by lane: the four lanes of
@@ -34,9 +44,10 @@
  * but skip the panel's decode-and-transpose; measured faster than the panel passes up to
  * these T on this 2-core AMD EPYC (FP4 x 16 tokens: 30 ms against 40 ms).
  *
- * Threads: work items are 16-row groups split statically (FP8 groups lie inside one 32-row
- * scale tile); the result does not depend on the split. Tokens: tiles of TT, two tokens per
- * pass over the panel (two independent sets of chains). */
+ * Threads: work items are 16-row groups (32-row tiles for the T = 1 quantized kernels) split
+ * statically (FP8 groups lie inside one 32-row scale tile); the result does not depend on the
+ * split. Tokens: tiles of TT, two tokens per pass over the panel (two independent sets of
+ * chains). */
 #include "linear_fast.h"
 #include "formats.h"
 
@@ -305,13 +316,17 @@ static void val_init(void) {
  * ascending. The scale lookups are tables (ue8m0 as doubles), the activation's group scale is
  * folded into a per-block double.
  *
- * FP8: activation doubles = E4M3 code values v (without the group scale); weights decoded to
- *   e4m3 * 2^-8 floats (FP16 trick) and widened; per row two chains of exact products (module
- *   comment: the partial sums are exact), their sum reduced across lanes with hadd (exact);
- *   the block's 4 dots d times c_b = s_a * s_w * 2^8 (s_w of the row tile: one per 4 rows, the
- *   group lies in one 32-row tile), and acc = fma(d, c_b, acc) = acc + d * c_b rounded once,
- *   since d * c_b is exact (a power-of-two scaling in double range): the scalar kernel's
- *   acc += (dot * s_a) * s_w.
+ * Activations: the Q8 of ds41_q8_group (through the SIMD ds41_fast_q8_row, q8_codes_row), as
+ *   E4M3 code values v without the group scale s_a, which goes into a per-block double.
+ * FP8: per row and block a chain (or two) of exact products (module comment: the partial sums
+ *   are exact, so any order gives the same dot), the 4 rows' dots reduced across lanes with
+ *   hadd (exact); the block's 4 dots d (each dot * 2^-8) times c_b = s_a * s_w * 2^8 (s_w of
+ *   the row tile: one per 4 rows, the group lies in one 32-row tile), and
+ *   acc = fma(d, c_b, acc) = acc + d * c_b rounded once, since d * c_b is exact (a power-of-two
+ *   scaling in double range): the scalar kernel's acc += (dot * s_a) * s_w. Weights: blocks
+ *   without zero-exponent codes as doubles e4m3 * 2^-1016 straight from the code bits against
+ *   v * 2^1008 (fp8_blk4_d), the others (E4M3 subnormals would be double subnormals: slow) as
+ *   e4m3 * 2^-8 floats by the FP16 trick, widened, against v (fp8_blk4_h).
  * FP4: integers. I = 512 v is an integer (E4M3 values are multiples of 2^-9), |I| <= 229376;
  *   I = 512 hi + lo with hi = I >> 9 (arithmetic), lo = I & 511, both int16. The weights
  *   2 e2m1 are int16 in -12..12 (byte shuffle, sign extension). vpmaddwd gives exact pair sums
