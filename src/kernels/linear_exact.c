@@ -594,9 +594,9 @@ void ds41_exact_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, in
     free(ad);
 }
 
-/* ---- T = 1, BF16 / FP32 / dequantized FP8: no panel either. Q row quads per pass (Q = 2: 8 rows
- * for BF16 / FP32, Q = 4: 16 rows for DQ, fewer for a short last group), lane i of chain q = row
- * 4 q + i; each 8-K chunk of 4
+/* ---- T = 1, BF16 / FP32 / dequantized FP8: no panel either. Q row quads per pass (Q = 2: 8 rows,
+ * Q = 4: 16 rows for the DQ tiles that decode and round, fewer for a short last group), lane i
+ * of chain q = row 4 q + i; each 8-K chunk of 4
  * rows is loaded (BF16 widened by a shift, DQ decoded and rounded to BF16 as the scalar
  * converter does), transposed in registers and widened, then acc = fma(w, x[k], acc) for k
  * ascending: the scalar kernel's sequence per row (the products are exact in double, so the
@@ -655,8 +655,31 @@ static inline __attribute__((always_inline)) __m256d bf16_quad16(const char *con
     return c;
 }
 
+/* DQ tiles on the exact-product path, 16 K of 4 rows: the code bytes transposed (two unpack
+ * levels: per 128-bit vector the 4 rows' codes at 4 K), then the FP16 trick on the transposed
+ * codes and widening, as for BF16 above */
+static inline __attribute__((always_inline)) __m256d dqf_quad16(const char *const *p, int k, const double *x, __m256d c) {
+    __m128i R0 = _mm_loadu_si128((const __m128i *)(p[0] + k)), R1 = _mm_loadu_si128((const __m128i *)(p[1] + k));
+    __m128i R2 = _mm_loadu_si128((const __m128i *)(p[2] + k)), R3 = _mm_loadu_si128((const __m128i *)(p[3] + k));
+    __m128i a = _mm_unpacklo_epi8(R0, R1), b = _mm_unpackhi_epi8(R0, R1);    /* K 0-7, 8-15 */
+    __m128i c2 = _mm_unpacklo_epi8(R2, R3), d = _mm_unpackhi_epi8(R2, R3);
+    __m128i T[4] = { _mm_unpacklo_epi16(a, c2), _mm_unpackhi_epi16(a, c2),   /* K 0-3, 4-7 */
+                     _mm_unpacklo_epi16(b, d), _mm_unpackhi_epi16(b, d) };   /* K 8-11, 12-15 */
+    UNROLL4 for (int t = 0; t < 4; t++) {
+        __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(T[t]), 7), _mm256_set1_epi16((short)0xBFFF));
+        __m256 f0 = _mm256_cvtph_ps(_mm256_castsi256_si128(h));        /* K 4t, 4t + 1 */
+        __m256 f1 = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));   /* K 4t + 2, 4t + 3 */
+        const double *xk = x + k + 4 * t;
+        c = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(f0)), _mm256_broadcast_sd(xk), c);
+        c = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(f0, 1)), _mm256_broadcast_sd(xk + 1), c);
+        c = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(f1)), _mm256_broadcast_sd(xk + 2), c);
+        c = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(f1, 1)), _mm256_broadcast_sd(xk + 3), c);
+    }
+    return c;
+}
+
 static inline __attribute__((always_inline)) void d1_group(const d1job *d, int g0, int kind, int nq, const double *x) {
-    const int in = d->in, kv = in & (kind == E_BF16 ? ~15 : ~7), esz = kind == E_BF16 ? 2 : kind == E_F32 ? 4 : 1;
+    const int in = d->in, kv = in & (kind == E_BF16 || kind == E_DQF ? ~15 : ~7), esz = kind == E_BF16 ? 2 : kind == E_F32 ? 4 : 1;
     const int pfm = kind == E_BF16 ? 31 : kind == E_F32 ? 15 : 63;   /* one prefetch per 64 bytes */
     const char *p[16];
     const uint8_t *sr[16];
@@ -674,6 +697,12 @@ static inline __attribute__((always_inline)) void d1_group(const d1job *d, int g
             if (!(k & pfm))
                 UNROLL8 for (int i = 0; i < 4 * nq; i++) _mm_prefetch(p[i] + (size_t)k * esz + PFD, _MM_HINT_T0);
             UNROLL4 for (int q = 0; q < nq; q++) acc[q] = bf16_quad16(p + 4 * q, k, x, acc[q]);
+        }
+    } else if (kind == E_DQF) {
+        for (int k = 0; k < kv; k += 16) {
+            if (!(k & pfm))
+                UNROLL8 for (int i = 0; i < 4 * nq; i++) _mm_prefetch(p[i] + (size_t)k * esz + PFD, _MM_HINT_T0);
+            UNROLL4 for (int q = 0; q < nq; q++) acc[q] = dqf_quad16(p + 4 * q, k, x, acc[q]);
         }
     } else for (int k = 0; k < kv; k += 8) {
         if (!(k & pfm))
@@ -748,7 +777,13 @@ static void d1_rows(void *arg, int i0, int i1) {
             if (t == (d->row0 + g0 + nr - 1) / 32) {
                 if (!xs) xs = amalloc((size_t)d->in * sizeof(double));
                 if (xs && t != xt) { xok = dq_tile_xs(d, t, xs); xt = t; }
-                if (xs && xok) { fn[3][w](d, g0, xs); continue; }
+                if (xs && xok) {
+                    if (w == 2) {   /* two 8-row passes, as BF16 / FP32 below */
+                        fn[3][1](d, g0, xs);
+                        if (nr > 8) fn[3][nr > 12 ? 1 : 0](d, g0 + 8, xs);
+                    } else fn[3][w](d, g0, xs);
+                    continue;
+                }
             }
         }
         if (ki < 2 && w == 2) {   /* BF16 / FP32: two 8-row passes (the 16-row one spills; measured slower) */
