@@ -697,6 +697,7 @@ static void test_exact_simd(void) {
             }
             for (int kind = 0; kind < 7; kind++) {
                 if (adv == 2 && kind < 2) continue;   /* random FP32 bits: dense kinds only */
+                if (kind == 1 && in % 32) continue;   /* FP4 scales are per whole 32-block (mats_make) */
                 int kin = kind == 2 ? in - 5 : kind == 4 ? in - 3 : in;   /* 8-element tails */
                 int kout = kind == 6 ? out - 9 : out;
                 ds41_exact_simd = 0;
