@@ -493,29 +493,34 @@ static inline void mid_prefetch(const void *w, size_t ldb, int r, int nr, size_t
     for (size_t k = 0; k < n; k += 64) _mm_prefetch(p + k, _MM_HINT_T0);
 }
 
-#define MIDAS 4096   /* floats of scaled FP8 activations per sub-block (16 KiB, half the L1 here) */
+#define MIDAS 4096   /* floats of scaled FP8 activations per sub-block (16 KiB, half the L1 of Zen 3) */
 
-/* kc % 32 == 0. The block's activations are scaled by the tile's scales once (per sub-block
- * of at most MIDAS floats) for all rows: the decode's a * s_tile * 2^8, exact as there. */
+/* the largest token pass of T (mid_pass2) */
+static inline int mid_cmax(int T, int cmax) {
+    int np = (T + cmax - 1) / cmax;
+    return (T + np - 1) / np;
+}
+
+/* kc % 32 == 0. Per token pass, the pass's activations of a sub-block (at most MIDAS floats)
+ * are scaled by the tile's scales once for all rows (the decode's a * s_tile * 2^8, exact as
+ * there) into a compact step-major copy; then every row of the item runs over them. */
 static void mid_e4m3_avx2(const uint8_t *w, size_t ld, const uint8_t *st, int nr, int kc, const float *a2, int T,
                           float *acc) {
     float as[MIDAS] __attribute__((aligned(64)));
-    int sb = (MIDAS / T) & ~31;   /* K per sub-block: T <= DS41_MID_MAX, so >= 128 */
-    for (int k0 = 0; k0 < kc; k0 += sb) {
-        int kn = kc - k0 < sb ? kc - k0 : sb, ns = kn / 16;
-        const float *src = a2 + (size_t)k0 * T;
-        for (int i = 0; i < ns; i++) {
-            __m256 sc = _mm256_set1_ps(ue8_lut8[st[(k0 >> 5) + (i >> 1)]]);
-            for (int q = 0; q < 2 * T; q++)
-                _mm256_store_ps(as + ((size_t)i * T * 16) + 8 * q,
-                                _mm256_mul_ps(_mm256_load_ps(src + (size_t)i * T * 16 + 8 * q), sc));
-        }
-        for (int r = 0; r < nr; r++) {
-            mid_prefetch(w + k0, ld, r, nr, (size_t)kn);
-            for (int t0 = 0, C; t0 < T; t0 += C) {
-                C = mid_pass2(T, t0, MIDC2);
-                mid8_k[C - 1](w + (size_t)r * ld + k0, ns, as + 16 * (size_t)t0, 16 * (size_t)T,
-                              acc + ((size_t)r * T + t0) * 16);
+    int sb = (MIDAS / mid_cmax(T, MIDC2)) & ~31;   /* K per sub-block: >= 288 */
+    for (int t0 = 0, C; t0 < T; t0 += C) {
+        C = mid_pass2(T, t0, MIDC2);
+        for (int k0 = 0; k0 < kc; k0 += sb) {
+            int kn = kc - k0 < sb ? kc - k0 : sb, ns = kn / 16;
+            for (int i = 0; i < ns; i++) {
+                __m256 sc = _mm256_set1_ps(ue8_lut8[st[(k0 >> 5) + (i >> 1)]]);
+                const float *src = a2 + ((size_t)(k0 / 16 + i) * T + t0) * 16;
+                for (int q = 0; q < 2 * C; q++)
+                    _mm256_store_ps(as + (size_t)i * C * 16 + 8 * q, _mm256_mul_ps(_mm256_load_ps(src + 8 * q), sc));
+            }
+            for (int r = 0; r < nr; r++) {
+                mid_prefetch(w + k0, ld, r, nr, (size_t)kn);
+                mid8_k[C - 1](w + (size_t)r * ld + k0, ns, as, 16 * (size_t)C, acc + ((size_t)r * T + t0) * 16);
             }
         }
     }
@@ -552,10 +557,10 @@ static void (*const mid4_k[MIDC2Q])(const uint8_t *, const uint8_t *, int, const
 
 static void mid_fp4_avx2(const uint8_t *w, size_t ld, const uint8_t *s, size_t lds, int nr, int nb, const int16_t *a2,
                          int T, float *acc) {
-    for (int r = 0; r < nr; r++) {
-        mid_prefetch(w, ld, r, nr, 16 * (size_t)nb);
-        for (int t0 = 0, C; t0 < T; t0 += C) {
-            C = mid_pass2(T, t0, MIDC2Q);
+    for (int t0 = 0, C; t0 < T; t0 += C) {
+        C = mid_pass2(T, t0, MIDC2Q);
+        for (int r = 0; r < nr; r++) {
+            mid_prefetch(w, ld, r, nr, 16 * (size_t)nb);
             mid4_k[C - 1](w + (size_t)r * ld, s + (size_t)r * lds, nb, a2 + 96 * (size_t)t0, 96 * (size_t)T,
                           acc + ((size_t)r * T + t0) * 16);
         }
@@ -591,10 +596,10 @@ static void (*const midb_k[MIDC2])(const uint16_t *, int, const float *, size_t,
     midb_8, midb_9, midb_10, midb_11, midb_12, midb_13, midb_14 };
 
 static void mid_bf16_avx2(const uint16_t *w, size_t ld, int nr, int n16, const float *a2, int T, float *acc) {
-    for (int r = 0; r < nr; r++) {
-        mid_prefetch(w, ld * 2, r, nr, 32 * (size_t)n16);
-        for (int t0 = 0, C; t0 < T; t0 += C) {
-            C = mid_pass2(T, t0, MIDC2);
+    for (int t0 = 0, C; t0 < T; t0 += C) {
+        C = mid_pass2(T, t0, MIDC2);
+        for (int r = 0; r < nr; r++) {
+            mid_prefetch(w, ld * 2, r, nr, 32 * (size_t)n16);
             midb_k[C - 1](w + (size_t)r * ld, n16, a2 + 32 * (size_t)t0, 32 * (size_t)T, acc + ((size_t)r * T + t0) * 16);
         }
     }
@@ -937,13 +942,17 @@ static void item_few(const fjob *j, int r0, int r1, float *a2) {
             j->y[(size_t)t * j->y_stride + r0 + r] = finish(j, v[r * T + t], t, r0 + r);
 }
 
-/* K block of the mid path: the block's activations fill 32 KiB (T x kb floats) or, FP4, 36
- * KiB (3 bytes per element) of the 48 KiB L1 (AVX-512, measured best at T = 16 among 256 ..
- * 1024); AVX2: 16 KiB (FP4 24 KiB) of a 32 KiB L1 (measured at T = 16 against half and twice
- * that); a multiple of 64 (FP8 scale tiles, BF16 group pairs, FP4 block pairs). */
+/* K block of the mid path, a multiple of 64 (FP8 scale tiles, BF16 group pairs, FP4 block
+ * pairs). AVX-512 (rows outer, all tokens per row): the block's activations fill 32 KiB (T x kb
+ * floats) or, FP4, 36 KiB (3 bytes per element) of the 48 KiB L1 (measured best at T = 16
+ * among 256 .. 1024). AVX2 (token passes outer, the item's rows inner): one pass's activations
+ * and the item's 32 weight rows of the block fill the 32 KiB L1 of Zen 3 (FP4: 24 KiB;
+ * measured at T = 12, 16, 32 against 16 and 24 KiB, on a noisy machine: T = 16 kb 512 for FP8,
+ * 256 for BF16, 576 for FP4). */
 static int mid_kb(const ds41_fast_ops *ops, int kind, int T) {
-    if (ops == &ops_avx2) {   /* 32 KiB L1 (Zen 3): 16 KiB of activations (FP4: 24) */
-        int kb = ((kind == J_FP4 ? 6144 : 4096) / T) & ~63;
+    if (ops == &ops_avx2) {   /* bytes per K of one token pass's activations and the item's 32 weight rows */
+        int per = kind == J_FP4 ? 3 * mid_cmax(T, MIDC2Q) + 17 : 4 * mid_cmax(T, MIDC2) + (kind == J_BF16 ? 64 : 32);
+        int kb = ((kind == J_FP4 ? 24576 : 32768) / per) & ~63;
         return kb < 64 ? 64 : kb > 1024 ? 1024 : kb;
     }
     int kb = ((kind == J_FP4 ? 12288 : 8192) / T) & ~63;
