@@ -487,9 +487,10 @@ static void test_fast_row_independence(void) {
  * group / block tails (the last K block of the mid path a lone FP4 block or BF16 group at some
  * T), 32-row items cut by out, a grouped FP8 product at a row offset, 1 and 2 threads, random
  * and adversarial activations. On AVX2 the mid widths cover one token pass (T = 9 .. 14; FP4
- * 9, 10), two (15 .. 28; FP4 11 .. 20) and three (29 .. 32; FP4 21 .. 30) and four (FP4 31,
- * 32), passes of unequal sizes (odd T), and FP8 K blocks cut into sub-blocks of scaled
- * activations (T = 10 .. 14, 19 .. 32). */
+ * 9, 10), two (15 .. 28; FP4 11 .. 20) and three (29 .. 32; FP4 21 .. 30) and four (FP4 31 ..
+ * 34), FP4 up to T = 64 (47: five passes, 64 and the 64-row tile of 67, 70: seven), passes of
+ * unequal sizes (odd T), and FP8 K blocks cut into sub-blocks of scaled activations (T = 10 ..
+ * 14, 19 .. 32). */
 static void fast_call(int kind, const ds41_ctx *c, const mats *m, int in, const float *x, int T, float *y) {
     ds41_fp8w f8 = { m->w8, m->s8, m->out, m->in };
     ds41_fp4w f4 = { m->w4, m->s4, m->out, m->in };

@@ -21,7 +21,7 @@
  * B, one ymm accumulator per token, each chunk decoded once per pass. The panel path decodes
  * into memory and reloads the decoded weights for every 3- or 6-token tile; at T = 16 that
  * traffic and the accumulator spills per tile held it to about half the FMA peak on AVX-512,
- * a third on AVX2 (measured on Zen 3: FP8 at T = 16 from 15 to 25 GMAC/s of a 46 peak).
+ * a third on AVX2. AVX2 FP4 linears take the mid path up to T = 64 (MID_MAX_FP4_AVX2).
  *   Two 8-lane FP32 accumulators A and B per output. The K axis is cut into 8-wide chunks
  *   (FP8, FP8-dq, FP32), 16-wide groups (BF16) or 32-wide blocks (FP4); chunk / group / block
  *   number c goes to A when c is even, to B when odd, each added with one FMA, in increasing
@@ -959,9 +959,13 @@ static int mid_kb(const ds41_fast_ops *ops, int kind, int T) {
     return kb < 64 ? 64 : kb > 1024 ? 1024 : kb;
 }
 
+/* AVX2 FP4 takes the mid path up to the activation tile, T = 64 (measured at T = 40, 64: 1.5x
+ * the panels' GMAC/s; FP8 on a par with them, BF16 below, so those stay at DS41_MID_MAX) */
+#define MID_MAX_FP4_AVX2 TT
+
 /* 1 if the mid path serves T rows of this kind with these ops */
 static int mid_on(const ds41_fast_ops *ops, int kind, int T) {
-    if (T <= DS41_FEW_MAX || T > DS41_MID_MAX) return 0;
+    if (T <= DS41_FEW_MAX || T > (ops == &ops_avx2 && kind == J_FP4 ? MID_MAX_FP4_AVX2 : DS41_MID_MAX)) return 0;
     switch (kind) {
     case J_FP8: case J_DQ: return ops->mid_e4m3 != NULL;
     case J_FP4: return ops->mid_fp4 != NULL;

@@ -29,7 +29,8 @@ void ds41_fast_q8_row(const float *x, int in, float mult, float *a);
  * acc blocks: 16 floats per (row, token): lanes 0-7 accumulator A, 8-15 accumulator B. */
 #define DS41_KC 256   /* K elements per prefill panel */
 #define DS41_FEW_MAX 8   /* T = 2 .. DS41_FEW_MAX: the few-row path (weights streamed once) */
-#define DS41_MID_MAX 32  /* T = DS41_FEW_MAX + 1 .. DS41_MID_MAX: the mid path where the ISA has one */
+#define DS41_MID_MAX 32  /* T = DS41_FEW_MAX + 1 .. DS41_MID_MAX: the mid path where the ISA has one
+                          * (AVX2 FP4: up to 64, linear_fast.c) */
 typedef struct ds41_fast_ops {
     const char *name;
     /* decode, nr rows at stride ld; out[r] = hsum8(A + B) */
