@@ -446,8 +446,9 @@ static void few_f32_avx2(const float *w, size_t ld, int nr, int n8, const float 
  * in the 16 registers, so a chunk decoded once serves up to 14 FMAs. */
 #define MIDC2 14      /* FP8 / BF16: tokens per pass (C accumulators + the decoded chunk + a temporary) */
 #define MIDC2Q 10     /* FP4: the words we, wo, the block scale and the int32 products stay live too */
-#define MIDPF2 4      /* rows of prefetch ahead (measured at T = 16: 4 and the wrap to the next block
-                       * ahead of 2 without it, ~5 %, on a noisy machine) */
+#define MIDPF2 4      /* rows of prefetch ahead (measured at T = 16, rows-outer order: 4 with the wrap
+                       * to the next block a few % ahead of 2 without it, within a noisy machine's
+                       * spread) */
 #define UNROLL16 _Pragma("GCC unroll 16")
 
 /* FP8: step 16 K (chunks 2i, 2i + 1); a: 16 floats per token per step, sstep floats per step,
