@@ -13,12 +13,15 @@
  * second pass over the row from L1 beyond; AVX-512: 8 in one pass), where the prefill panel
  * path would re-read the weights through 32-row panels without the decode's prefetch.
  * A fourth serves T = DS41_FEW_MAX + 1 .. DS41_MID_MAX (the server's 16-stream decode step,
- * short prefill chunks) on ISAs that have it (AVX-512; AVX2 takes the panels): per K block of
- * an item, each weight row is decoded once in registers and applied to up to 16 tokens held
- * in zmm accumulators (A | B), the activations of the block step-major in L1 (item_mid).
- * The panel path decodes into memory and reloads the decoded weights for every 3- or 6-token
- * tile; at T = 16 that traffic and the accumulator spills per tile held it to about half the
- * FMA peak.
+ * short prefill chunks): per K block of an item, each weight row is decoded once in registers
+ * and applied to many tokens, the activations of the block step-major in L1 (item_mid).
+ * AVX-512 holds up to 16 tokens in zmm accumulators (A | B). AVX2 has 16 ymm registers, so it
+ * runs each output's A and B chains (independent until the final add) as two parity passes:
+ * the even chunks of the block into A for up to 14 tokens (FP4: 10), then the odd chunks into
+ * B, one ymm accumulator per token, each chunk decoded once per pass. The panel path decodes
+ * into memory and reloads the decoded weights for every 3- or 6-token tile; at T = 16 that
+ * traffic and the accumulator spills per tile held it to about half the FMA peak on AVX-512,
+ * a third on AVX2. AVX2 FP4 linears take the mid path up to T = 64 (MID_MAX_FP4_AVX2).
  *   Two 8-lane FP32 accumulators A and B per output. The K axis is cut into 8-wide chunks
  *   (FP8, FP8-dq, FP32), 16-wide groups (BF16) or 32-wide blocks (FP4); chunk / group / block
  *   number c goes to A when c is even, to B when odd, each added with one FMA, in increasing
@@ -432,6 +435,177 @@ static void few_f32_avx2(const float *w, size_t ld, int nr, int n8, const float 
         }
 }
 
+/* ---------------------------------------------------------------- AVX2 mid-row kernels */
+
+/* T = DS41_FEW_MAX + 1 .. DS41_MID_MAX: one K block of one weight row, decoded in registers and
+ * applied to C tokens, in the activations' step-major layout (mid_acts). The A and B chains of
+ * an output are independent until the final add, so each runs as its own parity pass: the even
+ * chunks / groups / blocks of the block into A (acc + 16 t) for all C tokens, then the odd
+ * ones into B (acc + 16 t + 8), each in increasing order, each weight chunk decoded once per
+ * pass. One ymm accumulator per token (not an A / B pair) leaves room for up to MIDC2 tokens
+ * in the 16 registers, so a chunk decoded once serves up to 14 FMAs. */
+#define MIDC2 14      /* FP8 / BF16: tokens per pass (C accumulators + the decoded chunk + a temporary) */
+#define MIDC2Q 10     /* FP4: the words we, wo, the block scale and the int32 products stay live too */
+#define MIDPF2 4      /* rows of prefetch ahead (measured at T = 16, rows-outer order: 4 with the wrap
+                       * to the next block a few % ahead of 2 without it, within a noisy machine's
+                       * spread) */
+#define UNROLL16 _Pragma("GCC unroll 16")
+
+/* FP8: step 16 K (chunks 2i, 2i + 1); a: 16 floats per token per step, sstep floats per step,
+ * already times the tile scale * 2^8 (mid_e4m3_avx2), so the weight is the bare FP16 decode
+ * e4m3 * 2^-8: the decode's operands (item_decode), the decode's FMAs. */
+#define MID8(C)                                                                                       \
+    static void mid8_##C(const uint8_t *w, int ns, const float *a, size_t sstep, float *acc) {      \
+        for (int p = 0; p < 2; p++) {                                                             \
+            __m256 c[C];                                                                          \
+            UNROLL16 for (int t = 0; t < C; t++) c[t] = _mm256_loadu_ps(acc + 16 * t + 8 * p);    \
+            const float *ap = a + 8 * p;                                                          \
+            const uint8_t *wp = w + 8 * p;                                                        \
+            for (int i = 0; i < ns; i++, ap += sstep) {                                           \
+                __m256 wv = e4m3x8_h(wp + 16 * i);                                                \
+                UNROLL16 for (int t = 0; t < C; t++) c[t] = _mm256_fmadd_ps(wv, _mm256_load_ps(ap + 16 * t), c[t]); \
+            }                                                                                     \
+            UNROLL16 for (int t = 0; t < C; t++) _mm256_storeu_ps(acc + 16 * t + 8 * p, c[t]);    \
+        }                                                                                         \
+    }
+MID8(1) MID8(2) MID8(3) MID8(4) MID8(5) MID8(6) MID8(7)
+MID8(8) MID8(9) MID8(10) MID8(11) MID8(12) MID8(13) MID8(14)
+static void (*const mid8_k[MIDC2])(const uint8_t *, int, const float *, size_t, float *) = {
+    mid8_1, mid8_2, mid8_3, mid8_4, mid8_5, mid8_6, mid8_7,
+    mid8_8, mid8_9, mid8_10, mid8_11, mid8_12, mid8_13, mid8_14 };
+
+/* token passes of at most cmax, of near-equal sizes (T = 16: 8 + 8, not 14 + 2) */
+static inline int mid_pass2(int T, int t0, int cmax) {
+    int np = (T + cmax - 1) / cmax, done = 0;
+    for (int p = 0; p < np; p++) {
+        int c = (T - done) / (np - p);
+        if (done == t0) return c;
+        done += c;
+    }
+    return T - t0;
+}
+
+/* The block of row r + MIDPF2 (n bytes from w + (r + MIDPF2) * ldb) to L1 during row r; near
+ * the end of the block, the first rows of the next K block of the item (w + n on). Prefetches
+ * past the matrix do not fault. */
+static inline void mid_prefetch(const void *w, size_t ldb, int r, int nr, size_t n) {
+    int rr = r + MIDPF2;
+    const char *p = rr < nr ? (const char *)w + (size_t)rr * ldb : (const char *)w + (size_t)(rr - nr) * ldb + n;
+    for (size_t k = 0; k < n; k += 64) _mm_prefetch(p + k, _MM_HINT_T0);
+}
+
+#define MIDAS 4096   /* floats of scaled FP8 activations per sub-block (16 KiB, half the L1 of Zen 3) */
+
+/* the largest token pass of T (mid_pass2) */
+static inline int mid_cmax(int T, int cmax) {
+    int np = (T + cmax - 1) / cmax;
+    return (T + np - 1) / np;
+}
+
+/* kc % 32 == 0. Per token pass, the pass's activations of a sub-block (at most MIDAS floats)
+ * are scaled by the tile's scales once for all rows (the decode's a * s_tile * 2^8, exact as
+ * there) into a compact step-major copy; then every row of the item runs over them. */
+static void mid_e4m3_avx2(const uint8_t *w, size_t ld, const uint8_t *st, int nr, int kc, const float *a2, int T,
+                          float *acc) {
+    float as[MIDAS] __attribute__((aligned(64)));
+    int sb = (MIDAS / mid_cmax(T, MIDC2)) & ~31;   /* K per sub-block: >= 288 */
+    for (int t0 = 0, C; t0 < T; t0 += C) {
+        C = mid_pass2(T, t0, MIDC2);
+        for (int k0 = 0; k0 < kc; k0 += sb) {
+            int kn = kc - k0 < sb ? kc - k0 : sb, ns = kn / 16;
+            for (int i = 0; i < ns; i++) {
+                __m256 sc = _mm256_set1_ps(ue8_lut8[st[(k0 >> 5) + (i >> 1)]]);
+                const float *src = a2 + ((size_t)(k0 / 16 + i) * T + t0) * 16;
+                for (int q = 0; q < 2 * C; q++)
+                    _mm256_store_ps(as + (size_t)i * C * 16 + 8 * q, _mm256_mul_ps(_mm256_load_ps(src + 8 * q), sc));
+            }
+            for (int r = 0; r < nr; r++) {
+                mid_prefetch(w + k0, ld, r, nr, (size_t)kn);
+                mid8_k[C - 1](w + (size_t)r * ld + k0, ns, as, 16 * (size_t)C, acc + ((size_t)r * T + t0) * 16);
+            }
+        }
+    }
+}
+
+/* FP4: step 64 K (blocks 2i, 2i + 1); a: 96 int16 units per token per step (32 even words:
+ * 16 of block 2i, 16 of 2i + 1; 32 odd words alike; 16 pair-scale floats, 8 per block), so
+ * block parity p reads its words at + 16 p and its scales at + 64 + 16 p int16 units. A lone
+ * last block (nb odd) is even: A only. */
+#define MID4(C)                                                                                       \
+    static void mid4_##C(const uint8_t *w, const uint8_t *s, int nb, const int16_t *a, size_t sstep, float *acc) { \
+        for (int p = 0; p < 2 && p < nb; p++) {                                                   \
+            __m256 c[C];                                                                          \
+            UNROLL16 for (int t = 0; t < C; t++) c[t] = _mm256_loadu_ps(acc + 16 * t + 8 * p);    \
+            const int16_t *ap = a + 16 * p;                                                       \
+            for (int b = p; b < nb; b += 2, ap += sstep) {                                        \
+                __m256i we, wo;                                                                   \
+                e2m1x32_i16(w + 16 * b, &we, &wo);                                                \
+                __m256 sw = _mm256_set1_ps(ue8_lut[s[b]]);                                        \
+                UNROLL16 for (int t = 0; t < C; t++) {                                            \
+                    __m256i ae = _mm256_load_si256((const __m256i *)(ap + 96 * t));               \
+                    __m256i ao = _mm256_load_si256((const __m256i *)(ap + 96 * t + 32));          \
+                    __m256i d = _mm256_add_epi32(_mm256_madd_epi16(we, ae), _mm256_madd_epi16(wo, ao)); \
+                    __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(d), sw);                          \
+                    c[t] = _mm256_fmadd_ps(x, _mm256_load_ps((const float *)(ap + 96 * t + 64)), c[t]); \
+                }                                                                                 \
+            }                                                                                     \
+            UNROLL16 for (int t = 0; t < C; t++) _mm256_storeu_ps(acc + 16 * t + 8 * p, c[t]);    \
+        }                                                                                         \
+    }
+MID4(1) MID4(2) MID4(3) MID4(4) MID4(5) MID4(6) MID4(7) MID4(8) MID4(9) MID4(10)
+static void (*const mid4_k[MIDC2Q])(const uint8_t *, const uint8_t *, int, const int16_t *, size_t, float *) = {
+    mid4_1, mid4_2, mid4_3, mid4_4, mid4_5, mid4_6, mid4_7, mid4_8, mid4_9, mid4_10 };
+
+static void mid_fp4_avx2(const uint8_t *w, size_t ld, const uint8_t *s, size_t lds, int nr, int nb, const int16_t *a2,
+                         int T, float *acc) {
+    for (int t0 = 0, C; t0 < T; t0 += C) {
+        C = mid_pass2(T, t0, MIDC2Q);
+        for (int r = 0; r < nr; r++) {
+            mid_prefetch(w, ld, r, nr, 16 * (size_t)nb);
+            mid4_k[C - 1](w + (size_t)r * ld, s + (size_t)r * lds, nb, a2 + 96 * (size_t)t0, 96 * (size_t)T,
+                          acc + ((size_t)r * T + t0) * 16);
+        }
+    }
+}
+
+/* BF16: step 32 K (groups 2i, 2i + 1); a: 32 permuted floats per token per step (even elements
+ * of group 2i, of 2i + 1, odd of 2i, of 2i + 1), so group parity p reads + 8 p and + 16 + 8 p.
+ * A lone last group (n16 odd) is even: A only. */
+#define MIDB(C)                                                                                       \
+    static void midb_##C(const uint16_t *w, int n16, const float *a, size_t sstep, float *acc) {     \
+        const __m256i hm = _mm256_set1_epi32((int)0xFFFF0000);                                    \
+        for (int p = 0; p < 2 && p < n16; p++) {                                                  \
+            __m256 c[C];                                                                          \
+            UNROLL16 for (int t = 0; t < C; t++) c[t] = _mm256_loadu_ps(acc + 16 * t + 8 * p);    \
+            const float *ap = a + 8 * p;                                                          \
+            for (int g = p; g < n16; g += 2, ap += sstep) {                                       \
+                __m256i v = _mm256_loadu_si256((const __m256i *)(w + 16 * g));                    \
+                __m256 ev = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));                        \
+                __m256 od = _mm256_castsi256_ps(_mm256_and_si256(v, hm));                         \
+                UNROLL16 for (int t = 0; t < C; t++) {                                            \
+                    c[t] = _mm256_fmadd_ps(ev, _mm256_load_ps(ap + 32 * t), c[t]);                \
+                    c[t] = _mm256_fmadd_ps(od, _mm256_load_ps(ap + 32 * t + 16), c[t]);           \
+                }                                                                                 \
+            }                                                                                     \
+            UNROLL16 for (int t = 0; t < C; t++) _mm256_storeu_ps(acc + 16 * t + 8 * p, c[t]);    \
+        }                                                                                         \
+    }
+MIDB(1) MIDB(2) MIDB(3) MIDB(4) MIDB(5) MIDB(6) MIDB(7)
+MIDB(8) MIDB(9) MIDB(10) MIDB(11) MIDB(12) MIDB(13) MIDB(14)
+static void (*const midb_k[MIDC2])(const uint16_t *, int, const float *, size_t, float *) = {
+    midb_1, midb_2, midb_3, midb_4, midb_5, midb_6, midb_7,
+    midb_8, midb_9, midb_10, midb_11, midb_12, midb_13, midb_14 };
+
+static void mid_bf16_avx2(const uint16_t *w, size_t ld, int nr, int n16, const float *a2, int T, float *acc) {
+    for (int t0 = 0, C; t0 < T; t0 += C) {
+        C = mid_pass2(T, t0, MIDC2);
+        for (int r = 0; r < nr; r++) {
+            mid_prefetch(w, ld * 2, r, nr, 32 * (size_t)n16);
+            midb_k[C - 1](w + (size_t)r * ld, n16, a2 + 32 * (size_t)t0, 32 * (size_t)T, acc + ((size_t)r * T + t0) * 16);
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- AVX2 prefill micro-kernels */
 
 /* Float panel: acc[(r * T + t) * 16 + 8 * par] += P[r][8c..] * A[t][8c..] for chunks c of parity
@@ -520,7 +694,7 @@ static void pf_fp4_avx2(const int16_t *PW, const float *SW, int nr, const int16_
 
 static const ds41_fast_ops ops_avx2 = { "avx2", dec_e4m3_avx2, dec_fp4_avx2, dec_bf16_avx2, dec_f32_avx2,
                                         few_e4m3_avx2, few_fp4_avx2, few_bf16_avx2, few_f32_avx2,
-                                        NULL, NULL, NULL, pf_float_avx2, pf_fp4_avx2 };
+                                        mid_e4m3_avx2, mid_fp4_avx2, mid_bf16_avx2, pf_float_avx2, pf_fp4_avx2 };
 const ds41_fast_ops *ds41_fast_ops_avx2(void) { return &ops_avx2; }
 
 /* ---------------------------------------------------------------- ISA selection */
@@ -769,17 +943,30 @@ static void item_few(const fjob *j, int r0, int r1, float *a2) {
             j->y[(size_t)t * j->y_stride + r0 + r] = finish(j, v[r * T + t], t, r0 + r);
 }
 
-/* K block of the mid path: the block's activations fill 32 KiB (T x kb floats) or, FP4, 36
- * KiB (3 bytes per element) of the 48 KiB L1 (measured best at T = 16 among 256 .. 1024); a
- * multiple of 64 (FP8 scale tiles, BF16 group pairs, FP4 block pairs). */
-static int mid_kb(int kind, int T) {
+/* K block of the mid path, a multiple of 64 (FP8 scale tiles, BF16 group pairs, FP4 block
+ * pairs). AVX-512 (rows outer, all tokens per row): the block's activations fill 32 KiB (T x kb
+ * floats) or, FP4, 36 KiB (3 bytes per element) of the 48 KiB L1 (measured best at T = 16
+ * among 256 .. 1024). AVX2 (token passes outer, the item's rows inner): one pass's activations
+ * and the item's 32 weight rows of the block fill the 32 KiB L1 of Zen 3 (FP4: 24 KiB;
+ * measured at T = 12, 16, 32 against 16 and 24 KiB, on a noisy machine: T = 16 kb 512 for FP8,
+ * 256 for BF16, 576 for FP4). */
+static int mid_kb(const ds41_fast_ops *ops, int kind, int T) {
+    if (ops == &ops_avx2) {   /* bytes per K of one token pass's activations and the item's 32 weight rows */
+        int per = kind == J_FP4 ? 3 * mid_cmax(T, MIDC2Q) + 17 : 4 * mid_cmax(T, MIDC2) + (kind == J_BF16 ? 64 : 32);
+        int kb = ((kind == J_FP4 ? 24576 : 32768) / per) & ~63;
+        return kb < 64 ? 64 : kb > 1024 ? 1024 : kb;
+    }
     int kb = ((kind == J_FP4 ? 12288 : 8192) / T) & ~63;
     return kb < 64 ? 64 : kb > 1024 ? 1024 : kb;
 }
 
+/* AVX2 FP4 takes the mid path up to the activation tile, T = 64 (measured at T = 40, 64: 1.5x
+ * the panels' GMAC/s; FP8 on a par with them, BF16 below, so those stay at DS41_MID_MAX) */
+#define MID_MAX_FP4_AVX2 TT
+
 /* 1 if the mid path serves T rows of this kind with these ops */
 static int mid_on(const ds41_fast_ops *ops, int kind, int T) {
-    if (T <= DS41_FEW_MAX || T > DS41_MID_MAX) return 0;
+    if (T <= DS41_FEW_MAX || T > (ops == &ops_avx2 && kind == J_FP4 ? MID_MAX_FP4_AVX2 : DS41_MID_MAX)) return 0;
     switch (kind) {
     case J_FP8: case J_DQ: return ops->mid_e4m3 != NULL;
     case J_FP4: return ops->mid_fp4 != NULL;
@@ -816,7 +1003,7 @@ static int16_t *mid_acts_q(const int16_t *aw, size_t ldaw, const float *sav, siz
  * row of the item decoded once in registers for all T tokens (the decode order per output, the
  * accumulator blocks of prefill). */
 static void item_mid(const fjob *j, int r0, int r1, float *acc) {
-    int in = j->in, nr = r1 - r0, T = j->T, kb = mid_kb(j->kind, T);
+    int in = j->in, nr = r1 - r0, T = j->T, kb = mid_kb(j->ops, j->kind, T);
     memset(acc, 0, (size_t)nr * T * 16 * sizeof(float));
     for (int k0 = 0; k0 < j->kv; k0 += kb) {
         int kc = j->kv - k0 < kb ? j->kv - k0 : kb;
