@@ -486,7 +486,7 @@ static void test_fast_row_independence(void) {
  * decode order per output), on every ISA path the CPU has. Every kind, widths with odd chunk /
  * group / block tails (the last K block of the mid path a lone FP4 block or BF16 group at some
  * T), 32-row items cut by out, a grouped FP8 product at a row offset, 1 and 2 threads, random
- * and adversarial activations. On AVX2 the mid widths cover one token pass (T = 9 .. 14; FP4
+ * and adversarial activations. On AVX2 (FP8, FP4; BF16 takes the panels there) the mid widths cover one token pass (T = 9 .. 14; FP4
  * 9, 10), two (15 .. 28; FP4 11 .. 20) and three (29 .. 32; FP4 21 .. 30) and four (FP4 31 ..
  * 34), FP4 up to T = 64 (47: five passes, 64 and the 64-row tile of 67, 70: seven), passes of
  * unequal sizes (odd T), and FP8 K blocks cut into sub-blocks of scaled activations (T = 10 ..

@@ -15,13 +15,15 @@
  * A fourth serves T = DS41_FEW_MAX + 1 .. DS41_MID_MAX (the server's 16-stream decode step,
  * short prefill chunks): per K block of an item, each weight row is decoded once in registers
  * and applied to many tokens, the activations of the block step-major in L1 (item_mid).
- * AVX-512 holds up to 16 tokens in zmm accumulators (A | B). AVX2 has 16 ymm registers, so it
+ * AVX-512 holds up to 16 tokens in zmm accumulators (A | B). AVX2 (FP8, FP4) has 16 ymm registers, so it
  * runs each output's A and B chains (independent until the final add) as two parity passes:
  * the even chunks of the block into A for up to 14 tokens (FP4: 10), then the odd chunks into
  * B, one ymm accumulator per token, each chunk decoded once per pass. The panel path decodes
  * into memory and reloads the decoded weights for every 3- or 6-token tile; at T = 16 that
  * traffic and the accumulator spills per tile held it to about half the FMA peak on AVX-512,
- * a third on AVX2. AVX2 FP4 linears take the mid path up to T = 64 (MID_MAX_FP4_AVX2).
+ * a third on AVX2. AVX2 FP4 linears take the mid path up to T = 64 (MID_MAX_FP4_AVX2); AVX2
+ * BF16 keeps the panels (its decode is two uops per 16 weights, so there is little to save, and
+ * a parity-pass BF16 kernel measured 0.85-0.95x the panels at T = 16 and 32).
  *   Two 8-lane FP32 accumulators A and B per output. The K axis is cut into 8-wide chunks
  *   (FP8, FP8-dq, FP32), 16-wide groups (BF16) or 32-wide blocks (FP4); chunk / group / block
  *   number c goes to A when c is even, to B when odd, each added with one FMA, in increasing
@@ -440,11 +442,11 @@ static void few_f32_avx2(const float *w, size_t ld, int nr, int n8, const float 
 /* T = DS41_FEW_MAX + 1 .. DS41_MID_MAX: one K block of one weight row, decoded in registers and
  * applied to C tokens, in the activations' step-major layout (mid_acts). The A and B chains of
  * an output are independent until the final add, so each runs as its own parity pass: the even
- * chunks / groups / blocks of the block into A (acc + 16 t) for all C tokens, then the odd
+ * chunks / blocks of the block into A (acc + 16 t) for all C tokens, then the odd
  * ones into B (acc + 16 t + 8), each in increasing order, each weight chunk decoded once per
  * pass. One ymm accumulator per token (not an A / B pair) leaves room for up to MIDC2 tokens
  * in the 16 registers, so a chunk decoded once serves up to 14 FMAs. */
-#define MIDC2 14      /* FP8 / BF16: tokens per pass (C accumulators + the decoded chunk + a temporary) */
+#define MIDC2 14      /* FP8: tokens per pass (C accumulators + the decoded chunk + a temporary) */
 #define MIDC2Q 10     /* FP4: the words we, wo, the block scale and the int32 products stay live too */
 #define MIDPF2 4      /* rows of prefetch ahead (measured at T = 16, rows-outer order: 4 with the wrap
                        * to the next block a few % ahead of 2 without it, within a noisy machine's
@@ -568,44 +570,6 @@ static void mid_fp4_avx2(const uint8_t *w, size_t ld, const uint8_t *s, size_t l
     }
 }
 
-/* BF16: step 32 K (groups 2i, 2i + 1); a: 32 permuted floats per token per step (even elements
- * of group 2i, of 2i + 1, odd of 2i, of 2i + 1), so group parity p reads + 8 p and + 16 + 8 p.
- * A lone last group (n16 odd) is even: A only. */
-#define MIDB(C)                                                                                       \
-    static void midb_##C(const uint16_t *w, int n16, const float *a, size_t sstep, float *acc) {     \
-        const __m256i hm = _mm256_set1_epi32((int)0xFFFF0000);                                    \
-        for (int p = 0; p < 2 && p < n16; p++) {                                                  \
-            __m256 c[C];                                                                          \
-            UNROLL16 for (int t = 0; t < C; t++) c[t] = _mm256_loadu_ps(acc + 16 * t + 8 * p);    \
-            const float *ap = a + 8 * p;                                                          \
-            for (int g = p; g < n16; g += 2, ap += sstep) {                                       \
-                __m256i v = _mm256_loadu_si256((const __m256i *)(w + 16 * g));                    \
-                __m256 ev = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));                        \
-                __m256 od = _mm256_castsi256_ps(_mm256_and_si256(v, hm));                         \
-                UNROLL16 for (int t = 0; t < C; t++) {                                            \
-                    c[t] = _mm256_fmadd_ps(ev, _mm256_load_ps(ap + 32 * t), c[t]);                \
-                    c[t] = _mm256_fmadd_ps(od, _mm256_load_ps(ap + 32 * t + 16), c[t]);           \
-                }                                                                                 \
-            }                                                                                     \
-            UNROLL16 for (int t = 0; t < C; t++) _mm256_storeu_ps(acc + 16 * t + 8 * p, c[t]);    \
-        }                                                                                         \
-    }
-MIDB(1) MIDB(2) MIDB(3) MIDB(4) MIDB(5) MIDB(6) MIDB(7)
-MIDB(8) MIDB(9) MIDB(10) MIDB(11) MIDB(12) MIDB(13) MIDB(14)
-static void (*const midb_k[MIDC2])(const uint16_t *, int, const float *, size_t, float *) = {
-    midb_1, midb_2, midb_3, midb_4, midb_5, midb_6, midb_7,
-    midb_8, midb_9, midb_10, midb_11, midb_12, midb_13, midb_14 };
-
-static void mid_bf16_avx2(const uint16_t *w, size_t ld, int nr, int n16, const float *a2, int T, float *acc) {
-    for (int t0 = 0, C; t0 < T; t0 += C) {
-        C = mid_pass2(T, t0, MIDC2);
-        for (int r = 0; r < nr; r++) {
-            mid_prefetch(w, ld * 2, r, nr, 32 * (size_t)n16);
-            midb_k[C - 1](w + (size_t)r * ld, n16, a2 + 32 * (size_t)t0, 32 * (size_t)T, acc + ((size_t)r * T + t0) * 16);
-        }
-    }
-}
-
 /* ---------------------------------------------------------------- AVX2 prefill micro-kernels */
 
 /* Float panel: acc[(r * T + t) * 16 + 8 * par] += P[r][8c..] * A[t][8c..] for chunks c of parity
@@ -694,7 +658,7 @@ static void pf_fp4_avx2(const int16_t *PW, const float *SW, int nr, const int16_
 
 static const ds41_fast_ops ops_avx2 = { "avx2", dec_e4m3_avx2, dec_fp4_avx2, dec_bf16_avx2, dec_f32_avx2,
                                         few_e4m3_avx2, few_fp4_avx2, few_bf16_avx2, few_f32_avx2,
-                                        mid_e4m3_avx2, mid_fp4_avx2, mid_bf16_avx2, pf_float_avx2, pf_fp4_avx2 };
+                                        mid_e4m3_avx2, mid_fp4_avx2, NULL, pf_float_avx2, pf_fp4_avx2 };
 const ds41_fast_ops *ds41_fast_ops_avx2(void) { return &ops_avx2; }
 
 /* ---------------------------------------------------------------- ISA selection */
@@ -952,7 +916,7 @@ static void item_few(const fjob *j, int r0, int r1, float *a2) {
  * 256 for BF16, 576 for FP4). */
 static int mid_kb(const ds41_fast_ops *ops, int kind, int T) {
     if (ops == &ops_avx2) {   /* bytes per K of one token pass's activations and the item's 32 weight rows */
-        int per = kind == J_FP4 ? 3 * mid_cmax(T, MIDC2Q) + 17 : 4 * mid_cmax(T, MIDC2) + (kind == J_BF16 ? 64 : 32);
+        int per = kind == J_FP4 ? 3 * mid_cmax(T, MIDC2Q) + 17 : 4 * mid_cmax(T, MIDC2) + 32;
         int kb = ((kind == J_FP4 ? 24576 : 32768) / per) & ~63;
         return kb < 64 ? 64 : kb > 1024 ? 1024 : kb;
     }
@@ -961,7 +925,7 @@ static int mid_kb(const ds41_fast_ops *ops, int kind, int T) {
 }
 
 /* AVX2 FP4 takes the mid path up to the activation tile, T = 64 (measured at T = 40, 64: 1.5x
- * the panels' GMAC/s; FP8 on a par with them, BF16 below, so those stay at DS41_MID_MAX) */
+ * the panels' GMAC/s; FP8 on a par with them, so it stays at DS41_MID_MAX) */
 #define MID_MAX_FP4_AVX2 TT
 
 /* 1 if the mid path serves T rows of this kind with these ops */
