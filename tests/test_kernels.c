@@ -655,6 +655,20 @@ static void exact_call(int kind, const ds41_ctx *c, const mats *m, int in, const
     }
 }
 
+/* The scalar exact kernel (ys) and the vectorised one on 1 and 2 threads (c1, c2); d[pass]: how
+ * many of the T x kout outputs of pass differ (yv holds the 2-thread result afterwards) */
+static void exact_twins(int kind, const ds41_ctx *c1, const ds41_ctx *c2, const mats *m, int in, const float *x,
+                        int T, int kout, size_t yv_n, float *ys, float *yv, int d[2]) {
+    ds41_exact_simd = 0;
+    exact_call(kind, c1, m, in, x, T, ys);
+    ds41_exact_simd = 1;
+    for (int pass = 0; pass < 2; pass++) {
+        memset(yv, 0xA5, yv_n * 4);
+        exact_call(kind, pass ? c2 : c1, m, in, x, T, yv);
+        d[pass] = count_diff(ys, yv, T * kout);
+    }
+}
+
 static void test_exact_simd(void) {
     int shapes[][3] = { { 67, 544, 33 }, { 33, 96, 3 }, { 100, 1056, 9 }, { 40, 2080, 1 }, { 17, 160, 2 }, { 50, 288, 6 },
                         { 45, 200, 1 }, { 26, 136, 1 } };   /* last groups of 13 and 10 rows: the 8-row passes' tails */
@@ -711,15 +725,11 @@ static void test_exact_simd(void) {
                 if (kind == 1 && in % 32) continue;   /* FP4 scales are per whole 32-block (mats_make) */
                 int kin = kind == 2 ? in - 5 : kind == 4 ? in - 3 : in;   /* 8-element tails */
                 int kout = kind == 6 ? out - 9 : out;
-                ds41_exact_simd = 0;
-                exact_call(kind, &EX, &m, kin, x, T, ys);
-                ds41_exact_simd = 1;
+                int d[2];
+                exact_twins(kind, &EX, &ex2, &m, kin, x, T, kout, (size_t)T * out, ys, yv, d);
                 for (int pass = 0; pass < 2; pass++) {
-                    memset(yv, 0xA5, (size_t)T * out * 4);
-                    exact_call(kind, pass ? &ex2 : &EX, &m, kin, x, T, yv);
-                    int d = count_diff(ys, yv, T * kout);
-                    CHECK(d == 0, "exact %s %dx%d T=%d adv %d threads %d: vectorised differs from scalar in %d of %d",
-                          names[kind], kout, kin, T, adv, pass + 1, d, T * kout);
+                    CHECK(d[pass] == 0, "exact %s %dx%d T=%d adv %d threads %d: vectorised differs from scalar in %d of %d",
+                          names[kind], kout, kin, T, adv, pass + 1, d[pass], T * kout);
                     cases++;
                 }
                 /* each row alone (T = 1) equals its row of the batch */
@@ -819,15 +829,11 @@ static void test_exact_t1_edges(void) {
                     int kout = kind == 6 ? out - 9 : out;
                     if (kout <= 0) continue;
                     for (int T = 1; T <= TM; T++) {
-                        ds41_exact_simd = 0;
-                        exact_call(kind, &EX, &m, in, x, T, ys);
-                        ds41_exact_simd = 1;
+                        int d[2];
+                        exact_twins(kind, &EX, &ex2, &m, in, x, T, kout, (size_t)TM * out, ys, yv, d);
                         for (int pass = 0; pass < 2; pass++) {
-                            memset(yv, 0xA5, (size_t)TM * out * 4);
-                            exact_call(kind, pass ? &ex2 : &EX, &m, in, x, T, yv);
-                            int d = count_diff(ys, yv, T * kout);
-                            CHECK(d == 0, "exact T=1 edges var %d kind %d %dx%d T=%d threads %d: %d of %d differ", var, kind,
-                                  kout, in, T, pass + 1, d, T * kout);
+                            CHECK(d[pass] == 0, "exact T=1 edges var %d kind %d %dx%d T=%d threads %d: %d of %d differ", var,
+                                  kind, kout, in, T, pass + 1, d[pass], T * kout);
                             cases++;
                         }
                     }
