@@ -227,12 +227,18 @@ static void load_copy(void) {
 
 int main(void) {
     RUN_CASE(decode_table);
+    /* under the sanitizers (tests/run.sh's DS41_ASAN pass) tiny and one small43 case: the
+     * plain build runs them all (small43 exact and the 2,000-token synthetic context took 2 of
+     * the sanitizer lane's 10 minutes on an AVX2 machine) */
+    int asan = getenv("DS41_ASAN") && *getenv("DS41_ASAN");
     points_case("tiny", 1, 1, 0);
     points_case("tiny", 0, 2, 0);
-    points_case("small43", 1, 1, 0);
     points_case("small43", 0, 2, 0);
-    points_case("small43", 0, 1, 2000);
-    points_case("small43", 1, 1, 2000);
+    if (!asan) {
+        points_case("small43", 1, 1, 0);
+        points_case("small43", 0, 1, 2000);
+        points_case("small43", 1, 1, 2000);
+    }
     RUN_CASE(synthetic_records);
     RUN_CASE(synthetic_deterministic);
     RUN_CASE(load_copy);
