@@ -85,7 +85,7 @@ static void *amalloc(size_t n) {
     return p;
 }
 
-static double ue8_d(uint8_t e) { return (double)ds41_ue8m0_to_f32(e); }
+static double ue8_tab[256];      /* ds41_ue8m0_to_f32 in double (val_init, before any kernel runs) */
 
 /* 8 E4M3 codes -> e4m3 * 2^-8 (normal FP32) */
 static inline __m256 e4m3x8_h(const uint8_t *p) {
@@ -165,11 +165,11 @@ static void decode_panel(const ejob *j, int g0, int nr, int k0, int kc, double *
             __m256d sc = _mm256_set1_pd(1.0);
             if (j->kind == E_FP8) {
                 int nbk = j->in / 32;
-                sc = _mm256_set1_pd(ue8_d(j->s[(size_t)(rb / 32) * nbk + ka / 32]) * 256.0);
+                sc = _mm256_set1_pd(ue8_tab[j->s[(size_t)(rb / 32) * nbk + ka / 32]] * 256.0);
             } else if (j->kind == E_FP4) {
                 int nb = j->in / 32;
                 double s4[4];
-                for (int i = 0; i < 4; i++) s4[i] = i < n ? ue8_d(j->s[(size_t)(rb + i) * nb + ka / 32]) * 0.5 : 0.0;
+                for (int i = 0; i < 4; i++) s4[i] = i < n ? ue8_tab[j->s[(size_t)(rb + i) * nb + ka / 32]] * 0.5 : 0.0;
                 sc = _mm256_loadu_pd(s4);
             }
             __m256 z = _mm256_setzero_ps();
@@ -292,7 +292,6 @@ static void ejob_run(const ds41_ctx *ctx, ejob *j) {
 
 static float e4m3_val[256];
 static int32_t e4m3_i512[256];   /* e4m3 value * 512: an integer, |.| <= 229376 */
-static double ue8_tab[256];      /* ds41_ue8m0_to_f32 in double */
 static float ue8_f[256];         /* ds41_ue8m0_to_f32 */
 static pthread_once_t val_once = PTHREAD_ONCE_INIT;
 static void val_init(void) {
