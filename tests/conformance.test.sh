@@ -85,9 +85,9 @@ compare small43_ced_official_len150 "$small" "$(ids 150 9 $V)" 8 state "--index-
 
 if [ "${DS41_CONFORMANCE_PRODSLICE:-1}" != 0 ]; then
     prod=$(checkpoint prodslice) || exit 1
-    # production width (dim 5120, 64 heads x 512, vocab 129280), few layers and experts
-    compare prodslice_full_len4 "$prod" "5,100,129000,7" 2 all "--prefill full" ""
-    # an odd length: a ratio-2 group left open, two candidate blocks of 8 at the ratio-1 source
-    # (skipped in the ASan rerun: a minute of Python for no extra memory-safety coverage)
-    [ -n "${DS41_ASAN:-}" ] || compare prodslice_full_len13 "$prod" "$(ids 13 13 129280)" 3 all "--prefill full" ""
+    # production width (dim 5120, 64 heads x 512, vocab 129280), few layers and experts; one
+    # case (the reference's time here is its decoding of the weights, about a minute whatever
+    # the prompt): an odd length, a ratio-2 group left open, two candidate blocks of 8 at the
+    # ratio-1 source, ids near both ends of the vocabulary
+    compare prodslice_full_len13 "$prod" "5,100,129000,7,$(ids 9 13 129280)" 3 all "--prefill full" ""
 fi

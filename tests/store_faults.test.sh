@@ -6,7 +6,7 @@
 #   (a) disk full: a 256 KiB tmpfs (as root), else (or with DS41_STORE_NO_MOUNT=1) the fault
 #       shim returning ENOSPC
 #   (b) I/O errors: tests/faults/eio_shim.c (LD_PRELOAD) fails the Nth write / fsync / rename
-#   (d) kill -9 at random points of two concurrent writer loops, 100 rounds
+#   (d) kill -9 at random points of two concurrent writer loops, 100 rounds (30 under ASan)
 #       (DS41_STORE_KILL_ROUNDS): every block reported written is served with its payload, no
 #       get returns a wrong payload, leftover temporary files are harmless and cleaned up
 # plus the usage and exit statuses of ds41 cache.
@@ -257,7 +257,8 @@ rm -rf "$D"
 
 # ---- (d) kill -9 of writers at random points -----------------------------------------------
 D=$TMP/kill
-rounds=${DS41_STORE_KILL_ROUNDS:-100}
+# 100 rounds; 30 under the sanitizers (make check-asan: the same paths, a third of the time)
+rounds=${DS41_STORE_KILL_ROUNDS:-$([ -n "${DS41_ASAN:-}" ] && echo 30 || echo 100)}
 "$TOOL" open "$D"
 kill_ok=1 reported=0 temps=0 extra=0
 for r in $(seq 1 "$rounds"); do
