@@ -135,8 +135,9 @@ if start restarted --cache-dir "$TMP/sstore"; then
     stop
 fi
 # a generation that takes longer than --timeout before its first byte (a 2,000-token exact
-# prefill against a 1 s idle timeout) is not cut off: the timeout is for idle clients
-if start slowfirst --no-prefix-cache --timeout 1; then
+# prefill against a 1 s idle timeout) is not cut off: the timeout is for idle clients (not
+# under the sanitizers: a timing rule, 35 s there, on the server code the cases above run)
+if [ -z "${DS41_ASAN:-}" ] && start slowfirst --no-prefix-cache --timeout 1; then
     "$PY" - "$PORT" "$(head -c 9000 /usr/share/common-licenses/GPL-3 | tr '\n' ' ')" <<'EOF' && pass serve_slow_first_byte_kept || fail serve_slow_first_byte_kept "see above"
 import http.client, json, sys, time
 port, prompt = sys.argv[1], sys.argv[2]
