@@ -7,6 +7,7 @@
 #include "safetensors.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <stdint.h>
@@ -375,6 +376,30 @@ static void test_many_tensors(void) {
     ds41_st_close(st);
 }
 
+/* 1 when the VMA holding address a lists flag f in /proc/self/smaps' VmFlags, 0 when not,
+ * -1 when no VMA or no smaps */
+static int vma_has_flag(uintptr_t a, const char *f) {
+    FILE *m = fopen("/proc/self/smaps", "r");
+    if (!m) return -1;
+    char line[512];
+    int in = 0, r = -1;
+    while (fgets(line, sizeof line, m)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') && strchr(line, ' ') > strchr(line, '-')) {
+            in = a >= lo && a < hi;
+            continue;
+        }
+        if (in && !strncmp(line, "VmFlags:", 8)) {
+            r = 0;
+            for (char *t = strtok(line + 8, " \n"); t; t = strtok(NULL, " \n"))
+                if (!strcmp(t, f)) r = 1;
+            break;
+        }
+    }
+    fclose(m);
+    return r;
+}
+
 /* Opens a 64 MiB file whose data section is a hole and checks with mincore() that
  * no page past the header is in the page cache afterwards; then touches one tensor
  * byte to show the check sees resident pages. */
@@ -429,6 +454,28 @@ static void test_no_data_touched(void) {
         rc = mincore((void *)(base + p40 * pg), pg, vec);
         CHECK(rc == 0 && (vec[0] & 1), "touched page not seen as resident");
         free(vec);
+        /* the mapping (map_file_aligned): at a 2 MiB-aligned address, exactly the file long
+         * (the reserved span past it unmapped again), and the huge-page advice ("hg" in the
+         * VMA's flags) on the tensor bytes from the first 2 MiB boundary past the header,
+         * not on the header's own span, where kernels with transparent huge pages have it */
+        const uint64_t huge = (uint64_t)2 << 20;
+        CHECK(((uintptr_t)base & (huge - 1)) == 0, "mapping at %p, not 2 MiB-aligned", (const void *)base);
+        size_t end = (size_t)((fsize + pg - 1) / pg) * pg;
+        unsigned char v1;
+        errno = 0;
+        CHECK(mincore((void *)(base + end), pg, &v1) == -1 && errno == ENOMEM, "the page after the file is mapped");
+        int thp = 0;
+        FILE *tf = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+        if (tf) {
+            char mode[128] = "";
+            thp = fgets(mode, sizeof mode, tf) && !strstr(mode, "[never]");
+            fclose(tf);
+        }
+        uintptr_t data_at = (uintptr_t)base + (uintptr_t)((doff + huge - 1) / huge * huge);
+        int hg_data = vma_has_flag(data_at, "hg"), hg_head = vma_has_flag((uintptr_t)base, "hg");
+        if (thp) CHECK(hg_data == 1 && hg_head == 0, "huge-page advice: tensor bytes %d, header %d", hg_data, hg_head);
+        printf("  info: mapping 2 MiB-aligned; huge-page advice on the tensor bytes %d, on the header %d (THP %s)\n",
+               hg_data, hg_head, thp ? "on" : "off");
     }
     ds41_st_close(st);
 }

@@ -441,8 +441,10 @@ static void *map_file_aligned(int fd, size_t size) {
         return MAP_FAILED;
     }
     if (a > r) munmap(r, (size_t)(a - r));
-    size_t tail = (size_t)(r + span - (a + size));
-    if (tail) munmap(a + size, tail);
+    /* the file mapping covers whole pages: the reserve is released from the page after it */
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    uint8_t *end = a + (size + pg - 1) / pg * pg;
+    if (end < r + span) munmap(end, (size_t)(r + span - end));
     return m;
 }
 
