@@ -274,9 +274,13 @@ static void errors_case(ds41_engine *e) {
     case_end("batch_errors_stay_with_their_item");
 }
 
-/* full 1: every batch size with and without verify blocks, and the error case; else decode-only
- * batches of 1, 3 and 16 and decode + verify batches of 3 and 16 (full 2: and the error case). */
-static void suite(const char *ck, const char *dir, int maxlen, int steps, int full) {
+/* SET_FULL: every batch size with and without verify blocks, and the error case; the other two:
+ * decode-only batches of 1, 3 and 16 and decode + verify batches of 3 and 16, SET_REDUCED with
+ * the error case and the official reading at 9 in both modes, SET_SMALL43 without the error
+ * case, the official reading on the fast kernels only, and the exact 16 decode rows inside
+ * decode_verify_B16 (a third of its rows are plain decode rows). */
+enum { SET_FULL, SET_REDUCED, SET_SMALL43 };
+static void suite(const char *ck, const char *dir, int maxlen, int steps, int set) {
     static const int sizes[] = { 1, 2, 3, 9, 16 };
     for (int exact = 1; exact >= 0; exact--) {
         ds41_engine *e = load(dir, exact);
@@ -286,20 +290,17 @@ static void suite(const char *ck, const char *dir, int maxlen, int steps, int fu
         const char *mode = exact ? "exact" : "fast";
         for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
             int B = sizes[si];
-            if (full != 1 && B != 1 && B != 3 && B != 16) continue;
-            /* full 0 (small43), exact kernels: the 16 decode rows run inside decode_verify_B16
-             * (a third of its rows are plain decode rows) */
-            if (!(full == 0 && exact && B == 16)) {
+            if (set != SET_FULL && B != 1 && B != 3 && B != 16) continue;
+            if (!(set == SET_SMALL43 && exact && B == 16)) {
                 snprintf(name, sizeof name, "batch_%s_%s_decode_B%d", ck, mode, B);
                 run_case(e, name, B, steps, 0, 0, B == 3, maxlen);
             }
-            if (ds41_draft_block_size(e) > 0 && (full == 1 || B == 3 || B == 16)) {
+            if (ds41_draft_block_size(e) > 0 && (set == SET_FULL || B == 3 || B == 16)) {
                 snprintf(name, sizeof name, "batch_%s_%s_decode_verify_B%d", ck, mode, B);
                 run_case(e, name, B, steps, 1, 0, B == 9, maxlen);
             }
         }
-        /* the official index-K reading in a batch: fast kernels on small43, both on tiny */
-        if (ds41_draft_block_size(e) > 0 && !(full == 0 && exact)) {
+        if (ds41_draft_block_size(e) > 0 && !(set == SET_SMALL43 && exact)) {
             snprintf(name, sizeof name, "batch_%s_%s_decode_verify_official_B9", ck, mode);
             run_case(e, name, 9, steps, 1, 1, 0, maxlen);
         }
@@ -310,7 +311,7 @@ static void suite(const char *ck, const char *dir, int maxlen, int steps, int fu
             snprintf(name, sizeof name, "batch_%s_%s_prefill_chunks_verify_official_B5", ck, mode);
             run_case(e, name, 5, steps + 3, 1, 1, 2, maxlen);
         }
-        if (exact && full >= 1) errors_case(e);
+        if (exact && set != SET_SMALL43) errors_case(e);
         ds41_unload(e);
     }
 }
@@ -326,13 +327,13 @@ int main(int argc, char **argv) {
     /* under the sanitizers (tests/run.sh's DS41_ASAN pass) the tiny checkpoint only, and its
      * reduced set (batches of 1, 3 and 16, the official reading at 9, the chunks; the error
      * case): the sizes 2 and 9 run the same code with other counts */
-    int asan = getenv("DS41_ASAN") && *getenv("DS41_ASAN");
-    if (rc == 0) suite("tiny", tiny, 40, 6, asan ? 2 : 1);
+    int asan = under_sanitizers();
+    if (rc == 0) suite("tiny", tiny, 40, 6, asan ? SET_REDUCED : SET_FULL);
     if (asan) return check_exit();
     CASE_BEGIN();
     rc = make_ck("batch", "small43", small, sizeof small);
     CHECK(rc == 0, "make_checkpoint.py small43 failed");
     case_end("batch_checkpoint_small43");
-    if (rc == 0) suite("small43", small, 150, 3, 0);
+    if (rc == 0) suite("small43", small, 150, 3, SET_SMALL43);
     return check_exit();
 }

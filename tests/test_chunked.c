@@ -241,7 +241,7 @@ static void auto_suite(const char *dir) {
     int n = DS41_CHUNK_AUTO + 252;
     /* under the sanitizers (a 2,300-token prompt is slow there) fast kernels and the own
      * index-K reading only; the exact and official variants run in the plain build */
-    int asan = getenv("DS41_ASAN") && *getenv("DS41_ASAN");
+    int asan = under_sanitizers();
     for (int exact = 1; exact >= 0; exact--) {
         if (asan && exact) continue;
         ds41_engine *e = load(dir, exact, 4096);
@@ -303,7 +303,7 @@ int main(void) {
     CHECK(rc == 0, "make_checkpoint.py tiny (4096 positions) failed");
     case_end("chunked_checkpoint_tiny_long");
     if (rc == 0) auto_suite(tiny_long);
-    if (getenv("DS41_ASAN") && *getenv("DS41_ASAN")) return check_exit();
+    if (under_sanitizers()) return check_exit();
     CASE_BEGIN();
     rc = make_ck_ctx("small43", 0, small, sizeof small);
     CHECK(rc == 0, "make_checkpoint.py small43 failed");

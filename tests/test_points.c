@@ -207,7 +207,7 @@ static void synthetic_deterministic(void) {
 /* --load copy: the same logits as mmap (small43; tiny under the sanitizers) */
 static void load_copy(void) {
     char dir[4096];
-    const char *ck = getenv("DS41_ASAN") && *getenv("DS41_ASAN") ? "tiny" : "small43";
+    const char *ck = under_sanitizers() ? "tiny" : "small43";
     if (make_ck("points", ck, dir, sizeof dir)) { CHECK(0, "checkpoint"); return; }
     for (int exact = 0; exact < 2; exact++) {
         ds41_engine *a = load(dir, exact, 0, 1), *b = load(dir, exact, 1, 1);
@@ -232,7 +232,7 @@ int main(void) {
      * paths: both compress ratios, the candidate pool, one and two threads); the plain build
      * runs them all (small43 fast alone took 32 s of the sanitizer lane, the 2,000-token
      * synthetic context 2 minutes on an AVX2 machine) */
-    int asan = getenv("DS41_ASAN") && *getenv("DS41_ASAN");
+    int asan = under_sanitizers();
     points_case("tiny", 1, 1, 0);
     points_case("tiny", 0, 2, 0);
     if (!asan) {

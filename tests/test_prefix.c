@@ -367,10 +367,10 @@ int main(void) {
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "mkdir -p '%s'", tmpdir);
     sh(cmd);
-    if (make_tiny() || (!(getenv("DS41_ASAN") && *getenv("DS41_ASAN")) && make_small43())) { printf("FAIL checkpoints: make_checkpoint.py failed\n"); return 1; }
+    if (make_tiny() || (!under_sanitizers() && make_small43())) { printf("FAIL checkpoints: make_checkpoint.py failed\n"); return 1; }
     /* under the sanitizers (make check-asan) the demo-model cases only: the page sharing,
      * restore, store and eviction code is the same, the other checkpoints add arithmetic */
-    int asan = getenv("DS41_ASAN") && *getenv("DS41_ASAN");
+    int asan = under_sanitizers();
     RUN_CASE(test_demo_exact_own);
     if (!asan) {
         RUN_CASE(test_demo_exact_official);

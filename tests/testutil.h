@@ -16,6 +16,10 @@ static inline const char *env_or(const char *name, const char *def) {
     return v && *v ? v : def;
 }
 
+/* 1 inside the sanitizer pass (tests/run.sh's DS41_ASAN), where the tests run a
+ * representative subset */
+static inline int under_sanitizers(void) { return *env_or("DS41_ASAN", "") != 0; }
+
 /* Writes the checkpoint of tests/configs/CONFIG (stub Engram token map) with tools/
  * make_checkpoint.py into $DS41_BUILD/test-tmp/LEAF, its path into out; reuse: keep one that
  * is already complete. 0 = ready. */

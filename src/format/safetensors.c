@@ -416,7 +416,8 @@ static ds41_st *st_new(int nshards, ds41_err *err) {
     return st;
 }
 
-/* Maps the file at sh->path and parses its header. */
+#define HUGE_PAGE ((size_t)2 << 20)   /* a PMD-mapped transparent huge page */
+
 /* A read-only private mapping of the whole file at a 2 MiB-aligned address (files of 2 MiB
  * and more; open_shard_file then advises huge pages past the header). Why: the weights are streamed on
  * every decode step, and with 4 KiB pages the TLB misses (a two-level walk in a VM) cost more
@@ -427,7 +428,7 @@ static ds41_st *st_new(int nshards, ds41_err *err) {
  * and the mapping works as a plain mmap. The extra reserved span is unmapped again, so the
  * mapping is exactly [m, m + size) and munmap(m, size) releases it. */
 static void *map_file_aligned(int fd, size_t size) {
-    const size_t huge = (size_t)2 << 20;
+    const size_t huge = HUGE_PAGE;
     if (size < huge) return mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     size_t span = size + huge;
     uint8_t *r = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -448,6 +449,7 @@ static void *map_file_aligned(int fd, size_t size) {
     return m;
 }
 
+/* Maps the file at sh->path and parses its header. */
 static int open_shard_file(ds41_st *st, int si, ds41_err *err) {
     st_shard *sh = &st->shards[si];
     int fd = open(sh->path, O_RDONLY | O_CLOEXEC);
@@ -483,10 +485,8 @@ static int open_shard_file(ds41_st *st, int si, ds41_err *err) {
 #ifdef MADV_HUGEPAGE
     /* huge pages for the tensor bytes, from the first 2 MiB boundary past the header (advised
      * after the parse: a huge-page fault on the header would read 2 MiB of tensors with it) */
-    const uint64_t huge = (uint64_t)2 << 20;
-    uint64_t hl = 0;
-    for (int i = 7; i >= 0; i--) hl = hl << 8 | ((const uint8_t *)m)[i];   /* the header's length (parsed above) */
-    uint64_t h0 = (8 + hl + huge - 1) / huge * huge;
+    const uint64_t huge = HUGE_PAGE;
+    uint64_t h0 = (8 + read_le64(m) + huge - 1) / huge * huge;   /* the header's length, parsed above */
     if (rc == 0 && ((uintptr_t)m & (huge - 1)) == 0 && h0 < sh->size)
         madvise((uint8_t *)m + h0, (size_t)(sh->size - h0), MADV_HUGEPAGE);
 #endif
