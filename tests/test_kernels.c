@@ -855,6 +855,76 @@ static void test_exact_t1_edges(void) {
     ds41_pool_destroy(pool);
 }
 
+/* The T = 1 dense exact kernels' certified lane sums (linear_exact.c): random rows certify
+ * (a lane sum within the bound of the K-order chain rounds to one FP32 value) and equal the
+ * scalar kernel; rows that cancel to zero, and rows whose K-order chain loses terms that a lane
+ * order keeps (1, then 1,024 terms of 2^-62, then 2^-24: the chain gives 1 + 2^-24, which
+ * rounds to 1.0f, the lanes 1 + 2^-24 + 2^-52, which rounds up), must take the chain and equal
+ * the scalar kernel. Kinds BF16 (BF16 and FP32 out) and FP8-dequantized (exact tiles),
+ * with and without K tails, 1 and 2 threads. */
+static void test_exact_certified(void) {
+    ds41_pool *pool = ds41_pool_create(2);
+    ds41_ctx ex2 = { 1, 2, pool, 0, NULL };
+    const int out = 96, in = 2080, kinds[3] = { 2, 3, 5 };
+    int cases = 0;
+    for (int var = 0; var < 3; var++)
+        for (int tail = 0; tail < 2; tail++)
+            for (int ki = 0; ki < 3; ki++) {
+                int kind = kinds[ki];
+                if (kind == 5 && (tail || var == 2)) continue;   /* FP8 tiles: whole blocks; E4M3 cannot hold 2^-62 */
+                int kin = tail ? in - 8 : in, ld = kind == 5 ? in : kin;   /* ld: the weights' row stride */
+                mats m;
+                mats_make(&m, out, in);
+                float *x = malloc((size_t)in * 4), *ys = malloc((size_t)out * 4), *yv = malloc((size_t)out * 4);
+                for (int k = 0; k < in; k++) x[k] = ds41_bf16_round(urand() * 2.0f);
+                if (var == 1)   /* w[k + 1] = -w[k] against x[k + 1] = x[k]: every row sums to 0 */
+                    for (int o = 0; o < out; o++)
+                        for (int k = 0; k + 1 < kin; k += 2) {
+                            size_t i = (size_t)o * ld + k;
+                            m.wb[i + 1] = m.wb[i] ^ 0x8000;
+                            m.wf[i + 1] = -m.wf[i];
+                            m.w8[i + 1] = m.w8[i] ^ 0x80;
+                            x[k + 1] = x[k];
+                        }
+                if (var == 2) {   /* the chain loses what the lanes keep (see above); x = 1 */
+                    for (int k = 0; k < in; k++) x[k] = 1.0f;
+                    memset(m.wb, 0, (size_t)out * in * 2);
+                    memset(m.wf, 0, (size_t)out * in * 4);
+                    for (int o = 0; o < out; o++) {
+                        uint16_t *wb = m.wb + (size_t)o * ld;
+                        float *wf = m.wf + (size_t)o * ld;
+                        wb[0] = ds41_bf16_from_f32(1.0f);
+                        wf[0] = 1.0f;
+                        for (int k = 1; k <= 1024; k++) { wb[k] = ds41_bf16_from_f32(0x1p-62f); wf[k] = 0x1p-62f; }
+                        wb[kin - 1] = ds41_bf16_from_f32(0x1p-24f);
+                        wf[kin - 1] = 0x1p-24f;
+                    }
+                }
+                for (int th = 0; th < 2; th++) {
+                    ds41_exact_simd = 0;
+                    exact_call(kind, &EX, &m, kin, x, 1, ys);
+                    ds41_exact_simd = 1;
+                    long long c0 = ds41_exact_chain_rows;
+                    exact_call(kind, th ? &ex2 : &EX, &m, kin, x, 1, yv);
+                    long long chained = ds41_exact_chain_rows - c0;
+                    CHECK(count_diff(ys, yv, out) == 0, "certified exact kind %d var %d in %d threads %d: differs from scalar",
+                          kind, var, kin, th + 1);
+                    if (var == 0)   /* the bound predicts well under 1 % of random rows near a boundary */
+                        CHECK(chained <= out / 20, "certified exact kind %d: %lld of %d random rows took the chain", kind,
+                              chained, out);
+                    else
+                        CHECK(chained == out, "certified exact kind %d var %d in %d: %lld of %d rows took the chain", kind,
+                              var, kin, chained, out);
+                    cases++;
+                }
+                if (var == 2) CHECK(ys[0] == 1.0f, "the K-order chain rounds 1 + 2^-24 to 1.0f (got %a)", (double)ys[0]);
+                free(x); free(ys); free(yv);
+                mats_free(&m);
+            }
+    printf("  certified exact lanes: %d cases bit-identical to the scalar kernels, both paths\n", cases);
+    ds41_pool_destroy(pool);
+}
+
 /* ---------------------------------------------------------------- threads */
 
 typedef struct cover { int *hits; } cover;
@@ -935,6 +1005,7 @@ int main(void) {
         printf("  -- exact kernels, ISA %s\n", ds41_kernels_isa());
         RUN_CASE(test_exact_simd);
         RUN_CASE(test_exact_t1_edges);
+        RUN_CASE(test_exact_certified);
     }
     ds41_kernels_set_isa("auto");
     RUN_CASE(test_threads);

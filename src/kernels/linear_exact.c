@@ -52,6 +52,7 @@
 #include "formats.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -609,101 +610,38 @@ typedef struct d1job {
     const uint8_t *w8, *s8;
     int row0, out, in;
     const double *x;
+    const float *xa;           /* |x| as FP32 (the certified rows' bound) */
     float *y;
     int out_bf16;
+    int avx512;                /* the certified lanes on zmm */
 } d1job;
 
 static inline __attribute__((always_inline)) __m256 d1_ld(int kind, const void *p, const uint8_t *srow, int k) {
-    if (kind == E_BF16)
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + k))), 16));
     if (kind == E_F32) return _mm256_loadu_ps((const float *)p + k);
-    if (kind == E_DQF) return e4m3x8_h((const uint8_t *)p + k);
     __m256 v = _mm256_mul_ps(e4m3x8_h((const uint8_t *)p + k), _mm256_set1_ps(256.0f));   /* exact */
     return bf16_rne(_mm256_mul_ps(v, _mm256_set1_ps(ue8_f[srow[k >> 5]])));
 }
 
 static inline double d1_scalar(const d1job *d, int r, int k) {
-    if (d->kind == E_BF16) return (double)ds41_bf16_to_f32(d->wb[(size_t)r * d->in + k]);
     if (d->kind == E_F32) return (double)d->wf[(size_t)r * d->in + k];
     int ar = d->row0 + r;
     return (double)ds41_bf16_round(e4m3_val[d->w8[(size_t)ar * d->in + k]] * ue8_f[d->s8[(size_t)(ar / 32) * ((d->in + 31) / 32) + k / 32]]);
 }
 
-/* BF16, 16 K of 4 rows: transposed as 16-bit words (two unpack levels give, per 128-bit lane,
- * the 4 rows' words at two K), widened to FP32 by interleaving with zero words, then to double:
- * half the shuffles of a float transpose, no separate widening of the loads */
-static inline __attribute__((always_inline)) __m256d bf16_quad16(const char *const *p, int k, const double *x, __m256d c) {
-    const __m256i z = _mm256_setzero_si256();
-    __m256i R0 = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p[0] + k));
-    __m256i R1 = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p[1] + k));
-    __m256i R2 = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p[2] + k));
-    __m256i R3 = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p[3] + k));
-    __m256i a = _mm256_unpacklo_epi16(R0, R1), b = _mm256_unpackhi_epi16(R0, R1);   /* K 0-3 | 8-11, 4-7 | 12-15 */
-    __m256i c2 = _mm256_unpacklo_epi16(R2, R3), d = _mm256_unpackhi_epi16(R2, R3);
-    __m256i T[4] = { _mm256_unpacklo_epi32(a, c2), _mm256_unpackhi_epi32(a, c2),     /* K 0,1 | 8,9;  2,3 | 10,11 */
-                     _mm256_unpacklo_epi32(b, d), _mm256_unpackhi_epi32(b, d) };     /* K 4,5 | 12,13; 6,7 | 14,15 */
-    __m256 F[8];   /* F[2 t]: K 2 t (low half), 8 + 2 t (high); F[2 t + 1]: K 2 t + 1, 9 + 2 t */
-    UNROLL4 for (int t = 0; t < 4; t++) {
-        F[2 * t] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, T[t]));
-        F[2 * t + 1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, T[t]));
-    }
-    UNROLL8 for (int m = 0; m < 8; m++)
-        c = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(F[m])), _mm256_broadcast_sd(x + k + m), c);
-    UNROLL8 for (int m = 0; m < 8; m++)
-        c = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(F[m], 1)), _mm256_broadcast_sd(x + k + 8 + m), c);
-    return c;
-}
-
-/* DQ tiles on the exact-product path, 16 K of 4 rows: the code bytes transposed (two unpack
- * levels: per 128-bit vector the 4 rows' codes at 4 K), then the FP16 trick on the transposed
- * codes and widening, as for BF16 above */
-static inline __attribute__((always_inline)) __m256d dqf_quad16(const char *const *p, int k, const double *x, __m256d c) {
-    __m128i R0 = _mm_loadu_si128((const __m128i *)(p[0] + k)), R1 = _mm_loadu_si128((const __m128i *)(p[1] + k));
-    __m128i R2 = _mm_loadu_si128((const __m128i *)(p[2] + k)), R3 = _mm_loadu_si128((const __m128i *)(p[3] + k));
-    __m128i a = _mm_unpacklo_epi8(R0, R1), b = _mm_unpackhi_epi8(R0, R1);    /* K 0-7, 8-15 */
-    __m128i c2 = _mm_unpacklo_epi8(R2, R3), d = _mm_unpackhi_epi8(R2, R3);
-    __m128i T[4] = { _mm_unpacklo_epi16(a, c2), _mm_unpackhi_epi16(a, c2),   /* K 0-3, 4-7 */
-                     _mm_unpacklo_epi16(b, d), _mm_unpackhi_epi16(b, d) };   /* K 8-11, 12-15 */
-    UNROLL4 for (int t = 0; t < 4; t++) {
-        __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(T[t]), 7), _mm256_set1_epi16((short)0xBFFF));
-        __m256 f0 = _mm256_cvtph_ps(_mm256_castsi256_si128(h));        /* K 4t, 4t + 1 */
-        __m256 f1 = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));   /* K 4t + 2, 4t + 3 */
-        const double *xk = x + k + 4 * t;
-        c = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(f0)), _mm256_broadcast_sd(xk), c);
-        c = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(f0, 1)), _mm256_broadcast_sd(xk + 1), c);
-        c = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(f1)), _mm256_broadcast_sd(xk + 2), c);
-        c = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(f1, 1)), _mm256_broadcast_sd(xk + 3), c);
-    }
-    return c;
-}
-
 static inline __attribute__((always_inline)) void d1_group(const d1job *d, int g0, int kind, int nq, const double *x) {
-    const int in = d->in, kv = in & (kind == E_BF16 || kind == E_DQF ? ~15 : ~7), esz = kind == E_BF16 ? 2 : kind == E_F32 ? 4 : 1;
-    const int pfm = kind == E_BF16 ? 31 : kind == E_F32 ? 15 : 63;   /* one prefetch per 64 bytes */
+    const int in = d->in, kv = in & ~7, esz = kind == E_F32 ? 4 : 1;
+    const int pfm = kind == E_F32 ? 15 : 63;   /* one prefetch per 64 bytes */
     const char *p[16];
     const uint8_t *sr[16];
     for (int i = 0; i < 4 * nq; i++) {
         int r = g0 + i < d->out ? g0 + i : d->out - 1;
-        int ar = kind >= E_DQ ? d->row0 + r : r;
-        p[i] = kind == E_BF16 ? (const char *)d->wb : kind == E_F32 ? (const char *)d->wf : (const char *)d->w8;
-        p[i] += (size_t)ar * in * esz;
-        sr[i] = kind >= E_DQ ? d->s8 + (size_t)(ar / 32) * ((in + 31) / 32) : NULL;
+        int ar = kind == E_DQ ? d->row0 + r : r;
+        p[i] = (kind == E_F32 ? (const char *)d->wf : (const char *)d->w8) + (size_t)ar * in * esz;
+        sr[i] = kind == E_DQ ? d->s8 + (size_t)(ar / 32) * ((in + 31) / 32) : NULL;
     }
     __m256d acc[4];
     UNROLL4 for (int q = 0; q < nq; q++) acc[q] = _mm256_setzero_pd();
-    if (kind == E_BF16) {
-        for (int k = 0; k < kv; k += 16) {
-            if (!(k & pfm))
-                UNROLL8 for (int i = 0; i < 4 * nq; i++) _mm_prefetch(p[i] + (size_t)k * esz + PFD, _MM_HINT_T0);
-            UNROLL4 for (int q = 0; q < nq; q++) acc[q] = bf16_quad16(p + 4 * q, k, x, acc[q]);
-        }
-    } else if (kind == E_DQF) {
-        for (int k = 0; k < kv; k += 16) {
-            if (!(k & pfm))
-                UNROLL8 for (int i = 0; i < 4 * nq; i++) _mm_prefetch(p[i] + (size_t)k * esz + PFD, _MM_HINT_T0);
-            UNROLL4 for (int q = 0; q < nq; q++) acc[q] = dqf_quad16(p + 4 * q, k, x, acc[q]);
-        }
-    } else for (int k = 0; k < kv; k += 8) {
+    for (int k = 0; k < kv; k += 8) {
         if (!(k & pfm))
             UNROLL8 for (int i = 0; i < 4 * nq; i++) _mm_prefetch(p[i] + (size_t)k * esz + PFD, _MM_HINT_T0);
         __m256d xb[8];
@@ -740,59 +678,229 @@ static inline __attribute__((always_inline)) void d1_group(const d1job *d, int g
 
 #define D1_INST(K, NAME)                                                                              \
     static void NAME##_1(const d1job *d, int g0, const double *x) { d1_group(d, g0, K, 1, x); }      \
-    static void NAME##_2(const d1job *d, int g0, const double *x) { d1_group(d, g0, K, 2, x); }      \
-    static void NAME##_4(const d1job *d, int g0, const double *x) { d1_group(d, g0, K, 4, x); }
-D1_INST(E_BF16, d1b)
+    static void NAME##_2(const d1job *d, int g0, const double *x) { d1_group(d, g0, K, 2, x); }
 D1_INST(E_F32, d1f)
 D1_INST(E_DQ, d1q)
-D1_INST(E_DQF, d1s)
+static void d1q_4(const d1job *d, int g0, const double *x) { d1_group(d, g0, E_DQ, 4, x); }
+
+/* ---- T = 1, dense kinds (BF16, FP32, the exact-product DQ tiles): certified lanes. The
+ * contract's sum of one row is the chain acc = acc + w_k x_k, k ascending, one rounding per
+ * step (s_seq). Summed with the lanes along K instead (any order: s), the exact products give
+ * two sums within 2 gamma_{K-1} B of each other, B = sum |w_k x_k| (each order is within
+ * gamma_{K-1} B of the exact sum; gamma_n = n u / (1 - n u), u = 2^-53). B is bounded from
+ * above by its FP32 sum Bf of |w| |x| (FMA chains in lanes): for K < 2^20 the FP32 sum is
+ * within a factor 1.07 of B, plus K 2^-149 for products that land below the FP32 normals.
+ * So with E = K 2^-49 (Bf + K 2^-148) + |s| 2^-50 (four times the bound, plus the rounding of
+ * s +- E in double), s_seq lies in [s - E, s + E]; when both ends round to the same FP32 bits
+ * (round-to-nearest is monotonic), every value between does, so fl32(s_seq) is those bits
+ * and the row is done without its chain. Otherwise (cancellation near a rounding boundary,
+ * a zero result, an inf or NaN anywhere: about 0.1 - 1 % of rows on random data) the row runs
+ * the chain itself, scalar, in K order: the scalar kernel's bits either way. This trades the
+ * rows-in-lanes transposes and the FMA latency chain (one FMA per element per row, in order)
+ * for independent accumulators. */
+long long ds41_exact_chain_rows;   /* rows that took the chain (tests check both paths run) */
+
+#define CERT_RMAX 16
+
+typedef struct cjob {
+    int kind;                  /* E_BF16, E_DQF */
+    const uint16_t *wb;
+    const uint8_t *w8;         /* E_DQF: the row block's codes (absolute rows) */
+    int out, in;
+    const double *x;           /* E_DQF: x * s * 2^8 of the tile */
+    const float *xa;           /* |x| as FP32 */
+    float *y;
+    int out_bf16;
+    int avx512;                /* the lanes on zmm (ds41_exact_cert_avx512) */
+} cjob;
+
+/* 16 weights of one row at k as two FP32 vectors (BF16 widened; E_DQF: e4m3 * 2^-8, the FP16 trick) */
+AINL void cert_ld16(int kind, const void *row, int k, __m256 *w0, __m256 *w1) {
+    if (kind == E_BF16) {
+        __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + k));
+        *w0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(raw)), 16));
+        *w1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(raw, 1)), 16));
+    } else {
+        __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)((const uint8_t *)row + k)));
+        __m256i h = _mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16((short)0xBFFF));
+        *w0 = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+        *w1 = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+    }
+}
+
+AINL double cert_w(int kind, const void *row, int k) {
+    if (kind == E_BF16) return (double)ds41_bf16_to_f32(((const uint16_t *)row)[k]);
+    return (double)e4m3_val[((const uint8_t *)row)[k]] * 0x1p-8;
+}
+
+static inline double hsum_pd(__m256d v) {
+    __m128d a = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(a, _mm_unpackhi_pd(a, a)));
+}
+
+static inline float hsum_ps(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
+}
+
+/* 1 and the row's FP32 result in *f when [s - E, s + E] rounds to one FP32 value */
+static inline int cert_ok(int in, double s, float bf, float *f) {
+    double e = (double)in * 0x1p-51 * ((double)bf + (double)in * 0x1p-148) + fabs(s) * 0x1p-50;
+    if (s != s || e != e || in >= (1 << 20)) return 0;
+    float lo = (float)(s - e), hi = (float)(s + e);
+    *f = lo;
+    return ds41_f32_bits(lo) == ds41_f32_bits(hi);
+}
+
+/* the contract's chain, K ascending, for n rows (four chains interleaved: independent sums) */
+static void cert_chain(const cjob *c, int kind, const char *base, size_t esz, const int *rows, int n) {
+    __atomic_fetch_add(&ds41_exact_chain_rows, n, __ATOMIC_RELAXED);
+    for (int i = 0; i < n; i += 4) {
+        int m = n - i < 4 ? n - i : 4;
+        const char *p[4];
+        for (int q = 0; q < 4; q++) p[q] = base + (size_t)rows[i + (q < m ? q : 0)] * c->in * esz;
+        double v0 = 0.0, v1 = 0.0, v2 = 0.0, v3 = 0.0;
+        for (int k = 0; k < c->in; k++) {
+            double xk = c->x[k];
+            v0 += cert_w(kind, p[0], k) * xk;
+            v1 += cert_w(kind, p[1], k) * xk;
+            v2 += cert_w(kind, p[2], k) * xk;
+            v3 += cert_w(kind, p[3], k) * xk;
+        }
+        double v[4] = { v0, v1, v2, v3 };
+        for (int q = 0; q < m; q++) {
+            float f = (float)v[q];
+            c->y[rows[i + q]] = c->out_bf16 ? ds41_bf16_round(f) : f;
+        }
+    }
+}
+
+/* rows [r0, r1), in chunks of CERT_RMAX: CERT_R rows per pass (the activation loads shared),
+ * one double chain and one FP32 bound chain per row; the chunk's uncertified rows then run the
+ * chain. Rows past r1 repeat the last row and are dropped. */
+#define CERT_R 4
+#define CERT_PFD 4096
+AINL void cert_rows_k(const cjob *c, int kind, int r0, int r1) {
+    const int in = c->in, kv = in & ~15;
+    const size_t esz = kind == E_BF16 ? 2 : 1;
+    const char *base = kind == E_BF16 ? (const char *)c->wb : (const char *)c->w8;
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    int fail[CERT_RMAX], nf = 0, kv4;
+    for (int r = r0; r < r1; r += CERT_R) {
+        int nr = r1 - r < CERT_R ? r1 - r : CERT_R;
+        const char *p[CERT_R];
+        __m256d sd[CERT_R];
+        __m256 bd[CERT_R];
+        UNROLL4 for (int q = 0; q < CERT_R; q++) {
+            p[q] = base + (size_t)(r + (q < nr ? q : nr - 1)) * in * esz;
+            sd[q] = _mm256_setzero_pd();
+            bd[q] = _mm256_setzero_ps();
+        }
+        double s4[CERT_R];
+        float b4[CERT_R];
+        if (c->avx512) {
+            ds41_exact_cert_avx512(kind == E_BF16 ? 0 : 1, p, kv, c->x, c->xa, s4, b4);
+            kv4 = 0;
+        } else kv4 = kv;
+        for (int k = 0; k < kv4; k += 16) {
+            if (!(k & (int)(63 / esz)))
+                UNROLL4 for (int q = 0; q < CERT_R; q++) _mm_prefetch(p[q] + (size_t)k * esz + CERT_PFD, _MM_HINT_T0);
+            const double *xk = c->x + k;
+            UNROLL4 for (int q = 0; q < CERT_R; q++) {
+                __m256 w0, w1;
+                cert_ld16(kind, p[q], k, &w0, &w1);
+                __m256d t = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(w0)), _mm256_loadu_pd(xk));
+                t = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(w0, 1)), _mm256_loadu_pd(xk + 4), t);
+                t = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(w1)), _mm256_loadu_pd(xk + 8), t);
+                t = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(w1, 1)), _mm256_loadu_pd(xk + 12), t);
+                sd[q] = _mm256_add_pd(sd[q], t);
+                bd[q] = _mm256_fmadd_ps(_mm256_and_ps(w0, absm), _mm256_loadu_ps(c->xa + k), bd[q]);
+                bd[q] = _mm256_fmadd_ps(_mm256_and_ps(w1, absm), _mm256_loadu_ps(c->xa + k + 8), bd[q]);
+            }
+        }
+        for (int q = 0; q < nr; q++) {
+            double s = c->avx512 ? s4[q] : hsum_pd(sd[q]);
+            float bf = c->avx512 ? b4[q] : hsum_ps(bd[q]), f;
+            for (int k = kv; k < in; k++) {   /* K tail: any order */
+                double w = cert_w(kind, p[q], k);
+                s += w * c->x[k];
+                bf += (float)fabs(w) * c->xa[k];
+            }
+            if (cert_ok(in, s, bf, &f)) c->y[r + q] = c->out_bf16 ? ds41_bf16_round(f) : f;
+            else fail[nf++] = r + q;
+        }
+        if (nf > CERT_RMAX - CERT_R || r + CERT_R >= r1) {
+            cert_chain(c, kind, base, esz, fail, nf);
+            nf = 0;
+        }
+    }
+}
+
+static void cert_rows_bf16(const cjob *c, int r0, int r1) { cert_rows_k(c, E_BF16, r0, r1); }
+static void cert_rows_dqf(const cjob *c, int r0, int r1) { cert_rows_k(c, E_DQF, r0, r1); }
+
+static void cert_rows(const cjob *c, int r0, int r1) {
+    if (c->kind == E_BF16) cert_rows_bf16(c, r0, r1);
+    else cert_rows_dqf(c, r0, r1);
+}
 
 /* DQ rows whose tile has every scale byte in 10 .. 246: bf16(e4m3 * s) is then e4m3 * s exactly
  * (4 significant bits, a normal FP32 / BF16 result: 2^-9 * 2^-117 >= 2^-126, 448 * 2^119 <
  * 2^128), so the product with x is e4m3 * (s * x), exact in double either way: such groups run
  * the plain E4M3 decode against xs = x * s * 2^8 (the FP16 trick's 2^-8 folded in) for their
  * tile. Groups across two tiles, or tiles with scales outside, decode and round as above. */
-static int dq_tile_xs(const d1job *d, int t, double *xs) {
+static int dq_tile_xs(const d1job *d, int t, double *xs, float *xsa) {
     int nbk = (d->in + 31) / 32;
     const uint8_t *st = d->s8 + (size_t)t * nbk;
     for (int b = 0; b < nbk; b++)
         if (st[b] < 10 || st[b] > 246) return 0;
-    for (int k = 0; k < d->in; k++) xs[k] = d->x[k] * ((double)ue8_f[st[k >> 5]] * 256.0);
+    for (int k = 0; k < d->in; k++) {
+        xs[k] = d->x[k] * ((double)ue8_f[st[k >> 5]] * 256.0);
+        xsa[k] = (float)fabs(xs[k]);
+    }
     return 1;
 }
 
 static void d1_rows(void *arg, int i0, int i1) {
     const d1job *d = arg;
-    static void (*const fn[4][3])(const d1job *, int, const double *) = {
-        { d1b_1, d1b_2, d1b_4 }, { d1f_1, d1f_2, d1f_4 }, { d1q_1, d1q_2, d1q_4 }, { d1s_1, d1s_2, d1s_4 } };
-    int ki = d->kind == E_BF16 ? 0 : d->kind == E_F32 ? 1 : 2;
+    int r1 = i1 * G < d->out ? i1 * G : d->out;
+    if (d->kind == E_BF16) {   /* certified lanes */
+        cjob c = { E_BF16, d->wb, NULL, d->out, d->in, d->x, d->xa, d->y, d->out_bf16, d->avx512 };
+        cert_rows(&c, i0 * G, r1);
+        return;
+    }
+    if (d->kind == E_F32) {   /* FP32 (the mHC mixes: few rows, K up to 20480, where more rows miss the
+                                 certificate): the chains, 8 rows per pass */
+        for (int g0 = i0 * G; g0 < r1; g0 += 8) {
+            int nr = r1 - g0 < 8 ? r1 - g0 : 8;
+            (nr > 4 ? d1f_2 : d1f_1)(d, g0, d->x);
+        }
+        return;
+    }
     double *xs = NULL;
+    float *xsa = NULL;
     int xt = -1, xok = 0;
-    for (int g0 = i0 * G; g0 < i1 * G && g0 < d->out; g0 += G) {
+    for (int g0 = i0 * G; g0 < r1; g0 += G) {
         int nr = d->out - g0 < G ? d->out - g0 : G;
-        int w = nr > 8 ? 2 : nr > 4 ? 1 : 0;
-        if (ki == 2) {
-            int t = (d->row0 + g0) / 32;
-            if (t == (d->row0 + g0 + nr - 1) / 32) {
-                if (!xs) xs = amalloc((size_t)d->in * sizeof(double));
-                if (xs && t != xt) { xok = dq_tile_xs(d, t, xs); xt = t; }
-                if (xs && xok) {
-                    if (w == 2) {   /* two 8-row passes, as BF16 / FP32 below */
-                        fn[3][1](d, g0, xs);
-                        if (nr > 8) fn[3][nr > 12 ? 1 : 0](d, g0 + 8, xs);
-                    } else fn[3][w](d, g0, xs);
-                    continue;
-                }
+        int t = (d->row0 + g0) / 32;
+        if (t == (d->row0 + g0 + nr - 1) / 32) {
+            if (!xs) {
+                xs = amalloc((size_t)d->in * sizeof(double));
+                xsa = amalloc((size_t)d->in * sizeof(float));
+            }
+            if (xs && xsa && t != xt) { xok = dq_tile_xs(d, t, xs, xsa); xt = t; }
+            if (xs && xsa && xok) {   /* the tile's exact products: certified lanes on its codes */
+                cjob c = { E_DQF, NULL, d->w8 + (size_t)d->row0 * d->in, d->out, d->in, xs, xsa, d->y, 1, d->avx512 };
+                cert_rows(&c, g0, g0 + nr);
+                continue;
             }
         }
-        if (ki < 2 && w == 2) {   /* BF16 / FP32: two 8-row passes (the 16-row one spills; measured slower) */
-            fn[ki][1](d, g0, d->x);
-            if (nr > 8) fn[ki][nr > 12 ? 1 : 0](d, g0 + 8, d->x);
-            continue;
-        }
-        fn[ki][w](d, g0, d->x);
+        int w = nr > 8 ? 2 : nr > 4 ? 1 : 0;
+        (w == 2 ? d1q_4 : w == 1 ? d1q_2 : d1q_1)(d, g0, d->x);
     }
     free(xs);
+    free(xsa);
 }
 
 void ds41_exact_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const float *wf, const ds41_fp8w *w8,
@@ -808,13 +916,19 @@ void ds41_exact_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const f
     }
     if (T == 1) {
         double *ad = amalloc((size_t)in * sizeof(double));
-        if (!ad) return;
-        for (int k = 0; k < in; k++) ad[k] = (double)x[k];
-        d1job d = { ek, wb, wf, w8 ? w8->w : NULL, w8 ? w8->s : NULL, row0, out, in, ad, y, out_bf16 };
+        float *xa = amalloc((size_t)in * sizeof(float));
+        if (!ad || !xa) { free(ad); free(xa); return; }
+        for (int k = 0; k < in; k++) {
+            ad[k] = (double)x[k];
+            xa[k] = fabsf(x[k]);
+        }
+        d1job d = { ek, wb, wf, w8 ? w8->w : NULL, w8 ? w8->s : NULL, row0, out, in, ad, xa, y, out_bf16,
+                    !strcmp(ds41_kernels_isa(), "avx512") };
         int n_items = (out + G - 1) / G;
         if ((long long)out * in >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, d1_rows, &d);
         else d1_rows(&d, 0, n_items);
         free(ad);
+        free(xa);
         return;
     }
     int tt = T < TT ? T : TT;

@@ -6,14 +6,14 @@
  * AVX-512F (GCC target pragma, clang attribute) and called only when the fast kernels' ISA
  * is avx512 (CPUID, DS41_ISA=avx2 forces the AVX2 passes). */
 #ifndef __clang__
-#pragma GCC target("avx512f,avx2,fma")
+#pragma GCC target("avx512f,avx2,fma,f16c")
 #endif
 #include "linear_fast.h"
 
 #include <immintrin.h>
 
 #ifdef __clang__
-#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma,f16c"))), apply_to = function)
 #endif
 
 #define G 16
@@ -73,6 +73,46 @@ void ds41_exact_panel_avx512(int quant, const double *wt, int kc, const double *
         pass_fn f = quant ? qpass[C - 1] : dpass[C - 1];
         f(wt, kc, x + (size_t)t0 * ldx, ldx, acc + (size_t)t0 * G);
     }
+}
+
+/* The certified lanes of linear_exact.c's T = 1 dense kernels on zmm: for nr <= 4 rows (p[q],
+ * K [0, kv), kv % 16 == 0) the double lane sum of w x into s[q] and the FP32 lane sum of
+ * |w| |x| into b[q]. wkind 0: BF16 weights, 1: E4M3 codes as e4m3 * 2^-8 (the FP16 trick). Any order is the contract's here (see cert_ok there), so zmm lanes may take it. */
+static inline __attribute__((always_inline)) __m512 cert_w16(int wkind, const char *row, int k) {
+    if (wkind == 0)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(row + 2 * (size_t)k))), 16));
+    __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(row + k)));
+    return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16((short)0xBFFF)));
+}
+
+static inline __attribute__((always_inline)) void cert_k(int wkind, const char *const *p, int kv, const double *x,
+                                                         const float *xa, double *s, float *b) {
+    const size_t esz = wkind == 0 ? 2 : 1;
+    __m512d sd[4];
+    __m512 bd[4];
+    UNROLL for (int q = 0; q < 4; q++) { sd[q] = _mm512_setzero_pd(); bd[q] = _mm512_setzero_ps(); }
+    for (int k = 0; k < kv; k += 16) {
+        if (!(k & (int)(63 / esz)))
+            UNROLL for (int q = 0; q < 4; q++) _mm_prefetch(p[q] + (size_t)k * esz + 2048, _MM_HINT_T0);
+        __m512d x0 = _mm512_loadu_pd(x + k), x1 = _mm512_loadu_pd(x + k + 8);
+        __m512 a = _mm512_loadu_ps(xa + k);
+        UNROLL for (int q = 0; q < 4; q++) {
+            __m512 w = cert_w16(wkind, p[q], k);
+            __m512d t = _mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(w)), x0);
+            t = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(w), 1))), x1, t);
+            sd[q] = _mm512_add_pd(sd[q], t);
+            bd[q] = _mm512_fmadd_ps(_mm512_abs_ps(w), a, bd[q]);
+        }
+    }
+    UNROLL for (int q = 0; q < 4; q++) {
+        s[q] = _mm512_reduce_add_pd(sd[q]);
+        b[q] = _mm512_reduce_add_ps(bd[q]);
+    }
+}
+
+void ds41_exact_cert_avx512(int wkind, const char *const *p, int kv, const double *x, const float *xa, double *s, float *b) {
+    if (wkind == 0) cert_k(0, p, kv, x, xa, s, b);
+    else cert_k(1, p, kv, x, xa, s, b);
 }
 
 #ifdef __clang__

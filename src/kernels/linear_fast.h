@@ -74,6 +74,9 @@ const ds41_fast_ops *ds41_fast_ops_get(void);     /* the selected one */
  * when ds41_exact_simd is 1 (the default; tests set 0 to run the scalar twins) and the shape
  * fits (quantized: in % 32 == 0; FP8-dequantized: in % 8 == 0). */
 extern int ds41_exact_simd;
+/* rows of the T = 1 dense exact kernels whose certified lane sum could not be certified and
+ * that ran the contract's K-order chain instead (tests check both paths run) */
+extern long long ds41_exact_chain_rows;
 void ds41_exact_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int fp4, int out, int in,
                      const float *x, int T, float *y);
 void ds41_exact_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const float *wf, const ds41_fp8w *w8,
@@ -81,5 +84,8 @@ void ds41_exact_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const f
                       int out_bf16);
 /* AVX-512 token passes over one exact panel (linear_exact_avx512.c) */
 void ds41_exact_panel_avx512(int quant, const double *wt, int kc, const double *x, size_t ldx, int T, double *acc);
+/* the certified T = 1 dense lanes on zmm (4 rows p[0..3], K [0, kv), kv % 16 == 0): s = the
+ * double lane sums of w x, b = the FP32 lane sums of |w| |x|; wkind 0 BF16, 1 E4M3 * 2^-8 */
+void ds41_exact_cert_avx512(int wkind, const char *const *p, int kv, const double *x, const float *xa, double *s, float *b);
 
 #endif
