@@ -629,7 +629,7 @@ static void test_isa_paths(void) {
  * linear.c (ds41_exact_simd = 0), bit for bit: every format (FP8 tiles, FP4, BF16 with BF16
  * and FP32 outputs, FP32, FP8-dequantized at a row offset), widths with 8-element tails and
  * 128-element panel tails, outputs not a multiple of the 16-row group, T = 1 and T > 1 (odd,
- * beyond the 32-token tile), 1 and 2 threads; random inputs and adversarial ones: activations
+ * beyond the 128-token tile), 1 and 2 threads; random inputs and adversarial ones: activations
  * over the whole E4M3 range with zero / signed-zero / saturating blocks, random finite FP32
  * bit patterns (dense kinds), weight scale bytes 0 (the FP32-subnormal 2^-127: subnormal
  * dequantized weights) to 2^73, subnormal E4M3 / BF16 / FP32 weights, huge BF16 / FP32
@@ -671,7 +671,8 @@ static void exact_twins(int kind, const ds41_ctx *c1, const ds41_ctx *c2, const 
 
 static void test_exact_simd(void) {
     int shapes[][3] = { { 67, 544, 33 }, { 33, 96, 3 }, { 100, 1056, 9 }, { 40, 2080, 1 }, { 17, 160, 2 }, { 50, 288, 6 },
-                        { 45, 200, 1 }, { 26, 136, 1 } };   /* last groups of 13 and 10 rows: the 8-row passes' tails */
+                        { 45, 200, 1 }, { 26, 136, 1 },   /* last groups of 13 and 10 rows: the 8-row passes' tails */
+                        { 20, 64, 131 } };                /* two 128-token activation tiles */
     const char *names[7] = { "fp8", "fp4", "bf16", "bf16 f32-out", "f32", "fp8_dq", "fp8_dq @5" };
     ds41_pool *pool = ds41_pool_create(2);
     ds41_ctx ex2 = { 1, 2, pool, 0, NULL };

@@ -46,7 +46,7 @@
  *
  * Threads: work items are 16-row groups (32-row tiles for the T = 1 quantized kernels) split
  * statically (FP8 groups lie inside one 32-row scale tile); the result does not depend on the
- * split. Tokens: tiles of TT, two tokens per pass over the panel (two independent sets of
+ * split. Tokens: tiles of up to TT (tile_tokens), two tokens per pass over the panel (two independent sets of
  * chains). */
 #include "linear_fast.h"
 #include "formats.h"
@@ -59,7 +59,8 @@
 
 #define G 16              /* rows per group */
 #define KE 128            /* K per panel */
-#define TT 32             /* tokens per activation tile */
+#define TT 128           /* tokens per activation tile (each panel is decoded once per tile) */
+#define TT_BYTES (8 << 20) /* ... within 8 MiB of doubles, at least 32 tokens */
 #define PAR_MIN_WORK 65536LL
 
 int ds41_exact_simd = 1;
@@ -79,6 +80,13 @@ typedef struct ejob {
     int out_bf16;
     int avx512;                /* token passes on AVX-512 (linear_exact_avx512.c) */
 } ejob;
+
+/* tokens per activation tile: up to TT, the tile's doubles within TT_BYTES (at least 32) */
+static int tile_tokens(int T, int in) {
+    long long fit = TT_BYTES / (8LL * (in > 0 ? in : 1));
+    int tt = fit > TT ? TT : fit < 32 ? 32 : (int)fit;
+    return T < tt ? T : tt;
+}
 
 static void *amalloc(size_t n) {
     void *p = NULL;
@@ -117,10 +125,11 @@ static inline void put4x8(double *wt, __m256 r0, __m256 r1, __m256 r2, __m256 r3
     }
 }
 
-/* one row's 8 K elements at k as floats (without scales); valid rows only */
-static inline __m256 row8(const ejob *j, int r, int k) {
+/* one row's 8 K elements at k as floats (without scales); valid rows only. kind is j->kind, a
+ * compile-time constant in each instance of decode_panel */
+static inline __attribute__((always_inline)) __m256 row8(const ejob *j, int kind, int r, int k) {
     size_t in = (size_t)j->in;
-    switch (j->kind) {
+    switch (kind) {
     case E_FP8: return e4m3x8_h(j->w + (size_t)r * in + k);
     case E_DQ: {
         int ar = j->row0 + r, nbk = (j->in + 31) / 32;
@@ -152,7 +161,8 @@ static inline double scalar_w(const ejob *j, int r, int k) {
 }
 
 /* Decodes rows [g0, g0 + nr) x K [k0, k0 + kc) into wt (rows >= nr zero). */
-static void decode_panel(const ejob *j, int g0, int nr, int k0, int kc, double *wt) {
+static inline __attribute__((always_inline)) void decode_panel_k(const ejob *j, int kind, int g0, int nr, int k0, int kc,
+                                                                double *wt) {
     int kv = kc & ~7;
     for (int q = 0; q < 4; q++) {
         int rb = g0 + 4 * q;
@@ -164,24 +174,40 @@ static void decode_panel(const ejob *j, int g0, int nr, int k0, int kc, double *
         for (int k = 0; k < kv; k += 8) {
             int ka = k0 + k;
             __m256d sc = _mm256_set1_pd(1.0);
-            if (j->kind == E_FP8) {
+            if (kind == E_FP8) {
                 int nbk = j->in / 32;
                 sc = _mm256_set1_pd(ue8_tab[j->s[(size_t)(rb / 32) * nbk + ka / 32]] * 256.0);
-            } else if (j->kind == E_FP4) {
+            } else if (kind == E_FP4) {
                 int nb = j->in / 32;
                 double s4[4];
                 for (int i = 0; i < 4; i++) s4[i] = i < n ? ue8_tab[j->s[(size_t)(rb + i) * nb + ka / 32]] * 0.5 : 0.0;
                 sc = _mm256_loadu_pd(s4);
             }
             __m256 z = _mm256_setzero_ps();
-            __m256 r0 = row8(j, rb, ka);
-            __m256 r1 = n > 1 ? row8(j, rb + 1, ka) : z;
-            __m256 r2 = n > 2 ? row8(j, rb + 2, ka) : z;
-            __m256 r3 = n > 3 ? row8(j, rb + 3, ka) : z;
+            __m256 r0 = row8(j, kind, rb, ka);
+            __m256 r1 = n > 1 ? row8(j, kind, rb + 1, ka) : z;
+            __m256 r2 = n > 2 ? row8(j, kind, rb + 2, ka) : z;
+            __m256 r3 = n > 3 ? row8(j, kind, rb + 3, ka) : z;
             put4x8(wt + (size_t)k * G + 4 * q, r0, r1, r2, r3, sc);
         }
         for (int k = kv; k < kc; k++)   /* dense tails (BF16 / FP32 with in % 8 != 0) */
             for (int i = 0; i < 4; i++) wt[(size_t)k * G + 4 * q + i] = i < n ? scalar_w(j, rb + i, k0 + k) : 0.0;
+    }
+}
+
+static void decode_panel_fp8(const ejob *j, int g0, int nr, int k0, int kc, double *wt) { decode_panel_k(j, E_FP8, g0, nr, k0, kc, wt); }
+static void decode_panel_fp4(const ejob *j, int g0, int nr, int k0, int kc, double *wt) { decode_panel_k(j, E_FP4, g0, nr, k0, kc, wt); }
+static void decode_panel_bf16(const ejob *j, int g0, int nr, int k0, int kc, double *wt) { decode_panel_k(j, E_BF16, g0, nr, k0, kc, wt); }
+static void decode_panel_f32(const ejob *j, int g0, int nr, int k0, int kc, double *wt) { decode_panel_k(j, E_F32, g0, nr, k0, kc, wt); }
+static void decode_panel_dq(const ejob *j, int g0, int nr, int k0, int kc, double *wt) { decode_panel_k(j, E_DQ, g0, nr, k0, kc, wt); }
+
+static void decode_panel(const ejob *j, int g0, int nr, int k0, int kc, double *wt) {
+    switch (j->kind) {
+    case E_FP8: decode_panel_fp8(j, g0, nr, k0, kc, wt); break;
+    case E_FP4: decode_panel_fp4(j, g0, nr, k0, kc, wt); break;
+    case E_BF16: decode_panel_bf16(j, g0, nr, k0, kc, wt); break;
+    case E_F32: decode_panel_f32(j, g0, nr, k0, kc, wt); break;
+    default: decode_panel_dq(j, g0, nr, k0, kc, wt); break;
     }
 }
 
@@ -574,7 +600,7 @@ void ds41_exact_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, in
         free(aq);
         return;
     }
-    int tt = T < TT ? T : TT;
+    int tt = tile_tokens(T, in);
     double *ad = amalloc((size_t)tt * in * sizeof(double));
     if (!ad) return;
     for (int t0 = 0; t0 < T; t0 += tt) {
@@ -931,7 +957,7 @@ void ds41_exact_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const f
         free(xa);
         return;
     }
-    int tt = T < TT ? T : TT;
+    int tt = tile_tokens(T, in);
     double *ad = amalloc((size_t)tt * in * sizeof(double));
     if (!ad) return;
     for (int t0 = 0; t0 < T; t0 += tt) {
