@@ -64,6 +64,7 @@
 #define PAR_MIN_WORK 65536LL
 
 int ds41_exact_simd = 1;
+long long ds41_exact_chain_rows;   /* rows that missed the certificate (tests check both paths run) */
 
 enum { E_FP8, E_FP4, E_BF16, E_F32, E_DQ, E_DQF };
 
@@ -335,6 +336,17 @@ static void val_init(void) {
 #define UNROLL4 _Pragma("GCC unroll 4")
 #define UNROLL8 _Pragma("GCC unroll 8")
 
+/* The certificate (see the certified dense rows below for the argument): 1 and the row's FP32
+ * result in *f when [s - E, s + E] rounds to one FP32 value, E = K 2^-51 (B + K 2^-148) +
+ * |s| 2^-50, B an upper bound of sum |w_k x_k| within a factor 1.07 */
+static inline int cert_ok(int in, double s, double b, float *f) {
+    double e = (double)in * 0x1p-51 * (b + (double)in * 0x1p-148) + fabs(s) * 0x1p-50;
+    if (s != s || e != e || in >= (1 << 20)) return 0;
+    float lo = (float)(s - e), hi = (float)(s + e);
+    *f = lo;
+    return ds41_f32_bits(lo) == ds41_f32_bits(hi);
+}
+
 /* ---- T = 1, FP8 / FP4: no panel. A decode step reads each weight once, so the panel's decode
  * and transpose (made for reuse over tokens) would cost more than the products; instead four
  * rows at a time stream their blocks, each block's four dots are formed in registers, reduced
@@ -372,6 +384,7 @@ typedef struct e1job {
     const int16_t *aq;         /* FP4: 64 int16 per block */
     const double *sab;         /* per block: FP8 s_a * 2^8, FP4 s_a * 2^-10 */
     float *y;
+    int cert8;                 /* FP8 on certified lanes (AVX-512 VBMI, e1_cert_tile) */
 } e1job;
 
 /* lane i of the result = sum of the lanes of v_i (exact sums only) */
@@ -460,10 +473,11 @@ static __attribute__((noinline)) __m256d fp8_blk4_h_ool(const uint8_t *const *p,
     return fp8_blk4_h(p, o, a);
 }
 
-static void e1_fp8_group(const e1job *j, int r0, const double *scl) {
+/* rows[0 .. n) (n <= 4) of one 32-row tile, blocks ascending (the contract's order) */
+static void e1_fp8_group(const e1job *j, const int *rows, int n, const double *scl) {
     int nb = j->in / 32;
     const uint8_t *p[4];
-    for (int i = 0; i < 4; i++) p[i] = j->w + (size_t)(r0 + i < j->out ? r0 + i : j->out - 1) * j->in;
+    for (int i = 0; i < 4; i++) p[i] = j->w + (size_t)rows[i < n ? i : n - 1] * j->in;
     __m256d acc = _mm256_setzero_pd();
     for (int b = 0; b < nb; b++) {
         const size_t o = (size_t)b * 32;
@@ -471,7 +485,9 @@ static void e1_fp8_group(const e1job *j, int r0, const double *scl) {
         __m256d d = __builtin_expect(fp8_zero_exp(p, o), 0) ? fp8_blk4_h_ool(p, o, j->ad + o) : fp8_blk4_d(p, o, j->ab + o);
         acc = _mm256_fmadd_pd(d, _mm256_broadcast_sd(scl + b), acc);
     }
-    put4(j, r0, acc);
+    double a[4];
+    _mm256_storeu_pd(a, acc);
+    for (int i = 0; i < n; i++) j->y[rows[i]] = ds41_bf16_round((float)a[i]);
 }
 
 static void e1_fp4_group(const e1job *j, int r0) {
@@ -507,23 +523,96 @@ static void e1_fp4_group(const e1job *j, int r0) {
     put4(j, r0, acc);
 }
 
+/* FP8 tiles on certified lanes (AVX-512 VBMI; the argument of the certified dense rows below,
+ * for the contract's FP8 order: |s_seq - S| <= gamma_{nb} B and |s - S| <= gamma_K B, within
+ * E): per 32-row tile xs[k] = a_k * s_a * s_w * 2^1016 (the code value times the block's scales,
+ * exact), so that the lane sum of e4m3 * 2^-1016 * xs[k] is the row's value; B = the row's
+ * largest |e4m3| times sum |a_k s_a s_w| (a looser bound than the dense rows' FP32 sum, but
+ * nearly free: one byte max per 64 codes; the sum from per-block sums of |a_k s_a| times the
+ * tile's s_w, e1_cert_prep). Rows that miss the certificate, or hold a NaN code
+ * (0x7F), run the blocks in order (e1_fp8_group). Returns 0, leaving the tile to e1_fp8_group,
+ * when an xs is not finite or its 2^1016 scaling is out of double range. */
+/* per call (thread): base[k] = a_k s_a 2^1016, and per block the sum and the largest of |a_k s_a| */
+typedef struct e1cert { double *base, *abs_sum, *abs_max, *xs; } e1cert;
+
+static void e1_cert_prep(const e1job *j, e1cert *c) {
+    for (int b = 0; b < j->in / 32; b++) {
+        double sa = j->sab[b] * 0x1p-8, sum = 0.0, mx = 0.0;
+        for (int i = 0; i < 32; i++) {
+            double v = fabs(j->ad[32 * b + i] * sa);
+            sum += v;
+            mx = v > mx ? v : mx;
+            c->base[32 * b + i] = j->ad[32 * b + i] * j->sab[b] * 0x1p1008;
+        }
+        c->abs_sum[b] = sum;
+        c->abs_max[b] = mx;
+    }
+}
+
+static int e1_cert_tile(const e1job *j, int r0, int r1, const uint8_t *st, const double *scl, const e1cert *c) {
+    const int in = j->in, kv = in & ~63;
+    double sx = 0.0, mxs = 0.0, *xs = c->xs;
+    for (int b = 0; b < in / 32; b++) {
+        double sw = ue8_tab[st[b]];
+        sx += c->abs_sum[b] * sw;
+        mxs = c->abs_max[b] * sw > mxs ? c->abs_max[b] * sw : mxs;
+        for (int i = 0; i < 32; i++) xs[32 * b + i] = c->base[32 * b + i] * sw;   /* a s_a s_w 2^1016, exact */
+    }
+    if (!(sx <= 0x1p1000) || !(mxs < 0x1p6)) return 0;
+    int fail[32], nf = 0;
+    for (int r = r0; r < r1; r += 4) {
+        int nr = r1 - r < 4 ? r1 - r : 4;
+        const uint8_t *p[4];
+        for (int q = 0; q < 4; q++) p[q] = j->w + (size_t)(r + (q < nr ? q : nr - 1)) * in;
+        double s4[4];
+        int mx[4];
+        ds41_exact_cert_fp8_avx512(p, kv, xs, s4, mx);
+        for (int q = 0; q < nr; q++) {
+            double s = s4[q];
+            int m = mx[q] >> 1;
+            for (int k = kv; k < in; k++) {   /* K tail (32 codes): any order */
+                uint8_t c = p[q][k];
+                s += (double)e4m3_val[c] * (xs[k] * 0x1p-1016);
+                m = (c & 0x7F) > m ? (c & 0x7F) : m;
+            }
+            float f;
+            if (m != 0x7F && cert_ok(in, s, (double)e4m3_val[m] * sx, &f)) j->y[r + q] = ds41_bf16_round(f);
+            else fail[nf++] = r + q;
+        }
+    }
+    if (nf) __atomic_fetch_add(&ds41_exact_chain_rows, nf, __ATOMIC_RELAXED);
+    for (int i = 0; i < nf; i += 4) e1_fp8_group(j, fail + i, nf - i < 4 ? nf - i : 4, scl);
+    return 1;
+}
+
 static void e1_rows(void *arg, int i0, int i1) {
     const e1job *j = arg;
     int nb = j->in / 32;
     double *scl = j->fp4 ? NULL : amalloc((size_t)nb * sizeof(double));
-    if (!j->fp4 && !scl) return;
+    e1cert ce = { NULL, NULL, NULL, NULL };
+    double *cbuf = j->fp4 || !j->cert8 ? NULL : amalloc((size_t)(2 * j->in + 2 * nb) * sizeof(double));
+    if (!j->fp4 && (!scl || (j->cert8 && !cbuf))) { free(scl); free(cbuf); return; }
+    if (cbuf) {
+        ce = (e1cert){ cbuf, cbuf + j->in, cbuf + j->in + nb, cbuf + j->in + 2 * nb };
+        e1_cert_prep(j, &ce);
+    }
     for (int t = i0; t < i1; t++) {
         int r1 = (t + 1) * 32 < j->out ? (t + 1) * 32 : j->out;
         if (!j->fp4) {
             const uint8_t *st = j->s + (size_t)t * nb;
             for (int b = 0; b < nb; b++) scl[b] = j->sab[b] * ue8_tab[st[b]];
         }
+        if (cbuf && e1_cert_tile(j, t * 32, r1, j->s + (size_t)t * nb, scl, &ce)) continue;
         for (int r0 = t * 32; r0 < r1; r0 += 4) {
             if (j->fp4) e1_fp4_group(j, r0);
-            else e1_fp8_group(j, r0, scl);
+            else {
+                int rows[4] = { r0, r0 + 1, r0 + 2, r0 + 3 };
+                e1_fp8_group(j, rows, r1 - r0 < 4 ? r1 - r0 : 4, scl);
+            }
         }
     }
     free(scl);
+    free(cbuf);
 }
 
 /* The Q8 of one activation row (ds41_q8_group per 32) as E4M3 code values cv and scales sa:
@@ -592,7 +681,8 @@ void ds41_exact_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, in
                 int i = k & 31, v = (i & 15) >> 1;
                 ab[(k & ~31) + 4 * v + (i & 1) + 2 * (i >> 4)] = ad[k] * 0x1p1008;
             }
-        e1job j = { w, s, fp4, out, in, ad, ab, aq, sab, y };
+        e1job j = { w, s, fp4, out, in, ad, ab, aq, sab, y,
+                    !fp4 && !strcmp(ds41_kernels_isa(), "avx512") && __builtin_cpu_supports("avx512vbmi") };
         int n_items = (out + 31) / 32;
         if ((long long)out * in >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, e1_rows, &j);
         else e1_rows(&j, 0, n_items);
@@ -724,7 +814,6 @@ static void d1q_4(const d1job *d, int g0, const double *x) { d1_group(d, g0, E_D
  * the chain itself, scalar, in K order: the scalar kernel's bits either way. This trades the
  * rows-in-lanes transposes and the FMA latency chain (one FMA per element per row, in order)
  * for independent accumulators. */
-long long ds41_exact_chain_rows;   /* rows that took the chain (tests check both paths run) */
 
 #define CERT_RMAX 16
 
@@ -768,15 +857,6 @@ static inline float hsum_ps(__m256 v) {
     __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     a = _mm_add_ps(a, _mm_movehl_ps(a, a));
     return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
-}
-
-/* 1 and the row's FP32 result in *f when [s - E, s + E] rounds to one FP32 value */
-static inline int cert_ok(int in, double s, float bf, float *f) {
-    double e = (double)in * 0x1p-51 * ((double)bf + (double)in * 0x1p-148) + fabs(s) * 0x1p-50;
-    if (s != s || e != e || in >= (1 << 20)) return 0;
-    float lo = (float)(s - e), hi = (float)(s + e);
-    *f = lo;
-    return ds41_f32_bits(lo) == ds41_f32_bits(hi);
 }
 
 /* the contract's chain, K ascending, for n rows (four chains interleaved: independent sums) */

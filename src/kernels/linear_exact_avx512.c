@@ -115,6 +115,57 @@ void ds41_exact_cert_avx512(int wkind, const char *const *p, int kv, const doubl
     else cert_k(1, p, kv, x, xa, s, b);
 }
 
+/* FP8 certified lanes (linear_exact.c, e1_cert_tile), AVX-512 VBMI: for 4 rows p[q] of E4M3
+ * codes (K [0, kv), kv % 64 == 0), s[q] = the double lane sum of dbl(c_k) * xs[k], where
+ * dbl(c) has the bits sign << 63 | (c & 0x7F) << 49, i.e. e4m3(c) * 2^-1016 (the bit pattern
+ * of linear_exact.c's T = 1 FP8 path), and mx[q] = twice the largest code magnitude. Per 64
+ * codes, t1 = c + c and t2 = c & 0x80; one vpermt2b per 8 codes puts t1 at byte 6 and t2 at
+ * byte 7 of each qword (the others zeroed), which is dbl(c) in element order. */
+static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vbmi"))) void
+cert_fp8_k(const uint8_t *const *p, int kv, const double *xs, double *s, int *mx) {
+    __m512i idx[8];
+    UNROLL for (int j = 0; j < 8; j++) {   /* qword i: byte 6 = 8 j + i (t1), byte 7 = 64 + 8 j + i (t2) */
+#define IX(i) (long long)(((uint64_t)(64 + 8 * j + (i)) << 56) | ((uint64_t)(8 * j + (i)) << 48))
+        idx[j] = _mm512_set_epi64(IX(7), IX(6), IX(5), IX(4), IX(3), IX(2), IX(1), IX(0));
+#undef IX
+    }
+    const __mmask64 hi2 = 0xC0C0C0C0C0C0C0C0ULL;
+    const __m512i sgn = _mm512_set1_epi8((char)0x80);
+    __m512d acc[4][2];
+    __m512i m[4];
+    for (int q = 0; q < 4; q++) {
+        acc[q][0] = acc[q][1] = _mm512_setzero_pd();
+        m[q] = _mm512_setzero_si512();
+    }
+    for (int k = 0; k < kv; k += 64) {
+        UNROLL for (int q = 0; q < 4; q++) _mm_prefetch((const char *)p[q] + k + 2048, _MM_HINT_T0);
+        UNROLL for (int q = 0; q < 4; q++) {
+            __m512i c = _mm512_loadu_si512(p[q] + k);
+            __m512i t1 = _mm512_add_epi8(c, c), t2 = _mm512_and_si512(c, sgn);
+            m[q] = _mm512_max_epu8(m[q], t1);
+            UNROLL for (int j = 0; j < 8; j++) {
+                __m512d w = _mm512_castsi512_pd(_mm512_maskz_permutex2var_epi8(hi2, t1, idx[j], t2));
+                acc[q][j & 1] = _mm512_fmadd_pd(w, _mm512_loadu_pd(xs + k + 8 * j), acc[q][j & 1]);
+            }
+        }
+    }
+    for (int q = 0; q < 4; q++) {
+        s[q] = _mm512_reduce_add_pd(_mm512_add_pd(acc[q][0], acc[q][1]));
+        __m256i a = _mm256_max_epu8(_mm512_castsi512_si256(m[q]), _mm512_extracti64x4_epi64(m[q], 1));
+        __m128i b = _mm_max_epu8(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+        b = _mm_max_epu8(b, _mm_srli_si128(b, 8));
+        b = _mm_max_epu8(b, _mm_srli_si128(b, 4));
+        b = _mm_max_epu8(b, _mm_srli_si128(b, 2));
+        b = _mm_max_epu8(b, _mm_srli_si128(b, 1));
+        mx[q] = _mm_cvtsi128_si32(b) & 0xFF;
+    }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vbmi")))
+void ds41_exact_cert_fp8_avx512(const uint8_t *const *p, int kv, const double *xs, double *s, int *mx) {
+    cert_fp8_k(p, kv, xs, s, mx);
+}
+
 #ifdef __clang__
 #pragma clang attribute pop
 #endif
