@@ -730,6 +730,7 @@ typedef struct d1job {
     float *y;
     int out_bf16;
     int avx512;                /* the certified lanes on zmm */
+    int vbmi;                  /* DQ tiles on the FP8 certified lanes (AVX-512 VBMI) */
 } d1job;
 
 static inline __attribute__((always_inline)) __m256 d1_ld(int kind, const void *p, const uint8_t *srow, int k) {
@@ -882,52 +883,61 @@ static void cert_chain(const cjob *c, int kind, const char *base, size_t esz, co
     }
 }
 
-/* rows [r0, r1), in chunks of CERT_RMAX: CERT_R rows per pass (the activation loads shared),
- * one double chain and one FP32 bound chain per row; the chunk's uncertified rows then run the
- * chain. Rows past r1 repeat the last row and are dropped. */
+/* CERT_R rows over K [0, kv) on AVX2 (the activation loads shared): one double chain and one
+ * FP32 bound chain per row, reduced into s[q], b[q] */
 #define CERT_R 4
-#define CERT_PFD 4096
+#define CERT_R512 8    /* rows per pass on AVX-512 (ds41_exact_cert_avx512) */
+#define CERT_PFD 2048
+AINL void cert_pass_avx2(const cjob *c, int kind, const char *const *p, int kv, double *s, float *b) {
+    const size_t esz = kind == E_BF16 ? 2 : 1;
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256d sd[CERT_R];
+    __m256 bd[CERT_R];
+    UNROLL4 for (int q = 0; q < CERT_R; q++) {
+        sd[q] = _mm256_setzero_pd();
+        bd[q] = _mm256_setzero_ps();
+    }
+    for (int k = 0; k < kv; k += 16) {
+        if (!(k & (int)(63 / esz)))
+            UNROLL4 for (int q = 0; q < CERT_R; q++) _mm_prefetch(p[q] + (size_t)k * esz + CERT_PFD, _MM_HINT_T0);
+        const double *xk = c->x + k;
+        UNROLL4 for (int q = 0; q < CERT_R; q++) {
+            __m256 w0, w1;
+            cert_ld16(kind, p[q], k, &w0, &w1);
+            __m256d t = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(w0)), _mm256_loadu_pd(xk));
+            t = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(w0, 1)), _mm256_loadu_pd(xk + 4), t);
+            t = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(w1)), _mm256_loadu_pd(xk + 8), t);
+            t = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(w1, 1)), _mm256_loadu_pd(xk + 12), t);
+            sd[q] = _mm256_add_pd(sd[q], t);
+            bd[q] = _mm256_fmadd_ps(_mm256_and_ps(w0, absm), _mm256_loadu_ps(c->xa + k), bd[q]);
+            bd[q] = _mm256_fmadd_ps(_mm256_and_ps(w1, absm), _mm256_loadu_ps(c->xa + k + 8), bd[q]);
+        }
+    }
+    UNROLL4 for (int q = 0; q < CERT_R; q++) {
+        s[q] = hsum_pd(sd[q]);
+        b[q] = hsum_ps(bd[q]);
+    }
+}
+
+/* rows [r0, r1): passes of CERT_R (AVX2) or CERT_R512 (AVX-512) rows, rows past r1 repeating
+ * the last one (dropped); the K tail in any order, the certificate, and the chain for the rows
+ * that miss it, gathered up to CERT_RMAX */
 AINL void cert_rows_k(const cjob *c, int kind, int r0, int r1) {
-    const int in = c->in, kv = in & ~15;
+    const int in = c->in, kv = in & ~15, R = c->avx512 ? CERT_R512 : CERT_R;
     const size_t esz = kind == E_BF16 ? 2 : 1;
     const char *base = kind == E_BF16 ? (const char *)c->wb : (const char *)c->w8;
-    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-    int fail[CERT_RMAX], nf = 0, kv4;
-    for (int r = r0; r < r1; r += CERT_R) {
-        int nr = r1 - r < CERT_R ? r1 - r : CERT_R;
-        const char *p[CERT_R];
-        __m256d sd[CERT_R];
-        __m256 bd[CERT_R];
-        UNROLL4 for (int q = 0; q < CERT_R; q++) {
-            p[q] = base + (size_t)(r + (q < nr ? q : nr - 1)) * in * esz;
-            sd[q] = _mm256_setzero_pd();
-            bd[q] = _mm256_setzero_ps();
-        }
-        double s4[CERT_R];
-        float b4[CERT_R];
-        if (c->avx512) {
-            ds41_exact_cert_avx512(kind == E_BF16 ? 0 : 1, p, kv, c->x, c->xa, s4, b4);
-            kv4 = 0;
-        } else kv4 = kv;
-        for (int k = 0; k < kv4; k += 16) {
-            if (!(k & (int)(63 / esz)))
-                UNROLL4 for (int q = 0; q < CERT_R; q++) _mm_prefetch(p[q] + (size_t)k * esz + CERT_PFD, _MM_HINT_T0);
-            const double *xk = c->x + k;
-            UNROLL4 for (int q = 0; q < CERT_R; q++) {
-                __m256 w0, w1;
-                cert_ld16(kind, p[q], k, &w0, &w1);
-                __m256d t = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(w0)), _mm256_loadu_pd(xk));
-                t = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(w0, 1)), _mm256_loadu_pd(xk + 4), t);
-                t = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(w1)), _mm256_loadu_pd(xk + 8), t);
-                t = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(w1, 1)), _mm256_loadu_pd(xk + 12), t);
-                sd[q] = _mm256_add_pd(sd[q], t);
-                bd[q] = _mm256_fmadd_ps(_mm256_and_ps(w0, absm), _mm256_loadu_ps(c->xa + k), bd[q]);
-                bd[q] = _mm256_fmadd_ps(_mm256_and_ps(w1, absm), _mm256_loadu_ps(c->xa + k + 8), bd[q]);
-            }
-        }
+    int fail[CERT_RMAX], nf = 0;
+    for (int r = r0; r < r1; r += R) {
+        int nr = r1 - r < R ? r1 - r : R;
+        const char *p[CERT_R512];
+        for (int q = 0; q < R; q++) p[q] = base + (size_t)(r + (q < nr ? q : nr - 1)) * in * esz;
+        double sq[CERT_R512];
+        float bq[CERT_R512];
+        if (c->avx512) ds41_exact_cert_avx512(kind == E_BF16 ? 0 : 1, p, kv, c->x, c->xa, sq, bq);
+        else cert_pass_avx2(c, kind, p, kv, sq, bq);
         for (int q = 0; q < nr; q++) {
-            double s = c->avx512 ? s4[q] : hsum_pd(sd[q]);
-            float bf = c->avx512 ? b4[q] : hsum_ps(bd[q]), f;
+            double s = sq[q];
+            float bf = bq[q], f;
             for (int k = kv; k < in; k++) {   /* K tail: any order */
                 double w = cert_w(kind, p[q], k);
                 s += w * c->x[k];
@@ -936,7 +946,7 @@ AINL void cert_rows_k(const cjob *c, int kind, int r0, int r1) {
             if (cert_ok(in, s, bf, &f)) c->y[r + q] = c->out_bf16 ? ds41_bf16_round(f) : f;
             else fail[nf++] = r + q;
         }
-        if (nf > CERT_RMAX - CERT_R || r + CERT_R >= r1) {
+        if (nf > CERT_RMAX - R || r + R >= r1) {
             cert_chain(c, kind, base, esz, fail, nf);
             nf = 0;
         }
@@ -956,16 +966,56 @@ static void cert_rows(const cjob *c, int r0, int r1) {
  * 2^128), so the product with x is e4m3 * (s * x), exact in double either way: such groups run
  * the plain E4M3 decode against xs = x * s * 2^8 (the FP16 trick's 2^-8 folded in) for their
  * tile. Groups across two tiles, or tiles with scales outside, decode and round as above. */
-static int dq_tile_xs(const d1job *d, int t, double *xs, float *xsa) {
+static int dq_tile_xs(const d1job *d, int t, double *xs, float *xsa, double *xs8, double *sx) {
     int nbk = (d->in + 31) / 32;
     const uint8_t *st = d->s8 + (size_t)t * nbk;
     for (int b = 0; b < nbk; b++)
         if (st[b] < 10 || st[b] > 246) return 0;
+    double sum = 0.0, mx = 0.0;
     for (int k = 0; k < d->in; k++) {
         xs[k] = d->x[k] * ((double)ue8_f[st[k >> 5]] * 256.0);
         xsa[k] = (float)fabs(xs[k]);
+        if (xs8) {
+            double v = fabs(xs[k]) * 0x1p-8;   /* |x s| */
+            sum += v;
+            mx = v > mx ? v : mx;
+            xs8[k] = xs[k] * 0x1p1008;
+        }
     }
+    if (xs8) *sx = mx < 0x1p6 && sum <= 0x1p1000 ? sum : -1.0;   /* -1: out of the 2^1016 scaling's range */
     return 1;
+}
+
+/* DQ tile rows [r0, r1) on the FP8 certified lanes (AVX-512 VBMI): the codes as e4m3 * 2^-1016
+ * against xs8 = x s 2^1016, the bound the row's largest |e4m3| times sx = sum |x s| (as the FP8
+ * rows, e1_cert_tile); rows that miss the certificate or hold a NaN code run the K-order chain */
+static void cert_rows_dq8(const cjob *c, int r0, int r1, const double *xs8, double sx) {
+    const int in = c->in, kv = in & ~63;
+    int fail[CERT_RMAX], nf = 0;
+    for (int r = r0; r < r1; r += 4) {
+        int nr = r1 - r < 4 ? r1 - r : 4;
+        const uint8_t *p[4];
+        for (int q = 0; q < 4; q++) p[q] = c->w8 + (size_t)(r + (q < nr ? q : nr - 1)) * in;
+        double s4[4];
+        int mx[4];
+        ds41_exact_cert_fp8_avx512(p, kv, xs8, s4, mx);
+        for (int q = 0; q < nr; q++) {
+            double s = s4[q];
+            int m = mx[q] >> 1;
+            for (int k = kv; k < in; k++) {   /* K tail: any order */
+                uint8_t cd = p[q][k];
+                s += (double)e4m3_val[cd] * (xs8[k] * 0x1p-1016);
+                m = (cd & 0x7F) > m ? (cd & 0x7F) : m;
+            }
+            float f;
+            if (m != 0x7F && cert_ok(in, s, (double)e4m3_val[m] * sx, &f)) c->y[r + q] = ds41_bf16_round(f);
+            else fail[nf++] = r + q;
+        }
+        if (nf > CERT_RMAX - 4 || r + 4 >= r1) {
+            cert_chain(c, E_DQF, (const char *)c->w8, 1, fail, nf);
+            nf = 0;
+        }
+    }
 }
 
 static void d1_rows(void *arg, int i0, int i1) {
@@ -984,7 +1034,7 @@ static void d1_rows(void *arg, int i0, int i1) {
         }
         return;
     }
-    double *xs = NULL;
+    double *xs = NULL, *xs8 = NULL, sx = -1.0;
     float *xsa = NULL;
     int xt = -1, xok = 0;
     for (int g0 = i0 * G; g0 < r1; g0 += G) {
@@ -994,11 +1044,13 @@ static void d1_rows(void *arg, int i0, int i1) {
             if (!xs) {
                 xs = amalloc((size_t)d->in * sizeof(double));
                 xsa = amalloc((size_t)d->in * sizeof(float));
+                if (d->vbmi) xs8 = amalloc((size_t)d->in * sizeof(double));
             }
-            if (xs && xsa && t != xt) { xok = dq_tile_xs(d, t, xs, xsa); xt = t; }
-            if (xs && xsa && xok) {   /* the tile's exact products: certified lanes on its codes */
+            if (xs && xsa && (xs8 || !d->vbmi) && t != xt) { xok = dq_tile_xs(d, t, xs, xsa, xs8, &sx); xt = t; }
+            if (xs && xsa && (xs8 || !d->vbmi) && xok) {   /* the tile's exact products: certified lanes on its codes */
                 cjob c = { E_DQF, NULL, d->w8 + (size_t)d->row0 * d->in, d->out, d->in, xs, xsa, d->y, 1, d->avx512 };
-                cert_rows(&c, g0, g0 + nr);
+                if (xs8 && sx >= 0.0) cert_rows_dq8(&c, g0, g0 + nr, xs8, sx);
+                else cert_rows(&c, g0, g0 + nr);
                 continue;
             }
         }
@@ -1007,6 +1059,7 @@ static void d1_rows(void *arg, int i0, int i1) {
     }
     free(xs);
     free(xsa);
+    free(xs8);
 }
 
 void ds41_exact_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const float *wf, const ds41_fp8w *w8,
@@ -1028,8 +1081,9 @@ void ds41_exact_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const f
             ad[k] = (double)x[k];
             xa[k] = fabsf(x[k]);
         }
-        d1job d = { ek, wb, wf, w8 ? w8->w : NULL, w8 ? w8->s : NULL, row0, out, in, ad, xa, y, out_bf16,
-                    !strcmp(ds41_kernels_isa(), "avx512") };
+        int z = !strcmp(ds41_kernels_isa(), "avx512");
+        d1job d = { ek, wb, wf, w8 ? w8->w : NULL, w8 ? w8->s : NULL, row0, out, in, ad, xa, y, out_bf16, z,
+                    z && __builtin_cpu_supports("avx512vbmi") };
         int n_items = (out + G - 1) / G;
         if ((long long)out * in >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, d1_rows, &d);
         else d1_rows(&d, 0, n_items);

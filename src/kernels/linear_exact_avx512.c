@@ -75,7 +75,7 @@ void ds41_exact_panel_avx512(int quant, const double *wt, int kc, const double *
     }
 }
 
-/* The certified lanes of linear_exact.c's T = 1 dense kernels on zmm: for nr <= 4 rows (p[q],
+/* The certified lanes of linear_exact.c's T = 1 dense kernels on zmm: for 8 rows (p[q],
  * K [0, kv), kv % 16 == 0) the double lane sum of w x into s[q] and the FP32 lane sum of
  * |w| |x| into b[q]. wkind 0: BF16 weights, 1: E4M3 codes as e4m3 * 2^-8 (the FP16 trick). Any order is the contract's here (see cert_ok there), so zmm lanes may take it. */
 static inline __attribute__((always_inline)) __m512 cert_w16(int wkind, const char *row, int k) {
@@ -88,15 +88,15 @@ static inline __attribute__((always_inline)) __m512 cert_w16(int wkind, const ch
 static inline __attribute__((always_inline)) void cert_k(int wkind, const char *const *p, int kv, const double *x,
                                                          const float *xa, double *s, float *b) {
     const size_t esz = wkind == 0 ? 2 : 1;
-    __m512d sd[4];
-    __m512 bd[4];
-    UNROLL for (int q = 0; q < 4; q++) { sd[q] = _mm512_setzero_pd(); bd[q] = _mm512_setzero_ps(); }
+    __m512d sd[8];
+    __m512 bd[8];
+    UNROLL for (int q = 0; q < 8; q++) { sd[q] = _mm512_setzero_pd(); bd[q] = _mm512_setzero_ps(); }
     for (int k = 0; k < kv; k += 16) {
         if (!(k & (int)(63 / esz)))
-            UNROLL for (int q = 0; q < 4; q++) _mm_prefetch(p[q] + (size_t)k * esz + 2048, _MM_HINT_T0);
+            UNROLL for (int q = 0; q < 8; q++) _mm_prefetch(p[q] + (size_t)k * esz + 2048, _MM_HINT_T0);
         __m512d x0 = _mm512_loadu_pd(x + k), x1 = _mm512_loadu_pd(x + k + 8);
         __m512 a = _mm512_loadu_ps(xa + k);
-        UNROLL for (int q = 0; q < 4; q++) {
+        UNROLL for (int q = 0; q < 8; q++) {
             __m512 w = cert_w16(wkind, p[q], k);
             __m512d t = _mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(w)), x0);
             t = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(w), 1))), x1, t);
@@ -104,7 +104,7 @@ static inline __attribute__((always_inline)) void cert_k(int wkind, const char *
             bd[q] = _mm512_fmadd_ps(_mm512_abs_ps(w), a, bd[q]);
         }
     }
-    UNROLL for (int q = 0; q < 4; q++) {
+    UNROLL for (int q = 0; q < 8; q++) {
         s[q] = _mm512_reduce_add_pd(sd[q]);
         b[q] = _mm512_reduce_add_ps(bd[q]);
     }

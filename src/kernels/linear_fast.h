@@ -84,7 +84,7 @@ void ds41_exact_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const f
                       int out_bf16);
 /* AVX-512 token passes over one exact panel (linear_exact_avx512.c) */
 void ds41_exact_panel_avx512(int quant, const double *wt, int kc, const double *x, size_t ldx, int T, double *acc);
-/* the certified T = 1 dense lanes on zmm (4 rows p[0..3], K [0, kv), kv % 16 == 0): s = the
+/* the certified T = 1 dense lanes on zmm (8 rows p[0..7], K [0, kv), kv % 16 == 0): s = the
  * double lane sums of w x, b = the FP32 lane sums of |w| |x|; wkind 0 BF16, 1 E4M3 * 2^-8 */
 /* FP8 certified lanes (AVX-512 VBMI): s[q] = double lane sums of e4m3(c) * 2^-1016 * xs[k] for 4
  * rows p[q], K [0, kv), kv % 64 == 0; mx[q] = twice the row's largest code magnitude */
