@@ -15,7 +15,9 @@
  * Also prints the bytes of KV each setting touches and a read-bandwidth probe of the same run
  * (build/bench/bench_kernels has the full probes: bandwidth, FMA peak), and then the indexer's
  * scores of one decode row against the E index keys (32 heads x 128): the SIMD kernel against
- * its scalar definition (ds41_indexer_scores_ref), medians, and whether they are bit-identical. */
+ * its scalar definition (ds41_indexer_scores_ref) and the integer kernel on the packed records
+ * (ds41_indexer_scores_packed, what the forward runs), medians, and whether all three are
+ * bit-identical. */
 #include "attention.h"
 #include "formats.h"
 #include "kernels.h"
@@ -147,33 +149,48 @@ int main(int argc, char **argv) {
         cfg.index_n_heads = NH;
         cfg.index_head_dim = ID;
         float *iq = malloc((size_t)NH * ID * sizeof(float)), *wt = malloc(NH * sizeof(float));
+        enum { RBI = ID / 2 + ID / 32 };
         float *ik = malloc((size_t)E * ID * sizeof(float)), *sa = malloc((size_t)E * sizeof(float)),
-              *sb = malloc((size_t)E * sizeof(float));
-        if (!iq || !wt || !ik || !sa || !sb) return 1;
+              *sb = malloc((size_t)E * sizeof(float)), *sc = malloc((size_t)E * sizeof(float));
+        uint8_t *rec = malloc((size_t)E * RBI);
+        if (!iq || !wt || !ik || !sa || !sb || !sc || !rec) return 1;
         for (int i = 0; i < NH * ID; i++) iq[i] = rndf();
         for (long long i = 0; i < E * ID; i++) ik[i] = rndf();
         ds41_q4mx_qdq(iq, NH * ID);
-        ds41_q4mx_qdq(ik, (int)(E * ID));
+        for (long long j = 0; j < E; j++) ds41_pack_q4mx(ik + j * ID, ID, rec + j * RBI, rec + j * RBI + ID / 2);
+        for (long long j = 0; j < E; j++) ds41_ik_rec_unpack(&cfg, rec + j * RBI, 1, ik + j * ID);
+        const uint8_t *pg = rec;
+        ds41_ik_keys keys = { &pg, E, 0, RBI };
+        long long fell0 = ds41_indexer_dotf_pairs;
         for (int h = 0; h < NH; h++) wt[h] = ds41_bf16_round(rndf() / 16);
-        double ti[2][101];
+        double ti[3][101];
         int isame = 1;
         for (int r = 0; r < reps; r++) {
             double t0 = clk(threads);
+            ds41_indexer_scores_packed(&ctx, &cfg, iq, wt, &keys, (int)E, (int)E, sc);
+            ti[2][r] = clk(threads) - t0;
+            isame &= !memcmp(sa, sc, (size_t)E * sizeof(float)) || r == 0;
+            t0 = clk(threads);
             ds41_indexer_scores(&ctx, &cfg, iq, wt, ik, (int)E, (int)E, sa);
             ti[0][r] = clk(threads) - t0;
             t0 = clk(threads);
             ds41_indexer_scores_ref(&ctx, &cfg, iq, wt, ik, (int)E, (int)E, sb);
             ti[1][r] = clk(threads) - t0;
-            isame &= !memcmp(sa, sb, (size_t)E * sizeof(float));
+            isame &= !memcmp(sa, sb, (size_t)E * sizeof(float)) && !memcmp(sa, sc, (size_t)E * sizeof(float));
         }
         qsort(ti[0], (size_t)reps, sizeof(double), cmp_d);
         qsort(ti[1], (size_t)reps, sizeof(double), cmp_d);
-        double a = ti[0][reps / 2], b = ti[1][reps / 2], mac = (double)E * NH * ID;
+        qsort(ti[2], (size_t)reps, sizeof(double), cmp_d);
+        double a = ti[0][reps / 2], b = ti[1][reps / 2], c = ti[2][reps / 2], mac = (double)E * NH * ID;
         printf("indexer scores, one decode row against %lld index keys (%d heads x %d): SIMD %.3f ms (%.1f GMAC/s), "
                "scalar %.3f ms (%.1f GMAC/s), %.1fx; bit-identical: %s\n", E, NH, ID, a * 1e3, mac / a / 1e9, b * 1e3,
                mac / b / 1e9, b / a, isame ? "yes" : "NO");
+        printf("indexer scores on the packed records (integer dots): %.3f ms (%.1f GMAC/s), %.2fx the SIMD float kernel; "
+               "keys read %.1f MB against %.1f MB of floats; pairs that took the float dot: %lld of %lld\n", c * 1e3,
+               mac / c / 1e9, a / c, (double)E * RBI / 1e6, (double)E * ID * 4 / 1e6, ds41_indexer_dotf_pairs - fell0,
+               (long long)reps * E * NH);
         same &= isame;
-        free(iq); free(wt); free(ik); free(sa); free(sb);
+        free(iq); free(wt); free(ik); free(sa); free(sb); free(sc); free(rec);
     }
     if (ctx.pool) ds41_pool_destroy(ctx.pool);
     return same ? 0 : 1;

@@ -298,7 +298,8 @@ unsigned ds41_engine_ablate(const ds41_engine *e);
 /* "p1,p3,p6", "all" or "none" -> mask; -1 if malformed. */
 int ds41_parse_ablate(const char *s, unsigned *mask);
 /* Per-sublayer timers: acc (NULL: off, the default) gets seconds added at [0] the attention
- * sublayer, [1] the indexer, [2] dequantizing index-K stores, [3] KV set + sparse attention,
+ * sublayer, [1] the indexer, [2] dequantizing index-K stores (0 since the indexer reads the packed
+ * records in place; the slot keeps the indices stable), [3] KV set + sparse attention,
  * [4] the compressor, for every forward of the engine's sessions; [5] is a byte count: KV rows
  * fetched by the sparse attention kernel plus the float copy of gathered entries (P2 off). */
 enum { DS41_TIMER_ATTN = 0, DS41_TIMER_INDEXER, DS41_TIMER_IKEYS, DS41_TIMER_SPARSE, DS41_TIMER_COMPRESS,

@@ -313,6 +313,104 @@ static void test_indexer_scores_simd(void) {
     ds41_pool_destroy(pool);
 }
 
+/* The indexer on packed index-K records (integer dots) against the scalar definition on the
+ * dequantized records, bit for bit, both modes, 1 and 2 threads: Q4mx-QDQ'd queries whose
+ * blocks span up to 2^2 (the integer path), heads spanning 2^4 and more, an all-zero head, a
+ * NaN head and an unquantized one (the float dot), a tiny head (2^-40) and one of spread 3 at
+ * the largest ints; keys with block spreads 0 .. 3 (integer path, with the
+ * realistic heads' at most 2: spreads adding to at most 5), 4 .. 8 (float dot), a NaN
+ * scale byte (255) among bytes of spread 2, bytes 253 / 254, whose codes dequantize to inf, and
+ * 252, whose do not (seen by the tiny head), scale bytes near 0 (units out of the kernel's range), an entry of spread 3 at the largest ints (with head 5,
+ * spreads adding to 6, whose products would saturate vpmaddubsw);
+ * records at a stride inside pages of 16 entries as the stores keep them; entry counts around
+ * the 8-entry pass and past the pool's threshold; 65 heads (past the kernel's 64: the
+ * records dequantized for the float kernel). The realistic set must take the integer
+ * path for every pair, the adversarial one must reach the float dot. */
+static void test_indexer_scores_packed(void) {
+    ds41_pool *pool = ds41_pool_create(2);
+    static const int dims[][2] = { { 32, 128 }, { 4, 64 }, { 3, 96 }, { 1, 32 }, { 65, 32 } };   /* 65 heads: past the kernel */
+    static const int Es[] = { 1, 7, 8, 9, 100, 2100 };
+    int cases = 0;
+    for (int di = 0; di < 5; di++) {
+        int NH = dims[di][0], ID = dims[di][1], RB = ID / 2 + ID / 32;
+        ds41_config c = tiny_cfg();
+        c.index_n_heads = NH;
+        c.index_head_dim = ID;
+        for (int adv = 0; adv < 2; adv++) {
+            float *iq = malloc(sizeof(float) * NH * ID), *wt = malloc(sizeof(float) * NH);
+            for (int i = 0; i < NH * ID; i += 32) {   /* blocks spanning 2^0 .. 2^1 (realistic), 2^5 */
+                int be = (int)(rnd() % (adv ? 6 : 2));
+                for (int k = 0; k < 32; k++) iq[i + k] = ldexpf(frand(), be);
+            }
+            ds41_q4mx_qdq(iq, NH * ID);
+            if (adv && NH >= 32) {
+                for (int i = 0; i < ID; i++) iq[4 * ID + i] = ldexpf((float)(i % 7 - 3) * 0.5f, -40);   /* head 4: tiny */
+                for (int i = 0; i < ID; i++) iq[5 * ID + i] = i < 32 ? 48.0f : 6.0f;       /* head 5: spread 3 */
+            }
+            if (adv) {
+                for (int i = 0; i < ID; i++) iq[i] = 0.0f;                                      /* head 0: zero */
+                if (NH > 1) for (int i = 0; i < 32 && i < ID; i++) iq[ID + i] = ldexpf(iq[ID + i], 6); /* head 1: span >= 2^4 */
+                if (NH > 2) iq[2 * ID + 5] = NAN;
+                if (NH > 3) iq[3 * ID + 7] = 0.3f;                                              /* not Q4mx */
+            }
+            for (int h = 0; h < NH; h++) wt[h] = ds41_bf16_round(frand() * 2);
+            for (int ei = 0; ei < 6; ei++) {
+                int E = Es[ei], per = 16, np = (E + per - 1) / per, stride = RB + 12, off = 40;
+                uint8_t **pages = malloc(sizeof(uint8_t *) * np);
+                float *x = malloc(sizeof(float) * ID), *ik = malloc(sizeof(float) * E * ID);
+                float *a = malloc(sizeof(float) * E), *b = malloc(sizeof(float) * E);
+                for (int p = 0; p < np; p++) {
+                    pages[p] = malloc((size_t)off + (size_t)per * stride);
+                    memset(pages[p], 0xEE, (size_t)off + (size_t)per * stride);
+                }
+                for (int j = 0; j < E; j++) {
+                    uint8_t *rec = pages[j / per] + off + (size_t)(j % per) * stride;
+                    int spread = adv ? (int)(rnd() % 8) : (int)(rnd() % 3);
+                    for (int i = 0; i < ID; i++) x[i] = ldexpf(frand(), i < 32 ? spread : (int)(rnd() % 2));
+                    ds41_pack_q4mx(x, ID, rec, rec + ID / 2);
+                    if (adv && j % 7 == 3) rec[ID / 2 + ID / 32 - 1] = 255;
+                    if (adv && j % 11 == 5) for (int s = 0; s < ID / 32; s++) rec[ID / 2 + s] = (uint8_t)(1 + s % 2);
+                    if (adv && j % 13 == 6) for (int s = 0; s < ID / 32; s++) rec[ID / 2 + s] = (uint8_t)(254 - s % 3);
+                    if (adv && j % 17 == 8) for (int s = 0; s < ID / 32; s++) rec[ID / 2 + s] = (uint8_t)(255 - s % 3);
+                    if (adv && j % 23 == 10) for (int s = 0; s < ID / 32; s++) rec[ID / 2 + s] = (uint8_t)(253 - s % 2);
+                    if (adv && j % 23 == 11) for (int s = 0; s < ID / 32; s++) rec[ID / 2 + s] = 252;
+                    if (adv && j % 19 == 9) {   /* block 0 at 48, the rest at 6: spread 3, against head 5 the
+                                                   widest products (a pair of them would saturate vpmaddubsw) */
+                        for (int i = 0; i < ID; i++) x[i] = i < 32 ? 48.0f : 6.0f;
+                        ds41_pack_q4mx(x, ID, rec, rec + ID / 2);
+                    }
+                    ds41_ik_rec_unpack(&c, rec, 1, ik + (size_t)j * ID);
+                }
+                ds41_ik_keys keys = { (const uint8_t *const *)pages, per, (size_t)off, stride };
+                int vis[3] = { E, E - E / 3, 0 };
+                for (int vi = 0; vi < 3; vi++)
+                    for (int mode = 0; mode < 4; mode++) {
+                        ds41_ctx ctx = { .exact = mode & 1, .n_threads = mode & 2 ? 2 : 1, .pool = mode & 2 ? pool : NULL };
+                        memset(a, 0x55, sizeof(float) * E);
+                        memset(b, 0x77, sizeof(float) * E);
+                        long long f0 = ds41_indexer_dotf_pairs;
+                        ds41_indexer_scores_packed(&ctx, &c, iq, wt, &keys, E, vis[vi], a);
+                        long long fell = ds41_indexer_dotf_pairs - f0;
+                        ds41_indexer_scores_ref(&ctx, &c, iq, wt, ik, E, vis[vi], b);
+                        CHECK(!memcmp(a, b, sizeof(float) * E), "packed %s: heads %d x %d, E %d, visible %d, %s%s: scores differ",
+                              adv ? "adversarial" : "realistic", NH, ID, E, vis[vi], mode & 1 ? "exact" : "fast",
+                              mode & 2 ? ", 2 threads" : "");
+                        if (NH <= 64 && vis[vi] > 0) {
+                            if (!adv) CHECK(fell == 0, "realistic keys: %lld pairs took the float dot", fell);
+                            else if (E >= 100) CHECK(fell > 0, "adversarial keys, E %d: no pair took the float dot", E);
+                        }
+                        cases++;
+                    }
+                for (int p = 0; p < np; p++) free(pages[p]);
+                free(pages); free(x); free(ik); free(a); free(b);
+            }
+            free(iq); free(wt);
+        }
+    }
+    CHECK(cases == 720, "%d cases", cases);
+    ds41_pool_destroy(pool);
+}
+
 /* ---------------------------------------------------------------- row plan */
 
 static void test_row_plan_production(void) {
@@ -361,6 +459,7 @@ int main(void) {
     RUN_CASE(test_sparse_attn_vs_double);
     RUN_CASE(test_indexer_scores);
     RUN_CASE(test_indexer_scores_simd);
+    RUN_CASE(test_indexer_scores_packed);
     RUN_CASE(test_row_plan_production);
     return check_exit();
 }

@@ -80,7 +80,6 @@ void ds41_cache_reset(ds41_cache *c) {
         /* keep private pages for reuse; shared ones (a prefix cache holds them) are released */
         ds41_kv_store *st = &c->stores[i];
         st->n_entries = 0;
-        st->ik_low = 0;
         for (int p = 0; p < st->n_pages; p++)
             if (st->pages[p] && ds41_page_refs(st->pages[p]) > 1) { ds41_page_unref(st->pages[p]); st->pages[p] = NULL; }
     }
@@ -361,7 +360,6 @@ void ds41_cache_rollback(ds41_cache *c, const ds41_cache_snap *sn, int keep, con
             if (ir) memset(ir, 0, (size_t)st->ik_bytes);
         }
         st->n_entries = ne;
-        if (ne < st->ik_low) st->ik_low = ne;
         int need = (int)((ne + st->per_page - 1) / st->per_page);
         if (need < sn->n_pages[i]) need = sn->n_pages[i];
         while (st->n_pages > need) ds41_page_unref(st->pages[--st->n_pages]);

@@ -23,11 +23,6 @@ typedef struct ds41_kv_store {
     int n_pages, cap_pages;
     uint8_t **pages;         /* page: [per_page main-KV records][per_page index-K records] */
     long long n_entries;     /* compressed entries written */
-    /* The lowest n_entries since the sequence's indexer scratch (forward.c) last brought its
-     * dequantized index keys up to date (LLONG_MAX: none): entries below it are unchanged, so
-     * only the ones from there on are dequantized again. Every path that drops or replaces
-     * entries (reset, rollback, restore, a synthetic context) lowers it. */
-    long long ik_low;
 } ds41_kv_store;
 
 typedef struct ds41_ring {

@@ -231,10 +231,6 @@ void ds41_row_plan(const ds41_config *cfg, ds41_prefill_mode mode, int T, int ne
  * none of it; seq_part_begin marks everything stale at the start of a forward. */
 typedef struct seq_part {
     int n_layers, n_stores;
-    float **cik;          /* per store: dequantized index keys (the indexer scores them all) */
-    size_t *cik_cap;      /* floats held */
-    long long *cik_n;     /* per store: entries of cik that are current (kept across forwards) */
-    uint8_t *cik_ok;      /* per store: brought up to date in this forward */
     int persistent;       /* the sequence's own part (ds41_seq.scratch), not a forward's temporary one */
     int32_t **sel;        /* per layer: top-k lists [T, sel_w] (index sources) */
     size_t *sel_cap;      /* ints held */
@@ -276,9 +272,8 @@ static void *zalloc(size_t n, size_t sz, int *fail) {
 }
 
 static void seq_part_free(seq_part *p) {
-    if (p->cik) for (int i = 0; i < p->n_stores; i++) free(p->cik[i]);
     if (p->sel) for (int l = 0; l < p->n_layers; l++) free(p->sel[l]);
-    free(p->cik); free(p->cik_cap); free(p->cik_n); free(p->cik_ok); free(p->sel); free(p->sel_cap); free(p->sel_w); free(p->pool);
+    free(p->sel); free(p->sel_cap); free(p->sel_w); free(p->pool);
     free(p->scores); free(p->iscr); free(p->chosen);
     memset(p, 0, sizeof *p);
 }
@@ -287,21 +282,16 @@ static int seq_part_init(seq_part *p, int n_layers, int n_stores) {
     memset(p, 0, sizeof *p);
     p->n_layers = n_layers;
     p->n_stores = n_stores;
-    p->cik = calloc((size_t)n_stores + 1, sizeof(float *));
-    p->cik_cap = calloc((size_t)n_stores + 1, sizeof(size_t));
-    p->cik_n = calloc((size_t)n_stores + 1, sizeof(long long));
-    p->cik_ok = calloc((size_t)n_stores + 1, 1);
     p->sel = calloc((size_t)n_layers + 1, sizeof(int32_t *));
     p->sel_cap = calloc((size_t)n_layers + 1, sizeof(size_t));
     p->sel_w = calloc((size_t)n_layers + 1, sizeof(int));
-    if (p->cik && p->cik_cap && p->cik_n && p->cik_ok && p->sel && p->sel_cap && p->sel_w) return 0;
+    if (p->sel && p->sel_cap && p->sel_w) return 0;
     seq_part_free(p);
     return -1;
 }
 
 /* A forward starts: nothing of an earlier one is valid. */
 static void seq_part_begin(seq_part *p) {
-    memset(p->cik_ok, 0, (size_t)p->n_stores + 1);
     memset(p->sel_w, 0, ((size_t)p->n_layers + 1) * sizeof(int));
     p->pool_nb = 0;
 }
@@ -332,40 +322,12 @@ static int store_index(const ds41_cache *c, int layer) {
     return -1;
 }
 
-/* Dequantized index keys of store si for this forward: the indexer scores every visible
- * entry, so all of them (brought up to date on first use: a KV source refreshes them after its
- * compressor; official index-K may read a store before its owner ran in this forward). The
- * sequence's own part keeps them across forwards and dequantizes only the entries from
- * min(what it holds, the store's ik_low) on, then raises ik_low again: a decode step adds one
- * entry where it used to dequantize the whole store (64k entries x 128 floats at 64k context);
- * a rollback, reset or restore lowers ik_low, so a replaced entry is never read stale. A
- * forward's temporary part (long prefills) starts empty and leaves ik_low alone. Main KV is
- * never dequantized whole: see gather_kv. */
-static int forward_index_keys(ds41_seq *s, fwd_buf *b, int si, int refresh, ds41_err *err) {
-    const ds41_config *cfg = s->e->cfg;
-    ds41_kv_store *st = &s->cache.stores[si];
-    seq_part *sp = b->sp;
-    if (sp->cik_ok[si] && !refresh) return 0;
-    const ds41_ctx *ctx = &s->e->ctx;
-    double t0 = ctx->prof ? ds41_prof_now() : 0.0;
-    size_t ID = (size_t)cfg->index_head_dim;
-    long long n = st->n_entries, have = sp->cik_n[si];
-    if (sp->persistent && st->ik_low < have) have = st->ik_low;
-    if (have > n) have = n;
-    size_t need = (size_t)(n ? n : 1) * ID;
-    if (need > sp->cik_cap[si]) {   /* grown keeping the current entries */
-        size_t c = need > 2 * sp->cik_cap[si] ? need : 2 * sp->cik_cap[si];
-        float *p = realloc(sp->cik[si], c * sizeof(float));
-        if (!p) return ds41_errf(err, "out of memory dequantizing layer %d's index keys", st->layer);
-        sp->cik[si] = p;
-        sp->cik_cap[si] = c;
-    }
-    ds41_store_unpack_ik_range(cfg, st, have, n, sp->cik[si] + (size_t)have * ID);
-    sp->cik_n[si] = n;
-    if (sp->persistent) st->ik_low = LLONG_MAX;
-    sp->cik_ok[si] = 1;
-    if (ctx->prof) ctx->prof[DS41_PROF_IKEYS] += ds41_prof_now() - t0;
-    return 0;
+/* The index keys of store si as the indexer reads them: its packed records, in place (the
+ * scores take integer dots on the E2M1 codes, ds41_indexer_scores_packed), so nothing is
+ * dequantized or copied and a rollback, reset or restore is seen at once. */
+static ds41_ik_keys store_ik_keys(const ds41_kv_store *st) {
+    ds41_ik_keys k = { (const uint8_t *const *)st->pages, st->per_page, (size_t)st->per_page * st->kv_bytes, st->ik_bytes };
+    return k;
 }
 
 /* The compressed entries that query rows [q0, T) list in csel [T, kc_w] (-1 = none),
@@ -592,7 +554,6 @@ static int indexer_select(const ds41_ctx *ctx, ds41_seq *s, fwd_buf *b, int l, i
     int si = store_index(&s->cache, src);
     /* [verify] official reading: each row reads the cache a decode at its position would */
     int vofficial = s->verify && P > 0 && T > 1 && s->index_k_official;
-    if (si >= 0 && forward_index_keys(s, b, si, 0, err)) return -1;
     if (!vofficial && (si < 0 || s->cache.stores[si].n_entries < E))
         return ds41_errf(err, "layer %d: index-K cache of layer %d holds %lld entries, need %lld", l, src,
                          si < 0 ? 0LL : s->cache.stores[si].n_entries, E);
@@ -617,15 +578,19 @@ static int indexer_select(const ds41_ctx *ctx, ds41_seq *s, fwd_buf *b, int l, i
             int osrc = ds41_ik_owner_after(cfg, s->ik_owner0, P, p, l), ssi;
             if (osrc < 0) osrc = lp->index_k_source;
             ssi = store_index(&s->cache, osrc);
-            if (ssi < 0 || forward_index_keys(s, b, ssi, 0, err) || s->cache.stores[ssi].n_entries < n_p) {
+            if (ssi < 0 || s->cache.stores[ssi].n_entries < n_p) {
                 return ds41_errf(err, "layer %d: verify row %lld needs %lld index keys of layer %d", l, p, n_p, osrc);
             }
-            ds41_indexer_scores(ctx, cfg, iq + (size_t)(t - q0) * NH * ID, wt + (size_t)(t - q0) * NH,
-                                sp->cik[ssi], (int)n_p, (int)n_p, scores);
+            ds41_ik_keys keys = store_ik_keys(&s->cache.stores[ssi]);
+            ds41_indexer_scores_packed(ctx, cfg, iq + (size_t)(t - q0) * NH * ID, wt + (size_t)(t - q0) * NH, &keys,
+                                       (int)n_p, (int)n_p, scores);
             for (long long j = n_p; j < E; j++) scores[j] = -INFINITY;
         } else
-        ds41_indexer_scores(ctx, cfg, iq + (size_t)(t - q0) * NH * ID, wt + (size_t)(t - q0) * NH,
-                            sp->cik[si], (int)E, (int)n_p, scores);
+        {
+            ds41_ik_keys keys = store_ik_keys(&s->cache.stores[si]);
+            ds41_indexer_scores_packed(ctx, cfg, iq + (size_t)(t - q0) * NH * ID, wt + (size_t)(t - q0) * NH, &keys,
+                                       (int)E, (int)n_p, scores);
+        }
         if (lp->is_candidate_source)
             ds41_candidate_blocks(cfg, scores, (int)E, (int)n_p, sp->pool + (size_t)t * nb, scratch);
         if (lp->uses_candidates && sp->pool && sp->pool_nb == nb) {
@@ -729,7 +694,6 @@ static int attention(ds41_seq *s, fwd_buf *b, int l, int k0, int q0, int lo, int
         if (em < 0) return -1;
         if (em > 0) s->cache.ik_owner = l;
         if (ctx->prof) ctx->prof[DS41_PROF_COMPRESS] += ds41_prof_now() - t0;
-        if (forward_index_keys(s, b, store_index(&s->cache, l), 1, err)) return -1;
     }
 
     if (nq > 0 && query_and_indexer(s, b, l, q0, T, P, err)) return -1;
@@ -1291,7 +1255,6 @@ static int attention_batch(const batch_seqs *bs, fwd_buf *b, int l, int k0, int 
                                      bs->layout[i], err);
             if (em < 0) return -1;
             if (em > 0) s->cache.ik_owner = l;
-            if (forward_index_keys(s, &bs->v[i], store_index(&s->cache, l), 1, err)) return -1;
         }
     }
     /* the query path (no query rows: a prompt part alone whose plan keeps only keys here), the

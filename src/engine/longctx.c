@@ -53,7 +53,6 @@ int ds41_seq_synthetic(ds41_seq *s, long long n, uint64_t seed, ds41_err *err) {
             ds41_pack_q4mx(v, ID, ir, ir + ID / 2);
         }
         st->n_entries = E;
-        st->ik_low = 0;   /* the records were written in place */
     }
     /* SWA and DSpark rings: the last window's positions */
     for (int r = 0; r < c->n_rings; r++) {

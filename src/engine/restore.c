@@ -34,7 +34,6 @@ int ds41_seq_restore(ds41_seq *s, const int32_t *ids, long long M, uint8_t *cons
     int nb = (int)(M / DS41_PAGE_TOKENS);
     for (int i = 0; i < c->n_stores; i++) {
         ds41_kv_store *st = &c->stores[i];
-        st->ik_low = 0;   /* the attached pages replace whatever the store held */
         for (int b = 0; b < nb; b++)
             if (ds41_store_attach_page(st, b, pages[(size_t)b * c->n_stores + i], err)) return -1;
         st->n_entries = M / st->ratio;

@@ -30,7 +30,8 @@ enum {
 enum {
     DS41_PROF_ATTN = 0,   /* the whole attention sublayer (projections, compressor, indexer, attention) */
     DS41_PROF_INDEXER,    /* indexer: query projection, scores, candidate pool, top-k */
-    DS41_PROF_IKEYS,      /* dequantizing the index-K stores for the indexer */
+    DS41_PROF_IKEYS,      /* dequantizing the index-K stores (none now: the indexer reads the
+                           * packed records; kept so the indices match DS41_TIMER_*) */
     DS41_PROF_SPARSE,     /* KV set, lists and sparse attention (gather / dequant included) */
     DS41_PROF_COMPRESS,   /* compressor (projection, pooling, records) */
     DS41_PROF_KVBYTES,    /* not a time: bytes of KV rows the sparse attention fetched, plus the

@@ -5,7 +5,9 @@
  * once). Fast mode: the same sequence of roundings with FP32 accumulation. */
 #include "attention.h"
 
+#include <float.h>
 #include <immintrin.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -448,6 +450,246 @@ void ds41_indexer_scores_ref(const ds41_ctx *ctx, const ds41_config *cfg, const 
             scores[j] = bf16r(sum);
         }
     }
+}
+
+/* ---- 3.9 indexer scores on the packed index keys: integer dots ----
+ * Every index-key element is code2 * 2^(sb - 128) exactly (code2 = 2 e2m1 in {0, +-1 .. +-12},
+ * sb the block's UE8 byte; the BF16 rounding of the dequantization is exact for sb < 253) and
+ * every element of a Q4mx-QDQ'd query is an integer of at most 4 bits times a power of two. So
+ * per head, with the query's blocks on one unit 2^U (ints q' <= 15 * 2^qs, qs the spread of the
+ * blocks' units) and an entry's blocks on 2^uk (ints k' <= 12 * 2^ks), the dot is I * 2^(U + uk)
+ * with I = sum q' k' an exact integer below 2^20. Both definitions of the dot (dot_f: FP32,
+ * four interleaved sums, in fast mode; the double chain in exact mode) then compute I * 2^(U +
+ * uk) exactly: every product is an integer multiple of 2^(U + uk) and every partial sum stays
+ * below 2^20 such units, inside FP32's 24 bits, as long as U + uk >= -126 (no FP32 subnormal
+ * products) and the value stays far below FP32's overflow. A pair (head, entry) outside those
+ * bounds (qs + ks > 5, which could also saturate vpmaddubsw below, an entry with ks > 3 or a
+ * scale byte above 252, whose codes dequantize to inf or NaN, a unit out of range, or a head whose query does not decompose) takes
+ * dot_f on the dequantized record instead: the definition either way, so the scores equal
+ * ds41_indexer_scores_ref's bit for bit (test_indexer_scores_packed).
+ *
+ * Kernel (AVX2): 8 entries per pass; their keys decoded by one byte shuffle per 16 codes, as
+ * k' + 12 * 2^ks (unsigned, at most 192), transposed so that a ymm holds 4 elements of each of
+ * the 8 entries; per head and 4 elements one vpmaddubsw against the head's 4 ints broadcast
+ * and one vpmaddwd; the offset comes back out as (12 sum q') * 2^ks. Within a block the
+ * elements are taken evens first, then odds (the nibble order of the record), the query's
+ * ints permuted the same way: an integer sum does not depend on its order. */
+#define IXQ_L 8
+
+long long ds41_indexer_dotf_pairs;
+
+typedef struct ixq_job {
+    const ds41_ctx *ctx;
+    const ds41_config *cfg;
+    const float *iq, *wt;
+    const ds41_ik_keys *keys;
+    int NH, ID, E, n_vis;
+    const int8_t *q;           /* [NH][ID] ints, block element order evens then odds */
+    const int *U, *qs, *qsum12;  /* per head: unit, spread (> 3: the head takes dot_f), 12 sum q' */
+    float *scores;
+} ixq_job;
+
+static inline const uint8_t *ik_key_rec(const ds41_ik_keys *k, long long j) {
+    return k->pages[j / k->per_page] + k->off + (size_t)(j % k->per_page) * (size_t)k->rec_bytes;
+}
+
+/* lut[ks][sh][c] = (code2(c) << sh) + (12 << ks), sh <= ks <= 3 */
+static uint8_t ixq_lut[4][4][16];
+static pthread_once_t ixq_once = PTHREAD_ONCE_INIT;
+static void ixq_lut_init(void) {
+    static const int mag[8] = { 0, 1, 2, 3, 4, 6, 8, 12 };
+    for (int ks = 0; ks < 4; ks++)
+        for (int sh = 0; sh <= ks; sh++)
+            for (int c = 0; c < 16; c++)
+                ixq_lut[ks][sh][c] = (uint8_t)((c & 8 ? -mag[c & 7] : mag[c & 7]) * (1 << sh) + (12 << ks));
+}
+
+/* 8 x 8 transpose of 32-bit elements */
+static inline void tr8x8_epi32(__m256i r[8]) {
+    __m256i t[8], u[8];
+    for (int k = 0; k < 8; k += 2) {
+        t[k] = _mm256_unpacklo_epi32(r[k], r[k + 1]);
+        t[k + 1] = _mm256_unpackhi_epi32(r[k], r[k + 1]);
+    }
+    for (int k = 0; k < 8; k += 4) {
+        u[k] = _mm256_unpacklo_epi64(t[k], t[k + 2]);
+        u[k + 1] = _mm256_unpackhi_epi64(t[k], t[k + 2]);
+        u[k + 2] = _mm256_unpacklo_epi64(t[k + 1], t[k + 3]);
+        u[k + 3] = _mm256_unpackhi_epi64(t[k + 1], t[k + 3]);
+    }
+    for (int k = 0; k < 4; k++) {
+        r[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
+        r[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
+    }
+}
+
+/* entries [j0, j0 + n) (n <= IXQ_L); tile: ID / 4 ymm; d: NH * IXQ_L floats; kf: IXQ_L * ID floats */
+static void ixq_block(const ixq_job *jb, long long j0, int n, __m256i *tile, float *d, float *kf) {
+    const int ID = jb->ID, NH = jb->NH, nb = ID / 32;
+    int uk[IXQ_L], ks[IXQ_L], bad[IXQ_L];
+    const uint8_t *rec[IXQ_L];
+    for (int l = 0; l < IXQ_L; l++) {
+        bad[l] = 1; uk[l] = 0; ks[l] = 0;
+        rec[l] = l < n ? ik_key_rec(jb->keys, j0 + l) : NULL;
+        if (!rec[l]) continue;
+        const uint8_t *sb = rec[l] + ID / 2;
+        int mn = 255, mx = 0;
+        for (int b = 0; b < nb; b++) {
+            mn = sb[b] < mn ? sb[b] : mn;
+            mx = sb[b] > mx ? sb[b] : mx;
+        }
+        if (mx > 252 || mx - mn > 3) continue;   /* 255: NaN; 253, 254: 6 * 2^(sb - 127) is inf */
+        bad[l] = 0; uk[l] = mn - 128; ks[l] = mx - mn;
+    }
+    /* decode and transpose, one block of 32 elements (8 groups of 4) at a time */
+    for (int b = 0; b < nb; b++) {
+        __m256i r[8];
+        for (int l = 0; l < IXQ_L; l++) {
+            if (bad[l]) { r[l] = _mm256_setzero_si256(); continue; }
+            const uint8_t *sb = rec[l] + ID / 2;
+            __m128i lut = _mm_loadu_si128((const __m128i *)ixq_lut[ks[l]][sb[b] - (uk[l] + 128)]);
+            __m128i raw = _mm_loadu_si128((const __m128i *)(rec[l] + 16 * b)), m4 = _mm_set1_epi8(15);
+            __m128i ev = _mm_shuffle_epi8(lut, _mm_and_si128(raw, m4));
+            __m128i od = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(raw, 4), m4));
+            r[l] = _mm256_set_m128i(od, ev);
+        }
+        tr8x8_epi32(r);
+        for (int g = 0; g < 8; g++) _mm256_store_si256(tile + 8 * b + g, r[g]);
+    }
+    const __m256i ukv = _mm256_loadu_si256((const __m256i *)uk), ksv = _mm256_loadu_si256((const __m256i *)ks);
+    const __m256i badv = _mm256_cmpgt_epi32(_mm256_loadu_si256((const __m256i *)bad), _mm256_setzero_si256());
+    const __m256i ones = _mm256_set1_epi16(1);
+    int need_kf = 0;
+    uint32_t fix[64] = { 0 };   /* per head (NH <= 64 here): lanes that take dot_f */
+    for (int h = 0; h < NH; h++) {
+        const int8_t *q = jb->q + (size_t)h * ID;
+        if (jb->qs[h] > 3) { fix[h] = (1u << n) - 1; need_kf |= fix[h] != 0; continue; }
+        __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+        for (int g = 0; g < ID / 4; g += 2) {
+            int32_t w0, w1;
+            memcpy(&w0, q + 4 * g, 4);
+            memcpy(&w1, q + 4 * g + 4, 4);
+            a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_load_si256(tile + g), _mm256_set1_epi32(w0)), ones));
+            a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_load_si256(tile + g + 1), _mm256_set1_epi32(w1)), ones));
+        }
+        __m256i I = _mm256_sub_epi32(_mm256_add_epi32(a0, a1), _mm256_sllv_epi32(_mm256_set1_epi32(jb->qsum12[h]), ksv));
+        __m256i e = _mm256_add_epi32(ukv, _mm256_set1_epi32(jb->U[h]));
+        __m256i out = _mm256_or_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(-126), e), _mm256_cmpgt_epi32(e, _mm256_set1_epi32(100)));
+        out = _mm256_or_si256(out, _mm256_cmpgt_epi32(_mm256_add_epi32(ksv, _mm256_set1_epi32(jb->qs[h])), _mm256_set1_epi32(5)));
+        out = _mm256_or_si256(out, badv);
+        __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23));
+        _mm256_storeu_ps(d + (size_t)h * IXQ_L, _mm256_mul_ps(_mm256_cvtepi32_ps(I), scale));
+        fix[h] = (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(out)) & ((1u << n) - 1);
+        need_kf |= fix[h] != 0;
+    }
+    if (need_kf) {   /* the pairs outside the bounds: dot_f on the dequantized records */
+        uint32_t any = 0;
+        long long pairs = 0;
+        for (int h = 0; h < NH; h++) {
+            any |= fix[h];
+            pairs += __builtin_popcount(fix[h]);
+        }
+        __atomic_fetch_add(&ds41_indexer_dotf_pairs, pairs, __ATOMIC_RELAXED);
+        for (int l = 0; l < n; l++)
+            if (any >> l & 1) ds41_ik_rec_unpack(jb->cfg, rec[l], 1, kf + (size_t)l * ID);
+        for (int h = 0; h < NH; h++)
+            for (int l = 0; l < n; l++)
+                if (fix[h] >> l & 1) d[(size_t)h * IXQ_L + l] = dot_f(jb->ctx, jb->iq + (size_t)h * ID, kf + (size_t)l * ID, ID);
+    }
+    /* the heads' sum, as ixs_block */
+    const __m256 zero = _mm256_setzero_ps();
+    float o[IXQ_L];
+    if (!jb->ctx->exact) {
+        __m256 sum = zero;
+        for (int h = 0; h < NH; h++) {
+            __m256 r = _mm256_max_ps(bf16r_v(_mm256_loadu_ps(d + (size_t)h * IXQ_L)), zero);
+            sum = _mm256_add_ps(sum, bf16r_v(_mm256_mul_ps(r, _mm256_set1_ps(jb->wt[h]))));
+        }
+        _mm256_storeu_ps(o, bf16r_v(sum));
+    } else {
+        __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+        for (int h = 0; h < NH; h++) {
+            __m256 r = _mm256_max_ps(bf16r_v(_mm256_loadu_ps(d + (size_t)h * IXQ_L)), zero);
+            __m256 t = bf16r_v(_mm256_mul_ps(r, _mm256_set1_ps(jb->wt[h])));
+            s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(t)));
+            s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(t, 1)));
+        }
+        _mm256_storeu_ps(o, bf16r_v(_mm256_set_m128(_mm256_cvtpd_ps(s1), _mm256_cvtpd_ps(s0))));
+    }
+    for (int l = 0; l < n; l++) jb->scores[j0 + l] = j0 + l < jb->n_vis ? o[l] : -INFINITY;
+}
+
+static void ixq_range(void *arg, int b0, int b1) {
+    const ixq_job *jb = arg;
+    size_t tb = (size_t)jb->ID / 4 * sizeof(__m256i), db = (size_t)jb->NH * IXQ_L * sizeof(float);
+    uint8_t *buf = aligned_alloc(64, tb + db + (size_t)IXQ_L * jb->ID * sizeof(float));
+    if (!buf) abort();
+    for (int b = b0; b < b1; b++) {
+        long long j0 = (long long)b * IXQ_L;
+        int n = jb->E - j0 < IXQ_L ? (int)(jb->E - j0) : IXQ_L;
+        if (j0 >= jb->n_vis) { for (int l = 0; l < n; l++) jb->scores[j0 + l] = -INFINITY; continue; }
+        ixq_block(jb, j0, n, (__m256i *)buf, (float *)(buf + tb), (float *)(buf + tb + db));
+    }
+    free(buf);
+}
+
+/* The query's ints (see above): per head and block the unit u = ilogb(max |v|) - 3 (ints of at
+ * most 15), U the smallest over the head's nonzero blocks; 0 when an element is not an integer
+ * of at most 15 units or not finite (the head then takes dot_f) */
+static int ixq_query(const float *v, int ID, int8_t *q, int *U, int *qs, int *qsum12) {
+    int u[16], lo = INT_MAX, hi = INT_MIN;
+    for (int b = 0; b < ID / 32; b++) {
+        float m = 0.0f;
+        for (int i = 0; i < 32; i++) {
+            float a = fabsf(v[32 * b + i]);
+            if (!(a <= FLT_MAX)) return 0;   /* inf, NaN */
+            m = a > m ? a : m;
+        }
+        u[b] = m > 0.0f ? ilogbf(m) - 3 : INT_MAX;
+        if (m > 0.0f) { lo = u[b] < lo ? u[b] : lo; hi = u[b] > hi ? u[b] : hi; }
+    }
+    if (lo == INT_MAX) lo = hi = 0;   /* all zero: every dot is +0 */
+    *U = lo;
+    *qs = hi - lo;
+    if (*qs > 3) return 0;
+    int sum = 0;
+    for (int b = 0; b < ID / 32; b++)
+        for (int i = 0; i < 32; i++) {
+            double t = u[b] == INT_MAX ? 0.0 : ldexp((double)v[32 * b + i], -u[b]);
+            if (t != rint(t) || fabs(t) > 15.0) return 0;
+            int x = (int)t * (u[b] == INT_MAX ? 0 : 1 << (u[b] - lo));
+            q[32 * b + (i & 1 ? 16 + i / 2 : i / 2)] = (int8_t)x;   /* evens, then odds */
+            sum += x;
+        }
+    *qsum12 = 12 * sum;
+    return 1;
+}
+
+void ds41_indexer_scores_packed(const ds41_ctx *ctx, const ds41_config *cfg, const float *iq, const float *wt,
+                                const ds41_ik_keys *keys, int E, int n_visible, float *scores) {
+    if (E <= 0) return;
+    int NH = cfg->index_n_heads, ID = cfg->index_head_dim;
+    if (ID % 32 || ID > 512 || NH > 64) {   /* outside the kernel's shapes: dequantize, then the float kernel */
+        float *ik = malloc((size_t)E * ID * sizeof(float));
+        if (!ik) abort();
+        for (long long j = 0; j < E; j++) ds41_ik_rec_unpack(cfg, ik_key_rec(keys, j), 1, ik + (size_t)j * ID);
+        ds41_indexer_scores(ctx, cfg, iq, wt, ik, E, n_visible, scores);
+        free(ik);
+        return;
+    }
+    pthread_once(&ixq_once, ixq_lut_init);
+    int8_t *q = malloc((size_t)NH * ID);
+    int *hd = malloc(sizeof(int) * 3 * NH);
+    if (!q || !hd) abort();
+    for (int h = 0; h < NH; h++)
+        if (!ixq_query(iq + (size_t)h * ID, ID, q + (size_t)h * ID, hd + h, hd + NH + h, hd + 2 * NH + h))
+            hd[NH + h] = INT_MAX;   /* dot_f for this head */
+    ixq_job jb = { ctx, cfg, iq, wt, keys, NH, ID, E, n_visible, q, hd, hd + NH, hd + 2 * NH, scores };
+    int nb = (E + IXQ_L - 1) / IXQ_L;
+    if (ctx->pool && nb >= 256) ds41_parallel_for(ctx, nb, ixq_range, &jb);
+    else ixq_range(&jb, 0, nb);
+    free(q);
+    free(hd);
 }
 
 /* ====================================================================== 3.11 top-k */

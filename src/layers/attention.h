@@ -94,6 +94,21 @@ void ds41_indexer_scores(const ds41_ctx *ctx, const ds41_config *cfg, const floa
 void ds41_indexer_scores_ref(const ds41_ctx *ctx, const ds41_config *cfg, const float *iq, const float *wt,
                              const float *ik, int E, int n_visible, float *scores);
 
+/* Index-K records as a store holds them: entry j's record at pages[j / per_page] + off +
+ * (j % per_page) * rec_bytes (one contiguous array: pages = &array, per_page >= E, off 0). */
+typedef struct ds41_ik_keys {
+    const uint8_t *const *pages;
+    long long per_page;
+    size_t off;
+    int rec_bytes;
+} ds41_ik_keys;
+/* ds41_indexer_scores against the packed records themselves (integer dots on the E2M1 codes
+ * where they give the definition's value, which is nearly always; the definition's float dot
+ * otherwise): bit-identical to ds41_indexer_scores on the dequantized keys, in both modes. */
+extern long long ds41_indexer_dotf_pairs;   /* (head, entry) pairs that took the float dot (tests) */
+void ds41_indexer_scores_packed(const ds41_ctx *ctx, const ds41_config *cfg, const float *iq, const float *wt,
+                                const ds41_ik_keys *keys, int E, int n_visible, float *scores);
+
 /* ---- 3.10 candidate pool (candidate source layer, per query) ----
  * From the masked scores [E] of one query with n_visible entries: keep[b] (for b <
  * ceil(E/block)) = 1 if candidate block b is in the pool. scratch: >= 2*ceil(E/block) ints. */
