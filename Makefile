@@ -121,12 +121,18 @@ check-tsan:
 FUZZ_SRC := $(sort $(wildcard fuzz/fuzz_*.c))
 FUZZ_BIN := $(patsubst fuzz/%.c,build-fuzz/%,$(FUZZ_SRC))
 FUZZ_SECONDS ?= 20
-# The library is compiled once with coverage instrumentation (fuzzer-no-link) and
-# archived, so each harness links only the objects it uses; UB aborts (no recover) so
-# that the fuzzer sees it as a crash.
+# The sources the harnesses link (the parsers: chat, config, safetensors header, store
+# records, HTTP requests, tokenizer; a harness that needs another object fails to link, so
+# the list cannot silently fall behind) are compiled once with coverage instrumentation
+# (fuzzer-no-link) and archived; compiling only these, not the whole library (kernels,
+# forward, CLI), takes the fuzz smoke run of make test from about 200 s to 60 s on 2 cores.
+# UB aborts (no recover) so that the fuzzer sees it as a crash.
 FUZZ_CFLAGS := -O1 -g -std=gnu11 -ffp-contract=off $(ARCH) -pthread $(INCLUDES) $(PKG_CFLAGS) \
   -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
-FUZZ_OBJ := $(patsubst src/%.c,build-fuzz/obj/%.o,$(LIB_SRC))
+FUZZ_LIB_SRC := $(addprefix src/,format/common.c format/safetensors.c model/config.c model/contract.c \
+  text/chat.c text/chat_json.c text/tokenizer.c text/tokenizer_load.c store/crc32c.c store/pstore.c \
+  serve/serve_req.c serve/serve_text.c)
+FUZZ_OBJ := $(patsubst src/%.c,build-fuzz/obj/%.o,$(FUZZ_LIB_SRC))
 build-fuzz/obj/%.o: src/%.c $(SRC_HDR)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
