@@ -622,7 +622,8 @@ static void ixq_block(const ixq_job *jb, long long j0, int n, __m256i *tile, flo
 static void ixq_range(void *arg, int b0, int b1) {
     const ixq_job *jb = arg;
     size_t tb = (size_t)jb->ID / 4 * sizeof(__m256i), db = (size_t)jb->NH * IXQ_L * sizeof(float);
-    uint8_t *buf = aligned_alloc(64, tb + db + (size_t)IXQ_L * jb->ID * sizeof(float));
+    size_t nbuf = (tb + db + (size_t)IXQ_L * jb->ID * sizeof(float) + 63) & ~(size_t)63;   /* a multiple of the alignment */
+    uint8_t *buf = aligned_alloc(64, nbuf);
     if (!buf) abort();
     for (int b = b0; b < b1; b++) {
         long long j0 = (long long)b * IXQ_L;
