@@ -69,7 +69,7 @@ static inline __m256 e4m3x8_h(const uint8_t *p) {
         UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();                            \
         int k = 0;                                                                                \
         for (; k + 16 <= in; k += 16) {                                                           \
-            if (!(k & 63)) UNROLL for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + r * ld + k + PFD), _MM_HINT_T0); \
+            if (!(k & 63)) ds41_pf_rows(w, ld, (size_t)k + PFD, R);                                    \
             __m512 a = _mm512_loadu_ps(a2 + k);                                                   \
             UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_fmadd_ps(e4m3x16_h(w + r * ld + k), a, c[r]); \
         }                                                                                         \
@@ -112,7 +112,7 @@ static inline __m512i e2m1_tab(void) { return _mm512_load_si512(e2m1_tab32); }
         UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();                            \
         int b = 0;                                                                                \
         for (; b + 2 <= nb; b += 2) {                                                             \
-            if (!(b & 3)) UNROLL for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + r * ld + 16 * b + PFD), _MM_HINT_T0); \
+            if (!(b & 3)) ds41_pf_rows(w, ld, (size_t)16 * b + PFD, R);                                \
             __m512i ae = _mm512_load_si512(aw + 32 * b), ao = _mm512_load_si512(aw + 32 * b + 32);   \
             __m512 sa = _mm512_load_ps(sav + 8 * b);                                              \
             UNROLL for (int r = 0; r < R; r++) {                                                  \
@@ -155,7 +155,7 @@ static void dec_fp4(const uint8_t *w, size_t ld, const uint8_t *s, size_t lds, i
         UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();                            \
         int g = 0;                                                                                \
         for (; g + 2 <= n16; g += 2) {                                                            \
-            UNROLL for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + r * ld + 16 * g) + PFD, _MM_HINT_T0); \
+            ds41_pf_rows(w, 2 * ld, (size_t)32 * g + PFD, R);                                     \
             __m512 ae = _mm512_loadu_ps(a + 16 * g), ao = _mm512_loadu_ps(a + 16 * g + 16);      \
             UNROLL for (int r = 0; r < R; r++) {                                                  \
                 __m512i v = _mm512_loadu_si512(w + r * ld + 16 * g);                              \
@@ -187,7 +187,7 @@ static void dec_bf16(const uint16_t *w, size_t ld, int nr, int n16, const float 
         UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();                            \
         int g = 0;                                                                                \
         for (; g + 2 <= n8; g += 2) {                                                             \
-            UNROLL for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + r * ld + 8 * g) + PFD, _MM_HINT_T0); \
+            ds41_pf_rows(w, 4 * ld, (size_t)32 * g + PFD, R);                                     \
             __m512 av = _mm512_loadu_ps(a + 8 * g);                                               \
             UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_fmadd_ps(_mm512_loadu_ps(w + r * ld + 8 * g), av, c[r]); \
         }                                                                                         \

@@ -481,7 +481,7 @@ static void e1_fp8_group(const e1job *j, const int *rows, int n, const double *s
     __m256d acc = _mm256_setzero_pd();
     for (int b = 0; b < nb; b++) {
         const size_t o = (size_t)b * 32;
-        if (!(b & 1)) UNROLL4 for (int r = 0; r < 4; r++) _mm_prefetch((const char *)(p[r] + o + PFD), _MM_HINT_T0);
+        if (!(b & 1)) UNROLL4 for (int r = 0; r < 4; r++) ds41_pf_row(p[r], (size_t)j->in, o + PFD, 4);
         __m256d d = __builtin_expect(fp8_zero_exp(p, o), 0) ? fp8_blk4_h_ool(p, o, j->ad + o) : fp8_blk4_d(p, o, j->ab + o);
         acc = _mm256_fmadd_pd(d, _mm256_broadcast_sd(scl + b), acc);
     }
@@ -504,7 +504,7 @@ static void e1_fp4_group(const e1job *j, int r0) {
     for (int b = 0; b < nb; b++) {
         const int16_t *q = j->aq + (size_t)b * 64;
         const size_t o = (size_t)b * 16;
-        if (!(b & 3)) UNROLL4 for (int r = 0; r < 4; r++) _mm_prefetch((const char *)(p[r] + o + PFD), _MM_HINT_T0);
+        if (!(b & 3)) UNROLL4 for (int r = 0; r < 4; r++) ds41_pf_row(p[r], (size_t)j->in / 2, o + PFD, 4);
         __m256i aeh = _mm256_load_si256((const __m256i *)q), ael = _mm256_load_si256((const __m256i *)(q + 16));
         __m256i aoh = _mm256_load_si256((const __m256i *)(q + 32)), aol = _mm256_load_si256((const __m256i *)(q + 48));
         __m256i d[4];
@@ -899,7 +899,7 @@ AINL void cert_pass_avx2(const cjob *c, int kind, const char *const *p, int kv, 
     }
     for (int k = 0; k < kv; k += 16) {
         if (!(k & (int)(63 / esz)))
-            UNROLL4 for (int q = 0; q < CERT_R; q++) _mm_prefetch(p[q] + (size_t)k * esz + CERT_PFD, _MM_HINT_T0);
+            UNROLL4 for (int q = 0; q < CERT_R; q++) ds41_pf_row(p[q], (size_t)c->in * esz, (size_t)k * esz + CERT_PFD, CERT_R);
         const double *xk = c->x + k;
         UNROLL4 for (int q = 0; q < CERT_R; q++) {
             __m256 w0, w1;

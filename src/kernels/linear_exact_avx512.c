@@ -93,7 +93,7 @@ static inline __attribute__((always_inline)) void cert_k(int wkind, const char *
     UNROLL for (int q = 0; q < 8; q++) { sd[q] = _mm512_setzero_pd(); bd[q] = _mm512_setzero_ps(); }
     for (int k = 0; k < kv; k += 16) {
         if (!(k & (int)(63 / esz)))
-            UNROLL for (int q = 0; q < 8; q++) _mm_prefetch(p[q] + (size_t)k * esz + 2048, _MM_HINT_T0);
+            UNROLL for (int q = 0; q < 8; q++) ds41_pf_row(p[q], (size_t)kv * esz, (size_t)k * esz + 2048, 8);
         __m512d x0 = _mm512_loadu_pd(x + k), x1 = _mm512_loadu_pd(x + k + 8);
         __m512 a = _mm512_loadu_ps(xa + k);
         UNROLL for (int q = 0; q < 8; q++) {
@@ -138,7 +138,7 @@ cert_fp8_k(const uint8_t *const *p, int kv, const double *xs, double *s, int *mx
         m[q] = _mm512_setzero_si512();
     }
     for (int k = 0; k < kv; k += 64) {
-        UNROLL for (int q = 0; q < 4; q++) _mm_prefetch((const char *)p[q] + k + 2048, _MM_HINT_T0);
+        UNROLL for (int q = 0; q < 4; q++) ds41_pf_row(p[q], (size_t)kv, (size_t)k + 2048, 4);
         UNROLL for (int q = 0; q < 4; q++) {
             __m512i c = _mm512_loadu_si512(p[q] + k);
             __m512i t1 = _mm512_add_epi8(c, c), t2 = _mm512_and_si512(c, sgn);

@@ -155,13 +155,14 @@ static inline void e2m1x32_i16(const uint8_t *p, __m256i *we, __m256i *wo) {
 
 /* ---------------------------------------------------------------- AVX2 decode kernels */
 
+
 #define DOT8(R)                                                                                       \
     static void dot8_##R(const uint8_t *w, size_t ld, int in, const float *a2, float *out) {         \
         __m256 A[R], B[R];                                                                        \
         UNROLL for (int r = 0; r < R; r++) A[r] = B[r] = _mm256_setzero_ps();                     \
         int k = 0;                                                                                \
         for (; k + 16 <= in; k += 16) {                                                           \
-            if (!(k & 63)) UNROLL for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + r * ld + k + PFD), _MM_HINT_T0); \
+            if (!(k & 63)) ds41_pf_rows(w, ld, (size_t)k + PFD, R);                                        \
             __m256 a0 = _mm256_loadu_ps(a2 + k), a1 = _mm256_loadu_ps(a2 + k + 8);              \
             UNROLL for (int r = 0; r < R; r++) {                                                  \
                 A[r] = _mm256_fmadd_ps(e4m3x8_h(w + r * ld + k), a0, A[r]);                       \
@@ -202,7 +203,7 @@ static void dec_e4m3_avx2(const uint8_t *w, size_t ld, int nr, int in, const flo
         UNROLL for (int r = 0; r < R; r++) A[r] = B[r] = _mm256_setzero_ps();                     \
         int b = 0;                                                                                \
         for (; b + 2 <= nb; b += 2) {                                                             \
-            if (!(b & 3)) UNROLL for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + r * ld + 16 * b + PFD), _MM_HINT_T0); \
+            if (!(b & 3)) ds41_pf_rows(w, ld, (size_t)16 * b + PFD, R);                                    \
             FP4BLK(R, A, b);                                                                      \
             FP4BLK(R, B, b + 1);                                                                  \
         }                                                                                         \
@@ -237,7 +238,7 @@ static void dec_fp4_avx2(const uint8_t *w, size_t ld, const uint8_t *s, size_t l
         UNROLL for (int r = 0; r < R; r++) A[r] = B[r] = _mm256_setzero_ps();                     \
         int g = 0;                                                                                \
         for (; g + 2 <= n16; g += 2) {                                                            \
-            UNROLL for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + r * ld + 16 * g) + PFD, _MM_HINT_T0); \
+            ds41_pf_rows(w, 2 * ld, (size_t)32 * g + PFD, R);                                              \
             BFGRP(R, A, g);                                                                       \
             BFGRP(R, B, g + 1);                                                                   \
         }                                                                                         \
@@ -258,7 +259,7 @@ static void dec_bf16_avx2(const uint16_t *w, size_t ld, int nr, int n16, const f
         UNROLL for (int r = 0; r < R; r++) A[r] = B[r] = _mm256_setzero_ps();                     \
         int g = 0;                                                                                \
         for (; g + 2 <= n8; g += 2) {                                                             \
-            UNROLL for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + r * ld + 8 * g) + PFD, _MM_HINT_T0); \
+            ds41_pf_rows(w, 4 * ld, (size_t)32 * g + PFD, R);                                     \
             __m256 a0 = _mm256_loadu_ps(a + 8 * g), a1 = _mm256_loadu_ps(a + 8 * g + 8);        \
             UNROLL for (int r = 0; r < R; r++) {                                                  \
                 A[r] = _mm256_fmadd_ps(_mm256_loadu_ps(w + r * ld + 8 * g), a0, A[r]);            \
