@@ -549,8 +549,33 @@ static void e1_cert_prep(const e1job *j, e1cert *c) {
     }
 }
 
+/* Rows r .. r + nr - 1 (nr <= 4) of w (row stride in) on the FP8 certified lanes against xs =
+ * the activations times their scales times 2^1016, sx = sum |x s| (the bound's factor): a
+ * certified row's value goes to y[row] (BF16-rounded), the others to fail[(*nf)++] */
+static void cert_fp8_pass4(const uint8_t *w, int in, int r, int nr, const double *xs, double sx, float *y, int *fail,
+                           int *nf) {
+    const int kv = in & ~63;
+    const uint8_t *p[4];
+    for (int q = 0; q < 4; q++) p[q] = w + (size_t)(r + (q < nr ? q : nr - 1)) * in;
+    double s4[4];
+    int mx[4];
+    ds41_exact_cert_fp8_avx512(p, kv, xs, s4, mx);
+    for (int q = 0; q < nr; q++) {
+        double s = s4[q];
+        int m = mx[q] >> 1;
+        for (int k = kv; k < in; k++) {   /* K tail: any order */
+            uint8_t c = p[q][k];
+            s += (double)e4m3_val[c] * (xs[k] * 0x1p-1016);
+            m = (c & 0x7F) > m ? (c & 0x7F) : m;
+        }
+        float f;
+        if (m != 0x7F && cert_ok(in, s, (double)e4m3_val[m] * sx, &f)) y[r + q] = ds41_bf16_round(f);
+        else fail[(*nf)++] = r + q;
+    }
+}
+
 static int e1_cert_tile(const e1job *j, int r0, int r1, const uint8_t *st, const double *scl, const e1cert *c) {
-    const int in = j->in, kv = in & ~63;
+    const int in = j->in;
     double sx = 0.0, mxs = 0.0, *xs = c->xs;
     for (int b = 0; b < in / 32; b++) {
         double sw = ue8_tab[st[b]];
@@ -560,26 +585,7 @@ static int e1_cert_tile(const e1job *j, int r0, int r1, const uint8_t *st, const
     }
     if (!(sx <= 0x1p1000) || !(mxs < 0x1p6)) return 0;
     int fail[32], nf = 0;
-    for (int r = r0; r < r1; r += 4) {
-        int nr = r1 - r < 4 ? r1 - r : 4;
-        const uint8_t *p[4];
-        for (int q = 0; q < 4; q++) p[q] = j->w + (size_t)(r + (q < nr ? q : nr - 1)) * in;
-        double s4[4];
-        int mx[4];
-        ds41_exact_cert_fp8_avx512(p, kv, xs, s4, mx);
-        for (int q = 0; q < nr; q++) {
-            double s = s4[q];
-            int m = mx[q] >> 1;
-            for (int k = kv; k < in; k++) {   /* K tail (32 codes): any order */
-                uint8_t c = p[q][k];
-                s += (double)e4m3_val[c] * (xs[k] * 0x1p-1016);
-                m = (c & 0x7F) > m ? (c & 0x7F) : m;
-            }
-            float f;
-            if (m != 0x7F && cert_ok(in, s, (double)e4m3_val[m] * sx, &f)) j->y[r + q] = ds41_bf16_round(f);
-            else fail[nf++] = r + q;
-        }
-    }
+    for (int r = r0; r < r1; r += 4) cert_fp8_pass4(j->w, in, r, r1 - r < 4 ? r1 - r : 4, xs, sx, j->y, fail, &nf);
     if (nf) __atomic_fetch_add(&ds41_exact_chain_rows, nf, __ATOMIC_RELAXED);
     for (int i = 0; i < nf; i += 4) e1_fp8_group(j, fail + i, nf - i < 4 ? nf - i : 4, scl);
     return 1;
@@ -990,27 +996,9 @@ static int dq_tile_xs(const d1job *d, int t, double *xs, float *xsa, double *xs8
  * against xs8 = x s 2^1016, the bound the row's largest |e4m3| times sx = sum |x s| (as the FP8
  * rows, e1_cert_tile); rows that miss the certificate or hold a NaN code run the K-order chain */
 static void cert_rows_dq8(const cjob *c, int r0, int r1, const double *xs8, double sx) {
-    const int in = c->in, kv = in & ~63;
     int fail[CERT_RMAX], nf = 0;
     for (int r = r0; r < r1; r += 4) {
-        int nr = r1 - r < 4 ? r1 - r : 4;
-        const uint8_t *p[4];
-        for (int q = 0; q < 4; q++) p[q] = c->w8 + (size_t)(r + (q < nr ? q : nr - 1)) * in;
-        double s4[4];
-        int mx[4];
-        ds41_exact_cert_fp8_avx512(p, kv, xs8, s4, mx);
-        for (int q = 0; q < nr; q++) {
-            double s = s4[q];
-            int m = mx[q] >> 1;
-            for (int k = kv; k < in; k++) {   /* K tail: any order */
-                uint8_t cd = p[q][k];
-                s += (double)e4m3_val[cd] * (xs8[k] * 0x1p-1016);
-                m = (cd & 0x7F) > m ? (cd & 0x7F) : m;
-            }
-            float f;
-            if (m != 0x7F && cert_ok(in, s, (double)e4m3_val[m] * sx, &f)) c->y[r + q] = ds41_bf16_round(f);
-            else fail[nf++] = r + q;
-        }
+        cert_fp8_pass4(c->w8, c->in, r, r1 - r < 4 ? r1 - r : 4, xs8, sx, c->y, fail, &nf);
         if (nf > CERT_RMAX - 4 || r + 4 >= r1) {
             cert_chain(c, E_DQF, (const char *)c->w8, 1, fail, nf);
             nf = 0;
