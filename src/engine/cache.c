@@ -214,26 +214,6 @@ uint8_t *ds41_store_ik_rec(ds41_kv_store *s, long long j, int alloc, ds41_err *e
     return pg ? pg + (size_t)s->per_page * s->kv_bytes + (size_t)(j % s->per_page) * s->ik_bytes : NULL;
 }
 
-void ds41_store_unpack_kv(const ds41_config *cfg, ds41_kv_store *s, long long n, float *out) {
-    for (long long j = 0; j < n; j += s->per_page) {
-        long long m = n - j < s->per_page ? n - j : s->per_page;
-        ds41_kv_rec_unpack(cfg, ds41_store_kv_rec(s, j, 0, NULL), (int)m, out + (size_t)j * cfg->head_dim);
-    }
-}
-
-void ds41_store_unpack_ik(const ds41_config *cfg, ds41_kv_store *s, long long n, float *out) {
-    ds41_store_unpack_ik_range(cfg, s, 0, n, out);
-}
-
-void ds41_store_unpack_ik_range(const ds41_config *cfg, ds41_kv_store *s, long long j0, long long j1, float *out) {
-    for (long long j = j0; j < j1;) {
-        /* to the end of j's page at most: records are contiguous within a page */
-        long long end = (j / s->per_page + 1) * s->per_page, m = (end < j1 ? end : j1) - j;
-        ds41_ik_rec_unpack(cfg, ds41_store_ik_rec(s, j, 0, NULL), (int)m, out + (size_t)(j - j0) * cfg->index_head_dim);
-        j += m;
-    }
-}
-
 void ds41_cache_bytes(const ds41_cache *c, ds41_state_bytes *b) {
     memset(b, 0, sizeof *b);
     for (int i = 0; i < c->n_stores; i++) {

@@ -94,11 +94,6 @@ ds41_comp_state *ds41_cache_comp(ds41_cache *c, int layer);
 /* Records of entry j (allocating pages up to j when `alloc`); NULL if j is not held. */
 uint8_t *ds41_store_kv_rec(ds41_kv_store *s, long long j, int alloc, ds41_err *err);
 uint8_t *ds41_store_ik_rec(ds41_kv_store *s, long long j, int alloc, ds41_err *err);
-/* Copies entries [0, n) dequantized: main KV into out [n, head_dim] / index K [n, index_head_dim]. */
-void ds41_store_unpack_kv(const ds41_config *cfg, ds41_kv_store *s, long long n, float *out);
-void ds41_store_unpack_ik(const ds41_config *cfg, ds41_kv_store *s, long long n, float *out);
-/* index keys of entries [j0, j1) into out[0 .. (j1 - j0) * index_head_dim) */
-void ds41_store_unpack_ik_range(const ds41_config *cfg, ds41_kv_store *s, long long j0, long long j1, float *out);
 
 static inline uint8_t *ds41_ring_slot(ds41_ring *r, long long pos) {
     return r->rec + (size_t)(pos % r->slots) * r->rec_bytes;

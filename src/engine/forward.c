@@ -231,7 +231,6 @@ void ds41_row_plan(const ds41_config *cfg, ds41_prefill_mode mode, int T, int ne
  * none of it; seq_part_begin marks everything stale at the start of a forward. */
 typedef struct seq_part {
     int n_layers, n_stores;
-    int persistent;       /* the sequence's own part (ds41_seq.scratch), not a forward's temporary one */
     int32_t **sel;        /* per layer: top-k lists [T, sel_w] (index sources) */
     size_t *sel_cap;      /* ints held */
     int *sel_w;
@@ -585,8 +584,7 @@ static int indexer_select(const ds41_ctx *ctx, ds41_seq *s, fwd_buf *b, int l, i
             ds41_indexer_scores_packed(ctx, cfg, iq + (size_t)(t - q0) * NH * ID, wt + (size_t)(t - q0) * NH, &keys,
                                        (int)n_p, (int)n_p, scores);
             for (long long j = n_p; j < E; j++) scores[j] = -INFINITY;
-        } else
-        {
+        } else {
             ds41_ik_keys keys = store_ik_keys(&s->cache.stores[si]);
             ds41_indexer_scores_packed(ctx, cfg, iq + (size_t)(t - q0) * NH * ID, wt + (size_t)(t - q0) * NH, &keys,
                                        (int)E, (int)n_p, scores);
@@ -851,7 +849,6 @@ static struct ds41_fwd_scratch *seq_scratch(ds41_seq *s) {
     struct ds41_fwd_scratch *x = calloc(1, sizeof *x);
     if (!x) return NULL;
     if (seq_part_init(&x->sp, s->e->cfg->n_layers, s->cache.n_stores)) { free(x); return NULL; }
-    x->sp.persistent = 1;
     s->scratch = x;
     return x;
 }
