@@ -463,10 +463,11 @@ void ds41_indexer_scores_ref(const ds41_ctx *ctx, const ds41_config *cfg, const 
  * uk) exactly: every product is an integer multiple of 2^(U + uk) and every partial sum stays
  * below 2^20 such units, inside FP32's 24 bits, as long as U + uk >= -126 (no FP32 subnormal
  * products) and the value stays far below FP32's overflow. A pair (head, entry) outside those
- * bounds (qs + ks > 5, which could also saturate vpmaddubsw below, an entry with ks > 3 or a
- * scale byte above 252, whose codes dequantize to inf or NaN, a unit out of range, or a head whose query does not decompose) takes
- * dot_f on the dequantized record instead: the definition either way, so the scores equal
- * ds41_indexer_scores_ref's bit for bit (test_indexer_scores_packed).
+ * bounds (qs + ks > 5, which could also saturate vpmaddubsw below; an entry with ks > 3 or a
+ * scale byte above 252, whose codes dequantize to inf or NaN; a unit out of range; a head
+ * whose query does not decompose, qs > 3) takes dot_f on the dequantized record instead: the
+ * definition either way, so the scores equal ds41_indexer_scores_ref's bit for bit
+ * (test_indexer_scores_packed).
  *
  * Kernel (AVX2): 8 entries per pass; their keys decoded by one byte shuffle per 16 codes, as
  * k' + 12 * 2^ks (unsigned, at most 192), transposed so that a ymm holds 4 elements of each of
