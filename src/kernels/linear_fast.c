@@ -144,6 +144,14 @@ static inline __m256 e4m3x8_h(const uint8_t *p) {
     return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(b, 7), _mm_set1_epi16((short)0xBFFF)));
 }
 
+/* 16 E4M3 codes -> two vectors of e4m3 * 2^-8 (as e4m3x8_h on each half, one widening) */
+static inline void e4m3x16_h(const uint8_t *p, __m256 *lo, __m256 *hi) {
+    __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+    __m256i h = _mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16((short)0xBFFF));
+    *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
+
 /* 16 packed E2M1 bytes (one block) -> int16 of 2 * e2m1: *we = even elements, *wo = odd */
 static inline void e2m1x32_i16(const uint8_t *p, __m256i *we, __m256i *wo) {
     const __m128i tab = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
@@ -165,8 +173,10 @@ static inline void e2m1x32_i16(const uint8_t *p, __m256i *we, __m256i *wo) {
             if (!(k & 63)) ds41_pf_rows(w, ld, (size_t)k + PFD, R);                                        \
             __m256 a0 = _mm256_loadu_ps(a2 + k), a1 = _mm256_loadu_ps(a2 + k + 8);              \
             UNROLL for (int r = 0; r < R; r++) {                                                  \
-                A[r] = _mm256_fmadd_ps(e4m3x8_h(w + r * ld + k), a0, A[r]);                       \
-                B[r] = _mm256_fmadd_ps(e4m3x8_h(w + r * ld + k + 8), a1, B[r]);                   \
+                __m256 w0, w1;                                                                    \
+                e4m3x16_h(w + r * ld + k, &w0, &w1);                                              \
+                A[r] = _mm256_fmadd_ps(w0, a0, A[r]);                                             \
+                B[r] = _mm256_fmadd_ps(w1, a1, B[r]);                                             \
             }                                                                                     \
         }                                                                                         \
         if (k < in) UNROLL for (int r = 0; r < R; r++)                                            \
@@ -294,7 +304,8 @@ static void dec_f32_avx2(const float *w, size_t ld, int nr, int n8, const float 
         int k = 0;                                                                                \
         for (; k + 16 <= in; k += 16) {                                                           \
             if (!(k & 63)) _mm_prefetch((const char *)(w + k + PFD), _MM_HINT_T0);                \
-            __m256 w0 = e4m3x8_h(w + k), w1 = e4m3x8_h(w + k + 8);                                \
+            __m256 w0, w1;                                                                        \
+            e4m3x16_h(w + k, &w0, &w1);                                                           \
             UNROLL for (int t = 0; t < C; t++) {                                                  \
                 A[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a2 + t * lda + k), A[t]);              \
                 B[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(a2 + t * lda + k + 8), B[t]);          \
