@@ -739,6 +739,8 @@ typedef struct d1job {
     int out_bf16;
     int avx512;                /* the certified lanes on zmm */
     int vbmi;                  /* DQ tiles on the FP8 certified lanes (AVX-512 VBMI) */
+    const double *xp;          /* BF16 on AVX2: x and |x| in the pair order of cert_ld16 (per 16: */
+    const float *xap;          /* the 8 even elements, then the 8 odd ones), or NULL */
 } d1job;
 
 static inline __attribute__((always_inline)) __m256 d1_ld(int kind, const void *p, const uint8_t *srow, int k) {
@@ -836,11 +838,19 @@ typedef struct cjob {
     float *y;
     int out_bf16;
     int avx512;                /* the lanes on zmm (ds41_exact_cert_avx512) */
+    const double *xp;          /* BF16 on AVX2: x, |x| in cert_ld16's pair order (d1job) */
+    const float *xap;
 } cjob;
 
-/* 16 weights of one row at k as two FP32 vectors (BF16 widened; E_DQF: e4m3 * 2^-8, the FP16 trick) */
-AINL void cert_ld16(int kind, const void *row, int k, __m256 *w0, __m256 *w1) {
-    if (kind == E_BF16) {
+/* 16 weights of one row at k as two FP32 vectors (BF16 widened; E_DQF: e4m3 * 2^-8, the FP16 trick).
+ * BF16 with pairs set: the even elements (v << 16 of each 32-bit pair), then the odd ones (v &
+ * 0xFFFF0000), against activations in that order (any order is the certificate's) */
+AINL void cert_ld16(int kind, const void *row, int k, __m256 *w0, __m256 *w1, int pairs) {
+    if (kind == E_BF16 && pairs) {
+        __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + k));
+        *w0 = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
+        *w1 = _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32((int)0xFFFF0000)));
+    } else if (kind == E_BF16) {
         __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + k));
         *w0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(raw)), 16));
         *w1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(raw, 1)), 16));
@@ -905,20 +915,23 @@ AINL void cert_pass_avx2(const cjob *c, int kind, const char *const *p, int kv, 
         sd[q] = _mm256_setzero_pd();
         bd[q] = _mm256_setzero_ps();
     }
+    const int pairs = kind == E_BF16 && c->xp;
+    const double *x = pairs ? c->xp : c->x;
+    const float *xa = pairs ? c->xap : c->xa;
     for (int k = 0; k < kv; k += 16) {
         if (!(k & (int)(63 / esz)))
             UNROLL4 for (int q = 0; q < CERT_R; q++) ds41_pf_row(p[q], (size_t)c->in * esz, (size_t)k * esz + CERT_PFD, CERT_R);
-        const double *xk = c->x + k;
+        const double *xk = x + k;
         UNROLL4 for (int q = 0; q < CERT_R; q++) {
             __m256 w0, w1;
-            cert_ld16(kind, p[q], k, &w0, &w1);
+            cert_ld16(kind, p[q], k, &w0, &w1, pairs);
             __m256d t = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(w0)), _mm256_loadu_pd(xk));
             t = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(w0, 1)), _mm256_loadu_pd(xk + 4), t);
             t = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(w1)), _mm256_loadu_pd(xk + 8), t);
             t = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(w1, 1)), _mm256_loadu_pd(xk + 12), t);
             sd[q] = _mm256_add_pd(sd[q], t);
-            bd[q] = _mm256_fmadd_ps(_mm256_and_ps(w0, absm), _mm256_loadu_ps(c->xa + k), bd[q]);
-            bd[q] = _mm256_fmadd_ps(_mm256_and_ps(w1, absm), _mm256_loadu_ps(c->xa + k + 8), bd[q]);
+            bd[q] = _mm256_fmadd_ps(_mm256_and_ps(w0, absm), _mm256_loadu_ps(xa + k), bd[q]);
+            bd[q] = _mm256_fmadd_ps(_mm256_and_ps(w1, absm), _mm256_loadu_ps(xa + k + 8), bd[q]);
         }
     }
     UNROLL4 for (int q = 0; q < CERT_R; q++) {
@@ -1012,7 +1025,7 @@ static void d1_rows(void *arg, int i0, int i1) {
     const d1job *d = arg;
     int r1 = i1 * G < d->out ? i1 * G : d->out;
     if (d->kind == E_BF16) {   /* certified lanes */
-        cjob c = { E_BF16, d->wb, NULL, d->out, d->in, d->x, d->xa, d->y, d->out_bf16, d->avx512 };
+        cjob c = { E_BF16, d->wb, NULL, d->out, d->in, d->x, d->xa, d->y, d->out_bf16, d->avx512, d->xp, d->xap };
         cert_rows(&c, i0 * G, r1);
         return;
     }
@@ -1038,7 +1051,7 @@ static void d1_rows(void *arg, int i0, int i1) {
             }
             if (xs && xsa && (xs8 || !d->vbmi) && t != xt) { xok = dq_tile_xs(d, t, xs, xsa, xs8, &sx); xt = t; }
             if (xs && xsa && (xs8 || !d->vbmi) && xok) {   /* the tile's exact products: certified lanes on its codes */
-                cjob c = { E_DQF, NULL, d->w8 + (size_t)d->row0 * d->in, d->out, d->in, xs, xsa, d->y, 1, d->avx512 };
+                cjob c = { E_DQF, NULL, d->w8 + (size_t)d->row0 * d->in, d->out, d->in, xs, xsa, d->y, 1, d->avx512, NULL, NULL };
                 if (xs8 && sx >= 0.0) cert_rows_dq8(&c, g0, g0 + nr, xs8, sx);
                 else cert_rows(&c, g0, g0 + nr);
                 continue;
@@ -1064,16 +1077,22 @@ void ds41_exact_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const f
         return;
     }
     if (T == 1) {
-        double *ad = amalloc((size_t)in * sizeof(double));
-        float *xa = amalloc((size_t)in * sizeof(float));
+        int z = !strcmp(ds41_kernels_isa(), "avx512"), pairs = ek == E_BF16 && !z;
+        double *ad = amalloc((size_t)(pairs ? 2 : 1) * in * sizeof(double));
+        float *xa = amalloc((size_t)(pairs ? 2 : 1) * in * sizeof(float));
         if (!ad || !xa) { free(ad); free(xa); return; }
         for (int k = 0; k < in; k++) {
             ad[k] = (double)x[k];
             xa[k] = fabsf(x[k]);
         }
-        int z = !strcmp(ds41_kernels_isa(), "avx512");
+        if (pairs)   /* per 16: the even elements, then the odd ones (cert_ld16's BF16 pairs) */
+            for (int k = 0; k < (in & ~15); k++) {
+                int src = (k & ~15) + (k & 8 ? 2 * (k & 7) + 1 : 2 * (k & 7));
+                ad[in + k] = ad[src];
+                xa[in + k] = xa[src];
+            }
         d1job d = { ek, wb, wf, w8 ? w8->w : NULL, w8 ? w8->s : NULL, row0, out, in, ad, xa, y, out_bf16, z,
-                    z && __builtin_cpu_supports("avx512vbmi") };
+                    z && __builtin_cpu_supports("avx512vbmi"), pairs ? ad + in : NULL, pairs ? xa + in : NULL };
         int n_items = (out + G - 1) / G;
         if ((long long)out * in >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, d1_rows, &d);
         else d1_rows(&d, 0, n_items);
