@@ -1,6 +1,6 @@
 /* Kernel micro-benchmark: the fast linears at production shapes, against the machine's limits.
  *
- *   build/bench/bench_kernels [--quick] [--threads 1,2] [--T 1,8,64] [--only NAME] [--exact]
+ *   build/bench/bench_kernels [--quick] [--threads 1,2] [--T 1,8,64] [--only NAME] [--exact] [--resident]
  *                             [--isa avx2|avx512|auto]
  *
  * The ISA path of the fast kernels (CPUID, DS41_ISA or --isa) is printed first; the int8 dot
@@ -20,7 +20,9 @@
  * bandwidth) and GMAC/s (out x in x T / time; for prefill compare with the FMA peak / 2).
  * The weights of each kernel are replicated until they occupy >= 160 MiB and the calls cycle
  * through the copies, so every call streams its weights from DRAM as in a real decode step
- * (a 2.6 MB matrix read repeatedly would sit in the 32 MB L3). */
+ * (a 2.6 MB matrix read repeatedly would sit in the 32 MB L3). --resident keeps one copy
+ * instead: a kernel whose T = 1 figure does not rise then is compute-bound, not
+ * bandwidth-bound. */
 #include "kernels.h"
 #include "formats.h"
 #include "linear_fast.h"
@@ -246,6 +248,10 @@ static void fp8_tab_fill(void) {
     for (int i = 0; i < 65536; i++) fp8_tab[i] = ds41_e4m3_from_f32((urand() + urand() + urand() + urand()) * 112.0f);
 }
 
+/* --resident: one copy of each kernel's weights, read over and over (from L2 / L3 when it fits:
+ * a kernel that runs as fast as from DRAM is compute-bound, not bandwidth-bound) */
+static int resident;
+
 static void wset_make(wset *ws, const shape *sh) {
     size_t out = (size_t)sh->out, in = (size_t)sh->in;
     size_t nbo = (out + 31) / 32, nbi = (in + 31) / 32;
@@ -257,7 +263,7 @@ static void wset_make(wset *ws, const shape *sh) {
     case K_F32: wbytes = out * in * 4; break;
     }
     ws->bytes = wbytes + sbytes;
-    size_t target = (size_t)160 << 20;
+    size_t target = resident ? 1 : (size_t)160 << 20;
     ws->n = (int)((target + ws->bytes - 1) / ws->bytes);
     if (ws->n < 1) ws->n = 1;
     if (ws->n > 4096) ws->n = 4096;
@@ -330,11 +336,12 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--exact")) exact = 1;
         else if (!strcmp(argv[i], "--no-probes")) probes = 0;
+        else if (!strcmp(argv[i], "--resident")) resident = 1;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) n_thr = parse_list(argv[++i], threads, 8);
         else if (!strcmp(argv[i], "--T") && i + 1 < argc) n_T = parse_list(argv[++i], Ts, 8);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else {
-            fprintf(stderr, "usage: bench_kernels [--quick] [--exact] [--no-probes] [--threads 1,2] [--T 1,8,64] [--only SUBSTR] [--isa avx2|avx512|auto]\n");
+            fprintf(stderr, "usage: bench_kernels [--quick] [--exact] [--no-probes] [--resident] [--threads 1,2] [--T 1,8,64] [--only SUBSTR] [--isa avx2|avx512|auto]\n");
             return 2;
         }
         if (n_thr < 1 || n_T < 1) { fprintf(stderr, "bench_kernels: bad list\n"); return 2; }
