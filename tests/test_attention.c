@@ -263,6 +263,12 @@ static void test_indexer_scores(void) {
     CHECK(same == 30, "fast scores equal exact on %d of 30", same);
 }
 
+/* the indexer tests' four settings: bit 0 exact, bit 1 two threads on pool */
+static ds41_ctx mode_ctx(int mode, ds41_pool *pool) {
+    ds41_ctx c = { .exact = mode & 1, .n_threads = mode & 2 ? 2 : 1, .pool = mode & 2 ? pool : NULL };
+    return c;
+}
+
 /* The SIMD indexer (16 entries per pass, split over a pool) against its scalar definition, bit
  * for bit (memcmp): unquantized operands so that the FP32 dots round and their order shows,
  * head dims with a dot_f tail (36), NaN / inf / -0 keys, entry counts around the 16-wide block
@@ -296,7 +302,7 @@ static void test_indexer_scores_simd(void) {
             int vis[3] = { E, E - E / 3, 0 };
             for (int vi = 0; vi < 3; vi++)
                 for (int mode = 0; mode < 4; mode++) {
-                    ds41_ctx ctx = { .exact = mode & 1, .n_threads = mode & 2 ? 2 : 1, .pool = mode & 2 ? pool : NULL };
+                    ds41_ctx ctx = mode_ctx(mode, pool);
                     memset(a, 0x55, sizeof(float) * E);
                     memset(b, 0x77, sizeof(float) * E);
                     ds41_indexer_scores(&ctx, &c, iq, wt, ik, E, vis[vi], a);
@@ -385,7 +391,7 @@ static void test_indexer_scores_packed(void) {
                 int vis[3] = { E, E - E / 3, 0 };
                 for (int vi = 0; vi < 3; vi++)
                     for (int mode = 0; mode < 4; mode++) {
-                        ds41_ctx ctx = { .exact = mode & 1, .n_threads = mode & 2 ? 2 : 1, .pool = mode & 2 ? pool : NULL };
+                        ds41_ctx ctx = mode_ctx(mode, pool);
                         memset(a, 0x55, sizeof(float) * E);
                         memset(b, 0x77, sizeof(float) * E);
                         long long f0 = ds41_indexer_dotf_pairs;

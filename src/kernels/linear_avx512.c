@@ -69,7 +69,7 @@ static inline __m256 e4m3x8_h(const uint8_t *p) {
         UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();                            \
         int k = 0;                                                                                \
         for (; k + 16 <= in; k += 16) {                                                           \
-            if (!(k & 63)) ds41_pf_rows(w, ld, (size_t)k + PFD, R);                                    \
+            if (!(k & 63)) ds41_pf_rows(w, ld, (size_t)k + PFD, R);                               \
             __m512 a = _mm512_loadu_ps(a2 + k);                                                   \
             UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_fmadd_ps(e4m3x16_h(w + r * ld + k), a, c[r]); \
         }                                                                                         \
@@ -112,7 +112,7 @@ static inline __m512i e2m1_tab(void) { return _mm512_load_si512(e2m1_tab32); }
         UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();                            \
         int b = 0;                                                                                \
         for (; b + 2 <= nb; b += 2) {                                                             \
-            if (!(b & 3)) ds41_pf_rows(w, ld, (size_t)16 * b + PFD, R);                                \
+            if (!(b & 3)) ds41_pf_rows(w, ld, (size_t)16 * b + PFD, R);                           \
             __m512i ae = _mm512_load_si512(aw + 32 * b), ao = _mm512_load_si512(aw + 32 * b + 32);   \
             __m512 sa = _mm512_load_ps(sav + 8 * b);                                              \
             UNROLL for (int r = 0; r < R; r++) {                                                  \

@@ -846,12 +846,13 @@ typedef struct cjob {
  * BF16 with pairs set: the even elements (v << 16 of each 32-bit pair), then the odd ones (v &
  * 0xFFFF0000), against activations in that order (any order is the certificate's) */
 AINL void cert_ld16(int kind, const void *row, int k, __m256 *w0, __m256 *w1, int pairs) {
-    if (kind == E_BF16 && pairs) {
+    if (kind == E_BF16) {
         __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + k));
-        *w0 = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
-        *w1 = _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32((int)0xFFFF0000)));
-    } else if (kind == E_BF16) {
-        __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + k));
+        if (pairs) {
+            *w0 = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
+            *w1 = _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32((int)0xFFFF0000)));
+            return;
+        }
         *w0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(raw)), 16));
         *w1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(raw, 1)), 16));
     } else {

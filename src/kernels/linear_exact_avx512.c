@@ -93,6 +93,8 @@ static inline __attribute__((always_inline)) void cert_k(int wkind, const char *
     UNROLL for (int q = 0; q < 8; q++) { sd[q] = _mm512_setzero_pd(); bd[q] = _mm512_setzero_ps(); }
     for (int k = 0; k < kv; k += 16) {
         if (!(k & (int)(63 / esz)))
+            /* kv * esz is the row stride when in % 16 == 0 (every production shape); otherwise the
+             * next group's prefetch lands a few bytes early, which only costs a miss */
             UNROLL for (int q = 0; q < 8; q++) ds41_pf_row(p[q], (size_t)kv * esz, (size_t)k * esz + 2048, 8);
         __m512d x0 = _mm512_loadu_pd(x + k), x1 = _mm512_loadu_pd(x + k + 8);
         __m512 a = _mm512_loadu_ps(xa + k);

@@ -163,14 +163,13 @@ static inline void e2m1x32_i16(const uint8_t *p, __m256i *we, __m256i *wo) {
 
 /* ---------------------------------------------------------------- AVX2 decode kernels */
 
-
 #define DOT8(R)                                                                                       \
     static void dot8_##R(const uint8_t *w, size_t ld, int in, const float *a2, float *out) {         \
         __m256 A[R], B[R];                                                                        \
         UNROLL for (int r = 0; r < R; r++) A[r] = B[r] = _mm256_setzero_ps();                     \
         int k = 0;                                                                                \
         for (; k + 16 <= in; k += 16) {                                                           \
-            if (!(k & 63)) ds41_pf_rows(w, ld, (size_t)k + PFD, R);                                        \
+            if (!(k & 63)) ds41_pf_rows(w, ld, (size_t)k + PFD, R);                               \
             __m256 a0 = _mm256_loadu_ps(a2 + k), a1 = _mm256_loadu_ps(a2 + k + 8);              \
             UNROLL for (int r = 0; r < R; r++) {                                                  \
                 __m256 w0, w1;                                                                    \
@@ -213,7 +212,7 @@ static void dec_e4m3_avx2(const uint8_t *w, size_t ld, int nr, int in, const flo
         UNROLL for (int r = 0; r < R; r++) A[r] = B[r] = _mm256_setzero_ps();                     \
         int b = 0;                                                                                \
         for (; b + 2 <= nb; b += 2) {                                                             \
-            if (!(b & 3)) ds41_pf_rows(w, ld, (size_t)16 * b + PFD, R);                                    \
+            if (!(b & 3)) ds41_pf_rows(w, ld, (size_t)16 * b + PFD, R);                           \
             FP4BLK(R, A, b);                                                                      \
             FP4BLK(R, B, b + 1);                                                                  \
         }                                                                                         \
@@ -248,7 +247,7 @@ static void dec_fp4_avx2(const uint8_t *w, size_t ld, const uint8_t *s, size_t l
         UNROLL for (int r = 0; r < R; r++) A[r] = B[r] = _mm256_setzero_ps();                     \
         int g = 0;                                                                                \
         for (; g + 2 <= n16; g += 2) {                                                            \
-            ds41_pf_rows(w, 2 * ld, (size_t)32 * g + PFD, R);                                              \
+            ds41_pf_rows(w, 2 * ld, (size_t)32 * g + PFD, R);                                     \
             BFGRP(R, A, g);                                                                       \
             BFGRP(R, B, g + 1);                                                                   \
         }                                                                                         \
