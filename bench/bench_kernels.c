@@ -22,7 +22,8 @@
  * through the copies, so every call streams its weights from DRAM as in a real decode step
  * (a 2.6 MB matrix read repeatedly would sit in the 32 MB L3). --resident keeps one copy
  * instead: a kernel whose T = 1 figure does not rise then is compute-bound, not
- * bandwidth-bound. */
+ * bandwidth-bound. The probes end with the prefill panels' micro-kernel alone on L1-resident
+ * operands (probe_panel): the ceiling of the prefill kernels on this core. */
 #include "kernels.h"
 #include "formats.h"
 #include "linear_fast.h"
@@ -129,6 +130,32 @@ static double probe_fma(const ds41_ctx *ctx, int nt) {
         t[r] = now() - t0;
     }
     return (double)nt * (double)j.iters * 12.0 * 8.0 * 2.0 / median(t, 5) / 1e9;
+}
+
+/* The prefill panels' float micro-kernels alone (ops->pf_float, one thread, one K panel of the
+ * ISA's depth per call, the same call repeated): nr rows of a decoded panel against T tokens.
+ * nr = 4, T = 3 is one micro-tile with its operands resident in L1 (4 + 3 rows of K floats);
+ * nr = 32, T = 64 is a whole work item as the prefill runs it (the 32-row panel, 64 activation
+ * rows and the accumulators from L2). GMAC/s, the median of 5: the first is the ceiling of the
+ * canonical order's prefill on this core, the second what it keeps with the item's data
+ * streamed through the caches, before the panel decode and the Q8 of the activations. */
+static double probe_panel(int nr, int T) {
+    const ds41_fast_ops *ops = ds41_fast_ops_get();
+    int K = ops->kc;
+    float *P = xmalloc((size_t)nr * K * 4), *A = xmalloc((size_t)T * K * 4), *acc = xmalloc((size_t)nr * T * 16 * 4);
+    for (int i = 0; i < nr * K; i++) P[i] = (float)(i % 7) * 0.001f;
+    for (int i = 0; i < T * K; i++) A[i] = (float)(i % 5) * 0.001f;
+    memset(acc, 0, (size_t)nr * T * 16 * 4);
+    long reps = 200000000L / ((long)nr * T * K) + 1;
+    double t[5];
+    for (int r = 0; r < 5; r++) {
+        double t0 = now();
+        for (long i = 0; i < reps; i++) ops->pf_float(P, nr, A, (size_t)K, T, K / 8, acc);
+        t[r] = now() - t0;
+    }
+    double g = (double)reps * nr * T * K / median(t, 5) / 1e9 + acc[0] * 0.0;
+    free(P); free(A); free(acc);
+    return g;
 }
 
 typedef struct i8_job { long iters; int vnni; int out[256]; } i8_job;
@@ -355,8 +382,10 @@ int main(int argc, char **argv) {
     }
 
     double bw_of[8] = { 0 }, fma_of[8] = { 0 };
-    printf("== fast kernels ISA path: %s (avx512 supported: %s; DS41_ISA=%s)\n", ds41_kernels_isa(),
-           ds41_kernels_isa_supported("avx512") ? "yes" : "no", getenv("DS41_ISA") ? getenv("DS41_ISA") : "unset");
+    printf("== fast kernels ISA path: %s (avx512 supported: %s; DS41_ISA=%s), FP8 decode %s (DS41_E4M3=%s)\n",
+           ds41_kernels_isa(), ds41_kernels_isa_supported("avx512") ? "yes" : "no",
+           getenv("DS41_ISA") ? getenv("DS41_ISA") : "unset", ds41_kernels_fp8_decode(),
+           getenv("DS41_E4M3") ? getenv("DS41_E4M3") : "unset");
     if (probes) {
         printf("== machine probes\n");
         printf("clock (dependent integer adds): %.2f GHz\n", probe_clock());
@@ -379,6 +408,13 @@ int main(int argc, char **argv) {
                 double v = probe_i8(&ctxs[i], threads[i], 1);
                 printf("; AVX-512 VNNI vpdpbusd %.1f GMAC/s (%.2fx FMA)", v, v / (fl / 2));
             }
+            printf("\n");
+        }
+        if (!exact) {
+            double p1 = probe_panel(4, 3), p2 = probe_panel(32, 64), f1 = fma_of[0] > 0 ? fma_of[0] / threads[0] : 0;
+            printf("prefill panel micro-kernel (%s, K = %d, 1 thread): 4 rows x 3 tokens in L1 %.1f GMAC/s,"
+                   " 32 rows x 64 tokens %.1f GMAC/s", ds41_kernels_isa(), ds41_fast_ops_get()->kc, p1, p2);
+            if (f1 > 0) printf(" (%.0f%% / %.0f%% of one core's FMA peak)", 100 * p1 / f1, 100 * p2 / f1);
             printf("\n");
         }
         free(buf);

@@ -425,7 +425,7 @@ static void test_fast_q8(void) {
  * T (decode streaming vs prefill panels, token tiles of 3 and 64, edge micro-kernels), on
  * the row offset of a grouped FP8 product, or on the thread count. Bit-identical. */
 static void test_fast_row_independence(void) {
-    const int out = 100, in = 544, T = 70;   /* 544 = 17 blocks, not a multiple of the 256 panel */
+    const int out = 100, in = 544, T = 70;   /* 544 = 17 blocks, not a multiple of the 256 (AVX-512) or 512 (AVX2) panel */
     mats m;
     mats_make(&m, out, in);
     float *x = malloc((size_t)T * in * 4), *yT = malloc((size_t)T * out * 4), *y1 = malloc((size_t)out * 4);
@@ -621,6 +621,76 @@ static void test_isa_paths(void) {
         mats_free(&m);
     }
     ds41_kernels_set_isa("auto");
+}
+
+/* ---------------------------------------------------------------- FP8 shuffle decode */
+
+/* The AVX2 FP8 T = 1 .. 8 kernels decode E4M3 either through F16C (e4m3 * 2^-8 against
+ * a * s_tile * 2^8) or by byte shuffles (e4m3 * 2^-120, FP32 subnormals for the E4M3 ones,
+ * against a * s_tile * 2^120): both must give the same bits. Weights: uniform random codes (one
+ * in 16 is an E4M3 subnormal or zero), tile scale bytes from 0 to 200 (2^-127 .. 2^73, past
+ * the 134 where the 2^120 operand overflows); activations random, adversarial (the whole
+ * E4M3 range, zero blocks, saturation), huge (a * s_tile >= 2^8: the 2^120 operand is inf) and
+ * tiny (the 2^8 operand would be subnormal: the dequantized kind takes the activations as they
+ * are; an FP8 linear's Q8 floors its group scale, so there the scale bytes 0 and 1 make that
+ * case). The operands out of the shuffle range must fall back to F16C (counted), and random
+ * ones must not. FP8 and the dequantized FP8 of wo_a (with an 8-element tail), T = 1, 3, 8
+ * and 70 (a 64-token tile on the panels, then a 6-token tail on the few-row kernels), 1 and 2
+ * threads. */
+static void test_fp8_shuffle_decode(void) {
+    if (strcmp(ds41_kernels_isa(), "avx2")) {
+        printf("  (the shuffle decode is an AVX2 path; the fast ISA is %s)\n", ds41_kernels_isa());
+        return;
+    }
+    ds41_pool *pool = ds41_pool_create(2);
+    ds41_ctx FA2 = FA;
+    FA2.pool = pool;
+    const int shapes[][2] = { { 70, 544 }, { 33, 1024 } };
+    const int Ts[4] = { 1, 3, 8, 70 };
+    int cases = 0;
+    for (int si = 0; si < 2; si++)
+        for (int wk = 0; wk < 2; wk++)          /* weights: ordinary scales, adversarial scales */
+            for (int ak = 0; ak < 4; ak++)      /* activations: random, adversarial, huge, tiny */
+                for (int ti = 0; ti < 4; ti++)
+                    for (int kind = 0; kind < 2; kind++) {
+                        int out = shapes[si][0], in = shapes[si][1], T = Ts[ti];
+                        int kin = kind ? in - 8 : in;   /* DQ: an 8-element tail */
+                        mats m;
+                        mats_make(&m, out, in);
+                        int nbo = (out + 31) / 32, nbi = (in + 31) / 32;
+                        static const uint8_t sb[7] = { 0, 1, 120, 127, 134, 135, 200 };
+                        if (wk) for (int i = 0; i < nbo * nbi; i++) m.s8[i] = sb[rnd() % 7];
+                        float *x = malloc((size_t)T * in * 4), *y0 = malloc((size_t)T * out * 4),
+                              *y1 = malloc((size_t)T * out * 4);
+                        if (ak == 1) fill_adversarial(x, T * in);
+                        else for (int i = 0; i < T * in; i++)
+                            x[i] = ds41_bf16_round(urand() * (ak == 2 ? 3e6f : ak == 3 ? 1e-38f : 1.0f));
+                        ds41_fp8w f8 = { m.w8, m.s8, out, in };
+                        for (int th = 0; th < 2; th++) {
+                            const ds41_ctx *c = th ? &FA2 : &FA;
+                            long long it0 = ds41_fast_e4m3s_items, fb0 = ds41_fast_e4m3s_fallbacks;
+                            for (int sh = 0; sh < 2; sh++) {
+                                ds41_fast_e4m3_shuffle = sh;
+                                float *y = sh ? y1 : y0;
+                                if (kind == 0) ds41_linear_fp8(c, &f8, x, T, y);
+                                else ds41_linear_fp8_dq(c, &f8, 0, out, x, kin, T, y, out);
+                            }
+                            ds41_fast_e4m3_shuffle = -1;
+                            long long its = ds41_fast_e4m3s_items - it0, fbs = ds41_fast_e4m3s_fallbacks - fb0;
+                            int d = count_diff(y0, y1, T * out);
+                            CHECK(d == 0, "%s %dx%d T=%d weights %d acts %d threads %d: shuffle decode differs in %d of %d",
+                                  kind ? "fp8_dq" : "fp8", out, kin, T, wk, ak, th + 1, d, T * out);
+                            if (wk == 0 && ak == 0)
+                                CHECK(its > 0 && fbs == 0, "random operands: %lld shuffle items, %lld fallbacks", its, fbs);
+                            if (ak == 2 || (ak == 3 && kind == 1) || wk == 1)
+                                CHECK(fbs > 0, "weights %d acts %d: out of the shuffle range, %lld fallbacks (%lld items)", wk, ak, fbs, its);
+                            cases++;
+                        }
+                        free(x); free(y0); free(y1);
+                        mats_free(&m);
+                    }
+    printf("  FP8 shuffle decode: %d cases bit-identical to F16C\n", cases);
+    ds41_pool_destroy(pool);
 }
 
 /* ---------------------------------------------------------------- exact kernels at speed */
@@ -1016,6 +1086,26 @@ int main(void) {
         RUN_CASE(test_linear_fast_vs_exact);
         RUN_CASE(test_fast_row_independence);
         RUN_CASE(test_fast_few_rows);
+        RUN_CASE(test_fp8_shuffle_decode);
+    }
+    /* the T = 1 .. 8 FP8 tests again with the other AVX2 decode than the auto choice */
+    if (ds41_kernels_set_isa("avx2") == 0) {
+        ds41_fast_e4m3_shuffle = !ds41_fast_e4m3_shuffle_auto();
+        printf("  -- fast kernels: avx2, FP8 decode %s\n", ds41_fast_e4m3_shuffle ? "shuffle" : "F16C");
+        RUN_CASE(test_linear_hand);
+        RUN_CASE(test_linear_fast_vs_exact);
+        RUN_CASE(test_fast_row_independence);
+        RUN_CASE(test_fast_few_rows);
+        ds41_fast_e4m3_shuffle = -1;
+    }
+    /* T = 9 .. 64 on the prefill panels: T = 1 against the panels' own decode, every kind */
+    for (int ii = 0; ii < 2; ii++) {
+        if (ds41_kernels_set_isa(isas[ii]) != 0) continue;
+        ds41_fast_mid_off = 1;
+        printf("  -- fast kernels: %s, mid path off\n", ds41_kernels_isa());
+        RUN_CASE(test_fast_row_independence);
+        RUN_CASE(test_fast_few_rows);
+        ds41_fast_mid_off = 0;
     }
     ds41_kernels_set_isa("auto");
     RUN_CASE(test_elementary);

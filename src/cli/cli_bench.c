@@ -269,7 +269,7 @@ int ds41_cli_bench(int argc, char **argv) {
         return rb;
     }
     json_t *root = json_object(), *pre = json_array();
-    if (!json) printf("kernels: %s, fast ISA path %s\n%-10s %8s %12s %10s %14s\n", exact ? "exact" : "fast", ds41_kernels_isa(), "mode", "tokens", "prefill tok/s", "seconds", "state bytes");
+    if (!json) printf("kernels: %s, fast ISA path %s, FP8 decode %s\n%-10s %8s %12s %10s %14s\n", exact ? "exact" : "fast", ds41_kernels_isa(), ds41_kernels_fp8_decode(), "mode", "tokens", "prefill tok/s", "seconds", "state bytes");
     ds41_state_info last_state;
     memset(&last_state, 0, sizeof last_state);
     double t_mode[3][16];

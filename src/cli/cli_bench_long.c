@@ -129,8 +129,8 @@ int ds41_cli_bench_long(int argc, char **argv) {
         x ^= x << 13; x ^= x >> 7; x ^= x << 17;
         ids[i] = (int32_t)(x % (uint64_t)V);
     }
-    printf("kernels: %s, fast ISA path %s, %d thread%s, weights %s (load %.2f s)\n", exact ? "exact" : "fast",
-           ds41_kernels_isa(), threads, threads > 1 ? "s" : "", lp.load == DS41_LOAD_COPY ? "copied" : "mmap'd", tl);
+    printf("kernels: %s, fast ISA path %s (FP8 decode %s), %d thread%s, weights %s (load %.2f s)\n", exact ? "exact" : "fast",
+           ds41_kernels_isa(), ds41_kernels_fp8_decode(), threads, threads > 1 ? "s" : "", lp.load == DS41_LOAD_COPY ? "copied" : "mmap'd", tl);
     int rc = 0;
     static double acc[DS41_TIMER_N];
     static double t_dec[MAX_SET][MAX_ROUNDS], t_pre[MAX_SET][MAX_ROUNDS], prof[MAX_SET][DS41_TIMER_N];

@@ -70,6 +70,8 @@ void ds41_side_wait(ds41_side *s);
  * environment overrides (an unsupported choice falls back to the best supported one). Both
  * give bit-identical results (one canonical order, linear_fast.c). */
 const char *ds41_kernels_isa(void);
+/* the FP8 decode of the fast T = 1 .. 8 kernels: "shuffle" or "f16c" (DS41_E4M3, linear_fast.h) */
+const char *ds41_kernels_fp8_decode(void);
 int ds41_kernels_isa_supported(const char *name);   /* 1 if the CPU runs it */
 int ds41_kernels_set_isa(const char *name);         /* 0 ok, -1 unknown or unsupported */
 

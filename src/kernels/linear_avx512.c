@@ -599,8 +599,8 @@ static void pf_fp4(const int16_t *PW, const float *SW, int nr, const int16_t *AW
     }
 }
 
-static const ds41_fast_ops ops = { "avx512", dec_e4m3, dec_fp4, dec_bf16, dec_f32, few_e4m3, few_fp4, few_bf16, few_f32,
-                                    mid_e4m3, mid_fp4, mid_bf16, pf_float, pf_fp4 };
+static const ds41_fast_ops ops = { "avx512", KC, dec_e4m3, dec_fp4, dec_bf16, dec_f32, few_e4m3, few_fp4, few_bf16, few_f32,
+                                    mid_e4m3, mid_fp4, mid_bf16, pf_float, pf_fp4, NULL, NULL };
 const ds41_fast_ops *ds41_fast_ops_avx512(void) { return &ops; }
 
 #ifdef __clang__

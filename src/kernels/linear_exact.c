@@ -739,8 +739,9 @@ typedef struct d1job {
     int out_bf16;
     int avx512;                /* the certified lanes on zmm */
     int vbmi;                  /* DQ tiles on the FP8 certified lanes (AVX-512 VBMI) */
-    const double *xp;          /* BF16 on AVX2: x and |x| in the pair order of cert_ld16 (per 16: */
-    const float *xap;          /* the 8 even elements, then the 8 odd ones), or NULL */
+    const double *xp;          /* BF16 on AVX2: x * 2^896 in bf16_d4's order (cert_pass_avx2), and */
+    const float *xap;          /* |x| in the bound's pair order (per 16: the 8 even elements, then
+                                * the 8 odd ones), or NULL */
 } d1job;
 
 static inline __attribute__((always_inline)) __m256 d1_ld(int kind, const void *p, const uint8_t *srow, int k) {
@@ -838,21 +839,14 @@ typedef struct cjob {
     float *y;
     int out_bf16;
     int avx512;                /* the lanes on zmm (ds41_exact_cert_avx512) */
-    const double *xp;          /* BF16 on AVX2: x, |x| in cert_ld16's pair order (d1job) */
+    const double *xp;          /* BF16 on AVX2: x * 2^896 in bf16_d4's order, |x| in the pair order (d1job) */
     const float *xap;
 } cjob;
 
-/* 16 weights of one row at k as two FP32 vectors (BF16 widened; E_DQF: e4m3 * 2^-8, the FP16 trick).
- * BF16 with pairs set: the even elements (v << 16 of each 32-bit pair), then the odd ones (v &
- * 0xFFFF0000), against activations in that order (any order is the certificate's) */
-AINL void cert_ld16(int kind, const void *row, int k, __m256 *w0, __m256 *w1, int pairs) {
+/* 16 weights of one row at k as two FP32 vectors (BF16 widened; E_DQF: e4m3 * 2^-8, the FP16 trick) */
+AINL void cert_ld16(int kind, const void *row, int k, __m256 *w0, __m256 *w1) {
     if (kind == E_BF16) {
         __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + k));
-        if (pairs) {
-            *w0 = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
-            *w1 = _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32((int)0xFFFF0000)));
-            return;
-        }
         *w0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(raw)), 16));
         *w1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(raw, 1)), 16));
     } else {
@@ -862,6 +856,28 @@ AINL void cert_ld16(int kind, const void *row, int k, __m256 *w0, __m256 *w1, in
         *w1 = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
     }
 }
+
+/* BF16 weights straight into doubles for the certified lanes (AVX2): qword m of 128-bit lane l
+ * of vector j (0 .. 3) gets element 8 l + 2 j + m of the 16 at its top 16 bits by one in-lane
+ * byte shuffle; an arithmetic shift of the dwords by 3 and the mask 0x8FFFE000 00000000 leave the
+ * sign in bit 63 and the BF16 exponent and mantissa in bits 59..45: the double w * 2^-896 (BF16
+ * subnormals land on double subnormals, exactly; inf / NaN on finite doubles, but their FP32
+ * bound is not finite, so such rows never certify). Against x * 2^896 (finite: |x| < 2^128) the
+ * products are the exact w x of the widened floats, without the lane-crossing vcvtps2pd /
+ * vextractf128 (a Zen 3's exact head 10.7 -> 11.3 GB/s, 12.5 with cert_pass_bf16_avx2's two
+ * chains). BF16 subnormal weights, which no checkpoint holds, would cost Intel cores a microcode
+ * assist per FMA here: speed only. */
+static const int8_t bf16_d4_ctl[4][32] __attribute__((aligned(32))) = {
+    { -1, -1, -1, -1, -1, -1, 0, 1, -1, -1, -1, -1, -1, -1, 2, 3, -1, -1, -1, -1, -1, -1, 0, 1, -1, -1, -1, -1, -1, -1, 2, 3 },
+    { -1, -1, -1, -1, -1, -1, 4, 5, -1, -1, -1, -1, -1, -1, 6, 7, -1, -1, -1, -1, -1, -1, 4, 5, -1, -1, -1, -1, -1, -1, 6, 7 },
+    { -1, -1, -1, -1, -1, -1, 8, 9, -1, -1, -1, -1, -1, -1, 10, 11, -1, -1, -1, -1, -1, -1, 8, 9, -1, -1, -1, -1, -1, -1, 10, 11 },
+    { -1, -1, -1, -1, -1, -1, 12, 13, -1, -1, -1, -1, -1, -1, 14, 15, -1, -1, -1, -1, -1, -1, 12, 13, -1, -1, -1, -1, -1, -1, 14, 15 } };
+AINL __m256d bf16_d4(__m256i raw, int j) {
+    __m256i v = _mm256_shuffle_epi8(raw, _mm256_load_si256((const __m256i *)bf16_d4_ctl[j]));
+    return _mm256_castsi256_pd(_mm256_and_si256(_mm256_srai_epi32(v, 3), _mm256_set1_epi64x((long long)0x8FFFE00000000000ULL)));
+}
+/* the position of element e (0 .. 15 of a 16-group) in bf16_d4's order */
+static inline int bf16_d4_pos(int e) { return 4 * ((e & 7) >> 1) + 2 * (e >> 3) + (e & 1); }
 
 AINL double cert_w(int kind, const void *row, int k) {
     if (kind == E_BF16) return (double)ds41_bf16_to_f32(((const uint16_t *)row)[k]);
@@ -907,7 +923,42 @@ static void cert_chain(const cjob *c, int kind, const char *base, size_t esz, co
 #define CERT_R 4
 #define CERT_R512 8    /* rows per pass on AVX-512 (ds41_exact_cert_avx512) */
 #define CERT_PFD 2048
+/* BF16 rows on AVX2 (activations in bf16_d4's order, xp, and the pair order, xap): the
+ * doubles by bf16_d4 against x * 2^896; for the bound |w| of the even elements (v << 17 >> 1)
+ * and of the odd ones (v & 0x7FFF0000) */
+static void cert_pass_bf16_avx2(const cjob *c, const char *const *p, int kv, double *s, float *b) {
+    __m256d sd[CERT_R], se[CERT_R];   /* two chains per row (any order is the certificate's) */
+    __m256 bd[CERT_R];
+    UNROLL4 for (int q = 0; q < CERT_R; q++) {
+        sd[q] = se[q] = _mm256_setzero_pd();
+        bd[q] = _mm256_setzero_ps();
+    }
+    for (int k = 0; k < kv; k += 16) {
+        if (!(k & 31)) UNROLL4 for (int q = 0; q < CERT_R; q++) ds41_pf_row(p[q], (size_t)c->in * 2, (size_t)k * 2 + CERT_PFD, CERT_R);
+        const double *xk = c->xp + k;
+        UNROLL4 for (int q = 0; q < CERT_R; q++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p[q] + k));
+            __m256 w0 = _mm256_castsi256_ps(_mm256_srli_epi32(_mm256_slli_epi32(raw, 17), 1));
+            __m256 w1 = _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32(0x7FFF0000)));
+            bd[q] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(c->xap + k), bd[q]);
+            bd[q] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(c->xap + k + 8), bd[q]);
+            sd[q] = _mm256_fmadd_pd(bf16_d4(raw, 0), _mm256_loadu_pd(xk), sd[q]);
+            se[q] = _mm256_fmadd_pd(bf16_d4(raw, 1), _mm256_loadu_pd(xk + 4), se[q]);
+            sd[q] = _mm256_fmadd_pd(bf16_d4(raw, 2), _mm256_loadu_pd(xk + 8), sd[q]);
+            se[q] = _mm256_fmadd_pd(bf16_d4(raw, 3), _mm256_loadu_pd(xk + 12), se[q]);
+        }
+    }
+    UNROLL4 for (int q = 0; q < CERT_R; q++) {
+        s[q] = hsum_pd(_mm256_add_pd(sd[q], se[q]));
+        b[q] = hsum_ps(bd[q]);
+    }
+}
+
 AINL void cert_pass_avx2(const cjob *c, int kind, const char *const *p, int kv, double *s, float *b) {
+    if (kind == E_BF16 && c->xp) {
+        cert_pass_bf16_avx2(c, p, kv, s, b);
+        return;
+    }
     const size_t esz = kind == E_BF16 ? 2 : 1;
     const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
     __m256d sd[CERT_R];
@@ -916,23 +967,20 @@ AINL void cert_pass_avx2(const cjob *c, int kind, const char *const *p, int kv, 
         sd[q] = _mm256_setzero_pd();
         bd[q] = _mm256_setzero_ps();
     }
-    const int pairs = kind == E_BF16 && c->xp;
-    const double *x = pairs ? c->xp : c->x;
-    const float *xa = pairs ? c->xap : c->xa;
     for (int k = 0; k < kv; k += 16) {
         if (!(k & (int)(63 / esz)))
             UNROLL4 for (int q = 0; q < CERT_R; q++) ds41_pf_row(p[q], (size_t)c->in * esz, (size_t)k * esz + CERT_PFD, CERT_R);
-        const double *xk = x + k;
+        const double *xk = c->x + k;
         UNROLL4 for (int q = 0; q < CERT_R; q++) {
             __m256 w0, w1;
-            cert_ld16(kind, p[q], k, &w0, &w1, pairs);
+            cert_ld16(kind, p[q], k, &w0, &w1);
             __m256d t = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(w0)), _mm256_loadu_pd(xk));
             t = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(w0, 1)), _mm256_loadu_pd(xk + 4), t);
             t = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(w1)), _mm256_loadu_pd(xk + 8), t);
             t = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(w1, 1)), _mm256_loadu_pd(xk + 12), t);
             sd[q] = _mm256_add_pd(sd[q], t);
-            bd[q] = _mm256_fmadd_ps(_mm256_and_ps(w0, absm), _mm256_loadu_ps(xa + k), bd[q]);
-            bd[q] = _mm256_fmadd_ps(_mm256_and_ps(w1, absm), _mm256_loadu_ps(xa + k + 8), bd[q]);
+            bd[q] = _mm256_fmadd_ps(_mm256_and_ps(w0, absm), _mm256_loadu_ps(c->xa + k), bd[q]);
+            bd[q] = _mm256_fmadd_ps(_mm256_and_ps(w1, absm), _mm256_loadu_ps(c->xa + k + 8), bd[q]);
         }
     }
     UNROLL4 for (int q = 0; q < CERT_R; q++) {
@@ -1086,11 +1134,12 @@ void ds41_exact_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const f
             ad[k] = (double)x[k];
             xa[k] = fabsf(x[k]);
         }
-        if (pairs)   /* per 16: the even elements, then the odd ones (cert_ld16's BF16 pairs) */
+        if (pairs)   /* per 16: |x| in the pair order of the bound (the even elements, then the odd ones),
+                      * x * 2^896 in bf16_d4's */
             for (int k = 0; k < (in & ~15); k++) {
                 int src = (k & ~15) + (k & 8 ? 2 * (k & 7) + 1 : 2 * (k & 7));
-                ad[in + k] = ad[src];
                 xa[in + k] = xa[src];
+                ad[in + (k & ~15) + bf16_d4_pos(k & 15)] = ad[k] * 0x1p896;
             }
         d1job d = { ek, wb, wf, w8 ? w8->w : NULL, w8 ? w8->s : NULL, row0, out, in, ad, xa, y, out_bf16, z,
                     z && __builtin_cpu_supports("avx512vbmi"), pairs ? ad + in : NULL, pairs ? xa + in : NULL };

@@ -37,7 +37,9 @@
  * assist, ~100 cycles, on an FMA with a subnormal input):
  *   E4M3 code c, sign-extended to 16 bits, shifted left by 7 and masked with 0xBFFF is the
  *   FP16 pattern of e4m3(c) * 2^-8 (normals and subnormals alike); F16C converts it to FP32
- *   (a normal number) in hardware.
+ *   (a normal number) in hardware. On AMD CPUs, which take FP32 subnormal operands at full
+ *   speed, the AVX2 T = 1 .. 8 kernels decode by byte shuffles instead (e4m3x16_s: e4m3 * 2^-120,
+ *   against activations times 2^120: the same exact products, the same bits).
  *   E2M1: a 16-byte shuffle table maps each nibble to 2 * e2m1 (an int8 in -12..12); FP4
  *   linears multiply in integers (below).
  *   BF16: the even elements of a 32-bit pair are v << 16, the odd ones v & 0xFFFF0000; the
@@ -66,6 +68,7 @@
 #include "linear_fast.h"
 #include "formats.h"
 
+#include <float.h>
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -73,7 +76,7 @@
 
 #define ITEM 32          /* rows per work item */
 #define TT 64            /* tokens per activation tile */
-#define KC DS41_KC       /* K elements per prefill panel (32 rows x 1 KiB of floats: L1) */
+#define KC DS41_KC_AVX2  /* K elements per AVX2 prefill panel (the row stride of its micro-kernels) */
 #define PFD 1024         /* prefetch distance per row stream, bytes */
 #define PAR_MIN_WORK 65536LL
 
@@ -84,12 +87,23 @@ static inline float p2(int k) { return ds41_bits_f32((uint32_t)(127 + k) << 23);
 
 static float ue8_lut8[256];    /* ue8m0(e) * 2^8 (FP8 tile scale with the FP16 decode's 2^8) */
 static float ue8_lut[256];     /* ue8m0(e) (FP4 row-block scale) */
+static float ue8_lut_m8[256];  /* ue8m0(e) * 2^-8 (FP4 row-block scale against e2m1x32_w256's words) */
+static float ue8_lut120[256];  /* ue8m0(e) * 2^120 (the shuffle decode's 2^120; inf above e = 134) */
+int ds41_fast_e4m3_shuffle = -1;
+long long ds41_fast_e4m3s_items, ds41_fast_e4m3s_fallbacks;
+static int e4m3s_default;      /* the auto choice of the FP8 decode, set by isa_init */
+static inline int e4m3s_on(const ds41_fast_ops *ops) {
+    int on = ds41_fast_e4m3_shuffle < 0 ? e4m3s_default : ds41_fast_e4m3_shuffle;
+    return on && ops->dec_e4m3s != NULL;
+}
 
 static void luts_fill(void) {
     for (int e = 0; e < 256; e++) {
         float s = ds41_ue8m0_to_f32((uint8_t)e);
         ue8_lut8[e] = s * p2(8);
         ue8_lut[e] = s;
+        ue8_lut_m8[e] = s * p2(-8);   /* >= 2^-135: exact (subnormal at the bottom) */
+        ue8_lut120[e] = s * p2(120);
     }
 }
 
@@ -152,6 +166,32 @@ static inline void e4m3x16_h(const uint8_t *p, __m256 *lo, __m256 *hi) {
     *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
 
+/* Shuffle decode (AVX2 T = 1 .. 8 on AMD CPUs, see e4m3s_on and fp8_acts): each code c moved by an in-lane byte
+ * shuffle to the top byte of a dword, shifted right arithmetically by 4 and masked with
+ * 0x87F00000: the sign stays in bit 31 and eeeemmm lands in bits 26..20, i.e. the FP32 pattern
+ * of e4m3(c) * 2^-120 (codes with e = 0 give FP32 subnormals, exactly the E4M3 subnormals times
+ * 2^-120, and zeros). No lane-crossing widening and no F16C: on a Zen 3 those share one pipe
+ * and bound the F16C decode at about 4 weights per cycle. */
+static const int8_t shuf_e4m3[64] __attribute__((aligned(32))) = {
+    -1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3,
+    -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7,
+    -1, -1, -1, 8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11,
+    -1, -1, -1, 12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15 };
+static inline __m256 e4m3_s(__m256i b, int half) {
+    __m256i x = _mm256_shuffle_epi8(b, _mm256_load_si256((const __m256i *)(shuf_e4m3 + 32 * half)));
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(x, 4), _mm256_set1_epi32((int)0x87F00000)));
+}
+/* 16 E4M3 codes -> two vectors of e4m3 * 2^-120 */
+static inline void e4m3x16_s(const uint8_t *p, __m256 *lo, __m256 *hi) {
+    __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    *lo = e4m3_s(b, 0);
+    *hi = e4m3_s(b, 1);
+}
+/* 8 E4M3 codes -> e4m3 * 2^-120 (reads 8 bytes) */
+static inline __m256 e4m3x8_s(const uint8_t *p) {
+    return e4m3_s(_mm256_broadcastsi128_si256(_mm_loadl_epi64((const __m128i *)p)), 0);
+}
+
 /* 16 packed E2M1 bytes (one block) -> int16 of 2 * e2m1: *we = even elements, *wo = odd */
 static inline void e2m1x32_i16(const uint8_t *p, __m256i *we, __m256i *wo) {
     const __m128i tab = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
@@ -161,10 +201,29 @@ static inline void e2m1x32_i16(const uint8_t *p, __m256i *we, __m256i *wo) {
     *wo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(v, 4), m)));
 }
 
+/* The same words times 256, without lane-crossing widening (one in-lane byte shuffle puts byte
+ * i of the block in the high byte of word i of the lane that holds it, then the table lookup of
+ * each nibble): *we = 256 * 2 e2m1 of the even elements, *wo of the odd. The T = 1 .. 64 AVX2
+ * FP4 kernels use these against the same int16 activations: each int32 lane is 256 times the
+ * exact block-lane sum (|.| < 2^29), fp32 of it 256 times fp32 of the sum (a power of two
+ * commutes with rounding), and the row-block scale taken from ue8_lut_m8 (s * 2^-8, exact)
+ * makes x = fp32(256 I) * s 2^-8 the correctly rounded I * s, the int16 road's x, bit for bit.
+ * On a Zen 3 (T = 1, one thread) 1.3x the two vpmovsxbw of e2m1x32_i16. */
+static inline void e2m1x32_w256(const uint8_t *p, __m256i *we, __m256i *wo) {
+    const __m256i tab = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+                                         0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m256i ctl = _mm256_setr_epi8(-128, 0, -128, 1, -128, 2, -128, 3, -128, 4, -128, 5, -128, 6, -128, 7,
+                                         -128, 8, -128, 9, -128, 10, -128, 11, -128, 12, -128, 13, -128, 14, -128, 15);
+    const __m256i m = _mm256_set1_epi16(0x0F00);
+    __m256i x = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p)), ctl);
+    *we = _mm256_shuffle_epi8(tab, _mm256_and_si256(x, m));
+    *wo = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(x, 4), m));
+}
+
 /* ---------------------------------------------------------------- AVX2 decode kernels */
 
-#define DOT8(R)                                                                                       \
-    static void dot8_##R(const uint8_t *w, size_t ld, int in, const float *a2, float *out) {         \
+#define DOT8(R, X, D16, D8)                                                                           \
+    static void dot8##X##_##R(const uint8_t *w, size_t ld, int in, const float *a2, float *out) {    \
         __m256 A[R], B[R];                                                                        \
         UNROLL for (int r = 0; r < R; r++) A[r] = B[r] = _mm256_setzero_ps();                     \
         int k = 0;                                                                                \
@@ -173,21 +232,28 @@ static inline void e2m1x32_i16(const uint8_t *p, __m256i *we, __m256i *wo) {
             __m256 a0 = _mm256_loadu_ps(a2 + k), a1 = _mm256_loadu_ps(a2 + k + 8);              \
             UNROLL for (int r = 0; r < R; r++) {                                                  \
                 __m256 w0, w1;                                                                    \
-                e4m3x16_h(w + r * ld + k, &w0, &w1);                                              \
+                D16(w + r * ld + k, &w0, &w1);                                                    \
                 A[r] = _mm256_fmadd_ps(w0, a0, A[r]);                                             \
                 B[r] = _mm256_fmadd_ps(w1, a1, B[r]);                                             \
             }                                                                                     \
         }                                                                                         \
         if (k < in) UNROLL for (int r = 0; r < R; r++)                                            \
-            A[r] = _mm256_fmadd_ps(e4m3x8_h(w + r * ld + k), _mm256_loadu_ps(a2 + k), A[r]);      \
+            A[r] = _mm256_fmadd_ps(D8(w + r * ld + k), _mm256_loadu_ps(a2 + k), A[r]);            \
         UNROLL for (int r = 0; r < R; r++) out[r] = hsum8(_mm256_add_ps(A[r], B[r]));             \
     }
-DOT8(4) DOT8(1)
+DOT8(4, , e4m3x16_h, e4m3x8_h) DOT8(1, , e4m3x16_h, e4m3x8_h)
+DOT8(4, s, e4m3x16_s, e4m3x8_s) DOT8(1, s, e4m3x16_s, e4m3x8_s)
 
 static void dec_e4m3_avx2(const uint8_t *w, size_t ld, int nr, int in, const float *a2, float *out) {
     int r = 0;
     for (; r + 4 <= nr; r += 4) dot8_4(w + (size_t)r * ld, ld, in, a2, out + r);
     for (; r < nr; r++) dot8_1(w + (size_t)r * ld, ld, in, a2, out + r);
+}
+/* the same with the shuffle decode: a2 = a * s_tile * 2^120 */
+static void dec_e4m3s_avx2(const uint8_t *w, size_t ld, int nr, int in, const float *a2, float *out) {
+    int r = 0;
+    for (; r + 4 <= nr; r += 4) dot8s_4(w + (size_t)r * ld, ld, in, a2, out + r);
+    for (; r < nr; r++) dot8s_1(w + (size_t)r * ld, ld, in, a2, out + r);
 }
 
 /* one FP4 block of R rows into acc X */
@@ -198,9 +264,9 @@ static void dec_e4m3_avx2(const uint8_t *w, size_t ld, int nr, int in, const flo
         __m256 sa = _mm256_load_ps(sav + 16 * ((b) >> 1) + 8 * ((b) & 1));                        \
         UNROLL for (int r = 0; r < R; r++) {                                                      \
             __m256i we, wo;                                                                       \
-            e2m1x32_i16(w + r * ld + 16 * (b), &we, &wo);                                         \
+            e2m1x32_w256(w + r * ld + 16 * (b), &we, &wo);                                        \
             __m256i d = _mm256_add_epi32(_mm256_madd_epi16(we, ae), _mm256_madd_epi16(wo, ao));   \
-            __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(ue8_lut[s[r * lds + (b)]])); \
+            __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(ue8_lut_m8[s[r * lds + (b)]])); \
             X[r] = _mm256_fmadd_ps(x, sa, X[r]);                                                  \
         }                                                                                         \
     } while (0)
@@ -296,29 +362,33 @@ static void dec_f32_avx2(const float *w, size_t ld, int nr, int n8, const float 
 #define FEWC 6
 #define FEWC4 4   /* FP4: the row-block scale and two word vectors stay live as well */
 
-#define FEW8(C)                                                                                       \
-    static void few8_##C(const uint8_t *w, int in, const float *a2, size_t lda, float *out) {        \
+#define FEW8(C, X, D16, D8)                                                                           \
+    static void few8##X##_##C(const uint8_t *w, int in, const float *a2, size_t lda, float *out) {   \
         __m256 A[C], B[C];                                                                        \
         UNROLL for (int t = 0; t < C; t++) A[t] = B[t] = _mm256_setzero_ps();                     \
         int k = 0;                                                                                \
         for (; k + 16 <= in; k += 16) {                                                           \
             if (!(k & 63)) _mm_prefetch((const char *)(w + k + PFD), _MM_HINT_T0);                \
             __m256 w0, w1;                                                                        \
-            e4m3x16_h(w + k, &w0, &w1);                                                           \
+            D16(w + k, &w0, &w1);                                                                 \
             UNROLL for (int t = 0; t < C; t++) {                                                  \
                 A[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a2 + t * lda + k), A[t]);              \
                 B[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(a2 + t * lda + k + 8), B[t]);          \
             }                                                                                     \
         }                                                                                         \
         if (k < in) {                                                                             \
-            __m256 w0 = e4m3x8_h(w + k);                                                          \
+            __m256 w0 = D8(w + k);                                                                \
             UNROLL for (int t = 0; t < C; t++) A[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a2 + t * lda + k), A[t]); \
         }                                                                                         \
         UNROLL for (int t = 0; t < C; t++) out[t] = hsum8(_mm256_add_ps(A[t], B[t]));             \
     }
-FEW8(1) FEW8(2) FEW8(3) FEW8(4) FEW8(5) FEW8(6)
-static void (*const few8_k[FEWC])(const uint8_t *, int, const float *, size_t, float *) = {
-    few8_1, few8_2, few8_3, few8_4, few8_5, few8_6 };
+#define FEW8H(C) FEW8(C, , e4m3x16_h, e4m3x8_h)
+#define FEW8S(C) FEW8(C, s, e4m3x16_s, e4m3x8_s)
+FEW8H(1) FEW8H(2) FEW8H(3) FEW8H(4) FEW8H(5) FEW8H(6)
+FEW8S(1) FEW8S(2) FEW8S(3) FEW8S(4) FEW8S(5) FEW8S(6)
+typedef void (*few8_fn)(const uint8_t *, int, const float *, size_t, float *);
+static const few8_fn few8_k[FEWC] = { few8_1, few8_2, few8_3, few8_4, few8_5, few8_6 };
+static const few8_fn few8s_k[FEWC] = { few8s_1, few8s_2, few8s_3, few8s_4, few8s_5, few8s_6 };
 
 /* token passes of at most cmax: T <= cmax in one, else two of ceil(T / 2) and the rest */
 static inline int few_pass(int T, int t0, int cmax) {
@@ -327,20 +397,27 @@ static inline int few_pass(int T, int t0, int cmax) {
     return t0 == 0 ? h : T - h;
 }
 
-static void few_e4m3_avx2(const uint8_t *w, size_t ld, int nr, int in, const float *a2, size_t lda, int T, float *out) {
+static void few_e4m3_k(const few8_fn *k, const uint8_t *w, size_t ld, int nr, int in, const float *a2, size_t lda,
+                       int T, float *out) {
     for (int r = 0; r < nr; r++)
         for (int t0 = 0, C; t0 < T; t0 += C) {
             C = few_pass(T, t0, FEWC);
-            few8_k[C - 1](w + (size_t)r * ld, in, a2 + (size_t)t0 * lda, lda, out + (size_t)r * T + t0);
+            k[C - 1](w + (size_t)r * ld, in, a2 + (size_t)t0 * lda, lda, out + (size_t)r * T + t0);
         }
+}
+static void few_e4m3_avx2(const uint8_t *w, size_t ld, int nr, int in, const float *a2, size_t lda, int T, float *out) {
+    few_e4m3_k(few8_k, w, ld, nr, in, a2, lda, T, out);
+}
+static void few_e4m3s_avx2(const uint8_t *w, size_t ld, int nr, int in, const float *a2, size_t lda, int T, float *out) {
+    few_e4m3_k(few8s_k, w, ld, nr, in, a2, lda, T, out);
 }
 
 /* one FP4 block of one row into X[t], t < C (the FP4BLK operations, per token) */
 #define FEW4BLK(C, X, b)                                                                              \
     do {                                                                                          \
         __m256i we, wo;                                                                           \
-        e2m1x32_i16(w + 16 * (b), &we, &wo);                                                      \
-        __m256 sw = _mm256_set1_ps(ue8_lut[s[(b)]]);                                              \
+        e2m1x32_w256(w + 16 * (b), &we, &wo);                                                     \
+        __m256 sw = _mm256_set1_ps(ue8_lut_m8[s[(b)]]);                                           \
         size_t oe = 64 * (size_t)((b) >> 1) + 16 * ((b) & 1), os = 16 * (size_t)((b) >> 1) + 8 * ((b) & 1); \
         UNROLL for (int t = 0; t < C; t++) {                                                      \
             __m256i ae = _mm256_load_si256((const __m256i *)(aw + t * ldaw + oe));                \
@@ -552,8 +629,8 @@ static void mid_e4m3_avx2(const uint8_t *w, size_t ld, const uint8_t *st, int nr
             const int16_t *ap = a + 16 * p;                                                       \
             for (int b = p; b < nb; b += 2, ap += sstep) {                                        \
                 __m256i we, wo;                                                                   \
-                e2m1x32_i16(w + 16 * b, &we, &wo);                                                \
-                __m256 sw = _mm256_set1_ps(ue8_lut[s[b]]);                                        \
+                e2m1x32_w256(w + 16 * b, &we, &wo);                                               \
+                __m256 sw = _mm256_set1_ps(ue8_lut_m8[s[b]]);                                     \
                 UNROLL16 for (int t = 0; t < C; t++) {                                            \
                     __m256i ae = _mm256_load_si256((const __m256i *)(ap + 96 * t));               \
                     __m256i ao = _mm256_load_si256((const __m256i *)(ap + 96 * t + 32));          \
@@ -610,9 +687,13 @@ static const mk_ew_fn mk_ew[4][3] = {
     { mk_ew_1_1, mk_ew_1_2, mk_ew_1_3 }, { mk_ew_2_1, mk_ew_2_2, mk_ew_2_3 },
     { mk_ew_3_1, mk_ew_3_2, mk_ew_3_3 }, { mk_ew_4_1, mk_ew_4_2, mk_ew_4_3 } };
 
+/* token tiles of 3; a remainder of 4 as 2 + 2 (a 4 x 1 tile has 4 FMA chains, half the 8 that
+ * keep both FMA pipes busy) */
+static inline int pf_tile3(int rem) { return rem == 4 ? 2 : rem < 3 ? rem : 3; }
+
 static void pf_float_avx2(const float *P, int nr, const float *A, size_t lda, int T, int nch, float *acc) {
-    for (int t0 = 0; t0 < T; t0 += 3) {
-        int C = T - t0 < 3 ? T - t0 : 3;
+    for (int t0 = 0, C; t0 < T; t0 += C) {
+        C = pf_tile3(T - t0);
         for (int r0 = 0; r0 < nr; r0 += 4) {
             int R = nr - r0 < 4 ? nr - r0 : 4;
             mk_ew[R - 1][C - 1](P + (size_t)r0 * KC, A + (size_t)t0 * lda, lda, nch, acc + ((size_t)r0 * T + t0) * 16, T);
@@ -657,8 +738,8 @@ static const mk_q_fn mk_q[2][3] = { { mk_q_1_1, mk_q_1_2, mk_q_1_3 }, { mk_q_2_1
 
 static void pf_fp4_avx2(const int16_t *PW, const float *SW, int nr, const int16_t *AW, size_t ldaw,
                         const float *SAV, size_t ldsa, int T, int nblk, float *acc) {
-    for (int t0 = 0; t0 < T; t0 += 3) {
-        int C = T - t0 < 3 ? T - t0 : 3;
+    for (int t0 = 0, C; t0 < T; t0 += C) {
+        C = pf_tile3(T - t0);
         for (int r0 = 0; r0 < nr; r0 += 2) {
             int R = nr - r0 < 2 ? nr - r0 : 2;
             mk_q[R - 1][C - 1](PW + (size_t)r0 * KC, SW + (size_t)r0 * (KC / 4), AW + (size_t)t0 * ldaw, ldaw,
@@ -667,9 +748,10 @@ static void pf_fp4_avx2(const int16_t *PW, const float *SW, int nr, const int16_
     }
 }
 
-static const ds41_fast_ops ops_avx2 = { "avx2", dec_e4m3_avx2, dec_fp4_avx2, dec_bf16_avx2, dec_f32_avx2,
+static const ds41_fast_ops ops_avx2 = { "avx2", KC, dec_e4m3_avx2, dec_fp4_avx2, dec_bf16_avx2, dec_f32_avx2,
                                         few_e4m3_avx2, few_fp4_avx2, few_bf16_avx2, few_f32_avx2,
-                                        mid_e4m3_avx2, mid_fp4_avx2, NULL, pf_float_avx2, pf_fp4_avx2 };
+                                        mid_e4m3_avx2, mid_fp4_avx2, NULL, pf_float_avx2, pf_fp4_avx2,
+                                        dec_e4m3s_avx2, few_e4m3s_avx2 };
 const ds41_fast_ops *ds41_fast_ops_avx2(void) { return &ops_avx2; }
 
 /* ---------------------------------------------------------------- ISA selection */
@@ -689,6 +771,8 @@ int ds41_kernels_isa_supported(const char *name) {
 
 static void isa_init(void) {
     luts_fill();
+    const char *d = getenv("DS41_E4M3");
+    e4m3s_default = d && !strcmp(d, "f16c") ? 0 : d && !strcmp(d, "shuffle") ? 1 : __builtin_cpu_is("amd");
     const char *e = getenv("DS41_ISA");
     g_ops = &ops_avx2;
     if ((!e || !*e || !strcmp(e, "auto") || !strcmp(e, "avx512")) && ds41_kernels_isa_supported("avx512"))
@@ -701,6 +785,11 @@ const ds41_fast_ops *ds41_fast_ops_get(void) {
 }
 
 const char *ds41_kernels_isa(void) { return ds41_fast_ops_get()->name; }
+int ds41_fast_e4m3_shuffle_auto(void) {
+    ds41_fast_ops_get();
+    return e4m3s_default;
+}
+const char *ds41_kernels_fp8_decode(void) { return e4m3s_on(ds41_fast_ops_get()) ? "shuffle" : "f16c"; }
 
 int ds41_kernels_set_isa(const char *name) {
     ds41_fast_ops_get();
@@ -847,20 +936,56 @@ static void finish_acc(const fjob *j, int r0, int nr, const float *acc) {
         }
 }
 
+/* FP8 T = 1 .. DS41_FEW_MAX: o = a * s_tile * 2^8 per 32 (the F16C decode's operand), or, with
+ * shuffle set, a * s_tile * 2^120 (the shuffle decode's). Returns 0 when some shuffle operand is
+ * not a finite FP32 with |v| >= 2^-14 or 0 (a * s_tile >= 2^8, a scale byte above 134, a NaN, or
+ * an operand whose 2^8 twin would be subnormal): the caller then rebuilds with the 2^8 LUT, so
+ * both decodes multiply the same exact products, e4m3 * a * s_tile, and give the same bits. */
+static int fp8_acts(const float *a, const uint8_t *st, int nb, int shuffle, float *o) {
+    const float *lut = shuffle ? ue8_lut120 : ue8_lut8;
+    const __m256 am = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), big = _mm256_set1_ps(FLT_MAX),
+                 tiny = _mm256_set1_ps(p2(-14)), z = _mm256_setzero_ps();
+    __m256 bad = z;
+    for (int b = 0; b < nb; b++) {
+        __m256 sc = _mm256_set1_ps(lut[st[b]]);
+        for (int q = 0; q < 4; q++) {
+            __m256 v = _mm256_mul_ps(_mm256_loadu_ps(a + 32 * b + 8 * q), sc);
+            _mm256_storeu_ps(o + 32 * b + 8 * q, v);
+            if (shuffle) {
+                __m256 x = _mm256_and_ps(v, am);
+                bad = _mm256_or_ps(bad, _mm256_cmp_ps(x, big, _CMP_NLE_UQ));
+                bad = _mm256_or_ps(bad, _mm256_and_ps(_mm256_cmp_ps(x, tiny, _CMP_LT_OQ), _mm256_cmp_ps(x, z, _CMP_NEQ_OQ)));
+            }
+        }
+    }
+    return _mm256_movemask_ps(bad) == 0;
+}
+
+/* The T activation rows of an FP8 item (row t at j->a + t * lda) into a2 (row stride in) for
+ * the shuffle decode where it runs and every operand is in its range, else for F16C (counted
+ * as a fallback when the shuffle decode was asked for). Returns 1 for the shuffle decode. */
+static int fp8_item_acts(const fjob *j, const uint8_t *st, int T, float *a2) {
+    int nb = j->in / 32, on = e4m3s_on(j->ops), sh = on;
+    for (int t = 0; t < T && sh; t++) sh = fp8_acts(j->a + (size_t)t * j->lda, st, nb, 1, a2 + (size_t)t * j->in);
+    if (sh) {
+        __atomic_fetch_add(&ds41_fast_e4m3s_items, 1, __ATOMIC_RELAXED);
+        return 1;
+    }
+    if (on) __atomic_fetch_add(&ds41_fast_e4m3s_fallbacks, 1, __ATOMIC_RELAXED);
+    for (int t = 0; t < T; t++) fp8_acts(j->a + (size_t)t * j->lda, st, nb, 0, a2 + (size_t)t * j->in);
+    return 0;
+}
+
 /* T = 1: stream the item's rows once. a2 scratch: in floats. */
 static void item_decode(const fjob *j, int r0, int r1, float *a2) {
     int in = j->in, nr = r1 - r0;
     float v[ITEM];
     switch (j->kind) {
     case J_FP8: case J_DQ: {
-        int nb = in / 32, nbk = (in + 31) / 32, tile = (j->row0 + r0) / 32;
-        const uint8_t *st = j->s + (size_t)tile * nbk;
-        for (int b = 0; b < nb; b++) {
-            __m256 sc = _mm256_set1_ps(ue8_lut8[st[b]]);
-            for (int q = 0; q < 4; q++)
-                _mm256_storeu_ps(a2 + 32 * b + 8 * q, _mm256_mul_ps(_mm256_loadu_ps(j->a + 32 * b + 8 * q), sc));
-        }
-        j->ops->dec_e4m3(j->w + (size_t)(j->row0 + r0) * in, (size_t)in, nr, in, a2, v);
+        int nbk = (in + 31) / 32, tile = (j->row0 + r0) / 32;
+        const uint8_t *w = j->w + (size_t)(j->row0 + r0) * in;
+        if (fp8_item_acts(j, j->s + (size_t)tile * nbk, 1, a2)) j->ops->dec_e4m3s(w, (size_t)in, nr, in, a2, v);
+        else j->ops->dec_e4m3(w, (size_t)in, nr, in, a2, v);
         break;
     }
     case J_FP4: {
@@ -886,18 +1011,10 @@ static void item_few(const fjob *j, int r0, int r1, float *a2) {
     float v[ITEM * DS41_FEW_MAX];
     switch (j->kind) {
     case J_FP8: case J_DQ: {
-        int nb = in / 32, nbk = (in + 31) / 32, tile = (j->row0 + r0) / 32;
-        const uint8_t *st = j->s + (size_t)tile * nbk;
-        for (int t = 0; t < T; t++) {
-            const float *at = j->a + (size_t)t * j->lda;
-            float *o = a2 + (size_t)t * in;
-            for (int b = 0; b < nb; b++) {
-                __m256 sc = _mm256_set1_ps(ue8_lut8[st[b]]);
-                for (int q = 0; q < 4; q++)
-                    _mm256_storeu_ps(o + 32 * b + 8 * q, _mm256_mul_ps(_mm256_loadu_ps(at + 32 * b + 8 * q), sc));
-            }
-        }
-        j->ops->few_e4m3(j->w + (size_t)(j->row0 + r0) * in, (size_t)in, nr, in, a2, (size_t)in, T, v);
+        int nbk = (in + 31) / 32, tile = (j->row0 + r0) / 32;
+        const uint8_t *w = j->w + (size_t)(j->row0 + r0) * in;
+        if (fp8_item_acts(j, j->s + (size_t)tile * nbk, T, a2)) j->ops->few_e4m3s(w, (size_t)in, nr, in, a2, (size_t)in, T, v);
+        else j->ops->few_e4m3(w, (size_t)in, nr, in, a2, (size_t)in, T, v);
         break;
     }
     case J_FP4: {
@@ -940,7 +1057,10 @@ static int mid_kb(const ds41_fast_ops *ops, int kind, int T) {
 #define MID_MAX_FP4_AVX2 TT
 
 /* 1 if the mid path serves T rows of this kind with these ops */
+int ds41_fast_mid_off;
+
 static int mid_on(const ds41_fast_ops *ops, int kind, int T) {
+    if (ds41_fast_mid_off) return 0;
     if (T <= DS41_FEW_MAX || T > (ops == &ops_avx2 && kind == J_FP4 ? MID_MAX_FP4_AVX2 : DS41_MID_MAX)) return 0;
     switch (kind) {
     case J_FP8: case J_DQ: return ops->mid_e4m3 != NULL;
@@ -1004,14 +1124,14 @@ static void item_mid(const fjob *j, int r0, int r1, float *acc) {
     finish_acc(j, r0, nr, acc);
 }
 
-/* Decodes rows [r0, r1) x K [k0, k0 + kc) into the panel (row stride KC): floats P (FP8 / DQ:
+/* Decodes rows [r0, r1) x K [k0, k0 + kc) into the panel (row stride j->ops->kc): floats P (FP8 / DQ:
  * e4m3 * s_tile; BF16 in the activation order, zero padded to 32; FP32 as is) or, for FP4,
  * int16 words PW in the activation layout and pair scale vectors SW. Returns the number of
  * 8-chunks (float kinds) or blocks (FP4) of the panel. */
 static int decode_panel(const fjob *j, int r0, int r1, int k0, int kc, float *P, int16_t *PW, float *SW) {
-    int in = j->in;
+    int in = j->in, pk = j->ops->kc;
     for (int r = r0; r < r1; r++) {
-        float *pr = P + (size_t)(r - r0) * KC;
+        float *pr = P + (size_t)(r - r0) * pk;
         switch (j->kind) {
         case J_FP8: case J_DQ: {
             int nbk = (in + 31) / 32, ar = j->row0 + r;
@@ -1025,8 +1145,8 @@ static int decode_panel(const fjob *j, int r0, int r1, int k0, int kc, float *P,
         }
         case J_FP4: {
             const uint8_t *c = j->w + (size_t)r * (in / 2) + k0 / 2, *st = j->s + (size_t)r * (in / 32) + k0 / 32;
-            int16_t *pw = PW + (size_t)(r - r0) * KC;
-            float *sw = SW + (size_t)(r - r0) * (KC / 4);
+            int16_t *pw = PW + (size_t)(r - r0) * pk;
+            float *sw = SW + (size_t)(r - r0) * (pk / 4);
             int nblk = kc / 32, ngrp = (nblk + 1) / 2;
             memset(pw, 0, (size_t)ngrp * 64 * sizeof(int16_t));
             memset(sw, 0, (size_t)ngrp * 16 * sizeof(float));
@@ -1070,8 +1190,8 @@ static int decode_panel(const fjob *j, int r0, int r1, int k0, int kc, float *P,
 static void item_prefill(const fjob *j, int r0, int r1, float *P, int16_t *PW, float *SW, float *acc) {
     int nr = r1 - r0, T = j->T;
     memset(acc, 0, (size_t)nr * T * 16 * sizeof(float));
-    for (int k0 = 0; k0 < j->kv; k0 += KC) {
-        int kc = j->kv - k0 < KC ? j->kv - k0 : KC;
+    for (int k0 = 0, pk = j->ops->kc; k0 < j->kv; k0 += pk) {
+        int kc = j->kv - k0 < pk ? j->kv - k0 : pk;
         int n = decode_panel(j, r0, r1, k0, kc, P, PW, SW);
         if (j->kind == J_FP4)
             j->ops->pf_fp4(PW, SW, nr, j->aw + k0, j->ldaw, j->sav + k0 / 4, j->ldsa, T, n, acc);
@@ -1092,9 +1212,10 @@ static void fjob_items(void *arg, int i0, int i1) {
         a2 = amalloc((size_t)j->T * j->in * sizeof(float));
         if (!a2) return;
     } else {
-        P = amalloc((size_t)ITEM * KC * sizeof(float));
-        PW = amalloc((size_t)ITEM * KC * sizeof(int16_t));
-        SW = amalloc((size_t)ITEM * (KC / 4) * sizeof(float));
+        int pk = j->ops->kc;
+        P = amalloc((size_t)ITEM * pk * sizeof(float));
+        PW = amalloc((size_t)ITEM * pk * sizeof(int16_t));
+        SW = amalloc((size_t)ITEM * (pk / 4) * sizeof(float));
         acc = amalloc((size_t)ITEM * j->T * 16 * sizeof(float));
         if (!P || !PW || !SW || !acc) { free(P); free(PW); free(SW); free(acc); return; }
     }

@@ -29,12 +29,16 @@ void ds41_fast_q8_row(const float *x, int in, float mult, float *a);
 
 /* ---- per-ISA kernels (see linear_fast.c for the canonical order they all implement) ----
  * acc blocks: 16 floats per (row, token): lanes 0-7 accumulator A, 8-15 accumulator B. */
-#define DS41_KC 256   /* K elements per prefill panel */
+#define DS41_KC 256        /* K elements per prefill panel, AVX-512 (32 rows x 1 KiB of floats) */
+#define DS41_KC_AVX2 512   /* the same, AVX2: the 4 x 3 micro-kernel's fixed cost per call (its
+                            * accumulators loaded and stored per parity pass) spread over twice
+                            * the K; see linear_fast.c */
 #define DS41_FEW_MAX 8   /* T = 2 .. DS41_FEW_MAX: the few-row path (weights streamed once) */
 #define DS41_MID_MAX 32  /* T = DS41_FEW_MAX + 1 .. DS41_MID_MAX: the mid path where the ISA has one
                           * (AVX2 FP4: up to 64, linear_fast.c) */
 typedef struct ds41_fast_ops {
     const char *name;
+    int kc;   /* K elements per prefill panel (pf_float / pf_fp4 row stride): DS41_KC, DS41_KC_AVX2 */
     /* decode, nr rows at stride ld; out[r] = hsum8(A + B) */
     void (*dec_e4m3)(const uint8_t *w, size_t ld, int nr, int in, const float *a2, float *out);
     void (*dec_fp4)(const uint8_t *w, size_t ld, const uint8_t *s, size_t lds, int nr, int nb,
@@ -61,11 +65,28 @@ typedef struct ds41_fast_ops {
     void (*mid_fp4)(const uint8_t *w, size_t ld, const uint8_t *s, size_t lds, int nr, int nb, const int16_t *a2,
                     int T, float *acc);
     void (*mid_bf16)(const uint16_t *w, size_t ld, int nr, int n16, const float *a2, int T, float *acc);
-    /* prefill over one K panel: nr rows of panel P (row stride DS41_KC), T tokens */
+    /* prefill over one K panel: nr rows of panel P (row stride kc), T tokens */
     void (*pf_float)(const float *P, int nr, const float *A, size_t lda, int T, int nch, float *acc);
     void (*pf_fp4)(const int16_t *PW, const float *SW, int nr, const int16_t *AW, size_t ldaw,
                    const float *SAV, size_t ldsa, int T, int nblk, float *acc);
+    /* dec_e4m3 / few_e4m3 with the shuffle decode (weights e4m3 * 2^-120, activations a2 =
+     * a * s_tile * 2^120; NULL where the ISA has none) */
+    void (*dec_e4m3s)(const uint8_t *w, size_t ld, int nr, int in, const float *a2, float *out);
+    void (*few_e4m3s)(const uint8_t *w, size_t ld, int nr, int in, const float *a2, size_t lda, int T, float *out);
 } ds41_fast_ops;
+
+/* FP8 decode of the AVX2 T = 1 .. DS41_FEW_MAX kernels: -1 auto (the shuffle decode on AMD
+ * CPUs, where FP32 subnormal operands cost nothing, F16C elsewhere; DS41_E4M3=f16c|shuffle
+ * overrides the auto choice), 0 F16C, 1 shuffle. Both give the same bits (tests run both).
+ * The counters: 32-row items run with the shuffle decode, and items that asked for it but
+ * fell back to F16C because an activation operand was out of its range. */
+extern int ds41_fast_e4m3_shuffle;
+int ds41_fast_e4m3_shuffle_auto(void);   /* the auto choice on this CPU (1 shuffle, 0 F16C) */
+extern long long ds41_fast_e4m3s_items, ds41_fast_e4m3s_fallbacks;
+/* tests: 1 sends T = DS41_FEW_MAX + 1 .. 64 to the prefill panels instead of the mid kernels,
+ * an independent implementation of the canonical order (AVX2 FP4: the int16 words of
+ * e2m1x32_i16 against the T = 1 .. 64 kernels' words times 256) */
+extern int ds41_fast_mid_off;
 
 const ds41_fast_ops *ds41_fast_ops_avx2(void);
 const ds41_fast_ops *ds41_fast_ops_avx512(void);   /* NULL when not compiled in */
