@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Part of make test: rebuilds the tree with AddressSanitizer + UndefinedBehaviorSanitizer
-# (make check-asan) and runs the C and CLI tests under it, then runs each libFuzzer harness
-# for a short smoke run (make fuzz). Prints the inner PASS/FAIL lines, prefixed.
+# (make check-asan) and runs the C and CLI tests under it (the libFuzzer smoke run is
+# tests/fuzz.test.sh, in the other lane). Prints the inner PASS/FAIL lines, prefixed.
 # DS41_SKIP_SANITIZERS=1 skips it (for quick local runs); inside the ASan run it is a no-op.
 set -u
 cd "$DS41_ROOT"
@@ -13,11 +13,4 @@ rc=$?
 grep -E '^(PASS|FAIL) ' build-asan/test-logs/*.log 2>/dev/null | sed -E 's/^build-asan\/test-logs\/([^:]*)\.log:(PASS|FAIL) /\2 asan:\1:/'
 if [ "$rc" -ne 0 ] && ! grep -q '^FAIL' build-asan/test-logs/*.log 2>/dev/null; then
     echo "FAIL asan: make check-asan exited $rc"; tail -n 20 "$log"
-fi
-flog=build/test-logs/fuzz.out
-make --no-print-directory -j"$(nproc)" fuzz FUZZ_SECONDS=${DS41_FUZZ_SECONDS:-5} >"$flog" 2>&1
-frc=$?
-grep -E '^(PASS|FAIL)|^    ' "$flog" | sed -E 's/^(PASS|FAIL) /\1 fuzz:/'
-if [ "$frc" -ne 0 ] && ! grep -q '^FAIL' "$flog"; then
-    echo "FAIL fuzz: make fuzz exited $frc"; tail -n 20 "$flog"
 fi
