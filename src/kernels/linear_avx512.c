@@ -61,28 +61,54 @@ static inline __m256 e4m3x8_h(const uint8_t *p) {
     return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(b, 7), _mm_set1_epi16((short)0xBFFF)));
 }
 
+/* Shuffle decode (the fast linears' DS41_E4M3 choice, linear_fast.h): 16 codes broadcast to the
+ * four 128-bit lanes, one in-lane byte shuffle puts code 4 L + i at the top byte of dword i of
+ * lane L, an arithmetic shift right by 4 and a mask give the FP32 pattern of e4m3 * 2^-120 (as
+ * AVX2's e4m3x16_s; codes with e = 0 are FP32 subnormals, exactly the E4M3 subnormals times
+ * 2^-120). Three single-uop ops per 16 weights against F16C's four (vcvtph2ps zmm is two). */
+static const int8_t shuf16_ctl[64] __attribute__((aligned(64))) = {
+    -1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3,
+    -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7,
+    -1, -1, -1, 8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11,
+    -1, -1, -1, 12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15 };
+static inline __m512 e4m3_s(__m128i codes) {
+    __m512i x = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(codes), _mm512_load_si512(shuf16_ctl));
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_srai_epi32(x, 4), _mm512_set1_epi32((int)0x87F00000)));
+}
+static inline __m512 e4m3x16_s(const uint8_t *p) { return e4m3_s(_mm_loadu_si128((const __m128i *)p)); }
+/* 8 codes (reads 8 bytes): lanes 8..15 are +0, as zext(e4m3x8_h) */
+static inline __m512 e4m3x8_s(const uint8_t *p) { return e4m3_s(_mm_loadl_epi64((const __m128i *)p)); }
+static inline __m512 e4m3x16_hz(const uint8_t *p) { return e4m3x16_h(p); }
+static inline __m512 e4m3x8_hz(const uint8_t *p) { return zext(e4m3x8_h(p)); }
+
 /* ---------------------------------------------------------------- decode */
 
-#define DOT8(R)                                                                                       \
-    static void dot8_##R(const uint8_t *w, size_t ld, int in, const float *a2, float *out) {         \
+#define DOT8(R, X, D16, D8)                                                                           \
+    static void dot8##X##_##R(const uint8_t *w, size_t ld, int in, const float *a2, float *out) {    \
         __m512 c[R];                                                                              \
         UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();                            \
         int k = 0;                                                                                \
         for (; k + 16 <= in; k += 16) {                                                           \
             if (!(k & 63)) ds41_pf_rows(w, ld, (size_t)k + PFD, R);                               \
             __m512 a = _mm512_loadu_ps(a2 + k);                                                   \
-            UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_fmadd_ps(e4m3x16_h(w + r * ld + k), a, c[r]); \
+            UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_fmadd_ps(D16(w + r * ld + k), a, c[r]); \
         }                                                                                         \
         if (k < in) UNROLL for (int r = 0; r < R; r++)                                            \
-            c[r] = _mm512_fmadd_ps(zext(e4m3x8_h(w + r * ld + k)), zext(_mm256_loadu_ps(a2 + k)), c[r]); \
+            c[r] = _mm512_fmadd_ps(D8(w + r * ld + k), zext(_mm256_loadu_ps(a2 + k)), c[r]);     \
         UNROLL for (int r = 0; r < R; r++) out[r] = hsum16(c[r]);                                 \
     }
-DOT8(8) DOT8(1)
+DOT8(8, , e4m3x16_hz, e4m3x8_hz) DOT8(1, , e4m3x16_hz, e4m3x8_hz)
+DOT8(8, s, e4m3x16_s, e4m3x8_s) DOT8(1, s, e4m3x16_s, e4m3x8_s)
 
 static void dec_e4m3(const uint8_t *w, size_t ld, int nr, int in, const float *a2, float *out) {
     int r = 0;
     for (; r + 8 <= nr; r += 8) dot8_8(w + (size_t)r * ld, ld, in, a2, out + r);
     for (; r < nr; r++) dot8_1(w + (size_t)r * ld, ld, in, a2, out + r);
+}
+static void dec_e4m3s(const uint8_t *w, size_t ld, int nr, int in, const float *a2, float *out) {
+    int r = 0;
+    for (; r + 8 <= nr; r += 8) dot8s_8(w + (size_t)r * ld, ld, in, a2, out + r);
+    for (; r < nr; r++) dot8s_1(w + (size_t)r * ld, ld, in, a2, out + r);
 }
 
 /* 32 packed bytes (two blocks) -> int16 2*e2m1: *we even elements, *wo odd (64 elements) */
@@ -207,33 +233,44 @@ static void dec_f32(const float *w, size_t ld, int nr, int n8, const float *a, f
 
 /* One weight row streamed once for C <= 8 tokens, one zmm (A | B) per token fed as the decode
  * kernels feed theirs. */
-#define FEW8(C)                                                                                       \
-    static void few8_##C(const uint8_t *w, int in, const float *a2, size_t lda, float *out) {        \
+#define FEW8(C, X, D16, D8)                                                                           \
+    static void few8##X##_##C(const uint8_t *w, int in, const float *a2, size_t lda, float *out) {   \
         __m512 c[C];                                                                              \
         UNROLL for (int t = 0; t < C; t++) c[t] = _mm512_setzero_ps();                            \
         int k = 0;                                                                                \
         for (; k + 16 <= in; k += 16) {                                                           \
             if (!(k & 63)) _mm_prefetch((const char *)(w + k + PFD), _MM_HINT_T0);                \
-            __m512 wv = e4m3x16_h(w + k);                                                         \
+            __m512 wv = D16(w + k);                                                               \
             UNROLL for (int t = 0; t < C; t++) c[t] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(a2 + t * lda + k), c[t]); \
         }                                                                                         \
         if (k < in) {                                                                             \
-            __m512 wv = zext(e4m3x8_h(w + k));                                                    \
+            __m512 wv = D8(w + k);                                                                \
             UNROLL for (int t = 0; t < C; t++)                                                    \
                 c[t] = _mm512_fmadd_ps(wv, zext(_mm256_loadu_ps(a2 + t * lda + k)), c[t]);        \
         }                                                                                         \
         UNROLL for (int t = 0; t < C; t++) out[t] = hsum16(c[t]);                                 \
     }
-FEW8(1) FEW8(2) FEW8(3) FEW8(4) FEW8(5) FEW8(6) FEW8(7) FEW8(8)
-static void (*const few8_k[8])(const uint8_t *, int, const float *, size_t, float *) = {
-    few8_1, few8_2, few8_3, few8_4, few8_5, few8_6, few8_7, few8_8 };
+#define FEW8H(C) FEW8(C, , e4m3x16_hz, e4m3x8_hz)
+#define FEW8S(C) FEW8(C, s, e4m3x16_s, e4m3x8_s)
+FEW8H(1) FEW8H(2) FEW8H(3) FEW8H(4) FEW8H(5) FEW8H(6) FEW8H(7) FEW8H(8)
+FEW8S(1) FEW8S(2) FEW8S(3) FEW8S(4) FEW8S(5) FEW8S(6) FEW8S(7) FEW8S(8)
+typedef void (*few8_fn)(const uint8_t *, int, const float *, size_t, float *);
+static const few8_fn few8_k[8] = { few8_1, few8_2, few8_3, few8_4, few8_5, few8_6, few8_7, few8_8 };
+static const few8_fn few8s_k[8] = { few8s_1, few8s_2, few8s_3, few8s_4, few8s_5, few8s_6, few8s_7, few8s_8 };
 
-static void few_e4m3(const uint8_t *w, size_t ld, int nr, int in, const float *a2, size_t lda, int T, float *out) {
+static void few_e4m3_k(const few8_fn *k, const uint8_t *w, size_t ld, int nr, int in, const float *a2, size_t lda,
+                       int T, float *out) {
     for (int r = 0; r < nr; r++)
         for (int t0 = 0; t0 < T; t0 += 8) {
             int C = T - t0 < 8 ? T - t0 : 8;
-            few8_k[C - 1](w + (size_t)r * ld, in, a2 + (size_t)t0 * lda, lda, out + (size_t)r * T + t0);
+            k[C - 1](w + (size_t)r * ld, in, a2 + (size_t)t0 * lda, lda, out + (size_t)r * T + t0);
         }
+}
+static void few_e4m3(const uint8_t *w, size_t ld, int nr, int in, const float *a2, size_t lda, int T, float *out) {
+    few_e4m3_k(few8_k, w, ld, nr, in, a2, lda, T, out);
+}
+static void few_e4m3s(const uint8_t *w, size_t ld, int nr, int in, const float *a2, size_t lda, int T, float *out) {
+    few_e4m3_k(few8s_k, w, ld, nr, in, a2, lda, T, out);
 }
 
 #define FEW4(C)                                                                                       \
@@ -600,7 +637,7 @@ static void pf_fp4(const int16_t *PW, const float *SW, int nr, const int16_t *AW
 }
 
 static const ds41_fast_ops ops = { "avx512", KC, dec_e4m3, dec_fp4, dec_bf16, dec_f32, few_e4m3, few_fp4, few_bf16, few_f32,
-                                    mid_e4m3, mid_fp4, mid_bf16, pf_float, pf_fp4, NULL, NULL };
+                                    mid_e4m3, mid_fp4, mid_bf16, pf_float, pf_fp4, dec_e4m3s, few_e4m3s };
 const ds41_fast_ops *ds41_fast_ops_avx512(void) { return &ops; }
 
 #ifdef __clang__

@@ -38,8 +38,10 @@
  *   E4M3 code c, sign-extended to 16 bits, shifted left by 7 and masked with 0xBFFF is the
  *   FP16 pattern of e4m3(c) * 2^-8 (normals and subnormals alike); F16C converts it to FP32
  *   (a normal number) in hardware. On AMD CPUs, which take FP32 subnormal operands at full
- *   speed, the AVX2 T = 1 .. 8 kernels decode by byte shuffles instead (e4m3x16_s: e4m3 * 2^-120,
- *   against activations times 2^120: the same exact products, the same bits).
+ *   speed, the T = 1 .. 8 kernels (AVX2 and AVX-512) decode by byte shuffles instead (e4m3x16_s:
+ *   e4m3 * 2^-120, against activations times 2^120: the same exact products, the same bits). On
+ *   an Intel Xeon (Sapphire Rapids class) the AVX-512 shuffle decode measured the same speed as
+ *   F16C: the T = 1 kernels there are bound by the memory, not by the decode.
  *   E2M1: a 16-byte shuffle table maps each nibble to 2 * e2m1 (an int8 in -12..12); FP4
  *   linears multiply in integers (below).
  *   BF16: the even elements of a 32-bit pair are v << 16, the odd ones v & 0xFFFF0000; the
@@ -166,12 +168,12 @@ static inline void e4m3x16_h(const uint8_t *p, __m256 *lo, __m256 *hi) {
     *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
 
-/* Shuffle decode (AVX2 T = 1 .. 8 on AMD CPUs, see e4m3s_on and fp8_acts): each code c moved by an in-lane byte
- * shuffle to the top byte of a dword, shifted right arithmetically by 4 and masked with
- * 0x87F00000: the sign stays in bit 31 and eeeemmm lands in bits 26..20, i.e. the FP32 pattern
- * of e4m3(c) * 2^-120 (codes with e = 0 give FP32 subnormals, exactly the E4M3 subnormals times
- * 2^-120, and zeros). No lane-crossing widening and no F16C: on a Zen 3 those share one pipe
- * and bound the F16C decode at about 4 weights per cycle. */
+/* Shuffle decode (T = 1 .. 8 on AMD CPUs, see e4m3s_on and fp8_acts; linear_avx512.c has its zmm
+ * form): each code c moved by an in-lane byte shuffle to the top byte of a dword, shifted right
+ * arithmetically by 4 and masked with 0x87F00000: the sign stays in bit 31 and eeeemmm lands in
+ * bits 26..20, i.e. the FP32 pattern of e4m3(c) * 2^-120 (codes with e = 0 give FP32 subnormals,
+ * exactly the E4M3 subnormals times 2^-120, and zeros). No lane-crossing widening and no F16C: on
+ * a Zen 3 those share one pipe and bound the F16C decode at about 4 weights per cycle. */
 static const int8_t shuf_e4m3[64] __attribute__((aligned(32))) = {
     -1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3,
     -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7,
