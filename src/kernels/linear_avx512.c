@@ -87,9 +87,13 @@ static inline __m512 e4m3x8_hz(const uint8_t *p) { return zext(e4m3x8_h(p)); }
     static void dot8##X##_##R(const uint8_t *w, size_t ld, int in, const float *a2, float *out) {    \
         __m512 c[R];                                                                              \
         UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();                            \
+        const int nxt = (size_t)R * ld <= DS41_PF_NEXT_MAX;                                       \
         int k = 0;                                                                                \
         for (; k + 16 <= in; k += 16) {                                                           \
-            if (!(k & 63)) ds41_pf_rows(w, ld, (size_t)k + PFD, R);                               \
+            if (!(k & 63)) {                                                                      \
+                if (nxt) ds41_pf_next(w, ld, (size_t)k, R);                                       \
+                else ds41_pf_rows(w, ld, (size_t)k + PFD, R);                                     \
+            }                                                                                     \
             __m512 a = _mm512_loadu_ps(a2 + k);                                                   \
             UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_fmadd_ps(D16(w + r * ld + k), a, c[r]); \
         }                                                                                         \

@@ -228,9 +228,13 @@ static inline void e2m1x32_w256(const uint8_t *p, __m256i *we, __m256i *wo) {
     static void dot8##X##_##R(const uint8_t *w, size_t ld, int in, const float *a2, float *out) {    \
         __m256 A[R], B[R];                                                                        \
         UNROLL for (int r = 0; r < R; r++) A[r] = B[r] = _mm256_setzero_ps();                     \
+        const int nxt = (size_t)R * ld <= DS41_PF_NEXT_MAX;                                       \
         int k = 0;                                                                                \
         for (; k + 16 <= in; k += 16) {                                                           \
-            if (!(k & 63)) ds41_pf_rows(w, ld, (size_t)k + PFD, R);                               \
+            if (!(k & 63)) {                                                                      \
+                if (nxt) ds41_pf_next(w, ld, (size_t)k, R);                                       \
+                else ds41_pf_rows(w, ld, (size_t)k + PFD, R);                                     \
+            }                                                                                     \
             __m256 a0 = _mm256_loadu_ps(a2 + k), a1 = _mm256_loadu_ps(a2 + k + 8);              \
             UNROLL for (int r = 0; r < R; r++) {                                                  \
                 __m256 w0, w1;                                                                    \

@@ -105,6 +105,18 @@ static inline __attribute__((always_inline)) void ds41_pf_rows(const void *w, si
     for (int r = 0; r < R; r++) ds41_pf_row((const char *)w + r * ldb, ldb, offb, R);
 }
 
+/* Short rows (R * ldb <= DS41_PF_NEXT_MAX bytes, the R rows contiguous: row r at w + r * ldb): at
+ * read position offb (a multiple of 64) of the R rows, R lines of the next group's block
+ * [w + R ldb, w + 2 R ldb), in address order, so that the whole next block is in L1 by the time
+ * the group ends; the FP8 T = 1 kernels of both ISAs. Against ds41_pf_rows' R streams 1 KiB ahead
+ * (each only 20 lines long for wq_b's 1,280-byte rows), on an Intel Xeon, bench_kernels T = 1
+ * one thread FP8 wq_b: AVX-512 1.06-1.23x, AVX2 1.09-1.13x (FP4 w1 / w2: no change, not used). */
+#define DS41_PF_NEXT_MAX 16384
+static inline __attribute__((always_inline)) void ds41_pf_next(const void *w, size_t ldb, size_t offb, int R) {
+    const char *n = (const char *)w + (size_t)R * ldb + (size_t)R * offb;
+    for (int q = 0; q < R; q++) _mm_prefetch(n + 64 * q, _MM_HINT_T0);
+}
+
 /* ---- exact linears at speed (linear_exact.c, AVX2, double accumulation): bit-identical to
  * the scalar exact kernels of linear.c for finite inputs; linear.c calls them for ctx->exact
  * when ds41_exact_simd is 1 (the default; tests set 0 to run the scalar twins) and the shape
