@@ -75,9 +75,9 @@ typedef struct ds41_fast_ops {
     void (*few_e4m3s)(const uint8_t *w, size_t ld, int nr, int in, const float *a2, size_t lda, int T, float *out);
 } ds41_fast_ops;
 
-/* FP8 decode of the T = 1 .. DS41_FEW_MAX kernels (AVX2 and AVX-512): -1 auto (the shuffle decode on AMD
- * CPUs, where FP32 subnormal operands cost nothing, F16C elsewhere; DS41_E4M3=f16c|shuffle
- * overrides the auto choice), 0 F16C, 1 shuffle. Both give the same bits (tests run both).
+/* FP8 decode of the T = 1 .. DS41_FEW_MAX kernels (AVX2 and AVX-512): -1 auto (the shuffle
+ * decode on AMD CPUs, where FP32 subnormal operands cost nothing, F16C elsewhere;
+ * DS41_E4M3=f16c|shuffle overrides the auto choice), 0 F16C, 1 shuffle. Both give the same bits (tests run both).
  * The counters: 32-row items run with the shuffle decode, and items that asked for it but
  * fell back to F16C because an activation operand was out of its range. */
 extern int ds41_fast_e4m3_shuffle;
