@@ -13,7 +13,8 @@
  *
  * Prints, first, three probes of the machine: streaming read bandwidth (GB/s, 1 and N threads,
  * a 512 MiB buffer, AVX2 loads), peak FP32 FMA throughput (GFLOP/s with 12 independent 8-wide
- * accumulators per thread, and the clock it implies at 2 FMA x 8 lanes per cycle), the core
+ * accumulators per thread, and the clock it implies at 2 FMA x 8 lanes per cycle; where the
+ * AVX-512 path runs, the same on zmm as well, the peak its kernels' %fma ratios use), the core
  * clock measured with a chain of dependent integer adds, and the cost of an empty
  * ds41_parallel_for. Then, for each linear: median time per call, weight GB/s (packed weight
  * bytes read per call / time; for decode this is the figure to compare with the read
@@ -93,11 +94,30 @@ static double probe_bw(const ds41_ctx *ctx, const float *buf, size_t n, int reps
     return (double)n * 4.0 / median(t, reps) / 1e9;
 }
 
-typedef struct fma_job { long iters; float out[256]; } fma_job;
+typedef struct fma_job { long iters; int zmm; float out[256]; } fma_job;
+
+/* the same 12 chains on zmm (16 lanes): the FMA peak of the AVX-512 kernels, which on a core
+ * with two 512-bit FMA units is twice the ymm one */
+__attribute__((target("avx512f"))) static float fma_zmm(long iters) {
+    __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+    __m512 a[12];
+    for (int i = 0; i < 12; i++) a[i] = _mm512_set1_ps((float)i);
+    for (long it = 0; it < iters; it++) {
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++) a[i] = _mm512_fmadd_ps(a[i], m, c);
+    }
+    __m512 s = a[0];
+    for (int i = 1; i < 12; i++) s = _mm512_add_ps(s, a[i]);
+    return _mm512_reduce_add_ps(s);
+}
 
 static void fma_fn(void *arg, int i0, int i1) {
     fma_job *j = arg;
     for (int part = i0; part < i1; part++) {
+        if (j->zmm) {
+            j->out[part] = fma_zmm(j->iters);
+            continue;
+        }
         __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
         __m256 a[12];
         for (int i = 0; i < 12; i++) a[i] = _mm256_set1_ps((float)i);
@@ -118,18 +138,19 @@ static void fma_fn(void *arg, int i0, int i1) {
     }
 }
 
-/* Peak FMA rate: one part per thread, GFLOP/s (2 flops per lane per FMA). */
-static double probe_fma(const ds41_ctx *ctx, int nt) {
+/* Peak FMA rate: one part per thread, GFLOP/s (2 flops per lane per FMA); zmm: 16 lanes. */
+static double probe_fma(const ds41_ctx *ctx, int nt, int zmm) {
     fma_job j;
     memset(&j, 0, sizeof j);
     j.iters = 20000000;
+    j.zmm = zmm;
     double t[5];
     for (int r = 0; r < 5; r++) {
         double t0 = now();
         ds41_parallel_for(ctx, nt, fma_fn, &j);
         t[r] = now() - t0;
     }
-    return (double)nt * (double)j.iters * 12.0 * 8.0 * 2.0 / median(t, 5) / 1e9;
+    return (double)nt * (double)j.iters * 12.0 * (zmm ? 16.0 : 8.0) * 2.0 / median(t, 5) / 1e9;
 }
 
 /* The prefill panels' float micro-kernels alone (ops->pf_float, one thread, one K panel of the
@@ -386,6 +407,7 @@ int main(int argc, char **argv) {
            ds41_kernels_isa(), ds41_kernels_isa_supported("avx512") ? "yes" : "no",
            getenv("DS41_ISA") ? getenv("DS41_ISA") : "unset", ds41_kernels_fp8_decode(),
            getenv("DS41_E4M3") ? getenv("DS41_E4M3") : "unset");
+    const int zmm_peak = !strcmp(ds41_kernels_isa(), "avx512");
     if (probes) {
         printf("== machine probes\n");
         printf("clock (dependent integer adds): %.2f GHz\n", probe_clock());
@@ -394,19 +416,24 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 7);
         for (int i = 0; i < n_thr; i++) {
             double bw = probe_bw(&ctxs[i], buf, n, quick ? 3 : 7);
-            double fl = probe_fma(&ctxs[i], threads[i]);
+            double fl = probe_fma(&ctxs[i], threads[i], 0);
             bw_of[i] = bw;
             fma_of[i] = fl / 2;
             printf("threads %d: read bandwidth %.1f GB/s; FMA peak %.1f GFLOP/s = %.1f GMAC/s"
                    " (%.2f GHz x 2 FMA x 8 lanes per core)",
                    threads[i], bw, fl, fl / 2, fl / 2 / 16.0 / threads[i]);
+            if (zmm_peak) {   /* the %fma ratios of the AVX-512 kernels are against this one */
+                double fz = probe_fma(&ctxs[i], threads[i], 1);
+                fma_of[i] = fz / 2;
+                printf("; zmm FMA peak %.1f GMAC/s (%.2fx ymm)", fz / 2, fz / fl);
+            }
             if (threads[i] > 1) printf("; empty parallel_for %.2f us", probe_dispatch(&ctxs[i]));
             printf("\n");
             double i8 = probe_i8(&ctxs[i], threads[i], 0);
-            printf("threads %d: int8 dot peak AVX2 vpmaddubsw %.1f GMAC/s (%.2fx FMA)", threads[i], i8, i8 / (fl / 2));
+            printf("threads %d: int8 dot peak AVX2 vpmaddubsw %.1f GMAC/s (%.2fx FMA)", threads[i], i8, i8 / fma_of[i]);
             if (ds41_kernels_isa_supported("avx512")) {
                 double v = probe_i8(&ctxs[i], threads[i], 1);
-                printf("; AVX-512 VNNI vpdpbusd %.1f GMAC/s (%.2fx FMA)", v, v / (fl / 2));
+                printf("; AVX-512 VNNI vpdpbusd %.1f GMAC/s (%.2fx FMA)", v, v / fma_of[i]);
             }
             printf("\n");
         }
