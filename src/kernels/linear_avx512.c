@@ -62,23 +62,18 @@ static inline __m256 e4m3x8_h(const uint8_t *p) {
 }
 
 /* Shuffle decode (the fast linears' DS41_E4M3 choice, linear_fast.h): 16 codes broadcast to the
- * four 128-bit lanes, one in-lane byte shuffle puts code 4 L + i at the top byte of dword i of
- * lane L, an arithmetic shift right by 4 and a mask give the FP32 pattern of e4m3 * 2^-120 (as
- * AVX2's e4m3x16_s; codes with e = 0 are FP32 subnormals, exactly the E4M3 subnormals times
- * 2^-120). Three single-uop ops per 16 weights against F16C's four (vcvtph2ps zmm is two). */
-static const int8_t shuf16_ctl[64] __attribute__((aligned(64))) = {
-    -1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3,
-    -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7,
-    -1, -1, -1, 8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11,
-    -1, -1, -1, 12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15 };
+ * four 128-bit lanes, one in-lane byte shuffle (ds41_shuf_e4m3, AVX2's table read whole) puts
+ * code 4 L + i at the top byte of dword i of lane L, an arithmetic shift right by 4 and a mask
+ * give the FP32 pattern of e4m3 * 2^-120 (as AVX2's e4m3x16_s; codes with e = 0 are FP32
+ * subnormals, exactly the E4M3 subnormals times 2^-120). Three single-uop ops per 16 weights
+ * against F16C's four (vcvtph2ps zmm is two). */
 static inline __m512 e4m3_s(__m128i codes) {
-    __m512i x = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(codes), _mm512_load_si512(shuf16_ctl));
+    __m512i x = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(codes), _mm512_load_si512(ds41_shuf_e4m3));
     return _mm512_castsi512_ps(_mm512_and_si512(_mm512_srai_epi32(x, 4), _mm512_set1_epi32((int)0x87F00000)));
 }
 static inline __m512 e4m3x16_s(const uint8_t *p) { return e4m3_s(_mm_loadu_si128((const __m128i *)p)); }
 /* 8 codes (reads 8 bytes): lanes 8..15 are +0, as zext(e4m3x8_h) */
 static inline __m512 e4m3x8_s(const uint8_t *p) { return e4m3_s(_mm_loadl_epi64((const __m128i *)p)); }
-static inline __m512 e4m3x16_hz(const uint8_t *p) { return e4m3x16_h(p); }
 static inline __m512 e4m3x8_hz(const uint8_t *p) { return zext(e4m3x8_h(p)); }
 
 /* ---------------------------------------------------------------- decode */
@@ -101,7 +96,7 @@ static inline __m512 e4m3x8_hz(const uint8_t *p) { return zext(e4m3x8_h(p)); }
             c[r] = _mm512_fmadd_ps(D8(w + r * ld + k), zext(_mm256_loadu_ps(a2 + k)), c[r]);     \
         UNROLL for (int r = 0; r < R; r++) out[r] = hsum16(c[r]);                                 \
     }
-DOT8(8, , e4m3x16_hz, e4m3x8_hz) DOT8(1, , e4m3x16_hz, e4m3x8_hz)
+DOT8(8, , e4m3x16_h, e4m3x8_hz) DOT8(1, , e4m3x16_h, e4m3x8_hz)
 DOT8(8, s, e4m3x16_s, e4m3x8_s) DOT8(1, s, e4m3x16_s, e4m3x8_s)
 
 static void dec_e4m3(const uint8_t *w, size_t ld, int nr, int in, const float *a2, float *out) {
@@ -254,7 +249,7 @@ static void dec_f32(const float *w, size_t ld, int nr, int n8, const float *a, f
         }                                                                                         \
         UNROLL for (int t = 0; t < C; t++) out[t] = hsum16(c[t]);                                 \
     }
-#define FEW8H(C) FEW8(C, , e4m3x16_hz, e4m3x8_hz)
+#define FEW8H(C) FEW8(C, , e4m3x16_h, e4m3x8_hz)
 #define FEW8S(C) FEW8(C, s, e4m3x16_s, e4m3x8_s)
 FEW8H(1) FEW8H(2) FEW8H(3) FEW8H(4) FEW8H(5) FEW8H(6) FEW8H(7) FEW8H(8)
 FEW8S(1) FEW8S(2) FEW8S(3) FEW8S(4) FEW8S(5) FEW8S(6) FEW8S(7) FEW8S(8)

@@ -174,13 +174,13 @@ static inline void e4m3x16_h(const uint8_t *p, __m256 *lo, __m256 *hi) {
  * bits 26..20, i.e. the FP32 pattern of e4m3(c) * 2^-120 (codes with e = 0 give FP32 subnormals,
  * exactly the E4M3 subnormals times 2^-120, and zeros). No lane-crossing widening and no F16C: on
  * a Zen 3 those share one pipe and bound the F16C decode at about 4 weights per cycle. */
-static const int8_t shuf_e4m3[64] __attribute__((aligned(32))) = {
+const int8_t ds41_shuf_e4m3[64] __attribute__((aligned(64))) = {
     -1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3,
     -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7,
     -1, -1, -1, 8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11,
     -1, -1, -1, 12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15 };
 static inline __m256 e4m3_s(__m256i b, int half) {
-    __m256i x = _mm256_shuffle_epi8(b, _mm256_load_si256((const __m256i *)(shuf_e4m3 + 32 * half)));
+    __m256i x = _mm256_shuffle_epi8(b, _mm256_load_si256((const __m256i *)(ds41_shuf_e4m3 + 32 * half)));
     return _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(x, 4), _mm256_set1_epi32((int)0x87F00000)));
 }
 /* 16 E4M3 codes -> two vectors of e4m3 * 2^-120 */

@@ -83,6 +83,9 @@ typedef struct ds41_fast_ops {
 extern int ds41_fast_e4m3_shuffle;
 int ds41_fast_e4m3_shuffle_auto(void);   /* the auto choice on this CPU (1 shuffle, 0 F16C) */
 extern long long ds41_fast_e4m3s_items, ds41_fast_e4m3s_fallbacks;
+/* the shuffle decode's byte control: code 4 L + i of a 16-code group to the top byte of dword i
+ * of 128-bit lane L (AVX2 reads it as two halves, AVX-512 whole) */
+extern const int8_t ds41_shuf_e4m3[64];
 /* tests: 1 sends T = DS41_FEW_MAX + 1 .. 64 to the prefill panels instead of the mid kernels,
  * an independent implementation of the canonical order (AVX2 FP4: the int16 words of
  * e2m1x32_i16 against the T = 1 .. 64 kernels' words times 256) */
