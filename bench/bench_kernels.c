@@ -138,6 +138,18 @@ static void fma_fn(void *arg, int i0, int i1) {
     }
 }
 
+/* Seconds for iters FMA probe iterations on nt threads (zmm or ymm), one part per thread: the
+ * probe run alongside each prefill kernel's calls, one after each call. */
+static double fma_time(const ds41_ctx *ctx, int nt, int zmm, long iters) {
+    fma_job j;
+    memset(&j, 0, sizeof j);
+    j.iters = iters;
+    j.zmm = zmm;
+    double t0 = now();
+    ds41_parallel_for(ctx, nt, fma_fn, &j);
+    return now() - t0;
+}
+
 /* Peak FMA rate: one part per thread, GFLOP/s (2 flops per lane per FMA); zmm: 16 lanes. */
 static double probe_fma(const ds41_ctx *ctx, int nt, int zmm) {
     fma_job j;
@@ -468,14 +480,24 @@ int main(int argc, char **argv) {
                 int c = 0;
                 /* warm-up: one pass over every copy (page faults, pool start) */
                 for (int w = 0; w < ws.n && w < 64; w++) call(ctx, sh, &ws, w, x, T, y);
-                double times[4096];
-                int n = 0;
+                double times[4096], ptimes[4096];
+                int n = 0, paired = probes && T > 1 && !exact;
+                /* paired FMA probe: about a third of the call's time at the probe's rate */
+                long piters = 0;
+                if (paired && fma_of[hi] > 0) {
+                    double t0 = now();
+                    call(ctx, sh, &ws, c, x, T, y);
+                    double lanes = zmm_peak ? 16.0 : 8.0;
+                    piters = (long)((now() - t0) / 3 * fma_of[hi] * 1e9 / threads[hi] / (12.0 * lanes)) + 1000;
+                }
                 long long chain0 = ds41_exact_chain_rows;
                 double start = now();
                 while (n < 4096 && (n < 5 || now() - start < min_time)) {
                     double t0 = now();
                     call(ctx, sh, &ws, c, x, T, y);
-                    times[n++] = now() - t0;
+                    times[n] = now() - t0;
+                    if (piters) ptimes[n] = fma_time(ctx, threads[hi], zmm_peak, piters);
+                    n++;
                     c = (c + 1) % ws.n;
                 }
                 double med = median(times, n);
@@ -483,11 +505,13 @@ int main(int argc, char **argv) {
                 double gbs = (double)ws.bytes / med / 1e9, gmac = macs / med / 1e9;
                 printf("%-12s %5dx%-5d %4d %3d %10.3f %8.2f %8.2f", sh->name, sh->out, sh->in, T, threads[hi],
                        med * 1e3, gbs, gmac);
+                double pk = piters ? (double)threads[hi] * piters * 12.0 * (zmm_peak ? 16.0 : 8.0) / median(ptimes, n) / 1e9 : 0;
                 if (T == 1 && bw_of[hi] > 0) printf(" %5.0f%%bw", 100.0 * gbs / bw_of[hi]);
-                else if (T > 1 && fma_of[hi] > 0) printf(" %4.0f%%fma", 100.0 * gmac / fma_of[hi]);
+                else if (T > 1 && pk > 0) printf(" %4.0f%%fma", 100.0 * gmac / pk);
                 else printf(" %7s", "");
                 if (T == 1) t1_of[hi] = med;
                 else if (t1_of[hi] > 0) printf(" %6.2fx", med / t1_of[hi]);
+                if (pk > 0) printf("  (FMA peak alongside %.1f GMAC/s, %.0f%% of the probe's)", pk, 100.0 * pk / fma_of[hi]);
                 if (ds41_exact_chain_rows > chain0)   /* exact dense T = 1: rows not certified */
                     printf("  chain %.2f%%", 100.0 * (double)(ds41_exact_chain_rows - chain0) / ((double)n * sh->out * T));
                 printf("\n");

@@ -1134,9 +1134,31 @@ static void item_mid(const fjob *j, int r0, int r1, float *acc) {
  * e4m3 * s_tile; BF16 in the activation order, zero padded to 32; FP32 as is) or, for FP4,
  * int16 words PW in the activation layout and pair scale vectors SW. Returns the number of
  * 8-chunks (float kinds) or blocks (FP4) of the panel. */
-static int decode_panel(const fjob *j, int r0, int r1, int k0, int kc, float *P, int16_t *PW, float *SW) {
+/* The bytes of row r, K [k0, k0 + kc) of the job's weights: address and length. */
+static const uint8_t *row_bytes(const fjob *j, int r, int k0, int kc, size_t *len) {
+    switch (j->kind) {
+    case J_FP8: case J_DQ: *len = (size_t)kc; return j->w + (size_t)(j->row0 + r) * j->in + k0;
+    case J_FP4: *len = (size_t)kc / 2; return j->w + (size_t)r * (j->in / 2) + k0 / 2;
+    case J_BF16: *len = (size_t)kc * 2; return (const uint8_t *)(j->wb + (size_t)r * j->in + k0);
+    default: *len = (size_t)kc * 4; return (const uint8_t *)(j->wf + (size_t)r * j->in + k0);
+    }
+}
+
+/* The next panel a thread decodes (rows [r0, r1), K [k0, k0 + kc)), prefetched into L2 one row
+ * per row decoded, a whole panel's multiply ahead of its use: the 32 rows' short runs (256 bytes of
+ * FP8 each) are too many scattered streams for the hardware prefetcher, and their misses
+ * otherwise stall the decode. */
+typedef struct { int r0, r1, k0, kc; } fpanel;
+
+static int decode_panel(const fjob *j, int r0, int r1, int k0, int kc, float *P, int16_t *PW, float *SW,
+                        const fpanel *nx) {
     int in = j->in, pk = j->ops->kc;
     for (int r = r0; r < r1; r++) {
+        if (nx && nx->r0 + (r - r0) < nx->r1) {
+            size_t len;
+            const uint8_t *b = row_bytes(j, nx->r0 + (r - r0), nx->k0, nx->kc, &len);
+            for (size_t o = 0; o < len; o += 64) _mm_prefetch((const char *)b + o, _MM_HINT_T1);
+        }
         float *pr = P + (size_t)(r - r0) * pk;
         switch (j->kind) {
         case J_FP8: case J_DQ: {
@@ -1193,12 +1215,14 @@ static int decode_panel(const fjob *j, int r0, int r1, int k0, int kc, float *P,
 }
 
 /* T > 1: per K panel, decode the item's rows once, then run every token through it. */
-static void item_prefill(const fjob *j, int r0, int r1, float *P, int16_t *PW, float *SW, float *acc) {
+static void item_prefill(const fjob *j, int r0, int r1, const fpanel *nxi, float *P, int16_t *PW, float *SW,
+                         float *acc) {
     int nr = r1 - r0, T = j->T;
     memset(acc, 0, (size_t)nr * T * 16 * sizeof(float));
     for (int k0 = 0, pk = j->ops->kc; k0 < j->kv; k0 += pk) {
         int kc = j->kv - k0 < pk ? j->kv - k0 : pk;
-        int n = decode_panel(j, r0, r1, k0, kc, P, PW, SW);
+        fpanel nx = { r0, r1, k0 + pk, j->kv - k0 - pk < pk ? j->kv - k0 - pk : pk };
+        int n = decode_panel(j, r0, r1, k0, kc, P, PW, SW, k0 + pk < j->kv ? &nx : nxi);
         if (j->kind == J_FP4)
             j->ops->pf_fp4(PW, SW, nr, j->aw + k0, j->ldaw, j->sav + k0 / 4, j->ldsa, T, n, acc);
         else
@@ -1232,7 +1256,14 @@ static void fjob_items(void *arg, int i0, int i1) {
         if (j->T == 1) item_decode(j, r0, r1, a2);
         else if (j->T <= DS41_FEW_MAX) item_few(j, r0, r1, a2);
         else if (j->am) item_mid(j, r0, r1, acc);
-        else item_prefill(j, r0, r1, P, PW, SW, acc);
+        else {
+            fpanel nx = { 0, 0, 0, 0 };   /* the next item's first panel */
+            if (it + 1 < i1) {
+                item_rows(j, it + 1, &nx.r0, &nx.r1);
+                nx.kc = j->kv < j->ops->kc ? j->kv : j->ops->kc;
+            }
+            item_prefill(j, r0, r1, nx.r1 > nx.r0 ? &nx : NULL, P, PW, SW, acc);
+        }
     }
     free(a2); free(P); free(PW); free(SW); free(acc);
 }
