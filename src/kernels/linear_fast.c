@@ -754,10 +754,18 @@ static void pf_fp4_avx2(const int16_t *PW, const float *SW, int nr, const int16_
     }
 }
 
+static void pan_e4m3_avx2(const uint8_t *c, size_t ld, const uint8_t *st, int nr, int kc, float *P) {
+    for (int r = 0; r < nr; r++, c += ld, P += KC)
+        for (int b = 0; b < kc / 32; b++) {
+            __m256 sc = _mm256_set1_ps(ue8_lut8[st[b]]);
+            for (int q = 0; q < 4; q++) _mm256_store_ps(P + 32 * b + 8 * q, _mm256_mul_ps(e4m3x8_h(c + 32 * b + 8 * q), sc));
+        }
+}
+
 static const ds41_fast_ops ops_avx2 = { "avx2", KC, dec_e4m3_avx2, dec_fp4_avx2, dec_bf16_avx2, dec_f32_avx2,
                                         few_e4m3_avx2, few_fp4_avx2, few_bf16_avx2, few_f32_avx2,
                                         mid_e4m3_avx2, mid_fp4_avx2, NULL, pf_float_avx2, pf_fp4_avx2,
-                                        dec_e4m3s_avx2, few_e4m3s_avx2 };
+                                        dec_e4m3s_avx2, few_e4m3s_avx2, pan_e4m3_avx2 };
 const ds41_fast_ops *ds41_fast_ops_avx2(void) { return &ops_avx2; }
 
 /* ---------------------------------------------------------------- ISA selection */
@@ -1163,12 +1171,7 @@ static int decode_panel(const fjob *j, int r0, int r1, int k0, int kc, float *P,
         switch (j->kind) {
         case J_FP8: case J_DQ: {
             int nbk = (in + 31) / 32, ar = j->row0 + r;
-            const uint8_t *c = j->w + (size_t)ar * in + k0, *st = j->s + (size_t)(ar / 32) * nbk + k0 / 32;
-            for (int b = 0; b < kc / 32; b++) {
-                __m256 sc = _mm256_set1_ps(ue8_lut8[st[b]]);
-                for (int q = 0; q < 4; q++)
-                    _mm256_store_ps(pr + 32 * b + 8 * q, _mm256_mul_ps(e4m3x8_h(c + 32 * b + 8 * q), sc));
-            }
+            j->ops->pan_e4m3(j->w + (size_t)ar * in + k0, 0, j->s + (size_t)(ar / 32) * nbk + k0 / 32, 1, kc, pr);
             break;
         }
         case J_FP4: {
