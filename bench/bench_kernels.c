@@ -485,16 +485,17 @@ int main(int argc, char **argv) {
                 /* warm-up: one pass over every copy (page faults, pool start) */
                 for (int w = 0; w < ws.n && w < 64; w++) call(ctx, sh, &ws, w, x, T, y);
                 double times[4096], ptimes[4096];
-                int n = 0, paired = probes && T > 1 && !exact;
-                /* paired FMA probe: about a third of the call's time at the probe's rate */
+                int n = 0;
+                /* the FMA probe alongside (prefill lines): a third of one call's time at the
+                 * probe's rate, 5 ms at least (shorter, the pool's second thread may not join
+                 * before the first took both parts) */
                 long piters = 0;
-                if (paired && fma_of[hi] > 0) {
+                if (probes && T > 1 && !exact && fma_of[hi] > 0) {
                     double t0 = now();
                     call(ctx, sh, &ws, c, x, T, y);
-                    double lanes = zmm_peak ? 16.0 : 8.0;
-                    double pt = (now() - t0) / 3 > 0.005 ? (now() - t0) / 3 : 0.005;   /* 5 ms at least: */
-                    /* shorter, the pool's second thread may not join before the first took both parts */
-                    piters = (long)(pt * fma_of[hi] * 1e9 / threads[hi] / (12.0 * lanes));
+                    double pt = (now() - t0) / 3;
+                    if (pt < 0.005) pt = 0.005;
+                    piters = (long)(pt * fma_of[hi] * 1e9 / threads[hi] / (12.0 * (zmm_peak ? 16.0 : 8.0)));
                 }
                 long long chain0 = ds41_exact_chain_rows;
                 double start = now();

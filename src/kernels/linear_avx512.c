@@ -635,16 +635,15 @@ static void pf_fp4(const int16_t *PW, const float *SW, int nr, const int16_t *AW
     }
 }
 
-/* The FP8 rows of a prefill panel (linear_fast.h: pan_e4m3), 16 codes per step: the products
- * e4m3 * 2^-8 * (s * 2^8) are exact, as AVX2's 8 per step. */
-static void pan_e4m3(const uint8_t *c, size_t ld, const uint8_t *st, int nr, int kc, float *P) {
+/* One FP8 row of a prefill panel (linear_fast.h: pan_e4m3), 16 codes per step: the products
+ * e4m3 * 2^-8 * (s * 2^8) are exact, the same floats as AVX2's 8 per step. */
+static void pan_e4m3(const uint8_t *c, const uint8_t *st, int kc, float *p) {
     lut_fill();
-    for (int r = 0; r < nr; r++, c += ld, P += KC)
-        for (int b = 0; b < kc / 32; b++) {
-            __m512 sc = _mm512_set1_ps(ue8_lut8[st[b]]);
-            _mm512_store_ps(P + 32 * b, _mm512_mul_ps(e4m3x16_h(c + 32 * b), sc));
-            _mm512_store_ps(P + 32 * b + 16, _mm512_mul_ps(e4m3x16_h(c + 32 * b + 16), sc));
-        }
+    for (int b = 0; b < kc / 32; b++) {
+        __m512 sc = _mm512_set1_ps(ue8_lut8[st[b]]);
+        _mm512_store_ps(p + 32 * b, _mm512_mul_ps(e4m3x16_h(c + 32 * b), sc));
+        _mm512_store_ps(p + 32 * b + 16, _mm512_mul_ps(e4m3x16_h(c + 32 * b + 16), sc));
+    }
 }
 
 static const ds41_fast_ops ops = { "avx512", KC, dec_e4m3, dec_fp4, dec_bf16, dec_f32, few_e4m3, few_fp4, few_bf16, few_f32,

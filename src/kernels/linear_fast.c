@@ -754,12 +754,11 @@ static void pf_fp4_avx2(const int16_t *PW, const float *SW, int nr, const int16_
     }
 }
 
-static void pan_e4m3_avx2(const uint8_t *c, size_t ld, const uint8_t *st, int nr, int kc, float *P) {
-    for (int r = 0; r < nr; r++, c += ld, P += KC)
-        for (int b = 0; b < kc / 32; b++) {
-            __m256 sc = _mm256_set1_ps(ue8_lut8[st[b]]);
-            for (int q = 0; q < 4; q++) _mm256_store_ps(P + 32 * b + 8 * q, _mm256_mul_ps(e4m3x8_h(c + 32 * b + 8 * q), sc));
-        }
+static void pan_e4m3_avx2(const uint8_t *c, const uint8_t *st, int kc, float *p) {
+    for (int b = 0; b < kc / 32; b++) {
+        __m256 sc = _mm256_set1_ps(ue8_lut8[st[b]]);
+        for (int q = 0; q < 4; q++) _mm256_store_ps(p + 32 * b + 8 * q, _mm256_mul_ps(e4m3x8_h(c + 32 * b + 8 * q), sc));
+    }
 }
 
 static const ds41_fast_ops ops_avx2 = { "avx2", KC, dec_e4m3_avx2, dec_fp4_avx2, dec_bf16_avx2, dec_f32_avx2,
@@ -1138,10 +1137,6 @@ static void item_mid(const fjob *j, int r0, int r1, float *acc) {
     finish_acc(j, r0, nr, acc);
 }
 
-/* Decodes rows [r0, r1) x K [k0, k0 + kc) into the panel (row stride j->ops->kc): floats P (FP8 / DQ:
- * e4m3 * s_tile; BF16 in the activation order, zero padded to 32; FP32 as is) or, for FP4,
- * int16 words PW in the activation layout and pair scale vectors SW. Returns the number of
- * 8-chunks (float kinds) or blocks (FP4) of the panel. */
 /* The bytes of row r, K [k0, k0 + kc) of the job's weights: address and length. */
 static const uint8_t *row_bytes(const fjob *j, int r, int k0, int kc, size_t *len) {
     switch (j->kind) {
@@ -1158,6 +1153,11 @@ static const uint8_t *row_bytes(const fjob *j, int r, int k0, int kc, size_t *le
  * otherwise stall the decode. */
 typedef struct { int r0, r1, k0, kc; } fpanel;
 
+/* Decodes rows [r0, r1) x K [k0, k0 + kc) into the panel (row stride j->ops->kc): floats P (FP8 / DQ:
+ * e4m3 * s_tile; BF16 in the activation order, zero padded to 32; FP32 as is) or, for FP4,
+ * int16 words PW in the activation layout and pair scale vectors SW. Returns the number of
+ * 8-chunks (float kinds) or blocks (FP4) of the panel.
+ * nx: the panel to prefetch, row by row (NULL: none). */
 static int decode_panel(const fjob *j, int r0, int r1, int k0, int kc, float *P, int16_t *PW, float *SW,
                         const fpanel *nx) {
     int in = j->in, pk = j->ops->kc;
@@ -1171,7 +1171,7 @@ static int decode_panel(const fjob *j, int r0, int r1, int k0, int kc, float *P,
         switch (j->kind) {
         case J_FP8: case J_DQ: {
             int nbk = (in + 31) / 32, ar = j->row0 + r;
-            j->ops->pan_e4m3(j->w + (size_t)ar * in + k0, 0, j->s + (size_t)(ar / 32) * nbk + k0 / 32, 1, kc, pr);
+            j->ops->pan_e4m3(j->w + (size_t)ar * in + k0, j->s + (size_t)(ar / 32) * nbk + k0 / 32, kc, pr);
             break;
         }
         case J_FP4: {

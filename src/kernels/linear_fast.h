@@ -73,9 +73,9 @@ typedef struct ds41_fast_ops {
      * a * s_tile * 2^120; NULL where the ISA has none) */
     void (*dec_e4m3s)(const uint8_t *w, size_t ld, int nr, int in, const float *a2, float *out);
     void (*few_e4m3s)(const uint8_t *w, size_t ld, int nr, int in, const float *a2, size_t lda, int T, float *out);
-    /* the FP8 rows of a prefill panel: row r's kc codes (c + r * ld, kc % 32 == 0) times their
-     * tile scale (scale bytes st, one per 32 codes) into P + r * kc_panel, floats e4m3 * s */
-    void (*pan_e4m3)(const uint8_t *c, size_t ld, const uint8_t *st, int nr, int kc, float *P);
+    /* one FP8 row of a prefill panel: kc codes c (kc % 32 == 0) times their tile scales (bytes
+     * st, one per 32 codes) into p (64-byte aligned), floats e4m3 * s */
+    void (*pan_e4m3)(const uint8_t *c, const uint8_t *st, int kc, float *p);
 } ds41_fast_ops;
 
 /* FP8 decode of the T = 1 .. DS41_FEW_MAX kernels (AVX2 and AVX-512): -1 auto (the shuffle
