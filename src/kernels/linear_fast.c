@@ -122,14 +122,15 @@ static inline float hsum8(__m256 v) {
     s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
     return _mm_cvtss_f32(s);
 }
-/* hsum8(A + B) of n <= 8 accumulator blocks acc + 16 i (A: floats 0-7, B: 8-15) at once,
- * out[i]: the same additions of the same pairs as hsum8 (A + B; low half + high half; lanes
+/* hsum8(A + B) of n <= 8 accumulator blocks acc + stride i (A: floats 0-7, B: 8-15) at once,
+ * lane i: the same additions of the same pairs as hsum8 (A + B; low half + high half; lanes
  * 0, 1 + lanes 2, 3; lane 0 + lane 1), with two or four outputs side by side in a register
- * instead of one (absent blocks read as 0 and are dropped). */
-static void hsumab8(const float *acc, int n, float *out) {
+ * instead of one (absent blocks read as 0; their lanes are not outputs). */
+static __m256 hsumab8v(const float *acc, size_t stride, int n) {
     __m256 v[8], s[4], p[2];
     for (int i = 0; i < 8; i++)
-        v[i] = i < n ? _mm256_add_ps(_mm256_loadu_ps(acc + 16 * i), _mm256_loadu_ps(acc + 16 * i + 8)) : _mm256_setzero_ps();
+        v[i] = i < n ? _mm256_add_ps(_mm256_loadu_ps(acc + stride * i), _mm256_loadu_ps(acc + stride * i + 8))
+                     : _mm256_setzero_ps();
     for (int i = 0; i < 4; i++)   /* [s(2i) | s(2i+1)]: lo + hi of each */
         s[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
                              _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
@@ -138,10 +139,19 @@ static void hsumab8(const float *acc, int n, float *out) {
                              _mm256_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
     __m256 y = _mm256_add_ps(_mm256_shuffle_ps(p[0], p[1], _MM_SHUFFLE(2, 0, 2, 0)),
                              _mm256_shuffle_ps(p[0], p[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    float o[8];   /* lanes: outputs 0, 2, 4, 6, 1, 3, 5, 7 */
-    _mm256_storeu_ps(o, y);
-    static const int pos[8] = { 0, 4, 1, 5, 2, 6, 3, 7 };
-    for (int i = 0; i < n; i++) out[i] = o[pos[i]];
+    /* lanes: outputs 0, 2, 4, 6, 1, 3, 5, 7 -> 0 .. 7 */
+    return _mm256_permutevar8x32_ps(y, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* ds41_bf16_round of 8 floats (bf16r's integer steps, NaNs quieted the same way) */
+static inline __m256 bf16r8(__m256 v) {
+    __m256i u = _mm256_castps_si256(v);
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)), _mm256_set1_epi32(0x7F800000));
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb);
+    r = _mm256_and_si256(r, _mm256_set1_epi32((int)0xFFFF0000u));
+    __m256i q = _mm256_slli_epi32(_mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40)), 16);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(r, q, nan));
 }
 
 /* ds41_bf16_round inline (round to nearest even; NaN kept quiet with its top payload bits) */
@@ -940,10 +950,29 @@ static inline float finish(const fjob *j, float acc, int t, int n) {
 static void finish_acc(const fjob *j, int r0, int nr, const float *acc) {
     int T = j->T;
     float v[8];
+    if (j->kind == J_FP8 || j->kind == J_DQ || j->kind == J_FP4 || j->kv == j->in) {
+        /* no tails: 8 rows of one token per sum, rounded and stored side by side in y */
+        int round = j->kind == J_FP8 || j->kind == J_DQ || j->kind == J_FP4 || j->out_bf16;
+        for (int t = 0; t < T; t++) {
+            float *yt = j->y + (size_t)t * j->y_stride + r0;
+            for (int r = 0; r < nr; r += 8) {
+                int n = nr - r < 8 ? nr - r : 8;
+                __m256 s = hsumab8v(acc + ((size_t)r * T + t) * 16, (size_t)T * 16, n);
+                if (round) s = bf16r8(s);
+                if (n == 8) {
+                    _mm256_storeu_ps(yt + r, s);
+                } else {
+                    _mm256_storeu_ps(v, s);
+                    memcpy(yt + r, v, (size_t)n * sizeof(float));
+                }
+            }
+        }
+        return;
+    }
     for (int r = 0; r < nr; r++)
         for (int t0 = 0; t0 < T; t0 += 8) {
             int n = T - t0 < 8 ? T - t0 : 8;
-            hsumab8(acc + ((size_t)r * T + t0) * 16, n, v);
+            _mm256_storeu_ps(v, hsumab8v(acc + ((size_t)r * T + t0) * 16, 16, n));
             for (int i = 0; i < n; i++)
                 j->y[(size_t)(t0 + i) * j->y_stride + r0 + r] = finish(j, v[i], t0 + i, r0 + r);
         }
