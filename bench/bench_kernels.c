@@ -187,7 +187,7 @@ static double probe_panel(int nr, int T) {
     double t[5];
     for (int r = 0; r < 5; r++) {
         double t0 = now();
-        for (long i = 0; i < reps; i++) ops->pf_float(P, nr, A, (size_t)K, T, K / 8, acc);
+        for (long i = 0; i < reps; i++) ops->pf_float(P, nr, A, (size_t)K, T, K / 8, acc, 0);
         t[r] = now() - t0;
     }
     double g = (double)reps * nr * T * K / median(t, 5) / 1e9 + acc[0] * 0.0;

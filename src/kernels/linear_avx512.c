@@ -548,10 +548,10 @@ static void mid_bf16(const uint16_t *w, size_t ld, int nr, int n16, const float 
 /* ---------------------------------------------------------------- prefill */
 
 #define MK_EW(R, C)                                                                                   \
-    static void mk_ew_##R##_##C(const float *P, const float *A, size_t lda, int nch, float *acc, int T) { \
+    static void mk_ew_##R##_##C(const float *P, const float *A, size_t lda, int nch, float *acc, int T, int z) { \
         __m512 c[R][C];                                                                           \
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++)                     \
-            c[r][t] = _mm512_loadu_ps(acc + ((size_t)r * T + t) * 16);                            \
+            c[r][t] = z ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + ((size_t)r * T + t) * 16);                            \
         int k = 0;                                                                                \
         for (; k + 2 <= nch; k += 2) {                                                            \
             __m512 a[C];                                                                          \
@@ -574,16 +574,16 @@ static void mid_bf16(const uint16_t *w, size_t ld, int nr, int n16, const float 
     }
 #define MK_EW_R(R) MK_EW(R, 1) MK_EW(R, 2) MK_EW(R, 3) MK_EW(R, 4) MK_EW(R, 5) MK_EW(R, 6)
 MK_EW_R(1) MK_EW_R(2) MK_EW_R(3) MK_EW_R(4)
-typedef void (*mk_ew_fn)(const float *, const float *, size_t, int, float *, int);
+typedef void (*mk_ew_fn)(const float *, const float *, size_t, int, float *, int, int);
 #define MK_EW_ROW(R) { mk_ew_##R##_1, mk_ew_##R##_2, mk_ew_##R##_3, mk_ew_##R##_4, mk_ew_##R##_5, mk_ew_##R##_6 }
 static const mk_ew_fn mk_ew[4][6] = { MK_EW_ROW(1), MK_EW_ROW(2), MK_EW_ROW(3), MK_EW_ROW(4) };
 
-static void pf_float(const float *P, int nr, const float *A, size_t lda, int T, int nch, float *acc) {
+static void pf_float(const float *P, int nr, const float *A, size_t lda, int T, int nch, float *acc, int z) {
     for (int t0 = 0; t0 < T; t0 += 6) {
         int C = T - t0 < 6 ? T - t0 : 6;
         for (int r0 = 0; r0 < nr; r0 += 4) {
             int R = nr - r0 < 4 ? nr - r0 : 4;
-            mk_ew[R - 1][C - 1](P + (size_t)r0 * KC, A + (size_t)t0 * lda, lda, nch, acc + ((size_t)r0 * T + t0) * 16, T);
+            mk_ew[R - 1][C - 1](P + (size_t)r0 * KC, A + (size_t)t0 * lda, lda, nch, acc + ((size_t)r0 * T + t0) * 16, T, z);
         }
     }
 }
@@ -592,10 +592,10 @@ static void pf_float(const float *P, int nr, const float *A, size_t lda, int T, 
  * scales), so the lone last block is a full-width step whose B half adds +0. */
 #define MK_Q(R, C)                                                                                    \
     static void mk_q_##R##_##C(const int16_t *PW, const float *SW, const int16_t *AW, size_t ldaw,   \
-                               const float *SAV, size_t ldsa, int ngrp, float *acc, int T) {      \
+                               const float *SAV, size_t ldsa, int ngrp, float *acc, int T, int z) { \
         __m512 c[R][C];                                                                           \
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++)                     \
-            c[r][t] = _mm512_loadu_ps(acc + ((size_t)r * T + t) * 16);                            \
+            c[r][t] = z ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + ((size_t)r * T + t) * 16);                            \
         for (int g = 0; g < ngrp; g++) {                                                          \
             __m512i ae[C], ao[C];                                                                 \
             UNROLL for (int t = 0; t < C; t++) {                                                  \
@@ -618,19 +618,19 @@ static void pf_float(const float *P, int nr, const float *A, size_t lda, int T, 
     }
 #define MK_Q_R(R) MK_Q(R, 1) MK_Q(R, 2) MK_Q(R, 3) MK_Q(R, 4)
 MK_Q_R(1) MK_Q_R(2) MK_Q_R(3) MK_Q_R(4)
-typedef void (*mk_q_fn)(const int16_t *, const float *, const int16_t *, size_t, const float *, size_t, int, float *, int);
+typedef void (*mk_q_fn)(const int16_t *, const float *, const int16_t *, size_t, const float *, size_t, int, float *, int, int);
 #define MK_Q_ROW(R) { mk_q_##R##_1, mk_q_##R##_2, mk_q_##R##_3, mk_q_##R##_4 }
 static const mk_q_fn mk_q[4][4] = { MK_Q_ROW(1), MK_Q_ROW(2), MK_Q_ROW(3), MK_Q_ROW(4) };
 
 static void pf_fp4(const int16_t *PW, const float *SW, int nr, const int16_t *AW, size_t ldaw,
-                   const float *SAV, size_t ldsa, int T, int nblk, float *acc) {
+                   const float *SAV, size_t ldsa, int T, int nblk, float *acc, int z) {
     int ngrp = (nblk + 1) / 2;
     for (int t0 = 0; t0 < T; t0 += 4) {
         int C = T - t0 < 4 ? T - t0 : 4;
         for (int r0 = 0; r0 < nr; r0 += 4) {
             int R = nr - r0 < 4 ? nr - r0 : 4;
             mk_q[R - 1][C - 1](PW + (size_t)r0 * KC, SW + (size_t)r0 * (KC / 4), AW + (size_t)t0 * ldaw, ldaw,
-                               SAV + (size_t)t0 * ldsa, ldsa, ngrp, acc + ((size_t)r0 * T + t0) * 16, T);
+                               SAV + (size_t)t0 * ldsa, ldsa, ngrp, acc + ((size_t)r0 * T + t0) * 16, T, z);
         }
     }
 }

@@ -679,11 +679,11 @@ static void mid_fp4_avx2(const uint8_t *w, size_t ld, const uint8_t *s, size_t l
 /* Float panel: acc[(r * T + t) * 16 + 8 * par] += P[r][8c..] * A[t][8c..] for chunks c of parity
  * par (the A and B chains are independent, so each runs as its own pass). */
 #define MK_EW(R, C)                                                                                   \
-    static void mk_ew_##R##_##C(const float *P, const float *A, size_t lda, int nch, float *acc, int T) { \
+    static void mk_ew_##R##_##C(const float *P, const float *A, size_t lda, int nch, float *acc, int T, int z) { \
         for (int par = 0; par < 2; par++) {                                                       \
             __m256 c[R][C];                                                                       \
             UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++)                 \
-                c[r][t] = _mm256_loadu_ps(acc + ((size_t)r * T + t) * 16 + 8 * par);              \
+                c[r][t] = z ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + ((size_t)r * T + t) * 16 + 8 * par);              \
             for (int k = par; k < nch; k += 2) {                                                  \
                 __m256 a[C];                                                                      \
                 UNROLL for (int t = 0; t < C; t++) a[t] = _mm256_loadu_ps(A + t * lda + 8 * k);  \
@@ -698,7 +698,7 @@ static void mid_fp4_avx2(const uint8_t *w, size_t ld, const uint8_t *s, size_t l
     }
 MK_EW(1, 1) MK_EW(1, 2) MK_EW(1, 3) MK_EW(2, 1) MK_EW(2, 2) MK_EW(2, 3)
 MK_EW(3, 1) MK_EW(3, 2) MK_EW(3, 3) MK_EW(4, 1) MK_EW(4, 2) MK_EW(4, 3)
-typedef void (*mk_ew_fn)(const float *, const float *, size_t, int, float *, int);
+typedef void (*mk_ew_fn)(const float *, const float *, size_t, int, float *, int, int);
 static const mk_ew_fn mk_ew[4][3] = {
     { mk_ew_1_1, mk_ew_1_2, mk_ew_1_3 }, { mk_ew_2_1, mk_ew_2_2, mk_ew_2_3 },
     { mk_ew_3_1, mk_ew_3_2, mk_ew_3_3 }, { mk_ew_4_1, mk_ew_4_2, mk_ew_4_3 } };
@@ -707,12 +707,12 @@ static const mk_ew_fn mk_ew[4][3] = {
  * keep both FMA pipes busy) */
 static inline int pf_tile3(int rem) { return rem == 4 ? 2 : rem < 3 ? rem : 3; }
 
-static void pf_float_avx2(const float *P, int nr, const float *A, size_t lda, int T, int nch, float *acc) {
+static void pf_float_avx2(const float *P, int nr, const float *A, size_t lda, int T, int nch, float *acc, int z) {
     for (int t0 = 0, C; t0 < T; t0 += C) {
         C = pf_tile3(T - t0);
         for (int r0 = 0; r0 < nr; r0 += 4) {
             int R = nr - r0 < 4 ? nr - r0 : 4;
-            mk_ew[R - 1][C - 1](P + (size_t)r0 * KC, A + (size_t)t0 * lda, lda, nch, acc + ((size_t)r0 * T + t0) * 16, T);
+            mk_ew[R - 1][C - 1](P + (size_t)r0 * KC, A + (size_t)t0 * lda, lda, nch, acc + ((size_t)r0 * T + t0) * 16, T, z);
         }
     }
 }
@@ -721,11 +721,11 @@ static void pf_float_avx2(const float *P, int nr, const float *A, size_t lda, in
  * scale pair vectors SW[r] (row stride KC / 4 floats), activations AW / SAV. */
 #define MK_Q(R, C)                                                                                    \
     static void mk_q_##R##_##C(const int16_t *PW, const float *SW, const int16_t *AW, size_t ldaw,   \
-                               const float *SAV, size_t ldsa, int nblk, float *acc, int T) {      \
+                               const float *SAV, size_t ldsa, int nblk, float *acc, int T, int z) { \
         for (int par = 0; par < 2; par++) {                                                       \
             __m256 c[R][C];                                                                       \
             UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++)                 \
-                c[r][t] = _mm256_loadu_ps(acc + ((size_t)r * T + t) * 16 + 8 * par);              \
+                c[r][t] = z ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + ((size_t)r * T + t) * 16 + 8 * par);              \
             for (int b = par; b < nblk; b += 2) {                                                 \
                 size_t oe = 64 * (size_t)(b >> 1) + 16 * (b & 1), os = 16 * (size_t)(b >> 1) + 8 * (b & 1); \
                 __m256i ae[C], ao[C];                                                             \
@@ -749,17 +749,17 @@ static void pf_float_avx2(const float *P, int nr, const float *A, size_t lda, in
         }                                                                                         \
     }
 MK_Q(1, 1) MK_Q(1, 2) MK_Q(1, 3) MK_Q(2, 1) MK_Q(2, 2) MK_Q(2, 3)
-typedef void (*mk_q_fn)(const int16_t *, const float *, const int16_t *, size_t, const float *, size_t, int, float *, int);
+typedef void (*mk_q_fn)(const int16_t *, const float *, const int16_t *, size_t, const float *, size_t, int, float *, int, int);
 static const mk_q_fn mk_q[2][3] = { { mk_q_1_1, mk_q_1_2, mk_q_1_3 }, { mk_q_2_1, mk_q_2_2, mk_q_2_3 } };
 
 static void pf_fp4_avx2(const int16_t *PW, const float *SW, int nr, const int16_t *AW, size_t ldaw,
-                        const float *SAV, size_t ldsa, int T, int nblk, float *acc) {
+                        const float *SAV, size_t ldsa, int T, int nblk, float *acc, int z) {
     for (int t0 = 0, C; t0 < T; t0 += C) {
         C = pf_tile3(T - t0);
         for (int r0 = 0; r0 < nr; r0 += 2) {
             int R = nr - r0 < 2 ? nr - r0 : 2;
             mk_q[R - 1][C - 1](PW + (size_t)r0 * KC, SW + (size_t)r0 * (KC / 4), AW + (size_t)t0 * ldaw, ldaw,
-                               SAV + (size_t)t0 * ldsa, ldsa, nblk, acc + ((size_t)r0 * T + t0) * 16, T);
+                               SAV + (size_t)t0 * ldsa, ldsa, nblk, acc + ((size_t)r0 * T + t0) * 16, T, z);
         }
     }
 }
@@ -1250,15 +1250,15 @@ static int decode_panel(const fjob *j, int r0, int r1, int k0, int kc, float *P,
 static void item_prefill(const fjob *j, int r0, int r1, const fpanel *nxi, float *P, int16_t *PW, float *SW,
                          float *acc) {
     int nr = r1 - r0, T = j->T;
-    memset(acc, 0, (size_t)nr * T * 16 * sizeof(float));
-    for (int k0 = 0, pk = j->ops->kc; k0 < j->kv; k0 += pk) {
+    if (j->kv <= 0) memset(acc, 0, (size_t)nr * T * 16 * sizeof(float));   /* only a scalar tail */
+    for (int k0 = 0, pk = j->ops->kc; k0 < j->kv; k0 += pk) {   /* the first panel starts from +0 */
         int kc = j->kv - k0 < pk ? j->kv - k0 : pk;
         fpanel nx = { r0, r1, k0 + pk, j->kv - k0 - pk < pk ? j->kv - k0 - pk : pk };
         int n = decode_panel(j, r0, r1, k0, kc, P, PW, SW, k0 + pk < j->kv ? &nx : nxi);
         if (j->kind == J_FP4)
-            j->ops->pf_fp4(PW, SW, nr, j->aw + k0, j->ldaw, j->sav + k0 / 4, j->ldsa, T, n, acc);
+            j->ops->pf_fp4(PW, SW, nr, j->aw + k0, j->ldaw, j->sav + k0 / 4, j->ldsa, T, n, acc, k0 == 0);
         else
-            j->ops->pf_float(P, nr, j->a + k0, j->lda, T, n, acc);
+            j->ops->pf_float(P, nr, j->a + k0, j->lda, T, n, acc, k0 == 0);
     }
     finish_acc(j, r0, nr, acc);
 }

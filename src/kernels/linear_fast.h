@@ -65,10 +65,11 @@ typedef struct ds41_fast_ops {
     void (*mid_fp4)(const uint8_t *w, size_t ld, const uint8_t *s, size_t lds, int nr, int nb, const int16_t *a2,
                     int T, float *acc);
     void (*mid_bf16)(const uint16_t *w, size_t ld, int nr, int n16, const float *a2, int T, float *acc);
-    /* prefill over one K panel: nr rows of panel P (row stride kc), T tokens */
-    void (*pf_float)(const float *P, int nr, const float *A, size_t lda, int T, int nch, float *acc);
+    /* prefill over one K panel: nr rows of panel P (row stride kc), T tokens; z: the
+     * accumulators start from +0 instead of acc's contents (the first panel) */
+    void (*pf_float)(const float *P, int nr, const float *A, size_t lda, int T, int nch, float *acc, int z);
     void (*pf_fp4)(const int16_t *PW, const float *SW, int nr, const int16_t *AW, size_t ldaw,
-                   const float *SAV, size_t ldsa, int T, int nblk, float *acc);
+                   const float *SAV, size_t ldsa, int T, int nblk, float *acc, int z);
     /* dec_e4m3 / few_e4m3 with the shuffle decode (weights e4m3 * 2^-120, activations a2 =
      * a * s_tile * 2^120; NULL where the ISA has none) */
     void (*dec_e4m3s)(const uint8_t *w, size_t ld, int nr, int in, const float *a2, float *out);
