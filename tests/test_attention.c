@@ -222,6 +222,92 @@ static void test_sparse_attn_vs_double(void) {
     free(q); free(kv); free(oe); free(of); free(idx);
 }
 
+/* Fast mode's sparse attention as a scalar model of its order, for the bit-exact test below:
+ * per 64-entry block, q.k as dot_v (16 lanes in two groups of 8, fused multiply-adds, the
+ * 8-lane tree sum, then a mul + add tail), the running max, p = expf_x, BF16 p of the listed
+ * rows summed from +0 per column (fused for the D & ~7 columns, mul + add for the rest),
+ * acc = acc * f + sum, den = den * f + sum of p, the sink, BF16 out. */
+static float dot_order(const float *a, const float *b, int n) {
+    float l0[8] = { 0 }, l1[8] = { 0 };
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 8; j++) {
+            l0[j] = fmaf(a[i + j], b[i + j], l0[j]);
+            l1[j] = fmaf(a[i + 8 + j], b[i + 8 + j], l1[j]);
+        }
+    float v[8], x[4];
+    for (int j = 0; j < 8; j++) v[j] = l0[j] + l1[j];
+    for (int j = 0; j < 4; j++) x[j] = v[j] + v[j + 4];
+    float r = (x[0] + x[2]) + (x[1] + x[3]);
+    for (; i < n; i++) r += a[i] * b[i];
+    return r;
+}
+
+static void attn_fast_model(const ds41_ctx *c, const float *q, const float *kv, const int32_t *idx, int L, int D,
+                            float sink, float scale, float *out) {
+    float m = -1e30f, den = 0.0f, acc[128] = { 0 }, facc[128];
+    for (int b0 = 0; b0 < L; b0 += 64) {
+        int n = L - b0 < 64 ? L - b0 : 64;
+        float s[64], p[64], bmax = -INFINITY;
+        for (int i = 0; i < n; i++) {
+            int e = idx[b0 + i];
+            s[i] = e < 0 ? -INFINITY : dot_order(q, kv + (size_t)e * D, D) * scale;
+            if (s[i] > bmax) bmax = s[i];
+        }
+        float mn = m > bmax ? m : bmax, f = ds41_expf_x(c, m - mn), bsum = 0.0f;
+        for (int i = 0; i < n; i++) p[i] = idx[b0 + i] < 0 ? 0.0f : ds41_expf_x(c, s[i] - mn);
+        for (int i = 0; i < n; i++) bsum += p[i];
+        for (int d = 0; d < D; d++) facc[d] = 0.0f;
+        for (int i = 0; i < n; i++) {
+            if (idx[b0 + i] < 0) continue;
+            float pb = ds41_bf16_round(p[i]);
+            const float *r = kv + (size_t)idx[b0 + i] * D;
+            for (int d = 0; d < D; d++) facc[d] = d < (D & ~7) ? fmaf(pb, r[d], facc[d]) : facc[d] + pb * r[d];
+        }
+        for (int d = 0; d < D; d++) acc[d] = acc[d] * f + facc[d];
+        den = den * f + bsum;
+        m = mn;
+    }
+    float dn = den + ds41_expf_x(c, sink - m);
+    for (int d = 0; d < D; d++) out[d] = ds41_bf16_round(acc[d] / dn);
+}
+
+/* Fast sparse attention bit for bit against attn_fast_model: 5 heads (a group of four
+ * sharing each row's loads, P3, and one alone), head widths with a 16-column body only (64),
+ * an 8-column remainder (72) and a 6-column tail (94), lists with empty (-1) entries and a
+ * partial last block, P3 on and off, one and two threads. */
+static void test_sparse_attn_fast_order(void) {
+    enum { H = 5, NKV = 120, L = 150, T = 2 };
+    static const int Ds[3] = { 64, 72, 94 };
+    ds41_pool *pool = ds41_pool_create(2);
+    for (int di = 0; di < 3; di++) {
+        int D = Ds[di];
+        float *q = malloc(sizeof(float) * T * H * D), *kv = malloc(sizeof(float) * NKV * D);
+        float *o = malloc(sizeof(float) * T * H * D), ref[128];
+        int32_t *idx = malloc(sizeof(int32_t) * T * L);
+        float sink[H] = { 0.0f, 1.0f, -2.0f, 3.0f, 0.5f };
+        fill_bf16(q, (size_t)T * H * D, 2.0f);
+        fill_bf16(kv, (size_t)NKV * D, 1.0f);
+        for (int i = 0; i < T * L; i++) idx[i] = rnd() % 7 == 0 ? -1 : (int32_t)(rnd() % NKV);
+        ds41_kvset set = { { kv, NULL, NULL }, { NKV, 0, 0 }, { NULL, NULL, NULL } };
+        for (int v = 0; v < 4; v++) {
+            ds41_ctx c = { .exact = 0, .n_threads = v & 1 ? 2 : 1, .pool = v & 1 ? pool : NULL,
+                           .ablate = v & 2 ? DS41_ABLATE_P3 : 0 };
+            ds41_sparse_attn(&c, H, D, q, T, &set, idx, L, sink, 0.125f, o);
+            int bad = 0;
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < H; h++) {
+                    attn_fast_model(&c, q + ((size_t)t * H + h) * D, kv, idx + (size_t)t * L, L, D, sink[h], 0.125f, ref);
+                    bad += memcmp(ref, o + ((size_t)t * H + h) * D, sizeof(float) * D) != 0;
+                }
+            CHECK(bad == 0, "D %d, %d threads, P3 %s: %d of %d head rows differ from the fast order", D,
+                  c.n_threads, v & 2 ? "off" : "on", bad, T * H);
+        }
+        free(q); free(kv); free(o); free(idx);
+    }
+    ds41_pool_destroy(pool);
+}
+
 /* ---------------------------------------------------------------- indexer scores */
 
 static void test_indexer_scores(void) {
@@ -463,6 +549,7 @@ int main(void) {
     RUN_CASE(test_candidate_blocks);
     RUN_CASE(test_sparse_attn_structure);
     RUN_CASE(test_sparse_attn_vs_double);
+    RUN_CASE(test_sparse_attn_fast_order);
     RUN_CASE(test_indexer_scores);
     RUN_CASE(test_indexer_scores_simd);
     RUN_CASE(test_indexer_scores_packed);

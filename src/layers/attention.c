@@ -904,57 +904,119 @@ static inline void dot_v4(const float *q, size_t qstride, const float *b, int n,
     }
 }
 
-/* One 64-row block of the recurrence of 3.12 for one head: running max m, denominator den,
- * accumulator acc [D] (dacc: D doubles of scratch). dots (fast mode only, may be NULL): the
- * q.k products of the block's rows, already computed (P3's four-head blocking). */
-static void sa_block(const ds41_ctx *ctx, const float *qh, const float *const *rows, int n, int D, float scale,
-                     float *m_io, float *den_io, float *acc, double *dacc, const float *dots) {
+/* One 64-row block of the recurrence of 3.12 for one head, in three steps so that fast mode
+ * can share the value pass between heads: sa_probs (scores, running max, the block's
+ * probabilities pb, rounded to BF16, of the non-empty rows, and their sum), the value sum
+ * facc = sum_i pb[i] * row[i] (rows in order; sa_vals for up to four heads at once), and
+ * sa_fold (acc = acc * f + facc, den = den * f + bsum). dots (fast mode, may be NULL): the q.k
+ * products of the block's rows, already computed (P3's four-head blocking). */
+typedef struct { float m_new, f, bsum; int nv; float pb[SA_BLOCK]; } sa_probs_t;
+
+static void sa_probs(const ds41_ctx *ctx, const float *qh, const float *const *rows, int n, int D, float scale,
+                     float m, const float *dots, sa_probs_t *o) {
     float s[SA_BLOCK], p[SA_BLOCK];
-    float m = *m_io, bmax = -INFINITY;
+    float bmax = -INFINITY;
     for (int i = 0; i < n; i++) {
         if (!rows[i]) s[i] = -INFINITY;
         else if (ctx->exact) s[i] = dot_f(ctx, qh, rows[i], D) * scale;
         else s[i] = (dots ? dots[i] : dot_v(qh, rows[i], D)) * scale;
         if (s[i] > bmax) bmax = s[i];
     }
-    float m_new = m > bmax ? m : bmax;
-    float f = ds41_expf_x(ctx, m - m_new);
-    for (int i = 0; i < n; i++) p[i] = rows[i] ? ds41_expf_x(ctx, s[i] - m_new) : 0.0f;
-    float bsum;
+    o->m_new = m > bmax ? m : bmax;
+    o->f = ds41_expf_x(ctx, m - o->m_new);
+    for (int i = 0; i < n; i++) p[i] = rows[i] ? ds41_expf_x(ctx, s[i] - o->m_new) : 0.0f;
+    o->nv = 0;
     if (ctx->exact) {
         double ds = 0.0;
         for (int i = 0; i < n; i++) ds += p[i];
-        bsum = (float)ds;
-        for (int d = 0; d < D; d++) dacc[d] = 0.0;
-        for (int i = 0; i < n; i++) {
-            const float *kr = rows[i];
-            if (!kr) continue;
-            double pb = bf16r(p[i]);
-            for (int d = 0; d < D; d++) dacc[d] += pb * (double)kr[d];
-        }
-        for (int d = 0; d < D; d++) acc[d] = acc[d] * f + (float)dacc[d];
+        o->bsum = (float)ds;
     } else {
-        bsum = 0.0f;
-        for (int i = 0; i < n; i++) bsum += p[i];
-        float *facc = (float *)dacc;
-        for (int d = 0; d < D; d++) facc[d] = 0.0f;
-        int D8 = D & ~7;
-        for (int i = 0; i < n; i++) {
-            const float *kr = rows[i];
-            if (!kr) continue;
-            float pb = bf16r(p[i]);
-            __m256 pv = _mm256_set1_ps(pb);
-            for (int d = 0; d < D8; d += 8)
-                _mm256_storeu_ps(facc + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(kr + d), _mm256_loadu_ps(facc + d)));
-            for (int d = D8; d < D; d++) facc[d] += pb * kr[d];
-        }
-        __m256 fv = _mm256_set1_ps(f);
-        for (int d = 0; d < D8; d += 8)
-            _mm256_storeu_ps(acc + d, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(acc + d), fv), _mm256_loadu_ps(facc + d)));
-        for (int d = D8; d < D; d++) acc[d] = acc[d] * f + facc[d];
+        o->bsum = 0.0f;
+        for (int i = 0; i < n; i++) o->bsum += p[i];
     }
-    *den_io = *den_io * f + bsum;
-    *m_io = m_new;
+    for (int i = 0; i < n; i++)
+        if (rows[i]) o->pb[o->nv++] = bf16r(p[i]);
+}
+
+/* Fast mode's value sums of NH heads (1 or 4) over the block's nv non-empty rows vr[] (in
+ * order): facc[h * D + d] = fma chain over the rows from +0, as the per-row loop it replaces
+ * (vector part) and mul + add (the D % 8 tail). Each row's 16-float slice is loaded once for
+ * the NH heads, and the sums stay in registers for the whole block. */
+static inline __attribute__((always_inline)) void sa_vals_k(const float *const *vr, int nv, int D, int NH,
+                                                          const sa_probs_t *const *pr, float *facc) {
+    int D8 = D & ~7, d = 0;
+    for (; d + 16 <= D8; d += 16) {
+        __m256 a[4][2];
+        for (int h = 0; h < NH; h++) a[h][0] = a[h][1] = _mm256_setzero_ps();
+        for (int i = 0; i < nv; i++) {
+            __m256 k0 = _mm256_loadu_ps(vr[i] + d), k1 = _mm256_loadu_ps(vr[i] + d + 8);
+            for (int h = 0; h < NH; h++) {
+                __m256 pv = _mm256_broadcast_ss(&pr[h]->pb[i]);
+                a[h][0] = _mm256_fmadd_ps(pv, k0, a[h][0]);
+                a[h][1] = _mm256_fmadd_ps(pv, k1, a[h][1]);
+            }
+        }
+        for (int h = 0; h < NH; h++) {
+            _mm256_storeu_ps(facc + (size_t)h * D + d, a[h][0]);
+            _mm256_storeu_ps(facc + (size_t)h * D + d + 8, a[h][1]);
+        }
+    }
+    for (; d < D8; d += 8) {
+        __m256 a[4];
+        for (int h = 0; h < NH; h++) a[h] = _mm256_setzero_ps();
+        for (int i = 0; i < nv; i++) {
+            __m256 k0 = _mm256_loadu_ps(vr[i] + d);
+            for (int h = 0; h < NH; h++) a[h] = _mm256_fmadd_ps(_mm256_broadcast_ss(&pr[h]->pb[i]), k0, a[h]);
+        }
+        for (int h = 0; h < NH; h++) _mm256_storeu_ps(facc + (size_t)h * D + d, a[h]);
+    }
+    for (; d < D; d++)
+        for (int h = 0; h < NH; h++) {
+            float v = 0.0f;
+            for (int i = 0; i < nv; i++) v += pr[h]->pb[i] * vr[i][d];
+            facc[(size_t)h * D + d] = v;
+        }
+}
+static void sa_vals1(const float *const *vr, int nv, int D, const sa_probs_t *const *pr, float *facc) {
+    sa_vals_k(vr, nv, D, 1, pr, facc);
+}
+static void sa_vals4(const float *const *vr, int nv, int D, const sa_probs_t *const *pr, float *facc) {
+    sa_vals_k(vr, nv, D, 4, pr, facc);
+}
+
+static void sa_fold(const sa_probs_t *pr, int D, float *m_io, float *den_io, float *acc, const float *facc) {
+    __m256 fv = _mm256_set1_ps(pr->f);
+    int D8 = D & ~7;
+    for (int d = 0; d < D8; d += 8)
+        _mm256_storeu_ps(acc + d, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(acc + d), fv), _mm256_loadu_ps(facc + d)));
+    for (int d = D8; d < D; d++) acc[d] = acc[d] * pr->f + facc[d];
+    *den_io = *den_io * pr->f + pr->bsum;
+    *m_io = pr->m_new;
+}
+
+/* Exact mode's block (double value sums in dacc), or fast mode's for one head. */
+static void sa_block(const ds41_ctx *ctx, const float *qh, const float *const *rows, int n, int D, float scale,
+                     float *m_io, float *den_io, float *acc, double *dacc, const float *dots) {
+    sa_probs_t pr;
+    sa_probs(ctx, qh, rows, n, D, scale, *m_io, dots, &pr);
+    const float *vr[SA_BLOCK];
+    int nv = 0;
+    for (int i = 0; i < n; i++)
+        if (rows[i]) vr[nv++] = rows[i];
+    if (ctx->exact) {
+        for (int d = 0; d < D; d++) dacc[d] = 0.0;
+        for (int i = 0; i < nv; i++) {
+            double pb = pr.pb[i];
+            for (int d = 0; d < D; d++) dacc[d] += pb * (double)vr[i][d];
+        }
+        for (int d = 0; d < D; d++) acc[d] = acc[d] * pr.f + (float)dacc[d];
+        *den_io = *den_io * pr.f + pr.bsum;
+        *m_io = pr.m_new;
+        return;
+    }
+    const sa_probs_t *pp = &pr;
+    sa_vals1(vr, nv, D, &pp, (float *)dacc);
+    sa_fold(&pr, D, m_io, den_io, acc, (const float *)dacc);
 }
 
 /* Query row t, heads [h0, h1): each block's rows are fetched (P2: decoded) once and applied to
@@ -980,14 +1042,24 @@ static void sa_heads(const sa_job *j, int t, int h0, int h1, float *tile, double
         if (!ctx->exact)
             for (; k + 4 <= nh; k += 4) {
                 const float *q4 = j->q + ((size_t)t * j->H + h0 + k) * D;
+                const float *vr[SA_BLOCK];
+                int nv = 0;
                 for (int i = 0; i < n; i++) {
                     if (!rows[i]) continue;
+                    vr[nv++] = rows[i];
                     dot_v4(q4, (size_t)D, rows[i], D, d4);
                     for (int c = 0; c < 4; c++) dots[c][i] = d4[c];
                 }
+                sa_probs_t pr[4];
+                const sa_probs_t *pp[4];
+                for (int c = 0; c < 4; c++) {
+                    sa_probs(ctx, q4 + (size_t)c * D, rows, n, D, j->scale, m[k + c], dots[c], &pr[c]);
+                    pp[c] = &pr[c];
+                }
+                float *facc = (float *)dacc;   /* 4 D floats */
+                sa_vals4(vr, nv, D, pp, facc);
                 for (int c = 0; c < 4; c++)
-                    sa_block(ctx, q4 + (size_t)c * D, rows, n, D, j->scale, &m[k + c], &den[k + c],
-                             acc + (size_t)(k + c) * D, dacc, dots[c]);
+                    sa_fold(&pr[c], D, &m[k + c], &den[k + c], acc + (size_t)(k + c) * D, facc + (size_t)c * D);
             }
         for (; k < nh; k++)
             sa_block(ctx, j->q + ((size_t)t * j->H + h0 + k) * D, rows, n, D, j->scale, &m[k], &den[k],
@@ -1004,7 +1076,7 @@ static void sa_range(void *arg, int i0, int i1) {
     const sa_job *j = arg;
     int D = j->D;
     float *tile = xmalloc((size_t)SA_BLOCK * D * sizeof(float));
-    double *dacc = xmalloc((size_t)D * sizeof(double));
+    double *dacc = xmalloc((size_t)D * 2 * sizeof(double));   /* D doubles (exact) or 4 D floats (fast) */
     float *acc = xmalloc((size_t)j->hc * D * sizeof(float));
     float *m = xmalloc((size_t)j->hc * 2 * sizeof(float));
     for (int i = i0; i < i1; i++) {
