@@ -551,7 +551,7 @@ static void mid_bf16(const uint16_t *w, size_t ld, int nr, int n16, const float 
     static void mk_ew_##R##_##C(const float *P, const float *A, size_t lda, int nch, float *acc, int T, int z) { \
         __m512 c[R][C];                                                                           \
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++)                     \
-            c[r][t] = z ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + ((size_t)r * T + t) * 16);                            \
+            c[r][t] = z ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + ((size_t)r * T + t) * 16); \
         int k = 0;                                                                                \
         for (; k + 2 <= nch; k += 2) {                                                            \
             __m512 a[C];                                                                          \
@@ -595,7 +595,7 @@ static void pf_float(const float *P, int nr, const float *A, size_t lda, int T, 
                                const float *SAV, size_t ldsa, int ngrp, float *acc, int T, int z) { \
         __m512 c[R][C];                                                                           \
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++)                     \
-            c[r][t] = z ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + ((size_t)r * T + t) * 16);                            \
+            c[r][t] = z ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + ((size_t)r * T + t) * 16); \
         for (int g = 0; g < ngrp; g++) {                                                          \
             __m512i ae[C], ao[C];                                                                 \
             UNROLL for (int t = 0; t < C; t++) {                                                  \

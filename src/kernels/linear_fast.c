@@ -683,7 +683,8 @@ static void mid_fp4_avx2(const uint8_t *w, size_t ld, const uint8_t *s, size_t l
         for (int par = 0; par < 2; par++) {                                                       \
             __m256 c[R][C];                                                                       \
             UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++)                 \
-                c[r][t] = z ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + ((size_t)r * T + t) * 16 + 8 * par);              \
+                c[r][t] = z ? _mm256_setzero_ps()                                                 \
+                            : _mm256_loadu_ps(acc + ((size_t)r * T + t) * 16 + 8 * par);          \
             for (int k = par; k < nch; k += 2) {                                                  \
                 __m256 a[C];                                                                      \
                 UNROLL for (int t = 0; t < C; t++) a[t] = _mm256_loadu_ps(A + t * lda + 8 * k);  \
@@ -725,7 +726,8 @@ static void pf_float_avx2(const float *P, int nr, const float *A, size_t lda, in
         for (int par = 0; par < 2; par++) {                                                       \
             __m256 c[R][C];                                                                       \
             UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++)                 \
-                c[r][t] = z ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + ((size_t)r * T + t) * 16 + 8 * par);              \
+                c[r][t] = z ? _mm256_setzero_ps()                                                 \
+                            : _mm256_loadu_ps(acc + ((size_t)r * T + t) * 16 + 8 * par);          \
             for (int b = par; b < nblk; b += 2) {                                                 \
                 size_t oe = 64 * (size_t)(b >> 1) + 16 * (b & 1), os = 16 * (size_t)(b >> 1) + 8 * (b & 1); \
                 __m256i ae[C], ao[C];                                                             \

@@ -907,7 +907,7 @@ static inline void dot_v4(const float *q, size_t qstride, const float *b, int n,
 /* One 64-row block of the recurrence of 3.12 for one head, in three steps so that fast mode
  * can share the value pass between heads: sa_probs (scores, running max, the block's
  * probabilities pb, rounded to BF16, of the non-empty rows, and their sum), the value sum
- * facc = sum_i pb[i] * row[i] (rows in order; sa_vals for up to four heads at once), and
+ * facc = sum_i pb[i] * row[i] (rows in order; sa_vals1, or sa_vals4 for four heads at once), and
  * sa_fold (acc = acc * f + facc, den = den * f + bsum). dots (fast mode, may be NULL): the q.k
  * products of the block's rows, already computed (P3's four-head blocking). */
 typedef struct { float m_new, f, bsum; int nv; float pb[SA_BLOCK]; } sa_probs_t;
