@@ -96,8 +96,9 @@ int main(int argc, char **argv) {
         free(big);
     }
     printf("sparse attention, one decode row: %d heads x %d, list %d (ring %d float rows + %d of %lld packed entries), "
-           "%s kernels, %d thread%s; read bandwidth probe %.1f GB/s (1 thread, thread CPU time, scalar sum of 256 MiB)\n",
-           H, D, L, W, K, E, exact ? "exact" : "fast", threads, threads > 1 ? "s" : "", bw);
+           "%s kernels%s%s, %d thread%s; read bandwidth probe %.1f GB/s (1 thread, thread CPU time, scalar sum of 256 MiB)\n",
+           H, D, L, W, K, E, exact ? "exact" : "fast", exact ? "" : " on the ISA path ", exact ? "" : ds41_kernels_isa(),
+           threads, threads > 1 ? "s" : "", bw);
 
     static const char *names[4] = { "P2 on,  P3 on ", "P2 off, P3 on ", "P2 on,  P3 off", "P2 off, P3 off" };
     static const unsigned masks[4] = { 0, DS41_ABLATE_P2, DS41_ABLATE_P3, DS41_ABLATE_P2 | DS41_ABLATE_P3 };

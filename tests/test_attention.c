@@ -245,7 +245,7 @@ static float dot_order(const float *a, const float *b, int n) {
 
 static void attn_fast_model(const ds41_ctx *c, const float *q, const float *kv, const int32_t *idx, int L, int D,
                             float sink, float scale, float *out) {
-    float m = -1e30f, den = 0.0f, acc[128] = { 0 }, facc[128];
+    float m = -1e30f, den = 0.0f, acc[128] = { 0 }, facc[128];   /* D <= 128 */
     for (int b0 = 0; b0 < L; b0 += 64) {
         int n = L - b0 < 64 ? L - b0 : 64;
         float s[64], p[64], bmax = -INFINITY;
@@ -274,13 +274,19 @@ static void attn_fast_model(const ds41_ctx *c, const float *q, const float *kv, 
 
 /* Fast sparse attention bit for bit against attn_fast_model: 5 heads (a group of four
  * sharing each row's loads, P3, and one alone), head widths with a 16-column body only (64),
- * an 8-column remainder (72) and a 6-column tail (94), lists with empty (-1) entries and a
- * partial last block, P3 on and off, one and two threads. */
+ * an 8-column remainder (72), a 6-column tail (94) and a 16-column remainder past the
+ * AVX-512 value pass's 32 (112), lists with empty (-1) entries and a partial last block, P3
+ * on and off, one and two threads, on each ISA path the CPU runs (AVX2, AVX-512). */
 static void test_sparse_attn_fast_order(void) {
     enum { H = 5, NKV = 120, L = 150, T = 2 };
-    static const int Ds[3] = { 64, 72, 94 };
+    static const int Ds[4] = { 64, 72, 94, 112 };
+    static const char *isas[2] = { "avx2", "avx512" };
+    const char *prev = ds41_kernels_isa();
     ds41_pool *pool = ds41_pool_create(2);
-    for (int di = 0; di < 3; di++) {
+    for (int k = 0; k < 8; k++) {
+        int di = k % 4;
+        const char *isa = isas[k / 4];
+        if (ds41_kernels_set_isa(isa) != 0) continue;   /* a CPU without AVX-512 */
         int D = Ds[di];
         float *q = malloc(sizeof(float) * T * H * D), *kv = malloc(sizeof(float) * NKV * D);
         float *o = malloc(sizeof(float) * T * H * D), ref[128];
@@ -300,11 +306,12 @@ static void test_sparse_attn_fast_order(void) {
                     attn_fast_model(&c, q + ((size_t)t * H + h) * D, kv, idx + (size_t)t * L, L, D, sink[h], 0.125f, ref);
                     bad += memcmp(ref, o + ((size_t)t * H + h) * D, sizeof(float) * D) != 0;
                 }
-            CHECK(bad == 0, "D %d, %d threads, P3 %s: %d of %d head rows differ from the fast order", D,
+            CHECK(bad == 0, "%s, D %d, %d threads, P3 %s: %d of %d head rows differ from the fast order", isa, D,
                   c.n_threads, v & 2 ? "off" : "on", bad, T * H);
         }
         free(q); free(kv); free(o); free(idx);
     }
+    ds41_kernels_set_isa(prev);
     ds41_pool_destroy(pool);
 }
 

@@ -822,8 +822,14 @@ void ds41_kv_rec_decode(const uint8_t *rec, int head_dim, float *out) {
     q4nv_decode(rec, head_dim, out);
 }
 
+/* attention_avx512.c: the AVX-512 forms of dot_v4 and sa_vals4 (same bits), used in fast mode
+ * where ds41_kernels_isa() is "avx512" */
+void ds41_sa_dot4_avx512(const float *q, size_t qstride, const float *b, int n, float *out);
+void ds41_sa_vals4_avx512(const float *const *vr, int nv, int D, const float *const *pb, float *facc);
+
 typedef struct sa_job {
     const ds41_ctx *ctx;
+    int zmm;              /* 1: the AVX-512 kernels (fast mode) */
     int H, D, T, L;
     int hc, nch;          /* P3: heads per item and items per query row; otherwise 1 and H */
     const float *q, *sink;
@@ -1047,7 +1053,8 @@ static void sa_heads(const sa_job *j, int t, int h0, int h1, float *tile, double
                 for (int i = 0; i < n; i++) {
                     if (!rows[i]) continue;
                     vr[nv++] = rows[i];
-                    dot_v4(q4, (size_t)D, rows[i], D, d4);
+                    if (j->zmm) ds41_sa_dot4_avx512(q4, (size_t)D, rows[i], D, d4);
+                    else dot_v4(q4, (size_t)D, rows[i], D, d4);
                     for (int c = 0; c < 4; c++) dots[c][i] = d4[c];
                 }
                 sa_probs_t pr[4];
@@ -1057,7 +1064,12 @@ static void sa_heads(const sa_job *j, int t, int h0, int h1, float *tile, double
                     pp[c] = &pr[c];
                 }
                 float *facc = (float *)dacc;   /* 4 D floats */
-                sa_vals4(vr, nv, D, pp, facc);
+                if (j->zmm) {
+                    const float *pb[4] = { pr[0].pb, pr[1].pb, pr[2].pb, pr[3].pb };
+                    ds41_sa_vals4_avx512(vr, nv, D, pb, facc);
+                } else {
+                    sa_vals4(vr, nv, D, pp, facc);
+                }
                 for (int c = 0; c < 4; c++)
                     sa_fold(&pr[c], D, &m[k + c], &den[k + c], acc + (size_t)(k + c) * D, facc + (size_t)c * D);
             }
@@ -1094,8 +1106,9 @@ void ds41_sparse_attn(const ds41_ctx *ctx, int n_heads, int head_dim, const floa
                       const ds41_kvset *kv, const int32_t *idx, int L, const float *sink,
                       float scale, float *out) {
     pthread_once(&q4nv_once, q4nv_tab_init);
-    sa_job j = { .ctx = ctx, .H = n_heads, .D = head_dim, .T = T, .L = L, .q = q, .sink = sink,
-                 .kv = kv, .idx = idx, .scale = scale, .out = out, .hc = 1, .nch = n_heads };
+    sa_job j = { .ctx = ctx, .zmm = !ctx->exact && !strcmp(ds41_kernels_isa(), "avx512"), .H = n_heads,
+                 .D = head_dim, .T = T, .L = L, .q = q, .sink = sink, .kv = kv, .idx = idx, .scale = scale,
+                 .out = out, .hc = 1, .nch = n_heads };
     if (!(ctx->ablate & DS41_ABLATE_P3)) {
         /* P3: one KV head serves every query head; split the heads only as far as the threads
          * need work (a decode row on n threads: n head ranges) */
