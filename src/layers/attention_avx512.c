@@ -81,23 +81,16 @@ void ds41_sa_vals4_avx512(const float *const *vr, int nv, int D, const float *co
             _mm512_storeu_ps(facc + (size_t)h * D + d + 16, a[h][1]);
         }
     }
-    for (; d + 16 <= D8; d += 16) {
+    for (int w; d < D8; d += w) {   /* 16 columns, or the last 8 (lanes 8-15 masked off) */
+        w = D8 - d >= 16 ? 16 : 8;
+        __mmask16 m = w == 16 ? 0xFFFF : 0x00FF;
         __m512 a[4];
         for (int h = 0; h < 4; h++) a[h] = _mm512_setzero_ps();
         for (int i = 0; i < nv; i++) {
-            __m512 k0 = _mm512_loadu_ps(vr[i] + d);
+            __m512 k0 = _mm512_maskz_loadu_ps(m, vr[i] + d);
             for (int h = 0; h < 4; h++) a[h] = _mm512_fmadd_ps(_mm512_set1_ps(pb[h][i]), k0, a[h]);
         }
-        for (int h = 0; h < 4; h++) _mm512_storeu_ps(facc + (size_t)h * D + d, a[h]);
-    }
-    for (; d < D8; d += 8) {
-        __m256 a[4];
-        for (int h = 0; h < 4; h++) a[h] = _mm256_setzero_ps();
-        for (int i = 0; i < nv; i++) {
-            __m256 k0 = _mm256_loadu_ps(vr[i] + d);
-            for (int h = 0; h < 4; h++) a[h] = _mm256_fmadd_ps(_mm256_set1_ps(pb[h][i]), k0, a[h]);
-        }
-        for (int h = 0; h < 4; h++) _mm256_storeu_ps(facc + (size_t)h * D + d, a[h]);
+        for (int h = 0; h < 4; h++) _mm512_mask_storeu_ps(facc + (size_t)h * D + d, m, a[h]);
     }
     for (; d < D; d++)
         for (int h = 0; h < 4; h++) {
