@@ -487,8 +487,8 @@ int main(int argc, char **argv) {
                 double times[4096], ptimes[4096];
                 int n = 0;
                 /* the FMA probe alongside (prefill lines): a third of one call's time at the
-                 * probe's rate, 5 ms at least (shorter, the pool's second thread may not join
-                 * before the first took both parts) */
+                 * probe's rate, 5 ms at least, so that waking a pool worker that went to sleep
+                 * (tens of microseconds) stays a small part of it */
                 long piters = 0;
                 if (probes && T > 1 && !exact && fma_of[hi] > 0) {
                     double t0 = now();
