@@ -27,8 +27,7 @@
  * through the copies, so every call streams its weights from DRAM as in a real decode step
  * (a 2.6 MB matrix read repeatedly would sit in the 32 MB L3). --resident keeps one copy
  * instead: a kernel whose T = 1 figure does not rise then is compute-bound, not
- * bandwidth-bound. The probes end with the prefill panels' micro-kernel alone on L1-resident
- * operands (probe_panel): the ceiling of the prefill kernels on this core. */
+ * bandwidth-bound. The probes end with the prefill panels' micro-kernel alone (probe_panel). */
 #include "kernels.h"
 #include "formats.h"
 #include "linear_fast.h"
@@ -156,26 +155,21 @@ static double fma_time(const ds41_ctx *ctx, int nt, int zmm, long iters) {
 
 /* Peak FMA rate: one part per thread, GFLOP/s (2 flops per lane per FMA); zmm: 16 lanes. */
 static double probe_fma(const ds41_ctx *ctx, int nt, int zmm) {
-    fma_job j;
-    memset(&j, 0, sizeof j);
-    j.iters = 20000000;
-    j.zmm = zmm;
+    const long iters = 20000000;
     double t[5];
-    for (int r = 0; r < 5; r++) {
-        double t0 = now();
-        ds41_parallel_for(ctx, nt, fma_fn, &j);
-        t[r] = now() - t0;
-    }
-    return (double)nt * (double)j.iters * 12.0 * (zmm ? 16.0 : 8.0) * 2.0 / median(t, 5) / 1e9;
+    for (int r = 0; r < 5; r++) t[r] = fma_time(ctx, nt, zmm, iters);
+    return (double)nt * (double)iters * 12.0 * (zmm ? 16.0 : 8.0) * 2.0 / median(t, 5) / 1e9;
 }
 
 /* The prefill panels' float micro-kernels alone (ops->pf_float, one thread, one K panel of the
  * ISA's depth per call, the same call repeated): nr rows of a decoded panel against T tokens.
  * nr = 4, T = 3 is one micro-tile with its operands resident in L1 (4 + 3 rows of K floats);
  * nr = 32, T = 64 is a whole work item as the prefill runs it (the 32-row panel, 64 activation
- * rows and the accumulators from L2). GMAC/s, the median of 5: the first is the ceiling of the
- * canonical order's prefill on this core, the second what it keeps with the item's data
- * streamed through the caches, before the panel decode and the Q8 of the activations. */
+ * rows and the accumulators from L2). GMAC/s, the median of 5. The repeated 4 x 3 call adds
+ * into the same accumulators, so each call waits on the previous one's sums through memory:
+ * a latency-bound rate (on an Intel Xeon below the item's), not a ceiling. The item is what
+ * the micro-kernel keeps with its data streamed through the caches, before the panel decode
+ * and the Q8 of the activations. */
 static double probe_panel(int nr, int T) {
     const ds41_fast_ops *ops = ds41_fast_ops_get();
     int K = ops->kc;

@@ -935,8 +935,11 @@ static void item_rows(const fjob *j, int it, int *r0, int *r1) {
     *r1 = a1 > j->out ? j->out : a1;
 }
 
+/* FP8, FP8-dequantized and FP4 linears: no scalar tail (K % 32 == 0), outputs rounded to BF16 */
+static inline int quantized(const fjob *j) { return j->kind == J_FP8 || j->kind == J_DQ || j->kind == J_FP4; }
+
 static inline float finish(const fjob *j, float acc, int t, int n) {
-    if (j->kind == J_FP8 || j->kind == J_DQ || j->kind == J_FP4) return bf16r(acc);
+    if (quantized(j)) return bf16r(acc);
     if (j->kv == j->in) return j->out_bf16 ? bf16r(acc) : acc;
     /* BF16 / FP32 tails, in K order after the vector part */
     const float *x = j->x + (size_t)t * j->x_stride;
@@ -952,9 +955,9 @@ static inline float finish(const fjob *j, float acc, int t, int n) {
 static void finish_acc(const fjob *j, int r0, int nr, const float *acc) {
     int T = j->T;
     float v[8];
-    if (j->kind == J_FP8 || j->kind == J_DQ || j->kind == J_FP4 || j->kv == j->in) {
+    if (quantized(j) || j->kv == j->in) {
         /* no tails: 8 rows of one token per sum, rounded and stored side by side in y */
-        int round = j->kind == J_FP8 || j->kind == J_DQ || j->kind == J_FP4 || j->out_bf16;
+        int round = quantized(j) || j->out_bf16;
         for (int t = 0; t < T; t++) {
             float *yt = j->y + (size_t)t * j->y_stride + r0;
             for (int r = 0; r < nr; r += 8) {
@@ -1199,14 +1202,16 @@ static int decode_panel(const fjob *j, int r0, int r1, int k0, int kc, float *P,
             for (size_t o = 0; o < len; o += 64) _mm_prefetch((const char *)b + o, _MM_HINT_T1);
         }
         float *pr = P + (size_t)(r - r0) * pk;
+        size_t len;
+        const uint8_t *c = row_bytes(j, r, k0, kc, &len);
         switch (j->kind) {
         case J_FP8: case J_DQ: {
             int nbk = (in + 31) / 32, ar = j->row0 + r;
-            j->ops->pan_e4m3(j->w + (size_t)ar * in + k0, j->s + (size_t)(ar / 32) * nbk + k0 / 32, kc, pr);
+            j->ops->pan_e4m3(c, j->s + (size_t)(ar / 32) * nbk + k0 / 32, kc, pr);
             break;
         }
         case J_FP4: {
-            const uint8_t *c = j->w + (size_t)r * (in / 2) + k0 / 2, *st = j->s + (size_t)r * (in / 32) + k0 / 32;
+            const uint8_t *st = j->s + (size_t)r * (in / 32) + k0 / 32;
             int16_t *pw = PW + (size_t)(r - r0) * pk;
             float *sw = SW + (size_t)(r - r0) * (pk / 4);
             int nblk = kc / 32, ngrp = (nblk + 1) / 2;
@@ -1223,7 +1228,7 @@ static int decode_panel(const fjob *j, int r0, int r1, int k0, int kc, float *P,
             break;
         }
         case J_BF16: {
-            const uint16_t *w = j->wb + (size_t)r * in + k0;
+            const uint16_t *w = (const uint16_t *)c;
             const __m256i hm = _mm256_set1_epi32((int)0xFFFF0000);
             for (int g = 0; g < kc / 16; g++) {   /* kc is a multiple of 16 */
                 __m256i v = _mm256_loadu_si256((const __m256i *)(w + 16 * g));
@@ -1239,7 +1244,7 @@ static int decode_panel(const fjob *j, int r0, int r1, int k0, int kc, float *P,
             break;
         }
         case J_F32:
-            memcpy(pr, j->wf + (size_t)r * in + k0, (size_t)kc * sizeof(float));
+            memcpy(pr, c, len);
             break;
         }
     }

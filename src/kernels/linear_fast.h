@@ -85,7 +85,7 @@ typedef struct ds41_fast_ops {
  * The counters: 32-row items run with the shuffle decode, and items that asked for it but
  * fell back to F16C because an activation operand was out of its range. */
 extern int ds41_fast_e4m3_shuffle;
-int ds41_fast_e4m3_shuffle_auto(void);   /* the auto choice on this CPU (1 shuffle, 0 F16C) */
+int ds41_fast_e4m3_shuffle_auto(void);   /* the choice at -1 (1 shuffle, 0 F16C): DS41_E4M3, else the CPU's */
 extern long long ds41_fast_e4m3s_items, ds41_fast_e4m3s_fallbacks;
 /* the shuffle decode's byte control: code 4 L + i of a 16-code group to the top byte of dword i
  * of 128-bit lane L (AVX2 reads it as two halves, AVX-512 whole) */
