@@ -3,8 +3,9 @@
  *   build/bench/bench_kernels [--quick] [--threads 1,2] [--T 1,8,64] [--only NAME] [--exact] [--resident]
  *                             [--isa avx2|avx512|auto]
  *
- * The ISA path of the fast kernels (CPUID, DS41_ISA or --isa) is printed first; the int8 dot
- * probe (vpmaddubsw + vpmaddwd on AVX2, vpdpbusd on AVX-512 VNNI) is the integer road's peak.
+ * The ISA path of the fast kernels (CPUID, DS41_ISA or --isa) is printed first; the integer dot
+ * probes (int8: vpmaddubsw + vpmaddwd on AVX2, vpdpbusd on AVX-512 VNNI; int16, what the FP4
+ * kernels multiply: vpmaddwd, vpdpwssd) are the integer road's peaks.
  * Each linear row ends with its ratio to the probe of the same run and thread count: %bw
  * (weight GB/s / read bandwidth) for T = 1, %fma (GMAC/s / FMA peak GMAC/s) for T > 1, and,
  * when the --T list holds 1 before it, cost(T) / cost(1) (T/T=1: time per call over the T = 1
@@ -189,47 +190,73 @@ static double probe_panel(int nr, int T) {
     return g;
 }
 
-typedef struct i8_job { long iters; int vnni; int out[256]; } i8_job;
+typedef struct i8_job { long iters; int kind; int out[256]; } i8_job;
 
+/* The integer probes keep their 10 accumulators in named registers, one statement each (as the
+ * FMA probe does): written as a loop over an array, gcc kept the array in memory and every
+ * step became a load, the dot and a store, so the probe timed store forwarding (1.1x the zmm
+ * FMA peak on an Intel Xeon where the instruction runs at 2.5-3.5x). */
+#define I10(OP) OP(c0) OP(c1) OP(c2) OP(c3) OP(c4) OP(c5) OP(c6) OP(c7) OP(c8) OP(c9)
+#define I10_DECL(T, INIT) T c0 = INIT(0), c1 = INIT(1), c2 = INIT(2), c3 = INIT(3), c4 = INIT(4), \
+    c5 = INIT(5), c6 = INIT(6), c7 = INIT(7), c8 = INIT(8), c9 = INIT(9)
+
+/* kind 1: vpdpbusd (int8, 64 MACs per zmm instruction); 2: vpdpwssd (int16, 32) */
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
-static int i8_vnni(long iters) {
-    __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2), c[10];
-    for (int i = 0; i < 10; i++) c[i] = _mm512_set1_epi32(i);
-    for (long it = 0; it < iters; it++)
-        for (int i = 0; i < 10; i++) c[i] = _mm512_dpbusd_epi32(c[i], a, b);
-    __m512i s = c[0];
-    for (int i = 1; i < 10; i++) s = _mm512_add_epi32(s, c[i]);
+static int i_vnni(long iters, int kind) {
+    __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
+    I10_DECL(__m512i, _mm512_set1_epi32);
+    if (kind == 1) {
+#define DPB(c) c = _mm512_dpbusd_epi32(c, a, b);
+        for (long it = 0; it < iters; it++) { I10(DPB) }
+    } else {
+#define DPW(c) c = _mm512_dpwssd_epi32(c, a, b);
+        for (long it = 0; it < iters; it++) { I10(DPW) }
+    }
+    __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(c0, c1), _mm512_add_epi32(c2, c3)),
+                                 _mm512_add_epi32(_mm512_add_epi32(c4, c5), _mm512_add_epi32(c6, c7)));
+    s = _mm512_add_epi32(s, _mm512_add_epi32(c8, c9));
     return _mm512_reduce_add_epi32(s);
+}
+
+/* kind 0: AVX2 vpmaddubsw + vpmaddwd + vpaddd (int8, 32 MACs per ymm step); 3: vpmaddwd +
+ * vpaddd (int16, 16) */
+static int i_avx2(long iters, int kind) {
+    __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(-2), one = _mm256_set1_epi16(1);
+    I10_DECL(__m256i, _mm256_set1_epi32);
+    if (kind == 0) {
+#define MUB(c) c = _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), one));
+        for (long it = 0; it < iters; it++) { I10(MUB) }
+    } else {
+#define MWD(c) c = _mm256_add_epi32(c, _mm256_madd_epi16(a, b));
+        for (long it = 0; it < iters; it++) { I10(MWD) }
+    }
+    __m256i s = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(c0, c1), _mm256_add_epi32(c2, c3)),
+                                 _mm256_add_epi32(_mm256_add_epi32(c4, c5), _mm256_add_epi32(c6, c7)));
+    s = _mm256_add_epi32(s, _mm256_add_epi32(c8, c9));
+    return _mm256_extract_epi32(s, 0);
 }
 
 static void i8_fn(void *arg, int i0, int i1) {
     i8_job *j = arg;
-    for (int part = i0; part < i1; part++) {
-        if (j->vnni) { j->out[part] = i8_vnni(j->iters); continue; }
-        __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(-2), one = _mm256_set1_epi16(1), c[10];
-        for (int i = 0; i < 10; i++) c[i] = _mm256_set1_epi32(i);
-        for (long it = 0; it < j->iters; it++)
-            for (int i = 0; i < 10; i++)
-                c[i] = _mm256_add_epi32(c[i], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), one));
-        __m256i s = c[0];
-        for (int i = 1; i < 10; i++) s = _mm256_add_epi32(s, c[i]);
-        j->out[part] = _mm256_extract_epi32(s, 0);
-    }
+    for (int part = i0; part < i1; part++)
+        j->out[part] = j->kind == 1 || j->kind == 2 ? i_vnni(j->iters, j->kind) : i_avx2(j->iters, j->kind);
 }
 
-/* Peak int8 dot rate, GMAC/s: AVX2 maddubs (32 MACs per instruction) or VNNI dpbusd (64). */
-static double probe_i8(const ds41_ctx *ctx, int nt, int vnni) {
+/* Peak integer dot rate, GMAC/s (one MAC per pair of elements multiplied): kind 0 AVX2 int8
+ * maddubs (32 MACs per step), 1 VNNI dpbusd (64), 2 VNNI dpwssd (32), 3 AVX2 int16 maddwd (16). */
+static double probe_i8(const ds41_ctx *ctx, int nt, int kind) {
+    static const double macs[4] = { 32.0, 64.0, 32.0, 16.0 };
     i8_job j;
     memset(&j, 0, sizeof j);
     j.iters = 10000000;
-    j.vnni = vnni;
+    j.kind = kind;
     double t[5];
     for (int r = 0; r < 5; r++) {
         double t0 = now();
         ds41_parallel_for(ctx, nt, i8_fn, &j);
         t[r] = now() - t0;
     }
-    return (double)nt * (double)j.iters * 10.0 * (vnni ? 64.0 : 32.0) / median(t, 5) / 1e9;
+    return (double)nt * (double)j.iters * 10.0 * macs[kind] / median(t, 5) / 1e9;
 }
 
 /* Clock: a chain of dependent integer adds retires one per cycle on every x86 core. */
@@ -439,11 +466,13 @@ int main(int argc, char **argv) {
             }
             if (threads[i] > 1) printf("; empty parallel_for %.2f us", probe_dispatch(&ctxs[i]));
             printf("\n");
-            double i8 = probe_i8(&ctxs[i], threads[i], 0);
-            printf("threads %d: int8 dot peak AVX2 vpmaddubsw %.1f GMAC/s (%.2fx FMA)", threads[i], i8, i8 / fma_of[i]);
+            double i8 = probe_i8(&ctxs[i], threads[i], 0), i16 = probe_i8(&ctxs[i], threads[i], 3);
+            printf("threads %d: integer dot peak AVX2 int8 vpmaddubsw %.1f GMAC/s (%.2fx FMA), int16 vpmaddwd %.1f (%.2fx)",
+                   threads[i], i8, i8 / fma_of[i], i16, i16 / fma_of[i]);
             if (ds41_kernels_isa_supported("avx512")) {
-                double v = probe_i8(&ctxs[i], threads[i], 1);
-                printf("; AVX-512 VNNI vpdpbusd %.1f GMAC/s (%.2fx FMA)", v, v / fma_of[i]);
+                double v = probe_i8(&ctxs[i], threads[i], 1), w = probe_i8(&ctxs[i], threads[i], 2);
+                printf("; AVX-512 VNNI int8 vpdpbusd %.1f (%.2fx), int16 vpdpwssd %.1f (%.2fx)", v, v / fma_of[i], w,
+                       w / fma_of[i]);
             }
             printf("\n");
         }
