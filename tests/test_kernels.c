@@ -930,6 +930,45 @@ static void test_exact_t1_edges(void) {
  * the scalar kernel. Kinds BF16 (BF16 and FP32 out), FP8-dequantized (exact tiles) and FP8
  * (on AVX-512 VBMI: blocks of 2^-57 lost one by one after a 1.0, then 2^-24),
  * with and without K tails, 1 and 2 threads. */
+/* The AVX-512 exact FP4 T = 1 kernel's scale products (linear_exact_avx512.c): c8[8 b + r] =
+ * ue8m0(sr[r][b]) * sab[b] with the UE8M0 doubles built from the bytes' bits, against the
+ * scalar product, every byte 0 .. 255 (2^-127 and the NaN of 255 included), block counts with
+ * and without a tail, scales that are powers of two and not. */
+static void test_exact_fp4_scales(void) {
+    if (!ds41_kernels_isa_supported("avx512")) {
+        printf("  (no AVX-512 here: the zmm FP4 scale products are not run)\n");
+        return;
+    }
+    double ue8[256];
+    for (int e = 0; e < 256; e++) ue8[e] = (double)ds41_ue8m0_to_f32((uint8_t)e);
+    const int nbs[3] = { 8, 35, 64 };
+    int cases = 0;
+    for (int ni = 0; ni < 3; ni++) {
+        int nb = nbs[ni];
+        uint8_t *rows = malloc((size_t)8 * nb);
+        double *sab = malloc((size_t)nb * sizeof(double)), *c8 = malloc((size_t)8 * nb * sizeof(double));
+        for (int rep = 0; rep < 8; rep++) {
+            const uint8_t *sr[8];
+            for (int r = 0; r < 8; r++) {
+                for (int b = 0; b < nb; b++) rows[r * nb + b] = (uint8_t)(r * nb + b + 37 * rep);
+                sr[r] = rows + r * nb;
+            }
+            for (int b = 0; b < nb; b++) sab[b] = ldexp(b % 3 == 2 ? 0.75 : 1.0, (int)(rnd() % 200) - 100);
+            ds41_exact_fp4_scales_avx512(sr, nb, sab, ue8, c8);
+            int bad = 0;
+            for (int b = 0; b < nb; b++)
+                for (int r = 0; r < 8; r++) {
+                    double want = ue8[sr[r][b]] * sab[b];
+                    bad += memcmp(&want, &c8[8 * b + r], sizeof want) != 0;
+                }
+            CHECK(bad == 0, "FP4 zmm scale products nb %d rep %d: %d of %d differ", nb, rep, bad, 8 * nb);
+            cases++;
+        }
+        free(rows); free(sab); free(c8);
+    }
+    printf("  FP4 zmm scale products: %d cases of 8 rows, every byte value, bit-identical\n", cases);
+}
+
 static void test_exact_certified(void) {
     ds41_pool *pool = ds41_pool_create(2);
     ds41_ctx ex2 = { 1, 2, pool, 0, NULL };
@@ -1120,6 +1159,7 @@ int main(void) {
         RUN_CASE(test_exact_t1_edges);
         RUN_CASE(test_exact_certified);
     }
+    RUN_CASE(test_exact_fp4_scales);
     ds41_kernels_set_isa("auto");
     RUN_CASE(test_threads);
     return check_exit();

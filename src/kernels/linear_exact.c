@@ -385,6 +385,7 @@ typedef struct e1job {
     const double *sab;         /* per block: FP8 s_a * 2^8, FP4 s_a * 2^-10 */
     float *y;
     int cert8;                 /* FP8 on certified lanes (AVX-512 VBMI, e1_cert_tile) */
+    int fp4z;                  /* FP4 8 rows per pass on zmm (ds41_exact_fp4_t1_avx512) */
 } e1job;
 
 /* lane i of the result = sum of the lanes of v_i (exact sums only) */
@@ -525,6 +526,22 @@ static void e1_fp4_group(const e1job *j, int r0) {
     put4(j, r0, acc);
 }
 
+/* the same on zmm (AVX-512): rows r0 .. r0 + 7, past the end repeating the last row; c8: nb x 8
+ * doubles of scratch for the blocks' scale products s_w * sab[b] (the AVX2 kernel's product) */
+static void e1_fp4_group8(const e1job *j, int r0, double *c8) {
+    int nb = j->in / 32;
+    const uint8_t *p[8], *sr[8];
+    for (int i = 0; i < 8; i++) {
+        size_t r = (size_t)(r0 + i < j->out ? r0 + i : j->out - 1);
+        p[i] = j->w + r * (size_t)(j->in / 2);
+        sr[i] = j->s + r * (size_t)nb;
+    }
+    ds41_exact_fp4_scales_avx512(sr, nb, j->sab, ue8_tab, c8);
+    double a[8];
+    ds41_exact_fp4_t1_avx512(p, nb, (size_t)j->in / 2, j->aq, c8, a);
+    for (int i = 0; i < 8 && r0 + i < j->out; i++) j->y[r0 + i] = ds41_bf16_round((float)a[i]);
+}
+
 /* FP8 tiles on certified lanes (AVX-512 VBMI; the argument of the certified dense rows below,
  * for the contract's FP8 order: |s_seq - S| <= gamma_{nb} B and |s - S| <= gamma_K B, within
  * E): per 32-row tile xs[k] = a_k * s_a * s_w * 2^1016 (the code value times the block's scales,
@@ -596,10 +613,10 @@ static int e1_cert_tile(const e1job *j, int r0, int r1, const uint8_t *st, const
 static void e1_rows(void *arg, int i0, int i1) {
     const e1job *j = arg;
     int nb = j->in / 32;
-    double *scl = j->fp4 ? NULL : amalloc((size_t)nb * sizeof(double));
+    double *scl = amalloc((size_t)nb * (j->fp4z ? 8 : 1) * sizeof(double));   /* FP4 on zmm: e1_fp4_group8's c8 */
     e1cert ce = { NULL, NULL, NULL, NULL };
     double *cbuf = j->fp4 || !j->cert8 ? NULL : amalloc((size_t)(2 * j->in + 2 * nb) * sizeof(double));
-    if (!j->fp4 && (!scl || (j->cert8 && !cbuf))) { free(scl); free(cbuf); return; }
+    if (!scl || (j->cert8 && !cbuf)) { free(scl); free(cbuf); return; }
     if (cbuf) {
         ce = (e1cert){ cbuf, cbuf + j->in, cbuf + j->in + nb, cbuf + j->in + 2 * nb };
         e1_cert_prep(j, &ce);
@@ -611,6 +628,10 @@ static void e1_rows(void *arg, int i0, int i1) {
             for (int b = 0; b < nb; b++) scl[b] = j->sab[b] * ue8_tab[st[b]];
         }
         if (cbuf && e1_cert_tile(j, t * 32, r1, j->s + (size_t)t * nb, scl, &ce)) continue;
+        if (j->fp4z) {
+            for (int r0 = t * 32; r0 < r1; r0 += 8) e1_fp4_group8(j, r0, scl);
+            continue;
+        }
         for (int r0 = t * 32; r0 < r1; r0 += 4) {
             if (j->fp4) e1_fp4_group(j, r0);
             else {
@@ -689,8 +710,8 @@ void ds41_exact_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, in
                 int i = k & 31, v = (i & 15) >> 1;
                 ab[(k & ~31) + 4 * v + (i & 1) + 2 * (i >> 4)] = ad[k] * 0x1p1008;
             }
-        e1job j = { w, s, fp4, out, in, ad, ab, aq, sab, y,
-                    !fp4 && !strcmp(ds41_kernels_isa(), "avx512") && __builtin_cpu_supports("avx512vbmi") };
+        int z = !strcmp(ds41_kernels_isa(), "avx512");
+        e1job j = { w, s, fp4, out, in, ad, ab, aq, sab, y, !fp4 && z && __builtin_cpu_supports("avx512vbmi"), fp4 && z };
         int n_items = (out + 31) / 32;
         if ((long long)out * in >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, e1_rows, &j);
         else e1_rows(&j, 0, n_items);

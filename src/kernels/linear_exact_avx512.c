@@ -172,6 +172,102 @@ void ds41_exact_cert_fp8_avx512(const uint8_t *const *p, int kv, const double *x
     cert_fp8_k(p, kv, xs, s, mx);
 }
 
+/* FP4 at T = 1 on zmm (linear_exact.c's e1_fp4_group, the same integers): 8 rows p[r] (scale
+ * rows sr[r], nb blocks, ldb = bytes per row), two blocks per step. Per row, the 32 bytes of
+ * blocks b and b + 1 go through the nibble table in-lane (even elements: low nibbles, odd: high)
+ * and are sign-extended to one zmm of int16 per parity, block b in the low half; against the
+ * activations' hi and lo halves of both blocks (aq: per block [even hi | even lo | odd hi |
+ * odd lo], 16 int16 each) vpmaddwd + vpdpwssd give exact int32 partial sums, and D = (H << 9)
+ * + L holds, per lane, a part of 512 sum(w hi) + sum(w lo). A transposing add tree turns the
+ * 8 rows' D into each row's block integers B (exact: every partial sum of a block stays below
+ * 2^27, so any order gives B), then acc = fma(B, c, acc) per block in increasing b, lane r =
+ * row r, with c = s_w * sab[b] computed by the caller (c8[8 b + r], the same double product):
+ * the AVX2 kernel's operations lane by lane. A last odd block reads 16 bytes (the upper half
+ * zero). acc8: the 8 rows' double accumulators. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+void ds41_exact_fp4_t1_avx512(const uint8_t *const *p, int nb, size_t ldb, const int16_t *aq, const double *c8,
+                              double *acc8) {
+    const __m256i tab = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
+    const __m256i m = _mm256_set1_epi8(0x0F);
+    __m512d acc = _mm512_setzero_pd();
+    for (int b = 0; b < nb; b += 2) {
+        int two = b + 1 < nb;
+        const int16_t *q0 = aq + (size_t)b * 64, *q1 = q0 + 64;
+        __m512i a[4];   /* even hi, even lo, odd hi, odd lo: block b low, b + 1 high */
+        UNROLL for (int h = 0; h < 4; h++) {
+            __m256i lo = _mm256_load_si256((const __m256i *)(q0 + 16 * h));
+            __m256i hi = two ? _mm256_load_si256((const __m256i *)(q1 + 16 * h)) : _mm256_setzero_si256();
+            a[h] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        }
+        size_t o = (size_t)b * 16;
+        if (!(b & 3)) UNROLL for (int r = 0; r < 8; r++) ds41_pf_row(p[r], ldb, o + 1024, 8);
+        __m512i d[8];
+        UNROLL for (int r = 0; r < 8; r++) {
+            __m256i v = two ? _mm256_loadu_si256((const __m256i *)(p[r] + o))
+                            : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(p[r] + o)));
+            __m512i we = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(tab, _mm256_and_si256(v, m)));
+            __m512i wo = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(v, 4), m)));
+            __m512i h = _mm512_dpwssd_epi32(_mm512_madd_epi16(we, a[0]), wo, a[2]);
+            __m512i l = _mm512_dpwssd_epi32(_mm512_madd_epi16(we, a[1]), wo, a[3]);
+            d[r] = _mm512_add_epi32(_mm512_slli_epi32(h, 9), l);
+        }
+        __m512i t[4];
+        UNROLL for (int i = 0; i < 4; i++)
+            t[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(d[2 * i], d[2 * i + 1]), _mm512_unpackhi_epi32(d[2 * i], d[2 * i + 1]));
+        __m512i u0 = _mm512_add_epi32(_mm512_unpacklo_epi64(t[0], t[1]), _mm512_unpackhi_epi64(t[0], t[1]));
+        __m512i u1 = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2], t[3]), _mm512_unpackhi_epi64(t[2], t[3]));
+        /* 128-bit lanes: u0 rows 0-3, u1 rows 4-7; lanes 0-1 block b, 2-3 block b + 1 */
+        __m512i vv = _mm512_add_epi32(_mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
+                                      _mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
+        __m512i w = _mm512_shuffle_i32x4(vv, vv, _MM_SHUFFLE(3, 1, 2, 0));   /* [b: rows 0-7 | b + 1: rows 0-7] */
+        acc = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(w)), _mm512_loadu_pd(c8 + (size_t)8 * b), acc);
+        if (two) acc = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(w, 1)), _mm512_loadu_pd(c8 + (size_t)8 * b + 8), acc);
+    }
+    _mm512_storeu_pd(acc8, acc);
+}
+
+/* c8[8 b + r] = ue8[sr[r][b]] * sab[b] for 8 rows (the scale products of
+ * ds41_exact_fp4_t1_avx512; ue8 = linear_exact.c's table, (double) ds41_ue8m0_to_f32): per 8
+ * blocks, each row's 8 scale bytes e become the table's doubles by their bits, (e + 896) << 52
+ * (2^(e - 127), 2^-127 for e = 0) and the quiet NaN 0x7FF8000000000000 for e = 255 (the FP32
+ * 0x7FC00000 widened; a gather from the table took twice the time: perf, 18 % against 10 % of
+ * bench_kernels --exact --resident --only fp4), an 8 x 8 transpose puts
+ * the rows side by side, one multiply per block; the products are the scalar ones (tested
+ * against the table for all 256 bytes). The tail blocks (nb % 8) read the table. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+void ds41_exact_fp4_scales_avx512(const uint8_t *const *sr, int nb, const double *sab, const double *ue8, double *c8) {
+    const __m512i e896 = _mm512_set1_epi64(896), e255 = _mm512_set1_epi64(255);
+    const __m512i qnan = _mm512_set1_epi64(0x7FF8000000000000LL);
+    int b0 = 0;
+    for (; b0 + 8 <= nb; b0 += 8) {
+        __m512d g[8], t[8], u[8];
+        UNROLL for (int i = 0; i < 8; i++) {
+            __m512i e = _mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)(sr[i] + b0)));
+            __m512i v = _mm512_slli_epi64(_mm512_add_epi64(e, e896), 52);
+            g[i] = _mm512_castsi512_pd(_mm512_mask_mov_epi64(v, _mm512_cmpeq_epi64_mask(e, e255), qnan));
+        }
+        UNROLL for (int i = 0; i < 4; i++) {
+            t[2 * i] = _mm512_unpacklo_pd(g[2 * i], g[2 * i + 1]);       /* blocks 0 2 4 6 of rows 2i, 2i+1 */
+            t[2 * i + 1] = _mm512_unpackhi_pd(g[2 * i], g[2 * i + 1]);   /* blocks 1 3 5 7 */
+        }
+        UNROLL for (int h = 0; h < 2; h++) {   /* rows 4h .. 4h + 3 */
+            u[4 * h + 0] = _mm512_shuffle_f64x2(t[4 * h], t[4 * h + 2], 0x88);       /* blocks 0, 4 */
+            u[4 * h + 1] = _mm512_shuffle_f64x2(t[4 * h], t[4 * h + 2], 0xDD);       /* blocks 2, 6 */
+            u[4 * h + 2] = _mm512_shuffle_f64x2(t[4 * h + 1], t[4 * h + 3], 0x88);   /* blocks 1, 5 */
+            u[4 * h + 3] = _mm512_shuffle_f64x2(t[4 * h + 1], t[4 * h + 3], 0xDD);   /* blocks 3, 7 */
+        }
+        static const int first[4] = { 0, 2, 1, 3 };   /* u[q]'s blocks: first[q] and first[q] + 4 */
+        UNROLL for (int q = 0; q < 4; q++) {
+            int b = b0 + first[q];
+            _mm512_storeu_pd(c8 + (size_t)8 * b, _mm512_mul_pd(_mm512_shuffle_f64x2(u[q], u[q + 4], 0x88), _mm512_set1_pd(sab[b])));
+            _mm512_storeu_pd(c8 + (size_t)8 * (b + 4),
+                             _mm512_mul_pd(_mm512_shuffle_f64x2(u[q], u[q + 4], 0xDD), _mm512_set1_pd(sab[b + 4])));
+        }
+    }
+    for (; b0 < nb; b0++)
+        for (int i = 0; i < 8; i++) c8[(size_t)8 * b0 + i] = ue8[sr[i][b0]] * sab[b0];
+}
+
 #ifdef __clang__
 #pragma clang attribute pop
 #endif

@@ -145,5 +145,11 @@ void ds41_exact_panel_avx512(int quant, const double *wt, int kc, const double *
  * rows p[q], K [0, kv), kv % 64 == 0; mx[q] = twice the row's largest code magnitude */
 void ds41_exact_cert_fp8_avx512(const uint8_t *const *p, int kv, const double *xs, double *s, int *mx);
 void ds41_exact_cert_avx512(int wkind, const char *const *p, int kv, const double *x, const float *xa, double *s, float *b);
+/* FP4 at T = 1, 8 rows p[r] (AVX-512 BW + VNNI), c8[8 b + r] = row r's s_w times sab[b]: acc8 =
+ * the rows' double accumulators of linear_exact.c's e1_fp4_group, the same bits */
+void ds41_exact_fp4_t1_avx512(const uint8_t *const *p, int nb, size_t ldb, const int16_t *aq, const double *c8,
+                              double *acc8);
+/* its c8 for 8 scale rows sr[r]: c8[8 b + r] = ue8[sr[r][b]] * sab[b] */
+void ds41_exact_fp4_scales_avx512(const uint8_t *const *sr, int nb, const double *sab, const double *ue8, double *c8);
 
 #endif
