@@ -178,11 +178,12 @@ static inline __attribute__((always_inline)) void decode_panel_k(const ejob *j, 
             if (kind == E_FP8) {
                 int nbk = j->in / 32;
                 sc = _mm256_set1_pd(ue8_tab[j->s[(size_t)(rb / 32) * nbk + ka / 32]] * 256.0);
-            } else if (kind == E_FP4) {
+            } else if (kind == E_FP4) {   /* in registers (the four scalar stores and vector load
+                                            * of an earlier form stalled on store forwarding) */
                 int nb = j->in / 32;
-                double s4[4];
-                for (int i = 0; i < 4; i++) s4[i] = i < n ? ue8_tab[j->s[(size_t)(rb + i) * nb + ka / 32]] * 0.5 : 0.0;
-                sc = _mm256_loadu_pd(s4);
+                const uint8_t *sp = j->s + (size_t)rb * nb + ka / 32;
+                sc = _mm256_setr_pd(ue8_tab[sp[0]] * 0.5, n > 1 ? ue8_tab[sp[nb]] * 0.5 : 0.0,
+                                    n > 2 ? ue8_tab[sp[2 * nb]] * 0.5 : 0.0, n > 3 ? ue8_tab[sp[3 * nb]] * 0.5 : 0.0);
             }
             __m256 z = _mm256_setzero_ps();
             __m256 r0 = row8(j, kind, rb, ka);
