@@ -39,10 +39,15 @@
  * passes of linear_exact_avx512.c, 8 rows per zmm and 4 tokens per pass, the same operations
  * lane by lane.
  *
- * Few tokens on AVX2 (T <= 16 FP4, <= 4 FP8, <= 3 FP32, <= 2 BF16 / DQ): the T = 1 kernels below
- * once per token (the same sums, so the same bits), which stream each weight once per token
- * but skip the panel's decode-and-transpose; measured faster than the panel passes up to
- * these T on this 2-core AMD EPYC (FP4 x 16 tokens: 30 ms against 40 ms).
+ * Few tokens (few_max: on AVX2 T <= 16 FP4, <= 4 FP8, <= 3 FP32, <= 2 BF16 / DQ; on AVX-512
+ * T <= 8 FP4, <= 3 FP8, <= 4 DQ, <= 2 BF16): the T = 1 kernels below once per token (the same
+ * sums, so the same bits), which stream each weight once per token but skip the panel's
+ * decode-and-transpose; measured faster than the panel passes up to these T on a 2-core AMD
+ * EPYC (FP4 x 16 tokens: 30 ms against 40 ms) and on an Intel Xeon (bench_kernels --exact
+ * --T 1,2,3,4,8, 1 and 2 threads, ms per call: FP4 w1 T = 1 0.96 / 0.50, T = 2 on the panels
+ * 8.1 / 4.0, T = 8 10.7 / 5.5; FP8 wo_b T = 1 5.2 / 3.4, T = 2 23.6 / 11.7, T = 4 24.0 / 13.4;
+ * DQ wo_a T = 1 1.0 / 0.54, T = 4 4.8 / 3.0, T = 8 4.6 / 3.6; BF16 head T = 1 34.8 / 20.3,
+ * T = 2 81 / 42; FP32 T = 2 already faster on the panels).
  *
  * Threads: work items are 16-row groups (32-row tiles for the T = 1 quantized kernels) split
  * statically (FP8 groups lie inside one 32-row scale tile); the result does not depend on the
@@ -87,6 +92,13 @@ static int tile_tokens(int T, int in) {
     long long fit = TT_BYTES / (8LL * (in > 0 ? in : 1));
     int tt = fit > TT ? TT : fit < 32 ? 32 : (int)fit;
     return T < tt ? T : tt;
+}
+
+/* the largest T that runs as T = 1 calls per token (see "Few tokens" above) */
+static int few_max(int kind) {
+    if (strcmp(ds41_kernels_isa(), "avx512"))
+        return kind == E_FP4 ? 16 : kind == E_FP8 ? 4 : kind == E_F32 ? 3 : 2;
+    return kind == E_FP4 ? 8 : kind == E_FP8 ? 3 : kind == E_DQ ? 4 : kind == E_BF16 ? 2 : 1;
 }
 
 static void *amalloc(size_t n) {
@@ -678,7 +690,7 @@ static void q8_codes_row(const float *x, int in, float *cv, float *sa) {
 void ds41_exact_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int fp4, int out, int in,
                      const float *x, int T, float *y) {
     pthread_once(&val_once, val_init);
-    if (T > 1 && T <= (fp4 ? 16 : 4) && strcmp(ds41_kernels_isa(), "avx512")) {   /* few tokens: see few_tokens */
+    if (T > 1 && T <= few_max(fp4 ? E_FP4 : E_FP8)) {   /* few tokens */
         for (int t = 0; t < T; t++) ds41_exact_qlin(ctx, w, s, fp4, out, in, x + (size_t)t * in, 1, y + (size_t)t * out);
         return;
     }
@@ -1141,7 +1153,7 @@ void ds41_exact_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const f
                       int out_bf16) {
     pthread_once(&val_once, val_init);
     int ek = kind == 0 ? E_BF16 : kind == 1 ? E_F32 : E_DQ;
-    if (T > 1 && T <= (ek == E_F32 ? 3 : 2) && strcmp(ds41_kernels_isa(), "avx512")) {   /* few tokens */
+    if (T > 1 && T <= few_max(ek)) {   /* few tokens */
         for (int t = 0; t < T; t++)
             ds41_exact_dense(ctx, kind, wb, wf, w8, row0, out, in, x + (size_t)t * x_stride, x_stride, 1,
                              y + (size_t)t * y_stride, y_stride, out_bf16);
