@@ -195,7 +195,7 @@ typedef struct i8_job { long iters; int kind; int out[256]; } i8_job;
 /* The integer probes keep their 10 accumulators in named registers, one statement each (as the
  * FMA probe does): written as a loop over an array, gcc kept the array in memory and every
  * step became a load, the dot and a store, so the probe timed store forwarding (1.1x the zmm
- * FMA peak on an Intel Xeon where the instruction runs at 2.5-3.5x). */
+ * FMA peak on an Intel Xeon where the instruction runs at 2.1-3.3x). */
 #define I10(OP) OP(c0) OP(c1) OP(c2) OP(c3) OP(c4) OP(c5) OP(c6) OP(c7) OP(c8) OP(c9)
 #define I10_DECL(T, INIT) T c0 = INIT(0), c1 = INIT(1), c2 = INIT(2), c3 = INIT(3), c4 = INIT(4), \
     c5 = INIT(5), c6 = INIT(6), c7 = INIT(7), c8 = INIT(8), c9 = INIT(9)

@@ -172,8 +172,8 @@ void ds41_exact_cert_fp8_avx512(const uint8_t *const *p, int kv, const double *x
     cert_fp8_k(p, kv, xs, s, mx);
 }
 
-/* FP4 at T = 1 on zmm (linear_exact.c's e1_fp4_group, the same integers): 8 rows p[r] (scale
- * rows sr[r], nb blocks, ldb = bytes per row), two blocks per step. Per row, the 32 bytes of
+/* FP4 at T = 1 on zmm (linear_exact.c's e1_fp4_group, the same integers): 8 rows p[r] (nb
+ * blocks, ldb = bytes per row), two blocks per step. Per row, the 32 bytes of
  * blocks b and b + 1 go through the nibble table in-lane (even elements: low nibbles, odd: high)
  * and are sign-extended to one zmm of int16 per parity, block b in the low half; against the
  * activations' hi and lo halves of both blocks (aq: per block [even hi | even lo | odd hi |
