@@ -506,16 +506,21 @@ static void e1_fp8_group(const e1job *j, const int *rows, int n, const double *s
     for (int i = 0; i < n; i++) j->y[rows[i]] = ds41_bf16_round((float)a[i]);
 }
 
+/* FP4 rows r0 .. r0 + n - 1 (past the end: the last row): packed codes p[i], scales sr[i] */
+static void fp4_rows(const e1job *j, int r0, int n, const uint8_t **p, const uint8_t **sr) {
+    for (int i = 0; i < n; i++) {
+        size_t r = (size_t)(r0 + i < j->out ? r0 + i : j->out - 1);
+        p[i] = j->w + r * (size_t)(j->in / 2);
+        sr[i] = j->s + r * (size_t)(j->in / 32);
+    }
+}
+
 static void e1_fp4_group(const e1job *j, int r0) {
     int nb = j->in / 32;
     const __m128i tab = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
     const __m128i m = _mm_set1_epi8(0x0F);
     const uint8_t *p[4], *sr[4];
-    for (int i = 0; i < 4; i++) {
-        size_t r = (size_t)(r0 + i < j->out ? r0 + i : j->out - 1);
-        p[i] = j->w + r * (size_t)(j->in / 2);
-        sr[i] = j->s + r * (size_t)nb;
-    }
+    fp4_rows(j, r0, 4, p, sr);
     __m256d acc = _mm256_setzero_pd();
     for (int b = 0; b < nb; b++) {
         const int16_t *q = j->aq + (size_t)b * 64;
@@ -544,11 +549,7 @@ static void e1_fp4_group(const e1job *j, int r0) {
 static void e1_fp4_group8(const e1job *j, int r0, double *c8) {
     int nb = j->in / 32;
     const uint8_t *p[8], *sr[8];
-    for (int i = 0; i < 8; i++) {
-        size_t r = (size_t)(r0 + i < j->out ? r0 + i : j->out - 1);
-        p[i] = j->w + r * (size_t)(j->in / 2);
-        sr[i] = j->s + r * (size_t)nb;
-    }
+    fp4_rows(j, r0, 8, p, sr);
     ds41_exact_fp4_scales_avx512(sr, nb, j->sab, ue8_tab, c8);
     double a[8];
     ds41_exact_fp4_t1_avx512(p, nb, (size_t)j->in / 2, j->aq, c8, a);
@@ -626,10 +627,12 @@ static int e1_cert_tile(const e1job *j, int r0, int r1, const uint8_t *st, const
 static void e1_rows(void *arg, int i0, int i1) {
     const e1job *j = arg;
     int nb = j->in / 32;
-    double *scl = amalloc((size_t)nb * (j->fp4z ? 8 : 1) * sizeof(double));   /* FP4 on zmm: e1_fp4_group8's c8 */
+    /* FP8: the blocks' scale products; FP4 on zmm: e1_fp4_group8's c8; FP4 on AVX2: none */
+    int need = !j->fp4 || j->fp4z;
+    double *scl = need ? amalloc((size_t)nb * (j->fp4z ? 8 : 1) * sizeof(double)) : NULL;
     e1cert ce = { NULL, NULL, NULL, NULL };
     double *cbuf = j->fp4 || !j->cert8 ? NULL : amalloc((size_t)(2 * j->in + 2 * nb) * sizeof(double));
-    if (!scl || (j->cert8 && !cbuf)) { free(scl); free(cbuf); return; }
+    if ((need && !scl) || (j->cert8 && !cbuf)) { free(scl); free(cbuf); return; }
     if (cbuf) {
         ce = (e1cert){ cbuf, cbuf + j->in, cbuf + j->in + nb, cbuf + j->in + 2 * nb };
         e1_cert_prep(j, &ce);
