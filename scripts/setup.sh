@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 APT_PKGS="gcc make pkg-config bc clang libclang-rt-14-dev libjansson-dev libpcre2-dev libutf8proc-dev libedit-dev libmicrohttpd-dev python3 python3-numpy nodejs npm"
+# Deployment: MPICH (mpiexec scale-out), liburing (Engram rows off RAM), UCX (prefill/decode
+# KV transfer), iproute2 (the network-namespace tests); matplotlib for make bench's plots.
+APT_PKGS="$APT_PKGS mpich libmpich-dev liburing-dev libucx-dev iproute2 python3-matplotlib"
 # The demo model's data (tests rebuild its held-out split) and Debian's CPU torch with OpenBLAS
 # (the torch twin is the second implementation the demo-model tests compare ds41 against).
 APT_PKGS="$APT_PKGS bible-kjv bible-kjv-text fortunes fortunes-min jargon-text dict-gcide python3-torch libopenblas0-pthread"
