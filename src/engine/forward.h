@@ -36,6 +36,11 @@ typedef struct ds41_engine {
     int n_compressed;
     struct ds41_readahead *ra;/* --readahead: per layer weight ranges (longctx.c), or NULL */
     ds41_side *side;          /* P6: the side worker the indexers run on (NULL: none, serial) */
+    /* Step hook (NULL: none): called at the start of every forward with its plan (count
+     * sequences at positions pos[i] running T[i] tokens each); a non-zero return fails the
+     * forward with the message. Under MPI (src/dist/) it broadcasts rank 0's plan and checks
+     * this rank's against it; the routed experts reach their owners through ctx.moe. */
+    int (*step)(int count, const long long *pos, const int *T, const int32_t *const *tokens, char *err, size_t errcap);
 } ds41_engine;
 
 /* Read-ahead of the weights (longctx.c): ranges of every layer's tensors, and

@@ -39,12 +39,14 @@ enum {
     DS41_PROF_N
 };
 
+typedef struct ds41_moe_dispatch ds41_moe_dispatch;
 typedef struct ds41_ctx {
     int exact;          /* 1: exact kernels; 0: fast kernels */
     int n_threads;      /* >= 1 */
     ds41_pool *pool;    /* NULL: single-threaded */
     unsigned ablate;    /* DS41_ABLATE_* bits: performance points switched off (0: all on) */
     double *prof;       /* NULL, or DS41_PROF_N accumulators (seconds) */
+    const struct ds41_moe_dispatch *moe;   /* routed-expert dispatch (layers/moe.h); NULL: local */
 } ds41_ctx;
 
 /* Monotonic clock in seconds (the timers above). */
