@@ -25,6 +25,7 @@ static const char *BENCH_USAGE =
     "  --seed S            seed of the random prompt ids (default 1)\n"
     "  --json              machine-readable output\n"
     "  --load mmap|copy    weights mmap'd (default) or copied into anonymous memory; --readahead\n"
+    DS41_CLI_ENGRAM_USAGE
     "  --spec              speculative-decoding section: plain vs --spec fixed:1..B / auto / auto\n"
     "                      without P5 reuse (greedy), acceptance, scheduler choices, the verify-width\n"
     "                      curve (also cached for ds41 run --spec auto)\n"
@@ -124,6 +125,8 @@ int ds41_cli_bench(int argc, char **argv) {
     unsigned long long seed = 1;
     int spec = 0, spec_curve = 0, spec_n = 64, spec_rounds = 3;   /* --spec section (cli_spec.c) */
     int load = DS41_LOAD_MMAP, readahead = 0;     /* --load, --readahead */
+    int eg_mode = DS41_ENGRAM_AUTO, r;            /* --engram-mode, --engram-cache */
+    long long eg_cache = 0;
     const char *spec_prompt = NULL;
     int batch[16], n_batch = 0;
     /* long-context decode and the performance points on/off: cli_bench_long.c */
@@ -166,6 +169,9 @@ int ds41_cli_bench(int argc, char **argv) {
         else if (!strcmp(a, "--load") && has) {
             if (ds41_parse_load(argv[++i], &load)) { fprintf(stderr, "ds41 bench: --load: expected mmap or copy\n"); return 2; }
         } else if (!strcmp(a, "--readahead")) readahead = 1;
+        else if ((r = ds41_cli_engram_arg("bench", argc, argv, &i, &eg_mode, &eg_cache)) != 0) {
+            if (r < 0) return 2;
+        }
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--spec")) spec = 1;
         else if (!strcmp(a, "--spec-curve")) spec_curve = 1;
@@ -195,6 +201,8 @@ int ds41_cli_bench(int argc, char **argv) {
     lp.n_threads = threads;
     lp.load = load;
     lp.readahead = readahead;
+    lp.engram_mode = eg_mode;
+    lp.engram_cache = eg_cache;
     lp.ctx_size = ctx > 0 ? ctx : maxlen + (n_batch > 0 ? BENCH_ROUNDS * n_dec + 2 : n_dec + 1);
     if (spec && ctx <= 0 && lp.ctx_size < 32 + spec_n + 80) lp.ctx_size = 32 + spec_n + 80;
     char ebuf[1024];

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "attention.h"
+#include "engram_place.h"
 #include "formats.h"
 #include "mhc.h"
 #include "moe.h"
@@ -97,6 +98,7 @@ void ds41_engine_free(ds41_engine *e) {
     if (e->ctx.pool) ds41_pool_destroy(e->ctx.pool);
     ds41_side_destroy(e->side);
     ds41_readahead_free(e->ra);
+    ds41_engine_engram_free(e);
     if (e->own_model && e->model) { ds41_model_close(e->model); free(e->model); }
     memset(e, 0, sizeof *e);
 }
@@ -113,6 +115,7 @@ int ds41_seq_init(ds41_seq *s, ds41_engine *e, ds41_err *err) {
 static void seq_scratch_free(ds41_seq *s);
 
 void ds41_seq_free(ds41_seq *s) {
+    ds41_engram_step_free(s->eg_step);
     seq_scratch_free(s);
     ds41_cache_free(&s->cache);
     free(s->logits);
@@ -1063,6 +1066,10 @@ static int forward_impl(ds41_seq *s, const int32_t *tokens, int T, int want_logi
         free(mh); fwd_release(bp, &tmp); free(qrow);
         return ds41_errf(err, "out of memory");
     }
+    if (e->has_engram && ds41_engram_prefetch_issue(s, b.eg_ids, Tz, err)) {   /* P4: reads start now */
+        free(mh); fwd_release(bp, &tmp); free(qrow);
+        return -1;
+    }
 
     /* ---- embedding: 4 identical copies, pre = one-hot copy 0 ---- */
     for (int t = 0; t < T; t++) ds41_stream_embed(cfg, w, &b.s, (size_t)t, tokens[t]);
@@ -1084,9 +1091,12 @@ static int forward_impl(ds41_seq *s, const int32_t *tokens, int T, int want_logi
         if (nk == 0) continue;
 
         /* Engram before the block, on the rows of the stream that exist */
-        if (lp->engram_slot >= 0 && e->has_engram)
-            ds41_engram_apply(ctx, cfg, lw, b.eg_ids + ((size_t)lp->engram_slot * T + k0) * cols, nk, NULL,
-                              b.s.X + k0 * srow);
+        if (lp->engram_slot >= 0 && e->has_engram &&
+            ds41_engram_apply_step(ctx, cfg, lw, s->eg_step, lp->engram_slot,
+                                   b.eg_ids + ((size_t)lp->engram_slot * T + k0) * cols, nk, NULL, b.s.X + k0 * srow, err)) {
+            rc = -1;
+            break;
+        }
         /* DSpark tap: mean over the copies of the block's input stream */
         int ti = lp->is_dspark_target && mh ? dspark_target_index(cfg, n_tg, l) : -1;
         if (ti >= 0) dspark_tap(ctx, cfg, b.s.X, (size_t)k0, Tz, ti, n_tg, mh);
@@ -1373,6 +1383,8 @@ int ds41_forward_batch(ds41_seq *const *ss, const int32_t *const *tokens, const 
         s->rows_full += (long long)L * T[i];
         for (int l = 0; l < L; l++) s->rows_computed += T[i] - (i == 0 ? qrow[l] : 0);
     }
+    /* P4: the stack's Engram rows, read through the first sequence's step */
+    if (e->has_engram && ds41_engram_prefetch_issue(ss[0], b.eg_ids, N, err)) { rc = -1; goto done; }
 
     /* ---- the block loop over the stacked rows: layer l on the rows [k0, N) / [q0, N) that the
      * chunk's plan keeps (0 without a chunk: every layer on every row) ---- */
@@ -1384,9 +1396,13 @@ int ds41_forward_batch(ds41_seq *const *ss, const int32_t *const *tokens, const 
         /* a prompt part whose plan has no rows in this layer, alone in the batch: nothing to
          * compute (ds41_forward skips such a layer too) */
         if (k0 == N) continue;
-        if (lp->engram_slot >= 0 && e->has_engram)
-            ds41_engram_apply(ctx, cfg, lw, b.eg_ids + ((size_t)lp->engram_slot * N + k0) * cols, (int)(N - k0), NULL,
-                              b.s.X + k0 * srow);
+        if (lp->engram_slot >= 0 && e->has_engram &&
+            ds41_engram_apply_step(ctx, cfg, lw, ss[0]->eg_step, lp->engram_slot,
+                                   b.eg_ids + ((size_t)lp->engram_slot * N + k0) * cols, (int)(N - k0), NULL,
+                                   b.s.X + k0 * srow, err)) {
+            rc = -1;
+            goto done;
+        }
         int ti = lp->is_dspark_target && mh ? dspark_target_index(cfg, n_tg, l) : -1;
         if (ti >= 0) dspark_tap(ctx, cfg, b.s.X, k0, N, ti, n_tg, mh);
 

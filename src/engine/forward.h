@@ -36,6 +36,11 @@ typedef struct ds41_engine {
     int n_compressed;
     struct ds41_readahead *ra;/* --readahead: per layer weight ranges (longctx.c), or NULL */
     ds41_side *side;          /* P6: the side worker the indexers run on (NULL: none, serial) */
+    /* P4 (engram_place.c): where the Engram tables live; eio != NULL when prefetching */
+    int eg_mode;
+    struct ds41_engram_io *eio;
+    void *eg_ram;             /* --engram-mode ram: the tables' copy */
+    size_t eg_ram_len;
 } ds41_engine;
 
 /* Read-ahead of the weights (longctx.c): ranges of every layer's tensors, and
@@ -83,6 +88,7 @@ typedef struct ds41_seq {
     /* forward scratch (forward.c): the indexers' per-sequence buffers and the row buffers of
      * short forwards, grown when a forward needs more, so decode steps allocate little */
     struct ds41_fwd_scratch *scratch;
+    struct ds41_engram_step *eg_step;   /* P4 prefetch: this sequence's Engram rows in flight */
 } ds41_seq;
 
 /* Takes over m when own_model. token_map may be NULL when the config has no Engram layer. */
