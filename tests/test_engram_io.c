@@ -5,7 +5,9 @@
  *   step) equal mmap's, on the tiny and small43 checkpoints and models/demo; also a batch of
  *   three sessions (ds41_feed_batch: one forward, rows through the first sequence's step) and
  *   speculative steps (verify blocks) on small43.
- * identity_tiny_pread, read_retry_eio_pread: the same on the pread path (DS41_ENGRAM_PREAD=1).
+ * identity_tiny_pread, read_retry_eio_pread: the same on the pread path (DS41_ENGRAM_PREAD=1);
+ *   identity_tiny_scales_disk, read_retry_short_scales_disk: with the scales read per row
+ *   (DS41_ENGRAM_SCALES=disk) instead of held in RAM.
  * read_retry_*: DS41_ENGRAM_FAULT makes one read fail with EIO / come back half done: the read is
  *   retried, the logits stay bit-identical, the retry is counted.
  * read_error_*: every read fails (EIO, end of file): the feed fails with an error naming the
@@ -107,12 +109,23 @@ static void identity_on(const char *dir) {
 
 static char tiny[4096], small[4096];
 static void read_retry_eio(void);
+static void read_retry_short(void);
 
 static void identity_tiny(void) { identity_on(tiny); }
+static void identity_tiny_scales_disk(void) {
+    setenv("DS41_ENGRAM_SCALES", "disk", 1);
+    identity_on(tiny);
+    unsetenv("DS41_ENGRAM_SCALES");
+}
 static void identity_tiny_pread(void) {
     setenv("DS41_ENGRAM_PREAD", "1", 1);
     identity_on(tiny);
     unsetenv("DS41_ENGRAM_PREAD");
+}
+static void read_retry_short_scales_disk(void) {
+    setenv("DS41_ENGRAM_SCALES", "disk", 1);
+    read_retry_short();
+    unsetenv("DS41_ENGRAM_SCALES");
 }
 static void read_retry_eio_pread(void) {
     setenv("DS41_ENGRAM_PREAD", "1", 1);
@@ -253,7 +266,7 @@ static void cache_clock(void) {
     const ds41_config *cfg = &m.cfg;
     int cols = (cfg->engram_max_ngram - 1) * cfg->engram_n_heads, rb = cfg->engram_head_dim + cfg->engram_head_dim / 32;
     ds41_engram_io *io;
-    if (ds41_engram_io_open(&io, cfg, &m.w, m.st, 2LL * rb, &err)) { CHECK(0, "io: %s", err.msg); ds41_model_close(&m); return; }
+    if (ds41_engram_io_open(&io, cfg, &m.w, m.st, 2LL * rb, 0, &err)) { CHECK(0, "io: %s", err.msg); ds41_model_close(&m); return; }
     ds41_engram_step *st = ds41_engram_step_new(io);
     /* one row per step in slot 0 (the rest of the ids out of range: skipped), N = 1 */
     int64_t *ids = malloc((size_t)cfg->n_engram_layers * cols * sizeof(int64_t));
@@ -303,10 +316,12 @@ int main(void) {
     }
     RUN_CASE(identity_tiny);
     RUN_CASE(identity_tiny_pread);
+    RUN_CASE(identity_tiny_scales_disk);
     RUN_CASE(identity_demo);
     RUN_CASE(read_retry_eio);
     RUN_CASE(read_retry_short);
     RUN_CASE(read_retry_eio_pread);
+    RUN_CASE(read_retry_short_scales_disk);
     RUN_CASE(read_error_eio);
     RUN_CASE(read_error_eof);
     RUN_CASE(bad_fault_setting);

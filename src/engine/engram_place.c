@@ -164,8 +164,15 @@ int ds41_engine_engram_place(ds41_engine *e, int mode, long long cache_bytes, in
         }
         if (cb < 0) cb = 0;
         if (cb > tables) cb = tables;
-        if (ds41_engram_io_open(&e->eio, cfg, w, e->model->st, cb, err)) return -1;
+        /* the scales (1/33 of the tables) stay in RAM when they take at most 1/8 of the memory
+         * available: a missing row then costs one read, not two; DS41_ENGRAM_SCALES=disk reads
+         * them per row anyway (tests, comparisons) */
+        const char *sc = getenv("DS41_ENGRAM_SCALES");
+        long long scale_bytes = tables / (cfg->engram_head_dim + cfg->engram_head_dim / 32) * (cfg->engram_head_dim / 32);
+        int scales_ram = !(sc && !strcmp(sc, "disk")) && avail > 0 && scale_bytes <= avail / 8;
+        if (ds41_engram_io_open(&e->eio, cfg, w, e->model->st, cb, scales_ram, err)) return -1;
     }
+    if (chosen == DS41_EG_MMAP) ds41_engram_tables_advise_random(cfg, w);
     e->eg_mode = chosen;
     int pages = chosen == DS41_EG_MMAP && avail >= 0 && all > avail;
     /* said when asked (verbose, or a mode named explicitly) and whenever the tables are not
@@ -181,8 +188,11 @@ int ds41_engine_engram_place(ds41_engine *e, int mode, long long cache_bytes, in
             ds41_engram_io_get_stats(e->eio, &s);
             char hc[32];
             human(s.cache_rows * s.row_bytes, hc, sizeof hc);
-            ds41_log(1, "engram: prefetch through %s, row cache %s (%lld rows of %lld bytes)",
-                     s.uring ? "io_uring" : "pread", hc, s.cache_rows, s.row_bytes);
+            char hs[32];
+            human(s.scale_ram_bytes, hs, sizeof hs);
+            ds41_log(1, "engram: prefetch through %s, row cache %s (%lld rows of %lld bytes), scales %s%s",
+                     s.uring ? "io_uring" : "pread", hc, s.cache_rows, s.row_bytes,
+                     s.scale_ram_bytes ? "in RAM, " : "read per row", s.scale_ram_bytes ? hs : "");
         }
     }
     if (pages)

@@ -42,6 +42,7 @@ typedef struct eg_table {
     uint64_t off_e, off_s;    /* file offsets of the two tensors */
     int64_t rows;
     const char *path_e, *path_s;
+    uint8_t *scales;          /* the scale tensor read into RAM (NULL: read per row) */
 } eg_table;
 
 struct ds41_engram_io {
@@ -194,8 +195,25 @@ static int shard_fd(ds41_engram_io *io, const ds41_st *st, int shard, ds41_err *
     return fd;
 }
 
+/* pread of n bytes at off into buf, retried on EINTR / short reads; 0 or -errno */
+static int read_all(int fd, uint8_t *buf, uint64_t n, uint64_t off) {
+    uint64_t done = 0;
+    int tries = 0;
+    while (done < n) {
+        size_t want = n - done > ((uint64_t)64 << 20) ? ((size_t)64 << 20) : (size_t)(n - done);
+        ssize_t got = pread(fd, buf + done, want, (off_t)(off + done));
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            if (++tries < READ_TRIES) continue;
+            return got < 0 ? -errno : -EIO;
+        }
+        done += (uint64_t)got;
+    }
+    return 0;
+}
+
 int ds41_engram_io_open(ds41_engram_io **out, const ds41_config *cfg, const ds41_weights *w, const ds41_st *st,
-                        long long cache_bytes, ds41_err *err) {
+                        long long cache_bytes, int scales_in_ram, ds41_err *err) {
     *out = NULL;
     int L = cfg->n_engram_layers, hd = cfg->engram_head_dim;
     if (L < 1 || L > DS41_ENGRAM_MAX_LAYERS || hd < 32 || hd % 32)
@@ -233,6 +251,17 @@ int ds41_engram_io_open(ds41_engram_io **out, const ds41_config *cfg, const ds41
         t->path_e = ds41_st_shard_path(st, she);
         t->path_s = ds41_st_shard_path(st, shs);
         t->rows = lw->eg_rows;
+        if (scales_in_ram) {
+            /* 1/33 of the table: kept in RAM, a missing row costs one read instead of two */
+            t->scales = malloc(ns ? (size_t)ns : 1);
+            int rc = t->scales ? read_all(t->fd_s, t->scales, ns, t->off_s) : -ENOMEM;
+            if (rc) {
+                ds41_engram_io_close(io);
+                return ds41_errf(err, "engram: reading the scales of Engram table %d (%s, byte offset %llu, %llu bytes): %s",
+                                 sl, t->path_s, (unsigned long long)t->off_s, (unsigned long long)ns, strerror(-rc));
+            }
+            io->st.scale_ram_bytes += (long long)ns;
+        }
         slot++;
     }
     if (slot != L) {
@@ -268,6 +297,7 @@ void ds41_engram_io_close(ds41_engram_io *io) {
     if (!io) return;
     for (int i = 0; io->fds && i < io->n_fds; i++)
         if (io->fds[i] >= 0) close(io->fds[i]);
+    for (int i = 0; i < DS41_ENGRAM_MAX_LAYERS; i++) free(io->t[i].scales);
     free(io->fds);
     free(io->ckey);
     free(io->cref);
@@ -636,12 +666,18 @@ int ds41_engram_step_issue(ds41_engram_step *st, const int64_t *ids, size_t N, i
     pthread_mutex_unlock(&io->mu);
     for (size_t u = 0; u < st->n; u++) {
         if (!st->miss[u]) continue;
-        for (uint8_t part = 0; part < 2; part++) {
+        const eg_table *t = &io->t[key_slot(st->key[u])];
+        int parts = 2;
+        if (t->scales) {   /* the scales are in RAM: only the E4M3 row is read */
+            memcpy(st->data + u * (size_t)io->rb + io->hd, t->scales + (size_t)key_id(st->key[u]) * io->nsc, (size_t)io->nsc);
+            parts = 1;
+        }
+        for (uint8_t part = 0; part < parts; part++) {
             st->rd[st->nrd] = (eg_read){ (uint32_t)u, part, 0, 0 };
             if (queue_push(st, (uint32_t)st->nrd)) return ds41_errf(err, "engram: out of memory for the read queue");
             st->nrd++;
         }
-        st->pending[key_slot(st->key[u])] += 2;
+        st->pending[key_slot(st->key[u])] += (size_t)parts;
     }
 #ifdef DS41_HAVE_LIBURING
     if (st->have_ring) {
@@ -742,6 +778,23 @@ int ds41_engram_tables_to_ram(const ds41_config *cfg, ds41_weights *w, void **me
     *mem = m;
     *len = n;
     return 0;
+}
+
+void ds41_engram_tables_advise_random(const ds41_config *cfg, const ds41_weights *w) {
+    int hd = cfg->engram_head_dim;
+    uintptr_t pg = 4096;
+    for (int l = 0; l < w->n_layers && l < cfg->n_layers; l++) {
+        const ds41_layer_weights *lw = &w->layers[l];
+        if (cfg->layers[l].engram_slot < 0 || !lw->eg_embed) continue;
+        for (int k = 0; k < 2; k++) {
+            uintptr_t a = (uintptr_t)(k ? (const void *)lw->eg_scale : (const void *)lw->eg_embed);
+            size_t n = (size_t)lw->eg_rows * (size_t)(k ? hd / 32 : hd);
+            uintptr_t lo = a & ~(pg - 1), hi = (a + n + pg - 1) & ~(pg - 1);
+            /* the neighbours of a row are other n-grams' rows: read-ahead only fetches pages
+             * nobody asked for (megabytes per fault under memory pressure) */
+            madvise((void *)lo, hi - lo, MADV_RANDOM);
+        }
+    }
 }
 
 void ds41_engram_ram_free(void *mem, size_t len) {

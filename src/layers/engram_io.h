@@ -33,16 +33,18 @@ typedef struct ds41_engram_io_stats {
     long long rows_read, bytes_read; /* rows and bytes read from the files */
     long long retries, errors;       /* reads retried (failed or short), rows given up on */
     double stall_s, stall_max_s;     /* time waited for rows: total, and the worst step */
+    long long scale_ram_bytes;       /* scales held in RAM (scales_in_ram) */
 } ds41_engram_io_stats;
 
 /* The tables of every Engram layer of w, located in the files of st (each table must lie in a
- * shard mapped from its file), with a row cache of cache_bytes (0: none). Reads the fault
+ * shard mapped from its file), with a row cache of cache_bytes (0: none); scales_in_ram: the
+ * scale tensors (1/33 of the tables) are read into RAM here, so a row costs one read. Reads the fault
  * injection setting DS41_ENGRAM_FAULT (tests): "eio:K" / "short:K" make the K-th read (1-based;
  * for short, the first from the K-th on that is longer than a byte) fail with EIO / come back
  * half done once, "eio-all" / "eof-all" every read. DS41_ENGRAM_PREAD=1 (read at step start by
  * ds41_engram_step_new) takes the pread path where io_uring works. */
 int ds41_engram_io_open(ds41_engram_io **out, const ds41_config *cfg, const ds41_weights *w, const ds41_st *st,
-                        long long cache_bytes, ds41_err *err);
+                        long long cache_bytes, int scales_in_ram, ds41_err *err);
 void ds41_engram_io_close(ds41_engram_io *io);
 void ds41_engram_io_get_stats(ds41_engram_io *io, ds41_engram_io_stats *out);
 
@@ -70,6 +72,8 @@ int ds41_engram_apply_step(const ds41_ctx *ctx, const ds41_config *cfg, const ds
  * (--engram-mode ram); *mem receives the block to free with ds41_engram_ram_free. */
 int ds41_engram_tables_to_ram(const ds41_config *cfg, ds41_weights *w, void **mem, size_t *len, ds41_err *err);
 void ds41_engram_ram_free(void *mem, size_t len);
+/* madvise(MADV_RANDOM) on the mapped tables (--engram-mode mmap): a fault reads its page only. */
+void ds41_engram_tables_advise_random(const ds41_config *cfg, const ds41_weights *w);
 /* Bytes of the Engram tables (rows and scales, every layer). */
 long long ds41_engram_table_bytes(const ds41_config *cfg, const ds41_weights *w);
 #endif
