@@ -7,7 +7,8 @@
  *   speculative steps (verify blocks) on small43.
  * identity_tiny_pread, read_retry_eio_pread: the same on the pread path (DS41_ENGRAM_PREAD=1);
  *   identity_tiny_scales_disk, read_retry_short_scales_disk: with the scales read per row
- *   (DS41_ENGRAM_SCALES=disk) instead of held in RAM.
+ *   (DS41_ENGRAM_SCALES=disk) instead of held in RAM; identity_tiny_buffered,
+ *   read_retry_short_buffered: buffered reads (DS41_ENGRAM_DIRECT=0) instead of O_DIRECT.
  * read_retry_*: DS41_ENGRAM_FAULT makes one read fail with EIO / come back half done: the read is
  *   retried, the logits stay bit-identical, the retry is counted.
  * read_error_*: every read fails (EIO, end of file): the feed fails with an error naming the
@@ -116,6 +117,16 @@ static void identity_tiny_scales_disk(void) {
     setenv("DS41_ENGRAM_SCALES", "disk", 1);
     identity_on(tiny);
     unsetenv("DS41_ENGRAM_SCALES");
+}
+static void identity_tiny_buffered(void) {
+    setenv("DS41_ENGRAM_DIRECT", "0", 1);
+    identity_on(tiny);
+    unsetenv("DS41_ENGRAM_DIRECT");
+}
+static void read_retry_short_buffered(void) {
+    setenv("DS41_ENGRAM_DIRECT", "0", 1);
+    read_retry_short();
+    unsetenv("DS41_ENGRAM_DIRECT");
 }
 static void identity_tiny_pread(void) {
     setenv("DS41_ENGRAM_PREAD", "1", 1);
@@ -317,11 +328,13 @@ int main(void) {
     RUN_CASE(identity_tiny);
     RUN_CASE(identity_tiny_pread);
     RUN_CASE(identity_tiny_scales_disk);
+    RUN_CASE(identity_tiny_buffered);
     RUN_CASE(identity_demo);
     RUN_CASE(read_retry_eio);
     RUN_CASE(read_retry_short);
     RUN_CASE(read_retry_eio_pread);
     RUN_CASE(read_retry_short_scales_disk);
+    RUN_CASE(read_retry_short_buffered);
     RUN_CASE(read_error_eio);
     RUN_CASE(read_error_eof);
     RUN_CASE(bad_fault_setting);

@@ -190,8 +190,8 @@ int ds41_engine_engram_place(ds41_engine *e, int mode, long long cache_bytes, in
             human(s.cache_rows * s.row_bytes, hc, sizeof hc);
             char hs[32];
             human(s.scale_ram_bytes, hs, sizeof hs);
-            ds41_log(1, "engram: prefetch through %s, row cache %s (%lld rows of %lld bytes), scales %s%s",
-                     s.uring ? "io_uring" : "pread", hc, s.cache_rows, s.row_bytes,
+            ds41_log(1, "engram: prefetch through %s%s, row cache %s (%lld rows of %lld bytes), scales %s%s",
+                     s.uring ? "io_uring" : "pread", s.direct ? " (O_DIRECT)" : "", hc, s.cache_rows, s.row_bytes,
                      s.scale_ram_bytes ? "in RAM, " : "read per row", s.scale_ram_bytes ? hs : "");
         }
     }

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -39,6 +40,7 @@ enum { FAULT_NONE, FAULT_EIO_ONE, FAULT_SHORT_ONE, FAULT_EIO_ALL, FAULT_EOF_ALL 
 
 typedef struct eg_table {
     int fd_e, fd_s;           /* descriptors of the shards holding the rows and the scales */
+    int dfd_e, dfd_s;         /* the same files opened O_DIRECT (direct reads), else -1 */
     uint64_t off_e, off_s;    /* file offsets of the two tensors */
     int64_t rows;
     const char *path_e, *path_s;
@@ -48,7 +50,9 @@ typedef struct eg_table {
 struct ds41_engram_io {
     int n_slots, hd, nsc, rb;      /* rb = hd + nsc: a row record */
     eg_table t[DS41_ENGRAM_MAX_LAYERS];
-    int *fds, n_fds;               /* one per shard (-1: not opened) */
+    int *fds, *dfds, n_fds;        /* one per shard (-1: not opened); dfds: O_DIRECT */
+    int direct;                    /* rows read O_DIRECT through bounce blocks of dio_align */
+    uint32_t dio_align, span;      /* alignment of offsets, lengths and buffers; bounce bytes per read */
     int fault;
     long long fault_at, n_reads;   /* n_reads: reads completed so far (fault injection counter) */
     int fault_fired;
@@ -80,6 +84,8 @@ struct ds41_engram_step {
     eg_read *rd;
     size_t nrd, rdcap;
     uint32_t *queue;               /* reads to submit (first ones, then retries) */
+    uint8_t *bounce;               /* direct reads: span bytes per read, dio-aligned */
+    size_t bounce_cap;             /* reads it has room for */
     size_t qhead, qtail, qcap;
     size_t pending[DS41_ENGRAM_MAX_LAYERS];
     int inserted[DS41_ENGRAM_MAX_LAYERS];
@@ -192,6 +198,28 @@ static int shard_fd(ds41_engram_io *io, const ds41_st *st, int shard, ds41_err *
     /* rows are scattered: read-ahead around one would only read rows nobody asked for */
     posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
     io->fds[shard] = fd;
+    /* O_DIRECT where the file system allows it: a row then costs one aligned block (512 B on
+     * most devices) instead of a page-cache page, and nothing is charged to the page cache,
+     * whose reclaim under a memory limit otherwise runs inside the submitting thread. The
+     * alignment comes from statx (Linux 6.1+); without it, no direct reads. */
+    const char *d = getenv("DS41_ENGRAM_DIRECT");
+    if (io->direct && !(d && !strcmp(d, "0"))) {
+        struct statx sx;
+        int dfd = -1;
+        if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN) &&
+            sx.stx_dio_offset_align > 0 && sx.stx_dio_mem_align > 0 && sx.stx_dio_offset_align <= 65536 &&
+            sx.stx_dio_mem_align <= 65536)
+            dfd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+        if (dfd >= 0) {
+            uint32_t a = sx.stx_dio_offset_align > sx.stx_dio_mem_align ? sx.stx_dio_offset_align : sx.stx_dio_mem_align;
+            if (a > io->dio_align) io->dio_align = a;
+            io->dfds[shard] = dfd;
+        } else {
+            io->direct = 0;
+        }
+    } else {
+        io->direct = 0;
+    }
     return fd;
 }
 
@@ -227,8 +255,10 @@ int ds41_engram_io_open(ds41_engram_io **out, const ds41_config *cfg, const ds41
     io->rb = io->hd + io->nsc;
     io->n_fds = ds41_st_shard_count(st);
     io->fds = malloc((size_t)(io->n_fds > 0 ? io->n_fds : 1) * sizeof(int));
-    if (!io->fds) { ds41_engram_io_close(io); return ds41_errf(err, "out of memory"); }
-    for (int i = 0; i < io->n_fds; i++) io->fds[i] = -1;
+    io->dfds = malloc((size_t)(io->n_fds > 0 ? io->n_fds : 1) * sizeof(int));
+    if (!io->fds || !io->dfds) { ds41_engram_io_close(io); return ds41_errf(err, "out of memory"); }
+    for (int i = 0; i < io->n_fds; i++) io->fds[i] = io->dfds[i] = -1;
+    io->direct = 1;   /* until a shard cannot be opened O_DIRECT */
     if (parse_fault(io, err)) { ds41_engram_io_close(io); return -1; }
     int slot = 0;
     for (int l = 0; l < w->n_layers && l < cfg->n_layers; l++) {
@@ -248,6 +278,8 @@ int ds41_engram_io_open(ds41_engram_io **out, const ds41_config *cfg, const ds41
             ds41_engram_io_close(io);
             return -1;
         }
+        t->dfd_e = io->dfds[she];
+        t->dfd_s = io->dfds[shs];
         t->path_e = ds41_st_shard_path(st, she);
         t->path_s = ds41_st_shard_path(st, shs);
         t->rows = lw->eg_rows;
@@ -268,6 +300,12 @@ int ds41_engram_io_open(ds41_engram_io **out, const ds41_config *cfg, const ds41
         ds41_engram_io_close(io);
         return ds41_errf(err, "engram: found %d of the %d Engram tables", slot, L);
     }
+    if (io->direct) {
+        /* a row (or its scales) spans at most ceil(len / align) + 1 aligned blocks */
+        uint32_t a = io->dio_align, big = (uint32_t)(io->hd > io->nsc ? io->hd : io->nsc);
+        io->span = ((big + a - 1) / a + 1) * a;
+    }
+    io->st.direct = io->direct;
     if (cache_bytes > 0) {
         size_t cap = (size_t)(cache_bytes / io->rb);
         if (cap > UINT32_MAX / 4) cap = UINT32_MAX / 4;
@@ -297,6 +335,9 @@ void ds41_engram_io_close(ds41_engram_io *io) {
     if (!io) return;
     for (int i = 0; io->fds && i < io->n_fds; i++)
         if (io->fds[i] >= 0) close(io->fds[i]);
+    for (int i = 0; io->dfds && i < io->n_fds; i++)
+        if (io->dfds[i] >= 0) close(io->dfds[i]);
+    free(io->dfds);
     for (int i = 0; i < DS41_ENGRAM_MAX_LAYERS; i++) free(io->t[i].scales);
     free(io->fds);
     free(io->ckey);
@@ -319,7 +360,7 @@ void ds41_engram_io_get_stats(ds41_engram_io *io, ds41_engram_io_stats *out) {
 static int key_slot(uint64_t key) { return (int)(key >> SLOT_SHIFT); }
 static int64_t key_id(uint64_t key) { return (int64_t)(key & ((1ULL << SLOT_SHIFT) - 1)); }
 
-/* Where read r goes: file, offset, buffer, length. */
+/* Where read r goes: file, offset, buffer, length (the row's bytes, before any alignment). */
 static void read_target(const ds41_engram_step *st, const eg_read *r, int *fd, uint64_t *off, uint8_t **buf,
                         uint32_t *len) {
     const ds41_engram_io *io = st->io;
@@ -338,6 +379,30 @@ static void read_target(const ds41_engram_step *st, const eg_read *r, int *fd, u
         *buf = row + io->hd;
         *len = (uint32_t)io->nsc;
     }
+}
+
+/* The I/O read r issues now: buffered, the rest of the row's bytes; direct, the aligned blocks
+ * around them into the read's bounce slot (always whole: a short direct read starts over). */
+static void read_io(const ds41_engram_step *st, const eg_read *r, int *fd, uint64_t *off, uint8_t **dst, uint32_t *len) {
+    const ds41_engram_io *io = st->io;
+    int bfd;
+    uint64_t boff;
+    uint8_t *buf;
+    uint32_t blen;
+    read_target(st, r, &bfd, &boff, &buf, &blen);
+    if (!io->direct) {
+        *fd = bfd;
+        *off = boff + r->done;
+        *dst = buf + r->done;
+        *len = blen - r->done;
+        return;
+    }
+    const eg_table *t = &io->t[key_slot(st->key[r->u])];
+    uint64_t a = io->dio_align, a0 = boff / a * a, a1 = (boff + blen + a - 1) / a * a;
+    *fd = r->part ? t->dfd_s : t->dfd_e;
+    *off = a0;
+    *dst = st->bounce + (size_t)(r - st->rd) * io->span;
+    *len = (uint32_t)(a1 - a0);
 }
 
 /* The fault injection hook: what a completed read of `want` bytes reports instead of res. */
@@ -388,10 +453,25 @@ static int read_done(ds41_engram_step *st, eg_read *r, long long res) {
     uint8_t *buf;
     uint32_t len;
     read_target(st, r, &fd, &off, &buf, &len);
-    res = inject(io, res, len - r->done);
-    if (res > 0) {
-        r->done += (uint32_t)res;
-        if (r->done >= len) return 1;
+    if (io->direct) {
+        int dfd;
+        uint64_t a0;
+        uint8_t *bounce;
+        uint32_t alen;
+        read_io(st, r, &dfd, &a0, &bounce, &alen);
+        uint32_t need = (uint32_t)(off - a0) + len;   /* the blocks may run past the file's end */
+        res = inject(io, res, need);
+        if (res >= (long long)need) {
+            memcpy(buf, bounce + (off - a0), len);
+            r->done = len;
+            return 1;
+        }
+    } else {
+        res = inject(io, res, len - r->done);
+        if (res > 0) {
+            r->done += (uint32_t)res;
+            if (r->done >= len) return 1;
+        }
     }
     /* an error, end of file or a short read: again from where it stopped */
     if (res == -EINTR || res == -EAGAIN || ++r->tries < READ_TRIES) {
@@ -431,8 +511,8 @@ static void run_queue_sync(ds41_engram_step *st) {
         uint64_t off;
         uint8_t *buf;
         uint32_t len;
-        read_target(st, r, &fd, &off, &buf, &len);
-        ssize_t got = pread(fd, buf + r->done, len - r->done, (off_t)(off + r->done));
+        read_io(st, r, &fd, &off, &buf, &len);
+        ssize_t got = pread(fd, buf, len, (off_t)off);
         read_complete(st, ri, got < 0 ? -(long long)errno : (long long)got);
     }
 }
@@ -449,8 +529,8 @@ static int submit_queue(ds41_engram_step *st) {
         uint64_t off;
         uint8_t *buf;
         uint32_t len;
-        read_target(st, r, &fd, &off, &buf, &len);
-        io_uring_prep_read(sqe, fd, buf + r->done, len - r->done, off + r->done);
+        read_io(st, r, &fd, &off, &buf, &len);
+        io_uring_prep_read(sqe, fd, buf, len, off);
         io_uring_sqe_set_data64(sqe, ri);
         st->inflight++;
         added++;
@@ -565,6 +645,7 @@ void ds41_engram_step_free(ds41_engram_step *st) {
     free(st->hidx);
     free(st->rd);
     free(st->queue);
+    free(st->bounce);
     free(st);
 }
 
@@ -606,6 +687,14 @@ static int step_reserve(ds41_engram_step *st, size_t n) {
         st->rd = malloc(2 * n * sizeof *st->rd);
         st->rdcap = st->rd ? 2 * n : 0;
         if (!st->rd) return -1;
+    }
+    if (st->io->direct && st->bounce_cap < st->rdcap) {
+        free(st->bounce);
+        void *p = NULL;
+        if (posix_memalign(&p, st->io->dio_align, st->rdcap * (size_t)st->io->span)) p = NULL;
+        st->bounce = p;
+        st->bounce_cap = p ? st->rdcap : 0;
+        if (!p) return -1;
     }
     return 0;
 }
@@ -791,7 +880,13 @@ void ds41_engram_tables_advise_random(const ds41_config *cfg, const ds41_weights
             size_t n = (size_t)lw->eg_rows * (size_t)(k ? hd / 32 : hd);
             uintptr_t lo = a & ~(pg - 1), hi = (a + n + pg - 1) & ~(pg - 1);
             /* the neighbours of a row are other n-grams' rows: read-ahead only fetches pages
-             * nobody asked for (megabytes per fault under memory pressure) */
+             * nobody asked for. The shard's mapping is advised MADV_HUGEPAGE (safetensors.c),
+             * and on such a range the kernel reads a 2 MiB folio per fault whatever
+             * MADV_RANDOM says (measured: 84 MB read per token under a memory limit), so the
+             * tables are taken out of it first. */
+#ifdef MADV_NOHUGEPAGE
+            madvise((void *)lo, hi - lo, MADV_NOHUGEPAGE);
+#endif
             madvise((void *)lo, hi - lo, MADV_RANDOM);
         }
     }

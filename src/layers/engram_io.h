@@ -34,6 +34,7 @@ typedef struct ds41_engram_io_stats {
     long long retries, errors;       /* reads retried (failed or short), rows given up on */
     double stall_s, stall_max_s;     /* time waited for rows: total, and the worst step */
     long long scale_ram_bytes;       /* scales held in RAM (scales_in_ram) */
+    int direct;                      /* 1: rows read O_DIRECT (DS41_ENGRAM_DIRECT=0: buffered) */
 } ds41_engram_io_stats;
 
 /* The tables of every Engram layer of w, located in the files of st (each table must lie in a
