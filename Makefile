@@ -23,6 +23,13 @@ ifneq ($(EDIT_LIBS),)
 CFLAGS  += -DDS41_HAVE_LIBEDIT
 LDLIBS  += $(EDIT_LIBS)
 endif
+# Optional: io_uring for Engram's row prefetch (P4, src/layers/engram_io.c; Debian liburing-dev,
+# installed by scripts/setup.sh); without it the rows are read with pread.
+URING_LIBS := $(shell pkg-config --libs liburing 2>/dev/null)
+ifneq ($(URING_LIBS),)
+CFLAGS  += -DDS41_HAVE_LIBURING
+LDLIBS  += $(URING_LIBS)
+endif
 BUILD   ?= build
 
 LIB_SRC := $(sort $(wildcard $(addsuffix /*.c,$(addprefix src/,$(SRC_DIRS)))))

@@ -36,10 +36,35 @@ typedef struct ds41_load_params {
                             * advised) at load */
     int readahead;         /* 1: before each layer runs, madvise(MADV_WILLNEED) the next layer's
                             * weights (for checkpoints larger than the page cache); default 0 */
+    int engram_mode;       /* DS41_ENGRAM_*: where the Engram tables live (docs/engram-offram.md);
+                            * default AUTO: PREFETCH when they exceed half of the memory available
+                            * (MemAvailable, or the memory cgroup's room), else MMAP */
+    long long engram_cache;/* PREFETCH: bytes of the Engram row cache (CLOCK); 0: min(1 GiB, 1/16
+                            * of the memory available); -1: none */
+    int engram_verbose;    /* 1: always print where the Engram tables live (else only when they
+                            * are not simply mapped into memory that holds them) */
 } ds41_load_params;
 enum { DS41_LOAD_MMAP = 0, DS41_LOAD_COPY = 1 };
 /* "mmap" / "copy" -> DS41_LOAD_*; -1 if neither. */
 int ds41_parse_load(const char *s, int *load);
+/* Engram tables: read into anonymous memory at load (RAM), page-faulted through the mapping
+ * (MMAP), or their rows read per step from the files with asynchronous I/O into a bounded row
+ * buffer behind a row cache (PREFETCH). Every mode gives bit-identical results. */
+enum { DS41_ENGRAM_AUTO = 0, DS41_ENGRAM_RAM = 1, DS41_ENGRAM_MMAP = 2, DS41_ENGRAM_PREFETCH = 3 };
+/* "auto" / "ram" / "mmap" / "prefetch" -> DS41_ENGRAM_*; -1 if none. */
+int ds41_parse_engram_mode(const char *s, int *mode);
+const char *ds41_engram_mode_name(int mode);
+/* Engram I/O counters since load (PREFETCH; zero otherwise): the mode in effect, io_uring or
+ * pread, the row cache, the step lookups (distinct rows per step) and cache hits, rows and
+ * bytes read from the files, retried reads, failed rows, and the time forwards waited for rows
+ * (total and the worst step). */
+typedef struct ds41_engram_stats {
+    int mode, uring;
+    long long table_bytes, cache_bytes, cache_rows, cache_used;
+    long long steps, refs, lookups, hits, rows_read, bytes_read, retries, errors;
+    double stall_s, stall_max_s;
+} ds41_engram_stats;
+void ds41_engram_get_stats(ds41_engine *e, ds41_engram_stats *out);
 
 enum { DS41_PREFILL_MODE_CED = 0, DS41_PREFILL_MODE_FULL = 1, DS41_PREFILL_MODE_REPLAY = 2 };
 enum { DS41_INDEX_K_OWN = 0, DS41_INDEX_K_OFFICIAL = 1 };

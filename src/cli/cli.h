@@ -9,6 +9,7 @@ int ds41_cli_chat_template(int argc, char **argv);
 int ds41_cli_run(int argc, char **argv);
 int ds41_cli_bench(int argc, char **argv);
 int ds41_cli_bench_long(int argc, char **argv);   /* bench --synthetic-context / --ablate */
+int ds41_cli_bench_engram(int argc, char **argv); /* bench --engram */
 int ds41_cli_bench_prefix(int argc, char **argv);
 int ds41_cli_perplexity(int argc, char **argv);
 int ds41_cli_chat(int argc, char **argv);

@@ -116,6 +116,8 @@ int ds41_cli_gen_arg(const char *cmd, int argc, char **argv, int *i, unsigned gr
             return 1;
         }
         if (IS("--readahead", NULL)) { g->readahead = 1; return 1; }
+        int r = ds41_cli_engram_arg(cmd, argc, argv, i, &g->engram_mode, &g->engram_cache);
+        if (r) return r;
         if (IS("-t", "--threads")) {
             const char *v = VAL(); NEED(v);
             if (ds41_cli_int(cmd, a, v, 1, 256, &iv)) return -1;
@@ -158,6 +160,29 @@ int ds41_cli_gen_arg(const char *cmd, int argc, char **argv, int *i, unsigned gr
 #undef VAL
 #undef NEED
     return 0;
+}
+
+int ds41_cli_engram_arg(const char *cmd, int argc, char **argv, int *i, int *mode, long long *cache) {
+    const char *a = argv[*i];
+    int is_mode = !strcmp(a, "--engram-mode"), is_cache = !strcmp(a, "--engram-cache");
+    if (!is_mode && !is_cache) return 0;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "ds41 %s: %s needs a value\n", cmd, a);
+        return -1;
+    }
+    const char *v = argv[++*i];
+    if (is_mode) {
+        if (ds41_parse_engram_mode(v, mode)) {
+            fprintf(stderr, "ds41 %s: --engram-mode must be auto, ram, mmap or prefetch, not '%.40s'\n", cmd, v);
+            return -1;
+        }
+        return 1;
+    }
+    if (!strcmp(v, "off") || !strcmp(v, "0")) {
+        *cache = -1;
+        return 1;
+    }
+    return ds41_cli_bytes(cmd, a, v, cache) ? -1 : 1;
 }
 
 int ds41_cli_file_exists(const char *dir, const char *name) {

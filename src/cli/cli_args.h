@@ -42,11 +42,13 @@ typedef struct ds41_cli_gen {
     int index_k;                /* --index-k own|official (DS41_INDEX_K_*) */
     int load;                   /* --load mmap|copy (DS41_LOAD_*) */
     int readahead;              /* --readahead */
+    int engram_mode;            /* --engram-mode auto|ram|mmap|prefetch (DS41_ENGRAM_*) */
+    long long engram_cache;     /* --engram-cache BYTES (0: the default; -1: off) */
 } ds41_cli_gen;
 enum {
     DS41_CLI_SAMPLING = 1,      /* --temp --top-k --top-p --min-p --seed */
     DS41_CLI_NPREDICT = 2,      /* -n */
-    DS41_CLI_ENGINE = 4,        /* -t --exact --chunk --index-k --load --readahead */
+    DS41_CLI_ENGINE = 4,        /* -t --exact --chunk --index-k --load --readahead --engram-mode --engram-cache */
     DS41_CLI_CTX = 8,           /* -c */
     DS41_CLI_PREFILL = 16,      /* --prefill */
 };
@@ -54,6 +56,16 @@ void ds41_cli_gen_default(ds41_cli_gen *g);   /* ds41 run's defaults (-n 32, gre
 /* If argv[*i] is a flag of one of the groups, consumes it and its value (advancing *i) and
  * returns 1; returns 0 if it is none of them; -1 after printing "ds41 CMD: ..." (exit 2). */
 int ds41_cli_gen_arg(const char *cmd, int argc, char **argv, int *i, unsigned groups, ds41_cli_gen *g);
+
+/* --engram-mode MODE / --engram-cache BYTES|0|off at argv[*i] (every command that loads a
+ * model): 1 consumed, 0 not one of them, -1 after printing "ds41 CMD: ...". */
+int ds41_cli_engram_arg(const char *cmd, int argc, char **argv, int *i, int *mode, long long *cache);
+/* The usage lines of those two flags. */
+#define DS41_CLI_ENGRAM_USAGE \
+    "  --engram-mode M        where the Engram tables live: ram (read in at load), mmap, prefetch (rows read\n" \
+    "                         per step with io_uring behind a row cache), auto (default: prefetch when the\n" \
+    "                         tables exceed half of the memory available, else mmap); docs/engram-offram.md\n" \
+    "  --engram-cache BYTES   prefetch: the Engram row cache (e.g. 256M; off; default min(1G, 1/16 of memory))\n"
 
 /* ---- Helpers shared by the commands ---- */
 /* 1 when DIR/NAME exists. */

@@ -25,6 +25,7 @@ static const char *BENCH_USAGE =
     "  --seed S            seed of the random prompt ids (default 1)\n"
     "  --json              machine-readable output\n"
     "  --load mmap|copy    weights mmap'd (default) or copied into anonymous memory; --readahead\n"
+    DS41_CLI_ENGRAM_USAGE
     "  --spec              speculative-decoding section: plain vs --spec fixed:1..B / auto / auto\n"
     "                      without P5 reuse (greedy), acceptance, scheduler choices, the verify-width\n"
     "                      curve (also cached for ds41 run --spec auto)\n"
@@ -39,7 +40,9 @@ static const char *BENCH_USAGE =
     "                      3 rounds with the sizes interleaved; median step time, aggregate tokens/s\n"
     "                      and its ratio to the first size (list 1 first)\n"
     "  --synthetic-context LIST, --ablate p1,p2,p3: long-context decode and the performance points\n"
-    "                      on/off (ds41 bench --synthetic-context 4096 --help)\n";
+    "                      on/off (ds41 bench --synthetic-context 4096 --help)\n"
+    "  --engram            Engram placement: decode on a text with the tables in RAM, mmap'd or\n"
+    "                      prefetched (ds41 bench --engram --help; docs/engram-offram.md)\n";
 
 static long long peak_rss_bytes(void) {
     struct rusage ru;
@@ -124,11 +127,15 @@ int ds41_cli_bench(int argc, char **argv) {
     unsigned long long seed = 1;
     int spec = 0, spec_curve = 0, spec_n = 64, spec_rounds = 3;   /* --spec section (cli_spec.c) */
     int load = DS41_LOAD_MMAP, readahead = 0;     /* --load, --readahead */
+    int eg_mode = DS41_ENGRAM_AUTO, r;            /* --engram-mode, --engram-cache */
+    long long eg_cache = 0;
     const char *spec_prompt = NULL;
     int batch[16], n_batch = 0;
     /* long-context decode and the performance points on/off: cli_bench_long.c */
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--synthetic-context") || !strcmp(argv[i], "--ablate")) return ds41_cli_bench_long(argc, argv);
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--engram")) return ds41_cli_bench_engram(argc, argv);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
@@ -166,6 +173,9 @@ int ds41_cli_bench(int argc, char **argv) {
         else if (!strcmp(a, "--load") && has) {
             if (ds41_parse_load(argv[++i], &load)) { fprintf(stderr, "ds41 bench: --load: expected mmap or copy\n"); return 2; }
         } else if (!strcmp(a, "--readahead")) readahead = 1;
+        else if ((r = ds41_cli_engram_arg("bench", argc, argv, &i, &eg_mode, &eg_cache)) != 0) {
+            if (r < 0) return 2;
+        }
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--spec")) spec = 1;
         else if (!strcmp(a, "--spec-curve")) spec_curve = 1;
@@ -195,6 +205,8 @@ int ds41_cli_bench(int argc, char **argv) {
     lp.n_threads = threads;
     lp.load = load;
     lp.readahead = readahead;
+    lp.engram_mode = eg_mode;
+    lp.engram_cache = eg_cache;
     lp.ctx_size = ctx > 0 ? ctx : maxlen + (n_batch > 0 ? BENCH_ROUNDS * n_dec + 2 : n_dec + 1);
     if (spec && ctx <= 0 && lp.ctx_size < 32 + spec_n + 80) lp.ctx_size = 32 + spec_n + 80;
     char ebuf[1024];
@@ -336,12 +348,30 @@ int ds41_cli_bench(int argc, char **argv) {
                                                      "total_bytes", (json_int_t)last_state.total_bytes));
         json_object_set_new(root, "threads", json_integer(threads));
         json_object_set_new(root, "exact", json_boolean(exact));
+        ds41_engram_stats eg;
+        ds41_engram_get_stats(e, &eg);
+        if (eg.table_bytes > 0)
+            json_object_set_new(root, "engram", json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:f}", "mode",
+                                                          ds41_engram_mode_name(eg.mode), "table_bytes", (json_int_t)eg.table_bytes,
+                                                          "cache_bytes", (json_int_t)eg.cache_bytes, "lookups", (json_int_t)eg.lookups,
+                                                          "hits", (json_int_t)eg.hits, "bytes_read", (json_int_t)eg.bytes_read,
+                                                          "steps", (json_int_t)eg.steps, "stall_s", eg.stall_s,
+                                                          "stall_max_s", eg.stall_max_s));
         char *line = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(6));
         if (line) { puts(line); free(line); }
     } else {
         json_decref(pre);
         printf("peak RSS %.1f MiB; state after decode: %lld B total, global KV %lld B (%.1f B/token)\n", rss / 1048576.0,
                last_state.total_bytes, last_state.global_kv_bytes, last_state.global_kv_bytes_per_token);
+        ds41_engram_stats eg;
+        ds41_engram_get_stats(e, &eg);
+        if (eg.mode == DS41_ENGRAM_PREFETCH)
+            printf("engram prefetch (%s): %lld steps, %lld distinct rows, row cache hit rate %.1f %% (%lld bytes), "
+                   "%lld bytes read from disk, stall %.3f ms per step (worst %.3f ms)\n", eg.uring ? "io_uring" : "pread",
+                   eg.steps, eg.lookups, eg.lookups ? 100.0 * (double)eg.hits / (double)eg.lookups : 0.0, eg.cache_bytes,
+                   eg.bytes_read, eg.steps ? eg.stall_s * 1e3 / (double)eg.steps : 0.0, eg.stall_max_s * 1e3);
+        else if (eg.table_bytes > 0)
+            printf("engram tables %lld bytes, %s\n", eg.table_bytes, ds41_engram_mode_name(eg.mode));
     }
     json_decref(root);
     free(ids);

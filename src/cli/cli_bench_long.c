@@ -59,6 +59,8 @@ int ds41_cli_bench_long(int argc, char **argv) {
     long long ctxs[8] = { 4096 }, iv;
     int n_ctx = 1, n_dec = 4, rounds = 3, threads = 1, exact = 0, prefill = 0, readahead = 0;
     unsigned points = 0;
+    int lp_eg_mode = DS41_ENGRAM_AUTO, r;   /* --engram-mode, --engram-cache */
+    long long lp_eg_cache = 0;
     unsigned long long seed = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -91,6 +93,9 @@ int ds41_cli_bench_long(int argc, char **argv) {
             if (ds41_cli_u64("bench", a, argv[++i], &seed)) return 2;
         } else if (!strcmp(a, "--load") && has) load = argv[++i];
         else if (!strcmp(a, "--readahead")) readahead = 1;
+        else if ((r = ds41_cli_engram_arg("bench", argc, argv, &i, &lp_eg_mode, &lp_eg_cache)) != 0) {
+            if (r < 0) return 2;
+        }
         else if (!strcmp(a, "--exact")) exact = 1;
         else { fprintf(stderr, "ds41 bench: unknown or incomplete option '%s'\n%s", a, LONG_USAGE); return 2; }
     }
@@ -111,6 +116,8 @@ int ds41_cli_bench_long(int argc, char **argv) {
     lp.n_threads = threads;
     lp.ctx_size = cmax + (long long)n_dec * n_set * rounds + prefill + 2;
     lp.readahead = readahead;
+    lp.engram_mode = lp_eg_mode;
+    lp.engram_cache = lp_eg_cache;
     if (load && ds41_parse_load(load, &lp.load)) {
         fprintf(stderr, "ds41 bench: --load: expected mmap or copy, got '%.40s'\n", load);
         return 2;

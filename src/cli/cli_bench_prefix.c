@@ -27,7 +27,8 @@ static const char *USAGE =
     "  --exact             exact kernels (then exact hits are also checked bit for bit)\n"
     "  --cache-dir DIR     where the on-disk part writes (default a temporary directory, removed)\n"
     "  --seed S            seed of the random prompt ids (default 1)\n"
-    "  --json              one JSON object\n";
+    "  --json              one JSON object\n"
+    DS41_CLI_ENGRAM_USAGE;
 
 static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
     (void)sb; (void)flag; (void)ftw;
@@ -72,6 +73,8 @@ int ds41_cli_bench_prefix(int argc, char **argv) {
     const char *dir = NULL, *cache_dir = NULL;
     int lengths[16] = { 2048, 8192 }, n_len = 2, threads = 1, exact = 0, json = 0, n_cont = 64;
     unsigned long long seed = 1;
+    int eg_mode = DS41_ENGRAM_AUTO, r;   /* --engram-mode, --engram-cache */
+    long long eg_cache = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
@@ -89,6 +92,9 @@ int ds41_cli_bench_prefix(int argc, char **argv) {
         else if (!strcmp(a, "--seed") && has) { if (ds41_cli_u64("bench-prefix", a, argv[++i], &seed)) return 2; }
         else if (!strcmp(a, "--cache-dir") && has) cache_dir = argv[++i];
         else if (!strcmp(a, "--exact")) exact = 1;
+        else if ((r = ds41_cli_engram_arg("bench-prefix", argc, argv, &i, &eg_mode, &eg_cache)) != 0) {
+            if (r < 0) return 2;
+        }
         else if (!strcmp(a, "--json")) json = 1;
         else { fprintf(stderr, "ds41 bench-prefix: unknown or incomplete option '%s'\n%s", a, USAGE); return 2; }
     }
@@ -99,6 +105,8 @@ int ds41_cli_bench_prefix(int argc, char **argv) {
     ds41_load_params_default(&lp);
     lp.exact = exact;
     lp.n_threads = threads;
+    lp.engram_mode = eg_mode;
+    lp.engram_cache = eg_cache;
     lp.ctx_size = maxlen + n_cont + 1;
     char eb[1024], tmpl[] = "/tmp/ds41-bench-prefix.XXXXXX";
     ds41_engine *e = ds41_load(dir, &lp, eb, sizeof eb);

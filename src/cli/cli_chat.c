@@ -57,6 +57,7 @@ static const char *CHAT_USAGE =
     "  --chunk N|auto|off     prefill in chunks of N tokens (default auto: over 2048 tokens)\n"
     "  --index-k own|official index-K reading of spec 3.9 / 10.1 (default own)\n"
     "  --exact                exact kernels (also DS41_EXACT=1); default fast\n"
+    DS41_CLI_ENGRAM_USAGE
     "  --spec off|fixed:K|auto  speculative decoding with the DSpark drafter (default auto when the\n"
     "                         model has DSpark stages; the verify-width curve as in ds41 run: cached,\n"
     "                         else measured once before the first answer)\n"
@@ -225,6 +226,8 @@ int ds41_cli_chat(int argc, char **argv) {
     lp.exact = g.exact;
     lp.load = g.load;
     lp.readahead = g.readahead;
+    lp.engram_mode = g.engram_mode;
+    lp.engram_cache = g.engram_cache;
     lp.n_threads = g.threads;
     lp.ctx_size = g.ctx;
     e = ds41_load(dir, &lp, ebuf, sizeof ebuf);

@@ -38,6 +38,7 @@ static const char *PPL_USAGE =
     "  --json                 one JSON object instead of the text report\n"
     "  -t, --threads N        fast-mode threads (default 1)\n"
     "  --exact                exact kernels (also DS41_EXACT=1); default fast\n"
+    DS41_CLI_ENGRAM_USAGE
     "  --chunk N|auto|off     evaluate each window in chunks of N tokens (default auto: over 2048)\n"
     "  --index-k own|official index-K reading of spec 3.9 / 10.1 (default own)\n";
 
@@ -136,6 +137,8 @@ int ds41_cli_perplexity(int argc, char **argv) {
     lp.exact = g.exact;
     lp.load = g.load;
     lp.readahead = g.readahead;
+    lp.engram_mode = g.engram_mode;
+    lp.engram_cache = g.engram_cache;
     lp.n_threads = g.threads;
     lp.ctx_size = ctx;   /* a session holds one window */
     e = ds41_load(dir, &lp, ebuf, sizeof ebuf);

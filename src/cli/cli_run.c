@@ -30,6 +30,7 @@ static const char *RUN_USAGE =
     "                         prompts over 2048 tokens in about equal chunks of at most 2048; 0 = off\n"
     "  --index-k own|official index-K reading of spec 3.9 / 10.1 (default own)\n"
     "  --exact                exact kernels (also DS41_EXACT=1); default fast\n"
+    DS41_CLI_ENGRAM_USAGE
     "  --load mmap|copy       weights mmap'd from the page cache (default) or copied into anonymous\n"
     "                         memory with huge pages advised (README, Weights in memory)\n"
     "  --readahead            madvise(MADV_WILLNEED) the next layer's weights before each layer\n"
@@ -176,6 +177,8 @@ int ds41_cli_run(int argc, char **argv) {
     lp.exact = g.exact;
     lp.load = g.load;
     lp.readahead = g.readahead;
+    lp.engram_mode = g.engram_mode;
+    lp.engram_cache = g.engram_cache;
     lp.n_threads = g.threads;
     lp.ctx_size = g.ctx;
     e = ds41_load(dir, &lp, ebuf, sizeof ebuf);

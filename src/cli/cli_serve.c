@@ -33,6 +33,7 @@ static const char *SERVE_USAGE =
     "  --exact                  exact kernels (also DS41_EXACT=1)\n"
     "  --load mmap|copy         weights mmap'd (default) or copied into anonymous memory\n"
     "  --readahead              madvise(MADV_WILLNEED) the next layer's weights before each layer\n"
+    DS41_CLI_ENGRAM_USAGE
     "  --spec off|fixed:K|auto  speculative decoding with the DSpark drafter (default auto when the\n"
     "                           model has DSpark stages): each sequence verifies its own block in the\n"
     "                           step; auto: the confidence scheduler over the batch and the verify-width\n"
@@ -54,6 +55,7 @@ int ds41_cli_serve(int argc, char **argv) {
         const char *a = argv[i];
         int has = i + 1 < argc;
         long long iv;
+        int r;
 #define IS(s) (!strcmp(a, s))
 #define NEED() do { if (!has) { fprintf(stderr, "ds41 serve: %s needs a value\n", a); return 2; } } while (0)
 #define INT(lo, hi) do { NEED(); if (ds41_cli_int("serve", a, argv[++i], (lo), (hi), &iv)) return 2; } while (0)
@@ -84,6 +86,9 @@ int ds41_cli_serve(int argc, char **argv) {
             if (ds41_parse_load(argv[++i], &o.lp.load)) { fprintf(stderr, "ds41 serve: --load: '%s' is not mmap or copy\n", argv[i]); return 2; }
         }
         else if (IS("--readahead")) o.lp.readahead = 1;
+        else if ((r = ds41_cli_engram_arg("serve", argc, argv, &i, &o.lp.engram_mode, &o.lp.engram_cache)) != 0) {
+            if (r < 0) return 2;
+        }
         else if (IS("--spec")) {
             NEED();
             ds41_cli_spec sc;   /* the block size is known once loaded: checked by ds41_serve */
@@ -123,5 +128,6 @@ int ds41_cli_serve(int argc, char **argv) {
 #undef INT
     }
     if (!o.model_dir) { fprintf(stderr, "ds41 serve: -m DIR is required\n%s", SERVE_USAGE); return 2; }
+    o.lp.engram_verbose = o.verbose;
     return ds41_serve(&o);
 }

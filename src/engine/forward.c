@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "attention.h"
+#include "engram_place.h"
 #include "formats.h"
 #include "mhc.h"
 #include "moe.h"
@@ -91,6 +92,7 @@ void ds41_engine_free(ds41_engine *e) {
     if (e->ctx.pool) ds41_pool_destroy(e->ctx.pool);
     ds41_side_destroy(e->side);
     ds41_readahead_free(e->ra);
+    ds41_engine_engram_free(e);
     if (e->own_model && e->model) { ds41_model_close(e->model); free(e->model); }
     memset(e, 0, sizeof *e);
 }
@@ -105,6 +107,7 @@ int ds41_seq_init(ds41_seq *s, ds41_engine *e, ds41_err *err) {
 }
 
 void ds41_seq_free(ds41_seq *s) {
+    ds41_engram_step_free(s->eg_step);
     ds41_fwd_scratch_free(s);
     ds41_cache_free(&s->cache);
     free(s->logits);
@@ -429,6 +432,9 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
         s->rows_full += (long long)L * T[i];
         for (int l = 0; l < L; l++) s->rows_computed += T[i] - (i == 0 ? qrow[l] : 0);
     }
+    /* P4: the step's Engram rows (every sequence's, stacked), read through the first sequence's
+     * step; the reads run while the layers before the first Engram layer compute */
+    if (e->has_engram && ds41_engram_prefetch_issue(ss[0], b.eg_ids, N, err)) { rc = -1; goto done; }
 
     /* ---- the block loop: layer l on the stacked rows [k0, N) (its attention input and keys)
      * and [q0, N) (its outputs), the bounds of sequence 0's plan ---- */
@@ -446,9 +452,13 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
         if (k0 == N) continue;
 
         /* Engram before the block, on the rows of the stream that exist */
-        if (lp->engram_slot >= 0 && e->has_engram)
-            ds41_engram_apply(ctx, cfg, lw, b.eg_ids + ((size_t)lp->engram_slot * N + k0) * cols, (int)(N - k0), NULL,
-                              b.s.X + k0 * srow);
+        if (lp->engram_slot >= 0 && e->has_engram &&
+            ds41_engram_apply_step(ctx, cfg, lw, ss[0]->eg_step, lp->engram_slot,
+                                   b.eg_ids + ((size_t)lp->engram_slot * N + k0) * cols, (int)(N - k0), NULL,
+                                   b.s.X + k0 * srow, err)) {
+            rc = -1;
+            goto done;
+        }
         /* DSpark tap: mean over the copies of the block's input stream */
         int ti = lp->is_dspark_target && mh ? dspark_target_index(cfg, n_tg, l) : -1;
         if (ti >= 0) dspark_tap(ctx, cfg, b.s.X, k0, N, ti, n_tg, mh);

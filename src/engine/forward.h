@@ -41,6 +41,11 @@ typedef struct ds41_engine {
      * forward with the message. Under MPI (src/dist/) it broadcasts rank 0's plan and checks
      * this rank's against it; the routed experts reach their owners through ctx.moe. */
     int (*step)(int count, const long long *pos, const int *T, const int32_t *const *tokens, char *err, size_t errcap);
+    /* P4 (engram_place.c): where the Engram tables live; eio != NULL when prefetching */
+    int eg_mode;
+    struct ds41_engram_io *eio;
+    void *eg_ram;             /* --engram-mode ram: the tables' copy */
+    size_t eg_ram_len;
 } ds41_engine;
 
 /* Read-ahead of the weights (longctx.c): ranges of every layer's tensors, and
@@ -88,6 +93,7 @@ typedef struct ds41_seq {
     /* forward scratch (forward.c): the indexers' per-sequence buffers and the row buffers of
      * short forwards, grown when a forward needs more, so decode steps allocate little */
     struct ds41_fwd_scratch *scratch;
+    struct ds41_engram_step *eg_step;   /* P4 prefetch: this sequence's Engram rows in flight */
 } ds41_seq;
 
 /* Takes over m when own_model. token_map may be NULL when the config has no Engram layer. */

@@ -135,8 +135,11 @@ void ds41_readahead_free(struct ds41_readahead *ra) {
 }
 
 /* group of a tensor name: layer L for "layers.L.", n_layers for everything else read per token
- * (head, norms, DSpark stages); the embedding (one row per token) is not read ahead */
+ * (head, norms, DSpark stages); the embedding and the Engram tables (a few rows per token) are not
+ * read ahead */
 static int ra_group(const char *name, int n_layers) {
+    /* an Engram table is read a few rows per token (engram_place.c), never as a whole */
+    if (strstr(name, "engram.embed.")) return -1;
     if (!strncmp(name, "layers.", 7)) {
         int l = atoi(name + 7);
         return l >= 0 && l < n_layers ? l : n_layers;

@@ -11,6 +11,7 @@
 
 #include "attention.h"
 #include "dspark.h"
+#include "engram_place.h"
 #include "forward.h"
 #include "longctx.h"
 #include "restore.h"
@@ -127,6 +128,13 @@ ds41_engine *ds41_load(const char *dir, const ds41_load_params *p, char *errbuf,
     if (p->ctx_size <= 0 && ctx > m->cfg.max_position_embeddings) ctx = m->cfg.max_position_embeddings;
     if (ds41_engine_init(e, m, 1, p->exact, p->n_threads, ctx, map, n_comp, &err)) {
         ds41_engine_free(e);   /* closes the model and frees the map */
+        free(e);
+        copy_err(errbuf, errcap, err.msg);
+        return NULL;
+    }
+    if (ds41_engine_engram_place(e, p->engram_mode, p->engram_cache, p->load == DS41_LOAD_COPY, p->engram_verbose,
+                                 &err)) {
+        ds41_engine_free(e);
         free(e);
         copy_err(errbuf, errcap, err.msg);
         return NULL;

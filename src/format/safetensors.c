@@ -780,6 +780,20 @@ uint64_t ds41_st_shard_bytes(const ds41_st *st, int i) {
     return i >= 0 && i < st->nshards ? st->shards[i].size : 0;
 }
 
+int ds41_st_locate(const ds41_st *st, const void *p, uint64_t n, int *shard, uint64_t *offset) {
+    const uint8_t *q = p;
+    for (int i = 0; i < st->nshards; i++) {
+        const st_shard *sh = &st->shards[i];
+        /* only a file mapping has file offsets: not a caller's buffer, not an anonymous copy */
+        if (!sh->map || sh->map_len || q < sh->base || q >= sh->base + sh->size) continue;
+        if ((uint64_t)(q - sh->base) + n > sh->size) return -1;
+        *shard = i;
+        *offset = (uint64_t)(q - sh->base);
+        return 0;
+    }
+    return -1;
+}
+
 int ds41_st_dir_has_tensors(const char *dir) {
     struct stat sb;
     if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) return 0;

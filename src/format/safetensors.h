@@ -58,6 +58,10 @@ size_t ds41_st_count(const ds41_st *st);
 const ds41_tensor *ds41_st_at(const ds41_st *st, size_t i);     /* sorted by name */
 const ds41_tensor *ds41_st_find(const ds41_st *st, const char *name);  /* NULL if absent */
 int ds41_st_shard_count(const ds41_st *st);
+/* The shard and file offset of the n bytes at p, when they lie in one shard mapped from its file
+ * (not a caller's buffer, not a ds41_st_copy_anon copy): 0, else -1. Lets a reader fetch a
+ * tensor's bytes with its own I/O (Engram's prefetch) instead of faulting the mapping in. */
+int ds41_st_locate(const ds41_st *st, const void *p, uint64_t n, int *shard, uint64_t *offset);
 const char *ds41_st_shard_path(const ds41_st *st, int i);
 uint64_t ds41_st_shard_bytes(const ds41_st *st, int i);
 

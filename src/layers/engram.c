@@ -352,6 +352,12 @@ static void eg_tokens(void *arg, int t0, int t1) {
 
 void ds41_engram_apply(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
                        const int64_t *ids, int T, const uint8_t *is_image, float *X) {
+    ds41_engram_apply_src(ctx, cfg, lw, ids, T, is_image, X, NULL, NULL);
+}
+
+void ds41_engram_apply_src(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
+                           const int64_t *ids, int T, const uint8_t *is_image, float *X, ds41_engram_row_fn row_fn,
+                           const void *row_arg) {
     const int hc = cfg->hc_mult, dim = cfg->dim, hd = cfg->engram_head_dim;
     const int cols = (cfg->engram_max_ngram - 1) * cfg->engram_n_heads;
     if (T <= 0 || cols <= 0 || hd <= 0) return;
@@ -372,6 +378,13 @@ void ds41_engram_apply(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_l
             }
             const uint8_t *e = lw->eg_embed + (size_t)id * hd;
             const uint8_t *s = lw->eg_scale + (size_t)id * nsc;
+            /* a row source's copy holds the same bytes; a row it lacks is read from the
+             * mapping, never taken as zero */
+            const uint8_t *src = row_fn ? row_fn(row_arg, id) : NULL;
+            if (src) {
+                e = src;
+                s = src + hd;
+            }
             for (int d = 0; d < hd; d++)
                 r[d] = ds41_bf16_round(ds41_e4m3_to_f32(e[d]) * ds41_ue8m0_to_f32(s[d / 32]));
         }

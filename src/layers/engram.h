@@ -36,4 +36,10 @@ void ds41_engram_hash(const ds41_engram_consts *c, const int32_t *hist, long lon
  * ids [T, cols] for this slot; is_image may be NULL. */
 void ds41_engram_apply(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
                        const int64_t *ids, int T, const uint8_t *is_image, float *X);
+/* ds41_engram_apply with the rows from row_fn(row_arg, id): head_dim E4M3 bytes then the
+ * head_dim / 32 scale bytes of row id, or NULL to read the row from lw's tables. */
+typedef const uint8_t *(*ds41_engram_row_fn)(const void *row_arg, int64_t id);
+void ds41_engram_apply_src(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
+                           const int64_t *ids, int T, const uint8_t *is_image, float *X, ds41_engram_row_fn row_fn,
+                           const void *row_arg);
 #endif

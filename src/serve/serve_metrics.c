@@ -141,6 +141,30 @@ char *ds41_metrics_text(ds41_metrics *m, const ds41_gauges *g, const char *model
     gauge(&o, "ds41:kv_used_bytes", "Bytes of sequence state held by open sessions.", lbl, (double)g->kv_used);
     gauge(&o, "ds41:http_connections", "Open HTTP connections.", lbl, (double)g->connections);
     counter(&o, "ds41:engine_steps_total", "Engine steps (one ds41_batch_step call each).", lbl, m->steps);
+    if (g->eg_table_bytes > 0) {
+        gauge(&o, "ds41:engram_table_bytes", "Bytes of the Engram tables.", lbl, (double)g->eg_table_bytes);
+        gauge(&o, "ds41:engram_prefetch", "1 when the Engram rows are prefetched from disk (--engram-mode prefetch).", lbl,
+              (double)g->eg_prefetch);
+    }
+    if (g->eg_prefetch) {
+        gauge(&o, "ds41:engram_row_cache_bytes", "Capacity of the Engram row cache (--engram-cache).", lbl,
+              (double)g->eg_cache_bytes);
+        counter(&o, "ds41:engram_steps_total", "Forwards that looked up Engram rows.", lbl, (unsigned long long)g->eg_steps);
+        counter(&o, "ds41:engram_row_lookups_total", "Distinct Engram rows per forward, summed.", lbl,
+                (unsigned long long)g->eg_lookups);
+        counter(&o, "ds41:engram_row_cache_hits_total", "Engram row lookups served by the row cache.", lbl,
+                (unsigned long long)g->eg_hits);
+        counter(&o, "ds41:engram_rows_read_total", "Engram rows read from disk.", lbl, (unsigned long long)g->eg_rows_read);
+        counter(&o, "ds41:engram_bytes_read_total", "Bytes of Engram rows read from disk.", lbl,
+                (unsigned long long)g->eg_bytes_read);
+        counter(&o, "ds41:engram_read_retries_total", "Engram reads retried (failed or short).", lbl,
+                (unsigned long long)g->eg_retries);
+        counter(&o, "ds41:engram_read_errors_total", "Engram rows whose reads failed for good (the forward failed).", lbl,
+                (unsigned long long)g->eg_errors);
+        outf(&o, "# HELP ds41:engram_stall_seconds_total Time forwards waited for Engram rows.\n"
+                 "# TYPE ds41:engram_stall_seconds_total counter\nds41:engram_stall_seconds_total{%s} %.9f\n", lbl,
+             g->eg_stall_s);
+    }
     if (m->spec_positions > 0) {
         counter(&o, "vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts (verify blocks with K >= 1).", lbl,
                 m->spec_drafts);

@@ -39,6 +39,12 @@ typedef struct ds41_gauges {
     long long kv_budget, kv_reserved, kv_used;
     long long prefix_bytes;       /* prefix-cache blocks held in memory */
     long long connections;
+    /* Engram placement (P4; ds41_engram_get_stats): counters since load, exposed when the
+     * model has Engram tables (eg_table_bytes > 0) */
+    int eg_mode, eg_prefetch;
+    long long eg_table_bytes, eg_cache_bytes, eg_steps, eg_lookups, eg_hits, eg_rows_read, eg_bytes_read;
+    long long eg_retries, eg_errors;
+    double eg_stall_s;
 } ds41_gauges;
 
 void ds41_metrics_init(ds41_metrics *m);
