@@ -202,8 +202,15 @@ void ds41_row_plan(const ds41_config *cfg, ds41_prefill_mode mode, int T, int ne
     int q = need_logits ? T - 1 : T;
     int s = T - W > 0 ? T - W : 0;
     int replay_start = cfg->first_decoder_layer + 1;
+    int last_src = -1;
+    for (int l = 0; l < L; l++) if (cfg->layers[l].is_kv_source) last_src = l;
+    if (mode == DS41_PREFILL_KVONLY) q = T;
     for (int l = L - 1; l >= 0; l--) {
         const ds41_layer_plan *lp = &cfg->layers[l];
+        if (mode == DS41_PREFILL_KVONLY && l > last_src) {   /* nothing a KV source reads */
+            qrow[l] = krow[l] = T;
+            continue;
+        }
         if (mode == DS41_PREFILL_REPLAY && l >= replay_start && !lp->is_kv_source) {
             /* decoder replay: only the last window, windows truncated to it */
             qrow[l] = krow[l] = lo[l] = s;
@@ -1070,6 +1077,7 @@ static int forward_impl(ds41_seq *s, const int32_t *tokens, int T, int want_logi
     int rc = 0;
     s->rows_full += (long long)L * T;
     for (int l = 0; l < L && !rc; l++) {
+        if (l > 0 && s->layer_done) s->layer_done(s->layer_done_arg, s, l - 1);
         const ds41_layer_plan *lp = &cfg->layers[l];
         const ds41_layer_weights *lw = &w->layers[l];
         int k0 = krow[l], q0 = qrow[l], nk = T - k0, nq = T - q0;
@@ -1107,6 +1115,7 @@ static int forward_impl(ds41_seq *s, const int32_t *tokens, int T, int want_logi
         if (s->trace) trace_layer(s->trace, lp, l, &b, T);
     }
 
+    if (!rc && s->layer_done) s->layer_done(s->layer_done_arg, s, L - 1);
     /* ---- collapse, final norm, head (last row only; every row for ds41_forward_rows) ---- */
     if (!rc && rows && s->verify) {
         /* [verify] the head row by row: the GEMV path decode uses (the multi-row BF16 head is
