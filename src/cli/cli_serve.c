@@ -108,9 +108,9 @@ int ds41_cli_serve(int argc, char **argv) {
         else if (IS("--role")) {
             NEED();
             const char *v = argv[++i];
-            if (!strcmp(v, "both")) o.role = DS41_ROLE_BOTH;
-            else if (!strcmp(v, "prefill")) o.role = DS41_ROLE_PREFILL;
-            else if (!strcmp(v, "decode")) o.role = DS41_ROLE_DECODE;
+            if (!strcmp(v, "both")) o.role = DS41_SERVE_ROLE_BOTH;
+            else if (!strcmp(v, "prefill")) o.role = DS41_SERVE_ROLE_PREFILL;
+            else if (!strcmp(v, "decode")) o.role = DS41_SERVE_ROLE_DECODE;
             else { fprintf(stderr, "ds41 serve: --role must be both, prefill or decode, not '%s'\n", v); return 2; }
         }
         else if (IS("--prefill-timeout")) { INT(1, 3600000); o.prefill_timeout_ms = (int)iv; }
@@ -154,13 +154,13 @@ int ds41_cli_serve(int argc, char **argv) {
 #undef INT
     }
     if (!o.model_dir) { fprintf(stderr, "ds41 serve: -m DIR is required\n%s", SERVE_USAGE); return 2; }
-    if (o.prefill_nodes && o.role != DS41_ROLE_DECODE) {
+    if (o.prefill_nodes && o.role != DS41_SERVE_ROLE_DECODE) {
         fprintf(stderr, "ds41 serve: --prefill HOST:PORT is for --role decode\n");
         return 2;
     }
-    if (o.role != DS41_ROLE_BOTH && o.no_prefix_cache) {
+    if (o.role != DS41_SERVE_ROLE_BOTH && o.no_prefix_cache) {
         fprintf(stderr, "ds41 serve: --role %s needs the prefix cache (remote prefills travel as its blocks)\n",
-                o.role == DS41_ROLE_PREFILL ? "prefill" : "decode");
+                o.role == DS41_SERVE_ROLE_PREFILL ? "prefill" : "decode");
         return 2;
     }
     return ds41_serve(&o);

@@ -305,7 +305,9 @@ int ds41_kvx_send_bytes(ds41_kvx_conn *c, const void *buf, size_t n, int timeout
 }
 
 int ds41_kvx_recv_bytes(ds41_kvx_conn *c, void *buf, size_t n, int timeout_ms, ds41_err *err) {
-    if (usable(c, "receiving from", err)) return -1;
+    /* not refused on an endpoint error alone: bytes that arrived before the peer closed are
+     * still delivered (the last frame of a transfer is often read after the peer hung up) */
+    if (c->closed) return ds41_errf(err, "receiving from %s: the connection was closed after an earlier error", c->peer);
     if (n == 0) return 0;
     ucp_request_param_t rp;
     memset(&rp, 0, sizeof rp);

@@ -63,6 +63,9 @@ typedef struct pd_req {
     char why[256];
     long long bytes;
     uint32_t seq;
+    /* timing (docs/pd.md, the share of the transfer hidden behind compute): seconds since the
+     * request arrived of the first page sent, the end of the forward and DONE sent */
+    double t0, t_first, t_computed, t_done;
 } pd_req;
 
 static double now_s(void) {
@@ -160,7 +163,9 @@ static void *sender_main(void *arg) {
                 r->bytes += DS41_KVX_HEADER;
             } else {
                 rc = send_layer(r, it, &err);
+                if (!r->t_first) r->t_first = now_s() - r->t0;
             }
+            if (end) r->t_done = now_s() - r->t0;
             if (rc) {
                 snprintf(r->why, sizeof r->why, "%.200s", err.msg);
                 atomic_store(&r->failed, 1);
@@ -290,20 +295,34 @@ static void *handler_main(void *arg) {
     r->seq = 1;
     pthread_t th;
     if (pthread_create(&th, NULL, sender_main, r)) { snprintf(r->why, sizeof r->why, "cannot start a sender"); goto out; }
+    r->t0 = now_s();
     int rc = compute(r, ids, &err);
+    r->t_computed = now_s() - r->t0;
     if (rc && !atomic_load(&r->failed)) {
         snprintf(r->why, sizeof r->why, "prefill: %.200s", err.msg);
         atomic_store(&r->failed, 1);
     }
     push(r, 0, 0, NULL);   /* DONE after every page (skipped once failed) */
     pthread_join(th, NULL);
+    if (!rc && !atomic_load(&r->failed)) {
+        /* the decode node hangs up first, once it has read DONE: closing from this side first
+         * could reset the connection under frames it has not read yet */
+        ds41_kvx_hdr bye;
+        void *q = NULL;
+        ds41_err e2;
+        if (ds41_kvx_recv(c, &bye, &q, 0, S->o.lease_ms, &e2) == 0)
+            snprintf(r->why, sizeof r->why, "a %s frame after DONE", ds41_kvx_type_name(bye.type));
+        free(q);
+    }
     if (rc) send_error(S, c, r->id, r->seq, DS41_KVX_E_FAILED, r->why);
 out:
     if (!r->why[0]) {
         atomic_fetch_add(&S->served, 1);
         atomic_fetch_add(&S->bytes, r->bytes);
-        fprintf(stderr, "ds41 prefill node: request %llu from %s: %lld blocks from block %lld, %lld bytes in %.3f s\n",
-                (unsigned long long)r->id, ds41_kvx_peer(c), r->nb - r->first, r->first, r->bytes, now_s() - t0);
+        fprintf(stderr, "ds41 prefill node: request %llu from %s: %lld blocks from block %lld, %lld bytes in %.3f s "
+                "(first page sent at %.4f s, prefill done at %.4f s, DONE sent at %.4f s)\n",
+                (unsigned long long)r->id, ds41_kvx_peer(c), r->nb - r->first, r->first, r->bytes, now_s() - t0,
+                r->t_first, r->t_computed, r->t_done);
     } else {
         atomic_fetch_add(&S->failed, 1);
     }

@@ -49,7 +49,7 @@ typedef struct ds41_serve_opts {
     int lease_ms;                /* prefill node: a silent decode node's state goes after this (10000) */
 } ds41_serve_opts;
 
-enum { DS41_ROLE_BOTH = 0, DS41_ROLE_PREFILL = 1, DS41_ROLE_DECODE = 2 };
+enum { DS41_SERVE_ROLE_BOTH = 0, DS41_SERVE_ROLE_PREFILL = 1, DS41_SERVE_ROLE_DECODE = 2 };
 
 /* serve_pd.c: the roles' parts of ds41_serve. prefill: serves until SIGINT / SIGTERM (ss, the
  * blocked signals) and returns the exit status. decode: sets sp->remote up (*client to close

@@ -965,8 +965,8 @@ int ds41_serve(const ds41_serve_opts *o) {
         sp.pc = sv->pc;
         sv->m.prefix_cache = 1;
     }
-    if (o->role == DS41_ROLE_PREFILL) { rc = ds41_serve_pd_prefill(sv->e, sv->pc, o, &ss); goto out; }
-    if (o->role == DS41_ROLE_DECODE) {
+    if (o->role == DS41_SERVE_ROLE_PREFILL) { rc = ds41_serve_pd_prefill(sv->e, sv->pc, o, &ss); goto out; }
+    if (o->role == DS41_SERVE_ROLE_DECODE) {
         if (ds41_serve_pd_decode(sv->e, sv->pc, o, &sp, &sv->pdc)) goto out;
         sv->m.pd = 1;
     }
