@@ -12,7 +12,10 @@
 #     frame, a hung node (--prefill-timeout), kill -9 of the prefill node mid-transfer, a node
 #     with another checkpoint (compatibility hash); --on-prefill-failure fail answers an error
 #     naming the cause; a decode node that vanishes after the handshake: the prefill node frees
-#     its request within the lease, also when the decode node is then killed.
+#     its request within the lease, also when the decode node is then killed;
+#   two network namespaces joined by a veth pair (ip netns; root): the prefill node in one, the
+#     decode node in the other, the same answer as one node (skipped with a line on stderr where
+#     namespaces cannot be made).
 # Fault injection: DS41_PD_FAULT (src/pd/pd.h, test-only). Ports: chosen by the system (--port 0).
 set -u
 cd "${DS41_ROOT:-$(dirname "$0")/..}"
@@ -21,7 +24,13 @@ PY=${PYTHON:-/usr/bin/python3}
 CK=${CK:-build/test-ck}
 TMP=$(mktemp -d /tmp/ds41-pd.XXXXXX)
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$TMP"; }
+NSA=ds41pdA$$ NSB=ds41pdB$$
+cleanup() {
+    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    ip netns del $NSA 2>/dev/null; ip netns del $NSB 2>/dev/null
+    rm -rf "$TMP"
+}
 trap cleanup EXIT
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; }
@@ -248,6 +257,37 @@ serve_start d_after_lease -m "$ck" --exact $S --spec off --role decode --prefill
 cmp -s "$TMP/lease.after" "$TMP/ref.two" && [ "$(metric $PORT ds41:remote_prefills_total)" = 1 ] && pass pd_lease_then_serves ||
     fail pd_lease_then_serves "$(head -c 200 "$TMP/lease.after")"
 stop $PID; stop $LP; stop $REFPID
+
+# two network namespaces over veth (the veth pair goes with the namespaces)
+if ip netns add $NSA 2>/dev/null && ip netns add $NSB 2>/dev/null &&
+    ip link add vpa$$ type veth peer name vpb$$ 2>/dev/null &&
+    ip link set vpa$$ netns $NSA && ip link set vpb$$ netns $NSB &&
+    ip -n $NSA addr add 10.241.0.1/24 dev vpa$$ && ip -n $NSB addr add 10.241.0.2/24 dev vpb$$ &&
+    ip -n $NSA link set vpa$$ up && ip -n $NSB link set vpb$$ up && ip -n $NSA link set lo up && ip -n $NSB link set lo up; then
+    ip netns exec $NSA "$DS41" serve --role prefill --host 10.241.0.1 --port 0 -m "$ck" --exact -c 1024 >"$TMP/ns_p.log" 2>&1 &
+    PIDS+=($!); NP=$!
+    NPORT=
+    for _ in $(seq 1 300); do
+        NPORT=$(sed -n 's/.*listening on ucx:\/\/10.241.0.1:\([0-9]*\).*/\1/p' "$TMP/ns_p.log"); [ -n "$NPORT" ] && break; sleep 0.1
+    done
+    ip netns exec $NSB "$DS41" serve --port 0 -m "$ck" --exact $S --spec off --role decode --prefill 10.241.0.1:$NPORT \
+        --remote-prefill-min 100 >"$TMP/ns_d.log" 2>&1 &
+    PIDS+=($!); ND=$!
+    NDPORT=
+    for _ in $(seq 1 300); do
+        NDPORT=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/ns_d.log"); [ -n "$NDPORT" ] && break; sleep 0.1
+    done
+    ip netns exec $NSB "$PY" tests/pd/client.py "$NDPORT" "$TMP/one.json" 12 >"$TMP/ns.out" 2>&1
+    nr=$(ip netns exec $NSB curl -s "http://127.0.0.1:$NDPORT/metrics" | sed -n 's/^ds41:remote_prefills_total{[^}]*} //p')
+    if [ -n "$NPORT" ] && cmp -s "$TMP/ns.out" "$TMP/ref.one" && [ "$nr" = 1 ] && grep -q "from 10.241.0.2" "$TMP/ns_p.log"; then
+        pass pd_two_namespaces_veth
+    else fail pd_two_namespaces_veth "remote $nr: $(head -c 200 "$TMP/ns.out") $(tail -n 2 "$TMP/ns_p.log" "$TMP/ns_d.log")"; fi
+    stop $ND; stop $NP
+    ip netns del $NSA; ip netns del $NSB
+else
+    echo "pd.test.sh: cannot make network namespaces here (needs root and ip netns): the veth case is skipped" >&2
+    ip netns del $NSA 2>/dev/null; ip netns del $NSB 2>/dev/null
+fi
 
 # ds41 inspect --role: the prefill node's weights are the embedding, the layers before the last
 # KV source and that layer's KV path (tiny: 194 of 418 tensors); the decode node's all of them
