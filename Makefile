@@ -5,7 +5,7 @@ PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 # src/ is layered (README, Architecture): format < model < kernels < layers < text < engine < store < serve < cli;
 # every folder is on the include path and a file includes only headers of its own or lower layers.
-SRC_DIRS := format model kernels layers text engine store serve cli
+SRC_DIRS := format model kernels layers text engine store pd serve cli
 INCLUDES := -Iinclude -Isrc $(addprefix -Isrc/,$(SRC_DIRS))
 SRC_HDR  := $(wildcard $(addsuffix /*.h,$(addprefix src/,$(SRC_DIRS))) include/*.h)
 # -ffp-contract=off: exact mode forbids fused multiply-add (exact-mode.md); gcc's
@@ -30,12 +30,25 @@ ifneq ($(URING_LIBS),)
 CFLAGS  += -DDS41_HAVE_LIBURING
 LDLIBS  += $(URING_LIBS)
 endif
+# UCX (Debian libucx-dev): src/pd/, the prefill/decode KV transfer (docs/pd.md), is built only
+# when pkg-config finds it; without it ds41 builds the rest and --role says what is missing.
+UCX_LIBS := $(shell pkg-config --libs ucx 2>/dev/null)
+ifneq ($(UCX_LIBS),)
+CFLAGS  += -DDS41_HAVE_UCX $(shell pkg-config --cflags ucx 2>/dev/null)
+LDLIBS  += $(UCX_LIBS)
+endif
 BUILD   ?= build
 
 LIB_SRC := $(sort $(wildcard $(addsuffix /*.c,$(addprefix src/,$(SRC_DIRS)))))
 LIB_SRC := $(filter-out src/cli/main.c,$(LIB_SRC))
+ifeq ($(UCX_LIBS),)
+LIB_SRC := $(filter-out src/pd/%.c,$(LIB_SRC))
+endif
 LIB_OBJ := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
+ifeq ($(UCX_LIBS),)
+TEST_SRC := $(filter-out tests/test_kvx_ucx.c,$(TEST_SRC))
+endif
 TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 # test helpers: programs driven by the shell tests (tests/tools/) and LD_PRELOAD fault shims (tests/faults/)
 TOOL_SRC := $(sort $(wildcard tests/tools/*.c))
@@ -137,7 +150,7 @@ FUZZ_SECONDS ?= 20
 FUZZ_CFLAGS := -O1 -g -std=gnu11 -ffp-contract=off $(ARCH) -pthread $(INCLUDES) $(PKG_CFLAGS) \
   -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_LIB_SRC := $(addprefix src/,format/common.c format/safetensors.c model/config.c model/contract.c \
-  text/chat.c text/chat_json.c text/tokenizer.c text/tokenizer_load.c store/crc32c.c store/pstore.c \
+  text/chat.c text/chat_json.c text/tokenizer.c text/tokenizer_load.c store/crc32c.c store/pstore.c store/kvx_frame.c \
   serve/serve_req.c serve/serve_text.c)
 FUZZ_OBJ := $(patsubst src/%.c,build-fuzz/obj/%.o,$(FUZZ_LIB_SRC))
 build-fuzz/obj/%.o: src/%.c $(SRC_HDR)

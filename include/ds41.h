@@ -390,6 +390,19 @@ long long ds41_prefix_trim(ds41_prefix_cache *pc, long long max_bytes);
 void ds41_prefix_fingerprint_hex(const ds41_prefix_cache *pc, char out[65]);
 /* Bytes one cached token holds (global KV of every KV source, page granularity). */
 double ds41_prefix_bytes_per_token(const ds41_engine *e);
+/* Prefill/decode disaggregation (docs/pd.md): a remote prefill arrives as blocks of pages.
+ * ds41_prefix_pages: the longest cached chain of ids' whole blocks without a replay; *pages =
+ * [nb][n_kv_sources] page pointers, one reference each (ds41_prefix_pages_free releases them).
+ * ds41_prefix_insert: adds blocks [first, first + nb) of ids with their pages ([nb][n_kv_sources],
+ * borrowed: the cache takes its own references) under the cached chain of blocks [0, first);
+ * returns the blocks added (fewer when a parent was evicted meanwhile: a later restore then hits
+ * a shorter prefix and prefills the rest, never a wrong one). ds41_prefix_fingerprint: the 32
+ * fingerprint bytes (the compatibility hash two nodes compare). */
+long long ds41_prefix_pages(ds41_prefix_cache *pc, const int32_t *ids, size_t n, uint8_t ***pages);
+void ds41_prefix_pages_free(ds41_prefix_cache *pc, uint8_t **pages, long long nb);
+long long ds41_prefix_insert(ds41_prefix_cache *pc, const int32_t *ids, size_t n, long long first, long long nb,
+                             uint8_t *const *pages);
+const uint8_t *ds41_prefix_fingerprint(const ds41_prefix_cache *pc);
 
 /* Conformance trace (docs/conformance.md) into an existing or new directory: per-forward
  * files from now on; the state files are written by ds41_session_trace_finish (also on close,

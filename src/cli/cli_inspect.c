@@ -15,7 +15,7 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: ds41 inspect [--json] PATH\n"
+            "usage: ds41 inspect [--json] [--role prefill|decode] PATH\n"
             "\n"
             "PATH is a checkpoint directory (config.json plus safetensors: one file or a sharded\n"
             "model.safetensors.index.json), a directory holding only config.json, or a config.json file.\n"
@@ -24,6 +24,8 @@ static void usage(FILE *f) {
             "parameters (total, active per token for decode and prefill).\n"
             "\n"
             "  --json      one JSON object on stdout instead of the text report\n"
+            "  --role R    only the weight bytes a prefill or decode node of a disaggregated deployment\n"
+            "              holds resident (docs/pd.md): prefill = what the KV-only prefill reads\n"
             "  -h, --help  this help\n"
             "\n"
             "Exit status: 0 ok; 1 bad config, unreadable checkpoint or a missing/misshaped tensor\n"
@@ -57,6 +59,58 @@ static int param_cb(const ds41_tensor_spec *t, void *ctx) {
     if (t->role == DS41_ROLE_ENGRAM_TABLE) r->params_engram_tables += p;
     else if (t->layer >= r->cfg.n_layers) r->params_dspark += p;
     else r->params_backbone += p;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * --role (docs/pd.md): the weights a prefill node reads. Its KV-only prefill (forward.h
+ * DS41_PREFILL_KVONLY) runs the embedding and every layer before the last KV source on every
+ * row, and of the last KV source only what its KV entries need: the mHC attention mix, the
+ * attention norm, the SWA key projection, the compressor and the index-K projection. No query
+ * or output projection of that layer, no FFN, no later layer, no head, no DSpark stage. A
+ * decode node holds everything (its restore replays the encoder rows; it prefills locally when
+ * a prefill node fails). */
+static const char *human_bytes(double v, char *buf, size_t cap);
+
+typedef struct role_acc { int prefill, last_src; uint64_t bytes, total; size_t tensors; } role_acc;
+
+static int prefill_reads(const ds41_tensor_spec *t, int last_src) {
+    if (t->role == DS41_ROLE_EMBED) return 1;
+    if (t->layer < 0 || t->layer > last_src) return 0;
+    if (t->layer < last_src) return 1;
+    static const char *kv_path[] = { "hc_attn_", "attn_norm.", "attn.wkv.", "attn.kv_norm.", "attn.compressor.",
+                                     "attn.indexer.wk.", "attn.indexer.k_norm.", ".engram." };
+    for (size_t i = 0; i < sizeof kv_path / sizeof kv_path[0]; i++)
+        if (strstr(t->name, kv_path[i])) return 1;
+    return 0;
+}
+
+static int role_cb(const ds41_tensor_spec *t, void *ctx) {
+    role_acc *a = ctx;
+    if (t->optional) return 0;
+    uint64_t b = ds41_spec_nbytes(t);
+    a->total += b;
+    if (!a->prefill || prefill_reads(t, a->last_src)) { a->bytes += b; a->tensors++; }
+    return 0;
+}
+
+static int print_role(const char *path, const char *role) {
+    ds41_config cfg;
+    ds41_err err;
+    if (ds41_config_load(path, &cfg, &err)) { fprintf(stderr, "ds41 inspect: %s\n", err.msg); return 1; }
+    role_acc a = { .prefill = !strcmp(role, "prefill"), .last_src = -1 };
+    for (int l = 0; l < cfg.n_layers; l++) if (cfg.layers[l].is_kv_source) a.last_src = l;
+    ds41_contract_each(&cfg, NULL, role_cb, &a);
+    char b1[32], b2[32];
+    printf("role %s: %zu tensors, %llu bytes (%s) resident of %llu (%s), %.1f%%\n", role, a.tensors,
+           (unsigned long long)a.bytes, human_bytes((double)a.bytes, b1, sizeof b1), (unsigned long long)a.total,
+           human_bytes((double)a.total, b2, sizeof b2), a.total ? 100.0 * (double)a.bytes / (double)a.total : 0.0);
+    if (a.prefill)
+        printf("  embedding, layers 0..%d whole, layer %d's KV path (mHC attention mix, norm, SWA K, compressor, "
+               "index K); no layer past %d, no head, no DSpark stage\n", a.last_src - 1, a.last_src, a.last_src);
+    else
+        printf("  the whole model (the restore replays encoder rows; a failed remote prefill runs locally)\n");
+    ds41_config_free(&cfg);
     return 0;
 }
 
@@ -334,9 +388,16 @@ static void print_json(report *r) {
 
 int ds41_cli_inspect(int argc, char **argv) {
     int as_json = 0;
-    const char *path = NULL;
+    const char *path = NULL, *role = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) as_json = 1;
+        else if (!strcmp(argv[i], "--role")) {
+            if (i + 1 >= argc || (strcmp(argv[i + 1], "prefill") && strcmp(argv[i + 1], "decode"))) {
+                fprintf(stderr, "ds41 inspect: --role needs prefill or decode\n");
+                return 2;
+            }
+            role = argv[++i];
+        }
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(stdout);
             return 0;
@@ -357,6 +418,7 @@ int ds41_cli_inspect(int argc, char **argv) {
         return 2;
     }
 
+    if (role) return print_role(path, role);
     report r;
     memset(&r, 0, sizeof r);
     r.path = path;

@@ -28,7 +28,8 @@ static const char *SERVE_USAGE =
     "  --max-connections N      concurrent connections (default 256)\n"
     "  -t, --threads N          fast-mode threads (default 1)\n"
     "  -c, --ctx-size N         context size per sequence (default 4096, at most the model's)\n"
-    "  --prefill MODE           ced (default), full, ced-replay\n"
+    "  --prefill MODE           ced (default), full, ced-replay (a value with ':' is --role decode's\n"
+    "                           prefill nodes, below)\n"
     "  --index-k own|official   index-K reading (default own)\n"
     "  --exact                  exact kernels (also DS41_EXACT=1)\n"
     "  --load mmap|copy         weights mmap'd (default) or copied into anonymous memory\n"
@@ -44,7 +45,18 @@ static const char *SERVE_USAGE =
     "  --cache-bytes BYTES      capacity of DIR (default unlimited; least recently used blocks go)\n"
     "  --replay exact|approx    replay of a restored prefix (default exact: bit-identical to a fresh\n"
     "                           prefill in exact mode; approx: the last window only)\n"
-    "  -v, --verbose            log microhttpd messages\n";
+    "  -v, --verbose            log microhttpd messages\n"
+    "prefill/decode disaggregation (docs/pd.md; needs a build with UCX):\n"
+    "  --role both|prefill|decode  both (default): one node; prefill: serve prefill requests of decode\n"
+    "                           nodes on --host:--port (UCX, no HTTP), at most --parallel at once;\n"
+    "                           decode: the OpenAI front, prompts prefilled by --prefill nodes\n"
+    "  --prefill HOST:PORT[,...]  (decode) the prefill nodes; the least loaded first\n"
+    "  --remote-prefill-min N   (decode) prefill remotely when at least N prompt tokens are left after\n"
+    "                           the prefix-cache hit and a whole 128-token block can be fetched (default 128)\n"
+    "  --on-prefill-failure local|fail  (decode) a failed remote prefill: prefill locally, the same answer\n"
+    "                           (default), or fail the request\n"
+    "  --prefill-timeout MS     (decode) wait at most MS for a prefill node's next frame (default 30000)\n"
+    "  --lease MS               (prefill) a decode node silent for MS loses its request (default 10000)\n";
 
 int ds41_cli_serve(int argc, char **argv) {
     ds41_serve_opts o;
@@ -98,6 +110,24 @@ int ds41_cli_serve(int argc, char **argv) {
             o.spec_default = 0;
         }
         else if (IS("-v") || IS("--verbose")) o.verbose = 1;
+        else if (IS("--role")) {
+            NEED();
+            const char *v = argv[++i];
+            if (!strcmp(v, "both")) o.role = DS41_SERVE_ROLE_BOTH;
+            else if (!strcmp(v, "prefill")) o.role = DS41_SERVE_ROLE_PREFILL;
+            else if (!strcmp(v, "decode")) o.role = DS41_SERVE_ROLE_DECODE;
+            else { fprintf(stderr, "ds41 serve: --role must be both, prefill or decode, not '%s'\n", v); return 2; }
+        }
+        else if (IS("--prefill-timeout")) { INT(1, 3600000); o.prefill_timeout_ms = (int)iv; }
+        else if (IS("--lease")) { INT(1, 3600000); o.lease_ms = (int)iv; }
+        else if (IS("--remote-prefill-min")) { INT(1, INT32_MAX); o.remote_min = iv; }
+        else if (IS("--on-prefill-failure")) {
+            NEED();
+            const char *v = argv[++i];
+            if (!strcmp(v, "local")) o.on_failure_fail = 0;
+            else if (!strcmp(v, "fail")) o.on_failure_fail = 1;
+            else { fprintf(stderr, "ds41 serve: --on-prefill-failure must be local or fail, not '%s'\n", v); return 2; }
+        }
         else if (IS("--no-prefix-cache")) o.no_prefix_cache = 1;
         else if (IS("--cache-dir")) { NEED(); o.cache_dir = argv[++i]; }
         else if (IS("--cache-bytes")) { NEED(); if (ds41_cli_bytes("serve", a, argv[++i], &o.cache_bytes)) return 2; }
@@ -112,7 +142,8 @@ int ds41_cli_serve(int argc, char **argv) {
         else if (IS("--prefill")) {
             NEED();
             const char *v = argv[++i];
-            if (!strcmp(v, "ced")) o.sp.prefill = DS41_PREFILL_MODE_CED;
+            if (strchr(v, ':')) o.prefill_nodes = v;   /* HOST:PORT[,...]: the prefill nodes (--role decode) */
+            else if (!strcmp(v, "ced")) o.sp.prefill = DS41_PREFILL_MODE_CED;
             else if (!strcmp(v, "full")) o.sp.prefill = DS41_PREFILL_MODE_FULL;
             else if (!strcmp(v, "ced-replay")) o.sp.prefill = DS41_PREFILL_MODE_REPLAY;
             else { fprintf(stderr, "ds41 serve: --prefill must be ced, full or ced-replay, not '%s'\n", v); return 2; }
@@ -129,5 +160,14 @@ int ds41_cli_serve(int argc, char **argv) {
     }
     if (!o.model_dir) { fprintf(stderr, "ds41 serve: -m DIR is required\n%s", SERVE_USAGE); return 2; }
     o.lp.engram_verbose = o.verbose;
+    if (o.prefill_nodes && o.role != DS41_SERVE_ROLE_DECODE) {
+        fprintf(stderr, "ds41 serve: --prefill HOST:PORT is for --role decode\n");
+        return 2;
+    }
+    if (o.role != DS41_SERVE_ROLE_BOTH && o.no_prefix_cache) {
+        fprintf(stderr, "ds41 serve: --role %s needs the prefix cache (remote prefills travel as its blocks)\n",
+                o.role == DS41_SERVE_ROLE_PREFILL ? "prefill" : "decode");
+        return 2;
+    }
     return ds41_serve(&o);
 }

@@ -197,8 +197,15 @@ void ds41_row_plan(const ds41_config *cfg, ds41_prefill_mode mode, int T, int ne
     int q = need_logits ? T - 1 : T;
     int s = T - W > 0 ? T - W : 0;
     int replay_start = cfg->first_decoder_layer + 1;
+    int last_src = -1;
+    for (int l = 0; l < L; l++) if (cfg->layers[l].is_kv_source) last_src = l;
+    if (mode == DS41_PREFILL_KVONLY) q = T;
     for (int l = L - 1; l >= 0; l--) {
         const ds41_layer_plan *lp = &cfg->layers[l];
+        if (mode == DS41_PREFILL_KVONLY && l > last_src) {   /* nothing a KV source reads */
+            qrow[l] = krow[l] = T;
+            continue;
+        }
         if (mode == DS41_PREFILL_REPLAY && l >= replay_start && !lp->is_kv_source) {
             /* decoder replay: only the last window, windows truncated to it */
             qrow[l] = krow[l] = lo[l] = s;
@@ -344,6 +351,12 @@ static int seq_row_plan(const ds41_seq *s, ds41_prefill_mode pmode, int T, int w
 
 /* ====================================================================== the layer loop */
 
+/* The per-layer hook of every sequence that has one (ds41_seq.layer_done). */
+static void layer_done(ds41_seq *const *ss, int count, int l) {
+    for (int i = 0; i < count; i++)
+        if (ss[i]->layer_done) ss[i]->layer_done(ss[i]->layer_done_arg, ss[i], l);
+}
+
 /* One forward over the stacked sequences ss[0..count): sequence i runs tokens[i][0..T[i]) at
  * its position. Sequence 0 carries the row plan qrow / krow / lo (all zero: every row); the
  * head runs on the stacked rows [h0, N) (h0 >= r0 of sequence 1: only sequence 0 may leave
@@ -440,6 +453,8 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
      * and [q0, N) (its outputs), the bounds of sequence 0's plan ---- */
     size_t srow = (size_t)cfg->hc_mult * dim;
     for (int l = 0; l < L; l++) {
+        /* a prefill node (src/pd/) ships a KV source's finished pages while the next layers compute */
+        if (l > 0) layer_done(ss, count, l - 1);
         const ds41_layer_plan *lp = &cfg->layers[l];
         const ds41_layer_weights *lw = &w->layers[l];
         size_t k0 = (size_t)krow[l], q0 = (size_t)qrow[l];
@@ -480,6 +495,7 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
                 ds41_fwd_trace_layer(ss[i]->trace, lp, l, v[i].sp, b.msel + r0[i] * lp->n_active, T[i]);
     }
 
+    layer_done(ss, count, L - 1);
     /* ---- collapse, final norm, head on the rows from h0 ---- */
     if (count == 1 && N > h0) {
         ds41_seq *s = ss[0];

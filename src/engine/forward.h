@@ -16,8 +16,12 @@ typedef enum ds41_prefill_mode {
     DS41_PREFILL_CED = 0,     /* encoder on every row, decoder only on the rows the kept outputs reach (exact) */
     DS41_PREFILL_FULL = 1,    /* every layer on every row (the reference) */
     DS41_PREFILL_REPLAY = 2,  /* spec 4.1 Decoder SWA Bounded Replay (approximation) */
-    DS41_PREFILL_RESTORE = 3  /* prefix-cache replay (restore.c): the CED row reach on every layer,
+    DS41_PREFILL_RESTORE = 3, /* prefix-cache replay (restore.c): the CED row reach on every layer,
                                * KV sources included (their entries are restored, not recomputed) */
+    DS41_PREFILL_KVONLY = 4   /* a prefill node (src/pd/): only what the KV sources' entries need,
+                               * every row of the layers up to the last KV source, that layer's
+                               * attention input and compressor, nothing after it (no decoder
+                               * layer output, no head); the entries are a CED prefill's */
 } ds41_prefill_mode;
 
 typedef struct ds41_engine {
@@ -90,6 +94,10 @@ typedef struct ds41_seq {
     long long plan_ahead;
     /* statistics */
     long long rows_computed, rows_full;   /* layer-rows computed vs. a full prefill's */
+    /* called after each layer of a forward with that layer done (NULL: none); a prefill node
+     * ships a KV source's finished pages from here while the next layers compute (src/pd/) */
+    void (*layer_done)(void *arg, struct ds41_seq *s, int layer);
+    void *layer_done_arg;
     /* forward scratch (forward.c): the indexers' per-sequence buffers and the row buffers of
      * short forwards, grown when a forward needs more, so decode steps allocate little */
     struct ds41_fwd_scratch *scratch;

@@ -38,7 +38,27 @@ typedef struct ds41_serve_opts {
     int no_prefix_cache, replay;
     long long cache_mem, cache_bytes;
     const char *cache_dir;
+    /* prefill/decode disaggregation (docs/pd.md, src/serve/serve_pd.c): role DS41_ROLE_*;
+     * a prefill node listens for decode nodes on host:port (UCX) and serves no HTTP; a decode
+     * node sends prompts with at least remote_min new tokens to prefill_nodes ("HOST:PORT,...") */
+    int role;
+    const char *prefill_nodes;
+    long long remote_min;
+    int on_failure_fail;         /* --on-prefill-failure fail */
+    int prefill_timeout_ms;      /* a prefill node's next frame within this (default 30000) */
+    int lease_ms;                /* prefill node: a silent decode node's state goes after this (10000) */
 } ds41_serve_opts;
+
+enum { DS41_SERVE_ROLE_BOTH = 0, DS41_SERVE_ROLE_PREFILL = 1, DS41_SERVE_ROLE_DECODE = 2 };
+
+/* serve_pd.c: the roles' parts of ds41_serve. prefill: serves until SIGINT / SIGTERM (ss, the
+ * blocked signals) and returns the exit status. decode: sets sp->remote up (*client to close
+ * with ds41_serve_pd_close after the scheduler stopped); 0 or -1 with a message on stderr. */
+struct ds41_sched_params;
+int ds41_serve_pd_prefill(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serve_opts *o, const void *ss);
+int ds41_serve_pd_decode(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serve_opts *o, struct ds41_sched_params *sp,
+                         void **client);
+void ds41_serve_pd_close(void *client);
 
 void ds41_serve_opts_default(ds41_serve_opts *o);
 /* Loads the model, serves until SIGINT / SIGTERM; returns the exit status (0, or 1 with a

@@ -44,6 +44,7 @@ typedef struct server {
     ds41_tokenizer *tok;
     ds41_sched *S;
     ds41_prefix_cache *pc;   /* NULL with --no-prefix-cache */
+    void *pdc;               /* --role decode: the prefill nodes' client (serve_pd.c) */
     ds41_metrics m;
     int V;
     long long ctx;
@@ -885,6 +886,9 @@ void ds41_serve_opts_default(ds41_serve_opts *o) {
     o->max_connections = 256;
     o->spec_mode = DS41_SPEC_AUTO;
     o->spec_default = 1;
+    o->remote_min = 128;
+    o->prefill_timeout_ms = 30000;
+    o->lease_ms = 10000;
 }
 
 static long long default_kv_budget(void) {
@@ -975,6 +979,11 @@ int ds41_serve(const ds41_serve_opts *o) {
         sp.pc = sv->pc;
         sv->m.prefix_cache = 1;
     }
+    if (o->role == DS41_SERVE_ROLE_PREFILL) { rc = ds41_serve_pd_prefill(sv->e, sv->pc, o, &ss); goto out; }
+    if (o->role == DS41_SERVE_ROLE_DECODE) {
+        if (ds41_serve_pd_decode(sv->e, sv->pc, o, &sp, &sv->pdc)) goto out;
+        sv->m.pd = 1;
+    }
     sv->S = ds41_sched_start(sv->e, sv->tok, &sp, &sv->m, eb, sizeof eb);
     if (!sv->S) { fprintf(stderr, "ds41 serve: %s\n", eb); goto out; }
 
@@ -1015,6 +1024,7 @@ out:
     if (sv->S) ds41_sched_stop(sv->S);
     if (d) MHD_stop_daemon(d);
     ds41_sched_free(sv->S);
+    ds41_serve_pd_close(sv->pdc);
     ds41_prefix_close(sv->pc);
     ds41_unload(sv->e);
     if (sv->tok) ds41_tokenizer_free(sv->tok);

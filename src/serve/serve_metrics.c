@@ -35,6 +35,8 @@ void ds41_metrics_init(ds41_metrics *m) {
     hist_init(&m->prompt_len, "vllm:request_prompt_tokens", "Number of prefill tokens processed.", tok, nt);
     hist_init(&m->gen_len, "vllm:request_generation_tokens", "Number of generation tokens processed.", tok, nt);
     hist_init(&m->iter_tokens, "vllm:iteration_tokens_total", "Histogram of number of tokens per engine step.", tok, nt);
+    hist_init(&m->kv_transfer, "ds41:kv_transfer_seconds",
+              "Remote prefills: seconds from the first KV layer frame received to the last (DONE).", lat, nl);
 }
 
 void ds41_metrics_free(ds41_metrics *m) { pthread_mutex_destroy(&m->mu); }
@@ -134,6 +136,16 @@ char *ds41_metrics_text(ds41_metrics *m, const ds41_gauges *g, const char *model
         counter(&o, "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", lbl, m->prefix_hits);
         gauge(&o, "ds41:prefix_cache_bytes", "Bytes of prefix-cache blocks held in memory (inside --kv-budget).", lbl,
               (double)g->prefix_bytes);
+    }
+    if (m->pd) {
+        counter(&o, "ds41:remote_prefills_total", "Prompts prefilled by a prefill node (their KV received).", lbl,
+                m->remote_prefills);
+        counter(&o, "ds41:remote_prefill_fallbacks_total",
+                "Remote prefills that failed and were prefilled locally instead (--on-prefill-failure local).", lbl,
+                m->remote_fallbacks);
+        counter(&o, "ds41:kv_transfer_bytes_total", "Bytes of KV transfer frames received from prefill nodes.", lbl,
+                m->kv_transfer_bytes);
+        hist(&o, &m->kv_transfer, lbl);
     }
     gauge(&o, "ds41:sessions_open", "Engine sessions open (one per running sequence; 0 when idle).", lbl, (double)g->sessions_open);
     gauge(&o, "ds41:kv_budget_bytes", "KV byte budget for admission control (--kv-budget).", lbl, (double)g->kv_budget);

@@ -31,6 +31,10 @@ typedef struct ds41_metrics {
     int spec_positions;
     unsigned long long spec_drafts, spec_draft_tokens, spec_accepted_tokens, spec_verify_steps;
     unsigned long long spec_drafted_at[64], spec_accepted_at[64];
+    /* prefill/decode disaggregation (docs/pd.md; pd = 1: a decode node, the metrics exposed) */
+    int pd;
+    unsigned long long remote_prefills, remote_fallbacks, kv_transfer_bytes;
+    ds41_hist kv_transfer;
 } ds41_metrics;
 
 /* Gauges sampled when /metrics is read. */

@@ -400,6 +400,8 @@ static void spec_plan(ds41_sched *S, ds41_sseq **dq, int R, const int *kmax, int
 
 /* ---------------------------------------------------------------- the loop */
 
+static int admit_prefix(ds41_sched *S, ds41_sseq *q);
+
 static int open_session(ds41_sched *S, ds41_sseq *q) {
     char eb[512];
     q->s = ds41_session_open(S->e, &S->p.sp, eb, sizeof eb);
@@ -413,6 +415,24 @@ static int open_session(ds41_sched *S, ds41_sseq *q) {
         q->ds.skip_special = q->g->skip_special;
     }
     q->fed = 0;
+    q->state = DS41_SEQ_PREFILL;
+    if (S->p.remote.start && S->p.pc) {
+        /* worth a prefill node: enough new tokens past the local hit, a whole block to fetch */
+        uint8_t **pg = NULL;
+        long long hb = ds41_prefix_pages(S->p.pc, q->prompt, q->n_prompt, &pg);
+        ds41_prefix_pages_free(S->p.pc, pg, hb);
+        long long nb = (long long)q->n_prompt / 128;
+        if (nb * 128 > S->ctx) nb = S->ctx / 128;
+        if ((long long)q->n_prompt - hb * 128 >= S->p.remote.min_tokens && nb > hb) {
+            q->rjob = S->p.remote.start(S->p.remote.ctx, q->prompt, (size_t)(nb * 128), hb);
+            if (q->rjob) { q->state = DS41_SEQ_REMOTE; return 0; }
+        }
+    }
+    return admit_prefix(S, q);
+}
+
+/* The prefix-cache restore of q's prompt, also after a remote prefill filled the cache. */
+static int admit_prefix(ds41_sched *S, ds41_sseq *q) {
     q->state = DS41_SEQ_PREFILL;
     if (S->p.pc) {
         long long hit = ds41_prefix_restore(S->p.pc, q->s, q->prompt, q->n_prompt);
@@ -489,6 +509,45 @@ static void *sched_main(void *arg) {
             admitted[i]->t_admit = t;
             ds41_metrics_observe(S->m, &S->m->queue, t - admitted[i]->g->t_arrival);
             open_session(S, admitted[i]);
+        }
+        /* ---- remote prefills (docs/pd.md): finished ones enter through the prefix cache */
+        int n_remote = 0;
+        for (int i = 0; i < n_local; i++) {
+            ds41_sseq *q = local[i];
+            if (q->state != DS41_SEQ_REMOTE) continue;
+            if (stop || atomic_load(&q->g->cancel)) {
+                S->p.remote.finish(q->rjob);   /* bounded by the prefill timeout */
+                q->rjob = NULL;
+                seq_finish(S, q, DS41_FIN_ABORT, stop ? "server shutting down" : "cancelled");
+                continue;
+            }
+            long long bytes = 0;
+            double secs = 0;
+            char msg[512] = "";
+            int st = S->p.remote.poll(q->rjob, &bytes, &secs, msg, sizeof msg);
+            if (st == 0) { n_remote++; continue; }
+            S->p.remote.finish(q->rjob);
+            q->rjob = NULL;
+            pthread_mutex_lock(&S->m->mu);
+            if (st == 1) {
+                S->m->remote_prefills++;
+                S->m->kv_transfer_bytes += (unsigned long long)bytes;
+            } else if (!S->p.remote.fail) {
+                S->m->remote_fallbacks++;
+            }
+            pthread_mutex_unlock(&S->m->mu);
+            if (st == 1) ds41_metrics_observe(S->m, &S->m->kv_transfer, secs);
+            if (st < 0) {
+                fprintf(stderr, "ds41 serve: %s; %s\n", msg, S->p.remote.fail ? "the request fails (--on-prefill-failure fail)"
+                                                                              : "prefilling locally");
+                if (S->p.remote.fail) {
+                    char em[600];
+                    snprintf(em, sizeof em, "remote prefill failed: %s", msg);
+                    seq_finish(S, q, DS41_FIN_ERROR, em);
+                    continue;
+                }
+            }
+            admit_prefix(S, q);
         }
         /* ---- cancelled or stopping running sequences */
         for (int i = 0; i < n_local; i++) {
@@ -602,6 +661,11 @@ static void *sched_main(void *arg) {
                 }
                 seq_token(S, q, t1);
             }
+        }
+        if (nb == 0 && n_remote > 0) {
+            /* only remote prefills in flight: look again soon (their threads do not signal) */
+            struct timespec ts = { 0, 2000000 };
+            nanosleep(&ts, NULL);
         }
         /* ---- retire finished sequences, account the state held */
         long long used = 0;

@@ -57,9 +57,23 @@ typedef struct ds41_sched_params {
      * cached blocks are restored when its sequence is admitted, its whole blocks published
      * when its prefill ends and, with the generated tokens, when it finishes */
     ds41_prefix_cache *pc;
+    /* prefill/decode disaggregation (docs/pd.md; start NULL: off). A sequence with at least
+     * min_tokens prompt tokens past its prefix-cache hit and a whole block past it waits in
+     * DS41_SEQ_REMOTE while `start` fetches those blocks into pc on another thread (src/pd/);
+     * poll says 0 (running), 1 (done: bytes, seconds) or -1 (failed: msg); finish joins. Then
+     * the sequence is admitted through the prefix cache like any other. fail = 1: a failed
+     * fetch fails the request; 0: it is prefilled locally (the same answer). */
+    struct {
+        void *ctx;
+        void *(*start)(void *ctx, const int32_t *ids, size_t n, long long first);
+        int (*poll)(void *job, long long *bytes, double *seconds, char *msg, size_t cap);
+        void (*finish)(void *job);
+        long long min_tokens;
+        int fail;
+    } remote;
 } ds41_sched_params;
 
-enum { DS41_SEQ_WAITING, DS41_SEQ_PREFILL, DS41_SEQ_DECODE, DS41_SEQ_DONE };
+enum { DS41_SEQ_WAITING, DS41_SEQ_PREFILL, DS41_SEQ_DECODE, DS41_SEQ_DONE, DS41_SEQ_REMOTE };
 
 typedef struct ds41_sgroup ds41_sgroup;
 
@@ -89,6 +103,7 @@ typedef struct ds41_sseq {
     ds41_sgroup *g;
     int state;
     ds41_session *s;
+    void *rjob;               /* a remote prefill in flight (DS41_SEQ_REMOTE) */
     size_t fed;
     int32_t next;
     long long reserve;

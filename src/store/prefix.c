@@ -458,11 +458,11 @@ static int put_disk(ds41_prefix_cache *pc, const uint8_t key[16], const uint8_t 
 
 /* ---------------------------------------------------------------------- restore / publish */
 
-long long ds41_prefix_restore(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n) {
-    ds41_seq *q = ds41_session_seq(s);
-    if (q->e != pc->e || q->cache.pos != 0 || ds41_session_index_k(s) != pc->p.index_k) return 0;
+/* The longest chain of cached blocks of ids (memory, then disk): pages [nb][n_stores] with one
+ * reference each (the caller releases them), or NULL when none or out of memory. */
+static uint8_t **collect(ds41_prefix_cache *pc, const int32_t *ids, size_t n, long long max_pos, long long *nb_out) {
     long long maxb = (long long)n / BT;
-    if (maxb * BT > q->cache.max_pos) maxb = q->cache.max_pos / BT;
+    if (maxb * BT > max_pos) maxb = max_pos / BT;
     for (size_t i = 0; i < (size_t)maxb * BT; i++)
         if (ids[i] < 0 || ids[i] >= pc->e->cfg->vocab_size) { maxb = (long long)i / BT; break; }
     pthread_mutex_lock(&pc->mu);
@@ -502,6 +502,16 @@ long long ds41_prefix_restore(ds41_prefix_cache *pc, ds41_session *s, const int3
         nb++;
     }
     pthread_mutex_unlock(&pc->mu);
+    *nb_out = nb;
+    if (!nb) { free(pages); return NULL; }
+    return pages;
+}
+
+long long ds41_prefix_restore(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n) {
+    ds41_seq *q = ds41_session_seq(s);
+    if (q->e != pc->e || q->cache.pos != 0 || ds41_session_index_k(s) != pc->p.index_k) return 0;
+    long long nb = 0;
+    uint8_t **pages = collect(pc, ids, n, q->cache.max_pos, &nb);
     long long M = nb * BT, rc = M;
     if (M > 0) {
         int mode = pc->p.replay == DS41_REPLAY_APPROX ? DS41_RESTORE_APPROX : DS41_RESTORE_EXACT;
@@ -513,9 +523,62 @@ long long ds41_prefix_restore(ds41_prefix_cache *pc, ds41_session *s, const int3
         }
         pthread_mutex_unlock(&pc->mu);
     }
+    ds41_prefix_pages_free(pc, pages, nb);
+    return rc;
+}
+
+long long ds41_prefix_pages(ds41_prefix_cache *pc, const int32_t *ids, size_t n, uint8_t ***pages) {
+    long long nb = 0;
+    *pages = collect(pc, ids, n, pc->e->max_pos, &nb);
+    return nb;
+}
+
+void ds41_prefix_pages_free(ds41_prefix_cache *pc, uint8_t **pages, long long nb) {
+    if (!pages) return;
     for (long long i = 0; i < nb * pc->n_stores; i++) ds41_page_unref(pages[i]);
     free(pages);
-    return rc;
+}
+
+const uint8_t *ds41_prefix_fingerprint(const ds41_prefix_cache *pc) { return pc->fp; }
+
+long long ds41_prefix_insert(ds41_prefix_cache *pc, const int32_t *ids, size_t n, long long first, long long nb,
+                             uint8_t *const *pages) {
+    if (first < 0 || nb < 0 || (first + nb) * BT > (long long)n) return 0;
+    for (size_t i = 0; i < (size_t)(first + nb) * BT; i++)
+        if (ids[i] < 0 || ids[i] >= pc->e->cfg->vocab_size) return 0;
+    long long added = 0;
+    uint8_t pkey[16], zero[16] = { 0 };
+    memcpy(pkey, pc->fp, 16);
+    pthread_mutex_lock(&pc->mu);
+    pnode *prev = NULL;
+    for (long long b = 0; b < first + nb; b++) {
+        const int32_t *bid = ids + b * BT;
+        uint8_t key[16];
+        block_key(pkey, bid, key);
+        pnode *node = find(pc, key, prev, bid);
+        if (!node && b < first) break;   /* a parent evicted meanwhile: the chain stops here */
+        if (!node) {
+            uint8_t **pg = calloc((size_t)pc->n_stores + 1, sizeof *pg);
+            if (!pg) break;
+            for (int i = 0; i < pc->n_stores; i++) {
+                pg[i] = pages[(size_t)(b - first) * pc->n_stores + i];
+                ds41_page_ref(pg[i]);
+            }
+            if (pc->disk && enqueue(pc, key, b ? pkey : zero, bid, pg)) {
+                pthread_mutex_unlock(&pc->mu);
+                put_disk(pc, key, b ? pkey : zero, bid, pg);
+                pthread_mutex_lock(&pc->mu);
+            }
+            node = insert(pc, key, prev, bid, (int)b, pg);
+            if (!node) { for (int i = 0; i < pc->n_stores; i++) ds41_page_unref(pg[i]); free(pg); break; }
+            added++;
+        }
+        lru_front(pc, node);
+        memcpy(pkey, key, 16);
+        prev = node;
+    }
+    pthread_mutex_unlock(&pc->mu);
+    return added;
 }
 
 long long ds41_prefix_publish(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n) {

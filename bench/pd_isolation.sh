@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Decode isolation A/B (docs/pd.md): the mixed load of bench/pd_mixload.py against
+#   colocated: one node, both cores (-t 2);
+#   split:     a prefill node on core 1 and a decode node on core 0 (taskset, -t 1 each);
+# interleaved round by round (ROUNDS, default 3), the demo model, fast kernels, spec off.
+#   bench/pd_isolation.sh [ROUNDS] [LONG_LEN] [STREAM_TOKENS]
+set -u
+cd "$(dirname "$0")/.."
+R=${1:-3}; LL=${2:-3000}; ST=${3:-2500}
+M=models/demo
+TMP=$(mktemp -d /tmp/ds41-pdiso.XXXXXX)
+PIDS=()
+trap 'for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$TMP"' EXIT
+waitport() {  # LOG PATTERN -> port
+    for _ in $(seq 1 300); do
+        p=$(sed -n "s/.*$2\([0-9]*\).*/\1/p" "$1" 2>/dev/null | head -n 1)
+        [ -n "$p" ] && { echo "$p"; return 0; }
+        sleep 0.1
+    done
+    return 1
+}
+for i in $(seq 1 "$R"); do
+    ./ds41 serve -m $M -c 4096 -t 2 --spec off --port 0 >"$TMP/one.log" 2>&1 &
+    P=$!; PIDS+=($P)
+    port=$(waitport "$TMP/one.log" 'listening on http:\/\/127.0.0.1:') || exit 1
+    echo "colocated round $i $(python3 bench/pd_mixload.py "$port" 2 "$ST" 3 "$LL")"
+    kill $P; wait $P 2>/dev/null
+    taskset -c 1 ./ds41 serve -m $M -c 4096 -t 1 --spec off --role prefill --port 0 >"$TMP/p.log" 2>&1 &
+    PP=$!; PIDS+=($PP)
+    pport=$(waitport "$TMP/p.log" 'listening on ucx:\/\/127.0.0.1:') || exit 1
+    taskset -c 0 ./ds41 serve -m $M -c 4096 -t 1 --spec off --role decode --prefill 127.0.0.1:$pport \
+        --remote-prefill-min 512 --port 0 >"$TMP/d.log" 2>&1 &
+    DP=$!; PIDS+=($DP)
+    port=$(waitport "$TMP/d.log" 'listening on http:\/\/127.0.0.1:') || exit 1
+    echo "split round $i $(python3 bench/pd_mixload.py "$port" 2 "$ST" 3 "$LL") remote $(curl -s localhost:$port/metrics | sed -n 's/^ds41:remote_prefills_total{[^}]*} //p')"
+    kill $PP $DP; wait $PP $DP 2>/dev/null
+done

@@ -1,0 +1,78 @@
+/* ds41 prefill/decode disaggregation (P7, docs/pd.md).
+ *
+ * A prefill node (ds41 serve --role prefill) computes the global KV of a prompt's whole
+ * 128-token blocks with the KV-only prefill (forward.h DS41_PREFILL_KVONLY: the layers up to
+ * the last KV source, never a decoder layer's output or experts) and ships each KV source's
+ * pages as soon as its layer is done, in the paged layout of the prefix cache (cache.h). A decode
+ * node (ds41 serve --role decode) is the OpenAI front: it receives the pages, adds them to its
+ * prefix cache as blocks (ds41_prefix_insert) and admits the request through the ordinary
+ * prefix-cache restore, whose exact replay rebuilds the windows, the compressor state and the
+ * Engram history; it then prefills the prompt's tail and decodes. A remote prefill therefore
+ * decodes to the bits of a prefix-cache hit, which are the bits of a local prefill
+ * (tests/test_prefix.c), by construction.
+ *
+ * Fault injection (tests only, tests/pd.test.sh): DS41_PD_FAULT=KIND:N makes this process
+ * misbehave once, at its N-th (1-based) LAYER frame sent (prefill node) or at its N-th fetch
+ * (decode node):
+ *   flip:N       prefill: the frame's payload gets one byte flipped after its checksum
+ *   truncate:N   prefill: the frame's header and half its payload, then the connection closes
+ *   stall:N      prefill: stops before the frame and prints "pd-fault: stalled" (a hung node;
+ *                the test may kill -9 it there: a node dying mid-transfer)
+ *   vanish:N     decode: after the handshake, prints "pd-fault: vanished" and stops talking
+ *                (the test kills or stops the decode node: the prefill node's lease)
+ * Nothing else reads it; without it the code paths are the normal ones. */
+#ifndef DS41_PD_H
+#define DS41_PD_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.h"
+#include "ds41.h"
+
+/* ---- prefill node ---- */
+typedef struct ds41_pd_prefill_opts {
+    const char *host;         /* address to listen on (NULL: 127.0.0.1) */
+    int port;                 /* 0: any free port (printed) */
+    int capacity;             /* requests held at once; more get BUSY */
+    int lease_ms;             /* a decode node silent this long is gone: its state is freed */
+} ds41_pd_prefill_opts;
+
+/* Serves prefill requests until *stop becomes non-zero; prints "ds41 prefill node: listening
+ * on ucx://HOST:PORT" once ready. sp: the session parameters of the prefill (index-K reading
+ * must be pc's). Returns 0, or -1 with err when it could not start. */
+int ds41_pd_prefill_run(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_params *sp,
+                        const ds41_pd_prefill_opts *o, volatile sig_atomic_t *stop, ds41_err *err);
+
+/* ---- decode node ---- */
+typedef struct ds41_pd_client ds41_pd_client;
+typedef struct ds41_pd_result {
+    long long blocks;         /* blocks received and added to the prefix cache */
+    long long bytes;          /* frame bytes received (headers + payloads) */
+    double seconds;           /* first LAYER frame to DONE */
+    char node[96];            /* the prefill node that served it */
+} ds41_pd_result;
+
+/* nodes: "HOST:PORT[,HOST:PORT...]"; timeout_ms bounds every wait for a prefill node's next
+ * frame (a hung node). */
+ds41_pd_client *ds41_pd_client_open(ds41_engine *e, ds41_prefix_cache *pc, const char *nodes, int timeout_ms,
+                                    ds41_err *err);
+void ds41_pd_client_close(ds41_pd_client *cl);
+/* Remote prefill of the whole blocks [first, n / 128) of ids, synchronously: the least loaded
+ * node first (fewest requests this client has in flight on it), then the others; the pages
+ * received go into the prefix cache. 0, or -1 with err when no node delivered. */
+int ds41_pd_fetch(ds41_pd_client *cl, const int32_t *ids, size_t n, long long first, ds41_pd_result *res,
+                  ds41_err *err);
+
+/* The same on a thread of its own, for the scheduler: start (NULL: could not start a thread),
+ * poll (0 running, 1 done, -1 failed with msg), finish (joins and frees). */
+typedef struct ds41_pd_job ds41_pd_job;
+ds41_pd_job *ds41_pd_start(ds41_pd_client *cl, const int32_t *ids, size_t n, long long first);
+int ds41_pd_poll(ds41_pd_job *j, ds41_pd_result *res, char *msg, size_t cap);
+void ds41_pd_finish(ds41_pd_job *j);
+
+/* Fault injection (see above): 1 when DS41_PD_FAULT names `kind` and this is its n-th call. */
+int ds41_pd_fault(const char *kind);
+
+#endif

@@ -1,0 +1,315 @@
+#!/usr/bin/env bash
+# Prefill/decode disaggregation (docs/pd.md): ds41 serve --role prefill and --role decode as
+# separate processes on this machine, over UCX (TCP on the loopback), against one node.
+#   identity: concurrent greedy requests (token-id prompts of 140..420 tokens, one sharing two
+#     blocks with another so that the decode node fetches only the blocks past its own hit) give
+#     the same choices, logprobs and top alternatives (17 significant digits) as one node: exact
+#     kernels with DSpark off and on (--spec fixed:2), fast kernels; the demo model (exact);
+#     /metrics counts the remote prefills and the exact frame bytes (blocks x (page bytes +
+#     48-byte headers) + DONE);
+#   faults (each: the client gets one node's answer, the decode node falls back and counts it,
+#     and both nodes serve the next request remotely): unreachable node, flipped byte, truncated
+#     frame, a hung node (--prefill-timeout), kill -9 of the prefill node mid-transfer, a node
+#     with another checkpoint (compatibility hash); --on-prefill-failure fail answers an error
+#     naming the cause; a decode node that vanishes after the handshake: the prefill node frees
+#     its request within the lease, also when the decode node is then killed;
+#   two network namespaces joined by a veth pair (ip netns; root): the prefill node in one, the
+#     decode node in the other, the same answer as one node (skipped with a line on stderr where
+#     namespaces cannot be made).
+# Fault injection: DS41_PD_FAULT (src/pd/pd.h, test-only). Ports: chosen by the system (--port 0).
+set -u
+cd "${DS41_ROOT:-$(dirname "$0")/..}"
+DS41=${DS41:-./ds41}
+PY=${PYTHON:-/usr/bin/python3}
+CK=${CK:-build/test-ck}
+TMP=$(mktemp -d /tmp/ds41-pd.XXXXXX)
+PIDS=()
+NSA=ds41pdA$$ NSB=ds41pdB$$
+cleanup() {
+    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    ip netns del $NSA 2>/dev/null; ip netns del $NSB 2>/dev/null
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: $2"; }
+. tests/lib.sh
+if ! ldd "$DS41" 2>/dev/null | grep -q libucp; then
+    echo "pd.test.sh: this ds41 was built without UCX; skipped" >&2
+    exit 0
+fi
+ck=$(serve_checkpoint) || { fail pd_checkpoint "serve_checkpoint failed"; exit 1; }
+tinyck=$(checkpoint tiny) || { fail pd_checkpoint "checkpoint tiny failed"; exit 1; }
+
+# start_prefill NAME ARGS...: a prefill node on a free port -> PPORT, PPID_
+start_prefill() {
+    local name=$1; shift
+    "$DS41" serve --role prefill --port 0 "$@" >"$TMP/$name.log" 2>&1 &
+    PPID_=$!
+    PIDS+=("$PPID_")
+    PPORT=
+    for _ in $(seq 1 300); do
+        PPORT=$(sed -n 's/.*listening on ucx:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/$name.log" 2>/dev/null)
+        [ -n "$PPORT" ] && break
+        kill -0 "$PPID_" 2>/dev/null || break
+        sleep 0.1
+    done
+    [ -n "$PPORT" ] || { fail "start_$name" "$(tail -n 3 "$TMP/$name.log")"; return 1; }
+}
+stop() { kill "$1" 2>/dev/null; wait "$1" 2>/dev/null; }
+metric() { curl -s "http://127.0.0.1:$1/metrics" | sed -n "s/^$2{[^}]*} \([0-9.e+-]*\)$/\1/p"; }
+free_port() { "$PY" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
+
+"$PY" - "$TMP" <<'EOF'
+import json, random, sys
+r = random.Random(41)
+p = lambda n: [r.randrange(2, 500) for _ in range(n)]
+a = p(300)
+json.dump([a, p(140), p(420), p(260)], open(sys.argv[1] + "/round1.json", "w"))
+# round 2: shares a's first two blocks (a local hit on the decode node), and a fresh one
+json.dump([a[:256] + p(150), p(200)], open(sys.argv[1] + "/round2.json", "w"))
+EOF
+S="-c 1024 --parallel 8 --batch-tokens 64"
+
+# compare NAME ONE_NODE_PORT DECODE_PORT ROUND [extra]: the same lines from both
+compare() {
+    "$PY" tests/pd/client.py "$2" "$TMP/$4.json" 12 ${5:+"$5"} >"$TMP/$1.one" 2>&1
+    "$PY" tests/pd/client.py "$3" "$TMP/$4.json" 12 ${5:+"$5"} >"$TMP/$1.pd" 2>&1
+    if cmp -s "$TMP/$1.one" "$TMP/$1.pd" && ! grep -qv '^{' "$TMP/$1.one"; then pass "$1"
+    else fail "$1" "answers differ: $(diff "$TMP/$1.one" "$TMP/$1.pd" | head -c 600)"; fi
+}
+
+# ---------------------------------------------------------------- identity
+# exact, DSpark off and on
+for spec in off fixed:2; do
+    tag=${spec%%:*}
+    start_prefill p_$tag -m "$ck" --exact -c 1024 --parallel 4 || exit 1
+    P1=$PPID_; PP1=$PPORT
+    serve_start one_$tag -m "$ck" --exact $S --spec $spec || exit 1
+    ONE=$PORT; ONEPID=$PID
+    serve_start dec_$tag -m "$ck" --exact $S --spec $spec --role decode --prefill 127.0.0.1:$PP1 --remote-prefill-min 100 || exit 1
+    DEC=$PORT; DECPID=$PID
+    compare pd_exact_spec_${tag}_concurrent $ONE $DEC round1
+    compare pd_exact_spec_${tag}_shared_prefix $ONE $DEC round2
+    # round 1: 4 remote prefills of 2, 1, 3, 2 blocks; round 2: 1 block past the local hit of 2, then 1
+    n=$(metric $DEC ds41:remote_prefills_total); b=$(metric $DEC ds41:kv_transfer_bytes_total)
+    f=$(metric $DEC ds41:remote_prefill_fallbacks_total); c=$(metric $DEC ds41:kv_transfer_seconds_count)
+    # tiny: 105 B of global KV per token = 13440 B per block over 2 KV sources (2 LAYER headers)
+    want=$(( (2 + 1 + 3 + 2 + 1 + 1) * (13440 + 2 * 48) + 6 * 48 ))
+    if [ "$n" = 6 ] && [ "$f" = 0 ] && [ "$c" = 6 ] && [ "$b" = "$want" ]; then pass pd_metrics_spec_$tag
+    else fail pd_metrics_spec_$tag "remote $n fallbacks $f transfers $c bytes $b (want 6 0 6 $want): $(grep -m2 'remote prefill failed' "$TMP/dec_$tag.log")"; fi
+    grep -q "from block 2," "$TMP/p_$tag.log" && pass pd_fetch_past_local_hit_spec_$tag ||
+        fail pd_fetch_past_local_hit_spec_$tag "no request from block 2 in the prefill node's log"
+    stop $DECPID; stop $ONEPID
+    [ "$tag" = off ] && { KEEP_P=$P1; KEEP_PP=$PP1; } || stop $P1
+done
+
+# fast kernels (batch invariant: equal to one node)
+start_prefill p_fast -m "$ck" -c 1024 --parallel 4 || exit 1
+PF=$PPID_
+serve_start one_fast -m "$ck" $S --spec off || exit 1
+ONE=$PORT; ONEPID=$PID
+serve_start dec_fast -m "$ck" $S --spec off --role decode --prefill 127.0.0.1:$PPORT --remote-prefill-min 100 || exit 1
+compare pd_fast_concurrent $ONE $PORT round1
+[ "$(metric $PORT ds41:remote_prefills_total)" = 4 ] && pass pd_fast_remote ||
+    fail pd_fast_remote "not 4 remote prefills: $(grep -m2 'remote prefill failed' "$TMP/dec_fast.log")"
+stop $PID; stop $ONEPID; stop $PF
+
+# the demo model (exact, DSpark auto measured once per server: spec off here for time)
+start_prefill p_demo -m models/demo --exact -c 2048 --parallel 2 || exit 1
+PD_=$PPID_
+serve_start one_demo -m models/demo --exact -c 2048 --parallel 4 --spec off || exit 1
+ONE=$PORT; ONEPID=$PID
+serve_start dec_demo -m models/demo --exact -c 2048 --parallel 4 --spec off --role decode --prefill 127.0.0.1:$PPORT \
+    --remote-prefill-min 100 || exit 1
+"$PY" - "$TMP" <<'EOF'
+import json, random, sys
+r = random.Random(7)
+json.dump([[r.randrange(3, 4000) for _ in range(n)] for n in (700, 300)], open(sys.argv[1] + "/demo.json", "w"))
+EOF
+compare pd_demo_exact $ONE $PORT demo
+[ "$(metric $PORT ds41:remote_prefills_total)" = 2 ] && pass pd_demo_remote ||
+    fail pd_demo_remote "$(metric $PORT ds41:remote_prefills_total) remote prefills, not 2: $(grep -m2 -i 'remote\|fail' "$TMP/dec_demo.log")"
+stop $PID; stop $ONEPID; stop $PD_
+
+# ---------------------------------------------------------------- faults
+# the reference answers: one node, exact, spec off
+serve_start ref -m "$ck" --exact $S --spec off || exit 1
+REF=$PORT; REFPID=$PID
+"$PY" tests/pd/client.py $REF "$TMP/round1.json" 12 >"$TMP/ref.out" 2>&1
+"$PY" - "$TMP" <<'EOF'
+import json, sys
+t = sys.argv[1]
+p = json.load(open(t + "/round1.json"))
+json.dump([p[0]], open(t + "/one.json", "w"))
+json.dump([p[2]], open(t + "/two.json", "w"))
+EOF
+head -n 1 "$TMP/ref.out" >"$TMP/ref.one"
+sed -n 3p "$TMP/ref.out" >"$TMP/ref.two"
+
+# fault NAME PREFILL_PORT [decode options...]: a fresh decode node; request one (the fault) must
+# get the reference answer and count a fallback; request two must be served remotely
+fault() {
+    local name=$1 pport=$2; shift 2
+    serve_start d_$name -m "$ck" --exact $S --spec off --role decode --prefill 127.0.0.1:$pport --remote-prefill-min 100 "$@" ||
+        return 1
+    local t0 t1
+    t0=$(date +%s.%N)
+    "$PY" tests/pd/client.py $PORT "$TMP/one.json" 12 >"$TMP/$name.out" 2>&1
+    t1=$(date +%s.%N)
+    FAULT_SECONDS=$("$PY" -c "print(round($t1 - $t0, 2))")
+    if cmp -s "$TMP/$name.out" "$TMP/ref.one" && [ "$(metric $PORT ds41:remote_prefill_fallbacks_total)" = 1 ] &&
+        grep -q "prefilling locally" "$TMP/d_$name.log"; then pass pd_fault_$name
+    else fail pd_fault_$name "answer $(head -c 200 "$TMP/$name.out"), fallbacks $(metric $PORT ds41:remote_prefill_fallbacks_total); $(grep -m1 'remote prefill failed' "$TMP/d_$name.log")"; fi
+    DPORT=$PORT; DPID=$PID
+}
+# after: the next request is remote and correct (both nodes keep serving)
+after() {
+    "$PY" tests/pd/client.py $DPORT "$TMP/two.json" 12 >"$TMP/$1.after" 2>&1
+    if cmp -s "$TMP/$1.after" "$TMP/ref.two" && [ "$(metric $DPORT ds41:remote_prefills_total)" = 1 ]; then pass pd_fault_${1}_then_serves
+    else fail pd_fault_${1}_then_serves "$(head -c 200 "$TMP/$1.after"), remote $(metric $DPORT ds41:remote_prefills_total)"; fi
+    stop $DPID
+}
+
+fault unreachable "$(free_port)"
+grep -q "remote prefill failed" "$TMP/d_unreachable.log" && pass pd_fault_unreachable_logged || fail pd_fault_unreachable_logged "no log line"
+stop $DPID
+
+for kind in flip truncate; do
+    DS41_PD_FAULT=$kind:1 start_prefill p_$kind -m "$ck" --exact -c 1024 --parallel 4 || exit 1
+    fault $kind $PPORT
+    grep -q "pd-fault" "$TMP/p_$kind.log" || fail pd_fault_${kind}_injected "the fault did not fire"
+    after $kind
+    kill -0 $PPID_ 2>/dev/null && pass pd_fault_${kind}_prefill_alive || fail pd_fault_${kind}_prefill_alive "prefill node gone"
+    stop $PPID_
+done
+grep -q "checksum mismatch" "$TMP/d_flip.log" && pass pd_fault_flip_named || fail pd_fault_flip_named "$(grep -m1 failed "$TMP/d_flip.log")"
+
+# a hung node: the decode node waits --prefill-timeout, then prefills locally
+DS41_PD_FAULT=stall:1 start_prefill p_hung -m "$ck" --exact -c 1024 --parallel 4 || exit 1
+# (4 s: the next request's first frame comes after the first KV source's layers, slow under ASan)
+fault hung $PPORT --prefill-timeout 4000
+"$PY" -c "import sys; sys.exit(0 if 3.9 < $FAULT_SECONDS < 25 else 1)" && pass pd_fault_hung_bounded ||
+    fail pd_fault_hung_bounded "answered after $FAULT_SECONDS s (timeout 4 s)"
+grep -q "timed out" "$TMP/d_hung.log" && pass pd_fault_hung_named || fail pd_fault_hung_named "$(grep -m1 failed "$TMP/d_hung.log")"
+after hung   # the stalled request holds one slot of 4; the next is served
+stop $PPID_
+
+# kill -9 of the prefill node mid-transfer (it stalls at its first LAYER frame; the decode node
+# would wait 60 s): the decode node sees the connection fail and prefills locally
+DS41_PD_FAULT=stall:1 start_prefill p_kill -m "$ck" --exact -c 1024 --parallel 4 || exit 1
+KP=$PPID_; KPORT=$PPORT
+disown $KP   # killed -9 below on purpose: no job-control notice
+( for _ in $(seq 1 200); do grep -q "pd-fault: stalled" "$TMP/p_kill.log" && break; sleep 0.05; done; kill -9 $KP ) &
+PIDS+=($!)
+fault killed $KPORT --prefill-timeout 60000
+"$PY" -c "import sys; sys.exit(0 if $FAULT_SECONDS < 30 else 1)" && pass pd_fault_killed_fast ||
+    fail pd_fault_killed_fast "answered after $FAULT_SECONDS s"
+stop $DPID
+
+# a compatibility mismatch: the prefill node serves another checkpoint (same tensors, another config)
+start_prefill p_other -m "$tinyck" --exact -c 128 --parallel 4 || exit 1
+fault mismatch $PPORT
+grep -q "compatibility hash mismatch" "$TMP/d_mismatch.log" && pass pd_fault_mismatch_named ||
+    fail pd_fault_mismatch_named "$(grep -m1 failed "$TMP/d_mismatch.log")"
+grep -q "compatibility hash mismatch" "$TMP/p_other.log" && pass pd_fault_mismatch_prefill_logged ||
+    fail pd_fault_mismatch_prefill_logged "no line on the prefill node"
+stop $DPID; stop $PPID_
+
+# --on-prefill-failure fail: an error that names the cause; the server keeps serving
+serve_start d_failmode -m "$ck" --exact $S --spec off --role decode --prefill 127.0.0.1:$(free_port) \
+    --remote-prefill-min 100 --on-prefill-failure fail || exit 1
+"$PY" tests/pd/client.py $PORT "$TMP/one.json" 12 >"$TMP/failmode.out" 2>&1
+grep -q "remote prefill failed" "$TMP/failmode.out" && pass pd_fail_mode_error || fail pd_fail_mode_error "$(head -c 300 "$TMP/failmode.out")"
+"$PY" - "$TMP" <<'EOF'
+import json, sys
+json.dump([list(range(2, 60))], open(sys.argv[1] + "/short.json", "w"))
+EOF
+"$PY" tests/pd/client.py $PORT "$TMP/short.json" 4 >"$TMP/failmode.short" 2>&1 && pass pd_fail_mode_short_local ||
+    fail pd_fail_mode_short_local "a short prompt (no remote prefill) failed: $(head -c 200 "$TMP/failmode.short")"
+stop $PID
+
+# a decode node that vanishes after the handshake: the prefill node frees its request within the
+# lease (2 s) while the decode node hangs, and again when a second one is killed -9
+start_prefill p_lease -m "$ck" --exact -c 1024 --parallel 4 --lease 2000 || exit 1
+LP=$PPID_; LPORT=$PPORT
+for how in hang kill; do
+    DS41_PD_FAULT=vanish:1 serve_start d_vanish_$how -m "$ck" --exact $S --spec off --role decode \
+        --prefill 127.0.0.1:$LPORT --remote-prefill-min 100 --prefill-timeout 60000 || exit 1
+    VP=$PID
+    before=$(grep -c "its state is freed" "$TMP/p_lease.log")
+    "$PY" tests/pd/client.py $PORT "$TMP/one.json" 12 >/dev/null 2>&1 &
+    PIDS+=($!)
+    for _ in $(seq 1 200); do grep -q "pd-fault: vanished" "$TMP/d_vanish_$how.log" && break; sleep 0.05; done
+    t0=$(date +%s.%N)
+    [ $how = kill ] && { kill -9 $VP; wait $VP; } 2>/dev/null
+    for _ in $(seq 1 100); do [ "$(grep -c "its state is freed" "$TMP/p_lease.log")" -gt "$before" ] && break; sleep 0.05; done
+    dt=$("$PY" -c "import time; print(round(time.time() - $t0, 2))" 2>/dev/null)
+    line=$(grep "its state is freed" "$TMP/p_lease.log" | tail -n 1)
+    if [ "$(grep -c "its state is freed" "$TMP/p_lease.log")" -gt "$before" ] && echo "$line" | grep -q "(0 requests held)"; then
+        pass pd_decode_vanished_${how}_freed
+    else fail pd_decode_vanished_${how}_freed "no free within 5 s: $(tail -n 2 "$TMP/p_lease.log")"; fi
+    { kill -9 $VP; wait $VP; } 2>/dev/null
+done
+# the prefill node still serves
+serve_start d_after_lease -m "$ck" --exact $S --spec off --role decode --prefill 127.0.0.1:$LPORT --remote-prefill-min 100 || exit 1
+"$PY" tests/pd/client.py $PORT "$TMP/two.json" 12 >"$TMP/lease.after" 2>&1
+cmp -s "$TMP/lease.after" "$TMP/ref.two" && [ "$(metric $PORT ds41:remote_prefills_total)" = 1 ] && pass pd_lease_then_serves ||
+    fail pd_lease_then_serves "$(head -c 200 "$TMP/lease.after")"
+stop $PID; stop $LP; stop $REFPID
+
+# two network namespaces over veth (the veth pair goes with the namespaces)
+if ip netns add $NSA 2>/dev/null && ip netns add $NSB 2>/dev/null &&
+    ip link add vpa$$ type veth peer name vpb$$ 2>/dev/null &&
+    ip link set vpa$$ netns $NSA && ip link set vpb$$ netns $NSB &&
+    ip -n $NSA addr add 10.241.0.1/24 dev vpa$$ && ip -n $NSB addr add 10.241.0.2/24 dev vpb$$ &&
+    ip -n $NSA link set vpa$$ up && ip -n $NSB link set vpb$$ up && ip -n $NSA link set lo up && ip -n $NSB link set lo up; then
+    ip netns exec $NSA "$DS41" serve --role prefill --host 10.241.0.1 --port 0 -m "$ck" --exact -c 1024 >"$TMP/ns_p.log" 2>&1 &
+    PIDS+=($!); NP=$!
+    NPORT=
+    for _ in $(seq 1 300); do
+        NPORT=$(sed -n 's/.*listening on ucx:\/\/10.241.0.1:\([0-9]*\).*/\1/p' "$TMP/ns_p.log"); [ -n "$NPORT" ] && break; sleep 0.1
+    done
+    ip netns exec $NSB "$DS41" serve --port 0 -m "$ck" --exact $S --spec off --role decode --prefill 10.241.0.1:$NPORT \
+        --remote-prefill-min 100 >"$TMP/ns_d.log" 2>&1 &
+    PIDS+=($!); ND=$!
+    NDPORT=
+    for _ in $(seq 1 300); do
+        NDPORT=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/ns_d.log"); [ -n "$NDPORT" ] && break; sleep 0.1
+    done
+    ip netns exec $NSB "$PY" tests/pd/client.py "$NDPORT" "$TMP/one.json" 12 >"$TMP/ns.out" 2>&1
+    nr=$(ip netns exec $NSB curl -s "http://127.0.0.1:$NDPORT/metrics" | sed -n 's/^ds41:remote_prefills_total{[^}]*} //p')
+    if [ -n "$NPORT" ] && cmp -s "$TMP/ns.out" "$TMP/ref.one" && [ "$nr" = 1 ] && grep -q "from 10.241.0.2" "$TMP/ns_p.log"; then
+        pass pd_two_namespaces_veth
+    else fail pd_two_namespaces_veth "remote $nr: $(head -c 200 "$TMP/ns.out") $(tail -n 2 "$TMP/ns_p.log" "$TMP/ns_d.log")"; fi
+    stop $ND; stop $NP
+    ip netns del $NSA; ip netns del $NSB
+else
+    echo "pd.test.sh: cannot make network namespaces here (needs root and ip netns): the veth case is skipped" >&2
+    ip netns del $NSA 2>/dev/null; ip netns del $NSB 2>/dev/null
+fi
+
+# ds41 inspect --role: the prefill node's weights are the embedding, the layers before the last
+# KV source and that layer's KV path (tiny: 194 of 418 tensors); the decode node's all of them
+"$DS41" inspect --role prefill "$ck" >"$TMP/rp" 2>&1; "$DS41" inspect --role decode "$ck" >"$TMP/rd" 2>&1
+tot=$("$PY" -c "
+import json, struct, sys
+f = open('$ck/model.safetensors', 'rb'); n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n))
+print(sum(v['data_offsets'][1] - v['data_offsets'][0] for k, v in h.items() if k != '__metadata__'))")
+if grep -q "^role prefill: 194 tensors, .* of $tot " "$TMP/rp" && grep -q "^role decode: 418 tensors, $tot bytes" "$TMP/rd"; then
+    pass pd_inspect_roles
+else fail pd_inspect_roles "$(cat "$TMP/rp" "$TMP/rd") (checkpoint tensors $tot bytes)"; fi
+"$DS41" inspect --role sideways "$ck" >/dev/null 2>&1; [ $? -eq 2 ] && pass pd_inspect_bad_role || fail pd_inspect_bad_role "not status 2"
+
+# usage errors
+"$DS41" serve -m "$ck" --role decode --port 0 >/dev/null 2>"$TMP/u1"; rc=$?
+[ $rc -eq 1 ] && grep -q -- "--prefill HOST:PORT" "$TMP/u1" && pass pd_usage_no_nodes || fail pd_usage_no_nodes "status $rc: $(cat "$TMP/u1")"
+"$DS41" serve -m "$ck" --role decode --prefill nohost --port 0 >/dev/null 2>"$TMP/u2"; rc=$?
+[ $rc -ne 0 ] && pass pd_usage_bad_node || fail pd_usage_bad_node "status $rc"
+"$DS41" serve -m "$ck" --role decode --prefill 127.0.0.1:x --port 0 >/dev/null 2>"$TMP/u3"; rc=$?
+[ $rc -eq 1 ] && grep -q "not HOST:PORT" "$TMP/u3" && pass pd_usage_bad_port || fail pd_usage_bad_port "status $rc: $(cat "$TMP/u3")"
+"$DS41" serve -m "$ck" --role sideways >/dev/null 2>"$TMP/u4"; rc=$?
+[ $rc -eq 2 ] && grep -q -- "--role" "$TMP/u4" && pass pd_usage_bad_role || fail pd_usage_bad_role "status $rc"
+"$DS41" serve -m "$ck" --role prefill --no-prefix-cache >/dev/null 2>"$TMP/u5"; rc=$?
+[ $rc -eq 2 ] && grep -q "prefix cache" "$TMP/u5" && pass pd_usage_no_cache || fail pd_usage_no_cache "status $rc"
