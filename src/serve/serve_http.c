@@ -32,6 +32,7 @@
 #include "common.h"
 #include "config.h"
 #include "serve_metrics.h"
+#include "serve_lproc.h"
 #include "serve_req.h"
 #include "serve_sched.h"
 #include "serve_text.h"
@@ -571,6 +572,12 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_k
             q->seed = r->has_seed ? r->seed + p * (size_t)r->n + (size_t)k : fresh_u64(sv);
             q->max_tokens = mt;
             q->n_top = r->logprobs ? r->top_logprobs : -1;
+            if (ds41_serve_lproc(r, sv->V, sv->tok ? ds41_tokenizer_eos(sv->tok) : -1, &q->proc, &e)) {
+                free(ids);
+                rc = send_error(sv, c, &e);
+                job_free(j);
+                return rc;
+            }
         }
         free(ids);
     }

@@ -37,6 +37,7 @@
 #include <stdint.h>
 
 #include "ds41.h"
+#include "lproc.h"
 #include "serve_metrics.h"
 #include "tokenizer.h"
 
@@ -74,6 +75,8 @@ typedef struct ds41_sseq {
     uint64_t seed;
     long long max_tokens;     /* resolved: > 0 */
     int n_top;                /* -1: no logprobs; else alternatives per position */
+    ds41_lproc proc;          /* logits processing (set up by the HTTP thread, then the
+                               * scheduler's alone; freed with the group) */
     /* output (group mutex) */
     int32_t *ids;             /* generated ids (EOS / stop ids included) */
     float *lp;                /* logprob of ids[i] (n_top >= 0) */
