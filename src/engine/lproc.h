@@ -8,7 +8,7 @@
  *
  * Order on a row (the vLLM order): min_tokens ban, logit_bias, repetition penalty (over
  * prompt and generated tokens: l > 0 ? l / r : l * r), frequency and presence penalties (over
- * generated tokens: l -= f * count + p * (count > 0)).
+ * generated tokens: l -= f * count + p * (count > 0)), then the grammar mask (-inf outside).
  *
  * The processor's state covers the tokens accepted so far (ds41_lproc_accept). A verify block
  * samples rows past tokens not accepted yet (the drafts before the row): they are passed as a
@@ -18,6 +18,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "grammar.h"
 
 typedef struct ds41_lproc {
     int V;
@@ -30,12 +32,20 @@ typedef struct ds41_lproc {
     long long min_tokens;
     int32_t *ban_ids;             /* banned while fewer than min_tokens are generated */
     int n_ban;
+    /* grammar: the compiled grammar (owned by the caller, shared by the choices of a request)
+     * and this sequence's state; gate >= 0: the grammar starts after that token (</think>) */
+    ds41_gmatch *gm;
+    int gstate;
+    int gate, gate_open;
+    int32_t *stop_ids;            /* also end a constrained sequence (allowed when it may end) */
+    int n_stop_ids;
     /* state */
     uint32_t *count;              /* [V] generated occurrences */
     uint8_t *flag;                /* [V] 1: in the prompt, 2: generated */
     int32_t *gen_ids, *pr_ids;    /* distinct generated / prompt ids */
     size_t n_gen_ids, cap_gen_ids, n_pr_ids;
     long long n_gen;
+    char err[160];                /* set when the grammar cannot continue (a limit) */
 } ds41_lproc;
 
 /* Zeroed processor for a vocabulary of V (all off). */
@@ -52,4 +62,8 @@ int ds41_lproc_prompt(ds41_lproc *lp, const int32_t *ids, size_t n);
 void ds41_lproc_apply(ds41_lproc *lp, float *row, const int32_t *tail, int n_tail);
 /* Accepts a generated token. */
 void ds41_lproc_accept(ds41_lproc *lp, int32_t id);
+/* How many of drafts[0..k) the grammar accepts in order after the accepted tokens (k when
+ * there is no grammar): drafts past a refusal cannot be accepted and are not worth verifying. */
+int ds41_lproc_valid_prefix(ds41_lproc *lp, const int32_t *drafts, int k);
+
 #endif
