@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The API agents need (issue 25) on models/demo: sampling controls and validation
-# (tests/serve/api_sampling.py) on an exact --spec off server and an exact --spec fixed:3 one.
+# The API agents need (issue 25) on models/demo, on an exact --spec off server and an exact
+# --spec fixed:3 one: sampling controls and validation (tests/serve/api_sampling.py); constrained
+# output through the OpenAI SDK validated with ajv, batch invariance and spec = plain
+# (tests/serve/api_structured.mjs).
 set -u
 cd "${DS41_ROOT:-$(dirname "$0")/..}"
 DS41=${DS41:-./ds41}
@@ -17,3 +19,8 @@ PA=$PORT
 serve_start spec -m models/demo --exact -c 1024 --spec fixed:3 || exit 1
 PB=$PORT
 timeout 300 "$PY" tests/serve/api_sampling.py "$PA" "$PB" || echo "FAIL api_sampling: exit status $?"
+if [ -d tests/oracle/node_modules/openai ] && [ -d tests/oracle/node_modules/ajv ]; then
+    timeout 500 node tests/serve/api_structured.mjs "$PA" "$PB" || echo "FAIL api_structured: exit status $?"
+else
+    echo "FAIL api_structured: tests/oracle/node_modules (openai, ajv) missing (run make setup)"
+fi

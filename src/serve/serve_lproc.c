@@ -6,8 +6,18 @@
 
 #define OOM() ds41_req_fail(e, 500, "internal_error", NULL, NULL, "out of memory")
 
-int ds41_serve_lproc(const ds41_req *r, int V, int eos, ds41_lproc *lp, ds41_req_error *e) {
+int ds41_serve_lproc(const ds41_req *r, int V, int eos, ds41_gmatch *gm, int gate, ds41_lproc *lp, ds41_req_error *e) {
     ds41_lproc_init(lp, V, eos);
+    if (gm) {
+        lp->gm = gm;
+        lp->gate = gate;
+        if (r->n_stop_token_ids) {
+            lp->stop_ids = malloc(r->n_stop_token_ids * sizeof *lp->stop_ids);
+            if (!lp->stop_ids) return OOM();
+            for (size_t i = 0; i < r->n_stop_token_ids; i++) lp->stop_ids[i] = r->stop_token_ids[i];
+            lp->n_stop_ids = (int)r->n_stop_token_ids;
+        }
+    }
     lp->freq = (float)r->frequency_penalty;
     lp->pres = (float)r->presence_penalty;
     lp->rep = (float)r->repetition_penalty;

@@ -447,6 +447,116 @@ static int parse_logit_bias(ds41_req *r, const json_t *root, ds41_req_error *e) 
     return 0;
 }
 
+/* Compiles GBNF text (owned: freed here) into r->grammar; a compile error is a 400 naming src. */
+static int set_grammar(ds41_req *r, char *gbnf, const char *src, const char *err, ds41_req_error *e) {
+    if (!gbnf) return BAD(src, "%s: %s", src, err);
+    char e2[300];
+    r->grammar = ds41_grammar_gbnf(gbnf, strlen(gbnf), e2, sizeof e2);
+    free(gbnf);
+    if (!r->grammar) return BAD(src, "%s: %s", src, e2);
+    r->grammar_src = src;
+    return 0;
+}
+
+/* A schema given as an object or as JSON text. */
+static int schema_grammar(ds41_req *r, const json_t *sc, const char *src, ds41_req_error *e) {
+    char err[300] = "";
+    if (json_is_string(sc)) return set_grammar(r, ds41_schema_to_gbnf(json_string_value(sc), json_string_length(sc), err, sizeof err), src, err, e);
+    if (!json_is_object(sc) && !json_is_boolean(sc)) return BAD(src, "%s: expected a JSON Schema object", src);
+    char *t = json_dumps(sc, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!t) return ds41_req_fail(e, 500, "internal_error", NULL, NULL, "out of memory");
+    char *g = ds41_schema_to_gbnf(t, strlen(t), err, sizeof err);
+    free(t);
+    return set_grammar(r, g, src, err, e);
+}
+
+static int choice_grammar(ds41_req *r, const json_t *ch, const char *src, ds41_req_error *e) {
+    if (!json_is_array(ch) || json_array_size(ch) == 0 || json_array_size(ch) > 4096)
+        return BAD(src, "%s: expected an array of 1 to 4096 strings", src);
+    size_t n = json_array_size(ch);
+    const char **s = malloc(n * sizeof *s);
+    size_t *l = malloc(n * sizeof *l);
+    if (!s || !l) { free(s); free(l); return ds41_req_fail(e, 500, "internal_error", NULL, NULL, "out of memory"); }
+    for (size_t i = 0; i < n; i++) {
+        const json_t *x = json_array_get(ch, i);
+        if (!json_is_string(x)) { free(s); free(l); return BAD(src, "%s[%zu]: expected a string", src, i); }
+        s[i] = json_string_value(x);
+        l[i] = json_string_length(x);
+    }
+    char err[300] = "";
+    char *g = ds41_choice_to_gbnf(s, l, (int)n, err, sizeof err);
+    free(s);
+    free(l);
+    return set_grammar(r, g, src, err, e);
+}
+
+static int text_grammar(ds41_req *r, const json_t *v, const char *src, int regex, ds41_req_error *e) {
+    if (!json_is_string(v)) return BAD(src, "%s: expected a string", src);
+    if (!regex) {
+        char *t = dupn(json_string_value(v), json_string_length(v));
+        if (!t) return ds41_req_fail(e, 500, "internal_error", NULL, NULL, "out of memory");
+        return set_grammar(r, t, src, "", e);
+    }
+    char err[300] = "";
+    return set_grammar(r, ds41_regex_to_gbnf(json_string_value(v), json_string_length(v), err, sizeof err), src, err, e);
+}
+
+/* The output constraints; at most one may be given. */
+static int parse_constraint(ds41_req *r, const json_t *root, ds41_req_error *e) {
+    static const char *members[] = { "response_format", "structured_outputs", "guided_json", "guided_regex",
+                                     "guided_choice", "grammar", "guided_grammar" };
+    const char *given = NULL;
+    for (size_t i = 0; i < sizeof members / sizeof members[0]; i++) {
+        const json_t *v = json_object_get(root, members[i]);
+        if (!v || json_is_null(v)) continue;
+        if (!strcmp(members[i], "response_format")) {
+            const char *t = json_is_object(v) ? json_string_value(json_object_get(v, "type")) : NULL;
+            if (!t) return BAD("response_format", "response_format: expected {\"type\": \"text\" | \"json_object\" | \"json_schema\"}");
+            if (!strcmp(t, "text")) continue;
+            if (strcmp(t, "json_object") && strcmp(t, "json_schema"))
+                return BAD("response_format", "response_format.type: '%.40s' is not one of text, json_object, json_schema", t);
+        }
+        if (given) return BAD(members[i], "%s: only one of %s and %s may be given", members[i], given, members[i]);
+        given = members[i];
+        if (!strcmp(given, "response_format")) {
+            const char *t = json_string_value(json_object_get(v, "type"));
+            if (!strcmp(t, "json_object")) {
+                char err[300] = "";
+                if (set_grammar(r, ds41_schema_to_gbnf(NULL, 0, err, sizeof err), "response_format", err, e)) return -1;
+                continue;
+            }
+            const json_t *js = json_object_get(v, "json_schema");
+            if (!json_is_object(js)) return BAD("response_format", "response_format.json_schema: required, an object with a schema");
+            const json_t *nm = json_object_get(js, "name");
+            if (nm && !json_is_string(nm)) return BAD("response_format", "response_format.json_schema.name: expected a string");
+            const json_t *st = json_object_get(js, "strict");
+            if (st && !json_is_null(st) && !json_is_boolean(st)) return BAD("response_format", "response_format.json_schema.strict: expected true or false");
+            const json_t *sc = json_object_get(js, "schema");
+            if (!sc) return BAD("response_format", "response_format.json_schema.schema: required");
+            if (schema_grammar(r, sc, "response_format", e)) return -1;
+        } else if (!strcmp(given, "structured_outputs")) {
+            /* vLLM: {"json": schema} | {"regex": ...} | {"choice": [...]} | {"grammar": GBNF} */
+            if (!json_is_object(v) || json_object_size(v) != 1)
+                return BAD(given, "structured_outputs: expected an object with one of json, regex, choice, grammar");
+            const json_t *x;
+            if ((x = json_object_get(v, "json"))) { if (schema_grammar(r, x, "structured_outputs", e)) return -1; }
+            else if ((x = json_object_get(v, "regex"))) { if (text_grammar(r, x, "structured_outputs", 1, e)) return -1; }
+            else if ((x = json_object_get(v, "choice"))) { if (choice_grammar(r, x, "structured_outputs", e)) return -1; }
+            else if ((x = json_object_get(v, "grammar"))) { if (text_grammar(r, x, "structured_outputs", 0, e)) return -1; }
+            else return BAD(given, "structured_outputs: expected one of json, regex, choice, grammar");
+        } else if (!strcmp(given, "guided_json")) {
+            if (schema_grammar(r, v, "guided_json", e)) return -1;
+        } else if (!strcmp(given, "guided_regex")) {
+            if (text_grammar(r, v, "guided_regex", 1, e)) return -1;
+        } else if (!strcmp(given, "guided_choice")) {
+            if (choice_grammar(r, v, "guided_choice", e)) return -1;
+        } else {
+            if (text_grammar(r, v, given, 0, e)) return -1;
+        }
+    }
+    return 0;
+}
+
 static int parse_sampling(ds41_req *r, const json_t *root, ds41_req_error *e) {
     long long n = 1, topk = 0, mt = -1, tl = 0;
     if (opt_num(root, "temperature", 0, 2, &r->temperature, e) || opt_num(root, "top_p", 0, 1, &r->top_p, e) ||
@@ -511,11 +621,7 @@ static int parse_sampling(ds41_req *r, const json_t *root, ds41_req_error *e) {
     if (r->max_tokens >= 0 && r->min_tokens > r->max_tokens)
         return BAD("min_tokens", "min_tokens: %lld is more than max_tokens %lld", r->min_tokens, r->max_tokens);
     if (parse_logit_bias(r, root, e)) return -1;
-    const json_t *rf = json_object_get(root, "response_format");
-    if (rf && !json_is_null(rf)) {
-        const char *t = json_string_value(json_object_get(rf, "type"));
-        if (!t || strcmp(t, "text")) return BAD("response_format", "response_format: only {\"type\": \"text\"} is supported");
-    }
+    if (parse_constraint(r, root, e)) return -1;
     long long best = n;
     if (opt_int(root, "best_of", 1, DS41_REQ_MAX_N, &best, e)) return -1;
     if (best != n) return BAD("best_of", "best_of: only equal to n is supported");
@@ -564,6 +670,7 @@ void ds41_req_free(ds41_req *r) {
     free(r->stop_token_ids);
     free(r->bias_id);
     free(r->bias_val);
+    ds41_grammar_free(r->grammar);
     free(r->model);
     free(r->tool_choice_name);
     free(r->user);

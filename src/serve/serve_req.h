@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "grammar.h"
+
 typedef enum ds41_req_kind { DS41_REQ_CHAT, DS41_REQ_COMPLETION } ds41_req_kind;
 
 enum { DS41_REQ_MAX_BIAS = 1024, DS41_REQ_MAX_STOP = 16, DS41_REQ_MAX_TOP_LOGPROBS = 20, DS41_REQ_MAX_N = 16, DS41_REQ_MAX_CHOICES = 64,
@@ -50,6 +52,11 @@ typedef struct ds41_req {
     int32_t *bias_id;             /* logit_bias: token ids (the vocabulary check comes later) */
     float *bias_val;              /* -100..100 */
     int n_bias;
+    /* constrained output: response_format json_object / json_schema, structured_outputs,
+     * guided_json / guided_regex / guided_choice, grammar (GBNF); NULL: none. grammar_src
+     * names the member it came from. */
+    ds41_grammar *grammar;
+    const char *grammar_src;
     int skip_special_tokens;      /* vLLM extension, default 1 */
     int tokens_as_ids;            /* vLLM return_tokens_as_token_ids: logprob tokens as "token_id:N" */
     /* chat */

@@ -74,6 +74,8 @@ static void sgroup_free(ds41_sgroup *g) {
     for (int i = 0; i < g->n_stop; i++) free(g->stop[i]);
     free(g->stop);
     free(g->stop_ids);
+    ds41_gmatch_free(g->gm);
+    ds41_grammar_free(g->grammar);
     free(g->seq);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
@@ -262,6 +264,7 @@ static int seq_emit(ds41_sched *S, ds41_sseq *q, int32_t id, const float *lg, lo
     ds41_sgroup *g = q->g;
     if (id < 0 || id >= S->V) { seq_finish(S, q, DS41_FIN_ERROR, "sampling failed"); return 1; }
     ds41_lproc_accept(&q->proc, id);
+    if (q->proc.err[0]) { seq_finish(S, q, DS41_FIN_ERROR, q->proc.err); return 1; }
     int is_eos = !g->ignore_eos && id == S->eos && S->eos >= 0;
     for (size_t i = 0; i < g->n_stop_ids && !is_eos; i++) is_eos = id == g->stop_ids[i];
     size_t pl = 0;
@@ -528,6 +531,8 @@ static void *sched_main(void *arg) {
                     seq_finish(S, q, DS41_FIN_ERROR, ds41_session_error(q->s));
                     continue;
                 }
+                /* drafts past the first one the grammar refuses cannot be accepted: not verified */
+                if (kmax[nb] > 0) kmax[nb] = ds41_lproc_valid_prefix(&q->proc, blk + 1, kmax[nb]);
             }
             nb++;
             budget--;

@@ -113,6 +113,10 @@ struct ds41_sgroup {
     size_t n_stop_ids;
     int ignore_eos, skip_special;
     double t_arrival;
+    /* constrained output: the grammar and its matcher, shared by the choices (the matcher is
+     * used on the scheduler thread only) */
+    ds41_grammar *grammar;
+    ds41_gmatch *gm;
 };
 
 typedef struct ds41_sched ds41_sched;

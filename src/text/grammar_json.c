@@ -9,8 +9,8 @@
  * examples, ...). Anything else is refused naming the keyword and its schema path.
  *
  * The output is a subset of what the schema allows, chosen so that generation ends: listed
- * properties come in their listed order; whitespace between tokens is at most a newline or
- * space and 20 spaces or tabs; numbers have at most 16 integer and 16 fraction digits and a
+ * properties come in their listed order; whitespace between tokens is at most one space (a
+ * model that likes blanks cannot spend its tokens on them); numbers have at most 16 integer and 16 fraction digits and a
  * two-digit exponent (finite as a double); dates
  * use days 01-28 (valid in every month). */
 #include "grammar_internal.h"
@@ -49,7 +49,7 @@ typedef struct sb { char *p; size_t n, cap; } sb;
 #define SB(b, ...) (ds41_gbuf_printf(&(b)->p, &(b)->n, &(b)->cap, __VA_ARGS__) ? sfail(g, "schema: out of memory") : 0)
 
 static const char *PRIMS =
-    "ws ::= ([ \\t\\n] [ \\t]{0,20})?\n"
+    "ws ::= \" \"?\n"
     "json-char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n"
     "json-string ::= \"\\\"\" json-char* \"\\\"\"\n"
     "json-int ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15})\n"
