@@ -536,8 +536,11 @@ static int check_left_recursion(bld *b) {
             if (found < 0) { color[r] = 2; sp--; continue; }
             (*pos)++;
             if (color[found] == 1) {
-                const char *nm = b->r[found].name[0] == 1 ? "(a group or repetition)" : b->r[found].name;
-                rc = bfail(b, "grammar: rule '%s' is left-recursive", nm);
+                if (b->r[found].name[0] == 1)
+                    rc = bfail(b, "grammar: a group or repetition is left-recursive (e.g. a repeated item that can match "
+                                  "nothing, as in (a?)*)");
+                else
+                    rc = bfail(b, "grammar: rule '%s' is left-recursive", b->r[found].name);
             } else if (color[found] == 0) {
                 color[found] = 1;
                 st[2 * sp] = found; st[2 * sp + 1] = 0;

@@ -388,7 +388,11 @@ char *ds41_schema_to_gbnf(const char *schema, size_t len, char *err, size_t errc
     }
     json_error_t je;
     g.root = json_loadb(schema, len, JSON_DECODE_ANY, &je);
-    if (!g.root) { snprintf(err, errcap, "schema: invalid JSON: %s", je.text); free(g.buf); return NULL; }
+    if (!g.root) {
+        free(g.buf);
+        sfail(&g, "schema: invalid JSON: %s", je.text);   /* sfail keeps the message one line */
+        return NULL;
+    }
     g.refs = json_object();
     char top[64];
     int rc = g.refs ? gen(&g, g.root, "schema", top, sizeof top) : sfail(&g, "schema: out of memory");

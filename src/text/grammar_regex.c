@@ -80,8 +80,13 @@ static unsigned long rx_cp(rx *x) {
     int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
     if (x->i + (size_t)len > x->n) len = 1;
     unsigned long cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
-    for (int k = 1; k < len; k++) cp = cp << 6 | (u[x->i + k] & 0x3F);
+    int bad = c >= 0x80 && len == 1;
+    for (int k = 1; k < len; k++) {
+        bad |= (u[x->i + k] & 0xC0) != 0x80;
+        cp = cp << 6 | (u[x->i + k] & 0x3F);
+    }
     x->i += (size_t)len;
+    if (bad || cp > 0x10FFFF) return (unsigned long)rfail(x, "regex: invalid UTF-8");
     return cp;
 }
 
@@ -144,7 +149,7 @@ static int rx_class(rx *x) {
         if (x->s[x->i] == '\\') { x->i++; lo = rx_escape(x, 1); }
         else if (x->s[x->i] == '[' && x->i + 1 < x->n && x->s[x->i + 1] == ':') return rfail(x, "regex: POSIX classes [:..:] are not supported");
         else lo = (long)rx_cp(x);
-        if (lo == -1) return -1;
+        if (lo == -1 || x->failed) return -1;
         if (lo == -2) continue;
         if (class_cp(x, (unsigned long)lo)) return -1;
         if (x->i + 1 < x->n && x->s[x->i] == '-' && x->s[x->i + 1] != ']') {
@@ -152,6 +157,7 @@ static int rx_class(rx *x) {
             long hi;
             if (x->s[x->i] == '\\') { x->i++; hi = rx_escape(x, 1); }
             else hi = (long)rx_cp(x);
+            if (x->failed) return -1;
             if (hi < 0) return hi == -2 ? rfail(x, "regex: a range ending in a class shorthand") : -1;
             if (hi < lo) return rfail(x, "regex: class range out of order");
             if (OUT("-") || class_cp(x, (unsigned long)hi)) return -1;
@@ -174,8 +180,24 @@ static int rx_quant(rx *x) {
         size_t j = x->i + 1;
         while (j < x->n && ((x->s[j] >= '0' && x->s[j] <= '9') || x->s[j] == ',')) j++;
         if (j >= x->n || x->s[j] != '}' || j == x->i + 1) return rfail(x, "regex: bad {m,n} quantifier");
-        if (OUT("%.*s", (int)(j - x->i + 1), x->s + x->i)) return -1;
+        /* {m}, {m,}, {m,n} with m <= n (the compiler's limits on the counts apply after) */
+        long m = -1, n = -1, *cur = &m;
+        for (size_t k = x->i + 1; k < j; k++) {
+            if (x->s[k] == ',') {
+                if (cur == &n) return rfail(x, "regex: bad {m,n} quantifier");
+                cur = &n;
+                continue;
+            }
+            if (*cur < 0) *cur = 0;
+            if (*cur < 100000) *cur = *cur * 10 + (x->s[k] - '0');
+        }
+        if (m < 0 || (n >= 0 && n < m)) return rfail(x, "regex: bad {m,n} quantifier (needs m <= n)");
+        if (m > DS41_GRAMMAR_MAX_REPEAT || n > DS41_GRAMMAR_MAX_REPEAT)
+            return rfail(x, "regex: a repetition count above %d (a limit)", DS41_GRAMMAR_MAX_REPEAT);
+        int comma = memchr(x->s + x->i, ',', j - x->i) != NULL;
+        if (comma ? (n >= 0 ? OUT("{%ld,%ld}", m, n) : OUT("{%ld,}", m)) : OUT("{%ld}", m)) return -1;
         x->i = j + 1;
+
     } else {
         return 0;
     }
@@ -223,7 +245,7 @@ static int rx_seq(rx *x) {
             long cp;
             if (c == '\\') { x->i++; cp = rx_escape(x, 0); }
             else cp = (long)rx_cp(x);
-            if (cp == -1) return -1;
+            if (cp == -1 || x->failed) return -1;
             if (cp >= 0) {
                 if (x->json_safe && (cp == '"' || cp == '\\' || cp < 0x20))
                     return rfail(x, "regex: the character U+%04lX cannot appear unescaped in a JSON string", cp);
