@@ -134,13 +134,7 @@ void ds41_lproc_apply(ds41_lproc *lp, float *row, const int32_t *tail, int n_tai
                 int nk = 0;
                 for (int i = 0; i < lp->n_stop_ids && nk < 64; i++)
                     if (lp->stop_ids[i] >= 0 && lp->stop_ids[i] < V) keep[nk++] = row[lp->stop_ids[i]];
-                for (int w = 0; w < (V + 31) / 32; w++) {
-                    uint32_t m = mask[w];
-                    if (m == 0xFFFFFFFFu) continue;
-                    int b0 = w * 32, b1 = b0 + 32 < V ? b0 + 32 : V;
-                    for (int i = b0; i < b1; i++)
-                        if (!(m >> (i - b0) & 1)) row[i] = -INFINITY;
-                }
+                ds41_gmask_apply(mask, row, V);
                 nk = 0;
                 for (int i = 0; i < lp->n_stop_ids && nk < 64; i++)
                     if (lp->stop_ids[i] >= 0 && lp->stop_ids[i] < V) row[lp->stop_ids[i]] = can_end ? keep[nk++] : -INFINITY;

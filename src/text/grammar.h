@@ -74,6 +74,8 @@ int ds41_gmatch_can_end(ds41_gmatch *m, int state);
  * pointer stays valid until the next call on m. */
 const uint32_t *ds41_gmatch_mask(ds41_gmatch *m, int state);
 const char *ds41_gmatch_error(const ds41_gmatch *m);
+/* Sets row[i] = -inf for every i < V whose bit in mask is clear (words of 32 bits). */
+void ds41_gmask_apply(const uint32_t *mask, float *row, int V);
 /* Counters for measurements: states interned, masks computed, masks served from the cache. */
 void ds41_gmatch_stats(const ds41_gmatch *m, long long *states, long long *computed, long long *cached);
 

@@ -12,6 +12,7 @@
  * its subtree; the transition of (state, byte) is a table lookup after its first use. */
 #include "grammar_internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -416,15 +417,17 @@ const uint32_t *ds41_gmatch_mask(ds41_gmatch *m, int s) {
     memset(mk, 0, bytes);
     m->dst[0] = s;
     for (int i = 0; i < v->n_nodes;) {
-        int d = v->depth[i];
-        int t = step(m, m->dst[d - 1], v->byte[i]);
+        int d = v->depth[i], ps = m->dst[d - 1];
+        /* the transition table first (a known transition is one load), step() otherwise */
+        const int32_t *tr = m->trans[ps];
+        int t = tr && tr[v->byte[i]] != -2 ? tr[v->byte[i]] : step(m, ps, v->byte[i]);
         if (t < 0) {
             if (m->err[0]) { if (mk != m->mbuf) free(mk); return NULL; }
             i = v->end[i];
             continue;
         }
         m->dst[d] = t;
-        for (int k = 0; k < v->ntok[i]; k++) {
+        for (int k = 0, n = v->ntok[i]; k < n; k++) {
             int id = v->toks[v->tok0[i] + k];
             mk[id >> 5] |= 1u << (id & 31);
         }
@@ -433,4 +436,20 @@ const uint32_t *ds41_gmatch_mask(ds41_gmatch *m, int s) {
     m->computed++;
     if (mk != m->mbuf) { m->mask[s] = mk; m->mask_bytes += bytes; }
     return mk;
+}
+
+void ds41_gmask_apply(const uint32_t *mask, float *row, int V) {
+    int full = V / 32;
+    for (int w = 0; w < full; w++) {
+        uint32_t x = mask[w];
+        if (x == 0xFFFFFFFFu) continue;
+        float *r = row + (size_t)w * 32;
+        if (x == 0) {
+            for (int k = 0; k < 32; k++) r[k] = -INFINITY;
+            continue;
+        }
+        for (uint32_t z = ~x; z; z &= z - 1) r[__builtin_ctz(z)] = -INFINITY;
+    }
+    for (int i = full * 32; i < V; i++)
+        if (!(mask[i >> 5] >> (i & 31) & 1)) row[i] = -INFINITY;
 }
