@@ -14,9 +14,9 @@ trap cleanup EXIT
 export XDG_CACHE_HOME="$TMP/cache"
 . tests/lib.sh
 fail() { echo "FAIL $1: $2"; }
-serve_start plain -m models/demo --exact -c 1024 --spec off || exit 1
+serve_start plain -m models/demo --exact -c 2048 --spec off || exit 1
 PA=$PORT
-serve_start spec -m models/demo --exact -c 1024 --spec fixed:3 || exit 1
+serve_start spec -m models/demo --exact -c 2048 --spec fixed:3 || exit 1
 PB=$PORT
 timeout 300 "$PY" tests/serve/api_sampling.py "$PA" "$PB" || echo "FAIL api_sampling: exit status $?"
 if [ -d tests/oracle/node_modules/openai ] && [ -d tests/oracle/node_modules/ajv ]; then

@@ -302,7 +302,8 @@ static json_t *final_json(job *j) {
             json_t *msg = json_object();
             json_object_set_new(msg, "role", json_string("assistant"));
             size_t c0 = d.c0, c1 = d.c1;
-            if (v.phase == 2 && !ntc) c1 = q->text_len;   /* no usable call: the block stays text */
+            /* a calls block without a complete call (cut by max_tokens) is dropped, as the stream
+             * drops it: tool-call markup never reaches content */
             json_object_set_new(msg, "content", ntc && c1 == c0 ? json_null() : jstrn(q->text + c0, c1 - c0));
             if (j->r.thinking) json_object_set_new(msg, "reasoning_content", jstrn(q->text + d.r0, d.r1 - d.r0));
             if (ntc) json_object_set_new(msg, "tool_calls", tool_calls_json(j, tc, ntc, 0));
@@ -611,6 +612,7 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_k
     for (int i = 0; i < nseq; i++) ds41_text_view_init(&j->cs[i].view, r->thinking, r->tools);
     /* stop conditions */
     g->ignore_eos = r->ignore_eos;
+    g->one_call = kind == DS41_REQ_CHAT && r->tools && !r->parallel_tool_calls;
     g->skip_special = r->skip_special_tokens;
     if (r->n_stop) {
         g->stop = calloc((size_t)r->n_stop, sizeof *g->stop);

@@ -651,6 +651,16 @@ int ds41_req_parse(ds41_req_kind kind, const char *body, size_t len, ds41_req *r
     if (u && !json_is_null(u) && !json_is_string(u)) { BAD("user", "user: expected a string"); goto out; }
     if (parse_sampling(r, root, e)) goto out;
     if (kind == DS41_REQ_CHAT ? parse_chat(r, root, e) : parse_prompts(r, root, e)) goto out;
+    if (kind == DS41_REQ_CHAT && r->tools && (r->tool_required || r->tool_choice_name)) {
+        /* a forced call: the grammar of V4.1's calls block over the offered functions */
+        if (r->grammar) { BAD(r->grammar_src, "%s: not supported together with a forced tool call (tool_choice)", r->grammar_src); goto out; }
+        char *tj = json_dumps(json_object_get(root, "tools"), JSON_COMPACT);
+        char err[300] = "";
+        char *gb = tj ? ds41_tools_to_gbnf(tj, strlen(tj), r->tool_choice_name, r->parallel_tool_calls, err, sizeof err) : NULL;
+        free(tj);
+        if (!gb && !err[0]) { ds41_req_fail(e, 500, "internal_error", NULL, NULL, "out of memory"); goto out; }
+        if (set_grammar(r, gb, "tools", err, e)) goto out;
+    }
     if (r->n_prompts * (size_t)r->n > DS41_REQ_MAX_CHOICES) {
         BAD("n", "%zu prompts x n %d is more than %d choices", r->n_prompts, r->n, DS41_REQ_MAX_CHOICES);
         goto out;

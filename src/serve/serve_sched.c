@@ -310,6 +310,13 @@ static int seq_emit(ds41_sched *S, ds41_sseq *q, int32_t id, const float *lg, lo
             q->text[best] = 0;
             reason = DS41_FIN_STOP;
         }
+        /* parallel_tool_calls false: the first invoke that closes ends the reply (the parser
+         * keeps a block's finished calls) */
+        static const char iclose[] = "</\xef\xbd\x9c" "DSML\xef\xbd\x9c invoke>";
+        if (g->one_call && reason < 0 && !oom) {
+            size_t f2 = before > sizeof iclose ? before - sizeof iclose : 0;
+            if (memmem(q->text + f2, q->text_len - f2, iclose, sizeof iclose - 1)) reason = DS41_FIN_STOP;
+        }
     }
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);

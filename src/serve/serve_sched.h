@@ -117,6 +117,7 @@ struct ds41_sgroup {
      * used on the scheduler thread only) */
     ds41_grammar *grammar;
     ds41_gmatch *gm;
+    int one_call;             /* parallel_tool_calls false: stop after the first complete call */
 };
 
 typedef struct ds41_sched ds41_sched;

@@ -47,6 +47,11 @@ int ds41_grammar_n_rules(const ds41_grammar *g);
 /* JSON Schema (JSON text) -> GBNF text (malloc'd, NUL-terminated), or NULL with err naming the
  * schema path and the unsupported keyword. schema NULL: any JSON object (json_object mode). */
 char *ds41_schema_to_gbnf(const char *schema, size_t len, char *err, size_t errcap);
+/* A forced tool call in V4.1's DSML form (as src/text/chat.c renders assistant calls): the
+ * calls block with one invoke (parallel 0) or several, of the function named only (NULL: any
+ * of tools, an OpenAI tools array as JSON text); string parameters raw (string="true"), others
+ * JSON satisfying their schema. NULL with err naming the tool and keyword. */
+char *ds41_tools_to_gbnf(const char *tools, size_t len, const char *only, int parallel, char *err, size_t errcap);
 /* A regular expression (the whole output must match) -> GBNF text, or NULL with err. */
 char *ds41_regex_to_gbnf(const char *re, size_t len, char *err, size_t errcap);
 /* Output exactly one of the strings. */

@@ -402,3 +402,150 @@ char *ds41_schema_to_gbnf(const char *schema, size_t len, char *err, size_t errc
     if (rc) { free(g.buf); return NULL; }
     return g.buf;
 }
+
+/* ------------------------------------------------------------------ forced tool calls */
+
+#define DSML "\xef\xbd\x9c" "DSML" "\xef\xbd\x9c"
+
+/* A string parameter's raw value (string="true": the text as is, up to the closing tag). */
+static int raw_string(sg *g, const json_t *ps, const char *path, sb *b) {
+    const json_t *en = json_object_get(ps, "enum"), *fmt = json_object_get(ps, "format"), *pat = json_object_get(ps, "pattern");
+    const json_t *mn = json_object_get(ps, "minLength"), *mx = json_object_get(ps, "maxLength");
+    if (en) {
+        for (size_t i = 0; i < json_array_size(en); i++) {
+            const json_t *v = json_array_get(en, i);
+            if (!json_is_string(v)) return sfail(g, "%s.enum: a string parameter's values must be strings", path);
+            if ((i && SB(b, " | ")) || ds41_gbnf_literal(&b->p, &b->n, &b->cap, json_string_value(v), json_string_length(v)))
+                return sfail(g, "schema: out of memory");
+        }
+        return 0;
+    }
+    if (fmt) {
+        sb tmp = { 0 };
+        int rc = gen_string(g, ps, path, &tmp);   /* validates the format name */
+        free(tmp.p);
+        return rc ? -1 : SB(b, "fmt-%s", json_string_value(fmt));
+    }
+    if (pat) {
+        char rn[32], e2[200];
+        if (!json_is_string(pat)) return sfail(g, "%s.pattern: expected a string", path);
+        new_name(g, rn, sizeof rn);
+        if (ds41_regex_rule(json_string_value(pat), json_string_length(pat), rn, 0, &g->buf, &g->len, &g->cap, e2, sizeof e2))
+            return sfail(g, "%s.pattern: %s", path, e2);
+        return SB(b, "%s", rn);
+    }
+    long long lo = json_is_integer(mn) ? json_integer_value(mn) : 0, hi = json_is_integer(mx) ? json_integer_value(mx) : -1;
+    if (lo < 0 || lo > DS41_GRAMMAR_MAX_REPEAT || hi > DS41_GRAMMAR_MAX_REPEAT || (hi >= 0 && hi < lo))
+        return sfail(g, "%s: minLength / maxLength out of range", path);
+    /* '<' could begin the closing tag: left out of raw values */
+    return hi >= 0 ? SB(b, "[^<]{%lld,%lld}", lo, hi) : SB(b, "[^<]{%lld,}", lo);
+}
+
+/* One invoke of tool fn (its "function" object): the rule name into name. */
+static int gen_invoke(sg *g, const json_t *fn, const char *path, char *name, size_t cap) {
+    const char *fname = json_string_value(json_object_get(fn, "name"));
+    const json_t *params = json_object_get(fn, "parameters");
+    g->root = (json_t *)params;
+    json_object_clear(g->refs);
+    const json_t *props = json_object_get(params, "properties"), *req = json_object_get(params, "required");
+    if (params && !json_is_object(params)) return sfail(g, "%s.parameters: expected a schema object", path);
+    if (params && json_object_get(params, "type") && (!json_is_string(json_object_get(params, "type")) ||
+                                                      strcmp(json_string_value(json_object_get(params, "type")), "object")))
+        return sfail(g, "%s.parameters.type: expected \"object\"", path);
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)params, k, v)
+        if (strcmp(k, "type") && strcmp(k, "properties") && strcmp(k, "required") && strcmp(k, "additionalProperties") &&
+            !in_list(k, ANNOTATIONS))
+            return sfail(g, "%s.parameters.%.40s: not supported for a forced call", path, k);
+    size_t n = json_object_size(props);
+    char (*pr)[64] = calloc(n + 1, sizeof *pr), (*F)[64] = calloc(n + 1, sizeof *F), (*R)[64] = calloc(n + 1, sizeof *R);
+    int *opt = calloc(n + 1, sizeof *opt);
+    int rc = !pr || !F || !R || !opt ? sfail(g, "schema: out of memory") : 0;
+    size_t i = 0;
+    json_object_foreach((json_t *)props, k, v) {
+        if (rc) break;
+        char p2[256];
+        snprintf(p2, sizeof p2, "%.120s.parameters.properties.%.100s", path, k);
+        const json_t *ty = json_object_get(v, "type");
+        int is_str = json_is_string(ty) && !strcmp(json_string_value(ty), "string");
+        sb b = { 0 };
+        json_t *ks = json_string(k);
+        rc = !ks || SB(&b, "\"<" DSML " parameter name=\\\"\" ") ||
+             ds41_gbnf_literal(&b.p, &b.n, &b.cap, k, strlen(k)) ||
+             SB(&b, " \"\\\" string=\\\"%s\\\">\" ", is_str ? "true" : "false");
+        json_decref(ks);
+        if (!rc) rc = SB(&b, "(");
+        if (!rc) {
+            if (is_str) rc = raw_string(g, v, p2, &b);
+            else {
+                char vr[64];
+                rc = gen(g, v, p2, vr, sizeof vr) || SB(&b, "%s", vr);
+            }
+        }
+        if (!rc) rc = SB(&b, ") \"</" DSML " parameter>\"");
+        if (!rc) { new_name(g, pr[i], sizeof pr[i]); rc = add_rule(g, pr[i], &b); }
+        free(b.p);
+        opt[i] = 1;
+        for (size_t r = 0; req && r < json_array_size(req); r++)
+            if (json_is_string(json_array_get(req, r)) && !strcmp(json_string_value(json_array_get(req, r)), k)) opt[i] = 0;
+        i++;
+    }
+    /* F_i: parameters i.. with none written yet; R_i: after one (a newline first) */
+    for (size_t q = 0; q <= n && !rc; q++) { new_name(g, F[q], sizeof F[q]); new_name(g, R[q], sizeof R[q]); }
+    if (!rc) {
+        sb e1 = { 0 };
+        rc = add_rule(g, F[n], &e1) || add_rule(g, R[n], &e1);
+    }
+    for (size_t q = n; q-- > 0 && !rc;) {
+        sb fb = { 0 }, rb = { 0 };
+        rc = SB(&fb, "%s %s", pr[q], R[q + 1]) || (opt[q] && SB(&fb, " | %s", F[q + 1])) ||
+             SB(&rb, "\"\\n\" %s %s", pr[q], R[q + 1]) || (opt[q] && SB(&rb, " | %s", R[q + 1]));
+        if (!rc) rc = add_rule(g, F[q], &fb) || add_rule(g, R[q], &rb);
+        free(fb.p); free(rb.p);
+    }
+    if (!rc) {
+        sb b = { 0 };
+        new_name(g, name, cap);
+        rc = SB(&b, "\"<" DSML " invoke name=\\\"\" ") || ds41_gbnf_literal(&b.p, &b.n, &b.cap, fname, strlen(fname)) ||
+             SB(&b, " \"\\\">\\n\" %s \"\\n</" DSML " invoke>\"", F[0]) || add_rule(g, name, &b);
+        free(b.p);
+    }
+    free(pr); free(F); free(R); free(opt);
+    g->root = NULL;
+    return rc ? -1 : 0;
+}
+
+char *ds41_tools_to_gbnf(const char *tools, size_t len, const char *only, int parallel, char *err, size_t errcap) {
+    sg gs, *g = &gs;
+    memset(g, 0, sizeof *g);
+    g->err = err;
+    g->errcap = errcap;
+    json_error_t je;
+    json_t *arr = json_loadb(tools, len, 0, &je);
+    g->refs = json_object();
+    int rc = !arr || !json_is_array(arr) ? sfail(g, "tools: expected an array") : 0;
+    if (!rc && (!g->refs || ds41_gbuf_printf(&g->buf, &g->len, &g->cap, "%s", PRIMS))) rc = sfail(g, "schema: out of memory");
+    sb alts = { 0 };
+    int nalt = 0;
+    for (size_t i = 0; !rc && i < json_array_size(arr); i++) {
+        const json_t *fn = json_object_get(json_array_get(arr, i), "function");
+        const char *nm = json_string_value(json_object_get(fn, "name"));
+        if (!nm || (only && strcmp(nm, only))) continue;
+        char path[64], inv[64];
+        snprintf(path, sizeof path, "tools[%zu].function", i);
+        rc = gen_invoke(g, fn, path, inv, sizeof inv) || (nalt && SB(&alts, " | ")) || SB(&alts, "%s", inv);
+        nalt++;
+    }
+    if (!rc && !nalt) rc = sfail(g, "tools: no function to call");
+    if (!rc)
+        rc = ds41_gbuf_printf(&g->buf, &g->len, &g->cap,
+                              "tool-invoke ::= %s\nroot ::= \"\\n\\n<" DSML " calls>\\n\" tool-invoke %s\"\\n</" DSML " calls>\"\n",
+                              alts.p, parallel ? "(\"\\n\" tool-invoke)* " : "")
+                 ? sfail(g, "schema: out of memory") : 0;
+    free(alts.p);
+    json_decref(arr);
+    json_decref(g->refs);
+    if (rc) { free(g->buf); return NULL; }
+    return g->buf;
+}

@@ -938,7 +938,7 @@ int ds41_token_plain_bytes(const ds41_tokenizer *tok, int id, const char **p, si
     *n = 0;
     if (id < 0 || id >= tok->n_ids) return 0;
     uint8_t f = tok->id_flags[id];
-    if (!(f & TK_ID_PRESENT) || (f & TK_ID_ADDED)) return 0;
+    if (!(f & TK_ID_PRESENT) || (f & TK_ID_SPECIAL)) return 0;
     *p = tok->arena + tok->dec_off[id];
     *n = tok->dec_len[id];
     return 1;

@@ -2,8 +2,11 @@
 //   node api_structured.mjs PORT_PLAIN PORT_SPEC
 // - 100 generated JSON Schemas (seeded): each reply parses and validates against its schema;
 // - guided_regex / guided_choice / grammar (GBNF) / json_object replies match their constraint;
-// - exact mode: each of 8 constrained and unconstrained requests alone equals the same request
-//   among the 7 others sent at once, on the plain and the speculative server, and the plain
+// - forced tool calls (tool_choice required / named, parallel_tool_calls false, thinking):
+//   arguments validate against the parameters schema, no markup in content, streamed deltas
+//   assemble into the same calls;
+// - exact mode: each of 9 constrained and unconstrained requests alone equals the same request
+//   among the 8 others sent at once, on the plain and the speculative server, and the plain
 //   server's replies equal the speculative one's (greedy).
 import OpenAI from "../oracle/node_modules/openai/index.mjs";
 import Ajv from "../oracle/node_modules/ajv/dist/ajv.js";
@@ -88,6 +91,58 @@ async function run() {
     ok(`structured_refuse_${name}`, err && err.status === 400 && err.param === param, err ? `${err.status} ${err.param} ${err.message}` : "accepted");
   }
 
+  // forced tool calls: the arguments satisfy the parameters schema; no markup in content
+  const tools = [
+    { type: "function", function: { name: "get_weather", parameters: { type: "object", properties: { city: { type: "string", maxLength: 10 }, days: { type: "integer" }, unit: { type: "string", enum: ["c", "f"] } }, required: ["city", "days"] } } },
+    { type: "function", function: { name: "add", parameters: { type: "object", properties: { a: { type: "number" }, b: { type: "number" } }, required: ["a", "b"], additionalProperties: false } } },
+  ];
+  const schemaOf = Object.fromEntries(tools.map((t) => [t.function.name, t.function.parameters]));
+  const clean = (c) => !c || (!c.includes("DSML") && !c.includes("</think>"));
+  const checkCalls = (calls, name, n) => {
+    if (!calls || (n && calls.length !== n) || calls.length < 1) return `calls ${JSON.stringify(calls)}`;
+    for (const tc of calls) {
+      if (name && tc.function.name !== name) return `name ${tc.function.name}`;
+      if (!schemaOf[tc.function.name]) return `unknown ${tc.function.name}`;
+      let a;
+      try { a = JSON.parse(tc.function.arguments); } catch (e) { return `arguments not JSON: ${tc.function.arguments}`; }
+      if (!ajv.validate(schemaOf[tc.function.name], a)) return `arguments ${tc.function.arguments}: ${JSON.stringify(ajv.errors)}`;
+    }
+    return "";
+  };
+  for (const [tag, extra, name, n] of [["required", { tool_choice: "required" }, null, 0],
+                                       ["named", { tool_choice: { type: "function", function: { name: "add" } } }, "add", 0],
+                                       ["named_single", { tool_choice: { type: "function", function: { name: "get_weather" } }, parallel_tool_calls: false }, "get_weather", 1],
+                                       ["required_thinking", { tool_choice: "required", reasoning_effort: "high" }, null, 0]]) {
+    // thinking: the call is forced once the reasoning ends (after </think>); the greedy demo
+    // model never ends its reasoning within 400 tokens, so that case is sampled only
+    for (const temperature of tag.includes("thinking") ? [0.9] : [0, 0.9]) {
+      const r = await A.chat.completions.create({ model: "demo", messages: msg("Call a tool"), tools, max_tokens: 400, temperature, seed: 6, ...extra });
+      const c = r.choices[0];
+      const why = checkCalls(c.message.tool_calls, name, n);
+      ok(`tools_${tag}_t${temperature}`, !why && c.finish_reason === "tool_calls" && clean(c.message.content), `${why} finish ${c.finish_reason} content ${JSON.stringify(c.message.content)}`);
+    }
+  }
+  {
+    // streamed: the deltas assemble into the same calls as the whole reply
+    const body = { model: "demo", messages: msg("Call a tool"), tools, max_tokens: 400, temperature: 0, tool_choice: "required" };
+    const whole = (await A.chat.completions.create(body)).choices[0].message.tool_calls;
+    const st = await A.chat.completions.create({ ...body, stream: true });
+    const calls = [];
+    let content = "", fin = null;
+    for await (const ch of st) {
+      const d = ch.choices[0]?.delta ?? {};
+      content += d.content ?? "";
+      for (const tc of d.tool_calls ?? []) {
+        calls[tc.index] ??= { function: { name: "", arguments: "" } };
+        if (tc.function?.name) calls[tc.index].function.name += tc.function.name;
+        calls[tc.index].function.arguments += tc.function?.arguments ?? "";
+      }
+      fin = ch.choices[0]?.finish_reason ?? fin;
+    }
+    const same = calls.length === whole.length && calls.every((c, i) => c.function.name === whole[i].function.name && c.function.arguments === whole[i].function.arguments);
+    ok("tools_stream_deltas", same && fin === "tool_calls" && clean(content), `${JSON.stringify(calls)} vs ${JSON.stringify(whole)} finish ${fin}`);
+  }
+
   // exact: alone = among neighbours; plain = speculative
   const reqs = [
     { response_format: { type: "json_schema", json_schema: { name: "a", schema: { type: "object", properties: { a: { type: "integer" }, b: { type: "string", maxLength: 4 } }, required: ["a", "b"], additionalProperties: false } } }, max_tokens: 60 },
@@ -98,6 +153,7 @@ async function run() {
     { max_tokens: 30, temperature: 1.0, seed: 9, frequency_penalty: 0.5 },
     { grammar: 'root ::= ("x" | "yz")+ "!"', max_tokens: 20 },
     { guided_json: { type: "array", items: { type: "number" }, maxItems: 4 }, max_tokens: 60 },
+    { tools: [{ type: "function", function: { name: "f", parameters: { type: "object", properties: { x: { type: "integer" } }, required: ["x"] } } }], tool_choice: "required", max_tokens: 200 },
   ];
   const go = (cl, r, i) => cl.chat.completions.create({ model: "demo", messages: msg("Sample " + i), temperature: 0, ...r }).then((x) => x.choices[0].message.content);
   const res = {};
