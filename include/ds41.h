@@ -143,6 +143,11 @@ const float *ds41_logits(const ds41_session *s);
  * A new session samples greedily with seed 0. */
 void ds41_session_set_sampling(ds41_session *s, float temperature, int top_k, float top_p, float min_p, uint64_t seed);
 int ds41_session_sample(ds41_session *s);           /* next token from the current logits */
+/* A logits processor (src/engine/lproc.h: penalties, logit_bias, min_tokens, a grammar) for
+ * every later sample of the session, plain or speculative; NULL removes it. The caller owns
+ * it and accepts each emitted token into it. 0, or -1 out of memory. */
+struct ds41_lproc;
+int ds41_session_set_lproc(ds41_session *s, struct ds41_lproc *lp);
 
 /* DSpark (spec 5.2): proposals for the positions after t_next, where t_next is the token
  * just sampled from the current logits (not yet fed). Needs params.draft and a model with

@@ -45,6 +45,7 @@ void ds41_sampler_init(ds41_sampler *s, float temperature, int top_k, float top_
     s->top_k = top_k;
     s->top_p = top_p;
     s->min_p = min_p;
+    s->lp = NULL;
     uint64_t x = seed;
     s->rng[0] = splitmix64(&x);
     s->rng[1] = splitmix64(&x);

@@ -10,6 +10,9 @@ typedef struct ds41_sampler {
     float top_p;         /* 1 = off */
     float min_p;         /* 0 = off */
     uint64_t rng[2];     /* xoroshiro128+ state from the seed */
+    /* logits processing before sampling (lproc.h; NULL: none): applied by the session's
+     * sampling and the speculative verify, not by ds41_sample itself */
+    struct ds41_lproc *lp;
 } ds41_sampler;
 
 void ds41_sampler_init(ds41_sampler *s, float temperature, int top_k, float top_p, float min_p, uint64_t seed);

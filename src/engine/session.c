@@ -14,6 +14,7 @@
 #include "engram_place.h"
 #include "forward.h"
 #include "longctx.h"
+#include "lproc.h"
 #include "restore.h"
 #include "sampler.h"
 #include "spec.h"
@@ -27,6 +28,7 @@ struct ds41_session {
     ds41_sampler sampler0;   /* as set by ds41_session_set_sampling: reset restarts from it */
     float *sscratch;
     int *iscratch;
+    float *prow;             /* the processed logits row (allocated with the first processor) */
     int broken;
     char err[1024];
     /* trace */
@@ -204,6 +206,7 @@ void ds41_session_close(ds41_session *s) {
     ds41_dspark_work_free(s->dwork);
     free(s->sscratch);
     free(s->iscratch);
+    free(s->prow);
     free(s);
 }
 
@@ -354,12 +357,32 @@ int ds41_feed_batch(ds41_session **ss, const int32_t *const *ids, const size_t *
 const float *ds41_logits(const ds41_session *s) { return s->seq.logits; }
 
 void ds41_session_set_sampling(ds41_session *s, float temperature, int top_k, float top_p, float min_p, uint64_t seed) {
+    struct ds41_lproc *lp = s->sampler0.lp;
     ds41_sampler_init(&s->sampler0, temperature, top_k, top_p, min_p, seed);
+    s->sampler0.lp = lp;
     s->sampler = s->sampler0;
 }
 
+int ds41_session_set_lproc(ds41_session *s, struct ds41_lproc *lp) {
+    if (lp && !s->prow) {
+        s->prow = malloc((size_t)s->e->cfg->vocab_size * sizeof(float));
+        if (!s->prow) return -1;
+    }
+    s->sampler0.lp = lp;
+    s->sampler.lp = lp;
+    return 0;
+}
+
+/* The one place a plain step's row is processed: a copy, so ds41_logits stays the model's. */
 int ds41_session_sample(ds41_session *s) {
-    return ds41_sample(&s->sampler, s->seq.logits, s->e->cfg->vocab_size, s->sscratch, s->iscratch);
+    int V = s->e->cfg->vocab_size;
+    const float *row = s->seq.logits;
+    if (ds41_lproc_active(s->sampler.lp)) {
+        memcpy(s->prow, row, (size_t)V * sizeof(float));
+        ds41_lproc_apply(s->sampler.lp, s->prow, NULL, 0);
+        row = s->prow;
+    }
+    return ds41_sample(&s->sampler, row, V, s->sscratch, s->iscratch);
 }
 
 int ds41_draft_block_size(const ds41_engine *e) {

@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "dspark.h"
+#include "lproc.h"
 
 int ds41_spec_state_init(ds41_spec_state *st, const ds41_engine *e, ds41_err *err) {
     memset(st, 0, sizeof *st);
@@ -128,6 +129,14 @@ int ds41_spec_verify_block(ds41_engine *e, ds41_seq *q, ds41_sampler *smp, int d
     return ds41_spec_verify_end(e, q, smp, draft, st, block, k, out, out_logits, n_acc, err);
 }
 
+/* row processed by lp past tail[0..n) into buf (row itself when lp does nothing). */
+static const float *proc_row(ds41_lproc *lp, const float *row, int V, const int32_t *tail, int n, float *buf) {
+    if (!ds41_lproc_active(lp)) return row;
+    memcpy(buf, row, (size_t)V * sizeof(float));
+    ds41_lproc_apply(lp, buf, tail, n);
+    return buf;
+}
+
 int ds41_spec_verify_end(ds41_engine *e, ds41_seq *q, ds41_sampler *smp, int draft, ds41_spec_state *st,
                          const int32_t *block, int k, int32_t *out, float *out_logits, int *n_acc, ds41_err *err) {
     const ds41_config *cfg = e->cfg;
@@ -138,11 +147,15 @@ int ds41_spec_verify_end(ds41_engine *e, ds41_seq *q, ds41_sampler *smp, int dra
 
     float *scratch = malloc((size_t)V * sizeof(float));
     int *ids = malloc((size_t)V * sizeof(int));
-    if (!scratch || !ids) { free(scratch); free(ids); return ds41_errf(err, "out of memory"); }
+    int proc = ds41_lproc_active(smp->lp);
+    float *prow = proc ? malloc((size_t)V * sizeof(float)) : NULL;
+    if (!scratch || !ids || (proc && !prow)) { free(scratch); free(ids); free(prow); return ds41_errf(err, "out of memory"); }
     int greedy = !(smp->temperature > 0.0f);
     int A = 0, next = -1;
     for (; A < k; A++) {
-        const float *row = st->rows + (size_t)A * V;
+        /* the same processing as a plain step's (ds41_session_sample), past the drafts before
+         * this row: a draft the processor refuses (a grammar's mask) has p = 0 and is rejected */
+        const float *row = proc_row(smp->lp, st->rows + (size_t)A * V, V, drafts, A, prow);
         int d = drafts[A];
         if (greedy) {
             int g = ds41_argmax(row, V);
@@ -166,11 +179,12 @@ int ds41_spec_verify_end(ds41_engine *e, ds41_seq *q, ds41_sampler *smp, int dra
         break;
     }
     if (next < 0) {   /* every draft accepted: the next token from the last row */
-        const float *row = st->rows + (size_t)k * V;
+        const float *row = proc_row(smp->lp, st->rows + (size_t)k * V, V, drafts, k, prow);
         next = greedy ? ds41_argmax(row, V) : ds41_sample(smp, row, V, scratch, ids);
     }
     free(scratch);
     free(ids);
+    free(prow);
     rollback(e, q, st, block, A + 1);
     for (int i = 0; i < A; i++) out[i] = drafts[i];
     out[A] = next;

@@ -32,6 +32,7 @@
 #include "common.h"
 #include "config.h"
 #include "serve_metrics.h"
+#include "serve_lproc.h"
 #include "serve_req.h"
 #include "serve_sched.h"
 #include "serve_text.h"
@@ -42,6 +43,8 @@ typedef struct server {
     char model_name[256];
     ds41_engine *e;
     ds41_tokenizer *tok;
+    ds41_gvocab *gv;         /* the vocabulary's bytes for grammars (NULL without a tokenizer) */
+    int think_end;           /* </think>: a thinking reply's grammar starts after it (-1: none) */
     ds41_sched *S;
     ds41_prefix_cache *pc;   /* NULL with --no-prefix-cache */
     void *pdc;               /* --role decode: the prefill nodes' client (serve_pd.c) */
@@ -300,7 +303,8 @@ static json_t *final_json(job *j) {
             json_t *msg = json_object();
             json_object_set_new(msg, "role", json_string("assistant"));
             size_t c0 = d.c0, c1 = d.c1;
-            if (v.phase == 2 && !ntc) c1 = q->text_len;   /* no usable call: the block stays text */
+            /* a calls block without a complete call (cut by max_tokens) is dropped, as the stream
+             * drops it: tool-call markup never reaches content */
             json_object_set_new(msg, "content", ntc && c1 == c0 ? json_null() : jstrn(q->text + c0, c1 - c0));
             if (j->r.thinking) json_object_set_new(msg, "reasoning_content", jstrn(q->text + d.r0, d.r1 - d.r0));
             if (ntc) json_object_set_new(msg, "tool_calls", tool_calls_json(j, tc, ntc, 0));
@@ -488,6 +492,20 @@ static void stream_free(void *cls) { job_free(cls); }
 
 /* ---------------------------------------------------------------- generation endpoints */
 
+/* The grammar vocabulary: each plain token's bytes (added and special tokens match nothing). */
+static ds41_gvocab *serve_gvocab(const ds41_tokenizer *tok, int V) {
+    const char **p = calloc((size_t)V, sizeof *p);
+    size_t *l = calloc((size_t)V, sizeof *l);
+    ds41_gvocab *gv = NULL;
+    if (p && l) {
+        for (int i = 0; i < V; i++) ds41_token_plain_bytes(tok, i, &p[i], &l[i]);
+        gv = ds41_gvocab_new(V, p, l);
+    }
+    free(p);
+    free(l);
+    return gv;
+}
+
 static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_kind kind, const char *body, size_t len) {
     job *j = calloc(1, sizeof *j);
     if (!j) return fail(sv, c, 500, "internal_error", NULL, NULL, "out of memory");
@@ -507,6 +525,16 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_k
     if (r->echo) j->prompt_text = calloc(r->n_prompts, sizeof *j->prompt_text);
     if (!j->g || !j->cs || (r->echo && !j->prompt_text)) JFAIL(500, "internal_error", NULL, NULL, "out of memory");
     ds41_sgroup *g = j->g;
+    if (r->grammar) {
+        /* one matcher for the request's choices: its states and masks are shared */
+        if (!sv->gv) JFAIL(400, "invalid_request_error", r->grammar_src, NULL, "%s: the model has no tokenizer.json", r->grammar_src);
+        g->grammar = r->grammar;
+        r->grammar = NULL;
+        g->gm = ds41_gmatch_new(g->grammar, sv->gv);
+        if (!g->gm) JFAIL(500, "internal_error", NULL, NULL, "out of memory");
+        if (ds41_gmatch_start(g->gm) < 0)
+            JFAIL(400, "invalid_request_error", r->grammar_src, NULL, "%s: %s", r->grammar_src, ds41_gmatch_error(g->gm));
+    }
     for (size_t p = 0; p < r->n_prompts; p++) {
         ds41_req_prompt *pr = &r->prompts[p];
         int32_t *ids = NULL;
@@ -572,12 +600,20 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_k
             q->seed = r->has_seed ? r->seed + p * (size_t)r->n + (size_t)k : fresh_u64(sv);
             q->max_tokens = mt;
             q->n_top = r->logprobs ? r->top_logprobs : -1;
+            if (ds41_serve_lproc(r, sv->V, sv->tok ? ds41_tokenizer_eos(sv->tok) : -1, g->gm, r->thinking ? sv->think_end : -1,
+                                 &q->proc, &e)) {
+                free(ids);
+                rc = send_error(sv, c, &e);
+                job_free(j);
+                return rc;
+            }
         }
         free(ids);
     }
     for (int i = 0; i < nseq; i++) ds41_text_view_init(&j->cs[i].view, r->thinking, r->tools);
     /* stop conditions */
     g->ignore_eos = r->ignore_eos;
+    g->one_call = kind == DS41_REQ_CHAT && r->tools && !r->parallel_tool_calls;
     g->skip_special = r->skip_special_tokens;
     if (r->n_stop) {
         g->stop = calloc((size_t)r->n_stop, sizeof *g->stop);
@@ -936,6 +972,9 @@ int ds41_serve(const ds41_serve_opts *o) {
     sv->e = ds41_load(o->model_dir, &o->lp, eb, sizeof eb);
     if (!sv->e) { fprintf(stderr, "ds41 serve: %s\n", eb); goto out; }
     sv->V = ds41_vocab_size(sv->e);
+    sv->think_end = -1;
+    if (sv->tok && !(sv->gv = serve_gvocab(sv->tok, sv->V))) { fprintf(stderr, "ds41 serve: out of memory\n"); goto out; }
+    if (sv->tok) sv->think_end = ds41_token_id(sv->tok, DS41_THINK_END);
     sv->ctx = ds41_ctx_size(sv->e);
     if (sv->tok && ds41_tokenizer_vocab_size(sv->tok) > sv->V) {
         fprintf(stderr, "ds41 serve: %s/tokenizer.json has ids up to %d but the model's vocabulary is 0..%d: "
@@ -1028,6 +1067,7 @@ out:
     ds41_prefix_close(sv->pc);
     ds41_unload(sv->e);
     if (sv->tok) ds41_tokenizer_free(sv->tok);
+    ds41_gvocab_free(sv->gv);
     if (have_cfg) ds41_config_free(&cfg);
     ds41_metrics_free(&sv->m);
     free(sv);

@@ -1,13 +1,13 @@
 /* ds41 serve: OpenAI request bodies -> ds41_req (see serve_req.h).
  *
  * Validation follows the OpenAI API's ranges (temperature 0..2, top_p (0, 1], n >= 1,
- * top_logprobs 0..20, at most 4 stop strings in OpenAI, 16 here) and vLLM's extensions
- * (top_k, min_p, ignore_eos, stop_token_ids, skip_special_tokens, chat_template_kwargs).
- * Members this server does not implement but that do not change the output (user,
- * metadata, store, parallel_tool_calls, ...) are accepted and ignored; members that would
- * change it and are not implemented (response_format other than text, logit_bias with
- * entries, presence / frequency penalties other than 0, best_of > n, suffix) are refused
- * with 400 rather than silently ignored. */
+ * top_logprobs 0..20, penalties -2..2, logit_bias -100..100, at most 4 stop strings in OpenAI,
+ * 16 here) and shape rules (a user message needs content, a tool message a tool_call_id, ...;
+ * check_messages), and vLLM's extensions (top_k, min_p, repetition_penalty, min_tokens,
+ * ignore_eos, stop_token_ids, skip_special_tokens, chat_template_kwargs). Members this
+ * server does not implement but that do not change the output (user, metadata, store, ...)
+ * are accepted and ignored; members that would change it and are not implemented (best_of >
+ * n, suffix) are refused with 400 rather than silently ignored. */
 #include "serve_req.h"
 
 #include <jansson.h>
@@ -174,27 +174,95 @@ static const char *effort_name(const char *s) {
     return s;
 }
 
+/* OpenAI's shape rules for messages, before the renderer (which is lenient for templates):
+ * every message an object with a known role; system, developer, user and tool messages need
+ * content (a string or a non-empty array); a tool message needs tool_call_id; an assistant
+ * message needs content, tool_calls or reasoning; tool calls need a function name. */
+static int check_messages(const json_t *msgs, ds41_req_error *e) {
+    static const char *roles[] = { "system", "developer", "user", "assistant", "tool", "latest_reminder" };
+    char path[64];
+    for (size_t i = 0; i < json_array_size(msgs); i++) {
+        const json_t *m = json_array_get(msgs, i);
+        snprintf(path, sizeof path, "messages[%zu]", i);
+        if (!json_is_object(m)) return BAD("messages", "%s: expected an object", path);
+        const json_t *jr = json_object_get(m, "role");
+        if (!jr) return BAD("messages", "%s.role: required", path);
+        const char *role = json_string_value(jr);
+        size_t k = 0;
+        while (role && k < sizeof roles / sizeof roles[0] && strcmp(role, roles[k])) k++;
+        if (!role || k == sizeof roles / sizeof roles[0])
+            return BAD("messages", "%s.role: expected one of system, developer, user, assistant, tool", path);
+        const json_t *c = json_object_get(m, "content");
+        int has_c = c && !json_is_null(c);
+        if (has_c && !json_is_string(c) && !json_is_array(c))
+            return BAD("messages", "%s.content: expected a string or an array of content parts", path);
+        if (has_c && json_is_array(c) && json_array_size(c) == 0)
+            return BAD("messages", "%s.content: empty array, expected at least one content part", path);
+        const json_t *nm = json_object_get(m, "name");
+        if (nm && !json_is_null(nm) && !json_is_string(nm)) return BAD("messages", "%s.name: expected a string", path);
+        if (!strcmp(role, "assistant")) {
+            const json_t *tc = json_object_get(m, "tool_calls");
+            int has_tc = tc && !json_is_null(tc);
+            if (has_tc && !json_is_array(tc)) return BAD("messages", "%s.tool_calls: expected an array", path);
+            for (size_t j = 0; has_tc && j < json_array_size(tc); j++) {
+                const json_t *t = json_array_get(tc, j), *fn = json_object_get(t, "function");
+                if (!json_is_object(t) || !json_is_object(fn) || !json_is_string(json_object_get(fn, "name")))
+                    return BAD("messages", "%s.tool_calls[%zu].function.name: required", path, j);
+                const json_t *a = json_object_get(fn, "arguments");
+                if (a && !json_is_string(a) && !json_is_object(a))
+                    return BAD("messages", "%s.tool_calls[%zu].function.arguments: expected a JSON string", path, j);
+            }
+            int has_r = json_is_string(json_object_get(m, "reasoning_content")) || json_is_string(json_object_get(m, "reasoning"));
+            if (!has_c && !(has_tc && json_array_size(tc) > 0) && !has_r)
+                return BAD("messages", "%s: an assistant message needs content or tool_calls", path);
+        } else if (!has_c) {
+            return BAD("messages", "%s.content: required for a %s message", path, role);
+        }
+        if (!strcmp(role, "tool") && !json_is_string(json_object_get(m, "tool_call_id")))
+            return BAD("messages", "%s.tool_call_id: required for a tool message (a string)", path);
+    }
+    return 0;
+}
+
+/* A function name as OpenAI allows it: 1..64 of [a-zA-Z0-9_-]. */
+static int fn_name_ok(const char *s) {
+    size_t n = strlen(s);
+    if (n < 1 || n > 64) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_' ||
+              s[i] == '-'))
+            return 0;
+    return 1;
+}
+
 /* Renders messages (+ tools and thinking options) to the prompt text. */
 static int parse_chat(ds41_req *r, json_t *root, ds41_req_error *e) {
     const json_t *msgs = json_object_get(root, "messages");
     if (!json_is_array(msgs)) return BAD("messages", "messages: required, an array of messages");
     if (json_array_size(msgs) == 0) return BAD("messages", "messages: empty");
+    if (check_messages(msgs, e)) return -1;
     /* the subset the renderer reads, rebuilt so that OpenAI spellings map onto it */
     json_t *sub = json_object();
     json_object_set(sub, "messages", (json_t *)msgs);
     int rc = -1;
     const json_t *tc = json_object_get(root, "tool_choice");
-    int choice_none = 0;
+    int choice_none = 0, choice_required = 0;
     if (tc && !json_is_null(tc)) {
         if (json_is_string(tc)) {
             const char *s = json_string_value(tc);
             if (!strcmp(s, "none")) choice_none = 1;
+            else if (!strcmp(s, "required")) choice_required = 1;
             else if (strcmp(s, "auto") && strcmp(s, "required")) {
                 BAD("tool_choice", "tool_choice: expected none, auto, required or {\"type\": \"function\", ...}");
                 goto out;
             }
         } else if (json_is_object(tc)) {
             const json_t *fn = json_object_get(tc, "function");
+            const json_t *ty = json_object_get(tc, "type");
+            if (ty && (!json_is_string(ty) || strcmp(json_string_value(ty), "function"))) {
+                BAD("tool_choice", "tool_choice.type: expected \"function\"");
+                goto out;
+            }
             const char *name = json_string_value(json_object_get(fn, "name"));
             if (!name) { BAD("tool_choice", "tool_choice.function.name: required"); goto out; }
             r->tool_choice_name = dupn(name, strlen(name));
@@ -204,6 +272,7 @@ static int parse_chat(ds41_req *r, json_t *root, ds41_req_error *e) {
         }
     }
     const json_t *tools = json_object_get(root, "tools");
+    int named_found = 0;
     if (tools && !json_is_null(tools)) {
         if (!json_is_array(tools)) { BAD("tools", "tools: expected an array of tools"); goto out; }
         for (size_t i = 0; i < json_array_size(tools); i++) {
@@ -213,6 +282,27 @@ static int parse_chat(ds41_req *r, json_t *root, ds41_req_error *e) {
                 BAD("tools", "tools[%zu]: expected {\"type\": \"function\", \"function\": {\"name\": ..., ...}}", i);
                 goto out;
             }
+            const json_t *ty = json_object_get(t, "type");
+            if (ty && (!json_is_string(ty) || strcmp(json_string_value(ty), "function"))) {
+                BAD("tools", "tools[%zu].type: expected \"function\"", i);
+                goto out;
+            }
+            if (!fn_name_ok(json_string_value(json_object_get(fn, "name")))) {
+                BAD("tools", "tools[%zu].function.name: expected 1 to 64 letters, digits, _ or -", i);
+                goto out;
+            }
+            const json_t *pa = json_object_get(fn, "parameters");
+            if (pa && !json_is_null(pa) && !json_is_object(pa)) {
+                BAD("tools", "tools[%zu].function.parameters: expected a JSON Schema object", i);
+                goto out;
+            }
+            const json_t *st = json_object_get(fn, "strict");
+            if (st && !json_is_null(st) && !json_is_boolean(st)) {
+                BAD("tools", "tools[%zu].function.strict: expected true or false", i);
+                goto out;
+            }
+            if (r->tool_choice_name && !strcmp(r->tool_choice_name, json_string_value(json_object_get(fn, "name"))))
+                named_found = 1;
         }
         if (json_array_size(tools) > 0 && !choice_none) {
             json_object_set(sub, "tools", (json_t *)tools);
@@ -220,6 +310,17 @@ static int parse_chat(ds41_req *r, json_t *root, ds41_req_error *e) {
         }
     }
     if (r->tool_choice_name && !r->tools) { BAD("tool_choice", "tool_choice names a function but no tools are given"); goto out; }
+    if (r->tool_choice_name && !named_found) {
+        BAD("tool_choice", "tool_choice: function '%.64s' is not among the tools", r->tool_choice_name);
+        goto out;
+    }
+    if (choice_required && !r->tools) { BAD("tool_choice", "tool_choice: \"required\" needs tools"); goto out; }
+    r->tool_required = choice_required;
+    {
+        int ptc = 1;
+        if (opt_bool(root, "parallel_tool_calls", &ptc, e)) goto out;
+        r->parallel_tool_calls = ptc;
+    }
     /* thinking: chat_template_kwargs.{thinking, enable_thinking}, else reasoning_effort
      * (anything but "none" turns thinking on), else chat mode */
     const json_t *kw = json_object_get(root, "chat_template_kwargs");
@@ -318,6 +419,144 @@ static int parse_stop(ds41_req *r, const json_t *root, ds41_req_error *e) {
     return 0;
 }
 
+/* logit_bias: {"token id": bias} with bias in -100..100 (OpenAI); ids are strings of digits. */
+static int parse_logit_bias(ds41_req *r, const json_t *root, ds41_req_error *e) {
+    const json_t *lb = json_object_get(root, "logit_bias");
+    if (!lb || json_is_null(lb)) return 0;
+    if (!json_is_object(lb)) return BAD("logit_bias", "logit_bias: expected an object mapping token ids to biases");
+    size_t n = json_object_size(lb);
+    if (n > DS41_REQ_MAX_BIAS) return BAD("logit_bias", "logit_bias: %zu entries, more than %d", n, DS41_REQ_MAX_BIAS);
+    if (!n) return 0;
+    r->bias_id = malloc(n * sizeof *r->bias_id);
+    r->bias_val = malloc(n * sizeof *r->bias_val);
+    if (!r->bias_id || !r->bias_val) return ds41_req_fail(e, 500, "internal_error", NULL, NULL, "out of memory");
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)lb, k, v) {
+        char *end = NULL;
+        long long id = -1;
+        if (k[0] >= '0' && k[0] <= '9' && strlen(k) <= 10) id = strtoll(k, &end, 10);
+        if (id < 0 || id > INT32_MAX || !end || *end)
+            return BAD("logit_bias", "logit_bias: key '%.40s' is not a token id", k);
+        if (!json_is_number(v)) return BAD("logit_bias", "logit_bias[%s]: expected a number", k);
+        double b = json_number_value(v);
+        if (!(b >= -100 && b <= 100)) return BAD("logit_bias", "logit_bias[%s]: %g is outside -100..100", k, b);
+        r->bias_id[r->n_bias] = (int32_t)id;
+        r->bias_val[r->n_bias++] = (float)b;
+    }
+    return 0;
+}
+
+/* Compiles GBNF text (owned: freed here) into r->grammar; a compile error is a 400 naming src. */
+static int set_grammar(ds41_req *r, char *gbnf, const char *src, const char *err, ds41_req_error *e) {
+    if (!gbnf) return BAD(src, "%s: %s", src, err);
+    char e2[300];
+    r->grammar = ds41_grammar_gbnf(gbnf, strlen(gbnf), e2, sizeof e2);
+    free(gbnf);
+    if (!r->grammar) return BAD(src, "%s: %s", src, e2);
+    r->grammar_src = src;
+    return 0;
+}
+
+/* A schema given as an object or as JSON text. */
+static int schema_grammar(ds41_req *r, const json_t *sc, const char *src, ds41_req_error *e) {
+    char err[300] = "";
+    if (json_is_string(sc)) return set_grammar(r, ds41_schema_to_gbnf(json_string_value(sc), json_string_length(sc), err, sizeof err), src, err, e);
+    if (!json_is_object(sc) && !json_is_boolean(sc)) return BAD(src, "%s: expected a JSON Schema object", src);
+    char *t = json_dumps(sc, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!t) return ds41_req_fail(e, 500, "internal_error", NULL, NULL, "out of memory");
+    char *g = ds41_schema_to_gbnf(t, strlen(t), err, sizeof err);
+    free(t);
+    return set_grammar(r, g, src, err, e);
+}
+
+static int choice_grammar(ds41_req *r, const json_t *ch, const char *src, ds41_req_error *e) {
+    if (!json_is_array(ch) || json_array_size(ch) == 0 || json_array_size(ch) > 4096)
+        return BAD(src, "%s: expected an array of 1 to 4096 strings", src);
+    size_t n = json_array_size(ch);
+    const char **s = malloc(n * sizeof *s);
+    size_t *l = malloc(n * sizeof *l);
+    if (!s || !l) { free(s); free(l); return ds41_req_fail(e, 500, "internal_error", NULL, NULL, "out of memory"); }
+    for (size_t i = 0; i < n; i++) {
+        const json_t *x = json_array_get(ch, i);
+        if (!json_is_string(x)) { free(s); free(l); return BAD(src, "%s[%zu]: expected a string", src, i); }
+        s[i] = json_string_value(x);
+        l[i] = json_string_length(x);
+    }
+    char err[300] = "";
+    char *g = ds41_choice_to_gbnf(s, l, (int)n, err, sizeof err);
+    free(s);
+    free(l);
+    return set_grammar(r, g, src, err, e);
+}
+
+static int text_grammar(ds41_req *r, const json_t *v, const char *src, int regex, ds41_req_error *e) {
+    if (!json_is_string(v)) return BAD(src, "%s: expected a string", src);
+    if (!regex) {
+        char *t = dupn(json_string_value(v), json_string_length(v));
+        if (!t) return ds41_req_fail(e, 500, "internal_error", NULL, NULL, "out of memory");
+        return set_grammar(r, t, src, "", e);
+    }
+    char err[300] = "";
+    return set_grammar(r, ds41_regex_to_gbnf(json_string_value(v), json_string_length(v), err, sizeof err), src, err, e);
+}
+
+/* The output constraints; at most one may be given. */
+static int parse_constraint(ds41_req *r, const json_t *root, ds41_req_error *e) {
+    static const char *members[] = { "response_format", "structured_outputs", "guided_json", "guided_regex",
+                                     "guided_choice", "grammar", "guided_grammar" };
+    const char *given = NULL;
+    for (size_t i = 0; i < sizeof members / sizeof members[0]; i++) {
+        const json_t *v = json_object_get(root, members[i]);
+        if (!v || json_is_null(v)) continue;
+        if (!strcmp(members[i], "response_format")) {
+            const char *t = json_is_object(v) ? json_string_value(json_object_get(v, "type")) : NULL;
+            if (!t) return BAD("response_format", "response_format: expected {\"type\": \"text\" | \"json_object\" | \"json_schema\"}");
+            if (!strcmp(t, "text")) continue;
+            if (strcmp(t, "json_object") && strcmp(t, "json_schema"))
+                return BAD("response_format", "response_format.type: '%.40s' is not one of text, json_object, json_schema", t);
+        }
+        if (given) return BAD(members[i], "%s: only one of %s and %s may be given", members[i], given, members[i]);
+        given = members[i];
+        if (!strcmp(given, "response_format")) {
+            const char *t = json_string_value(json_object_get(v, "type"));
+            if (!strcmp(t, "json_object")) {
+                char err[300] = "";
+                if (set_grammar(r, ds41_schema_to_gbnf(NULL, 0, err, sizeof err), "response_format", err, e)) return -1;
+                continue;
+            }
+            const json_t *js = json_object_get(v, "json_schema");
+            if (!json_is_object(js)) return BAD("response_format", "response_format.json_schema: required, an object with a schema");
+            const json_t *nm = json_object_get(js, "name");
+            if (nm && !json_is_string(nm)) return BAD("response_format", "response_format.json_schema.name: expected a string");
+            const json_t *st = json_object_get(js, "strict");
+            if (st && !json_is_null(st) && !json_is_boolean(st)) return BAD("response_format", "response_format.json_schema.strict: expected true or false");
+            const json_t *sc = json_object_get(js, "schema");
+            if (!sc) return BAD("response_format", "response_format.json_schema.schema: required");
+            if (schema_grammar(r, sc, "response_format", e)) return -1;
+        } else if (!strcmp(given, "structured_outputs")) {
+            /* vLLM: {"json": schema} | {"regex": ...} | {"choice": [...]} | {"grammar": GBNF} */
+            if (!json_is_object(v) || json_object_size(v) != 1)
+                return BAD(given, "structured_outputs: expected an object with one of json, regex, choice, grammar");
+            const json_t *x;
+            if ((x = json_object_get(v, "json"))) { if (schema_grammar(r, x, "structured_outputs", e)) return -1; }
+            else if ((x = json_object_get(v, "regex"))) { if (text_grammar(r, x, "structured_outputs", 1, e)) return -1; }
+            else if ((x = json_object_get(v, "choice"))) { if (choice_grammar(r, x, "structured_outputs", e)) return -1; }
+            else if ((x = json_object_get(v, "grammar"))) { if (text_grammar(r, x, "structured_outputs", 0, e)) return -1; }
+            else return BAD(given, "structured_outputs: expected one of json, regex, choice, grammar");
+        } else if (!strcmp(given, "guided_json")) {
+            if (schema_grammar(r, v, "guided_json", e)) return -1;
+        } else if (!strcmp(given, "guided_regex")) {
+            if (text_grammar(r, v, "guided_regex", 1, e)) return -1;
+        } else if (!strcmp(given, "guided_choice")) {
+            if (choice_grammar(r, v, "guided_choice", e)) return -1;
+        } else {
+            if (text_grammar(r, v, given, 0, e)) return -1;
+        }
+    }
+    return 0;
+}
+
 static int parse_sampling(ds41_req *r, const json_t *root, ds41_req_error *e) {
     long long n = 1, topk = 0, mt = -1, tl = 0;
     if (opt_num(root, "temperature", 0, 2, &r->temperature, e) || opt_num(root, "top_p", 0, 1, &r->top_p, e) ||
@@ -327,10 +566,13 @@ static int parse_sampling(ds41_req *r, const json_t *root, ds41_req_error *e) {
     if (r->top_p <= 0) return BAD("top_p", "top_p: must be in (0, 1]");
     r->top_k = topk < 0 ? 0 : (int)topk;
     r->n = (int)n;
+    /* max_completion_tokens is OpenAI's newer name; when both are given it wins */
+    const char *mt_name = json_object_get(root, "max_completion_tokens") &&
+                          !json_is_null(json_object_get(root, "max_completion_tokens")) ? "max_completion_tokens" : "max_tokens";
     if (opt_int(root, "max_tokens", 0, INT32_MAX, &mt, e) ||
         opt_int(root, "max_completion_tokens", 0, INT32_MAX, &mt, e))
         return -1;
-    if (mt == 0 && !(r->kind == DS41_REQ_COMPLETION)) return BAD("max_tokens", "max_tokens: must be at least 1");
+    if (mt == 0 && !(r->kind == DS41_REQ_COMPLETION)) return BAD(mt_name, "%s: must be at least 1", mt_name);
     r->max_tokens = mt;
     const json_t *sd = json_object_get(root, "seed");
     if (sd && !json_is_null(sd)) {
@@ -370,23 +612,16 @@ static int parse_sampling(ds41_req *r, const json_t *root, ds41_req_error *e) {
     if (r->kind == DS41_REQ_COMPLETION && opt_bool(root, "echo", &r->echo, e)) return -1;
     if (r->kind == DS41_REQ_COMPLETION && r->max_tokens == 0 && !r->echo)
         return BAD("max_tokens", "max_tokens: 0 is only allowed with echo");
-    /* refused rather than ignored: they would change the output */
-    double pen = 0;
-    if (opt_num(root, "presence_penalty", -2, 2, &pen, e)) return -1;
-    if (pen != 0) return BAD("presence_penalty", "presence_penalty: not supported (only 0)");
-    if (opt_num(root, "frequency_penalty", -2, 2, &pen, e)) return -1;
-    if (pen != 0) return BAD("frequency_penalty", "frequency_penalty: not supported (only 0)");
-    pen = 1;
-    if (opt_num(root, "repetition_penalty", 0, 1e9, &pen, e)) return -1;
-    if (pen != 1) return BAD("repetition_penalty", "repetition_penalty: not supported (only 1)");
-    const json_t *lb = json_object_get(root, "logit_bias");
-    if (lb && !json_is_null(lb) && (!json_is_object(lb) || json_object_size(lb) > 0))
-        return BAD("logit_bias", "logit_bias: not supported");
-    const json_t *rf = json_object_get(root, "response_format");
-    if (rf && !json_is_null(rf)) {
-        const char *t = json_string_value(json_object_get(rf, "type"));
-        if (!t || strcmp(t, "text")) return BAD("response_format", "response_format: only {\"type\": \"text\"} is supported");
-    }
+    if (opt_num(root, "presence_penalty", -2, 2, &r->presence_penalty, e) ||
+        opt_num(root, "frequency_penalty", -2, 2, &r->frequency_penalty, e) ||
+        opt_num(root, "repetition_penalty", 0, 2, &r->repetition_penalty, e))
+        return -1;
+    if (!(r->repetition_penalty > 0)) return BAD("repetition_penalty", "repetition_penalty: must be in (0, 2]");
+    if (opt_int(root, "min_tokens", 0, INT32_MAX, &r->min_tokens, e)) return -1;
+    if (r->max_tokens >= 0 && r->min_tokens > r->max_tokens)
+        return BAD("min_tokens", "min_tokens: %lld is more than max_tokens %lld", r->min_tokens, r->max_tokens);
+    if (parse_logit_bias(r, root, e)) return -1;
+    if (parse_constraint(r, root, e)) return -1;
     long long best = n;
     if (opt_int(root, "best_of", 1, DS41_REQ_MAX_N, &best, e)) return -1;
     if (best != n) return BAD("best_of", "best_of: only equal to n is supported");
@@ -403,6 +638,7 @@ int ds41_req_parse(ds41_req_kind kind, const char *body, size_t len, ds41_req *r
     r->temperature = 1.0;
     r->top_p = 1.0;
     r->skip_special_tokens = 1;
+    r->repetition_penalty = 1.0;
     json_t *root = load_body(body, len, e);
     if (!root) return -1;
     int rc = -1;
@@ -415,6 +651,16 @@ int ds41_req_parse(ds41_req_kind kind, const char *body, size_t len, ds41_req *r
     if (u && !json_is_null(u) && !json_is_string(u)) { BAD("user", "user: expected a string"); goto out; }
     if (parse_sampling(r, root, e)) goto out;
     if (kind == DS41_REQ_CHAT ? parse_chat(r, root, e) : parse_prompts(r, root, e)) goto out;
+    if (kind == DS41_REQ_CHAT && r->tools && (r->tool_required || r->tool_choice_name)) {
+        /* a forced call: the grammar of V4.1's calls block over the offered functions */
+        if (r->grammar) { BAD(r->grammar_src, "%s: not supported together with a forced tool call (tool_choice)", r->grammar_src); goto out; }
+        char *tj = json_dumps(json_object_get(root, "tools"), JSON_COMPACT);
+        char err[300] = "";
+        char *gb = tj ? ds41_tools_to_gbnf(tj, strlen(tj), r->tool_choice_name, r->parallel_tool_calls, err, sizeof err) : NULL;
+        free(tj);
+        if (!gb && !err[0]) { ds41_req_fail(e, 500, "internal_error", NULL, NULL, "out of memory"); goto out; }
+        if (set_grammar(r, gb, "tools", err, e)) goto out;
+    }
     if (r->n_prompts * (size_t)r->n > DS41_REQ_MAX_CHOICES) {
         BAD("n", "%zu prompts x n %d is more than %d choices", r->n_prompts, r->n, DS41_REQ_MAX_CHOICES);
         goto out;
@@ -432,6 +678,9 @@ void ds41_req_free(ds41_req *r) {
     free(r->prompts);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop_token_ids);
+    free(r->bias_id);
+    free(r->bias_val);
+    ds41_grammar_free(r->grammar);
     free(r->model);
     free(r->tool_choice_name);
     free(r->user);

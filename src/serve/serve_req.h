@@ -10,9 +10,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "grammar.h"
+
 typedef enum ds41_req_kind { DS41_REQ_CHAT, DS41_REQ_COMPLETION } ds41_req_kind;
 
-enum { DS41_REQ_MAX_STOP = 16, DS41_REQ_MAX_TOP_LOGPROBS = 20, DS41_REQ_MAX_N = 16, DS41_REQ_MAX_CHOICES = 64,
+enum { DS41_REQ_MAX_BIAS = 1024, DS41_REQ_MAX_STOP = 16, DS41_REQ_MAX_TOP_LOGPROBS = 20, DS41_REQ_MAX_N = 16, DS41_REQ_MAX_CHOICES = 64,
        DS41_REQ_MAX_DEPTH = 64 };
 
 /* One prompt: text (NUL-terminated, text_len bytes) or token ids (ids != NULL). */
@@ -43,12 +45,26 @@ typedef struct ds41_req {
     int top_logprobs;             /* alternatives per position, 0..20 */
     int echo;                     /* completions: prepend the prompt */
     int ignore_eos;               /* vLLM extension */
+    /* logits processing (src/engine/lproc.h) */
+    double frequency_penalty, presence_penalty;   /* -2..2, 0 off */
+    double repetition_penalty;    /* vLLM: (0, 2], 1 off */
+    long long min_tokens;         /* vLLM: EOS and stop_token_ids banned before this many */
+    int32_t *bias_id;             /* logit_bias: token ids (the vocabulary check comes later) */
+    float *bias_val;              /* -100..100 */
+    int n_bias;
+    /* constrained output: response_format json_object / json_schema, structured_outputs,
+     * guided_json / guided_regex / guided_choice, grammar (GBNF); NULL: none. grammar_src
+     * names the member it came from. */
+    ds41_grammar *grammar;
+    const char *grammar_src;
     int skip_special_tokens;      /* vLLM extension, default 1 */
     int tokens_as_ids;            /* vLLM return_tokens_as_token_ids: logprob tokens as "token_id:N" */
     /* chat */
     int thinking;                 /* the prompt ends in <think>: output starts as reasoning */
     int tools;                    /* tools offered and tool_choice != "none": parse DSML calls */
-    char *tool_choice_name;       /* a named function (rendered like auto; decoding is not constrained) */
+    char *tool_choice_name;       /* a named function: the call is forced */
+    int tool_required;            /* tool_choice "required": some call is forced */
+    int parallel_tool_calls;      /* 0: generation stops after the first call */
     char *user;
 } ds41_req;
 

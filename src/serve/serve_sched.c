@@ -57,18 +57,25 @@ ds41_sgroup *ds41_sgroup_new(int n_seq) {
     atomic_init(&g->cancel, 0);
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cv, NULL);
-    for (int i = 0; i < n_seq; i++) { g->seq[i].g = g; g->seq[i].n_top = -1; }
+    for (int i = 0; i < n_seq; i++) {
+        g->seq[i].g = g;
+        g->seq[i].n_top = -1;
+        ds41_lproc_init(&g->seq[i].proc, 0, -1);
+    }
     return g;
 }
 
 static void sgroup_free(ds41_sgroup *g) {
     for (int i = 0; i < g->n_seq; i++) {
         ds41_sseq *q = &g->seq[i];
+        ds41_lproc_free(&q->proc);
         free(q->prompt); free(q->ids); free(q->lp); free(q->top_id); free(q->top_lp); free(q->off); free(q->text);
     }
     for (int i = 0; i < g->n_stop; i++) free(g->stop[i]);
     free(g->stop);
     free(g->stop_ids);
+    ds41_gmatch_free(g->gm);
+    ds41_grammar_free(g->grammar);
     free(g->seq);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
@@ -256,6 +263,8 @@ static void logprobs(const float *lg, int V, int32_t id, int n_top, float *lp, i
 static int seq_emit(ds41_sched *S, ds41_sseq *q, int32_t id, const float *lg, long long pos, double t) {
     ds41_sgroup *g = q->g;
     if (id < 0 || id >= S->V) { seq_finish(S, q, DS41_FIN_ERROR, "sampling failed"); return 1; }
+    ds41_lproc_accept(&q->proc, id);
+    if (q->proc.err[0]) { seq_finish(S, q, DS41_FIN_ERROR, q->proc.err); return 1; }
     int is_eos = !g->ignore_eos && id == S->eos && S->eos >= 0;
     for (size_t i = 0; i < g->n_stop_ids && !is_eos; i++) is_eos = id == g->stop_ids[i];
     size_t pl = 0;
@@ -300,6 +309,13 @@ static int seq_emit(ds41_sched *S, ds41_sseq *q, int32_t id, const float *lg, lo
             q->text_len = best;
             q->text[best] = 0;
             reason = DS41_FIN_STOP;
+        }
+        /* parallel_tool_calls false: the first invoke that closes ends the reply (the parser
+         * keeps a block's finished calls) */
+        static const char iclose[] = "</\xef\xbd\x9c" "DSML\xef\xbd\x9c invoke>";
+        if (g->one_call && reason < 0 && !oom) {
+            size_t f2 = before > sizeof iclose ? before - sizeof iclose : 0;
+            if (memmem(q->text + f2, q->text_len - f2, iclose, sizeof iclose - 1)) reason = DS41_FIN_STOP;
         }
     }
     pthread_cond_broadcast(&g->cv);
@@ -410,6 +426,11 @@ static int open_session(ds41_sched *S, ds41_sseq *q) {
     S->sessions_open++;
     pthread_mutex_unlock(&S->mu);
     ds41_session_set_sampling(q->s, q->temperature, q->top_k, q->top_p, q->min_p, q->seed);
+    if (ds41_lproc_active(&q->proc) &&
+        (ds41_lproc_ready(&q->proc) || ds41_lproc_prompt(&q->proc, q->prompt, q->n_prompt) || ds41_session_set_lproc(q->s, &q->proc))) {
+        seq_finish(S, q, DS41_FIN_ERROR, "out of memory");
+        return -1;
+    }
     if (S->tok) {
         ds41_detok_stream_init(&q->ds, S->tok);
         q->ds.skip_special = q->g->skip_special;
@@ -576,6 +597,8 @@ static void *sched_main(void *arg) {
                     seq_finish(S, q, DS41_FIN_ERROR, ds41_session_error(q->s));
                     continue;
                 }
+                /* drafts past the first one the grammar refuses cannot be accepted: not verified */
+                if (kmax[nb] > 0) kmax[nb] = ds41_lproc_valid_prefix(&q->proc, blk + 1, kmax[nb]);
             }
             nb++;
             budget--;

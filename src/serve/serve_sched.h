@@ -37,6 +37,7 @@
 #include <stdint.h>
 
 #include "ds41.h"
+#include "lproc.h"
 #include "serve_metrics.h"
 #include "tokenizer.h"
 
@@ -88,6 +89,8 @@ typedef struct ds41_sseq {
     uint64_t seed;
     long long max_tokens;     /* resolved: > 0 */
     int n_top;                /* -1: no logprobs; else alternatives per position */
+    ds41_lproc proc;          /* logits processing (set up by the HTTP thread, then the
+                               * scheduler's alone; freed with the group) */
     /* output (group mutex) */
     int32_t *ids;             /* generated ids (EOS / stop ids included) */
     float *lp;                /* logprob of ids[i] (n_top >= 0) */
@@ -125,6 +128,11 @@ struct ds41_sgroup {
     size_t n_stop_ids;
     int ignore_eos, skip_special;
     double t_arrival;
+    /* constrained output: the grammar and its matcher, shared by the choices (the matcher is
+     * used on the scheduler thread only) */
+    ds41_grammar *grammar;
+    ds41_gmatch *gm;
+    int one_call;             /* parallel_tool_calls false: stop after the first complete call */
 };
 
 typedef struct ds41_sched ds41_sched;

@@ -22,6 +22,10 @@ int ds41_tokenizer_eos(const ds41_tokenizer *tok);         /* -1 if none */
 int ds41_token_id(const ds41_tokenizer *tok, const char *s);
 /* Raw vocabulary string of an id (byte-level form), or NULL. */
 const char *ds41_token_str(const ds41_tokenizer *tok, int id);
+/* The decoded bytes of an id that is not special (what a grammar matches: vocabulary entries
+ * and non-special added tokens such as the DSML marker): 1 with *p, *n set; 0 (n 0) for special
+ * tokens and ids the tokenizer lacks. */
+int ds41_token_plain_bytes(const ds41_tokenizer *tok, int id, const char **p, size_t *n);
 
 /* Encodes text[len] (UTF-8; NUL bytes are ordinary characters). Ids equal Hugging Face
  * tokenizers' for the same tokenizer.json (checked on DeepSeek's file by

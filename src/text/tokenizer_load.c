@@ -932,3 +932,14 @@ const char *ds41_token_str(const ds41_tokenizer *tok, int id) {
     if (id < 0 || id >= tok->n_ids || !(tok->id_flags[id] & TK_ID_PRESENT)) return NULL;
     return tok->arena + tok->str_off[id];
 }
+
+int ds41_token_plain_bytes(const ds41_tokenizer *tok, int id, const char **p, size_t *n) {
+    *p = "";
+    *n = 0;
+    if (id < 0 || id >= tok->n_ids) return 0;
+    uint8_t f = tok->id_flags[id];
+    if (!(f & TK_ID_PRESENT) || (f & TK_ID_SPECIAL)) return 0;
+    *p = tok->arena + tok->dec_off[id];
+    *n = tok->dec_len[id];
+    return 1;
+}

@@ -72,20 +72,26 @@ bad_values = {
     "min_p": [-0.5, 2, "x"], "n": [0, 17, 1.5, "2", -1], "max_tokens": [-1, "5", 1.5, 10 ** 20, 100000],
     "max_completion_tokens": [-3, "x", 999999], "seed": ["x", 1.5, [1]], "stop": [5, [1], ["a"] * 17, {"a": 1}, ["x" * 2000]],
     "stream": ["yes", 1, []], "stream_options": ["x", 5], "logprobs": ["yes", 5, []], "top_logprobs": [21, -1, "3", 1.5],
-    "presence_penalty": [1.0, 5, "x"], "frequency_penalty": [0.5, -3], "logit_bias": [{"1": 5}, "x", 7],
-    "response_format": [{"type": "json_object"}, "x", {"type": 5}], "best_of": [3, 0], "model": [5, [], {}, "no-such-model"],
+    "presence_penalty": [2.5, 5, "x"], "frequency_penalty": [-2.5, -3], "logit_bias": [{"x": 5}, {"1": 101}, {"99999": 1}, "x", 7],
+    "min_tokens": [-1, "x", 3], "parallel_tool_calls": ["no", 1],
+    "response_format": [{"type": "xml"}, "x", {"type": 5}, {"type": "json_schema"}, {"type": "json_schema", "json_schema": {"schema": {"type": "integer", "minimum": 1}}},
+                        {"type": "json_schema", "json_schema": {"schema": {"$ref": "#/$defs/none"}}}, {"type": "json_schema", "json_schema": {"schema": 5}}],
+    "guided_regex": [5, "a*?", "(", "\\1"], "guided_choice": [[], "x", [5], [""]], "grammar": [5, "root ::= root", "a ::= \"x\"", "root ::= [z-a]", "root ::= \"a\"{9999}"],
+    "guided_json": [5, {"type": "wizard"}, {"oneOf": [{"type": "number"}, {"type": "integer"}]}, "{bad json"],
+    "structured_outputs": [5, {}, {"json": 5}, {"regex": "("}, {"choice": [], "regex": "a"}], "best_of": [3, 0], "model": [5, [], {}, "no-such-model"],
     "tools": ["x", [1], [{"type": "function"}], [{"type": "function", "function": {"name": 5}}], {}],
-    "tool_choice": ["maybe", 5, {"type": "function"}, {"type": "function", "function": {"name": "f"}}],
+    "tool_choice": ["maybe", 5, {"type": "function"}, {"type": "function", "function": {"name": "f"}}, "required"],
     "chat_template_kwargs": ["x", 5, {"thinking": "yes"}, {"reasoning_effort": "extreme"}],
     "reasoning_effort": [5000, "extreme", [], {}], "ignore_eos": ["x"], "skip_special_tokens": [3],
-    "stop_token_ids": ["x", [-1], ["a"], list(range(100))], "user": [5], "echo": ["x"], "repetition_penalty": [1.5],
+    "stop_token_ids": ["x", [-1], ["a"], list(range(100))], "user": [5], "echo": ["x"], "repetition_penalty": [0, 2.5, "x"],
     "continue_final_message": ["x", True], "add_generation_prompt": ["x"], "suffix": ["x"],
 }
 for k, vs in bad_values.items():
     for i, v in enumerate(vs):
         for ep, good in (("/v1/chat/completions", good_chat), ("/v1/completions", good_comp)):
             if ep == "/v1/completions" and k in ("tools", "tool_choice", "chat_template_kwargs", "reasoning_effort",
-                                                 "continue_final_message", "add_generation_prompt", "top_logprobs", "response_format"):
+                                                 "continue_final_message", "add_generation_prompt", "top_logprobs", "response_format",
+                                                 "parallel_tool_calls"):
                 continue
             if ep == "/v1/chat/completions" and k in ("echo", "suffix"):
                 continue
@@ -102,7 +108,8 @@ bad_messages = ["x", 5, None, {}, [], [1], [{"role": 5}], [{"role": "wizard", "c
                 [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "not json"}}]}],
                 [{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}],
                 [{"role": "user", "content": "a <\uff5cdeepseek_image\uff5c> b"}], [{"role": "tool", "content": 5}],
-                [{"role": "user", "content": "x", "task": "dance"}], [{"role": "user", "content": "x" * 5000}] * 0 or [[]]]
+                [{"role": "user", "content": "x", "task": "dance"}], [{"role": "user"}], [{"role": "user", "content": []}],
+                [{"role": "tool", "content": "x"}], [{"role": "assistant"}], [{"role": "system", "content": None}], [{"role": "user", "content": "x" * 5000}] * 0 or [[]]]
 for i, m in enumerate(bad_messages):
     add("chat_messages_%d" % i, json.dumps({"messages": m, "max_tokens": 2}))
 bad_prompts = [None, 5, [], [[]], [-1], [1.5], ["a", 5], {"a": 1}, [10 ** 12], [[1], [-4]], [99999], [True], [[1], 5]]

@@ -1,0 +1,69 @@
+/* ds41 logits processing before sampling: logit_bias, min_tokens, repetition / frequency /
+ * presence penalties and a grammar's allowed-token mask (src/text/grammar.h).
+ *
+ * One processor belongs to one sequence and is applied in one place for every sampling path
+ * (ds41_session_sample and the speculative verify of spec.c, in exact and fast mode alike):
+ * the row is copied, processed, then sampled. It depends only on the sequence's own tokens,
+ * so a processed sequence stays batch invariant and reproducible per seed.
+ *
+ * Order on a row (the vLLM order): min_tokens ban, logit_bias, repetition penalty (over
+ * prompt and generated tokens: l > 0 ? l / r : l * r), frequency and presence penalties (over
+ * generated tokens: l -= f * count + p * (count > 0)), then the grammar mask (-inf outside).
+ *
+ * The processor's state covers the tokens accepted so far (ds41_lproc_accept). A verify block
+ * samples rows past tokens not accepted yet (the drafts before the row): they are passed as a
+ * tail and counted as if accepted, without changing the state. */
+#ifndef DS41_LPROC_H
+#define DS41_LPROC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "grammar.h"
+
+typedef struct ds41_lproc {
+    int V;
+    int eos;                      /* allowed alone when nothing else is (-1: none) */
+    /* settings */
+    float freq, pres, rep;        /* 0, 0, 1: off */
+    int32_t *bias_id;
+    float *bias_val;
+    int n_bias;
+    long long min_tokens;
+    int32_t *ban_ids;             /* banned while fewer than min_tokens are generated */
+    int n_ban;
+    /* grammar: the compiled grammar (owned by the caller, shared by the choices of a request)
+     * and this sequence's state; gate >= 0: the grammar starts after that token (</think>) */
+    ds41_gmatch *gm;
+    int gstate;
+    int gate, gate_open;
+    int32_t *stop_ids;            /* also end a constrained sequence (allowed when it may end) */
+    int n_stop_ids;
+    /* state */
+    uint32_t *count;              /* [V] generated occurrences */
+    uint8_t *flag;                /* [V] 1: in the prompt, 2: generated */
+    int32_t *gen_ids, *pr_ids;    /* distinct generated / prompt ids */
+    size_t n_gen_ids, cap_gen_ids, n_pr_ids;
+    long long n_gen;
+    char err[160];                /* set when the grammar cannot continue (a limit) */
+} ds41_lproc;
+
+/* Zeroed processor for a vocabulary of V (all off). */
+void ds41_lproc_init(ds41_lproc *lp, int V, int eos);
+void ds41_lproc_free(ds41_lproc *lp);
+/* Allocates the state (after the settings): 0, -1 out of memory. */
+int ds41_lproc_ready(ds41_lproc *lp);
+/* Whether the processor changes anything. */
+int ds41_lproc_active(const ds41_lproc *lp);
+/* The prompt, for the repetition penalty. */
+int ds41_lproc_prompt(ds41_lproc *lp, const int32_t *ids, size_t n);
+/* Processes row[V] for the token after the accepted ones plus tail[0..n_tail). Never leaves
+ * every entry -inf: if nothing is allowed, eos (else token 0) is. */
+void ds41_lproc_apply(ds41_lproc *lp, float *row, const int32_t *tail, int n_tail);
+/* Accepts a generated token. */
+void ds41_lproc_accept(ds41_lproc *lp, int32_t id);
+/* How many of drafts[0..k) the grammar accepts in order after the accepted tokens (k when
+ * there is no grammar): drafts past a refusal cannot be accepted and are not worth verifying. */
+int ds41_lproc_valid_prefix(ds41_lproc *lp, const int32_t *drafts, int k);
+
+#endif

@@ -1,0 +1,455 @@
+/* ds41 grammar runtime (grammar.h): interned stack-set states, byte transitions, token masks.
+ *
+ * A stack is the element positions still to match, innermost last; a state is the sorted,
+ * deduplicated set of stacks whose tops are byte sets (an empty stack: the output may end).
+ * Advancing by a byte keeps the stacks whose top byte set holds it, moves each top one
+ * element on, and expands references (each alternative of the rule pushed over the
+ * reference's continuation; an alternative's end pops) until every top is a byte set again.
+ * The grammar has no left recursion (grammar.c refuses it), so expansion ends.
+ *
+ * The vocabulary is a trie in preorder: node i has its byte, its depth and the index just
+ * past its subtree. A mask walks it once: a node whose byte the parent state refuses skips
+ * its subtree; the transition of (state, byte) is a table lookup after its first use. */
+#include "grammar_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ds41_gvocab {
+    int V;
+    int n_nodes, max_depth;
+    uint8_t *byte;
+    uint16_t *depth;     /* 1 for the root's children */
+    int32_t *end;        /* index past the subtree */
+    int32_t *tok0, *ntok;
+    int32_t *toks;       /* token ids in trie order */
+    char *arena;         /* the tokens' bytes */
+    size_t *off, *len;   /* per id */
+};
+
+enum { MASK_CACHE_BYTES = 64 << 20, ARENA_MAX = 16 << 20, WORK_MAX = 1 << 22, TOKEN_MAX = 1024 };
+
+struct ds41_gmatch {
+    const ds41_grammar *g;
+    const ds41_gvocab *v;
+    int words;                 /* mask words */
+    /* interned states: stacks serialised as [n_stacks, (len, positions...)...] in arena */
+    int32_t *arena;
+    size_t an, acap;
+    size_t *soff;
+    int32_t **trans;           /* [256]: -2 unknown, -1 refused, else the state */
+    uint32_t **mask;
+    uint8_t *acc;
+    int ns, scap;
+    int32_t *ht;               /* open addressing over state ids, -1 empty */
+    size_t hcap;
+    size_t mask_bytes;
+    uint32_t *mbuf;            /* a mask not kept (the cache is full) */
+    int32_t *dst;              /* walk: the state per trie depth */
+    /* building a state: stacks in out[] as (len, positions...), a worklist in work[] */
+    int32_t *out, *work;
+    size_t on, ocap, wn, wcap;
+    int32_t *order;            /* stack offsets in out, sorted */
+    size_t ordcap;
+    long long computed, cached;
+    char err[160];
+};
+
+/* ------------------------------------------------------------------ vocabulary */
+
+static const ds41_gvocab *sort_v;
+static int cmp_tok(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    const ds41_gvocab *v = sort_v;
+    size_t lx = v->len[x], ly = v->len[y], m = lx < ly ? lx : ly;
+    int c = memcmp(v->arena + v->off[x], v->arena + v->off[y], m);
+    if (c) return c;
+    if (lx != ly) return lx < ly ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+ds41_gvocab *ds41_gvocab_new(int V, const char *const *bytes, const size_t *lens) {
+    ds41_gvocab *v = calloc(1, sizeof *v);
+    if (!v || V <= 0) { free(v); return NULL; }
+    v->V = V;
+    size_t total = 0;
+    int nt = 0;
+    for (int i = 0; i < V; i++)
+        if (lens[i] && lens[i] <= TOKEN_MAX) { total += lens[i]; nt++; }
+    v->arena = malloc(total + 1);
+    v->off = calloc((size_t)V, sizeof *v->off);
+    v->len = calloc((size_t)V, sizeof *v->len);
+    v->toks = malloc((size_t)(nt + 1) * sizeof *v->toks);
+    /* at most one node per byte of every token */
+    v->byte = malloc(total + 1);
+    v->depth = malloc((total + 1) * sizeof *v->depth);
+    v->end = malloc((total + 1) * sizeof *v->end);
+    v->tok0 = malloc((total + 1) * sizeof *v->tok0);
+    v->ntok = calloc(total + 1, sizeof *v->ntok);
+    int32_t *path = malloc((TOKEN_MAX + 1) * sizeof *path);
+    if (!v->arena || !v->off || !v->len || !v->toks || !v->byte || !v->depth || !v->end || !v->tok0 || !v->ntok || !path) {
+        free(path);
+        ds41_gvocab_free(v);
+        return NULL;
+    }
+    size_t o = 0;
+    nt = 0;
+    for (int i = 0; i < V; i++) {
+        if (!lens[i] || lens[i] > TOKEN_MAX) continue;
+        memcpy(v->arena + o, bytes[i], lens[i]);
+        v->off[i] = o;
+        v->len[i] = lens[i];
+        o += lens[i];
+        v->toks[nt++] = i;
+    }
+    sort_v = v;   /* qsort has no context argument here; gvocab_new is not reentrant */
+    qsort(v->toks, (size_t)nt, sizeof *v->toks, cmp_tok);
+    /* preorder: a token shares the prefix of the previous one; new nodes for the rest */
+    int n = 0, plen = 0;
+    const unsigned char *prev = NULL;
+    size_t prevlen = 0;
+    for (int t = 0; t < nt; t++) {
+        int id = v->toks[t];
+        const unsigned char *s = (const unsigned char *)v->arena + v->off[id];
+        size_t L = v->len[id], c = 0;
+        while (prev && c < L && c < prevlen && c < (size_t)plen && s[c] == prev[c]) c++;
+        /* close the nodes deeper than c: their subtrees end here */
+        for (int d = plen; d > (int)c; d--) v->end[path[d]] = n;
+        plen = (int)c;
+        for (size_t k = c; k < L; k++) {
+            v->byte[n] = s[k];
+            v->depth[n] = (uint16_t)(k + 1);
+            v->tok0[n] = t;
+            v->ntok[n] = 0;
+            path[k + 1] = n;
+            n++;
+        }
+        plen = (int)L;
+        int leaf = path[L];
+        if (v->ntok[leaf] == 0) v->tok0[leaf] = t;
+        v->ntok[leaf]++;
+        if ((int)L > v->max_depth) v->max_depth = (int)L;
+        prev = s;
+        prevlen = L;
+    }
+    for (int d = plen; d >= 1; d--) v->end[path[d]] = n;
+    v->n_nodes = n;
+    free(path);
+    return v;
+}
+
+void ds41_gvocab_free(ds41_gvocab *v) {
+    if (!v) return;
+    free(v->byte); free(v->depth); free(v->end); free(v->tok0); free(v->ntok); free(v->toks);
+    free(v->arena); free(v->off); free(v->len);
+    free(v);
+}
+
+int ds41_gvocab_size(const ds41_gvocab *v) { return v ? v->V : 0; }
+
+/* ------------------------------------------------------------------ building states */
+
+static int mfail(ds41_gmatch *m, const char *msg) {
+    if (!m->err[0]) snprintf(m->err, sizeof m->err, "%s", msg);
+    return -1;
+}
+
+static int grow32(int32_t **p, size_t *cap, size_t need) {
+    if (need <= *cap) return 0;
+    size_t nc = *cap ? *cap : 256;
+    while (nc < need) nc *= 2;
+    int32_t *q = realloc(*p, nc * sizeof *q);
+    if (!q) return -1;
+    *p = q;
+    *cap = nc;
+    return 0;
+}
+
+/* Pushes stack base[0..n) + extra (extra >= 0: one more position) onto the worklist, stored
+ * as positions then the length (so it pops from the end). */
+static int work_push(ds41_gmatch *m, const int32_t *base, int n, int extra) {
+    int len = n + (extra >= 0);
+    if (len > DS41_GRAMMAR_MAX_DEPTH) return 0;   /* nesting past the limit: this path ends */
+    if (m->wn + (size_t)len + 1 > WORK_MAX) return mfail(m, "grammar: expansion too large (a limit)");
+    if (grow32(&m->work, &m->wcap, m->wn + (size_t)len + 1)) return mfail(m, "grammar: out of memory");
+    /* base may point into work itself (the popped stack): memmove */
+    if (n) memmove(m->work + m->wn, base, (size_t)n * sizeof *base);
+    if (extra >= 0) m->work[m->wn + n] = extra;
+    m->work[m->wn + len] = len;
+    m->wn += (size_t)len + 1;
+    return 0;
+}
+
+/* Expands the worklist into out[] (stacks with byte-set tops, or empty). */
+static int expand(ds41_gmatch *m) {
+    const ds41_grammar *g = m->g;
+    long long steps = 0;
+    while (m->wn > 0) {
+        if (++steps > 4LL * DS41_GRAMMAR_MAX_STACKS * 64) return mfail(m, "grammar: expansion too large (a limit)");
+        int len = m->work[m->wn - 1];
+        size_t at = m->wn - 1 - (size_t)len;
+        m->wn = at;
+        int32_t *st = m->work + at;
+        if (len == 0 || g->el[st[len - 1]].kind == GE_CHARS) {
+            if (grow32(&m->out, &m->ocap, m->on + (size_t)len + 1)) return mfail(m, "grammar: out of memory");
+            m->out[m->on] = len;
+            memcpy(m->out + m->on + 1, st, (size_t)len * sizeof *st);
+            m->on += (size_t)len + 1;
+            continue;
+        }
+        /* a reference: its continuation replaces it, then each alternative goes on top */
+        int top = st[len - 1], r = g->el[top].arg;
+        int cont = g->el[top + 1].kind != GE_END ? top + 1 : -1;
+        /* copy the stack out of work[] before pushing over it */
+        int32_t tmp[DS41_GRAMMAR_MAX_DEPTH + 1];
+        memcpy(tmp, st, (size_t)(len - 1) * sizeof *st);
+        int bl = len - 1;
+        if (cont >= 0) tmp[bl++] = cont;
+        for (int a = g->rule_nalt[r] - 1; a >= 0; a--) {
+            int start = g->alts[g->rule_alt[r] + a];
+            if (work_push(m, tmp, bl, g->el[start].kind != GE_END ? start : -1)) return -1;
+        }
+    }
+    return 0;
+}
+
+static const int32_t *sort_out;
+static int cmp_stack(const void *a, const void *b) {
+    const int32_t *x = sort_out + *(const int32_t *)a, *y = sort_out + *(const int32_t *)b;
+    int n = x[0] < y[0] ? x[0] : y[0];
+    for (int i = 1; i <= n; i++) if (x[i] != y[i]) return x[i] < y[i] ? -1 : 1;
+    return (x[0] > y[0]) - (x[0] < y[0]);
+}
+
+static uint64_t hash32(const int32_t *p, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint32_t)p[i]) * 0x100000001b3ull;
+    return h ^ (h >> 31);
+}
+
+static size_t state_size(const ds41_gmatch *m, int s) {
+    const int32_t *p = m->arena + m->soff[s];
+    size_t k = 1;
+    for (int i = 0; i < p[0]; i++) k += (size_t)p[k] + 1;
+    return k;
+}
+
+/* Interns the stacks in out[] (sorted, deduplicated): the state id, -1 when there is none. */
+static int intern(ds41_gmatch *m) {
+    if (m->on == 0) return -1;
+    size_t ns = 0;
+    for (size_t k = 0; k < m->on; k += (size_t)m->out[k] + 1) ns++;
+    if (ns > DS41_GRAMMAR_MAX_STACKS * 4) return mfail(m, "grammar: too many parses at once (an ambiguous grammar; a limit)");
+    if (grow32(&m->order, &m->ordcap, ns)) return mfail(m, "grammar: out of memory");
+    ns = 0;
+    for (size_t k = 0; k < m->on; k += (size_t)m->out[k] + 1) m->order[ns++] = (int32_t)k;
+    sort_out = m->out;   /* the scheduler thread alone matches at a time (grammar.h) */
+    qsort(m->order, ns, sizeof *m->order, cmp_stack);
+    size_t uniq = 0, total = 1;
+    for (size_t i = 0; i < ns; i++) {
+        if (uniq && !cmp_stack(&m->order[uniq - 1], &m->order[i])) continue;
+        m->order[uniq++] = m->order[i];
+        total += (size_t)m->out[m->order[i]] + 1;
+    }
+    if (uniq > DS41_GRAMMAR_MAX_STACKS) return mfail(m, "grammar: too many parses at once (an ambiguous grammar; a limit)");
+    if (m->an + total > ARENA_MAX) return mfail(m, "grammar: state memory limit reached");
+    if (grow32(&m->arena, &m->acap, m->an + total)) return mfail(m, "grammar: out of memory");
+    int32_t *p = m->arena + m->an;
+    p[0] = (int32_t)uniq;
+    size_t w = 1;
+    int acc = 0;
+    for (size_t i = 0; i < uniq; i++) {
+        const int32_t *s = m->out + m->order[i];
+        memcpy(p + w, s, ((size_t)s[0] + 1) * sizeof *s);
+        acc |= s[0] == 0;
+        w += (size_t)s[0] + 1;
+    }
+    uint64_t h = hash32(p, total);
+    size_t mask = m->hcap - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+        int s = m->ht[i];
+        if (s < 0) {
+            if (m->ns >= DS41_GRAMMAR_MAX_STATES) return mfail(m, "grammar: too many states (a limit)");
+            if (m->ns == m->scap) {
+                int nc = m->scap * 2;
+                size_t *so = realloc(m->soff, (size_t)nc * sizeof *so);
+                if (so) m->soff = so;
+                int32_t **tr = realloc(m->trans, (size_t)nc * sizeof *tr);
+                if (tr) m->trans = tr;
+                uint32_t **mk = realloc(m->mask, (size_t)nc * sizeof *mk);
+                if (mk) m->mask = mk;
+                uint8_t *ac = realloc(m->acc, (size_t)nc);
+                if (ac) m->acc = ac;
+                if (!so || !tr || !mk || !ac) return mfail(m, "grammar: out of memory");
+                m->scap = nc;
+            }
+            s = m->ns++;
+            m->soff[s] = m->an;
+            m->trans[s] = NULL;
+            m->mask[s] = NULL;
+            m->acc[s] = (uint8_t)acc;
+            m->an += total;
+            m->ht[i] = s;
+            /* keep the table at most half full */
+            if ((size_t)m->ns * 2 > m->hcap) {
+                size_t nc = m->hcap * 2;
+                int32_t *nt = malloc(nc * sizeof *nt);
+                if (!nt) return mfail(m, "grammar: out of memory");
+                memset(nt, 0xff, nc * sizeof *nt);
+                for (int t = 0; t < m->ns; t++) {
+                    uint64_t ht = hash32(m->arena + m->soff[t], state_size(m, t));
+                    size_t j = ht & (nc - 1);
+                    while (nt[j] >= 0) j = (j + 1) & (nc - 1);
+                    nt[j] = t;
+                }
+                free(m->ht);
+                m->ht = nt;
+                m->hcap = nc;
+            }
+            return s;
+        }
+        if (state_size(m, s) == total && !memcmp(m->arena + m->soff[s], p, total * sizeof *p)) return s;
+    }
+}
+
+/* ------------------------------------------------------------------ matcher */
+
+ds41_gmatch *ds41_gmatch_new(const ds41_grammar *g, const ds41_gvocab *v) {
+    ds41_gmatch *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    m->g = g;
+    m->v = v;
+    m->words = (v->V + 31) / 32;
+    m->scap = 64;
+    m->hcap = 256;
+    m->soff = malloc((size_t)m->scap * sizeof *m->soff);
+    m->trans = malloc((size_t)m->scap * sizeof *m->trans);
+    m->mask = malloc((size_t)m->scap * sizeof *m->mask);
+    m->acc = malloc((size_t)m->scap);
+    m->ht = malloc(m->hcap * sizeof *m->ht);
+    m->mbuf = malloc((size_t)m->words * sizeof *m->mbuf);
+    m->dst = malloc((size_t)(v->max_depth + 2) * sizeof *m->dst);
+    if (!m->soff || !m->trans || !m->mask || !m->acc || !m->ht || !m->mbuf || !m->dst) { ds41_gmatch_free(m); return NULL; }
+    memset(m->ht, 0xff, m->hcap * sizeof *m->ht);
+    return m;
+}
+
+void ds41_gmatch_free(ds41_gmatch *m) {
+    if (!m) return;
+    for (int s = 0; s < m->ns; s++) { free(m->trans[s]); free(m->mask[s]); }
+    free(m->soff); free(m->trans); free(m->mask); free(m->acc); free(m->ht); free(m->mbuf); free(m->dst);
+    free(m->arena); free(m->out); free(m->work); free(m->order);
+    free(m);
+}
+
+const char *ds41_gmatch_error(const ds41_gmatch *m) { return m->err[0] ? m->err : "grammar: no error"; }
+
+void ds41_gmatch_stats(const ds41_gmatch *m, long long *states, long long *computed, long long *cached) {
+    if (states) *states = m->ns;
+    if (computed) *computed = m->computed;
+    if (cached) *cached = m->cached;
+}
+
+int ds41_gmatch_start(ds41_gmatch *m) {
+    const ds41_grammar *g = m->g;
+    m->on = m->wn = 0;
+    int r = g->root;
+    for (int a = g->rule_nalt[r] - 1; a >= 0; a--) {
+        int start = g->alts[g->rule_alt[r] + a];
+        if (work_push(m, NULL, 0, g->el[start].kind != GE_END ? start : -1)) return -1;
+    }
+    if (expand(m)) return -1;
+    return intern(m);
+}
+
+static int step(ds41_gmatch *m, int s, unsigned byte) {
+    int32_t *tr = m->trans[s];
+    if (tr && tr[byte] != -2) return tr[byte];
+    if (!tr) {
+        tr = m->trans[s] = malloc(256 * sizeof *tr);
+        if (!tr) return mfail(m, "grammar: out of memory");
+        for (int i = 0; i < 256; i++) tr[i] = -2;
+    }
+    const ds41_grammar *g = m->g;
+    m->on = m->wn = 0;
+    size_t off = m->soff[s];
+    int n = m->arena[off];
+    size_t k = off + 1;
+    for (int i = 0; i < n; i++) {
+        int len = m->arena[k];
+        const int32_t *st = m->arena + k + 1;
+        k += (size_t)len + 1;
+        if (len == 0) continue;
+        int top = st[len - 1];
+        if (!gcs_has(g->cs + (size_t)g->el[top].arg * 8, byte)) continue;
+        int next = g->el[top + 1].kind != GE_END ? top + 1 : -1;
+        if (work_push(m, st, len - 1, next)) return -1;
+    }
+    if (expand(m)) return -1;
+    int r = m->on ? intern(m) : -1;
+    if (r == -1 && m->err[0]) return -1;
+    /* the table may have moved if intern grew the arrays: fetch it again */
+    m->trans[s][byte] = r;
+    return r;
+}
+
+int ds41_gmatch_advance_bytes(ds41_gmatch *m, int s, const char *p, size_t n) {
+    for (size_t i = 0; i < n && s >= 0; i++) s = step(m, s, (unsigned char)p[i]);
+    return s;
+}
+
+int ds41_gmatch_advance(ds41_gmatch *m, int s, int id) {
+    if (s < 0 || id < 0 || id >= m->v->V || !m->v->len[id]) return -1;
+    return ds41_gmatch_advance_bytes(m, s, m->v->arena + m->v->off[id], m->v->len[id]);
+}
+
+int ds41_gmatch_can_end(ds41_gmatch *m, int s) { return s >= 0 && s < m->ns && m->acc[s]; }
+
+const uint32_t *ds41_gmatch_mask(ds41_gmatch *m, int s) {
+    if (s < 0 || s >= m->ns) return NULL;
+    if (m->mask[s]) { m->cached++; return m->mask[s]; }
+    const ds41_gvocab *v = m->v;
+    size_t bytes = (size_t)m->words * sizeof(uint32_t);
+    uint32_t *mk = m->mask_bytes + bytes <= MASK_CACHE_BYTES ? malloc(bytes) : NULL;
+    if (!mk) mk = m->mbuf;
+    memset(mk, 0, bytes);
+    m->dst[0] = s;
+    for (int i = 0; i < v->n_nodes;) {
+        int d = v->depth[i], ps = m->dst[d - 1];
+        /* the transition table first (a known transition is one load), step() otherwise */
+        const int32_t *tr = m->trans[ps];
+        int t = tr && tr[v->byte[i]] != -2 ? tr[v->byte[i]] : step(m, ps, v->byte[i]);
+        if (t < 0) {
+            if (m->err[0]) { if (mk != m->mbuf) free(mk); return NULL; }
+            i = v->end[i];
+            continue;
+        }
+        m->dst[d] = t;
+        for (int k = 0, n = v->ntok[i]; k < n; k++) {
+            int id = v->toks[v->tok0[i] + k];
+            mk[id >> 5] |= 1u << (id & 31);
+        }
+        i++;
+    }
+    m->computed++;
+    if (mk != m->mbuf) { m->mask[s] = mk; m->mask_bytes += bytes; }
+    return mk;
+}
+
+void ds41_gmask_apply(const uint32_t *mask, float *row, int V) {
+    int full = V / 32;
+    for (int w = 0; w < full; w++) {
+        uint32_t x = mask[w];
+        if (x == 0xFFFFFFFFu) continue;
+        float *r = row + (size_t)w * 32;
+        if (x == 0) {
+            for (int k = 0; k < 32; k++) r[k] = -INFINITY;
+            continue;
+        }
+        for (uint32_t z = ~x; z; z &= z - 1) r[__builtin_ctz(z)] = -INFINITY;
+    }
+    for (int i = full * 32; i < V; i++)
+        if (!(mask[i >> 5] >> (i & 31) & 1)) row[i] = -INFINITY;
+}

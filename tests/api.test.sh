@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The API agents need (issue 25) on models/demo, on an exact --spec off server and an exact
+# --spec fixed:3 one: sampling controls and validation (tests/serve/api_sampling.py); constrained
+# output through the OpenAI SDK validated with ajv, batch invariance and spec = plain
+# (tests/serve/api_structured.mjs).
+set -u
+cd "${DS41_ROOT:-$(dirname "$0")/..}"
+DS41=${DS41:-./ds41}
+PY=${PYTHON:-/usr/bin/python3}
+TMP=$(mktemp -d /tmp/ds41-api.XXXXXX)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$TMP"; }
+trap cleanup EXIT
+export XDG_CACHE_HOME="$TMP/cache"
+. tests/lib.sh
+fail() { echo "FAIL $1: $2"; }
+serve_start plain -m models/demo --exact -c 2048 --spec off || exit 1
+PA=$PORT
+serve_start spec -m models/demo --exact -c 2048 --spec fixed:3 || exit 1
+PB=$PORT
+timeout 300 "$PY" tests/serve/api_sampling.py "$PA" "$PB" || echo "FAIL api_sampling: exit status $?"
+if [ -d tests/oracle/node_modules/openai ] && [ -d tests/oracle/node_modules/ajv ]; then
+    timeout 500 node tests/serve/api_structured.mjs "$PA" "$PB" || echo "FAIL api_structured: exit status $?"
+else
+    echo "FAIL api_structured: tests/oracle/node_modules (openai, ajv) missing (run make setup)"
+fi
