@@ -38,22 +38,37 @@ struct ds41_session {
     ds41_dspark_work *dwork;   /* the proposals' scratch: allocated on the first, then reused */
     /* Deferred DSpark seeding (--spec auto): while the drafting gate is dormant no proposal
      * reads the stage rings, so the context rows of the fed positions wait here instead of
-     * being written each step: the last `window` of them ([dpend_n][n_dspark_targets * dim],
-     * positions dpend_pos0 ..), written in one ds41_dspark_seed before the next proposal,
+     * being written each step: the last `window` of them (a circular buffer of `window` rows
+     * of n_dspark_targets * dim floats: row i of the dpend_n, position dpend_pos0 + i, in slot
+     * (dpend_head + i) mod window, so that a step copies one row, not the window), written in
+     * one ds41_dspark_seed before the next proposal,
      * verify or digest. The rings then hold exactly what seeding every step writes (a ring
      * keeps only its last `window` positions; rows are computed independently), so drafts,
      * outputs and digests do not change; a dormant session skips 3 % of a demo decode step. */
     float *dpend;
-    int dpend_n;
+    int dpend_n, dpend_head;
     long long dpend_pos0;
 };
 
 /* Writes the deferred context rows into the rings (see dpend). */
 static int seed_flush(ds41_session *s, ds41_err *err) {
     if (s->dpend_n <= 0) return 0;
-    int n = s->dpend_n;
+    const ds41_config *cfg = s->e->cfg;
+    int n = s->dpend_n, W = cfg->window, h = s->dpend_head;
+    size_t w = (size_t)cfg->n_dspark_targets * cfg->dim;
     s->dpend_n = 0;
-    return ds41_dspark_seed(s->e, &s->seq.cache, s->dpend, n, s->dpend_pos0, err);
+    s->dpend_head = 0;
+    if (h + n > W) {
+        /* wrapped: rotate the buffer into position order (once per flush) */
+        float *t = malloc((size_t)n * w * sizeof(float));
+        if (!t) return ds41_errf(err, "dspark: out of memory");
+        memcpy(t, s->dpend + (size_t)h * w, (size_t)(W - h) * w * sizeof(float));
+        memcpy(t + (size_t)(W - h) * w, s->dpend, (size_t)(n - (W - h)) * w * sizeof(float));
+        int rc = ds41_dspark_seed(s->e, &s->seq.cache, t, n, s->dpend_pos0, err);
+        free(t);
+        return rc;
+    }
+    return ds41_dspark_seed(s->e, &s->seq.cache, s->dpend + (size_t)h * w, n, s->dpend_pos0, err);
 }
 
 /* After a forward outside a verify: the DSpark rings get the forward's context rows now, or
@@ -77,15 +92,17 @@ static int seed_rows(ds41_session *s, ds41_err *err) {
     const float *src = q->main_hidden;
     long long p0 = q->mh_pos0;
     if (m > W) { src += (size_t)(m - W) * w; p0 += m - W; m = W; }
-    if (s->dpend_n + m > W) {
-        int drop = s->dpend_n + m - W;
-        memmove(s->dpend, s->dpend + (size_t)drop * w, (size_t)(s->dpend_n - drop) * w * sizeof(float));
-        s->dpend_n -= drop;
-        s->dpend_pos0 += drop;
+    if (s->dpend_n == 0) { s->dpend_pos0 = p0; s->dpend_head = 0; }
+    for (int i = 0; i < m; i++) {
+        if (s->dpend_n == W) {   /* full: the oldest row leaves */
+            s->dpend_head = (s->dpend_head + 1) % W;
+            s->dpend_n--;
+            s->dpend_pos0++;
+        }
+        int slot = (s->dpend_head + s->dpend_n) % W;
+        memcpy(s->dpend + (size_t)slot * w, src + (size_t)i * w, w * sizeof(float));
+        s->dpend_n++;
     }
-    if (s->dpend_n == 0) s->dpend_pos0 = p0;
-    memcpy(s->dpend + (size_t)s->dpend_n * w, src, (size_t)m * w * sizeof(float));
-    s->dpend_n += m;
     return 0;
 }
 
@@ -274,7 +291,7 @@ void ds41_session_reset(ds41_session *s) {
     q->rows_computed = q->rows_full = 0;
     s->sampler = s->sampler0;
     s->spec.pending = -1;
-    s->dpend_n = 0;
+    s->dpend_n = s->dpend_head = 0;
     s->broken = 0;
     s->err[0] = 0;
 }
