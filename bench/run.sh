@@ -16,7 +16,10 @@ bash bench/tokenizer.sh || status=1
 # GMAC/s of each linear for T = 1, 8, 64 and 1, 2 threads (decode: compare GB/s with the read
 # bandwidth; prefill: GMAC/s with the FMA peak). About a minute; DS41_BENCH_QUICK=1 halves it.
 echo "== kernels"
-"${DS41_BUILD:-build}"/bench/bench_kernels ${DS41_BENCH_QUICK:+--quick} || status=1
+RES=${DS41_BENCH_RESULTS:-build/bench-results}   # the saved results bench/plot.py draws (plots block)
+mkdir -p "$RES"
+"${DS41_BUILD:-build}"/bench/bench_kernels ${DS41_BENCH_QUICK:+--quick} | tee "$RES/kernels.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
 # ---- end kernels ----------------------------------------------------------------------------
 
 # ---- store (bench/bench_pstore.c): persistent prefix store put / get of 128-token blocks ---------
@@ -45,5 +48,33 @@ for spec in "small43 tests/configs/small43 256,1024,4096 16" "prodwidth4 bench/c
     "${DS41_BUILD:-build}"/ds41 bench -m "$ck" --lengths "$3" --decode "$4" -t "$T" || status=1
 done
 # ---- end model ------------------------------------------------------------------------------
+
+# ---- plots (bench/plot.py): kernels vs the machine, prefill ced vs full, serving vs concurrency --
+# Saves JSON into $RES (build/bench-results): ds41 bench --json prefill curves (demo 32..1024;
+# small43 256..4096), ds41 bench-serve --json at concurrency 1,4,16 against ds41 serve on the
+# demo model (a port the kernel picks); then draws docs/img/*.png from $RES with Debian's
+# matplotlib (DS41_BENCH_IMG to write elsewhere). Redraw saved results: bench/plot.py DIR OUT.
+echo "== plots"
+"${DS41_BUILD:-build}"/ds41 bench -m models/demo --lengths 32,64,128,256,512,1024 --decode 8 -t "$T" --json \
+    >"$RES/prefill-demo.json" || status=1
+[ -f build/bench-ck/small43/.complete ] && { "${DS41_BUILD:-build}"/ds41 bench -m build/bench-ck/small43 \
+    --lengths 256,512,1024,2048,4096 --decode 4 -t "$T" --json >"$RES/prefill-small43.json" || status=1; }
+slog=$(mktemp /tmp/ds41-bench-serve.XXXXXX)
+"${DS41_BUILD:-build}"/ds41 serve -m models/demo --port 0 -t "$T" --parallel 16 >"$slog" 2>&1 &
+spid=$!
+port=
+for _ in $(seq 1 300); do
+    port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$slog"); [ -n "$port" ] && break
+    kill -0 $spid 2>/dev/null || break; sleep 0.1
+done
+if [ -n "$port" ]; then
+    "${DS41_BUILD:-build}"/ds41 bench-serve --port "$port" --concurrency 1,4,16 --input-len 128 --output-len 64 --json \
+        >"$RES/serve-demo.jsonl" || status=1
+else
+    echo "bench: ds41 serve did not start: $(tail -n 3 "$slog")" >&2; status=1
+fi
+kill $spid 2>/dev/null; wait $spid 2>/dev/null; rm -f "$slog"
+/usr/bin/python3 bench/plot.py "$RES" "${DS41_BENCH_IMG:-docs/img}" || status=1
+# ---- end plots ------------------------------------------------------------------------------
 
 exit $status

@@ -9,6 +9,7 @@
 
 #include "cli.h"
 #include "cli_args.h"
+#include "cli_progress.h"
 #include "cli_spec.h"
 #include "ds41.h"
 #include "kernels.h"
@@ -210,7 +211,11 @@ int ds41_cli_bench(int argc, char **argv) {
     lp.ctx_size = ctx > 0 ? ctx : maxlen + (n_batch > 0 ? BENCH_ROUNDS * n_dec + 2 : n_dec + 1);
     if (spec && ctx <= 0 && lp.ctx_size < 32 + spec_n + 80) lp.ctx_size = 32 + spec_n + 80;
     char ebuf[1024];
+    char plabel[128];
+    snprintf(plabel, sizeof plabel, "loading %s", dir);
+    ds41_progress *pg = ds41_progress_start(plabel);
     ds41_engine *e = ds41_load(dir, &lp, ebuf, sizeof ebuf);
+    ds41_progress_end(pg);
     if (!e && ctx <= 0) {
         /* the model's context may be shorter than asked for: fall back to its maximum */
         lp.ctx_size = 0;

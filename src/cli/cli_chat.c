@@ -10,11 +10,15 @@
  * (the end of an assistant turn), a <｜User｜> / <｜Assistant｜> marker, -n tokens or the end of
  * the context.
  *
- * On a terminal: a "> " prompt, line editing and history when built with libedit. Otherwise
- * one user message per input line and each answer on stdout followed by a newline, nothing
- * else (thinking-mode reasoning and --verbose statistics go to stderr), so it can be scripted.
- * Lines "/reset" (forget the conversation, keep --system) and "/exit" are commands; empty
- * lines are skipped.
+ * On a terminal: a "> " prompt, line editing and history when built with libedit (the history
+ * kept in ${XDG_STATE_HOME:-~/.local/state}/ds41/chat_history), Ctrl-C stops the answer being
+ * written (or clears the line at the prompt) and Ctrl-D quits, a progress line on stderr for
+ * loading and prefills that take more than two seconds. Otherwise one user message per input
+ * line and each answer on stdout followed by a newline, nothing else (thinking-mode reasoning,
+ * command feedback and --verbose statistics go to stderr), so it can be scripted. Commands
+ * (chat_command): /help, /reset (forget the conversation, keep the system message), /system
+ * [TEXT] (set or clear it), /save FILE (the conversation as a messages JSON that ds41
+ * chat-template reads), /exit; "//text" sends "/text"; empty lines are skipped.
  *
  * --spec (default auto with DSpark stages, docs/speculative.md): after each token the drafter
  * proposes a block, K drafts are chosen (fixed:K, or the confidence scheduler over the
@@ -23,6 +27,8 @@
  * token and to the tokens -n leaves, so the session holds exactly what plain decoding would
  * have fed (the history reuse is unchanged; exact greedy answers are identical to --spec off). */
 #include <errno.h>
+#include <jansson.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +43,7 @@
 #include "chat.h"
 #include "cli.h"
 #include "cli_args.h"
+#include "cli_progress.h"
 #include "cli_spec.h"
 #include "common.h"
 #include "ds41.h"
@@ -63,7 +70,26 @@ static const char *CHAT_USAGE =
     "                         else measured once before the first answer)\n"
     "  --verbose              one statistics line per turn on stderr (tokens rendered, reused, prefilled,\n"
     "                         generated, tokens/s, why it stopped; with --spec drafted / accepted)\n"
-    "Input: one user message per line; /reset forgets the conversation, /exit (or end of input) quits.\n";
+    "Input: one user message per line. Commands (type /help in the chat):\n"
+    "  /help  /reset  /system [TEXT]  /save FILE  /exit      //text sends a message that starts with '/'\n"
+    "On a terminal: line editing and history, Ctrl-C stops an answer, Ctrl-D (or /exit) quits.\n"
+    "Examples:\n"
+    "  ds41 chat -m models/demo\n"
+    "  ds41 chat -m models/demo --system \"You are terse.\" -n 64 --temp 0.7 --seed 1\n"
+    "  printf 'What does telescope mean?\\n' | ds41 chat -m models/demo     # one answer line per input line\n";
+
+static const char *CHAT_HELP =
+    "  /help           this list\n"
+    "  /reset          forget the conversation (the system message stays)\n"
+    "  /system TEXT    set the system message (/system alone clears it); the conversation is kept\n"
+    "  /save FILE      write the conversation as a messages JSON (ds41 chat-template -m DIR FILE renders it)\n"
+    "  /exit           quit (also Ctrl-D)\n"
+    "  //text          send a message that starts with '/'\n"
+    "  Ctrl-C          stop the answer being written\n";
+
+/* Ctrl-C on a terminal: stops the answer (checked between tokens), not the program. */
+static volatile sig_atomic_t chat_interrupted;
+static void on_sigint(int sig) { (void)sig; chat_interrupted = 1; }
 
 /* ---------------------------------------------------------------- growable buffers */
 
@@ -102,7 +128,7 @@ static int str_add(str_buf *b, const char *s, size_t n) {
 typedef struct turn { char *user, *answer, *reasoning; } turn;
 
 typedef struct chat_state {
-    const char *system;
+    char *system;   /* owned; NULL: none */
     ds41_chat_options opts;
     turn *t;
     size_t n, cap;
@@ -156,11 +182,14 @@ static void end_reasoning(const out_ctx *o, int *started) {
     *started = 2;
 }
 
-/* One line of input (without its newline) or NULL at the end of input; malloc'd. */
+/* One line of input (without its newline) or NULL at the end of input; malloc'd. Ctrl-C at
+ * the prompt gives an empty line (skipped), not the end. */
 static char *read_line(const out_ctx *o) {
+    chat_interrupted = 0;
 #ifdef DS41_HAVE_LIBEDIT
     if (o->interactive) {
         char *l = readline("> ");
+        if (!l && chat_interrupted) { chat_interrupted = 0; putchar('\n'); return strdup(""); }
         if (l && *l) add_history(l);
         return l;
     }
@@ -168,16 +197,66 @@ static char *read_line(const out_ctx *o) {
     if (o->interactive) { fputs("> ", stdout); fflush(stdout); }
     char *line = NULL;
     size_t cap = 0;
+    errno = 0;
     ssize_t n = getline(&line, &cap, stdin);
+    if (n < 0 && errno == EINTR && chat_interrupted) {
+        clearerr(stdin);
+        chat_interrupted = 0;
+        putchar('\n');
+        free(line);
+        return strdup("");
+    }
     if (n < 0) { free(line); return NULL; }
     while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
     return line;
+}
+
+/* ---------------------------------------------------------------- history file, /save */
+
+#ifdef DS41_HAVE_LIBEDIT
+/* ${XDG_STATE_HOME:-$HOME/.local/state}/ds41/chat_history (directories made); NULL without HOME */
+static char *history_path(void) {
+    const char *xs = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
+    char base[4096];
+    if (xs && xs[0]) snprintf(base, sizeof base, "%s/ds41", xs);
+    else if (home && home[0]) snprintf(base, sizeof base, "%s/.local/state/ds41", home);
+    else return NULL;
+    for (char *p = base + 1; *p; p++)
+        if (*p == '/') { *p = 0; mkdir(base, 0700); *p = '/'; }
+    mkdir(base, 0700);
+    size_t n = strlen(base) + sizeof "/chat_history";
+    char *path = malloc(n);
+    if (path) snprintf(path, n, "%s/chat_history", base);
+    return path;
+}
+#endif
+
+/* The conversation as a messages JSON array (the input of ds41 chat-template). */
+static int save_conversation(const chat_state *c, const char *path, char *msg, size_t cap) {
+    json_t *a = json_array();
+    int bad = !a;
+    if (!bad && c->system) bad |= json_array_append_new(a, json_pack("{s:s, s:s}", "role", "system", "content", c->system));
+    for (size_t i = 0; i < c->n && !bad; i++) {
+        bad |= json_array_append_new(a, json_pack("{s:s, s:s}", "role", "user", "content", c->t[i].user));
+        json_t *m = json_pack("{s:s, s:s}", "role", "assistant", "content", c->t[i].answer);
+        if (m && c->t[i].reasoning && c->t[i].reasoning[0])
+            json_object_set_new(m, "reasoning_content", json_string(c->t[i].reasoning));
+        bad |= json_array_append_new(a, m);
+    }
+    if (bad) { json_decref(a); snprintf(msg, cap, "out of memory"); return -1; }
+    int rc = json_dump_file(a, path, JSON_INDENT(2) | JSON_ENSURE_ASCII);
+    size_t nm = json_array_size(a);
+    json_decref(a);
+    if (rc) { snprintf(msg, cap, "cannot write %s: %s", path, errno ? strerror(errno) : "write failed"); return -1; }
+    snprintf(msg, cap, "saved %zu messages to %s", nm, path);
+    return 0;
 }
 
 /* ---------------------------------------------------------------- the command */
 
 int ds41_cli_chat(int argc, char **argv) {
     const char *dir = NULL, *system = NULL, *spec_arg = NULL;
+    char *hist_file = NULL;
     int thinking = 0, verbose = 0;
     ds41_cli_gen g;
     ds41_cli_gen_default(&g);
@@ -199,7 +278,11 @@ int ds41_cli_chat(int argc, char **argv) {
             else dir = argv[++i];
         } else { fprintf(stderr, "ds41 chat: unknown option '%s'\n%s", a, CHAT_USAGE); return 2; }
     }
-    if (!dir) { fprintf(stderr, "ds41 chat: -m DIR is required\n%s", CHAT_USAGE); return 2; }
+    if (!dir) {
+        fprintf(stderr, "ds41 chat: -m DIR is required: the checkpoint directory, e.g. ds41 chat -m models/demo "
+                "(ds41 chat --help for the options)\n");
+        return 2;
+    }
 
     int rc = 1;
     ds41_err err;
@@ -215,7 +298,11 @@ int ds41_cli_chat(int argc, char **argv) {
     int32_t *spec_out = NULL;
 
     struct stat dsb;
-    if (stat(dir, &dsb) != 0) { fprintf(stderr, "ds41 chat: %s: cannot open: %s\n", dir, strerror(errno)); goto out; }
+    if (stat(dir, &dsb) != 0) {
+        fprintf(stderr, "ds41 chat: %s: cannot open: %s%s\n", dir, strerror(errno),
+                errno == ENOENT ? " (the bundled model is models/demo, run from the repository root)" : "");
+        goto out;
+    }
     if (!ds41_cli_file_exists(dir, "tokenizer.json")) {
         fprintf(stderr, "ds41 chat: %s has no tokenizer.json: chat needs the model's tokenizer\n", dir);
         goto out;
@@ -230,7 +317,11 @@ int ds41_cli_chat(int argc, char **argv) {
     lp.engram_cache = g.engram_cache;
     lp.n_threads = g.threads;
     lp.ctx_size = g.ctx;
+    char plabel[128];
+    snprintf(plabel, sizeof plabel, "loading %s", dir);
+    ds41_progress *pg = ds41_progress_start(plabel);
     e = ds41_load(dir, &lp, ebuf, sizeof ebuf);
+    ds41_progress_end(pg);
     if (!e) { fprintf(stderr, "ds41 chat: %s\n", ebuf); goto out; }
     int V = ds41_vocab_size(e);
     long long C = ds41_ctx_size(e);
@@ -260,7 +351,7 @@ int ds41_cli_chat(int argc, char **argv) {
     /* the end of an assistant turn: the end of sentence, or the model opening a new turn */
     int32_t stops[3] = { ds41_tokenizer_eos(tok), ds41_token_id(tok, "<｜User｜>"), ds41_token_id(tok, "<｜Assistant｜>") };
     int32_t end_think = ds41_token_id(tok, "</think>");
-    c.system = system;
+    if (system && !(c.system = strdup(system))) goto oom;
     ds41_chat_options_init(&c.opts);
     c.opts.thinking = thinking;
     out_ctx oc = { isatty(0), isatty(1) };
@@ -268,22 +359,60 @@ int ds41_cli_chat(int argc, char **argv) {
     piece = malloc(dcap + 1);
     if (!piece) { fprintf(stderr, "ds41 chat: out of memory\n"); goto out; }
     int n_turn = 0;
+    /* command feedback: on the terminal where the user typed, else on stderr */
+    FILE *say = oc.interactive ? stdout : stderr;
+    if (oc.interactive) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_sigint;   /* no SA_RESTART: a read at the prompt returns */
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGINT, &sa, NULL);
+#ifdef DS41_HAVE_LIBEDIT
+        if ((hist_file = history_path())) read_history(hist_file);
+#endif
+        fprintf(stdout, "ds41 chat with %s: /help for the commands, Ctrl-D to quit\n", dir);
+    }
 
     for (;;) {
         if (!(line = read_line(&oc))) {
             if (oc.interactive) putchar('\n');   /* end of input at the prompt */
             break;
         }
-        if (!strcmp(line, "/exit")) break;
-        if (!strcmp(line, "/reset")) {
-            history_clear(&c);
-            ds41_session_reset(s);
-            held.n = 0;
-            if (verbose || oc.interactive) fprintf(stderr, "chat: conversation reset\n");
+        if (line[0] == '/' && line[1] != '/') {
+            /* a command: the word after '/', then its argument */
+            char *arg = line + 1 + strcspn(line + 1, " \t");
+            if (*arg) *arg++ = 0;
+            arg += strspn(arg, " \t");
+            const char *cmd = line + 1;
+            if (!strcmp(cmd, "exit") || !strcmp(cmd, "quit")) break;
+            if (!strcmp(cmd, "help")) fputs(CHAT_HELP, say);
+            else if (!strcmp(cmd, "reset")) {
+                history_clear(&c);
+                ds41_session_reset(s);
+                held.n = 0;
+                if (verbose || oc.interactive) fprintf(say, "chat: conversation reset\n");
+            } else if (!strcmp(cmd, "system")) {
+                /* the next turn renders with it; the session's tokens no longer prefix the
+                 * rendering, so that turn prefills the conversation again */
+                free(c.system);
+                c.system = NULL;
+                if (*arg && !(c.system = strdup(arg))) goto oom;
+                if (verbose || oc.interactive)
+                    fprintf(say, "chat: system message %s\n", c.system ? "set" : "cleared");
+            } else if (!strcmp(cmd, "save")) {
+                char msg[512];
+                if (!*arg) fprintf(stderr, "ds41 chat: /save needs a file name: /save conversation.json\n");
+                else if (save_conversation(&c, arg, msg, sizeof msg)) fprintf(stderr, "ds41 chat: %s\n", msg);
+                else if (verbose || oc.interactive) fprintf(say, "chat: %s\n", msg);
+            } else {
+                fprintf(stderr, "ds41 chat: unknown command '/%s': /help lists the commands (//%s sends it as a message)\n",
+                        cmd, cmd);
+            }
             free(line);
             line = NULL;
             continue;
         }
+        if (line[0] == '/') memmove(line, line + 1, strlen(line));   /* "//text": the message "/text" */
         if (!line[0]) { free(line); line = NULL; continue; }
         n_turn++;
 
@@ -313,7 +442,10 @@ int ds41_cli_chat(int argc, char **argv) {
         size_t reuse = held.n > 0 && held.n < n_ids && !memcmp(held.v, ids, held.n * sizeof *ids) ? held.n : 0;
         if (reuse == 0 && held.n > 0) ds41_session_reset(s);
         double t0 = ds41_cli_now();
+        snprintf(plabel, sizeof plabel, "prefill %zu tokens", n_ids - reuse);
+        pg = ds41_progress_start(plabel);
         int frc = ds41_feed(s, ids + reuse, n_ids - reuse);
+        ds41_progress_end(pg);
         double t_prefill = ds41_cli_now() - t0;
         held.n = 0;
         int bad = frc != 0;
@@ -332,7 +464,10 @@ int ds41_cli_chat(int argc, char **argv) {
         int in_reasoning = thinking, shown = 0, n_gen = 0;
         const char *why = "length";
         if (spc.mode == DS41_SPEC_AUTO && !have_curve) {
-            if (ds41_cli_spec_curve(e, dir, g.threads, g.exact, !(verbose || oc.interactive), &curve)) goto out;
+            pg = ds41_progress_start("measuring the speculative verify costs");
+            int crc = ds41_cli_spec_curve(e, dir, g.threads, g.exact, !verbose, &curve);
+            ds41_progress_end(pg);
+            if (crc) goto out;
             have_curve = 1;
         }
         /* speculative: the tokens of the last verify still to show (spec_out[qi..nq)), the
@@ -341,6 +476,9 @@ int ds41_cli_chat(int argc, char **argv) {
         long long drafted = 0, accepted = 0;
         double t1 = ds41_cli_now();
         for (int k = 0; k < g.n_predict; k++) {
+            /* Ctrl-C: stop here, once the tokens already in the session are shown (the
+             * accepted drafts of the last verify), so the history and the session agree */
+            if (chat_interrupted && qi >= qa) { why = "interrupted"; break; }
             int fed = qi < qa;
             int32_t t = qi < nq ? spec_out[qi++] : ds41_session_sample(s);
             n_gen++;
@@ -415,6 +553,11 @@ int ds41_cli_chat(int argc, char **argv) {
         }
         putchar('\n');
         fflush(stdout);
+        if (!strcmp(why, "interrupted")) {
+            chat_interrupted = 0;
+            fprintf(stderr, "%s(stopped: the answer so far stays in the conversation)%s\n", oc.color ? "\033[2m" : "",
+                    oc.color ? "\033[0m" : "");
+        }
         if (!strcmp(why, "context"))
             fprintf(stderr, "ds41 chat: the context of %lld tokens is full: /reset to start over\n", C);
 
@@ -455,6 +598,10 @@ int ds41_cli_chat(int argc, char **argv) {
 oom:
     fprintf(stderr, "ds41 chat: out of memory\n");
 out:
+#ifdef DS41_HAVE_LIBEDIT
+    if (hist_file) { write_history(hist_file); free(hist_file); }
+#endif
+    free(c.system);
     free(line);
     free(piece);
     free(spec_out);

@@ -23,6 +23,7 @@
 
 #include "cli.h"
 #include "cli_args.h"
+#include "cli_progress.h"
 #include "common.h"
 #include "ds41.h"
 #include "tokenizer.h"
@@ -141,7 +142,11 @@ int ds41_cli_perplexity(int argc, char **argv) {
     lp.engram_cache = g.engram_cache;
     lp.n_threads = g.threads;
     lp.ctx_size = ctx;   /* a session holds one window */
+    char plabel[128];
+    snprintf(plabel, sizeof plabel, "loading %s", dir);
+    ds41_progress *pg = ds41_progress_start(plabel);
     e = ds41_load(dir, &lp, ebuf, sizeof ebuf);
+    ds41_progress_end(pg);
     if (!e) { fprintf(stderr, "ds41 perplexity: %s\n", ebuf); goto out; }
     int V = ds41_vocab_size(e);
     if (ds41_tokenizer_vocab_size(tok) > V) {

@@ -10,6 +10,7 @@
 
 #include "cli.h"
 #include "cli_args.h"
+#include "cli_progress.h"
 #include "cli_spec.h"
 #include "common.h"
 #include "ds41.h"
@@ -181,7 +182,11 @@ int ds41_cli_run(int argc, char **argv) {
     lp.engram_cache = g.engram_cache;
     lp.n_threads = g.threads;
     lp.ctx_size = g.ctx;
+    char plabel[128];
+    snprintf(plabel, sizeof plabel, "loading %s", dir);
+    ds41_progress *pg = ds41_progress_start(plabel);
     e = ds41_load(dir, &lp, ebuf, sizeof ebuf);
+    ds41_progress_end(pg);
     if (!e) { fprintf(stderr, "ds41 run: %s\n", ebuf); goto out; }
     int V = ds41_vocab_size(e);
     long long C = ds41_ctx_size(e);
@@ -257,7 +262,11 @@ int ds41_cli_run(int argc, char **argv) {
         goto out;
     }
     double t_restore = ds41_cli_now() - t0;
-    if (hit < (long long)n_ids && ds41_feed(s, ids + hit, n_ids - (size_t)hit)) {
+    snprintf(plabel, sizeof plabel, "prefill %lld tokens", (long long)n_ids - hit);
+    pg = ds41_progress_start(plabel);
+    int prc = hit < (long long)n_ids ? ds41_feed(s, ids + hit, n_ids - (size_t)hit) : 0;
+    ds41_progress_end(pg);
+    if (prc) {
         fprintf(stderr, "ds41 run: %s\n", ds41_session_error(s));
         goto out;
     }

@@ -39,7 +39,84 @@ struct ds41_session {
     ds41_spec_state spec;
     int spec_ready;
     ds41_dspark_work *dwork;   /* the proposals' scratch: allocated on the first, then reused */
+    /* Deferred DSpark seeding (--spec auto): while the drafting gate is dormant no proposal
+     * reads the stage rings, so the context rows of the fed positions wait here instead of
+     * being written each step: the last `window` of them (a circular buffer of `window` rows
+     * of n_dspark_targets * dim floats: row i of the dpend_n, position dpend_pos0 + i, in slot
+     * (dpend_head + i) mod window, so that a step copies one row, not the window), written in
+     * one ds41_dspark_seed before the next proposal,
+     * verify or digest. The rings then hold exactly what seeding every step writes (a ring
+     * keeps only its last `window` positions; rows are computed independently), so drafts,
+     * outputs and digests do not change; a dormant session skips 3 % of a demo decode step. */
+    float *dpend;
+    int dpend_n, dpend_head;
+    long long dpend_pos0;
 };
+
+/* Writes the deferred context rows into the rings (see dpend). */
+static int seed_flush(ds41_session *s, ds41_err *err) {
+    if (s->dpend_n <= 0) return 0;
+    const ds41_config *cfg = s->e->cfg;
+    int n = s->dpend_n, W = cfg->window, h = s->dpend_head;
+    size_t w = (size_t)cfg->n_dspark_targets * cfg->dim;
+    s->dpend_n = 0;
+    s->dpend_head = 0;
+    if (h + n > W) {
+        /* wrapped: rotate the buffer into position order (once per flush) */
+        float *t = malloc((size_t)n * w * sizeof(float));
+        if (!t) return ds41_errf(err, "dspark: out of memory");
+        memcpy(t, s->dpend + (size_t)h * w, (size_t)(W - h) * w * sizeof(float));
+        memcpy(t + (size_t)(W - h) * w, s->dpend, (size_t)(n - (W - h)) * w * sizeof(float));
+        int rc = ds41_dspark_seed(s->e, &s->seq.cache, t, n, s->dpend_pos0, err);
+        free(t);
+        return rc;
+    }
+    return ds41_dspark_seed(s->e, &s->seq.cache, s->dpend + (size_t)h * w, n, s->dpend_pos0, err);
+}
+
+/* After a forward outside a verify: the DSpark rings get the forward's context rows now, or
+ * (a dormant --spec auto gate) later, through dpend. */
+static int seed_rows(ds41_session *s, ds41_err *err) {
+    ds41_seq *q = &s->seq;
+    if (!s->p.draft) return 0;
+    const ds41_config *cfg = s->e->cfg;
+    int W = cfg->window;
+    size_t w = (size_t)cfg->n_dspark_targets * cfg->dim;
+    if (s->spec_ready && s->spec.dormant && q->mh_rows > 0 && q->main_hidden && W > 0 && !s->dpend)
+        s->dpend = malloc((size_t)W * w * sizeof(float));   /* on failure: seed now, as before */
+    if (!(s->spec_ready && s->spec.dormant && s->dpend) || q->mh_rows <= 0 || !q->main_hidden) {
+        if (seed_flush(s, err)) return -1;
+        return ds41_dspark_seed(s->e, &q->cache, q->main_hidden, q->mh_rows, q->mh_pos0, err);
+    }
+    /* the pending rows must end where these start (they always do: nothing between two plain
+     * forwards moves the position backwards without a flush or reset) */
+    if (s->dpend_n > 0 && s->dpend_pos0 + s->dpend_n != q->mh_pos0 && seed_flush(s, err)) return -1;
+    int m = q->mh_rows;
+    const float *src = q->main_hidden;
+    long long p0 = q->mh_pos0;
+    if (m > W) { src += (size_t)(m - W) * w; p0 += m - W; m = W; }
+    if (s->dpend_n == 0) { s->dpend_pos0 = p0; s->dpend_head = 0; }
+    for (int i = 0; i < m; i++) {
+        if (s->dpend_n == W) {   /* full: the oldest row leaves */
+            s->dpend_head = (s->dpend_head + 1) % W;
+            s->dpend_n--;
+            s->dpend_pos0++;
+        }
+        int slot = (s->dpend_head + s->dpend_n) % W;
+        memcpy(s->dpend + (size_t)slot * w, src + (size_t)i * w, w * sizeof(float));
+        s->dpend_n++;
+    }
+    return 0;
+}
+
+/* seed_flush for the callers outside a feed: an error breaks the session. */
+static int seed_settle(ds41_session *s) {
+    ds41_err err;
+    if (!seed_flush(s, &err)) return 0;
+    snprintf(s->err, sizeof s->err, "%s", err.msg);
+    s->broken = 1;
+    return -1;
+}
 
 void ds41_load_params_default(ds41_load_params *p) {
     memset(p, 0, sizeof *p);
@@ -204,6 +281,7 @@ void ds41_session_close(ds41_session *s) {
     ds41_seq_free(&s->seq);
     ds41_spec_state_free(&s->spec);
     ds41_dspark_work_free(s->dwork);
+    free(s->dpend);
     free(s->sscratch);
     free(s->iscratch);
     free(s->prow);
@@ -224,6 +302,7 @@ void ds41_session_reset(ds41_session *s) {
     q->rows_computed = q->rows_full = 0;
     s->sampler = s->sampler0;
     s->spec.pending = -1;
+    s->dpend_n = s->dpend_head = 0;
     s->broken = 0;
     s->err[0] = 0;
 }
@@ -294,8 +373,7 @@ static int feed_impl(ds41_session *s, const int32_t *ids, size_t n, float *rows,
         int frc = rows ? ds41_forward_rows(&s->seq, ids + off, (int)m, rows + off * (size_t)V, &err)
                        : ds41_forward(&s->seq, ids + off, (int)m, last, &err);
         s->seq.plan_ahead = 0;
-        if (frc ||
-            (s->p.draft && ds41_dspark_seed(s->e, &s->seq.cache, s->seq.main_hidden, s->seq.mh_rows, s->seq.mh_pos0, &err))) {
+        if (frc || seed_rows(s, &err)) {
             snprintf(s->err, sizeof s->err, "%s", err.msg);
             s->broken = 1;
             return -1;
@@ -326,8 +404,8 @@ int ds41_session_restore(ds41_session *s, const int32_t *ids, long long M, uint8
     if (s->broken) { snprintf(s->err, sizeof s->err, "session is unusable after an earlier error; reset it"); return -1; }
     s->spec.pending = -1;
     ds41_err err;
-    if (ds41_seq_restore(&s->seq, ids, M, pages, mode, want_logits, &err) ||
-        (s->p.draft && ds41_dspark_seed(s->e, &s->seq.cache, s->seq.main_hidden, s->seq.mh_rows, s->seq.mh_pos0, &err))) {
+    s->dpend_n = 0;   /* a restore rebuilds the state: the pending rows belong to the old one */
+    if (ds41_seq_restore(&s->seq, ids, M, pages, mode, want_logits, &err) || seed_rows(s, &err)) {
         snprintf(s->err, sizeof s->err, "%s", err.msg);
         s->broken = 1;
         return -1;
@@ -409,6 +487,7 @@ static const float *draft_prepare(ds41_session *s, int32_t t_next) {
         ds41_err err;
         if (!(s->dwork = ds41_dspark_work_new(s->e, &err))) { snprintf(s->err, sizeof s->err, "%s", err.msg); return NULL; }
     }
+    if (seed_settle(s)) return NULL;   /* the proposal reads the rings */
     return q->main_hidden + (size_t)(q->mh_rows - 1) * s->e->cfg->n_dspark_targets * s->e->cfg->dim;
 }
 
@@ -562,6 +641,7 @@ int ds41_spec_verify(ds41_session *s, int32_t t_next, const int32_t *drafts, int
     if (s->broken) { snprintf(s->err, sizeof s->err, "session is unusable after an earlier error; reset it"); return -1; }
     if (spec_ready(s)) return -1;
     if (k < 0 || k + 1 > s->spec.cap) { snprintf(s->err, sizeof s->err, "verify: %d drafts, at most %d", k, s->spec.cap - 1); return -1; }
+    if (seed_settle(s)) return -1;   /* the verify snapshots and seeds the rings */
     ds41_err err;
     long long pos = s->seq.cache.pos;
     int acc = 0;
@@ -650,7 +730,7 @@ int ds41_batch_step(ds41_batch_item *it, int count) {
             ds41_err err;
             if (b->verify) {
                 long long pos = s->seq.cache.pos;
-                if (spec_ready(s)) { b->failed = 1; continue; }
+                if (spec_ready(s) || seed_settle(s)) { b->failed = 1; continue; }
                 int k = (int)b->n - 1;
                 if (k + 1 > s->spec.cap) {
                     snprintf(s->err, sizeof s->err, "verify: %d drafts, at most %d", k, s->spec.cap - 1);
@@ -723,9 +803,7 @@ int ds41_batch_step(ds41_batch_item *it, int count) {
                         ds41_spec_observe(&s->spec, (int)b->n - 1, b->n_accepted);
                     }
                 } else {
-                    rc = s->p.draft ? ds41_dspark_seed(s->e, &s->seq.cache, s->seq.main_hidden, s->seq.mh_rows,
-                                                       s->seq.mh_pos0, &err)
-                                    : 0;
+                    rc = seed_rows(s, &err);
                 }
                 if (rc < 0) {
                     snprintf(s->err, sizeof s->err, "%s", err.msg);
@@ -849,6 +927,9 @@ order:
 }
 
 uint64_t ds41_session_digest(const ds41_session *s) {
+    /* the deferred ring writes are part of the state the digest stands for: written first
+     * (which changes nothing a later call can observe) */
+    if (s->dpend_n > 0) seed_settle((ds41_session *)s);
     const ds41_seq *q = &s->seq;
     const ds41_config *cfg = s->e->cfg;
     uint64_t h = ds41_cache_digest(&q->cache);

@@ -303,12 +303,21 @@ double ds41_spec_best_theta(const ds41_spec_curve *c, int kmax, const double *su
     return best;
 }
 
+int ds41_spec_probe_floor(const ds41_spec_curve *c) {
+    if (!c || c->n < 1 || !(c->propose_s > 0)) return DS41_SPEC_PROBE_MIN;
+    double steps = (c->propose_s + c->draft_s) * ds41_spec_curve_sps(c, 1) / DS41_SPEC_PROBE_BUDGET;
+    if (!(steps < DS41_SPEC_PROBE_MAX)) return DS41_SPEC_PROBE_MAX;
+    int n = (int)ceil(steps - 1e-9);   /* 55.000000000001 steps is 55 */
+    return n < DS41_SPEC_PROBE_MIN ? DS41_SPEC_PROBE_MIN : n;
+}
+
 int ds41_spec_gate(ds41_spec_state *st, const ds41_spec_curve *c, int kmax) {
     if (kmax <= 0) return 0;
+    st->dormant = 0;
     if (!c || c->n < 1 || !(c->propose_s > 0)) return 1;   /* proposal cost unknown: always propose */
     double plain = ds41_spec_theta(c, 1, 1, 0, 1.0);
     /* even a drafter that is always right cannot beat a plain step: never propose */
-    if (!(ds41_spec_best_theta(c, kmax, NULL, NULL) > plain)) return 0;
+    if (!(ds41_spec_best_theta(c, kmax, NULL, NULL) > plain)) { st->dormant = 1; return 0; }
     double surv[DS41_SPEC_MAX_DRAFTS];
     if (kmax > DS41_SPEC_MAX_DRAFTS) kmax = DS41_SPEC_MAX_DRAFTS;
     for (int j = 0; j < kmax; j++) surv[j] = ds41_spec_survival(st, j);
@@ -318,12 +327,17 @@ int ds41_spec_gate(ds41_spec_state *st, const ds41_spec_curve *c, int kmax) {
         return 1;
     }
     /* the recent acceptance says drafting does not pay; propose now and then to notice when
-     * the text becomes predictable, less often while the probes keep failing */
-    if (++st->plain_run >= st->probe_every) {
+     * the text becomes predictable, less often while the probes keep failing, and never so
+     * often that the probes cost more than DS41_SPEC_PROBE_BUDGET of the decode time (on the
+     * demo model a probe is about 0.7 of a decode step: every 8 steps cost 4-5 %) */
+    int every = ds41_spec_probe_floor(c);
+    if (st->probe_every > every) every = st->probe_every;
+    if (++st->plain_run >= every) {
         st->plain_run = 0;
-        st->probe_every = st->probe_every * 2 > DS41_SPEC_PROBE_MAX ? DS41_SPEC_PROBE_MAX : st->probe_every * 2;
+        st->probe_every = every * 2 > DS41_SPEC_PROBE_MAX ? DS41_SPEC_PROBE_MAX : every * 2;
         return 1;
     }
+    st->dormant = 1;
     return 0;
 }
 

@@ -16,14 +16,18 @@ typedef struct ds41_spec_state {
     int32_t pending;         /* the next token, already emitted, not yet fed (-1: none) */
     /* --spec auto's drafting gate (ds41_spec_gate): decayed counts of this session's verified
      * drafts, acc_num[i] / acc_den[i] ~ P(the first i + 1 drafts accepted), plain steps since
-     * the last proposal and the probe interval */
+     * the last proposal and the probe interval; dormant: the gate's last answer was no (the
+     * session then defers its DSpark ring writes until the next proposal, session.c) */
     double acc_num[DS41_SPEC_MAX_DRAFTS], acc_den[DS41_SPEC_MAX_DRAFTS];
-    int plain_run, probe_every;
+    int plain_run, probe_every, dormant;
 } ds41_spec_state;
 
 #define DS41_SPEC_DECAY 0.95       /* per verified step: the counts' memory is ~20 drafting steps */
 #define DS41_SPEC_PROBE_MIN 8
-#define DS41_SPEC_PROBE_MAX 256
+#define DS41_SPEC_PROBE_MAX 1024
+/* the share of decode time the probes of a dormant gate may cost: a probe (a proposal and one
+ * draft, by the curve) comes after at least its cost / this many plain steps */
+#define DS41_SPEC_PROBE_BUDGET 0.01
 
 /* Seconds of a step of `width` verify rows for R sequences of which `drafting` proposed
  * (the curve's propose_s each, draft_s per verified draft); Theta = tau / that time (tau
@@ -35,6 +39,8 @@ double ds41_spec_theta(const ds41_spec_curve *c, int R, int width, int drafting,
 int ds41_spec_gate(ds41_spec_state *st, const ds41_spec_curve *c, int kmax);
 void ds41_spec_observe(ds41_spec_state *st, int k, int accepted);
 double ds41_spec_survival(const ds41_spec_state *st, int j);
+/* The fewest plain steps between two probes of a dormant gate (DS41_SPEC_PROBE_BUDGET). */
+int ds41_spec_probe_floor(const ds41_spec_curve *c);
 /* max over K = 1..kmax of Theta with survivals surv[0..K) (NULL: all 1), one sequence, drafting */
 double ds41_spec_best_theta(const ds41_spec_curve *c, int kmax, const double *surv, int *best_k);
 

@@ -483,8 +483,9 @@ static void *sched_main(void *arg) {
     ds41_sseq **local = calloc((size_t)P, sizeof *local), **dropped = calloc((size_t)S->p.max_queue + 1, sizeof *dropped);
     ds41_batch_item *items = calloc((size_t)P, sizeof *items);
     int *kmax = calloc((size_t)P, sizeof *kmax), *len = calloc((size_t)P, sizeof *len);
+    int *vrow = calloc((size_t)P, sizeof *vrow);   /* decode row r is a verify block */
     long long *pos0 = calloc((size_t)P, sizeof *pos0);
-    if (!bs || !bi || !bn || !bq || !admitted || !local || !dropped || !items || !kmax || !len || !pos0) abort();
+    if (!bs || !bi || !bn || !bq || !admitted || !local || !dropped || !items || !kmax || !len || !vrow || !pos0) abort();
     int spec = S->p.spec_mode != DS41_SPEC_OFF && S->B > 0, W = S->B + 2;
     if (spec && S->p.spec_mode == DS41_SPEC_AUTO) spec_curve_init(S);
     for (;;) {
@@ -607,6 +608,11 @@ static void *sched_main(void *arg) {
         if (spec && n_dec > 0) {
             spec_plan(S, bq, n_dec, kmax, len, budget + n_dec);
             for (int r = 0; r < n_dec; r++) {
+                /* no drafts: a plain decode row (ds41_run's K = 0 step), without a verify's
+                 * snapshot, rollback and ring writes; the same token (greedy, or the session's
+                 * sampler over the same row) */
+                vrow[r] = !(S->p.spec_mode == DS41_SPEC_AUTO && len[r] == 0);
+                if (!vrow[r]) continue;
                 bi[r] = S->vblk + (size_t)r * W;
                 bn[r] = (size_t)(1 + len[r]);
                 budget -= len[r];
@@ -634,7 +640,7 @@ static void *sched_main(void *arg) {
                 /* a prefill part: the rest of the prompt follows in later steps, so its CED row
                  * plan reaches from the prompt's end */
                 if (bq[i]->state == DS41_SEQ_PREFILL) b->ahead = (size_t)(bq[i]->n_prompt - bq[i]->fed) - bn[i];
-                if (spec && i < n_dec) {
+                if (spec && i < n_dec && vrow[i]) {
                     pos0[i] = ds41_session_pos(bs[i]);
                     b->verify = 1;
                     b->out = S->vout + (size_t)i * W;
@@ -713,7 +719,7 @@ static void *sched_main(void *arg) {
         if (done) break;
     }
     free(bs); free(bi); free(bn); free(bq); free(admitted); free(local); free(dropped);
-    free(items); free(kmax); free(len); free(pos0);
+    free(items); free(kmax); free(len); free(vrow); free(pos0);
     return NULL;
 }
 
