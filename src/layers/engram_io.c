@@ -429,9 +429,11 @@ static long long inject(ds41_engram_io *io, long long res, uint32_t want) {
 static int queue_push(ds41_engram_step *st, uint32_t r) {
     if (st->qtail == st->qcap) {
         /* compact, then grow */
-        memmove(st->queue, st->queue + st->qhead, (st->qtail - st->qhead) * sizeof *st->queue);
-        st->qtail -= st->qhead;
-        st->qhead = 0;
+        if (st->qhead) {
+            memmove(st->queue, st->queue + st->qhead, (st->qtail - st->qhead) * sizeof *st->queue);
+            st->qtail -= st->qhead;
+            st->qhead = 0;
+        }
         if (st->qtail == st->qcap) {
             size_t nc = st->qcap ? 2 * st->qcap : 64;
             uint32_t *q = realloc(st->queue, nc * sizeof *q);
