@@ -52,6 +52,7 @@ typedef struct ds41_pd_result {
     long long bytes;          /* frame bytes received (headers + payloads) */
     double seconds;           /* first LAYER frame to DONE */
     char node[96];            /* the prefill node that served it */
+    long long restored;       /* ds41_pd_start: prompt tokens the session holds afterwards */
 } ds41_pd_result;
 
 /* nodes: "HOST:PORT[,HOST:PORT...]"; timeout_ms bounds every wait for a prefill node's next
@@ -65,10 +66,16 @@ void ds41_pd_client_close(ds41_pd_client *cl);
 int ds41_pd_fetch(ds41_pd_client *cl, const int32_t *ids, size_t n, long long first, ds41_pd_result *res,
                   ds41_err *err);
 
-/* The same on a thread of its own, for the scheduler: start (NULL: could not start a thread),
- * poll (0 running, 1 done, -1 failed with msg), finish (joins and frees). */
+/* The same on a thread of its own, for the scheduler, followed by the restore of session s
+ * (at position 0, the job's until poll says done) from the prefix cache over ids[0..n_prompt):
+ * the exact replay runs on the job's thread, not the scheduler's. The fetch covers ids[0..n_fetch)
+ * (whole blocks). After a failed fetch the session is restored from the local hit only, unless
+ * no_fallback. start: NULL when no thread could be started; poll: 0 running, 1 done, -1 the
+ * fetch failed (msg); res->restored: the tokens the session holds (-1: the restore failed,
+ * ds41_session_error); finish joins and frees. */
 typedef struct ds41_pd_job ds41_pd_job;
-ds41_pd_job *ds41_pd_start(ds41_pd_client *cl, const int32_t *ids, size_t n, long long first);
+ds41_pd_job *ds41_pd_start(ds41_pd_client *cl, ds41_session *s, const int32_t *ids, size_t n_prompt, size_t n_fetch,
+                           long long first, int no_fallback);
 int ds41_pd_poll(ds41_pd_job *j, ds41_pd_result *res, char *msg, size_t cap);
 void ds41_pd_finish(ds41_pd_job *j);
 

@@ -229,31 +229,39 @@ int ds41_pd_fetch(ds41_pd_client *cl, const int32_t *ids, size_t n, long long fi
 /* ---- on a thread of its own (the scheduler's) ---- */
 struct ds41_pd_job {
     ds41_pd_client *cl;
+    ds41_session *s;
     int32_t *ids;
-    size_t n;
+    size_t n_prompt, n_fetch;
     long long first;
+    int no_fallback;
     pthread_t th;
-    _Atomic int state;          /* 0 running, 1 done, -1 failed */
+    _Atomic int state;          /* 0 running, 1 done, -1 the fetch failed */
     ds41_pd_result res;
     ds41_err err;
 };
 
 static void *job_main(void *arg) {
     ds41_pd_job *j = arg;
-    int rc = ds41_pd_fetch(j->cl, j->ids, j->n, j->first, &j->res, &j->err);
+    int rc = ds41_pd_fetch(j->cl, j->ids, j->n_fetch, j->first, &j->res, &j->err);
+    j->res.restored = 0;
+    if (!rc || !j->no_fallback) j->res.restored = ds41_prefix_restore(j->cl->pc, j->s, j->ids, j->n_prompt);
     atomic_store(&j->state, rc ? -1 : 1);
     return NULL;
 }
 
-ds41_pd_job *ds41_pd_start(ds41_pd_client *cl, const int32_t *ids, size_t n, long long first) {
+ds41_pd_job *ds41_pd_start(ds41_pd_client *cl, ds41_session *s, const int32_t *ids, size_t n_prompt, size_t n_fetch,
+                           long long first, int no_fallback) {
     ds41_pd_job *j = calloc(1, sizeof *j);
     if (!j) return NULL;
-    j->ids = malloc(n * sizeof *ids + 1);
+    j->ids = malloc(n_prompt * sizeof *ids + 1);
     if (!j->ids) { free(j); return NULL; }
-    memcpy(j->ids, ids, n * sizeof *ids);
+    memcpy(j->ids, ids, n_prompt * sizeof *ids);
     j->cl = cl;
-    j->n = n;
+    j->s = s;
+    j->n_prompt = n_prompt;
+    j->n_fetch = n_fetch;
     j->first = first;
+    j->no_fallback = no_fallback;
     atomic_init(&j->state, 0);
     if (pthread_create(&j->th, NULL, job_main, j)) { free(j->ids); free(j); return NULL; }
     return j;
@@ -261,7 +269,7 @@ ds41_pd_job *ds41_pd_start(ds41_pd_client *cl, const int32_t *ids, size_t n, lon
 
 int ds41_pd_poll(ds41_pd_job *j, ds41_pd_result *res, char *msg, size_t cap) {
     int s = atomic_load(&j->state);
-    if (s == 1 && res) *res = j->res;
+    if (s != 0 && res) *res = j->res;
     if (s == -1 && msg) snprintf(msg, cap, "%s", j->err.msg);
     return s;
 }

@@ -47,12 +47,16 @@ int ds41_serve_pd_prefill(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serv
     return r.rc ? 1 : 0;
 }
 
-static void *job_start(void *ctx, const int32_t *ids, size_t n, long long first) { return ds41_pd_start(ctx, ids, n, first); }
+/* the scheduler's remote interface (serve_sched.h) over ds41_pd_start (src/pd/pd.h) */
+static int g_fail;
+static void *job_start(void *ctx, ds41_session *s, const int32_t *ids, size_t n_prompt, size_t n_fetch, long long first) {
+    return ds41_pd_start(ctx, s, ids, n_prompt, n_fetch, first, g_fail);
+}
 
-static int job_poll(void *job, long long *bytes, double *seconds, char *msg, size_t cap) {
+static int job_poll(void *job, long long *bytes, double *seconds, long long *hit, char *msg, size_t cap) {
     ds41_pd_result res;
     int st = ds41_pd_poll(job, &res, msg, cap);
-    if (st == 1) { *bytes = res.bytes; *seconds = res.seconds; }
+    if (st != 0) { *bytes = res.bytes; *seconds = res.seconds; *hit = res.restored; }
     return st;
 }
 
@@ -70,6 +74,7 @@ int ds41_serve_pd_decode(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serve
     sp->remote.finish = job_finish;
     sp->remote.min_tokens = o->remote_min;
     sp->remote.fail = o->on_failure_fail;
+    g_fail = o->on_failure_fail;
     *client = cl;
     fprintf(stderr, "ds41 serve: decode node: remote prefill on %s for prompts with at least %lld new tokens, "
             "on failure %s, timeout %d ms\n", o->prefill_nodes, o->remote_min, o->on_failure_fail ? "fail" : "local",

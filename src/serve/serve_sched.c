@@ -417,6 +417,7 @@ static void spec_plan(ds41_sched *S, ds41_sseq **dq, int R, const int *kmax, int
 /* ---------------------------------------------------------------- the loop */
 
 static int admit_prefix(ds41_sched *S, ds41_sseq *q);
+static int seq_admitted(ds41_sched *S, ds41_sseq *q, long long hit);
 
 static int open_session(ds41_sched *S, ds41_sseq *q) {
     char eb[512];
@@ -445,7 +446,7 @@ static int open_session(ds41_sched *S, ds41_sseq *q) {
         long long nb = (long long)q->n_prompt / 128;
         if (nb * 128 > S->ctx) nb = S->ctx / 128;
         if ((long long)q->n_prompt - hb * 128 >= S->p.remote.min_tokens && nb > hb) {
-            q->rjob = S->p.remote.start(S->p.remote.ctx, q->prompt, (size_t)(nb * 128), hb);
+            q->rjob = S->p.remote.start(S->p.remote.ctx, q->s, q->prompt, q->n_prompt, (size_t)(nb * 128), hb);
             if (q->rjob) { q->state = DS41_SEQ_REMOTE; return 0; }
         }
     }
@@ -454,21 +455,25 @@ static int open_session(ds41_sched *S, ds41_sseq *q) {
 
 /* The prefix-cache restore of q's prompt, also after a remote prefill filled the cache. */
 static int admit_prefix(ds41_sched *S, ds41_sseq *q) {
+    return seq_admitted(S, q, S->p.pc ? ds41_prefix_restore(S->p.pc, q->s, q->prompt, q->n_prompt) : 0);
+}
+
+/* q's session holds the first `hit` prompt tokens (a prefix-cache restore; -1: it failed):
+ * the rest is prefilled by the steps, or the first token comes now. */
+static int seq_admitted(ds41_sched *S, ds41_sseq *q, long long hit) {
     q->state = DS41_SEQ_PREFILL;
-    if (S->p.pc) {
-        long long hit = ds41_prefix_restore(S->p.pc, q->s, q->prompt, q->n_prompt);
-        if (hit < 0) { seq_finish(S, q, DS41_FIN_ERROR, ds41_session_error(q->s)); return -1; }
-        pthread_mutex_lock(&S->m->mu);
-        S->m->prefix_queries += q->n_prompt;
-        S->m->prefix_hits += (unsigned long long)hit;
-        S->m->prompt_tokens += (unsigned long long)hit;
-        pthread_mutex_unlock(&S->m->mu);
-        q->fed = (size_t)hit;
-        if (q->fed == q->n_prompt) {
-            /* the whole prompt was cached: its logits are there, the first token now */
-            if (q->max_tokens == 0) { seq_finish(S, q, DS41_FIN_LENGTH, NULL); return 0; }
-            seq_token(S, q, now_s());
-        }
+    if (!S->p.pc) return 0;
+    if (hit < 0) { seq_finish(S, q, DS41_FIN_ERROR, ds41_session_error(q->s)); return -1; }
+    pthread_mutex_lock(&S->m->mu);
+    S->m->prefix_queries += q->n_prompt;
+    S->m->prefix_hits += (unsigned long long)hit;
+    S->m->prompt_tokens += (unsigned long long)hit;
+    pthread_mutex_unlock(&S->m->mu);
+    q->fed = (size_t)hit;
+    if (q->fed == q->n_prompt) {
+        /* the whole prompt was cached: its logits are there, the first token now */
+        if (q->max_tokens == 0) { seq_finish(S, q, DS41_FIN_LENGTH, NULL); return 0; }
+        seq_token(S, q, now_s());
     }
     return 0;
 }
@@ -543,10 +548,10 @@ static void *sched_main(void *arg) {
                 seq_finish(S, q, DS41_FIN_ABORT, stop ? "server shutting down" : "cancelled");
                 continue;
             }
-            long long bytes = 0;
+            long long bytes = 0, hit = 0;
             double secs = 0;
             char msg[512] = "";
-            int st = S->p.remote.poll(q->rjob, &bytes, &secs, msg, sizeof msg);
+            int st = S->p.remote.poll(q->rjob, &bytes, &secs, &hit, msg, sizeof msg);
             if (st == 0) { n_remote++; continue; }
             S->p.remote.finish(q->rjob);
             q->rjob = NULL;
@@ -569,7 +574,7 @@ static void *sched_main(void *arg) {
                     continue;
                 }
             }
-            admit_prefix(S, q);
+            seq_admitted(S, q, hit);
         }
         /* ---- cancelled or stopping running sequences */
         for (int i = 0; i < n_local; i++) {

@@ -60,14 +60,17 @@ typedef struct ds41_sched_params {
     ds41_prefix_cache *pc;
     /* prefill/decode disaggregation (docs/pd.md; start NULL: off). A sequence with at least
      * min_tokens prompt tokens past its prefix-cache hit and a whole block past it waits in
-     * DS41_SEQ_REMOTE while `start` fetches those blocks into pc on another thread (src/pd/);
-     * poll says 0 (running), 1 (done: bytes, seconds) or -1 (failed: msg); finish joins. Then
-     * the sequence is admitted through the prefix cache like any other. fail = 1: a failed
-     * fetch fails the request; 0: it is prefilled locally (the same answer). */
+     * DS41_SEQ_REMOTE while `start`, on another thread (src/pd/), fetches the blocks
+     * [first, n_fetch / 128) into pc and then restores the session s from pc (the replay runs
+     * there, off the scheduler thread, which keeps stepping the other sequences; s is the
+     * job's until poll says it is done); after a failed fetch it restores the local hit only,
+     * unless fail. poll: 0 running, 1 done (bytes, seconds), -1 the fetch failed (msg); *hit:
+     * the prompt tokens the session holds (-1: the restore failed); finish joins. fail = 1: a
+     * failed fetch fails the request; 0: it is prefilled locally (the same answer). */
     struct {
         void *ctx;
-        void *(*start)(void *ctx, const int32_t *ids, size_t n, long long first);
-        int (*poll)(void *job, long long *bytes, double *seconds, char *msg, size_t cap);
+        void *(*start)(void *ctx, ds41_session *s, const int32_t *ids, size_t n_prompt, size_t n_fetch, long long first);
+        int (*poll)(void *job, long long *bytes, double *seconds, long long *hit, char *msg, size_t cap);
         void (*finish)(void *job);
         long long min_tokens;
         int fail;

@@ -458,6 +458,22 @@ static int put_disk(ds41_prefix_cache *pc, const uint8_t key[16], const uint8_t 
 
 /* ---------------------------------------------------------------------- restore / publish */
 
+/* Adds block b (key, parent key pkey, ids bid) with its pages pg (one reference each, taken
+ * over) under prev: queued for the disk writer (or written now when the queue is full), then
+ * inserted. NULL when it could not be inserted (the references are dropped). pc->mu held. */
+static pnode *add_block(ds41_prefix_cache *pc, const uint8_t key[16], const uint8_t pkey[16], pnode *prev,
+                        const int32_t *bid, long long b, uint8_t **pg) {
+    static const uint8_t zero[16];
+    if (pc->disk && enqueue(pc, key, b ? pkey : zero, bid, pg)) {
+        pthread_mutex_unlock(&pc->mu);   /* put_disk counts under the mutex */
+        put_disk(pc, key, b ? pkey : zero, bid, pg);
+        pthread_mutex_lock(&pc->mu);
+    }
+    pnode *node = insert(pc, key, prev, bid, (int)b, pg);
+    if (!node) { for (int i = 0; i < pc->n_stores; i++) ds41_page_unref(pg[i]); free(pg); }
+    return node;
+}
+
 /* The longest chain of cached blocks of ids (memory, then disk): pages [nb][n_stores] with one
  * reference each (the caller releases them), or NULL when none or out of memory. */
 static uint8_t **collect(ds41_prefix_cache *pc, const int32_t *ids, size_t n, long long max_pos, long long *nb_out) {
@@ -547,7 +563,7 @@ long long ds41_prefix_insert(ds41_prefix_cache *pc, const int32_t *ids, size_t n
     for (size_t i = 0; i < (size_t)(first + nb) * BT; i++)
         if (ids[i] < 0 || ids[i] >= pc->e->cfg->vocab_size) return 0;
     long long added = 0;
-    uint8_t pkey[16], zero[16] = { 0 };
+    uint8_t pkey[16];
     memcpy(pkey, pc->fp, 16);
     pthread_mutex_lock(&pc->mu);
     pnode *prev = NULL;
@@ -564,13 +580,8 @@ long long ds41_prefix_insert(ds41_prefix_cache *pc, const int32_t *ids, size_t n
                 pg[i] = pages[(size_t)(b - first) * pc->n_stores + i];
                 ds41_page_ref(pg[i]);
             }
-            if (pc->disk && enqueue(pc, key, b ? pkey : zero, bid, pg)) {
-                pthread_mutex_unlock(&pc->mu);
-                put_disk(pc, key, b ? pkey : zero, bid, pg);
-                pthread_mutex_lock(&pc->mu);
-            }
-            node = insert(pc, key, prev, bid, (int)b, pg);
-            if (!node) { for (int i = 0; i < pc->n_stores; i++) ds41_page_unref(pg[i]); free(pg); break; }
+            node = add_block(pc, key, pkey, prev, bid, b, pg);
+            if (!node) break;
             added++;
         }
         lru_front(pc, node);
@@ -585,39 +596,20 @@ long long ds41_prefix_publish(ds41_prefix_cache *pc, ds41_session *s, const int3
     ds41_seq *q = ds41_session_seq(s);
     if (q->e != pc->e || ds41_session_index_k(s) != pc->p.index_k) return 0;
     if ((long long)n > q->cache.pos) n = (size_t)q->cache.pos;
-    long long nb = (long long)n / BT, added = 0;
-    pthread_mutex_lock(&pc->mu);
-    pnode *prev = NULL;
-    uint8_t pkey[16], zero[16] = { 0 };
-    memcpy(pkey, pc->fp, 16);
-    for (long long b = 0; b < nb; b++) {
-        const int32_t *bid = ids + b * BT;
-        uint8_t key[16];
-        block_key(pkey, bid, key);
-        pnode *node = find(pc, key, prev, bid);
-        if (!node) {
-            uint8_t **pg = calloc((size_t)pc->n_stores + 1, sizeof *pg);
-            int ok = pg != NULL;
-            for (int i = 0; ok && i < pc->n_stores; i++) {
-                ds41_kv_store *st = &q->cache.stores[i];
-                if (b >= st->n_pages || !st->pages[b]) ok = 0;
-                else pg[i] = st->pages[b];
-            }
-            if (!ok) { free(pg); break; }
-            for (int i = 0; i < pc->n_stores; i++) ds41_page_ref(pg[i]);
-            if (pc->disk && enqueue(pc, key, b ? pkey : zero, bid, pg)) {
-                pthread_mutex_unlock(&pc->mu);   /* put_disk counts under the mutex */
-                put_disk(pc, key, b ? pkey : zero, bid, pg);
-                pthread_mutex_lock(&pc->mu);
-            }
-            node = insert(pc, key, prev, bid, (int)b, pg);
-            if (!node) { for (int i = 0; i < pc->n_stores; i++) ds41_page_unref(pg[i]); free(pg); break; }
-            added++;
+    long long nb = (long long)n / BT, ok = 0;
+    /* the session's pages of each whole block, as far as every store has them */
+    uint8_t **pages = nb > 0 ? calloc((size_t)nb * pc->n_stores, sizeof *pages) : NULL;
+    if (!pages) return 0;
+    for (; ok < nb; ok++) {
+        int have = 1;
+        for (int i = 0; have && i < pc->n_stores; i++) {
+            ds41_kv_store *st = &q->cache.stores[i];
+            if (ok >= st->n_pages || !st->pages[ok]) have = 0;
+            else pages[(size_t)ok * pc->n_stores + i] = st->pages[ok];
         }
-        lru_front(pc, node);
-        memcpy(pkey, key, 16);
-        prev = node;
+        if (!have) break;
     }
-    pthread_mutex_unlock(&pc->mu);
+    long long added = ds41_prefix_insert(pc, ids, (size_t)(ok * BT), 0, ok, pages);
+    free(pages);
     return added;
 }
