@@ -274,11 +274,23 @@ static json_t *tool_calls_json(job *j, const ds41_tool_call *tc, size_t n, int s
     return a;
 }
 
+/* usage, with OpenAI's details: cached_tokens (the prompt tokens the prefix cache restored, for
+ * each prompt its first choice's) and reasoning_tokens (in thinking mode the tokens up to and
+ * including the one that completes </think>; all of them when the reasoning never ended). */
 static json_t *usage_json(job *j) {
-    size_t gen = 0;
-    for (int i = 0; i < j->g->n_seq; i++) gen += j->g->seq[i].n_ids;
-    return json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)j->prompt_tokens, "completion_tokens", (json_int_t)gen,
-                     "total_tokens", (json_int_t)(j->prompt_tokens + gen));
+    size_t gen = 0, reasoning = 0, cached = 0;
+    for (int i = 0; i < j->g->n_seq; i++) {
+        const ds41_sseq *q = &j->g->seq[i];
+        gen += q->n_ids;
+        if (i % j->r.n == 0) cached += (size_t)q->cached;
+        if (!j->r.thinking) continue;
+        const char *m = q->text ? memmem(q->text, q->text_len, DS41_THINK_END, strlen(DS41_THINK_END)) : NULL;
+        size_t end = m ? (size_t)(m - q->text) + strlen(DS41_THINK_END) : (size_t)-1;
+        for (size_t k = 0; k < q->n_ids && q->off[k] < end; k++) reasoning++;
+    }
+    return json_pack("{s:I,s:I,s:I,s:{s:I},s:{s:I}}", "prompt_tokens", (json_int_t)j->prompt_tokens, "completion_tokens",
+                     (json_int_t)gen, "total_tokens", (json_int_t)(j->prompt_tokens + gen), "prompt_tokens_details",
+                     "cached_tokens", (json_int_t)cached, "completion_tokens_details", "reasoning_tokens", (json_int_t)reasoning);
 }
 
 static json_t *jstrn(const char *s, size_t n) {
