@@ -2,7 +2,7 @@
 # The API agents need (issue 25) on models/demo, on an exact --spec off server and an exact
 # --spec fixed:3 one: sampling controls and validation (tests/serve/api_sampling.py); constrained
 # output through the OpenAI SDK validated with ajv, batch invariance and spec = plain
-# (tests/serve/api_structured.mjs).
+# (tests/serve/api_structured.mjs); connection limits per address and in total (tests/serve/conn_limits.py).
 set -u
 cd "${DS41_ROOT:-$(dirname "$0")/..}"
 DS41=${DS41:-./ds41}
@@ -24,3 +24,6 @@ if [ -d tests/oracle/node_modules/openai ] && [ -d tests/oracle/node_modules/ajv
 else
     echo "FAIL api_structured: tests/oracle/node_modules (openai, ajv) missing (run make setup)"
 fi
+# connection limits: a server of its own
+serve_start conn -m models/demo -c 256 --spec off --max-connections 8 --max-connections-per-ip 4 || exit 1
+timeout 60 "$PY" tests/serve/conn_limits.py "$PORT" || echo "FAIL conn_limits: exit status $?"

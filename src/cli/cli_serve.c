@@ -25,7 +25,9 @@ static const char *SERVE_USAGE =
     "  --max-body BYTES         request body limit, larger get 413 (default 8M)\n"
     "  --timeout S              idle connection timeout (default 60)\n"
     "  --body-timeout S         the whole request body within S seconds, else the connection is dropped (default 30)\n"
-    "  --max-connections N      concurrent connections (default 256)\n"
+    "  --max-connections N      concurrent connections (default 256); more are closed at once\n"
+    "  --max-connections-per-ip N  concurrent connections from one client address (default 32;\n"
+    "                           0 = no limit); more are closed at once\n"
     "  -t, --threads N          fast-mode threads (default 1)\n"
     "  -c, --ctx-size N         context size per sequence (default 4096, at most the model's)\n"
     "  --prefill MODE           ced (default), full, ced-replay (a value with ':' is --role decode's\n"
@@ -90,6 +92,7 @@ int ds41_cli_serve(int argc, char **argv) {
         else if (IS("--timeout")) { INT(1, 86400); o.timeout_s = (int)iv; }
         else if (IS("--body-timeout")) { INT(1, 86400); o.body_timeout_s = (int)iv; }
         else if (IS("--max-connections")) { INT(1, 65536); o.max_connections = (int)iv; }
+        else if (IS("--max-connections-per-ip")) { INT(0, 65536); o.max_connections_per_ip = (int)iv; }
         else if (IS("-t") || IS("--threads")) { INT(1, 256); o.lp.n_threads = (int)iv; }
         else if (IS("-c") || IS("--ctx-size")) { INT(1, INT32_MAX); o.lp.ctx_size = iv; }
         else if (IS("--exact")) o.lp.exact = 1;

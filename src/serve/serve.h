@@ -29,6 +29,7 @@ typedef struct ds41_serve_opts {
     int timeout_s;               /* idle connection timeout (default 60) */
     int body_timeout_s;          /* whole request body within this (default 30) */
     int max_connections;         /* default 256 */
+    int max_connections_per_ip;  /* from one client address at most (default 32; 0 = no limit) */
     int verbose;
     /* --spec: DS41_SPEC_* and fixed K; spec_default: no --spec given (auto when the model has
      * DSpark stages, else off; an explicit non-off --spec on a model without them is an error) */

@@ -32,6 +32,7 @@
 #include "common.h"
 #include "config.h"
 #include "serve_metrics.h"
+#include "serve_conn.h"
 #include "serve_lproc.h"
 #include "serve_req.h"
 #include "serve_sched.h"
@@ -53,6 +54,7 @@ typedef struct server {
     long long ctx;
     time_t created;
     atomic_long connections;
+    ds41_conn_limit *climit;
     atomic_ullong id_counter;
 } server;
 
@@ -275,11 +277,23 @@ static json_t *tool_calls_json(job *j, const ds41_tool_call *tc, size_t n, int s
     return a;
 }
 
+/* usage, with OpenAI's details: cached_tokens (the prompt tokens the prefix cache restored, for
+ * each prompt its first choice's) and reasoning_tokens (in thinking mode the tokens up to and
+ * including the one that completes </think>; all of them when the reasoning never ended). */
 static json_t *usage_json(job *j) {
-    size_t gen = 0;
-    for (int i = 0; i < j->g->n_seq; i++) gen += j->g->seq[i].n_ids;
-    return json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)j->prompt_tokens, "completion_tokens", (json_int_t)gen,
-                     "total_tokens", (json_int_t)(j->prompt_tokens + gen));
+    size_t gen = 0, reasoning = 0, cached = 0;
+    for (int i = 0; i < j->g->n_seq; i++) {
+        const ds41_sseq *q = &j->g->seq[i];
+        gen += q->n_ids;
+        if (i % j->r.n == 0) cached += (size_t)q->cached;
+        if (!j->r.thinking) continue;
+        const char *m = q->text ? memmem(q->text, q->text_len, DS41_THINK_END, strlen(DS41_THINK_END)) : NULL;
+        size_t end = m ? (size_t)(m - q->text) + strlen(DS41_THINK_END) : (size_t)-1;
+        for (size_t k = 0; k < q->n_ids && q->off[k] < end; k++) reasoning++;
+    }
+    return json_pack("{s:I,s:I,s:I,s:{s:I},s:{s:I}}", "prompt_tokens", (json_int_t)j->prompt_tokens, "completion_tokens",
+                     (json_int_t)gen, "total_tokens", (json_int_t)(j->prompt_tokens + gen), "prompt_tokens_details",
+                     "cached_tokens", (json_int_t)cached, "completion_tokens_details", "reasoning_tokens", (json_int_t)reasoning);
 }
 
 static json_t *jstrn(const char *s, size_t n) {
@@ -896,6 +910,15 @@ static void notify_conn(void *cls, struct MHD_Connection *c, void **socket_conte
     server *sv = cls;
     if (t == MHD_CONNECTION_NOTIFY_STARTED) atomic_fetch_add(&sv->connections, 1);
     else atomic_fetch_sub(&sv->connections, 1);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    ds41_conn_limit_count(sv->climit, ci ? ci->client_addr : NULL, t == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
+}
+
+/* microhttpd's accept policy: over --max-connections or --max-connections-per-ip the new
+ * connection is closed at once */
+static enum MHD_Result accept_conn(void *cls, const struct sockaddr *addr, socklen_t len) {
+    server *sv = cls;
+    return ds41_conn_limit_allow(sv->climit, addr, len) ? MHD_YES : MHD_NO;
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
@@ -920,6 +943,7 @@ void ds41_serve_opts_default(ds41_serve_opts *o) {
     o->timeout_s = 60;
     o->body_timeout_s = 30;
     o->max_connections = 256;
+    o->max_connections_per_ip = 32;
     o->spec_mode = DS41_SPEC_AUTO;
     o->spec_default = 1;
     o->remote_min = 128;
@@ -1033,10 +1057,14 @@ int ds41_serve(const ds41_serve_opts *o) {
     if (gai) { fprintf(stderr, "ds41 serve: --host %s: %s\n", o->host, gai_strerror(gai)); goto out; }
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
                      (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
-    d = MHD_start_daemon(flags, 0, NULL, NULL, handler, sv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, sv,
+    sv->climit = ds41_conn_limit_new(o->max_connections, o->max_connections_per_ip);
+    if (!sv->climit) { fprintf(stderr, "ds41 serve: out of memory\n"); freeaddrinfo(ai); goto out; }
+    /* microhttpd's own limit sits above ours: at it microhttpd stops accepting and clients wait
+     * in the backlog, while accept_conn closes them at once */
+    d = MHD_start_daemon(flags, 0, accept_conn, sv, handler, sv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, sv,
                          MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                          MHD_OPTION_NOTIFY_COMPLETED, completed, sv, MHD_OPTION_NOTIFY_CONNECTION, notify_conn, sv,
-                         MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+                         MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections + 16u, MHD_OPTION_CONNECTION_TIMEOUT,
                          (unsigned)o->timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)65536,
                          MHD_OPTION_PER_IP_CONNECTION_LIMIT, 0u, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(4u << 20),
                          MHD_OPTION_END);
@@ -1068,6 +1096,7 @@ out:
     ds41_unload(sv->e);
     if (sv->tok) ds41_tokenizer_free(sv->tok);
     ds41_gvocab_free(sv->gv);
+    ds41_conn_limit_free(sv->climit);
     if (have_cfg) ds41_config_free(&cfg);
     ds41_metrics_free(&sv->m);
     free(sv);

@@ -470,6 +470,9 @@ static int seq_admitted(ds41_sched *S, ds41_sseq *q, long long hit) {
     S->m->prompt_tokens += (unsigned long long)hit;
     pthread_mutex_unlock(&S->m->mu);
     q->fed = (size_t)hit;
+    pthread_mutex_lock(&q->g->mu);
+    q->cached = hit;
+    pthread_mutex_unlock(&q->g->mu);
     if (q->fed == q->n_prompt) {
         /* the whole prompt was cached: its logits are there, the first token now */
         if (q->max_tokens == 0) { seq_finish(S, q, DS41_FIN_LENGTH, NULL); return 0; }

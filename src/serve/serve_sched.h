@@ -104,6 +104,7 @@ typedef struct ds41_sseq {
     char *text;               /* decoded text, cut at a stop string */
     size_t text_len, text_cap;
     int finished, finish;     /* DS41_FIN_* */
+    long long cached;         /* prompt tokens restored from the prefix cache */
     char err[256];
     /* scheduler private */
     ds41_sgroup *g;

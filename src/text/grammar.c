@@ -35,16 +35,21 @@ typedef struct bld {
     int failed;
 } bld;
 
+int ds41_gerr_set(char *err, size_t cap, int *failed, const char *fmt, va_list ap) {
+    if (*failed) return -1;
+    *failed = 1;
+    vsnprintf(err, cap, fmt, ap);
+    for (char *p = err; *p; p++) if ((unsigned char)*p < 0x20) *p = ' ';
+    return -1;
+}
+
 static int bfail(bld *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int bfail(bld *b, const char *fmt, ...) {
-    if (b->failed) return -1;
-    b->failed = 1;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(b->err, b->errcap, fmt, ap);
+    int rc = ds41_gerr_set(b->err, b->errcap, &b->failed, fmt, ap);
     va_end(ap);
-    for (char *p = b->err; *p; p++) if ((unsigned char)*p < 0x20) *p = ' ';
-    return -1;
+    return rc;
 }
 
 static int seq_push(bld *b, seqv *q, int kind, int arg) {

@@ -2,6 +2,8 @@
 #ifndef DS41_GRAMMAR_INTERNAL_H
 #define DS41_GRAMMAR_INTERNAL_H
 
+#include <stdarg.h>
+
 #include "grammar.h"
 
 enum { GE_END = 0, GE_CHARS = 1, GE_REF = 2 };
@@ -30,6 +32,9 @@ struct ds41_grammar {
  * err set. */
 int ds41_regex_rule(const char *re, size_t n, const char *name, int json_safe, char **buf, size_t *len, size_t *cap,
                     char *err, size_t errcap);
+/* The first error of a translation or compilation: formats it into err (one line: controls
+ * become spaces, as messages quote the input) unless *failed is set already; returns -1. */
+int ds41_gerr_set(char *err, size_t cap, int *failed, const char *fmt, va_list ap);
 /* Appends printf text to a growing buffer; 0 or -1 out of memory. */
 int ds41_gbuf_printf(char **buf, size_t *len, size_t *cap, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 

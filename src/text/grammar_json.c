@@ -34,14 +34,11 @@ typedef struct sg {
 
 static int sfail(sg *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int sfail(sg *g, const char *fmt, ...) {
-    if (g->failed) return -1;
-    g->failed = 1;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(g->err, g->errcap, fmt, ap);
+    int rc = ds41_gerr_set(g->err, g->errcap, &g->failed, fmt, ap);
     va_end(ap);
-    for (char *p = g->err; *p; p++) if ((unsigned char)*p < 0x20) *p = ' ';
-    return -1;
+    return rc;
 }
 
 /* A growing string for one rule's body. */

@@ -47,14 +47,11 @@ typedef struct rx {
 
 static int rfail(rx *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int rfail(rx *x, const char *fmt, ...) {
-    if (x->failed) return -1;
-    x->failed = 1;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(x->err, x->errcap, fmt, ap);
+    int rc = ds41_gerr_set(x->err, x->errcap, &x->failed, fmt, ap);
     va_end(ap);
-    for (char *p = x->err; *p; p++) if ((unsigned char)*p < 0x20) *p = ' ';
-    return -1;
+    return rc;
 }
 
 #define OUT(...) (ds41_gbuf_printf(x->buf, x->len, x->cap, __VA_ARGS__) ? rfail(x, "regex: out of memory") : 0)

@@ -118,3 +118,16 @@ for port, tag in ((pa, "plain"), (pb, "spec")):
     for x in th: x.join()
     bad_i = [i for i in range(len(reqs)) if alone[i] is None or alone[i] != together[i]]
     ok("api_batch_invariant_%s" % tag, not bad_i, "requests %s differ" % bad_i)
+# ---- usage details: cached_tokens from the prefix cache, reasoning_tokens up to </think>
+long_sys = "You are a helpful assistant. " * 40
+body = {"messages": [{"role": "system", "content": long_sys}, {"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
+st, j1 = post(pa, "/v1/chat/completions", body)
+st, j2 = post(pa, "/v1/chat/completions", body)
+c1, c2 = j1["usage"]["prompt_tokens_details"]["cached_tokens"], j2["usage"]["prompt_tokens_details"]["cached_tokens"]
+ok("api_usage_cached_tokens", c2 >= 128 and c2 % 128 == 0 and c2 <= j2["usage"]["prompt_tokens"] and c2 > c1, "%s then %s" % (c1, c2))
+THINK_END = 8
+st, j = post(pa, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "temperature": 0,
+                                         "reasoning_effort": "high", "logit_bias": {str(THINK_END): 100}})
+ok("api_usage_reasoning_tokens", st == 200 and j["usage"]["completion_tokens_details"]["reasoning_tokens"] == 1, str(j)[:300])
+st, j = post(pa, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "temperature": 0})
+ok("api_usage_no_reasoning", st == 200 and j["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0, str(j)[:300])
