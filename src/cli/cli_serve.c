@@ -43,7 +43,12 @@ static const char *SERVE_USAGE =
     "  --cache-bytes BYTES      capacity of DIR (default unlimited; least recently used blocks go)\n"
     "  --replay exact|approx    replay of a restored prefix (default exact: bit-identical to a fresh\n"
     "                           prefill in exact mode; approx: the last window only)\n"
-    "  -v, --verbose            log microhttpd messages\n";
+    "  -v, --verbose            log microhttpd messages\n\n"
+    "Examples:\n"
+    "  ds41 serve -m models/demo --port 8000 &\n"
+    "  curl -s localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+    "       -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":40}'\n"
+    "  ds41 bench-serve --port 8000 --concurrency 1,4,16                       # load test\n";
 
 int ds41_cli_serve(int argc, char **argv) {
     ds41_serve_opts o;
@@ -122,6 +127,7 @@ int ds41_cli_serve(int argc, char **argv) {
 #undef NEED
 #undef INT
     }
-    if (!o.model_dir) { fprintf(stderr, "ds41 serve: -m DIR is required\n%s", SERVE_USAGE); return 2; }
+    if (!o.model_dir) { fprintf(stderr, "ds41 serve: -m DIR is required (a checkpoint directory, e.g. -m models/demo)\n%s", SERVE_USAGE); return 2; }
+    if (ds41_cli_model_dir_ok("serve", o.model_dir)) return 1;
     return ds41_serve(&o);
 }
