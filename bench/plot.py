@@ -179,7 +179,8 @@ def plot_spec_ab(path, out):
     ax.axhline(0.98, color="#c44e52", ls="--", lw=0.8, label="0.98 (the target)")
     ax.set_xticks(list(x))
     ax.set_xticklabels(keys, fontsize=8)
-    ax.set_ylim(0.8, max(1.2, max(max(g["wall"] + g["cpu"] + [1]) for g in groups.values()) * 1.02))
+    meds = [statistics.median(g[m]) for g in groups.values() for m in ("wall", "cpu") if g[m]]
+    ax.set_ylim(0.8, max(1.2, max(meds + [1.0]) * 1.05))
     ax.set_ylabel("median of per-round ratios")
     ax.set_title("--spec auto against --spec off (bench/spec_ab.sh, interleaved rounds)")
     ax.legend(fontsize=8)
