@@ -27,6 +27,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def finish(fig, out):
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def parse_kernels(path):
     """{'probes': {threads: (GB/s, GMAC/s)}, 'rows': [(name, shape, T, threads, gbs, gmacs)], 'isa': str}"""
     probes, rows, isa = {}, [], ""
@@ -72,10 +79,7 @@ def plot_kernels(k, out):
     ax[1].set_xlabel("GMAC/s")
     ax[1].set_title("T = %d rows, %d thread%s" % (tmax, thr, "s" if thr > 1 else ""))
     fig.suptitle("fast linears at production shapes against the machine (bench_kernels, ISA %s)" % (k["isa"] or "?"))
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return True
+    return finish(fig, out)
 
 
 def plot_prefill(files, out):
@@ -118,10 +122,7 @@ def plot_prefill(files, out):
         a.grid(True, which="both", alpha=0.3)
         a.legend(fontsize=8)
     fig.suptitle("prefill: the causal encoder-decoder split (CED) against a full prefill (ds41 bench)")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return True
+    return finish(fig, out)
 
 
 def plot_serving(files, out):
@@ -152,10 +153,7 @@ def plot_serving(files, out):
     ax[1].set_ylabel("ms")
     ax[1].set_title("latency: time per output token, time to first token")
     fig.suptitle("ds41 bench-serve against ds41 serve (continuous batching)")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return True
+    return finish(fig, out)
 
 
 def plot_spec_ab(path, out):
@@ -181,14 +179,12 @@ def plot_spec_ab(path, out):
     ax.axhline(0.98, color="#c44e52", ls="--", lw=0.8, label="0.98 (the target)")
     ax.set_xticks(list(x))
     ax.set_xticklabels(keys, fontsize=8)
-    ax.set_ylim(0.8, max(1.2, max(max(g["wall"] + g["cpu"] + [1]) for g in groups.values()) * 1.02))
+    meds = [statistics.median(g[m]) for g in groups.values() for m in ("wall", "cpu") if g[m]]
+    ax.set_ylim(0.8, max(1.2, max(meds + [1.0]) * 1.05))
     ax.set_ylabel("median of per-round ratios")
     ax.set_title("--spec auto against --spec off (bench/spec_ab.sh, interleaved rounds)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return True
+    return finish(fig, out)
 
 
 def main():

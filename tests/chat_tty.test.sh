@@ -63,6 +63,16 @@ def wait_for(pat, t=20.0, start=0):
             return pat in buf[start:]
     return False
 exited = []
+def wait_answer(start, t=20.0):
+    """the echoed line's newline after start, then answer bytes after it (streamed tokens)"""
+    if not wait_for(b"\n", t, start):
+        return False
+    nl = buf.find(b"\n", start) + 1
+    end = time.time() + t
+    while time.time() < end and len(buf) < nl + 8:
+        if not read_for(0.05):
+            break
+    return len(buf) >= nl + 8
 def alive():
     if exited:
         return False
@@ -81,7 +91,7 @@ try:
     mark = len(buf)
     os.write(fd, b"hllo\x1b[D\x1b[D\x1b[De\r")
     # the answer streams: wait for some output after the echoed line, then Ctrl-C
-    wait_for(b"\n", 10, mark); read_for(0.3)
+    wait_answer(mark)
     os.write(fd, b"\x03")
     ok = wait_for(b"(stopped", 10, mark) and wait_for(b"> ", 10, buf.find(b"(stopped", mark))
     check("chat_tty_ctrl_c_stops_answer", ok and alive(), "after Ctrl-C: %r" % buf[mark:][-300:])
@@ -89,8 +99,9 @@ try:
     os.write(fd, b"\x03")                       # Ctrl-C at the prompt
     read_for(0.5)
     check("chat_tty_ctrl_c_at_prompt", alive(), "the program exited")
+    start = len(buf)
     os.write(fd, b"\x1b[A\r")                   # Up: the last line again
-    wait_for(b"\n", 10, len(buf)); read_for(0.3)
+    wait_answer(start)
     os.write(fd, b"\x03")
     ok = wait_for(b"(stopped", 10, mark) and wait_for(b"> ", 10, buf.rfind(b"(stopped"))
     check("chat_tty_history_recall", ok, "no second answer: %r" % buf[mark:][-300:])

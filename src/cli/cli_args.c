@@ -270,3 +270,14 @@ double ds41_cli_median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, ds41_cli_cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
+
+int ds41_cli_model_dir_ok(const char *cmd, const char *dir) {
+    struct stat sb;
+    if (stat(dir, &sb) != 0) {
+        int e = errno;
+        fprintf(stderr, "ds41 %s: %s: cannot open: %s%s\n", cmd, dir, strerror(e),
+                e == ENOENT ? " (the bundled demo model is models/demo, from the repository root: ds41 run -m models/demo -p Hello)" : "");
+        return 1;
+    }
+    return 0;
+}

@@ -70,6 +70,8 @@ int ds41_cli_engram_arg(const char *cmd, int argc, char **argv, int *i, int *mod
 /* ---- Helpers shared by the commands ---- */
 /* 1 when DIR/NAME exists. */
 int ds41_cli_file_exists(const char *dir, const char *name);
+/* -m DIR given and a directory: 0; else a message that says what to type next and 1. */
+int ds41_cli_model_dir_ok(const char *cmd, const char *dir);
 /* log-softmax of the K best logits of a row of V (values descending, ties to the lower id) as a
  * JSON array of {"id", "logit", "logprob"}. */
 json_t *ds41_cli_top_json(const float *lg, int V, int K);

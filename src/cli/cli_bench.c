@@ -43,7 +43,12 @@ static const char *BENCH_USAGE =
     "  --synthetic-context LIST, --ablate p1,p2,p3: long-context decode and the performance points\n"
     "                      on/off (ds41 bench --synthetic-context 4096 --help)\n"
     "  --engram            Engram placement: decode on a text with the tables in RAM, mmap'd or\n"
-    "                      prefetched (ds41 bench --engram --help; docs/engram-offram.md)\n";
+    "                      prefetched (ds41 bench --engram --help; docs/engram-offram.md)\n\n"
+    "Examples:\n"
+    "  ds41 bench -m models/demo                                  # prefill ced vs full, decode, RSS, state\n"
+    "  ds41 bench -m models/demo --batch 1,4,16 --lengths 32      # batched decode\n"
+    "  ds41 bench -m models/demo --spec -t 1                      # speculative decoding costs\n";
+
 
 static long long peak_rss_bytes(void) {
     struct rusage ru;
@@ -197,7 +202,8 @@ int ds41_cli_bench(int argc, char **argv) {
         }
         else { fprintf(stderr, "ds41 bench: unknown or incomplete option '%s'\n%s", a, BENCH_USAGE); return 2; }
     }
-    if (!dir) { fprintf(stderr, "ds41 bench: -m DIR is required\n"); return 2; }
+    if (!dir) { fprintf(stderr, "ds41 bench: -m DIR is required (a checkpoint directory, e.g. -m models/demo)\n"); return 2; }
+    if (ds41_cli_model_dir_ok("bench", dir)) return 1;
     int maxlen = 0;
     for (int i = 0; i < n_len; i++) if (lengths[i] > maxlen) maxlen = lengths[i];
     ds41_load_params lp;

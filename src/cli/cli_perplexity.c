@@ -41,7 +41,10 @@ static const char *PPL_USAGE =
     "  --exact                exact kernels (also DS41_EXACT=1); default fast\n"
     DS41_CLI_ENGRAM_USAGE
     "  --chunk N|auto|off     evaluate each window in chunks of N tokens (default auto: over 2048)\n"
-    "  --index-k own|official index-K reading of spec 3.9 / 10.1 (default own)\n";
+    "  --index-k own|official index-K reading of spec 3.9 / 10.1 (default own)\n\n"
+    "Examples:\n"
+    "  ds41 perplexity -m models/demo -f README.md\n"
+    "  ds41 perplexity -m models/demo -f book.txt --ctx 512 --json\n";
 
 /* The whole of FILE (or standard input for "-"), NUL-terminated. */
 static int read_text(const char *path, char **out, size_t *len, ds41_err *err) {
@@ -99,7 +102,8 @@ int ds41_cli_perplexity(int argc, char **argv) {
             else if (ds41_cli_int("perplexity", a, v, 2, INT32_MAX, &ctx)) return 2;
         } else { fprintf(stderr, "ds41 perplexity: unknown option '%s'\n%s", a, PPL_USAGE); return 2; }
     }
-    if (!dir) { fprintf(stderr, "ds41 perplexity: -m DIR is required\n%s", PPL_USAGE); return 2; }
+    if (!dir) { fprintf(stderr, "ds41 perplexity: -m DIR is required (a checkpoint directory, e.g. -m models/demo)\n%s", PPL_USAGE); return 2; }
+    if (ds41_cli_model_dir_ok("perplexity", dir)) return 1;
     if (!file) { fprintf(stderr, "ds41 perplexity: -f FILE is required\n%s", PPL_USAGE); return 2; }
     if (stride && ctx && stride >= ctx) {
         fprintf(stderr, "ds41 perplexity: --stride %lld must be less than --ctx %lld (the window's first token is the "

@@ -55,7 +55,11 @@ static const char *RUN_USAGE =
     "                         model has DSpark stages; off with --trace/--draft-trace/--force-ids):\n"
     "                         verify K drafts per step, or as many as the confidence scheduler picks\n"
     "                         from the measured verify-width curve (cached, README); --json adds a\n"
-    "                         {\"spec_step\"} line per step and a {\"spec\"} statistics line\n";
+    "                         {\"spec_step\"} line per step and a {\"spec\"} statistics line\n\n"
+    "Examples:\n"
+    "  ds41 run -m models/demo -p \"And God said unto Noah,\" -n 60 --temp 0.7 --top-p 0.9 --seed 1\n"
+    "  ds41 run -m models/demo -p \"Telescope, n.\" -n 40 --exact --spec off     # exact mode, plain decoding\n"
+    "  ds41 run -m models/demo --prompt-ids 1,2,3 -n 8 --json                  # ids in, one JSON line per token\n";
 
 /* "1,2,3" -> ids; rejects anything that is not a comma-separated list of integers. */
 static int parse_ids(const char *s, int32_t **out, size_t *n, const char *what) {
@@ -140,7 +144,8 @@ int ds41_cli_run(int argc, char **argv) {
 #undef INT
 #undef ARG
     }
-    if (!dir) { fprintf(stderr, "ds41 run: -m DIR is required\n%s", RUN_USAGE); return 2; }
+    if (!dir) { fprintf(stderr, "ds41 run: -m DIR is required (a checkpoint directory, e.g. -m models/demo)\n%s", RUN_USAGE); return 2; }
+    if (ds41_cli_model_dir_ok("run", dir)) return 1;
     if (!prompt == !prompt_ids) { fprintf(stderr, "ds41 run: give exactly one of -p TEXT and --prompt-ids LIST\n"); return 2; }
     if (cache_dir && trace) { fprintf(stderr, "ds41 run: --cache-dir and --trace cannot be combined (a restored prefix has no trace)\n"); return 2; }
 

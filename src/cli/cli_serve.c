@@ -58,7 +58,13 @@ static const char *SERVE_USAGE =
     "  --on-prefill-failure local|fail  (decode) a failed remote prefill: prefill locally, the same answer\n"
     "                           (default), or fail the request\n"
     "  --prefill-timeout MS     (decode) wait at most MS for a prefill node's next frame (default 30000)\n"
-    "  --lease MS               (prefill) a decode node silent for MS loses its request (default 10000)\n";
+    "  --lease MS               (prefill) a decode node silent for MS loses its request (default 10000)\n\n"
+    "Examples:\n"
+    "  ds41 serve -m models/demo --port 8000 &\n"
+    "  curl -s localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+    "       -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":40}'\n"
+    "  ds41 bench-serve --port 8000 --concurrency 1,4,16                       # load test\n";
+
 
 int ds41_cli_serve(int argc, char **argv) {
     ds41_serve_opts o;
@@ -161,7 +167,8 @@ int ds41_cli_serve(int argc, char **argv) {
 #undef NEED
 #undef INT
     }
-    if (!o.model_dir) { fprintf(stderr, "ds41 serve: -m DIR is required\n%s", SERVE_USAGE); return 2; }
+    if (!o.model_dir) { fprintf(stderr, "ds41 serve: -m DIR is required (a checkpoint directory, e.g. -m models/demo)\n%s", SERVE_USAGE); return 2; }
+    if (ds41_cli_model_dir_ok("serve", o.model_dir)) return 1;
     o.lp.engram_verbose = o.verbose;
     if (o.prefill_nodes && o.role != DS41_SERVE_ROLE_DECODE) {
         fprintf(stderr, "ds41 serve: --prefill HOST:PORT is for --role decode\n");

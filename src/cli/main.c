@@ -29,6 +29,38 @@ static void usage(FILE *f) {
     fprintf(f, "usage: ds41 COMMAND [options]   (ds41 COMMAND --help for details)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\nexamples (models/demo is the bundled demo model):\n"
+               "  ds41 run -m models/demo -p \"And God said unto Noah,\" -n 60 --temp 0.7 --seed 1\n"
+               "  ds41 chat -m models/demo\n"
+               "  ds41 serve -m models/demo --port 8000      # OpenAI-compatible: /v1/chat/completions\n"
+               "  ds41 bench -m models/demo\n"
+               "\nREADME.md has a five-minute tour; docs/commands.md every option.\n");
+}
+
+/* The command whose name is closest to s (Levenshtein distance at most 2), or NULL: for
+ * "did you mean". */
+static const char *closest(const char *s) {
+    const char *best = NULL;
+    size_t bd = 3, n = strlen(s);
+    if (n > 30) return NULL;
+    for (size_t c = 0; c < sizeof commands / sizeof commands[0]; c++) {
+        const char *t = commands[c].name;
+        size_t m = strlen(t), row[32];
+        for (size_t j = 0; j <= m; j++) row[j] = j;
+        for (size_t i = 1; i <= n; i++) {
+            size_t diag = row[0];
+            row[0] = i;
+            for (size_t j = 1; j <= m; j++) {
+                size_t up = row[j], v = diag + (s[i - 1] != t[j - 1]);
+                if (up + 1 < v) v = up + 1;
+                if (row[j - 1] + 1 < v) v = row[j - 1] + 1;
+                row[j] = v;
+                diag = up;
+            }
+        }
+        if (row[m] < bd) { bd = row[m]; best = t; }
+    }
+    return best;
 }
 
 int main(int argc, char **argv) {
@@ -50,6 +82,11 @@ int main(int argc, char **argv) {
             }
             return rc;
         }
+    const char *near = closest(argv[1]);
+    if (near) {
+        fprintf(stderr, "ds41: unknown command '%s'; did you mean 'ds41 %s'? (ds41 --help lists the commands)\n", argv[1], near);
+        return 2;
+    }
     fprintf(stderr, "ds41: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

@@ -14,6 +14,11 @@ Phases (each a number of optimizer steps; the whole run is seeded and resumable)
     python3 tools/train/train.py --data build/demo-data --out build/demo-train \
         --dense 300 --sparse 2200 --qat 300 --dspark 500
 
+Resumable: --resume continues from OUT/state.pt (the model, the optimizer, the step, both random
+streams), so a run stopped anywhere (killed, or --stop-after-minutes / --stop-at-step, which save
+and exit with status 3) continues to the result an uninterrupted run gives
+(tests/train_resume_test.py checks it bit for bit); make train-demo resumes by default.
+
 Writes OUT/state.pt (every --save-every steps and at the end of each phase), OUT/log.jsonl
 (one line per logged step) and OUT/eval.json (held-out losses: FP32, post-training quantized
 = PTQ, after QAT). export.py turns OUT/state.pt into the release checkpoint."""
@@ -183,6 +188,17 @@ def save(path, model, opt, step, data, phase, evals):
     os.replace(tmp, path)
 
 
+def stop_now(args, step, t_sitting, dist):
+    """--stop-at-step / --stop-after-minutes: rank 0's clock decides for every worker."""
+    stop = (args.stop_at_step > 0 and step >= args.stop_at_step) or \
+        (args.stop_after_minutes > 0 and time.time() - t_sitting >= 60.0 * args.stop_after_minutes)
+    if dist is not None and args.stop_after_minutes > 0:
+        flag = torch.tensor([1.0 if stop else 0.0])
+        dist.broadcast(flag, 0)
+        stop = flag.item() > 0
+    return stop
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="build/demo-data")
@@ -202,6 +218,11 @@ def main():
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--stop-after-minutes", type=float, default=0.0,
+                    help="save and exit (status 3) after the first step past this much wall time; "
+                         "--resume continues (0: no limit)")
+    ap.add_argument("--stop-at-step", type=int, default=0,
+                    help="save and exit (status 3) once this step is reached; --resume continues (0: none)")
     ap.add_argument("--init-release", metavar="DIR",
                     help="start from a release checkpoint (e.g. models/demo): every tensor decoded from "
                          "DIR/model.safetensors (export.load_release), the run begins at the dspark phase "
@@ -262,6 +283,7 @@ def main():
     n_params = sum(p.numel() for p in model.parameters())
     print("model: %.2fM parameters; %d steps of %d x %d tokens" % (n_params / 1e6, total, args.batch, args.ctx), flush=True)
     t0, tok0, step0 = time.time(), 0, step
+    t_sitting = time.time()
     cur = phase_loaded
     t_dspark = None
     while step < total:
@@ -333,6 +355,8 @@ def main():
         step += 1
         tok0 += args.batch * args.ctx
         if args.rank != 0:
+            if step < total and stop_now(args, step, t_sitting, dist):
+                sys.exit(3)
             continue
         if step % args.log_every == 0 or step == total:
             el = time.time() - t0
@@ -355,6 +379,10 @@ def main():
                 (" acc %s" % rec["draft_acc"] if "draft_acc" in rec else "")), flush=True)
         if step % args.save_every == 0 or step == total or phase_of(step, args)[0] != phase:
             save(state_path, model, opt, step, data, phase, evals)
+        if step < total and stop_now(args, step, t_sitting, dist):
+            save(state_path, model, opt, step, data, phase, evals)
+            print("stopped at step %d of %d; the same command with --resume continues" % (step, total), flush=True)
+            sys.exit(3)
     if args.rank != 0:
         return
     if "qat" not in evals and args.qat > 0:
