@@ -49,7 +49,6 @@ static const char *BENCH_USAGE =
     "  ds41 bench -m models/demo --batch 1,4,16 --lengths 32      # batched decode\n"
     "  ds41 bench -m models/demo --spec -t 1                      # speculative decoding costs\n";
 
-
 static long long peak_rss_bytes(void) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);

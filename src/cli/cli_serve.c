@@ -65,7 +65,6 @@ static const char *SERVE_USAGE =
     "       -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":40}'\n"
     "  ds41 bench-serve --port 8000 --concurrency 1,4,16                       # load test\n";
 
-
 int ds41_cli_serve(int argc, char **argv) {
     ds41_serve_opts o;
     ds41_serve_opts_default(&o);
