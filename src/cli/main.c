@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "dist.h"
 
 typedef struct command {
     const char *name;
@@ -29,9 +30,21 @@ static void usage(FILE *f) {
     fprintf(f, "usage: ds41 COMMAND [options]   (ds41 COMMAND --help for details)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\nunder mpiexec (docs/distributed.md): mpiexec -n N ds41 COMMAND ... [--expert-map FILE] "
+               "[--mpi-timeout SECONDS]%s\n", ds41_dist_built() ? "" : " (this build has no MPI)");
 }
 
+static int run_command(int argc, char **argv);
+
+/* Under mpiexec every rank runs the command (docs/distributed.md); the job's flags
+ * (--mpi-timeout, --expert-map) are taken out of argv first, so every command accepts them. */
 int main(int argc, char **argv) {
+    int rc = ds41_dist_start(&argc, argv);
+    if (rc) return rc;
+    return ds41_dist_finish(run_command(argc, argv));
+}
+
+static int run_command(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
         return 2;
