@@ -152,6 +152,49 @@ else
     echo "SKIP tcp_no_shm_n2: no strace to check the transport"
 fi
 
+# ---------------------------------------------------------------- across network namespaces
+# one namespace per rank, linked by a veth pair (a /30 subnet picked at random), the ranks
+# entered through a launcher script (ip netns exec); TCP only, each rank's UCX on its veth end.
+# The veth counters must carry at least the bytes the exchange counters say were sent.
+NS=ds41m$$
+ns_cleanup() { ip netns del "${NS}0" 2>/dev/null; ip netns del "${NS}1" 2>/dev/null; }
+trap 'ns_cleanup; cleanup' EXIT
+if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && ip netns add "${NS}0" 2>/dev/null && ip netns add "${NS}1" 2>/dev/null &&
+   ip link add "${NS}a" netns "${NS}0" type veth peer name "${NS}b" netns "${NS}1" 2>/dev/null; then
+    sub=10.$((RANDOM % 200 + 20)).$((RANDOM % 250))
+    ip -n "${NS}0" addr add "$sub.1/30" dev "${NS}a"
+    ip -n "${NS}1" addr add "$sub.2/30" dev "${NS}b"
+    for i in 0 1; do ip -n "${NS}$i" link set lo up; done
+    ip -n "${NS}0" link set "${NS}a" up
+    ip -n "${NS}1" link set "${NS}b" up
+    cat >"$TMP/launch" <<EOS
+#!/bin/sh
+# rank R runs in namespace ${NS}R, its UCX on its veth end
+d=${NS}a; [ "\$PMI_RANK" = 1 ] && d=${NS}b
+exec ip netns exec ${NS}\$PMI_RANK env UCX_NET_DEVICES=\$d "\$@"
+EOS
+    chmod +x "$TMP/launch"
+    "$DS41" run -m "$demo" -p "Once upon a time" -n 12 --exact --ignore-eos --spec off >"$TMP/a.out" 2>/dev/null
+    tx0=$(ip netns exec "${NS}0" cat "/sys/class/net/${NS}a/statistics/tx_bytes")
+    if DS41_MPI_VERBOSE=1 MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NOLOCAL=1 UCX_TLS=tcp,self $RUN -n 2 "$TMP/launch" \
+        "$DS41" run -m "$PWD/$demo" -p "Once upon a time" -n 12 --exact --ignore-eos --spec off --mpi-timeout 30 \
+        >"$TMP/b.out" 2>"$TMP/b.err"; then
+        tx1=$(ip netns exec "${NS}0" cat "/sys/class/net/${NS}a/statistics/tx_bytes")
+        sent=$(sed -n 's/^ds41: [0-9]* expert exchanges over [0-9]* rows: \([0-9]*\) bytes sent.*/\1/p' "$TMP/b.err")
+        if cmp -s "$TMP/a.out" "$TMP/b.out" && [ -n "$sent" ] && [ "$sent" -gt 0 ] && [ $((tx1 - tx0)) -ge "$sent" ]; then
+            pass netns_veth_n2
+        else
+            fail netns_veth_n2 "same tokens: $(cmp -s "$TMP/a.out" "$TMP/b.out" && echo yes || echo no), rank 0 sent $sent B, veth carried $((tx1 - tx0)) B"
+        fi
+    else
+        fail netns_veth_n2 "$(tail -n 3 "$TMP/b.err")"
+    fi
+    ns_cleanup
+else
+    ns_cleanup
+    echo "SKIP netns_veth_n2: needs root and ip netns"
+fi
+
 # ---------------------------------------------------------------- faults
 # expect_job NAME PATTERN SECONDS CMD...: non-zero exit within SECONDS, stderr matching PATTERN
 expect_job() {

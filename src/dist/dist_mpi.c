@@ -170,9 +170,17 @@ int ds41_dist_finish(int rc) {
         rc = worst;
     }
     const char *v = getenv("DS41_MPI_VERBOSE");
-    if (v && !strcmp(v, "1") && g.size > 1)
-        say("%lld expert exchanges over %lld rows: %lld bytes sent, %lld received, %.3f s waiting for peers", g.st.exchanges,
-            g.st.rows, g.st.bytes_sent, g.st.bytes_recv, g.st.wait_s);
+    if (v && !strcmp(v, "1") && g.size > 1) {
+        /* this rank's peak resident set: its own experts' pages plus the replicated ones */
+        long long hwm = -1;
+        FILE *f = fopen("/proc/self/status", "r");
+        char line[256];
+        while (f && fgets(line, sizeof line, f))
+            if (!strncmp(line, "VmHWM:", 6)) hwm = strtoll(line + 6, NULL, 10);
+        if (f) fclose(f);
+        say("%lld expert exchanges over %lld rows: %lld bytes sent, %lld received, %.3f s waiting for peers; peak RSS "
+            "%lld KiB", g.st.exchanges, g.st.rows, g.st.bytes_sent, g.st.bytes_recv, g.st.wait_s, hwm);
+    }
     ds41_placement_free(&g.place);
     free(g.own);
     MPI_Finalize();
