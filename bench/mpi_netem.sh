@@ -16,6 +16,12 @@ cleanup() { ip netns del "${NS}0" 2>/dev/null; ip netns del "${NS}1" 2>/dev/null
 trap cleanup EXIT
 ip netns add "${NS}0" && ip netns add "${NS}1" &&
     ip link add "${NS}a" netns "${NS}0" type veth peer name "${NS}b" netns "${NS}1" || exit 1
+# the kernel needs the netem qdisc (sch_netem); without it every delay would silently be 0
+if ! tc -n "${NS}0" qdisc add dev "${NS}a" root netem delay 1us 2>"$TMP/tc.err"; then
+    echo "bench/mpi_netem.sh: tc netem is not available on this kernel ($(head -c 200 "$TMP/tc.err")); nothing measured" >&2
+    exit 1
+fi
+tc -n "${NS}0" qdisc del dev "${NS}a" root
 sub=10.$((RANDOM % 200 + 20)).$((RANDOM % 250))
 ip -n "${NS}0" addr add "$sub.1/30" dev "${NS}a"; ip -n "${NS}1" addr add "$sub.2/30" dev "${NS}b"
 for i in 0 1; do ip -n "${NS}$i" link set lo up; done
@@ -32,7 +38,10 @@ for r in $(seq 1 "$rounds"); do
         for x in "0 a" "1 b"; do
             set -- $x
             tc -n "${NS}$1" qdisc del dev "${NS}$2" root 2>/dev/null
-            [ "$d" != 0 ] && tc -n "${NS}$1" qdisc add dev "${NS}$2" root netem delay "${d}us"
+            if [ "$d" != 0 ] && ! tc -n "${NS}$1" qdisc add dev "${NS}$2" root netem delay "${d}us"; then
+                echo "bench/mpi_netem.sh: tc netem delay ${d}us failed" >&2
+                exit 1
+            fi
         done
         MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NOLOCAL=1 UCX_TLS=tcp,self timeout 600 mpiexec -n 2 "$TMP/launch" \
             "$DS41" run -m "$ck" --prompt-ids 1,2,3,4,5,6,7,8 -n 33 --ignore-eos --spec off --json --mpi-timeout 60 \

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # ds41 under mpiexec (docs/distributed.md): expert parallelism across 2 and 3 ranks gives tokens
 # and logits bit-identical to one process (exact and fast kernels, both index-K readings,
-# DSpark drafts on and off, the default placement and an --expert-map), perplexity equal; one
-# run over TCP with shared memory off (checked with strace: the ranks connect over AF_INET);
+# DSpark drafts on and off, the default placement and an --expert-map), perplexity equal, chat
+# replies equal; one run over TCP with shared memory off (checked with strace: the ranks connect
+# over AF_INET) and one across network namespaces (veth);
 # faults end the job with a clear message and a non-zero status, never a hang: a rank with
 # another checkpoint, other flags or a missing shard (refused at start-up), a hung rank
 # (--mpi-timeout names it), a killed rank, a malformed expert map.
@@ -127,6 +128,15 @@ else
     fail perplexity_n3 "$(tail -n 2 "$TMP/p1.err" "$TMP/p3.err")"
 fi
 
+# ---------------------------------------------------------------- chat: rank 0 reads stdin, every rank runs the turn
+printf 'What does Post mean?\n/reset\nAnd Sit?\n' >"$TMP/chat.in"
+if "$DS41" chat -m "$demo" -n 16 --exact <"$TMP/chat.in" >"$TMP/c1.out" 2>"$TMP/c1.err" &&
+   $RUN -n 3 "$DS41" chat -m "$demo" -n 16 --exact --mpi-timeout 30 <"$TMP/chat.in" >"$TMP/c3.out" 2>"$TMP/c3.err"; then
+    if [ -s "$TMP/c1.out" ] && cmp -s "$TMP/c1.out" "$TMP/c3.out"; then pass chat_n3; else fail chat_n3 "replies differ: '$(head -c 80 "$TMP/c1.out")' vs '$(head -c 80 "$TMP/c3.out")'"; fi
+else
+    fail chat_n3 "$(tail -n 2 "$TMP/c1.err" "$TMP/c3.err")"
+fi
+
 # ---------------------------------------------------------------- TCP, shared memory off
 # MPICH ch4: MPIR_CVAR_NOLOCAL=1 sends even same-host traffic through the network module;
 # UCX_TLS=tcp,self makes that module TCP. strace shows the ranks connecting over AF_INET.
@@ -135,8 +145,8 @@ if command -v strace >/dev/null; then
     "$DS41" run -m "$demo" -p "Once upon a time" -n 12 --exact --ignore-eos --spec off >"$TMP/a.out" 2>/dev/null
     # DS41_MPI_VERBOSE=1: each rank reports its exchange counters at the end (rank 0's is checked)
     if DS41_MPI_VERBOSE=1 MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NOLOCAL=1 UCX_TLS=tcp,self UCX_NET_DEVICES=lo $RUN -n 2 \
-        sh -c 'exec strace -f -e trace=connect -o "$0/r$PMI_RANK" "$@"' "$TMP/st" \
-        "$DS41" run -m "$demo" -p "Once upon a time" -n 12 --exact --ignore-eos --spec off --mpi-timeout 30 >"$TMP/b.out" 2>"$TMP/b.err"; then
+        sh -c 'exec strace --seccomp-bpf -f -e trace=connect -o "$0/r$PMI_RANK" "$@"' "$TMP/st" \
+        "$DS41" run -m "$demo" -p "Once upon a time" -n 12 --exact --ignore-eos --spec off --mpi-timeout 30 >"$TMP/b.out" 2>"$TMP/b.err"; trc=$?; [ $trc -eq 0 ]; then
         conn=$(cat "$TMP"/st/r* | grep -c 'connect(.*AF_INET.*127\.0\.0\.1.*= 0')
         # every MoE layer of every forward went through the exchange, bytes on the wire
         xch=$(sed -n 's/^ds41: \([0-9]*\) expert exchanges over [0-9]* rows: \([0-9]*\) bytes sent.*/\1 \2/p' "$TMP/b.err")
@@ -146,7 +156,7 @@ if command -v strace >/dev/null; then
             fail tcp_no_shm_n2 "AF_INET connects $conn, exchanges/bytes '$xch', same tokens: $(cmp -s "$TMP/a.out" "$TMP/b.out" && echo yes || echo no)"
         fi
     else
-        fail tcp_no_shm_n2 "$(tail -n 3 "$TMP/b.err")"
+        fail tcp_no_shm_n2 "mpiexec status $trc: $(tail -n 3 "$TMP/b.err")"
     fi
 else
     echo "SKIP tcp_no_shm_n2: no strace to check the transport"
@@ -178,7 +188,7 @@ EOS
     tx0=$(ip netns exec "${NS}0" cat "/sys/class/net/${NS}a/statistics/tx_bytes")
     if DS41_MPI_VERBOSE=1 MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NOLOCAL=1 UCX_TLS=tcp,self $RUN -n 2 "$TMP/launch" \
         "$DS41" run -m "$PWD/$demo" -p "Once upon a time" -n 12 --exact --ignore-eos --spec off --mpi-timeout 30 \
-        >"$TMP/b.out" 2>"$TMP/b.err"; then
+        >"$TMP/b.out" 2>"$TMP/b.err"; nrc=$?; [ $nrc -eq 0 ]; then
         tx1=$(ip netns exec "${NS}0" cat "/sys/class/net/${NS}a/statistics/tx_bytes")
         sent=$(sed -n 's/^ds41: [0-9]* expert exchanges over [0-9]* rows: \([0-9]*\) bytes sent.*/\1/p' "$TMP/b.err")
         if cmp -s "$TMP/a.out" "$TMP/b.out" && [ -n "$sent" ] && [ "$sent" -gt 0 ] && [ $((tx1 - tx0)) -ge "$sent" ]; then
@@ -187,7 +197,7 @@ EOS
             fail netns_veth_n2 "same tokens: $(cmp -s "$TMP/a.out" "$TMP/b.out" && echo yes || echo no), rank 0 sent $sent B, veth carried $((tx1 - tx0)) B"
         fi
     else
-        fail netns_veth_n2 "$(tail -n 3 "$TMP/b.err")"
+        fail netns_veth_n2 "mpiexec status $nrc: $(tail -n 3 "$TMP/b.err")"
     fi
     ns_cleanup
 else
@@ -219,6 +229,7 @@ ln -s "$t/config.json" "$TMP/noshard/config.json"
 ln -s "$t/engram_token_map.i32" "$TMP/noshard/engram_token_map.i32"
 expect_job missing_shard "rank 1: .*noshard" 60 \
     mpiexec -n 1 "$DS41" run -m "$tiny" --prompt-ids 1,2,3 -n 2 --exact : -n 1 "$DS41" run -m "$TMP/noshard" --prompt-ids 1,2,3 -n 2 --exact
+expect_job serve_refused "ds41 serve: not supported under mpiexec" 60 mpiexec -n 2 "$DS41" serve -m "$tiny" --port 0
 printf '0 0 1\n0 x 1\n' >"$TMP/badmap"
 expect_job malformed_expert_map "badmap:2: expected an expert id" 60 \
     mpiexec -n 2 "$DS41" run -m "$tiny" --prompt-ids 1,2,3 -n 2 --expert-map "$TMP/badmap"

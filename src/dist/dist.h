@@ -83,6 +83,10 @@ int ds41_dist_step(int count, const long long *pos, const int *T, const int32_t 
 /* Rank 0's n bytes at buf on every rank (a decision only rank 0 may take: a measured curve,
  * whether a cache file exists). 0, or -1 when n is too large. */
 int ds41_dist_bcast(void *buf, size_t n);
+/* The same, waiting at most limit seconds instead of --mpi-timeout (<= 0: no limit: the
+ * other ranks wait for a person typing on rank 0's terminal; a dead rank 0 still ends the
+ * job through the launcher). */
+int ds41_dist_bcast_wait(void *buf, size_t n, double limit);
 /* This rank's routed-expert bytes and the replicated ones, and the bytes each token sent and
  * received in expert exchanges so far (for bench and inspect). */
 typedef struct ds41_dist_stats {

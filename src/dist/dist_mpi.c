@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -150,6 +151,15 @@ int ds41_dist_start(int *argc, char **argv) {
 
 #ifdef DS41_HAVE_MPI
 static int wait_soft(MPI_Request *r, double limit);
+
+/* Ends the process with the agreed status if MPI_Finalize has not returned in 10 s. */
+static void *finalize_watchdog(void *arg) {
+    struct timespec ts = { 10, 0 };
+    nanosleep(&ts, NULL);
+    say("MPI_Finalize did not return within 10 s; exiting with the agreed status");
+    _exit(*(int *)arg);
+    return NULL;
+}
 #endif
 
 int ds41_dist_finish(int rc) {
@@ -183,6 +193,12 @@ int ds41_dist_finish(int rc) {
     }
     ds41_placement_free(&g.place);
     free(g.own);
+    /* every rank has agreed on the status: a transport that then stalls in its teardown (seen
+     * with UCX over TCP on a loaded host) must not keep the job alive */
+    static int final_rc;
+    final_rc = rc;
+    pthread_t wd;
+    if (pthread_create(&wd, NULL, finalize_watchdog, &final_rc) == 0) pthread_detach(wd);
     MPI_Finalize();
 #endif
     return rc;
@@ -243,7 +259,7 @@ static void wait_all(MPI_Request *r, int n, const int *peer, double limit, const
             return;
         }
         double t = now_s() - t0;
-        if (t > limit) {
+        if (limit > 0 && t > limit) {
             char list[512] = "";
             int have0 = 0, nl = 0;
             for (int i = 0; i < n; i++) {
@@ -541,14 +557,18 @@ int ds41_dist_join(const ds41_config *cfg, const ds41_weights *w, const ds41_dis
 
 /* ------------------------------------------------------------------ rank 0's bytes */
 
-int ds41_dist_bcast(void *buf, size_t n) {
+int ds41_dist_bcast_wait(void *buf, size_t n, double limit) {
     if (g.size < 2 || !n) return 0;
     if (n > INT_MAX) return -1;
     MPI_Request rq;
     int p0 = 0;
     MPI_Ibcast(buf, (int)n, MPI_BYTE, 0, MPI_COMM_WORLD, &rq);
-    wait_all(&rq, 1, &p0, g.timeout, "broadcast from rank 0");
+    wait_all(&rq, 1, &p0, limit, "broadcast from rank 0");
     return 0;
+}
+
+int ds41_dist_bcast(void *buf, size_t n) {
+    return ds41_dist_bcast_wait(buf, n, g.timeout);
 }
 
 /* ------------------------------------------------------------------ step plan */
@@ -608,6 +628,11 @@ int ds41_dist_join(const ds41_config *cfg, const ds41_weights *w, const ds41_dis
 
 int ds41_dist_bcast(void *buf, size_t n) {
     (void)buf; (void)n;
+    return 0;
+}
+
+int ds41_dist_bcast_wait(void *buf, size_t n, double limit) {
+    (void)buf; (void)n; (void)limit;
     return 0;
 }
 
