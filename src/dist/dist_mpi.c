@@ -55,6 +55,7 @@ int ds41_dist_built(void) {
 #endif
 }
 
+#ifdef DS41_HAVE_MPI
 /* One line on this rank's error stream: "ds41: ..." (rank 0) or "ds41 [rank r]: ...". */
 static void say(const char *fmt, ...) {
     char buf[2048];
@@ -68,6 +69,7 @@ static void say(const char *fmt, ...) {
     ssize_t w = write(g.err_fd, buf, len);
     (void)w;
 }
+#endif
 
 /* The launcher's world size from the environment, 0 when not launched by one. */
 static int launched_size(void) {
