@@ -177,6 +177,12 @@ if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && ip netns add "${NS}0" 2>/de
     for i in 0 1; do ip -n "${NS}$i" link set lo up; done
     ip -n "${NS}0" link set "${NS}a" up
     ip -n "${NS}1" link set "${NS}b" up
+    # both ends up before the ranks start (UCX's first address exchange fails on a link still coming up)
+    for i in $(seq 1 50); do
+        [ "$(ip netns exec "${NS}0" cat "/sys/class/net/${NS}a/operstate")" = up ] &&
+            [ "$(ip netns exec "${NS}1" cat "/sys/class/net/${NS}b/operstate")" = up ] && break
+        sleep 0.1
+    done
     cat >"$TMP/launch" <<EOS
 #!/bin/sh
 # rank R runs in namespace ${NS}R, its UCX on its veth end
