@@ -3,9 +3,9 @@ CC      ?= gcc
 PKGS    := jansson libpcre2-8 libutf8proc libmicrohttpd
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
-# src/ is layered (README, Architecture): format < model < kernels < layers < text < engine < store < serve < cli;
+# src/ is layered (README, Architecture): format < model < kernels < layers < dist < text < engine < store < serve < cli;
 # every folder is on the include path and a file includes only headers of its own or lower layers.
-SRC_DIRS := format model kernels layers text engine store pd serve cli
+SRC_DIRS := format model kernels layers dist text engine store pd serve cli
 INCLUDES := -Iinclude -Isrc $(addprefix -Isrc/,$(SRC_DIRS))
 SRC_HDR  := $(wildcard $(addsuffix /*.h,$(addprefix src/,$(SRC_DIRS))) include/*.h)
 # -ffp-contract=off: exact mode forbids fused multiply-add (exact-mode.md); gcc's
@@ -36,6 +36,17 @@ UCX_LIBS := $(shell pkg-config --libs ucx 2>/dev/null)
 ifneq ($(UCX_LIBS),)
 CFLAGS  += -DDS41_HAVE_UCX $(shell pkg-config --cflags ucx 2>/dev/null)
 LDLIBS  += $(UCX_LIBS)
+endif
+# MPI (docs/distributed.md): with mpicc on PATH (MPICH or Open MPI) the binary links MPI and
+# runs as a rank under mpiexec; it still runs as a plain process. DS41_MPI=0 builds without.
+ifneq ($(DS41_MPI),0)
+MPI_CC := $(shell command -v mpicc 2>/dev/null)
+endif
+ifneq ($(MPI_CC),)
+MPI_SHOW := $(shell mpicc -compile-info 2>/dev/null || mpicc --showme:compile 2>/dev/null)
+MPI_LINK := $(shell mpicc -link-info 2>/dev/null || mpicc --showme:link 2>/dev/null)
+CFLAGS  += -DDS41_HAVE_MPI $(filter -I% -D%,$(MPI_SHOW))
+LDLIBS  += $(filter -L% -l% -Wl%,$(MPI_LINK))
 endif
 BUILD   ?= build
 
@@ -152,7 +163,7 @@ FUZZ_CFLAGS := -O1 -g -std=gnu11 -ffp-contract=off $(ARCH) -pthread $(INCLUDES) 
 FUZZ_LIB_SRC := $(addprefix src/,format/common.c format/safetensors.c model/config.c model/contract.c \
   text/chat.c text/chat_json.c text/tokenizer.c text/tokenizer_load.c store/crc32c.c store/pstore.c store/kvx_frame.c \
   text/grammar.c text/grammar_json.c text/grammar_match.c text/grammar_regex.c \
-  serve/serve_req.c serve/serve_text.c)
+  serve/serve_req.c serve/serve_text.c dist/dist_place.c)
 FUZZ_OBJ := $(patsubst src/%.c,build-fuzz/obj/%.o,$(FUZZ_LIB_SRC))
 build-fuzz/obj/%.o: src/%.c $(SRC_HDR)
 	@mkdir -p $(dir $@)

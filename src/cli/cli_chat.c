@@ -44,6 +44,7 @@
 #include "cli.h"
 #include "cli_args.h"
 #include "cli_progress.h"
+#include "dist.h"
 #include "cli_spec.h"
 #include "common.h"
 #include "ds41.h"
@@ -182,9 +183,28 @@ static void end_reasoning(const out_ctx *o, int *started) {
     *started = 2;
 }
 
-/* One line of input (without its newline) or NULL at the end of input; malloc'd. Ctrl-C at
- * the prompt gives an empty line (skipped), not the end. */
+static char *read_line_here(const out_ctx *o);
+
+/* One line of input (without its newline) or NULL at the end of input; malloc'd. Under
+ * mpiexec rank 0 reads it (the launcher gives stdin to rank 0 only) and every rank gets that
+ * line, so that all of them run the same turn (docs/distributed.md). */
 static char *read_line(const out_ctx *o) {
+    if (ds41_dist_size() < 2) return read_line_here(o);
+    char *line = ds41_dist_rank() == 0 ? read_line_here(o) : NULL;
+    long long n = line ? (long long)strlen(line) : -1;
+    ds41_dist_bcast_wait(&n, sizeof n, 0);   /* no limit: a person may take a while to type */
+    if (n < 0) { free(line); return NULL; }
+    if (!line && !(line = malloc((size_t)n + 1))) {
+        fprintf(stderr, "ds41 chat: out of memory\n");
+        return NULL;   /* ends this rank's loop: the job's end agreement then stops the others */
+    }
+    ds41_dist_bcast(line, (size_t)n);
+    line[n] = 0;
+    return line;
+}
+
+/* One line read here; Ctrl-C at the prompt gives an empty line (skipped), not the end. */
+static char *read_line_here(const out_ctx *o) {
     chat_interrupted = 0;
 #ifdef DS41_HAVE_LIBEDIT
     if (o->interactive) {

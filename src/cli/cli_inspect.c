@@ -12,10 +12,12 @@
 #include "contract.h"
 #include "model.h"
 #include "safetensors.h"
+#include "cli_inspect_ranks.h"
+#include "cli_args.h"
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: ds41 inspect [--json] [--role prefill|decode] PATH\n"
+            "usage: ds41 inspect [--json] [--role prefill|decode] [--ranks N [--expert-map FILE]] PATH\n"
             "\n"
             "PATH is a checkpoint directory (config.json plus safetensors: one file or a sharded\n"
             "model.safetensors.index.json), a directory holding only config.json, or a config.json file.\n"
@@ -26,6 +28,9 @@ static void usage(FILE *f) {
             "  --json      one JSON object on stdout instead of the text report\n"
             "  --role R    only the weight bytes a prefill or decode node of a disaggregated deployment\n"
             "              holds resident (docs/pd.md): prefill = what the KV-only prefill reads\n"
+            "  --ranks N   the bytes each rank of an `mpiexec -n N` job holds (replicated weights, its\n"
+            "              routed experts under the default placement or --expert-map FILE, Engram, KV per\n"
+            "              token) and the bytes each token sends per layer (docs/distributed.md)\n"
             "  -h, --help  this help\n"
             "\n"
             "Exit status: 0 ok; 1 bad config, unreadable checkpoint or a missing/misshaped tensor\n"
@@ -49,6 +54,7 @@ typedef struct report {
     dtype_stat by_dtype[DS41_DT_COUNT];
     size_t n_tensors;
     uint64_t tensor_bytes;
+    json_t *ranks;          /* --ranks N --json: the "ranks" object, or NULL */
 } report;
 
 static int param_cb(const ds41_tensor_spec *t, void *ctx) {
@@ -375,6 +381,8 @@ static void print_json(report *r) {
     } else {
         json_object_set_new(o, "tensors", json_null());
     }
+    if (r->ranks) json_object_set_new(o, "ranks", r->ranks);
+    r->ranks = NULL;
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     if (text) {
         fputs(text, stdout);
@@ -388,6 +396,7 @@ static void print_json(report *r) {
 
 int ds41_cli_inspect(int argc, char **argv) {
     int as_json = 0;
+    long long ranks = 0;
     const char *path = NULL, *role = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) as_json = 1;
@@ -397,6 +406,10 @@ int ds41_cli_inspect(int argc, char **argv) {
                 return 2;
             }
             role = argv[++i];
+        }
+        else if (!strcmp(argv[i], "--ranks")) {
+            if (i + 1 >= argc) { fprintf(stderr, "ds41 inspect: --ranks needs a value\n"); return 2; }
+            if (ds41_cli_int("inspect", "--ranks", argv[++i], 1, 4096, &ranks)) return 2;
         }
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(stdout);
@@ -456,8 +469,22 @@ int ds41_cli_inspect(int argc, char **argv) {
         if (r.chk.missing || r.chk.misshaped) rc = 1;
     }
 
-    if (as_json) print_json(&r);
-    else print_text(&r);
+    /* --ranks: checked (the expert map) before anything is printed */
+    if (ranks > 0 && ds41_cli_inspect_ranks(&r.cfg, &r.bud, (int)ranks, ds41_dist_expert_map(), &r.ranks)) {
+        if (r.has_tensors) {
+            ds41_check_stats_free(&r.chk);
+            ds41_st_close(r.st);
+        }
+        ds41_config_free(&r.cfg);
+        return 1;
+    }
+    if (as_json) {
+        print_json(&r);
+    } else {
+        print_text(&r);
+        if (r.ranks) ds41_cli_inspect_ranks(&r.cfg, &r.bud, (int)ranks, ds41_dist_expert_map(), NULL);
+    }
+    json_decref(r.ranks);
     fflush(stdout);
     if (rc)
         fprintf(stderr, "ds41 inspect: %s: %s (%zu missing, %zu misshaped)\n", path, r.chk.first_problem,

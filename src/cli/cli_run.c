@@ -12,6 +12,7 @@
 #include "cli_args.h"
 #include "cli_progress.h"
 #include "cli_spec.h"
+#include "dist.h"
 #include "common.h"
 #include "ds41.h"
 #include "tokenizer.h"
@@ -147,6 +148,12 @@ int ds41_cli_run(int argc, char **argv) {
     if (!dir) { fprintf(stderr, "ds41 run: -m DIR is required (a checkpoint directory, e.g. -m models/demo)\n%s", RUN_USAGE); return 2; }
     if (ds41_cli_model_dir_ok("run", dir)) return 1;
     if (!prompt == !prompt_ids) { fprintf(stderr, "ds41 run: give exactly one of -p TEXT and --prompt-ids LIST\n"); return 2; }
+    if (ds41_dist_size() > 1 && (cache_dir || trace)) {
+        fprintf(stderr, "ds41 run: %s is not supported under mpiexec (docs/distributed.md)\n", cache_dir ? "--cache-dir" : "--trace");
+        return 2;
+    }
+    /* output only from rank 0: the other ranks write their logits nowhere */
+    if (dump && ds41_dist_rank() > 0) dump = "/dev/null";
     if (cache_dir && trace) { fprintf(stderr, "ds41 run: --cache-dir and --trace cannot be combined (a restored prefix has no trace)\n"); return 2; }
 
     int rc = 1;

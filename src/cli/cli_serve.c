@@ -6,6 +6,7 @@
 #include "cli.h"
 #include "cli_args.h"
 #include "cli_spec.h"
+#include "dist.h"
 #include "ds41.h"
 #include "serve.h"
 
@@ -66,6 +67,12 @@ static const char *SERVE_USAGE =
     "  ds41 bench-serve --port 8000 --concurrency 1,4,16                       # load test\n";
 
 int ds41_cli_serve(int argc, char **argv) {
+    /* the HTTP front and the scheduler would run on every rank, each waiting for the others
+     * inside its first forward: refuse instead (docs/distributed.md, not done) */
+    if (ds41_dist_size() > 1) {
+        fprintf(stderr, "ds41 serve: not supported under mpiexec yet (docs/distributed.md); run serve as one process\n");
+        return 2;
+    }
     ds41_serve_opts o;
     ds41_serve_opts_default(&o);
     o.lp.exact = getenv("DS41_EXACT") && !strcmp(getenv("DS41_EXACT"), "1");

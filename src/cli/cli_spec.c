@@ -1,6 +1,7 @@
 /* ds41 run --spec: see cli_spec.h and README "Speculative decoding". */
 #include "cli_args.h"
 #include "cli_spec.h"
+#include "dist.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -43,7 +44,11 @@ int ds41_cli_spec_parse(const char *cmd, const char *arg, int block, int plain_o
 int ds41_cli_spec_curve(ds41_engine *e, const char *dir, int threads, int exact, int quiet, ds41_spec_curve *c) {
     char path[4096];
     int have_path = ds41_spec_curve_path(dir, threads, exact, path, sizeof path) == 0;
-    if (have_path && ds41_spec_curve_load(path, c) == 0) return 0;
+    /* under mpiexec rank 0's cache and measurement decide for every rank (docs/distributed.md):
+     * the ranks calibrate together (its forwards are collective) and take rank 0's curve */
+    int cached = have_path && ds41_spec_curve_load(path, c) == 0;
+    ds41_dist_bcast(&cached, sizeof cached);
+    if (cached) return ds41_dist_bcast(c, sizeof *c);
     char err[512];
     double t0 = ds41_cli_now();
     int w = ds41_draft_block_size(e) + 1;
@@ -51,7 +56,8 @@ int ds41_cli_spec_curve(ds41_engine *e, const char *dir, int threads, int exact,
         fprintf(stderr, "ds41: speculative calibration failed: %s\n", err);
         return -1;
     }
-    if (have_path && ds41_spec_curve_save(path, c) == 0) ds41_spec_curve_load(path, c);   /* the saved values */
+    if (ds41_dist_rank() == 0 && have_path && ds41_spec_curve_save(path, c) == 0) ds41_spec_curve_load(path, c);   /* the saved values */
+    ds41_dist_bcast(c, sizeof *c);
     if (!quiet)
         fprintf(stderr, "ds41: measured the verify-width curve in %.2f s (widths 1..%d)%s%s\n", ds41_cli_now() - t0, c->n,
                 have_path ? ", cached in " : "", have_path ? path : "");

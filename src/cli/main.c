@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "dist.h"
 
 typedef struct command {
     const char *name;
@@ -35,6 +36,8 @@ static void usage(FILE *f) {
                "  ds41 serve -m models/demo --port 8000      # OpenAI-compatible: /v1/chat/completions\n"
                "  ds41 bench -m models/demo\n"
                "\nREADME.md has a five-minute tour; docs/commands.md every option.\n");
+    fprintf(f, "\nunder mpiexec (docs/distributed.md): mpiexec -n N ds41 COMMAND ... [--expert-map FILE] "
+               "[--mpi-timeout SECONDS]%s\n", ds41_dist_built() ? "" : " (this build has no MPI)");
 }
 
 /* The command whose name is closest to s (Levenshtein distance at most 2), or NULL: for
@@ -63,7 +66,17 @@ static const char *closest(const char *s) {
     return best;
 }
 
+static int run_command(int argc, char **argv);
+
+/* Under mpiexec every rank runs the command (docs/distributed.md); the job's flags
+ * (--mpi-timeout, --expert-map) are taken out of argv first, so every command accepts them. */
 int main(int argc, char **argv) {
+    int rc = ds41_dist_start(&argc, argv);
+    if (rc) return rc;
+    return ds41_dist_finish(run_command(argc, argv));
+}
+
+static int run_command(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
         return 2;

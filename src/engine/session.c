@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "attention.h"
+#include "dist.h"
 #include "dspark.h"
 #include "engram_place.h"
 #include "forward.h"
@@ -189,7 +190,7 @@ static int load_token_map(const char *dir, const ds41_config *cfg, int32_t **map
     return rc;
 }
 
-ds41_engine *ds41_load(const char *dir, const ds41_load_params *p, char *errbuf, size_t errcap) {
+static ds41_engine *load_local(const char *dir, const ds41_load_params *p, char *errbuf, size_t errcap) {
     ds41_load_params def;
     if (!p) { ds41_load_params_default(&def); p = &def; }
     ds41_err err;
@@ -233,6 +234,28 @@ fail_model:
     free(map);
     copy_err(errbuf, errcap, err.msg);
     return NULL;
+}
+
+/* Under mpiexec every rank loads, then joins the job (dist.h): a rank that failed or holds
+ * another checkpoint, flag set or kernel mode is named by rank 0 and every rank returns the
+ * same error; otherwise the routed experts go through the job's dispatch and each forward
+ * checks its plan against rank 0's. */
+ds41_engine *ds41_load(const char *dir, const ds41_load_params *p, char *errbuf, size_t errcap) {
+    ds41_engine *e = load_local(dir, p, errbuf, errcap);
+    if (ds41_dist_size() < 2) return e;
+    ds41_dist_ident id;
+    int exact = p ? p->exact : 0;
+    if (ds41_dist_ident_of(dir, e ? e->model->st : NULL, exact, &id)) memset(&id, 0, sizeof id);
+    const ds41_moe_dispatch *moe = NULL;
+    char derr[2048];
+    if (ds41_dist_join(e ? e->cfg : NULL, e ? e->w : NULL, &id, e ? NULL : errbuf, &moe, derr, sizeof derr)) {
+        ds41_unload(e);
+        copy_err(errbuf, errcap, derr);
+        return NULL;
+    }
+    e->ctx.moe = moe;
+    e->step = ds41_dist_step;
+    return e;
 }
 
 void ds41_unload(ds41_engine *e) {

@@ -1,0 +1,100 @@
+/* ds41 across MPI ranks (docs/distributed.md): one binary that runs as a plain process, or as
+ * one rank of an `mpiexec -n N ds41 ...` job (built with MPI when mpicc was on PATH:
+ * DS41_HAVE_MPI).
+ *
+ * The job is SPMD: every rank runs the same command over its own copy (or mapping) of the
+ * checkpoint. Attention, norms, router, shared experts, embeddings and head are replicated;
+ * the routed experts are owned by ranks (ds41_dist_owner) and reached through the MoE
+ * dispatch (layers/moe.h): each rank runs its own experts on the rows routed to them and
+ * sends their outputs to every other rank, which add all of them in the canonical expert
+ * order, so that every rank holds the bit-identical result of one process. Each forward,
+ * rank 0 broadcasts the step's plan (sequences, positions, row counts, token ids) and every
+ * other rank checks that it is about to run exactly that plan. Only rank 0 writes output.
+ *
+ * Layer: above layers (the dispatch), below engine (which installs it). */
+#ifndef DS41_DIST_H
+#define DS41_DIST_H
+
+#include <stdint.h>
+
+#include "moe.h"
+
+/* main(): starts MPI when the process was launched by a process manager (PMI_SIZE,
+ * OMPI_COMM_WORLD_SIZE or PMIX_RANK in the environment; a plain run pays nothing), mutes the
+ * output of ranks other than 0 (DS41_MPI_VERBOSE=1 keeps their stderr), and takes the job's
+ * flags out of argv (--mpi-timeout SECONDS, --expert-map FILE) so that every command accepts
+ * them. Returns 0, or an exit status after printing why (a bad flag, MPI without MPI built
+ * in). */
+int ds41_dist_start(int *argc, char **argv);
+/* main()'s end: rc 0 on every rank -> MPI_Finalize; otherwise the job ends with MPI_Abort, so
+ * that no rank waits for one that left. Returns rc. */
+int ds41_dist_finish(int rc);
+int ds41_dist_rank(void);
+/* --expert-map FILE of the command line, or NULL. */
+const char *ds41_dist_expert_map(void);
+int ds41_dist_size(void);
+/* 1 when the binary was built with MPI. */
+int ds41_dist_built(void);
+
+/* ---- placement of the routed experts (dist_place.c) ----
+ * Layer l counts the backbone layers and then the DSpark stages (n_layers + s). Default:
+ * expert e of every layer on rank e mod N. A map file overrides single entries. */
+typedef struct ds41_placement {
+    int n_ranks, n_layers, n_experts;   /* n_layers: backbone + DSpark stages */
+    int16_t *owner;                     /* [n_layers][n_experts] */
+} ds41_placement;
+int ds41_placement_default(ds41_placement *p, int n_ranks, int n_layers, int n_experts);
+/* Applies the map text (its name for messages): lines "LAYER EXPERT RANK" or "* EXPERT RANK"
+ * (every layer), '#' comments, blank lines. Returns 0 or -1 with err naming the line. */
+int ds41_placement_parse(ds41_placement *p, const char *text, size_t len, const char *name, char *err, size_t errcap);
+int ds41_placement_load(ds41_placement *p, const char *path, char *err, size_t errcap);
+void ds41_placement_free(ds41_placement *p);
+static inline int ds41_dist_owner(const ds41_placement *p, int layer, int expert) {
+    return p->owner[(size_t)layer * p->n_experts + expert];
+}
+
+/* ---- the job, once the model is loaded (dist_mpi.c) ----
+ * What every rank must agree on, hashed: the config, the shard list (names and sizes), the
+ * flags that change results (the command line without the model path), the kernel mode. */
+typedef struct ds41_dist_ident {
+    uint64_t config, shards, flags, kernels;
+} ds41_dist_ident;
+/* FNV-1a over n bytes, continuing from h (start with DS41_FNV0). */
+#define DS41_FNV0 1469598103934665603ULL
+uint64_t ds41_fnv(uint64_t h, const void *p, size_t n);
+/* The flags hash of argv: every argument but the values of -m / --model and the command's
+ * first positional path. */
+uint64_t ds41_dist_flags_hash(void);
+/* The identity of the checkpoint in dir (st: its tensors, NULL when it failed to load) under
+ * this command line and kernel mode. 0, or -1 when out of memory. */
+struct ds41_st;
+int ds41_dist_ident_of(const char *dir, const struct ds41_st *st, int exact, ds41_dist_ident *id);
+
+/* Collective start-up check, called by every rank after its load, successful (fail = NULL)
+ * or not (fail = its error): rank 0 names each rank that failed or differs from rank 0 in
+ * one of the four hashes. Then builds the placement (--expert-map or the default) for the
+ * model's layers and returns the MoE dispatch the engine installs. 0, or -1 with err (the
+ * same verdict on every rank). */
+int ds41_dist_join(const ds41_config *cfg, const struct ds41_weights *w, const ds41_dist_ident *id, const char *fail,
+                   const ds41_moe_dispatch **moe, char *err, size_t errcap);
+/* Per forward (every rank): rank 0's plan (count sequences, each at pos[i] with T[i] rows of
+ * tokens[i]) is broadcast and compared with this rank's. 0, or -1 with err. */
+int ds41_dist_step(int count, const long long *pos, const int *T, const int32_t *const *tokens, char *err, size_t errcap);
+/* Rank 0's n bytes at buf on every rank (a decision only rank 0 may take: a measured curve,
+ * whether a cache file exists). 0, or -1 when n is too large. */
+int ds41_dist_bcast(void *buf, size_t n);
+/* The same, waiting at most limit seconds instead of --mpi-timeout (<= 0: no limit: the
+ * other ranks wait for a person typing on rank 0's terminal; a dead rank 0 still ends the
+ * job through the launcher). */
+int ds41_dist_bcast_wait(void *buf, size_t n, double limit);
+/* This rank's routed-expert bytes and the replicated ones, and the bytes each token sent and
+ * received in expert exchanges so far (for bench and inspect). */
+typedef struct ds41_dist_stats {
+    long long exchanges;        /* MoE sublayers exchanged */
+    long long rows;             /* rows over them */
+    long long bytes_sent, bytes_recv;
+    double wait_s;              /* time spent waiting for peers' outputs */
+} ds41_dist_stats;
+void ds41_dist_get_stats(ds41_dist_stats *s);
+
+#endif

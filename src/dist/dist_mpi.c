@@ -1,0 +1,646 @@
+/* ds41 MPI runtime (dist.h, docs/distributed.md): start and end of the job, the start-up
+ * check, the step plan, and the routed-expert exchange behind the MoE dispatch. MPI-3
+ * standard calls only (MPICH and Open MPI build it); every wait is bounded by --mpi-timeout.
+ *
+ * Exchange (replicated attention: every rank holds every row). Per MoE sublayer, rank q runs
+ * the experts it owns on the rows routed to them and sends their outputs, in (row, choice)
+ * order, to every other rank with one point-to-point message each (its length follows from
+ * the routing, which every rank computes identically); the messages are posted in begin and
+ * completed in end, so the shared expert runs while they travel. Each rank then adds, row by
+ * row, the k outputs in ascending expert id: the additions of one process, in its order.
+ * Point-to-point rather than a collective so that a rank that does not answer is named.
+ * Every message starts with a header (layer, rows, a hash of the routing) so that ranks that
+ * drifted apart stop with a message instead of adding another layer's numbers. */
+#include "dist.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef DS41_HAVE_MPI
+#include <mpi.h>
+#endif
+
+static struct {
+    int on, rank, size;
+    double timeout;             /* seconds a rank waits for a peer */
+    const char *map_path;
+    int argc;
+    char **argv;
+    int err_fd;                 /* where this rank's own messages go (stderr, kept on rank > 0) */
+    int agreed;                 /* every rank knows the job failed (start-up verdict): finalize, no abort */
+    ds41_placement place;
+    const ds41_weights *w;
+    uint8_t *own;               /* [n_layers][n_experts]: this rank owns the expert */
+    ds41_dist_stats st;
+} g = { 0, 0, 1, 30.0, NULL, 0, NULL, 2, 0, { 0, 0, 0, NULL }, NULL, NULL, { 0, 0, 0, 0, 0.0 } };
+
+int ds41_dist_rank(void) { return g.rank; }
+const char *ds41_dist_expert_map(void) { return g.map_path; }
+int ds41_dist_size(void) { return g.size; }
+void ds41_dist_get_stats(ds41_dist_stats *s) { *s = g.st; }
+
+int ds41_dist_built(void) {
+#ifdef DS41_HAVE_MPI
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+#ifdef DS41_HAVE_MPI
+/* One line on this rank's error stream: "ds41: ..." (rank 0) or "ds41 [rank r]: ...". */
+static void say(const char *fmt, ...) {
+    char buf[2048];
+    int n = g.rank ? snprintf(buf, sizeof buf, "ds41 [rank %d]: ", g.rank) : snprintf(buf, sizeof buf, "ds41: ");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + n, sizeof buf - (size_t)n - 1, fmt, ap);
+    va_end(ap);
+    size_t len = strlen(buf);
+    buf[len++] = '\n';
+    ssize_t w = write(g.err_fd, buf, len);
+    (void)w;
+}
+#endif
+
+/* The launcher's world size from the environment, 0 when not launched by one. */
+static int launched_size(void) {
+    const char *v = getenv("PMI_SIZE");
+    if (!v) v = getenv("OMPI_COMM_WORLD_SIZE");
+    if (!v && getenv("PMIX_RANK")) v = "2";   /* PMIx gives no size variable: MPI_Init tells */
+    if (!v) return 0;
+    long n = strtol(v, NULL, 10);
+    return n < 1 ? 1 : (int)(n > INT_MAX ? INT_MAX : n);
+}
+
+int ds41_dist_start(int *argc, char **argv) {
+    /* the job's flags, wherever they are on the command line */
+    int o = 1;
+    for (int i = 1; i < *argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--mpi-timeout") || !strcmp(a, "--expert-map")) {
+            if (i + 1 >= *argc) {
+                fprintf(stderr, "ds41: %s needs a value\n", a);
+                return 2;
+            }
+            const char *v = argv[++i];
+            if (!strcmp(a, "--expert-map")) {
+                g.map_path = v;
+            } else {
+                char *end;
+                errno = 0;
+                double t = strtod(v, &end);
+                if (errno || end == v || *end || !(t >= 0.1 && t <= 86400.0)) {
+                    fprintf(stderr, "ds41: --mpi-timeout: '%s' is not a number of seconds in 0.1..86400\n", v);
+                    return 2;
+                }
+                g.timeout = t;
+            }
+            continue;
+        }
+        argv[o++] = argv[i];
+    }
+    argv[o] = NULL;
+    *argc = o;
+    g.argc = o;
+    g.argv = argv;
+    int n = launched_size();
+    if (!n) return 0;
+#ifdef DS41_HAVE_MPI
+    int provided = 0;
+    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+        fprintf(stderr, "ds41: MPI_Init failed\n");
+        return 1;
+    }
+    g.on = 1;
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g.size);
+    if (g.rank > 0) {
+        /* output only from rank 0; this rank's own messages (a fault it sees) still go out */
+        int nul = open("/dev/null", O_WRONLY);
+        if (nul >= 0) {
+            fflush(stdout);
+            dup2(nul, 1);
+            const char *v = getenv("DS41_MPI_VERBOSE");
+            if (!(v && !strcmp(v, "1"))) {
+                int keep = dup(2);
+                if (keep >= 0) g.err_fd = keep;
+                fflush(stderr);
+                dup2(nul, 2);
+            }
+            close(nul);
+        }
+    }
+    return 0;
+#else
+    if (n > 1) {
+        fprintf(stderr, "ds41: launched as one of %d ranks, but this ds41 was built without MPI (mpicc was not on PATH "
+                        "at build time): rebuild with MPICH's or Open MPI's mpicc available\n", n);
+        return 2;
+    }
+    return 0;
+#endif
+}
+
+#ifdef DS41_HAVE_MPI
+static int wait_soft(MPI_Request *r, double limit);
+
+/* Ends the process with the agreed status if MPI_Finalize has not returned in 10 s. */
+static void *finalize_watchdog(void *arg) {
+    struct timespec ts = { 10, 0 };
+    nanosleep(&ts, NULL);
+    say("MPI_Finalize did not return within 10 s; exiting with the agreed status");
+    _exit(*(int *)arg);
+    return NULL;
+}
+#endif
+
+int ds41_dist_finish(int rc) {
+#ifdef DS41_HAVE_MPI
+    if (!g.on) return rc;
+    fflush(stdout);
+    fflush(stderr);
+    if (g.size > 1 && !g.agreed) {
+        /* every rank ends here with its status: when all arrive they agree on the worst and
+         * finalize (a failure every rank saw, such as a bad flag, ends cleanly); a rank that
+         * does not arrive in time is still computing or waiting for a peer, so the job ends
+         * with MPI_Abort rather than leave it waiting */
+        int worst = rc;
+        MPI_Request rq;
+        double limit = g.timeout < 5.0 ? g.timeout : 5.0;
+        if (MPI_Iallreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &rq) != MPI_SUCCESS || wait_soft(&rq, limit))
+            MPI_Abort(MPI_COMM_WORLD, rc ? rc : 1);
+        rc = worst;
+    }
+    const char *v = getenv("DS41_MPI_VERBOSE");
+    if (v && !strcmp(v, "1") && g.size > 1) {
+        /* this rank's peak resident set: its own experts' pages plus the replicated ones */
+        long long hwm = -1;
+        FILE *f = fopen("/proc/self/status", "r");
+        char line[256];
+        while (f && fgets(line, sizeof line, f))
+            if (!strncmp(line, "VmHWM:", 6)) hwm = strtoll(line + 6, NULL, 10);
+        if (f) fclose(f);
+        say("%lld expert exchanges over %lld rows: %lld bytes sent, %lld received, %.3f s waiting for peers; peak RSS "
+            "%lld KiB", g.st.exchanges, g.st.rows, g.st.bytes_sent, g.st.bytes_recv, g.st.wait_s, hwm);
+    }
+    ds41_placement_free(&g.place);
+    free(g.own);
+    /* every rank has agreed on the status: a transport that then stalls in its teardown (seen
+     * with UCX over TCP on a loaded host) must not keep the job alive */
+    static int final_rc;
+    final_rc = rc;
+    pthread_t wd;
+    if (pthread_create(&wd, NULL, finalize_watchdog, &final_rc) == 0) pthread_detach(wd);
+    MPI_Finalize();
+#endif
+    return rc;
+}
+
+uint64_t ds41_dist_flags_hash(void) {
+    uint64_t h = DS41_FNV0;
+    for (int i = 1; i < g.argc; i++) {
+        const char *a = g.argv[i];
+        if (i > 1 && (!strcmp(a, "-m") || !strcmp(a, "--model"))) {
+            i++;   /* the path may differ between hosts; its content is hashed apart */
+            continue;
+        }
+        h = ds41_fnv(h, a, strlen(a) + 1);
+    }
+    return h;
+}
+
+#ifdef DS41_HAVE_MPI
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void fatal(int code, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
+static void fatal(int code, const char *fmt, ...) {
+    char buf[1500];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    say("%s", buf);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    _exit(code);
+}
+
+/* Waits for r[0..n) for at most limit seconds; peer[i]: the rank request i talks to. Past
+ * the limit the job ends with one message naming the ranks that did not answer. A rank other
+ * than 0 waits a grace period longer when rank 0 is not among them, so that rank 0, which
+ * sees the same silence, is the one that reports it. */
+static void wait_all(MPI_Request *r, int n, const int *peer, double limit, const char *what) {
+    double t0 = now_s(), grace = limit / 2 > 2.0 ? limit / 2 : 2.0;
+    long spins = 0;
+    for (;;) {
+        int done = 0;
+        MPI_Status sts[n > 0 ? n : 1];   /* n <= 2 x ranks; not MPI_STATUSES_IGNORE, which gcc 12 misreads */
+        int rc = MPI_Testall(n, r, &done, sts);
+        if (rc != MPI_SUCCESS) {
+            char es[MPI_MAX_ERROR_STRING];
+            int el = 0;
+            MPI_Error_string(rc, es, &el);
+            fatal(3, "%s failed: %s (a rank died or a link broke); ending the job", what, es);
+        }
+        if (done) {
+            g.st.wait_s += now_s() - t0;
+            return;
+        }
+        double t = now_s() - t0;
+        if (limit > 0 && t > limit) {
+            char list[512] = "";
+            int have0 = 0, nl = 0;
+            for (int i = 0; i < n; i++) {
+                int f = 1;
+                MPI_Request_get_status(r[i], &f, MPI_STATUS_IGNORE);
+                if (f || peer[i] < 0) continue;
+                int dup = 0;
+                for (int j = 0; j < i; j++) {
+                    int fj = 1;
+                    MPI_Request_get_status(r[j], &fj, MPI_STATUS_IGNORE);
+                    if (!fj && peer[j] == peer[i]) dup = 1;
+                }
+                if (dup) continue;
+                have0 |= peer[i] == 0;
+                size_t L = strlen(list);
+                snprintf(list + L, sizeof list - L, "%s%d", nl++ ? ", " : "", peer[i]);
+            }
+            if (g.rank != 0 && !have0 && t < limit + grace) goto sleep;
+            fatal(3, "rank%s %s did not answer within %.1f s (%s): it died, hangs or its link is down; ending the job "
+                     "(--mpi-timeout)", nl > 1 ? "s" : "", nl ? list : "?", limit, what);
+        }
+    sleep:
+        /* a short spin, then sleep in small steps: ranks may share cores */
+        if (++spins > 2000) {
+            struct timespec ts = { 0, 50000 };
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ expert exchange */
+
+typedef struct xhdr {
+    uint32_t magic, layer, T, k;
+    uint64_t route;             /* FNV of the choices */
+} xhdr;
+#define XMAGIC 0x31345344u
+
+static struct {
+    float *slots;
+    size_t slots_cap;
+    unsigned char *sbuf, *rbuf;
+    size_t sbuf_cap, rbuf_cap;
+    size_t *roff;               /* [size]: offset of rank q's message in rbuf */
+    int *cnt;                   /* [size]: slots rank q owns in this exchange */
+    MPI_Request *req;
+    int *peer;
+    int nreq, layer, tag;
+    uint64_t route;
+} x;
+
+static int grow_bytes(unsigned char **b, size_t *cap, size_t n) {
+    if (n <= *cap) return 0;
+    unsigned char *p = realloc(*b, n);
+    if (!p) return -1;
+    *b = p;
+    *cap = n;
+    return 0;
+}
+
+static void xbegin(void *self, const ds41_ctx *ctx, const ds41_moe_rows *r) {
+    (void)self;
+    long li = r->lw - g.w->layers;
+    if (li < 0 || li >= g.place.n_layers) fatal(1, "expert exchange: layer weights outside the model's layers");
+    int l = (int)li, T = r->T, k = r->k, dim = r->cfg->dim, E = r->lw->n_experts, N = g.size;
+    size_t nslot = (size_t)T * k, row = (size_t)dim * sizeof(float);
+    if (k > 64) fatal(1, "expert exchange: %d experts per token (at most 64 supported)", k);
+    if (!x.cnt) {
+        x.cnt = calloc((size_t)N, sizeof *x.cnt);
+        x.roff = calloc((size_t)N + 1, sizeof *x.roff);
+        x.req = calloc(2 * (size_t)N, sizeof *x.req);
+        x.peer = calloc(2 * (size_t)N, sizeof *x.peer);
+        if (!x.cnt || !x.roff || !x.req || !x.peer) fatal(1, "out of memory for the expert exchange");
+    }
+    if (nslot * dim > x.slots_cap) {
+        free(x.slots);
+        x.slots = malloc(nslot * row);
+        if (!x.slots) fatal(1, "out of memory for the expert exchange (%d rows)", T);
+        x.slots_cap = nslot * dim;
+    }
+    memset(x.cnt, 0, (size_t)N * sizeof *x.cnt);
+    for (size_t i = 0; i < nslot; i++) {
+        int e = r->sel[i];
+        if (e >= 0 && e < E) x.cnt[ds41_dist_owner(&g.place, l, e)]++;
+    }
+    x.route = ds41_fnv(DS41_FNV0, r->sel, nslot * sizeof(int));
+    x.layer = l;
+    /* this rank's experts, outputs into their slots */
+    if (ds41_moe_experts(ctx, r, g.own + (size_t)l * g.place.n_experts, NULL, x.slots))
+        fatal(1, "out of memory in the experts of layer %d", l);
+    /* pack them in slot order behind the header */
+    size_t sn = sizeof(xhdr) + (size_t)x.cnt[g.rank] * row, rn = 0;
+    for (int q = 0; q < N; q++) {
+        x.roff[q] = rn;
+        if (q != g.rank) rn += sizeof(xhdr) + (size_t)x.cnt[q] * row;
+    }
+    if (sn > INT_MAX || rn > (size_t)INT_MAX * 2)
+        fatal(1, "expert exchange of %d rows is too large for one message; feed shorter chunks (--chunk)", T);
+    if (grow_bytes(&x.sbuf, &x.sbuf_cap, sn) || grow_bytes(&x.rbuf, &x.rbuf_cap, rn ? rn : 1))
+        fatal(1, "out of memory for the expert exchange (%d rows)", T);
+    xhdr h = { XMAGIC, (uint32_t)l, (uint32_t)T, (uint32_t)k, x.route };
+    memcpy(x.sbuf, &h, sizeof h);
+    unsigned char *p = x.sbuf + sizeof h;
+    for (size_t i = 0; i < nslot; i++) {
+        int e = r->sel[i];
+        if (e < 0 || e >= E || ds41_dist_owner(&g.place, l, e) != g.rank) continue;
+        memcpy(p, x.slots + i * dim, row);
+        p += row;
+    }
+    x.tag = (x.tag + 1) & 0x7fff;
+    x.nreq = 0;
+    for (int q = 0; q < N; q++) {
+        if (q == g.rank) continue;
+        size_t qn = sizeof(xhdr) + (size_t)x.cnt[q] * row;
+        x.peer[x.nreq] = q;
+        MPI_Irecv(x.rbuf + x.roff[q], (int)qn, MPI_BYTE, q, 100 + x.tag, MPI_COMM_WORLD, &x.req[x.nreq++]);
+        g.st.bytes_recv += (long long)qn;
+    }
+    for (int q = 0; q < N; q++) {
+        if (q == g.rank) continue;
+        x.peer[x.nreq] = q;
+        MPI_Isend(x.sbuf, (int)sn, MPI_BYTE, q, 100 + x.tag, MPI_COMM_WORLD, &x.req[x.nreq++]);
+        g.st.bytes_sent += (long long)sn;
+    }
+    g.st.exchanges++;
+    g.st.rows += T;
+}
+
+static void xend(void *self, const ds41_ctx *ctx, const ds41_moe_rows *r, float *acc) {
+    (void)self;
+    (void)ctx;
+    int l = x.layer, T = r->T, k = r->k, dim = r->cfg->dim, E = r->lw->n_experts, N = g.size;
+    size_t nslot = (size_t)T * k, row = (size_t)dim * sizeof(float);
+    char what[64];
+    snprintf(what, sizeof what, "expert exchange of layer %d", l);
+    wait_all(x.req, x.nreq, x.peer, g.timeout, what);
+    /* the peers' outputs into their slots, after checking they answer this exchange */
+    for (int q = 0; q < N; q++) {
+        if (q == g.rank) continue;
+        const unsigned char *p = x.rbuf + x.roff[q];
+        xhdr h;
+        memcpy(&h, p, sizeof h);
+        if (h.magic != XMAGIC || h.layer != (uint32_t)l || h.T != (uint32_t)T || h.k != (uint32_t)k || h.route != x.route)
+            fatal(4, "rank %d answered another expert exchange (layer %u, %u rows) than this rank's (layer %d, %d rows%s): "
+                     "the ranks' states differ; ending the job", q, h.layer, h.T, l, T,
+                  h.layer == (uint32_t)l && h.T == (uint32_t)T ? ", another routing" : "");
+        p += sizeof h;
+        for (size_t i = 0; i < nslot; i++) {
+            int e = r->sel[i];
+            if (e < 0 || e >= E || ds41_dist_owner(&g.place, l, e) != q) continue;
+            memcpy(x.slots + i * dim, p, row);
+            p += row;
+        }
+    }
+    /* row by row, the k outputs in ascending expert id (the order of one process) */
+    for (int t = 0; t < T; t++) {
+        int ord[64], m = 0;
+        for (int i = 0; i < k && m < 64; i++) {
+            int e = r->sel[(size_t)t * k + i];
+            if (e < 0 || e >= E) continue;
+            int j = m++;
+            while (j > 0 && r->sel[(size_t)t * k + ord[j - 1]] > e) { ord[j] = ord[j - 1]; j--; }
+            ord[j] = i;
+        }
+        float *ar = acc + (size_t)t * dim;
+        for (int j = 0; j < m; j++) {
+            const float *o = x.slots + ((size_t)t * k + ord[j]) * dim;
+            for (int d = 0; d < dim; d++) ar[d] += o[d];
+        }
+    }
+}
+
+/* Waits for one request at most limit seconds; -1 past it (nothing reported). */
+static int wait_soft(MPI_Request *r, double limit) {
+    double t0 = now_s();
+    long spins = 0;
+    for (;;) {
+        int done = 0;
+        MPI_Status st;
+        if (MPI_Test(r, &done, &st) != MPI_SUCCESS) return -1;
+        if (done) return 0;
+        if (now_s() - t0 > limit) return -1;
+        if (++spins > 2000) {
+            struct timespec ts = { 0, 50000 };
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ start-up check */
+
+typedef struct join_rec {
+    int32_t ok, pad;
+    uint64_t h[4];
+    char msg[480];
+} join_rec;
+
+static const char *const hash_what[4] = {
+    "the checkpoint's config.json", "the checkpoint's shard list (names and sizes)",
+    "the command-line flags (or --expert-map)", "the kernel mode (--exact, the fast kernels' ISA)"
+};
+
+int ds41_dist_join(const ds41_config *cfg, const ds41_weights *w, const ds41_dist_ident *id, const char *fail,
+                   const ds41_moe_dispatch **moe, char *err, size_t errcap) {
+    static ds41_moe_dispatch d;
+    *moe = NULL;
+    char why[480] = "";
+    if (fail) snprintf(why, sizeof why, "%s", fail);
+    /* placement before the check, so that a map one rank cannot read is reported like a load
+     * failure */
+    if (!fail) {
+        int ne = 0;
+        for (int l = 0; l < w->n_layers; l++)
+            if (w->layers[l].n_experts > ne) ne = w->layers[l].n_experts;
+        ds41_placement_free(&g.place);
+        if (ds41_placement_default(&g.place, g.size, w->n_layers, ne)) snprintf(why, sizeof why, "out of memory");
+        else if (g.map_path && ds41_placement_load(&g.place, g.map_path, why, sizeof why)) { /* why says it */ }
+    }
+    join_rec me;
+    memset(&me, 0, sizeof me);
+    me.ok = !why[0];
+    if (id) { me.h[0] = id->config; me.h[1] = id->shards; me.h[2] = id->flags; me.h[3] = id->kernels; }
+    if (me.ok && g.place.owner)   /* the placement is a flag: every rank must use the same */
+        me.h[2] = ds41_fnv(me.h[2], g.place.owner, (size_t)g.place.n_layers * g.place.n_experts * sizeof(int16_t));
+    snprintf(me.msg, sizeof me.msg, "%s", why);
+    /* start-up waits for the slowest load: ten times the step timeout, at least two minutes */
+    double limit = g.timeout * 10 > 120 ? g.timeout * 10 : 120;
+    char verdict[1024] = "";
+    if (g.rank == 0) {
+        join_rec *all = calloc((size_t)g.size, sizeof *all);
+        MPI_Request *rq = calloc((size_t)g.size, sizeof *rq);
+        int *peer = calloc((size_t)g.size, sizeof *peer);
+        if (!all || !rq || !peer) fatal(1, "out of memory in the start-up check");
+        all[0] = me;
+        for (int r = 1; r < g.size; r++) {
+            peer[r - 1] = r;
+            MPI_Irecv(&all[r], (int)sizeof(join_rec), MPI_BYTE, r, 1, MPI_COMM_WORLD, &rq[r - 1]);
+        }
+        wait_all(rq, g.size - 1, peer, limit, "start-up check");
+        size_t L = 0;
+        for (int r = 0; r < g.size && L + 1 < sizeof verdict; r++) {
+            all[r].msg[sizeof all[r].msg - 1] = 0;
+            if (!all[r].ok) {
+                L += (size_t)snprintf(verdict + L, sizeof verdict - L, "%srank %d: %s", L ? "; " : "", r, all[r].msg);
+                continue;
+            }
+            if (r == 0 || !all[0].ok) continue;
+            for (int k = 0; k < 4 && L + 1 < sizeof verdict; k++)
+                if (all[r].h[k] != all[0].h[k]) {
+                    L += (size_t)snprintf(verdict + L, sizeof verdict - L,
+                                          "%srank %d differs from rank 0 in %s (hash %016llx, rank 0: %016llx)", L ? "; " : "",
+                                          r, hash_what[k], (unsigned long long)all[r].h[k], (unsigned long long)all[0].h[k]);
+                    break;
+                }
+        }
+        if (L >= sizeof verdict) L = sizeof verdict - 1;
+        free(all); free(rq); free(peer);
+    } else {
+        MPI_Request rq;
+        int p0 = 0;
+        MPI_Isend(&me, (int)sizeof me, MPI_BYTE, 0, 1, MPI_COMM_WORLD, &rq);
+        wait_all(&rq, 1, &p0, limit, "start-up check");
+    }
+    MPI_Request rq;
+    int p0 = 0;
+    MPI_Ibcast(verdict, (int)sizeof verdict, MPI_CHAR, 0, MPI_COMM_WORLD, &rq);
+    wait_all(&rq, 1, &p0, limit, "start-up check verdict");
+    verdict[sizeof verdict - 1] = 0;
+    if (verdict[0]) {
+        g.agreed = 1;
+        snprintf(err, errcap, "the ranks of this job cannot run together: %s", verdict);
+        return -1;
+    }
+    if (fail) {   /* cannot happen: rank 0 names every failed rank */
+        snprintf(err, errcap, "%s", fail);
+        return -1;
+    }
+    (void)cfg;
+    g.w = w;
+    free(g.own);
+    g.own = calloc((size_t)g.place.n_layers * (g.place.n_experts ? g.place.n_experts : 1), 1);
+    if (!g.own) {
+        snprintf(err, errcap, "out of memory");
+        return -1;
+    }
+    for (int l = 0; l < g.place.n_layers; l++)
+        for (int e = 0; e < g.place.n_experts; e++)
+            g.own[(size_t)l * g.place.n_experts + e] = ds41_dist_owner(&g.place, l, e) == g.rank;
+    d.self = NULL;
+    d.begin = xbegin;
+    d.end = xend;
+    *moe = &d;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ rank 0's bytes */
+
+int ds41_dist_bcast_wait(void *buf, size_t n, double limit) {
+    if (g.size < 2 || !n) return 0;
+    if (n > INT_MAX) return -1;
+    MPI_Request rq;
+    int p0 = 0;
+    MPI_Ibcast(buf, (int)n, MPI_BYTE, 0, MPI_COMM_WORLD, &rq);
+    wait_all(&rq, 1, &p0, limit, "broadcast from rank 0");
+    return 0;
+}
+
+int ds41_dist_bcast(void *buf, size_t n) {
+    return ds41_dist_bcast_wait(buf, n, g.timeout);
+}
+
+/* ------------------------------------------------------------------ step plan */
+
+int ds41_dist_step(int count, const long long *pos, const int *T, const int32_t *const *tokens, char *err, size_t errcap) {
+    if (g.size < 2) return 0;
+    /* [count, then per sequence pos (2 words), T, then the tokens] */
+    size_t n = 1 + 3 * (size_t)count;
+    for (int i = 0; i < count; i++) n += (size_t)T[i];
+    if (n > INT_MAX / 4) return snprintf(err, errcap, "step of %zu words is too large to broadcast", n), -1;
+    int32_t *mine = malloc(n * sizeof *mine), *plan = malloc(n * sizeof *plan);
+    if (!mine || !plan) {
+        free(mine); free(plan);
+        return snprintf(err, errcap, "out of memory"), -1;
+    }
+    size_t k = 0;
+    mine[k++] = count;
+    for (int i = 0; i < count; i++) {
+        mine[k++] = (int32_t)(pos[i] & 0x7fffffff);
+        mine[k++] = (int32_t)(pos[i] >> 31);
+        mine[k++] = T[i];
+    }
+    for (int i = 0; i < count; i++)
+        for (int t = 0; t < T[i]; t++) mine[k++] = tokens[i][t];
+    int len = (int)n, p0 = 0;
+    MPI_Request rq;
+    MPI_Ibcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD, &rq);
+    wait_all(&rq, 1, &p0, g.timeout, "step plan from rank 0");
+    if (g.rank == 0) memcpy(plan, mine, n * sizeof *plan);
+    int32_t *buf = plan;
+    if (len != (int)n) {
+        free(plan);
+        buf = plan = malloc((size_t)(len > 0 ? len : 1) * sizeof *plan);
+        if (!plan) fatal(1, "out of memory for rank 0's step plan");
+    }
+    MPI_Ibcast(buf, len, MPI_INT32_T, 0, MPI_COMM_WORLD, &rq);
+    wait_all(&rq, 1, &p0, g.timeout, "step plan from rank 0");
+    if (g.rank != 0 && (len != (int)n || memcmp(plan, mine, n * sizeof *plan))) {
+        /* this rank would compute another step than rank 0: stop the job rather than mix them */
+        fatal(4, "this rank's step (%d sequence(s), %zu words) differs from rank 0's (%d words): the ranks ran "
+                 "different inputs or flags; ending the job", count, n, len);
+    }
+    free(mine);
+    free(plan);
+    return 0;
+}
+
+#else /* one process: no job to join */
+
+int ds41_dist_join(const ds41_config *cfg, const ds41_weights *w, const ds41_dist_ident *id, const char *fail,
+                   const ds41_moe_dispatch **moe, char *err, size_t errcap) {
+    (void)cfg; (void)w; (void)id;
+    *moe = NULL;
+    if (fail) return snprintf(err, errcap, "%s", fail), -1;
+    return 0;
+}
+
+int ds41_dist_bcast(void *buf, size_t n) {
+    (void)buf; (void)n;
+    return 0;
+}
+
+int ds41_dist_bcast_wait(void *buf, size_t n, double limit) {
+    (void)buf; (void)n; (void)limit;
+    return 0;
+}
+
+int ds41_dist_step(int count, const long long *pos, const int *T, const int32_t *const *tokens, char *err, size_t errcap) {
+    (void)count; (void)pos; (void)T; (void)tokens; (void)err; (void)errcap;
+    return 0;
+}
+
+#endif

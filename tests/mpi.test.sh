@@ -1,0 +1,280 @@
+#!/usr/bin/env bash
+# ds41 under mpiexec (docs/distributed.md): expert parallelism across 2 and 3 ranks gives tokens
+# and logits bit-identical to one process (exact and fast kernels, both index-K readings,
+# DSpark drafts on and off, the default placement and an --expert-map), perplexity equal, chat
+# replies equal; one run over TCP with shared memory off (checked with strace: the ranks connect
+# over AF_INET) and one across network namespaces (veth);
+# faults end the job with a clear message and a non-zero status, never a hang: a rank with
+# another checkpoint, other flags or a missing shard (refused at start-up), a hung rank
+# (--mpi-timeout names it), a killed rank, a malformed expert map.
+set -u
+cd "${DS41_ROOT:-$(dirname "$0")/..}"
+DS41=${DS41:-./ds41}
+PY=${PYTHON:-/usr/bin/python3}
+CK=build/test-ck
+TMP=$(mktemp -d /tmp/ds41-mpi.XXXXXX)
+# every process this test starts carries this tag, so that the cleanup finds exactly them
+export DS41_MPI_TEST_TAG=$TMP
+ours() {   # PIDs of this test's ds41 ranks and launchers still alive (one grep over /proc)
+    local f p c
+    for f in $(grep -lzx "DS41_MPI_TEST_TAG=$TMP" /proc/[0-9]*/environ 2>/dev/null); do
+        p=${f#/proc/}; p=${p%/environ}
+        c=$(cat "/proc/$p/comm" 2>/dev/null) || continue
+        case $c in ds41|mpiexec*|hydra_pmi_proxy|strace) echo "$p" ;; esac
+    done
+}
+cleanup() {
+    local p
+    for p in $(ours); do kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+mkdir -p "$CK"
+. tests/lib.sh
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: $2"; }
+
+# ---------------------------------------------------------------- inspect --ranks (no MPI needed)
+# tiny: 6 layers + 1 DSpark stage, 4 experts top-2, dim 256: each MoE layer sends 2 x 256 x 4 B
+# to the 1 other rank per token, the default placement gives both ranks 2 experts per layer
+if "$DS41" inspect --ranks 2 --json tests/configs/tiny >"$TMP/i.json" 2>"$TMP/i.err" &&
+   "$PY" -c "
+import json, sys
+r = json.load(open(sys.argv[1]))['ranks']
+e = [p['expert_bytes'] for p in r['per_rank']]
+assert r['ranks'] == 2 and len(e) == 2 and e[0] == e[1] > 0, r
+assert r['exchange_bytes_per_token_per_moe_layer'] == 2 * 256 * 4 * 1, r
+assert r['exchange_bytes_per_token_per_forward'] == 6 * 2 * 256 * 4, r
+assert r['per_rank'][0]['weight_bytes'] == r['replicated_bytes'] + r['engram_bytes_per_rank'] + e[0], r
+" "$TMP/i.json"; then pass inspect_ranks_tiny; else fail inspect_ranks_tiny "$(head -c 300 "$TMP/i.err")"; fi
+# every expert of every layer on rank 1: rank 0 holds none
+printf '* 0 1\n* 1 1\n* 2 1\n* 3 1\n' >"$TMP/allmap"
+if "$DS41" inspect --ranks 2 --json --expert-map "$TMP/allmap" tests/configs/tiny 2>/dev/null |
+   "$PY" -c "import json,sys; r=json.load(sys.stdin)['ranks']; e=[p['expert_bytes'] for p in r['per_rank']]; sys.exit(0 if e[0] == 0 and e[1] > 0 else 1)"; then
+    pass inspect_ranks_expert_map
+else
+    fail inspect_ranks_expert_map "rank 0 still holds experts"
+fi
+# the malformed --expert-map corpus: one line naming FILE:LINE, exit 1, nothing on stdout
+n=0 bad=""
+for d in tests/malformed/expert-map/*/; do
+    "$DS41" inspect --ranks 2 --expert-map "$d/map" tests/configs/tiny >"$TMP/m.out" 2>"$TMP/m.err"; rc=$?
+    n=$((n + 1))
+    if [ $rc -ne 1 ] || [ "$(wc -l <"$TMP/m.err")" -ne 1 ] || ! grep -qF -- "$(cat "$d/expected")" "$TMP/m.err" || [ -s "$TMP/m.out" ]; then
+        bad="$bad $(basename "$d")(exit $rc: $(head -c 200 "$TMP/m.err"))"
+    fi
+done
+[ -z "$bad" ] && [ $n -ge 8 ] && pass "expert_map_malformed_corpus ($n cases)" || fail expert_map_malformed_corpus "$n cases;$bad"
+
+if ! command -v mpiexec >/dev/null || "$DS41" --help 2>&1 | grep -q "this build has no MPI"; then
+    echo "SKIP mpi: no mpiexec or ds41 built without MPI (mpicc not on PATH at build time)"
+    exit 0
+fi
+# under the sanitizers (make check-asan) MPICH's own allocations at MPI_Finalize are not ours
+# to judge: leak checking off for this file only (the one-process tests keep it)
+if [ -n "${DS41_ASAN:-}" ]; then export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"; fi
+export XDG_CACHE_HOME=$TMP/cache   # the --spec auto curve: measured by this test's ranks only
+RUN="timeout 120 mpiexec"
+
+tiny=$(checkpoint tiny) || exit 1
+small=$(checkpoint small43) || exit 1
+demo=models/demo
+
+# same NAME N ARGS...: `ds41 run ARGS` alone and under mpiexec -n N: the same stdout and the
+# same --dump-logits bytes (every generated step's logits row)
+same() {
+    local name=$1 n=$2; shift 2
+    if ! "$DS41" run "$@" --dump-logits "$TMP/a.f32" >"$TMP/a.out" 2>"$TMP/a.err"; then
+        fail "$name" "one process failed: $(tail -n 2 "$TMP/a.err")"; return
+    fi
+    if ! $RUN -n "$n" "$DS41" run "$@" --mpi-timeout 30 --dump-logits "$TMP/b.f32" >"$TMP/b.out" 2>"$TMP/b.err"; then
+        fail "$name" "mpiexec -n $n failed: $(tail -n 3 "$TMP/b.err")"; return
+    fi
+    if [ ! -s "$TMP/a.f32" ]; then fail "$name" "no logits written"; return; fi
+    if ! cmp -s "$TMP/a.out" "$TMP/b.out"; then fail "$name" "tokens differ: '$(head -c 80 "$TMP/a.out")' vs '$(head -c 80 "$TMP/b.out")'"; return; fi
+    if ! cmp -s "$TMP/a.f32" "$TMP/b.f32"; then fail "$name" "logits differ ($(cmp "$TMP/a.f32" "$TMP/b.f32" | head -n 1))"; return; fi
+    pass "$name"
+}
+
+P20=$(ids 20 7 512)
+P90=$(ids 90 8 512)
+# ---------------------------------------------------------------- exact, both readings, DSpark off/on
+same exact_tiny_n2 2 -m "$tiny" --prompt-ids "$P20" -n 12 --exact --ignore-eos --spec off
+same exact_tiny_n3_official 3 -m "$tiny" --prompt-ids "$P20" -n 12 --exact --ignore-eos --spec off --index-k official
+same exact_tiny_n3_dspark 3 -m "$tiny" --prompt-ids "$P20" -n 12 --exact --ignore-eos --spec fixed:2
+same exact_small43_n2_dspark 2 -m "$small" --prompt-ids "$P90" -n 10 --exact --ignore-eos --spec fixed:3
+same exact_small43_n3_official 3 -m "$small" --prompt-ids "$P90" -n 10 --exact --ignore-eos --spec off --index-k official
+same exact_demo_n2 2 -m "$demo" -p "Once upon a time" -n 24 --exact --ignore-eos --spec off
+same exact_demo_n3_dspark 3 -m "$demo" -p "Once upon a time" -n 24 --exact --ignore-eos --spec fixed:3
+same exact_demo_n2_official_dspark 2 -m "$demo" -p "What does Post mean?" -n 16 --exact --ignore-eos --spec fixed:3 --index-k official
+# ---------------------------------------------------------------- fast kernels: identical to fast in one process
+same fast_demo_n2 2 -m "$demo" -p "Once upon a time" -n 24 --ignore-eos --spec off
+same fast_demo_n3_dspark 3 -m "$demo" -p "Once upon a time" -n 24 --ignore-eos --spec fixed:3
+same fast_small43_n3 3 -m "$small" --prompt-ids "$P90" -n 8 --ignore-eos --spec off
+# ---------------------------------------------------------------- an expert map: every expert of layer 0 on rank 1, expert 0 everywhere on rank 0
+printf '# test map\n0 0 1\n0 1 1\n0 2 1\n* 0 0   # hot expert\n\n0 3 1\n' >"$TMP/map"
+same expert_map_demo_n2 2 -m "$demo" -p "Once upon a time" -n 12 --exact --ignore-eos --spec off --expert-map "$TMP/map"
+
+# ---------------------------------------------------------------- perplexity equal (all but the timings)
+head -c 1200 models/demo/MODEL_CARD.md >"$TMP/text"
+if "$DS41" perplexity -m "$demo" -f "$TMP/text" -c 128 --json --exact >"$TMP/p1.json" 2>"$TMP/p1.err" &&
+   $RUN -n 3 "$DS41" perplexity -m "$demo" -f "$TMP/text" -c 128 --json --exact --mpi-timeout 30 >"$TMP/p3.json" 2>"$TMP/p3.err"; then
+    d=$("$PY" -c "
+import json, sys
+a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2]))
+print(' '.join(sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in ('seconds', 'tokens_per_s'))))" "$TMP/p1.json" "$TMP/p3.json")
+    if [ -z "$d" ] && grep -q '"perplexity"' "$TMP/p1.json"; then pass perplexity_n3; else fail perplexity_n3 "fields differ: $d"; fi
+else
+    fail perplexity_n3 "$(tail -n 2 "$TMP/p1.err" "$TMP/p3.err")"
+fi
+
+# ---------------------------------------------------------------- chat: rank 0 reads stdin, every rank runs the turn
+printf 'What does Post mean?\n/reset\nAnd Sit?\n' >"$TMP/chat.in"
+if "$DS41" chat -m "$demo" -n 16 --exact <"$TMP/chat.in" >"$TMP/c1.out" 2>"$TMP/c1.err" &&
+   $RUN -n 3 "$DS41" chat -m "$demo" -n 16 --exact --mpi-timeout 30 <"$TMP/chat.in" >"$TMP/c3.out" 2>"$TMP/c3.err"; then
+    if [ -s "$TMP/c1.out" ] && cmp -s "$TMP/c1.out" "$TMP/c3.out"; then pass chat_n3; else fail chat_n3 "replies differ: '$(head -c 80 "$TMP/c1.out")' vs '$(head -c 80 "$TMP/c3.out")'"; fi
+else
+    fail chat_n3 "$(tail -n 2 "$TMP/c1.err" "$TMP/c3.err")"
+fi
+
+# ---------------------------------------------------------------- TCP, shared memory off
+# MPICH ch4: MPIR_CVAR_NOLOCAL=1 sends even same-host traffic through the network module;
+# UCX_TLS=tcp,self makes that module TCP. strace shows the ranks connecting over AF_INET.
+if command -v strace >/dev/null; then
+    mkdir -p "$TMP/st"
+    "$DS41" run -m "$demo" -p "Once upon a time" -n 12 --exact --ignore-eos --spec off >"$TMP/a.out" 2>/dev/null
+    # DS41_MPI_VERBOSE=1: each rank reports its exchange counters at the end (rank 0's is checked)
+    if DS41_MPI_VERBOSE=1 MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NOLOCAL=1 UCX_TLS=tcp,self UCX_NET_DEVICES=lo $RUN -n 2 \
+        sh -c 'exec strace --seccomp-bpf -f -e trace=connect -o "$0/r$PMI_RANK" "$@"' "$TMP/st" \
+        "$DS41" run -m "$demo" -p "Once upon a time" -n 12 --exact --ignore-eos --spec off --mpi-timeout 30 >"$TMP/b.out" 2>"$TMP/b.err"; trc=$?; [ $trc -eq 0 ]; then
+        conn=$(cat "$TMP"/st/r* | grep -c 'connect(.*AF_INET.*127\.0\.0\.1.*= 0')
+        # every MoE layer of every forward went through the exchange, bytes on the wire
+        xch=$(sed -n 's/^ds41: \([0-9]*\) expert exchanges over [0-9]* rows: \([0-9]*\) bytes sent.*/\1 \2/p' "$TMP/b.err")
+        if [ "$conn" -ge 1 ] && cmp -s "$TMP/a.out" "$TMP/b.out" && [ "${xch%% *}" -gt 0 ] 2>/dev/null && [ "${xch##* }" -gt 0 ]; then
+            pass tcp_no_shm_n2
+        else
+            fail tcp_no_shm_n2 "AF_INET connects $conn, exchanges/bytes '$xch', same tokens: $(cmp -s "$TMP/a.out" "$TMP/b.out" && echo yes || echo no)"
+        fi
+    else
+        fail tcp_no_shm_n2 "mpiexec status $trc: $(tail -n 3 "$TMP/b.err")"
+    fi
+else
+    echo "SKIP tcp_no_shm_n2: no strace to check the transport"
+fi
+
+# ---------------------------------------------------------------- across network namespaces
+# one namespace per rank, linked by a veth pair (a /30 subnet picked at random), the ranks
+# entered through a launcher script (ip netns exec); TCP only, each rank's UCX on its veth end.
+# The veth counters must carry at least the bytes the exchange counters say were sent.
+NS=ds41m$$
+ns_cleanup() { ip netns del "${NS}0" 2>/dev/null; ip netns del "${NS}1" 2>/dev/null; }
+trap 'ns_cleanup; cleanup' EXIT
+if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && ip netns add "${NS}0" 2>/dev/null && ip netns add "${NS}1" 2>/dev/null &&
+   ip link add "${NS}a" netns "${NS}0" type veth peer name "${NS}b" netns "${NS}1" 2>/dev/null; then
+    sub=10.$((RANDOM % 200 + 20)).$((RANDOM % 250))
+    ip -n "${NS}0" addr add "$sub.1/30" dev "${NS}a"
+    ip -n "${NS}1" addr add "$sub.2/30" dev "${NS}b"
+    for i in 0 1; do ip -n "${NS}$i" link set lo up; done
+    ip -n "${NS}0" link set "${NS}a" up
+    ip -n "${NS}1" link set "${NS}b" up
+    # both ends up before the ranks start (UCX's first address exchange fails on a link still coming up)
+    for i in $(seq 1 50); do
+        [ "$(ip netns exec "${NS}0" cat "/sys/class/net/${NS}a/operstate")" = up ] &&
+            [ "$(ip netns exec "${NS}1" cat "/sys/class/net/${NS}b/operstate")" = up ] && break
+        sleep 0.1
+    done
+    cat >"$TMP/launch" <<EOS
+#!/bin/sh
+# rank R runs in namespace ${NS}R, its UCX on its veth end
+d=${NS}a; [ "\$PMI_RANK" = 1 ] && d=${NS}b
+exec ip netns exec ${NS}\$PMI_RANK env UCX_NET_DEVICES=\$d "\$@"
+EOS
+    chmod +x "$TMP/launch"
+    "$DS41" run -m "$demo" -p "Once upon a time" -n 12 --exact --ignore-eos --spec off >"$TMP/a.out" 2>/dev/null
+    tx0=$(ip netns exec "${NS}0" cat "/sys/class/net/${NS}a/statistics/tx_bytes")
+    if DS41_MPI_VERBOSE=1 MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NOLOCAL=1 UCX_TLS=tcp,self $RUN -n 2 "$TMP/launch" \
+        "$DS41" run -m "$PWD/$demo" -p "Once upon a time" -n 12 --exact --ignore-eos --spec off --mpi-timeout 30 \
+        >"$TMP/b.out" 2>"$TMP/b.err"; nrc=$?; [ $nrc -eq 0 ]; then
+        tx1=$(ip netns exec "${NS}0" cat "/sys/class/net/${NS}a/statistics/tx_bytes")
+        sent=$(sed -n 's/^ds41: [0-9]* expert exchanges over [0-9]* rows: \([0-9]*\) bytes sent.*/\1/p' "$TMP/b.err")
+        if cmp -s "$TMP/a.out" "$TMP/b.out" && [ -n "$sent" ] && [ "$sent" -gt 0 ] && [ $((tx1 - tx0)) -ge "$sent" ]; then
+            pass netns_veth_n2
+        else
+            fail netns_veth_n2 "same tokens: $(cmp -s "$TMP/a.out" "$TMP/b.out" && echo yes || echo no), rank 0 sent $sent B, veth carried $((tx1 - tx0)) B"
+        fi
+    else
+        fail netns_veth_n2 "mpiexec status $nrc: $(tail -n 3 "$TMP/b.err")"
+    fi
+    ns_cleanup
+else
+    ns_cleanup
+    echo "SKIP netns_veth_n2: needs root and ip netns"
+fi
+
+# ---------------------------------------------------------------- faults
+# expect_job NAME PATTERN SECONDS CMD...: non-zero exit within SECONDS, stderr matching PATTERN
+expect_job() {
+    local name=$1 pat=$2 lim=$3; shift 3
+    local t0=$(date +%s.%N)
+    timeout 120 "$@" >"$TMP/f.out" 2>"$TMP/f.err"
+    local rc=$? t=$(echo "$(date +%s.%N) - $t0" | bc)
+    if [ $rc -eq 0 ]; then fail "$name" "exit status 0"; return; fi
+    if [ $rc -eq 124 ] || [ "$(echo "$t > $lim" | bc)" = 1 ]; then fail "$name" "took ${t}s (limit ${lim}s, status $rc)"; return; fi
+    if ! grep -q -- "$pat" "$TMP/f.err"; then fail "$name" "message '$(head -c 300 "$TMP/f.err")' lacks '$pat'"; return; fi
+    pass "$name"
+}
+expect_job another_checkpoint "rank 1 differs from rank 0 in the checkpoint's config.json" 60 \
+    mpiexec -n 1 "$DS41" run -m "$tiny" --prompt-ids 1,2,3 -n 2 --exact : -n 1 "$DS41" run -m "$small" --prompt-ids 1,2,3 -n 2 --exact
+expect_job other_flags "rank 1 differs from rank 0 in the command-line flags" 60 \
+    mpiexec -n 1 "$DS41" run -m "$tiny" --prompt-ids 1,2,3 -n 2 --exact : -n 1 "$DS41" run -m "$tiny" --prompt-ids 1,2,3 -n 2 --exact --index-k official
+expect_job other_kernel_mode "rank 1 differs from rank 0 in the command-line flags\|rank 1 differs from rank 0 in the kernel mode" 60 \
+    mpiexec -n 1 "$DS41" run -m "$tiny" --prompt-ids 1,2,3 -n 2 --exact : -n 1 "$DS41" run -m "$tiny" --prompt-ids 1,2,3 -n 2
+mkdir -p "$TMP/noshard"
+case $tiny in /*) t=$tiny ;; *) t=$PWD/$tiny ;; esac
+ln -s "$t/config.json" "$TMP/noshard/config.json"
+ln -s "$t/engram_token_map.i32" "$TMP/noshard/engram_token_map.i32"
+expect_job missing_shard "rank 1: .*noshard" 60 \
+    mpiexec -n 1 "$DS41" run -m "$tiny" --prompt-ids 1,2,3 -n 2 --exact : -n 1 "$DS41" run -m "$TMP/noshard" --prompt-ids 1,2,3 -n 2 --exact
+expect_job serve_refused "ds41 serve: not supported under mpiexec" 60 mpiexec -n 2 "$DS41" serve -m "$tiny" --port 0
+printf '0 0 1\n0 x 1\n' >"$TMP/badmap"
+expect_job malformed_expert_map "badmap:2: expected an expert id" 60 \
+    mpiexec -n 2 "$DS41" run -m "$tiny" --prompt-ids 1,2,3 -n 2 --expert-map "$TMP/badmap"
+printf '0 0 2\n' >"$TMP/rankmap"
+expect_job expert_map_rank_out_of_range "rankmap:1: expected a rank (0..1)" 60 \
+    mpiexec -n 2 "$DS41" run -m "$tiny" --prompt-ids 1,2,3 -n 2 --expert-map "$TMP/rankmap"
+
+# a rank that stops answering mid-decode (SIGSTOP: hung, or its link gone): rank 0 names it
+# within --mpi-timeout (3 s here) and the job ends; then one killed with SIGKILL: the launcher
+# ends the job at once, status non-zero
+rank_pid() {   # rank_pid R -> PID of this test's ds41 rank R (empty while not started)
+    local p
+    for p in $(ours); do
+        [ "$(cat "/proc/$p/comm" 2>/dev/null)" = ds41 ] && grep -qzx "PMI_RANK=$1" "/proc/$p/environ" 2>/dev/null && echo "$p"
+    done | head -n 1
+}
+fault_run() {   # fault_run NAME SIGNAL PATTERN LIMIT
+    local name=$1 sig=$2 pat=$3 lim=$4
+    timeout 120 mpiexec -n 2 "$DS41" run -m "$demo" -p "Once upon a time" -n 3000 -c 4096 --ignore-eos --spec off \
+        --mpi-timeout 3 >"$TMP/f.out" 2>"$TMP/f.err" &
+    local job=$! p="" i
+    for i in $(seq 1 300); do   # until rank 1 decodes (tokens on rank 0's stdout), at most ~30 s
+        p=$(rank_pid 1)
+        [ -n "$p" ] && [ -s "$TMP/f.out" ] && break
+        sleep 0.1
+    done
+    if [ -z "$p" ]; then fail "$name" "rank 1 never started"; kill "$job" 2>/dev/null; wait "$job"; return; fi
+    local t0=$(date +%s.%N)
+    kill "-$sig" "$p"
+    wait "$job"
+    local rc=$? t=$(echo "$(date +%s.%N) - $t0" | bc)
+    sleep 0.5
+    local left=$(ours | wc -l)
+    if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then fail "$name" "status $rc"; return; fi
+    if [ "$(echo "$t > $lim" | bc)" = 1 ]; then fail "$name" "ended ${t}s after the fault (limit ${lim}s)"; return; fi
+    if [ "$left" -ne 0 ]; then fail "$name" "$left processes left behind"; return; fi
+    if ! grep -q -- "$pat" "$TMP/f.err" "$TMP/f.out"; then fail "$name" "no message matching '$pat': $(tail -c 300 "$TMP/f.err")"; return; fi
+    pass "$name"
+}
+fault_run hung_rank_named STOP "ds41: rank 1 did not answer within 3.0 s" 10
+fault_run killed_rank KILL "BAD TERMINATION\|rank 1" 10
+exit 0
