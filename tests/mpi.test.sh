@@ -74,7 +74,7 @@ fi
 # to judge: leak checking off for this file only (the one-process tests keep it)
 if [ -n "${DS41_ASAN:-}" ]; then export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"; fi
 export XDG_CACHE_HOME=$TMP/cache   # the --spec auto curve: measured by this test's ranks only
-RUN="timeout 120 mpiexec"
+RUN="timeout 120 mpiexec"   # stdin: run.sh gives /dev/null (mpiexec would forward it to rank 0)
 
 tiny=$(checkpoint tiny) || exit 1
 small=$(checkpoint small43) || exit 1
@@ -96,6 +96,18 @@ same() {
     pass "$name"
 }
 
+# --spec auto from a cold curve cache: the calibration times its rounds, and as many as fit in
+# 0.3 s ran on each rank (a loaded rank ran fewer collective forwards, and the job ended with
+# "this rank's step differs"); every rank now runs rank 0's count. Exact speculation emits the
+# plain tokens, so the reference is one process with --spec off.
+if "$DS41" run -m "$demo" -p "Once upon a time" -n 16 --exact --ignore-eos --spec off >"$TMP/a.out" 2>"$TMP/a.err" &&
+   XDG_CACHE_HOME=$TMP/cache-cold $RUN -n 2 "$DS41" run -m "$demo" -p "Once upon a time" -n 16 --exact --ignore-eos \
+       --spec auto --mpi-timeout 30 >"$TMP/b.out" 2>"$TMP/b.err"; then
+    if cmp -s "$TMP/a.out" "$TMP/b.out"; then pass spec_auto_cold_curve_demo_n2
+    else fail spec_auto_cold_curve_demo_n2 "tokens differ: '$(head -c 80 "$TMP/a.out")' vs '$(head -c 80 "$TMP/b.out")'"; fi
+else
+    fail spec_auto_cold_curve_demo_n2 "$(tail -n 3 "$TMP/a.err" "$TMP/b.err")"
+fi
 P20=$(ids 20 7 512)
 P90=$(ids 90 8 512)
 # ---------------------------------------------------------------- exact, both readings, DSpark off/on

@@ -38,7 +38,7 @@ run_one() {
     local name=$1; shift
     local log="$BUILD/test-logs/$(basename "$name").log"
     local t0=$(date +%s.%N)
-    "$@" >"$log" 2>&1
+    "$@" >"$log" 2>&1 </dev/null   # stdin: not the test list (mpiexec forwards its stdin to rank 0)
     local rc=$?
     local t1=$(date +%s.%N)
     local p=$(grep -c '^PASS ' "$log")
