@@ -1,13 +1,15 @@
 /* libFuzzer harness for the ds41 serve request parser (src/serve/serve_req.c): each input is a
  * request body given to the chat, completions, /tokenize and /detokenize parsers, and to the
- * Anthropic Messages conversion (src/serve/serve_anth.c; its chat body must then parse or be
- * refused with an error, and its own errors are Anthropic-shaped). A rejected
+ * Anthropic Messages and OpenAI Responses conversions (src/serve/serve_anth.c, serve_resp.c;
+ * the chat body they give must then parse or be refused with an error; Anthropic's own errors
+ * are Anthropic-shaped). A rejected
  * body must come with an OpenAI error of status 4xx/5xx, a known type and a one-line message;
  * an accepted one must satisfy the documented ranges (n, choices, stop strings, logprobs) and
  * carry prompts that are NUL-terminated text of the stated length or id lists. Violations
  * abort. The DSML tool-call parser and the text view run on the input too. */
 #include "serve_anth.h"
 #include "serve_req.h"
+#include "serve_resp.h"
 #include "serve_text.h"
 
 #include <stdint.h>
@@ -93,6 +95,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         free(chat);
     }
+    /* OpenAI Responses bodies */
+    {
+        char *chat = NULL;
+        size_t cl = 0;
+        ds41_resp_info ri;
+        memset(&e, 0, sizeof e);
+        if (ds41_resp_to_chat(b, size, &chat, &cl, &ri, &e)) {
+            if (chat || ri.tools_json || ri.instructions) abort();
+            check_err(&e);
+        } else {
+            if (!chat || chat[cl] || !ri.tools_json) abort();
+            ds41_req r;
+            memset(&e, 0, sizeof e);
+            if (ds41_req_parse(DS41_REQ_CHAT, chat, cl, &r, &e)) check_err(&e);
+            else { check_req(&r); ds41_req_free(&r); }
+            free(chat);
+            ds41_resp_info_free(&ri);
+        }
+    }
     /* generated text: tool calls and the reasoning / content split never read out of bounds */
     ds41_tool_call *tc = NULL;
     size_t nc = ds41_dsml_parse(b, size, &tc);
@@ -120,5 +141,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     sq.finished = 1;
     ds41_anth_stream_step(&st, "msg_1", "m", &ai, &sq, size, sse_check, NULL);
     if (!st.ended) abort();
+    /* and as a Responses reply */
+    ds41_resp_info ri = { .thinking = ai.thinking, .tools = 1, .max_output_tokens = -1, .temperature = 1, .top_p = 1 };
+    json_t *ro = ds41_resp_object("resp_1", "m", &ri, &sq);
+    if (!ro || !json_is_array(json_object_get(ro, "output"))) abort();
+    json_decref(ro);
+    ds41_resp_stream rs;
+    ds41_resp_stream_init(&rs, &ri);
+    sq.finished = 0;
+    for (size_t a = 0; a < size; a += 1 + a / 3) ds41_resp_stream_step(&rs, "resp_1", "m", &ri, &sq, a, sse_check, NULL);
+    sq.finished = 1;
+    ds41_resp_stream_step(&rs, "resp_1", "m", &ri, &sq, size, sse_check, NULL);
+    if (!rs.ended) abort();
+    ds41_resp_stream_free(&rs);
     return 0;
 }

@@ -33,7 +33,7 @@ int ds41_anth_to_chat(const char *body, size_t len, int count_only, char **chat,
  * the member (param) when the text does not start with it already. */
 json_t *ds41_anth_error_json(const ds41_req_error *e);
 
-/* The parts of one finished or growing sequence. */
+/* The parts of one finished or growing sequence (the Responses route uses it too). */
 typedef struct ds41_anth_seq {
     const char *text;
     size_t text_len;
@@ -41,6 +41,7 @@ typedef struct ds41_anth_seq {
     int stop_hit;              /* 1 + the stop string index, 0: none */
     const char *stop_str;      /* that string */
     long long input_tokens, cached_tokens, output_tokens;
+    long long reasoning_tokens;  /* thinking mode: tokens up to the one completing </think> */
 } ds41_anth_seq;
 
 /* The whole message object of a finished sequence. */

@@ -153,6 +153,31 @@ add("no_key_chat", json.dumps(good_chat), auth=False)
 add("no_key_models", "", "/v1/models", "GET", auth=False)
 add("no_key_tokenize", '{"prompt":"x"}', "/tokenize", auth=False)
 
+# OpenAI Responses route: OpenAI error objects whose param names the member
+good_resp = {"model": json.loads(req("GET", "/v1/models")[1])["data"][0]["id"], "input": "Hi", "max_output_tokens": 2}
+resp_bad = {
+    "input": [None, 5, [], {}, [5], [{"type": "wizard"}], [{"role": "wizard", "content": "x"}], [{"role": "user", "content": 5}],
+              [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}], [{"role": "user", "content": [{"type": "input_text"}]}],
+              [{"type": "function_call", "name": "f", "arguments": "{}"}], [{"type": "function_call", "call_id": "c", "arguments": "{}"}],
+              [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}], [{"type": "function_call_output", "call_id": "c"}],
+              [{"type": "function_call_output", "output": "x"}], [{"type": "reasoning", "summary": 5}], [{"type": "reasoning", "summary": [{"x": 1}]}],
+              [{"type": "item_reference", "id": "x"}]],
+    "store": [True, "x"], "previous_response_id": ["resp_1"], "conversation": ["conv_1"], "instructions": [5, []],
+    "max_output_tokens": [0, -1, "x", 1.5], "temperature": [3, "x"], "top_p": [0, 2], "model": [5, "no-such-model"],
+    "reasoning": [5, {"effort": 5}, {"effort": "extreme"}], "text": [5, {"format": 5}, {"format": {"type": "xml"}},
+              {"format": {"type": "json_schema", "schema": {"type": "wizard"}}}],
+    "tools": [5, [5], [{"name": "f"}], [{"type": "function"}], [{"type": "function", "name": "f", "parameters": 5}]],
+    "tool_choice": [5, "maybe", {"type": "function"}, {"type": "function", "name": "nope"}, "required"],
+    "parallel_tool_calls": ["x"], "stream": ["x"],
+}
+for k, vs in resp_bad.items():
+    for i, v in enumerate(vs):
+        b = dict(good_resp)
+        if v is None:
+            del b[k]
+        else:
+            b[k] = v
+        add("responses_%s_%d" % (k, i), json.dumps(b), "/v1/responses")
 n_corpus = 0
 for name, method, path, body, auth in cases:
     try:
