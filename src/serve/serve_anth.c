@@ -275,13 +275,10 @@ int ds41_anth_to_chat(const char *body, size_t len, int count_only, char **chat,
     *chat = NULL;
     *chat_len = 0;
     memset(info, 0, sizeof *info);
-    if (len == 0) return BAD(NULL, "the request body is empty: expected a JSON object");
-    if (ds41_req_json_depth(body, len) > DS41_REQ_MAX_DEPTH) return BAD(NULL, "the request JSON nests deeper than %d levels", DS41_REQ_MAX_DEPTH);
-    json_error_t je;
-    json_t *root = json_loadb(body, len, 0, &je);
-    if (!root) return BAD(NULL, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
+    json_t *root = ds41_req_load_body(body, len, e);
+    if (!root) return -1;
     json_t *c = json_object();
-    int rc = json_is_object(root) ? convert(c, root, count_only, info, e) : BAD(NULL, "the request body must be a JSON object");
+    int rc = convert(c, root, count_only, info, e);
     if (!rc) {
         *chat = json_dumps(c, JSON_COMPACT);
         if (!*chat) rc = oom(e);
@@ -345,13 +342,18 @@ static json_t *tool_block(const char *msg_id, size_t i, const ds41_tool_call *tc
     return json_pack("{s:s,s:s,s:s,s:o}", "type", "tool_use", "id", id, "name", tc->name, "input", in ? in : json_object());
 }
 
-json_t *ds41_anth_message(const char *id, const char *model, const ds41_anth_info *info, const ds41_anth_seq *s) {
+size_t ds41_anth_split(const ds41_anth_seq *s, int thinking, int tools, ds41_text_delta *d, ds41_tool_call **calls) {
     ds41_text_view v;
-    ds41_text_view_init(&v, info->thinking, info->tools);
+    ds41_text_view_init(&v, thinking, tools);
+    ds41_text_view_step(&v, s->text ? s->text : "", s->text_len, 1, d);
+    *calls = NULL;
+    return v.phase == 2 ? ds41_dsml_parse(s->text + v.dsml_at, s->text_len - v.dsml_at, calls) : 0;
+}
+
+json_t *ds41_anth_message(const char *id, const char *model, const ds41_anth_info *info, const ds41_anth_seq *s) {
     ds41_text_delta d;
-    ds41_text_view_step(&v, s->text ? s->text : "", s->text_len, 1, &d);
-    ds41_tool_call *tc = NULL;
-    size_t ntc = v.phase == 2 ? ds41_dsml_parse(s->text + v.dsml_at, s->text_len - v.dsml_at, &tc) : 0;
+    ds41_tool_call *tc;
+    size_t ntc = ds41_anth_split(s, info->thinking, info->tools, &d, &tc);
     json_t *content = json_array();
     if (info->thinking && d.r1 > d.r0)
         json_array_append_new(content, json_pack("{s:s,s:o,s:s}", "type", "thinking", "thinking", jstrn(s->text + d.r0, d.r1 - d.r0),

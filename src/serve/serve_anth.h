@@ -44,6 +44,10 @@ typedef struct ds41_anth_seq {
     long long reasoning_tokens;  /* thinking mode: tokens up to the one completing </think> */
 } ds41_anth_seq;
 
+/* A finished sequence's reasoning and content ranges (*d) and its complete tool calls (the
+ * count; *calls for ds41_tool_calls_free), the split both reply shapes start from. */
+size_t ds41_anth_split(const ds41_anth_seq *s, int thinking, int tools, ds41_text_delta *d, ds41_tool_call **calls);
+
 /* The whole message object of a finished sequence. */
 json_t *ds41_anth_message(const char *id, const char *model, const ds41_anth_info *info, const ds41_anth_seq *s);
 

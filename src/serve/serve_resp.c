@@ -251,13 +251,10 @@ int ds41_resp_to_chat(const char *body, size_t len, char **chat, size_t *chat_le
     *chat = NULL;
     *chat_len = 0;
     memset(info, 0, sizeof *info);
-    if (len == 0) return BAD(NULL, "the request body is empty: expected a JSON object");
-    if (ds41_req_json_depth(body, len) > DS41_REQ_MAX_DEPTH) return BAD(NULL, "the request JSON nests deeper than %d levels", DS41_REQ_MAX_DEPTH);
-    json_error_t je;
-    json_t *root = json_loadb(body, len, 0, &je);
-    if (!root) return BAD(NULL, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
+    json_t *root = ds41_req_load_body(body, len, e);
+    if (!root) return -1;
     json_t *c = json_object();
-    int rc = json_is_object(root) ? convert(c, root, info, e) : BAD(NULL, "the request body must be a JSON object");
+    int rc = convert(c, root, info, e);
     if (!rc) {
         *chat = json_dumps(c, JSON_COMPACT);
         if (!*chat) rc = oom(e);
@@ -332,16 +329,14 @@ static json_t *shell(const char *id, const char *model, const ds41_resp_info *in
 }
 
 json_t *ds41_resp_object(const char *id, const char *model, const ds41_resp_info *info, const ds41_anth_seq *s) {
-    ds41_text_view v;
-    ds41_text_view_init(&v, info->thinking, info->tools);
     ds41_text_delta d;
-    ds41_text_view_step(&v, s->text ? s->text : "", s->text_len, 1, &d);
-    ds41_tool_call *tc = NULL;
-    size_t ntc = v.phase == 2 ? ds41_dsml_parse(s->text + v.dsml_at, s->text_len - v.dsml_at, &tc) : 0;
+    ds41_tool_call *tc;
+    size_t ntc = ds41_anth_split(s, info->thinking, info->tools, &d, &tc);
     json_t *out = json_array();
     int idx = 0;
     if (info->thinking && d.r1 > d.r0) json_array_append_new(out, reasoning_item(id, idx++, s->text + d.r0, d.r1 - d.r0));
-    if (d.c1 > d.c0 || !ntc) json_array_append_new(out, message_item(id, idx++, s->text + d.c0, d.c1 - d.c0, "completed"));
+    if (d.c1 > d.c0 || !ntc)
+        json_array_append_new(out, message_item(id, idx++, s->text + d.c0, d.c1 - d.c0, s->finish == DS41_FIN_LENGTH ? "incomplete" : "completed"));
     for (size_t i = 0; i < ntc; i++) json_array_append_new(out, call_item(id, idx++, &tc[i], tc[i].arguments, "completed"));
     ds41_tool_calls_free(tc, ntc);
     return shell(id, model, info, s->finish == DS41_FIN_LENGTH ? "incomplete" : "completed", out, usage(s));
