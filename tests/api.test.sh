@@ -28,7 +28,7 @@ else
 fi
 # Anthropic Messages through @anthropic-ai/sdk, compared with /v1/chat/completions (tests/serve/api_messages.mjs)
 if [ -d tests/oracle/node_modules/@anthropic-ai/sdk ] && [ -d tests/oracle/node_modules/openai ]; then
-    timeout 300 node tests/serve/api_messages.mjs "$PA" || echo "FAIL api_messages: exit status $?"
+    timeout 300 node tests/serve/api_messages.mjs "$PA" "$PB" || echo "FAIL api_messages: exit status $?"
 else
     echo "FAIL api_messages: tests/oracle/node_modules (@anthropic-ai/sdk, openai) missing (run make setup)"
 fi

@@ -358,7 +358,9 @@ json_t *ds41_anth_message(const char *id, const char *model, const ds41_anth_inf
     if (info->thinking && d.r1 > d.r0)
         json_array_append_new(content, json_pack("{s:s,s:o,s:s}", "type", "thinking", "thinking", jstrn(s->text + d.r0, d.r1 - d.r0),
                                                  "signature", ""));
-    if (d.c1 > d.c0 || !ntc) json_array_append_new(content, json_pack("{s:s,s:o}", "type", "text", "text", jstrn(s->text + d.c0, d.c1 - d.c0)));
+    /* a text block when there is text, or when nothing else came (the stream sends the same) */
+    if (d.c1 > d.c0 || (!ntc && !json_array_size(content)))
+        json_array_append_new(content, json_pack("{s:s,s:o}", "type", "text", "text", jstrn(s->text + d.c0, d.c1 - d.c0)));
     for (size_t i = 0; i < ntc; i++) json_array_append_new(content, tool_block(id, i, &tc[i], 1));
     const char *sr = stop_reason(s, ntc);
     ds41_tool_calls_free(tc, ntc);
@@ -436,6 +438,13 @@ void ds41_anth_stream_step(ds41_anth_stream *st, const char *id, const char *mod
     if (!s->finished) return;
     ds41_tool_call *tc = NULL;
     size_t ntc = st->view.phase == 2 ? ds41_dsml_parse(t + st->view.dsml_at, s->text_len - st->view.dsml_at, &tc) : 0;
+    if (!st->block && !ntc) {
+        /* nothing was shown: one empty text block, as the whole message has */
+        event(&k, "content_block_start", json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_start", "index", 0, "content_block",
+                                                   "type", "text", "text", ""));
+        st->block = 1;
+        st->open = 2;
+    }
     close_block(st, &k);
     for (size_t i = 0; i < ntc; i++) {
         event(&k, "content_block_start", json_pack("{s:s,s:i,s:o}", "type", "content_block_start", "index", st->block, "content_block",

@@ -2,7 +2,8 @@
 // `@anthropic-ai/sdk`, tests/oracle) against an exact `ds41 serve` on models/demo. Every greedy
 // answer is compared with the same conversation through /v1/chat/completions (the OpenAI SDK):
 // the same prompt must give the same tokens. Tool inputs validate against input_schema (ajv).
-//   node tests/serve/api_messages.mjs PORT
+//   node tests/serve/api_messages.mjs PORT [SPEC_PORT]
+// With SPEC_PORT (an exact --spec fixed:k server) its greedy answers must equal PORT's.
 // Prints PASS / FAIL lines; exits 1 if any failed.
 import { createRequire } from "module";
 const require = createRequire(import.meta.url);
@@ -148,6 +149,19 @@ await test("messages_cache_read", async () => {
   check("messages_cache_read", b.usage.cache_read_input_tokens > 0 && b.usage.cache_read_input_tokens % 128 === 0 &&
         b.usage.input_tokens + b.usage.cache_read_input_tokens === n.input_tokens, { usage: b.usage, n });
 });
+
+if (process.argv[3]) {
+  await test("messages_spec_equals_plain", async () => {
+    const ant2 = new Anthropic({ baseURL: `http://127.0.0.1:${process.argv[3]}`, apiKey: "unused", maxRetries: 0, timeout: 120000 });
+    for (const req of [{ model, max_tokens: 24, temperature: 0, system: sys, messages: [{ role: "user", content: user }] },
+                       { model, max_tokens: 400, temperature: 0, tools, tool_choice: { type: "tool", name: "get_weather" }, messages: [{ role: "user", content: "Weather in Rome?" }] },
+                       { model, max_tokens: 16, temperature: 0, thinking: { type: "enabled", budget_tokens: 8 }, messages: [{ role: "user", content: user }] }]) {
+      const a = await ant.messages.create(req), b = await ant2.messages.stream(req).finalMessage();
+      const strip = (m) => JSON.stringify(m.content.map((c) => ({ ...c, id: undefined })));
+      check(`messages_spec_equals_plain_${req.max_tokens}`, strip(a) === strip(b) && a.stop_reason === b.stop_reason, { a: a.content, b: b.content });
+    }
+  });
+}
 
 // refusals: Anthropic's error shape, naming the member
 const bad = [
