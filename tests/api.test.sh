@@ -2,7 +2,9 @@
 # The API agents need (issue 25) on models/demo, on an exact --spec off server and an exact
 # --spec fixed:3 one: sampling controls and validation (tests/serve/api_sampling.py); constrained
 # output through the OpenAI SDK validated with ajv, batch invariance and spec = plain
-# (tests/serve/api_structured.mjs); connection limits per address and in total (tests/serve/conn_limits.py).
+# (tests/serve/api_structured.mjs); /v1/messages through the Anthropic SDK, equal to the chat route
+# (tests/serve/api_messages.mjs); /v1/responses likewise through the openai SDK
+# (tests/serve/api_responses.mjs); connection limits per address and in total (tests/serve/conn_limits.py).
 set -u
 cd "${DS41_ROOT:-$(dirname "$0")/..}"
 DS41=${DS41:-./ds41}
@@ -23,6 +25,18 @@ if [ -d tests/oracle/node_modules/openai ] && [ -d tests/oracle/node_modules/ajv
     timeout 500 node tests/serve/api_structured.mjs "$PA" "$PB" || echo "FAIL api_structured: exit status $?"
 else
     echo "FAIL api_structured: tests/oracle/node_modules (openai, ajv) missing (run make setup)"
+fi
+# Anthropic Messages through @anthropic-ai/sdk, compared with /v1/chat/completions (tests/serve/api_messages.mjs)
+if [ -d tests/oracle/node_modules/@anthropic-ai/sdk ] && [ -d tests/oracle/node_modules/openai ]; then
+    timeout 300 node tests/serve/api_messages.mjs "$PA" "$PB" || echo "FAIL api_messages: exit status $?"
+else
+    echo "FAIL api_messages: tests/oracle/node_modules (@anthropic-ai/sdk, openai) missing (run make setup)"
+fi
+# OpenAI Responses through the openai SDK, compared with /v1/chat/completions (tests/serve/api_responses.mjs)
+if [ -d tests/oracle/node_modules/openai ] && [ -d tests/oracle/node_modules/ajv ]; then
+    timeout 300 node tests/serve/api_responses.mjs "$PA" || echo "FAIL api_responses: exit status $?"
+else
+    echo "FAIL api_responses: tests/oracle/node_modules (openai, ajv) missing (run make setup)"
 fi
 # connection limits: a server of its own
 serve_start conn -m models/demo -c 256 --spec off --max-connections 8 --max-connections-per-ip 4 || exit 1

@@ -31,10 +31,12 @@
 
 #include "common.h"
 #include "config.h"
+#include "serve_anth.h"
 #include "serve_metrics.h"
 #include "serve_conn.h"
 #include "serve_lproc.h"
 #include "serve_req.h"
+#include "serve_resp.h"
 #include "serve_sched.h"
 #include "serve_text.h"
 #include "tokenizer.h"
@@ -228,6 +230,14 @@ typedef struct job {
     char *buf;
     size_t len, pos, cap;
     int ended;
+    /* the route's own reply shape; NULL for the OpenAI routes. They point into the job (a
+     * streamed job outlives the handler that parsed the request). */
+    const ds41_anth_info *anth;   /* /v1/messages: Anthropic's reply and errors (serve_anth.c) */
+    ds41_anth_info anth_v;
+    ds41_anth_stream as;
+    const ds41_resp_info *resp;   /* /v1/responses: the response object and its events (serve_resp.c) */
+    ds41_resp_info resp_v;        /* owned */
+    ds41_resp_stream rs;
 } job;
 
 static void job_free(job *j) {
@@ -244,6 +254,8 @@ static void job_free(job *j) {
     free(j->prompt_text);
     free(j->cs);
     free(j->buf);
+    ds41_resp_stream_free(&j->rs);
+    ds41_resp_info_free(&j->resp_v);
     ds41_req_free(&j->r);
     free(j);
 }
@@ -361,6 +373,18 @@ static void emit(job *j, const char *s, size_t n) {
     j->len += n;
 }
 
+static void anth_emit(void *ctx, const char *s, size_t n) { emit(ctx, s, n); }
+
+static ds41_anth_seq anth_seq(const job *j, const ds41_sseq *q) {
+    long long rt = 0;
+    const char *m = j->r.thinking && q->text ? memmem(q->text, q->text_len, DS41_THINK_END, strlen(DS41_THINK_END)) : NULL;
+    size_t end = m ? (size_t)(m - q->text) + strlen(DS41_THINK_END) : (size_t)-1;
+    for (size_t k = 0; j->r.thinking && k < q->n_ids && q->off[k] < end; k++) rt++;
+    return (ds41_anth_seq){ .reasoning_tokens = rt, .text = q->text, .text_len = q->text_len, .finished = q->finished, .finish = q->finish,
+                            .stop_hit = q->stop_hit, .stop_str = q->stop_hit ? j->g->stop[q->stop_hit - 1] : NULL,
+                            .input_tokens = (long long)j->prompt_tokens, .cached_tokens = q->cached, .output_tokens = (long long)q->n_ids };
+}
+
 static void emit_event(job *j, json_t *o) {
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
@@ -397,6 +421,18 @@ static int produce(job *j) {
     ds41_sgroup *g = j->g;
     size_t before = j->len;
     int open = 0;
+    if (j->resp) {
+        ds41_anth_seq a = anth_seq(j, &g->seq[0]);
+        ds41_resp_stream_step(&j->rs, j->id, j->sv->model_name, j->resp, &a, seq_avail(g, &g->seq[0]), anth_emit, j);
+        j->ended = j->rs.ended;
+        return j->len > before || j->ended;
+    }
+    if (j->anth) {
+        ds41_anth_seq a = anth_seq(j, &g->seq[0]);
+        ds41_anth_stream_step(&j->as, j->id, j->sv->model_name, j->anth, &a, seq_avail(g, &g->seq[0]), anth_emit, j);
+        j->ended = j->as.ended;
+        return j->len > before || j->ended;
+    }
     for (int i = 0; i < g->n_seq; i++) {
         ds41_sseq *q = &g->seq[i];
         choice_state *cs = &j->cs[i];
@@ -520,16 +556,27 @@ static ds41_gvocab *serve_gvocab(const ds41_tokenizer *tok, int V) {
     return gv;
 }
 
-static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_kind kind, const char *body, size_t len) {
+static enum MHD_Result send_error_for(server *sv, struct MHD_Connection *c, const ds41_req_error *e, const ds41_anth_info *anth) {
+    return anth ? send_json(sv, c, e->status, ds41_anth_error_json(e)) : send_error(sv, c, e);
+}
+
+static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_kind kind, const char *body, size_t len,
+                                const ds41_anth_info *anth, const ds41_resp_info *resp) {
     job *j = calloc(1, sizeof *j);
     if (!j) return fail(sv, c, 500, "internal_error", NULL, NULL, "out of memory");
     j->sv = sv;
     j->conn = c;
+    if (anth) { j->anth_v = *anth; j->anth = anth = &j->anth_v; ds41_anth_stream_init(&j->as, anth); }
+    if (resp) { j->resp_v = *resp; j->resp = resp = &j->resp_v; ds41_resp_stream_init(&j->rs, resp); }   /* owns it now */
     ds41_req_error e;
-    if (ds41_req_parse(kind, body, len, &j->r, &e)) { free(j); return send_error(sv, c, &e); }
+    if (ds41_req_parse(kind, body, len, &j->r, &e)) {
+        enum MHD_Result rc0 = send_error_for(sv, c, &e, anth);
+        job_free(j);
+        return rc0;
+    }
     ds41_req *r = &j->r;
     enum MHD_Result rc;
-#define JFAIL(...) do { ds41_req_fail(&e, __VA_ARGS__); rc = send_error(sv, c, &e); job_free(j); return rc; } while (0)
+#define JFAIL(...) do { ds41_req_fail(&e, __VA_ARGS__); rc = send_error_for(sv, c, &e, anth); job_free(j); return rc; } while (0)
     if (r->model && strcmp(r->model, sv->model_name))
         JFAIL(404, "invalid_request_error", "model", "model_not_found", "The model `%.200s` does not exist.", r->model);
     /* prompts -> ids */
@@ -617,7 +664,7 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_k
             if (ds41_serve_lproc(r, sv->V, sv->tok ? ds41_tokenizer_eos(sv->tok) : -1, g->gm, r->thinking ? sv->think_end : -1,
                                  &q->proc, &e)) {
                 free(ids);
-                rc = send_error(sv, c, &e);
+                rc = send_error_for(sv, c, &e, anth);
                 job_free(j);
                 return rc;
             }
@@ -646,7 +693,7 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_k
         memcpy(g->stop_ids, r->stop_token_ids, r->n_stop_token_ids * sizeof *g->stop_ids);
         g->n_stop_ids = r->n_stop_token_ids;
     }
-    snprintf(j->id, sizeof j->id, "%s-%016llx", kind == DS41_REQ_CHAT ? "chatcmpl" : "cmpl", (unsigned long long)fresh_u64(sv));
+    snprintf(j->id, sizeof j->id, "%s%016llx", resp ? "resp_" : anth ? "msg_" : kind == DS41_REQ_CHAT ? "chatcmpl-" : "cmpl-", (unsigned long long)fresh_u64(sv));
     j->created = time(NULL);
     int status = 0;
     if (ds41_sched_submit(sv->S, g, &status)) {
@@ -681,7 +728,15 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_k
             int st = g->seq[i].finish == DS41_FIN_ABORT ? 503 : 500;
             JFAIL(st, st == 503 ? "service_unavailable" : "internal_error", NULL, NULL, "generation failed: %s", g->seq[i].err);
         }
-    rc = send_json(sv, c, 200, final_json(j));
+    if (resp) {
+        ds41_anth_seq a = anth_seq(j, &g->seq[0]);
+        rc = send_json(sv, c, 200, ds41_resp_object(j->id, sv->model_name, resp, &a));
+    } else if (anth) {
+        ds41_anth_seq a = anth_seq(j, &g->seq[0]);
+        rc = send_json(sv, c, 200, ds41_anth_message(j->id, sv->model_name, anth, &a));
+    } else {
+        rc = send_json(sv, c, 200, final_json(j));
+    }
     job_free(j);
     return rc;
 #undef JFAIL
@@ -746,6 +801,49 @@ static enum MHD_Result detokenize(server *sv, struct MHD_Connection *c, const ch
     return send_json(sv, c, 200, o);
 }
 
+/* /v1/messages and /v1/messages/count_tokens: the body becomes the chat request it means
+ * (serve_anth.c), so the prompt and its token count are the chat route's */
+static enum MHD_Result anthropic(server *sv, struct MHD_Connection *c, int count, const char *body, size_t len) {
+    char *chat = NULL;
+    size_t cl = 0;
+    ds41_anth_info ai;
+    ds41_req_error e;
+    if (ds41_anth_to_chat(body, len, count, &chat, &cl, &ai, &e)) return send_json(sv, c, e.status, ds41_anth_error_json(&e));
+    if (!count) {
+        enum MHD_Result rc = generate(sv, c, DS41_REQ_CHAT, chat, cl, &ai, NULL);
+        free(chat);
+        return rc;
+    }
+    ds41_req r;
+    int prc = ds41_req_parse(DS41_REQ_CHAT, chat, cl, &r, &e);
+    free(chat);
+    if (prc) return send_json(sv, c, e.status, ds41_anth_error_json(&e));
+    int32_t *ids = NULL;
+    size_t n = 0;
+    ds41_err err;
+    int trc = sv->tok ? ds41_tokenize(sv->tok, r.prompts[0].text, r.prompts[0].text_len, 1, 0, &ids, &n, &err) : -1;
+    ds41_req_free(&r);
+    free(ids);
+    if (trc) {
+        ds41_req_fail(&e, 400, "invalid_request_error", "messages", NULL, "%s", sv->tok ? err.msg : "the model has no tokenizer.json");
+        return send_json(sv, c, 400, ds41_anth_error_json(&e));
+    }
+    return send_json(sv, c, 200, json_pack("{s:I}", "input_tokens", (json_int_t)n));
+}
+
+/* /v1/responses: the body becomes the chat request it means (serve_resp.c); nothing is kept */
+static enum MHD_Result responses(server *sv, struct MHD_Connection *c, const char *body, size_t len) {
+    char *chat = NULL;
+    size_t cl = 0;
+    ds41_resp_info ri;
+    ds41_req_error e;
+    if (ds41_resp_to_chat(body, len, &chat, &cl, &ri, &e)) return send_error(sv, c, &e);
+    ri.created_at = (long long)time(NULL);
+    enum MHD_Result rc = generate(sv, c, DS41_REQ_CHAT, chat, cl, NULL, &ri);   /* the job takes ri's strings */
+    free(chat);
+    return rc;
+}
+
 static enum MHD_Result metrics(server *sv, struct MHD_Connection *c) {
     ds41_gauges g;
     ds41_sched_gauges(sv->S, &g);
@@ -774,7 +872,8 @@ static enum MHD_Result metrics(server *sv, struct MHD_Connection *c) {
 
 /* ---------------------------------------------------------------- routing */
 
-enum { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_METRICS, R_VERSION };
+enum { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_METRICS, R_VERSION, R_MESSAGES,
+       R_COUNT_TOKENS, R_RESPONSES };
 
 typedef struct conn_ctx {
     int route;
@@ -791,7 +890,8 @@ static int route_of(const char *url, int *post) {
         { "/health", R_HEALTH, 0 }, { "/v1/models", R_MODELS, 0 }, { "/v1/chat/completions", R_CHAT, 1 },
         { "/v1/completions", R_COMPLETIONS, 1 }, { "/tokenize", R_TOKENIZE, 1 }, { "/detokenize", R_DETOKENIZE, 1 },
         { "/v1/tokenize", R_TOKENIZE, 1 }, { "/v1/detokenize", R_DETOKENIZE, 1 }, { "/metrics", R_METRICS, 0 },
-        { "/version", R_VERSION, 0 }, { "/ping", R_HEALTH, 0 },
+        { "/version", R_VERSION, 0 }, { "/ping", R_HEALTH, 0 }, { "/v1/messages", R_MESSAGES, 1 },
+        { "/v1/messages/count_tokens", R_COUNT_TOKENS, 1 }, { "/v1/responses", R_RESPONSES, 1 },
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (!strcmp(url, routes[i].path)) { *post = routes[i].post; return routes[i].route; }
@@ -802,8 +902,8 @@ static int route_of(const char *url, int *post) {
 static int authorized(server *sv, struct MHD_Connection *c) {
     if (!sv->o->api_key) return 1;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!h || strncasecmp(h, "Bearer ", 7)) return 0;
-    h += 7;
+    if (h && !strncasecmp(h, "Bearer ", 7)) h += 7;
+    else if (!(h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key"))) return 0;   /* Anthropic's SDK */
     const char *k = sv->o->api_key;
     size_t hl = strlen(h), kl = strlen(k);
     unsigned d = hl != kl;
@@ -890,8 +990,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     case R_METRICS: return metrics(sv, c);
     case R_TOKENIZE: return tokenize(sv, c, x->body ? x->body : "", x->len);
     case R_DETOKENIZE: return detokenize(sv, c, x->body ? x->body : "", x->len);
-    case R_CHAT: return generate(sv, c, DS41_REQ_CHAT, x->body ? x->body : "", x->len);
-    case R_COMPLETIONS: return generate(sv, c, DS41_REQ_COMPLETION, x->body ? x->body : "", x->len);
+    case R_CHAT: return generate(sv, c, DS41_REQ_CHAT, x->body ? x->body : "", x->len, NULL, NULL);
+    case R_COMPLETIONS: return generate(sv, c, DS41_REQ_COMPLETION, x->body ? x->body : "", x->len, NULL, NULL);
+    case R_MESSAGES: return anthropic(sv, c, 0, x->body ? x->body : "", x->len);
+    case R_COUNT_TOKENS: return anthropic(sv, c, 1, x->body ? x->body : "", x->len);
+    case R_RESPONSES: return responses(sv, c, x->body ? x->body : "", x->len);
     }
     return fail(sv, c, 500, "internal_error", NULL, NULL, "unhandled route");
 }

@@ -53,7 +53,7 @@ int ds41_req_json_depth(const char *b, size_t len) {
     return max;
 }
 
-static json_t *load_body(const char *body, size_t len, ds41_req_error *e) {
+json_t *ds41_req_load_body(const char *body, size_t len, ds41_req_error *e) {
     if (len == 0) { BAD(NULL, "the request body is empty: expected a JSON object"); return NULL; }
     if (ds41_req_json_depth(body, len) > DS41_REQ_MAX_DEPTH) {
         BAD(NULL, "the request JSON nests deeper than %d levels", DS41_REQ_MAX_DEPTH);
@@ -639,7 +639,7 @@ int ds41_req_parse(ds41_req_kind kind, const char *body, size_t len, ds41_req *r
     r->top_p = 1.0;
     r->skip_special_tokens = 1;
     r->repetition_penalty = 1.0;
-    json_t *root = load_body(body, len, e);
+    json_t *root = ds41_req_load_body(body, len, e);
     if (!root) return -1;
     int rc = -1;
     const json_t *m = json_object_get(root, "model");
@@ -690,7 +690,7 @@ void ds41_req_free(ds41_req *r) {
 int ds41_req_parse_tokenize(const char *body, size_t len, char **text, size_t *text_len, int *add_special,
                             ds41_req_error *e) {
     *text = NULL;
-    json_t *root = load_body(body, len, e);
+    json_t *root = ds41_req_load_body(body, len, e);
     if (!root) return -1;
     int rc = -1;
     *add_special = 1;
@@ -727,7 +727,7 @@ out:
 int ds41_req_parse_detokenize(const char *body, size_t len, int32_t **ids, size_t *n, ds41_req_error *e) {
     *ids = NULL;
     *n = 0;
-    json_t *root = load_body(body, len, e);
+    json_t *root = ds41_req_load_body(body, len, e);
     if (!root) return -1;
     const json_t *t = json_object_get(root, "tokens");
     int rc = json_is_array(t) ? id_array(t, "tokens", ids, n, e) : BAD("tokens", "tokens: required, an array of token ids");

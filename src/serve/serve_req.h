@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "grammar.h"
 
 typedef enum ds41_req_kind { DS41_REQ_CHAT, DS41_REQ_COMPLETION } ds41_req_kind;
@@ -83,6 +85,9 @@ int ds41_req_fail(ds41_req_error *e, int status, const char *type, const char *p
 
 /* Nesting depth of the JSON text outside strings (a pre-check before the recursive parser). */
 int ds41_req_json_depth(const char *body, size_t len);
+
+/* body[len] as a JSON object (depth-checked first); NULL with e set. json_decref it. */
+json_t *ds41_req_load_body(const char *body, size_t len, ds41_req_error *e);
 
 /* Parses and validates body[len]. 0 on success (r filled; ds41_req_free it), -1 with e set
  * (r is then already freed). Never reads past len; the body needs no NUL. */

@@ -303,7 +303,7 @@ static int seq_emit(ds41_sched *S, ds41_sseq *q, int32_t id, const float *lg, lo
         size_t from = before > g->stop_hold ? before - g->stop_hold : 0, best = (size_t)-1;
         for (int i = 0; i < g->n_stop && !oom; i++) {
             const char *hit = memmem(q->text + from, q->text_len - from, g->stop[i], strlen(g->stop[i]));
-            if (hit && (size_t)(hit - q->text) < best) best = (size_t)(hit - q->text);
+            if (hit && (size_t)(hit - q->text) < best) { best = (size_t)(hit - q->text); q->stop_hit = i + 1; }
         }
         if (best != (size_t)-1) {
             q->text_len = best;

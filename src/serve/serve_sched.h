@@ -105,6 +105,7 @@ typedef struct ds41_sseq {
     size_t text_len, text_cap;
     int finished, finish;     /* DS41_FIN_* */
     long long cached;         /* prompt tokens restored from the prefix cache */
+    int stop_hit;             /* 1 + the index of the stop string that ended it, 0: none */
     char err[256];
     /* scheduler private */
     ds41_sgroup *g;

@@ -2,7 +2,8 @@
 --max-body 256K, --body-timeout 3, --timeout 5):
 - a generated corpus of several hundred bad requests (truncated bodies, invalid UTF-8, deep
   JSON, wrong types and ranges for every request member, bad methods and paths, missing or
-  wrong keys, oversized bodies): each answer is a 4xx with an OpenAI error object; the only
+  wrong keys, oversized bodies): each answer is a 4xx with an OpenAI error object (on the
+  Anthropic Messages routes Anthropic's error object naming the member); the only
   exceptions are framing errors microhttpd answers itself before any handler runs (oversized
   headers, garbage request lines): those must still be a 4xx or a closed connection;
 - slow clients (a body trickled byte by byte, headers that never end) are dropped within the
@@ -152,6 +153,31 @@ add("no_key_chat", json.dumps(good_chat), auth=False)
 add("no_key_models", "", "/v1/models", "GET", auth=False)
 add("no_key_tokenize", '{"prompt":"x"}', "/tokenize", auth=False)
 
+# OpenAI Responses route: OpenAI error objects whose param names the member
+good_resp = {"model": json.loads(req("GET", "/v1/models")[1])["data"][0]["id"], "input": "Hi", "max_output_tokens": 2}
+resp_bad = {
+    "input": [None, 5, [], {}, [5], [{"type": "wizard"}], [{"role": "wizard", "content": "x"}], [{"role": "user", "content": 5}],
+              [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}], [{"role": "user", "content": [{"type": "input_text"}]}],
+              [{"type": "function_call", "name": "f", "arguments": "{}"}], [{"type": "function_call", "call_id": "c", "arguments": "{}"}],
+              [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}], [{"type": "function_call_output", "call_id": "c"}],
+              [{"type": "function_call_output", "output": "x"}], [{"type": "reasoning", "summary": 5}], [{"type": "reasoning", "summary": [{"x": 1}]}],
+              [{"type": "item_reference", "id": "x"}]],
+    "store": [True, "x"], "previous_response_id": ["resp_1"], "conversation": ["conv_1"], "instructions": [5, []],
+    "max_output_tokens": [0, -1, "x", 1.5], "temperature": [3, "x"], "top_p": [0, 2], "model": [5, "no-such-model"],
+    "reasoning": [5, {"effort": 5}, {"effort": "extreme"}], "text": [5, {"format": 5}, {"format": {"type": "xml"}},
+              {"format": {"type": "json_schema", "schema": {"type": "wizard"}}}],
+    "tools": [5, [5], [{"name": "f"}], [{"type": "function"}], [{"type": "function", "name": "f", "parameters": 5}]],
+    "tool_choice": [5, "maybe", {"type": "function"}, {"type": "function", "name": "nope"}, "required"],
+    "parallel_tool_calls": ["x"], "stream": ["x"],
+}
+for k, vs in resp_bad.items():
+    for i, v in enumerate(vs):
+        b = dict(good_resp)
+        if v is None:
+            del b[k]
+        else:
+            b[k] = v
+        add("responses_%s_%d" % (k, i), json.dumps(b), "/v1/responses")
 n_corpus = 0
 for name, method, path, body, auth in cases:
     try:
@@ -161,6 +187,64 @@ for name, method, path, body, auth in cases:
         continue
     n_corpus += 1
     expect_json_error(name, st, rb)
+# Anthropic Messages routes: every refusal is Anthropic's error {"type": "error", "error":
+# {"type", "message"}} (4xx), and the message names the member given as its third element
+def expect_anth_error(name, st, body, needle):
+    try:
+        o = json.loads(body)
+        ok = o["type"] == "error" and isinstance(o["error"]["message"], str) and o["error"]["type"].endswith("_error") \
+            and needle in o["error"]["message"]
+    except Exception:
+        ok = False
+    if st is None or not (400 <= st <= 499) or not ok:
+        fails.append("%s: status %s body %r" % (name, st, body[:200]))
+good_msg = {"model": json.loads(req("GET", "/v1/models")[1])["data"][0]["id"], "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
+anth_bad = {
+    "max_tokens": ([None, 0, -1, "5", 1.5], "max_tokens"), "messages": (["x", 5, [], {}, [1], [{"role": "system", "content": "x"}],
+        [{"role": "user"}], [{"role": "user", "content": 5}], [{"role": "user", "content": []}], [{"role": "user", "content": [5]}],
+        [{"role": "user", "content": [{"type": "image", "source": {}}]}], [{"role": "user", "content": [{"type": "document"}]}],
+        [{"role": "user", "content": [{"type": "text"}]}], [{"role": "user", "content": [{"type": "video"}]}],
+        [{"role": "user", "content": [{"type": "tool_result"}]}], [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": 5}]}],
+        [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": [{"type": "image"}]}]}],
+        [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "is_error": "y"}]}],
+        [{"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "f"}]}],
+        [{"role": "assistant", "content": [{"type": "tool_use", "id": "a", "input": {}}]}],
+        [{"role": "assistant", "content": [{"type": "thinking"}]}], [{"role": "assistant", "content": [{"type": "wizard"}]}]], "messages"),
+    "system": ([5, [5], [{"type": "image"}], {"a": 1}], "system"), "temperature": ([1.5, -0.1, "x"], "temperature"),
+    "top_p": ([0, 2, "x"], "top_p"), "top_k": (["x", 1.5], "top_k"), "stop_sequences": (["x", [5], [""]], "stop_sequences"),
+    "stream": (["yes", 1], "stream"), "metadata": ([5], "metadata"),
+    "thinking": ([5, {"type": "on"}, {"type": "enabled"}, {"type": "enabled", "budget_tokens": 0}, {"type": "enabled", "budget_tokens": 9}], "thinking"),
+    "tools": ([5, [5], [{"name": 5}], [{"name": "f"}], [{"name": "f", "input_schema": 5}], [{"type": "bash_20250124", "name": "bash"}],
+               [{"name": "f", "input_schema": {}, "description": 5}]], "tools"),
+    "tool_choice": ([5, "auto", {"type": "maybe"}, {"type": "any"}, {"type": "tool"}, {"type": "tool", "name": "f"},
+                     {"type": "auto", "disable_parallel_tool_use": "x"}], "tool_choice"),
+    "model": ([None, 5], "model"),
+}
+anth_cases = []
+for k, (vs, needle) in anth_bad.items():
+    for i, v in enumerate(vs):
+        b = dict(good_msg)
+        if v is None:
+            del b[k]
+        else:
+            b[k] = v
+        for path in ("/v1/messages", "/v1/messages/count_tokens"):
+            if path.endswith("count_tokens") and k in ("max_tokens", "stream", "temperature", "top_p", "top_k", "stop_sequences", "metadata", "thinking"):
+                continue   # not read (or not bounded by max_tokens) there
+            anth_cases.append(("anth_%s_%s_%d" % (path.split("/")[-1], k, i), path, json.dumps(b).encode(), needle))
+s0 = json.dumps(dict(good_msg, system="s", stop_sequences=["x"], temperature=0.5))
+for cut in range(0, len(s0) - 1, 3):
+    anth_cases.append(("anth_truncated_%d" % cut, "/v1/messages", s0[:cut].encode(), ""))
+for i, b in enumerate([b"[]", b"5", b"null", b'{"messages":' + b"[" * 100 + b"]" * 100 + b"}", b'{"model":"x","max_tokens":2,"messages":[{"role":"user","content":"a\xffb"}]}'.replace(b"\\xff", b"\xff")]):
+    anth_cases.append(("anth_top_%d" % i, "/v1/messages", b, ""))
+for name, path, body, needle in anth_cases:
+    try:
+        st, rb = req("POST", path, body)
+    except Exception as e:
+        fails.append("%s: %s" % (name, e))
+        continue
+    n_corpus += 1
+    expect_anth_error(name, st, rb, needle)
 # wrong key
 st, rb = req("GET", "/v1/models", auth=False, extra="Authorization: Bearer wrong\r\n")
 expect_json_error("wrong_key", st, rb, 401, 401)
