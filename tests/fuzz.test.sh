@@ -9,7 +9,7 @@ cd "$DS41_ROOT"
 if [ -n "${DS41_SKIP_SANITIZERS:-}" ]; then echo "fuzz smoke run skipped (DS41_SKIP_SANITIZERS)" >&2; exit 0; fi
 mkdir -p build/test-logs
 flog=build/test-logs/fuzz.out
-make --no-print-directory fuzz FUZZ_SECONDS=${DS41_FUZZ_SECONDS:-5} >"$flog" 2>&1
+make --no-print-directory fuzz FUZZ_SECONDS=${DS41_FUZZ_SECONDS:-3} >"$flog" 2>&1
 frc=$?
 grep -E '^(PASS|FAIL)|^    ' "$flog" | sed -E 's/^(PASS|FAIL) /\1 fuzz:/'
 if [ "$frc" -ne 0 ] && ! grep -q '^FAIL' "$flog"; then

@@ -447,7 +447,7 @@ static int open_session(ds41_sched *S, ds41_sseq *q) {
         if (nb * 128 > S->ctx) nb = S->ctx / 128;
         if ((long long)q->n_prompt - hb * 128 >= S->p.remote.min_tokens && nb > hb) {
             q->rjob = S->p.remote.start(S->p.remote.ctx, q->s, q->prompt, q->n_prompt, (size_t)(nb * 128), hb);
-            if (q->rjob) { q->state = DS41_SEQ_REMOTE; return 0; }
+            if (q->rjob) { q->state = DS41_SEQ_REMOTE; q->local_hit = hb * 128; return 0; }
         }
     }
     return admit_prefix(S, q);
@@ -577,7 +577,13 @@ static void *sched_main(void *arg) {
                     continue;
                 }
             }
-            seq_admitted(S, q, hit);
+            /* usage's cached_tokens: what the local cache held before the prefill node filled it
+             * (the remote rows were computed for this request, as a local prefill's are) */
+            if (seq_admitted(S, q, hit) == 0 && hit > q->local_hit) {
+                pthread_mutex_lock(&q->g->mu);
+                q->cached = q->local_hit;
+                pthread_mutex_unlock(&q->g->mu);
+            }
         }
         /* ---- cancelled or stopping running sequences */
         for (int i = 0; i < n_local; i++) {

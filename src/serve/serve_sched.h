@@ -112,6 +112,7 @@ typedef struct ds41_sseq {
     int state;
     ds41_session *s;
     void *rjob;               /* a remote prefill in flight (DS41_SEQ_REMOTE) */
+    long long local_hit;      /* with rjob: the tokens the local prefix cache held before it */
     size_t fed;
     int32_t next;
     long long reserve;
