@@ -22,22 +22,9 @@ if ! tc -n "${NS}0" qdisc add dev "${NS}a" root netem delay 1us 2>"$TMP/tc.err";
     exit 1
 fi
 tc -n "${NS}0" qdisc del dev "${NS}a" root
-sub=10.$((RANDOM % 200 + 20)).$((RANDOM % 250))
-ip -n "${NS}0" addr add "$sub.1/30" dev "${NS}a"; ip -n "${NS}1" addr add "$sub.2/30" dev "${NS}b"
-for i in 0 1; do ip -n "${NS}$i" link set lo up; done
-ip -n "${NS}0" link set "${NS}a" up; ip -n "${NS}1" link set "${NS}b" up
-# both ends up before the ranks start (UCX's first address exchange fails on a link still coming up)
-for i in $(seq 1 50); do
-    [ "$(ip netns exec "${NS}0" cat "/sys/class/net/${NS}a/operstate")" = up ] &&
-        [ "$(ip netns exec "${NS}1" cat "/sys/class/net/${NS}b/operstate")" = up ] && break
-    sleep 0.1
-done
-cat >"$TMP/launch" <<EOS
-#!/bin/sh
-d=${NS}a; [ "\$PMI_RANK" = 1 ] && d=${NS}b
-exec ip netns exec ${NS}\$PMI_RANK env UCX_NET_DEVICES=\$d "\$@"
-EOS
-chmod +x "$TMP/launch"
+. "$(dirname "$0")/../tests/netns.sh"
+ns_pair_up
+ns_launcher "$TMP/launch"
 layers=$("$DS41" inspect --json "$ck" | python3 -c "import json,sys; print(json.load(sys.stdin)['config']['n_layers'])")
 for r in $(seq 1 "$rounds"); do
     for d in $delays; do

@@ -179,29 +179,13 @@ fi
 # entered through a launcher script (ip netns exec); TCP only, each rank's UCX on its veth end.
 # The veth counters must carry at least the bytes the exchange counters say were sent.
 NS=ds41m$$
+. tests/netns.sh
 ns_cleanup() { ip netns del "${NS}0" 2>/dev/null; ip netns del "${NS}1" 2>/dev/null; }
 trap 'ns_cleanup; cleanup' EXIT
 if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && ip netns add "${NS}0" 2>/dev/null && ip netns add "${NS}1" 2>/dev/null &&
    ip link add "${NS}a" netns "${NS}0" type veth peer name "${NS}b" netns "${NS}1" 2>/dev/null; then
-    sub=10.$((RANDOM % 200 + 20)).$((RANDOM % 250))
-    ip -n "${NS}0" addr add "$sub.1/30" dev "${NS}a"
-    ip -n "${NS}1" addr add "$sub.2/30" dev "${NS}b"
-    for i in 0 1; do ip -n "${NS}$i" link set lo up; done
-    ip -n "${NS}0" link set "${NS}a" up
-    ip -n "${NS}1" link set "${NS}b" up
-    # both ends up before the ranks start (UCX's first address exchange fails on a link still coming up)
-    for i in $(seq 1 50); do
-        [ "$(ip netns exec "${NS}0" cat "/sys/class/net/${NS}a/operstate")" = up ] &&
-            [ "$(ip netns exec "${NS}1" cat "/sys/class/net/${NS}b/operstate")" = up ] && break
-        sleep 0.1
-    done
-    cat >"$TMP/launch" <<EOS
-#!/bin/sh
-# rank R runs in namespace ${NS}R, its UCX on its veth end
-d=${NS}a; [ "\$PMI_RANK" = 1 ] && d=${NS}b
-exec ip netns exec ${NS}\$PMI_RANK env UCX_NET_DEVICES=\$d "\$@"
-EOS
-    chmod +x "$TMP/launch"
+    ns_pair_up
+    ns_launcher "$TMP/launch"
     "$DS41" run -m "$demo" -p "Once upon a time" -n 12 --exact --ignore-eos --spec off >"$TMP/a.out" 2>/dev/null
     tx0=$(ip netns exec "${NS}0" cat "/sys/class/net/${NS}a/statistics/tx_bytes")
     if DS41_MPI_VERBOSE=1 MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NOLOCAL=1 UCX_TLS=tcp,self $RUN -n 2 "$TMP/launch" \
