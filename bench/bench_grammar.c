@@ -9,7 +9,12 @@
  *   fresh:  a new matcher per document (what one request pays: nothing cached at its start)
  *   warm:   one matcher for all documents (states and masks cached, as later tokens of a
  *           long request see)
- * Prints one JSON line per (vocabulary, grammar, mode) with p50 / p99 / max in microseconds. */
+ * and two ways of computing a mask not cached:
+ *   walk:   the trie walked against the state (ds41_gmatch_mask alone)
+ *   tables: the grammar's precomputed token classes (ds41_gtables, built once per grammar
+ *           and shared by every matcher; its build time and size are printed too)
+ * Prints one JSON line per (vocabulary, grammar, mode, masks) with p50 / p99 / max in
+ * microseconds. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,14 +42,19 @@ static const char *SCHEMA =
     "\"pattern\":\"^[0-9]{5}$\"}},\"required\":[\"city\"]},\"status\":{\"enum\":[\"active\",\"inactive\",\"banned\"]},"
     "\"score\":{\"type\":\"number\"}},\"required\":[\"name\",\"age\",\"status\"],\"additionalProperties\":false}";
 
-static void run(const char *vname, ds41_gvocab *gv, int V, const char *gname, const char *gbnf, int ntok, int fresh) {
-    char err[256];
-    ds41_grammar *g = ds41_grammar_gbnf(gbnf, strlen(gbnf), err, sizeof err);
-    if (!g) { fprintf(stderr, "bench_grammar: %s\n", err); exit(1); }
+static ds41_gmatch *matcher(const ds41_grammar *g, ds41_gvocab *gv, const ds41_gtables *tab) {
+    ds41_gmatch *m = ds41_gmatch_new(g, gv);
+    if (!m || (tab && ds41_gmatch_use_tables(m, tab))) { fprintf(stderr, "bench_grammar: out of memory\n"); exit(1); }
+    return m;
+}
+
+static void run(const char *vname, ds41_gvocab *gv, int V, const char *gname, const ds41_grammar *g, const ds41_gtables *tab,
+                int ntok, int fresh) {
+    lcg = 88172645463325252ull;   /* the same walk with and without the tables */
     double *t = malloc((size_t)ntok * sizeof *t);
     float *row = malloc((size_t)V * sizeof *row);
     int *allowed = malloc((size_t)V * sizeof *allowed);
-    ds41_gmatch *m = ds41_gmatch_new(g, gv);
+    ds41_gmatch *m = matcher(g, gv, tab);
     int s = ds41_gmatch_start(m), docs = 1, n = 0, doc_len = 0;
     long long computed = 0, cached = 0, states = 0;
     while (n < ntok) {
@@ -64,7 +74,7 @@ static void run(const char *vname, ds41_gvocab *gv, int V, const char *gname, co
             if (fresh) {
                 computed += c1; cached += c2; states += st;
                 ds41_gmatch_free(m);
-                m = ds41_gmatch_new(g, gv);
+                m = matcher(g, gv, tab);
             }
             s = ds41_gmatch_start(m);
             docs++;
@@ -83,14 +93,35 @@ static void run(const char *vname, ds41_gvocab *gv, int V, const char *gname, co
     ds41_gmatch_stats(m, &st, &c1, &c2);
     computed += c1; cached += c2; states += st;
     qsort(t, (size_t)n, sizeof *t, cmpd);
-    printf("{\"vocab\":\"%s\",\"V\":%d,\"grammar\":\"%s\",\"mode\":\"%s\",\"tokens\":%d,\"docs\":%d,\"p50_us\":%.2f,"
+    printf("{\"vocab\":\"%s\",\"V\":%d,\"grammar\":\"%s\",\"mode\":\"%s\",\"masks\":\"%s\",\"tokens\":%d,\"docs\":%d,\"p50_us\":%.2f,"
            "\"p90_us\":%.2f,\"p99_us\":%.2f,\"max_us\":%.1f,\"masks_computed\":%lld,\"masks_cached\":%lld,\"states\":%lld}\n",
-           vname, V, gname, fresh ? "fresh" : "warm", n, docs, 1e6 * t[n / 2], 1e6 * t[n * 9 / 10], 1e6 * t[n * 99 / 100],
+           vname, V, gname, fresh ? "fresh" : "warm", tab ? "tables" : "walk", n, docs, 1e6 * t[n / 2], 1e6 * t[n * 9 / 10], 1e6 * t[n * 99 / 100],
            1e6 * t[n - 1], computed, cached, states);
     fflush(stdout);
     ds41_gmatch_free(m);
-    ds41_grammar_free(g);
     free(t); free(row); free(allowed);
+}
+
+/* One grammar on one vocabulary: the tables' build, then the four runs. */
+static void bench(const char *vname, ds41_gvocab *gv, int V, const char *gname, const char *gbnf, int ntok) {
+    char err[256];
+    ds41_grammar *g = ds41_grammar_gbnf(gbnf, strlen(gbnf), err, sizeof err);
+    if (!g) { fprintf(stderr, "bench_grammar: %s\n", err); exit(1); }
+    double t0 = now();
+    ds41_gtables *tab = ds41_gtables_new(g, gv, err, sizeof err);
+    double t1 = now();
+    if (!tab) { fprintf(stderr, "bench_grammar: %s\n", err); exit(1); }
+    size_t bytes;
+    int npos, skipped;
+    ds41_gtables_stats(tab, &bytes, &npos, &skipped);
+    printf("{\"vocab\":\"%s\",\"V\":%d,\"grammar\":\"%s\",\"tables_ms\":%.1f,\"tables_bytes\":%zu,\"positions\":%d,\"skipped\":%d}\n",
+           vname, V, gname, 1e3 * (t1 - t0), bytes, npos, skipped);
+    for (int fresh = 1; fresh >= 0; fresh--) {
+        run(vname, gv, V, gname, g, NULL, ntok, fresh);
+        run(vname, gv, V, gname, g, tab, ntok, fresh);
+    }
+    ds41_gtables_free(tab);
+    ds41_grammar_free(g);
 }
 
 int main(int argc, char **argv) {
@@ -134,14 +165,12 @@ int main(int argc, char **argv) {
     char *jo = ds41_schema_to_gbnf(NULL, 0, err, sizeof err);
     const char *re = "root ::= [a-z]{3,8} \"-\" [0-9]{4} (\" \" [A-Z] [a-z]{2,10}){0,3}\n";
     if (!js || !jo || !small || !big) { fprintf(stderr, "bench_grammar: setup failed\n"); return 1; }
-    for (int fresh = 1; fresh >= 0; fresh--) {
-        run("demo", small, V0, "json_schema", js, ntok, fresh);
-        run("demo", small, V0, "json_object", jo, ntok, fresh);
-        run("demo", small, V0, "regex", re, ntok, fresh);
-        run("synthetic", big, bigV, "json_schema", js, ntok, fresh);
-        run("synthetic", big, bigV, "json_object", jo, ntok, fresh);
-        run("synthetic", big, bigV, "regex", re, ntok, fresh);
-    }
+    bench("demo", small, V0, "json_schema", js, ntok);
+    bench("demo", small, V0, "json_object", jo, ntok);
+    bench("demo", small, V0, "regex", re, ntok);
+    bench("synthetic", big, bigV, "json_schema", js, ntok);
+    bench("synthetic", big, bigV, "json_object", jo, ntok);
+    bench("synthetic", big, bigV, "regex", re, ntok);
     free(js); free(jo); free(arena); free(p); free(l); free(plain);
     ds41_gvocab_free(small);
     ds41_gvocab_free(big);

@@ -37,6 +37,7 @@ enum {
 typedef struct ds41_grammar ds41_grammar;   /* compiled rules, immutable */
 typedef struct ds41_gvocab ds41_gvocab;     /* a vocabulary's token trie, immutable */
 typedef struct ds41_gmatch ds41_gmatch;     /* grammar x vocabulary runtime; one thread at a time */
+typedef struct ds41_gtables ds41_gtables;   /* grammar x vocabulary precomputed token classes, immutable */
 
 /* GBNF text[len] (the start rule is `root`). NULL with err set (one line, naming the rule or
  * the offset). */
@@ -83,5 +84,22 @@ const char *ds41_gmatch_error(const ds41_gmatch *m);
 void ds41_gmask_apply(const uint32_t *mask, float *row, int V);
 /* Counters for measurements: states interned, masks computed, masks served from the cache. */
 void ds41_gmatch_stats(const ds41_gmatch *m, long long *states, long long *computed, long long *cached);
+
+/* Precomputed token classes (grammar_tables.c), XGrammar's idea: for each grammar position (a
+ * byte set that can be a stack's top), each token is accepted or refused by the position alone
+ * (context-independent: a bitset or a list, computed once), or it can pop the position's
+ * rule before its last byte (context-dependent: kept with the byte offsets of those pops, and
+ * checked against the stack below at run time). A mask is then the union over the state's
+ * stacks of their tops' accepted sets plus the context-dependent tokens the stack below
+ * accepts: the same bits as the trie walk. Build once per grammar and vocabulary (it reads
+ * both; they must outlive it); read-only afterwards, so matchers on any thread can share it.
+ * NULL with err set (out of memory). A position is left to the trie walk when the build
+ * budget runs out or a limit is hit while building it. */
+ds41_gtables *ds41_gtables_new(const ds41_grammar *g, const ds41_gvocab *v, char *err, size_t errcap);
+void ds41_gtables_free(ds41_gtables *t);
+/* Bytes held, positions precomputed and positions left to the trie walk. */
+void ds41_gtables_stats(const ds41_gtables *t, size_t *bytes, int *positions, int *skipped);
+/* Masks of m from now on come from t (built for m's grammar and vocabulary): 0, or -1. */
+int ds41_gmatch_use_tables(ds41_gmatch *m, const ds41_gtables *t);
 
 #endif

@@ -38,6 +38,67 @@ int ds41_gerr_set(char *err, size_t cap, int *failed, const char *fmt, va_list a
 /* Appends printf text to a growing buffer; 0 or -1 out of memory. */
 int ds41_gbuf_printf(char **buf, size_t *len, size_t *cap, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
+/* ------------------------------------------------------------------ runtime (grammar_match.c) */
+
+/* The vocabulary as a trie in preorder: node i has its byte, its depth and the index just past
+ * its subtree; the tokens ending at node i are toks[tok0[i] .. tok0[i] + ntok[i]). */
+struct ds41_gvocab {
+    int V;
+    int n_nodes, max_depth;
+    uint8_t *byte;
+    uint16_t *depth;     /* 1 for the root's children */
+    int32_t *end;        /* index past the subtree */
+    int32_t *tok0, *ntok;
+    int32_t *toks;       /* token ids in trie order */
+    char *arena;         /* the tokens' bytes */
+    size_t *off, *len;   /* per id */
+};
+
+enum { MASK_CACHE_BYTES = 64 << 20, ARENA_MAX = 16 << 20, WORK_MAX = 1 << 22, TOKEN_MAX = 1024 };
+
+struct ds41_gmatch {
+    const ds41_grammar *g;
+    const ds41_gvocab *v;
+    const ds41_gtables *tab;   /* NULL: masks by walking the trie */
+    int words;                 /* mask words */
+    /* interned states: stacks serialised as [n_stacks, (len, positions...)...] in arena */
+    int32_t *arena;
+    size_t an, acap;
+    size_t *soff;
+    int32_t **trans;           /* [256]: -2 unknown, -1 refused, else the state */
+    uint16_t **tdep;           /* track_depth: [256] the longest stack pushed by that transition */
+    uint32_t **mask;
+    uint8_t *acc;
+    int ns, scap;
+    int32_t *ht;               /* open addressing over state ids, -1 empty */
+    size_t hcap;
+    size_t mask_bytes;
+    uint32_t *mbuf;            /* a mask not kept (the cache is full) */
+    int32_t *dst;              /* walk: the state per trie depth */
+    /* building a state: stacks in out[] as (len, positions...), a worklist in work[] */
+    int32_t *out, *work;
+    size_t on, ocap, wn, wcap;
+    int32_t *order;            /* stack offsets in out, sorted */
+    size_t ordcap;
+    int track_depth, push_max; /* push_max: the longest stack work_push was asked for */
+    uint32_t *seen;            /* tables: per position, the mask computation that OR-ed it last */
+    uint32_t stamp;
+    long long computed, cached;
+    char err[160];
+};
+
+/* The state after byte from state s (-1: refused, or a limit with m->err set); cached. */
+int ds41_gm_step(ds41_gmatch *m, int s, unsigned byte);
+/* The state of one stack st[0..len) (its top expanded), or -1. */
+int ds41_gm_stack_state(ds41_gmatch *m, const int32_t *st, int len);
+/* Sets in mk the tokens of trie nodes lo..hi (a subtree's nodes, below depth d0) allowed
+ * after state s, the state at depth d0: the walk skips the subtree of a refused byte. 0, or
+ * -1 on a limit. The whole trie from s: lo 0, hi n_nodes, d0 0. */
+int ds41_gm_walk(ds41_gmatch *m, int s, uint32_t *mk, int lo, int hi, int d0);
+/* The mask of state s from m->tab into mk (zeroed): 0, 1 when the tables do not cover s (a
+ * position past the depth guard or not precomputed: walk the trie instead), -1 on a limit. */
+int ds41_gtables_mask(ds41_gmatch *m, int s, uint32_t *mk);
+
 static inline int gcs_has(const uint32_t *cs, unsigned b) { return (cs[b >> 5] >> (b & 31)) & 1; }
 
 #endif

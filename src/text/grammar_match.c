@@ -17,46 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct ds41_gvocab {
-    int V;
-    int n_nodes, max_depth;
-    uint8_t *byte;
-    uint16_t *depth;     /* 1 for the root's children */
-    int32_t *end;        /* index past the subtree */
-    int32_t *tok0, *ntok;
-    int32_t *toks;       /* token ids in trie order */
-    char *arena;         /* the tokens' bytes */
-    size_t *off, *len;   /* per id */
-};
-
-enum { MASK_CACHE_BYTES = 64 << 20, ARENA_MAX = 16 << 20, WORK_MAX = 1 << 22, TOKEN_MAX = 1024 };
-
-struct ds41_gmatch {
-    const ds41_grammar *g;
-    const ds41_gvocab *v;
-    int words;                 /* mask words */
-    /* interned states: stacks serialised as [n_stacks, (len, positions...)...] in arena */
-    int32_t *arena;
-    size_t an, acap;
-    size_t *soff;
-    int32_t **trans;           /* [256]: -2 unknown, -1 refused, else the state */
-    uint32_t **mask;
-    uint8_t *acc;
-    int ns, scap;
-    int32_t *ht;               /* open addressing over state ids, -1 empty */
-    size_t hcap;
-    size_t mask_bytes;
-    uint32_t *mbuf;            /* a mask not kept (the cache is full) */
-    int32_t *dst;              /* walk: the state per trie depth */
-    /* building a state: stacks in out[] as (len, positions...), a worklist in work[] */
-    int32_t *out, *work;
-    size_t on, ocap, wn, wcap;
-    int32_t *order;            /* stack offsets in out, sorted */
-    size_t ordcap;
-    long long computed, cached;
-    char err[160];
-};
-
 /* ------------------------------------------------------------------ vocabulary */
 
 static const ds41_gvocab *sort_v;
@@ -171,6 +131,7 @@ static int grow32(int32_t **p, size_t *cap, size_t need) {
  * as positions then the length (so it pops from the end). */
 static int work_push(ds41_gmatch *m, const int32_t *base, int n, int extra) {
     int len = n + (extra >= 0);
+    if (len > m->push_max) m->push_max = len;
     if (len > DS41_GRAMMAR_MAX_DEPTH) return 0;   /* nesting past the limit: this path ends */
     if (m->wn + (size_t)len + 1 > WORK_MAX) return mfail(m, "grammar: expansion too large (a limit)");
     if (grow32(&m->work, &m->wcap, m->wn + (size_t)len + 1)) return mfail(m, "grammar: out of memory");
@@ -282,12 +243,15 @@ static int intern(ds41_gmatch *m) {
                 if (mk) m->mask = mk;
                 uint8_t *ac = realloc(m->acc, (size_t)nc);
                 if (ac) m->acc = ac;
-                if (!so || !tr || !mk || !ac) return mfail(m, "grammar: out of memory");
+                uint16_t **td = m->track_depth ? realloc(m->tdep, (size_t)nc * sizeof *td) : m->tdep;
+                if (td) m->tdep = td;
+                if (!so || !tr || !mk || !ac || (m->track_depth && !td)) return mfail(m, "grammar: out of memory");
                 m->scap = nc;
             }
             s = m->ns++;
             m->soff[s] = m->an;
             m->trans[s] = NULL;
+            if (m->track_depth) m->tdep[s] = NULL;
             m->mask[s] = NULL;
             m->acc[s] = (uint8_t)acc;
             m->an += total;
@@ -338,7 +302,8 @@ ds41_gmatch *ds41_gmatch_new(const ds41_grammar *g, const ds41_gvocab *v) {
 
 void ds41_gmatch_free(ds41_gmatch *m) {
     if (!m) return;
-    for (int s = 0; s < m->ns; s++) { free(m->trans[s]); free(m->mask[s]); }
+    for (int s = 0; s < m->ns; s++) { free(m->trans[s]); free(m->mask[s]); if (m->tdep) free(m->tdep[s]); }
+    free(m->tdep); free(m->seen);
     free(m->soff); free(m->trans); free(m->mask); free(m->acc); free(m->ht); free(m->mbuf); free(m->dst);
     free(m->arena); free(m->out); free(m->work); free(m->order);
     free(m);
@@ -364,7 +329,7 @@ int ds41_gmatch_start(ds41_gmatch *m) {
     return intern(m);
 }
 
-static int step(ds41_gmatch *m, int s, unsigned byte) {
+int ds41_gm_step(ds41_gmatch *m, int s, unsigned byte) {
     int32_t *tr = m->trans[s];
     if (tr && tr[byte] != -2) return tr[byte];
     if (!tr) {
@@ -372,8 +337,10 @@ static int step(ds41_gmatch *m, int s, unsigned byte) {
         if (!tr) return mfail(m, "grammar: out of memory");
         for (int i = 0; i < 256; i++) tr[i] = -2;
     }
+    if (m->track_depth && !m->tdep[s] && !(m->tdep[s] = calloc(256, sizeof **m->tdep))) return mfail(m, "grammar: out of memory");
     const ds41_grammar *g = m->g;
     m->on = m->wn = 0;
+    m->push_max = 0;
     size_t off = m->soff[s];
     int n = m->arena[off];
     size_t k = off + 1;
@@ -392,11 +359,18 @@ static int step(ds41_gmatch *m, int s, unsigned byte) {
     if (r == -1 && m->err[0]) return -1;
     /* the table may have moved if intern grew the arrays: fetch it again */
     m->trans[s][byte] = r;
+    if (m->track_depth) m->tdep[s][byte] = (uint16_t)m->push_max;
     return r;
 }
 
+int ds41_gm_stack_state(ds41_gmatch *m, const int32_t *st, int len) {
+    m->on = m->wn = 0;
+    if (work_push(m, st, len, -1) || expand(m)) return -1;
+    return m->on ? intern(m) : -1;
+}
+
 int ds41_gmatch_advance_bytes(ds41_gmatch *m, int s, const char *p, size_t n) {
-    for (size_t i = 0; i < n && s >= 0; i++) s = step(m, s, (unsigned char)p[i]);
+    for (size_t i = 0; i < n && s >= 0; i++) s = ds41_gm_step(m, s, (unsigned char)p[i]);
     return s;
 }
 
@@ -407,22 +381,16 @@ int ds41_gmatch_advance(ds41_gmatch *m, int s, int id) {
 
 int ds41_gmatch_can_end(ds41_gmatch *m, int s) { return s >= 0 && s < m->ns && m->acc[s]; }
 
-const uint32_t *ds41_gmatch_mask(ds41_gmatch *m, int s) {
-    if (s < 0 || s >= m->ns) return NULL;
-    if (m->mask[s]) { m->cached++; return m->mask[s]; }
+int ds41_gm_walk(ds41_gmatch *m, int s, uint32_t *mk, int lo, int hi, int d0) {
     const ds41_gvocab *v = m->v;
-    size_t bytes = (size_t)m->words * sizeof(uint32_t);
-    uint32_t *mk = m->mask_bytes + bytes <= MASK_CACHE_BYTES ? malloc(bytes) : NULL;
-    if (!mk) mk = m->mbuf;
-    memset(mk, 0, bytes);
-    m->dst[0] = s;
-    for (int i = 0; i < v->n_nodes;) {
+    m->dst[d0] = s;
+    for (int i = lo; i < hi;) {
         int d = v->depth[i], ps = m->dst[d - 1];
         /* the transition table first (a known transition is one load), step() otherwise */
         const int32_t *tr = m->trans[ps];
-        int t = tr && tr[v->byte[i]] != -2 ? tr[v->byte[i]] : step(m, ps, v->byte[i]);
+        int t = tr && tr[v->byte[i]] != -2 ? tr[v->byte[i]] : ds41_gm_step(m, ps, v->byte[i]);
         if (t < 0) {
-            if (m->err[0]) { if (mk != m->mbuf) free(mk); return NULL; }
+            if (m->err[0]) return -1;
             i = v->end[i];
             continue;
         }
@@ -433,6 +401,19 @@ const uint32_t *ds41_gmatch_mask(ds41_gmatch *m, int s) {
         }
         i++;
     }
+    return 0;
+}
+
+const uint32_t *ds41_gmatch_mask(ds41_gmatch *m, int s) {
+    if (s < 0 || s >= m->ns) return NULL;
+    if (m->mask[s]) { m->cached++; return m->mask[s]; }
+    size_t bytes = (size_t)m->words * sizeof(uint32_t);
+    uint32_t *mk = m->mask_bytes + bytes <= MASK_CACHE_BYTES ? malloc(bytes) : NULL;
+    if (!mk) mk = m->mbuf;
+    memset(mk, 0, bytes);
+    int rc = m->tab ? ds41_gtables_mask(m, s, mk) : 1;
+    if (rc == 1) { memset(mk, 0, bytes); rc = ds41_gm_walk(m, s, mk, 0, m->v->n_nodes, 0); }
+    if (rc < 0) { if (mk != m->mbuf) free(mk); return NULL; }
     m->computed++;
     if (mk != m->mbuf) { m->mask[s] = mk; m->mask_bytes += bytes; }
     return mk;
