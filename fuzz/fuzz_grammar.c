@@ -1,8 +1,9 @@
 /* libFuzzer harness for the GBNF compiler and the grammar runtime (src/text/grammar.c,
  * grammar_match.c): each input is GBNF text. A refusal must come with a one-line message; an
  * accepted grammar is walked over a small byte vocabulary (the 256 bytes and a few longer
- * tokens): every mask must agree with advance on every token, and the limits must end every
- * walk (no hang, no unbounded memory). */
+ * tokens): every mask must agree with advance on every token, the mask from the precomputed
+ * token classes (grammar_tables.c) must equal the trie walk's wherever the walk has one, and
+ * the limits must end every walk (no hang, no unbounded memory). */
 #include "grammar.h"
 
 #include <stdint.h>
@@ -33,13 +34,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (const char *p = err; *p; p++) if ((unsigned char)*p < 0x20) abort();
         return 0;
     }
-    ds41_gmatch *m = ds41_gmatch_new(g, voc);
-    if (!m) abort();
-    int s = ds41_gmatch_start(m);
+    ds41_gmatch *m = ds41_gmatch_new(g, voc), *f = ds41_gmatch_new(g, voc);
+    ds41_gtables *t = ds41_gtables_new(g, voc, err, sizeof err);
+    if (!m || !f || !t || ds41_gmatch_use_tables(f, t)) abort();
+    int s = ds41_gmatch_start(m), sf = ds41_gmatch_start(f);
     unsigned pick = (unsigned)size;
     for (int step = 0; step < 12 && s >= 0; step++) {
         const uint32_t *mk = ds41_gmatch_mask(m, s);
         if (!mk) break;   /* a limit: the message is set */
+        /* the tables may give a mask where the walk hit a limit (they intern fewer states),
+         * never another one */
+        const uint32_t *mf = sf >= 0 ? ds41_gmatch_mask(f, sf) : NULL;
+        if (mf && memcmp(mk, mf, (NV + 31) / 32 * sizeof *mk)) abort();
         int na = 0, chosen = -1;
         for (int id = 0; id < NV; id++) {
             int bit = (mk[id >> 5] >> (id & 31)) & 1;
@@ -49,8 +55,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (chosen < 0) break;
         pick = pick * 1103515245u + 12345u;
         s = ds41_gmatch_advance(m, s, chosen);
+        if (sf >= 0) sf = ds41_gmatch_advance(f, sf, chosen);
     }
     ds41_gmatch_free(m);
+    ds41_gmatch_free(f);
+    ds41_gtables_free(t);
     ds41_grammar_free(g);
     return 0;
 }

@@ -228,7 +228,7 @@ int ds41_gtables_mask(ds41_gmatch *m, int s, uint32_t *mk) {
             if (P->acc_bits) {
                 const uint32_t *b = t->bits + P->acc;
                 for (int w = 0; w < t->words; w++) mk[w] |= b[w];
-            } else {
+            } else if (P->acc_n) {
                 const int32_t *ids = t->ids + P->acc;
                 for (size_t j = 0; j < P->acc_n; j++) mk[ids[j] >> 5] |= 1u << (ids[j] & 31);
             }
