@@ -112,10 +112,10 @@ static void bench(const char *vname, ds41_gvocab *gv, int V, const char *gname, 
     double t1 = now();
     if (!tab) { fprintf(stderr, "bench_grammar: %s\n", err); exit(1); }
     size_t bytes;
-    int npos, skipped;
-    ds41_gtables_stats(tab, &bytes, &npos, &skipped);
-    printf("{\"vocab\":\"%s\",\"V\":%d,\"grammar\":\"%s\",\"tables_ms\":%.1f,\"tables_bytes\":%zu,\"positions\":%d,\"skipped\":%d}\n",
-           vname, V, gname, 1e3 * (t1 - t0), bytes, npos, skipped);
+    int npos, pairs, skipped;
+    ds41_gtables_stats(tab, &bytes, &npos, &pairs, &skipped);
+    printf("{\"vocab\":\"%s\",\"V\":%d,\"grammar\":\"%s\",\"tables_ms\":%.1f,\"tables_bytes\":%zu,\"positions\":%d,\"pairs\":%d,"
+           "\"skipped\":%d}\n", vname, V, gname, 1e3 * (t1 - t0), bytes, npos, pairs, skipped);
     for (int fresh = 1; fresh >= 0; fresh--) {
         run(vname, gv, V, gname, g, NULL, ntok, fresh);
         run(vname, gv, V, gname, g, tab, ntok, fresh);

@@ -97,8 +97,9 @@ void ds41_gmatch_stats(const ds41_gmatch *m, long long *states, long long *compu
  * budget runs out or a limit is hit while building it. */
 ds41_gtables *ds41_gtables_new(const ds41_grammar *g, const ds41_gvocab *v, char *err, size_t errcap);
 void ds41_gtables_free(ds41_gtables *t);
-/* Bytes held, positions precomputed and positions left to the trie walk. */
-void ds41_gtables_stats(const ds41_gtables *t, size_t *bytes, int *positions, int *skipped);
+/* Bytes held, tables of one position and of a (below, position) pair, and tables left to the
+ * trie walk (the build budget or a limit). */
+void ds41_gtables_stats(const ds41_gtables *t, size_t *bytes, int *positions, int *pairs, int *skipped);
 /* Masks of m from now on come from t (built for m's grammar and vocabulary): 0, or -1. */
 int ds41_gmatch_use_tables(ds41_gmatch *m, const ds41_gtables *t);
 

@@ -30,12 +30,19 @@
 /* Trie nodes visited over all positions before the rest are left to the walk: a hostile
  * grammar (400,000 positions) must not take minutes to build. About 4 s on one core. */
 enum { BUILD_BUDGET = 1 << 30, LOCAL_STATES = 8000 };
+/* A position with more pop nodes than PAIR_POPS or a 64th of the trie (a string's characters, which may end after
+ * any byte) also gets one table per element that can lie under it (at most PAIR_BELOW of
+ * them): the run from [below, p] pops only where that element's alternative ends (after the
+ * closing quote), so a mask walks few pop nodes. */
+enum { PAIR_POPS = 256, PAIR_BELOW = 64 };
 
 typedef struct {
     int32_t lmax;          /* longest lone stack pushed; -1: not precomputed (walk the trie) */
     int32_t acc_bits;      /* 1: the accepted set is a bitset at bits + acc; 0: acc_n ids at ids + acc */
     size_t acc, acc_n;
     size_t pop, pop_n;     /* pop_n trie nodes at pops + pop */
+    int32_t below;         /* a pair's element under the top; -1 for a lone position */
+    int32_t pair, pair_n;  /* a position's pairs at pos + pair */
 } gpos;
 
 struct ds41_gtables {
@@ -44,7 +51,7 @@ struct ds41_gtables {
     int words;
     int32_t *pos_ix;       /* per element: its index in pos[], -1 unless a byte set */
     gpos *pos;
-    int n_pos, n_skipped;
+    int n_pos, n_pairs, n_skipped;
     uint32_t *bits;
     int32_t *ids, *pops;
     size_t nbits, cbits, nids, cids, npops, cpops;
@@ -71,14 +78,15 @@ static ds41_gmatch *lone_new(const ds41_grammar *g, const ds41_gvocab *v) {
     return m;
 }
 
-/* The lone run of position p over the trie into P (acc: a zeroed bitset of t->words, dst: one
+/* The lone run of stack st[0..n) (a position, or a pair) over the trie into P (acc: a zeroed bitset of t->words, dst: one
  * int per trie depth). 0, 1 when a limit ended it (the position is left to the walk), -1 out
  * of memory. *visits counts the trie nodes. */
-static int build_pos(ds41_gtables *t, ds41_gmatch *lm, int p, gpos *P, uint32_t *acc, int32_t *dst, long long *visits) {
+static int build_pos(ds41_gtables *t, ds41_gmatch *lm, const int32_t *st, int n, gpos *P, uint32_t *acc, int32_t *dst,
+                     long long *visits) {
     const ds41_gvocab *v = t->v;
-    int s0 = ds41_gm_stack_state(lm, &p, 1);
+    int s0 = ds41_gm_stack_state(lm, st, n);
     if (s0 < 0) return 1;
-    int lmax = 1;
+    int lmax = n;
     size_t nacc = 0, pop0 = t->npops;
     dst[0] = s0;
     for (int i = 0; i < v->n_nodes;) {
@@ -123,6 +131,96 @@ static int build_pos(ds41_gtables *t, ds41_gmatch *lm, int p, gpos *P, uint32_t 
     return 0;
 }
 
+/* Builds pos[ix] from stack st[0..n): 0 (a limit or the budget leaves it to the walk), -1 out
+ * of memory. */
+static int build_one(ds41_gtables *t, ds41_gmatch **lm, const int32_t *st, int n, int ix, uint32_t *acc, int32_t *dst,
+                     long long *visits) {
+    gpos *P = &t->pos[ix];
+    P->lmax = -1;
+    if (*visits > BUILD_BUDGET) { t->n_skipped++; return 0; }
+    /* a fresh lone matcher after a limit, or when its states pile up */
+    if (*lm && ((*lm)->err[0] || (*lm)->ns > LOCAL_STATES)) { ds41_gmatch_free(*lm); *lm = NULL; }
+    if (!*lm && !(*lm = lone_new(t->g, t->v))) return -1;
+    memset(acc, 0, (size_t)t->words * sizeof *acc);
+    size_t npops = t->npops;
+    int rc = build_pos(t, *lm, st, n, P, acc, dst, visits);
+    if (rc < 0) return -1;
+    if (rc > 0) { P->lmax = -1; t->npops = npops; t->n_skipped++; }
+    return 0;
+}
+
+/* The elements that can lie directly under a top in rule r, into out (at most PAIR_BELOW):
+ * the continuation of every reference to r, and through a reference that ends its
+ * alternative (the continuation is then the caller's), what lies under the caller. -1 when
+ * there are more. refs: per rule, the reference
+ * elements to it (ref0[r] .. ref0[r + 1]); elrule: each element's rule; mark: per rule. */
+static int below_set(const ds41_grammar *g, int r, const int32_t *ref0, const int32_t *refs, const int32_t *elrule,
+                     int32_t *mark, int stamp, int32_t *work, int32_t *out) {
+    int nw = 0, n = 0;
+    work[nw++] = r;
+    mark[r] = stamp;
+    while (nw) {
+        int x = work[--nw];   /* under root's own alternatives is the bottom: a stack of one, no pair */
+        for (int k = ref0[x]; k < ref0[x + 1]; k++) {
+            int e = refs[k];
+            if (g->el[e + 1].kind != GE_END) {
+                int dup = 0;
+                for (int j = 0; j < n && !dup; j++) dup = out[j] == e + 1;
+                if (dup) continue;
+                if (n == PAIR_BELOW) return -1;
+                out[n++] = e + 1;
+            } else if (mark[elrule[e]] != stamp) {
+                mark[elrule[e]] = stamp;
+                work[nw++] = elrule[e];
+            }
+        }
+    }
+    return n;
+}
+
+/* The pair tables of the positions with many pop nodes. 0, or -1 out of memory. */
+static int add_pairs(ds41_gtables *t, ds41_gmatch **lm, uint32_t *acc, int32_t *dst, long long *visits) {
+    const ds41_grammar *g = t->g;
+    int R = g->n_rules, rc = -1;
+    int32_t *ref0 = calloc((size_t)R + 2, sizeof *ref0), *refs = malloc(((size_t)g->n_el + 1) * sizeof *refs);
+    int32_t *elrule = malloc(((size_t)g->n_el + 1) * sizeof *elrule), *mark = calloc((size_t)R + 1, sizeof *mark);
+    int32_t *work = malloc(((size_t)R + 1) * sizeof *work), out[PAIR_BELOW];
+    if (!ref0 || !refs || !elrule || !mark || !work) goto done;
+    for (int r = 0; r < R; r++)
+        for (int a = 0; a < g->rule_nalt[r]; a++)
+            for (int e = g->alts[g->rule_alt[r] + a]; g->el[e].kind != GE_END; e++) elrule[e] = r;
+    for (int e = 0; e < g->n_el; e++) if (g->el[e].kind == GE_REF) ref0[g->el[e].arg + 1]++;
+    for (int r = 0; r < R; r++) ref0[r + 1] += ref0[r];
+    memcpy(work, ref0, (size_t)R * sizeof *work);   /* a cursor per rule */
+    for (int e = 0; e < g->n_el; e++) if (g->el[e].kind == GE_REF) refs[work[g->el[e].arg]++] = e;
+    int singles = t->n_pos;
+    for (int ix = 0; ix < singles; ix++) {
+        size_t pops = t->pos[ix].pop_n;
+        if (t->pos[ix].lmax < 0 || (pops <= PAIR_POPS && pops * 64 <= (size_t)t->v->n_nodes)) continue;
+        int p = -1;
+        for (int e = 0; e < g->n_el && p < 0; e++) if (t->pos_ix[e] == ix) p = e;
+        int nb = below_set(g, elrule[p], ref0, refs, elrule, mark, ix + 1, work, out);
+        if (nb <= 0) continue;
+        gpos *np = realloc(t->pos, ((size_t)t->n_pos + (size_t)nb + 1) * sizeof *np);
+        if (!np) goto done;
+        t->pos = np;
+        t->pos[ix].pair = t->n_pos;
+        t->pos[ix].pair_n = nb;
+        for (int b = 0; b < nb; b++) {
+            int32_t st[2] = { out[b], p };
+            t->pos[t->n_pos].below = out[b];
+            t->pos[t->n_pos].pair_n = 0;
+            t->n_pos++;
+            t->n_pairs++;
+            if (build_one(t, lm, st, 2, t->n_pos - 1, acc, dst, visits)) goto done;
+        }
+    }
+    rc = 0;
+done:
+    free(ref0); free(refs); free(elrule); free(mark); free(work);
+    return rc;
+}
+
 ds41_gtables *ds41_gtables_new(const ds41_grammar *g, const ds41_gvocab *v, char *err, size_t errcap) {
     ds41_gtables *t = calloc(1, sizeof *t);
     uint32_t *acc = NULL;
@@ -143,19 +241,13 @@ ds41_gtables *ds41_gtables_new(const ds41_grammar *g, const ds41_gvocab *v, char
     for (int e = 0; e < g->n_el; e++) {
         t->pos_ix[e] = -1;
         if (g->el[e].kind != GE_CHARS) continue;
-        gpos *P = &t->pos[t->n_pos];
-        t->pos_ix[e] = t->n_pos++;
-        P->lmax = -1;
-        if (visits > BUILD_BUDGET) { t->n_skipped++; continue; }
-        /* a fresh lone matcher after a limit, or when its states pile up */
-        if (lm && (lm->err[0] || lm->ns > LOCAL_STATES)) { ds41_gmatch_free(lm); lm = NULL; }
-        if (!lm && !(lm = lone_new(g, v))) goto oom;
-        memset(acc, 0, (size_t)t->words * sizeof *acc);
-        size_t npops = t->npops;
-        int rc = build_pos(t, lm, e, P, acc, dst, &visits);
+        t->pos_ix[e] = t->n_pos;
+        t->pos[t->n_pos++].below = -1;
+        int32_t st[1] = { e };
+        int rc = build_one(t, &lm, st, 1, t->n_pos - 1, acc, dst, &visits);
         if (rc < 0) goto oom;
-        if (rc > 0) { P->lmax = -1; t->npops = npops; t->n_skipped++; }
     }
+    if (add_pairs(t, &lm, acc, dst, &visits)) goto oom;
     ds41_gmatch_free(lm);
     free(acc); free(dst);
     return t;
@@ -173,11 +265,12 @@ void ds41_gtables_free(ds41_gtables *t) {
     free(t);
 }
 
-void ds41_gtables_stats(const ds41_gtables *t, size_t *bytes, int *positions, int *skipped) {
+void ds41_gtables_stats(const ds41_gtables *t, size_t *bytes, int *positions, int *pairs, int *skipped) {
     if (bytes)
         *bytes = sizeof *t + (size_t)t->g->n_el * sizeof *t->pos_ix + (size_t)t->n_pos * sizeof *t->pos +
                  t->nbits * sizeof *t->bits + t->nids * sizeof *t->ids + t->npops * sizeof *t->pops;
-    if (positions) *positions = t->n_pos - t->n_skipped;
+    if (positions) *positions = t->n_pos - t->n_pairs;
+    if (pairs) *pairs = t->n_pairs;
     if (skipped) *skipped = t->n_skipped;
 }
 
@@ -196,17 +289,30 @@ int ds41_gmatch_use_tables(ds41_gmatch *m, const ds41_gtables *t) {
 
 /* ------------------------------------------------------------------ masks */
 
+/* The table for stack st[0..len) (len >= 1): its pair when it has one for the element under
+ * the top, else its position's; *nbelow: the elements under the table's run. */
+static const gpos *pick(const ds41_gtables *t, const int32_t *st, int len, int *nbelow) {
+    const gpos *P = &t->pos[t->pos_ix[st[len - 1]]];
+    *nbelow = len - 1;
+    if (len >= 2)
+        for (int k = 0; k < P->pair_n; k++) {
+            const gpos *Q = &t->pos[P->pair + k];
+            if (Q->below == st[len - 2] && Q->lmax >= 0) { *nbelow = len - 2; return Q; }
+        }
+    return P;
+}
+
 int ds41_gtables_mask(ds41_gmatch *m, int s, uint32_t *mk) {
     const ds41_gtables *t = m->tab;
     const ds41_gvocab *v = m->v;
     size_t off = m->soff[s];
-    int n = m->arena[off];
+    int n = m->arena[off], nb;
     /* every stack under the guard first: a state the tables do not cover costs nothing here */
     for (size_t i = 0, k = off + 1; i < (size_t)n; i++) {
         int len = m->arena[k];
         if (len) {
-            const gpos *P = &t->pos[t->pos_ix[m->arena[k + (size_t)len]]];
-            if (P->lmax < 0 || len - 1 + P->lmax > DS41_GRAMMAR_MAX_DEPTH) return 1;
+            const gpos *P = pick(t, m->arena + k + 1, len, &nb);
+            if (P->lmax < 0 || nb + P->lmax > DS41_GRAMMAR_MAX_DEPTH) return 1;
         }
         k += (size_t)len + 1;
     }
@@ -221,9 +327,9 @@ int ds41_gtables_mask(ds41_gmatch *m, int s, uint32_t *mk) {
         int len = m->arena[at];
         k += (size_t)len + 1;
         if (!len) continue;
-        int pi = t->pos_ix[m->arena[at + (size_t)len]];
-        const gpos *P = &t->pos[pi];
-        if (m->seen[pi] != m->stamp) {   /* stacks with the same top share its accepted set */
+        const gpos *P = pick(t, m->arena + at + 1, len, &nb);
+        size_t pi = (size_t)(P - t->pos);
+        if (m->seen[pi] != m->stamp) {   /* stacks with the same table share its accepted set */
             m->seen[pi] = m->stamp;
             if (P->acc_bits) {
                 const uint32_t *b = t->bits + P->acc;
@@ -234,8 +340,8 @@ int ds41_gtables_mask(ds41_gmatch *m, int s, uint32_t *mk) {
             }
         }
         if (!P->pop_n) continue;
-        memcpy(below, m->arena + at + 1, (size_t)(len - 1) * sizeof *below);
-        int ctx = ds41_gm_stack_state(m, below, len - 1);
+        memcpy(below, m->arena + at + 1, (size_t)nb * sizeof *below);
+        int ctx = ds41_gm_stack_state(m, below, nb);
         if (ctx < 0) {
             if (m->err[0]) return -1;
             continue;   /* nothing below survives its own expansion (the depth limit) */
