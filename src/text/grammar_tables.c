@@ -34,13 +34,15 @@ enum { BUILD_BUDGET = 1 << 30, LOCAL_STATES = 8000 };
  * any byte) also gets one table per element that can lie under it (at most PAIR_BELOW of
  * them): the run from [below, p] pops only where that element's alternative ends (after the
  * closing quote), so a mask walks few pop nodes. */
-enum { PAIR_POPS = 256, PAIR_BELOW = 64 };
+enum { PAIR_POPS = 256, PAIR_BELOW = 64, FOLLOW_PASSES = 200 };
 
 typedef struct {
     int32_t lmax;          /* longest lone stack pushed; -1: not precomputed (walk the trie) */
     int32_t acc_bits;      /* 1: the accepted set is a bitset at bits + acc; 0: acc_n ids at ids + acc */
     size_t acc, acc_n;
-    size_t pop, pop_n;     /* pop_n trie nodes at pops + pop */
+    int32_t end_bits;      /* the tokens that end where the run pops: allowed when the stack below survives */
+    size_t end, end_n;
+    size_t pop, pop_n;     /* pop_n trie nodes at pops + pop: children of pop nodes, by a byte in the follow set */
     int32_t below;         /* a pair's element under the top; -1 for a lone position */
     int32_t pair, pair_n;  /* a position's pairs at pos + pair */
 } gpos;
@@ -54,6 +56,8 @@ struct ds41_gtables {
     int n_pos, n_pairs, n_skipped;
     uint32_t *bits;
     int32_t *ids, *pops;
+    uint32_t *follow;      /* building: per rule, the bytes that can follow it (8 words) */
+    int32_t *elrule;       /* building: each element's rule */
     size_t nbits, cbits, nids, cids, npops, cpops;
 };
 
@@ -78,16 +82,48 @@ static ds41_gmatch *lone_new(const ds41_grammar *g, const ds41_gvocab *v) {
     return m;
 }
 
-/* The lone run of stack st[0..n) (a position, or a pair) over the trie into P (acc: a zeroed bitset of t->words, dst: one
- * int per trie depth). 0, 1 when a limit ended it (the position is left to the walk), -1 out
- * of memory. *visits counts the trie nodes. */
-static int build_pos(ds41_gtables *t, ds41_gmatch *lm, const int32_t *st, int n, gpos *P, uint32_t *acc, int32_t *dst,
-                     long long *visits) {
+/* Stores the token set acc (n tokens; zeroed afterwards) as a list or a bitset: 0, or -1. */
+static int store_set(ds41_gtables *t, uint32_t *acc, size_t n, int32_t *kind, size_t *at) {
+    if (n < (size_t)t->words) {
+        if (grow(&t->ids, &t->cids, t->nids + n, sizeof *t->ids)) return -1;
+        *kind = 0;
+        *at = t->nids;
+        for (int w = 0; w < t->words; w++)
+            for (uint32_t x = acc[w]; x; x &= x - 1) t->ids[t->nids++] = w * 32 + __builtin_ctz(x);
+    } else {
+        if (grow(&t->bits, &t->cbits, t->nbits + (size_t)t->words, sizeof *t->bits)) return -1;
+        *kind = 1;
+        *at = t->nbits;
+        memcpy(t->bits + t->nbits, acc, (size_t)t->words * sizeof *acc);
+        t->nbits += (size_t)t->words;
+    }
+    memset(acc, 0, (size_t)t->words * sizeof *acc);
+    return 0;
+}
+
+/* ORs a stored token set into mk. */
+static void or_set(const ds41_gtables *t, int kind, size_t at, size_t n, uint32_t *mk) {
+    if (kind) {
+        const uint32_t *b = t->bits + at;
+        for (int w = 0; w < t->words; w++) mk[w] |= b[w];
+    } else if (n) {
+        const int32_t *ids = t->ids + at;
+        for (size_t j = 0; j < n; j++) mk[ids[j] >> 5] |= 1u << (ids[j] & 31);
+    }
+}
+
+/* The lone run of stack st[0..n) (a position, or a pair) over the trie into P. F: the bytes
+ * that can follow a pop (the follow set of the rule the run's bottom is in): a pop node's
+ * child by another byte cannot pass the stack below. acc, endb: zeroed bitsets of t->words;
+ * dst: one int per trie depth. 0, 1 when a limit ended it (the table is left to the walk), -1
+ * out of memory. *visits counts the trie nodes. */
+static int build_pos(ds41_gtables *t, ds41_gmatch *lm, const int32_t *st, int n, const uint32_t *F, gpos *P, uint32_t *acc,
+                     uint32_t *endb, int32_t *dst, long long *visits) {
     const ds41_gvocab *v = t->v;
     int s0 = ds41_gm_stack_state(lm, st, n);
     if (s0 < 0) return 1;
     int lmax = n;
-    size_t nacc = 0, pop0 = t->npops;
+    size_t nacc = 0, nend = 0, pop0 = t->npops;
     dst[0] = s0;
     for (int i = 0; i < v->n_nodes;) {
         ++*visits;
@@ -99,32 +135,23 @@ static int build_pos(ds41_gtables *t, ds41_gmatch *lm, const int32_t *st, int n,
         if (lm->tdep[ps][b] > lmax) lmax = lm->tdep[ps][b];
         if (st < 0) { i = v->end[i]; continue; }
         dst[d] = st;
-        if (lm->acc[st]) {   /* a lone stack emptied: the rest depends on the stack below */
-            if (grow(&t->pops, &t->cpops, t->npops + 1, sizeof *t->pops)) return -1;
-            t->pops[t->npops++] = i;
-        }
-        if (lm->arena[lm->soff[st]] > lm->acc[st])   /* a non-empty lone stack: accepted */
-            for (int k = 0, n = v->ntok[i]; k < n; k++) {
-                int id = v->toks[v->tok0[i] + k];
-                acc[id >> 5] |= 1u << (id & 31);
-                nacc++;
+        int alive = lm->arena[lm->soff[st]] > lm->acc[st];   /* a non-empty lone stack */
+        if (lm->acc[st])   /* a lone stack emptied: what follows depends on the stack below */
+            for (int c = i + 1; c < v->end[i]; c = v->end[c]) {
+                if (!gcs_has(F, v->byte[c])) continue;
+                if (grow(&t->pops, &t->cpops, t->npops + 1, sizeof *t->pops)) return -1;
+                t->pops[t->npops++] = c;
             }
+        for (int k = 0, nt = v->ntok[i]; k < nt; k++) {
+            int id = v->toks[v->tok0[i] + k];
+            if (alive) { acc[id >> 5] |= 1u << (id & 31); nacc++; }
+            else { endb[id >> 5] |= 1u << (id & 31); nend++; }
+        }
         i++;
     }
-    if (nacc < (size_t)t->words) {
-        if (grow(&t->ids, &t->cids, t->nids + nacc, sizeof *t->ids)) return -1;
-        P->acc_bits = 0;
-        P->acc = t->nids;
-        for (int w = 0; w < t->words; w++)
-            for (uint32_t x = acc[w]; x; x &= x - 1) t->ids[t->nids++] = w * 32 + __builtin_ctz(x);
-    } else {
-        if (grow(&t->bits, &t->cbits, t->nbits + (size_t)t->words, sizeof *t->bits)) return -1;
-        P->acc_bits = 1;
-        P->acc = t->nbits;
-        memcpy(t->bits + t->nbits, acc, (size_t)t->words * sizeof *acc);
-        t->nbits += (size_t)t->words;
-    }
+    if (store_set(t, acc, nacc, &P->acc_bits, &P->acc) || store_set(t, endb, nend, &P->end_bits, &P->end)) return -1;
     P->acc_n = nacc;
+    P->end_n = nend;
     P->pop = pop0;
     P->pop_n = t->npops - pop0;
     P->lmax = lmax;
@@ -135,17 +162,19 @@ static int build_pos(ds41_gtables *t, ds41_gmatch *lm, const int32_t *st, int n,
  * of memory. */
 static int build_one(ds41_gtables *t, ds41_gmatch **lm, const int32_t *st, int n, int ix, uint32_t *acc, int32_t *dst,
                      long long *visits) {
+    uint32_t *endb = acc + t->words;
+    const uint32_t *F = t->follow + (size_t)t->elrule[st[0]] * 8;
     gpos *P = &t->pos[ix];
     P->lmax = -1;
     if (*visits > BUILD_BUDGET) { t->n_skipped++; return 0; }
     /* a fresh lone matcher after a limit, or when its states pile up */
     if (*lm && ((*lm)->err[0] || (*lm)->ns > LOCAL_STATES)) { ds41_gmatch_free(*lm); *lm = NULL; }
     if (!*lm && !(*lm = lone_new(t->g, t->v))) return -1;
-    memset(acc, 0, (size_t)t->words * sizeof *acc);
-    size_t npops = t->npops;
-    int rc = build_pos(t, *lm, st, n, P, acc, dst, visits);
+    memset(acc, 0, 2 * (size_t)t->words * sizeof *acc);
+    size_t npops = t->npops, nids = t->nids, nbits = t->nbits;
+    int rc = build_pos(t, *lm, st, n, F, P, acc, endb, dst, visits);
     if (rc < 0) return -1;
-    if (rc > 0) { P->lmax = -1; t->npops = npops; t->n_skipped++; }
+    if (rc > 0) { P->lmax = -1; t->npops = npops; t->nids = nids; t->nbits = nbits; t->n_skipped++; }
     return 0;
 }
 
@@ -178,17 +207,69 @@ static int below_set(const ds41_grammar *g, int r, const int32_t *ref0, const in
     return n;
 }
 
+/* The bytes a sequence el[e..] can start with into f (8 words, OR-ed); whether it can be empty. */
+static int seq_first(const ds41_grammar *g, int e, const uint32_t *first, const uint8_t *nullable, uint32_t *f) {
+    for (; g->el[e].kind != GE_END; e++) {
+        const uint32_t *x = g->el[e].kind == GE_CHARS ? g->cs + (size_t)g->el[e].arg * 8 : first + (size_t)g->el[e].arg * 8;
+        for (int w = 0; w < 8; w++) f[w] |= x[w];
+        if (g->el[e].kind == GE_CHARS || !nullable[g->el[e].arg]) return 0;
+    }
+    return 1;
+}
+
+/* Each element's rule, and each rule's follow set (the bytes that can come right after it
+ * completes: the usual FIRST / FOLLOW fixed points). A follow set only filters pop nodes, so
+ * a larger one costs time, never bits: past FOLLOW_PASSES every rule's is all bytes. */
+static int follow_sets(ds41_gtables *t) {
+    const ds41_grammar *g = t->g;
+    int R = g->n_rules;
+    t->elrule = malloc(((size_t)g->n_el + 1) * sizeof *t->elrule);
+    t->follow = calloc((size_t)R * 8 + 8, sizeof *t->follow);
+    uint32_t *first = calloc((size_t)R * 8 + 8, sizeof *first);
+    uint8_t *nullable = calloc((size_t)R + 1, 1);
+    if (!t->elrule || !t->follow || !first || !nullable) { free(first); free(nullable); return -1; }
+    for (int r = 0; r < R; r++)
+        for (int a = 0; a < g->rule_nalt[r]; a++)
+            for (int e = g->alts[g->rule_alt[r] + a]; g->el[e].kind != GE_END; e++) t->elrule[e] = r;
+    int changed = 1, pass = 0;
+    for (; changed && pass < FOLLOW_PASSES; pass++) {
+        changed = 0;
+        for (int r = 0; r < R; r++)
+            for (int a = 0; a < g->rule_nalt[r]; a++) {
+                uint32_t f[8];
+                memcpy(f, first + (size_t)r * 8, sizeof f);
+                int nl = seq_first(g, g->alts[g->rule_alt[r] + a], first, nullable, f);
+                if (memcmp(f, first + (size_t)r * 8, sizeof f)) { memcpy(first + (size_t)r * 8, f, sizeof f); changed = 1; }
+                if (nl && !nullable[r]) nullable[r] = changed = 1;
+            }
+    }
+    for (changed = 1; changed && pass < FOLLOW_PASSES; pass++) {
+        changed = 0;
+        for (int e = 0; e < g->n_el; e++) {
+            if (g->el[e].kind != GE_REF) continue;
+            uint32_t *fo = t->follow + (size_t)g->el[e].arg * 8, f[8];
+            memcpy(f, fo, sizeof f);
+            if (seq_first(g, e + 1, first, nullable, f)) {
+                const uint32_t *up = t->follow + (size_t)t->elrule[e] * 8;
+                for (int w = 0; w < 8; w++) f[w] |= up[w];
+            }
+            if (memcmp(f, fo, sizeof f)) { memcpy(fo, f, sizeof f); changed = 1; }
+        }
+    }
+    if (changed) memset(t->follow, 0xff, (size_t)R * 8 * sizeof *t->follow);
+    free(first);
+    free(nullable);
+    return 0;
+}
+
 /* The pair tables of the positions with many pop nodes. 0, or -1 out of memory. */
 static int add_pairs(ds41_gtables *t, ds41_gmatch **lm, uint32_t *acc, int32_t *dst, long long *visits) {
     const ds41_grammar *g = t->g;
     int R = g->n_rules, rc = -1;
     int32_t *ref0 = calloc((size_t)R + 2, sizeof *ref0), *refs = malloc(((size_t)g->n_el + 1) * sizeof *refs);
-    int32_t *elrule = malloc(((size_t)g->n_el + 1) * sizeof *elrule), *mark = calloc((size_t)R + 1, sizeof *mark);
+    int32_t *mark = calloc((size_t)R + 1, sizeof *mark), *elrule = t->elrule;
     int32_t *work = malloc(((size_t)R + 1) * sizeof *work), out[PAIR_BELOW];
-    if (!ref0 || !refs || !elrule || !mark || !work) goto done;
-    for (int r = 0; r < R; r++)
-        for (int a = 0; a < g->rule_nalt[r]; a++)
-            for (int e = g->alts[g->rule_alt[r] + a]; g->el[e].kind != GE_END; e++) elrule[e] = r;
+    if (!ref0 || !refs || !mark || !work) goto done;
     for (int e = 0; e < g->n_el; e++) if (g->el[e].kind == GE_REF) ref0[g->el[e].arg + 1]++;
     for (int r = 0; r < R; r++) ref0[r + 1] += ref0[r];
     memcpy(work, ref0, (size_t)R * sizeof *work);   /* a cursor per rule */
@@ -217,7 +298,7 @@ static int add_pairs(ds41_gtables *t, ds41_gmatch **lm, uint32_t *acc, int32_t *
     }
     rc = 0;
 done:
-    free(ref0); free(refs); free(elrule); free(mark); free(work);
+    free(ref0); free(refs); free(mark); free(work);
     return rc;
 }
 
@@ -234,9 +315,9 @@ ds41_gtables *ds41_gtables_new(const ds41_grammar *g, const ds41_gvocab *v, char
     int n = 0;
     for (int e = 0; e < g->n_el; e++) n += g->el[e].kind == GE_CHARS;
     t->pos = calloc((size_t)n + 1, sizeof *t->pos);
-    acc = malloc((size_t)t->words * sizeof *acc);
+    acc = malloc(2 * (size_t)t->words * sizeof *acc);
     dst = malloc((size_t)(v->max_depth + 2) * sizeof *dst);
-    if (!t->pos_ix || !t->pos || !acc || !dst) goto oom;
+    if (!t->pos_ix || !t->pos || !acc || !dst || follow_sets(t)) goto oom;
     long long visits = 0;
     for (int e = 0; e < g->n_el; e++) {
         t->pos_ix[e] = -1;
@@ -248,6 +329,9 @@ ds41_gtables *ds41_gtables_new(const ds41_grammar *g, const ds41_gvocab *v, char
         if (rc < 0) goto oom;
     }
     if (add_pairs(t, &lm, acc, dst, &visits)) goto oom;
+    free(t->follow); free(t->elrule);
+    t->follow = NULL;
+    t->elrule = NULL;
     ds41_gmatch_free(lm);
     free(acc); free(dst);
     return t;
@@ -261,7 +345,7 @@ oom:
 
 void ds41_gtables_free(ds41_gtables *t) {
     if (!t) return;
-    free(t->pos_ix); free(t->pos); free(t->bits); free(t->ids); free(t->pops);
+    free(t->pos_ix); free(t->pos); free(t->bits); free(t->ids); free(t->pops); free(t->follow); free(t->elrule);
     free(t);
 }
 
@@ -329,33 +413,23 @@ int ds41_gtables_mask(ds41_gmatch *m, int s, uint32_t *mk) {
         if (!len) continue;
         const gpos *P = pick(t, m->arena + at + 1, len, &nb);
         size_t pi = (size_t)(P - t->pos);
-        if (m->seen[pi] != m->stamp) {   /* stacks with the same table share its accepted set */
+        int first = m->seen[pi] != m->stamp;   /* stacks with the same table share its accepted set */
+        if (first) {
             m->seen[pi] = m->stamp;
-            if (P->acc_bits) {
-                const uint32_t *b = t->bits + P->acc;
-                for (int w = 0; w < t->words; w++) mk[w] |= b[w];
-            } else if (P->acc_n) {
-                const int32_t *ids = t->ids + P->acc;
-                for (size_t j = 0; j < P->acc_n; j++) mk[ids[j] >> 5] |= 1u << (ids[j] & 31);
-            }
+            or_set(t, P->acc_bits, P->acc, P->acc_n, mk);
         }
-        if (!P->pop_n) continue;
+        if (!P->pop_n && !P->end_n) continue;
         memcpy(below, m->arena + at + 1, (size_t)nb * sizeof *below);
         int ctx = ds41_gm_stack_state(m, below, nb);
         if (ctx < 0) {
             if (m->err[0]) return -1;
             continue;   /* nothing below survives its own expansion (the depth limit) */
         }
+        or_set(t, P->end_bits, P->end, P->end_n, mk);
+        /* each pop node's child by a byte that may follow, and its subtree, from the state below */
         const int32_t *pn = t->pops + P->pop;
-        for (size_t e = 0; e < P->pop_n; e++) {
-            int i = pn[e];
-            /* the tokens ending at the pop node, then its subtree from the state below */
-            for (int k = 0, nt = v->ntok[i]; k < nt; k++) {
-                int id = v->toks[v->tok0[i] + k];
-                mk[id >> 5] |= 1u << (id & 31);
-            }
-            if (v->end[i] > i + 1 && ds41_gm_walk(m, ctx, mk, i + 1, v->end[i], v->depth[i])) return -1;
-        }
+        for (size_t e = 0; e < P->pop_n; e++)
+            if (ds41_gm_walk(m, ctx, mk, pn[e], v->end[pn[e]], v->depth[pn[e]] - 1)) return -1;
     }
     return 0;
 }
