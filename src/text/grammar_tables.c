@@ -427,9 +427,10 @@ int ds41_gtables_mask(ds41_gmatch *m, int s, uint32_t *mk) {
         }
         or_set(t, P->end_bits, P->end, P->end_n, mk);
         /* each pop node's child by a byte that may follow, and its subtree, from the state below */
-        const int32_t *pn = t->pops + P->pop;
-        for (size_t e = 0; e < P->pop_n; e++)
-            if (ds41_gm_walk(m, ctx, mk, pn[e], v->end[pn[e]], v->depth[pn[e]] - 1)) return -1;
+        for (size_t e = 0; e < P->pop_n; e++) {
+            int c = t->pops[P->pop + e];
+            if (ds41_gm_walk(m, ctx, mk, c, v->end[c], v->depth[c] - 1)) return -1;
+        }
     }
     return 0;
 }
