@@ -7,6 +7,8 @@
  *   grammar_regex.c  a regular expression / a choice list -> GBNF text
  *   grammar_match.c  the runtime: a token trie of the vocabulary's bytes walked against the
  *                    grammar's state, with interned states and cached masks
+ *   grammar_tables.c per grammar position, the tokens it accepts or refuses alone and the trie
+ *                    nodes where the answer depends on the stack below (masks without the walk)
  *
  * A grammar's state is a set of stacks (llama.cpp's pushdown form): each stack the positions
  * still to match, its top a byte set. States are interned (one id per distinct set), so a
