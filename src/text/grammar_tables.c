@@ -28,8 +28,9 @@
 #include <string.h>
 
 /* Trie nodes visited over all positions before the rest are left to the walk: a hostile
- * grammar (400,000 positions) must not take minutes to build. About 4 s on one core. */
-enum { BUILD_BUDGET = 1 << 30, LOCAL_STATES = 8000 };
+ * grammar (400,000 positions) must not take minutes to build or gigabytes to hold: 2^28 visits
+ * took about 1 s on one core at 129,280 entries (3,000 rules of a negated class each). */
+enum { BUILD_BUDGET = 1 << 28, TABLE_BYTES = 64 << 20, LOCAL_STATES = 8000 };
 /* A position with more pop nodes than PAIR_POPS or a 64th of the trie (a string's characters, which may end after
  * any byte) also gets one table per element that can lie under it (at most PAIR_BELOW of
  * them): the run from [below, p] pops only where that element's alternative ends (after the
@@ -138,6 +139,7 @@ static int build_pos(ds41_gtables *t, ds41_gmatch *lm, const int32_t *st, int n,
         int alive = lm->arena[lm->soff[st]] > lm->acc[st];   /* a non-empty lone stack */
         if (lm->acc[st])   /* a lone stack emptied: what follows depends on the stack below */
             for (int c = i + 1; c < v->end[i]; c = v->end[c]) {
+                ++*visits;
                 if (!gcs_has(F, v->byte[c])) continue;
                 if (grow(&t->pops, &t->cpops, t->npops + 1, sizeof *t->pops)) return -1;
                 t->pops[t->npops++] = c;
@@ -166,7 +168,10 @@ static int build_one(ds41_gtables *t, ds41_gmatch **lm, const int32_t *st, int n
     const uint32_t *F = t->follow + (size_t)t->elrule[st[0]] * 8;
     gpos *P = &t->pos[ix];
     P->lmax = -1;
-    if (*visits > BUILD_BUDGET) { t->n_skipped++; return 0; }
+    if (*visits > BUILD_BUDGET || (t->nbits + t->nids + t->npops) * sizeof(int32_t) > TABLE_BYTES) {
+        t->n_skipped++;
+        return 0;
+    }
     /* a fresh lone matcher after a limit, or when its states pile up */
     if (*lm && ((*lm)->err[0] || (*lm)->ns > LOCAL_STATES)) { ds41_gmatch_free(*lm); *lm = NULL; }
     if (!*lm && !(*lm = lone_new(t->g, t->v))) return -1;
@@ -268,18 +273,20 @@ static int add_pairs(ds41_gtables *t, ds41_gmatch **lm, uint32_t *acc, int32_t *
     int R = g->n_rules, rc = -1;
     int32_t *ref0 = calloc((size_t)R + 2, sizeof *ref0), *refs = malloc(((size_t)g->n_el + 1) * sizeof *refs);
     int32_t *mark = calloc((size_t)R + 1, sizeof *mark), *elrule = t->elrule;
-    int32_t *work = malloc(((size_t)R + 1) * sizeof *work), out[PAIR_BELOW];
+    int32_t *work = malloc(((size_t)R + 1) * sizeof *work), out[PAIR_BELOW], *pos_el = NULL;
     if (!ref0 || !refs || !mark || !work) goto done;
     for (int e = 0; e < g->n_el; e++) if (g->el[e].kind == GE_REF) ref0[g->el[e].arg + 1]++;
     for (int r = 0; r < R; r++) ref0[r + 1] += ref0[r];
     memcpy(work, ref0, (size_t)R * sizeof *work);   /* a cursor per rule */
     for (int e = 0; e < g->n_el; e++) if (g->el[e].kind == GE_REF) refs[work[g->el[e].arg]++] = e;
     int singles = t->n_pos;
+    pos_el = malloc(((size_t)singles + 1) * sizeof *pos_el);   /* each single table's element */
+    if (!pos_el) goto done;
+    for (int e = 0; e < g->n_el; e++) if (t->pos_ix[e] >= 0) pos_el[t->pos_ix[e]] = e;
     for (int ix = 0; ix < singles; ix++) {
         size_t pops = t->pos[ix].pop_n;
         if (t->pos[ix].lmax < 0 || (pops <= PAIR_POPS && pops * 64 <= (size_t)t->v->n_nodes)) continue;
-        int p = -1;
-        for (int e = 0; e < g->n_el && p < 0; e++) if (t->pos_ix[e] == ix) p = e;
+        int p = pos_el[ix];
         int nb = below_set(g, elrule[p], ref0, refs, elrule, mark, ix + 1, work, out);
         if (nb <= 0) continue;
         gpos *np = realloc(t->pos, ((size_t)t->n_pos + (size_t)nb + 1) * sizeof *np);
@@ -298,7 +305,7 @@ static int add_pairs(ds41_gtables *t, ds41_gmatch **lm, uint32_t *acc, int32_t *
     }
     rc = 0;
 done:
-    free(ref0); free(refs); free(mark); free(work);
+    free(ref0); free(refs); free(mark); free(work); free(pos_el);
     return rc;
 }
 
