@@ -335,6 +335,12 @@ int ds41_parse_ablate(const char *s, unsigned *mask);
 enum { DS41_TIMER_ATTN = 0, DS41_TIMER_INDEXER, DS41_TIMER_IKEYS, DS41_TIMER_SPARSE, DS41_TIMER_COMPRESS,
        DS41_TIMER_KVBYTES, DS41_TIMER_N };
 void ds41_engine_set_profile(ds41_engine *e, double *acc);
+/* ds41 bench --configs only: on = 1 runs the sessions opened afterwards as the cost-faithful
+ * twin without CSA2's cross-layer sharing (every compressed layer computes and holds its own
+ * KV, with its source layer's weights: the costs of such a model, not its numbers;
+ * src/engine/twin.c); on = 0 returns to the model. Only while no session of e is open.
+ * 0, or -1 with the message in err. */
+int ds41_engine_set_csa2_twin(ds41_engine *e, int on, char *err, size_t errcap);
 
 /* Bytes of state the session holds (spec 6). */
 typedef struct ds41_state_info {

@@ -10,6 +10,7 @@ int ds41_cli_run(int argc, char **argv);
 int ds41_cli_bench(int argc, char **argv);
 int ds41_cli_bench_long(int argc, char **argv);   /* bench --synthetic-context / --ablate */
 int ds41_cli_bench_engram(int argc, char **argv); /* bench --engram */
+int ds41_cli_bench_configs(int argc, char **argv);/* bench --configs */
 int ds41_cli_bench_prefix(int argc, char **argv);
 int ds41_cli_perplexity(int argc, char **argv);
 int ds41_cli_chat(int argc, char **argv);

@@ -43,7 +43,9 @@ static const char *BENCH_USAGE =
     "  --synthetic-context LIST, --ablate p1,p2,p3: long-context decode and the performance points\n"
     "                      on/off (ds41 bench --synthetic-context 4096 --help)\n"
     "  --engram            Engram placement: decode on a text with the tables in RAM, mmap'd or\n"
-    "                      prefetched (ds41 bench --engram --help; docs/engram-offram.md)\n\n"
+    "                      prefetched (ds41 bench --engram --help; docs/engram-offram.md)\n"
+    "  --configs           one request under the four configurations (CED and CSA2 on/off;\n"
+    "                      ds41 bench --configs --help)\n\n"
     "Examples:\n"
     "  ds41 bench -m models/demo                                  # prefill ced vs full, decode, RSS, state\n"
     "  ds41 bench -m models/demo --batch 1,4,16 --lengths 32      # batched decode\n"
@@ -141,6 +143,8 @@ int ds41_cli_bench(int argc, char **argv) {
         if (!strcmp(argv[i], "--synthetic-context") || !strcmp(argv[i], "--ablate")) return ds41_cli_bench_long(argc, argv);
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--engram")) return ds41_cli_bench_engram(argc, argv);
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--configs")) return ds41_cli_bench_configs(argc, argv);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;

@@ -86,6 +86,7 @@ int ds41_engine_init(ds41_engine *e, ds41_model *m, int own_model, int exact, in
 }
 
 void ds41_engine_free(ds41_engine *e) {
+    ds41_engine_twin_free(e);
     for (int i = 0; i < e->n_ropes; i++) ds41_rope_free(&e->ropes[i]);
     free(e->layer_rope);
     free(e->token_map);

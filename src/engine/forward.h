@@ -50,7 +50,14 @@ typedef struct ds41_engine {
     struct ds41_engram_io *eio;
     void *eg_ram;             /* --engram-mode ram: the tables' copy */
     size_t eg_ram_len;
+    struct ds41_twin *twin;   /* ds41 bench --configs: the CSA2-less twin's plan (twin.c), or NULL */
 } ds41_engine;
+
+/* The CSA2-less twin (twin.c; ds41 bench --configs only): on = 1 swaps e->cfg and e->w for
+ * the twin's plan and weight table (built on first use), on = 0 back. Only while no session
+ * of e is open. */
+int ds41_engine_twin(ds41_engine *e, int on, ds41_err *err);
+void ds41_engine_twin_free(ds41_engine *e);
 
 /* Read-ahead of the weights (longctx.c): ranges of every layer's tensors, and
  * madvise(MADV_WILLNEED) on those of layer l (l = n_layers: the head and the DSpark stages). */

@@ -656,6 +656,9 @@ int ds41_fwd_attention(const fwd_seqs *fs, fwd_buf *b, int l, int k0, int q0, in
             return ds41_errf(err, "forward: layer %d is a KV source but its key rows start at %zu", l, K0);
         double t0 = ctx->prof ? ds41_prof_now() : 0.0;
         if (compressor(fs, b, l, err)) return -1;
+        /* the CSA2-less twin (twin.c): the decoder layers' own compressors read this input too */
+        for (int m = l + 1; m < cfg->n_layers; m++)
+            if (cfg->layers[m].twin_kv_at == l && compressor(fs, b, m, err)) return -1;
         if (ctx->prof) ctx->prof[DS41_PROF_COMPRESS] += ds41_prof_now() - t0;
     }
     /* the query path (no query rows: a prompt part whose plan keeps only keys here), the

@@ -726,6 +726,7 @@ static int derive_plan(pctx *P, ds41_config *c) {
         p->ratio = r;
         p->kv_source = p->topk_source = p->index_k_source = -1;
         p->engram_slot = -1;
+        p->twin_kv_at = -1;
         if (id >= L) {
             /* DSpark stage: SWA only, rope theta of the ratio-0 layers, its own expert counts */
             p->part = DS41_PART_DRAFT;

@@ -32,6 +32,8 @@ typedef struct ds41_layer_plan {
     int is_candidate_source; /* builds the candidate pool */
     int uses_candidates;     /* its indexer filters by the candidate pool */
     int engram_slot;         /* Engram module before this block: slot index, else -1 */
+    int twin_kv_at;          /* -1; in the bench's CSA2-less twin (engine/twin.c) a decoder layer
+                              * whose compressor runs on the attention input of this layer */
     int is_dspark_target;    /* its input stream feeds the DSpark drafter */
     float rope_theta;
     int yarn;                /* YaRN applied */
