@@ -22,20 +22,25 @@
 typedef struct png_src {
     const uint8_t *data;
     size_t len, pos;
-    char msg[512]; /* libpng's error, or ours */
+    char msg[512];  /* libpng's error, or ours */
+    char warn[256]; /* libpng's last warning: its errors often say only "Invalid IHDR data" */
 } png_src;
 
 static void on_error(png_structp png, png_const_charp msg) {
     png_src *s = png_get_error_ptr(png);
-    if (!s->msg[0]) snprintf(s->msg, sizeof s->msg, "%s", msg);
+    if (!s->msg[0]) {
+        if (s->warn[0]) snprintf(s->msg, sizeof s->msg, "%s (%s)", msg, s->warn);
+        else snprintf(s->msg, sizeof s->msg, "%s", msg);
+    }
     png_longjmp(png, 1);
 }
 
 /* Warnings (an unknown ancillary chunk, an sRGB profile libpng dislikes, a bad CRC on an
- * ancillary chunk, which libpng then skips) do not change the pixels: ignored. */
+ * ancillary chunk, which libpng then skips) do not change the pixels: kept only to explain a
+ * following error. */
 static void on_warning(png_structp png, png_const_charp msg) {
-    (void)png;
-    (void)msg;
+    png_src *s = png_get_error_ptr(png);
+    snprintf(s->warn, sizeof s->warn, "%s", msg);
 }
 
 static void on_read(png_structp png, png_bytep out, size_t n) {
@@ -108,9 +113,9 @@ static int decode(png_job *J, png_src *src, const ds41_image_limits *lim, ds41_r
     png_structp png = J->png;
     png_infop info = J->info;
     if (setjmp(png_jmpbuf(png))) return ds41_errf(err, "PNG: %s", src->msg[0] ? src->msg : "corrupt file");
-    /* libpng's own caps: the header is refused before any allocation for the pixels, and no
-     * ancillary chunk (compressed text, ICC profile) may inflate beyond 8 MiB. */
-    png_set_user_limits(png, (png_uint_32)lim->max_side, (png_uint_32)lim->max_side);
+    /* The size limits are checked below, on the header, before libpng allocates its rows (its
+     * own default cap of 1,000,000 a side stays as a backstop). No ancillary chunk (compressed
+     * text, ICC profile) may inflate beyond 8 MiB. */
     png_set_chunk_malloc_max(png, 8u << 20);
     png_set_read_fn(png, src, on_read);
     png_read_info(png, info);
