@@ -30,17 +30,11 @@ from PIL import Image, ImageOps
 
 ROOT = os.environ.get("DS41_ROOT") or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DS41 = os.environ.get("DS41") or os.path.join(ROOT, "build", "ds41")
-failed = 0
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from pycheck import Checks  # noqa: E402
 
-
-def case(name, ok, why=""):
-    global failed
-    if ok:
-        print(f"PASS {name}")
-    else:
-        failed += 1
-        print(f"FAIL {name}: {why}")
-    sys.stdout.flush()
+checks = Checks()
+case = checks.case
 
 
 # ---- a PNG writer for what Pillow cannot save (2/4/16-bit greys, 16-bit colour, Adam7) ----
@@ -284,7 +278,7 @@ def main():
         r = subprocess.run([DS41, "image", "--json", files[0]], capture_output=True, text=True)
         case("defaults_without_model", r.returncode == 0 and json.loads(r.stdout)["tokens"] == tokens(*plan(1, 1, Params())[:2]),
              r.stderr)
-    sys.exit(1 if failed else 0)
+    sys.exit(1 if checks.failed else 0)
 
 
 if __name__ == "__main__":
