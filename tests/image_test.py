@@ -60,7 +60,7 @@ def scanlines(a, depth):
 ADAM7 = [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2)]
 
 
-def png_bytes(a, color_type, depth, palette=None, interlace=False):
+def png_bytes(a, color_type, depth, palette=None, interlace=False, trns=None):
     """a: (h, w, channels) sample values."""
     h, w = a.shape[:2]
     if interlace:
@@ -71,6 +71,8 @@ def png_bytes(a, color_type, depth, palette=None, interlace=False):
     out = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, depth, color_type, 0, 0, int(interlace)))
     if palette is not None:
         out += chunk(b"PLTE", bytes(np.asarray(palette, dtype=np.uint8).reshape(-1)))
+    if trns is not None:
+        out += chunk(b"tRNS", trns)
     return out + chunk(b"IDAT", zlib.compress(data, 6)) + chunk(b"IEND", b"")
 
 
@@ -119,6 +121,8 @@ def corpus(tmp):
     save_raw("grey4.png", png_bytes(grey >> 4, 0, 4))
     save_raw("grey1_raw.png", png_bytes(grey >> 7, 0, 1))
     save_raw("grey16.png", png_bytes(rng.integers(0, 400, (200, 320, 1)), 0, 16))  # Pillow clamps to 255
+    save_raw("grey16_trns.png", png_bytes(rng.integers(0, 300, (40, 30, 1)), 0, 16, trns=struct.pack(">H", 7)))
+    save_raw("rgb8_trns.png", png_bytes(picture(rng, 30, 40), 2, 8, trns=struct.pack(">HHH", 1, 2, 3)))
     save_raw("rgb16.png", png_bytes(rng.integers(0, 65536, (150, 170, 3)), 2, 16))
     save_raw("rgba16.png", png_bytes(rng.integers(0, 65536, (150, 170, 4)), 6, 16))
     save_raw("la16.png", png_bytes(rng.integers(0, 65536, (150, 170, 2)), 4, 16))
