@@ -3,7 +3,7 @@
 
 A corpus of PNG and JPEG files is generated here (sizes and aspect ratios that reach every branch
 of the resize plan, greyscale at 1/2/4/8/16 bits, palettes at 2/4/8 bits, alpha, 16-bit RGB,
-interlaced PNG, baseline / progressive / greyscale / 4:4:4 JPEG, a JPEG with EXIF orientation 6).
+interlaced PNG, baseline / progressive / greyscale / 4:4:4 / CMYK JPEG, a JPEG with EXIF orientation 6).
 For each file and parameter set the oracle opens it with Pillow, converts it to RGB, plans, resizes
 or pads it with Pillow and normalises it in torch exactly as the reference's load_image does
 (image_processor.py of S1: no EXIF transpose, ImageOps.pad onto grey 127, x/255, (x-0.5)/0.5,
@@ -139,6 +139,8 @@ def corpus(tmp):
     save_pil("progressive.jpg", photo, quality=85, progressive=True)
     save_pil("optimized.jpg", photo, quality=60, optimize=True)
     save_pil("grey.jpg", photo.convert("L"), quality=90)
+    save_pil("cmyk.jpg", photo.convert("CMYK"), quality=90)
+    save_pil("cmyk_random_k.jpg", Image.fromarray(rng.integers(0, 256, (90, 70, 4), dtype=np.uint8), "CMYK"), quality=95)
     save_pil("odd_size.jpg", Image.fromarray(picture(rng, 333, 77)), quality=80)
     exif = Image.Exif()
     exif[0x0112] = 6  # orientation: rotate 90 on display; the reference ignores it

@@ -5,8 +5,9 @@
  * the accurate integer IDCT (JDCT_ISLOW), fancy upsampling, libjpeg's YCbCr -> RGB conversion,
  * no scaling. So does this file; the pixels are then the library's, bit for bit. Greyscale JPEGs
  * are Pillow's mode "L", replicated to R = G = B. EXIF orientation is ignored (the reference
- * never calls exif_transpose). CMYK / YCCK JPEGs are refused (Pillow would convert them with
- * its own CMYK formula; ds41 does not reproduce that yet).
+ * never calls exif_transpose). CMYK and YCCK JPEGs are decoded by libjpeg to CMYK; Pillow reads
+ * the samples inverted (its rawmode "CMYK;I", Adobe's convention) and converts CMYK to RGB as
+ * cmyk_to_rgb below does.
  *
  * Any libjpeg warning is an error here: a truncated file (libjpeg would pad it with grey),
  * corrupt entropy data, a bad marker. Progressive files may carry at most MAX_SCANS scans (a
@@ -56,11 +57,25 @@ static void on_progress(j_common_ptr c) {
     }
 }
 
+/* Pillow's CMYK -> RGB on the inverted samples: with nk = 255 - k, each channel is
+ * nk - round(c * nk / 255), the division done as Pillow's MULDIV255 ((t + (t >> 8)) >> 8 with
+ * t = c * nk + 128, exact for these ranges). */
+static void cmyk_to_rgb(const uint8_t *in, uint8_t *out, int w) {
+    for (int x = 0; x < w; x++, in += 4, out += 3) {
+        int k = 255 - in[3], nk = 255 - k;
+        for (int c = 0; c < 3; c++) {
+            int t = (255 - in[c]) * nk + 128;
+            int v = nk - ((t + (t >> 8)) >> 8);
+            out[c] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+        }
+    }
+}
+
 typedef struct jpeg_job {
     struct jpeg_decompress_struct d;
     jpeg_fail fail;
     struct jpeg_progress_mgr progress;
-    uint8_t *row; /* greyscale: one row */
+    uint8_t *row; /* greyscale and CMYK: one row */
 } jpeg_job;
 
 static int decode(jpeg_job *J, const uint8_t *data, size_t len, const ds41_image_limits *lim, ds41_rgb_image *out,
@@ -74,31 +89,31 @@ static int decode(jpeg_job *J, const uint8_t *data, size_t len, const ds41_image
     jpeg_mem_src(d, data, (unsigned long)len);
     jpeg_read_header(d, TRUE);
     if (ds41_image_check_size(d->image_width, d->image_height, lim, "JPEG", err)) return -1;
-    int grey = 0;
+    int comps = 3; /* what libjpeg writes per pixel: 1 grey, 3 RGB, 4 CMYK */
     switch (d->jpeg_color_space) {
-    case JCS_GRAYSCALE: grey = 1; break;
+    case JCS_GRAYSCALE: comps = 1; break;
     case JCS_YCbCr: case JCS_RGB: break;
-    case JCS_CMYK: case JCS_YCCK:
-        return ds41_errf(err, "JPEG: CMYK/YCCK colour (%d components) is not supported; convert the image to RGB",
-                         d->num_components);
+    case JCS_CMYK: case JCS_YCCK: comps = 4; break;
     default:
         return ds41_errf(err, "JPEG: unsupported colour space (code %d, %d components)", (int)d->jpeg_color_space,
                          d->num_components);
     }
-    d->out_color_space = grey ? JCS_GRAYSCALE : JCS_RGB;
+    d->out_color_space = comps == 1 ? JCS_GRAYSCALE : comps == 4 ? JCS_CMYK : JCS_RGB;
     jpeg_start_decompress(d);
     int w = (int)d->output_width, h = (int)d->output_height;
-    if (w != (int)d->image_width || h != (int)d->image_height || d->output_components != (grey ? 1 : 3))
+    if (w != (int)d->image_width || h != (int)d->image_height || d->output_components != comps)
         return ds41_errf(err, "JPEG: internal: output %dx%dx%d for a %ux%u image", w, h, d->output_components,
                          d->image_width, d->image_height);
     if (ds41_rgb_image_alloc(out, w, h, 0, err)) return -1;
-    if (grey && !(J->row = malloc((size_t)w))) return ds41_errf(err, "JPEG: out of memory for a row");
+    if (comps != 3 && !(J->row = malloc((size_t)w * comps))) return ds41_errf(err, "JPEG: out of memory for a row");
     while (d->output_scanline < d->output_height) {
         uint8_t *dst = out->rgb + (size_t)d->output_scanline * w * 3;
-        JSAMPROW r = grey ? J->row : dst;
+        JSAMPROW r = comps == 3 ? dst : J->row;
         if (jpeg_read_scanlines(d, &r, 1) != 1) return ds41_errf(err, "JPEG: the decoder returned no row");
-        if (grey)
-            for (int x = w - 1; x >= 0; x--) dst[3 * x] = dst[3 * x + 1] = dst[3 * x + 2] = J->row[x];
+        if (comps == 1)
+            for (int x = 0; x < w; x++) dst[3 * x] = dst[3 * x + 1] = dst[3 * x + 2] = J->row[x];
+        else if (comps == 4)
+            cmyk_to_rgb(J->row, dst, w);
     }
     jpeg_finish_decompress(d);
     return 0;
