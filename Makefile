@@ -1,11 +1,11 @@
 # ds41 — build, test, run.  See README.md.
 CC      ?= gcc
-PKGS    := jansson libpcre2-8 libutf8proc libmicrohttpd
+PKGS    := jansson libpcre2-8 libutf8proc libmicrohttpd libpng libjpeg
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
-# src/ is layered (README, Architecture): format < model < kernels < layers < dist < text < engine < store < serve < cli;
+# src/ is layered (README, Architecture): format < image < model < kernels < layers < dist < text < engine < store < serve < cli;
 # every folder is on the include path and a file includes only headers of its own or lower layers.
-SRC_DIRS := format model kernels layers dist text engine store pd serve cli
+SRC_DIRS := format image model kernels layers dist text engine store pd serve cli
 INCLUDES := -Iinclude -Isrc $(addprefix -Isrc/,$(SRC_DIRS))
 SRC_HDR  := $(wildcard $(addsuffix /*.h,$(addprefix src/,$(SRC_DIRS))) include/*.h)
 # -ffp-contract=off: exact mode forbids fused multiply-add (exact-mode.md); gcc's
@@ -93,7 +93,7 @@ $(BUILD)/ds41: src/cli/main.c $(BUILD)/libds41.a
 ds41: $(BUILD)/ds41
 	@if [ "$(BUILD)" = build ]; then cp $< $@; fi
 
-$(BUILD)/tests/%: tests/%.c $(BUILD)/libds41.a tests/check.h tests/testutil.h
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libds41.a tests/check.h tests/testutil.h tests/malformed.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests $< $(BUILD)/libds41.a -o $@ $(LDFLAGS) $(LDLIBS)
 
@@ -160,10 +160,11 @@ FUZZ_SECONDS ?= 20
 # UB aborts (no recover) so that the fuzzer sees it as a crash.
 FUZZ_CFLAGS := -O1 -g -std=gnu11 -ffp-contract=off $(ARCH) -pthread $(INCLUDES) $(PKG_CFLAGS) \
   -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
-FUZZ_LIB_SRC := $(addprefix src/,format/common.c format/safetensors.c model/config.c model/contract.c \
+FUZZ_LIB_SRC := $(addprefix src/,format/common.c format/formats.c format/safetensors.c model/config.c model/contract.c \
   text/chat.c text/chat_json.c text/tokenizer.c text/tokenizer_load.c store/crc32c.c store/pstore.c store/kvx_frame.c \
   text/grammar.c text/grammar_json.c text/grammar_match.c text/grammar_regex.c text/grammar_tables.c \
-  serve/serve_req.c serve/serve_text.c serve/serve_anth.c serve/serve_resp.c dist/dist_place.c)
+  serve/serve_req.c serve/serve_text.c serve/serve_anth.c serve/serve_resp.c dist/dist_place.c \
+  image/img_decode.c image/img_png.c image/img_jpeg.c image/img_plan.c image/img_resize.c image/img_prep.c)
 FUZZ_OBJ := $(patsubst src/%.c,build-fuzz/obj/%.o,$(FUZZ_LIB_SRC))
 build-fuzz/obj/%.o: src/%.c $(SRC_HDR)
 	@mkdir -p $(dir $@)

@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 APT_PKGS="gcc make pkg-config bc clang libclang-rt-14-dev libjansson-dev libpcre2-dev libutf8proc-dev libedit-dev libmicrohttpd-dev python3 python3-numpy nodejs npm"
+# Image input (src/image/): libpng and libjpeg-turbo; Pillow is the preprocessing oracle of tests/image_test.py
+APT_PKGS="$APT_PKGS libpng-dev libjpeg62-turbo-dev python3-pil"
 # Deployment: MPICH (mpiexec scale-out), liburing (Engram rows off RAM), UCX (prefill/decode
 # KV transfer), iproute2 (the network-namespace tests); matplotlib for make bench's plots.
 APT_PKGS="$APT_PKGS mpich libmpich-dev liburing-dev libucx-dev iproute2 python3-matplotlib"

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "malformed.h"
 #include "config.h"
 #include "contract.h"
 
@@ -251,41 +252,18 @@ static void test_tiny_plan(void) {
     ds41_config_free(&c);
 }
 
+static int load_config(const char *path, const char *name, ds41_err *err) {
+    ds41_config c;
+    int rc = ds41_config_load(path, &c, err);
+    if (rc == 0) ds41_config_free(&c);
+    else CHECK(c.layers == NULL, "%s: plan left allocated", name);
+    return rc;
+}
+
 static void test_malformed_corpus(void) {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/tests/malformed/config", root());
-    DIR *d = opendir(dir);
-    CHECK(d != NULL, "cannot open %s", dir);
-    if (!d) return;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (e->d_name[0] == '.') continue;
-        char cpath[1400], epath[1400];
-        snprintf(cpath, sizeof cpath, "%s/%s", dir, e->d_name);
-        snprintf(epath, sizeof epath, "%s/%s/expected", dir, e->d_name);
-        char *expected = NULL;
-        size_t len = 0;
-        ds41_err err;
-        if (ds41_read_file(epath, 4096, &expected, &len, &err)) {
-            CHECK(0, "%s: %s", e->d_name, err.msg);
-            continue;
-        }
-        while (len && (expected[len - 1] == '\n' || expected[len - 1] == '\r')) expected[--len] = 0;
-        ds41_config c;
-        memset(&err, 0, sizeof err);
-        int rc = ds41_config_load(cpath, &c, &err);
-        CHECK(rc == -1, "%s: accepted", e->d_name);
-        if (rc == 0) ds41_config_free(&c);
-        else {
-            CHECK(c.layers == NULL, "%s: plan left allocated", e->d_name);
-            CHECK(strstr(err.msg, expected) != NULL, "%s: message '%s' lacks '%s'", e->d_name, err.msg, expected);
-            CHECK(strchr(err.msg, '\n') == NULL, "%s: message is not one line", e->d_name);
-        }
-        free(expected);
-        n++;
-    }
-    closedir(d);
+    int n = malformed_corpus(dir, "/expected", load_config);
     CHECK(n >= 12, "only %d cases", n);
 }
 

@@ -177,6 +177,19 @@ static const fdesc FIELDS[] = {
     /* vision tower size (only decides whether gate.bias_vl is expected); absent: no tower */
     { "/vision_config.num_hidden_layers", "vision_n_layers", K_INT, OFF(vision_n_layers), 0, 0, 0, 1024, R_OPT,
       R_OPT, 0, 0 },
+    /* image preprocessing (S1 image_processor.py; defaults: the reference ModelArgs = the release) */
+    { "/vision_config.patch_size", "vision_patch_size", K_INT, OFF(vision_patch_size), 0, 0, 1, 1024, R_OPT, R_OPT,
+      14, 0 },
+    { "/vision_config.downsample_ratio", "vision_downsample_ratio", K_INT, OFF(vision_downsample_ratio), 0, 0, 1, 64,
+      R_OPT, R_OPT, 3, 0 },
+    { "/vision_config.max_image_tokens", "vision_max_n_token", K_INT, OFF(vision_max_n_token), 0, 0, 3, 1 << 20,
+      R_OPT, R_OPT, 1024, 0 },
+    { "/vision_config.min_pixels", "vision_min_pixels", K_INT, OFF(vision_min_pixels), 0, 0, 0, 1 << 30, R_OPT,
+      R_OPT, 295936, 0 },
+    /* null or absent: no clamp (the release); -1 stands for null */
+    { "/vision_config.max_wh_ratio", "vision_max_wh_ratio", K_INT, OFF(vision_max_wh_ratio), 0, 0, 1, 1 << 16,
+      R_OPT, R_OPT, -1, 1 },
+    { "/image_token_id", "image_token_id", K_INT, OFF(image_token_id), 0, 0, 0, 1 << 24, R_OPT, R_OPT, 129264, 0 },
 };
 #define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
 
