@@ -16,5 +16,6 @@ int ds41_cli_chat(int argc, char **argv);
 int ds41_cli_serve(int argc, char **argv);
 int ds41_cli_bench_serve(int argc, char **argv);
 int ds41_cli_cache(int argc, char **argv);
+int ds41_cli_image(int argc, char **argv);
 
 #endif

@@ -24,6 +24,7 @@ static const command commands[] = {
     { "bench-serve", ds41_cli_bench_serve, "load generator for ds41 serve: TTFT, ITL, output tok/s at several concurrencies" },
     { "chat-template", ds41_cli_chat_template, "render a messages JSON in the V4.1 prompt format, with its token ids" },
     { "cache", ds41_cli_cache, "look inside a --cache-dir prefix store: ls, stats, verify, clear" },
+    { "image", ds41_cli_image, "run the vision tower and aligner on a BF16 pixel tensor (--dump the embeddings)" },
 };
 
 static void usage(FILE *f) {

@@ -177,6 +177,18 @@ static const fdesc FIELDS[] = {
     /* vision tower size (only decides whether gate.bias_vl is expected); absent: no tower */
     { "/vision_config.num_hidden_layers", "vision_n_layers", K_INT, OFF(vision_n_layers), 0, 0, 0, 1024, R_OPT,
       R_OPT, 0, 0 },
+    /* the tower's shape; absent: the official ModelArgs defaults (the released tower) */
+    { "/vision_config.hidden_size", "vision_dim", K_INT, OFF(vision_dim), 0, 0, 4, 65536, R_OPT, R_OPT, 1024, 0 },
+    { "/vision_config.num_attention_heads", "vision_n_heads", K_INT, OFF(vision_n_heads), 0, 0, 1, 1024, R_OPT,
+      R_OPT, 16, 0 },
+    { "/vision_config.intermediate_size", "vision_inter_dim", K_INT, OFF(vision_inter_dim), 0, 0, 1, 262144, R_OPT,
+      R_OPT, 2816, 0 },
+    { "/vision_config.patch_size", "vision_patch_size", K_INT, OFF(vision_patch), 0, 0, 1, 64, R_OPT, R_OPT, 14, 0 },
+    { "/vision_config.downsample_ratio", "vision_downsample_ratio", K_INT, OFF(vision_downsample), 0, 0, 1, 8,
+      R_OPT, R_OPT, 3, 0 },
+    { "/vision_config.rope_theta", "vision_rope_theta", K_F32, OFF(vision_rope_theta), 0, 0, 1.0, 1e12, R_OPT, R_OPT,
+      10000, 0 },
+    { "/image_token_id", "image_token_id", K_INT, OFF(image_token_id), 0, 0, 0, 1e9, R_OPT, R_OPT, 129264, 0 },
 };
 #define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
 

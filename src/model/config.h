@@ -86,8 +86,11 @@ typedef struct ds41_config {
     int quant_fp8;                         /* quant_method fp8 */
     int weight_block[2];                   /* 32, 32 */
     int expert_fp4;                        /* expert_dtype fp4 */
-    /* vision tower (not run; only decides whether gate.bias_vl is expected) */
+    /* vision tower (docs/vision.md); also decides whether gate.bias_vl is expected */
     int vision_n_layers;                   /* 0: no vision tower */
+    int vision_dim, vision_n_heads, vision_inter_dim, vision_patch, vision_downsample;
+    float vision_rope_theta;
+    int image_token_id;
     /* derived */
     int first_decoder_layer;               /* the last KV source */
     ds41_layer_plan *layers;               /* n_layers + n_mtp entries */
