@@ -12,7 +12,8 @@
 #   - the language-model side through the library (tests/tools/vision_feed.c: ds41_image_span,
 #     ds41_feed_embeds): text, the image span, text, then greedy decode steps; the logits rows
 #     bit for bit (image embeddings placed, bias_vl routing, Engram gate 0 and no n-gram across
-#     the image); text-only ds41_feed_embeds equals ds41_feed bit for bit;
+#     the image), also with the prompt in chunks of 8 across the span; text-only
+#     ds41_feed_embeds equals ds41_feed bit for bit;
 #   - errors: pixels of the wrong size, sides not multiples of 14, a checkpoint without a tower,
 #     a vision tensor misshaped or missing (each named).
 # About 5 s.
@@ -85,6 +86,15 @@ if "$BUILD/tests/tools/vision_feed" "$VCK" "$TMP/px.bin" 126 140 5 4 3 "$TMP/c_l
     fi
 else
     fail vision_feed "$(cat "$TMP/feed.out") $(head -c 300 "$TMP/err")"
+fi
+# chunks of 8: the span (17 positions from 5) straddles three chunk bounds; the Engram history
+# carries its dead positions from one forward to the next
+if "$BUILD/tests/tools/vision_feed" "$VCK" "$TMP/px.bin" 126 140 5 4 3 "$TMP/c_ch.f32" 8 >/dev/null 2>"$TMP/err" &&
+    "$PY" tests/vision_ref.py logits "$VCK" "$TMP/px.bin" 126 140 5 4 3 "$TMP/r_ch.f32" 8 &&
+    r=$("$PY" tests/vision_ref.py cmp "$TMP/r_ch.f32" "$TMP/c_ch.f32"); then
+    pass logits_after_image_chunked_exact
+else
+    fail logits_after_image_chunked_exact "${r:-$(head -c 300 "$TMP/err")}"
 fi
 
 # ---- errors ----

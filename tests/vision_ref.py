@@ -3,9 +3,10 @@
 
   vision_ref.py pixels H W SEED OUT        random BF16 pixels [3, H, W] in [-1, 1] (raw LE BF16)
   vision_ref.py span CK PIXELS H W OUT     the image span (F32 [rows, dim]) of tools/reference/vision.py
-  vision_ref.py logits CK PIXELS H W PRE POST N OUT
+  vision_ref.py logits CK PIXELS H W PRE POST N OUT [CHUNK]
                                            the logits rows vision_feed writes (same prompt: PRE text
-                                           ids, the span, POST text ids; N - 1 greedy decode steps)
+                                           ids, the span, POST text ids, in chunks of CHUNK if given;
+                                           N - 1 greedy decode steps)
   vision_ref.py cmp REF GOT [REL]          REL absent: bit for bit; else the fast-mode tolerance:
                                            max |diff| <= REL * max |REF| and RMS(diff) <= REL / 4 * RMS(REF)
 """
@@ -45,7 +46,10 @@ def main(a):
         emb = np.zeros((len(ids), span.shape[1]), dtype=np.float32)
         emb[pre:pre + rows] = span
         seq = Sequence(m)
-        lg, _ = forward(m, seq, ids, image=(mask, emb))
+        chunk = int(a[9]) if len(a) > 9 else len(ids)
+        for c0 in range(0, len(ids), chunk):
+            c1 = min(len(ids), c0 + chunk)
+            lg, _ = forward(m, seq, ids[c0:c1], image=(mask[c0:c1], emb[c0:c1]))
         out = [lg]
         for _ in range(1, N):
             lg, _ = forward(m, seq, [argmax_first(out[-1])])

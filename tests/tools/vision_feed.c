@@ -1,9 +1,10 @@
 /* vision_feed: drives the library's image path for tests/vision.test.sh, in exact mode.
- *   vision_feed DIR PIXELS H W PRE POST N OUT
+ *   vision_feed DIR PIXELS H W PRE POST N OUT [CHUNK]
  * PIXELS: raw BF16 [3, H, W]. The prompt is PRE text ids (1 + 7 i mod 400), the image span
  * of ds41_image_span (every position the config's image_token_id), POST text ids (3 + 11 i mod
  * 400); then N - 1 greedy decode steps. OUT gets the N logits rows (F32 [N, vocab]: the prompt's
- * last, then one per decode step). Also checks that ds41_feed_embeds with no image rows gives
+ * last, then one per decode step); CHUNK > 0: the prompt fed in chunks of CHUNK positions (the
+ * session's chunk setting; image rows on both sides of a bound). Also checks that ds41_feed_embeds with no image rows gives
  * ds41_feed's logits bit for bit (prints PASS / FAIL lines). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,8 +24,8 @@ static int argmax(const float *v, int n) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 9) {
-        fprintf(stderr, "usage: vision_feed DIR PIXELS H W PRE POST N OUT\n");
+    if (argc != 9 && argc != 10) {
+        fprintf(stderr, "usage: vision_feed DIR PIXELS H W PRE POST N OUT [CHUNK]\n");
         return 2;
     }
     int H = atoi(argv[3]), W = atoi(argv[4]), pre = atoi(argv[5]), post = atoi(argv[6]), N = atoi(argv[7]);
@@ -59,7 +60,9 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < post; i++) ids[pre + rows + i] = 3 + 11 * i % 400;
     ds41_session_params sp = { 0 };
-    ds41_session *s = ds41_session_open(e, &sp, err, sizeof err);
+    ds41_session_params sc = sp;
+    if (argc == 10) sc.chunk = atoi(argv[9]);
+    ds41_session *s = ds41_session_open(e, &sc, err, sizeof err);
     if (!s) return fail("session", err);
     if (ds41_feed_embeds(s, ids, (size_t)n, emb, img)) return fail("feed_embeds", ds41_session_error(s));
     memcpy(out, ds41_logits(s), (size_t)V * sizeof(float));
