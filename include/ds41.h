@@ -136,6 +136,23 @@ int ds41_feed_logits(ds41_session *s, const int32_t *ids, size_t n, float *out);
  * rows and one prefill chunk in one forward, further chunks one at a time); returns the number
  * that failed. */
 int ds41_feed_batch(ds41_session **ss, const int32_t *const *ids, const size_t *n, int count);
+/* ds41_feed where the positions with is_image[i] != 0 take the embedding emb[i * dim ..]
+ * (dim = ds41_model_dim; BF16 values, such as ds41_image_span's rows) instead of ids[i]'s:
+ * image positions (docs/vision.md) route with gate.bias_vl and are dead tokens for Engram
+ * (gate 0; no n-gram reaches across them). Rows of emb at text positions are not read.
+ * is_image NULL or all zero: exactly ds41_feed. Not with the ced-replay prefill. Every image
+ * position carries the same id, so a prefix cache keyed by ids (ds41_prefix_insert / restore)
+ * must not hold the blocks of such a prompt (it would match another image, and a restore
+ * rebuilds the Engram history from the ids). */
+int ds41_feed_embeds(ds41_session *s, const int32_t *ids, size_t n, const float *emb, const uint8_t *is_image);
+int ds41_model_dim(const ds41_engine *e);
+/* The image span of pixels [3, H, W] (BF16 values, H and W multiples of the patch size) through
+ * the checkpoint's vision tower and aligner: *rows positions (start, each token-grid row closed
+ * by the newline vector, end), *out [rows, dim] malloc'd (the caller frees it). Every position
+ * of the span carries the config's image_token_id (ds41_image_token_id). 0, or -1 with err. */
+int ds41_image_span(ds41_engine *e, const float *pixels, int H, int W, float **out, int *rows, char *err,
+                    size_t errcap);
+int ds41_image_token_id(const ds41_engine *e);
 /* Logits of the last fed token: ds41_vocab_size floats. */
 const float *ds41_logits(const ds41_session *s);
 

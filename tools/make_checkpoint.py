@@ -2,6 +2,7 @@
 """Write a random DeepSeek V4.1 checkpoint directory for any config (spec section 8).
 
 usage: make_checkpoint.py CONFIG_DIR_OR_JSON OUT_DIR [--seed N] [--shards K] [--token-map stub]
+                          [--vision]
 
 Writes OUT_DIR/config.json (a byte copy of the input config) and either
 OUT_DIR/model.safetensors or, with --shards K > 1, OUT_DIR/model-0000i-of-0000K.safetensors
@@ -10,6 +11,9 @@ section 8, derived here from the config fields alone (both the Hugging Face spel
 text_config / quantization_config and the reference's flat inference/config.json spelling).
 --token-map stub also writes OUT_DIR/engram_token_map.i32 (int32 LE, one per vocabulary id)
 with the stub map of spec section 9: ids 2k and 2k+1 -> k.
+--vision also writes the vision tower and aligner the config describes (vision_config, or the
+flat vision_* fields; docs/vision.md), all BF16: linears N(0, 1 / in), biases 0.02 N(0, 1),
+norm weights 1 + 0.1 N(0, 1), image_start / end / newline of the embedding's RMS.
 
 Streaming: every shape is known up front, so each shard's header is written first and then
 each tensor's bytes are generated and written in chunks of at most CHUNK elements; the
@@ -77,6 +81,11 @@ HF_TO_FLAT = {
 }
 
 
+VISION_HF = {"num_hidden_layers": "vision_n_layers", "hidden_size": "vision_dim",
+             "num_attention_heads": "vision_n_heads", "intermediate_size": "vision_inter_dim",
+             "patch_size": "vision_patch_size", "downsample_ratio": "vision_downsample_ratio"}
+
+
 class ConfigError(Exception):
     pass
 
@@ -101,6 +110,9 @@ def load_config(path):
         flat["weight_block_size"] = q.get("weight_block_size", [32, 32])
         flat["expert_dtype"] = q.get("expert_dtype", "fp4")
         flat["_vision"] = "vision_config" in j
+        for k, v in (j.get("vision_config") or {}).items():
+            if k in VISION_HF:
+                flat[VISION_HF[k]] = v
     else:
         flat = dict(j)
         flat.setdefault("weight_block_size", [32, 32])
@@ -172,8 +184,39 @@ def cdiv(a, b):
     return -(-a // b)
 
 
-def tensor_list(c):
-    """Every tensor of spec section 8 for config c (flat spelling), in spec order."""
+def vision_tensors(c, out):
+    """The vision tower and aligner (docs/vision.md), names as the official vision.py's modules."""
+    if not c.get("_vision") or not c.get("vision_n_layers"):
+        raise ConfigError("config: --vision needs a vision tower in the config (vision_config / vision_n_layers)")
+    D, H, I = need(c, "vision_dim"), need(c, "vision_n_heads"), need(c, "vision_inter_dim")
+    p, r, L, dim = need(c, "vision_patch_size"), need(c, "vision_downsample_ratio"), c["vision_n_layers"], c["dim"]
+    if D % H or (D // H) % 4:
+        raise ConfigError(f"config: vision head dim {D}/{H} is not a multiple of 4 (2D rotary halves)")
+
+    def lin(name, o, i, bias=True):
+        out.append(T(name + ".weight", "BF16", [o, i], "bf16", sigma=1.0 / math.sqrt(i)))
+        if bias:
+            out.append(T(name + ".bias", "BF16", [o], "bf16", sigma=0.02))
+
+    lin("vision.patch_embed.proj", D, 3 * p * p)
+    for b in range(L):
+        pre = f"vision.blocks.{b}."
+        out.append(T(pre + "norm1.weight", "BF16", [D], "norm", mean=1.0))
+        lin(pre + "attn.wqkv", 3 * D, D)
+        lin(pre + "attn.wo", D, D)
+        out.append(T(pre + "norm2.weight", "BF16", [D], "norm", mean=1.0))
+        lin(pre + "mlp.w1", 2 * I, D, bias=False)
+        lin(pre + "mlp.w2", D, I, bias=False)
+    out.append(T("vision.norm.weight", "BF16", [D], "norm", mean=1.0))
+    lin("aligner.w1", dim, D * r * r)
+    lin("aligner.w2", dim, dim)
+    for n in ("image_start", "image_end", "image_newline"):
+        out.append(T(n, "BF16", [dim], "bf16", sigma=EMBED_RMS))
+
+
+def tensor_list(c, vision=False):
+    """Every tensor of spec section 8 for config c (flat spelling), in spec order; with vision,
+    the vision tower's after them."""
     for key in ("vocab_size", "dim", "n_layers", "n_heads", "head_dim", "q_lora_rank", "o_groups",
                 "o_lora_rank", "compress_ratios", "n_routed_experts", "moe_inter_dim"):
         need(c, key)
@@ -291,6 +334,8 @@ def tensor_list(c):
             bf16(pre + "markov_head.embed.weight", [vocab, rank], 1.0)
             bf16(pre + "markov_head.head.weight", [vocab, rank], 1.0 / math.sqrt(rank))
             bf16(pre + "confidence_head.proj.weight", [1, dim + rank], 1.0 / math.sqrt(dim + rank))
+    if vision:
+        vision_tensors(c, out)
     names = [t.name for t in out]
     if len(set(names)) != len(names):
         raise ConfigError("config: duplicate tensor names (overlapping layer lists?)")
@@ -437,9 +482,9 @@ def write_shard(path, tensors, seed):
     return 8 + len(h) + data_len
 
 
-def write_checkpoint(config_path, out_dir, seed=0, shards=1, token_map=None, log=None):
+def write_checkpoint(config_path, out_dir, seed=0, shards=1, token_map=None, log=None, vision=False):
     raw, c = load_config(config_path)
-    tensors = tensor_list(c)
+    tensors = tensor_list(c, vision)
     os.makedirs(out_dir, exist_ok=True)
     # remove what an earlier run with another shard count would leave behind
     for n in os.listdir(out_dir):
@@ -483,13 +528,15 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--token-map", choices=["stub"], default=None)
+    ap.add_argument("--vision", action="store_true", help="also write the vision tower and aligner")
     ap.add_argument("-q", "--quiet", action="store_true")
     a = ap.parse_args(argv)
     if a.seed < 0 or a.seed >= 1 << 64:
         ap.error("--seed must be in [0, 2^64)")
     t0 = time.time()
     try:
-        tensors, total = write_checkpoint(a.config, a.out_dir, a.seed, a.shards, a.token_map)
+        tensors, total = write_checkpoint(a.config, a.out_dir, a.seed, a.shards, a.token_map,
+                                         vision=a.vision)
     except (ConfigError, OSError) as e:
         print(f"make_checkpoint: {e}", file=sys.stderr)
         return 1

@@ -34,6 +34,9 @@ static void usage(FILE *f) {
           "  --max-side N          refuse images wider or taller than N (default 16384)\n"
           "  -h, --help            this text\n"
           "\n"
+          "With --pixels RAW --width W --height H (and -m DIR holding a vision tower) it runs the\n"
+          "tower and aligner on a preprocessed tensor instead: ds41 image --pixels --help.\n"
+          "\n"
           "examples:\n"
           "  ds41 image -m tests/configs/tiny photo.jpg\n"
           "  ds41 image --json --dump-pixels x.bf16 photo.png\n",
@@ -110,6 +113,8 @@ static void print_plan(const char *file, const ds41_image_plan *p, const ds41_vi
 }
 
 int ds41_cli_image(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--pixels")) return ds41_cli_image_tower(argc, argv);
     const char *model = NULL, *file = NULL, *dump = NULL;
     int json = 0;
     long long bench = 0, v;

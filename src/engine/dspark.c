@@ -222,7 +222,7 @@ int ds41_dspark_begin(const ds41_engine *e, ds41_cache *c, ds41_dspark_work *b, 
     int pos[DS41_DSPARK_MAX_BLOCK];
     for (int i = 0; i < B; i++) {
         pos[i] = (int)(P + 1 + i);
-        ds41_stream_embed(cfg, w, &b->s, (size_t)i, i == 0 ? t_next : cfg->dspark_noise_token_id);
+        ds41_stream_embed(cfg, w, &b->s, (size_t)i, i == 0 ? t_next : cfg->dspark_noise_token_id, NULL);
     }
     /* the index list, the same for every query: ring slots 0 .. min(W, P+1)-1 in slot order
      * (not chronological), then the block keys at KV rows W .. W+B-1 */

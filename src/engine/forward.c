@@ -139,12 +139,14 @@ void ds41_stream_free(ds41_stream *b) {
     memset(b, 0, sizeof *b);
 }
 
-void ds41_stream_embed(const ds41_config *cfg, const ds41_weights *w, ds41_stream *b, size_t t, int32_t tok) {
+void ds41_stream_embed(const ds41_config *cfg, const ds41_weights *w, ds41_stream *b, size_t t, int32_t tok,
+                       const float *emb) {
     int hc = cfg->hc_mult, dim = cfg->dim;
     const uint16_t *er = w->embed + (size_t)tok * dim;
     for (int c = 0; c < hc; c++) {
         float *xr = b->X + (t * hc + c) * dim;
-        for (int d = 0; d < dim; d++) xr[d] = ds41_bf16_to_f32(er[d]);
+        if (emb) memcpy(xr, emb, (size_t)dim * sizeof(float));
+        else for (int d = 0; d < dim; d++) xr[d] = ds41_bf16_to_f32(er[d]);
     }
     for (int c = 0; c < hc; c++) b->pre[t * hc + c] = c == 0 ? 1.0f : 0.0f;
 }
@@ -173,7 +175,7 @@ void ds41_block_ffn(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_laye
     /* the delayed hand-off: the FFN input is collapsed with the attention sublayer's pre */
     ds41_hc_apply_pre(ctx, b->X2 + r0 * sr, b->a_pre + r0 * hc, n, (int)hc, (int)dim, b->xin + r0 * dim);
     ds41_rmsnorm(ctx, b->xin + r0 * dim, lw->ffn_norm, n, (int)dim, cfg->norm_eps, b->xa + r0 * dim);
-    ds41_moe(ctx, cfg, lw, lp, b->xa + r0 * dim, n, NULL, b->y + r0 * dim, msel);
+    ds41_moe(ctx, cfg, lw, lp, b->xa + r0 * dim, n, b->img ? b->img + r0 : NULL, b->y + r0 * dim, msel);
     ds41_hc_apply_post(ctx, b->y + r0 * dim, b->X2 + r0 * sr, b->f_post + r0 * hc, b->f_C + r0 * hc * hc, n, (int)hc,
                        (int)dim, b->X + r0 * sr);
     memcpy(b->pre + r0 * hc, b->f_pre + r0 * hc, (size_t)n * hc * sizeof(float));
@@ -230,9 +232,10 @@ void ds41_row_plan(const ds41_config *cfg, ds41_prefill_mode mode, int T, int ne
 
 /* Engram hash ids (spec 3.2; integer only, from the token history) of the T rows of one
  * sequence at positions P.. into ids[(slot * N + r0 + t) * cols] (N stacked rows), and its new
- * history (compressed ids of the last 16 positions, most recent first) into hist_new. */
-static int engram_ids(const ds41_engine *e, const ds41_cache *cache, const int32_t *tokens, int T, long long P,
-                      int64_t *ids, size_t r0, size_t N, int32_t *hist_new) {
+ * history (compressed ids of the last 16 positions, most recent first) into hist_new. Image
+ * rows (img[t], img may be NULL) are DS41_ENGRAM_DEAD in the history: no n-gram spans them. */
+static int engram_ids(const ds41_engine *e, const ds41_cache *cache, const int32_t *tokens, const uint8_t *img, int T,
+                      long long P, int64_t *ids, size_t r0, size_t N, int32_t *hist_new) {
     const ds41_config *cfg = e->cfg;
     int nh = cfg->engram_max_ngram, cols = ds41_fwd_eg_cols(cfg);
     int32_t pad = e->token_map[cfg->engram_pad_id];
@@ -244,7 +247,7 @@ static int engram_ids(const ds41_engine *e, const ds41_cache *cache, const int32
         for (int k = 0; k < nh && k < 16; k++) {
             long long qp = p - k;
             if (qp < 0) h[k] = pad;
-            else if (qp >= P) h[k] = e->token_map[tokens[qp - P]];
+            else if (qp >= P) h[k] = img && img[qp - P] ? DS41_ENGRAM_DEAD : e->token_map[tokens[qp - P]];
             else h[k] = cache->hist[P - 1 - qp];
         }
         ds41_engram_hash(&e->eg, h, p, pad, one);
@@ -254,7 +257,10 @@ static int engram_ids(const ds41_engine *e, const ds41_cache *cache, const int32
     free(one);
     for (int k = 0; k < 16; k++) {
         long long qp = P + T - 1 - k;
-        hist_new[k] = qp < 0 ? 0 : qp >= P ? e->token_map[tokens[qp - P]] : cache->hist[P - 1 - qp];
+        hist_new[k] = qp < 0                        ? 0
+                      : qp < P                      ? cache->hist[P - 1 - qp]
+                      : img && img[qp - P] ? DS41_ENGRAM_DEAD
+                                                    : e->token_map[tokens[qp - P]];
     }
     return 0;
 }
@@ -403,14 +409,25 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
     float *wt = malloc((N * cfg->index_n_heads + 1) * sizeof(float));
     /* the head's rows: one sequence writes them where they go, a batch stacks them first */
     float *lg = count > 1 ? malloc(((N - h0) + 1) * V * sizeof(float)) : NULL;
+    /* image rows of the stacked sequences (NULL when every row is text) */
+    uint8_t *img = NULL;
+    for (int i = 0, r = 0; i < count; r += T[i], i++)
+        if (ss[i]->ov_img) {
+            if (!img && !(img = calloc(N, 1))) break;
+            memcpy(img + r, ss[i]->ov_img, (size_t)T[i]);
+        }
     int fail = !v || !r0 || !layout || !hist || (n_tg > 0 && !mh) || (count > 1 && (!cproj || !lg)) || !iq || !wt;
+    for (int i = 0; i < count; i++) fail |= ss[i]->ov_img && !img;
     if (!fail) {
         if (count == 1) bp = ds41_fwd_acquire(ss[0], N, Emax, &tmp, &tmp_sp);
         else if (ds41_fwd_buf_alloc(&own, e, N, Tmax, Emax) == 0) bp = &own;
         fail = !bp;
     }
     fwd_buf b;
-    if (bp) b = *bp;
+    if (bp) {
+        b = *bp;
+        b.s.img = img;
+    }
     for (int i = 0, r = 0; i < count && !fail; r += T[i], i++) {
         ds41_seq *s = ss[i];
         long long P = s->cache.pos;
@@ -437,9 +454,11 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
         s->ik_owner0 = s->cache.ik_owner;   /* [verify] the published owner before this forward */
         for (int t = 0; t < T[i]; t++) {
             b.pos[r0[i] + t] = (int32_t)(s->cache.pos + t);
-            ds41_stream_embed(cfg, w, &b.s, r0[i] + t, tokens[i][t]);
+            int im = s->ov_img && s->ov_img[t];
+            ds41_stream_embed(cfg, w, &b.s, r0[i] + t, tokens[i][t], im ? s->ov_emb + (size_t)t * dim : NULL);
         }
-        if (e->has_engram && engram_ids(e, &s->cache, tokens[i], T[i], s->cache.pos, b.eg_ids, r0[i], N, hist[i])) {
+        if (e->has_engram &&
+            engram_ids(e, &s->cache, tokens[i], s->ov_img, T[i], s->cache.pos, b.eg_ids, r0[i], N, hist[i])) {
             rc = ds41_errf(err, "out of memory");
             goto done;
         }
@@ -470,7 +489,8 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
         /* Engram before the block, on the rows of the stream that exist */
         if (lp->engram_slot >= 0 && e->has_engram &&
             ds41_engram_apply_step(ctx, cfg, lw, ss[0]->eg_step, lp->engram_slot,
-                                   b.eg_ids + ((size_t)lp->engram_slot * N + k0) * cols, (int)(N - k0), NULL,
+                                   b.eg_ids + ((size_t)lp->engram_slot * N + k0) * cols, (int)(N - k0),
+                                   img ? img + k0 : NULL,
                                    b.s.X + k0 * srow, err)) {
             rc = -1;
             goto done;
@@ -541,7 +561,8 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
 done:
     if (bp == &own) ds41_fwd_buf_free(&own);
     else if (bp) ds41_fwd_release(bp, &tmp);
-    free(v); free(r0); free(layout); free(hist); free(mh); free(cproj); free(iq); free(wt); free(lg);
+    free(v); free(r0); free(layout); free(hist); free(mh); free(cproj); free(iq); free(wt); free(lg); free(img);
+    for (int i = 0; i < count; i++) ss[i]->ov_emb = NULL, ss[i]->ov_img = NULL;   /* one forward's */
     return rc;
 }
 

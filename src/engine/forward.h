@@ -109,6 +109,13 @@ typedef struct ds41_seq {
      * short forwards, grown when a forward needs more, so decode steps allocate little */
     struct ds41_fwd_scratch *scratch;
     struct ds41_engram_step *eg_step;   /* P4 prefetch: this sequence's Engram rows in flight */
+    /* image rows of the next forward (docs/vision.md), indexed from its first row, set by the
+     * caller for that one forward (ds41_feed_embeds) and cleared by it; NULL: every row text.
+     * ov_img[t] != 0: row t takes the embedding ov_emb[t * dim ..] (BF16 values) instead of
+     * its token's, routes with gate.bias_vl and is a dead token for Engram (gate 0, and no
+     * n-gram reaches across it) */
+    const float *ov_emb;
+    const uint8_t *ov_img;
 } ds41_seq;
 
 /* Takes over m when own_model. token_map may be NULL when the config has no Engram layer. */
@@ -160,11 +167,14 @@ int ds41_ik_owner_after(const ds41_config *cfg, int owner, long long P, long lon
  * the collapsed input, its norm and the sublayer output. */
 typedef struct ds41_stream {
     float *X, *X2, *pre, *a_pre, *a_post, *a_C, *f_pre, *f_post, *f_C, *xin, *xa, *y;
+    const uint8_t *img;   /* per row: 1 = an image position (bias_vl routing, Engram gate 0); NULL: text */
 } ds41_stream;
 int ds41_stream_alloc(ds41_stream *b, const ds41_config *cfg, size_t n);   /* zeroed; -1 when out of memory */
 void ds41_stream_free(ds41_stream *b);
-/* Row t := token tok: hc copies of its embedding row, pre = one-hot copy 0. */
-void ds41_stream_embed(const ds41_config *cfg, const ds41_weights *w, ds41_stream *b, size_t t, int32_t tok);
+/* Row t := token tok: hc copies of its embedding row, pre = one-hot copy 0; emb != NULL: the
+ * given embedding (dim BF16 values, an image position) instead of the token's. */
+void ds41_stream_embed(const ds41_config *cfg, const ds41_weights *w, ds41_stream *b, size_t t, int32_t tok,
+                       const float *emb);
 /* Before the attention sublayer: its mixes of rows [m0, m0+nm) (the rows it outputs) and
  * xa = rmsnorm(collapse with pre) of rows [x0, x0+nx) (the rows it reads). */
 void ds41_block_attn_in(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw, ds41_stream *b,

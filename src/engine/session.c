@@ -343,8 +343,10 @@ int ds41_session_synthetic_context(ds41_session *s, long long n, unsigned long l
 }
 
 /* ds41_feed, and ds41_feed_logits when rows != NULL (rows [n, vocab]); ahead > 0
- * (ds41_feed_part): the prompt goes on for ahead more tokens after these. */
-static int feed_impl(ds41_session *s, const int32_t *ids, size_t n, float *rows, size_t ahead) {
+ * (ds41_feed_part): the prompt goes on for ahead more tokens after these; img != NULL
+ * (ds41_feed_embeds): the rows with img[i] are image positions embedded as emb[i * dim ..]. */
+static int feed_rows(ds41_session *s, const int32_t *ids, size_t n, float *rows, size_t ahead, const float *emb,
+                     const uint8_t *img) {
     if (s->broken) { snprintf(s->err, sizeof s->err, "session is unusable after an earlier error; reset it"); return -1; }
     if (n == 0) { snprintf(s->err, sizeof s->err, "feed: no tokens"); return -1; }
     s->spec.pending = -1;   /* speculative: a fed token replaces the pending one */
@@ -393,9 +395,13 @@ static int feed_impl(ds41_session *s, const int32_t *ids, size_t n, float *rows,
         if (!last && s->seq.prefill == DS41_PREFILL_REPLAY) s->seq.prefill = DS41_PREFILL_CED;
         /* a chunk's CED row plan reaches from the prompt's end (the rest follows in this call) */
         s->seq.plan_ahead = rows ? 0 : (long long)(n - off - m + ahead);
+        s->seq.ov_img = img ? img + off : NULL;
+        s->seq.ov_emb = img ? emb + off * (size_t)s->e->cfg->dim : NULL;
         int frc = rows ? ds41_forward_rows(&s->seq, ids + off, (int)m, rows + off * (size_t)V, &err)
                        : ds41_forward(&s->seq, ids + off, (int)m, last, &err);
         s->seq.plan_ahead = 0;
+        s->seq.ov_img = NULL;
+        s->seq.ov_emb = NULL;
         if (frc || seed_rows(s, &err)) {
             snprintf(s->err, sizeof s->err, "%s", err.msg);
             s->broken = 1;
@@ -405,7 +411,27 @@ static int feed_impl(ds41_session *s, const int32_t *ids, size_t n, float *rows,
     return 0;
 }
 
+static int feed_impl(ds41_session *s, const int32_t *ids, size_t n, float *rows, size_t ahead) {
+    return feed_rows(s, ids, n, rows, ahead, NULL, NULL);
+}
+
 int ds41_feed(ds41_session *s, const int32_t *ids, size_t n) { return feed_impl(s, ids, n, NULL, 0); }
+
+int ds41_feed_embeds(ds41_session *s, const int32_t *ids, size_t n, const float *emb, const uint8_t *is_image) {
+    int any = 0;
+    for (size_t i = 0; is_image && i < n; i++) any |= is_image[i] != 0;
+    if (!any) return feed_impl(s, ids, n, NULL, 0);
+    if (!emb) { snprintf(s->err, sizeof s->err, "feed: image positions without embeddings"); return -1; }
+    if (!s->e->w->layers[0].gate_bias_vl) {
+        snprintf(s->err, sizeof s->err, "feed: image positions need gate.bias_vl (the config has no vision tower)");
+        return -1;
+    }
+    if (s->p.prefill == DS41_PREFILL_MODE_REPLAY) {
+        snprintf(s->err, sizeof s->err, "feed: image positions with the ced-replay prefill (use ced or full)");
+        return -1;
+    }
+    return feed_rows(s, ids, n, NULL, 0, emb, is_image);
+}
 
 int ds41_feed_part(ds41_session *s, const int32_t *ids, size_t n, size_t ahead) {
     long long room = s->seq.cache.max_pos - s->seq.cache.pos;

@@ -190,6 +190,14 @@ static const fdesc FIELDS[] = {
     { "/vision_config.max_wh_ratio", "vision_max_wh_ratio", K_INT, OFF(vision_max_wh_ratio), 0, 0, 1, 1 << 16,
       R_OPT, R_OPT, -1, 1 },
     { "/image_token_id", "image_token_id", K_INT, OFF(image_token_id), 0, 0, 0, 1 << 24, R_OPT, R_OPT, 129264, 0 },
+    /* the tower's shape; absent: the official ModelArgs defaults (the released tower) */
+    { "/vision_config.hidden_size", "vision_dim", K_INT, OFF(vision_dim), 0, 0, 4, 65536, R_OPT, R_OPT, 1024, 0 },
+    { "/vision_config.num_attention_heads", "vision_n_heads", K_INT, OFF(vision_n_heads), 0, 0, 1, 1024, R_OPT,
+      R_OPT, 16, 0 },
+    { "/vision_config.intermediate_size", "vision_inter_dim", K_INT, OFF(vision_inter_dim), 0, 0, 1, 262144, R_OPT,
+      R_OPT, 2816, 0 },
+    { "/vision_config.rope_theta", "vision_rope_theta", K_F32, OFF(vision_rope_theta), 0, 0, 1.0, 1e12, R_OPT, R_OPT,
+      10000, 0 },
 };
 #define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
 

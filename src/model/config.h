@@ -88,12 +88,15 @@ typedef struct ds41_config {
     int quant_fp8;                         /* quant_method fp8 */
     int weight_block[2];                   /* 32, 32 */
     int expert_fp4;                        /* expert_dtype fp4 */
-    /* vision tower (not run; only decides whether gate.bias_vl is expected) */
+    /* vision tower (docs/vision.md); also decides whether gate.bias_vl is expected */
     int vision_n_layers;                   /* 0: no vision tower */
     /* image preprocessing (src/image/): patch 14, unshuffle 3, at most 1024 tokens an image,
      * min_pixels 295936, max_wh_ratio -1 (null: none), image_token_id 129264 */
     int vision_patch_size, vision_downsample_ratio, vision_max_n_token, vision_min_pixels;
     int vision_max_wh_ratio, image_token_id;
+    /* the tower's shape (docs/vision.md) */
+    int vision_dim, vision_n_heads, vision_inter_dim;
+    float vision_rope_theta;
     /* derived */
     int first_decoder_layer;               /* the last KV source */
     ds41_layer_plan *layers;               /* n_layers + n_mtp entries */

@@ -66,7 +66,7 @@ typedef struct ds41_check_stats {
 int ds41_weights_check(const ds41_config *cfg, const ds41_st *st, ds41_check_stats *s, ds41_err *err);
 void ds41_check_stats_free(ds41_check_stats *s);
 
-/* Vision tower tensors (left unbound): vision.*, aligner.*, image_start/end/newline. */
+/* Vision tower tensors (bound apart, src/model/vision_weights.c): vision.*, aligner.*, image_start/end/newline. */
 int ds41_is_vision_tensor(const char *name);
 
 #endif

@@ -65,8 +65,8 @@ typedef struct ds41_weights {
 } ds41_weights;
 
 /* Binds every tensor the plan needs. A missing or misshaped tensor is an error naming it,
- * with the expected and found dtype/shape. Vision tensors are counted and left unbound
- * (logged once). Tensors that are neither bound nor vision are counted as unexpected and
+ * with the expected and found dtype/shape. Vision tensors are counted (logged once) and
+ * left to ds41_vision_bind (vision_weights.h). Tensors that are neither bound nor vision are counted as unexpected and
  * listed (up to a few) through ds41_log; they are not an error. */
 int ds41_weights_bind(const ds41_config *cfg, const ds41_st *st, ds41_weights *w, ds41_err *err);
 void ds41_weights_free(ds41_weights *w);

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from formats import bf16_round, E4M3_TABLE, ue8m0_decode
+from formats import F32, bf16_round, E4M3_TABLE, ue8m0_decode
 from exact import c32, mean32, rsqrt32, sigmoid32, sum32, linear_quant
 
 INT64_MAX = np.iinfo(np.int64).max
@@ -110,8 +110,9 @@ def engram_hash(consts, hist, positions, pad):
     return out
 
 
-def engram_module(X, ids, w, eps, dim):
-    """3.3. X: stream [T, hc, dim] BF16; ids [T, cols]; w: dict of this layer's Engram weights."""
+def engram_module(X, ids, w, eps, dim, dead=None):
+    """3.3. X: stream [T, hc, dim] BF16; ids [T, cols]; w: dict of this layer's Engram weights;
+    dead [T] bool (or None): image positions, whose gate is 0."""
     codes = np.asarray(w["table"][ids.reshape(-1)])                # [T*cols, hd] E4M3
     scales = ue8m0_decode(np.asarray(w["table_scale"][ids.reshape(-1)]))   # [T*cols, hd/32]
     hd = codes.shape[-1]
@@ -126,4 +127,6 @@ def engram_module(X, ids, w, eps, dim):
     S = sum32((h * w["qk"][None]) * key)
     dot = (S * rstd) * c32(dim ** -0.5)
     g = sigmoid32(np.copysign(np.sqrt(np.maximum(np.abs(dot), c32(1e-6))), dot))
+    if dead is not None:
+        g = np.where(dead[:, None], F32(0), g).astype(F32)
     return bf16_round(h + g[:, :, None] * value[:, None, :])

@@ -87,6 +87,8 @@ class Model:
         E, I = p.n_experts, cfg["moe_inter_dim"]
         W["gate"] = ck.plain(pre + "ffn.gate.weight", (E, d))
         W["gate_bias"] = ck.values(pre + "ffn.gate.bias", (E,))
+        if ck.has(pre + "ffn.gate.bias_vl"):         # image positions route with it (docs/vision.md)
+            W["gate_bias_vl"] = ck.values(pre + "ffn.gate.bias_vl", (E,))
         W["experts"] = [{"w1": ck.linear(pre + "ffn.experts.%d.w1" % e, I, d),
                          "w2": ck.linear(pre + "ffn.experts.%d.w2" % e, d, I),
                          "w3": ck.linear(pre + "ffn.experts.%d.w3" % e, I, d)} for e in range(E)]
@@ -290,8 +292,9 @@ def expert_ffn(E, x, lim, weight=None):
     return linear_quant(bf16_round(u), E["w2"])
 
 
-def moe(model, p, x):
-    """Returns the BF16 output and the chosen expert ids per row (ascending)."""
+def moe(model, p, x, img=None):
+    """Returns the BF16 output and the chosen expert ids per row (ascending). img [T] bool: image
+    positions, whose selection uses gate.bias_vl."""
     cfg, W = model.cfg, model.layers[p.id]
     logit = linear_f32(x, W["gate"]) / c32(cfg["gate_temp"])
     sf = cfg["score_func"]
@@ -303,7 +306,12 @@ def moe(model, p, x):
         score = softmax_exact(logit, axis=-1)
     else:
         raise CheckpointError("config.json: unknown score_func %r" % sf)
-    sel = A.stable_topk_desc(score + W["gate_bias"][None, :], p.n_active)      # routing rank order
+    bias = np.broadcast_to(W["gate_bias"][None, :], score.shape)
+    if img is not None and img.any():
+        if "gate_bias_vl" not in W:
+            raise CheckpointError("%s: image positions need %sffn.gate.bias_vl" % (model.ck.dir, p.prefix))
+        bias = np.where(img[:, None], W["gate_bias_vl"][None, :], bias)
+    sel = A.stable_topk_desc(score + bias, p.n_active)      # routing rank order
     w = np.take_along_axis(score, sel, axis=-1)
     if cfg["norm_topk_prob"] and p.n_active > 1:
         w = w / (sum32(w, axis=-1) + c32(1e-20))[:, None]
@@ -319,8 +327,9 @@ def moe(model, p, x):
 
 # ---- 3.4 block ------------------------------------------------------------------------------
 
-def block(model, seq, fw, p, X, pre_in, trace, attn=None):
-    """One block with the delayed mHC hand-off; attn replaces the backbone attention (DSpark)."""
+def block(model, seq, fw, p, X, pre_in, trace, attn=None, img=None):
+    """One block with the delayed mHC hand-off; attn replaces the backbone attention (DSpark);
+    img [T] bool marks image positions (bias_vl routing)."""
     cfg, W = model.cfg, model.layers[p.id]
     eps = cfg["norm_eps"]
     R = X
@@ -331,7 +340,7 @@ def block(model, seq, fw, p, X, pre_in, trace, attn=None):
     R = X
     f_pre, f_post, f_C = mhc_mixes(X, W["hc_ffn_fn"], W["hc_ffn_base"], W["hc_ffn_scale"], cfg)
     x = rmsnorm(mhc_apply_pre(X, a_pre), W["ffn_norm"], eps)
-    y, chosen = moe(model, p, x)
+    y, chosen = moe(model, p, x, img)
     if trace is not None and not p.draft:
         trace.add_experts(p.id, chosen, fw.skipped if fw is not None else 0)
     X = mhc_apply_post(y, R, f_post, f_C)
@@ -346,7 +355,7 @@ def one_hot_pre(T, hc):
     return pre
 
 
-def forward(model, seq, tokens, trace=None, replay=False):
+def forward(model, seq, tokens, trace=None, replay=False, image=None):
     """One forward over tokens at positions seq.pos .. seq.pos+T-1. Returns the FP32 logits of the
     last row and main_hidden [rows, n_targets*dim] (BF16; None without DSpark targets) for the
     rows the target layers ran on (all rows, or the replayed ones).
@@ -356,7 +365,11 @@ def forward(model, seq, tokens, trace=None, replay=False):
     decoder's global KV) on all N rows, exactly; every later layer only on the last window rows
     s = N - window .. N-1, laid out as a one-shot prefill of those rows (SWA truncated to [s, i];
     compressed KV, index K, top-k and candidates as computed over all rows). The first decoder
-    layer itself is exact, as in vLLM / Ascend (spec 4.1, 10.6)."""
+    layer itself is exact, as in vLLM / Ascend (spec 4.1, 10.6).
+
+    image = (mask [T] bool, emb [T, dim]) makes the masked rows image positions (docs/vision.md):
+    their embedding is emb's row, they route with gate.bias_vl, and Engram treats them as dead
+    tokens (gate 0; no n-gram reaches across them)."""
     cfg = model.cfg
     tokens = np.asarray(tokens, dtype=np.int64)
     T = tokens.shape[0]
@@ -365,12 +378,22 @@ def forward(model, seq, tokens, trace=None, replay=False):
     if tokens.min() < 0 or tokens.max() >= cfg["vocab_size"]:
         raise ValueError("token id outside [0, %d)" % cfg["vocab_size"])
     fw = Forward(seq.pos, T)
+    img = None
+    if image is not None:
+        img = np.asarray(image[0], dtype=bool)
+        if img.shape != (T,) or not img.any():
+            img = None
+        elif replay:
+            raise ValueError("image rows with the ced-replay approximation")
     H = None
     if model.engram is not None:
-        seq.hist.extend(int(t) for t in model.token_map[tokens])
+        seq.hist.extend(-1 if img is not None and img[t] else int(c)
+                        for t, c in enumerate(model.token_map[tokens]))
         H = engram_hash(model.engram, seq.hist, fw.positions, model.engram_pad)
     hc, d = cfg["hc_mult"], cfg["dim"]
     e = model.embed(tokens)
+    if img is not None:
+        e = np.where(img[:, None], np.asarray(image[1], dtype=F32), e)
     X = np.repeat(e[:, None, :], hc, axis=1)
     pre = one_hot_pre(T, hc)
     aux = []
@@ -381,10 +404,10 @@ def forward(model, seq, tokens, trace=None, replay=False):
         if p.id == first_replayed:
             X, pre, H, fw = replay_cut(fw, X, pre, H, T - win)
         if p.engram_slot >= 0:
-            X = engram_module(X, H[:, p.engram_slot], model.layers[p.id]["engram"], cfg["norm_eps"], d)
+            X = engram_module(X, H[:, p.engram_slot], model.layers[p.id]["engram"], cfg["norm_eps"], d, img)
         if p.is_dspark_target:
             aux.append(bf16_round(mean32(X, axis=1)))
-        X, pre = block(model, seq, fw, p, X, pre, trace)
+        X, pre = block(model, seq, fw, p, X, pre, trace, img=img)
     h = mhc_apply_pre(X[-1:], pre[-1:])
     logits = linear_f32(rmsnorm(h, model.norm, cfg["norm_eps"]), model.head)[0]
     seq.pos += T

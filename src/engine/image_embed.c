@@ -1,0 +1,39 @@
+/* ds41 library: image spans through the vision tower (include/ds41.h ds41_image_span). The
+ * tower's views are bound per call (a few hundred name lookups, nothing copied), so the
+ * engine stays as ds41_load made it. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "ds41.h"
+#include "forward.h"
+#include "vision.h"
+
+int ds41_model_dim(const ds41_engine *e) { return e->cfg->dim; }
+int ds41_image_token_id(const ds41_engine *e) { return e->cfg->image_token_id; }
+
+int ds41_image_span(ds41_engine *e, const float *pixels, int H, int W, float **out, int *rows, char *errbuf,
+                    size_t errcap) {
+    ds41_vision v;
+    ds41_err err = { 0 };
+    int n_h, n_w, gh, gw, rc = -1;
+    *out = NULL;
+    *rows = 0;
+    int b = ds41_vision_bind(e->cfg, e->model->st, &v, &err);
+    if (b == 0) ds41_errf(&err, "the checkpoint has no vision tower");
+    if (b == 1 && !ds41_vision_grid(&v, H, W, &n_h, &n_w, &gh, &gw, &err)) {
+        int r = ds41_vision_span_rows(gh, gw);
+        float *o = malloc((size_t)r * e->cfg->dim * sizeof(float));
+        if (!o) {
+            ds41_errf(&err, "out of memory for an image span of %d positions", r);
+        } else if (ds41_vision_span(&e->ctx, &v, pixels, H, W, o, &err)) {
+            free(o);
+        } else {
+            *out = o;
+            *rows = r;
+            rc = 0;
+        }
+    }
+    if (rc && errbuf && errcap) snprintf(errbuf, errcap, "%s", err.msg);
+    ds41_vision_free(&v);
+    return rc;
+}

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# The vision tower and aligner (docs/vision.md) on tests/configs/tinyvl (the tiny model with a
+# 2-layer, width-64 tower written by make_checkpoint.py --vision), against the Python reference
+# (tools/reference/vision.py and model.py, tests/vision_ref.py):
+#   - `ds41 image --exact --dump`: the image span bit for bit, on images of 1 x 1 patches, 3 x 2
+#     patches (one padded token) and 14 x 13 patches (182 patches: three 64-wide query and key
+#     tiles of the attention, padding on both sides of the 3 x 3 unshuffle), with 1 and 2 threads;
+#   - fast mode within a stated tolerance: the tower's matmuls and softmax sum in FP32 in another
+#     order, so a BF16 rounding (2^-8 relative) flips here and there and the flips spread through
+#     2 blocks and the aligner: max |diff| <= 4 % of max |ref|, RMS(diff) <= 1 % of RMS(ref)
+#     (measured: 0.6 % and 0.2 % on the 14 x 13 image);
+#   - the language-model side through the library (tests/tools/vision_feed.c: ds41_image_span,
+#     ds41_feed_embeds): text, the image span, text, then greedy decode steps; the logits rows
+#     bit for bit (image embeddings placed, bias_vl routing, Engram gate 0 and no n-gram across
+#     the image), also with the prompt in chunks of 8 across the span; text-only
+#     ds41_feed_embeds equals ds41_feed bit for bit;
+#   - errors: pixels of the wrong size, sides not multiples of 14, a checkpoint without a tower,
+#     a vision tensor misshaped or missing (each named).
+# About 5 s.
+set -u
+cd "${DS41_ROOT:-$(dirname "$0")/..}"
+DS41=${DS41:-./ds41}
+PY=${PYTHON:-/usr/bin/python3}
+BUILD=$(dirname "$DS41")
+CK=build/test-ck
+TMP=$(mktemp -d /tmp/ds41-vision.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+mkdir -p "$CK"
+. tests/lib.sh
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: $2"; }
+
+VCK=$CK/conf-tinyvl-vision
+if [ ! -f "$VCK/.complete" ] || ! cmp -s "$VCK/config.json" tests/configs/tinyvl/config.json; then
+    rm -rf "$VCK"
+    "$PY" tools/make_checkpoint.py tests/configs/tinyvl "$VCK" --seed 1 --token-map stub --vision -q \
+        || { fail checkpoint "make_checkpoint.py --vision failed"; exit 1; }
+    touch "$VCK/.complete"
+fi
+
+# ---- embeddings, exact and fast ----
+for img in "14 14 1" "28 42 2" "182 196 3"; do
+    set -- $img
+    H=$1 W=$2 name=${1}x${2}
+    "$PY" tests/vision_ref.py pixels "$H" "$W" "$3" "$TMP/px.bin"
+    "$PY" tests/vision_ref.py span "$VCK" "$TMP/px.bin" "$H" "$W" "$TMP/ref.f32" || { fail "span_ref_$name" "reference failed"; continue; }
+    for t in 1 2; do
+        if "$DS41" image -m "$VCK" --pixels "$TMP/px.bin" --width "$W" --height "$H" --exact -t $t --dump "$TMP/c.f32" \
+            >"$TMP/out" 2>"$TMP/err" && r=$("$PY" tests/vision_ref.py cmp "$TMP/ref.f32" "$TMP/c.f32"); then
+            pass "span_exact_${name}_t$t"
+        else
+            fail "span_exact_${name}_t$t" "${r:-$(head -c 300 "$TMP/err")}"
+        fi
+    done
+    if "$DS41" image -m "$VCK" --pixels "$TMP/px.bin" --width "$W" --height "$H" -t 2 --dump "$TMP/f.f32" \
+        >"$TMP/out" 2>"$TMP/err" && r=$("$PY" tests/vision_ref.py cmp "$TMP/ref.f32" "$TMP/f.f32" 0.04); then
+        pass "span_fast_$name"
+    else
+        fail "span_fast_$name" "${r:-$(head -c 300 "$TMP/err")}"
+    fi
+done
+# the summary line of the last image: 14 x 13 patches -> 5 x 5 tokens -> 5 * 6 + 2 positions
+if grep -q "patch grid 14 x 13, token grid 5 x 5, span 32 positions" "$TMP/out"; then pass image_summary
+else fail image_summary "$(cat "$TMP/out")"; fi
+# --tokens-only: the span without the delimiters (rows 1..5 of every 6 after the start)
+if "$DS41" image -m "$VCK" --pixels "$TMP/px.bin" --width 196 --height 182 --exact --tokens-only --dump "$TMP/tok.f32" >/dev/null 2>&1 &&
+    "$PY" -c "
+import numpy as np, sys
+s = np.fromfile('$TMP/ref.f32', dtype='<f4').reshape(32, -1)
+t = np.fromfile('$TMP/tok.f32', dtype='<f4').reshape(25, -1)
+sys.exit(0 if np.array_equal(s[1:31].reshape(5, 6, -1)[:, :5].reshape(25, -1).view(np.uint32), t.view(np.uint32)) else 1)"; then
+    pass tokens_only
+else
+    fail tokens_only "the aligned tokens differ from the span's"
+fi
+
+# ---- the language model: logits after an image, bit for bit ----
+"$PY" tests/vision_ref.py pixels 126 140 4 "$TMP/px.bin"
+if "$BUILD/tests/tools/vision_feed" "$VCK" "$TMP/px.bin" 126 140 5 4 3 "$TMP/c_lg.f32" >"$TMP/feed.out" 2>"$TMP/err"; then
+    cat "$TMP/feed.out"
+    if "$PY" tests/vision_ref.py logits "$VCK" "$TMP/px.bin" 126 140 5 4 3 "$TMP/r_lg.f32" &&
+        r=$("$PY" tests/vision_ref.py cmp "$TMP/r_lg.f32" "$TMP/c_lg.f32"); then
+        pass logits_after_image_exact
+    else
+        fail logits_after_image_exact "${r:-reference failed}"
+    fi
+else
+    fail vision_feed "$(cat "$TMP/feed.out") $(head -c 300 "$TMP/err")"
+fi
+# chunks of 8: the span (17 positions from 5) straddles three chunk bounds; the Engram history
+# carries its dead positions from one forward to the next
+if "$BUILD/tests/tools/vision_feed" "$VCK" "$TMP/px.bin" 126 140 5 4 3 "$TMP/c_ch.f32" 8 >/dev/null 2>"$TMP/err" &&
+    "$PY" tests/vision_ref.py logits "$VCK" "$TMP/px.bin" 126 140 5 4 3 "$TMP/r_ch.f32" 8 &&
+    r=$("$PY" tests/vision_ref.py cmp "$TMP/r_ch.f32" "$TMP/c_ch.f32"); then
+    pass logits_after_image_chunked_exact
+else
+    fail logits_after_image_chunked_exact "${r:-$(head -c 300 "$TMP/err")}"
+fi
+
+# ---- errors ----
+expect() {   # NAME PATTERN ARGS...: exit status 1 or 2 and a message matching PATTERN
+    local name=$1 pat=$2; shift 2
+    "$DS41" image "$@" >"$TMP/out" 2>"$TMP/err" </dev/null
+    local rc=$?
+    if [ $rc -eq 0 ] || ! grep -qi -- "$pat" "$TMP/err"; then fail "$name" "status $rc: $(head -c 200 "$TMP/err")"
+    else pass "$name"; fi
+}
+head -c 1000 "$TMP/px.bin" >"$TMP/short.bin"
+expect err_short "too short" -m "$VCK" --pixels "$TMP/short.bin" --width 140 --height 126
+expect err_long "too long" -m "$VCK" --pixels "$TMP/px.bin" --width 126 --height 126
+expect err_patch "multiples of the patch size 14" -m "$VCK" --pixels "$TMP/px.bin" --width 141 --height 126
+expect err_args "required" -m "$VCK" --pixels "$TMP/px.bin"
+NOV=$(checkpoint tiny 2>/dev/null) || NOV=
+if [ -n "$NOV" ]; then expect err_no_tower "no vision tower" -m "$NOV" --pixels "$TMP/px.bin" --width 140 --height 126; fi
+# a misshaped and a missing vision tensor, named
+"$PY" - "$VCK" "$TMP" <<'PYEOF'
+import json, os, shutil, struct, sys
+src, tmp = sys.argv[1], sys.argv[2]
+raw = open(os.path.join(src, "model.safetensors"), "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+head = json.loads(raw[8:8 + n])
+for name, edit in (("bad", "shape"), ("miss", "drop")):
+    d = os.path.join(tmp, name)
+    os.makedirs(d)
+    shutil.copy(os.path.join(src, "config.json"), d)
+    shutil.copy(os.path.join(src, "engram_token_map.i32"), d)
+    h = json.loads(json.dumps(head))
+    t = "vision.blocks.1.attn.wo.bias"
+    if edit == "shape":
+        h[t]["shape"] = [h[t]["shape"][0] // 2, 2]
+    else:
+        h["unexpected." + t] = h.pop(t)
+    hb = json.dumps(h).encode()
+    hb += b" " * (-len(hb) % 8)
+    open(os.path.join(d, "model.safetensors"), "wb").write(struct.pack("<Q", len(hb)) + hb + raw[8 + n:])
+PYEOF
+expect err_misshaped "vision.blocks.1.attn.wo.bias: expected BF16 \[64\], found BF16 \[32, 2\]" -m "$TMP/bad" --pixels "$TMP/px.bin" --width 140 --height 126
+expect err_missing "vision.blocks.1.attn.wo.bias: missing" -m "$TMP/miss" --pixels "$TMP/px.bin" --width 140 --height 126
