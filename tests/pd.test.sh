@@ -195,7 +195,7 @@ done
 grep -q "checksum mismatch" "$TMP/d_flip.log" && pass pd_fault_flip_named || fail pd_fault_flip_named "$(grep -m1 failed "$TMP/d_flip.log")"
 grep -q "RESUME frame payload checksum mismatch" "$TMP/d_rflip.log" && pass pd_fault_rflip_named ||
     fail pd_fault_rflip_named "$(grep -m1 failed "$TMP/d_rflip.log")"
-grep -q "RESUME payload: ring count 7 (this node's cache has 6)" "$TMP/d_rbad.log" && pass pd_fault_rbad_named ||
+grep -q "RESUME payload: ring count 7 (expected 6)" "$TMP/d_rbad.log" && pass pd_fault_rbad_named ||
     fail pd_fault_rbad_named "$(grep -m1 failed "$TMP/d_rbad.log")"
 
 # a hung node: the decode node waits --prefill-timeout, then prefills locally

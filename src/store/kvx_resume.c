@@ -64,7 +64,7 @@ void ds41_kvx_resume_write_head(const ds41_kvx_geom *g, ds41_kvx_resume *r, uint
 /* one field against what the receiver expects */
 static int field(const char *name, long long got, long long want, char *why, size_t whycap) {
     if (got == want) return 0;
-    snprintf(why, whycap, "RESUME payload: %s %lld (this node's cache has %lld)", name, got, want);
+    snprintf(why, whycap, "RESUME payload: %s %lld (expected %lld)", name, got, want);
     return -1;
 }
 
