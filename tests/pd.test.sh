@@ -302,14 +302,15 @@ else
     ip netns del $NSA 2>/dev/null; ip netns del $NSB 2>/dev/null
 fi
 
-# ds41 inspect --role: the prefill node's weights are the embedding, the layers before the last
-# KV source and that layer's KV path (tiny: 194 of 418 tensors); the decode node's all of them
+# ds41 inspect --role: the prefill node's weights are the embedding, every layer but the last
+# and the last layer's SWA K path, no head, no DSpark stage (tiny: 305 of 418 tensors); the
+# decode node's all of them
 "$DS41" inspect --role prefill "$ck" >"$TMP/rp" 2>&1; "$DS41" inspect --role decode "$ck" >"$TMP/rd" 2>&1
 tot=$("$PY" -c "
 import json, struct, sys
 f = open('$ck/model.safetensors', 'rb'); n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n))
 print(sum(v['data_offsets'][1] - v['data_offsets'][0] for k, v in h.items() if k != '__metadata__'))")
-if grep -q "^role prefill: 194 tensors, .* of $tot " "$TMP/rp" && grep -q "^role decode: 418 tensors, $tot bytes" "$TMP/rd"; then
+if grep -q "^role prefill: 305 tensors, .* of $tot " "$TMP/rp" && grep -q "^role decode: 418 tensors, $tot bytes" "$TMP/rd"; then
     pass pd_inspect_roles
 else fail pd_inspect_roles "$(cat "$TMP/rp" "$TMP/rd") (checkpoint tensors $tot bytes)"; fi
 "$DS41" inspect --role sideways "$ck" >/dev/null 2>&1; [ $? -eq 2 ] && pass pd_inspect_bad_role || fail pd_inspect_bad_role "not status 2"
