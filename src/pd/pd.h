@@ -58,7 +58,7 @@ typedef struct ds41_pd_result {
     char node[96];            /* the prefill node that served it */
     long long restored;       /* ds41_pd_start: prompt tokens the session holds afterwards */
     int installed;            /* ds41_pd_start: 1 when the shipped state was installed (no replay) */
-    double t_last_page;       /* CLOCK_MONOTONIC seconds when the last LAYER frame arrived */
+    double t_last_frame;      /* CLOCK_MONOTONIC seconds when the last LAYER or RESUME frame arrived */
 } ds41_pd_result;
 
 /* What a fetch received: the pages of blocks [first, nb) ([nb - first][n_stores], one reference

@@ -177,6 +177,7 @@ static int try_node(ds41_pd_client *cl, pd_node *nd, const int32_t *ids, size_t 
                 ds41_errf(err, "%s: %.300s", ds41_kvx_peer(c), e2.msg);
                 goto out;
             }
+            res->t_last_frame = now_s();
             resume = p;
             resume_len = h.len;
             p = NULL;
@@ -199,7 +200,7 @@ static int try_node(ds41_pd_client *cl, pd_node *nd, const int32_t *ids, size_t 
                       "(%lld blocks from %lld, %d stores)", ds41_kvx_peer(c), st, h.layer, b, h.len, nb, first, ns);
             goto out;
         }
-        res->t_last_page = now_s();
+        res->t_last_frame = now_s();
         uint8_t *pg = ds41_page_new(h.len);
         if (!pg) { ds41_errf(err, "out of memory for a KV page"); goto out; }
         memcpy(pg, p, h.len);
@@ -325,9 +326,9 @@ static void *job_main(void *arg) {
     /* the decode node's own share of a remote prefill, up to the tail's forward (docs/pd.md) */
     if (!rc)
         fprintf(stderr, "ds41 serve: remote prefill from %s: %lld blocks, %lld bytes; %s; session ready %.2f ms after "
-                "the last page (monotonic %.6f)\n", j->res.node, j->res.blocks, j->res.bytes,
+                "the last frame (monotonic %.6f)\n", j->res.node, j->res.blocks, j->res.bytes,
                 j->res.installed ? "state installed, 0 rows replayed" : "restored from the prefix cache (replayed)",
-                (now_s() - j->res.t_last_page) * 1e3, j->res.t_last_page);
+                (now_s() - j->res.t_last_frame) * 1e3, j->res.t_last_frame);
     atomic_store(&j->state, rc ? -1 : 1);
     return NULL;
 }
