@@ -10,18 +10,9 @@
 #   bench/pd_bytes.sh MODEL VOCAB LEN...
 set -u
 cd "$(dirname "$0")/.."
-DS41=${DS41:-./ds41}
 M=$1 V=$2; shift 2
-TMP=$(mktemp -d /tmp/ds41-pdbytes.XXXXXX)
-PIDS=()
-trap 'for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$TMP"' EXIT
-waitport() { for _ in $(seq 1 600); do p=$(sed -n "s/.*$2\([0-9]*\).*/\1/p" "$1" 2>/dev/null | head -n 1); [ -n "$p" ] && { echo "$p"; return 0; }; sleep 0.1; done; return 1; }
-"$DS41" serve -m "$M" --exact -c 4096 --spec off --role prefill --port 0 >"$TMP/p.log" 2>&1 &
-PIDS+=($!)
-pport=$(waitport "$TMP/p.log" 'listening on ucx:\/\/127.0.0.1:') || { cat "$TMP/p.log"; exit 1; }
-"$DS41" serve -m "$M" --exact -c 4096 --spec off --role decode --prefill 127.0.0.1:$pport --port 0 >"$TMP/d.log" 2>&1 &
-PIDS+=($!)
-port=$(waitport "$TMP/d.log" 'listening on http:\/\/127.0.0.1:') || { cat "$TMP/d.log"; exit 1; }
+. bench/pd_nodes.sh
+start_pair
 for n in "$@"; do
     t=$(python3 - "$port" "$n" "$V" <<'PY'
 import json, random, sys, time, urllib.request

@@ -7,12 +7,8 @@
 #   bench/pd_memory.sh MODEL VOCAB LEN...
 set -u
 cd "$(dirname "$0")/.."
-DS41=${DS41:-./ds41}
 M=$1 V=$2; shift 2
-TMP=$(mktemp -d /tmp/ds41-pdmem.XXXXXX)
-PIDS=()
-trap 'for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$TMP"' EXIT
-waitport() { for _ in $(seq 1 600); do p=$(sed -n "s/.*$2\([0-9]*\).*/\1/p" "$1" 2>/dev/null | head -n 1); [ -n "$p" ] && { echo "$p"; return 0; }; sleep 0.1; done; return 1; }
+. bench/pd_nodes.sh
 send() {
     for n in "$@"; do
         python3 -c "import json, random; r = random.Random($n); json.dump([[r.randrange(3, $V) for _ in range($n)]], open('$TMP/q.json', 'w'))"
@@ -27,12 +23,7 @@ report() {   # NAME PID
 }
 "$DS41" inspect --role prefill "$M" | head -n 1
 "$DS41" inspect --role decode "$M" | head -n 1
-"$DS41" serve -m "$M" --exact -c 4096 --spec off --role prefill --port 0 >"$TMP/p.log" 2>&1 &
-PP=$!; PIDS+=($PP)
-pport=$(waitport "$TMP/p.log" 'listening on ucx:\/\/127.0.0.1:') || { cat "$TMP/p.log"; exit 1; }
-"$DS41" serve -m "$M" --exact -c 4096 --spec off --role decode --prefill 127.0.0.1:$pport --port 0 >"$TMP/d.log" 2>&1 &
-DP=$!; PIDS+=($DP)
-port=$(waitport "$TMP/d.log" 'listening on http:\/\/127.0.0.1:') || { cat "$TMP/d.log"; exit 1; }
+start_pair
 send "$@"
 report "prefill node" $PP
 report "decode node" $DP

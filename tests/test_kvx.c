@@ -128,8 +128,11 @@ static void resume_round_trip(void) {
         CHECK(ds41_kvx_resume_parse(buf, k, g, 384, &r, why, sizeof why) != 0 && why[0], "%zu of %zu bytes accepted", k, n);
 }
 
-/* RESUME frames of dir: each a valid frame whose payload parses (want_ok) or is refused */
-static int resume_dir(const char *dir, int want_ok, int *files) {
+/* What one corpus file must be: 0 when it is, else 1 after a line naming it. */
+typedef int (*file_check)(const char *path, const uint8_t *data, size_t n, int want_ok, int *files);
+
+/* Runs check on every file of dir; the number of files that failed it. */
+static int for_each_file(const char *dir, file_check check, int want_ok, int *files) {
     DIR *d = opendir(dir);
     if (!d) { printf("  cannot open %s\n", dir); return 1; }
     int bad = 0;
@@ -143,53 +146,41 @@ static int resume_dir(const char *dir, int want_ok, int *files) {
         static uint8_t data[1 << 16];
         size_t n = fread(data, 1, sizeof data, f);
         fclose(f);
-        ds41_kvx_hdr h;
-        const uint8_t *p;
-        char why[256] = "";
-        if (ds41_kvx_parse(data, n, 1 << 20, &h, &p, why, sizeof why) || h.type != DS41_KVX_RESUME) {
-            if (want_ok) continue;   /* the valid seeds of other types */
-            printf("  %s: not a RESUME frame (%s)\n", path, why);
-            bad++;
-            continue;
-        }
-        ds41_kvx_resume r;
-        int rc = ds41_kvx_resume_parse(p, h.len, &kvx_test_geom, KVX_TEST_POS, &r, why, sizeof why);
-        (*files)++;
-        if ((rc == 0) != want_ok || (rc && (!strstr(why, "RESUME payload") || strchr(why, '\n')))) {
-            printf("  %s: resume parse %d (%s)\n", path, rc, why);
-            bad++;
-        }
+        bad += check(path, data, n, want_ok, files);
     }
     closedir(d);
     return bad;
 }
 
-static int for_dir(const char *dir, int want_ok, int *files) {
-    DIR *d = opendir(dir);
-    if (!d) { printf("  cannot open %s\n", dir); return 1; }
-    int bad = 0;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (de->d_name[0] == '.') continue;
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-        FILE *f = fopen(path, "rb");
-        if (!f) { bad++; continue; }
-        static uint8_t data[1 << 16];
-        size_t n = fread(data, 1, sizeof data, f);
-        fclose(f);
-        ds41_kvx_hdr h;
-        const uint8_t *p;
-        char why[160] = "";
-        int rc = ds41_kvx_parse(data, n, 1 << 20, &h, &p, why, sizeof why);
-        (*files)++;
-        if ((rc == 0) != want_ok || (rc && (!why[0] || strchr(why, '\n')))) {
-            printf("  %s: parse %d (%s)\n", path, rc, why);
-            bad++;
-        }
+/* a frame that parses (want_ok) or is refused with a one-line reason */
+static int frame_file(const char *path, const uint8_t *data, size_t n, int want_ok, int *files) {
+    ds41_kvx_hdr h;
+    const uint8_t *p;
+    char why[160] = "";
+    int rc = ds41_kvx_parse(data, n, 1 << 20, &h, &p, why, sizeof why);
+    (*files)++;
+    if ((rc == 0) == want_ok && !(rc && (!why[0] || strchr(why, '\n')))) return 0;
+    printf("  %s: parse %d (%s)\n", path, rc, why);
+    return 1;
+}
+
+/* a valid RESUME frame whose payload parses (want_ok) or is refused naming the payload; the
+ * valid seeds of other types are skipped */
+static int resume_file(const char *path, const uint8_t *data, size_t n, int want_ok, int *files) {
+    ds41_kvx_hdr h;
+    const uint8_t *p;
+    char why[256] = "";
+    if (ds41_kvx_parse(data, n, 1 << 20, &h, &p, why, sizeof why) || h.type != DS41_KVX_RESUME) {
+        if (want_ok) return 0;
+        printf("  %s: not a RESUME frame (%s)\n", path, why);
+        return 1;
     }
-    closedir(d);
-    return bad;
+    ds41_kvx_resume r;
+    int rc = ds41_kvx_resume_parse(p, h.len, &kvx_test_geom, KVX_TEST_POS, &r, why, sizeof why);
+    (*files)++;
+    if ((rc == 0) == want_ok && !(rc && (!strstr(why, "RESUME payload") || strchr(why, '\n')))) return 0;
+    printf("  %s: resume parse %d (%s)\n", path, rc, why);
+    return 1;
 }
 
 static void corpus(void) {
@@ -198,13 +189,13 @@ static void corpus(void) {
     snprintf(a, sizeof a, "%s/tests/malformed/kvx", root);
     snprintf(b, sizeof b, "%s/fuzz/corpus/fuzz_kvx", root);
     int na = 0, nb = 0;
-    CHECK(for_dir(a, 0, &na) == 0, "a malformed frame accepted");
-    CHECK(for_dir(b, 1, &nb) == 0, "a valid seed refused");
+    CHECK(for_each_file(a, frame_file, 0, &na) == 0, "a malformed frame accepted");
+    CHECK(for_each_file(b, frame_file, 1, &nb) == 0, "a valid seed refused");
     CHECK(na >= 10 && nb >= 5, "corpus: %d malformed, %d valid", na, nb);
     snprintf(a, sizeof a, "%s/tests/malformed/kvx_resume", root);
     int ra = 0, rb = 0;
-    CHECK(resume_dir(a, 0, &ra) == 0, "a malformed RESUME payload accepted");
-    CHECK(resume_dir(b, 1, &rb) == 0, "a valid RESUME seed refused");
+    CHECK(for_each_file(a, resume_file, 0, &ra) == 0, "a malformed RESUME payload accepted");
+    CHECK(for_each_file(b, resume_file, 1, &rb) == 0, "a valid RESUME seed refused");
     CHECK(ra >= 19 && rb == 2, "RESUME corpus: %d malformed, %d valid", ra, rb);
 }
 
