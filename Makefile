@@ -58,7 +58,7 @@ endif
 LIB_OBJ := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 ifeq ($(UCX_LIBS),)
-TEST_SRC := $(filter-out tests/test_kvx_ucx.c,$(TEST_SRC))
+TEST_SRC := $(filter-out tests/test_kvx_ucx.c tests/test_pd_resume.c,$(TEST_SRC))
 endif
 TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 # test helpers: programs driven by the shell tests (tests/tools/) and LD_PRELOAD fault shims (tests/faults/)

@@ -237,13 +237,18 @@ static int compute(pd_req *r, const int32_t *ids, ds41_err *err) {
     long long hit = S->pc ? ds41_prefix_pages(S->pc, ids, (size_t)M, &pg) : 0;
     int rc = 0;
     pthread_mutex_lock(&S->compute_mu);
+    ds41_seq *q = ds41_session_seq(s);
+    /* the exact CED row reach: every row a ring keeps, as a one-node prefill computes it (the
+     * decode node's --prefill mode does not travel; an approximate replay would not be exact) */
+    q->prefill = DS41_PREFILL_CED;
     if (hit == r->nb) {
         for (int i = 0; i < ns; i++)
             for (long long b = r->first; b < r->nb; b++) push(r, i, (int)b, pg[(size_t)b * ns + i]);
-        if (ds41_prefix_restore(S->pc, s, ids, (size_t)M) != M)
-            rc = ds41_errf(err, "restore from the prefix cache: %s", ds41_session_error(s));
+        /* the state from the cache's restore; blocks evicted since ds41_prefix_pages are computed */
+        long long k = ds41_prefix_restore(S->pc, s, ids, (size_t)M);
+        if (k < 0) rc = ds41_errf(err, "restore from the prefix cache: %s", ds41_session_error(s));
+        else if (k < M) rc = ds41_forward(q, ids + k, (int)(M - k), 0, err);
     } else {
-        ds41_seq *q = ds41_session_seq(s);
         q->layer_done = layer_hook;
         q->layer_done_arg = r;
         rc = atomic_load(&r->failed) ? 0 : ds41_forward(q, ids, (int)M, 0, err);
