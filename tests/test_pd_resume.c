@@ -19,19 +19,9 @@
 #define M 384     /* three blocks */
 #define TAIL 57   /* the prompt's tail, fed after the state */
 
-static ds41_session *open_s(ds41_engine *e, int draft) {
-    ds41_session_params sp;
-    ds41_session_params_default(&sp);
-    sp.draft = draft;
-    char err[512];
-    ds41_session *s = ds41_session_open(e, &sp, err, sizeof err);
-    CHECK(s, "session: %s", err);
-    return s;
-}
-
 static void one_case(ds41_engine *e, const int32_t *ids, int draft) {
     /* the prefill node: one forward over the blocks, no logits, the CED row reach */
-    ds41_session *p = open_s(e, 0), *one = open_s(e, draft), *b = open_s(e, draft);
+    ds41_session *p = test_session(e, 0), *one = test_session(e, draft), *b = test_session(e, draft);
     if (!p || !one || !b) return;
     ds41_seq *q = ds41_session_seq(p);
     ds41_err err;
@@ -64,7 +54,7 @@ static void one_case(ds41_engine *e, const int32_t *ids, int draft) {
     CHECK(ds41_pd_resume_view(&g, pl, n, M, &st, &err) == 0, "view: %s", err.msg);
     ds41_resume_state bad = st;
     bad.hist[0] = st.hist[0] + 1;
-    ds41_session *x = open_s(e, draft);
+    ds41_session *x = test_session(e, draft);
     CHECK(ds41_session_install(x, ids, M, pages, &bad) != 0 && strstr(ds41_session_error(x), "Engram history"),
           "a wrong history: %s", ds41_session_error(x));
     ds41_session_close(x);
