@@ -58,7 +58,7 @@ endif
 LIB_OBJ := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(LIB_SRC))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 ifeq ($(UCX_LIBS),)
-TEST_SRC := $(filter-out tests/test_kvx_ucx.c,$(TEST_SRC))
+TEST_SRC := $(filter-out tests/test_kvx_ucx.c tests/test_pd_resume.c,$(TEST_SRC))
 endif
 TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 # test helpers: programs driven by the shell tests (tests/tools/) and LD_PRELOAD fault shims (tests/faults/)
@@ -161,7 +161,7 @@ FUZZ_SECONDS ?= 20
 FUZZ_CFLAGS := -O1 -g -std=gnu11 -ffp-contract=off $(ARCH) -pthread $(INCLUDES) $(PKG_CFLAGS) \
   -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_LIB_SRC := $(addprefix src/,format/common.c format/formats.c format/safetensors.c model/config.c model/contract.c \
-  text/chat.c text/chat_json.c text/tokenizer.c text/tokenizer_load.c store/crc32c.c store/pstore.c store/kvx_frame.c \
+  text/chat.c text/chat_json.c text/tokenizer.c text/tokenizer_load.c store/crc32c.c store/pstore.c store/kvx_frame.c store/kvx_resume.c \
   text/grammar.c text/grammar_json.c text/grammar_match.c text/grammar_regex.c text/grammar_tables.c \
   serve/serve_req.c serve/serve_text.c serve/serve_anth.c serve/serve_resp.c dist/dist_place.c \
   image/img_decode.c image/img_png.c image/img_jpeg.c image/img_plan.c image/img_resize.c image/img_prep.c)

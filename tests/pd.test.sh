@@ -6,10 +6,12 @@
 #     the same choices, logprobs and top alternatives (17 significant digits) as one node: exact
 #     kernels with DSpark off and on (--spec fixed:2), fast kernels; the demo model (exact);
 #     /metrics counts the remote prefills and the exact frame bytes (blocks x (page bytes +
-#     48-byte headers) + DONE);
+#     48-byte headers) + RESUME + DONE); every remote prefill installs the shipped state (the
+#     decode node replays nothing);
 #   faults (each: the client gets one node's answer, the decode node falls back and counts it,
 #     and both nodes serve the next request remotely): unreachable node, flipped byte, truncated
-#     frame, a hung node (--prefill-timeout), kill -9 of the prefill node mid-transfer, a node
+#     frame, a flipped byte, a truncated RESUME frame and one whose checksum is right but whose
+#     ring count is not, a hung node (--prefill-timeout), kill -9 of the prefill node mid-transfer, a node
 #     with another checkpoint (compatibility hash); --on-prefill-failure fail answers an error
 #     naming the cause; a decode node that vanishes after the handshake: the prefill node frees
 #     its request within the lease, also when the decode node is then killed;
@@ -95,10 +97,16 @@ for spec in off fixed:2; do
     # round 1: 4 remote prefills of 2, 1, 3, 2 blocks; round 2: 1 block past the local hit of 2, then 1
     n=$(metric $DEC ds41:remote_prefills_total); b=$(metric $DEC ds41:kv_transfer_bytes_total)
     f=$(metric $DEC ds41:remote_prefill_fallbacks_total); c=$(metric $DEC ds41:kv_transfer_seconds_count)
-    # tiny: 105 B of global KV per token = 13440 B per block over 2 KV sources (2 LAYER headers)
-    want=$(( (2 + 1 + 3 + 2 + 1 + 1) * (13440 + 2 * 48) + 6 * 48 ))
+    # tiny: 105 B of global KV per token = 13440 B per block over 2 KV sources (2 LAYER headers);
+    # a RESUME frame per request (src/store/kvx_resume.h): 112 B head + 12 B for the one
+    # compressor + 6 SWA rings x 16 slots x 66 B + the compressor's 2 x 2 rows x 64 FP32 = 7484 B,
+    # with DSpark the context rows too: 16 rows x 2 targets x 256 BF16 = 16384 B
+    res=$(( 112 + 12 + 6 * 16 * 66 + 2 * 2 * 64 * 4 )); [ "$tag" = fixed ] && res=$(( res + 16 * 2 * 256 * 2 ))
+    want=$(( (2 + 1 + 3 + 2 + 1 + 1) * (13440 + 2 * 48) + 6 * (48 + 48 + res) ))
     if [ "$n" = 6 ] && [ "$f" = 0 ] && [ "$c" = 6 ] && [ "$b" = "$want" ]; then pass pd_metrics_spec_$tag
     else fail pd_metrics_spec_$tag "remote $n fallbacks $f transfers $c bytes $b (want 6 0 6 $want): $(grep -m2 'remote prefill failed' "$TMP/dec_$tag.log")"; fi
+    i=$(grep -c "state installed, 0 rows replayed" "$TMP/dec_$tag.log")
+    [ "$i" = 6 ] && pass pd_installed_spec_$tag || fail pd_installed_spec_$tag "$i of 6 remote prefills installed the shipped state"
     grep -q "from block 2," "$TMP/p_$tag.log" && pass pd_fetch_past_local_hit_spec_$tag ||
         fail pd_fetch_past_local_hit_spec_$tag "no request from block 2 in the prefill node's log"
     stop $DECPID; stop $ONEPID
@@ -176,7 +184,7 @@ fault unreachable "$(free_port)"
 grep -q "remote prefill failed" "$TMP/d_unreachable.log" && pass pd_fault_unreachable_logged || fail pd_fault_unreachable_logged "no log line"
 stop $DPID
 
-for kind in flip truncate; do
+for kind in flip truncate rflip rtruncate rbad; do
     DS41_PD_FAULT=$kind:1 start_prefill p_$kind -m "$ck" --exact -c 1024 --parallel 4 || exit 1
     fault $kind $PPORT
     grep -q "pd-fault" "$TMP/p_$kind.log" || fail pd_fault_${kind}_injected "the fault did not fire"
@@ -185,6 +193,10 @@ for kind in flip truncate; do
     stop $PPID_
 done
 grep -q "checksum mismatch" "$TMP/d_flip.log" && pass pd_fault_flip_named || fail pd_fault_flip_named "$(grep -m1 failed "$TMP/d_flip.log")"
+grep -q "RESUME frame payload checksum mismatch" "$TMP/d_rflip.log" && pass pd_fault_rflip_named ||
+    fail pd_fault_rflip_named "$(grep -m1 failed "$TMP/d_rflip.log")"
+grep -q "RESUME payload: ring count 7 (expected 6)" "$TMP/d_rbad.log" && pass pd_fault_rbad_named ||
+    fail pd_fault_rbad_named "$(grep -m1 failed "$TMP/d_rbad.log")"
 
 # a hung node: the decode node waits --prefill-timeout, then prefills locally
 DS41_PD_FAULT=stall:1 start_prefill p_hung -m "$ck" --exact -c 1024 --parallel 4 || exit 1
@@ -290,14 +302,15 @@ else
     ip netns del $NSA 2>/dev/null; ip netns del $NSB 2>/dev/null
 fi
 
-# ds41 inspect --role: the prefill node's weights are the embedding, the layers before the last
-# KV source and that layer's KV path (tiny: 194 of 418 tensors); the decode node's all of them
+# ds41 inspect --role: the prefill node's weights are the embedding, every layer but the last
+# and the last layer's SWA K path, no head, no DSpark stage (tiny: 305 of 418 tensors); the
+# decode node's all of them
 "$DS41" inspect --role prefill "$ck" >"$TMP/rp" 2>&1; "$DS41" inspect --role decode "$ck" >"$TMP/rd" 2>&1
 tot=$("$PY" -c "
 import json, struct, sys
 f = open('$ck/model.safetensors', 'rb'); n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n))
 print(sum(v['data_offsets'][1] - v['data_offsets'][0] for k, v in h.items() if k != '__metadata__'))")
-if grep -q "^role prefill: 194 tensors, .* of $tot " "$TMP/rp" && grep -q "^role decode: 418 tensors, $tot bytes" "$TMP/rd"; then
+if grep -q "^role prefill: 305 tensors, .* of $tot " "$TMP/rp" && grep -q "^role decode: 418 tensors, $tot bytes" "$TMP/rd"; then
     pass pd_inspect_roles
 else fail pd_inspect_roles "$(cat "$TMP/rp" "$TMP/rd") (checkpoint tensors $tot bytes)"; fi
 "$DS41" inspect --role sideways "$ck" >/dev/null 2>&1; [ $? -eq 2 ] && pass pd_inspect_bad_role || fail pd_inspect_bad_role "not status 2"

@@ -42,19 +42,9 @@ static ds41_engine *load_mode(const char *dir, int mode, long long cache) {
     return e;
 }
 
-static ds41_session *open_plain(ds41_engine *e, int draft) {
-    ds41_session_params sp;
-    ds41_session_params_default(&sp);
-    sp.draft = draft;
-    char err[512];
-    ds41_session *s = ds41_session_open(e, &sp, err, sizeof err);
-    CHECK(s, "session: %s", err);
-    return s;
-}
-
 /* prompt, then NG greedy steps: logits [NG + 1][V] and tokens [NG]; 0 ok */
 static int generate(ds41_engine *e, const int32_t *prompt, int np, float *lg, int32_t *tok) {
-    ds41_session *s = open_plain(e, 0);
+    ds41_session *s = test_session(e, 0);
     if (!s) return -1;
     int V = ds41_vocab_size(e), rc = 0;
     if (ds41_feed(s, prompt, (size_t)np)) { printf("  feed: %s\n", ds41_session_error(s)); rc = -1; }
@@ -159,8 +149,8 @@ static void identity_batch_small43(void) {
     ds41_session *a[B], *b[B];
     int32_t p[B][NP], last[B];
     for (int i = 0; i < B; i++) {
-        a[i] = open_plain(ref, 0);
-        b[i] = open_plain(e, 0);
+        a[i] = test_session(ref, 0);
+        b[i] = test_session(e, 0);
         rand_ids(p[i], NP, 256, 20 + i);
         CHECK(a[i] && b[i] && !ds41_feed(a[i], p[i], NP) && !ds41_feed(b[i], p[i], NP), "prompt %d", i);
     }
@@ -190,7 +180,7 @@ static void identity_spec_small43(void) {
     int V = ds41_vocab_size(e);
     int32_t prompt[NP], plain[64];
     rand_ids(prompt, NP, 256, 31);
-    ds41_session *a = open_plain(ref, 0), *b = open_plain(e, 1);
+    ds41_session *a = test_session(ref, 0), *b = test_session(e, 1);
     CHECK(a && b && !ds41_feed(a, prompt, NP) && !ds41_feed(b, prompt, NP), "prompts");
     for (int g = 0; g < 24; g++) {
         plain[g] = argmax(ds41_logits(a), V);
@@ -241,7 +231,7 @@ static void error_with(const char *fault) {
     ds41_engine *e = load_mode(tiny, DS41_ENGRAM_PREFETCH, 0);
     unsetenv("DS41_ENGRAM_FAULT");
     if (!e) return;
-    ds41_session *s = open_plain(e, 0);
+    ds41_session *s = test_session(e, 0);
     int32_t prompt[NP];
     rand_ids(prompt, NP, 256, 5);
     CHECK(s && ds41_feed(s, prompt, NP) != 0, "%s: the feed succeeded", fault);

@@ -70,4 +70,15 @@ static inline ds41_engine *load_checked(const char *dir, int exact, long long ct
     return e;
 }
 
+/* A session with the default parameters (draft: DSpark on), or NULL after a failed CHECK. */
+static inline ds41_session *test_session(ds41_engine *e, int draft) {
+    ds41_session_params sp;
+    ds41_session_params_default(&sp);
+    sp.draft = draft;
+    char err[512];
+    ds41_session *s = ds41_session_open(e, &sp, err, sizeof err);
+    CHECK(s, "session: %s", err);
+    return s;
+}
+
 #endif

@@ -69,21 +69,22 @@ static int param_cb(const ds41_tensor_spec *t, void *ctx) {
 }
 
 /* ------------------------------------------------------------------------------------------
- * --role (docs/pd.md): the weights a prefill node reads. Its KV-only prefill (forward.h
- * DS41_PREFILL_KVONLY) runs the embedding and every layer before the last KV source on every
- * row, and of the last KV source only what its KV entries need: the mHC attention mix, the
- * attention norm, the SWA key projection, the compressor and the index-K projection. No query
- * or output projection of that layer, no FFN, no later layer, no head, no DSpark stage. A
- * decode node holds everything (its restore replays the encoder rows; it prefills locally when
- * a prefill node fails). */
+ * --role (docs/pd.md): the weights a prefill node reads. Its prefill (CED, no logits) runs the
+ * embedding, the encoder on every row and the decoder layers on the rows their windows reach
+ * (the resume state it ships is every layer's SWA ring), and of the last layer only what its
+ * ring needs: the mHC attention mix, the attention norm and the SWA key projection (with a
+ * compressor and index-K projection where that layer has them). No query or output projection
+ * of that layer, no FFN, no head, no DSpark stage (the decode node seeds those rings from the
+ * shipped context rows). A decode node holds everything (it prefills locally when a prefill
+ * node fails). */
 static const char *human_bytes(double v, char *buf, size_t cap);
 
-typedef struct role_acc { int prefill, last_src; uint64_t bytes, total; size_t tensors; } role_acc;
+typedef struct role_acc { int prefill, last; uint64_t bytes, total; size_t tensors; } role_acc;
 
-static int prefill_reads(const ds41_tensor_spec *t, int last_src) {
+static int prefill_reads(const ds41_tensor_spec *t, int last) {
     if (t->role == DS41_ROLE_EMBED) return 1;
-    if (t->layer < 0 || t->layer > last_src) return 0;
-    if (t->layer < last_src) return 1;
+    if (t->layer < 0 || t->layer > last) return 0;
+    if (t->layer < last) return 1;
     static const char *kv_path[] = { "hc_attn_", "attn_norm.", "attn.wkv.", "attn.kv_norm.", "attn.compressor.",
                                      "attn.indexer.wk.", "attn.indexer.k_norm.", ".engram." };
     for (size_t i = 0; i < sizeof kv_path / sizeof kv_path[0]; i++)
@@ -96,7 +97,7 @@ static int role_cb(const ds41_tensor_spec *t, void *ctx) {
     if (t->optional) return 0;
     uint64_t b = ds41_spec_nbytes(t);
     a->total += b;
-    if (!a->prefill || prefill_reads(t, a->last_src)) { a->bytes += b; a->tensors++; }
+    if (!a->prefill || prefill_reads(t, a->last)) { a->bytes += b; a->tensors++; }
     return 0;
 }
 
@@ -104,18 +105,17 @@ static int print_role(const char *path, const char *role) {
     ds41_config cfg;
     ds41_err err;
     if (ds41_config_load(path, &cfg, &err)) { fprintf(stderr, "ds41 inspect: %s\n", err.msg); return 1; }
-    role_acc a = { .prefill = !strcmp(role, "prefill"), .last_src = -1 };
-    for (int l = 0; l < cfg.n_layers; l++) if (cfg.layers[l].is_kv_source) a.last_src = l;
+    role_acc a = { .prefill = !strcmp(role, "prefill"), .last = cfg.n_layers - 1 };
     ds41_contract_each(&cfg, NULL, role_cb, &a);
     char b1[32], b2[32];
     printf("role %s: %zu tensors, %llu bytes (%s) resident of %llu (%s), %.1f%%\n", role, a.tensors,
            (unsigned long long)a.bytes, human_bytes((double)a.bytes, b1, sizeof b1), (unsigned long long)a.total,
            human_bytes((double)a.total, b2, sizeof b2), a.total ? 100.0 * (double)a.bytes / (double)a.total : 0.0);
     if (a.prefill)
-        printf("  embedding, layers 0..%d whole, layer %d's KV path (mHC attention mix, norm, SWA K, compressor, "
-               "index K); no layer past %d, no head, no DSpark stage\n", a.last_src - 1, a.last_src, a.last_src);
+        printf("  embedding, layers 0..%d whole (the decoder on the rows its windows reach), layer %d's SWA K path "
+               "(mHC attention mix, norm, SWA K); no head, no DSpark stage\n", a.last - 1, a.last);
     else
-        printf("  the whole model (the restore replays encoder rows; a failed remote prefill runs locally)\n");
+        printf("  the whole model (a failed remote prefill runs locally)\n");
     ds41_config_free(&cfg);
     return 0;
 }

@@ -200,15 +200,8 @@ void ds41_row_plan(const ds41_config *cfg, ds41_prefill_mode mode, int T, int ne
     int q = need_logits ? T - 1 : T;
     int s = T - W > 0 ? T - W : 0;
     int replay_start = cfg->first_decoder_layer + 1;
-    int last_src = -1;
-    for (int l = 0; l < L; l++) if (cfg->layers[l].is_kv_source) last_src = l;
-    if (mode == DS41_PREFILL_KVONLY) q = T;
     for (int l = L - 1; l >= 0; l--) {
         const ds41_layer_plan *lp = &cfg->layers[l];
-        if (mode == DS41_PREFILL_KVONLY && l > last_src) {   /* nothing a KV source reads */
-            qrow[l] = krow[l] = T;
-            continue;
-        }
         if (mode == DS41_PREFILL_REPLAY && l >= replay_start && !lp->is_kv_source) {
             /* decoder replay: only the last window, windows truncated to it */
             qrow[l] = krow[l] = lo[l] = s;

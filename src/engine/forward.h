@@ -16,12 +16,8 @@ typedef enum ds41_prefill_mode {
     DS41_PREFILL_CED = 0,     /* encoder on every row, decoder only on the rows the kept outputs reach (exact) */
     DS41_PREFILL_FULL = 1,    /* every layer on every row (the reference) */
     DS41_PREFILL_REPLAY = 2,  /* spec 4.1 Decoder SWA Bounded Replay (approximation) */
-    DS41_PREFILL_RESTORE = 3, /* prefix-cache replay (restore.c): the CED row reach on every layer,
+    DS41_PREFILL_RESTORE = 3  /* prefix-cache replay (restore.c): the CED row reach on every layer,
                                * KV sources included (their entries are restored, not recomputed) */
-    DS41_PREFILL_KVONLY = 4   /* a prefill node (src/pd/): only what the KV sources' entries need,
-                               * every row of the layers up to the last KV source, that layer's
-                               * attention input and compressor, nothing after it (no decoder
-                               * layer output, no head); the entries are a CED prefill's */
 } ds41_prefill_mode;
 
 typedef struct ds41_engine {

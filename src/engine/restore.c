@@ -1,7 +1,10 @@
 /* ds41 prefix-cache restore: see restore.h. */
 #include "restore.h"
 
+#include <stdlib.h>
 #include <string.h>
+
+#include "formats.h"
 
 long long ds41_seq_replay_rows(const ds41_config *cfg, int mode, long long M) {
     long long W = cfg->window, L = cfg->n_layers;
@@ -17,16 +20,14 @@ int ds41_restore_supported(const ds41_config *cfg) {
     return 1;
 }
 
-int ds41_seq_restore(ds41_seq *s, const int32_t *ids, long long M, uint8_t *const *pages, int mode, int want_logits,
-                     ds41_err *err) {
-    ds41_engine *e = s->e;
-    const ds41_config *cfg = e->cfg;
+/* The checks both entries make, then the pages of the M tokens attached to every store. */
+static int attach_pages(ds41_seq *s, const int32_t *ids, long long M, uint8_t *const *pages, ds41_err *err) {
+    const ds41_config *cfg = s->e->cfg;
     ds41_cache *c = &s->cache;
     if (c->pos != 0) return ds41_errf(err, "restore: the sequence holds %lld tokens (needs a fresh one)", c->pos);
     if (M < DS41_PAGE_TOKENS || M % DS41_PAGE_TOKENS || M > c->max_pos)
         return ds41_errf(err, "restore: %lld tokens (whole %d-token blocks within the context %lld)", M,
                          DS41_PAGE_TOKENS, c->max_pos);
-    if (mode != DS41_RESTORE_EXACT && mode != DS41_RESTORE_APPROX) return ds41_errf(err, "restore: mode %d", mode);
     if (!ds41_restore_supported(cfg)) return ds41_errf(err, "restore: a KV source's ratio does not divide %d", DS41_PAGE_TOKENS);
     for (long long i = 0; i < M; i++)
         if (ids[i] < 0 || ids[i] >= cfg->vocab_size)
@@ -38,12 +39,26 @@ int ds41_seq_restore(ds41_seq *s, const int32_t *ids, long long M, uint8_t *cons
             if (ds41_store_attach_page(st, b, pages[(size_t)b * c->n_stores + i], err)) return -1;
         st->n_entries = M / st->ratio;
     }
+    return 0;
+}
+
+/* Engram history after position P - 1 (compressed ids, most recent first; 0 before position 0). */
+static void history_at(const ds41_engine *e, const int32_t *ids, long long P, int32_t hist[16]) {
+    for (int k = 0; k < 16; k++) hist[k] = P - 1 - k < 0 ? 0 : e->token_map[ids[P - 1 - k]];
+}
+
+int ds41_seq_restore(ds41_seq *s, const int32_t *ids, long long M, uint8_t *const *pages, int mode, int want_logits,
+                     ds41_err *err) {
+    ds41_engine *e = s->e;
+    const ds41_config *cfg = e->cfg;
+    ds41_cache *c = &s->cache;
+    if (mode != DS41_RESTORE_EXACT && mode != DS41_RESTORE_APPROX) return ds41_errf(err, "restore: mode %d", mode);
+    if (attach_pages(s, ids, M, pages, err)) return -1;
     long long R = ds41_seq_replay_rows(cfg, mode, M), P0 = M - R;
     /* the state at the replay start: position, Engram history from the ids, the published
      * index-K owner a prefill of P0 tokens leaves (a one-shot prefill starts from none) */
     c->pos = P0;
-    if (e->has_engram)
-        for (int k = 0; k < 16; k++) c->hist[k] = P0 - 1 - k < 0 ? 0 : e->token_map[ids[P0 - 1 - k]];
+    if (e->has_engram) history_at(e, ids, P0, c->hist);
     c->ik_owner = P0 > 0 ? ds41_ik_owner_after(cfg, -1, 0, P0 - 1, cfg->n_layers - 1) : -1;
     ds41_prefill_mode saved = s->prefill;
     s->prefill = DS41_PREFILL_RESTORE;
@@ -52,4 +67,56 @@ int ds41_seq_restore(ds41_seq *s, const int32_t *ids, long long M, uint8_t *cons
     s->restore = 0;
     s->prefill = saved;
     return rc;
+}
+
+int ds41_seq_install(ds41_seq *s, const int32_t *ids, long long M, uint8_t *const *pages, const ds41_resume_state *st,
+                     ds41_err *err) {
+    ds41_engine *e = s->e;
+    const ds41_config *cfg = e->cfg;
+    ds41_cache *c = &s->cache;
+    if (st->ik_owner < -1 || st->ik_owner >= cfg->n_layers)
+        return ds41_errf(err, "install: index-K owner %d outside -1 .. %d", st->ik_owner, cfg->n_layers - 1);
+    if (st->mh_rows < 0 || st->mh_rows > cfg->window || (st->mh_rows > 0 && cfg->n_dspark_targets < 1))
+        return ds41_errf(err, "install: %d DSpark context rows (at most %d)", st->mh_rows,
+                         cfg->n_dspark_targets > 0 ? cfg->window : 0);
+    if (attach_pages(s, ids, M, pages, err)) return -1;
+    /* the history is a function of the ids the decode node holds: a shipped one that differs is
+     * a peer's bug, never something to decode from */
+    int32_t h[16] = { 0 };
+    if (e->has_engram) history_at(e, ids, M, h);
+    if (memcmp(h, st->hist, sizeof h))
+        return ds41_errf(err, "install: the shipped Engram history is not the one the prompt's last tokens give");
+    size_t ring = (size_t)cfg->window * c->rings[0].rec_bytes;
+    for (int l = 0; l < cfg->n_layers; l++) {
+        if ((size_t)c->rings[l].slots * c->rings[l].rec_bytes != ring)
+            return ds41_errf(err, "install: ring %d is not %d x %d bytes", l, cfg->window, c->rings[0].rec_bytes);
+        memcpy(c->rings[l].rec, st->rings + (size_t)l * ring, ring);
+    }
+    const uint8_t *cp = st->comp;
+    for (int i = 0; i < c->n_comp; i++) {
+        size_t n = (size_t)c->comp[i].ratio * c->comp[i].dim * sizeof(float);
+        memcpy(c->comp[i].kv, cp, n);
+        memcpy(c->comp[i].sc, cp + n, n);
+        cp += 2 * n;
+    }
+    memcpy(c->hist, h, sizeof c->hist);
+    c->ik_owner = st->ik_owner;
+    c->pos = M;
+    /* the context rows as the forward left them (the session seeds the DSpark rings from them) */
+    free(s->main_hidden);
+    s->main_hidden = NULL;
+    s->mh_rows = 0;
+    if (st->mh_rows > 0) {
+        size_t w = (size_t)cfg->n_dspark_targets * cfg->dim, nv = (size_t)st->mh_rows * w;
+        s->main_hidden = malloc(nv * sizeof(float));
+        if (!s->main_hidden) return ds41_errf(err, "install: out of memory");
+        for (size_t i = 0; i < nv; i++) {
+            uint16_t b;
+            memcpy(&b, st->mh + 2 * i, 2);
+            s->main_hidden[i] = ds41_bf16_to_f32(b);
+        }
+        s->mh_rows = st->mh_rows;
+        s->mh_pos0 = M - st->mh_rows;
+    }
+    return 0;
 }

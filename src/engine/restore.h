@@ -33,11 +33,34 @@ int ds41_restore_supported(const ds41_config *cfg);
 int ds41_seq_restore(ds41_seq *s, const int32_t *ids, long long M, uint8_t *const *pages, int mode, int want_logits,
                      ds41_err *err);
 
+/* The bounded state at a block end as a prefill node ships it (src/pd/, docs/pd.md): what a
+ * prefill of M tokens leaves besides its global KV pages. Borrowed views (unaligned bytes, read
+ * with memcpy): rings [n_layers][window][rec_bytes] (the layers' SWA rings, not the DSpark
+ * stages'), comp per compressor (cache order) kv then score [ratio][dim] FP32, mh [mh_rows]
+ * [n_dspark_targets * dim] BF16 (the forward's DSpark context input rows, ending at M - 1;
+ * mh_rows 0: none). */
+typedef struct ds41_resume_state {
+    const uint8_t *rings, *comp, *mh;
+    int mh_rows;
+    int ik_owner;
+    int32_t hist[16];
+} ds41_resume_state;
+/* s at position 0. Attaches the pages as ds41_seq_restore does and sets the state from st:
+ * nothing is recomputed. Refuses a history that is not the one ids imply. On failure the
+ * sequence must be reset. */
+int ds41_seq_install(ds41_seq *s, const int32_t *ids, long long M, uint8_t *const *pages, const ds41_resume_state *st,
+                     ds41_err *err);
+
 /* Session-level (session.c): ds41_seq_restore plus the DSpark ring seeding a feed does; the
  * session must be at position 0 and not broken. Returns 0 or -1 (ds41_session_error; the
  * session is then broken until reset). */
 int ds41_session_restore(ds41_session *s, const int32_t *ids, long long M, uint8_t *const *pages, int mode,
                          int want_logits);
+/* ds41_seq_install plus the DSpark ring seeding a feed does (from st's context rows). */
+int ds41_session_install(ds41_session *s, const int32_t *ids, long long M, uint8_t *const *pages,
+                         const ds41_resume_state *st);
+/* 1 when the session drafts (DSpark): a prefill node then ships the context rows too. */
+int ds41_session_drafts(const ds41_session *s);
 /* The sequence of a session (for the prefix cache, which reads its pages and settings). */
 ds41_seq *ds41_session_seq(ds41_session *s);
 int ds41_session_index_k(const ds41_session *s);

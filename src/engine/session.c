@@ -462,6 +462,22 @@ int ds41_session_restore(ds41_session *s, const int32_t *ids, long long M, uint8
     return 0;
 }
 
+int ds41_session_install(ds41_session *s, const int32_t *ids, long long M, uint8_t *const *pages,
+                         const ds41_resume_state *st) {
+    if (s->broken) { snprintf(s->err, sizeof s->err, "session is unusable after an earlier error; reset it"); return -1; }
+    s->spec.pending = -1;
+    ds41_err err;
+    s->dpend_n = 0;
+    if (ds41_seq_install(&s->seq, ids, M, pages, st, &err) || seed_rows(s, &err)) {
+        snprintf(s->err, sizeof s->err, "%s", err.msg);
+        s->broken = 1;
+        return -1;
+    }
+    return 0;
+}
+
+int ds41_session_drafts(const ds41_session *s) { return s->p.draft != 0; }
+
 /* ---- all-row logits (perplexity, speculative verification) ---- */
 int ds41_feed_logits(ds41_session *s, const int32_t *ids, size_t n, float *out) {
     if (!out) { snprintf(s->err, sizeof s->err, "feed_logits: no output buffer"); return -1; }

@@ -1,21 +1,23 @@
 /* ds41 prefill/decode disaggregation (P7, docs/pd.md).
  *
- * A prefill node (ds41 serve --role prefill) computes the global KV of a prompt's whole
- * 128-token blocks with the KV-only prefill (forward.h DS41_PREFILL_KVONLY: the layers up to
- * the last KV source, never a decoder layer's output or experts) and ships each KV source's
- * pages as soon as its layer is done, in the paged layout of the prefix cache (cache.h). A decode
- * node (ds41 serve --role decode) is the OpenAI front: it receives the pages, adds them to its
- * prefix cache as blocks (ds41_prefix_insert) and admits the request through the ordinary
- * prefix-cache restore, whose exact replay rebuilds the windows, the compressor state and the
- * Engram history; it then prefills the prompt's tail and decodes. A remote prefill therefore
- * decodes to the bits of a prefix-cache hit, which are the bits of a local prefill
- * (tests/test_prefix.c), by construction.
+ * A prefill node (ds41 serve --role prefill) prefills a prompt's whole 128-token blocks (the
+ * CED prefill of one node, no logits) and ships each KV source's pages as soon as its layer is
+ * done, in the paged layout of the prefix cache (cache.h), then the bounded resume state the
+ * forward left (every layer's SWA ring, the compressors' partial state, the Engram history, the
+ * published index-K owner and, for a drafting decode node, the DSpark context rows: one RESUME
+ * frame, src/store/kvx_resume.h). A decode node (ds41 serve --role decode) is the OpenAI front:
+ * it receives the pages, adds them to its prefix cache as blocks (ds41_prefix_insert), installs
+ * pages and state into the request's session (ds41_session_install: nothing replayed), prefills
+ * the prompt's tail and decodes. The state is the one a local prefill of the same blocks
+ * leaves, so a remote prefill decodes to the bits of one node (tests/pd.test.sh).
  *
  * Fault injection (tests only, tests/pd.test.sh): DS41_PD_FAULT=KIND:N makes this process
  * misbehave once, at its N-th (1-based) LAYER frame sent (prefill node) or at its N-th fetch
  * (decode node):
  *   flip:N       prefill: the frame's payload gets one byte flipped after its checksum
  *   truncate:N   prefill: the frame's header and half its payload, then the connection closes
+ *   rflip, rtruncate, rbad:N  prefill: the same on its N-th RESUME frame; rbad ships a
+ *                payload whose checksum is right but whose ring count is wrong (a peer's bug)
  *   stall:N      prefill: stops before the frame and prints "pd-fault: stalled" (a hung node;
  *                the test may kill -9 it there: a node dying mid-transfer)
  *   vanish:N     decode: after the handshake, prints "pd-fault: vanished" and stops talking
@@ -30,6 +32,8 @@
 
 #include "common.h"
 #include "ds41.h"
+#include "kvx_resume.h"
+#include "restore.h"
 
 /* ---- prefill node ---- */
 typedef struct ds41_pd_prefill_opts {
@@ -53,7 +57,19 @@ typedef struct ds41_pd_result {
     double seconds;           /* first LAYER frame to DONE */
     char node[96];            /* the prefill node that served it */
     long long restored;       /* ds41_pd_start: prompt tokens the session holds afterwards */
+    int installed;            /* ds41_pd_start: 1 when the shipped state was installed (no replay) */
+    double t_last_frame;      /* CLOCK_MONOTONIC seconds when the last LAYER or RESUME frame arrived */
 } ds41_pd_result;
+
+/* What a fetch received: the pages of blocks [first, nb) ([nb - first][n_stores], one reference
+ * each) and the RESUME payload (checked against this node's cache). */
+typedef struct ds41_pd_fetched {
+    uint8_t **pages;
+    long long first, nb;
+    uint8_t *resume;
+    size_t resume_len;
+} ds41_pd_fetched;
+void ds41_pd_fetched_free(ds41_pd_fetched *f, int n_stores);
 
 /* nodes: "HOST:PORT[,HOST:PORT...]"; timeout_ms bounds every wait for a prefill node's next
  * frame (a hung node). */
@@ -63,12 +79,14 @@ void ds41_pd_client_close(ds41_pd_client *cl);
 /* Remote prefill of the whole blocks [first, n / 128) of ids, synchronously: the least loaded
  * node first (fewest requests this client has in flight on it), then the others; the pages
  * received go into the prefix cache. 0, or -1 with err when no node delivered. */
-int ds41_pd_fetch(ds41_pd_client *cl, const int32_t *ids, size_t n, long long first, ds41_pd_result *res,
-                  ds41_err *err);
+int ds41_pd_fetch(ds41_pd_client *cl, const int32_t *ids, size_t n, long long first, unsigned flags,
+                  ds41_pd_result *res, ds41_pd_fetched *out, ds41_err *err);
 
-/* The same on a thread of its own, for the scheduler, followed by the restore of session s
- * (at position 0, the job's until poll says done) from the prefix cache over ids[0..n_prompt):
- * the exact replay runs on the job's thread, not the scheduler's. The fetch covers ids[0..n_fetch)
+/* The same on a thread of its own, for the scheduler, followed by the install of session s
+ * (at position 0, the job's until poll says done): the local hit's pages from the prefix cache,
+ * the fetched ones and the shipped state (ds41_session_install), nothing replayed; the prefix
+ * cache's restore over ids[0..n_prompt) only when the local hit's blocks were evicted meanwhile
+ * or the install refused the state. The fetch covers ids[0..n_fetch)
  * (whole blocks). After a failed fetch the session is restored from the local hit only, unless
  * no_fallback. start: NULL when no thread could be started; poll: 0 running, 1 done, -1 the
  * fetch failed (msg); res->restored: the tokens the session holds (-1: the restore failed,
@@ -78,6 +96,17 @@ ds41_pd_job *ds41_pd_start(ds41_pd_client *cl, ds41_session *s, const int32_t *i
                            long long first, int no_fallback);
 int ds41_pd_poll(ds41_pd_job *j, ds41_pd_result *res, char *msg, size_t cap);
 void ds41_pd_finish(ds41_pd_job *j);
+
+/* ---- resume state (pd_resume.c) ---- */
+/* The geometry of cache c of engine e as a RESUME payload describes it. */
+int ds41_pd_geom(const ds41_engine *e, const ds41_cache *c, ds41_kvx_geom *g, ds41_err *err);
+/* Prefill node: the RESUME payload of q's state (malloc'd, *n bytes); with_context: the DSpark
+ * context rows too. NULL with err. */
+uint8_t *ds41_pd_resume_pack(const ds41_seq *q, int with_context, size_t *n, ds41_err *err);
+/* Decode node: payload p[n] checked against geometry g for position M, as the install view
+ * (pointing into p). 0 or -1 with err naming what was wrong. */
+int ds41_pd_resume_view(const ds41_kvx_geom *g, const uint8_t *p, size_t n, long long M, ds41_resume_state *st,
+                        ds41_err *err);
 
 /* Fault injection (see above): 1 when DS41_PD_FAULT names `kind` and this is its n-th call. */
 int ds41_pd_fault(const char *kind);

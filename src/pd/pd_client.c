@@ -1,7 +1,8 @@
 /* ds41 decode node's side of a remote prefill (pd.h, docs/pd.md): one connection per request,
  * the handshake (compatibility hash), the request, then every LAYER frame checked (request id,
- * sequence number, store, layer, block range, page size, each page exactly once) before DONE
- * lets the pages into the prefix cache. Anything else (a refused handshake, a corrupt, truncated
+ * sequence number, store, layer, block range, page size, each page exactly once) and the RESUME
+ * frame checked against this node's cache (after every page, exactly once) before DONE lets the
+ * pages into the prefix cache and the state into the request's session. Anything else (a refused handshake, a corrupt, truncated
  * or unexpected frame, a node that dies or stays silent past the timeout) fails the fetch and
  * leaves the cache as it was: the caller prefills locally (or fails, --on-prefill-failure). */
 #define _GNU_SOURCE
@@ -35,6 +36,7 @@ struct ds41_pd_client {
     int n_nodes;
     pd_node nodes[MAX_NODES];
     int timeout_ms;
+    ds41_kvx_geom geom;       /* this node's cache, as a RESUME payload must describe it */
     _Atomic unsigned rr;
     _Atomic unsigned long long next_id;
 };
@@ -85,6 +87,11 @@ ds41_pd_client *ds41_pd_client_open(ds41_engine *e, ds41_prefix_cache *pc, const
         p = comma ? comma + 1 : NULL;
     }
     if (cl->n_nodes == 0) { ds41_errf(err, "--prefill: no HOST:PORT given"); free(cl); return NULL; }
+    ds41_cache c;
+    if (ds41_cache_init(&c, e->cfg, BT, err)) { free(cl); return NULL; }
+    int grc = ds41_pd_geom(e, &c, &cl->geom, err);
+    ds41_cache_free(&c);
+    if (grc) { free(cl); return NULL; }
     cl->net = ds41_kvx_net_open(err);
     if (!cl->net) { free(cl); return NULL; }
     return cl;
@@ -97,8 +104,8 @@ void ds41_pd_client_close(ds41_pd_client *cl) {
 }
 
 /* one attempt on one node; *busy = 1 when it refused for load (the next node may take it) */
-static int try_node(ds41_pd_client *cl, pd_node *nd, const int32_t *ids, size_t n, long long first, ds41_pd_result *res,
-                    int *busy, ds41_err *err) {
+static int try_node(ds41_pd_client *cl, pd_node *nd, const int32_t *ids, size_t n, long long first, unsigned flags,
+                    ds41_pd_result *res, ds41_pd_fetched *out, int *busy, ds41_err *err) {
     const ds41_config *cfg = cl->e->cfg;
     int ns = cfg->n_kv_sources;
     long long nb = (long long)n / BT, cnt = nb - first;
@@ -109,7 +116,8 @@ static int try_node(ds41_pd_client *cl, pd_node *nd, const int32_t *ids, size_t 
     if (!c) return -1;
     uint8_t **pages = calloc((size_t)(cnt * ns + 1), sizeof *pages);
     uint8_t *wire = malloc(n * 4 + 1);
-    void *p = NULL;
+    void *p = NULL, *resume = NULL;
+    size_t resume_len = 0;
     int rc = -1;
     char why[200];
     ds41_kvx_hdr h;
@@ -139,23 +147,41 @@ static int try_node(ds41_pd_client *cl, pd_node *nd, const int32_t *ids, size_t 
         for (int k = 0; k < 4; k++) wire[4 * i + k] = (uint8_t)(v >> (8 * k));
     }
     ds41_kvx_hdr req = { .type = DS41_KVX_REQ, .req = id, .seq = 1, .layer = -1, .arg0 = (uint32_t)first,
-                         .len = (uint32_t)(n * 4) };
+                         .arg1 = flags, .len = (uint32_t)(n * 4) };
     if (ds41_kvx_send(c, &req, wire, cl->timeout_ms, err)) goto out;
     size_t maxpb = 0;
     for (int i = 0; i < ns; i++) if (ds41_cache_page_bytes(cfg, i) > maxpb) maxpb = ds41_cache_page_bytes(cfg, i);
-    uint32_t maxp = maxpb > 4096 ? (uint32_t)maxpb : 4096;
+    size_t maxr = ds41_kvx_resume_bytes(&cl->geom, cl->geom.slots);
+    if (maxr > maxpb) maxpb = maxr;
+    uint32_t maxp = maxpb > 4096 ? (uint32_t)(maxpb < DS41_KVX_MAX_PAYLOAD ? maxpb : DS41_KVX_MAX_PAYLOAD) : 4096;
     long long got = 0, bytes = 0;
     double t_first = 0;
     for (uint32_t seq = 1;; seq++) {
         if (ds41_kvx_recv(c, &h, &p, maxp, cl->timeout_ms, err)) goto out;
         bytes += DS41_KVX_HEADER + h.len;
-        if (ds41_kvx_expect(&h, 1u << DS41_KVX_LAYER | 1u << DS41_KVX_DONE | 1u << DS41_KVX_ERROR, id, seq, why, sizeof why)) {
+        unsigned allowed = 1u << DS41_KVX_ERROR;
+        if (got < cnt * ns) allowed |= 1u << DS41_KVX_LAYER;
+        else allowed |= resume ? 1u << DS41_KVX_DONE : 1u << DS41_KVX_RESUME;
+        if (ds41_kvx_expect(&h, allowed, id, seq, why, sizeof why)) {
             ds41_errf(err, "%s: %s", ds41_kvx_peer(c), why);
             goto out;
         }
         if (h.type == DS41_KVX_ERROR) {
             ds41_errf(err, "%s: prefill failed: %.*s", ds41_kvx_peer(c), (int)h.len, p ? (const char *)p : "");
             goto out;
+        }
+        if (h.type == DS41_KVX_RESUME) {
+            ds41_resume_state st;
+            ds41_err e2;
+            if (ds41_pd_resume_view(&cl->geom, p, h.len, nb * BT, &st, &e2)) {
+                ds41_errf(err, "%s: %.300s", ds41_kvx_peer(c), e2.msg);
+                goto out;
+            }
+            res->t_last_frame = now_s();
+            resume = p;
+            resume_len = h.len;
+            p = NULL;
+            continue;
         }
         if (h.type == DS41_KVX_DONE) {
             if (h.arg0 != (uint32_t)cnt || h.arg1 != (uint32_t)ns || got != cnt * ns) {
@@ -174,6 +200,7 @@ static int try_node(ds41_pd_client *cl, pd_node *nd, const int32_t *ids, size_t 
                       "(%lld blocks from %lld, %d stores)", ds41_kvx_peer(c), st, h.layer, b, h.len, nb, first, ns);
             goto out;
         }
+        res->t_last_frame = now_s();
         uint8_t *pg = ds41_page_new(h.len);
         if (!pg) { ds41_errf(err, "out of memory for a KV page"); goto out; }
         memcpy(pg, p, h.len);
@@ -183,6 +210,13 @@ static int try_node(ds41_pd_client *cl, pd_node *nd, const int32_t *ids, size_t 
         p = NULL;
     }
     ds41_prefix_insert(cl->pc, ids, n, first, cnt, pages);
+    out->pages = pages;
+    out->first = first;
+    out->nb = nb;
+    out->resume = resume;
+    out->resume_len = resume_len;
+    pages = NULL;
+    resume = NULL;
     res->blocks = cnt;
     res->bytes = bytes;
     res->seconds = t_first ? now_s() - t_first : 0;
@@ -190,6 +224,7 @@ static int try_node(ds41_pd_client *cl, pd_node *nd, const int32_t *ids, size_t 
     rc = 0;
 out:
     free(p);
+    free(resume);
     free(wire);
     if (pages)
         for (long long i = 0; i < cnt * ns; i++) ds41_page_unref(pages[i]);
@@ -198,9 +233,18 @@ out:
     return rc;
 }
 
-int ds41_pd_fetch(ds41_pd_client *cl, const int32_t *ids, size_t n, long long first, ds41_pd_result *res,
-                  ds41_err *err) {
+void ds41_pd_fetched_free(ds41_pd_fetched *f, int n_stores) {
+    if (f->pages)
+        for (long long i = 0; i < (f->nb - f->first) * n_stores; i++) ds41_page_unref(f->pages[i]);
+    free(f->pages);
+    free(f->resume);
+    memset(f, 0, sizeof *f);
+}
+
+int ds41_pd_fetch(ds41_pd_client *cl, const int32_t *ids, size_t n, long long first, unsigned flags,
+                  ds41_pd_result *res, ds41_pd_fetched *out, ds41_err *err) {
     memset(res, 0, sizeof *res);
+    memset(out, 0, sizeof *out);
     long long nb = (long long)n / BT;
     if (first < 0 || first >= nb) return ds41_errf(err, "remote prefill: nothing to fetch (%zu ids from block %lld)", n, first);
     /* least loaded first: fewest requests in flight from here, ties in turn */
@@ -217,7 +261,7 @@ int ds41_pd_fetch(ds41_pd_client *cl, const int32_t *ids, size_t n, long long fi
         int busy = 0;
         atomic_fetch_add(&nd->inflight, 1);
         ds41_err e1;
-        int rc = try_node(cl, nd, ids, n, first, res, &busy, &e1);
+        int rc = try_node(cl, nd, ids, n, first, flags, res, out, &busy, &e1);
         atomic_fetch_sub(&nd->inflight, 1);
         if (rc == 0) return 0;
         size_t l = strlen(msgs);
@@ -240,11 +284,51 @@ struct ds41_pd_job {
     ds41_err err;
 };
 
+/* The session from the local hit's pages (prefix cache), the fetched ones and the shipped state:
+ * the tokens it holds, or 0 when the local hit's blocks were evicted meanwhile or the install
+ * refused (the caller then restores from the prefix cache), -1 when the session broke. */
+static long long install(ds41_pd_job *j, ds41_pd_fetched *f) {
+    ds41_prefix_cache *pc = j->cl->pc;
+    int ns = j->cl->e->cfg->n_kv_sources;
+    long long M = f->nb * BT;
+    uint8_t **hit = NULL, **all = calloc((size_t)(f->nb * ns + 1), sizeof *all);
+    long long nh = f->first > 0 ? ds41_prefix_pages(pc, j->ids, (size_t)(f->first * BT), &hit) : 0;
+    ds41_resume_state st;
+    ds41_err err;
+    long long rc = 0;
+    /* the session's forward of the tail gives the first token's logits: at least one must remain */
+    if (all && nh == f->first && M < (long long)j->n_prompt && ds41_pd_resume_view(&j->cl->geom, f->resume, f->resume_len, M, &st, &err) == 0) {
+        memcpy(all, hit, (size_t)(nh * ns) * sizeof *all);
+        memcpy(all + nh * ns, f->pages, (size_t)((f->nb - f->first) * ns) * sizeof *all);
+        if (ds41_session_install(j->s, j->ids, M, all, &st) == 0) rc = M;
+        else {
+            fprintf(stderr, "ds41 serve: installing a remote prefill's state: %s; restoring from the prefix cache\n",
+                    ds41_session_error(j->s));
+            ds41_session_reset(j->s);
+        }
+    }
+    ds41_prefix_pages_free(pc, hit, nh);
+    free(all);
+    return rc;
+}
+
 static void *job_main(void *arg) {
     ds41_pd_job *j = arg;
-    int rc = ds41_pd_fetch(j->cl, j->ids, j->n_fetch, j->first, &j->res, &j->err);
+    ds41_pd_fetched f;
+    unsigned flags = ds41_session_drafts(j->s) ? DS41_KVX_REQ_CONTEXT : 0;
+    int rc = ds41_pd_fetch(j->cl, j->ids, j->n_fetch, j->first, flags, &j->res, &f, &j->err);
     j->res.restored = 0;
-    if (!rc || !j->no_fallback) j->res.restored = ds41_prefix_restore(j->cl->pc, j->s, j->ids, j->n_prompt);
+    if (!rc) j->res.restored = install(j, &f);
+    j->res.installed = j->res.restored > 0;
+    ds41_pd_fetched_free(&f, j->cl->e->cfg->n_kv_sources);
+    if ((!rc && j->res.restored == 0) || (rc && !j->no_fallback))
+        j->res.restored = ds41_prefix_restore(j->cl->pc, j->s, j->ids, j->n_prompt);
+    /* the decode node's own share of a remote prefill, up to the tail's forward (docs/pd.md) */
+    if (!rc)
+        fprintf(stderr, "ds41 serve: remote prefill from %s: %lld blocks, %lld bytes; %s; session ready %.2f ms after "
+                "the last frame (monotonic %.6f)\n", j->res.node, j->res.blocks, j->res.bytes,
+                j->res.installed ? "state installed, 0 rows replayed" : "restored from the prefix cache (replayed)",
+                (now_s() - j->res.t_last_frame) * 1e3, j->res.t_last_frame);
     atomic_store(&j->state, rc ? -1 : 1);
     return NULL;
 }

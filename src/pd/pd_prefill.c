@@ -5,12 +5,14 @@
  *   decode node                         prefill node
  *   HELLO (compatibility hash)    ->
  *                                 <-    WELCOME (load, capacity, hash) or ERROR (mismatch, busy)
- *   REQ (ids, first block)        ->    KV-only forward; after each KV source's layer its pages
- *                                 <-    LAYER (store, block, one page) ... per page, in layer order
+ *   REQ (ids, first block, flags) ->    prefill (CED, no logits); after each KV source's layer
+ *                                 <-    LAYER (store, block, one page) ... its pages, in layer order
+ *                                 <-    RESUME (the bounded state the prefill left, kvx_resume.h)
  *                                 <-    DONE (blocks, stores)
  *
- * Prompts whose blocks the node's own prefix cache holds are shipped from it without compute;
- * what it computes is published there, as on one node. The forward runs under one mutex (the
+ * Prompts whose blocks the node's own prefix cache holds are shipped from it, their state
+ * rebuilt by the prefix cache's restore (its replay runs here, not on the decode node); what it
+ * computes is published there, as on one node. The forward runs under one mutex (the
  * engine's thread pool serves one forward at a time). A decode node that stops answering
  * within the lease (every send and receive is bounded by it) or whose connection fails loses its
  * request: the handler drops the pages and the connection and frees the slot. */
@@ -43,10 +45,13 @@ typedef struct pd_srv {
     _Atomic long long served, failed, bytes;
 } pd_srv;
 
-/* a page to send (one reference held), or the end marker (page NULL) */
+/* a page to send (one reference held), the resume state (store -1, blob owned) or the end
+ * marker (neither) */
 typedef struct sitem {
     int store, block;
     uint8_t *page;
+    uint8_t *blob;
+    size_t len;
     struct sitem *next;
 } sitem;
 
@@ -55,6 +60,7 @@ typedef struct pd_req {
     ds41_kvx_conn *c;
     uint64_t id;
     long long first, nb;
+    unsigned flags;            /* REQ's DS41_KVX_REQ_* */
     int *sent;                 /* per store: blocks queued so far (from first) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -65,7 +71,7 @@ typedef struct pd_req {
     uint32_t seq;
     /* timing (docs/pd.md, the share of the transfer hidden behind compute): seconds since the
      * request arrived of the first page sent, the end of the forward and DONE sent */
-    double t0, t_first, t_computed, t_done;
+    double t0, t_first, t_computed, t_resume, t_done;
 } pd_req;
 
 static double now_s(void) {
@@ -74,12 +80,14 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static void push(pd_req *r, int store, int block, uint8_t *page) {
+static void push_item(pd_req *r, int store, int block, uint8_t *page, uint8_t *blob, size_t len) {
     sitem *it = calloc(1, sizeof *it);
-    if (!it) { atomic_store(&r->failed, 1); snprintf(r->why, sizeof r->why, "out of memory"); return; }
+    if (!it) { atomic_store(&r->failed, 1); snprintf(r->why, sizeof r->why, "out of memory"); free(blob); return; }
     it->store = store;
     it->block = block;
     it->page = page;
+    it->blob = blob;
+    it->len = len;
     if (page) ds41_page_ref(page);
     pthread_mutex_lock(&r->mu);
     if (r->tail) r->tail->next = it; else r->head = it;
@@ -87,6 +95,8 @@ static void push(pd_req *r, int store, int block, uint8_t *page) {
     pthread_cond_signal(&r->cv);
     pthread_mutex_unlock(&r->mu);
 }
+
+static void push(pd_req *r, int store, int block, uint8_t *page) { push_item(r, store, block, page, NULL, 0); }
 
 /* queues the pages of store i's blocks that are complete and not yet queued */
 static void queue_store(pd_req *r, ds41_cache *c, int i) {
@@ -108,39 +118,56 @@ static void layer_hook(void *arg, ds41_seq *s, int layer) {
         if (s->cache.stores[i].layer == layer) queue_store(r, &s->cache, i);
 }
 
-static int send_layer(pd_req *r, const sitem *it, ds41_err *err) {
+/* One LAYER or RESUME frame, with the test-only faults (pd.h): flip, truncate, stall on LAYER
+ * frames; rflip, rtruncate, rbad on RESUME frames. */
+static int send_frame(pd_req *r, ds41_kvx_hdr *h, const uint8_t *pl, ds41_err *err) {
     pd_srv *S = r->S;
-    const ds41_config *cfg = S->e->cfg;
-    size_t pb = ds41_cache_page_bytes(cfg, it->store);
-    ds41_kvx_hdr h = { .type = DS41_KVX_LAYER, .req = r->id, .seq = r->seq++, .layer = cfg->kv_sources[it->store],
-                       .arg0 = (uint32_t)it->store, .arg1 = (uint32_t)it->block, .len = (uint32_t)pb };
-    if (ds41_pd_fault("stall")) {
+    size_t pb = h->len;
+    int resume = h->type == DS41_KVX_RESUME;
+    if (!resume && ds41_pd_fault("stall")) {
         fprintf(stderr, "pd-fault: stalled (request %llu)\n", (unsigned long long)r->id);
         sleep(3600);
     }
-    if (ds41_pd_fault("flip") || ds41_pd_fault("truncate")) {
-        int trunc = 0;
+    int bad = resume && ds41_pd_fault("rbad");
+    if (bad || ds41_pd_fault(resume ? "rflip" : "flip") || ds41_pd_fault(resume ? "rtruncate" : "truncate")) {
         const char *f = getenv("DS41_PD_FAULT");
-        if (f && !strncmp(f, "truncate", 8)) trunc = 1;
-        uint8_t hb[DS41_KVX_HEADER];
-        ds41_kvx_encode(&h, it->page, hb);
+        int trunc = f && strstr(f, "truncate") != NULL;
         uint8_t *cp = malloc(pb);
         if (!cp) return ds41_errf(err, "out of memory");
-        memcpy(cp, it->page, pb);
-        cp[pb / 2] ^= 0x01;
-        fprintf(stderr, "pd-fault: %s (request %llu)\n", trunc ? "truncated a frame" : "flipped a byte",
-                (unsigned long long)r->id);
+        memcpy(cp, pl, pb);
+        uint8_t hb[DS41_KVX_HEADER];
+        if (bad) {
+            cp[8] ^= 0x01;   /* the ring count, under a right checksum */
+            ds41_kvx_encode(h, cp, hb);
+        } else {
+            ds41_kvx_encode(h, pl, hb);
+            cp[pb / 2] ^= 0x01;
+        }
+        fprintf(stderr, "pd-fault: %s %s frame (request %llu)\n", trunc ? "truncated a" : bad ? "a bad ring count in a" :
+                "flipped a byte of a", ds41_kvx_type_name(h->type), (unsigned long long)r->id);
         int rc = ds41_kvx_send_bytes(r->c, hb, sizeof hb, S->o.lease_ms, err) ||
-                 ds41_kvx_send_bytes(r->c, trunc ? it->page : cp, trunc ? pb / 2 : pb, S->o.lease_ms, err);
+                 ds41_kvx_send_bytes(r->c, trunc ? pl : cp, trunc ? pb / 2 : pb, S->o.lease_ms, err);
         free(cp);
         if (rc) return -1;
         if (trunc) return ds41_errf(err, "fault injection: truncated a frame");
         r->bytes += (long long)(sizeof hb + pb);
         return 0;
     }
-    if (ds41_kvx_send(r->c, &h, it->page, S->o.lease_ms, err)) return -1;
+    if (ds41_kvx_send(r->c, h, pl, S->o.lease_ms, err)) return -1;
     r->bytes += (long long)(DS41_KVX_HEADER + pb);
     return 0;
+}
+
+static int send_item(pd_req *r, const sitem *it, ds41_err *err) {
+    const ds41_config *cfg = r->S->e->cfg;
+    if (it->store < 0) {
+        ds41_kvx_hdr h = { .type = DS41_KVX_RESUME, .req = r->id, .seq = r->seq++, .layer = -1, .len = (uint32_t)it->len };
+        return send_frame(r, &h, it->blob, err);
+    }
+    ds41_kvx_hdr h = { .type = DS41_KVX_LAYER, .req = r->id, .seq = r->seq++, .layer = cfg->kv_sources[it->store],
+                       .arg0 = (uint32_t)it->store, .arg1 = (uint32_t)it->block,
+                       .len = (uint32_t)ds41_cache_page_bytes(cfg, it->store) };
+    return send_frame(r, &h, it->page, err);
 }
 
 static void *sender_main(void *arg) {
@@ -152,7 +179,7 @@ static void *sender_main(void *arg) {
         r->head = it->next;
         if (!r->head) r->tail = NULL;
         pthread_mutex_unlock(&r->mu);
-        int end = it->page == NULL;
+        int end = it->page == NULL && it->blob == NULL;
         if (!atomic_load(&r->failed)) {
             ds41_err err;
             int rc;
@@ -162,8 +189,9 @@ static void *sender_main(void *arg) {
                 rc = ds41_kvx_send(r->c, &h, NULL, r->S->o.lease_ms, &err);
                 r->bytes += DS41_KVX_HEADER;
             } else {
-                rc = send_layer(r, it, &err);
+                rc = send_item(r, it, &err);
                 if (!r->t_first) r->t_first = now_s() - r->t0;
+                if (it->blob) r->t_resume = now_s() - r->t0;
             }
             if (end) r->t_done = now_s() - r->t0;
             if (rc) {
@@ -172,6 +200,7 @@ static void *sender_main(void *arg) {
             }
         }
         ds41_page_unref(it->page);
+        free(it->blob);
         free(it);
         if (end) break;
     }
@@ -185,36 +214,53 @@ static void send_error(pd_srv *S, ds41_kvx_conn *c, uint64_t id, uint32_t seq, i
     ds41_kvx_send(c, &h, msg, S->o.lease_ms, &err);
 }
 
+/* queues the RESUME frame of session s's state */
+static int queue_resume(pd_req *r, ds41_session *s, ds41_err *err) {
+    size_t n = 0;
+    uint8_t *blob = ds41_pd_resume_pack(ds41_session_seq(s), (r->flags & DS41_KVX_REQ_CONTEXT) != 0, &n, err);
+    if (!blob) return -1;
+    push_item(r, -1, 0, NULL, blob, n);
+    return 0;
+}
+
 /* Runs the prefill of request r over ids[0..M): from the prefix cache when it holds every
- * block, else the KV-only forward, whose pages the hook queues layer by layer. */
+ * block (its restore rebuilds the state), else the prefill forward, whose pages the hook queues
+ * layer by layer; then the resume state. */
 static int compute(pd_req *r, const int32_t *ids, ds41_err *err) {
     pd_srv *S = r->S;
     int ns = S->e->cfg->n_kv_sources;
     long long M = r->nb * BT;
     uint8_t **pg = NULL;
-    long long hit = S->pc ? ds41_prefix_pages(S->pc, ids, (size_t)M, &pg) : 0;
-    if (hit == r->nb) {
-        for (int i = 0; i < ns; i++)
-            for (long long b = r->first; b < r->nb; b++) push(r, i, (int)b, pg[(size_t)b * ns + i]);
-        ds41_prefix_pages_free(S->pc, pg, hit);
-        return 0;
-    }
-    ds41_prefix_pages_free(S->pc, pg, hit);
     char eb[512];
     ds41_session *s = ds41_session_open(S->e, &S->sp, eb, sizeof eb);
     if (!s) return ds41_errf(err, "%s", eb);
-    ds41_seq *q = ds41_session_seq(s);
-    q->prefill = DS41_PREFILL_KVONLY;
-    q->layer_done = layer_hook;
-    q->layer_done_arg = r;
+    long long hit = S->pc ? ds41_prefix_pages(S->pc, ids, (size_t)M, &pg) : 0;
+    int rc = 0;
     pthread_mutex_lock(&S->compute_mu);
-    int rc = atomic_load(&r->failed) ? 0 : ds41_forward(q, ids, (int)M, 0, err);
-    pthread_mutex_unlock(&S->compute_mu);
-    q->layer_done = NULL;
-    if (!rc && !atomic_load(&r->failed)) {
-        for (int i = 0; i < ns; i++) queue_store(r, &q->cache, i);
-        if (S->pc) ds41_prefix_publish(S->pc, s, ids, (size_t)M);
+    ds41_seq *q = ds41_session_seq(s);
+    /* the exact CED row reach: every row a ring keeps, as a one-node prefill computes it (the
+     * decode node's --prefill mode does not travel; an approximate replay would not be exact) */
+    q->prefill = DS41_PREFILL_CED;
+    if (hit == r->nb) {
+        for (int i = 0; i < ns; i++)
+            for (long long b = r->first; b < r->nb; b++) push(r, i, (int)b, pg[(size_t)b * ns + i]);
+        /* the state from the cache's restore; blocks evicted since ds41_prefix_pages are computed */
+        long long k = ds41_prefix_restore(S->pc, s, ids, (size_t)M);
+        if (k < 0) rc = ds41_errf(err, "restore from the prefix cache: %s", ds41_session_error(s));
+        else if (k < M) rc = ds41_forward(q, ids + k, (int)(M - k), 0, err);
+    } else {
+        q->layer_done = layer_hook;
+        q->layer_done_arg = r;
+        rc = atomic_load(&r->failed) ? 0 : ds41_forward(q, ids, (int)M, 0, err);
+        q->layer_done = NULL;
+        if (!rc && !atomic_load(&r->failed)) {
+            for (int i = 0; i < ns; i++) queue_store(r, &q->cache, i);
+            if (S->pc) ds41_prefix_publish(S->pc, s, ids, (size_t)M);
+        }
     }
+    pthread_mutex_unlock(&S->compute_mu);
+    ds41_prefix_pages_free(S->pc, pg, hit);
+    if (!rc && !atomic_load(&r->failed)) rc = queue_resume(r, s, err);
     ds41_session_close(s);
     return rc;
 }
@@ -275,18 +321,20 @@ static void *handler_main(void *arg) {
     long long n = h.len / 4;
     r->nb = n / BT;
     r->first = h.arg0;
+    r->flags = h.arg1;
     ids = malloc((size_t)(n ? n : 1) * sizeof *ids);
     if (!ids) { snprintf(r->why, sizeof r->why, "out of memory"); goto out; }
     const uint8_t *b = p;
-    int bad = h.len % 4 != 0 || r->nb < 1 || r->first >= r->nb || !ds41_restore_supported(S->e->cfg);
+    int bad = h.len % 4 != 0 || r->nb < 1 || r->first >= r->nb || (r->flags & ~(unsigned)DS41_KVX_REQ_CONTEXT) ||
+              !ds41_restore_supported(S->e->cfg);
     for (long long i = 0; i < n && !bad; i++) {
         ids[i] = (int32_t)((uint32_t)b[4 * i] | (uint32_t)b[4 * i + 1] << 8 | (uint32_t)b[4 * i + 2] << 16 |
                            (uint32_t)b[4 * i + 3] << 24);
         if (ids[i] < 0 || ids[i] >= S->e->cfg->vocab_size) bad = 1;
     }
     if (bad) {
-        snprintf(r->why, sizeof r->why, "REQ: %lld ids from block %lld: needs a whole block, ids in the vocabulary "
-                 "and a first block inside the prompt", n, r->first);
+        snprintf(r->why, sizeof r->why, "REQ: %lld ids from block %lld, flags %u: needs a whole block, ids in the "
+                 "vocabulary, a first block inside the prompt and known flags", n, r->first, r->flags);
         send_error(S, c, r->id, 1, DS41_KVX_E_BAD, r->why);
         goto out;
     }
@@ -320,9 +368,9 @@ out:
         atomic_fetch_add(&S->served, 1);
         atomic_fetch_add(&S->bytes, r->bytes);
         fprintf(stderr, "ds41 prefill node: request %llu from %s: %lld blocks from block %lld, %lld bytes in %.3f s "
-                "(first page sent at %.4f s, prefill done at %.4f s, DONE sent at %.4f s)\n",
+                "(first page sent at %.4f s, prefill done at %.4f s, RESUME sent at %.4f s, DONE sent at %.4f s)\n",
                 (unsigned long long)r->id, ds41_kvx_peer(c), r->nb - r->first, r->first, r->bytes, now_s() - t0,
-                r->t_first, r->t_computed, r->t_done);
+                r->t_first, r->t_computed, r->t_resume, r->t_done);
     } else {
         atomic_fetch_add(&S->failed, 1);
     }
@@ -330,7 +378,7 @@ out:
     free(p);
     free(ids);
     /* pages still queued (a failed request) hold references: drop them */
-    for (sitem *it = r->head, *nx; it; it = nx) { nx = it->next; ds41_page_unref(it->page); free(it); }
+    for (sitem *it = r->head, *nx; it; it = nx) { nx = it->next; ds41_page_unref(it->page); free(it->blob); free(it); }
     int left = slot ? atomic_fetch_sub(&S->active, 1) - 1 : atomic_load(&S->active);
     if (r->why[0])
         fprintf(stderr, "ds41 prefill node: request %llu: %s; its state is freed after %.3f s (%d requests held)\n",

@@ -443,7 +443,8 @@ static int open_session(ds41_sched *S, ds41_sseq *q) {
         uint8_t **pg = NULL;
         long long hb = ds41_prefix_pages(S->p.pc, q->prompt, q->n_prompt, &pg);
         ds41_prefix_pages_free(S->p.pc, pg, hb);
-        long long nb = (long long)q->n_prompt / 128;
+        /* whole blocks short of the last token: the decode node's tail forward gives its logits */
+        long long nb = ((long long)q->n_prompt - 1) / 128;
         if (nb * 128 > S->ctx) nb = S->ctx / 128;
         if ((long long)q->n_prompt - hb * 128 >= S->p.remote.min_tokens && nb > hb) {
             q->rjob = S->p.remote.start(S->p.remote.ctx, q->s, q->prompt, q->n_prompt, (size_t)(nb * 128), hb);

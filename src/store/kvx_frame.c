@@ -5,15 +5,7 @@
 #include <string.h>
 
 #include "crc32c.h"
-
-static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-static uint32_t get32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
+#include "le.h"
 
 const char *ds41_kvx_type_name(unsigned type) {
     switch (type) {
@@ -23,6 +15,7 @@ const char *ds41_kvx_type_name(unsigned type) {
     case DS41_KVX_LAYER: return "LAYER";
     case DS41_KVX_DONE: return "DONE";
     case DS41_KVX_ERROR: return "ERROR";
+    case DS41_KVX_RESUME: return "RESUME";
     default: return "unknown";
     }
 }
@@ -30,38 +23,38 @@ const char *ds41_kvx_type_name(unsigned type) {
 void ds41_kvx_encode(const ds41_kvx_hdr *h, const void *payload, uint8_t out[DS41_KVX_HEADER]) {
     memset(out, 0, DS41_KVX_HEADER);
     memcpy(out, DS41_KVX_MAGIC, 4);
-    put16(out + 4, h->version ? h->version : DS41_KVX_VERSION);
-    put16(out + 6, h->type);
-    put64(out + 8, h->req);
-    put32(out + 16, h->seq);
-    put32(out + 20, (uint32_t)h->layer);
-    put32(out + 24, h->arg0);
-    put32(out + 28, h->arg1);
-    put32(out + 32, h->len);
-    put32(out + 36, ds41_crc32c(0, out, 36));
-    put32(out + 40, h->len ? ds41_crc32c(0, payload, h->len) : 0);
+    ds41_put16(out + 4, h->version ? h->version : DS41_KVX_VERSION);
+    ds41_put16(out + 6, h->type);
+    ds41_put64(out + 8, h->req);
+    ds41_put32(out + 16, h->seq);
+    ds41_put32(out + 20, (uint32_t)h->layer);
+    ds41_put32(out + 24, h->arg0);
+    ds41_put32(out + 28, h->arg1);
+    ds41_put32(out + 32, h->len);
+    ds41_put32(out + 36, ds41_crc32c(0, out, 36));
+    ds41_put32(out + 40, h->len ? ds41_crc32c(0, payload, h->len) : 0);
 }
 
 int ds41_kvx_decode_header(const uint8_t in[DS41_KVX_HEADER], uint32_t max_payload, ds41_kvx_hdr *h, char *why,
                            size_t whycap) {
     memset(h, 0, sizeof *h);
     if (memcmp(in, DS41_KVX_MAGIC, 4)) { snprintf(why, whycap, "bad magic (not a ds41 KV transfer frame)"); return -1; }
-    if (get32(in + 36) != ds41_crc32c(0, in, 36)) { snprintf(why, whycap, "header checksum mismatch"); return -1; }
-    h->version = get16(in + 4);
-    h->type = get16(in + 6);
-    h->req = get64(in + 8);
-    h->seq = get32(in + 16);
-    h->layer = (int32_t)get32(in + 20);
-    h->arg0 = get32(in + 24);
-    h->arg1 = get32(in + 28);
-    h->len = get32(in + 32);
-    h->pcrc = get32(in + 40);
+    if (ds41_get32(in + 36) != ds41_crc32c(0, in, 36)) { snprintf(why, whycap, "header checksum mismatch"); return -1; }
+    h->version = ds41_get16(in + 4);
+    h->type = ds41_get16(in + 6);
+    h->req = ds41_get64(in + 8);
+    h->seq = ds41_get32(in + 16);
+    h->layer = (int32_t)ds41_get32(in + 20);
+    h->arg0 = ds41_get32(in + 24);
+    h->arg1 = ds41_get32(in + 28);
+    h->len = ds41_get32(in + 32);
+    h->pcrc = ds41_get32(in + 40);
     if (h->version != DS41_KVX_VERSION) {
         snprintf(why, whycap, "frame version %u (this build speaks %d)", h->version, DS41_KVX_VERSION);
         return -1;
     }
-    if (h->type < DS41_KVX_HELLO || h->type > DS41_KVX_ERROR) { snprintf(why, whycap, "unknown frame type %u", h->type); return -1; }
-    if (get32(in + 44)) { snprintf(why, whycap, "reserved header bytes are not zero"); return -1; }
+    if (h->type < DS41_KVX_HELLO || h->type > DS41_KVX_RESUME) { snprintf(why, whycap, "unknown frame type %u", h->type); return -1; }
+    if (ds41_get32(in + 44)) { snprintf(why, whycap, "reserved header bytes are not zero"); return -1; }
     if (max_payload > DS41_KVX_MAX_PAYLOAD) max_payload = DS41_KVX_MAX_PAYLOAD;
     if (h->len > max_payload) {
         snprintf(why, whycap, "%s frame payload of %u bytes (at most %u)", ds41_kvx_type_name(h->type), h->len, max_payload);

@@ -4,7 +4,7 @@
  *
  * Frame, little-endian:
  *   0   4  magic "DKVX"
- *   4   2  version (1)
+ *   4   2  version (2: RESUME added; a version-1 peer is refused at its first frame)
  *   6   2  type (DS41_KVX_*)
  *   8   8  request id (chosen by the decode node, echoed by every frame of the request)
  *   16  4  sequence number (0, 1, 2, ... per direction and request: a lost, repeated or
@@ -23,9 +23,12 @@
  * Types (direction, arg0, arg1, payload):
  *   HELLO   d->p  0, 0, the compatibility hash (32 B)
  *   WELCOME p->d  active requests, capacity, the prefill node's compatibility hash (32 B)
- *   REQ     d->p  first block to ship, 0, the prompt ids (int32; at least one whole block)
+ *   REQ     d->p  first block to ship, flags (DS41_KVX_REQ_*), the prompt ids (int32; at least
+ *                 one whole block)
  *   LAYER   p->d  KV store index, first block, that store's pages of consecutive blocks
  *                 (a whole number of pages, in the paged layout of src/engine/cache.h)
+ *   RESUME  p->d  0, 0, the bounded resume state at the last shipped block's end
+ *                 (kvx_resume.h): after the last LAYER frame, before DONE, exactly once
  *   DONE    p->d  blocks shipped per store, number of stores, none
  *   ERROR   either  a DS41_KVX_E_* code, 0, a message (printable text)
  * The compatibility hash is the prefix cache's model fingerprint (checkpoint config, tensor
@@ -38,7 +41,7 @@
 #include <stdint.h>
 
 #define DS41_KVX_MAGIC "DKVX"
-#define DS41_KVX_VERSION 1
+#define DS41_KVX_VERSION 2
 #define DS41_KVX_HEADER 48
 #define DS41_KVX_MAX_PAYLOAD (256u << 20)
 #define DS41_KVX_HASH 32
@@ -50,6 +53,12 @@ enum {
     DS41_KVX_LAYER = 4,
     DS41_KVX_DONE = 5,
     DS41_KVX_ERROR = 6,
+    DS41_KVX_RESUME = 7,
+};
+
+/* REQ flags */
+enum {
+    DS41_KVX_REQ_CONTEXT = 1,  /* the decode node drafts: ship the DSpark context rows too */
 };
 
 /* ERROR codes */
