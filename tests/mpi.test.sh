@@ -283,6 +283,16 @@ ln -s "$t/config.json" "$TMP/noshard/config.json"
 ln -s "$t/engram_token_map.i32" "$TMP/noshard/engram_token_map.i32"
 expect_job missing_shard "rank 1: .*noshard" 60 \
     mpiexec -n 1 "$DS41" run -m "$tiny" --prompt-ids 1,2,3 -n 2 --exact : -n 1 "$DS41" run -m "$TMP/noshard" --prompt-ids 1,2,3 -n 2 --exact
+# a rank whose shard ends inside an Engram table (its rows cannot be read): refused at start-up,
+# rank 0 naming the rank, the file and the table
+mkdir -p "$TMP/trunc"
+case $big in /*) t=$big ;; *) t=$PWD/$big ;; esac
+ln -s "$t/config.json" "$TMP/trunc/config.json"
+ln -s "$t/engram_token_map.i32" "$TMP/trunc/engram_token_map.i32"
+head -c 20000000 "$t/model.safetensors" >"$TMP/trunc/model.safetensors"
+expect_job truncated_engram_shard "rank 1: .*trunc/model.safetensors: tensor 'layers.0.engram.embed.weight'.*end past the data" 60 \
+    mpiexec -n 1 "$DS41" run -m "$big" --prompt-ids 1,2,3 -n 2 --exact : -n 1 "$DS41" run -m "$TMP/trunc" --prompt-ids 1,2,3 -n 2 --exact
+rm -f "$TMP/trunc/model.safetensors"
 expect_job serve_refused "ds41 serve: not supported under mpiexec" 60 mpiexec -n 2 "$DS41" serve -m "$tiny" --port 0
 printf '0 0 1\n0 x 1\n' >"$TMP/badmap"
 expect_job malformed_expert_map "badmap:2: expected an expert id" 60 \
