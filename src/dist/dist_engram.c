@@ -99,6 +99,7 @@ static struct {
 
 void ds41_dist_engram_get_stats(ds41_dist_engram_stats *s) { *s = g.st; }
 
+#ifdef DS41_HAVE_MPI
 static int owner_of(const eg_tab *t, int64_t id) {
     int a = 0, b = g.size;   /* lo[a] <= id < lo[b] */
     while (b - a > 1) {
@@ -155,6 +156,8 @@ static void measure(void) {
     g.res_out = out;
 }
 
+#endif
+
 int ds41_dist_engram_report(char *line, size_t cap) {
     if (!g.on) return 0;
     size_t L = (size_t)snprintf(line, cap, "engram: rows");
@@ -203,11 +206,12 @@ static void post_sends(void) {
     }
 }
 
+static int eg_wait(void *self, int slot, ds41_err *err);
+
 static int eg_issue(void *self, const int64_t *ids, size_t N, int cols, ds41_err *err) {
-    (void)self;
-    if (g.nreq && !g.done) {   /* a step whose layers never ran (an error): finish its messages first */
-        ds41_dist_wait(g.req, g.nreq, g.peer, "Engram row exchange");
-    }
+    /* a step whose Engram layers did not run (a prompt part before their rows, an error): every
+     * rank finishes its messages (and sends what prefetch still held back) first */
+    if (g.nreq && !g.done && eg_wait(self, 0, err)) return -1;
     g.nreq = 0;
     g.done = 0;
     g.send_pending = 0;
@@ -464,7 +468,8 @@ int ds41_dist_engram_open(const ds41_config *cfg, const ds41_weights *w, const d
 
 void ds41_dist_engram_close(void) {
     if (!g.on) return;
-    if (g.nreq && !g.done) ds41_dist_wait(g.req, g.nreq, g.peer, "Engram row exchange");
+    ds41_err err;
+    if (g.nreq && !g.done && eg_wait(NULL, 0, &err)) ds41_log(1, "%s", err.msg);
     g.nreq = 0;
     measure();
     ds41_engram_step_free(g.local);
