@@ -45,7 +45,11 @@ e = [p['expert_bytes'] for p in r['per_rank']]
 assert r['ranks'] == 2 and len(e) == 2 and e[0] == e[1] > 0, r
 assert r['exchange_bytes_per_token_per_moe_layer'] == 2 * 256 * 4 * 1, r
 assert r['exchange_bytes_per_token_per_forward'] == 6 * 2 * 256 * 4, r
-assert r['per_rank'][0]['weight_bytes'] == r['replicated_bytes'] + r['engram_bytes_per_rank'] + e[0], r
+assert r['per_rank'][0]['weight_bytes'] == r['replicated_bytes'] + r['per_rank'][0]['engram_bytes'] + e[0], r
+# Engram (tables of 660 and 864 rows, head_dim 32: 33 B a row) split by rows: 330 + 432 rows each;
+# per token 2 layers x 6 rows x 33 B travel to the 1 other rank
+assert [p['engram_bytes'] for p in r['per_rank']] == [(330 + 432) * 33] * 2 and r['engram_bytes'] == (660 + 864) * 33, r
+assert r['engram_sharded'] and r['engram_exchange_bytes_per_token'] == 2 * 6 * 33 * 1, r
 " "$TMP/i.json"; then pass inspect_ranks_tiny; else fail inspect_ranks_tiny "$(head -c 300 "$TMP/i.err")"; fi
 # every expert of every layer on rank 1: rank 0 holds none
 printf '* 0 1\n* 1 1\n* 2 1\n* 3 1\n' >"$TMP/allmap"
@@ -126,6 +130,54 @@ same fast_small43_n3 3 -m "$small" --prompt-ids "$P90" -n 8 --ignore-eos --spec 
 # ---------------------------------------------------------------- an expert map: every expert of layer 0 on rank 1, expert 0 everywhere on rank 0
 printf '# test map\n0 0 1\n0 1 1\n0 2 1\n* 0 0   # hot expert\n\n0 3 1\n' >"$TMP/map"
 same expert_map_demo_n2 2 -m "$demo" -p "Once upon a time" -n 12 --exact --ignore-eos --spec off --expert-map "$TMP/map"
+
+# ---------------------------------------------------------------- Engram tables sharded by rows
+# tiny-bigengram (99 MB of tables): every --engram-mode gives one process's tokens and logits;
+# each rank holds rows lo..hi of each table (the default split: N equal runs, the first rows % N
+# ranks one more) and touches only them. DS41_MPI_VERBOSE's "engram: rows ..." line per rank
+# gives the rows, their bytes, and the table bytes present in the rank's page tables
+# (/proc/self/pagemap) inside and outside its rows.
+big=$(checkpoint tiny-bigengram) || exit 1
+# eg_check NAME N MODE: every rank's line; the rows tile the tables in rank order; the bytes held
+# are the tables' 1/N (to a row); ram: the resident bytes in its rows are its rows' bytes rounded
+# up to pages (at most 2 pages more per range: 2 ranges per table); mmap / prefetch: at most its
+# rows. Outside its rows at most 16 MiB: the pages at the 8 range ends (2 tensors x 2 ends x 2
+# tables) may be mapped with the large page-cache folio around a touched row (2 MiB each), but
+# never another rank's rows in bulk (its share is 33-50 MB here).
+eg_check() {
+    local rc
+    "$PY" - "$TMP/b.err" "$2" "$3" >"$TMP/eg.out" 2>&1 <<'PY'
+import re, sys
+txt, n, mode = open(sys.argv[1]).read(), int(sys.argv[2]), sys.argv[3]
+pat = r"ds41(?: \[rank (\d+)\])?: engram: rows (.*?) \((\d+) bytes, (\w+)\); resident (\d+) bytes in its rows, (\d+) bytes of the tables outside them; exchange: (\d+) steps"
+ranks = {int(m.group(1) or 0): m for m in re.finditer(pat, txt)}
+assert sorted(ranks) == list(range(n)), sorted(ranks)
+rb, hi_prev, total = 32 + 1, None, None
+for r in range(n):
+    m = ranks[r]
+    rng = [tuple(int(v) for v in re.match(r"\s*(\d+)\.\.(\d+) of (\d+)", x).groups()) for x in m.group(2).split(",")]
+    if total is None: total, hi_prev = [t for _, _, t in rng], [0] * len(rng)
+    assert [lo for lo, _, _ in rng] == hi_prev, (r, rng, hi_prev)
+    hi_prev = [hi for _, hi, _ in rng]
+    own = int(m.group(3)); assert own == sum(hi - lo for lo, hi, _ in rng) * rb, (own, rng)
+    assert abs(own - sum(total) * rb / n) <= len(rng) * rb, (own, total)
+    assert m.group(4) == mode, m.group(4)
+    res_in, res_out = int(m.group(5)), int(m.group(6))
+    if mode == "ram": assert own <= res_in <= own + 2 * 2 * len(rng) * 4096, (res_in, own)
+    else: assert res_in <= own + 2 * 2 * len(rng) * 4096, (res_in, own)
+    assert res_out <= 16 << 20, res_out
+    assert int(m.group(7)) > 0
+assert hi_prev == total, (hi_prev, total)
+PY
+    rc=$?
+    if [ $rc -eq 0 ]; then pass "$1"; else fail "$1" "$(tail -n 1 "$TMP/eg.out"): $(grep -h 'engram: rows' "$TMP/b.err" | head -c 300)"; fi
+}
+DS41_MPI_VERBOSE=1 same engram_sharded_ram_exact_n3 3 -m "$big" --prompt-ids "$P20" -n 8 --exact --ignore-eos --spec off --engram-mode ram
+eg_check engram_sharded_ram_rows_n3 3 ram
+DS41_MPI_VERBOSE=1 same engram_sharded_mmap_exact_n2 2 -m "$big" --prompt-ids "$P20" -n 8 --exact --ignore-eos --spec off --engram-mode mmap
+eg_check engram_sharded_mmap_rows_n2 2 mmap
+DS41_MPI_VERBOSE=1 same engram_sharded_prefetch_fast_n2_dspark 2 -m "$big" --prompt-ids "$P20" -n 8 --ignore-eos --spec fixed:2 --engram-mode prefetch
+eg_check engram_sharded_prefetch_rows_n2 2 prefetch
 
 # ---------------------------------------------------------------- perplexity equal (all but the timings)
 head -c 1200 models/demo/MODEL_CARD.md >"$TMP/text"
@@ -231,6 +283,16 @@ ln -s "$t/config.json" "$TMP/noshard/config.json"
 ln -s "$t/engram_token_map.i32" "$TMP/noshard/engram_token_map.i32"
 expect_job missing_shard "rank 1: .*noshard" 60 \
     mpiexec -n 1 "$DS41" run -m "$tiny" --prompt-ids 1,2,3 -n 2 --exact : -n 1 "$DS41" run -m "$TMP/noshard" --prompt-ids 1,2,3 -n 2 --exact
+# a rank whose shard ends inside an Engram table (its rows cannot be read): refused at start-up,
+# rank 0 naming the rank, the file and the table
+mkdir -p "$TMP/trunc"
+case $big in /*) t=$big ;; *) t=$PWD/$big ;; esac
+ln -s "$t/config.json" "$TMP/trunc/config.json"
+ln -s "$t/engram_token_map.i32" "$TMP/trunc/engram_token_map.i32"
+head -c 20000000 "$t/model.safetensors" >"$TMP/trunc/model.safetensors"
+expect_job truncated_engram_shard "rank 1: .*trunc/model.safetensors: tensor 'layers.0.engram.embed.weight'.*end past the data" 60 \
+    mpiexec -n 1 "$DS41" run -m "$big" --prompt-ids 1,2,3 -n 2 --exact : -n 1 "$DS41" run -m "$TMP/trunc" --prompt-ids 1,2,3 -n 2 --exact
+rm -f "$TMP/trunc/model.safetensors"
 expect_job serve_refused "ds41 serve: not supported under mpiexec" 60 mpiexec -n 2 "$DS41" serve -m "$tiny" --port 0
 printf '0 0 1\n0 x 1\n' >"$TMP/badmap"
 expect_job malformed_expert_map "badmap:2: expected an expert id" 60 \

@@ -97,4 +97,37 @@ typedef struct ds41_dist_stats {
 } ds41_dist_stats;
 void ds41_dist_get_stats(ds41_dist_stats *s);
 
+/* ---- Engram tables sharded by rows (dist_engram.c) ----
+ * Rank r of n holds rows [lo, hi) of a table of `rows` rows: contiguous runs of rows / n, the
+ * first rows % n ranks one row more. */
+void ds41_dist_engram_range(int64_t rows, int r, int n, int64_t *lo, int64_t *hi);
+/* Every rank, after its load and before the start-up check: this rank's rows of every Engram
+ * table, read from where the engine placed them (ram: copies only its rows into RAM; io: the
+ * prefetch reader, which then reads only its rows; otherwise the mapping, its first and last
+ * rows probed), and the row source the engine installs (ds41_engine.eg_src), which exchanges
+ * each step's rows between the ranks. *src = NULL in one process or without Engram. 0, or -1
+ * with why (a shard this rank cannot read, out of memory). */
+struct ds41_engram_io;
+struct ds41_engram_src;
+int ds41_dist_engram_open(const ds41_config *cfg, const struct ds41_weights *w, const struct ds41_st *st, int ram,
+                          struct ds41_engram_io *io, const struct ds41_engram_src **src, char *why, size_t cap);
+void ds41_dist_engram_close(void);
+typedef struct ds41_dist_engram_stats {
+    long long steps;            /* steps exchanged */
+    long long rows;             /* distinct rows over them (every rank's) */
+    long long bytes_sent, bytes_recv;
+    double wait_s;              /* time spent waiting for peers' rows */
+} ds41_dist_engram_stats;
+void ds41_dist_engram_get_stats(ds41_dist_engram_stats *s);
+/* One line for DS41_MPI_VERBOSE (this rank's rows, the table bytes resident in this process
+ * inside and outside them, the exchange counters) into line; 0 when nothing is sharded. */
+int ds41_dist_engram_report(char *line, size_t cap);
+
+#ifdef DS41_HAVE_MPI
+#include <mpi.h>
+/* Waits for r[0..n) (peer[i]: the rank request i talks to) at most --mpi-timeout; past it the
+ * job ends with one message naming the ranks that did not answer (what: the exchange). */
+void ds41_dist_wait(MPI_Request *r, int n, const int *peer, const char *what);
+#endif
+
 #endif

@@ -192,6 +192,8 @@ int ds41_dist_finish(int rc) {
         if (f) fclose(f);
         say("%lld expert exchanges over %lld rows: %lld bytes sent, %lld received, %.3f s waiting for peers; peak RSS "
             "%lld KiB", g.st.exchanges, g.st.rows, g.st.bytes_sent, g.st.bytes_recv, g.st.wait_s, hwm);
+        char eg[1024];
+        if (ds41_dist_engram_report(eg, sizeof eg)) say("%s", eg);
     }
     ds41_placement_free(&g.place);
     free(g.own);
@@ -432,6 +434,10 @@ static void xend(void *self, const ds41_ctx *ctx, const ds41_moe_rows *r, float 
             for (int d = 0; d < dim; d++) ar[d] += o[d];
         }
     }
+}
+
+void ds41_dist_wait(MPI_Request *r, int n, const int *peer, const char *what) {
+    wait_all(r, n, peer, g.timeout, what);
 }
 
 /* Waits for one request at most limit seconds; -1 past it (nothing reported). */

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist.h"
 #include "ds41.h"
 
 int ds41_parse_engram_mode(const char *s, int *mode) {
@@ -135,10 +136,20 @@ int ds41_engine_engram_place(ds41_engine *e, int mode, long long cache_bytes, in
     ds41_weights *w = &e->model->w;
     long long tables = ds41_engram_table_bytes(cfg, w);
     long long all = total_weight_bytes(e->model->st);
+    /* under MPI each rank holds 1/N of every table's rows (src/dist/dist_engram.c), and the
+     * mode is chosen for that share; the RAM copy of ram mode is then made by the job */
+    int ranks = ds41_dist_size();
+    long long share = tables / (ranks > 1 ? ranks : 1);
     char why[1100];
     long long avail = ds41_memory_available(why, sizeof why);
-    char ht[32], ha[32], ho[32];
+    char ht[80], ha[32], ho[32];
     human(tables, ht, sizeof ht);
+    if (ranks > 1) {
+        char hs[32];
+        human(share, hs, sizeof hs);
+        size_t n = strlen(ht);
+        snprintf(ht + n, sizeof ht - n, " (sharded by rows over %d ranks: %s here)", ranks, hs);
+    }
     human(avail, ha, sizeof ha);
     human(all - tables, ho, sizeof ho);
     int chosen = mode;
@@ -148,13 +159,13 @@ int ds41_engine_engram_place(ds41_engine *e, int mode, long long cache_bytes, in
             ds41_log(1, "engram: --engram-mode %s ignored: --load copy holds the tables in RAM", ds41_engram_mode_name(mode));
         chosen = DS41_EG_RAM;
     } else if (mode == DS41_EG_AUTO) {
-        chosen = avail >= 0 && tables > avail / 2 ? DS41_EG_PREFETCH : DS41_EG_MMAP;
+        chosen = avail >= 0 && share > avail / 2 ? DS41_EG_PREFETCH : DS41_EG_MMAP;
     }
     if (chosen == DS41_EG_RAM && !load_copy) {
-        if (avail >= 0 && tables > avail)
+        if (avail >= 0 && share > avail)
             ds41_log(1, "engram: warning: --engram-mode ram reads %s of Engram tables into memory with %s available "
                      "(%s): the process will swap or be killed", ht, ha, why);
-        if (ds41_engram_tables_to_ram(cfg, w, &e->eg_ram, &e->eg_ram_len, err)) return -1;
+        if (ranks < 2 && ds41_engram_tables_to_ram(cfg, w, &e->eg_ram, &e->eg_ram_len, err)) return -1;
     }
     if (chosen == DS41_EG_PREFETCH) {
         long long cb = cache_bytes;
@@ -163,18 +174,18 @@ int ds41_engine_engram_place(ds41_engine *e, int mode, long long cache_bytes, in
             if (cb > (1LL << 30)) cb = 1LL << 30;
         }
         if (cb < 0) cb = 0;
-        if (cb > tables) cb = tables;
+        if (cb > share) cb = share;
         /* the scales (1/33 of the tables) stay in RAM when they take at most 1/8 of the memory
          * available: a missing row then costs one read, not two; DS41_ENGRAM_SCALES=disk reads
          * them per row anyway (tests, comparisons) */
         const char *sc = getenv("DS41_ENGRAM_SCALES");
         long long scale_bytes = tables / (cfg->engram_head_dim + cfg->engram_head_dim / 32) * (cfg->engram_head_dim / 32);
-        int scales_ram = !(sc && !strcmp(sc, "disk")) && avail > 0 && scale_bytes <= avail / 8;
+        int scales_ram = !(sc && !strcmp(sc, "disk")) && avail > 0 && scale_bytes <= avail / 8 && ranks < 2;
         if (ds41_engram_io_open(&e->eio, cfg, w, e->model->st, cb, scales_ram, err)) return -1;
     }
     if (chosen == DS41_EG_MMAP) ds41_engram_tables_advise_random(cfg, w);
     e->eg_mode = chosen;
-    int pages = chosen == DS41_EG_MMAP && avail >= 0 && all > avail;
+    int pages = chosen == DS41_EG_MMAP && avail >= 0 && all - tables + share > avail;
     /* said when asked (verbose, or a mode named explicitly) and whenever the tables are not
      * simply mapped into memory that holds them */
     if (verbose || mode != DS41_EG_AUTO || chosen != DS41_EG_MMAP || pages) {
@@ -203,6 +214,8 @@ int ds41_engine_engram_place(ds41_engine *e, int mode, long long cache_bytes, in
 }
 
 void ds41_engine_engram_free(ds41_engine *e) {
+    if (e->eg_src) ds41_dist_engram_close();
+    e->eg_src = NULL;
     ds41_engram_io_close(e->eio);
     e->eio = NULL;
     ds41_engram_ram_free(e->eg_ram, e->eg_ram_len);
@@ -234,8 +247,16 @@ void ds41_engram_get_stats(ds41_engine *e, ds41_engram_stats *out) {
 
 int ds41_engram_prefetch_issue(ds41_seq *s, const int64_t *ids, size_t N, ds41_err *err) {
     ds41_engine *e = s->e;
+    int cols = (e->cfg->engram_max_ngram - 1) * e->cfg->engram_n_heads;
+    if (e->eg_src) return e->eg_src->issue(e->eg_src->self, ids, N, cols, err);
     if (!e->eio) return 0;
     if (!s->eg_step && !(s->eg_step = ds41_engram_step_new(e->eio))) return ds41_errf(err, "out of memory");
-    int cols = (e->cfg->engram_max_ngram - 1) * e->cfg->engram_n_heads;
     return ds41_engram_step_issue(s->eg_step, ids, N, cols, err);
+}
+
+int ds41_engram_layer(ds41_seq *s, const ds41_layer_weights *lw, int slot, const int64_t *ids, int T,
+                      const uint8_t *is_image, float *X, ds41_err *err) {
+    const ds41_engine *e = s->e;
+    if (e->eg_src) return ds41_engram_apply_from(&e->ctx, e->cfg, lw, e->eg_src, slot, ids, T, is_image, X, err);
+    return ds41_engram_apply_step(&e->ctx, e->cfg, lw, s->eg_step, slot, ids, T, is_image, X, err);
 }

@@ -22,7 +22,12 @@ int ds41_engine_engram_place(ds41_engine *e, int mode, long long cache_bytes, in
                              ds41_err *err);
 void ds41_engine_engram_free(ds41_engine *e);
 
-/* Forward hooks. Step start: issue the reads of the rows ids [n_slots][N][cols] needs (a no-op
- * unless prefetching). */
+/* Forward hooks. Step start: issue the reads (or under MPI the exchange) of the rows ids
+ * [n_slots][N][cols] needs (a no-op when the tables are mapped or in RAM in one process). */
 int ds41_engram_prefetch_issue(ds41_seq *s, const int64_t *ids, size_t N, ds41_err *err);
+/* Before an Engram layer: the module for slot on X [T, hc, dim] with the ids of its rows, the
+ * rows from the step's source (the engine's eg_src under MPI, else the sequence's prefetch
+ * step, else the tables the weights point at); is_image: NULL, or 1 at image rows (dead tokens). */
+int ds41_engram_layer(ds41_seq *s, const ds41_layer_weights *lw, int slot, const int64_t *ids, int T,
+                      const uint8_t *is_image, float *X, ds41_err *err);
 #endif

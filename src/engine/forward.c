@@ -481,10 +481,8 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
 
         /* Engram before the block, on the rows of the stream that exist */
         if (lp->engram_slot >= 0 && e->has_engram &&
-            ds41_engram_apply_step(ctx, cfg, lw, ss[0]->eg_step, lp->engram_slot,
-                                   b.eg_ids + ((size_t)lp->engram_slot * N + k0) * cols, (int)(N - k0),
-                                   img ? img + k0 : NULL,
-                                   b.s.X + k0 * srow, err)) {
+            ds41_engram_layer(ss[0], lw, lp->engram_slot, b.eg_ids + ((size_t)lp->engram_slot * N + k0) * cols,
+                              (int)(N - k0), img ? img + k0 : NULL, b.s.X + k0 * srow, err)) {
             rc = -1;
             goto done;
         }

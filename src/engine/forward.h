@@ -44,6 +44,9 @@ typedef struct ds41_engine {
     /* P4 (engram_place.c): where the Engram tables live; eio != NULL when prefetching */
     int eg_mode;
     struct ds41_engram_io *eio;
+    /* under MPI: the tables sharded by rows, each step's rows exchanged (src/dist/dist_engram.c);
+     * NULL: this process's own tables (mapped, in RAM, or through eio) */
+    const struct ds41_engram_src *eg_src;
     void *eg_ram;             /* --engram-mode ram: the tables' copy */
     size_t eg_ram_len;
     struct ds41_twin *twin;   /* ds41 bench --configs: the CSA2-less twin's plan (twin.c), or NULL */

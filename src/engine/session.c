@@ -248,12 +248,21 @@ ds41_engine *ds41_load(const char *dir, const ds41_load_params *p, char *errbuf,
     if (ds41_dist_ident_of(dir, e ? e->model->st : NULL, exact, &id)) memset(&id, 0, sizeof id);
     const ds41_moe_dispatch *moe = NULL;
     char derr[2048];
+    /* this rank's Engram rows, before the check: a shard it cannot read fails the job there */
+    const ds41_engram_src *eg = NULL;
+    if (e && e->has_engram &&
+        ds41_dist_engram_open(e->cfg, e->w, e->model->st, e->eg_mode == DS41_EG_RAM && !e->eg_ram, e->eio, &eg, errbuf,
+                              errcap)) {
+        ds41_unload(e);
+        e = NULL;
+    }
     if (ds41_dist_join(e ? e->cfg : NULL, e ? e->w : NULL, &id, e ? NULL : errbuf, &moe, derr, sizeof derr)) {
         ds41_unload(e);
         copy_err(errbuf, errcap, derr);
         return NULL;
     }
     e->ctx.moe = moe;
+    e->eg_src = eg;
     e->step = ds41_dist_step;
     return e;
 }

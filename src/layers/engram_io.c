@@ -802,12 +802,25 @@ const uint8_t *ds41_engram_step_row(const ds41_engram_step *st, int slot, int64_
     return u == SIZE_MAX ? NULL : st->data + u * (size_t)st->io->rb;
 }
 
-typedef struct step_src { const ds41_engram_step *st; int slot; } step_src;
+typedef struct src_arg { const ds41_engram_src *src; int slot; } src_arg;
 
-static const uint8_t *step_row_fn(const void *arg, int64_t id) {
-    const step_src *s = arg;
-    return ds41_engram_step_row(s->st, s->slot, id);
+static const uint8_t *src_row_fn(const void *arg, int64_t id) {
+    const src_arg *a = arg;
+    return a->src->row(a->src->self, a->slot, id);
 }
+
+int ds41_engram_apply_from(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
+                           const ds41_engram_src *src, int slot, const int64_t *ids, int T, const uint8_t *is_image,
+                           float *X, ds41_err *err) {
+    if (src->wait(src->self, slot, err)) return -1;
+    src_arg a = { src, slot };
+    ds41_engram_apply_src(ctx, cfg, lw, ids, T, is_image, X, src_row_fn, &a);
+    return 0;
+}
+
+/* A step as a row source */
+static int step_src_wait(void *self, int slot, ds41_err *err) { return ds41_engram_step_wait(self, slot, err); }
+static const uint8_t *step_src_row(const void *self, int slot, int64_t id) { return ds41_engram_step_row(self, slot, id); }
 
 int ds41_engram_apply_step(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
                            ds41_engram_step *st, int slot, const int64_t *ids, int T, const uint8_t *is_image,
@@ -816,10 +829,8 @@ int ds41_engram_apply_step(const ds41_ctx *ctx, const ds41_config *cfg, const ds
         ds41_engram_apply(ctx, cfg, lw, ids, T, is_image, X);
         return 0;
     }
-    if (ds41_engram_step_wait(st, slot, err)) return -1;
-    step_src src = { st, slot };
-    ds41_engram_apply_src(ctx, cfg, lw, ids, T, is_image, X, step_row_fn, &src);
-    return 0;
+    ds41_engram_src src = { st, NULL, step_src_wait, step_src_row };
+    return ds41_engram_apply_from(ctx, cfg, lw, &src, slot, ids, T, is_image, X, err);
 }
 
 /* ---------------------------------------------------------------- tables in RAM */

@@ -63,10 +63,26 @@ int ds41_engram_step_wait(ds41_engram_step *st, int slot, ds41_err *err);
  * when the step did not issue it. Valid until the next issue. */
 const uint8_t *ds41_engram_step_row(const ds41_engram_step *st, int slot, int64_t id);
 
+/* Another source of a step's rows, behind the same three calls (ds41_engine.eg_src): under
+ * MPI the tables are sharded by rows across the ranks and each step's rows are exchanged
+ * (src/dist/dist_engram.c). issue at the step's start over ids [n_slots][N][cols]; wait before
+ * slot's Engram layer; row as ds41_engram_step_row (NULL: not issued). Every process of a job
+ * calls issue for every forward and wait before every Engram layer it runs. */
+typedef struct ds41_engram_src {
+    void *self;
+    int (*issue)(void *self, const int64_t *ids, size_t N, int cols, ds41_err *err);
+    int (*wait)(void *self, int slot, ds41_err *err);
+    const uint8_t *(*row)(const void *self, int slot, int64_t id);
+} ds41_engram_src;
+
 /* The Engram module (ds41_engram_apply) with the rows taken from a step: waits for slot's rows
  * first. st NULL: the rows the weights point at (mapped or in RAM). */
 int ds41_engram_apply_step(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
                            ds41_engram_step *st, int slot, const int64_t *ids, int T, const uint8_t *is_image,
+                           float *X, ds41_err *err);
+/* The same with the rows from src (waits for slot's rows first). */
+int ds41_engram_apply_from(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weights *lw,
+                           const ds41_engram_src *src, int slot, const int64_t *ids, int T, const uint8_t *is_image,
                            float *X, ds41_err *err);
 
 /* Reads every Engram table of w into anonymous memory and points the weights at the copies
