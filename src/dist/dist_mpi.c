@@ -40,11 +40,14 @@ static struct {
     const ds41_weights *w;
     uint8_t *own;               /* [n_layers][n_experts]: this rank owns the expert */
     ds41_dist_stats st;
-} g = { 0, 0, 1, 30.0, NULL, 0, NULL, 2, 0, { 0, 0, 0, NULL }, NULL, NULL, { 0, 0, 0, 0, 0.0 } };
+    void (*fault_hook)(const char *msg);
+} g = { 0, 0, 1, 30.0, NULL, 0, NULL, 2, 0, { 0, 0, 0, NULL }, NULL, NULL, { 0, 0, 0, 0, 0.0 }, NULL };
 
 int ds41_dist_rank(void) { return g.rank; }
 const char *ds41_dist_expert_map(void) { return g.map_path; }
 int ds41_dist_size(void) { return g.size; }
+double ds41_dist_timeout(void) { return g.timeout; }
+void ds41_dist_set_fault_hook(void (*fn)(const char *msg)) { g.fault_hook = fn; }
 void ds41_dist_get_stats(ds41_dist_stats *s) { *s = g.st; }
 
 int ds41_dist_built(void) {
@@ -116,7 +119,8 @@ int ds41_dist_start(int *argc, char **argv) {
     if (!n) return 0;
 #ifdef DS41_HAVE_MPI
     int provided = 0;
-    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+    /* serialized: serve's scheduler thread makes the calls, never two threads at once */
+    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
         fprintf(stderr, "ds41: MPI_Init failed\n");
         return 1;
     }
@@ -235,6 +239,7 @@ static void fatal(int code, const char *fmt, ...) {
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     say("%s", buf);
+    if (g.rank == 0 && g.fault_hook) g.fault_hook(buf);
     MPI_Abort(MPI_COMM_WORLD, code);
     _exit(code);
 }
