@@ -163,7 +163,8 @@ FUZZ_CFLAGS := -O1 -g -std=gnu11 -ffp-contract=off $(ARCH) -pthread $(INCLUDES) 
 FUZZ_LIB_SRC := $(addprefix src/,format/common.c format/safetensors.c model/config.c model/contract.c \
   text/chat.c text/chat_json.c text/tokenizer.c text/tokenizer_load.c store/crc32c.c store/pstore.c store/kvx_frame.c \
   text/grammar.c text/grammar_json.c text/grammar_match.c text/grammar_regex.c \
-  serve/serve_req.c serve/serve_text.c serve/serve_anth.c serve/serve_resp.c dist/dist_place.c)
+  serve/serve_req.c serve/serve_text.c serve/serve_anth.c serve/serve_resp.c dist/dist_place.c \
+  serve/serve_mpi_wire.c)
 FUZZ_OBJ := $(patsubst src/%.c,build-fuzz/obj/%.o,$(FUZZ_LIB_SRC))
 build-fuzz/obj/%.o: src/%.c $(SRC_HDR)
 	@mkdir -p $(dir $@)
