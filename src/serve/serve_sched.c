@@ -516,7 +516,10 @@ static void *sched_main(void *arg) {
             dl.tv_nsec += (long)((b - (double)(time_t)b) * 1e9);
             if (dl.tv_nsec >= 1000000000L) { dl.tv_sec++; dl.tv_nsec -= 1000000000L; }
             pthread_cond_timedwait(&S->cv, &S->mu, &dl);
+            /* not under S->mu: a lost rank seen here answers the requests (ds41_sched_fail_all) */
+            pthread_mutex_unlock(&S->mu);
             ds41_smirror_beat(S->p.mirror);
+            pthread_mutex_lock(&S->mu);
         }
         stop = S->stopping;
         while (S->q_len > 0) {
