@@ -119,8 +119,10 @@ int ds41_dist_start(int *argc, char **argv) {
     if (!n) return 0;
 #ifdef DS41_HAVE_MPI
     int provided = 0;
-    /* serialized: serve's scheduler thread makes the calls, never two threads at once */
-    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
+    /* serve's scheduler thread makes the calls (serialized: never two threads at once); the
+     * other commands make them on the main thread */
+    int level = o > 1 && !strcmp(argv[1], "serve") ? MPI_THREAD_SERIALIZED : MPI_THREAD_FUNNELED;
+    if (MPI_Init_thread(NULL, NULL, level, &provided) != MPI_SUCCESS) {
         fprintf(stderr, "ds41: MPI_Init failed\n");
         return 1;
     }
