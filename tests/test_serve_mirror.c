@@ -41,75 +41,77 @@ static char *slurp(const char *path, size_t *len) {
     return b;
 }
 
-static void malformed_corpus(void) {
-    const char *root = getenv("DS41_ROOT") ? getenv("DS41_ROOT") : ".";
-    char dir[512], p[1024];
-    snprintf(dir, sizeof dir, "%s/tests/malformed/serve-mirror", root);
-    DIR *d = opendir(dir);
-    CHECK(d, "cannot open %s", dir);
-    if (!d) return;
-    int cases = 0;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (de->d_name[0] == '.') continue;
-        snprintf(p, sizeof p, "%s/%s/words", dir, de->d_name);
-        char *txt = slurp(p, NULL);
-        snprintf(p, sizeof p, "%s/%s/expected", dir, de->d_name);
-        char *want = slurp(p, NULL);
-        CHECK(txt && want, "%s: words or expected missing", de->d_name);
-        if (txt && want) {
-            want[strcspn(want, "\n")] = 0;
-            int32_t w[64];
-            size_t n = 0;
-            for (char *s = txt, *e; n < 64; s = e) {
-                long v = strtol(s, &e, 10);
-                if (e == s) break;
-                w[n++] = (int32_t)v;
-            }
-            size_t at = 0;
-            ds41_sop op;
-            char err[256] = "";
-            int r;
-            while ((r = ds41_sop_next(w, n, &at, &op, err, sizeof err)) == 1) {}
-            CHECK(r == -1, "%s: accepted", de->d_name);
-            CHECK(!strcmp(err, want), "%s: message '%s', expected '%s'", de->d_name, err, want);
-            cases++;
-        }
-        free(txt);
-        free(want);
-    }
-    closedir(d);
-    CHECK(cases >= 12, "%d malformed cases", cases);
+/* Decodes the words w[0..n) to the end: 0 at the end, -1 with err. */
+static int decode_all(const int32_t *w, size_t n, char *err, size_t cap) {
+    size_t at = 0;
+    ds41_sop op;
+    int r;
+    while ((r = ds41_sop_next(w, n, &at, &op, err, cap)) == 1) {}
+    return r == 0 && at != n ? -2 : r;
 }
 
-static void fuzz_seeds(void) {
+/* Calls fn(path, name) for each entry of $DS41_ROOT/sub; returns how many. */
+static int each_entry(const char *sub, void (*fn)(const char *path, const char *name)) {
     const char *root = getenv("DS41_ROOT") ? getenv("DS41_ROOT") : ".";
     char dir[512], p[1024];
-    snprintf(dir, sizeof dir, "%s/fuzz/corpus/fuzz_serve_mirror", root);
+    snprintf(dir, sizeof dir, "%s/%s", root, sub);
     DIR *d = opendir(dir);
     CHECK(d, "cannot open %s", dir);
-    if (!d) return;
-    int seeds = 0;
+    if (!d) return 0;
+    int k = 0;
     struct dirent *de;
     while ((de = readdir(d))) {
         if (de->d_name[0] == '.') continue;
         snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        size_t len = 0;
-        char *b = slurp(p, &len);
-        CHECK(b && len % 4 == 0, "%s: not whole words", de->d_name);
-        if (b) {
-            const int32_t *w = (const int32_t *)(void *)b;
-            size_t n = len / 4, at = 0;
-            ds41_sop op;
-            char err[256] = "";
-            int r;
-            while ((r = ds41_sop_next(w, n, &at, &op, err, sizeof err)) == 1) {}
-            CHECK(r == 0 && at == n, "%s: %s", de->d_name, err);
-            seeds++;
-        }
-        free(b);
+        fn(p, de->d_name);
+        k++;
     }
     closedir(d);
+    return k;
+}
+
+/* a malformed case: NAME/words (decimal) refused with the message in NAME/expected */
+static void one_malformed(const char *path, const char *name) {
+    char p[1100];
+    snprintf(p, sizeof p, "%s/words", path);
+    char *txt = slurp(p, NULL);
+    snprintf(p, sizeof p, "%s/expected", path);
+    char *want = slurp(p, NULL);
+    CHECK(txt && want, "%s: words or expected missing", name);
+    if (txt && want) {
+        want[strcspn(want, "\n")] = 0;
+        int32_t w[64];
+        size_t n = 0;
+        for (char *s = txt, *e; n < 64; s = e) {
+            long v = strtol(s, &e, 10);
+            if (e == s) break;
+            w[n++] = (int32_t)v;
+        }
+        char err[256] = "";
+        CHECK(decode_all(w, n, err, sizeof err) == -1, "%s: accepted", name);
+        CHECK(!strcmp(err, want), "%s: message '%s', expected '%s'", name, err, want);
+    }
+    free(txt);
+    free(want);
+}
+
+static void malformed_corpus(void) {
+    int cases = each_entry("tests/malformed/serve-mirror", one_malformed);
+    CHECK(cases >= 12, "%d malformed cases", cases);
+}
+
+/* a fuzz seed: whole int32 words that decode to the end */
+static void one_seed(const char *path, const char *name) {
+    size_t len = 0;
+    char *b = slurp(path, &len);
+    CHECK(b && len % 4 == 0, "%s: not whole words", name);
+    char err[256] = "";
+    if (b) CHECK(decode_all((const int32_t *)(void *)b, len / 4, err, sizeof err) == 0, "%s: %s", name, err);
+    free(b);
+}
+
+static void fuzz_seeds(void) {
+    int seeds = each_entry("fuzz/corpus/fuzz_serve_mirror", one_seed);
     CHECK(seeds >= 3, "%d seeds", seeds);
 }
 
