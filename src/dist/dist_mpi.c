@@ -41,13 +41,15 @@ static struct {
     uint8_t *own;               /* [n_layers][n_experts]: this rank owns the expert */
     ds41_dist_stats st;
     void (*fault_hook)(const char *msg);
-} g = { 0, 0, 1, 30.0, NULL, 0, NULL, 2, 0, { 0, 0, 0, NULL }, NULL, NULL, { 0, 0, 0, 0, 0.0 }, NULL };
+    double fault_delay;
+} g = { 0, 0, 1, 30.0, NULL, 0, NULL, 2, 0, { 0, 0, 0, NULL }, NULL, NULL, { 0, 0, 0, 0, 0.0 }, NULL, 0.0 };
 
 int ds41_dist_rank(void) { return g.rank; }
 const char *ds41_dist_expert_map(void) { return g.map_path; }
 int ds41_dist_size(void) { return g.size; }
 double ds41_dist_timeout(void) { return g.timeout; }
 void ds41_dist_set_fault_hook(void (*fn)(const char *msg)) { g.fault_hook = fn; }
+void ds41_dist_set_fault_delay(double s) { g.fault_delay = s; }
 void ds41_dist_get_stats(ds41_dist_stats *s) { *s = g.st; }
 
 int ds41_dist_built(void) {
@@ -242,6 +244,10 @@ static void fatal(int code, const char *fmt, ...) {
     va_end(ap);
     say("%s", buf);
     if (g.rank == 0 && g.fault_hook) g.fault_hook(buf);
+    if (g.rank != 0 && g.fault_delay > 0) {
+        struct timespec ts = { (time_t)g.fault_delay, (long)((g.fault_delay - (double)(time_t)g.fault_delay) * 1e9) };
+        nanosleep(&ts, NULL);
+    }
     MPI_Abort(MPI_COMM_WORLD, code);
     _exit(code);
 }

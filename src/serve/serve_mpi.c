@@ -10,6 +10,9 @@
 #include "dist.h"
 #include "serve_sched.h"
 
+/* how long rank 0 gives the HTTP threads to answer the requests in flight after a fault */
+#define FAULT_ANSWER_S 2.0
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -253,6 +256,9 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
 }
 
 int ds41_smirror_follow(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_params *sp, char *err, size_t errcap) {
+    /* a broken link is seen by both ends at about the same time: rank 0 answers its clients
+     * (at most FAULT_ANSWER_S) and ends the job before this rank would */
+    ds41_dist_set_fault_delay(FAULT_ANSWER_S + 1.0);
     fslots f = { NULL, NULL, 0, 0 };
     ds41_batch_item *items = NULL;
     int items_cap = 0, rc = -1;
@@ -290,7 +296,7 @@ static ds41_sched *fault_sched;
 
 static void on_fault(const char *msg) {
     /* the HTTP threads answer within a couple of seconds; the job ends after */
-    if (fault_sched) ds41_sched_fail_all(fault_sched, msg, 2.0);
+    if (fault_sched) ds41_sched_fail_all(fault_sched, msg, FAULT_ANSWER_S);
 }
 
 void ds41_smirror_on_fault(ds41_sched *S) {

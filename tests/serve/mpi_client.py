@@ -6,7 +6,8 @@
                                     must not depend on the process layout (text, finish reason,
                                     logprobs at 17 digits, usage; the stream's chunks joined)
   mpi_client.py fault PORT PID SIG  8 concurrent requests with long answers; once the streams
-                                    are decoding, send SIG (STOP, KILL) to PID (a follower); every
+                                    are decoding, send SIG (STOP, KILL) to PID (a follower), or
+                                    with PID "cmd", run the shell command SIG (a link down); every
                                     request must end with an OpenAI-shaped 503 (the streamed
                                     ones an error event of type service_unavailable); prints
                                     one line per request and the seconds from the kill to the
@@ -15,6 +16,7 @@ Exit status 1 when a request did not end as expected."""
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -123,7 +125,10 @@ def fault(port, pid, sig):
             seen[0] += 1
             if seen[0] == 4 * 3 and not killed[0]:   # every stream is decoding (3 chunks each on average)
                 killed[0] = time.monotonic()
-                os.kill(pid, getattr(signal, "SIG" + sig))
+                if pid == "cmd":
+                    subprocess.run(sig, shell=True, check=False)
+                else:
+                    os.kill(int(pid), getattr(signal, "SIG" + sig))
     out = run_all(port, bodies, on_chunk)
     end = time.monotonic()
     bad = 0 if killed[0] else 1
@@ -143,4 +148,4 @@ def fault(port, pid, sig):
 if __name__ == "__main__":
     if sys.argv[1] == "answers":
         sys.exit(answers(int(sys.argv[2])))
-    sys.exit(fault(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]))
+    sys.exit(fault(int(sys.argv[2]), sys.argv[3], sys.argv[4]))
