@@ -59,12 +59,16 @@ static const char *SERVE_USAGE =
     "  --on-prefill-failure local|fail  (decode) a failed remote prefill: prefill locally, the same answer\n"
     "                           (default), or fail the request\n"
     "  --prefill-timeout MS     (decode) wait at most MS for a prefill node's next frame (default 30000)\n"
-    "  --lease MS               (prefill) a decode node silent for MS loses its request (default 10000)\n\n"
+    "  --lease MS               (prefill) a decode node silent for MS loses its request (default 10000)\n"
+    "under mpiexec (docs/distributed.md): rank 0 serves HTTP, the other ranks mirror its batches (routed\n"
+    "experts split over the ranks, the same answers); speculation off, no --role, no --cache-dir;\n"
+    "--mpi-timeout S: a lost rank answers the requests in flight with 503 and ends the job\n\n"
     "Examples:\n"
     "  ds41 serve -m models/demo --port 8000 &\n"
     "  curl -s localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\\n"
     "       -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":40}'\n"
-    "  ds41 bench-serve --port 8000 --concurrency 1,4,16                       # load test\n";
+    "  ds41 bench-serve --port 8000 --concurrency 1,4,16                       # load test\n"
+    "  mpiexec -n 2 ds41 serve -m models/demo --port 8000                      # experts over 2 ranks\n";
 
 int ds41_cli_serve(int argc, char **argv) {
     ds41_serve_opts o;
