@@ -293,7 +293,8 @@ head -c 20000000 "$t/model.safetensors" >"$TMP/trunc/model.safetensors"
 expect_job truncated_engram_shard "rank 1: .*trunc/model.safetensors: tensor 'layers.0.engram.embed.weight'.*end past the data" 60 \
     mpiexec -n 1 "$DS41" run -m "$big" --prompt-ids 1,2,3 -n 2 --exact : -n 1 "$DS41" run -m "$TMP/trunc" --prompt-ids 1,2,3 -n 2 --exact
 rm -f "$TMP/trunc/model.safetensors"
-expect_job serve_refused "ds41 serve: not supported under mpiexec" 60 mpiexec -n 2 "$DS41" serve -m "$tiny" --port 0
+expect_job serve_spec_refused "ds41 serve: --spec is not supported under mpiexec" 60 \
+    mpiexec -n 2 "$DS41" serve -m "$tiny" --port 0 --spec fixed:2
 printf '0 0 1\n0 x 1\n' >"$TMP/badmap"
 expect_job malformed_expert_map "badmap:2: expected an expert id" 60 \
     mpiexec -n 2 "$DS41" run -m "$tiny" --prompt-ids 1,2,3 -n 2 --expert-map "$TMP/badmap"
@@ -335,4 +336,99 @@ fault_run() {   # fault_run NAME SIGNAL PATTERN LIMIT
 }
 fault_run hung_rank_named STOP "ds41: rank 1 did not answer within 3.0 s" 10
 fault_run killed_rank KILL "BAD TERMINATION\|rank 1" 10
+
+# ---------------------------------------------------------------- serve under mpiexec
+# (attention replicated; rank 0 serves, rank 1 replays its engine calls): 8 concurrent requests
+# (4 streamed; greedy with logprobs, seeded sampling), then the long prompt again (a prefix-cache
+# restore on both ranks) give the bytes of one process, exact mode; SIGTERM to rank 0 ends the
+# job cleanly (status 0)
+serve_port() {   # serve_port LOG -> the HTTP port the server printed (at most ~30 s)
+    local i p
+    for i in $(seq 1 300); do
+        p=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$1" 2>/dev/null)
+        [ -n "$p" ] && { echo "$p"; return 0; }
+        sleep 0.1
+    done
+    return 1
+}
+timeout 120 "$DS41" serve -m "$demo" --port 0 --exact --spec off >/dev/null 2>"$TMP/s1.log" &
+s1=$!
+timeout 120 mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --exact --mpi-timeout 10 >/dev/null 2>"$TMP/s2.log" &
+s2=$!
+if p1=$(serve_port "$TMP/s1.log") && p2=$(serve_port "$TMP/s2.log"); then
+    "$PY" tests/serve/mpi_client.py answers "$p1" >"$TMP/s1.out" 2>&1 &
+    c1=$!
+    "$PY" tests/serve/mpi_client.py answers "$p2" >"$TMP/s2.out" 2>&1
+    c2=$?
+    wait "$c1"
+    c1=$?
+    kill -TERM "$s1" "$(rank_pid 0)" 2>/dev/null
+    wait "$s1"
+    wait "$s2"
+    s2rc=$?
+    if [ $c1 -ne 0 ] || [ $c2 -ne 0 ]; then fail serve_n2_answers "a request failed: $(grep -v '^{"' "$TMP/s1.out" "$TMP/s2.out" | head -c 300)"
+    elif ! cmp -s "$TMP/s1.out" "$TMP/s2.out"; then fail serve_n2_answers "answers differ from one process: $(cmp "$TMP/s1.out" "$TMP/s2.out")"
+    elif [ "$(wc -l <"$TMP/s2.out")" -ne 10 ]; then fail serve_n2_answers "$(wc -l <"$TMP/s2.out") answers, expected 10"
+    elif [ $s2rc -ne 0 ]; then fail serve_n2_answers "the job ended with status $s2rc after SIGTERM: $(tail -n 2 "$TMP/s2.log")"
+    else pass serve_n2_answers; fi
+else
+    fail serve_n2_answers "a server did not start: $(tail -n 2 "$TMP/s1.log" "$TMP/s2.log")"
+    kill "$s1" "$s2" 2>/dev/null; wait
+fi
+
+# a follower that stops answering mid-decode (SIGSTOP: hung) and, below, a link that breaks:
+# every request in flight gets an OpenAI-shaped 503 naming rank 1 (the streams an error event),
+# rank 0 names it in one line, the job ends non-zero; the answers within --mpi-timeout (2 s)
+# plus the 2 s rank 0 gives them plus 1 s.
+# Then one killed with SIGKILL: MPICH's launcher SIGKILLs rank 0 at once (even with
+# -disable-auto-cleanup), so the clients see their connections close; no hang, status non-zero.
+serve_fault() {   # serve_fault NAME SIG: SIG sent to rank 1 mid-decode; $SF_LAUNCH: the ranks' launcher
+    local name=$1 sig=$2 p target crc rc t0 t left
+    rm -f "$TMP/sf.log"   # not the last job's port: the new job's redirect may come late
+    timeout 120 $SF_ENV mpiexec -n 2 $SF_LAUNCH "$DS41" serve -m "$PWD/$demo" --port 0 --exact --mpi-timeout 2 \
+        >/dev/null 2>"$TMP/sf.log" &
+    local job=$!
+    if ! p=$(serve_port "$TMP/sf.log") || [ -z "$(rank_pid 1)" ]; then
+        fail "$name" "the server did not start: $(tail -n 2 "$TMP/sf.log")"; kill "$job"; wait "$job"; return
+    fi
+    target=$(rank_pid 1)
+    case $sig in ip\ *) target=cmd ;; esac   # a shell command (a link down) instead of a signal
+    t0=$(date +%s.%N)
+    timeout 60 $SF_IN "$PY" tests/serve/mpi_client.py fault "$p" "$target" "$sig" >"$TMP/sf.out" 2>&1
+    crc=$?
+    wait "$job"
+    rc=$? t=$(echo "$(date +%s.%N) - $t0" | bc)
+    sleep 0.5
+    left=$(ours | wc -l)
+    if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then fail "$name" "status $rc"; return; fi
+    if [ "$(echo "$t > 20" | bc)" = 1 ]; then fail "$name" "ended ${t}s after the requests started (limit 20 s)"; return; fi
+    if [ "$left" -ne 0 ]; then fail "$name" "$left processes left behind"; return; fi
+    if [ "$sig" != KILL ]; then
+        if [ $crc -ne 0 ]; then fail "$name" "not every request got its 503: $(head -c 400 "$TMP/sf.out")"; return; fi
+        t=$(sed -n 's/^last answer \([0-9.]*\) s after the kill/\1/p' "$TMP/sf.out")
+        if [ -z "$t" ] || [ "$(echo "$t > 5" | bc)" = 1 ]; then fail "$name" "the 503s came ${t}s after the fault (limit 2 + 2 + 1 s)"; return; fi
+        if [ "$(grep -c "rank 1 did not answer" "$TMP/sf.log")" -ne 1 ]; then fail "$name" "rank 0's line: $(tail -n 3 "$TMP/sf.log")"; return; fi
+    elif ! grep -q "^last answer" "$TMP/sf.out"; then
+        fail "$name" "the client did not finish: $(tail -c 300 "$TMP/sf.out")"; return
+    fi
+    pass "$name"
+}
+SF_ENV="" SF_LAUNCH="" SF_IN=""
+serve_fault serve_hung_rank_503 STOP
+serve_fault serve_killed_rank KILL
+# a link that breaks mid-decode: each rank in its own namespace (tests/netns.sh), the veth
+# taken down under 8 requests; the HTTP client in rank 0's namespace
+NS=ds41s$$
+if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && ip netns add "${NS}0" 2>/dev/null && ip netns add "${NS}1" 2>/dev/null &&
+   ip link add "${NS}a" netns "${NS}0" type veth peer name "${NS}b" netns "${NS}1" 2>/dev/null; then
+    trap 'ns_cleanup; cleanup' EXIT
+    ns_pair_up
+    ns_launcher "$TMP/launch"
+    SF_ENV="env MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NOLOCAL=1 UCX_TLS=tcp,self" SF_LAUNCH=$TMP/launch SF_IN="ip netns exec ${NS}0"
+    serve_fault serve_link_down_503 "ip -n ${NS}0 link set ${NS}a down"
+    ns_cleanup
+else
+    ns_cleanup
+    echo "SKIP serve_link_down_503: needs root and ip netns"
+fi
 exit 0

@@ -59,20 +59,18 @@ static const char *SERVE_USAGE =
     "  --on-prefill-failure local|fail  (decode) a failed remote prefill: prefill locally, the same answer\n"
     "                           (default), or fail the request\n"
     "  --prefill-timeout MS     (decode) wait at most MS for a prefill node's next frame (default 30000)\n"
-    "  --lease MS               (prefill) a decode node silent for MS loses its request (default 10000)\n\n"
+    "  --lease MS               (prefill) a decode node silent for MS loses its request (default 10000)\n"
+    "under mpiexec (docs/distributed.md): rank 0 serves HTTP, the other ranks mirror its batches (routed\n"
+    "experts split over the ranks, the same answers); speculation off, no --role, no --cache-dir;\n"
+    "--mpi-timeout S: a lost rank answers the requests in flight with 503 and ends the job\n\n"
     "Examples:\n"
     "  ds41 serve -m models/demo --port 8000 &\n"
     "  curl -s localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\\n"
     "       -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":40}'\n"
-    "  ds41 bench-serve --port 8000 --concurrency 1,4,16                       # load test\n";
+    "  ds41 bench-serve --port 8000 --concurrency 1,4,16                       # load test\n"
+    "  mpiexec -n 2 ds41 serve -m models/demo --port 8000                      # experts over 2 ranks\n";
 
 int ds41_cli_serve(int argc, char **argv) {
-    /* the HTTP front and the scheduler would run on every rank, each waiting for the others
-     * inside its first forward: refuse instead (docs/distributed.md, not done) */
-    if (ds41_dist_size() > 1) {
-        fprintf(stderr, "ds41 serve: not supported under mpiexec yet (docs/distributed.md); run serve as one process\n");
-        return 2;
-    }
     ds41_serve_opts o;
     ds41_serve_opts_default(&o);
     o.lp.exact = getenv("DS41_EXACT") && !strcmp(getenv("DS41_EXACT"), "1");
@@ -184,6 +182,25 @@ int ds41_cli_serve(int argc, char **argv) {
         fprintf(stderr, "ds41 serve: --role %s needs the prefix cache (remote prefills travel as its blocks)\n",
                 o.role == DS41_SERVE_ROLE_PREFILL ? "prefill" : "decode");
         return 2;
+    }
+    if (ds41_dist_size() > 1) {
+        /* rank 0 serves, the other ranks mirror its engine calls (docs/distributed.md) */
+        if (o.role != DS41_SERVE_ROLE_BOTH) {
+            fprintf(stderr, "ds41 serve: --role %s is not supported under mpiexec; run prefill/decode nodes as single processes\n",
+                    o.role == DS41_SERVE_ROLE_PREFILL ? "prefill" : "decode");
+            return 2;
+        }
+        if (o.cache_dir) {
+            fprintf(stderr, "ds41 serve: --cache-dir is not supported under mpiexec (every rank would write the store); "
+                            "drop it (the prefix cache stays in memory)\n");
+            return 2;
+        }
+        if (!o.spec_default && o.spec_mode != DS41_SPEC_OFF) {
+            fprintf(stderr, "ds41 serve: --spec is not supported under mpiexec yet (a verify step samples inside the "
+                            "forward, on rank 0 only); use --spec off or leave it out (off under mpiexec)\n");
+            return 2;
+        }
+        o.spec_mode = DS41_SPEC_OFF;
     }
     return ds41_serve(&o);
 }

@@ -35,6 +35,16 @@ const char *ds41_dist_expert_map(void);
 int ds41_dist_size(void);
 /* 1 when the binary was built with MPI. */
 int ds41_dist_built(void);
+/* --mpi-timeout in seconds. */
+double ds41_dist_timeout(void);
+/* fn(message) runs on rank 0 when the job is about to end on a fault (a lost rank, ranks that
+ * drifted apart), on the thread that saw it, before MPI_Abort: serve answers the requests in
+ * flight (it must return within a few seconds). NULL: none. */
+void ds41_dist_set_fault_hook(void (*fn)(const char *msg));
+/* On ranks other than 0: a fault this rank sees ends the job only s seconds later, so that
+ * rank 0, which sees the same fault (a broken link) at about the same time, ends it after its
+ * hook ran (serve's followers). 0: at once (the default). */
+void ds41_dist_set_fault_delay(double s);
 
 /* ---- placement of the routed experts (dist_place.c) ----
  * Layer l counts the backbone layers and then the DSpark stages (n_layers + s). Default:

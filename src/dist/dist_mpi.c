@@ -40,11 +40,16 @@ static struct {
     const ds41_weights *w;
     uint8_t *own;               /* [n_layers][n_experts]: this rank owns the expert */
     ds41_dist_stats st;
-} g = { 0, 0, 1, 30.0, NULL, 0, NULL, 2, 0, { 0, 0, 0, NULL }, NULL, NULL, { 0, 0, 0, 0, 0.0 } };
+    void (*fault_hook)(const char *msg);
+    double fault_delay;
+} g = { 0, 0, 1, 30.0, NULL, 0, NULL, 2, 0, { 0, 0, 0, NULL }, NULL, NULL, { 0, 0, 0, 0, 0.0 }, NULL, 0.0 };
 
 int ds41_dist_rank(void) { return g.rank; }
 const char *ds41_dist_expert_map(void) { return g.map_path; }
 int ds41_dist_size(void) { return g.size; }
+double ds41_dist_timeout(void) { return g.timeout; }
+void ds41_dist_set_fault_hook(void (*fn)(const char *msg)) { g.fault_hook = fn; }
+void ds41_dist_set_fault_delay(double s) { g.fault_delay = s; }
 void ds41_dist_get_stats(ds41_dist_stats *s) { *s = g.st; }
 
 int ds41_dist_built(void) {
@@ -116,7 +121,10 @@ int ds41_dist_start(int *argc, char **argv) {
     if (!n) return 0;
 #ifdef DS41_HAVE_MPI
     int provided = 0;
-    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+    /* serve's scheduler thread makes the calls (serialized: never two threads at once); the
+     * other commands make them on the main thread */
+    int level = o > 1 && !strcmp(argv[1], "serve") ? MPI_THREAD_SERIALIZED : MPI_THREAD_FUNNELED;
+    if (MPI_Init_thread(NULL, NULL, level, &provided) != MPI_SUCCESS) {
         fprintf(stderr, "ds41: MPI_Init failed\n");
         return 1;
     }
@@ -237,6 +245,11 @@ static void fatal(int code, const char *fmt, ...) {
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     say("%s", buf);
+    if (g.rank == 0 && g.fault_hook) g.fault_hook(buf);
+    if (g.rank != 0 && g.fault_delay > 0) {
+        struct timespec ts = { (time_t)g.fault_delay, (long)((g.fault_delay - (double)(time_t)g.fault_delay) * 1e9) };
+        nanosleep(&ts, NULL);
+    }
     MPI_Abort(MPI_COMM_WORLD, code);
     _exit(code);
 }

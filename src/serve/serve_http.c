@@ -31,9 +31,11 @@
 
 #include "common.h"
 #include "config.h"
+#include "dist.h"
 #include "serve_anth.h"
 #include "serve_metrics.h"
 #include "serve_conn.h"
+#include "serve_mpi.h"
 #include "serve_lproc.h"
 #include "serve_req.h"
 #include "serve_resp.h"
@@ -51,6 +53,7 @@ typedef struct server {
     ds41_sched *S;
     ds41_prefix_cache *pc;   /* NULL with --no-prefix-cache */
     void *pdc;               /* --role decode: the prefill nodes' client (serve_pd.c) */
+    ds41_smirror *mirror;    /* rank 0 under mpiexec: the followers' record (serve_mpi.h) */
     ds41_metrics m;
     int V;
     long long ctx;
@@ -403,6 +406,16 @@ static json_t *chunk(job *j, json_t *choices) {
     return o;
 }
 
+/* A stream's error event for a sequence that failed (500) or was aborted by a shutdown or a
+ * lost rank (503), as the non-streamed reply's status. */
+static void emit_failure(job *j, const ds41_sseq *q) {
+    if (q->finish != DS41_FIN_ERROR && q->finish != DS41_FIN_ABORT) return;
+    int st = q->finish == DS41_FIN_ABORT ? 503 : 500;
+    ds41_req_error e;
+    ds41_req_fail(&e, st, st == 503 ? "service_unavailable" : "internal_error", NULL, NULL, "generation failed: %s", q->err);
+    emit_event(j, error_json(&e));
+}
+
 static void emit_choice(job *j, int i, json_t *delta_or_text, json_t *logprobs, const char *finish) {
     json_t *ch;
     if (j->r.kind == DS41_REQ_CHAT)
@@ -466,11 +479,7 @@ static int produce(job *j) {
                                 NULL, NULL);
                 if (ntc) emit_choice(j, i, json_pack("{s:o}", "tool_calls", tool_calls_json(j, tc, ntc, 1)), NULL, NULL);
                 ds41_tool_calls_free(tc, ntc);
-                if (q->finish == DS41_FIN_ERROR) {
-                    ds41_req_error e;
-                    ds41_req_fail(&e, 500, "internal_error", NULL, NULL, "generation failed: %s", q->err);
-                    emit_event(j, error_json(&e));
-                }
+                emit_failure(j, q);
                 emit_choice(j, i, json_object(), NULL, finish_name(q->finish, ntc > 0));
                 cs->closed = 1;
             }
@@ -492,11 +501,7 @@ static int produce(job *j) {
                 cs->text_cur = avail;
             }
             if (q->finished) {
-                if (q->finish == DS41_FIN_ERROR) {
-                    ds41_req_error e;
-                    ds41_req_fail(&e, 500, "internal_error", NULL, NULL, "generation failed: %s", q->err);
-                    emit_event(j, error_json(&e));
-                }
+                emit_failure(j, q);
                 emit_choice(j, i, json_string(""), NULL, finish_name(q->finish, 0));
                 cs->closed = 1;
             }
@@ -1145,6 +1150,16 @@ int ds41_serve(const ds41_serve_opts *o) {
         sp.pc = sv->pc;
         sv->m.prefix_cache = 1;
     }
+    if (ds41_dist_size() > 1) {
+        /* under mpiexec: the other ranks replay rank 0's engine calls (serve_mpi.h) */
+        if (ds41_dist_rank() > 0) {
+            rc = ds41_smirror_follow(sv->e, sv->pc, &sp.sp, eb, sizeof eb) ? 1 : 0;
+            if (rc) fprintf(stderr, "ds41 serve: %s\n", eb);
+            goto out;
+        }
+        sv->mirror = sp.mirror = ds41_smirror_new();
+        if (!sv->mirror) { fprintf(stderr, "ds41 serve: out of memory\n"); goto out; }
+    }
     if (o->role == DS41_SERVE_ROLE_PREFILL) { rc = ds41_serve_pd_prefill(sv->e, sv->pc, o, &ss); goto out; }
     if (o->role == DS41_SERVE_ROLE_DECODE) {
         if (ds41_serve_pd_decode(sv->e, sv->pc, o, &sp, &sv->pdc)) goto out;
@@ -1152,6 +1167,7 @@ int ds41_serve(const ds41_serve_opts *o) {
     }
     sv->S = ds41_sched_start(sv->e, sv->tok, &sp, &sv->m, eb, sizeof eb);
     if (!sv->S) { fprintf(stderr, "ds41 serve: %s\n", eb); goto out; }
+    if (sv->mirror) ds41_smirror_on_fault(sv->S);
 
     struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV | AI_PASSIVE }, *ai = NULL;
     char port[16];
@@ -1192,6 +1208,12 @@ out:
     /* the scheduler first: it aborts what runs or waits, which wakes the handlers; then the
      * daemon joins its connection threads; the scheduler's memory goes last */
     if (sv->S) ds41_sched_stop(sv->S);
+    if (sv->mirror) {
+        /* the scheduler's last records (sessions closed), then the followers leave */
+        ds41_smirror_on_fault(NULL);
+        ds41_smirror_end(sv->mirror);
+        ds41_smirror_free(sv->mirror);
+    }
     if (d) MHD_stop_daemon(d);
     ds41_sched_free(sv->S);
     ds41_serve_pd_close(sv->pdc);

@@ -3,6 +3,8 @@
 #define _GNU_SOURCE
 #include "serve_sched.h"
 
+#include "serve_mpi.h"
+
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -160,6 +162,7 @@ static void seq_publish(ds41_sched *S, ds41_sseq *q, int with_generated) {
     pthread_mutex_lock(&q->g->mu);
     if (extra) memcpy(t + n, q->ids, extra * sizeof *t);
     pthread_mutex_unlock(&q->g->mu);
+    ds41_smirror_publish(S->p.mirror, q->s, t, n + extra);
     ds41_prefix_publish(S->p.pc, q->s, t, n + extra);
     free(t);
 }
@@ -169,6 +172,7 @@ static void seq_finish(ds41_sched *S, ds41_sseq *q, int reason, const char *err)
     double t = now_s();
     if (q->s && (reason == DS41_FIN_STOP || reason == DS41_FIN_LENGTH)) seq_publish(S, q, 1);
     if (q->s) {
+        ds41_smirror_close(S->p.mirror, q->s);
         ds41_session_close(q->s);
         q->s = NULL;
         pthread_mutex_lock(&S->mu);
@@ -423,6 +427,7 @@ static int open_session(ds41_sched *S, ds41_sseq *q) {
     char eb[512];
     q->s = ds41_session_open(S->e, &S->p.sp, eb, sizeof eb);
     if (!q->s) { seq_finish(S, q, DS41_FIN_ERROR, eb); return -1; }
+    ds41_smirror_open(S->p.mirror, q->s);
     pthread_mutex_lock(&S->mu);
     S->sessions_open++;
     pthread_mutex_unlock(&S->mu);
@@ -456,6 +461,7 @@ static int open_session(ds41_sched *S, ds41_sseq *q) {
 
 /* The prefix-cache restore of q's prompt, also after a remote prefill filled the cache. */
 static int admit_prefix(ds41_sched *S, ds41_sseq *q) {
+    if (S->p.pc) ds41_smirror_restore(S->p.mirror, q->s, q->prompt, q->n_prompt);
     return seq_admitted(S, q, S->p.pc ? ds41_prefix_restore(S->p.pc, q->s, q->prompt, q->n_prompt) : 0);
 }
 
@@ -501,7 +507,21 @@ static void *sched_main(void *arg) {
         /* ---- admission (S->mu) */
         int n_adm = 0, n_drop = 0, stop = 0;
         pthread_mutex_lock(&S->mu);
-        while (!S->stopping && S->n_run == 0 && S->q_len == 0) pthread_cond_wait(&S->cv, &S->mu);
+        while (!S->stopping && S->n_run == 0 && S->q_len == 0) {
+            if (!S->p.mirror) { pthread_cond_wait(&S->cv, &S->mu); continue; }
+            /* under mpiexec the other ranks hear from rank 0 while it idles (serve_mpi.h) */
+            struct timespec dl;
+            clock_gettime(CLOCK_REALTIME, &dl);
+            double b = ds41_smirror_beat_s();
+            dl.tv_sec += (time_t)b;
+            dl.tv_nsec += (long)((b - (double)(time_t)b) * 1e9);
+            if (dl.tv_nsec >= 1000000000L) { dl.tv_sec++; dl.tv_nsec -= 1000000000L; }
+            pthread_cond_timedwait(&S->cv, &S->mu, &dl);
+            /* not under S->mu: a lost rank seen here answers the requests (ds41_sched_fail_all) */
+            pthread_mutex_unlock(&S->mu);
+            ds41_smirror_beat(S->p.mirror);
+            pthread_mutex_lock(&S->mu);
+        }
         stop = S->stopping;
         while (S->q_len > 0) {
             ds41_sseq *q = S->q[S->q_head];
@@ -515,8 +535,10 @@ static void *sched_main(void *arg) {
                     ds41_prefix_get_stats(S->p.pc, &ps);
                     held = ps.bytes;
                 }
-                if (S->kv_reserved + q->reserve + held > S->p.kv_budget && held > 0)
+                if (S->kv_reserved + q->reserve + held > S->p.kv_budget && held > 0) {
+                    ds41_smirror_trim(S->p.mirror, S->p.kv_budget - S->kv_reserved - q->reserve);
                     held = ds41_prefix_trim(S->p.pc, S->p.kv_budget - S->kv_reserved - q->reserve);
+                }
                 if (S->kv_reserved + q->reserve + held > S->p.kv_budget) break;
                 S->kv_reserved += q->reserve;
                 S->run[S->n_run++] = q;
@@ -666,6 +688,7 @@ static void *sched_main(void *arg) {
                     }
                 }
             }
+            ds41_smirror_step(S->p.mirror, items, nb);
             ds41_batch_step(items, nb);
             double t1 = now_s();
             ds41_metrics_observe(S->m, &S->m->iter_tokens, (double)ntok);
@@ -790,6 +813,49 @@ void ds41_sched_stop(ds41_sched *S) {
     pthread_cond_signal(&S->cv);
     pthread_mutex_unlock(&S->mu);
     pthread_join(S->th, NULL);
+}
+
+void ds41_sched_fail_all(ds41_sched *S, const char *msg, double wait_s) {
+    /* no scheduler call may run after this (the caller is inside one, on the scheduler
+     * thread): the sequences are marked here, their sessions stay as they are */
+    pthread_mutex_lock(&S->mu);
+    S->stopping = 1;
+    int n = S->n_run + S->q_len;
+    ds41_sseq **all = malloc((size_t)(n ? n : 1) * sizeof *all);
+    int k = 0;
+    for (int i = 0; all && i < S->n_run; i++) all[k++] = S->run[i];
+    for (int i = 0; all && i < S->q_len; i++) all[k++] = S->q[(S->q_head + i) % S->p.max_queue];
+    pthread_mutex_unlock(&S->mu);
+    if (!all) return;
+    for (int i = 0; i < k; i++) {
+        ds41_sgroup *g = all[i]->g;
+        pthread_mutex_lock(&g->mu);
+        if (!all[i]->finished) {
+            all[i]->finished = 1;
+            all[i]->finish = DS41_FIN_ABORT;
+            snprintf(all[i]->err, sizeof all[i]->err, "%s", msg);
+            g->n_finished++;
+            pthread_cond_broadcast(&g->cv);
+        }
+        pthread_mutex_unlock(&g->mu);
+    }
+    /* until each request's handler let go of its group (its answer is out): the scheduler
+     * holds one reference per sequence of the group in its lists */
+    double t0 = now_s();
+    for (int i = 0; i < k; i++) {
+        ds41_sgroup *g = all[i]->g;
+        int held = 0;
+        for (int j = 0; j < k; j++) held += all[j]->g == g;
+        for (;;) {
+            pthread_mutex_lock(&g->mu);
+            int refs = g->refs;
+            pthread_mutex_unlock(&g->mu);
+            if (refs <= held || now_s() - t0 > wait_s) break;
+            struct timespec ts = { 0, 10000000 };
+            nanosleep(&ts, NULL);
+        }
+    }
+    free(all);
 }
 
 void ds41_sched_free(ds41_sched *S) {

@@ -75,6 +75,9 @@ typedef struct ds41_sched_params {
         long long min_tokens;
         int fail;
     } remote;
+    /* serve under mpiexec (serve_mpi.h): rank 0 records every engine call for the other ranks
+     * (NULL: one process) */
+    struct ds41_smirror *mirror;
 } ds41_sched_params;
 
 enum { DS41_SEQ_WAITING, DS41_SEQ_PREFILL, DS41_SEQ_DECODE, DS41_SEQ_DONE, DS41_SEQ_REMOTE };
@@ -149,6 +152,10 @@ ds41_sched *ds41_sched_start(ds41_engine *e, const ds41_tokenizer *tok, const ds
  * answers 503. ds41_sched_free releases the memory once no other thread uses S. */
 void ds41_sched_stop(ds41_sched *S);
 void ds41_sched_free(ds41_sched *S);
+/* A lost rank under mpiexec (serve_mpi.h), on the scheduler thread: every sequence running or
+ * waiting ends with DS41_FIN_ABORT and msg (the handlers answer 503), new requests get 503,
+ * and the call returns once the handlers let go of their requests or after wait_s. */
+void ds41_sched_fail_all(ds41_sched *S, const char *msg, double wait_s);
 
 /* A group with n_seq zeroed sequences and one reference (the caller's). */
 ds41_sgroup *ds41_sgroup_new(int n_seq);

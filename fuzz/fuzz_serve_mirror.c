@@ -1,0 +1,37 @@
+/* libFuzzer harness for the decoder of serve's records under mpiexec (src/serve/serve_mpi_wire.c):
+ * the input, read as int32 words, must decode operation by operation, each within the record
+ * and moving forward, until the end or a one-line message naming the word; never crash or read
+ * past the record. Build and run with `make fuzz`. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve_mpi.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    size_t n = size / sizeof(int32_t);
+    int32_t *w = malloc((n ? n : 1) * sizeof *w);   /* exactly n words: ASan sees any overread */
+    if (!w) return 0;
+    memcpy(w, data, n * sizeof *w);
+    size_t at = 0;
+    ds41_sop op;
+    char err[256];
+    int r;
+    err[0] = 0;
+    while ((r = ds41_sop_next(w, n, &at, &op, err, sizeof err)) == 1) {
+        if (at > n) abort();
+        if (op.ids && (op.ids < w || op.ids + op.n > w + n)) abort();
+        if (op.op == DS41_SOP_STEP) {
+            const int32_t *p = op.items;
+            for (int k = 0; k < op.count; k++) {
+                if (p + 3 > w + n || p[1] < 1 || p + 3 + p[1] > w + n) abort();
+                p += 3 + p[1];
+            }
+            if (p != w + at) abort();
+        }
+    }
+    if (r < 0 && (!memchr(err, 0, sizeof err) || strchr(err, '\n') || strncmp(err, "serve mirror: word ", 19))) abort();
+    if (r == 0 && at != n) abort();
+    free(w);
+    return 0;
+}

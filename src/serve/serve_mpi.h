@@ -1,0 +1,71 @@
+/* ds41 serve under mpiexec (docs/distributed.md, "serve"): rank 0 runs the HTTP front, the
+ * scheduler, sampling and the prefix cache; the other ranks (followers) mirror every
+ * sequence's engine state so that each batch step is the same collective forward on every
+ * rank (attention replicated, routed experts exchanged as in every command).
+ *
+ * The mirror is a stream of operations that rank 0's scheduler records as it calls the
+ * engine: a session opened or closed, a prefix-cache restore, publish or trim, a batch step
+ * (each item's session, token ids and prefill look-ahead). Records are buffered and broadcast
+ * before the first operation that runs a forward (restore, step), so every rank enters the
+ * forward's collective calls in the same order; a follower replays each operation on its own
+ * sessions and its own prefix cache, which therefore hold exactly rank 0's state (the cache's
+ * LRU order included: the same calls in the same order). Sampling stays on rank 0: every
+ * token a follower needs is in a step's ids. When idle, rank 0 sends an empty record now and
+ * then, so that a follower sees a dead rank 0 within --mpi-timeout.
+ *
+ * Words on the wire: int32. Operations: OPEN id | CLOSE id | RESTORE id n ids[n] |
+ * PUBLISH id n ids[n] | TRIM lo hi (bytes) | STEP count {id n ahead ids[n]}[count] | END. */
+#ifndef DS41_SERVE_MPI_H
+#define DS41_SERVE_MPI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ds41.h"
+
+enum { DS41_SOP_OPEN = 1, DS41_SOP_CLOSE, DS41_SOP_RESTORE, DS41_SOP_PUBLISH, DS41_SOP_TRIM, DS41_SOP_STEP, DS41_SOP_END };
+
+/* One decoded operation; ids / items point into the buffer. */
+typedef struct ds41_sop {
+    int op;
+    int32_t id;
+    const int32_t *ids;       /* RESTORE, PUBLISH */
+    size_t n;
+    long long bytes;          /* TRIM */
+    int count;                /* STEP: items at items (words: id n ahead ids...) */
+    const int32_t *items;
+} ds41_sop;
+
+/* Decodes the operation at w[*at] (n words in all), advancing *at. 1: one decoded; 0: the end
+ * of the buffer; -1: malformed (err names the word and what was expected). */
+int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *err, size_t errcap);
+
+/* ---- rank 0: the recorder (NULL-safe: every call with m == NULL does nothing) */
+typedef struct ds41_smirror ds41_smirror;
+ds41_smirror *ds41_smirror_new(void);
+void ds41_smirror_free(ds41_smirror *m);
+void ds41_smirror_open(ds41_smirror *m, const ds41_session *s);
+void ds41_smirror_close(ds41_smirror *m, const ds41_session *s);
+/* before ds41_prefix_restore / ds41_prefix_publish / ds41_prefix_trim / ds41_batch_step */
+void ds41_smirror_restore(ds41_smirror *m, const ds41_session *s, const int32_t *ids, size_t n);
+void ds41_smirror_publish(ds41_smirror *m, const ds41_session *s, const int32_t *ids, size_t n);
+void ds41_smirror_trim(ds41_smirror *m, long long bytes);
+void ds41_smirror_step(ds41_smirror *m, const ds41_batch_item *it, int count);
+/* An empty record when nothing was sent for a while (the scheduler's idle wait). */
+void ds41_smirror_beat(ds41_smirror *m);
+/* The followers leave their loop (rank 0's serve ends). */
+void ds41_smirror_end(ds41_smirror *m);
+/* How long the scheduler may idle between beats (seconds). */
+double ds41_smirror_beat_s(void);
+
+/* ---- followers: replays rank 0's operations until END. pc: this rank's prefix cache (NULL
+ * when rank 0 has none), sp: the scheduler's session parameters. 0, or -1 with err. */
+int ds41_smirror_follow(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_params *sp, char *err, size_t errcap);
+
+/* ---- faults: rank 0's scheduler, installed for the job's lifetime; on a lost rank the MPI
+ * layer calls it (on the scheduler thread) before ending the job, so that every request in
+ * flight is answered with a 503 naming the fault. */
+struct ds41_sched;
+void ds41_smirror_on_fault(struct ds41_sched *S);
+
+#endif

@@ -1,0 +1,65 @@
+/* ds41 serve under mpiexec: the decoder of rank 0's records (serve_mpi.h). Apart from the
+ * MPI side so that the fuzz harness (fuzz/fuzz_serve_mirror.c) links it alone. */
+#include <stdio.h>
+#include <string.h>
+
+#include "serve_mpi.h"
+
+static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH", "TRIM", "STEP", "END" };
+
+int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *err, size_t errcap) {
+    size_t i = *at;
+    if (i >= n) return 0;
+    memset(op, 0, sizeof *op);
+    op->op = w[i];
+    if (op->op < DS41_SOP_OPEN || op->op > DS41_SOP_END)
+        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, got %d", i, DS41_SOP_END, (int)w[i]), -1;
+    const char *name = op_name[op->op];
+    i++;
+#define NEED(k, what) \
+    do { if (n - i < (size_t)(k)) return snprintf(err, errcap, "serve mirror: word %zu: %s: expected %s, the record ends", i, name, what), -1; } while (0)
+    switch (op->op) {
+    case DS41_SOP_OPEN:
+    case DS41_SOP_CLOSE:
+        NEED(1, "a session id");
+        op->id = w[i++];
+        break;
+    case DS41_SOP_RESTORE:
+    case DS41_SOP_PUBLISH:
+        NEED(2, "a session id and a token count");
+        op->id = w[i++];
+        if (w[i] < 0) return snprintf(err, errcap, "serve mirror: word %zu: %s: token count %d is negative", i, name, (int)w[i]), -1;
+        op->n = (size_t)w[i++];
+        NEED(op->n, "the tokens");
+        op->ids = w + i;
+        i += op->n;
+        break;
+    case DS41_SOP_TRIM:
+        NEED(2, "a byte count (two words)");
+        op->bytes = (long long)(((uint64_t)(uint32_t)w[i + 1] << 32) | (uint32_t)w[i]);
+        if (op->bytes < 0) return snprintf(err, errcap, "serve mirror: word %zu: TRIM: byte count %lld is negative", i, op->bytes), -1;
+        i += 2;
+        break;
+    case DS41_SOP_STEP:
+        NEED(1, "an item count");
+        if (w[i] < 1) return snprintf(err, errcap, "serve mirror: word %zu: STEP: item count %d, expected at least 1", i, (int)w[i]), -1;
+        op->count = w[i++];
+        op->items = w + i;
+        for (int k = 0; k < op->count; k++) {
+            NEED(3, "an item (session id, token count, look-ahead)");
+            if (w[i + 1] < 1 || w[i + 2] < 0)
+                return snprintf(err, errcap, "serve mirror: word %zu: STEP item %d: %d tokens, look-ahead %d (expected >= 1 and >= 0)",
+                                i, k, (int)w[i + 1], (int)w[i + 2]), -1;
+            size_t t = (size_t)w[i + 1];
+            i += 3;
+            NEED(t, "the item's tokens");
+            i += t;
+        }
+        break;
+    default:   /* END */
+        break;
+    }
+#undef NEED
+    *at = i;
+    return 1;
+}

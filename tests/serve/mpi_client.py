@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Concurrent requests for tests/mpi.test.sh (serve under mpiexec).
+  mpi_client.py answers PORT        8 concurrent /v1/completions (4 streamed, 4 not; greedy with
+                                    logprobs and seeded sampling), then 2 repeating the long
+                                    prompt (a prefix-cache hit): one line per request with what
+                                    must not depend on the process layout (text, finish reason,
+                                    logprobs at 17 digits, usage; the stream's chunks joined)
+  mpi_client.py fault PORT PID SIG  8 concurrent requests with long answers; once the streams
+                                    are decoding, send SIG (STOP, KILL) to PID (a follower), or
+                                    with PID "cmd", run the shell command SIG (a link down); every
+                                    request must end with an OpenAI-shaped 503 (the streamed
+                                    ones an error event of type service_unavailable); prints
+                                    one line per request and the seconds from the kill to the
+                                    last answer
+Exit status 1 when a request did not end as expected."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+LONG = "In the beginning God created the heaven and the earth. " * 12   # > 128 tokens: a cached block
+
+
+def body(i, max_tokens):
+    # one long prompt only: a second one would hit the cache or not depending on timing
+    b = {"prompt": [LONG + "And God said", "Telescope, n.", "Tell me a fortune.", "The Jargon File says", "Once upon a time",
+                    "Abacus, n.", "And the LORD spake", "A hacker is"][i],
+         "max_tokens": max_tokens, "stream": i % 2 == 1}
+    if i < 4:
+        b.update({"temperature": 0, "logprobs": 2})
+    else:
+        b.update({"temperature": 0.8, "top_p": 0.9, "seed": 100 + i})
+    if b["stream"]:
+        b["stream_options"] = {"include_usage": True}
+    return b
+
+
+def post(port, b, on_chunk=None):
+    """(status, parsed reply or list of stream events)."""
+    req = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % port, json.dumps(b).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            if not b.get("stream"):
+                return r.status, json.load(r)
+            events = []
+            for line in r:
+                line = line.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                events.append(json.loads(line[6:]))
+                if on_chunk:
+                    on_chunk()
+            return r.status, events
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read().decode(errors="replace") or "null")
+
+
+def summary(b, st, rep):
+    if not b.get("stream"):
+        rep = rep if isinstance(rep, dict) else {}
+        return {"status": st, "choices": rep.get("choices"), "usage": rep.get("usage"), "error": rep.get("error")}
+    # chunk boundaries follow the reader's timing; the tokens, their logprobs and the text do not
+    text, fin, usage, err = "", None, None, None
+    lps = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+    for e in rep:
+        if "error" in e:
+            err = e["error"]
+            continue
+        for c in e.get("choices", []):
+            text += c.get("text", "")
+            for k, v in (c.get("logprobs") or {}).items():
+                lps[k] += v
+            fin = c.get("finish_reason") or fin
+        if e.get("usage"):
+            usage = e["usage"]
+    return {"status": st, "text": text, "logprobs": lps, "finish": fin, "usage": usage, "error": err}
+
+
+def run_all(port, bodies, on_chunk=None):
+    out = [None] * len(bodies)
+
+    def one(i):
+        try:
+            st, rep = post(port, bodies[i], on_chunk)
+            out[i] = summary(bodies[i], st, rep)
+        except Exception as e:  # noqa: BLE001 - reported as the result
+            out[i] = {"exception": str(e)}
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return out
+
+
+def answers(port):
+    out = run_all(port, [body(i, 24) for i in range(8)])
+    streamed = dict(body(0, 8), stream=True, stream_options={"include_usage": True})
+    again = run_all(port, [body(0, 8), streamed])   # the long prompt again: restored from the cache
+    bad = 0
+    for o in out + again:
+        print(json.dumps(o, sort_keys=True))
+        bad += o.get("status") != 200 or bool(o.get("error"))
+    hits = [o["usage"]["prompt_tokens_details"]["cached_tokens"] for o in again if o.get("usage")]
+    if len(hits) != 2 or min(hits) < 128:
+        print("the repeated long prompt was not restored from the prefix cache: cached_tokens %s" % hits)
+        bad += 1
+    return 1 if bad else 0
+
+
+def fault(port, pid, sig):
+    bodies = [body(i, 2000) for i in range(8)]
+    for b in bodies:
+        b["ignore_eos"] = True
+    lock, seen, killed = threading.Lock(), [0], [0.0]
+
+    def on_chunk():
+        with lock:
+            seen[0] += 1
+            if seen[0] == 4 * 3 and not killed[0]:   # every stream is decoding (3 chunks each on average)
+                killed[0] = time.monotonic()
+                if pid == "cmd":
+                    subprocess.run(sig, shell=True, check=False)
+                else:
+                    os.kill(int(pid), getattr(signal, "SIG" + sig))
+    out = run_all(port, bodies, on_chunk)
+    end = time.monotonic()
+    bad = 0 if killed[0] else 1
+    for b, o in zip(bodies, out):
+        if b["stream"]:
+            e = o.get("error") or {}
+            ok = o.get("status") == 200 and e.get("type") == "service_unavailable" and "rank 1" in e.get("message", "")
+        else:
+            e = o.get("error") or {}
+            ok = o.get("status") == 503 and e.get("type") == "service_unavailable" and "rank 1" in e.get("message", "")
+        print(json.dumps(o, sort_keys=True)[:400])
+        bad += not ok
+    print("last answer %.2f s after the kill" % (end - killed[0] if killed[0] else -1))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "answers":
+        sys.exit(answers(int(sys.argv[2])))
+    sys.exit(fault(int(sys.argv[2]), sys.argv[3], sys.argv[4]))

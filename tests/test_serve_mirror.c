@@ -1,0 +1,123 @@
+/* The records rank 0's serve sends its followers under mpiexec (src/serve/serve_mpi_wire.c):
+ * valid records decode to exactly their fields, every malformed one in
+ * tests/malformed/serve-mirror/ (decimal words; the expected message beside them) is refused
+ * with that message, and the fuzz seeds (fuzz/corpus/fuzz_serve_mirror/) decode to the end. */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "serve_mpi.h"
+
+static void valid_records(void) {
+    /* OPEN 4; RESTORE 4 [10 11]; STEP {4: [12] ahead 0} {9: [1 2 3] ahead 7}; TRIM 2^32 + 5;
+     * PUBLISH 4 []; CLOSE 4; END */
+    const int32_t w[] = { 1, 4, 3, 4, 2, 10, 11, 6, 2, 4, 1, 0, 12, 9, 3, 7, 1, 2, 3, 5, 5, 1, 4, 4, 0, 2, 4, 7 };
+    size_t n = sizeof w / sizeof *w, at = 0;
+    ds41_sop op;
+    char err[256] = "";
+    CHECK(ds41_sop_next(w, n, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_OPEN && op.id == 4 && at == 2, "OPEN");
+    CHECK(ds41_sop_next(w, n, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_RESTORE && op.id == 4 && op.n == 2 &&
+          op.ids == w + 5 && at == 7, "RESTORE");
+    CHECK(ds41_sop_next(w, n, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_STEP && op.count == 2 && op.items == w + 9 &&
+          at == 19, "STEP (at %zu)", at);
+    CHECK(ds41_sop_next(w, n, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_TRIM && op.bytes == (1LL << 32) + 5, "TRIM");
+    CHECK(ds41_sop_next(w, n, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_PUBLISH && op.n == 0, "PUBLISH");
+    CHECK(ds41_sop_next(w, n, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_CLOSE && op.id == 4, "CLOSE");
+    CHECK(ds41_sop_next(w, n, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_END && at == n, "END");
+    CHECK(ds41_sop_next(w, n, &at, &op, err, sizeof err) == 0, "the end");
+    CHECK(!err[0], "no message on valid records: %s", err);
+}
+
+static char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *b = malloc(1 << 16);
+    size_t k = b ? fread(b, 1, (1 << 16) - 1, f) : 0;
+    fclose(f);
+    if (b) b[k] = 0;
+    if (len) *len = k;
+    return b;
+}
+
+/* Decodes the words w[0..n) to the end: 0 at the end, -1 with err. */
+static int decode_all(const int32_t *w, size_t n, char *err, size_t cap) {
+    size_t at = 0;
+    ds41_sop op;
+    int r;
+    while ((r = ds41_sop_next(w, n, &at, &op, err, cap)) == 1) {}
+    return r == 0 && at != n ? -2 : r;
+}
+
+/* Calls fn(path, name) for each entry of $DS41_ROOT/sub; returns how many. */
+static int each_entry(const char *sub, void (*fn)(const char *path, const char *name)) {
+    const char *root = getenv("DS41_ROOT") ? getenv("DS41_ROOT") : ".";
+    char dir[512], p[1024];
+    snprintf(dir, sizeof dir, "%s/%s", root, sub);
+    DIR *d = opendir(dir);
+    CHECK(d, "cannot open %s", dir);
+    if (!d) return 0;
+    int k = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        fn(p, de->d_name);
+        k++;
+    }
+    closedir(d);
+    return k;
+}
+
+/* a malformed case: NAME/words (decimal) refused with the message in NAME/expected */
+static void one_malformed(const char *path, const char *name) {
+    char p[1100];
+    snprintf(p, sizeof p, "%s/words", path);
+    char *txt = slurp(p, NULL);
+    snprintf(p, sizeof p, "%s/expected", path);
+    char *want = slurp(p, NULL);
+    CHECK(txt && want, "%s: words or expected missing", name);
+    if (txt && want) {
+        want[strcspn(want, "\n")] = 0;
+        int32_t w[64];
+        size_t n = 0;
+        for (char *s = txt, *e; n < 64; s = e) {
+            long v = strtol(s, &e, 10);
+            if (e == s) break;
+            w[n++] = (int32_t)v;
+        }
+        char err[256] = "";
+        CHECK(decode_all(w, n, err, sizeof err) == -1, "%s: accepted", name);
+        CHECK(!strcmp(err, want), "%s: message '%s', expected '%s'", name, err, want);
+    }
+    free(txt);
+    free(want);
+}
+
+static void malformed_corpus(void) {
+    int cases = each_entry("tests/malformed/serve-mirror", one_malformed);
+    CHECK(cases >= 12, "%d malformed cases", cases);
+}
+
+/* a fuzz seed: whole int32 words that decode to the end */
+static void one_seed(const char *path, const char *name) {
+    size_t len = 0;
+    char *b = slurp(path, &len);
+    CHECK(b && len % 4 == 0, "%s: not whole words", name);
+    char err[256] = "";
+    if (b) CHECK(decode_all((const int32_t *)(void *)b, len / 4, err, sizeof err) == 0, "%s: %s", name, err);
+    free(b);
+}
+
+static void fuzz_seeds(void) {
+    int seeds = each_entry("fuzz/corpus/fuzz_serve_mirror", one_seed);
+    CHECK(seeds >= 3, "%d seeds", seeds);
+}
+
+int main(void) {
+    RUN_CASE(valid_records);
+    RUN_CASE(malformed_corpus);
+    RUN_CASE(fuzz_seeds);
+    return check_exit();
+}
