@@ -75,7 +75,7 @@ void ds41_side_wait(ds41_side *s);
  * takes it where a start-up probe finds vdpbf16ps at the FMA's rate, "avx512" forces it off.
  * ds41_kernels_isa() names the path ("avx512" for both); ds41_kernels_fp4_products() says
  * "vdpbf16ps" or "int16"; ds41_kernels_bf16_ratio() is the probe's time per vdpbf16ps over
- * time per zmm FMA (0 when it has not run). */
+ * time per zmm FMA (run at first call if auto has not; 0 without AVX512_BF16). */
 const char *ds41_kernels_isa(void);
 const char *ds41_kernels_fp4_products(void);
 double ds41_kernels_bf16_ratio(void);

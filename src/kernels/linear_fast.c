@@ -839,7 +839,12 @@ static const ds41_fast_bf16 *bf16_of(const ds41_fast_ops *ops) {
     return ops != &ops_avx2 && __atomic_load_n(&ds41_fast_bf16_on, __ATOMIC_RELAXED) ? ds41_fast_bf16_avx512() : NULL;
 }
 const char *ds41_kernels_fp4_products(void) { return bf16_of(ds41_fast_ops_get()) ? "vdpbf16ps" : "int16"; }
-double ds41_kernels_bf16_ratio(void) { return ds41_fast_bf16_ratio; }
+double ds41_kernels_bf16_ratio(void) {
+    ds41_fast_ops_get();
+    if (ds41_fast_bf16_ratio == 0 && ds41_kernels_isa_supported("avx512bf16"))
+        ds41_fast_bf16_ratio = ds41_fast_bf16_avx512()->probe();
+    return ds41_fast_bf16_ratio;
+}
 
 int ds41_kernels_set_isa(const char *name) {
     ds41_fast_ops_get();
