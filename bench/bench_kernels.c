@@ -548,15 +548,19 @@ int main(int argc, char **argv) {
                 long long chain0 = ds41_exact_chain_rows;
                 double start = now();
                 while (n < 4096 && (n < 5 || now() - start < min_time * nv)) {
-                    for (int v = 0; v < nv; v++) {   /* one call per path per round, the same weights copy */
+                    /* one call per path per round, each on the next weights copy (a path
+                     * following another on the same copy would find it in cache), the paths'
+                     * order rotated round by round (no path always first or last) */
+                    for (int i = 0; i < nv; i++) {
+                        int v = (n + i) % nv;
                         if (nv > 1) ds41_kernels_set_isa(isas[v]);
                         double t0 = now();
                         call(ctx, sh, &ws, c, x, T, y);
                         times[v][n] = now() - t0;
+                        c = (c + 1) % ws.n;
                     }
                     if (piters) ptimes[n] = fma_time(ctx, threads[hi], zmm_peak, piters);
                     n++;
-                    c = (c + 1) % ws.n;
                 }
                 if (nv > 1) ds41_kernels_set_isa(isas[0]);
                 double pk = piters ? (double)threads[hi] * piters * 12.0 * (zmm_peak ? 16.0 : 8.0) / median(ptimes, n) / 1e9 : 0;

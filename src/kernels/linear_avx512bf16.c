@@ -50,14 +50,6 @@
 #define KC DS41_KC
 #define UNROLL _Pragma("GCC unroll 8")
 
-/* the int16 words 2 e2m1 of 16 packed bytes (one block): even elements, odd elements */
-static inline void e2m1x32_w(const uint8_t *p, __m256i *we, __m256i *wo) {
-    const __m128i tab = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    const __m128i m = _mm_set1_epi8(0x0F);
-    __m128i v = _mm_loadu_si128((const __m128i *)p);
-    *we = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(tab, _mm_and_si128(v, m)));
-    *wo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(v, 4), m)));
-}
 
 /* 16 int16 words times s (a power of two), as BF16 (exact: at most 4 significant bits) */
 static inline __m256i w16_bf16(__m256i w, __m512 s) {
@@ -76,7 +68,7 @@ static int pan_fp4b(const uint8_t *c, const uint8_t *st, int nblk, int16_t *pw) 
     if (nblk & 1) memset(pw + 64 * (ngrp - 1), 0, 64 * sizeof(int16_t));
     for (int b = 0; b < nblk; b++) {
         __m256i we, wo;
-        e2m1x32_w(c + 16 * b, &we, &wo);
+        ds41_e2m1x32_i16(c + 16 * b, &we, &wo);
         __m512 s = _mm512_set1_ps(ds41_bits_f32((uint32_t)st[b] << 23));   /* 2^(e - 127), e in [1, 233] */
         int16_t *o = pw + 64 * (b >> 1) + 16 * (b & 1);
         _mm256_store_si256((__m256i *)o, w16_bf16(we, s));

@@ -204,14 +204,6 @@ static inline __m256 e4m3x8_s(const uint8_t *p) {
     return e4m3_s(_mm256_broadcastsi128_si256(_mm_loadl_epi64((const __m128i *)p)), 0);
 }
 
-/* 16 packed E2M1 bytes (one block) -> int16 of 2 * e2m1: *we = even elements, *wo = odd */
-static inline void e2m1x32_i16(const uint8_t *p, __m256i *we, __m256i *wo) {
-    const __m128i tab = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    const __m128i m = _mm_set1_epi8(0x0F);
-    __m128i v = _mm_loadu_si128((const __m128i *)p);
-    *we = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(tab, _mm_and_si128(v, m)));
-    *wo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(v, 4), m)));
-}
 
 /* The same words times 256, without lane-crossing widening (one in-lane byte shuffle puts byte
  * i of the block in the high byte of word i of the lane that holds it, then the table lookup of
@@ -220,7 +212,7 @@ static inline void e2m1x32_i16(const uint8_t *p, __m256i *we, __m256i *wo) {
  * exact block-lane sum (|.| < 2^29), fp32 of it 256 times fp32 of the sum (a power of two
  * commutes with rounding), and the row-block scale taken from ue8_lut_m8 (s * 2^-8, exact)
  * makes x = fp32(256 I) * s 2^-8 the correctly rounded I * s, the int16 road's x, bit for bit.
- * On a Zen 3 (T = 1, one thread) 1.3x the two vpmovsxbw of e2m1x32_i16. */
+ * On a Zen 3 (T = 1, one thread) 1.3x the two vpmovsxbw of ds41_e2m1x32_i16. */
 static inline void e2m1x32_w256(const uint8_t *p, __m256i *we, __m256i *wo) {
     const __m256i tab = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
                                          0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
@@ -1281,7 +1273,7 @@ static int decode_panel(const fjob *j, int r0, int r1, int k0, int kc, float *P,
             memset(sw, 0, (size_t)ngrp * 16 * sizeof(float));
             for (int b = 0; b < nblk; b++) {
                 __m256i we, wo;
-                e2m1x32_i16(c + 16 * b, &we, &wo);
+                ds41_e2m1x32_i16(c + 16 * b, &we, &wo);
                 int16_t *o = pw + 64 * (b >> 1) + 16 * (b & 1);
                 _mm256_store_si256((__m256i *)o, we);
                 _mm256_store_si256((__m256i *)(o + 32), wo);

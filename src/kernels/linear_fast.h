@@ -92,7 +92,7 @@ extern long long ds41_fast_e4m3s_items, ds41_fast_e4m3s_fallbacks;
 extern const int8_t ds41_shuf_e4m3[64];
 /* tests: 1 sends T = DS41_FEW_MAX + 1 .. 64 to the prefill panels instead of the mid kernels,
  * an independent implementation of the canonical order (AVX2 FP4: the int16 words of
- * e2m1x32_i16 against the T = 1 .. 64 kernels' words times 256) */
+ * ds41_e2m1x32_i16 against the T = 1 .. 64 kernels' words times 256) */
 extern int ds41_fast_mid_off;
 
 /* The AVX-512 BF16 FP4 prefill panels (linear_avx512bf16.c): the int16 road's bits with
@@ -121,6 +121,16 @@ extern long long ds41_fast_bf16_panels, ds41_fast_bf16_fallbacks;
 const ds41_fast_ops *ds41_fast_ops_avx2(void);
 const ds41_fast_ops *ds41_fast_ops_avx512(void);   /* NULL when not compiled in */
 const ds41_fast_ops *ds41_fast_ops_get(void);     /* the selected one */
+
+/* 16 packed E2M1 bytes (one block) -> int16 of 2 * e2m1: *we = even elements, *wo = odd (the
+ * prefill panels' words, every ISA) */
+static inline __attribute__((always_inline)) void ds41_e2m1x32_i16(const uint8_t *p, __m256i *we, __m256i *wo) {
+    const __m128i tab = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i m = _mm_set1_epi8(0x0F);
+    __m128i v = _mm_loadu_si128((const __m128i *)p);
+    *we = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(tab, _mm_and_si128(v, m)));
+    *wo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(v, 4), m)));
+}
 
 /* Software prefetch for R weight rows read side by side (row r at w + r * ldb): row r's byte
  * offb (the read position plus the prefetch distance), or, past its row's end, the same byte
