@@ -641,7 +641,14 @@ static void test_fp4_bf16_road(void) {
         printf("  (this CPU has no AVX512_BF16: the BF16 road is not tested)\n");
         return;
     }
-    printf("  vdpbf16ps / zmm FMA time per instruction (start-up probe): %.2f\n", ds41_kernels_bf16_ratio());
+    double ratio = ds41_kernels_bf16_ratio();
+    printf("  vdpbf16ps / zmm FMA time per instruction (start-up probe): %.2f\n", ratio);
+    /* the probe measures something (a dot is neither free nor slower than 8 FMAs) and auto
+     * follows it against the threshold */
+    CHECK(ratio > 0.25 && ratio < 8, "probe ratio %.2f", ratio);
+    CHECK(ds41_kernels_set_isa("auto") == 0 && !strcmp(ds41_kernels_isa(), "avx512"), "auto: %s", ds41_kernels_isa());
+    CHECK(!strcmp(ds41_kernels_fp4_products(), ratio <= DS41_BF16_RATIO_MAX ? "vdpbf16ps" : "int16"),
+          "auto at ratio %.2f took %s", ratio, ds41_kernels_fp4_products());
     int shapes[][3] = { { 2304, 5120, 64 }, { 5120, 2304, 64 }, { 100, 544, 37 } };
     ds41_pool *pool = ds41_pool_create(2);
     ds41_ctx fa2 = { 0, 2, pool, 0, NULL, NULL };
