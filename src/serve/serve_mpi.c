@@ -21,15 +21,22 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* --dp-attention, per rank: the sequences it held and the most state they held at once
- * after a step (all of it, and the global KV pages in it); rank 0 also counts what its copies
- * of the other ranks' sequences hold (their sessions' rings; no KV pages). Printed at the end
- * with DS41_MPI_VERBOSE=1. */
+/* Per rank, with DS41_MPI_VERBOSE=1: the sequences it held and the most state they held at
+ * once after a step (all of it, and the global KV pages in it), printed at the end; under
+ * --dp-attention rank 0 also counts what its copies of the other ranks' sequences hold (their
+ * sessions' rings; no KV pages). */
 typedef struct dp_count {
     long long seqs, peak, peak_kv, peak_copies;
 } dp_count;
 
+static int verbose(void) {
+    static int v = -1;
+    if (v < 0) v = getenv("DS41_MPI_VERBOSE") && !strcmp(getenv("DS41_MPI_VERBOSE"), "1");
+    return v;
+}
+
 static void dp_measure(dp_count *c, ds41_session *const *s, const int *own, int n, int me) {
+    if (!verbose()) return;
     long long tot = 0, kv = 0, cp = 0;
     for (int i = 0; i < n; i++) {
         if (!s[i]) continue;
@@ -45,11 +52,12 @@ static void dp_measure(dp_count *c, ds41_session *const *s, const int *own, int 
 }
 
 static void dp_report(const dp_count *c) {
-    const char *v = getenv("DS41_MPI_VERBOSE");
-    if (!ds41_dist_dp() || !v || strcmp(v, "1")) return;
-    fprintf(stderr, "ds41 serve [rank %d]: --dp-attention: %lld sequences held here, at most %lld bytes of state at once "
-                    "(%lld of them global KV pages)", ds41_dist_rank(), c->seqs, c->peak, c->peak_kv);
-    if (ds41_dist_rank() == 0) fprintf(stderr, "; rank 0's copies of the other ranks' sequences: at most %lld bytes", c->peak_copies);
+    if (!verbose()) return;
+    int dp = ds41_dist_dp();
+    fprintf(stderr, "ds41 serve [rank %d]: %s: %lld sequences held here, at most %lld bytes of state at once "
+                    "(%lld of them global KV pages)", ds41_dist_rank(), dp ? "--dp-attention" : "replicated attention",
+            c->seqs, c->peak, c->peak_kv);
+    if (dp && ds41_dist_rank() == 0) fprintf(stderr, "; rank 0's copies of the other ranks' sequences: at most %lld bytes", c->peak_copies);
     fprintf(stderr, "\n");
 }
 
@@ -263,7 +271,11 @@ static const unsigned char *answer_take(const unsigned char *p, ds41_batch_item 
 void ds41_smirror_batch_step(ds41_smirror *m, ds41_engine *e, ds41_batch_item *it, int count) {
     if (!m) { ds41_batch_step(it, count); return; }
     ds41_smirror_step(m, it, count);
-    if (!m->dp) { ds41_batch_step(it, count); return; }
+    if (!m->dp) {
+        ds41_batch_step(it, count);
+        dp_measure(&m->dpc, (ds41_session *const *)m->sess, NULL, m->n_sess, 0);
+        return;
+    }
     /* rank 0's own items in one batch, in step order */
     int N = ds41_dist_size(), V = ds41_vocab_size(e), n0 = 0;
     ds41_batch_item *mine = malloc((size_t)count * sizeof *mine);
@@ -439,6 +451,7 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
         }
         if (dp) return step_own(e, f, *items, op->count, err, errcap);
         ds41_batch_step(*items, op->count);   /* per-item failures are rank 0's too */
+        dp_measure(&f->dpc, f->s, NULL, f->n, 0);
         return 0;
     }
     default:
