@@ -1,18 +1,18 @@
 /* ds41 serve --dp-attention (dist.h, docs/distributed.md): the expert exchange when each rank
  * runs only its own sequences' forwards.
  *
- * Per MoE sublayer, in three rounds of point-to-point messages (so that a silent rank is
- * named by --mpi-timeout, as in the replicated exchange):
- *   A  each rank tells every peer how many of its rows it sends it: the rows with at least one
- *      of their k choices on that peer's experts;
- *   B  the rows themselves (the sublayer's normed input, FP32, with all k choices and routing
- *      weights); each rank then runs its own experts once over its own rows and every row it
- *      received, stacked (the rows one process would run them on, in another order: rows are
- *      independent);
+ * Per MoE sublayer, in two rounds of point-to-point messages (so that a silent rank is named
+ * by --mpi-timeout, as in the replicated exchange):
+ *   B  to every peer, the rows with at least one of their k choices on that peer's experts
+ *      (the sublayer's normed input, FP32, with all k choices and routing weights) behind a
+ *      header that counts them; each rank then runs its own experts once over its own rows and
+ *      every row it received, stacked (the rows one process would run them on, in another
+ *      order: rows are independent);
  *   C  the outputs go back in (row, choice) order; each rank adds its rows' k outputs in
  *      ascending expert id, as one process does, so every row is bit-identical to one process.
- * Lock step: a forward starts with a round in which every rank says whether it runs one
- * (ds41_dist_dp_forward, from the step hook); a rank that runs none, or whose forward skipped
+ * Lock step: a forward starts with a round in which every rank says whether it runs one, and
+ * over how many rows (ds41_dist_dp_forward, from the step hook: a peer's rows message then has
+ * room waiting without a round of counts); a rank that runs none, or whose forward skipped
  * a layer (a prompt part that reaches no further), joins the exchange with zero rows. The
  * forward loop sees only the dispatch. */
 #include "dist.h"
@@ -29,7 +29,7 @@ int ds41_dist_engram_shards(void) { return dp_on ? 1 : ds41_dist_size(); }
 
 #ifdef DS41_HAVE_MPI
 
-enum { TAG_COUNT = 310, TAG_ROWS, TAG_OUT, TAG_SYNC };
+enum { TAG_ROWS = 311, TAG_OUT, TAG_SYNC };
 #define DMAGIC 0x50444434u
 
 typedef struct dhdr {
@@ -46,7 +46,9 @@ static struct {
     /* the round under way */
     int layer, T, k;
     long long sent, recv;
-    dhdr *hin, *hout;          /* [N]: rows each peer sends here / gets from here */
+    dhdr *hout;                /* [N]: the rows each peer gets from here */
+    int *maxin;                /* [N]: rows of each peer's forward (0: it runs none), from the round that started it */
+    size_t *roff;              /* [N]: where peer q's rows message lands in rbuf */
     int *pin;                  /* [N + 1]: peer q's rows are rows pin[q] .. pin[q + 1] of the stack (own rows first) */
     size_t *oin;               /* [N + 1]: where peer q's outputs for this rank's rows start in ibuf */
     float *sbuf, *rbuf, *x, *wts, *slots, *ibuf, *obuf;
@@ -104,8 +106,11 @@ static void wait_posted(const char *phase) {
     d.nreq = 0;
 }
 
-/* Rounds A and B, this rank's experts over the stacked rows, round C posted. r = NULL: this
- * rank brings no rows (it runs no forward, or its forward skipped the layer). */
+/* Round B, this rank's experts over the stacked rows, round C posted. Each rows message
+ * starts with a header (4 words) saying how many rows follow; a peer's message is received
+ * into room for every row of its forward (announced in the round that started it), so that no
+ * round of counts goes first. r = NULL: this rank brings no rows (it runs no forward, or its
+ * forward skipped the layer). */
 static void round_begin(const ds41_ctx *ctx, int l, const ds41_moe_rows *r) {
     int N = d.N, me = d.me, k = layer_k(l), dim = d.cfg->dim, T = r ? r->T : 0;
     if (r && r->k != k) ds41_dist_fatal(1, "expert exchange: layer %d routes %d experts per token, its plan %d", l, r->k, k);
@@ -113,41 +118,28 @@ static void round_begin(const ds41_ctx *ctx, int l, const ds41_moe_rows *r) {
     d.T = T;
     d.k = k;
     d.sent = d.recv = 0;
-    size_t rec = (size_t)dim + 2 * (size_t)k;   /* a row on the wire: x, k ids, k weights (4 bytes each) */
-    /* A: how many rows each peer gets */
+    size_t rec = (size_t)dim + 2 * (size_t)k, hw = sizeof(dhdr) / sizeof(float);   /* a row: x, k ids, k weights */
+    /* B: to each peer its rows behind their header; from each, room for its forward's rows */
+    size_t nsend = 0, nroom = 0;
     for (int q = 0; q < N; q++) {
         d.hout[q] = (dhdr){ DMAGIC, (uint32_t)l, 0, (uint32_t)k };
         for (int t = 0; t < T && q != me; t++) d.hout[q].rows += (uint32_t)row_to(r->sel + (size_t)t * k, k, l, q);
-    }
-    for (int q = 0; q < N; q++)
-        if (q != me) post(&d.hin[q], sizeof(dhdr), q, TAG_COUNT, 0);
-    for (int q = 0; q < N; q++)
-        if (q != me) post(&d.hout[q], sizeof(dhdr), q, TAG_COUNT, 1);
-    wait_posted("row counts");
-    size_t Tall = (size_t)T;
-    for (int q = 0; q < N; q++) {
-        d.pin[q] = (int)Tall;
         if (q == me) continue;
-        const dhdr *h = &d.hin[q];
-        if (h->magic != DMAGIC || h->layer != (uint32_t)l || h->k != (uint32_t)k || h->rows > (1u << 24))
-            ds41_dist_fatal(4, "rank %d answered another expert exchange (layer %u, %u experts per token, %u rows) than this "
-                               "rank's (layer %d): the ranks' steps differ; ending the job", q, h->layer, h->k, h->rows, l);
-        Tall += h->rows;
+        nsend += hw + d.hout[q].rows * rec;
+        d.roff[q] = nroom;
+        nroom += hw + (size_t)d.maxin[q] * rec;
     }
-    d.pin[N] = (int)Tall;
-    /* B: the rows. The stack: this rank's rows first, then each peer's in rank order */
-    size_t nsend = 0;
-    for (int q = 0; q < N; q++) nsend += d.hout[q].rows;
-    need(&d.sbuf, &d.sbuf_cap, nsend * rec + 1, sizeof(float));
-    need(&d.rbuf, &d.rbuf_cap, (Tall - (size_t)T) * rec + 1, sizeof(float));
-    need(&d.x, &d.x_cap, Tall * dim + 1, sizeof(float));
-    need(&d.sel, &d.sel_cap, Tall * k + 1, sizeof(int));
-    need(&d.wts, &d.wts_cap, Tall * k + 1, sizeof(float));
-    need(&d.slots, &d.slots_cap, Tall * k * dim + 1, sizeof(float));
+    need(&d.sbuf, &d.sbuf_cap, nsend + 1, sizeof(float));
+    need(&d.rbuf, &d.rbuf_cap, nroom + 1, sizeof(float));
+    for (int q = 0; q < N; q++)
+        if (q != me) post(d.rbuf + d.roff[q], (hw + (size_t)d.maxin[q] * rec) * sizeof(float), q, TAG_ROWS, 0);
     float *p = d.sbuf;
     for (int q = 0; q < N; q++) {
+        if (q == me) continue;
         float *p0 = p;
-        for (int t = 0; t < T && q != me; t++) {
+        memcpy(p, &d.hout[q], sizeof(dhdr));
+        p += hw;
+        for (int t = 0; t < T; t++) {
             const int *st = r->sel + (size_t)t * k;
             if (!row_to(st, k, l, q)) continue;
             memcpy(p, r->x + (size_t)t * dim, (size_t)dim * sizeof(float));
@@ -155,21 +147,40 @@ static void round_begin(const ds41_ctx *ctx, int l, const ds41_moe_rows *r) {
             memcpy(p + dim + k, r->wts + (size_t)t * k, (size_t)k * sizeof(float));
             p += rec;
         }
-        if (q != me) post(p0, (size_t)(p - p0) * sizeof(float), q, TAG_ROWS, 1);
+        post(p0, (size_t)(p - p0) * sizeof(float), q, TAG_ROWS, 1);
     }
-    for (int q = 0; q < N; q++)
-        if (q != me) post(d.rbuf + (size_t)(d.pin[q] - T) * rec, (size_t)(d.pin[q + 1] - d.pin[q]) * rec * sizeof(float), q, TAG_ROWS, 0);
+    wait_posted("rows");
+    /* the stack: this rank's rows first, then each peer's in rank order */
+    size_t Tall = (size_t)T;
+    for (int q = 0; q < N; q++) {
+        d.pin[q] = (int)Tall;
+        if (q == me) continue;
+        dhdr h;
+        memcpy(&h, d.rbuf + d.roff[q], sizeof h);
+        if (h.magic != DMAGIC || h.layer != (uint32_t)l || h.k != (uint32_t)k || h.rows > (uint32_t)d.maxin[q])
+            ds41_dist_fatal(4, "rank %d answered another expert exchange (layer %u, %u experts per token, %u rows of at most "
+                               "%d) than this rank's (layer %d): the ranks' steps differ; ending the job",
+                            q, h.layer, h.k, h.rows, d.maxin[q], l);
+        Tall += h.rows;
+    }
+    d.pin[N] = (int)Tall;
+    need(&d.x, &d.x_cap, Tall * dim + 1, sizeof(float));
+    need(&d.sel, &d.sel_cap, Tall * k + 1, sizeof(int));
+    need(&d.wts, &d.wts_cap, Tall * k + 1, sizeof(float));
+    need(&d.slots, &d.slots_cap, Tall * k * dim + 1, sizeof(float));
     if (T > 0) {
         memcpy(d.x, r->x, (size_t)T * dim * sizeof(float));
         memcpy(d.sel, r->sel, (size_t)T * k * sizeof(int));
         memcpy(d.wts, r->wts, (size_t)T * k * sizeof(float));
     }
-    wait_posted("rows");
-    for (size_t t = (size_t)T; t < Tall; t++) {
-        const float *q = d.rbuf + (t - (size_t)T) * rec;
-        memcpy(d.x + t * dim, q, (size_t)dim * sizeof(float));
-        memcpy(d.sel + t * k, q + dim, (size_t)k * sizeof(int));
-        memcpy(d.wts + t * k, q + dim + k, (size_t)k * sizeof(float));
+    for (int q = 0; q < N; q++) {
+        if (q == me) continue;
+        const float *src = d.rbuf + d.roff[q] + hw;
+        for (size_t t = (size_t)d.pin[q]; t < (size_t)d.pin[q + 1]; t++, src += rec) {
+            memcpy(d.x + t * dim, src, (size_t)dim * sizeof(float));
+            memcpy(d.sel + t * k, src + dim, (size_t)k * sizeof(int));
+            memcpy(d.wts + t * k, src + dim + k, (size_t)k * sizeof(float));
+        }
     }
     /* this rank's experts, once over every row routed to them */
     const ds41_layer_weights *lw = &d.w->layers[l];
@@ -248,9 +259,10 @@ static void skip_to(const ds41_ctx *ctx, int upto) {
     if (upto > d.next) d.next = upto;
 }
 
-/* Every rank says whether it runs a forward now; 1 when one does. */
-static int sync_round(int mine) {
-    int32_t out[2] = { (int32_t)DMAGIC, mine }, in[2 * 64];
+/* Every rank says whether it runs a forward now and over how many rows (0: none; the most any
+ * layer of it can send a peer); 1 when one does. */
+static int sync_round(int rows) {
+    int32_t out[2] = { (int32_t)DMAGIC, rows }, in[2 * 64];
     int32_t *inb = d.N <= 64 ? in : malloc(2 * (size_t)d.N * sizeof *inb);
     if (!inb) ds41_dist_fatal(1, "out of memory for the forward round");
     d.layer = -1;
@@ -259,13 +271,15 @@ static int sync_round(int mine) {
     for (int q = 0; q < d.N; q++)
         if (q != d.me) post(out, sizeof out, q, TAG_SYNC, 1);
     wait_posted("start of a forward");
-    int any = mine;
+    int any = rows > 0;
     for (int q = 0; q < d.N; q++) {
+        d.maxin[q] = 0;
         if (q == d.me) continue;
-        if (inb[2 * q] != (int32_t)DMAGIC)
+        if (inb[2 * q] != (int32_t)DMAGIC || inb[2 * q + 1] < 0 || inb[2 * q + 1] > (1 << 24))
             ds41_dist_fatal(4, "rank %d answered another exchange than the start of a forward: the ranks' steps differ; "
                                "ending the job", q);
-        any |= inb[2 * q + 1] != 0;
+        d.maxin[q] = inb[2 * q + 1];
+        any |= d.maxin[q] > 0;
     }
     if (inb != in) free(inb);
     return any;
@@ -297,9 +311,10 @@ static void finish_forward(void) {
     d.in_fwd = 0;
 }
 
-void ds41_dist_dp_forward(void) {
+void ds41_dist_dp_forward(int rows) {
     finish_forward();
-    sync_round(1);
+    if (rows < 1 || rows > (1 << 24)) ds41_dist_fatal(1, "expert exchange: a forward of %d rows (1..%d)", rows, 1 << 24);
+    sync_round(rows);
     d.in_fwd = 1;
     d.next = 0;
 }
@@ -349,15 +364,16 @@ const ds41_moe_dispatch *ds41_dist_dp_dispatch(const ds41_config *cfg, const ds4
     d.N = ds41_dist_size();
     d.me = ds41_dist_rank();
     d.n_exp = pl->n_experts;
-    free(d.own); free(d.hin); free(d.hout); free(d.pin); free(d.oin); free(d.req); free(d.peer);
+    free(d.own); free(d.hout); free(d.maxin); free(d.roff); free(d.pin); free(d.oin); free(d.req); free(d.peer);
     d.own = calloc((size_t)pl->n_layers * (pl->n_experts ? pl->n_experts : 1), 1);
-    d.hin = calloc((size_t)d.N, sizeof *d.hin);
+    d.maxin = calloc((size_t)d.N, sizeof *d.maxin);
+    d.roff = calloc((size_t)d.N, sizeof *d.roff);
     d.hout = calloc((size_t)d.N, sizeof *d.hout);
     d.pin = calloc((size_t)d.N + 1, sizeof *d.pin);
     d.oin = calloc((size_t)d.N + 1, sizeof *d.oin);
     d.req = calloc(2 * (size_t)d.N, sizeof *d.req);
     d.peer = calloc(2 * (size_t)d.N, sizeof *d.peer);
-    if (!d.own || !d.hin || !d.hout || !d.pin || !d.oin || !d.req || !d.peer)
+    if (!d.own || !d.maxin || !d.roff || !d.hout || !d.pin || !d.oin || !d.req || !d.peer)
         ds41_dist_fatal(1, "out of memory for the expert exchange");
     for (int l = 0; l < pl->n_layers; l++)
         for (int e = 0; e < pl->n_experts; e++) d.own[(size_t)l * pl->n_experts + e] = ds41_dist_owner(pl, l, e) == d.me;

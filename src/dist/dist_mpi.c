@@ -616,7 +616,10 @@ int ds41_dist_step(int count, const long long *pos, const int *T, const int32_t 
     if (ds41_dist_dp()) {
         /* each rank runs its own sequences: no common plan, only the round that keeps the
          * ranks' exchanges in step */
-        ds41_dist_dp_forward();
+        long long rows = 0;
+        for (int i = 0; i < count; i++) rows += T[i];
+        (void)pos; (void)tokens;
+        ds41_dist_dp_forward(rows > INT32_MAX ? INT32_MAX : (int)rows);
         return 0;
     }
     /* [count, then per sequence pos (2 words), T, then the tokens] */

@@ -71,6 +71,7 @@ struct ds41_smirror {
     int *own;
     int n_sess, cap_sess;
     int dp;                       /* --dp-attention */
+    int turn;                     /* the rank a tie goes to first */
     int *load;                    /* [ranks]: sessions each rank holds (scratch) */
     long long *held;              /* [ranks]: tokens they hold (scratch) */
     dp_count dpc;
@@ -147,17 +148,21 @@ static int slot_of(const ds41_smirror *m, const ds41_session *s) {
 static int32_t sid_of(const ds41_smirror *m, const ds41_session *s) { return m->sid[slot_of(m, s)]; }
 
 /* --dp-attention: the rank for a new sequence, the one holding the fewest sequences, then the
- * fewest tokens, then the lowest */
+ * fewest tokens; among equals the next in turn after the last one chosen (one request at a
+ * time then alternates, rather than all going to rank 0, which also runs the HTTP front) */
 static int least_loaded(ds41_smirror *m) {
-    int N = ds41_dist_size(), best = 0;
+    int N = ds41_dist_size(), best = -1;
     memset(m->load, 0, (size_t)N * sizeof *m->load);
     memset(m->held, 0, (size_t)N * sizeof *m->held);
     for (int i = 0; i < m->n_sess; i++) {
         m->load[m->own[i]]++;
         m->held[m->own[i]] += ds41_session_pos(m->sess[i]);
     }
-    for (int q = 1; q < N; q++)
-        if (m->load[q] < m->load[best] || (m->load[q] == m->load[best] && m->held[q] < m->held[best])) best = q;
+    for (int j = 0; j < N; j++) {
+        int q = (m->turn + j) % N;
+        if (best < 0 || m->load[q] < m->load[best] || (m->load[q] == m->load[best] && m->held[q] < m->held[best])) best = q;
+    }
+    m->turn = (best + 1) % N;
     return best;
 }
 
