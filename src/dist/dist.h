@@ -165,6 +165,9 @@ void ds41_dist_wait(MPI_Request *r, int n, const int *peer, const char *what);
 const ds41_placement *ds41_dist_placement(void);
 void ds41_dist_fatal(int code, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 void ds41_dist_count(long long rows, long long sent, long long recv);
+/* acc[t] += the k outputs slots[t * k + i] of row t of r, in ascending expert id (the additions
+ * of one process, in its order), row by row. */
+void ds41_dist_combine(const ds41_moe_rows *r, const float *slots, float *acc);
 /* Under --dp-attention: the dispatch ds41_dist_join installs, and the start of a forward of
  * rows rows (ds41_dist_step: the round in which every rank says whether it runs one). */
 const ds41_moe_dispatch *ds41_dist_dp_dispatch(const ds41_config *cfg, const ds41_weights *w);

@@ -231,22 +231,7 @@ static void round_end(const ds41_moe_rows *r, float *acc) {
         }
     }
     ds41_dist_count(T, d.sent, d.recv);
-    if (!r) return;
-    for (int t = 0; t < T; t++) {
-        int ord[64], m = 0;
-        for (int i = 0; i < k && m < 64; i++) {
-            int e = r->sel[(size_t)t * k + i];
-            if (owner(l, e) < 0) continue;
-            int j = m++;
-            while (j > 0 && r->sel[(size_t)t * k + ord[j - 1]] > e) { ord[j] = ord[j - 1]; j--; }
-            ord[j] = i;
-        }
-        float *ar = acc + (size_t)t * dim;
-        for (int j = 0; j < m; j++) {
-            const float *src = d.slots + ((size_t)t * k + ord[j]) * dim;
-            for (int c = 0; c < dim; c++) ar[c] += src[c];
-        }
-    }
+    if (r) ds41_dist_combine(r, d.slots, acc);
 }
 
 /* Zero-row rounds for the routed layers [d.next, upto) of this rank's forward. */

@@ -431,7 +431,11 @@ static void xend(void *self, const ds41_ctx *ctx, const ds41_moe_rows *r, float 
             p += row;
         }
     }
-    /* row by row, the k outputs in ascending expert id (the order of one process) */
+    ds41_dist_combine(r, x.slots, acc);
+}
+
+void ds41_dist_combine(const ds41_moe_rows *r, const float *slots, float *acc) {
+    int T = r->T, k = r->k, dim = r->cfg->dim, E = r->lw->n_experts;
     for (int t = 0; t < T; t++) {
         int ord[64], m = 0;
         for (int i = 0; i < k && m < 64; i++) {
@@ -443,7 +447,7 @@ static void xend(void *self, const ds41_ctx *ctx, const ds41_moe_rows *r, float 
         }
         float *ar = acc + (size_t)t * dim;
         for (int j = 0; j < m; j++) {
-            const float *o = x.slots + ((size_t)t * k + ord[j]) * dim;
+            const float *o = slots + ((size_t)t * k + ord[j]) * dim;
             for (int d = 0; d < dim; d++) ar[d] += o[d];
         }
     }
