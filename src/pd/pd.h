@@ -41,6 +41,11 @@ typedef struct ds41_pd_prefill_opts {
     int port;                 /* 0: any free port (printed) */
     int capacity;             /* requests held at once; more get BUSY */
     int lease_ms;             /* a decode node silent this long is gone: its state is freed */
+    /* --pd-decoder: where the decoder layers run on the rows their windows reach (docs/pd.md).
+     * 0 (prefill): here, and the decoder's rings travel; 1 (decode): on the decode node, from
+     * the residual stream at the first decoder layer, which travels instead, and this node
+     * reads no decoder weight */
+    int decoder_on_decode;
 } ds41_pd_prefill_opts;
 
 /* Serves prefill requests until *stop becomes non-zero; prints "ds41 prefill node: listening
@@ -101,8 +106,11 @@ void ds41_pd_finish(ds41_pd_job *j);
 /* The geometry of cache c of engine e as a RESUME payload describes it. */
 int ds41_pd_geom(const ds41_engine *e, const ds41_cache *c, ds41_kvx_geom *g, ds41_err *err);
 /* Prefill node: the RESUME payload of q's state (malloc'd, *n bytes); with_context: the DSpark
- * context rows too. NULL with err. */
-uint8_t *ds41_pd_resume_pack(const ds41_seq *q, int with_context, size_t *n, ds41_err *err);
+ * context rows too. stream != NULL: the decoder split's form, q's rings before the first
+ * decoder layer D and stream (the block input of layer D at the last ds41_kvx_stream_rows
+ * positions: X rows then pre rows, FP32) instead of the decoder's rings and the context rows.
+ * NULL with err. */
+uint8_t *ds41_pd_resume_pack(const ds41_seq *q, int with_context, const float *stream, size_t *n, ds41_err *err);
 /* Decode node: payload p[n] checked against geometry g for position M, as the install view
  * (pointing into p). 0 or -1 with err naming what was wrong. */
 int ds41_pd_resume_view(const ds41_kvx_geom *g, const uint8_t *p, size_t n, long long M, ds41_resume_state *st,
