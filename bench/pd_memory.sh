@@ -3,7 +3,8 @@
 # and a decode node, then one ordinary node, on MODEL (exact kernels, spec off, one request at a
 # time), after the same prompts (random ids below VOCAB, one per LEN). Prints for each process
 # VmHWM, RssAnon and RssFile (/proc/PID/status) and the resident bytes of the checkpoint's
-# safetensors mappings (/proc/PID/smaps), next to `ds41 inspect --role`'s arithmetic.
+# safetensors mappings (/proc/PID/smaps), next to `ds41 inspect --role`'s arithmetic. Both
+# --pd-decoder modes of the prefill node in one run (PD_DECODERS, bench/pd_nodes.sh).
 #   bench/pd_memory.sh MODEL VOCAB LEN...
 set -u
 cd "$(dirname "$0")/.."
@@ -21,13 +22,16 @@ report() {   # NAME PID
     printf '%-13s %s; checkpoint mappings resident %.1f MiB\n' "$1" \
         "$(grep -E '^(VmHWM|RssAnon|RssFile)' "/proc/$2/status" | awk '{ printf "%s %.1f MiB  ", $1, $2 / 1024 }')" "$(echo "$kb / 1024" | bc -l)"
 }
-"$DS41" inspect --role prefill "$M" | head -n 1
+for mode in $(pd_modes); do
+    pd_mode "$mode"
+    echo "--pd-decoder $mode: $("$DS41" inspect --role prefill ${PD_DECODER:+--pd-decoder $PD_DECODER} "$M" | head -n 1)"
+    start_pair
+    send "$@"
+    report "prefill node" $PP
+    report "decode node" $DP
+    kill -9 $PP $DP
+done
 "$DS41" inspect --role decode "$M" | head -n 1
-start_pair
-send "$@"
-report "prefill node" $PP
-report "decode node" $DP
-kill -9 $PP $DP
 "$DS41" serve -m "$M" --exact -c 4096 --spec off --port 0 >"$TMP/o.log" 2>&1 &
 OP=$!; PIDS+=($OP)
 port=$(waitport "$TMP/o.log" 'listening on http:\/\/127.0.0.1:') || { cat "$TMP/o.log"; exit 1; }

@@ -56,19 +56,16 @@ static void history_at(const ds41_engine *e, const int32_t *ids, long long P, in
     for (int k = 0; k < 16; k++) hist[k] = P - 1 - k < 0 ? 0 : e->token_map[ids[P - 1 - k]];
 }
 
-int ds41_seq_restore(ds41_seq *s, const int32_t *ids, long long M, uint8_t *const *pages, int mode, int want_logits,
-                     ds41_err *err) {
+/* The replay forward over the last R of the M positions whose pages are attached: the state at
+ * its start (position, Engram history from the ids, the published index-K owner a prefill of
+ * M - R tokens leaves: a one-shot prefill starts from none), then the forward in mode RESTORE. */
+static int replay(ds41_seq *s, const int32_t *ids, long long M, long long R, int mode, int want_logits, ds41_err *err) {
     ds41_engine *e = s->e;
-    const ds41_config *cfg = e->cfg;
     ds41_cache *c = &s->cache;
-    if (mode != DS41_RESTORE_EXACT && mode != DS41_RESTORE_APPROX) return ds41_errf(err, "restore: mode %d", mode);
-    if (attach_pages(s, ids, M, pages, err)) return -1;
-    long long R = ds41_seq_replay_rows(cfg, mode, M), P0 = M - R;
-    /* the state at the replay start: position, Engram history from the ids, the published
-     * index-K owner a prefill of P0 tokens leaves (a one-shot prefill starts from none) */
+    long long P0 = M - R;
     c->pos = P0;
     if (e->has_engram) history_at(e, ids, P0, c->hist);
-    c->ik_owner = P0 > 0 ? ds41_ik_owner_after(cfg, -1, 0, P0 - 1, cfg->n_layers - 1) : -1;
+    c->ik_owner = P0 > 0 ? ds41_ik_owner_after(e->cfg, -1, 0, P0 - 1, e->cfg->n_layers - 1) : -1;
     ds41_prefill_mode saved = s->prefill;
     s->prefill = DS41_PREFILL_RESTORE;
     s->restore = mode;
@@ -78,6 +75,13 @@ int ds41_seq_restore(ds41_seq *s, const int32_t *ids, long long M, uint8_t *cons
     return rc;
 }
 
+int ds41_seq_restore(ds41_seq *s, const int32_t *ids, long long M, uint8_t *const *pages, int mode, int want_logits,
+                     ds41_err *err) {
+    if (mode != DS41_RESTORE_EXACT && mode != DS41_RESTORE_APPROX) return ds41_errf(err, "restore: mode %d", mode);
+    if (attach_pages(s, ids, M, pages, err)) return -1;
+    return replay(s, ids, M, ds41_seq_replay_rows(s->e->cfg, mode, M), mode, want_logits, err);
+}
+
 /* The decoder split's install: the decoder layers on the stream rows [M - S, M), from the
  * first decoder layer D with its input as shipped. It is the prefix cache's exact replay (mode
  * RESTORE: every KV source's entries restored, the CED row reach on every layer) with the
@@ -85,32 +89,22 @@ int ds41_seq_restore(ds41_seq *s, const int32_t *ids, long long M, uint8_t *cons
  * so every row it computes sees the lists of a one-shot prefill, and the rings, history, owner
  * and DSpark context it leaves are a local prefill's, bit for bit. */
 static int decoder_half(ds41_seq *s, const int32_t *ids, long long M, const ds41_resume_state *st, ds41_err *err) {
-    ds41_engine *e = s->e;
-    const ds41_config *cfg = e->cfg;
-    ds41_cache *c = &s->cache;
-    long long S = st->stream_rows, P0 = M - S;
+    const ds41_config *cfg = s->e->cfg;
+    long long S = st->stream_rows;
     size_t xw = (size_t)cfg->hc_mult * cfg->dim, n = (size_t)S * (xw + (size_t)cfg->hc_mult);
     float *x = malloc(n * sizeof(float));   /* aligned copies of the payload's FP32 rows */
     if (!x) return ds41_errf(err, "install: out of memory for %lld decoder stream rows", S);
     memcpy(x, st->stream, n * sizeof(float));
-    c->pos = P0;
-    if (e->has_engram) history_at(e, ids, P0, c->hist);
-    c->ik_owner = P0 > 0 ? ds41_ik_owner_after(cfg, -1, 0, P0 - 1, cfg->n_layers - 1) : -1;
-    ds41_prefill_mode saved = s->prefill;
-    s->prefill = DS41_PREFILL_RESTORE;
-    s->restore = DS41_RESTORE_EXACT;
     s->from_layer = cfg->first_decoder_layer;
     s->from_X = x;
     s->from_pre = x + (size_t)S * xw;
-    int rc = ds41_forward(s, ids + P0, (int)S, 0, err);
-    s->restore = 0;
-    s->prefill = saved;
+    int rc = replay(s, ids, M, S, DS41_RESTORE_EXACT, 0, err);
     s->from_layer = 0;
     s->from_X = s->from_pre = NULL;
     free(x);
     if (rc) return -1;
     /* the encoder's sources emitted on the prefill node: its owner is the one a prefill leaves */
-    c->ik_owner = st->ik_owner;
+    s->cache.ik_owner = st->ik_owner;
     return 0;
 }
 
