@@ -10,10 +10,17 @@ set -u
 cd "$(dirname "$0")/.."
 M=$1 V=$2; shift 2
 . bench/pd_nodes.sh
-send() {
+send() {   # one greedy token per prompt; no client timeout under an hour (prodwidth4 on a loaded machine)
     for n in "$@"; do
-        python3 -c "import json, random; r = random.Random($n); json.dump([[r.randrange(3, $V) for _ in range($n)]], open('$TMP/q.json', 'w'))"
-        python3 tests/pd/client.py "$port" "$TMP/q.json" 1 >/dev/null || echo "request of $n tokens failed"
+        python3 - "$port" "$n" "$V" <<'PY' || echo "request of $n tokens failed"
+import json, random, sys, urllib.request
+port, n, v = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+r = random.Random(n)
+body = {"prompt": [r.randrange(3, v) for _ in range(n)], "max_tokens": 1, "temperature": 0}
+req = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % port, json.dumps(body).encode(),
+                             {"Content-Type": "application/json"})
+urllib.request.urlopen(req, timeout=3600).read()
+PY
     done
 }
 report() {   # NAME PID
