@@ -108,8 +108,9 @@ typedef struct ds41_seq {
      * forward at that layer's keys (its attention input, SWA keys and compressor on the plan's
      * rows; no output and no later layer); from_layer > 0 starts one at that layer with its
      * block input given for every row (from_X [T, hc * dim] after that layer's Engram, from_pre
-     * [T, hc] FP32), the layers before it not run. stream: during a forward, its stacked rows (stream_n; sequence 0's
-     * from row 0), so a layer_done hook can take a layer's input. */
+     * [T, hc] FP32), the layers before it not run. stream: during a forward, its stacked rows
+     * (stream_n of them; sequence 0's from row 0), so a layer_done hook can take a layer's
+     * input. */
     int stop_layer, from_layer;
     const float *from_X, *from_pre;
     const struct ds41_stream *stream;

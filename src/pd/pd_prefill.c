@@ -116,10 +116,9 @@ static void queue_store(pd_req *r, ds41_cache *c, int i) {
 
 /* The decoder split: the forward stops at the first decoder layer's keys (ds41_seq.stop_layer),
  * whose input stream (after its Engram, as its attention reads it) is then what the decode
- * node runs the decoder on. Taken from the forward
- * that ends the prompt (a restore that stops short is followed by one that does); its rows
- * reach the stream's (a one-shot prefill has every row, a prefix cache restore the replay's,
- * which cover the decoder's reach too). */
+ * node runs the decoder on. Taken from the forward that ends the prompt (a restore that stops
+ * short is followed by one that does); its rows reach the stream's (a one-shot prefill has
+ * every row, a prefix cache restore the replay's, which cover the decoder's reach too). */
 static void take_stream(pd_req *r, ds41_seq *s) {
     const ds41_config *cfg = r->S->e->cfg;
     long long T = (long long)s->stream_n, S = r->stream_rows;
