@@ -17,7 +17,7 @@
 #     its request within the lease, also when the decode node is then killed;
 #   the decoder split (--pd-decoder decode: the stream at the first decoder layer travels, the
 #     decode node runs the decoder): the same answers, exact, DSpark off and on, the exact frame
-#     bytes, also when the prefill node serves the prompts from its own prefix cache;
+#     bytes, also when the prefill node serves the prompts from its own prefix cache; fast kernels;
 #   two network namespaces joined by a veth pair (ip netns; root): the prefill node in one, the
 #     decode node in the other, the same answer as one node (skipped with a line on stderr where
 #     namespaces cannot be made).
@@ -159,6 +159,14 @@ compare pd_fast_concurrent $ONE $PORT round1
 [ "$(metric $PORT ds41:remote_prefills_total)" = 4 ] && pass pd_fast_remote ||
     fail pd_fast_remote "not 4 remote prefills: $(grep -m2 'remote prefill failed' "$TMP/dec_fast.log")"
 stop $PID; stop $ONEPID; stop $PF
+# the decoder split with fast kernels: equal to one node as well
+start_prefill ps_fast -m "$ck" -c 1024 --parallel 4 --pd-decoder decode || exit 1
+PSF=$PPID_
+serve_start decs_fast -m "$ck" $S --spec off --role decode --prefill 127.0.0.1:$PPORT --remote-prefill-min 100 || exit 1
+against pd_split_fast_concurrent "$TMP/pd_fast_concurrent.one" $PORT round1
+[ "$(metric $PORT ds41:remote_prefills_total)" = 4 ] && pass pd_split_fast_remote ||
+    fail pd_split_fast_remote "not 4 remote prefills: $(grep -m2 'remote prefill failed' "$TMP/decs_fast.log")"
+stop $PID; stop $PSF
 
 # the demo model (exact, DSpark auto measured once per server: spec off here for time)
 start_prefill p_demo -m models/demo --exact -c 2048 --parallel 2 || exit 1
