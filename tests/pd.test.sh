@@ -124,11 +124,13 @@ for spec in off fixed:2; do
     # the stream there, the decode node runs the decoder on it; the same answers. Its RESUME frame:
     # 3 encoder rings x 16 x 66 B, the compressor's 1024 B, no context rows (the decode node taps
     # them), 16 + 2 x 15 = 46 stream rows x 4 x (256 + 1) FP32. A second decode node then gets
-    # round 1's prompts from the prefill node's own prefix cache (its restore, stopped there too).
+    # round 1's prompts from the prefill node's own prefix cache (its restore, stopped there too;
+    # spec off only: the prefill node never drafts, and the stream it restores is the same bits).
     stop $DECPID; stop $ONEPID
     start_prefill ps_$tag -m "$ck" --exact -c 1024 --parallel 4 --pd-decoder decode || exit 1
     PS=$PPID_; PSP=$PPORT
-    for run in 1 2; do
+    runs=1; [ "$tag" = off ] && runs="1 2"
+    for run in $runs; do
         serve_start decs${run}_$tag -m "$ck" --exact $S --spec $spec --role decode --prefill 127.0.0.1:$PSP \
             --remote-prefill-min 100 || exit 1
         against pd_split${run}_exact_spec_${tag}_concurrent "$TMP/pd_exact_spec_${tag}_concurrent.one" $PORT round1
