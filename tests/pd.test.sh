@@ -360,6 +360,19 @@ if grep -q "^role prefill: 305 tensors, .* of $tot " "$TMP/rp" && grep -q "^role
     pass pd_inspect_roles
 else fail pd_inspect_roles "$(cat "$TMP/rp" "$TMP/rd") (checkpoint tensors $tot bytes)"; fi
 "$DS41" inspect --role sideways "$ck" >/dev/null 2>&1; [ $? -eq 2 ] && pass pd_inspect_bad_role || fail pd_inspect_bad_role "not status 2"
+# --pd-decoder decode: the embedding, layers 0-2 and layer 3's KV path (194 tensors, 2,879,416 B)
+"$DS41" inspect --role prefill --pd-decoder decode "$ck" >"$TMP/rs" 2>&1
+grep -q "^role prefill: 194 tensors, 2879416 bytes .* of $tot " "$TMP/rs" && pass pd_inspect_split ||
+    fail pd_inspect_split "$(cat "$TMP/rs")"
+"$DS41" inspect --role decode --pd-decoder decode "$ck" >/dev/null 2>"$TMP/u0"; rc=$?
+[ $rc -eq 2 ] && grep -q -- "--pd-decoder goes with --role prefill" "$TMP/u0" && pass pd_inspect_split_usage ||
+    fail pd_inspect_split_usage "status $rc: $(cat "$TMP/u0")"
+"$DS41" serve -m "$ck" --role decode --pd-decoder decode --port 0 >/dev/null 2>"$TMP/u0"; rc=$?
+[ $rc -eq 2 ] && grep -q -- "--pd-decoder is for --role prefill" "$TMP/u0" && pass pd_usage_split_role ||
+    fail pd_usage_split_role "status $rc: $(cat "$TMP/u0")"
+"$DS41" serve -m "$ck" --role prefill --pd-decoder sideways --port 0 >/dev/null 2>"$TMP/u0"; rc=$?
+[ $rc -eq 2 ] && grep -q -- "--pd-decoder must be prefill or decode, not 'sideways'" "$TMP/u0" && pass pd_usage_split_value ||
+    fail pd_usage_split_value "status $rc: $(cat "$TMP/u0")"
 
 # usage errors
 "$DS41" serve -m "$ck" --role decode --port 0 >/dev/null 2>"$TMP/u1"; rc=$?
