@@ -9,7 +9,10 @@
  * it receives the pages, adds them to its prefix cache as blocks (ds41_prefix_insert), installs
  * pages and state into the request's session (ds41_session_install: nothing replayed), prefills
  * the prompt's tail and decodes. The state is the one a local prefill of the same blocks
- * leaves, so a remote prefill decodes to the bits of one node (tests/pd.test.sh).
+ * leaves, so a remote prefill decodes to the bits of one node (tests/pd.test.sh). With
+ * --pd-decoder decode the prefill node stops at the first decoder layer's keys and ships the
+ * residual stream there instead of the decoder's rings; the decode node's install runs the
+ * decoder layers on it (restore.h), with the same bits.
  *
  * Fault injection (tests only, tests/pd.test.sh): DS41_PD_FAULT=KIND:N makes this process
  * misbehave once, at its N-th (1-based) LAYER frame sent (prefill node) or at its N-th fetch
