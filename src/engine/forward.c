@@ -577,6 +577,11 @@ static int forward_one(ds41_seq *s, const int32_t *tokens, int T, int want_logit
     const ds41_config *cfg = s->e->cfg;
     int L = cfg->n_layers;
     if (forward_check(s, tokens, T, err)) return -1;
+    /* a forward that ends at a layer's keys (s->stop_layer) has no logits: it reads no head */
+    if (s->stop_layer > 0) {
+        if (rows) return ds41_errf(err, "forward: all-row logits from a forward that stops at layer %d", s->stop_layer);
+        want_logits = 0;
+    }
     int *qrow = malloc((size_t)L * 3 * sizeof(int));
     if (!qrow) return ds41_errf(err, "out of memory");
     int *krow = qrow + L, *lo = qrow + 2 * L;
