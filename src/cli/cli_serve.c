@@ -77,9 +77,9 @@ static const char *SERVE_USAGE =
 int ds41_cli_serve(int argc, char **argv) {
     ds41_serve_opts o;
     ds41_serve_opts_default(&o);
-    int pd_decoder_set = 0;
     o.lp.exact = getenv("DS41_EXACT") && !strcmp(getenv("DS41_EXACT"), "1");
     o.api_key = getenv("DS41_API_KEY") && *getenv("DS41_API_KEY") ? getenv("DS41_API_KEY") : NULL;
+    int pd_decoder_set = 0;   /* --pd-decoder given (prefill nodes only) */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
