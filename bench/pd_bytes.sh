@@ -6,12 +6,17 @@
 # ids below VOCAB), each streamed with max_tokens 1. Prints per prompt the decode node's line
 # (blocks, bytes, session ready after the last frame) and the first token's arrival after the
 # last frame (the client's and the decode node's CLOCK_MONOTONIC are the same clock), then the
-# transfer metrics and the prefill node's per-request lines. DS41=BINARY to measure another build.
+# transfer metrics and the prefill node's per-request lines. Both --pd-decoder modes of the
+# prefill node in one run, one pair each (PD_DECODERS, bench/pd_nodes.sh). DS41=BINARY to
+# measure another build.
 #   bench/pd_bytes.sh MODEL VOCAB LEN...
 set -u
 cd "$(dirname "$0")/.."
 M=$1 V=$2; shift 2
 . bench/pd_nodes.sh
+for mode in $(pd_modes); do
+pd_mode "$mode"
+echo "== --pd-decoder $mode"
 start_pair
 for n in "$@"; do
     t=$(python3 - "$port" "$n" "$V" <<'PY'
@@ -36,3 +41,6 @@ PY
 done
 curl -s "localhost:$port/metrics" | grep -E '^ds41:(remote|kv_transfer_(bytes_total|seconds_sum|seconds_count))'
 grep 'ds41 prefill node: request' "$TMP/p.log" | sed 's/.*: \([0-9]* blocks\)/\1/'
+kill -9 $PP $DP
+wait $PP $DP 2>/dev/null
+done

@@ -3,16 +3,24 @@
 # and a decode node, then one ordinary node, on MODEL (exact kernels, spec off, one request at a
 # time), after the same prompts (random ids below VOCAB, one per LEN). Prints for each process
 # VmHWM, RssAnon and RssFile (/proc/PID/status) and the resident bytes of the checkpoint's
-# safetensors mappings (/proc/PID/smaps), next to `ds41 inspect --role`'s arithmetic.
+# safetensors mappings (/proc/PID/smaps), next to `ds41 inspect --role`'s arithmetic. Both
+# --pd-decoder modes of the prefill node in one run (PD_DECODERS, bench/pd_nodes.sh).
 #   bench/pd_memory.sh MODEL VOCAB LEN...
 set -u
 cd "$(dirname "$0")/.."
 M=$1 V=$2; shift 2
 . bench/pd_nodes.sh
-send() {
+send() {   # one greedy token per prompt; no client timeout under an hour (prodwidth4 on a loaded machine)
     for n in "$@"; do
-        python3 -c "import json, random; r = random.Random($n); json.dump([[r.randrange(3, $V) for _ in range($n)]], open('$TMP/q.json', 'w'))"
-        python3 tests/pd/client.py "$port" "$TMP/q.json" 1 >/dev/null || echo "request of $n tokens failed"
+        python3 - "$port" "$n" "$V" <<'PY' || echo "request of $n tokens failed"
+import json, random, sys, urllib.request
+port, n, v = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+r = random.Random(n)
+body = {"prompt": [r.randrange(3, v) for _ in range(n)], "max_tokens": 1, "temperature": 0}
+req = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % port, json.dumps(body).encode(),
+                             {"Content-Type": "application/json"})
+urllib.request.urlopen(req, timeout=3600).read()
+PY
     done
 }
 report() {   # NAME PID
@@ -21,13 +29,16 @@ report() {   # NAME PID
     printf '%-13s %s; checkpoint mappings resident %.1f MiB\n' "$1" \
         "$(grep -E '^(VmHWM|RssAnon|RssFile)' "/proc/$2/status" | awk '{ printf "%s %.1f MiB  ", $1, $2 / 1024 }')" "$(echo "$kb / 1024" | bc -l)"
 }
-"$DS41" inspect --role prefill "$M" | head -n 1
+for mode in $(pd_modes); do
+    pd_mode "$mode"
+    echo "--pd-decoder $mode: $("$DS41" inspect --role prefill ${PD_DECODER:+--pd-decoder $PD_DECODER} "$M" | head -n 1)"
+    start_pair
+    send "$@"
+    report "prefill node" $PP
+    report "decode node" $DP
+    kill -9 $PP $DP
+done
 "$DS41" inspect --role decode "$M" | head -n 1
-start_pair
-send "$@"
-report "prefill node" $PP
-report "decode node" $DP
-kill -9 $PP $DP
 "$DS41" serve -m "$M" --exact -c 4096 --spec off --port 0 >"$TMP/o.log" 2>&1 &
 OP=$!; PIDS+=($OP)
 port=$(waitport "$TMP/o.log" 'listening on http:\/\/127.0.0.1:') || { cat "$TMP/o.log"; exit 1; }

@@ -25,19 +25,24 @@ static void resume_payload(const uint8_t *p, size_t n) {
         if (!why[0] || strchr(why, '\n')) abort();
         return;
     }
-    if (n != ds41_kvx_resume_bytes(g, r.mh_rows) || r.pos != KVX_TEST_POS || r.mh_rows < 0 || r.mh_rows > g->slots)
+    if (n != ds41_kvx_resume_bytes(g, r.mh_rows, r.stream_rows) || r.pos != KVX_TEST_POS || r.mh_rows < 0 ||
+        r.mh_rows > g->slots)
         abort();
+    /* the decoder split's form: exactly the rows the position implies, no context rows */
+    if (r.stream_rows && (r.stream_rows != ds41_kvx_stream_rows(g, r.pos) || r.mh_rows)) abort();
     if (r.ik_owner < -1 || r.ik_owner >= g->n_layers || (r.mh_rows && r.mh_pos0 + r.mh_rows != r.pos)) abort();
     for (int k = 0; k < 16; k++)
         if (r.hist[k] < 0 || r.hist[k] >= g->n_hist_ids) abort();
-    if (r.mh_off + (size_t)r.mh_rows * g->mh_width * 2 != n || r.rings_off > r.comp_off || r.comp_off > r.mh_off) abort();
+    if (r.mh_off + (size_t)r.mh_rows * g->mh_width * 2 != r.stream_off ||
+        r.stream_off + (size_t)r.stream_rows * g->stream_width * 4 != n || r.rings_off > r.comp_off || r.comp_off > r.mh_off)
+        abort();
     /* the head re-encodes to the same bytes (the context start only counts with rows) */
     uint8_t head[DS41_KVX_RESUME_HEAD + 12 * DS41_KVX_MAX_COMP];
     ds41_kvx_resume w = r;
     ds41_kvx_resume_write_head(g, &w, head);
     size_t hn = DS41_KVX_RESUME_HEAD + 12 * (size_t)g->n_comp;
     if (r.mh_rows == 0) memcpy(head + 40, p + 40, 8);
-    if (memcmp(head, p, hn) || w.mh_off != r.mh_off) abort();
+    if (memcmp(head, p, hn) || w.mh_off != r.mh_off || w.stream_off != r.stream_off) abort();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -15,6 +15,9 @@
 #     with another checkpoint (compatibility hash); --on-prefill-failure fail answers an error
 #     naming the cause; a decode node that vanishes after the handshake: the prefill node frees
 #     its request within the lease, also when the decode node is then killed;
+#   the decoder split (--pd-decoder decode: the stream at the first decoder layer travels, the
+#     decode node runs the decoder): the same answers, exact, DSpark off and on, the exact frame
+#     bytes, also when the prefill node serves the prompts from its own prefix cache; fast kernels;
 #   two network namespaces joined by a veth pair (ip netns; root): the prefill node in one, the
 #     decode node in the other, the same answer as one node (skipped with a line on stderr where
 #     namespaces cannot be made).
@@ -82,6 +85,14 @@ compare() {
     else fail "$1" "answers differ: $(diff "$TMP/$1.one" "$TMP/$1.pd" | head -c 600)"; fi
 }
 
+# against NAME SAVED DECODE_PORT ROUND: the decode node's lines against one node's saved ones
+# (a fresh one node's: a warm one counts its own prefix-cache hits in usage.cached_tokens)
+against() {
+    "$PY" tests/pd/client.py "$3" "$TMP/$4.json" 12 >"$TMP/$1.pd" 2>&1
+    if cmp -s "$2" "$TMP/$1.pd" && ! grep -qv '^{' "$2"; then pass "$1"
+    else fail "$1" "answers differ: $(diff "$2" "$TMP/$1.pd" | head -c 600)"; fi
+}
+
 # ---------------------------------------------------------------- identity
 # exact, DSpark off and on
 for spec in off fixed:2; do
@@ -109,7 +120,34 @@ for spec in off fixed:2; do
     [ "$i" = 6 ] && pass pd_installed_spec_$tag || fail pd_installed_spec_$tag "$i of 6 remote prefills installed the shipped state"
     grep -q "from block 2," "$TMP/p_$tag.log" && pass pd_fetch_past_local_hit_spec_$tag ||
         fail pd_fetch_past_local_hit_spec_$tag "no request from block 2 in the prefill node's log"
+    # the decoder split (--pd-decoder decode): the prefill node stops at layer 3's keys and ships
+    # the stream there, the decode node runs the decoder on it; the same answers. Its RESUME frame:
+    # 3 encoder rings x 16 x 66 B, the compressor's 1024 B, no context rows (the decode node taps
+    # them), 16 + 2 x 15 = 46 stream rows x 4 x (256 + 1) FP32. A second decode node then gets
+    # round 1's prompts from the prefill node's own prefix cache (its restore, stopped there too;
+    # spec off only: the prefill node never drafts, and the stream it restores is the same bits).
     stop $DECPID; stop $ONEPID
+    start_prefill ps_$tag -m "$ck" --exact -c 1024 --parallel 4 --pd-decoder decode || exit 1
+    PS=$PPID_; PSP=$PPORT
+    runs=1; [ "$tag" = off ] && runs="1 2"
+    for run in $runs; do
+        serve_start decs${run}_$tag -m "$ck" --exact $S --spec $spec --role decode --prefill 127.0.0.1:$PSP \
+            --remote-prefill-min 100 || exit 1
+        against pd_split${run}_exact_spec_${tag}_concurrent "$TMP/pd_exact_spec_${tag}_concurrent.one" $PORT round1
+        [ $run = 1 ] && against pd_split_exact_spec_${tag}_shared_prefix "$TMP/pd_exact_spec_${tag}_shared_prefix.one" \
+            $PORT round2
+        n=$(metric $PORT ds41:remote_prefills_total); b=$(metric $PORT ds41:kv_transfer_bytes_total)
+        res=$(( 112 + 12 + 3 * 16 * 66 + 2 * 2 * 64 * 4 + 46 * 4 * 257 * 4 ))
+        blocks=8 reqs=4; [ $run = 1 ] && blocks=10 reqs=6
+        want=$(( blocks * (13440 + 2 * 48) + reqs * (48 + 48 + res) ))
+        i=$(grep -c "state installed, 0 rows replayed" "$TMP/decs${run}_$tag.log")
+        if [ "$n" = $reqs ] && [ "$b" = "$want" ] && [ "$i" = $reqs ]; then pass pd_split${run}_metrics_spec_$tag
+        else fail pd_split${run}_metrics_spec_$tag "remote $n, bytes $b, installed $i (want $reqs $want $reqs)"; fi
+        stop $PID
+    done
+    grep -q "decoder on the decode node" "$TMP/ps_$tag.log" && pass pd_split_announced_spec_$tag ||
+        fail pd_split_announced_spec_$tag "$(head -n 2 "$TMP/ps_$tag.log")"
+    stop $PS
     [ "$tag" = off ] && { KEEP_P=$P1; KEEP_PP=$PP1; } || stop $P1
 done
 
@@ -123,6 +161,14 @@ compare pd_fast_concurrent $ONE $PORT round1
 [ "$(metric $PORT ds41:remote_prefills_total)" = 4 ] && pass pd_fast_remote ||
     fail pd_fast_remote "not 4 remote prefills: $(grep -m2 'remote prefill failed' "$TMP/dec_fast.log")"
 stop $PID; stop $ONEPID; stop $PF
+# the decoder split with fast kernels: equal to one node as well
+start_prefill ps_fast -m "$ck" -c 1024 --parallel 4 --pd-decoder decode || exit 1
+PSF=$PPID_
+serve_start decs_fast -m "$ck" $S --spec off --role decode --prefill 127.0.0.1:$PPORT --remote-prefill-min 100 || exit 1
+against pd_split_fast_concurrent "$TMP/pd_fast_concurrent.one" $PORT round1
+[ "$(metric $PORT ds41:remote_prefills_total)" = 4 ] && pass pd_split_fast_remote ||
+    fail pd_split_fast_remote "not 4 remote prefills: $(grep -m2 'remote prefill failed' "$TMP/decs_fast.log")"
+stop $PID; stop $PSF
 
 # the demo model (exact, DSpark auto measured once per server: spec off here for time)
 start_prefill p_demo -m models/demo --exact -c 2048 --parallel 2 || exit 1
@@ -314,6 +360,19 @@ if grep -q "^role prefill: 305 tensors, .* of $tot " "$TMP/rp" && grep -q "^role
     pass pd_inspect_roles
 else fail pd_inspect_roles "$(cat "$TMP/rp" "$TMP/rd") (checkpoint tensors $tot bytes)"; fi
 "$DS41" inspect --role sideways "$ck" >/dev/null 2>&1; [ $? -eq 2 ] && pass pd_inspect_bad_role || fail pd_inspect_bad_role "not status 2"
+# --pd-decoder decode: the embedding, layers 0-2 and layer 3's KV path (194 tensors, 2,879,416 B)
+"$DS41" inspect --role prefill --pd-decoder decode "$ck" >"$TMP/rs" 2>&1
+grep -q "^role prefill: 194 tensors, 2879416 bytes .* of $tot " "$TMP/rs" && pass pd_inspect_split ||
+    fail pd_inspect_split "$(cat "$TMP/rs")"
+"$DS41" inspect --role decode --pd-decoder decode "$ck" >/dev/null 2>"$TMP/u0"; rc=$?
+[ $rc -eq 2 ] && grep -q -- "--pd-decoder goes with --role prefill" "$TMP/u0" && pass pd_inspect_split_usage ||
+    fail pd_inspect_split_usage "status $rc: $(cat "$TMP/u0")"
+"$DS41" serve -m "$ck" --role decode --pd-decoder decode --port 0 >/dev/null 2>"$TMP/u0"; rc=$?
+[ $rc -eq 2 ] && grep -q -- "--pd-decoder is for --role prefill" "$TMP/u0" && pass pd_usage_split_role ||
+    fail pd_usage_split_role "status $rc: $(cat "$TMP/u0")"
+"$DS41" serve -m "$ck" --role prefill --pd-decoder sideways --port 0 >/dev/null 2>"$TMP/u0"; rc=$?
+[ $rc -eq 2 ] && grep -q -- "--pd-decoder must be prefill or decode, not 'sideways'" "$TMP/u0" && pass pd_usage_split_value ||
+    fail pd_usage_split_value "status $rc: $(cat "$TMP/u0")"
 
 # usage errors
 "$DS41" serve -m "$ck" --role decode --port 0 >/dev/null 2>"$TMP/u1"; rc=$?

@@ -94,15 +94,16 @@ static void limits_and_expect(void) {
     CHECK(ds41_kvx_expect(&h, 1u << DS41_KVX_ERROR, 8, 1, why, sizeof why) != 0 && strstr(why, "request 9"), "req: %s", why);
     CHECK(ds41_kvx_expect(&h, 1u << DS41_KVX_ERROR, 9, 2, why, sizeof why) != 0 && strstr(why, "sequence number 1"),
           "seq: %s", why);
-    /* another version, with a valid header checksum: refused by version, not by checksum */
-    ds41_kvx_hdr v = { .version = 1, .type = DS41_KVX_HELLO, .req = 1 };
+    /* another version (2: before the decoder split), with a valid header checksum: refused by
+     * version, not by checksum */
+    ds41_kvx_hdr v = { .version = 2, .type = DS41_KVX_HELLO, .req = 1 };
     ds41_kvx_encode(&v, NULL, buf);
-    CHECK(ds41_kvx_parse(buf, DS41_KVX_HEADER, 1000, &h, &p, why, sizeof why) != 0 && strstr(why, "version 1"), "version: %s", why);
+    CHECK(ds41_kvx_parse(buf, DS41_KVX_HEADER, 1000, &h, &p, why, sizeof why) != 0 && strstr(why, "version 2"), "version: %s", why);
 }
 
 /* A RESUME payload for the test geometry: head from r, body bytes i * 7 + 1. */
 static size_t resume_payload(uint8_t *out, ds41_kvx_resume *r) {
-    size_t n = ds41_kvx_resume_bytes(&kvx_test_geom, r->mh_rows);
+    size_t n = ds41_kvx_resume_bytes(&kvx_test_geom, r->mh_rows, r->stream_rows);
     ds41_kvx_resume_write_head(&kvx_test_geom, r, out);
     for (size_t i = r->rings_off; i < n; i++) out[i] = (uint8_t)(i * 7 + 1);
     return n;
@@ -112,8 +113,12 @@ static void resume_round_trip(void) {
     const ds41_kvx_geom *g = &kvx_test_geom;
     uint8_t buf[1024];
     /* 112 B head + 12 B compressor table + 2 x 4 x 8 B rings + 2 x 2 x 4 FP32 + 3 x 6 BF16 */
-    CHECK(ds41_kvx_resume_bytes(g, 3) == 112 + 12 + 64 + 64 + 36, "size %zu", ds41_kvx_resume_bytes(g, 3));
-    CHECK(ds41_kvx_resume_bytes(g, 5) == 0, "5 context rows in 4 slots sized");
+    CHECK(ds41_kvx_resume_bytes(g, 3, 0) == 112 + 12 + 64 + 64 + 36, "size %zu", ds41_kvx_resume_bytes(g, 3, 0));
+    CHECK(ds41_kvx_resume_bytes(g, 5, 0) == 0, "5 context rows in 4 slots sized");
+    /* the decoder split: ring 0 only (32 B), no context rows, 3 stream rows x 5 FP32 (60 B) */
+    CHECK(ds41_kvx_resume_bytes(g, 0, 3) == 112 + 12 + 32 + 64 + 60, "split size %zu", ds41_kvx_resume_bytes(g, 0, 3));
+    CHECK(ds41_kvx_resume_bytes(g, 0, 4) == 0 && ds41_kvx_resume_bytes(g, 1, 3) == 0, "4 stream rows or context rows sized");
+    CHECK(ds41_kvx_stream_rows(g, 2) == 2 && ds41_kvx_stream_rows(g, 256) == 3, "stream rows");
     ds41_kvx_resume w = { .pos = 384, .mh_pos0 = 381, .ik_owner = -1, .mh_rows = 3, .hist = { 9, 0, 4 } };
     size_t n = resume_payload(buf, &w);
     ds41_kvx_resume r;
@@ -126,6 +131,18 @@ static void resume_round_trip(void) {
     CHECK(ds41_kvx_resume_parse(buf, n, g, 256, &r, why, sizeof why) != 0 && strstr(why, "position 384"), "pos: %s", why);
     for (size_t k = 0; k < n; k++)
         CHECK(ds41_kvx_resume_parse(buf, k, g, 384, &r, why, sizeof why) != 0 && why[0], "%zu of %zu bytes accepted", k, n);
+    /* the split form round-trips, and a node without the split's geometry refuses it by name */
+    ds41_kvx_resume s = { .pos = 384, .ik_owner = 2, .stream_rows = 3, .hist = { 1 } };
+    n = resume_payload(buf, &s);
+    CHECK(ds41_kvx_resume_parse(buf, n, g, 384, &r, why, sizeof why) == 0, "split parse: %s", why);
+    CHECK(r.stream_rows == 3 && r.rings_off == 124 && r.comp_off == 156 && r.mh_off == 220 && r.stream_off == 220 &&
+          r.stream_off + 60 == n, "split offsets %zu %zu %zu %zu of %zu", r.rings_off, r.comp_off, r.mh_off, r.stream_off, n);
+    ds41_kvx_geom nos = *g;
+    nos.stream_layer = nos.stream_width = nos.stream_max = 0;
+    CHECK(ds41_kvx_resume_parse(buf, n, &nos, 384, &r, why, sizeof why) != 0 && strstr(why, "3 decoder stream rows"),
+          "split without geometry: %s", why);
+    for (size_t k = 0; k < n; k++)
+        CHECK(ds41_kvx_resume_parse(buf, k, g, 384, &r, why, sizeof why) != 0 && why[0], "split: %zu of %zu accepted", k, n);
 }
 
 /* What one corpus file must be: 0 when it is, else 1 after a line naming it. */
@@ -196,7 +213,7 @@ static void corpus(void) {
     int ra = 0, rb = 0;
     CHECK(for_each_file(a, resume_file, 0, &ra) == 0, "a malformed RESUME payload accepted");
     CHECK(for_each_file(b, resume_file, 1, &rb) == 0, "a valid RESUME seed refused");
-    CHECK(ra >= 19 && rb == 2, "RESUME corpus: %d malformed, %d valid", ra, rb);
+    CHECK(ra >= 25 && rb == 3, "RESUME corpus: %d malformed, %d valid", ra, rb);
 }
 
 int main(void) {

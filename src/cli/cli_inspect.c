@@ -17,7 +17,8 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: ds41 inspect [--json] [--role prefill|decode] [--ranks N [--expert-map FILE]] PATH\n"
+            "usage: ds41 inspect [--json] [--role prefill|decode [--pd-decoder prefill|decode]] [--ranks N\n"
+            "       [--expert-map FILE]] PATH\n"
             "\n"
             "PATH is a checkpoint directory (config.json plus safetensors: one file or a sharded\n"
             "model.safetensors.index.json), a directory holding only config.json, or a config.json file.\n"
@@ -28,6 +29,9 @@ static void usage(FILE *f) {
             "  --json      one JSON object on stdout instead of the text report\n"
             "  --role R    only the weight bytes a prefill or decode node of a disaggregated deployment\n"
             "              holds resident (docs/pd.md): prefill = what the KV-only prefill reads\n"
+            "  --pd-decoder D  with --role prefill: where the decoder layers run (serve --pd-decoder):\n"
+            "              prefill (default, the decoder's rings ship) or decode (the stream at the first\n"
+            "              decoder layer ships; the prefill node reads no decoder weight)\n"
             "  --ranks N   the bytes each rank of an `mpiexec -n N` job holds (replicated weights, its\n"
             "              routed experts under the default placement or --expert-map FILE, Engram, KV per\n"
             "              token) and the bytes each token sends per layer (docs/distributed.md)\n"
@@ -69,7 +73,9 @@ static int param_cb(const ds41_tensor_spec *t, void *ctx) {
 }
 
 /* ------------------------------------------------------------------------------------------
- * --role (docs/pd.md): the weights a prefill node reads. Its prefill (CED, no logits) runs the
+ * --role (docs/pd.md): the weights a prefill node reads. With --pd-decoder decode it stops at
+ * the first decoder layer's keys (the last KV source: its KV path only, as the last layer's
+ * below) and reads no later layer. Its prefill (CED, no logits) runs the
  * embedding, the encoder on every row and the decoder layers on the rows their windows reach
  * (the resume state it ships is every layer's SWA ring), and of the last layer only what its
  * ring needs: the mHC attention mix, the attention norm and the SWA key projection (with a
@@ -101,17 +107,21 @@ static int role_cb(const ds41_tensor_spec *t, void *ctx) {
     return 0;
 }
 
-static int print_role(const char *path, const char *role) {
+static int print_role(const char *path, const char *role, int decoder_on_decode) {
     ds41_config cfg;
     ds41_err err;
     if (ds41_config_load(path, &cfg, &err)) { fprintf(stderr, "ds41 inspect: %s\n", err.msg); return 1; }
     role_acc a = { .prefill = !strcmp(role, "prefill"), .last = cfg.n_layers - 1 };
+    if (decoder_on_decode) a.last = cfg.first_decoder_layer;
     ds41_contract_each(&cfg, NULL, role_cb, &a);
     char b1[32], b2[32];
     printf("role %s: %zu tensors, %llu bytes (%s) resident of %llu (%s), %.1f%%\n", role, a.tensors,
            (unsigned long long)a.bytes, human_bytes((double)a.bytes, b1, sizeof b1), (unsigned long long)a.total,
            human_bytes((double)a.total, b2, sizeof b2), a.total ? 100.0 * (double)a.bytes / (double)a.total : 0.0);
-    if (a.prefill)
+    if (a.prefill && decoder_on_decode)
+        printf("  embedding, layers 0..%d whole (the encoder), layer %d's KV path (mHC attention mix, norm, SWA K, "
+               "compressor, index K); no decoder layer after it, no head, no DSpark stage\n", a.last - 1, a.last);
+    else if (a.prefill)
         printf("  embedding, layers 0..%d whole (the decoder on the rows its windows reach), layer %d's SWA K path "
                "(mHC attention mix, norm, SWA K); no head, no DSpark stage\n", a.last - 1, a.last);
     else
@@ -398,6 +408,7 @@ int ds41_cli_inspect(int argc, char **argv) {
     int as_json = 0;
     long long ranks = 0;
     const char *path = NULL, *role = NULL;
+    int pd_decoder = -1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) as_json = 1;
         else if (!strcmp(argv[i], "--role")) {
@@ -406,6 +417,13 @@ int ds41_cli_inspect(int argc, char **argv) {
                 return 2;
             }
             role = argv[++i];
+        }
+        else if (!strcmp(argv[i], "--pd-decoder")) {
+            if (i + 1 >= argc || (strcmp(argv[i + 1], "prefill") && strcmp(argv[i + 1], "decode"))) {
+                fprintf(stderr, "ds41 inspect: --pd-decoder needs prefill or decode\n");
+                return 2;
+            }
+            pd_decoder = !strcmp(argv[++i], "decode");
         }
         else if (!strcmp(argv[i], "--ranks")) {
             if (i + 1 >= argc) { fprintf(stderr, "ds41 inspect: --ranks needs a value\n"); return 2; }
@@ -431,7 +449,11 @@ int ds41_cli_inspect(int argc, char **argv) {
         return 2;
     }
 
-    if (role) return print_role(path, role);
+    if (pd_decoder >= 0 && (!role || strcmp(role, "prefill"))) {
+        fprintf(stderr, "ds41 inspect: --pd-decoder goes with --role prefill\n");
+        return 2;
+    }
+    if (role) return print_role(path, role, pd_decoder == 1);
     report r;
     memset(&r, 0, sizeof r);
     r.path = path;

@@ -62,6 +62,10 @@ static const char *SERVE_USAGE =
     "                           (default), or fail the request\n"
     "  --prefill-timeout MS     (decode) wait at most MS for a prefill node's next frame (default 30000)\n"
     "  --lease MS               (prefill) a decode node silent for MS loses its request (default 10000)\n"
+    "  --pd-decoder prefill|decode  (prefill) where the decoder layers run on the rows their windows\n"
+    "                           reach: prefill (default): here, the decoder's rings travel; decode: on\n"
+    "                           the decode node from the stream at the first decoder layer, which\n"
+    "                           travels instead, and this node reads no decoder weight (docs/pd.md)\n"
     "under mpiexec (docs/distributed.md): rank 0 serves HTTP, the other ranks mirror its batches (routed\n"
     "experts split over the ranks, the same answers); speculation off, no --role, no --cache-dir;\n"
     "--mpi-timeout S: a lost rank answers the requests in flight with 503 and ends the job\n\n"
@@ -78,6 +82,7 @@ int ds41_cli_serve(int argc, char **argv) {
     int dp_attention = 0;
     o.lp.exact = getenv("DS41_EXACT") && !strcmp(getenv("DS41_EXACT"), "1");
     o.api_key = getenv("DS41_API_KEY") && *getenv("DS41_API_KEY") ? getenv("DS41_API_KEY") : NULL;
+    int pd_decoder_set = 0;   /* --pd-decoder given (prefill nodes only) */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
@@ -136,6 +141,14 @@ int ds41_cli_serve(int argc, char **argv) {
         }
         else if (IS("--prefill-timeout")) { INT(1, 3600000); o.prefill_timeout_ms = (int)iv; }
         else if (IS("--lease")) { INT(1, 3600000); o.lease_ms = (int)iv; }
+        else if (IS("--pd-decoder")) {
+            NEED();
+            const char *v = argv[++i];
+            if (!strcmp(v, "prefill")) o.pd_decoder_decode = 0;
+            else if (!strcmp(v, "decode")) o.pd_decoder_decode = 1;
+            else { fprintf(stderr, "ds41 serve: --pd-decoder must be prefill or decode, not '%s'\n", v); return 2; }
+            pd_decoder_set = 1;
+        }
         else if (IS("--remote-prefill-min")) { INT(1, INT32_MAX); o.remote_min = iv; }
         else if (IS("--on-prefill-failure")) {
             NEED();
@@ -178,6 +191,10 @@ int ds41_cli_serve(int argc, char **argv) {
     if (!o.model_dir) { fprintf(stderr, "ds41 serve: -m DIR is required (a checkpoint directory, e.g. -m models/demo)\n%s", SERVE_USAGE); return 2; }
     if (ds41_cli_model_dir_ok("serve", o.model_dir)) return 1;
     o.lp.engram_verbose = o.verbose;
+    if (pd_decoder_set && o.role != DS41_SERVE_ROLE_PREFILL) {
+        fprintf(stderr, "ds41 serve: --pd-decoder is for --role prefill (a decode node takes both forms)\n");
+        return 2;
+    }
     if (o.prefill_nodes && o.role != DS41_SERVE_ROLE_DECODE) {
         fprintf(stderr, "ds41 serve: --prefill HOST:PORT is for --role decode\n");
         return 2;

@@ -345,6 +345,11 @@ static int seq_row_plan(const ds41_seq *s, ds41_prefill_mode pmode, int T, int w
     } else {
         ds41_row_plan(cfg, pmode, T, want_logits, qrow, krow, lo);
     }
+    /* a forward that ends at a layer's keys (s->stop_layer): no output from it, nothing after */
+    for (int l = s->stop_layer; s->stop_layer > 0 && l < cfg->n_layers; l++) {
+        qrow[l] = T;
+        if (l > s->stop_layer) krow[l] = T;
+    }
     return 0;
 }
 
@@ -463,11 +468,18 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
     if (e->has_engram && ds41_engram_prefetch_issue(ss[0], b.eg_ids, N, err)) { rc = -1; goto done; }
 
     /* ---- the block loop: layer l on the stacked rows [k0, N) (its attention input and keys)
-     * and [q0, N) (its outputs), the bounds of sequence 0's plan ---- */
+     * and [q0, N) (its outputs), the bounds of sequence 0's plan; from layer l0 with its input
+     * given (a split prefill's decoder half, ds41_seq.from_layer) ---- */
     size_t srow = (size_t)cfg->hc_mult * dim;
-    for (int l = 0; l < L; l++) {
+    int l0 = count == 1 && ss[0]->from_layer > 0 && ss[0]->from_layer < L ? ss[0]->from_layer : 0;
+    if (l0) {
+        memcpy(b.s.X, ss[0]->from_X, N * srow * sizeof(float));
+        memcpy(b.s.pre, ss[0]->from_pre, N * cfg->hc_mult * sizeof(float));
+    }
+    for (int i = 0; i < count; i++) ss[i]->stream = &b.s, ss[i]->stream_n = N;
+    for (int l = l0; l < L; l++) {
         /* a prefill node (src/pd/) ships a KV source's finished pages while the next layers compute */
-        if (l > 0) layer_done(ss, count, l - 1);
+        if (l > l0) layer_done(ss, count, l - 1);
         const ds41_layer_plan *lp = &cfg->layers[l];
         const ds41_layer_weights *lw = &w->layers[l];
         size_t k0 = (size_t)krow[l], q0 = (size_t)qrow[l];
@@ -479,8 +491,9 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
          * compute (a KV source has every row) */
         if (k0 == N) continue;
 
-        /* Engram before the block, on the rows of the stream that exist */
-        if (lp->engram_slot >= 0 && e->has_engram &&
+        /* Engram before the block, on the rows of the stream that exist (a given input of
+         * layer l0 is the stream after it) */
+        if (lp->engram_slot >= 0 && e->has_engram && !(l0 > 0 && l == l0) &&
             ds41_engram_layer(ss[0], lw, lp->engram_slot, b.eg_ids + ((size_t)lp->engram_slot * N + k0) * cols,
                               (int)(N - k0), img ? img + k0 : NULL, b.s.X + k0 * srow, err)) {
             rc = -1;
@@ -553,7 +566,7 @@ done:
     if (bp == &own) ds41_fwd_buf_free(&own);
     else if (bp) ds41_fwd_release(bp, &tmp);
     free(v); free(r0); free(layout); free(hist); free(mh); free(cproj); free(iq); free(wt); free(lg); free(img);
-    for (int i = 0; i < count; i++) ss[i]->ov_emb = NULL, ss[i]->ov_img = NULL;   /* one forward's */
+    for (int i = 0; i < count; i++) ss[i]->ov_emb = NULL, ss[i]->ov_img = NULL, ss[i]->stream = NULL;   /* one forward's */
     return rc;
 }
 
@@ -564,6 +577,11 @@ static int forward_one(ds41_seq *s, const int32_t *tokens, int T, int want_logit
     const ds41_config *cfg = s->e->cfg;
     int L = cfg->n_layers;
     if (forward_check(s, tokens, T, err)) return -1;
+    /* a forward that ends at a layer's keys (s->stop_layer) has no logits: it reads no head */
+    if (s->stop_layer > 0) {
+        if (rows) return ds41_errf(err, "forward: all-row logits from a forward that stops at layer %d", s->stop_layer);
+        want_logits = 0;
+    }
     int *qrow = malloc((size_t)L * 3 * sizeof(int));
     if (!qrow) return ds41_errf(err, "out of memory");
     int *krow = qrow + L, *lo = qrow + 2 * L;

@@ -104,6 +104,17 @@ typedef struct ds41_seq {
      * ships a KV source's finished pages from here while the next layers compute (src/pd/) */
     void (*layer_done)(void *arg, struct ds41_seq *s, int layer);
     void *layer_done_arg;
+    /* the decoder split of a remote prefill (src/pd/, docs/pd.md): stop_layer > 0 ends a
+     * forward at that layer's keys (its attention input, SWA keys and compressor on the plan's
+     * rows; no output and no later layer); from_layer > 0 starts one at that layer with its
+     * block input given for every row (from_X [T, hc * dim] after that layer's Engram, from_pre
+     * [T, hc] FP32), the layers before it not run. stream: during a forward, its stacked rows
+     * (stream_n of them; sequence 0's from row 0), so a layer_done hook can take a layer's
+     * input. */
+    int stop_layer, from_layer;
+    const float *from_X, *from_pre;
+    const struct ds41_stream *stream;
+    size_t stream_n;
     /* forward scratch (forward.c): the indexers' per-sequence buffers and the row buffers of
      * short forwards, grown when a forward needs more, so decode steps allocate little */
     struct ds41_fwd_scratch *scratch;

@@ -12,6 +12,15 @@ long long ds41_seq_replay_rows(const ds41_config *cfg, int mode, long long M) {
     return R < M ? R : M;
 }
 
+long long ds41_decoder_stream_rows(const ds41_config *cfg, long long M) {
+    long long W = cfg->window, L = cfg->n_layers, D = cfg->first_decoder_layer;
+    if (D < 1 || D >= L) return 0;
+    for (int k = 0; k < cfg->n_dspark_targets; k++)
+        if (cfg->dspark_targets[k] < D) return 0;
+    long long R = W + (L - D - 1) * (W - 1);
+    return R < M ? R : M;
+}
+
 int ds41_restore_supported(const ds41_config *cfg) {
     for (int i = 0; i < cfg->n_kv_sources; i++) {
         int r = cfg->compress_ratios[cfg->kv_sources[i]];
@@ -47,19 +56,16 @@ static void history_at(const ds41_engine *e, const int32_t *ids, long long P, in
     for (int k = 0; k < 16; k++) hist[k] = P - 1 - k < 0 ? 0 : e->token_map[ids[P - 1 - k]];
 }
 
-int ds41_seq_restore(ds41_seq *s, const int32_t *ids, long long M, uint8_t *const *pages, int mode, int want_logits,
-                     ds41_err *err) {
+/* The replay forward over the last R of the M positions whose pages are attached: the state at
+ * its start (position, Engram history from the ids, the published index-K owner a prefill of
+ * M - R tokens leaves: a one-shot prefill starts from none), then the forward in mode RESTORE. */
+static int replay(ds41_seq *s, const int32_t *ids, long long M, long long R, int mode, int want_logits, ds41_err *err) {
     ds41_engine *e = s->e;
-    const ds41_config *cfg = e->cfg;
     ds41_cache *c = &s->cache;
-    if (mode != DS41_RESTORE_EXACT && mode != DS41_RESTORE_APPROX) return ds41_errf(err, "restore: mode %d", mode);
-    if (attach_pages(s, ids, M, pages, err)) return -1;
-    long long R = ds41_seq_replay_rows(cfg, mode, M), P0 = M - R;
-    /* the state at the replay start: position, Engram history from the ids, the published
-     * index-K owner a prefill of P0 tokens leaves (a one-shot prefill starts from none) */
+    long long P0 = M - R;
     c->pos = P0;
     if (e->has_engram) history_at(e, ids, P0, c->hist);
-    c->ik_owner = P0 > 0 ? ds41_ik_owner_after(cfg, -1, 0, P0 - 1, cfg->n_layers - 1) : -1;
+    c->ik_owner = P0 > 0 ? ds41_ik_owner_after(e->cfg, -1, 0, P0 - 1, e->cfg->n_layers - 1) : -1;
     ds41_prefill_mode saved = s->prefill;
     s->prefill = DS41_PREFILL_RESTORE;
     s->restore = mode;
@@ -67,6 +73,39 @@ int ds41_seq_restore(ds41_seq *s, const int32_t *ids, long long M, uint8_t *cons
     s->restore = 0;
     s->prefill = saved;
     return rc;
+}
+
+int ds41_seq_restore(ds41_seq *s, const int32_t *ids, long long M, uint8_t *const *pages, int mode, int want_logits,
+                     ds41_err *err) {
+    if (mode != DS41_RESTORE_EXACT && mode != DS41_RESTORE_APPROX) return ds41_errf(err, "restore: mode %d", mode);
+    if (attach_pages(s, ids, M, pages, err)) return -1;
+    return replay(s, ids, M, ds41_seq_replay_rows(s->e->cfg, mode, M), mode, want_logits, err);
+}
+
+/* The decoder split's install: the decoder layers on the stream rows [M - S, M), from the
+ * first decoder layer D with its input as shipped. It is the prefix cache's exact replay (mode
+ * RESTORE: every KV source's entries restored, the CED row reach on every layer) with the
+ * layers before D taken from the prefill node: S is the reach of layer D's keys in that plan,
+ * so every row it computes sees the lists of a one-shot prefill, and the rings, history, owner
+ * and DSpark context it leaves are a local prefill's, bit for bit. */
+static int decoder_half(ds41_seq *s, const int32_t *ids, long long M, const ds41_resume_state *st, ds41_err *err) {
+    const ds41_config *cfg = s->e->cfg;
+    long long S = st->stream_rows;
+    size_t xw = (size_t)cfg->hc_mult * cfg->dim, n = (size_t)S * (xw + (size_t)cfg->hc_mult);
+    float *x = malloc(n * sizeof(float));   /* aligned copies of the payload's FP32 rows */
+    if (!x) return ds41_errf(err, "install: out of memory for %lld decoder stream rows", S);
+    memcpy(x, st->stream, n * sizeof(float));
+    s->from_layer = cfg->first_decoder_layer;
+    s->from_X = x;
+    s->from_pre = x + (size_t)S * xw;
+    int rc = replay(s, ids, M, S, DS41_RESTORE_EXACT, 0, err);
+    s->from_layer = 0;
+    s->from_X = s->from_pre = NULL;
+    free(x);
+    if (rc) return -1;
+    /* the encoder's sources emitted on the prefill node: its owner is the one a prefill leaves */
+    s->cache.ik_owner = st->ik_owner;
+    return 0;
 }
 
 int ds41_seq_install(ds41_seq *s, const int32_t *ids, long long M, uint8_t *const *pages, const ds41_resume_state *st,
@@ -86,8 +125,12 @@ int ds41_seq_install(ds41_seq *s, const int32_t *ids, long long M, uint8_t *cons
     if (e->has_engram) history_at(e, ids, M, h);
     if (memcmp(h, st->hist, sizeof h))
         return ds41_errf(err, "install: the shipped Engram history is not the one the prompt's last tokens give");
+    long long S = st->stream_rows;
+    if (S < 0 || (S > 0 && (S != ds41_decoder_stream_rows(cfg, M) || st->mh_rows > 0)))
+        return ds41_errf(err, "install: %lld decoder stream rows (%lld for %lld tokens, no context rows with them)", S,
+                         ds41_decoder_stream_rows(cfg, M), M);
     size_t ring = (size_t)cfg->window * c->rings[0].rec_bytes;
-    for (int l = 0; l < cfg->n_layers; l++) {
+    for (int l = 0; l < (S > 0 ? cfg->first_decoder_layer : cfg->n_layers); l++) {
         if ((size_t)c->rings[l].slots * c->rings[l].rec_bytes != ring)
             return ds41_errf(err, "install: ring %d is not %d x %d bytes", l, cfg->window, c->rings[0].rec_bytes);
         memcpy(c->rings[l].rec, st->rings + (size_t)l * ring, ring);
@@ -99,6 +142,7 @@ int ds41_seq_install(ds41_seq *s, const int32_t *ids, long long M, uint8_t *cons
         memcpy(c->comp[i].sc, cp + n, n);
         cp += 2 * n;
     }
+    if (S > 0) return decoder_half(s, ids, M, st, err);
     memcpy(c->hist, h, sizeof c->hist);
     c->ik_owner = st->ik_owner;
     c->pos = M;

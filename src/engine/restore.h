@@ -44,10 +44,22 @@ typedef struct ds41_resume_state {
     int mh_rows;
     int ik_owner;
     int32_t hist[16];
+    /* the decoder split (stream_rows > 0, docs/pd.md): rings holds the layers before the first
+     * decoder layer D only, and stream the block input of layer D at the last stream_rows
+     * positions (ds41_decoder_stream_rows): X [stream_rows][hc * dim] then pre [stream_rows][hc]
+     * FP32; the install runs the decoder layers on those rows, as the prefix cache's exact
+     * replay would (mh_rows is then 0: the forward taps the DSpark context itself) */
+    int stream_rows;
+    const uint8_t *stream;
 } ds41_resume_state;
+/* The rows of the decoder split's stream for a prefix of M tokens: every row the decoder
+ * layers' windows and rings reach, W + (L - D - 1)(W - 1) (D = cfg->first_decoder_layer), at
+ * most M; 0 when the split does not apply (no decoder layer after the first, or a DSpark
+ * target before D, whose context rows the decode node could not tap). */
+long long ds41_decoder_stream_rows(const ds41_config *cfg, long long M);
 /* s at position 0. Attaches the pages as ds41_seq_restore does and sets the state from st:
- * nothing is recomputed. Refuses a history that is not the one ids imply. On failure the
- * sequence must be reset. */
+ * nothing is recomputed, except, for the decoder split, the decoder layers on st's stream rows.
+ * Refuses a history that is not the one ids imply. On failure the sequence must be reset. */
 int ds41_seq_install(ds41_seq *s, const int32_t *ids, long long M, uint8_t *const *pages, const ds41_resume_state *st,
                      ds41_err *err);
 

@@ -9,7 +9,10 @@
  * it receives the pages, adds them to its prefix cache as blocks (ds41_prefix_insert), installs
  * pages and state into the request's session (ds41_session_install: nothing replayed), prefills
  * the prompt's tail and decodes. The state is the one a local prefill of the same blocks
- * leaves, so a remote prefill decodes to the bits of one node (tests/pd.test.sh).
+ * leaves, so a remote prefill decodes to the bits of one node (tests/pd.test.sh). With
+ * --pd-decoder decode the prefill node stops at the first decoder layer's keys and ships the
+ * residual stream there instead of the decoder's rings; the decode node's install runs the
+ * decoder layers on it (restore.h), with the same bits.
  *
  * Fault injection (tests only, tests/pd.test.sh): DS41_PD_FAULT=KIND:N makes this process
  * misbehave once, at its N-th (1-based) LAYER frame sent (prefill node) or at its N-th fetch
@@ -41,6 +44,11 @@ typedef struct ds41_pd_prefill_opts {
     int port;                 /* 0: any free port (printed) */
     int capacity;             /* requests held at once; more get BUSY */
     int lease_ms;             /* a decode node silent this long is gone: its state is freed */
+    /* --pd-decoder: where the decoder layers run on the rows their windows reach (docs/pd.md).
+     * 0 (prefill): here, and the decoder's rings travel; 1 (decode): on the decode node, from
+     * the residual stream at the first decoder layer, which travels instead, and this node
+     * reads no decoder weight */
+    int decoder_on_decode;
 } ds41_pd_prefill_opts;
 
 /* Serves prefill requests until *stop becomes non-zero; prints "ds41 prefill node: listening
@@ -101,8 +109,11 @@ void ds41_pd_finish(ds41_pd_job *j);
 /* The geometry of cache c of engine e as a RESUME payload describes it. */
 int ds41_pd_geom(const ds41_engine *e, const ds41_cache *c, ds41_kvx_geom *g, ds41_err *err);
 /* Prefill node: the RESUME payload of q's state (malloc'd, *n bytes); with_context: the DSpark
- * context rows too. NULL with err. */
-uint8_t *ds41_pd_resume_pack(const ds41_seq *q, int with_context, size_t *n, ds41_err *err);
+ * context rows too. stream != NULL: the decoder split's form, q's rings before the first
+ * decoder layer D and stream (the block input of layer D at the last ds41_kvx_stream_rows
+ * positions: X rows then pre rows, FP32) instead of the decoder's rings and the context rows.
+ * NULL with err. */
+uint8_t *ds41_pd_resume_pack(const ds41_seq *q, int with_context, const float *stream, size_t *n, ds41_err *err);
 /* Decode node: payload p[n] checked against geometry g for position M, as the install view
  * (pointing into p). 0 or -1 with err naming what was wrong. */
 int ds41_pd_resume_view(const ds41_kvx_geom *g, const uint8_t *p, size_t n, long long M, ds41_resume_state *st,

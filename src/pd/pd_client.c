@@ -151,8 +151,11 @@ static int try_node(ds41_pd_client *cl, pd_node *nd, const int32_t *ids, size_t 
     if (ds41_kvx_send(c, &req, wire, cl->timeout_ms, err)) goto out;
     size_t maxpb = 0;
     for (int i = 0; i < ns; i++) if (ds41_cache_page_bytes(cfg, i) > maxpb) maxpb = ds41_cache_page_bytes(cfg, i);
-    size_t maxr = ds41_kvx_resume_bytes(&cl->geom, cl->geom.slots);
+    /* the larger of the RESUME frame's two forms */
+    size_t maxr = ds41_kvx_resume_bytes(&cl->geom, cl->geom.slots, 0);
+    size_t maxs = ds41_kvx_resume_bytes(&cl->geom, 0, ds41_kvx_stream_rows(&cl->geom, nb * BT));
     if (maxr > maxpb) maxpb = maxr;
+    if (maxs > maxpb) maxpb = maxs;
     uint32_t maxp = maxpb > 4096 ? (uint32_t)(maxpb < DS41_KVX_MAX_PAYLOAD ? maxpb : DS41_KVX_MAX_PAYLOAD) : 4096;
     long long got = 0, bytes = 0;
     double t_first = 0;

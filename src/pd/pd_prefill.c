@@ -72,6 +72,10 @@ typedef struct pd_req {
     /* timing (docs/pd.md, the share of the transfer hidden behind compute): seconds since the
      * request arrived of the first page sent, the end of the forward and DONE sent */
     double t0, t_first, t_computed, t_resume, t_done;
+    /* --pd-decoder decode: the block input of the first decoder layer at the last stream_rows
+     * positions (X rows, then pre rows), taken by the hook when that layer's keys are done */
+    float *stream;
+    int stream_rows, stream_taken;
 } pd_req;
 
 static double now_s(void) {
@@ -110,12 +114,34 @@ static void queue_store(pd_req *r, ds41_cache *c, int i) {
     }
 }
 
+/* The decoder split: the forward stops at the first decoder layer's keys (ds41_seq.stop_layer),
+ * whose input stream (after its Engram, as its attention reads it) is then what the decode
+ * node runs the decoder on. Taken from the forward that ends the prompt (a restore that stops
+ * short is followed by one that does); its rows reach the stream's (a one-shot prefill has
+ * every row, a prefix cache restore the replay's, which cover the decoder's reach too). */
+static void take_stream(pd_req *r, ds41_seq *s) {
+    const ds41_config *cfg = r->S->e->cfg;
+    long long T = (long long)s->stream_n, S = r->stream_rows;
+    if (!s->stream || s->cache.pos + T != r->nb * BT) return;
+    if (T < S) {
+        snprintf(r->why, sizeof r->why, "the decoder split needs the stream of the last %lld positions, the forward "
+                 "covers %lld", S, T);
+        atomic_store(&r->failed, 1);
+        return;
+    }
+    size_t hc = (size_t)cfg->hc_mult, xw = hc * cfg->dim, t0 = (size_t)(T - S);
+    memcpy(r->stream, s->stream->X + t0 * xw, (size_t)S * xw * sizeof(float));
+    memcpy(r->stream + (size_t)S * xw, s->stream->pre + t0 * hc, (size_t)S * hc * sizeof(float));
+    r->stream_taken = 1;
+}
+
 /* forward.h layer_done: the KV source of this layer has its entries for the forward's rows */
 static void layer_hook(void *arg, ds41_seq *s, int layer) {
     pd_req *r = arg;
     if (atomic_load(&r->failed)) return;
     for (int i = 0; i < s->cache.n_stores; i++)
         if (s->cache.stores[i].layer == layer) queue_store(r, &s->cache, i);
+    if (r->stream && layer == s->stop_layer) take_stream(r, s);
 }
 
 /* One LAYER or RESUME frame, with the test-only faults (pd.h): flip, truncate, stall on LAYER
@@ -217,7 +243,8 @@ static void send_error(pd_srv *S, ds41_kvx_conn *c, uint64_t id, uint32_t seq, i
 /* queues the RESUME frame of session s's state */
 static int queue_resume(pd_req *r, ds41_session *s, ds41_err *err) {
     size_t n = 0;
-    uint8_t *blob = ds41_pd_resume_pack(ds41_session_seq(s), (r->flags & DS41_KVX_REQ_CONTEXT) != 0, &n, err);
+    if (r->stream && !r->stream_taken) return ds41_errf(err, "the decoder split's stream was not taken");
+    uint8_t *blob = ds41_pd_resume_pack(ds41_session_seq(s), (r->flags & DS41_KVX_REQ_CONTEXT) != 0, r->stream, &n, err);
     if (!blob) return -1;
     push_item(r, -1, 0, NULL, blob, n);
     return 0;
@@ -241,23 +268,28 @@ static int compute(pd_req *r, const int32_t *ids, ds41_err *err) {
     /* the exact CED row reach: every row a ring keeps, as a one-node prefill computes it (the
      * decode node's --prefill mode does not travel; an approximate replay would not be exact) */
     q->prefill = DS41_PREFILL_CED;
+    /* the decoder split: every forward here ends at the first decoder layer's keys */
+    if (r->stream) q->stop_layer = S->e->cfg->first_decoder_layer;
+    q->layer_done = layer_hook;
+    q->layer_done_arg = r;
     if (hit == r->nb) {
-        for (int i = 0; i < ns; i++)
+        for (int i = 0; i < ns; i++) {
             for (long long b = r->first; b < r->nb; b++) push(r, i, (int)b, pg[(size_t)b * ns + i]);
+            r->sent[i] = (int)(r->nb - r->first);   /* the hook queues none of them again */
+        }
         /* the state from the cache's restore; blocks evicted since ds41_prefix_pages are computed */
         long long k = ds41_prefix_restore(S->pc, s, ids, (size_t)M);
         if (k < 0) rc = ds41_errf(err, "restore from the prefix cache: %s", ds41_session_error(s));
         else if (k < M) rc = ds41_forward(q, ids + k, (int)(M - k), 0, err);
     } else {
-        q->layer_done = layer_hook;
-        q->layer_done_arg = r;
         rc = atomic_load(&r->failed) ? 0 : ds41_forward(q, ids, (int)M, 0, err);
-        q->layer_done = NULL;
         if (!rc && !atomic_load(&r->failed)) {
             for (int i = 0; i < ns; i++) queue_store(r, &q->cache, i);
             if (S->pc) ds41_prefix_publish(S->pc, s, ids, (size_t)M);
         }
     }
+    q->layer_done = NULL;
+    q->stop_layer = 0;
     pthread_mutex_unlock(&S->compute_mu);
     ds41_prefix_pages_free(S->pc, pg, hit);
     if (!rc && !atomic_load(&r->failed)) rc = queue_resume(r, s, err);
@@ -340,6 +372,12 @@ static void *handler_main(void *arg) {
     }
     r->sent = calloc((size_t)S->e->cfg->n_kv_sources + 1, sizeof *r->sent);
     if (!r->sent) { snprintf(r->why, sizeof r->why, "out of memory"); goto out; }
+    if (S->o.decoder_on_decode) {
+        const ds41_config *cfg = S->e->cfg;
+        r->stream_rows = (int)ds41_decoder_stream_rows(cfg, r->nb * BT);
+        r->stream = malloc((size_t)r->stream_rows * cfg->hc_mult * (cfg->dim + 1) * sizeof(float));
+        if (!r->stream) { snprintf(r->why, sizeof r->why, "out of memory for the decoder stream"); goto out; }
+    }
     r->seq = 1;
     pthread_t th;
     if (pthread_create(&th, NULL, sender_main, r)) { snprintf(r->why, sizeof r->why, "cannot start a sender"); goto out; }
@@ -384,6 +422,7 @@ out:
         fprintf(stderr, "ds41 prefill node: request %llu: %s; its state is freed after %.3f s (%d requests held)\n",
                 (unsigned long long)r->id, r->why, now_s() - t0, left);
     free(r->sent);
+    free(r->stream);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);
@@ -396,6 +435,9 @@ int ds41_pd_prefill_run(ds41_engine *e, ds41_prefix_cache *pc, const ds41_sessio
     if (!pc) return ds41_errf(err, "--role prefill needs the prefix cache (it keys the compatibility hash)");
     if (!ds41_restore_supported(e->cfg))
         return ds41_errf(err, "--role prefill: a KV source's compress ratio does not divide the %d-token block", BT);
+    if (o->decoder_on_decode && ds41_decoder_stream_rows(e->cfg, BT) < 1)
+        return ds41_errf(err, "--pd-decoder decode: this checkpoint has no decoder layer after layer %d with every DSpark "
+                         "target in the decoder (use --pd-decoder prefill)", e->cfg->first_decoder_layer);
     /* on the heap: a handler that outlives the shutdown wait still finds it (then leaked) */
     pd_srv *S = calloc(1, sizeof *S);
     if (!S) return ds41_errf(err, "out of memory");
@@ -414,8 +456,9 @@ int ds41_pd_prefill_run(ds41_engine *e, ds41_prefix_cache *pc, const ds41_sessio
     if (!l) { ds41_kvx_net_close(S->net); free(S); return -1; }
     char fp[65];
     ds41_prefix_fingerprint_hex(pc, fp);
-    printf("ds41 prefill node: listening on ucx://%s:%d (compatibility hash %.16s..., capacity %d, lease %d ms)\n",
-           S->o.host, ds41_kvx_listener_port(l), fp, S->o.capacity, S->o.lease_ms);
+    printf("ds41 prefill node: listening on ucx://%s:%d (compatibility hash %.16s..., capacity %d, lease %d ms, "
+           "decoder on the %s node)\n", S->o.host, ds41_kvx_listener_port(l), fp, S->o.capacity, S->o.lease_ms,
+           S->o.decoder_on_decode ? "decode" : "prefill");
     fflush(stdout);
     while (!*stop) {
         ds41_err aerr;

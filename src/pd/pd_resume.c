@@ -4,6 +4,7 @@
  * (restore.h ds41_resume_state) on the decode node. */
 #include "pd.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,28 +32,44 @@ int ds41_pd_geom(const ds41_engine *e, const ds41_cache *c, ds41_kvx_geom *g, ds
     g->n_layers = cfg->n_layers;
     g->n_hist_ids = e->has_engram ? e->n_compressed : 0;
     g->mh_width = cfg->n_dspark_targets > 0 ? cfg->n_dspark_targets * cfg->dim : 0;
+    /* the decoder split, where it applies (restore.h ds41_decoder_stream_rows) */
+    long long smax = ds41_decoder_stream_rows(cfg, (long long)1 << 40);
+    if (smax > 0 && smax <= INT32_MAX) {
+        g->stream_layer = cfg->first_decoder_layer;
+        g->stream_width = cfg->hc_mult * (cfg->dim + 1);
+        g->stream_max = (int)smax;
+    }
     return 0;
 }
 
-uint8_t *ds41_pd_resume_pack(const ds41_seq *q, int with_context, size_t *n, ds41_err *err) {
+uint8_t *ds41_pd_resume_pack(const ds41_seq *q, int with_context, const float *stream, size_t *n, ds41_err *err) {
     const ds41_cache *c = &q->cache;
     ds41_kvx_geom g;
     if (ds41_pd_geom(q->e, c, &g, err)) return NULL;
-    /* the last `window` context rows: all a DSpark ring keeps of them */
-    int mh = with_context && g.mh_width && q->main_hidden ? q->mh_rows : 0;
+    int srows = stream ? ds41_kvx_stream_rows(&g, c->pos) : 0;
+    if (stream && srows < 1) {
+        ds41_errf(err, "resume state: the decoder split does not apply to this checkpoint");
+        return NULL;
+    }
+    /* the last `window` context rows: all a DSpark ring keeps of them (none with a stream: the
+     * decode node's decoder forward taps them) */
+    int mh = with_context && !stream && g.mh_width && q->main_hidden ? q->mh_rows : 0;
     if (mh > g.slots) mh = g.slots;
     if (mh > 0 && q->mh_pos0 + q->mh_rows != c->pos) {
         ds41_errf(err, "resume state: context rows end at %lld, the sequence at %lld", q->mh_pos0 + q->mh_rows, c->pos);
         return NULL;
     }
-    size_t bytes = ds41_kvx_resume_bytes(&g, mh);
+    size_t bytes = ds41_kvx_resume_bytes(&g, mh, srows);
     uint8_t *out = bytes ? malloc(bytes) : NULL;
     if (!out) { ds41_errf(err, "resume state: out of memory (%zu bytes)", bytes); return NULL; }
-    ds41_kvx_resume r = { .pos = c->pos, .mh_pos0 = c->pos - mh, .ik_owner = c->ik_owner, .mh_rows = mh };
+    ds41_kvx_resume r = { .pos = c->pos, .mh_pos0 = c->pos - mh, .ik_owner = c->ik_owner, .mh_rows = mh,
+                          .stream_rows = srows };
     memcpy(r.hist, c->hist, sizeof r.hist);
     ds41_kvx_resume_write_head(&g, &r, out);
     size_t ring = (size_t)g.slots * g.rec_bytes;
-    for (int l = 0; l < g.n_rings; l++) memcpy(out + r.rings_off + (size_t)l * ring, c->rings[l].rec, ring);
+    for (int l = 0; l < (srows ? g.stream_layer : g.n_rings); l++)
+        memcpy(out + r.rings_off + (size_t)l * ring, c->rings[l].rec, ring);
+    if (srows) memcpy(out + r.stream_off, stream, (size_t)srows * g.stream_width * sizeof(float));
     uint8_t *cp = out + r.comp_off;
     for (int i = 0; i < c->n_comp; i++) {
         size_t nb = (size_t)c->comp[i].ratio * c->comp[i].dim * sizeof(float);
@@ -89,5 +106,7 @@ int ds41_pd_resume_view(const ds41_kvx_geom *g, const uint8_t *p, size_t n, long
     st->mh_rows = r.mh_rows;
     st->ik_owner = r.ik_owner;
     memcpy(st->hist, r.hist, sizeof st->hist);
+    st->stream_rows = r.stream_rows;
+    st->stream = r.stream_rows ? p + r.stream_off : NULL;
     return 0;
 }

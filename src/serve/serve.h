@@ -48,6 +48,7 @@ typedef struct ds41_serve_opts {
     int on_failure_fail;         /* --on-prefill-failure fail */
     int prefill_timeout_ms;      /* a prefill node's next frame within this (default 30000) */
     int lease_ms;                /* prefill node: a silent decode node's state goes after this (10000) */
+    int pd_decoder_decode;       /* prefill node, --pd-decoder decode: the decoder runs on the decode node */
 } ds41_serve_opts;
 
 enum { DS41_SERVE_ROLE_BOTH = 0, DS41_SERVE_ROLE_PREFILL = 1, DS41_SERVE_ROLE_DECODE = 2 };

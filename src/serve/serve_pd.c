@@ -27,7 +27,7 @@ typedef struct prefill_run {
 static void *prefill_main(void *arg) {
     prefill_run *r = arg;
     ds41_pd_prefill_opts po = { .host = r->o->host, .port = r->o->port, .capacity = r->o->parallel,
-                                .lease_ms = r->o->lease_ms };
+                                .lease_ms = r->o->lease_ms, .decoder_on_decode = r->o->pd_decoder_decode };
     r->rc = ds41_pd_prefill_run(r->e, r->pc, &r->o->sp, &po, &r->stop, &r->err);
     if (r->rc) {
         fprintf(stderr, "ds41 serve --role prefill: %s\n", r->err.msg);

@@ -4,7 +4,8 @@
  *
  * Frame, little-endian:
  *   0   4  magic "DKVX"
- *   4   2  version (2: RESUME added; a version-1 peer is refused at its first frame)
+ *   4   2  version (2: RESUME added; 3: RESUME may carry the decoder stream instead of the
+ *           decoder rings, kvx_resume.h; a peer of another version is refused at its first frame)
  *   6   2  type (DS41_KVX_*)
  *   8   8  request id (chosen by the decode node, echoed by every frame of the request)
  *   16  4  sequence number (0, 1, 2, ... per direction and request: a lost, repeated or
@@ -41,7 +42,7 @@
 #include <stdint.h>
 
 #define DS41_KVX_MAGIC "DKVX"
-#define DS41_KVX_VERSION 2
+#define DS41_KVX_VERSION 3
 #define DS41_KVX_HEADER 48
 #define DS41_KVX_MAX_PAYLOAD (256u << 20)
 #define DS41_KVX_HASH 32

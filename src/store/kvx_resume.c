@@ -8,7 +8,9 @@
 
 static int geom_ok(const ds41_kvx_geom *g) {
     if (g->n_rings < 1 || g->slots < 1 || g->rec_bytes < 1 || g->n_comp < 0 || g->n_comp > DS41_KVX_MAX_COMP ||
-        g->n_layers < 1 || g->n_hist_ids < 0 || g->mh_width < 0)
+        g->n_layers < 1 || g->n_hist_ids < 0 || g->mh_width < 0 || g->stream_layer < 0 ||
+        g->stream_layer > g->n_rings || g->stream_width < 0 || g->stream_max < 0 ||
+        (g->stream_max > 0) != (g->stream_layer > 0 && g->stream_width > 0))
         return 0;
     for (int i = 0; i < g->n_comp; i++)
         if (g->comp_ratio[i] < 1 || g->comp_dim[i] < 1) return 0;
@@ -22,34 +24,45 @@ static uint64_t comp_bytes(const ds41_kvx_geom *g) {
     return n;
 }
 
-static uint64_t total_bytes(const ds41_kvx_geom *g, int mh_rows) {
+/* the rings a payload carries: every layer's, or those before the first decoder layer */
+static int rings_of(const ds41_kvx_geom *g, int stream_rows) { return stream_rows > 0 ? g->stream_layer : g->n_rings; }
+
+static uint64_t total_bytes(const ds41_kvx_geom *g, int mh_rows, int stream_rows) {
     return DS41_KVX_RESUME_HEAD + 12ull * (uint64_t)g->n_comp +
-           (uint64_t)g->n_rings * (uint64_t)g->slots * (uint64_t)g->rec_bytes + comp_bytes(g) +
-           (uint64_t)mh_rows * (uint64_t)g->mh_width * 2;
+           (uint64_t)rings_of(g, stream_rows) * (uint64_t)g->slots * (uint64_t)g->rec_bytes + comp_bytes(g) +
+           (uint64_t)mh_rows * (uint64_t)g->mh_width * 2 + (uint64_t)stream_rows * (uint64_t)g->stream_width * 4;
 }
 
-size_t ds41_kvx_resume_bytes(const ds41_kvx_geom *g, int mh_rows) {
-    if (!geom_ok(g) || mh_rows < 0 || mh_rows > g->slots) return 0;
-    uint64_t n = total_bytes(g, mh_rows);
+size_t ds41_kvx_resume_bytes(const ds41_kvx_geom *g, int mh_rows, int stream_rows) {
+    if (!geom_ok(g) || mh_rows < 0 || mh_rows > g->slots || stream_rows < 0 || stream_rows > g->stream_max ||
+        (stream_rows > 0 && mh_rows > 0))
+        return 0;
+    uint64_t n = total_bytes(g, mh_rows, stream_rows);
     return n > (uint64_t)SIZE_MAX ? 0 : (size_t)n;
+}
+
+int ds41_kvx_stream_rows(const ds41_kvx_geom *g, long long pos) {
+    return pos < (long long)g->stream_max ? (int)(pos > 0 ? pos : 0) : g->stream_max;
 }
 
 static void offsets(const ds41_kvx_geom *g, ds41_kvx_resume *r) {
     r->rings_off = DS41_KVX_RESUME_HEAD + 12 * (size_t)g->n_comp;
-    r->comp_off = r->rings_off + (size_t)g->n_rings * (size_t)g->slots * (size_t)g->rec_bytes;
+    r->comp_off = r->rings_off + (size_t)rings_of(g, r->stream_rows) * (size_t)g->slots * (size_t)g->rec_bytes;
     r->mh_off = r->comp_off + (size_t)comp_bytes(g);
+    r->stream_off = r->mh_off + (size_t)r->mh_rows * (size_t)g->mh_width * 2;
 }
 
 void ds41_kvx_resume_write_head(const ds41_kvx_geom *g, ds41_kvx_resume *r, uint8_t *out) {
     memset(out, 0, DS41_KVX_RESUME_HEAD);
     ds41_put64(out, (uint64_t)r->pos);
-    ds41_put32(out + 8, (uint32_t)g->n_rings);
+    ds41_put32(out + 8, (uint32_t)rings_of(g, r->stream_rows));
     ds41_put32(out + 12, (uint32_t)g->slots);
     ds41_put32(out + 16, (uint32_t)g->rec_bytes);
     ds41_put32(out + 20, (uint32_t)g->n_comp);
     ds41_put32(out + 24, (uint32_t)r->ik_owner);
     ds41_put32(out + 28, (uint32_t)r->mh_rows);
     ds41_put32(out + 32, (uint32_t)g->mh_width);
+    ds41_put32(out + 36, (uint32_t)r->stream_rows);
     ds41_put64(out + 40, (uint64_t)r->mh_pos0);
     for (int k = 0; k < 16; k++) ds41_put32(out + 48 + 4 * k, (uint32_t)r->hist[k]);
     for (int i = 0; i < g->n_comp; i++) {
@@ -80,12 +93,21 @@ int ds41_kvx_resume_parse(const uint8_t *p, size_t n, const ds41_kvx_geom *g, lo
     r->ik_owner = (int32_t)ds41_get32(p + 24);
     uint32_t mh_rows = ds41_get32(p + 28);
     r->mh_pos0 = (long long)ds41_get64(p + 40);
-    if (field("position", r->pos, pos, why, whycap) || field("ring count", ds41_get32(p + 8), g->n_rings, why, whycap) ||
+    /* the form: every ring, or (the decoder split) the encoder's rings and the stream rows,
+     * which a node without the split's geometry refuses */
+    uint32_t srows = ds41_get32(p + 36);
+    if (srows > 0 && g->stream_max == 0) {
+        snprintf(why, whycap, "RESUME payload: %u decoder stream rows (this node takes no stream)", srows);
+        return -1;
+    }
+    if (srows > 0 && field("decoder stream rows", srows, ds41_kvx_stream_rows(g, pos), why, whycap)) return -1;
+    r->stream_rows = (int)srows;
+    if (field("position", r->pos, pos, why, whycap) ||
+        field("ring count", ds41_get32(p + 8), rings_of(g, r->stream_rows), why, whycap) ||
         field("ring slots", ds41_get32(p + 12), g->slots, why, whycap) ||
         field("ring record bytes", ds41_get32(p + 16), g->rec_bytes, why, whycap) ||
         field("compressor count", ds41_get32(p + 20), g->n_comp, why, whycap) ||
-        field("context row width", ds41_get32(p + 32), g->mh_width, why, whycap) ||
-        field("reserved field", ds41_get32(p + 36), 0, why, whycap))
+        field("context row width", ds41_get32(p + 32), g->mh_width, why, whycap))
         return -1;
     if (r->ik_owner < -1 || r->ik_owner >= g->n_layers) {
         snprintf(why, whycap, "RESUME payload: index-K owner %d (-1 .. %d)", r->ik_owner, g->n_layers - 1);
@@ -97,6 +119,10 @@ int ds41_kvx_resume_parse(const uint8_t *p, size_t n, const ds41_kvx_geom *g, lo
                  r->mh_pos0, g->mh_width ? g->slots : 0, pos);
         return -1;
     }
+    if (mh_rows > 0 && r->stream_rows > 0) {
+        snprintf(why, whycap, "RESUME payload: %u context rows with a decoder stream (the decode node taps them)", mh_rows);
+        return -1;
+    }
     r->mh_rows = (int)mh_rows;
     for (int k = 0; k < 16; k++) {
         r->hist[k] = (int32_t)ds41_get32(p + 48 + 4 * k);
@@ -106,10 +132,10 @@ int ds41_kvx_resume_parse(const uint8_t *p, size_t n, const ds41_kvx_geom *g, lo
             return -1;
         }
     }
-    size_t want = ds41_kvx_resume_bytes(g, r->mh_rows);
+    size_t want = ds41_kvx_resume_bytes(g, r->mh_rows, r->stream_rows);
     if (n != want) {
-        snprintf(why, whycap, "RESUME payload of %zu bytes (%d compressors, %d context rows: %zu)", n, g->n_comp,
-                 r->mh_rows, want);
+        snprintf(why, whycap, "RESUME payload of %zu bytes (%d compressors, %d context rows, %d stream rows: %zu)", n,
+                 g->n_comp, r->mh_rows, r->stream_rows, want);
         return -1;
     }
     for (int i = 0; i < g->n_comp; i++) {

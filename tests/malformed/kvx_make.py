@@ -18,7 +18,7 @@ def crc32c(data, crc=0):
     return crc ^ 0xFFFFFFFF
 
 
-def frame(typ, req=1, seq=0, layer=-1, a0=0, a1=0, payload=b"", version=2, magic=b"DKVX",
+def frame(typ, req=1, seq=0, layer=-1, a0=0, a1=0, payload=b"", version=3, magic=b"DKVX",
           length=None, hcrc=None, pcrc=None, reserved=0):
     n = len(payload) if length is None else length
     h = magic + struct.pack("<HHQIiIII", version, typ, req, seq, layer, a0, a1, n)
@@ -29,19 +29,27 @@ def frame(typ, req=1, seq=0, layer=-1, a0=0, a1=0, payload=b"", version=2, magic
 
 
 # RESUME payload (src/store/kvx_resume.h) for fuzz/kvx_test_geom.h: 2 rings x 4 slots x 8 B,
-# one compressor (layer 1, ratio 2, dim 4), context rows of 6 BF16 values, position 256
-def resume(pos=256, n_rings=2, slots=4, rec=8, n_comp=1, owner=2, mh_rows=4, width=6, reserved=0,
-           mh_pos0=None, hist=(3, 1), comp=((1, 2, 4),), body_extra=0, cut=0):
+# one compressor (layer 1, ratio 2, dim 4), context rows of 6 BF16 values, position 256; the
+# decoder split form (stream > 0): ring 0 only, 3 stream rows of 5 FP32 values
+def resume(pos=256, n_rings=None, slots=4, rec=8, n_comp=1, owner=2, mh_rows=None, width=6, stream=0,
+           stream_body=None, mh_pos0=None, hist=(3, 1), comp=((1, 2, 4),), body_extra=0, cut=0):
+    if n_rings is None:
+        n_rings = 1 if stream else 2
+    if mh_rows is None:
+        mh_rows = 0 if stream else 4
+    if stream_body is None:
+        stream_body = stream
     if mh_pos0 is None:
         mh_pos0 = pos - mh_rows
-    h = struct.pack("<qIIIIiIII", pos, n_rings, slots, rec, n_comp, owner, mh_rows, width, reserved)
+    h = struct.pack("<qIIIIiIII", pos, n_rings, slots, rec, n_comp, owner, mh_rows, width, stream)
     h += struct.pack("<q", mh_pos0)
     h += struct.pack("<16i", *(list(hist) + [0] * (16 - len(hist))))
     for c in comp:
         h += struct.pack("<3i", *c)
-    body = bytes(range(2 * 4 * 8))                       # rings
+    body = bytes(range((1 if stream_body else 2) * 4 * 8))   # rings
     body += struct.pack("<16f", *([0.5] * 8 + [-1.0] * 8))  # kv, score
     body += struct.pack("<%dH" % (4 * 6), *range(0x3f80, 0x3f80 + 4 * 6))[:mh_rows * 6 * 2]
+    body += struct.pack("<%df" % (stream_body * 5), *[0.25 * i for i in range(stream_body * 5)])
     body += b"\0" * body_extra
     p = h + body
     return p[:len(p) - cut] if cut else p
@@ -58,6 +66,7 @@ good = {
     "error": frame(6, a0=1, payload=b"compatibility hash mismatch"),
     "resume": frame(7, seq=3, payload=resume()),
     "resume_no_context": frame(7, seq=3, payload=resume(mh_rows=0)),
+    "resume_stream": frame(7, seq=3, payload=resume(stream=3)),
 }
 g = good["layer"]
 bad = {
@@ -70,6 +79,7 @@ bad = {
     "flipped_payload": g[:100] + bytes([g[100] ^ 0x80]) + g[101:],
     "bad_payload_crc": frame(4, payload=b"abc", pcrc=1),
     "version_1": frame(1, version=1, payload=h32),
+    "version_2": frame(1, version=2, payload=h32),
     "type_0": frame(0),
     "type_8": frame(8),
     "resume_flipped": (lambda f: f[:130] + bytes([f[130] ^ 4]) + f[131:])(frame(7, payload=resume())),
@@ -92,7 +102,13 @@ bad_resume = {
     "context_too_many": resume(mh_rows=5),
     "context_wrong_start": resume(mh_pos0=251),
     "context_width": resume(width=7),
-    "reserved_set": resume(reserved=1),
+    "stream_rows_short": resume(stream=2),
+    "stream_rows_long": resume(stream=4),
+    "stream_with_context": resume(stream=3, mh_rows=2),
+    "stream_all_rings": resume(stream=3, n_rings=2),
+    "stream_body_missing": resume(stream=3, stream_body=0, n_rings=1),
+    "stream_cut": resume(stream=3, cut=4),
+    "stream_trailing": resume(stream=3, body_extra=4),
     "history_negative": resume(hist=(3, -1)),
     "history_too_big": resume(hist=(10,)),
     "trailing_byte": resume(body_extra=1),
