@@ -169,7 +169,7 @@ int ds41_stage_parse(const ds41_config *c, int n, const char *text, size_t len, 
             return -1;
         }
         if (hi < lo || hi >= L) {
-            snprintf(err, cap, "--layer-map: rank %d: range %d-%d is not inside 0..%d", r, lo, hi, L - 1);
+            snprintf(err, cap, "--layer-map: rank %d: range %d-%d is not a range inside 0..%d", r, lo, hi, L - 1);
             return -1;
         }
         if (r > 0 && !ds41_stage_cut_ok(c, lo, why, sizeof why)) {
