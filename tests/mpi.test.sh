@@ -437,22 +437,23 @@ fi
 # crossing point to point: tokens and logits bit-identical to one process, exact and fast.
 # (`same` runs the one process with the same flags: --split is a job flag, a plain run has one
 # stage.) DS41_MPI_VERBOSE's "pipe:" lines give each rank's layers and the rows it moved.
-same split_exact_tiny_n2 2 -m "$tiny" --prompt-ids "$P20" -n 12 --exact --ignore-eos --split layers
 same split_exact_tiny_n3 3 -m "$tiny" --prompt-ids "$P20" -n 12 --exact --ignore-eos --split layers
 same split_exact_demo_n2 2 -m "$demo" -p "Once upon a time" -n 24 --exact --ignore-eos --split layers
-# the stages of demo -n 3, and the rows crossing: the 6-token prompt's CED prefill sends every
+# demo -n 3, exact (the tokens and logits of split_exact_demo_n2's one process), its stages and
+# the rows crossing: the 6-token prompt's CED prefill sends every
 # row into layer 2 (a KV source reads every row) and into layer 4, then one row per decode step
 if DS41_MPI_VERBOSE=1 $RUN -n 3 "$DS41" run -m "$demo" -p "Once upon a time" -n 24 --exact --ignore-eos --split layers \
-       --mpi-timeout 30 >"$TMP/b.out" 2>"$TMP/b.err" && cmp -s "$TMP/b.out" "$TMP/a.out"; then
+       --mpi-timeout 30 --dump-logits "$TMP/b.f32" >"$TMP/b.out" 2>"$TMP/b.err" && cmp -s "$TMP/b.out" "$TMP/a.out" &&
+   cmp -s "$TMP/b.f32" "$TMP/a.f32"; then
     got=$(sed -n 's/.*pipe: layers \([0-9.]*\) of 8.*sent [0-9]* hops \([0-9]*\) rows \([0-9]*\) bytes.*/\1 \2 \3/p' "$TMP/b.err" | sort | tr '\n' ' ')
     # 6 + 23 rows per hop, 3088 B each (4 x (192 + 1) x 4) plus a 24-byte header per step
     want="0..1 29 $((29 * 3088 + 24 * 24)) 2..3 29 $((29 * 3088 + 24 * 24)) 4..7 0 0 "
     [ "$got" = "$want" ] && pass split_stages_demo_n3 || fail split_stages_demo_n3 "got '$got', expected '$want'"
 else
-    fail split_stages_demo_n3 "$(tail -n 3 "$TMP/b.err")"
+    fail split_stages_demo_n3 "tokens or logits differ from one process, or the job failed: $(tail -n 3 "$TMP/b.err")"
 fi
 same split_fast_demo_n3 3 -m "$demo" -p "Once upon a time" -n 24 --ignore-eos --split layers
-same split_fast_small43_n2_map 2 -m "$small" --prompt-ids "$P90" -n 8 --ignore-eos --split layers --layer-map 0-19,20-39
+same split_exact_small43_n2_map 2 -m "$small" --prompt-ids "$P90" -n 8 --exact --ignore-eos --split layers --layer-map 0-13,14-39
 if $RUN -n 3 "$DS41" perplexity -m "$demo" -f "$TMP/text" -c 128 --json --exact --split layers --mpi-timeout 30 \
        >"$TMP/p3.json" 2>"$TMP/p3.err"; then   # $TMP/p1.json: the one process of perplexity_n3
     d=$("$PY" -c "

@@ -271,6 +271,12 @@ static void fatal(int code, const char *fmt, ...) {
         struct timespec ts = { (time_t)g.fault_delay, (long)((g.fault_delay - (double)(time_t)g.fault_delay) * 1e9) };
         nanosleep(&ts, NULL);
     }
+    if (g.rank == 0) {
+        /* the launcher forwards rank 0's stderr through its proxy; MPI_Abort at once can end
+         * the job before the line got out (seen with hydra while stdout was busy) */
+        struct timespec ts = { 0, 200000000 };
+        nanosleep(&ts, NULL);
+    }
     MPI_Abort(MPI_COMM_WORLD, code);
     _exit(code);
 }
