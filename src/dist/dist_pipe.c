@@ -244,10 +244,10 @@ int ds41_pipe_share(ds41_pipe *p, float *rows, size_t n, char *err, size_t cap) 
 int ds41_pipe_report(char *line, size_t cap) {
     const ds41_pipe *p = open_pipe;
     if (!p) return 0;
-    snprintf(line, cap, "pipe: layers %d..%d of %d (%s%s); %llu forwards; stream received %lld hops %lld rows %lld "
+    const char *role = p->size == 1 ? " + embedding, head" : p->rank == 0 ? " + embedding" : p->rank == p->size - 1 ? " + head" : "";
+    snprintf(line, cap, "pipe: layers %d..%d of %d%s; %llu forwards; stream received %lld hops %lld rows %lld "
              "bytes, sent %lld hops %lld rows %lld bytes (%lld B per row); logits sent %lld bytes; %.3f s waiting",
-             p->lo, p->hi - 1, p->L, p->rank == 0 ? "embedding" : "", p->rank == p->size - 1 ? (p->rank ? "head" : ", head") : "",
-             (unsigned long long)p->step, p->hops_recv, p->rows_recv, p->bytes_recv, p->hops_sent, p->rows_sent,
+             p->lo, p->hi - 1, p->L, role, (unsigned long long)p->step, p->hops_recv, p->rows_recv, p->bytes_recv, p->hops_sent, p->rows_sent,
              p->bytes_sent, (long long)(p->hc * (p->dim + 1) * sizeof(float)), p->shared_bytes, p->wait_s);
     return 1;
 }
