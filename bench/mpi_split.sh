@@ -26,7 +26,9 @@ for r in runs:
     n, split = r.split(":")
     o = json.loads(open(f"{tmp}/o.{n}.{split}").read().strip().splitlines()[-1])
     err = open(f"{tmp}/e.{n}.{split}").read()
-    rss = [int(m) / 1024 for m in re.findall(r"peak RSS (\d+) KiB", err)] or [o["peak_rss_bytes"] / 2**20]
+    # in rank order (the ranks' lines come in any order): "ds41: ..." is rank 0
+    rss = [int(k) / 1024 for _, k in sorted((int(r or 0), k) for r, k in
+           re.findall(r"^ds41(?: \[rank (\d+)\])?: .*peak RSS (\d+) KiB", err, re.M))] or [o["peak_rss_bytes"] / 2**20]
     # every rank's bytes sent in the whole bench run (the same work in every row of the table):
     # expert exchange + Engram rows, or the stream's hops + the logits from the last stage
     xr = [(int(a), int(b)) for a, b in re.findall(r"exchanges over (\d+) rows: (\d+) bytes sent", err)]

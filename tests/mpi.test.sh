@@ -474,13 +474,13 @@ for d in tests/malformed/layer-map/*/; do
     fi
 done
 [ -z "$bad" ] && [ $n -ge 10 ] && pass "split_layer_map_malformed_corpus ($n cases)" || fail split_layer_map_malformed_corpus "$n cases;$bad"
-expect_job split_layer_map_bad_cut "rank 1 cannot start at layer 3: layer 3 is not a KV source" 60 \
-    mpiexec -n 2 "$DS41" run -m "$demo" -p "x" -n 2 --split layers --layer-map 0-2,3-7
-expect_job split_too_many_ranks "8 layers cannot make 4 stages" 60 mpiexec -n 4 "$DS41" run -m "$demo" -p "x" -n 2 --split layers
+# refusals that need no job: they come from the flags and the config, the same on every rank
+expect_job split_too_many_ranks "8 layers cannot make 4 stages" 60 "$DS41" inspect --ranks 4 --split layers "$demo"
 expect_job split_expert_map_refused "with --split layers each rank runs all the experts of its layers" 60 \
-    mpiexec -n 2 "$DS41" run -m "$demo" -p "x" -n 2 --split layers --expert-map "$TMP/map"
-expect_job split_spec_refused "is not supported with --split layers" 60 \
-    mpiexec -n 2 "$DS41" run -m "$demo" -p "x" -n 2 --split layers --spec fixed:2
+    "$DS41" run -m "$demo" -p "x" -n 2 --split layers --expert-map "$TMP/map"
+expect_job split_spec_refused "is not supported with --split layers" 60 "$DS41" run -m "$demo" -p "x" -n 2 --split layers --spec fixed:2
+expect_job split_serve_refused "ds41 serve: --split layers is not supported by serve yet" 60 \
+    mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --split layers
 expect_job split_missing_stage_file "rank 1: .*noshard" 60 \
     mpiexec -n 1 "$DS41" run -m "$tiny" --prompt-ids 1,2,3 -n 2 --split layers : -n 1 "$DS41" run -m "$TMP/noshard" --prompt-ids 1,2,3 -n 2 --split layers
 # the last stage stops mid-decode: rank 0, waiting for its logits, names it within --mpi-timeout
