@@ -70,6 +70,20 @@ for d in tests/malformed/expert-map/*/; do
 done
 [ -z "$bad" ] && [ $n -ge 8 ] && pass "expert_map_malformed_corpus ($n cases)" || fail expert_map_malformed_corpus "$n cases;$bad"
 
+# inspect --ranks 2 --split layers (no MPI needed): tiny's second stage may start at KV source 1
+# (stages of 1.14 MB and 4.55 MB) or 3 (2.72 MB and 2.96 MB); the default takes 3, whose largest
+# stage is smaller; the stages' bytes add up to the checkpoint's; a token's hop is 4 x (256 + 1)
+# x 4 B, its logits row 512 x 4 B to the 1 other rank
+if "$DS41" inspect --ranks 2 --split layers --json tests/configs/tiny >"$TMP/i.json" 2>"$TMP/i.err" &&
+   "$PY" -c "
+import json, sys
+o = json.load(open(sys.argv[1])); r = o['ranks']; p = r['per_rank']
+assert r['split'] == 'layers' and [(q['first_layer'], q['last_layer']) for q in p] == [(0, 2), (3, 5)], r
+assert sum(q['weight_bytes'] for q in p) == o['weight_bytes'], (r, o['weight_bytes'])
+assert r['hop_bytes_per_token'] == 4 * 257 * 4 and r['hops'] == 1 and r['logits_bytes_per_token'] == 512 * 4, r
+assert [q['kv_bytes_per_token'] for q in p] == [35.0, 70.0], r   # KV sources 1 (ratio 2) and 3 (ratio 1)
+" "$TMP/i.json"; then pass split_inspect_tiny; else fail split_inspect_tiny "$(head -c 300 "$TMP/i.err")"; fi
+
 if ! command -v mpiexec >/dev/null || "$DS41" --help 2>&1 | grep -q "this build has no MPI"; then
     echo "SKIP mpi: no mpiexec or ds41 built without MPI (mpicc not on PATH at build time)"
     exit 0
