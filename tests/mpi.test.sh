@@ -478,6 +478,14 @@ print(' '.join(sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k n
 else
     fail split_perplexity_n3 "$(tail -n 2 "$TMP/p3.err")"
 fi
+# chat: the replies of chat_n3's one process ($TMP/c1.out; exact, so its default speculation
+# emits the plain tokens, and --split layers runs with it off)
+if $RUN -n 2 "$DS41" chat -m "$demo" -n 16 --exact --split layers --mpi-timeout 30 <"$TMP/chat.in" >"$TMP/c2.out" 2>"$TMP/c2.err"; then
+    [ -s "$TMP/c1.out" ] && cmp -s "$TMP/c1.out" "$TMP/c2.out" && pass split_chat_n2 ||
+        fail split_chat_n2 "replies differ: '$(head -c 80 "$TMP/c1.out")' vs '$(head -c 80 "$TMP/c2.out")'"
+else
+    fail split_chat_n2 "$(tail -n 2 "$TMP/c2.err")"
+fi
 # the malformed --layer-map corpus (inspect, no MPI): one line naming the range, exit 1, nothing on stdout
 n=0 bad=""
 for d in tests/malformed/layer-map/*/; do
