@@ -69,7 +69,7 @@ int ds41_cli_inspect_stages(const ds41_config *c, int n, const char *map, json_t
         *json = o;
     } else {
         printf("  per token and hop          %.0f B (%d x (%d + 1) x 4 B: the stream and its pre-mix weights), %d hop%s;"
-               " a CED prefill sends only the rows the next stage's first layer reads\n", hop, c->hc_mult, c->dim, n - 1,
+               " a step sends the rows the next stage's first layer reads (a KV source: every prompt row)\n", hop, c->hc_mult, c->dim, n - 1,
                n == 2 ? "" : "s");
         printf("  logits per token           %.0f B (%d x 4 B from the last stage to %d other rank%s)\n", logits,
                c->vocab_size, n - 1, n == 2 ? "" : "s");
