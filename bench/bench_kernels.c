@@ -1,9 +1,14 @@
 /* Kernel micro-benchmark: the fast linears at production shapes, against the machine's limits.
  *
  *   build/bench/bench_kernels [--quick] [--threads 1,2] [--T 1,8,64] [--only NAME] [--exact] [--resident]
- *                             [--isa avx2|avx512|auto]
+ *                             [--isa avx2|avx512|avx512bf16|auto[,ISA...]]
  *
- * The ISA path of the fast kernels (CPUID, DS41_ISA or --isa) is printed first; the integer dot
+ * The ISA path of the fast kernels (CPUID, DS41_ISA or --isa) is printed first, with the FP4
+ * products (vdpbf16ps or int16) and the start-up probe's vdpbf16ps / zmm FMA time ratio. A list
+ * (--isa avx512,avx512bf16) interleaves the paths call by call in one run: each kernel line is
+ * printed per path, the medians of the same rounds, and the later paths end with their speed
+ * over the first's (time of the first / time of this one); the %fma probe is the first path's
+ * register width. The integer dot
  * probes (int8: vpmaddubsw + vpmaddwd on AVX2, vpdpbusd on AVX-512 VNNI; int16, what the FP4
  * kernels multiply: vpmaddwd, vpdpwssd) are the integer road's peaks.
  * Each linear row ends with its ratio to the probe of the same run and thread count: %bw
@@ -413,9 +418,18 @@ static int parse_list(const char *s, int *v, int max) {
 int main(int argc, char **argv) {
     int threads[8] = { 1, 2 }, n_thr = 2, Ts[8] = { 1, 8, 64 }, n_T = 3, quick = 0, exact = 0, probes = 1;
     const char *only = NULL;
+    char isa_buf[256] = "", *isas[4];
+    int n_isa = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
-            if (ds41_kernels_set_isa(argv[++i]) != 0) { fprintf(stderr, "bench_kernels: --isa %s: unknown or not supported by this CPU\n", argv[i]); return 2; }
+            snprintf(isa_buf, sizeof isa_buf, "%s", argv[++i]);
+            n_isa = 0;
+            for (char *t = strtok(isa_buf, ","); t && n_isa < 4; t = strtok(NULL, ",")) {
+                if (ds41_kernels_set_isa(t) != 0) { fprintf(stderr, "bench_kernels: --isa %s: unknown or not supported by this CPU\n", t); return 2; }
+                isas[n_isa++] = t;
+            }
+            if (n_isa == 0) { fprintf(stderr, "bench_kernels: --isa: empty list\n"); return 2; }
+            ds41_kernels_set_isa(isas[0]);
             continue;
         }
         if (!strcmp(argv[i], "--quick")) quick = 1;
@@ -426,7 +440,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--T") && i + 1 < argc) n_T = parse_list(argv[++i], Ts, 8);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else {
-            fprintf(stderr, "usage: bench_kernels [--quick] [--exact] [--no-probes] [--resident] [--threads 1,2] [--T 1,8,64] [--only SUBSTR] [--isa avx2|avx512|auto]\n");
+            fprintf(stderr, "usage: bench_kernels [--quick] [--exact] [--no-probes] [--resident] [--threads 1,2] [--T 1,8,64] [--only SUBSTR] [--isa avx2|avx512|avx512bf16|auto[,ISA...]]\n");
             return 2;
         }
         if (n_thr < 1 || n_T < 1) { fprintf(stderr, "bench_kernels: bad list\n"); return 2; }
@@ -444,6 +458,13 @@ int main(int argc, char **argv) {
            ds41_kernels_isa(), ds41_kernels_isa_supported("avx512") ? "yes" : "no",
            getenv("DS41_ISA") ? getenv("DS41_ISA") : "unset", ds41_kernels_fp8_decode(),
            getenv("DS41_E4M3") ? getenv("DS41_E4M3") : "unset");
+    printf("== FP4 prefill products: %s (avx512bf16 supported: %s", ds41_kernels_fp4_products(),
+           ds41_kernels_isa_supported("avx512bf16") ? "yes" : "no");
+    if (ds41_kernels_isa_supported("avx512bf16"))
+        printf("; vdpbf16ps / zmm FMA time per instruction %.2f, auto takes vdpbf16ps at <= %.2f", ds41_kernels_bf16_ratio(),
+               DS41_BF16_RATIO_MAX);
+    printf(")\n");
+    const int nv = n_isa > 1 ? n_isa : 1;   /* paths interleaved per call */
     const int zmm_peak = !strcmp(ds41_kernels_isa(), "avx512");
     if (probes) {
         printf("== machine probes\n");
@@ -505,9 +526,13 @@ int main(int argc, char **argv) {
             for (int hi = 0; hi < n_thr; hi++) {
                 const ds41_ctx *ctx = &ctxs[hi];
                 int c = 0;
-                /* warm-up: one pass over every copy (page faults, pool start) */
-                for (int w = 0; w < ws.n && w < 64; w++) call(ctx, sh, &ws, w, x, T, y);
-                double times[4096], ptimes[4096];
+                /* warm-up: one pass over every copy (page faults, pool start), every path */
+                for (int v = 0; v < nv; v++) {
+                    if (nv > 1) ds41_kernels_set_isa(isas[v]);
+                    for (int w = 0; w < ws.n && w < 64; w++) call(ctx, sh, &ws, w, x, T, y);
+                }
+                if (nv > 1) ds41_kernels_set_isa(isas[0]);
+                static double times[4][4096], ptimes[4096];
                 int n = 0;
                 /* the FMA probe alongside (prefill lines): a third of one call's time at the
                  * probe's rate, 5 ms at least, so that waking a pool worker that went to sleep
@@ -522,29 +547,44 @@ int main(int argc, char **argv) {
                 }
                 long long chain0 = ds41_exact_chain_rows;
                 double start = now();
-                while (n < 4096 && (n < 5 || now() - start < min_time)) {
-                    double t0 = now();
-                    call(ctx, sh, &ws, c, x, T, y);
-                    times[n] = now() - t0;
+                while (n < 4096 && (n < 5 || now() - start < min_time * nv)) {
+                    /* one call per path per round, each on the next weights copy (a path
+                     * following another on the same copy would find it in cache), the paths'
+                     * order rotated round by round (no path always first or last) */
+                    for (int i = 0; i < nv; i++) {
+                        int v = (n + i) % nv;
+                        if (nv > 1) ds41_kernels_set_isa(isas[v]);
+                        double t0 = now();
+                        call(ctx, sh, &ws, c, x, T, y);
+                        times[v][n] = now() - t0;
+                        c = (c + 1) % ws.n;
+                    }
                     if (piters) ptimes[n] = fma_time(ctx, threads[hi], zmm_peak, piters);
                     n++;
-                    c = (c + 1) % ws.n;
                 }
-                double med = median(times, n);
-                double macs = (double)sh->out * sh->in * T;
-                double gbs = (double)ws.bytes / med / 1e9, gmac = macs / med / 1e9;
-                printf("%-12s %5dx%-5d %4d %3d %10.3f %8.2f %8.2f", sh->name, sh->out, sh->in, T, threads[hi],
-                       med * 1e3, gbs, gmac);
+                if (nv > 1) ds41_kernels_set_isa(isas[0]);
                 double pk = piters ? (double)threads[hi] * piters * 12.0 * (zmm_peak ? 16.0 : 8.0) / median(ptimes, n) / 1e9 : 0;
-                if (T == 1 && bw_of[hi] > 0) printf(" %5.0f%%bw", 100.0 * gbs / bw_of[hi]);
-                else if (T > 1 && pk > 0) printf(" %4.0f%%fma", 100.0 * gmac / pk);
-                else printf(" %7s", "");
-                if (T == 1) t1_of[hi] = med;
-                else if (t1_of[hi] > 0) printf(" %6.2fx", med / t1_of[hi]);
-                if (pk > 0) printf("  peak alongside %.1f GMAC/s", pk);
-                if (ds41_exact_chain_rows > chain0)   /* exact dense T = 1: rows not certified */
-                    printf("  chain %.2f%%", 100.0 * (double)(ds41_exact_chain_rows - chain0) / ((double)n * sh->out * T));
-                printf("\n");
+                double med0 = 0;
+                for (int v = 0; v < nv; v++) {
+                    double med = median(times[v], n);
+                    double macs = (double)sh->out * sh->in * T;
+                    double gbs = (double)ws.bytes / med / 1e9, gmac = macs / med / 1e9;
+                    printf("%-12s %5dx%-5d %4d %3d %10.3f %8.2f %8.2f", sh->name, sh->out, sh->in, T, threads[hi],
+                           med * 1e3, gbs, gmac);
+                    if (T == 1 && bw_of[hi] > 0) printf(" %5.0f%%bw", 100.0 * gbs / bw_of[hi]);
+                    else if (T > 1 && pk > 0) printf(" %4.0f%%fma", 100.0 * gmac / pk);
+                    else printf(" %7s", "");
+                    if (v == 0 && T == 1) t1_of[hi] = med;
+                    else if (v == 0 && t1_of[hi] > 0) printf(" %6.2fx", med / t1_of[hi]);
+                    else printf(" %7s", "");
+                    if (pk > 0) printf("  peak alongside %.1f GMAC/s", pk);
+                    if (nv > 1) printf("  [%s]", isas[v]);
+                    if (v == 0) med0 = med;
+                    else printf(" %.2fx the %s speed", med0 / med, isas[0]);
+                    if (v == 0 && ds41_exact_chain_rows > chain0)   /* exact dense T = 1: rows not certified */
+                        printf("  chain %.2f%%", 100.0 * (double)(ds41_exact_chain_rows - chain0) / ((double)n * nv * sh->out * T));
+                    printf("\n");
+                }
                 fflush(stdout);
             }
         }

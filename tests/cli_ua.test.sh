@@ -131,6 +131,9 @@ expect bench_lengths_too_many 2 "--lengths" "${B[@]}" --lengths 1,2,3,4,5,6,7,8,
 expect bench_nothing_fits 1 "no --lengths entry fits the context size 4" "${B[@]}" -c 4
 expect bench_decode_past_ctx 1 "--decode 200 needs a context" "${B[@]}" --decode 200
 expect bench_ok 0 "" "${B[@]}" --modes ced
+expect bench_settle_word 2 "--settle: expected auto, always or never" "${B[@]}" --settle later
+expect bench_settle_always 0 "^checkpoint state: settled .* re-read .* 100% in the page cache" "${B[@]}" --modes ced --settle always --json
+expect bench_settle_never 0 "^checkpoint state: as found" "${B[@]}" --modes ced --settle never --json
 
 # ---------------------------------------------------------------- chat-template, inspect
 echo '[{"role":"user","content":"hi"}]' >"$TMP/c.json"

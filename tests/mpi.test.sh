@@ -399,7 +399,7 @@ fi
 serve_fault() {   # serve_fault NAME SIG: SIG sent to rank 1 mid-decode; $SF_LAUNCH: the ranks' launcher
     local name=$1 sig=$2 p target crc rc t0 t left
     rm -f "$TMP/sf.log"   # not the last job's port: the new job's redirect may come late
-    timeout 120 $SF_ENV mpiexec -n 2 $SF_LAUNCH "$DS41" serve -m "$PWD/$demo" --port 0 --exact --mpi-timeout 2 \
+    timeout 120 $SF_ENV mpiexec -n 2 $SF_LAUNCH "$DS41" serve -m "$PWD/$demo" --port 0 --exact --mpi-timeout 2 $SF_FLAGS \
         >/dev/null 2>"$TMP/sf.log" &
     local job=$!
     if ! p=$(serve_port "$TMP/sf.log") || [ -z "$(rank_pid 1)" ]; then
@@ -427,7 +427,7 @@ serve_fault() {   # serve_fault NAME SIG: SIG sent to rank 1 mid-decode; $SF_LAU
     fi
     pass "$name"
 }
-SF_ENV="" SF_LAUNCH="" SF_IN=""
+SF_ENV="" SF_LAUNCH="" SF_IN="" SF_FLAGS=""
 serve_fault serve_hung_rank_503 STOP
 serve_fault serve_killed_rank KILL
 # a link that breaks mid-decode: each rank in its own namespace (tests/netns.sh), the veth
@@ -445,6 +445,45 @@ else
     ns_cleanup
     echo "SKIP serve_link_down_503: needs root and ip netns"
 fi
+
+# ---------------------------------------------------------------- serve --dp-attention
+# Each rank holds and attends its own sequences (rank 0 gives each new one to the least-loaded
+# rank); rows travel to their experts' owners and back. The 8 concurrent requests and the 2
+# repeats give the bytes of one process (exact mode): the one-process answers above, whose
+# repeats were prefix-cache hits; --dp-attention has no prefix cache, so their cached_tokens
+# is 0 and everything else must be equal. Both ranks held sequences (the DS41_MPI_VERBOSE
+# count, 10 in all); SIGTERM ends the job with status 0. Then the faults of replicated serve:
+# a hung rank gets every request its 503 naming rank 1, a killed one ends the job at once.
+if [ -s "$TMP/s1.out" ]; then
+    DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --exact --mpi-timeout 10 --dp-attention \
+        >/dev/null 2>"$TMP/s3.log" &
+    s3=$!
+    if p3=$(serve_port "$TMP/s3.log"); then
+        "$PY" tests/serve/mpi_client.py answers "$p3" nocache >"$TMP/s3.out" 2>&1
+        c3=$?
+        kill -TERM "$(rank_pid 0)" 2>/dev/null
+        wait "$s3"
+        s3rc=$?
+        sed 's/"cached_tokens": [0-9]*/"cached_tokens": 0/g' "$TMP/s1.out" >"$TMP/s1n.out"
+        h0=$(sed -n 's/.*\[rank 0\]: --dp-attention: \([0-9]*\) sequences held here.*/\1/p' "$TMP/s3.log")
+        h1=$(sed -n 's/.*\[rank 1\]: --dp-attention: \([0-9]*\) sequences held here.*/\1/p' "$TMP/s3.log")
+        if [ $c3 -ne 0 ]; then fail serve_dp_answers "a request failed: $(grep -v '^{"' "$TMP/s3.out" | head -c 300)"
+        elif ! cmp -s "$TMP/s1n.out" "$TMP/s3.out"; then fail serve_dp_answers "answers differ from one process: $(cmp "$TMP/s1n.out" "$TMP/s3.out")"
+        elif [ $s3rc -ne 0 ]; then fail serve_dp_answers "the job ended with status $s3rc after SIGTERM: $(tail -n 2 "$TMP/s3.log")"
+        elif [ -z "$h0" ] || [ -z "$h1" ] || [ "$h0" -lt 1 ] || [ "$h1" -lt 1 ] || [ $((h0 + h1)) -ne 10 ]; then
+            fail serve_dp_answers "sequences held by rank 0 / 1: '$h0' / '$h1' (expected both, 10 in all)"
+        else pass serve_dp_answers; fi
+    else
+        fail serve_dp_answers "the server did not start: $(tail -n 2 "$TMP/s3.log")"
+        kill "$s3" 2>/dev/null; wait "$s3"
+    fi
+    SF_ENV="" SF_LAUNCH="" SF_IN="" SF_FLAGS=--dp-attention
+    serve_fault serve_dp_hung_rank_503 STOP
+    serve_fault serve_dp_killed_rank KILL
+else
+    fail serve_dp_answers "no answers of one process to compare with"
+fi
+
 # ---------------------------------------------------------------- --split layers (pipeline stages)
 # Each rank runs a contiguous range of layers (a stage starts at a KV source: tiny -n 2 = 0-2 /
 # 3-5, -n 3 = 0 / 1-2 / 3-5; demo -n 2 = 0-3 / 4-7, -n 3 = 0-1 / 2-3 / 4-7), the residual rows
@@ -508,5 +547,4 @@ expect_job split_missing_stage_file "rank 1: .*noshard" 60 \
 # the last stage stops mid-decode: rank 0, waiting for its logits, names it within --mpi-timeout
 FR_ARGS="--split layers" fault_run split_hung_stage STOP "ds41: rank 1 did not answer within 3.0 s (the logits" 10
 FR_ARGS="--split layers" fault_run split_killed_stage KILL "BAD TERMINATION\|rank 1" 10
-
 exit 0

@@ -567,7 +567,7 @@ static void fill_adversarial(float *x, int n) {
 }
 
 static void test_isa_paths(void) {
-    const char *isas[2] = { "avx2", "avx512" };
+    const char *isas[3] = { "avx2", "avx512", "avx512bf16" };
     printf("  kernels ISA at start: %s; avx512 supported: %d\n", ds41_kernels_isa(), ds41_kernels_isa_supported("avx512"));
     CHECK(ds41_kernels_set_isa("nonsense") == -1, "unknown ISA refused");
     if (!ds41_kernels_isa_supported("avx512")) {
@@ -579,9 +579,8 @@ static void test_isa_paths(void) {
         int out = shapes[si][0], in = shapes[si][1], T = shapes[si][2];
         mats m;
         mats_make(&m, out, in);
-        float *x = malloc((size_t)T * in * 4), *y[2], *ye = malloc((size_t)T * out * 4);
-        y[0] = malloc((size_t)T * out * 4);
-        y[1] = malloc((size_t)T * out * 4);
+        float *x = malloc((size_t)T * in * 4), *y[3], *ye = malloc((size_t)T * out * 4);
+        for (int ii = 0; ii < 3; ii++) y[ii] = malloc((size_t)T * out * 4);
         if (si % 2) fill_adversarial(x, T * in);
         else for (int i = 0; i < T * in; i++) x[i] = ds41_bf16_round(urand() * (i % 11 == 0 ? 6.0f : 1.0f));
         ds41_fp8w f8 = { m.w8, m.s8, out, in };
@@ -589,9 +588,10 @@ static void test_isa_paths(void) {
         ds41_bf16w fb = { m.wb, out, in }, fbo = { m.wb, out, in - 8 }, fbo2 = { m.wb, out, in - 5 };
         const char *names[7] = { "fp8", "fp4", "bf16", "bf16 in-8", "bf16 in-5", "f32 in-8", "fp8_dq" };
         for (int kind = 0; kind < 7; kind++) {
-            for (int ii = 0; ii < 2; ii++) {
+            for (int ii = 0; ii < 3; ii++) {
+                if (ii == 2 && !ds41_kernels_isa_supported(isas[ii])) break;
                 CHECK(ds41_kernels_set_isa(isas[ii]) == 0, "set %s", isas[ii]);
-                CHECK(!strcmp(ds41_kernels_isa(), isas[ii]), "isa now %s", ds41_kernels_isa());
+                CHECK(!strcmp(ds41_kernels_isa(), ii ? "avx512" : "avx2"), "isa now %s", ds41_kernels_isa());
                 float *yy = y[ii];
                 if (kind == 0) ds41_linear_fp8(&FA, &f8, x, T, yy);
                 if (kind == 1) ds41_linear_fp4(&FA, &f4, x, T, yy);
@@ -603,6 +603,10 @@ static void test_isa_paths(void) {
             }
             int d = count_diff(y[0], y[1], T * out);
             CHECK(d == 0, "%s %dx%d T=%d: avx512 differs from avx2 in %d of %d", names[kind], out, in, T, d, T * out);
+            if (ds41_kernels_isa_supported(isas[2])) {
+                d = count_diff(y[0], y[2], T * out);
+                CHECK(d == 0, "%s %dx%d T=%d: avx512bf16 differs from avx2 in %d of %d", names[kind], out, in, T, d, T * out);
+            }
             /* the int16 road against the exact twin, adversarial inputs included; on the first four
              * shapes (the last two are there for the mid widths T = 16, 27 on both ISAs: their
              * random sums put an output or two beyond the bound through cancellation) */
@@ -617,9 +621,71 @@ static void test_isa_paths(void) {
                 CHECK(bad == 0 && same >= T * out * (si % 2 ? 95 : 99) / 100, "fp4 %dx%d: %d beyond 1 ulp, %d of %d equal", out, in, bad, same, T * out);
             }
         }
-        free(x); free(y[0]); free(y[1]); free(ye);
+        free(x); free(y[0]); free(y[1]); free(y[2]); free(ye);
         mats_free(&m);
     }
+    ds41_kernels_set_isa("auto");
+}
+
+/* The FP4 prefill panels on the BF16 road (vdpbf16ps, linear_avx512bf16.c) against the int16
+ * road, bit for bit: tolerance 0, because every product and partial sum of the BF16 road is an
+ * exact multiple of the row-block scale below 2^21 times it (the argument at the head of
+ * linear_avx512bf16.c), so neither its two roundings per instruction nor its flushing of
+ * subnormals can change a bit. At the V4.1 expert shapes (w1 2304 x 5120, w2 5120 x 2304) and
+ * T = 64 (the prefill tile), one and two threads, random and adversarial activations (blocks
+ * spanning the E4M3 range, zeros, signed zeros, saturation), and with scale bytes the road
+ * refuses (0: a subnormal scale; 234, 254: possible overflow; 255: NaN) in some rows, whose
+ * panels take the int16 road: the counters show both roads ran. */
+static void test_fp4_bf16_road(void) {
+    if (!ds41_kernels_isa_supported("avx512bf16")) {
+        printf("  (this CPU has no AVX512_BF16: the BF16 road is not tested)\n");
+        return;
+    }
+    double ratio = ds41_kernels_bf16_ratio();
+    printf("  vdpbf16ps / zmm FMA time per instruction (start-up probe): %.2f\n", ratio);
+    /* the probe measures something (a dot is neither free nor slower than 8 FMAs) and auto
+     * follows it against the threshold */
+    CHECK(ratio > 0.25 && ratio < 8, "probe ratio %.2f", ratio);
+    CHECK(ds41_kernels_set_isa("auto") == 0 && !strcmp(ds41_kernels_isa(), "avx512"), "auto: %s", ds41_kernels_isa());
+    CHECK(!strcmp(ds41_kernels_fp4_products(), ratio <= DS41_BF16_RATIO_MAX ? "vdpbf16ps" : "int16"),
+          "auto at ratio %.2f took %s", ratio, ds41_kernels_fp4_products());
+    int shapes[][3] = { { 2304, 5120, 64 }, { 5120, 2304, 64 }, { 100, 544, 37 } };
+    ds41_pool *pool = ds41_pool_create(2);
+    ds41_ctx fa2 = { 0, 2, pool, 0, NULL, NULL };
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int out = shapes[si][0], in = shapes[si][1], T = shapes[si][2];
+        uint8_t *w = malloc((size_t)out * in / 2), *sc = malloc((size_t)out * (in / 32));
+        for (size_t i = 0; i < (size_t)out * in / 2; i++) w[i] = (uint8_t)rnd();
+        for (size_t i = 0; i < (size_t)out * (in / 32); i++) sc[i] = (uint8_t)(118 + rnd() % 6);
+        for (int r = 7; r < out; r += 97) sc[(size_t)r * (in / 32) + rnd() % (in / 32)] = (uint8_t[]){ 0, 234, 254, 255 }[rnd() % 4];
+        sc[in / 32 * 3] = 1;     /* the range's ends, taken by the BF16 road */
+        sc[in / 32 * 5] = 233;
+        ds41_fp4w f4 = { w, sc, out, in };
+        float *x = malloc((size_t)T * in * 4), *yi = malloc((size_t)T * out * 4), *yb = malloc((size_t)T * out * 4);
+        for (int adv = 0; adv < 2; adv++) {
+            if (adv) fill_adversarial(x, T * in);
+            else for (int i = 0; i < T * in; i++) x[i] = ds41_bf16_round(urand() * (i % 11 == 0 ? 6.0f : 1.0f));
+            for (int th = 1; th <= 2; th++) {
+                const ds41_ctx *c = th == 1 ? &FA : &fa2;
+                CHECK(ds41_kernels_set_isa("avx512") == 0, "set avx512");
+                CHECK(!strcmp(ds41_kernels_fp4_products(), "int16"), "avx512: %s", ds41_kernels_fp4_products());
+                ds41_linear_fp4(c, &f4, x, T, yi);
+                CHECK(ds41_kernels_set_isa("avx512bf16") == 0, "set avx512bf16");
+                CHECK(!strcmp(ds41_kernels_fp4_products(), "vdpbf16ps"), "avx512bf16: %s", ds41_kernels_fp4_products());
+                long long p0 = ds41_fast_bf16_panels, f0 = ds41_fast_bf16_fallbacks;
+                ds41_linear_fp4(c, &f4, x, T, yb);
+                int d = count_diff(yi, yb, T * out), nan = 0;
+                for (int i = 0; i < T * out; i++) nan += yi[i] != yi[i];
+                CHECK(d == 0, "fp4 %dx%d T=%d %s threads %d: BF16 road differs from int16 in %d of %d", out, in, T,
+                      adv ? "adversarial" : "random", th, d, T * out);
+                CHECK(ds41_fast_bf16_panels > p0 && ds41_fast_bf16_fallbacks > f0 && nan > 0,
+                      "fp4 %dx%d: both roads ran (%lld BF16 panels, %lld int16; %d NaN outputs)", out, in,
+                      ds41_fast_bf16_panels - p0, ds41_fast_bf16_fallbacks - f0, nan);
+            }
+        }
+        free(w); free(sc); free(x); free(yi); free(yb);
+    }
+    ds41_pool_destroy(pool);
     ds41_kernels_set_isa("auto");
 }
 
@@ -1113,6 +1179,7 @@ static void test_threads(void) {
 
 int main(void) {
     RUN_CASE(test_isa_paths);
+    RUN_CASE(test_fp4_bf16_road);
     /* the linear tests on every ISA path the CPU has */
     const char *isas[2] = { "avx2", "avx512" };
     for (int ii = 0; ii < 2; ii++) {

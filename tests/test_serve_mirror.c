@@ -28,6 +28,12 @@ static void valid_records(void) {
     CHECK(ds41_sop_next(w, n, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_END && at == n, "END");
     CHECK(ds41_sop_next(w, n, &at, &op, err, sizeof err) == 0, "the end");
     CHECK(!err[0], "no message on valid records: %s", err);
+    /* --dp-attention: OPEN_ON 6 on rank 2, then END */
+    const int32_t v[] = { 8, 6, 2, 7 };
+    at = 0;
+    CHECK(ds41_sop_next(v, 4, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_OPEN_ON && op.id == 6 && op.rank == 2 &&
+          at == 3, "OPEN_ON");
+    CHECK(ds41_sop_next(v, 4, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_END && at == 4, "END after OPEN_ON");
 }
 
 static char *slurp(const char *path, size_t *len) {
@@ -97,7 +103,7 @@ static void one_malformed(const char *path, const char *name) {
 
 static void malformed_corpus(void) {
     int cases = each_entry("tests/malformed/serve-mirror", one_malformed);
-    CHECK(cases >= 12, "%d malformed cases", cases);
+    CHECK(cases >= 16, "%d malformed cases", cases);
 }
 
 /* a fuzz seed: whole int32 words that decode to the end */
@@ -112,7 +118,7 @@ static void one_seed(const char *path, const char *name) {
 
 static void fuzz_seeds(void) {
     int seeds = each_entry("fuzz/corpus/fuzz_serve_mirror", one_seed);
-    CHECK(seeds >= 3, "%d seeds", seeds);
+    CHECK(seeds >= 4, "%d seeds", seeds);
 }
 
 int main(void) {

@@ -9,6 +9,7 @@
 
 #include "cli.h"
 #include "cli_args.h"
+#include "cli_bench_settle.h"
 #include "cli_progress.h"
 #include "cli_spec.h"
 #include "ds41.h"
@@ -26,6 +27,9 @@ static const char *BENCH_USAGE =
     "  --seed S            seed of the random prompt ids (default 1)\n"
     "  --json              machine-readable output\n"
     "  --load mmap|copy    weights mmap'd (default) or copied into anonymous memory; --readahead\n"
+    "  --settle auto|always|never  before loading, write back, evict and re-read the shards, so that\n"
+    "                      a checkpoint written minutes ago is measured in its steady state (auto:\n"
+    "                      when a shard is younger than 10 minutes); prints the state measured\n"
     DS41_CLI_ENGRAM_USAGE
     "  --spec              speculative-decoding section: plain vs --spec fixed:1..B / auto / auto\n"
     "                      without P5 reuse (greedy), acceptance, scheduler choices, the verify-width\n"
@@ -134,6 +138,7 @@ int ds41_cli_bench(int argc, char **argv) {
     unsigned long long seed = 1;
     int spec = 0, spec_curve = 0, spec_n = 64, spec_rounds = 3;   /* --spec section (cli_spec.c) */
     int load = DS41_LOAD_MMAP, readahead = 0;     /* --load, --readahead */
+    int settle = DS41_SETTLE_AUTO;                /* --settle */
     int eg_mode = DS41_ENGRAM_AUTO, r;            /* --engram-mode, --engram-cache */
     long long eg_cache = 0;
     const char *spec_prompt = NULL;
@@ -182,6 +187,12 @@ int ds41_cli_bench(int argc, char **argv) {
         else if (!strcmp(a, "--load") && has) {
             if (ds41_parse_load(argv[++i], &load)) { fprintf(stderr, "ds41 bench: --load: expected mmap or copy\n"); return 2; }
         } else if (!strcmp(a, "--readahead")) readahead = 1;
+        else if (!strcmp(a, "--settle") && has) {
+            if (ds41_cli_parse_settle(argv[++i], &settle)) {
+                fprintf(stderr, "ds41 bench: --settle: expected auto, always or never, got '%.40s'\n", argv[i]);
+                return 2;
+            }
+        }
         else if ((r = ds41_cli_engram_arg("bench", argc, argv, &i, &eg_mode, &eg_cache)) != 0) {
             if (r < 0) return 2;
         }
@@ -207,6 +218,7 @@ int ds41_cli_bench(int argc, char **argv) {
     }
     if (!dir) { fprintf(stderr, "ds41 bench: -m DIR is required (a checkpoint directory, e.g. -m models/demo)\n"); return 2; }
     if (ds41_cli_model_dir_ok("bench", dir)) return 1;
+    if (ds41_cli_bench_settle(dir, settle, json ? stderr : stdout)) return 1;
     int maxlen = 0;
     for (int i = 0; i < n_len; i++) if (lengths[i] > maxlen) maxlen = lengths[i];
     ds41_load_params lp;
@@ -295,7 +307,7 @@ int ds41_cli_bench(int argc, char **argv) {
         return rb;
     }
     json_t *root = json_object(), *pre = json_array();
-    if (!json) printf("kernels: %s, fast ISA path %s, FP8 decode %s\n%-10s %8s %12s %10s %14s\n", exact ? "exact" : "fast", ds41_kernels_isa(), ds41_kernels_fp8_decode(), "mode", "tokens", "prefill tok/s", "seconds", "state bytes");
+    if (!json) printf("kernels: %s, fast ISA path %s, FP8 decode %s, FP4 prefill products %s\n%-10s %8s %12s %10s %14s\n", exact ? "exact" : "fast", ds41_kernels_isa(), ds41_kernels_fp8_decode(), ds41_kernels_fp4_products(), "mode", "tokens", "prefill tok/s", "seconds", "state bytes");
     ds41_state_info last_state;
     memset(&last_state, 0, sizeof last_state);
     double t_mode[3][16];

@@ -44,6 +44,8 @@ static const char *SERVE_USAGE =
     "                           step; auto: the confidence scheduler over the batch and the verify-width\n"
     "                           curve (cached as ds41 run's; else measured once before the first step)\n"
     "  --no-prefix-cache        no prefix cache (default: on, in memory; README \"Prefix cache\")\n"
+    "  --dp-attention           under mpiexec: each rank holds and attends its own share of the\n"
+    "                           sequences (docs/distributed.md; no prefix cache)\n"
     "  --cache-mem BYTES        prefix cache memory, K/M/G suffixes (default 1G)\n"
     "  --cache-dir DIR          also keep the prefix cache on disk in DIR (reused across restarts)\n"
     "  --cache-bytes BYTES      capacity of DIR (default unlimited; least recently used blocks go)\n"
@@ -74,6 +76,7 @@ static const char *SERVE_USAGE =
 int ds41_cli_serve(int argc, char **argv) {
     ds41_serve_opts o;
     ds41_serve_opts_default(&o);
+    int dp_attention = 0;
     o.lp.exact = getenv("DS41_EXACT") && !strcmp(getenv("DS41_EXACT"), "1");
     o.api_key = getenv("DS41_API_KEY") && *getenv("DS41_API_KEY") ? getenv("DS41_API_KEY") : NULL;
     for (int i = 1; i < argc; i++) {
@@ -143,6 +146,7 @@ int ds41_cli_serve(int argc, char **argv) {
             else { fprintf(stderr, "ds41 serve: --on-prefill-failure must be local or fail, not '%s'\n", v); return 2; }
         }
         else if (IS("--no-prefix-cache")) o.no_prefix_cache = 1;
+        else if (IS("--dp-attention")) dp_attention = 1;
         else if (IS("--cache-dir")) { NEED(); o.cache_dir = argv[++i]; }
         else if (IS("--cache-bytes")) { NEED(); if (ds41_cli_bytes("serve", a, argv[++i], &o.cache_bytes)) return 2; }
         else if (IS("--cache-mem")) { NEED(); if (ds41_cli_bytes("serve", a, argv[++i], &o.cache_mem)) return 2; }
@@ -207,6 +211,13 @@ int ds41_cli_serve(int argc, char **argv) {
             return 2;
         }
         o.spec_mode = DS41_SPEC_OFF;
+        /* each rank holds its own sequences; the prefix cache would be per rank (not done) */
+        ds41_dist_set_dp(dp_attention);
+        if (dp_attention) o.no_prefix_cache = 1;
+    } else if (dp_attention) {
+        fprintf(stderr, "ds41 serve: --dp-attention is for a job of several ranks (mpiexec -n N ds41 serve ...); one "
+                        "process holds every sequence\n");
+        return 2;
     }
     return ds41_serve(&o);
 }

@@ -107,6 +107,28 @@ typedef struct ds41_dist_stats {
 } ds41_dist_stats;
 void ds41_dist_get_stats(ds41_dist_stats *s);
 
+/* ---- serve --dp-attention (dist_dp.c) ----
+ * Each rank runs the forwards of its own sequences only and brings their rows to the expert
+ * exchange: per MoE sublayer every rank sends each expert owner the rows routed to its
+ * experts, the owner runs them in one call with its own rows and sends the outputs back, and
+ * each rank adds its rows' k outputs in ascending expert id (the order of one process). The
+ * ranks stay in lock step: every forward starts with a round in which each rank says whether
+ * it runs one; a rank that has none (or has finished its part of the step) joins with zero
+ * rows. Set on every rank before ds41_load (it installs this dispatch and keeps the Engram
+ * tables whole: each rank looks up its own sequences' rows). */
+void ds41_dist_set_dp(int on);
+int ds41_dist_dp(void);
+/* The ranks an Engram table is sharded over: the job's size, 1 under --dp-attention. */
+int ds41_dist_engram_shards(void);
+/* This rank's part of a step is done (it ran its sequences' forwards, perhaps none): joins
+ * the other ranks' remaining forwards with zero rows until every rank's part is done. ctx:
+ * the engine's (its kernels run the rows other ranks route to this rank's experts). */
+void ds41_dist_dp_done(const ds41_ctx *ctx);
+/* A step's answers to rank 0 (bounded by --mpi-timeout): a rank > 0 sends its n bytes at buf
+ * (n > 0); rank 0 receives n[q] bytes into buf[q] from every rank q > 0 with n[q] > 0. */
+void ds41_dist_dp_send0(const void *buf, size_t n);
+void ds41_dist_dp_recv0(void *const *buf, const size_t *n);
+
 /* ---- Engram tables sharded by rows (dist_engram.c) ----
  * Rank r of n holds rows [lo, hi) of a table of `rows` rows: contiguous runs of rows / n, the
  * first rows % n ranks one row more. */
@@ -138,6 +160,18 @@ int ds41_dist_engram_report(char *line, size_t cap);
 /* Waits for r[0..n) (peer[i]: the rank request i talks to) at most --mpi-timeout; past it the
  * job ends with one message naming the ranks that did not answer (what: the exchange). */
 void ds41_dist_wait(MPI_Request *r, int n, const int *peer, const char *what);
+/* dist_dp.c's reach into the job (dist_mpi.c): the experts' placement, the end of the job on
+ * a fault (one message, MPI_Abort), the exchange counters of ds41_dist_get_stats. */
+const ds41_placement *ds41_dist_placement(void);
+void ds41_dist_fatal(int code, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
+void ds41_dist_count(long long rows, long long sent, long long recv);
+/* acc[t] += the k outputs slots[t * k + i] of row t of r, in ascending expert id (the additions
+ * of one process, in its order), row by row. */
+void ds41_dist_combine(const ds41_moe_rows *r, const float *slots, float *acc);
+/* Under --dp-attention: the dispatch ds41_dist_join installs, and the start of a forward of
+ * rows rows (ds41_dist_step: the round in which every rank says whether it runs one). */
+const ds41_moe_dispatch *ds41_dist_dp_dispatch(const ds41_config *cfg, const ds41_weights *w);
+void ds41_dist_dp_forward(int rows);
 #endif
 
 #endif

@@ -390,7 +390,7 @@ int ds41_dist_engram_open(const ds41_config *cfg, const ds41_weights *w, const d
                           ds41_engram_io *io, const ds41_engram_src **out, char *why, size_t cap) {
     static ds41_engram_src src;
     *out = NULL;
-    int size = ds41_dist_size(), L = cfg->n_engram_layers;
+    int size = ds41_dist_engram_shards(), L = cfg->n_engram_layers;
     if (size < 2 || L < 1) return 0;
     ds41_dist_engram_close();   /* a second model in this process: the first one's rows go */
     for (int s = 0; s < DS41_ENGRAM_MAX_LAYERS; s++) free(g.t[s].lo);

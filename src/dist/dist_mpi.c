@@ -458,7 +458,11 @@ static void xend(void *self, const ds41_ctx *ctx, const ds41_moe_rows *r, float 
             p += row;
         }
     }
-    /* row by row, the k outputs in ascending expert id (the order of one process) */
+    ds41_dist_combine(r, x.slots, acc);
+}
+
+void ds41_dist_combine(const ds41_moe_rows *r, const float *slots, float *acc) {
+    int T = r->T, k = r->k, dim = r->cfg->dim, E = r->lw->n_experts;
     for (int t = 0; t < T; t++) {
         int ord[64], m = 0;
         for (int i = 0; i < k && m < 64; i++) {
@@ -470,7 +474,7 @@ static void xend(void *self, const ds41_ctx *ctx, const ds41_moe_rows *r, float 
         }
         float *ar = acc + (size_t)t * dim;
         for (int j = 0; j < m; j++) {
-            const float *o = x.slots + ((size_t)t * k + ord[j]) * dim;
+            const float *o = slots + ((size_t)t * k + ord[j]) * dim;
             for (int d = 0; d < dim; d++) ar[d] += o[d];
         }
     }
@@ -478,6 +482,24 @@ static void xend(void *self, const ds41_ctx *ctx, const ds41_moe_rows *r, float 
 
 void ds41_dist_wait(MPI_Request *r, int n, const int *peer, const char *what) {
     wait_all(r, n, peer, g.timeout, what);
+}
+
+const ds41_placement *ds41_dist_placement(void) { return &g.place; }
+
+void ds41_dist_fatal(int code, const char *fmt, ...) {
+    char buf[1400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    fatal(code, "%s", buf);
+}
+
+void ds41_dist_count(long long rows, long long sent, long long recv) {
+    g.st.exchanges++;
+    g.st.rows += rows;
+    g.st.bytes_sent += sent;
+    g.st.bytes_recv += recv;
 }
 
 /* Waits for one request at most limit seconds; -1 past it (nothing reported). */
@@ -585,7 +607,6 @@ int ds41_dist_join(const ds41_config *cfg, const ds41_weights *w, const ds41_dis
         snprintf(err, errcap, "%s", fail);
         return -1;
     }
-    (void)cfg;
     g.w = w;
     free(g.own);
     g.own = calloc((size_t)g.place.n_layers * (g.place.n_experts ? g.place.n_experts : 1), 1);
@@ -599,7 +620,7 @@ int ds41_dist_join(const ds41_config *cfg, const ds41_weights *w, const ds41_dis
     d.self = NULL;
     d.begin = xbegin;
     d.end = xend;
-    *moe = &d;
+    *moe = ds41_dist_dp() ? ds41_dist_dp_dispatch(cfg, w) : &d;
     return 0;
 }
 
@@ -623,6 +644,15 @@ int ds41_dist_bcast(void *buf, size_t n) {
 
 int ds41_dist_step(int count, const long long *pos, const int *T, const int32_t *const *tokens, char *err, size_t errcap) {
     if (g.size < 2) return 0;
+    if (ds41_dist_dp()) {
+        /* each rank runs its own sequences: no common plan, only the round that keeps the
+         * ranks' exchanges in step */
+        long long rows = 0;
+        for (int i = 0; i < count; i++) rows += T[i];
+        (void)pos; (void)tokens;
+        ds41_dist_dp_forward(rows > INT32_MAX ? INT32_MAX : (int)rows);
+        return 0;
+    }
     /* [count, then per sequence pos (2 words), T, then the tokens] */
     size_t n = 1 + 3 * (size_t)count;
     for (int i = 0; i < count; i++) n += (size_t)T[i];

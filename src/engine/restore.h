@@ -64,5 +64,10 @@ int ds41_session_drafts(const ds41_session *s);
 /* The sequence of a session (for the prefix cache, which reads its pages and settings). */
 ds41_seq *ds41_session_seq(ds41_session *s);
 int ds41_session_index_k(const ds41_session *s);
+/* serve --dp-attention (src/serve/serve_mpi.c): rank 0's copy of a sequence that another rank
+ * runs. Its n tokens ran there: the position moves on by n and logits (vocab values; NULL: the
+ * forward computed none, a prompt part) become its last row; err != NULL: the step failed
+ * there, and the session is broken with that message. */
+void ds41_session_absorb(ds41_session *s, size_t n, const float *logits, const char *err);
 
 #endif

@@ -469,6 +469,16 @@ int ds41_feed_part(ds41_session *s, const int32_t *ids, size_t n, size_t ahead) 
 
 /* ---- prefix-cache restore (restore.h) ---- */
 ds41_seq *ds41_session_seq(ds41_session *s) { return &s->seq; }
+
+void ds41_session_absorb(ds41_session *s, size_t n, const float *logits, const char *err) {
+    if (err) {
+        snprintf(s->err, sizeof s->err, "%s", err);
+        s->broken = 1;
+        return;
+    }
+    s->seq.cache.pos += (long long)n;
+    if (logits) memcpy(s->seq.logits, logits, (size_t)s->e->cfg->vocab_size * sizeof(float));
+}
 int ds41_session_index_k(const ds41_session *s) { return s->p.index_k; }
 
 int ds41_session_restore(ds41_session *s, const int32_t *ids, long long M, uint8_t *const *pages, int mode,

@@ -68,10 +68,17 @@ int ds41_side_start(ds41_side *s, void (*fn)(void *arg), void *arg);
 void ds41_side_wait(ds41_side *s);
 
 /* ---- ISA of the fast kernels: "avx2" (AVX2 + FMA + F16C, the baseline) or "avx512" (AVX-512
- * F/BW/VL/DQ + VNNI), chosen at first use from CPUID; DS41_ISA=avx2|avx512|auto in the
- * environment overrides (an unsupported choice falls back to the best supported one). Both
- * give bit-identical results (one canonical order, linear_fast.c). */
+ * F/BW/VL/DQ + VNNI), chosen at first use from CPUID; DS41_ISA=avx2|avx512|avx512bf16|auto in
+ * the environment overrides (an unsupported choice falls back to the best supported one). All
+ * give bit-identical results (one canonical order, linear_fast.c). "avx512bf16" is the avx512
+ * path with its FP4 prefill panels multiplied by vdpbf16ps (AVX512_BF16; the same bits); auto
+ * takes it where a start-up probe finds vdpbf16ps at the FMA's rate, "avx512" forces it off.
+ * ds41_kernels_isa() names the path ("avx512" for both); ds41_kernels_fp4_products() says
+ * "vdpbf16ps" or "int16"; ds41_kernels_bf16_ratio() is the probe's time per vdpbf16ps over
+ * time per zmm FMA (run at first call if auto has not; 0 without AVX512_BF16). */
 const char *ds41_kernels_isa(void);
+const char *ds41_kernels_fp4_products(void);
+double ds41_kernels_bf16_ratio(void);
 /* the FP8 decode of the fast T = 1 .. 8 kernels: "shuffle" or "f16c" (DS41_E4M3, linear_fast.h) */
 const char *ds41_kernels_fp8_decode(void);
 int ds41_kernels_isa_supported(const char *name);   /* 1 if the CPU runs it */

@@ -116,14 +116,6 @@ static inline void e2m1x64_i16(const uint8_t *p, __m512i tab, __m512i *we, __m51
     *we = _mm512_permutexvar_epi16(z, tab);                        /* index: low 5 bits (table repeats) */
     *wo = _mm512_permutexvar_epi16(_mm512_srli_epi16(z, 4), tab);
 }
-/* one block (16 bytes) -> the AVX2 form */
-static inline void e2m1x32_i16(const uint8_t *p, __m256i *we, __m256i *wo) {
-    const __m128i tab = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    const __m128i m = _mm_set1_epi8(0x0F);
-    __m128i v = _mm_loadu_si128((const __m128i *)p);
-    *we = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(tab, _mm_and_si128(v, m)));
-    *wo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(v, 4), m)));
-}
 static const int16_t e2m1_tab32[32] __attribute__((aligned(64))) = {
     0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
     0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
@@ -155,7 +147,7 @@ static inline __m512i e2m1_tab(void) { return _mm512_load_si512(e2m1_tab32); }
             __m256 sa = _mm256_load_ps(sav + 8 * b);                                              \
             UNROLL for (int r = 0; r < R; r++) {                                                  \
                 __m256i we, wo;                                                                   \
-                e2m1x32_i16(w + r * ld + 16 * b, &we, &wo);                                       \
+                ds41_e2m1x32_i16(w + r * ld + 16 * b, &we, &wo);                                  \
                 __m256i d = _mm256_add_epi32(_mm256_madd_epi16(we, ae), _mm256_madd_epi16(wo, ao)); \
                 __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(ue8_lut[s[r * lds + b]])); \
                 c[r] = _mm512_fmadd_ps(zext(x), zext(sa), c[r]);                                  \
@@ -292,7 +284,7 @@ static void few_e4m3s(const uint8_t *w, size_t ld, int nr, int in, const float *
         }                                                                                         \
         if (b < nb) {                                                                             \
             __m256i we, wo;                                                                       \
-            e2m1x32_i16(w + 16 * b, &we, &wo);                                                    \
+            ds41_e2m1x32_i16(w + 16 * b, &we, &wo);                                               \
             __m256 sw = _mm256_set1_ps(ue8_lut[s[b]]);                                            \
             UNROLL for (int t = 0; t < C; t++) {                                                  \
                 __m256i ae = _mm256_load_si256((const __m256i *)(aw + t * ldaw + 32 * b));        \
@@ -469,7 +461,7 @@ static void mid_e4m3(const uint8_t *w, size_t ld, const uint8_t *st, int nr, int
         }                                                                                         \
         if (b < nb) {   /* a lone last block: A only, B gets fma(0, 0, B) = B */                  \
             __m256i we, wo;                                                                       \
-            e2m1x32_i16(w + 16 * b, &we, &wo);                                                    \
+            ds41_e2m1x32_i16(w + 16 * b, &we, &wo);                                               \
             __m256 sw = _mm256_set1_ps(ue8_lut[s[b]]);                                            \
             UNROLL16 for (int t = 0; t < C; t++) {                                                \
                 __m256i ae = _mm256_load_si256((const __m256i *)(a + 96 * t));                    \

@@ -204,14 +204,6 @@ static inline __m256 e4m3x8_s(const uint8_t *p) {
     return e4m3_s(_mm256_broadcastsi128_si256(_mm_loadl_epi64((const __m128i *)p)), 0);
 }
 
-/* 16 packed E2M1 bytes (one block) -> int16 of 2 * e2m1: *we = even elements, *wo = odd */
-static inline void e2m1x32_i16(const uint8_t *p, __m256i *we, __m256i *wo) {
-    const __m128i tab = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    const __m128i m = _mm_set1_epi8(0x0F);
-    __m128i v = _mm_loadu_si128((const __m128i *)p);
-    *we = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(tab, _mm_and_si128(v, m)));
-    *wo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(v, 4), m)));
-}
 
 /* The same words times 256, without lane-crossing widening (one in-lane byte shuffle puts byte
  * i of the block in the high byte of word i of the lane that holds it, then the table lookup of
@@ -220,7 +212,7 @@ static inline void e2m1x32_i16(const uint8_t *p, __m256i *we, __m256i *wo) {
  * exact block-lane sum (|.| < 2^29), fp32 of it 256 times fp32 of the sum (a power of two
  * commutes with rounding), and the row-block scale taken from ue8_lut_m8 (s * 2^-8, exact)
  * makes x = fp32(256 I) * s 2^-8 the correctly rounded I * s, the int16 road's x, bit for bit.
- * On a Zen 3 (T = 1, one thread) 1.3x the two vpmovsxbw of e2m1x32_i16. */
+ * On a Zen 3 (T = 1, one thread) 1.3x the two vpmovsxbw of ds41_e2m1x32_i16. */
 static inline void e2m1x32_w256(const uint8_t *p, __m256i *we, __m256i *wo) {
     const __m256i tab = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
                                          0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
@@ -784,6 +776,10 @@ const ds41_fast_ops *ds41_fast_ops_avx2(void) { return &ops_avx2; }
 static const ds41_fast_ops *g_ops;
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 
+int ds41_fast_bf16_on;
+double ds41_fast_bf16_ratio;
+long long ds41_fast_bf16_panels, ds41_fast_bf16_fallbacks;
+
 int ds41_kernels_isa_supported(const char *name) {
     if (!strcmp(name, "avx2"))
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
@@ -791,7 +787,19 @@ int ds41_kernels_isa_supported(const char *name) {
         return ds41_fast_ops_avx512() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                __builtin_cpu_supports("avx512vnni");
+    if (!strcmp(name, "avx512bf16"))
+        return ds41_kernels_isa_supported("avx512") && ds41_fast_bf16_avx512() && __builtin_cpu_supports("avx512bf16");
     return 0;
+}
+
+/* auto: the BF16 FP4 panels where vdpbf16ps runs at no less than 1 / DS41_BF16_RATIO_MAX of
+ * the zmm FMA's instruction rate (their 2 vdpbf16ps + 1 FMA per 64 MACs then cost at most 4
+ * FMA slots against the int16 road's 5 instructions; a core that runs vdpbf16ps at half rate,
+ * ratio 2, gains nothing) */
+static int bf16_auto(void) {
+    if (!ds41_kernels_isa_supported("avx512bf16")) return 0;
+    if (ds41_fast_bf16_ratio == 0) ds41_fast_bf16_ratio = ds41_fast_bf16_avx512()->probe();
+    return ds41_fast_bf16_ratio <= DS41_BF16_RATIO_MAX;
 }
 
 static void isa_init(void) {
@@ -799,9 +807,12 @@ static void isa_init(void) {
     const char *d = getenv("DS41_E4M3");
     e4m3s_default = d && !strcmp(d, "f16c") ? 0 : d && !strcmp(d, "shuffle") ? 1 : __builtin_cpu_is("amd");
     const char *e = getenv("DS41_ISA");
+    int dflt = !e || !*e || !strcmp(e, "auto");
     g_ops = &ops_avx2;
-    if ((!e || !*e || !strcmp(e, "auto") || !strcmp(e, "avx512")) && ds41_kernels_isa_supported("avx512"))
+    if ((dflt || !strcmp(e, "avx512") || !strcmp(e, "avx512bf16")) && ds41_kernels_isa_supported("avx512"))
         g_ops = ds41_fast_ops_avx512();
+    if (g_ops != &ops_avx2)
+        ds41_fast_bf16_on = dflt ? bf16_auto() : !strcmp(e, "avx512bf16") && ds41_kernels_isa_supported("avx512bf16");
 }
 
 const ds41_fast_ops *ds41_fast_ops_get(void) {
@@ -815,13 +826,32 @@ int ds41_fast_e4m3_shuffle_auto(void) {
     return e4m3s_default;
 }
 const char *ds41_kernels_fp8_decode(void) { return e4m3s_on(ds41_fast_ops_get()) ? "shuffle" : "f16c"; }
+/* the BF16 road of the ops: non-NULL for the AVX-512 ops with ds41_fast_bf16_on */
+static const ds41_fast_bf16 *bf16_of(const ds41_fast_ops *ops) {
+    return ops != &ops_avx2 && __atomic_load_n(&ds41_fast_bf16_on, __ATOMIC_RELAXED) ? ds41_fast_bf16_avx512() : NULL;
+}
+const char *ds41_kernels_fp4_products(void) { return bf16_of(ds41_fast_ops_get()) ? "vdpbf16ps" : "int16"; }
+double ds41_kernels_bf16_ratio(void) {
+    ds41_fast_ops_get();
+    if (ds41_fast_bf16_ratio == 0 && ds41_kernels_isa_supported("avx512bf16"))
+        ds41_fast_bf16_ratio = ds41_fast_bf16_avx512()->probe();
+    return ds41_fast_bf16_ratio;
+}
 
 int ds41_kernels_set_isa(const char *name) {
     ds41_fast_ops_get();
     const ds41_fast_ops *o = NULL;
-    if (!strcmp(name, "auto")) o = ds41_kernels_isa_supported("avx512") ? ds41_fast_ops_avx512() : &ops_avx2;
-    else if (!ds41_kernels_isa_supported(name)) return -1;
-    else o = !strcmp(name, "avx512") ? ds41_fast_ops_avx512() : &ops_avx2;
+    int bf = 0;
+    if (!strcmp(name, "auto")) {
+        o = ds41_kernels_isa_supported("avx512") ? ds41_fast_ops_avx512() : &ops_avx2;
+        bf = o != &ops_avx2 && bf16_auto();
+    } else if (!ds41_kernels_isa_supported(name)) {
+        return -1;
+    } else {
+        o = !strcmp(name, "avx2") ? &ops_avx2 : ds41_fast_ops_avx512();
+        bf = !strcmp(name, "avx512bf16");
+    }
+    __atomic_store_n(&ds41_fast_bf16_on, bf, __ATOMIC_RELAXED);
     __atomic_store_n(&g_ops, o, __ATOMIC_RELEASE);
     return 0;
 }
@@ -887,6 +917,19 @@ static void fp4_act_row(const float *a, int in, int16_t *aw, float *sav) {
     }
 }
 
+/* The int16 activation words of the FP4 linears as BF16 words (n of them): 1, or 0 when one is
+ * not exact in BF16 (never for fp4_act_row's words, whose magnitudes have at most 4
+ * significant bits: checked all the same, since the BF16 road's exactness rests on it). */
+static int fp4_words_bf16(const int16_t *aw, size_t n, int16_t *ab) {
+    uint32_t lost = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = ds41_f32_bits((float)aw[i]);
+        lost |= u & 0xFFFFu;
+        ab[i] = (int16_t)(u >> 16);
+    }
+    return lost == 0;
+}
+
 /* BF16 activation order per 32: even elements of k0..k0+15, even of k0+16..+31, odd of the
  * first 16, odd of the second (a lone last 16 as if the second were zeros); zero padded to a
  * multiple of 32. */
@@ -926,6 +969,8 @@ typedef struct fjob {
     int tile0;                 /* absolute 32-row tile of item 0 */
     const void *am;            /* mid path (T = DS41_FEW_MAX + 1 .. DS41_MID_MAX): step-major
                                 * activations (mid_acts); NULL: the other paths */
+    const int16_t *ab;         /* FP4 prefill panels on the BF16 road: aw as BF16 words (stride
+                                * ldaw); NULL: the int16 road */
 } fjob;
 
 /* Rows [r0, r1) (relative to row0) of item it. */
@@ -1191,9 +1236,11 @@ typedef struct { int r0, r1, k0, kc; } fpanel;
  * e4m3 * s_tile; BF16 in the activation order, zero padded to 32; FP32 as is) or, for FP4,
  * int16 words PW in the activation layout and pair scale vectors SW. Returns the number of
  * 8-chunks (float kinds) or blocks (FP4) of the panel.
- * nx: the panel to prefetch, row by row (NULL: none). */
+ * nx: the panel to prefetch, row by row (NULL: none). bf (FP4): 1 asks for the BF16 road's panel
+ * (pan_fp4b, no scale vectors), left at 1 when every row took it, set to 0 when the panel was
+ * decoded for the int16 road instead. */
 static int decode_panel(const fjob *j, int r0, int r1, int k0, int kc, float *P, int16_t *PW, float *SW,
-                        const fpanel *nx) {
+                        const fpanel *nx, int *bf) {
     int in = j->in, pk = j->ops->kc;
     for (int r = r0; r < r1; r++) {
         if (nx && nx->r0 + (r - r0) < nx->r1) {
@@ -1215,11 +1262,18 @@ static int decode_panel(const fjob *j, int r0, int r1, int k0, int kc, float *P,
             int16_t *pw = PW + (size_t)(r - r0) * pk;
             float *sw = SW + (size_t)(r - r0) * (pk / 4);
             int nblk = kc / 32, ngrp = (nblk + 1) / 2;
+            if (*bf) {   /* the BF16 road; a row it refuses sends the whole panel to the int16 one */
+                if (ds41_fast_bf16_avx512()->pan_fp4b(c, st, nblk, pw)) break;
+                *bf = 0;
+                __atomic_fetch_add(&ds41_fast_bf16_fallbacks, 1, __ATOMIC_RELAXED);
+                r = r0 - 1;
+                continue;
+            }
             memset(pw, 0, (size_t)ngrp * 64 * sizeof(int16_t));
             memset(sw, 0, (size_t)ngrp * 16 * sizeof(float));
             for (int b = 0; b < nblk; b++) {
                 __m256i we, wo;
-                e2m1x32_i16(c + 16 * b, &we, &wo);
+                ds41_e2m1x32_i16(c + 16 * b, &we, &wo);
                 int16_t *o = pw + 64 * (b >> 1) + 16 * (b & 1);
                 _mm256_store_si256((__m256i *)o, we);
                 _mm256_store_si256((__m256i *)(o + 32), wo);
@@ -1261,8 +1315,12 @@ static void item_prefill(const fjob *j, int r0, int r1, const fpanel *nxi, float
     for (int k0 = 0, pk = j->ops->kc; k0 < j->kv; k0 += pk) {   /* the first panel starts from +0 */
         int kc = j->kv - k0 < pk ? j->kv - k0 : pk;
         fpanel nx = { r0, r1, k0 + pk, j->kv - k0 - pk < pk ? j->kv - k0 - pk : pk };
-        int n = decode_panel(j, r0, r1, k0, kc, P, PW, SW, k0 + pk < j->kv ? &nx : nxi);
-        if (j->kind == J_FP4)
+        int bf = j->ab != NULL;
+        int n = decode_panel(j, r0, r1, k0, kc, P, PW, SW, k0 + pk < j->kv ? &nx : nxi, &bf);
+        if (j->kind == J_FP4 && bf) {
+            __atomic_fetch_add(&ds41_fast_bf16_panels, 1, __ATOMIC_RELAXED);
+            ds41_fast_bf16_avx512()->pf_fp4b(PW, nr, j->ab + k0, j->ldaw, j->sav + k0 / 4, j->ldsa, T, n, acc, k0 == 0);
+        } else if (j->kind == J_FP4)
             j->ops->pf_fp4(PW, SW, nr, j->aw + k0, j->ldaw, j->sav + k0 / 4, j->ldsa, T, n, acc, k0 == 0);
         else
             j->ops->pf_float(P, nr, j->a + k0, j->lda, T, n, acc, k0 == 0);
@@ -1326,6 +1384,7 @@ void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int
     float *a = amalloc((size_t)tt * in * sizeof(float));
     int16_t *aw = fp4 ? amalloc((size_t)tt * ldaw * sizeof(int16_t)) : NULL;
     float *sav = fp4 ? amalloc((size_t)tt * ldsa * sizeof(float)) : NULL;
+    int16_t *ab = NULL;   /* the BF16 road's activation words, allocated at first use */
     if (!a || (fp4 && (!aw || !sav))) { free(a); free(aw); free(sav); return; }
     for (int t0 = 0; t0 < T; t0 += tt) {
         int nt = T - t0 < tt ? T - t0 : tt;
@@ -1335,16 +1394,20 @@ void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int
             if (fp4) fp4_act_row(ar, in, aw + (size_t)t * ldaw, sav + (size_t)t * ldsa);
         }
         fjob j = { ops, fp4 ? J_FP4 : J_FP8, w, s, NULL, NULL, 0, out, in, nt, in, a, (size_t)in,
-                   aw, ldaw, sav, ldsa, NULL, 0, y + (size_t)t0 * out, (size_t)out, 1, 0, NULL };
+                   aw, ldaw, sav, ldsa, NULL, 0, y + (size_t)t0 * out, (size_t)out, 1, 0, NULL, NULL };
         void *am = NULL;
         if (mid_on(ops, j.kind, nt)) {
             am = fp4 ? (void *)mid_acts_q(aw, ldaw, sav, ldsa, nt, ngrp) : (void *)mid_acts_f(a, (size_t)in, nt, in / 16, 16);
             j.am = am;   /* NULL (out of memory): the prefill panels */
         }
+        if (fp4 && !j.am && nt > DS41_FEW_MAX && bf16_of(ops)) {
+            if (!ab) ab = amalloc((size_t)tt * ldaw * sizeof(int16_t));
+            if (ab && fp4_words_bf16(aw, (size_t)nt * ldaw, ab)) j.ab = ab;   /* else the int16 road */
+        }
         fjob_run(ctx, &j);
         free(am);
     }
-    free(a); free(aw); free(sav);
+    free(a); free(aw); free(sav); free(ab);
 }
 
 void ds41_fast_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const float *wf, const ds41_fp8w *w8,
@@ -1372,7 +1435,7 @@ void ds41_fast_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const fl
         }
         fjob j = { ops, jk, w8 ? w8->w : NULL, w8 ? w8->s : NULL, wb, wf, row0, out, in, nt, kv, ap, lda,
                    NULL, 0, NULL, 0, xt, (size_t)x_stride, y + (size_t)t0 * y_stride, (size_t)y_stride, out_bf16, 0,
-                   NULL };
+                   NULL, NULL };
         float *am = NULL;
         if (mid_on(ops, jk, nt)) {
             am = jk == J_BF16 ? mid_acts_f(ap, lda, nt, (kv + 31) / 32, 32) : mid_acts_f(ap, lda, nt, in / 16, 16);

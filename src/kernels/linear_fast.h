@@ -92,12 +92,45 @@ extern long long ds41_fast_e4m3s_items, ds41_fast_e4m3s_fallbacks;
 extern const int8_t ds41_shuf_e4m3[64];
 /* tests: 1 sends T = DS41_FEW_MAX + 1 .. 64 to the prefill panels instead of the mid kernels,
  * an independent implementation of the canonical order (AVX2 FP4: the int16 words of
- * e2m1x32_i16 against the T = 1 .. 64 kernels' words times 256) */
+ * ds41_e2m1x32_i16 against the T = 1 .. 64 kernels' words times 256) */
 extern int ds41_fast_mid_off;
+
+/* The AVX-512 BF16 FP4 prefill panels (linear_avx512bf16.c): the int16 road's bits with
+ * vdpbf16ps (3 instructions per 64 MACs instead of 5). pan_fp4b: one panel row, nblk blocks of
+ * codes c and scale bytes st, as BF16 words 2 e2m1 * s_w in the int16 panel layout; 0 when a
+ * scale byte is outside [1, 233] (the panel then takes the int16 road). pf_fp4b: pf_fp4 on that
+ * panel and the BF16 activation words AB (the int16 words aw as BF16, the same layout).
+ * probe: time per vdpbf16ps over time per zmm FMA on this core (12 chains, about 2 ms). */
+typedef struct ds41_fast_bf16 {
+    int (*pan_fp4b)(const uint8_t *c, const uint8_t *st, int nblk, int16_t *pw);
+    void (*pf_fp4b)(const int16_t *PW, int nr, const int16_t *AB, size_t ldab, const float *SAV, size_t ldsa, int T,
+                    int nblk, float *acc, int z);
+    double (*probe)(void);
+} ds41_fast_bf16;
+const ds41_fast_bf16 *ds41_fast_bf16_avx512(void);
+/* 1 when the AVX-512 path uses the BF16 FP4 panels (set at first use from the probe, or by
+ * DS41_ISA / ds41_kernels_set_isa: "avx512bf16" on, "avx512" off); the probe's ratio (0: not
+ * run) and the threshold below which auto turns them on */
+extern int ds41_fast_bf16_on;
+extern double ds41_fast_bf16_ratio;
+#define DS41_BF16_RATIO_MAX 1.5
+/* panels that asked for the BF16 road and took the int16 one (a scale byte out of range, or an
+ * activation word not exact in BF16), and those that took it (tests check both run) */
+extern long long ds41_fast_bf16_panels, ds41_fast_bf16_fallbacks;
 
 const ds41_fast_ops *ds41_fast_ops_avx2(void);
 const ds41_fast_ops *ds41_fast_ops_avx512(void);   /* NULL when not compiled in */
 const ds41_fast_ops *ds41_fast_ops_get(void);     /* the selected one */
+
+/* 16 packed E2M1 bytes (one block) -> int16 of 2 * e2m1: *we = even elements, *wo = odd (the
+ * prefill panels' words, every ISA) */
+static inline __attribute__((always_inline)) void ds41_e2m1x32_i16(const uint8_t *p, __m256i *we, __m256i *wo) {
+    const __m128i tab = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i m = _mm_set1_epi8(0x0F);
+    __m128i v = _mm_loadu_si128((const __m128i *)p);
+    *we = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(tab, _mm_and_si128(v, m)));
+    *wo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(v, 4), m)));
+}
 
 /* Software prefetch for R weight rows read side by side (row r at w + r * ldb): row r's byte
  * offb (the read position plus the prefetch distance), or, past its row's end, the same byte

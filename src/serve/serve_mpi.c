@@ -8,6 +8,8 @@
 #include <time.h>
 
 #include "dist.h"
+#include "forward.h"
+#include "restore.h"
 #include "serve_sched.h"
 
 /* how long rank 0 gives the HTTP threads to answer the requests in flight after a fault */
@@ -19,21 +21,76 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* Per rank, with DS41_MPI_VERBOSE=1: the sequences it held and the most state they held at
+ * once after a step (all of it, and the global KV pages in it), printed at the end; under
+ * --dp-attention rank 0 also counts what its copies of the other ranks' sequences hold (their
+ * sessions' rings; no KV pages). */
+typedef struct dp_count {
+    long long seqs, peak, peak_kv, peak_copies;
+} dp_count;
+
+static int verbose(void) {
+    static int v = -1;
+    if (v < 0) v = getenv("DS41_MPI_VERBOSE") && !strcmp(getenv("DS41_MPI_VERBOSE"), "1");
+    return v;
+}
+
+static void dp_measure(dp_count *c, ds41_session *const *s, const int *own, int n, int me) {
+    if (!verbose()) return;
+    long long tot = 0, kv = 0, cp = 0;
+    for (int i = 0; i < n; i++) {
+        if (!s[i]) continue;
+        ds41_state_info si;
+        ds41_session_state(s[i], &si);
+        if (own && own[i] != me) { cp += si.total_bytes; continue; }
+        tot += si.total_bytes;
+        kv += si.global_kv_page_bytes;
+    }
+    if (tot > c->peak) c->peak = tot;
+    if (kv > c->peak_kv) c->peak_kv = kv;
+    if (cp > c->peak_copies) c->peak_copies = cp;
+}
+
+static void dp_report(const dp_count *c) {
+    if (!verbose()) return;
+    int dp = ds41_dist_dp();
+    fprintf(stderr, "ds41 serve [rank %d]: %s: %lld sequences held here, at most %lld bytes of state at once "
+                    "(%lld of them global KV pages)", ds41_dist_rank(), dp ? "--dp-attention" : "replicated attention",
+            c->seqs, c->peak, c->peak_kv);
+    if (dp && ds41_dist_rank() == 0) fprintf(stderr, "; rank 0's copies of the other ranks' sequences: at most %lld bytes", c->peak_copies);
+    fprintf(stderr, "\n");
+}
+
 /* ---------------------------------------------------------------- rank 0: recorder */
 
 struct ds41_smirror {
     int32_t *w;
     size_t n, cap;
-    const ds41_session **sess;    /* open sessions and their ids */
+    const ds41_session **sess;    /* open sessions, their ids and (--dp-attention) the rank that holds each */
     int32_t *sid;
+    int *own;
     int n_sess, cap_sess;
+    int dp;                       /* --dp-attention */
+    int turn;                     /* the rank a tie goes to first */
+    int *load;                    /* [ranks]: sessions each rank holds (scratch) */
+    long long *held;              /* [ranks]: tokens they hold (scratch) */
+    dp_count dpc;
     int32_t next_id;
     double last;                  /* when the last record went out */
 };
 
 ds41_smirror *ds41_smirror_new(void) {
     ds41_smirror *m = calloc(1, sizeof *m);
-    if (m) m->last = now_s();
+    if (!m) return NULL;
+    m->last = now_s();
+    m->dp = ds41_dist_dp();
+    int N = ds41_dist_size();
+    m->load = calloc((size_t)N, sizeof *m->load);
+    m->held = calloc((size_t)N, sizeof *m->held);
+    if (!m->load || !m->held) {
+        ds41_smirror_free(m);
+        return NULL;
+    }
     return m;
 }
 
@@ -42,6 +99,9 @@ void ds41_smirror_free(ds41_smirror *m) {
     free(m->w);
     free(m->sess);
     free(m->sid);
+    free(m->own);
+    free(m->load);
+    free(m->held);
     free(m);
 }
 
@@ -78,11 +138,32 @@ static void flush(ds41_smirror *m) {
     m->last = now_s();
 }
 
-static int32_t sid_of(const ds41_smirror *m, const ds41_session *s) {
+static int slot_of(const ds41_smirror *m, const ds41_session *s) {
     for (int i = 0; i < m->n_sess; i++)
-        if (m->sess[i] == s) return m->sid[i];
+        if (m->sess[i] == s) return i;
     fprintf(stderr, "ds41 serve: a session the other ranks do not know was used; ending the job\n");
     abort();
+}
+
+static int32_t sid_of(const ds41_smirror *m, const ds41_session *s) { return m->sid[slot_of(m, s)]; }
+
+/* --dp-attention: the rank for a new sequence, the one holding the fewest sequences, then the
+ * fewest tokens; among equals the next in turn after the last one chosen (one request at a
+ * time then alternates, rather than all going to rank 0, which also runs the HTTP front) */
+static int least_loaded(ds41_smirror *m) {
+    int N = ds41_dist_size(), best = -1;
+    memset(m->load, 0, (size_t)N * sizeof *m->load);
+    memset(m->held, 0, (size_t)N * sizeof *m->held);
+    for (int i = 0; i < m->n_sess; i++) {
+        m->load[m->own[i]]++;
+        m->held[m->own[i]] += ds41_session_pos(m->sess[i]);
+    }
+    for (int j = 0; j < N; j++) {
+        int q = (m->turn + j) % N;
+        if (best < 0 || m->load[q] < m->load[best] || (m->load[q] == m->load[best] && m->held[q] < m->held[best])) best = q;
+    }
+    m->turn = (best + 1) % N;
+    return best;
 }
 
 void ds41_smirror_open(ds41_smirror *m, const ds41_session *s) {
@@ -95,26 +176,30 @@ void ds41_smirror_open(ds41_smirror *m, const ds41_session *s) {
         int32_t *ni = realloc(m->sid, (size_t)nc * sizeof *ni);
         if (!ni) oom();
         m->sid = ni;
+        int *no = realloc(m->own, (size_t)nc * sizeof *no);
+        if (!no) oom();
+        m->own = no;
         m->cap_sess = nc;
     }
     int32_t id = m->next_id;
     m->next_id = (m->next_id + 1) & INT32_MAX;
+    int rank = m->dp ? least_loaded(m) : 0;
     m->sess[m->n_sess] = s;
+    m->own[m->n_sess] = rank;
     m->sid[m->n_sess++] = id;
-    int32_t v[2] = { DS41_SOP_OPEN, id };
-    put(m, v, 2);
+    m->dpc.seqs += rank == 0;
+    int32_t v[3] = { m->dp ? DS41_SOP_OPEN_ON : DS41_SOP_OPEN, id, rank };
+    put(m, v, m->dp ? 3 : 2);
 }
 
 void ds41_smirror_close(ds41_smirror *m, const ds41_session *s) {
     if (!m) return;
     int32_t v[2] = { DS41_SOP_CLOSE, sid_of(m, s) };
     put(m, v, 2);
-    for (int i = 0; i < m->n_sess; i++)
-        if (m->sess[i] == s) {
-            m->sess[i] = m->sess[--m->n_sess];
-            m->sid[i] = m->sid[m->n_sess];
-            break;
-        }
+    int i = slot_of(m, s);
+    m->sess[i] = m->sess[--m->n_sess];
+    m->sid[i] = m->sid[m->n_sess];
+    m->own[i] = m->own[m->n_sess];
 }
 
 static void put_ids(ds41_smirror *m, int op, const ds41_session *s, const int32_t *ids, size_t n) {
@@ -153,6 +238,78 @@ void ds41_smirror_step(ds41_smirror *m, const ds41_batch_item *it, int count) {
     flush(m);
 }
 
+/* --dp-attention: an item's answer to rank 0, in step order: its error (empty: none), then
+ * its logits when the forward computed them (every item but a prompt part that goes on) */
+#define ANSWER_ERR 248
+
+static size_t answer_bytes(const ds41_batch_item *b, int V) {
+    return ANSWER_ERR + (b->ahead == 0 ? (size_t)V * sizeof(float) : 0);
+}
+
+static unsigned char *answer_put(unsigned char *p, const ds41_batch_item *b, int V) {
+    const char *err = ds41_session_error(b->s);
+    memset(p, 0, ANSWER_ERR);
+    if (err && err[0]) snprintf((char *)p, ANSWER_ERR, "%s", err);
+    p += ANSWER_ERR;
+    if (b->ahead == 0) {
+        memcpy(p, ds41_logits(b->s), (size_t)V * sizeof(float));
+        p += (size_t)V * sizeof(float);
+    }
+    return p;
+}
+
+static const unsigned char *answer_take(const unsigned char *p, ds41_batch_item *b, int V) {
+    char err[ANSWER_ERR];
+    memcpy(err, p, ANSWER_ERR);
+    err[ANSWER_ERR - 1] = 0;
+    p += ANSWER_ERR;
+    const float *lg = NULL;
+    if (b->ahead == 0) {
+        lg = (const float *)p;
+        p += (size_t)V * sizeof(float);
+    }
+    ds41_session_absorb(b->s, b->n, err[0] ? NULL : lg, err[0] ? err : NULL);
+    b->failed = err[0] != 0;
+    return p;
+}
+
+void ds41_smirror_batch_step(ds41_smirror *m, ds41_engine *e, ds41_batch_item *it, int count) {
+    if (!m) { ds41_batch_step(it, count); return; }
+    ds41_smirror_step(m, it, count);
+    if (!m->dp) {
+        ds41_batch_step(it, count);
+        dp_measure(&m->dpc, (ds41_session *const *)m->sess, NULL, m->n_sess, 0);
+        return;
+    }
+    /* rank 0's own items in one batch, in step order */
+    int N = ds41_dist_size(), V = ds41_vocab_size(e), n0 = 0;
+    ds41_batch_item *mine = malloc((size_t)count * sizeof *mine);
+    size_t *nb = calloc((size_t)N, sizeof *nb);
+    unsigned char **buf = calloc((size_t)N, sizeof *buf);
+    if (!mine || !nb || !buf) oom();
+    for (int i = 0; i < count; i++) {
+        int q = m->own[slot_of(m, it[i].s)];
+        if (q == 0) mine[n0++] = it[i];
+        else nb[q] += answer_bytes(&it[i], V);
+    }
+    if (n0 > 0) ds41_batch_step(mine, n0);
+    ds41_dist_dp_done(&e->ctx);
+    for (int q = 1; q < N; q++)
+        if (nb[q] && !(buf[q] = malloc(nb[q]))) oom();
+    ds41_dist_dp_recv0((void *const *)buf, nb);
+    const unsigned char **at = calloc((size_t)N, sizeof *at);
+    if (!at) oom();
+    for (int q = 1; q < N; q++) at[q] = buf[q];
+    for (int i = 0, j = 0; i < count; i++) {
+        int q = m->own[slot_of(m, it[i].s)];
+        if (q == 0) it[i] = mine[j++];
+        else at[q] = answer_take(at[q], &it[i], V);
+    }
+    for (int q = 1; q < N; q++) free(buf[q]);
+    free(at); free(buf); free(nb); free(mine);
+    dp_measure(&m->dpc, (ds41_session *const *)m->sess, m->own, m->n_sess, 0);
+}
+
 double ds41_smirror_beat_s(void) {
     double t = ds41_dist_timeout() / 3;
     return t < 0.05 ? 0.05 : t;
@@ -164,36 +321,81 @@ void ds41_smirror_beat(ds41_smirror *m) {
 
 void ds41_smirror_end(ds41_smirror *m) {
     if (!m) return;
+    dp_report(&m->dpc);
     put1(m, DS41_SOP_END);
     flush(m);
 }
 
 /* ---------------------------------------------------------------- followers */
 
+/* The sequences rank 0 opened: s is this rank's session, NULL for one another rank holds
+ * (--dp-attention) */
 typedef struct fslots {
     ds41_session **s;
     int32_t *id;
     int n, cap;
+    unsigned char *ans;           /* --dp-attention: this rank's answers to a step */
+    size_t ans_cap;
+    dp_count dpc;
 } fslots;
 
-static ds41_session *slot_find(const fslots *f, int32_t id) {
+static int slot_at(const fslots *f, int32_t id) {
     for (int i = 0; i < f->n; i++)
-        if (f->id[i] == id) return f->s[i];
-    return NULL;
+        if (f->id[i] == id) return i;
+    return -1;
+}
+
+static ds41_session *slot_find(const fslots *f, int32_t id) {
+    int i = slot_at(f, id);
+    return i < 0 ? NULL : f->s[i];
+}
+
+/* --dp-attention: this rank's items of the step (the others' are theirs), run; then the
+ * exchanges of the other ranks' forwards, then the answers to rank 0 */
+static int step_own(ds41_engine *e, fslots *f, ds41_batch_item *items, int count, char *err, size_t errcap) {
+    int n = 0, V = ds41_vocab_size(e);
+    size_t bytes = 0;
+    for (int k = 0; k < count; k++)
+        if (items[k].s) {
+            items[n++] = items[k];
+            bytes += answer_bytes(&items[k], V);
+        }
+    if (n > 0) ds41_batch_step(items, n);   /* per-item failures go to rank 0 in the answers */
+    ds41_dist_dp_done(&e->ctx);
+    if (!n) return 0;
+    dp_measure(&f->dpc, f->s, NULL, f->n, 0);
+    if (bytes > f->ans_cap) {
+        unsigned char *nb = realloc(f->ans, bytes);
+        if (!nb) return snprintf(err, errcap, "out of memory for the answers of a step"), -1;
+        f->ans = nb;
+        f->ans_cap = bytes;
+    }
+    unsigned char *p = f->ans;
+    for (int k = 0; k < n; k++) p = answer_put(p, &items[k], V);
+    ds41_dist_dp_send0(f->ans, bytes);
+    return 0;
 }
 
 static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_params *sp, fslots *f, const ds41_sop *op,
                  ds41_batch_item **items, int *items_cap, char *err, size_t errcap) {
     ds41_session *s = NULL;
+    int dp = ds41_dist_dp(), me = ds41_dist_rank();
     if (op->op == DS41_SOP_CLOSE || op->op == DS41_SOP_RESTORE || op->op == DS41_SOP_PUBLISH) {
         s = slot_find(f, op->id);
-        if (!s) return snprintf(err, errcap, "serve mirror: rank 0 named session %d, which this rank does not hold", (int)op->id), -1;
+        if (!s && !(dp && op->op == DS41_SOP_CLOSE && slot_at(f, op->id) >= 0))
+            return snprintf(err, errcap, "serve mirror: rank 0 named session %d, which this rank does not hold", (int)op->id), -1;
     }
+    if ((op->op == DS41_SOP_OPEN || op->op == DS41_SOP_OPEN_ON) && (op->op == DS41_SOP_OPEN_ON) != dp)
+        return snprintf(err, errcap, "serve mirror: rank 0 sent %s, this rank runs %s", op->op == DS41_SOP_OPEN_ON ? "OPEN_ON" : "OPEN",
+                        dp ? "--dp-attention" : "without --dp-attention"), -1;
+    if (op->op == DS41_SOP_OPEN_ON && op->rank >= ds41_dist_size())
+        return snprintf(err, errcap, "serve mirror: rank 0 gave session %d to rank %d of %d", (int)op->id, op->rank, ds41_dist_size()), -1;
     if ((op->op == DS41_SOP_RESTORE || op->op == DS41_SOP_PUBLISH || op->op == DS41_SOP_TRIM) && !pc)
         return snprintf(err, errcap, "serve mirror: rank 0 uses a prefix cache and this rank has none"), -1;
     switch (op->op) {
-    case DS41_SOP_OPEN: {
-        if (slot_find(f, op->id)) return snprintf(err, errcap, "serve mirror: session %d opened twice", (int)op->id), -1;
+    case DS41_SOP_OPEN:
+    case DS41_SOP_OPEN_ON: {
+        if (slot_at(f, op->id) >= 0) return snprintf(err, errcap, "serve mirror: session %d opened twice", (int)op->id), -1;
         if (f->n == f->cap) {
             int nc = f->cap ? f->cap * 2 : 16;
             ds41_session **ns = realloc(f->s, (size_t)nc * sizeof *ns);
@@ -205,10 +407,14 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             f->cap = nc;
         }
         char eb[512];
-        ds41_session *ns = ds41_session_open(e, sp, eb, sizeof eb);
-        if (!ns) return snprintf(err, errcap, "serve mirror: cannot open a session as rank 0 did: %s", eb), -1;
+        ds41_session *ns = NULL;
+        if (op->op == DS41_SOP_OPEN || op->rank == me) {
+            ns = ds41_session_open(e, sp, eb, sizeof eb);
+            if (!ns) return snprintf(err, errcap, "serve mirror: cannot open a session as rank 0 did: %s", eb), -1;
+        }
         f->s[f->n] = ns;
         f->id[f->n++] = op->id;
+        f->dpc.seqs += ns != NULL;
         return 0;
     }
     case DS41_SOP_CLOSE:
@@ -241,13 +447,16 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             ds41_batch_item *b = &(*items)[k];
             memset(b, 0, sizeof *b);
             b->s = slot_find(f, w[0]);
-            if (!b->s) return snprintf(err, errcap, "serve mirror: rank 0's step names session %d, which this rank does not hold", (int)w[0]), -1;
+            if (!b->s && !(dp && slot_at(f, w[0]) >= 0))
+                return snprintf(err, errcap, "serve mirror: rank 0's step names session %d, which this rank does not hold", (int)w[0]), -1;
             b->n = (size_t)w[1];
             b->ahead = (size_t)w[2];
             b->ids = w + 3;
             w += 3 + b->n;
         }
+        if (dp) return step_own(e, f, *items, op->count, err, errcap);
         ds41_batch_step(*items, op->count);   /* per-item failures are rank 0's too */
+        dp_measure(&f->dpc, f->s, NULL, f->n, 0);
         return 0;
     }
     default:
@@ -259,7 +468,7 @@ int ds41_smirror_follow(ds41_engine *e, ds41_prefix_cache *pc, const ds41_sessio
     /* a broken link is seen by both ends at about the same time: rank 0 answers its clients
      * (at most FAULT_ANSWER_S) and ends the job before this rank would */
     ds41_dist_set_fault_delay(FAULT_ANSWER_S + 1.0);
-    fslots f = { NULL, NULL, 0, 0 };
+    fslots f = { NULL, NULL, 0, 0, NULL, 0, { 0, 0, 0, 0 } };
     ds41_batch_item *items = NULL;
     int items_cap = 0, rc = -1;
     int32_t *buf = NULL;
@@ -285,8 +494,9 @@ int ds41_smirror_follow(ds41_engine *e, ds41_prefix_cache *pc, const ds41_sessio
         if (r < 0 || a < 0) break;
         if (a == 1) { rc = 0; break; }
     }
+    dp_report(&f.dpc);
     for (int i = 0; i < f.n; i++) ds41_session_close(f.s[i]);
-    free(f.s); free(f.id); free(items); free(buf);
+    free(f.s); free(f.id); free(f.ans); free(items); free(buf);
     return rc;
 }
 

@@ -14,7 +14,16 @@
  * then, so that a follower sees a dead rank 0 within --mpi-timeout.
  *
  * Words on the wire: int32. Operations: OPEN id | CLOSE id | RESTORE id n ids[n] |
- * PUBLISH id n ids[n] | TRIM lo hi (bytes) | STEP count {id n ahead ids[n]}[count] | END. */
+ * PUBLISH id n ids[n] | TRIM lo hi (bytes) | STEP count {id n ahead ids[n]}[count] | END |
+ * OPEN_ON id rank.
+ *
+ * --dp-attention (docs/distributed.md): rank 0 gives each new sequence to the least-loaded
+ * rank (sequences open there, then tokens held) with OPEN_ON; only that rank holds it. Each
+ * rank runs its own items of every STEP (rank 0 too; a rank with none joins the expert
+ * exchanges with zero rows) and sends rank 0, per item in step order, its error and, where
+ * the forward computed them, its logits; rank 0 samples from them as from its own. Rank 0
+ * keeps a session per sequence for its sampler and logits processor: for another rank's
+ * sequences it runs no forward (ds41_session_absorb). No prefix cache. */
 #ifndef DS41_SERVE_MPI_H
 #define DS41_SERVE_MPI_H
 
@@ -23,12 +32,14 @@
 
 #include "ds41.h"
 
-enum { DS41_SOP_OPEN = 1, DS41_SOP_CLOSE, DS41_SOP_RESTORE, DS41_SOP_PUBLISH, DS41_SOP_TRIM, DS41_SOP_STEP, DS41_SOP_END };
+enum { DS41_SOP_OPEN = 1, DS41_SOP_CLOSE, DS41_SOP_RESTORE, DS41_SOP_PUBLISH, DS41_SOP_TRIM, DS41_SOP_STEP, DS41_SOP_END,
+       DS41_SOP_OPEN_ON };
 
 /* One decoded operation; ids / items point into the buffer. */
 typedef struct ds41_sop {
     int op;
     int32_t id;
+    int rank;                 /* OPEN_ON */
     const int32_t *ids;       /* RESTORE, PUBLISH */
     size_t n;
     long long bytes;          /* TRIM */
@@ -51,6 +62,9 @@ void ds41_smirror_restore(ds41_smirror *m, const ds41_session *s, const int32_t 
 void ds41_smirror_publish(ds41_smirror *m, const ds41_session *s, const int32_t *ids, size_t n);
 void ds41_smirror_trim(ds41_smirror *m, long long bytes);
 void ds41_smirror_step(ds41_smirror *m, const ds41_batch_item *it, int count);
+/* The scheduler's step: ds41_smirror_step and ds41_batch_step (m == NULL: the step alone);
+ * under --dp-attention rank 0 runs only its own items and takes the others' answers. */
+void ds41_smirror_batch_step(ds41_smirror *m, ds41_engine *e, ds41_batch_item *it, int count);
 /* An empty record when nothing was sent for a while (the scheduler's idle wait). */
 void ds41_smirror_beat(ds41_smirror *m);
 /* The followers leave their loop (rank 0's serve ends). */

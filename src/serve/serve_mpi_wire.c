@@ -5,15 +5,15 @@
 
 #include "serve_mpi.h"
 
-static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH", "TRIM", "STEP", "END" };
+static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH", "TRIM", "STEP", "END", "OPEN_ON" };
 
 int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *err, size_t errcap) {
     size_t i = *at;
     if (i >= n) return 0;
     memset(op, 0, sizeof *op);
     op->op = w[i];
-    if (op->op < DS41_SOP_OPEN || op->op > DS41_SOP_END)
-        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, got %d", i, DS41_SOP_END, (int)w[i]), -1;
+    if (op->op < DS41_SOP_OPEN || op->op > DS41_SOP_OPEN_ON)
+        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, got %d", i, DS41_SOP_OPEN_ON, (int)w[i]), -1;
     const char *name = op_name[op->op];
     i++;
 #define NEED(k, what) \
@@ -23,6 +23,13 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
     case DS41_SOP_CLOSE:
         NEED(1, "a session id");
         op->id = w[i++];
+        break;
+    case DS41_SOP_OPEN_ON:
+        NEED(2, "a session id and a rank");
+        if (w[i + 1] < 0) return snprintf(err, errcap, "serve mirror: word %zu: OPEN_ON: rank %d is negative", i + 1, (int)w[i + 1]), -1;
+        op->id = w[i];
+        op->rank = w[i + 1];
+        i += 2;
         break;
     case DS41_SOP_RESTORE:
     case DS41_SOP_PUBLISH:

@@ -688,8 +688,7 @@ static void *sched_main(void *arg) {
                     }
                 }
             }
-            ds41_smirror_step(S->p.mirror, items, nb);
-            ds41_batch_step(items, nb);
+            ds41_smirror_batch_step(S->p.mirror, S->e, items, nb);
             double t1 = now_s();
             ds41_metrics_observe(S->m, &S->m->iter_tokens, (double)ntok);
             pthread_mutex_lock(&S->m->mu);
