@@ -165,7 +165,7 @@ FUZZ_LIB_SRC := $(addprefix src/,format/common.c format/formats.c format/safeten
   text/grammar.c text/grammar_json.c text/grammar_match.c text/grammar_regex.c text/grammar_tables.c \
   serve/serve_req.c serve/serve_text.c serve/serve_anth.c serve/serve_resp.c dist/dist_place.c \
   image/img_decode.c image/img_png.c image/img_jpeg.c image/img_plan.c image/img_resize.c image/img_prep.c \
-  serve/serve_mpi_wire.c)
+  serve/serve_mpi_wire.c dist/dist_stage.c)
 FUZZ_OBJ := $(patsubst src/%.c,build-fuzz/obj/%.o,$(FUZZ_LIB_SRC))
 build-fuzz/obj/%.o: src/%.c $(SRC_HDR)
 	@mkdir -p $(dir $@)

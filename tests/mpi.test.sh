@@ -70,6 +70,20 @@ for d in tests/malformed/expert-map/*/; do
 done
 [ -z "$bad" ] && [ $n -ge 8 ] && pass "expert_map_malformed_corpus ($n cases)" || fail expert_map_malformed_corpus "$n cases;$bad"
 
+# inspect --ranks 2 --split layers (no MPI needed): tiny's second stage may start at KV source 1
+# (stages of 1.14 MB and 4.55 MB) or 3 (2.72 MB and 2.96 MB); the default takes 3, whose largest
+# stage is smaller; the stages' bytes add up to the checkpoint's; a token's hop is 4 x (256 + 1)
+# x 4 B, its logits row 512 x 4 B to the 1 other rank
+if "$DS41" inspect --ranks 2 --split layers --json tests/configs/tiny >"$TMP/i.json" 2>"$TMP/i.err" &&
+   "$PY" -c "
+import json, sys
+o = json.load(open(sys.argv[1])); r = o['ranks']; p = r['per_rank']
+assert r['split'] == 'layers' and [(q['first_layer'], q['last_layer']) for q in p] == [(0, 2), (3, 5)], r
+assert sum(q['weight_bytes'] for q in p) == o['weight_bytes'], (r, o['weight_bytes'])
+assert r['hop_bytes_per_token'] == 4 * 257 * 4 and r['hops'] == 1 and r['logits_bytes_per_token'] == 512 * 4, r
+assert [q['kv_bytes_per_token'] for q in p] == [35.0, 70.0], r   # KV sources 1 (ratio 2) and 3 (ratio 1)
+" "$TMP/i.json"; then pass split_inspect_tiny; else fail split_inspect_tiny "$(head -c 300 "$TMP/i.err")"; fi
+
 if ! command -v mpiexec >/dev/null || "$DS41" --help 2>&1 | grep -q "this build has no MPI"; then
     echo "SKIP mpi: no mpiexec or ds41 built without MPI (mpicc not on PATH at build time)"
     exit 0
@@ -314,7 +328,7 @@ rank_pid() {   # rank_pid R -> PID of this test's ds41 rank R (empty while not s
 fault_run() {   # fault_run NAME SIGNAL PATTERN LIMIT
     local name=$1 sig=$2 pat=$3 lim=$4
     timeout 120 mpiexec -n 2 "$DS41" run -m "$demo" -p "Once upon a time" -n 3000 -c 4096 --ignore-eos --spec off \
-        --mpi-timeout 3 >"$TMP/f.out" 2>"$TMP/f.err" &
+        --mpi-timeout 3 ${FR_ARGS:-} >"$TMP/f.out" 2>"$TMP/f.err" &
     local job=$! p="" i
     for i in $(seq 1 300); do   # until rank 1 decodes (tokens on rank 0's stdout), at most ~30 s
         p=$(rank_pid 1)
@@ -469,4 +483,68 @@ if [ -s "$TMP/s1.out" ]; then
 else
     fail serve_dp_answers "no answers of one process to compare with"
 fi
+
+# ---------------------------------------------------------------- --split layers (pipeline stages)
+# Each rank runs a contiguous range of layers (a stage starts at a KV source: tiny -n 2 = 0-2 /
+# 3-5, -n 3 = 0 / 1-2 / 3-5; demo -n 2 = 0-3 / 4-7, -n 3 = 0-1 / 2-3 / 4-7), the residual rows
+# crossing point to point: tokens and logits bit-identical to one process, exact and fast.
+# (`same` runs the one process with the same flags: --split is a job flag, a plain run has one
+# stage.) DS41_MPI_VERBOSE's "pipe:" lines give each rank's layers and the rows it moved.
+same split_exact_tiny_n3 3 -m "$tiny" --prompt-ids "$P20" -n 12 --exact --ignore-eos --split layers
+same split_exact_demo_n2 2 -m "$demo" -p "Once upon a time" -n 24 --exact --ignore-eos --split layers
+# demo -n 3, exact (the tokens and logits of split_exact_demo_n2's one process), its stages and
+# the rows crossing: the 6-token prompt's CED prefill sends every
+# row into layer 2 (a KV source reads every row) and into layer 4, then one row per decode step
+if DS41_MPI_VERBOSE=1 $RUN -n 3 "$DS41" run -m "$demo" -p "Once upon a time" -n 24 --exact --ignore-eos --split layers \
+       --mpi-timeout 30 --dump-logits "$TMP/b.f32" >"$TMP/b.out" 2>"$TMP/b.err" && cmp -s "$TMP/b.out" "$TMP/a.out" &&
+   cmp -s "$TMP/b.f32" "$TMP/a.f32"; then
+    got=$(sed -n 's/.*pipe: layers \([0-9.]*\) of 8.*sent [0-9]* hops \([0-9]*\) rows \([0-9]*\) bytes.*/\1 \2 \3/p' "$TMP/b.err" | sort | tr '\n' ' ')
+    # 6 + 23 rows per hop, 3088 B each (4 x (192 + 1) x 4) plus a 24-byte header per step
+    want="0..1 29 $((29 * 3088 + 24 * 24)) 2..3 29 $((29 * 3088 + 24 * 24)) 4..7 0 0 "
+    [ "$got" = "$want" ] && pass split_stages_demo_n3 || fail split_stages_demo_n3 "got '$got', expected '$want'"
+else
+    fail split_stages_demo_n3 "tokens or logits differ from one process, or the job failed: $(tail -n 3 "$TMP/b.err")"
+fi
+same split_fast_demo_n3 3 -m "$demo" -p "Once upon a time" -n 24 --ignore-eos --split layers
+same split_exact_small43_n2_map 2 -m "$small" --prompt-ids "$P90" -n 8 --exact --ignore-eos --split layers --layer-map 0-13,14-39
+if $RUN -n 3 "$DS41" perplexity -m "$demo" -f "$TMP/text" -c 128 --json --exact --split layers --mpi-timeout 30 \
+       >"$TMP/p3.json" 2>"$TMP/p3.err"; then   # $TMP/p1.json: the one process of perplexity_n3
+    d=$("$PY" -c "
+import json, sys
+a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2]))
+print(' '.join(sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in ('seconds', 'tokens_per_s'))))" "$TMP/p1.json" "$TMP/p3.json")
+    [ -z "$d" ] && pass split_perplexity_n3 || fail split_perplexity_n3 "fields differ: $d"
+else
+    fail split_perplexity_n3 "$(tail -n 2 "$TMP/p3.err")"
+fi
+# chat: the replies of chat_n3's one process ($TMP/c1.out; exact, so its default speculation
+# emits the plain tokens, and --split layers runs with it off)
+if $RUN -n 2 "$DS41" chat -m "$demo" -n 16 --exact --split layers --mpi-timeout 30 <"$TMP/chat.in" >"$TMP/c2.out" 2>"$TMP/c2.err"; then
+    [ -s "$TMP/c1.out" ] && cmp -s "$TMP/c1.out" "$TMP/c2.out" && pass split_chat_n2 ||
+        fail split_chat_n2 "replies differ: '$(head -c 80 "$TMP/c1.out")' vs '$(head -c 80 "$TMP/c2.out")'"
+else
+    fail split_chat_n2 "$(tail -n 2 "$TMP/c2.err")"
+fi
+# the malformed --layer-map corpus (inspect, no MPI): one line naming the range, exit 1, nothing on stdout
+n=0 bad=""
+for d in tests/malformed/layer-map/*/; do
+    "$DS41" inspect --ranks 3 --split layers --layer-map "$(cat "$d/map")" "$demo" >"$TMP/m.out" 2>"$TMP/m.err"; rc=$?
+    n=$((n + 1))
+    if [ $rc -ne 1 ] || [ "$(wc -l <"$TMP/m.err")" -ne 1 ] || ! grep -qF -- "$(cat "$d/expected")" "$TMP/m.err" || [ -s "$TMP/m.out" ]; then
+        bad="$bad $(basename "$d")(exit $rc: $(head -c 200 "$TMP/m.err"))"
+    fi
+done
+[ -z "$bad" ] && [ $n -ge 10 ] && pass "split_layer_map_malformed_corpus ($n cases)" || fail split_layer_map_malformed_corpus "$n cases;$bad"
+# refusals that need no job: they come from the flags and the config, the same on every rank
+expect_job split_too_many_ranks "8 layers cannot make 4 stages" 60 "$DS41" inspect --ranks 4 --split layers "$demo"
+expect_job split_expert_map_refused "with --split layers each rank runs all the experts of its layers" 60 \
+    "$DS41" run -m "$demo" -p "x" -n 2 --split layers --expert-map "$TMP/map"
+expect_job split_spec_refused "is not supported with --split layers" 60 "$DS41" run -m "$demo" -p "x" -n 2 --split layers --spec fixed:2
+expect_job split_serve_refused "ds41 serve: --split layers is not supported by serve yet" 60 \
+    mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --split layers
+expect_job split_missing_stage_file "rank 1: .*noshard" 60 \
+    mpiexec -n 1 "$DS41" run -m "$tiny" --prompt-ids 1,2,3 -n 2 --split layers : -n 1 "$DS41" run -m "$TMP/noshard" --prompt-ids 1,2,3 -n 2 --split layers
+# the last stage stops mid-decode: rank 0, waiting for its logits, names it within --mpi-timeout
+FR_ARGS="--split layers" fault_run split_hung_stage STOP "ds41: rank 1 did not answer within 3.0 s (the logits" 10
+FR_ARGS="--split layers" fault_run split_killed_stage KILL "BAD TERMINATION\|rank 1" 10
 exit 0

@@ -15,6 +15,7 @@
 
 #include "cli.h"
 #include "cli_args.h"
+#include "dist_pipe.h"
 #include "ds41.h"
 #include "kernels.h"
 
@@ -202,6 +203,11 @@ int ds41_cli_bench_configs(int argc, char **argv) {
         else { fprintf(stderr, "ds41 bench --configs: unknown or incomplete option '%s'\n%s", a, USAGE); return 2; }
     }
     if (!dir) { fprintf(stderr, "ds41 bench --configs: -m DIR is required (a checkpoint directory)\n"); return 2; }
+    if (ds41_pipe_on()) {   /* the stages follow the checkpoint's KV sources, which the twin's plan changes */
+        fprintf(stderr, "ds41 bench --configs: not with --split layers (the CSA2-less twin has other KV sources than "
+                        "the stages were cut at)\n");
+        return 2;
+    }
     if (ds41_cli_model_dir_ok("bench", dir)) return 1;
     ds41_load_params lp;
     ds41_load_params_default(&lp);

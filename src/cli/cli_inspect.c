@@ -13,12 +13,14 @@
 #include "model.h"
 #include "safetensors.h"
 #include "cli_inspect_ranks.h"
+#include "cli_inspect_stages.h"
+#include "dist_pipe.h"
 #include "cli_args.h"
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: ds41 inspect [--json] [--role prefill|decode [--pd-decoder prefill|decode]] [--ranks N\n"
-            "       [--expert-map FILE]] PATH\n"
+            "usage: ds41 inspect [--json] [--role prefill|decode [--pd-decoder prefill|decode]]\n"
+            "       [--ranks N [--expert-map FILE | --split layers [--layer-map RANGES]]] PATH\n"
             "\n"
             "PATH is a checkpoint directory (config.json plus safetensors: one file or a sharded\n"
             "model.safetensors.index.json), a directory holding only config.json, or a config.json file.\n"
@@ -34,7 +36,8 @@ static void usage(FILE *f) {
             "              decoder layer ships; the prefill node reads no decoder weight)\n"
             "  --ranks N   the bytes each rank of an `mpiexec -n N` job holds (replicated weights, its\n"
             "              routed experts under the default placement or --expert-map FILE, Engram, KV per\n"
-            "              token) and the bytes each token sends per layer (docs/distributed.md)\n"
+            "              token) and the bytes each token sends per layer (docs/distributed.md); with --split\n"
+            "              layers: each stage's layers and bytes, and the bytes per token and hop\n"
             "  -h, --help  this help\n"
             "\n"
             "Exit status: 0 ok; 1 bad config, unreadable checkpoint or a missing/misshaped tensor\n"
@@ -492,7 +495,8 @@ int ds41_cli_inspect(int argc, char **argv) {
     }
 
     /* --ranks: checked (the expert map) before anything is printed */
-    if (ranks > 0 && ds41_cli_inspect_ranks(&r.cfg, &r.bud, (int)ranks, ds41_dist_expert_map(), &r.ranks)) {
+    if (ranks > 0 && (ds41_pipe_on() ? ds41_cli_inspect_stages(&r.cfg, (int)ranks, ds41_pipe_layer_map(), &r.ranks)
+                                     : ds41_cli_inspect_ranks(&r.cfg, &r.bud, (int)ranks, ds41_dist_expert_map(), &r.ranks))) {
         if (r.has_tensors) {
             ds41_check_stats_free(&r.chk);
             ds41_st_close(r.st);
@@ -504,7 +508,8 @@ int ds41_cli_inspect(int argc, char **argv) {
         print_json(&r);
     } else {
         print_text(&r);
-        if (r.ranks) ds41_cli_inspect_ranks(&r.cfg, &r.bud, (int)ranks, ds41_dist_expert_map(), NULL);
+        if (r.ranks && ds41_pipe_on()) ds41_cli_inspect_stages(&r.cfg, (int)ranks, ds41_pipe_layer_map(), NULL);
+        else if (r.ranks) ds41_cli_inspect_ranks(&r.cfg, &r.bud, (int)ranks, ds41_dist_expert_map(), NULL);
     }
     json_decref(r.ranks);
     fflush(stdout);

@@ -7,6 +7,7 @@
 #include "cli_args.h"
 #include "cli_spec.h"
 #include "dist.h"
+#include "dist_pipe.h"
 #include "ds41.h"
 #include "serve.h"
 
@@ -206,6 +207,11 @@ int ds41_cli_serve(int argc, char **argv) {
     }
     if (ds41_dist_size() > 1) {
         /* rank 0 serves, the other ranks mirror its engine calls (docs/distributed.md) */
+        if (ds41_pipe_on()) {
+            fprintf(stderr, "ds41 serve: --split layers is not supported by serve yet (its stages would take turns on one "
+                            "batch at a time); leave it out (--split experts, the default)\n");
+            return 2;
+        }
         if (o.role != DS41_SERVE_ROLE_BOTH) {
             fprintf(stderr, "ds41 serve: --role %s is not supported under mpiexec; run prefill/decode nodes as single processes\n",
                     o.role == DS41_SERVE_ROLE_PREFILL ? "prefill" : "decode");

@@ -2,6 +2,7 @@
 #include "cli_args.h"
 #include "cli_spec.h"
 #include "dist.h"
+#include "dist_pipe.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -13,7 +14,7 @@
 int ds41_cli_spec_parse(const char *cmd, const char *arg, int block, int plain_only, ds41_cli_spec *o) {
     memset(o, 0, sizeof *o);
     o->explicit_arg = arg != NULL;
-    if (!arg) { o->mode = block > 0 && !plain_only ? DS41_SPEC_AUTO : DS41_SPEC_OFF; return 0; }
+    if (!arg) { o->mode = block > 0 && !plain_only && !ds41_pipe_on() ? DS41_SPEC_AUTO : DS41_SPEC_OFF; return 0; }
     if (!strcmp(arg, "off")) o->mode = DS41_SPEC_OFF;
     else if (!strcmp(arg, "auto")) o->mode = DS41_SPEC_AUTO;
     else if (!strncmp(arg, "fixed:", 6)) {
@@ -32,6 +33,11 @@ int ds41_cli_spec_parse(const char *cmd, const char *arg, int block, int plain_o
     }
     if (o->mode != DS41_SPEC_OFF && block == 0) {
         fprintf(stderr, "ds41 %s: --spec %s: the model has no DSpark stages\n", cmd, arg);
+        return 2;
+    }
+    if (o->mode != DS41_SPEC_OFF && ds41_pipe_on()) {   /* the drafter reads taps of the last stage only */
+        fprintf(stderr, "ds41 %s: --spec %s is not supported with --split layers (use --spec off or leave it out: off "
+                        "there)\n", cmd, arg);
         return 2;
     }
     if (o->mode != DS41_SPEC_OFF && plain_only) {

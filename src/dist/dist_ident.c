@@ -2,6 +2,7 @@
  * ranks holding another checkpoint, shard set or kernel mode are refused before they compute
  * anything together. */
 #include "dist.h"
+#include "dist_pipe.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +37,7 @@ int ds41_dist_ident_of(const char *dir, const ds41_st *st, int exact, ds41_dist_
         h = ds41_fnv(h, &bytes, sizeof bytes);
     }
     id->shards = h;
-    id->flags = ds41_dist_flags_hash();
+    id->flags = ds41_pipe_flags_hash(ds41_dist_flags_hash());
     /* exact kernels are one reading on every CPU; the fast ones name their ISA and FP8 path */
     h = ds41_fnv(DS41_FNV0, &exact, sizeof exact);
     if (!exact) {

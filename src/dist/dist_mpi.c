@@ -12,6 +12,7 @@
  * Every message starts with a header (layer, rows, a hash of the routing) so that ranks that
  * drifted apart stop with a message instead of adding another layer's numbers. */
 #include "dist.h"
+#include "dist_pipe.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -91,6 +92,16 @@ int ds41_dist_start(int *argc, char **argv) {
     int o = 1;
     for (int i = 1; i < *argc; i++) {
         const char *a = argv[i];
+        char perr[256];
+        int pf = ds41_pipe_flag(a, i + 1 < *argc ? argv[i + 1] : NULL, perr, sizeof perr);   /* --split, --layer-map */
+        if (pf < 0) {
+            fprintf(stderr, "ds41: %s\n", perr);
+            return 2;
+        }
+        if (pf > 0) {
+            i++;
+            continue;
+        }
         if (!strcmp(a, "--mpi-timeout") || !strcmp(a, "--expert-map")) {
             if (i + 1 >= *argc) {
                 fprintf(stderr, "ds41: %s needs a value\n", a);
@@ -114,6 +125,15 @@ int ds41_dist_start(int *argc, char **argv) {
         argv[o++] = argv[i];
     }
     argv[o] = NULL;
+    if (ds41_pipe_on() && g.map_path) {
+        fprintf(stderr, "ds41: --expert-map places experts over the ranks of --split experts; with --split layers each "
+                        "rank runs all the experts of its layers (use --layer-map to move layers)\n");
+        return 2;
+    }
+    if (!ds41_pipe_on() && ds41_pipe_layer_map()) {
+        fprintf(stderr, "ds41: --layer-map needs --split layers\n");
+        return 2;
+    }
     *argc = o;
     g.argc = o;
     g.argv = argv;
@@ -202,6 +222,7 @@ int ds41_dist_finish(int rc) {
             "%lld KiB", g.st.exchanges, g.st.rows, g.st.bytes_sent, g.st.bytes_recv, g.st.wait_s, hwm);
         char eg[1024];
         if (ds41_dist_engram_report(eg, sizeof eg)) say("%s", eg);
+        if (ds41_pipe_report(eg, sizeof eg)) say("%s", eg);
     }
     ds41_placement_free(&g.place);
     free(g.own);
@@ -248,6 +269,12 @@ static void fatal(int code, const char *fmt, ...) {
     if (g.rank == 0 && g.fault_hook) g.fault_hook(buf);
     if (g.rank != 0 && g.fault_delay > 0) {
         struct timespec ts = { (time_t)g.fault_delay, (long)((g.fault_delay - (double)(time_t)g.fault_delay) * 1e9) };
+        nanosleep(&ts, NULL);
+    }
+    if (g.rank == 0) {
+        /* the launcher forwards rank 0's stderr through its proxy; MPI_Abort at once can end
+         * the job before the line got out (seen with hydra while stdout was busy) */
+        struct timespec ts = { 0, 200000000 };
         nanosleep(&ts, NULL);
     }
     MPI_Abort(MPI_COMM_WORLD, code);

@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "attention.h"
+#include "dist_pipe.h"
 #include "engram_place.h"
 #include "formats.h"
 #include "mhc.h"
@@ -94,6 +95,7 @@ void ds41_engine_free(ds41_engine *e) {
     ds41_side_destroy(e->side);
     ds41_readahead_free(e->ra);
     ds41_engine_engram_free(e);
+    ds41_pipe_close(e->pipe);
     if (e->own_model && e->model) { ds41_model_close(e->model); free(e->model); }
     memset(e, 0, sizeof *e);
 }
@@ -453,7 +455,8 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
         for (int t = 0; t < T[i]; t++) {
             b.pos[r0[i] + t] = (int32_t)(s->cache.pos + t);
             int im = s->ov_img && s->ov_img[t];
-            ds41_stream_embed(cfg, w, &b.s, r0[i] + t, tokens[i][t], im ? s->ov_emb + (size_t)t * dim : NULL);
+            if (!e->pipe || ds41_pipe_first(e->pipe))   /* --split layers: the first stage's */
+                ds41_stream_embed(cfg, w, &b.s, r0[i] + t, tokens[i][t], im ? s->ov_emb + (size_t)t * dim : NULL);
         }
         if (e->has_engram &&
             engram_ids(e, &s->cache, tokens[i], s->ov_img, T[i], s->cache.pos, b.eg_ids, r0[i], N, hist[i])) {
@@ -480,6 +483,10 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
     for (int l = l0; l < L; l++) {
         /* a prefill node (src/pd/) ships a KV source's finished pages while the next layers compute */
         if (l > l0) layer_done(ss, count, l - 1);
+        /* --split layers: the stream crosses to the next stage in front of its first layer */
+        int here = e->pipe ? ds41_pipe_layer(e->pipe, b.s.X, b.s.pre, l, (size_t)krow[l], N, err->msg, sizeof err->msg) : 1;
+        if (here < 0) { rc = -1; goto done; }
+        if (!here) continue;
         const ds41_layer_plan *lp = &cfg->layers[l];
         const ds41_layer_weights *lw = &w->layers[l];
         size_t k0 = (size_t)krow[l], q0 = (size_t)qrow[l];
@@ -521,20 +528,24 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
     }
 
     layer_done(ss, count, L - 1);
-    /* ---- collapse, final norm, head on the rows from h0 ---- */
+    /* ---- collapse, final norm, head on the rows from h0 (--split layers: the last stage's,
+     * shared with every rank) ---- */
+    int head_here = !e->pipe || ds41_pipe_last(e->pipe);
     if (count == 1 && N > h0) {
         ds41_seq *s = ss[0];
         float *dst = rows && rows[0] ? rows[0] + h0 * V : s->logits;
-        if (s->verify) {
+        if (head_here && s->verify) {
             /* [verify] the head row by row: the GEMV path decode uses (the multi-row BF16 head
              * is much slower at small T; rows are independent) */
             for (size_t t = h0; t < N; t++) ds41_stream_head(ctx, cfg, w, w->norm, &b.s, t, 1, dst + (t - h0) * V);
-        } else {
+        } else if (head_here) {
             ds41_stream_head(ctx, cfg, w, w->norm, &b.s, h0, (int)(N - h0), dst);
         }
+        if (e->pipe && ds41_pipe_share(e->pipe, dst, (N - h0) * V, err->msg, sizeof err->msg)) { rc = -1; goto done; }
         if (dst != s->logits) memcpy(s->logits, dst + (N - 1 - h0) * V, (size_t)V * sizeof(float));
     } else if (count > 1 && N > h0) {
-        ds41_stream_head(ctx, cfg, w, w->norm, &b.s, h0, (int)(N - h0), lg);
+        if (head_here) ds41_stream_head(ctx, cfg, w, w->norm, &b.s, h0, (int)(N - h0), lg);
+        if (e->pipe && ds41_pipe_share(e->pipe, lg, (N - h0) * V, err->msg, sizeof err->msg)) { rc = -1; goto done; }
         for (int i = 0; i < count; i++) {
             if (r0[i] + (size_t)T[i] <= h0) continue;   /* no row of it in the head (a chunk that goes on) */
             if (rows && rows[i]) memcpy(rows[i], lg + (r0[i] - h0) * V, (size_t)T[i] * V * sizeof(float));

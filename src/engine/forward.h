@@ -50,6 +50,9 @@ typedef struct ds41_engine {
     void *eg_ram;             /* --engram-mode ram: the tables' copy */
     size_t eg_ram_len;
     struct ds41_twin *twin;   /* ds41 bench --configs: the CSA2-less twin's plan (twin.c), or NULL */
+    /* --split layers under MPI (src/dist/dist_pipe.c): this rank runs one range of layers, the
+     * stream crossing to the next rank in front of its first layer; NULL: every layer here */
+    struct ds41_pipe *pipe;
 } ds41_engine;
 
 /* The CSA2-less twin (twin.c; ds41 bench --configs only): on = 1 swaps e->cfg and e->w for

@@ -11,6 +11,7 @@
 
 #include "attention.h"
 #include "dist.h"
+#include "dist_pipe.h"
 #include "dspark.h"
 #include "engram_place.h"
 #include "forward.h"
@@ -250,7 +251,7 @@ ds41_engine *ds41_load(const char *dir, const ds41_load_params *p, char *errbuf,
     char derr[2048];
     /* this rank's Engram rows, before the check: a shard it cannot read fails the job there */
     const ds41_engram_src *eg = NULL;
-    if (e && e->has_engram &&
+    if (e && e->has_engram && !ds41_pipe_on() &&
         ds41_dist_engram_open(e->cfg, e->w, e->model->st, e->eg_mode == DS41_EG_RAM && !e->eg_ram, e->eio, &eg, errbuf,
                               errcap)) {
         ds41_unload(e);
@@ -261,9 +262,17 @@ ds41_engine *ds41_load(const char *dir, const ds41_load_params *p, char *errbuf,
         copy_err(errbuf, errcap, derr);
         return NULL;
     }
+    e->step = ds41_dist_step;
+    if (ds41_pipe_on()) {   /* --split layers: each rank its stage, with the local MoE and its own Engram tables */
+        if (ds41_pipe_open(e->cfg, &e->pipe, derr, sizeof derr)) {
+            ds41_unload(e);
+            copy_err(errbuf, errcap, derr);
+            return NULL;
+        }
+        return e;
+    }
     e->ctx.moe = moe;
     e->eg_src = eg;
-    e->step = ds41_dist_step;
     return e;
 }
 
@@ -283,6 +292,11 @@ ds41_session *ds41_session_open(ds41_engine *e, const ds41_session_params *p, ch
     else ds41_session_params_default(&s->p);
     if (s->p.prefill < 0 || s->p.prefill > 2 || s->p.chunk < DS41_CHUNK_OFF || s->p.index_k < 0 || s->p.index_k > 1) {
         copy_err(errbuf, errcap, "invalid session parameters");
+        free(s);
+        return NULL;
+    }
+    if (e->pipe && s->p.index_k == DS41_INDEX_K_OFFICIAL) {   /* its published owner may live on another stage */
+        copy_err(errbuf, errcap, "--index-k official is not supported with --split layers (use own, the default)");
         free(s);
         return NULL;
     }

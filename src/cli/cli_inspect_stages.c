@@ -1,0 +1,80 @@
+/* ds41 inspect --ranks N --split layers (docs/distributed.md): what each stage of an
+ * `mpiexec -n N ... --split layers` job holds and what each token moves, from the config
+ * alone. Stage r holds its layers' weights (routed experts and Engram tables included), the
+ * first stage the embedding, the last the final norm, head and DSpark stages (dist_stage.h).
+ * KV per token: only the KV sources inside a stage hold compressed entries there; the SWA
+ * rings of its layers. Per token and hop: one row of the residual stream (hc x dim FP32 and
+ * the hc pre-mix weights) plus a 24-byte header per message and step; after the last stage
+ * the logits row (vocab x 4 B) goes to each of the N - 1 other ranks. */
+#include "cli_inspect_stages.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist_stage.h"
+
+int ds41_cli_inspect_stages(const ds41_config *c, int n, const char *map, json_t **json) {
+    int *first = calloc((size_t)n + 1, sizeof *first);
+    unsigned long long *bytes = calloc((size_t)n, sizeof *bytes);
+    char err[512];
+    if (!first || !bytes) {
+        free(first); free(bytes);
+        fprintf(stderr, "ds41 inspect: out of memory\n");
+        return 1;
+    }
+    if (n == 1) first[1] = c->n_layers;
+    else if (map ? ds41_stage_parse(c, n, map, strlen(map), first, err, sizeof err) : ds41_stage_default(c, n, first, err, sizeof err)) {
+        fprintf(stderr, "ds41 inspect: %s\n", err);
+        free(first); free(bytes);
+        return 1;
+    }
+    ds41_stage_bytes(c, n, first, bytes);
+    long long main_entry = c->head_dim / 2 + c->head_dim / 16, index_entry = c->index_head_dim / 2 + c->index_head_dim / 32;
+    long long swa_entry = c->head_dim + c->head_dim / 32;
+    double hop = (double)ds41_stage_row_bytes(c), logits = (double)c->vocab_size * 4.0 * (n - 1);
+    json_t *per = json ? json_array() : NULL;
+    if (!json)
+        printf("\nranks: %d (mpiexec -n %d --split layers; stages %s)\n", n, n,
+               map ? map : "default, balancing weight bytes; a stage starts at a KV source");
+    for (int r = 0; r < n; r++) {
+        double kv = 0;
+        for (int l = first[r]; l < first[r + 1]; l++)
+            if (c->layers[l].is_kv_source) kv += (double)(main_entry + index_entry) / c->layers[l].ratio;
+        long long swa = (long long)(first[r + 1] - first[r]) * c->window * swa_entry;
+        if (json) {
+            json_t *e = json_object();
+            json_object_set_new(e, "rank", json_integer(r));
+            json_object_set_new(e, "first_layer", json_integer(first[r]));
+            json_object_set_new(e, "last_layer", json_integer(first[r + 1] - 1));
+            json_object_set_new(e, "weight_bytes", json_integer((json_int_t)bytes[r]));
+            json_object_set_new(e, "kv_bytes_per_token", json_real(kv));
+            json_object_set_new(e, "swa_ring_bytes_per_sequence", json_integer(swa));
+            json_array_append_new(per, e);
+        } else {
+            printf("  rank %-3d layers %d..%d%s%s: weights %llu B, KV %g B per token, SWA rings %lld B per sequence\n", r,
+                   first[r], first[r + 1] - 1, r == 0 ? " + embedding" : "", r == n - 1 ? " + head" : "", bytes[r], kv,
+                   swa);
+        }
+    }
+    if (json) {
+        json_t *o = json_object();
+        json_object_set_new(o, "ranks", json_integer(n));
+        json_object_set_new(o, "split", json_string("layers"));
+        json_object_set_new(o, "stages", json_string(map ? map : "default"));
+        json_object_set_new(o, "per_rank", per);
+        json_object_set_new(o, "hop_bytes_per_token", json_real(hop));
+        json_object_set_new(o, "hops", json_integer(n - 1));
+        json_object_set_new(o, "logits_bytes_per_token", json_real(logits));
+        *json = o;
+    } else {
+        printf("  per token and hop          %.0f B (%d x (%d + 1) x 4 B: the stream and its pre-mix weights), %d hop%s;"
+               " a step sends the rows the next stage's first layer reads (a KV source: every prompt row)\n", hop, c->hc_mult, c->dim, n - 1,
+               n == 2 ? "" : "s");
+        printf("  logits per token           %.0f B (%d x 4 B from the last stage to %d other rank%s)\n", logits,
+               c->vocab_size, n - 1, n == 2 ? "" : "s");
+    }
+    free(first);
+    free(bytes);
+    return 0;
+}

@@ -1,0 +1,50 @@
+/* ds41 pipeline parallelism under MPI: `mpiexec -n N ds41 ... --split layers`
+ * (docs/distributed.md). Rank r runs the stage of layers first[r] .. first[r + 1] - 1
+ * (dist_stage.h: the default balances weight bytes, --layer-map overrides); the first stage
+ * also embeds the tokens, the last runs the final norm and the head. Per forward each stage
+ * receives from the stage before it the rows of the residual stream its first layer reads
+ * (the row plan's key rows: all of them in a full prefill, fewer decoder rows in a CED
+ * prefill), runs its layers with the local MoE, and sends the rows the next stage's first
+ * layer reads; the last stage sends the logits rows to every rank, so that every rank samples
+ * the tokens one process would. The bytes are the stream's FP32 values, so tokens and logits
+ * are bit-identical to one process in every kernel mode.
+ *
+ * Layer: dist (the engine calls it from the forward loop's layer-range hook). */
+#ifndef DS41_DIST_PIPE_H
+#define DS41_DIST_PIPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+
+/* main() (ds41_dist_start): takes --split experts|layers and --layer-map RANGES out of argv.
+ * Returns 1 when a is one of them (v its value), 0 when not, -1 with err (a bad value). */
+int ds41_pipe_flag(const char *a, const char *v, char *err, size_t cap);
+/* 1 when the job splits the layers (--split layers). */
+int ds41_pipe_on(void);
+/* --layer-map's text, or NULL. */
+const char *ds41_pipe_layer_map(void);
+/* The flags above folded into a hash (the start-up check compares them across ranks). */
+uint64_t ds41_pipe_flags_hash(uint64_t h);
+
+typedef struct ds41_pipe ds41_pipe;
+/* Every rank, after the start-up check: this rank's stage of the model (the same on every
+ * rank: the default or --layer-map over the config). 0, or -1 with err (the same on every
+ * rank: the layers cannot be split so). */
+int ds41_pipe_open(const ds41_config *c, ds41_pipe **out, char *err, size_t cap);
+void ds41_pipe_close(ds41_pipe *p);
+int ds41_pipe_first(const ds41_pipe *p);    /* this rank runs the embedding */
+int ds41_pipe_last(const ds41_pipe *p);     /* this rank runs the head */
+/* The forward loop, in front of layer l, over the N stacked rows of the stream X (hc x dim
+ * per row) and pre (hc per row); k0: the first row layer l reads. At this stage's first layer
+ * the rows [k0, N) arrive from the stage before; at the next stage's first layer they go to
+ * it. Returns 1 when this rank runs layer l, 0 when not, -1 with err. */
+int ds41_pipe_layer(ds41_pipe *p, float *X, float *pre, int l, size_t k0, size_t N, char *err, size_t cap);
+/* After the layers: the last stage's n logits floats at rows reach every rank. 0, or -1. */
+int ds41_pipe_share(ds41_pipe *p, float *rows, size_t n, char *err, size_t cap);
+/* One line for DS41_MPI_VERBOSE (this rank's layers, rows and bytes sent and received per
+ * hop, wait), 0 when the layers are not split. */
+int ds41_pipe_report(char *line, size_t cap);
+
+#endif
