@@ -45,6 +45,7 @@ for img in "14 14 1" "28 42 2" "182 196 3"; do
     "$PY" tests/vision_ref.py pixels "$H" "$W" "$3" "$TMP/px.bin"
     "$PY" tests/vision_ref.py span "$VCK" "$TMP/px.bin" "$H" "$W" "$TMP/ref.f32" || { fail "span_ref_$name" "reference failed"; continue; }
     for t in 1 2; do
+        r=
         if "$DS41" image -m "$VCK" --pixels "$TMP/px.bin" --width "$W" --height "$H" --exact -t $t --dump "$TMP/c.f32" \
             >"$TMP/out" 2>"$TMP/err" && r=$("$PY" tests/vision_ref.py cmp "$TMP/ref.f32" "$TMP/c.f32"); then
             pass "span_exact_${name}_t$t"
@@ -52,6 +53,7 @@ for img in "14 14 1" "28 42 2" "182 196 3"; do
             fail "span_exact_${name}_t$t" "${r:-$(head -c 300 "$TMP/err")}"
         fi
     done
+    r=
     if "$DS41" image -m "$VCK" --pixels "$TMP/px.bin" --width "$W" --height "$H" -t 2 --dump "$TMP/f.f32" \
         >"$TMP/out" 2>"$TMP/err" && r=$("$PY" tests/vision_ref.py cmp "$TMP/ref.f32" "$TMP/f.f32" 0.04); then
         pass "span_fast_$name"
