@@ -161,6 +161,16 @@ if runlg "$TMP/t3.f32" --image "$TMP/b.jpg" -p "What colour?" &&
 else
     fail run_image_default_place "$(head -c 300 "$TMP/err")"
 fi
+# ds41 chat: /image FILE attaches the image to the next message; the answer equals ds41 run on
+# the rendering of that turn (a user message whose image part comes first), token for token
+printf '/image %s\nWhat colour?\n' "$TMP/b.jpg" | "$DS41" chat -m "$FCK" -n 8 --exact --spec off >"$TMP/chat.out" 2>"$TMP/err"
+"$DS41" run -m "$FCK" --image "$TMP/b.jpg" -p "<｜User｜>${PH}"$'\n\n'"What colour?<｜Assistant｜></think>" -n 8 --exact \
+    --spec off >"$TMP/run.out" 2>>"$TMP/err"
+if [ -s "$TMP/chat.out" ] && cmp -s "$TMP/chat.out" "$TMP/run.out"; then pass chat_image_equals_run
+else fail chat_image_equals_run "$(od -c "$TMP/chat.out" | head -3) vs $(od -c "$TMP/run.out" | head -3) $(head -c 200 "$TMP/err")"; fi
+printf 'see %s here\n' "$PH" | "$DS41" chat -m "$FCK" -n 2 --exact --spec off >/dev/null 2>"$TMP/err"
+if grep -q "attach images with /image FILE" "$TMP/err"; then pass chat_typed_placeholder
+else fail chat_typed_placeholder "$(head -c 200 "$TMP/err")"; fi
 exp_run() {   # NAME PATTERN ARGS...
     local name=$1 pat=$2; shift 2
     "$DS41" run "$@" >"$TMP/out" 2>"$TMP/err" </dev/null
