@@ -37,7 +37,8 @@ static void usage(FILE *f) {
           "\n"
           "options:\n"
           "  -m, --model DIR       checkpoint directory (or its config.json)\n"
-          "  --json                print the plan as one JSON object instead of the text\n"
+          "  --json                print the plan as one JSON object instead of the text (the\n"
+          "                        tower's lines then go to stderr)\n"
           "  --dump-pixels OUT     write the pixel tensor: BF16 little-endian, [3][height][width]\n"
           "                        (channels R, G, B; the reference's x before it is cut into patches)\n"
           "  --dump OUT            (tower) write the span's embeddings, F32 little-endian [span rows, dim]\n"
@@ -191,6 +192,7 @@ int ds41_cli_image(int argc, char **argv) {
     }
     ta.dir = model;
     ta.bench = (int)bench;
+    ta.to_stderr = json;
     if (raw) {
         if (file) {
             fprintf(stderr, "ds41 image: give FILE or --pixels RAW, not both\n");

@@ -102,13 +102,14 @@ int ds41_cli_image_tower(const ds41_cli_tower_args *a, const float *pixels) {
             goto done;
         }
     }
-    printf("image %d x %d pixels, patch grid %d x %d, token grid %d x %d, span %d positions\n", W, H, n_w, n_h, gw,
+    FILE *say = a->to_stderr ? stderr : stdout;
+    fprintf(say, "image %d x %d pixels, patch grid %d x %d, token grid %d x %d, span %d positions\n", W, H, n_w, n_h, gw,
            gh, ds41_vision_span_rows(gh, gw));
     if (a->bench > 0) {
         /* CPU time beside the wall time: on a loaded machine the CPU seconds of the process
          * (all its threads) are the work, the wall time is the work plus the waiting */
         double t = ds41_cli_median(ms, reps), c = ds41_cli_median(cpu, reps), gf = encode_flops(&v, n_h * n_w, gh * gw) / 1e9;
-        printf("encode         tower + aligner %.1f ms wall, %.1f ms CPU (medians of %d, %s, %d thread%s): %d patches, "
+        fprintf(say, "encode         tower + aligner %.1f ms wall, %.1f ms CPU (medians of %d, %s, %d thread%s): %d patches, "
                "%d image tokens, %.1f GFLOP, %.2f GFLOP/s of wall, %.2f GFLOP/s per CPU second\n", t, c, reps,
                a->exact ? "exact" : "fast", a->threads, a->threads == 1 ? "" : "s", n_h * n_w, gh * gw, gf,
                gf / (t / 1e3), gf / (c / 1e3));

@@ -7,6 +7,7 @@ typedef struct ds41_cli_tower_args {
     const char *raw;   /* --pixels: read when pixels is NULL, after the grid is checked */
     int width, height;
     int tokens_only, exact, threads;
+    int to_stderr;   /* the summary lines on stderr (ds41 image --json keeps stdout one object) */
     int bench;   /* > 0: encode this many times, print the median time and the GFLOP */
 } ds41_cli_tower_args;
 
