@@ -143,15 +143,31 @@ static void history_clear(chat_state *c) {
     c->n = 0;
 }
 
-/* Renders the history plus the new user message (with the assistant header). */
-static int render(const chat_state *c, const char *user, char **text, size_t *len, ds41_err *err) {
+/* s without the image placeholder (a copy): an answer that generated the placeholder token
+ * has no image there, and every placeholder of a rendering with images is an image slot. */
+static char *no_placeholder(const char *s) {
+    if (!s) return NULL;
+    char *o = strdup(s), *q;
+    size_t phl = strlen(DS41_CHAT_IMAGE_PLACEHOLDER);
+    while (o && (q = strstr(o, DS41_CHAT_IMAGE_PLACEHOLDER))) memmove(q, q + phl, strlen(q + phl) + 1);
+    return o;
+}
+
+/* Renders the history plus the new user message (with the assistant header). images: the
+ * conversation has images, so placeholders the model generated are left out of its answers. */
+static int render(const chat_state *c, const char *user, int images, char **text, size_t *len, ds41_err *err) {
     ds41_chat chat;
     ds41_chat_init(&chat);
     int rc = -1;
     if (c->system && !ds41_chat_push(&chat, DS41_ROLE_SYSTEM, c->system, NULL, err)) goto out;
     for (size_t i = 0; i < c->n; i++) {
         if (!ds41_chat_push(&chat, DS41_ROLE_USER, c->t[i].user, NULL, err)) goto out;
-        if (!ds41_chat_push(&chat, DS41_ROLE_ASSISTANT, c->t[i].answer, c->t[i].reasoning, err)) goto out;
+        char *a = images ? no_placeholder(c->t[i].answer) : NULL, *r = images ? no_placeholder(c->t[i].reasoning) : NULL;
+        ds41_chat_message *m = ds41_chat_push(&chat, DS41_ROLE_ASSISTANT, images ? a : c->t[i].answer,
+                                              images ? r : c->t[i].reasoning, err);
+        free(a);
+        free(r);
+        if (!m) goto out;
     }
     if (!ds41_chat_push(&chat, DS41_ROLE_USER, user, NULL, err)) goto out;
     rc = ds41_chat_render(&chat, &c->opts, text, len, err);
@@ -479,7 +495,7 @@ int ds41_cli_chat(int argc, char **argv) {
         size_t tlen = 0, n_ids = 0;
         int32_t *ids = NULL;
         ds41_cli_vprompt_free(&vp);
-        if (render(&c, line, &text, &tlen, &err) ||
+        if (render(&c, line, n_imgs > 0, &text, &tlen, &err) ||
             (n_imgs ? ds41_cli_vprompt_text(&vp, tok, text, tlen, 0, imgs, n_imgs, ds41_model_dim(e),
                                             ds41_image_token_id(e), &err)
                     : ds41_tokenize(tok, text, tlen, 1, 0, &ids, &n_ids, &err))) {
