@@ -153,6 +153,12 @@ int ds41_model_dim(const ds41_engine *e);
 int ds41_image_span(ds41_engine *e, const float *pixels, int H, int W, float **out, int *rows, char *err,
                     size_t errcap);
 int ds41_image_token_id(const ds41_engine *e);
+/* ds41_image_span of an encoded image: data[0..len) is a PNG or JPEG file's bytes, decoded and
+ * preprocessed as the official image processor does with the checkpoint's vision parameters
+ * (src/image/image.h; refused beyond its default limits: 64 MiB, 16384 pixels a side, 50 M
+ * pixels). Errors name what was wrong (format, truncation, size, no tower). */
+int ds41_image_span_encoded(ds41_engine *e, const uint8_t *data, size_t len, float **out, int *rows, char *err,
+                            size_t errcap);
 /* Logits of the last fed token: ds41_vocab_size floats. */
 const float *ds41_logits(const ds41_session *s);
 

@@ -99,6 +99,108 @@ else
     fail logits_after_image_chunked_exact "${r:-$(head -c 300 "$TMP/err")}"
 fi
 
+# ---- image files end to end: ds41 image -m DIR FILE, ds41 run --image ----
+# The tinyvl weights under a config with room for an image (512 positions; images planned to at
+# most 40 positions from min_pixels 1764) and the tiny byte-level tokenizer. The pixels come from
+# `ds41 image --dump-pixels`, which tests/image_test.py holds equal to Pillow; here the tower,
+# the placement and the language model are checked against the reference.
+FCK=$TMP/vlfile
+mkdir -p "$FCK"
+case $VCK in /*) abs=$VCK ;; *) abs=$PWD/$VCK ;; esac
+for f in model.safetensors engram_token_map.i32; do ln -sf "$abs/$f" "$FCK/$f"; done
+sed -e 's/"max_position_embeddings": 128/"max_position_embeddings": 512/' -e 's/"max_image_tokens": 1024/"max_image_tokens": 40/' \
+    -e 's/"min_pixels": 295936/"min_pixels": 1764/' tests/configs/tinyvl/config.json >"$FCK/config.json"
+"$PY" tests/tiny_tokenizer.py "$FCK"
+"$PY" - "$TMP" <<'PYEOF'
+import sys
+from PIL import Image, ImageDraw
+t = sys.argv[1]
+a = Image.new("RGB", (150, 100), (20, 200, 40))
+ImageDraw.Draw(a).ellipse((30, 20, 90, 80), fill=(220, 30, 30))
+a.save(t + "/a.png")
+b = Image.new("RGB", (90, 120), (0, 0, 250))
+ImageDraw.Draw(b).rectangle((10, 10, 50, 70), fill=(250, 250, 0))
+b.save(t + "/b.jpg", quality=90)
+PYEOF
+"$DS41" image -m "$FCK" --json --dump-pixels "$TMP/fpx.bin" "$TMP/a.png" >"$TMP/plan.json" 2>"$TMP/err"
+read -r FH FW < <("$PY" -c "import json,sys; d=json.loads(open(sys.argv[1]).readline()); print(d['padded_height'], d['padded_width'])" "$TMP/plan.json")
+"$PY" tests/vision_ref.py span "$FCK" "$TMP/fpx.bin" "$FH" "$FW" "$TMP/fref.f32"
+if "$DS41" image -m "$FCK" --exact --dump "$TMP/fspan.f32" "$TMP/a.png" >"$TMP/out" 2>"$TMP/err" &&
+    grep -q "^tokens         17 = 12 image" "$TMP/out" && grep -q "span 17 positions" "$TMP/out" &&
+    r=$("$PY" tests/vision_ref.py cmp "$TMP/fref.f32" "$TMP/fspan.f32"); then
+    pass image_file_span_exact
+else
+    fail image_file_span_exact "${r:-$(head -c 300 "$TMP/err") $(cat "$TMP/out")}"
+fi
+# the image in place of image_token_id 500 in --prompt-ids (the prompt of vision_ref.py logits:
+# 1, 8, 15, the span, 3, 14), two greedy steps: the logits rows bit for bit
+"$PY" tests/vision_ref.py logits "$FCK" "$TMP/fpx.bin" "$FH" "$FW" 3 2 3 "$TMP/frl.f32"
+if "$DS41" run -m "$FCK" --image "$TMP/a.png" --prompt-ids 1,8,15,500,3,14 -n 3 --exact --spec off \
+    --dump-logits "$TMP/fcl.f32" >/dev/null 2>"$TMP/err" && r=$("$PY" tests/vision_ref.py cmp "$TMP/frl.f32" "$TMP/fcl.f32"); then
+    pass run_image_logits_exact
+else
+    fail run_image_logits_exact "${r:-$(head -c 300 "$TMP/err")}"
+fi
+# -p TEXT: each <｜deepseek_image｜> takes the next --image, the text around it tokenized as
+# pieces (the same ids as the ids list written by hand); without a placeholder the images go
+# in front, each followed by a blank line
+PH='<｜deepseek_image｜>'
+runlg() { "$DS41" run -m "$FCK" -n 2 --exact --spec off --dump-logits "$@" >/dev/null 2>>"$TMP/err"; }
+ids_of() { "$DS41" tokenize -m "$FCK" --no-bos -- "$1" | tr ' ' ','; }
+P1=$(ids_of "Look at ") P2=$(ids_of " and ") P3=$(ids_of ".")
+: >"$TMP/err"
+if runlg "$TMP/t1.f32" --image "$TMP/a.png" --image "$TMP/b.jpg" -p "Look at ${PH} and ${PH}." &&
+    runlg "$TMP/t2.f32" --image "$TMP/a.png" --image "$TMP/b.jpg" --prompt-ids "0,$P1,500,$P2,500,$P3" &&
+    cmp -s "$TMP/t1.f32" "$TMP/t2.f32"; then
+    pass run_image_placeholders
+else
+    fail run_image_placeholders "$(head -c 300 "$TMP/err")"
+fi
+if runlg "$TMP/t3.f32" --image "$TMP/b.jpg" -p "What colour?" &&
+    runlg "$TMP/t4.f32" --image "$TMP/b.jpg" -p "${PH}"$'\n\n'"What colour?" && cmp -s "$TMP/t3.f32" "$TMP/t4.f32" &&
+    runlg "$TMP/t5.f32" --image "$TMP/a.png" -p "What colour?" && ! cmp -s "$TMP/t3.f32" "$TMP/t5.f32"; then
+    pass run_image_default_place
+else
+    fail run_image_default_place "$(head -c 300 "$TMP/err")"
+fi
+# ds41 chat: /image FILE attaches the image to the next message; the answer equals ds41 run on
+# the rendering of that turn (a user message whose image part comes first), token for token
+printf '/image %s\nWhat colour?\n' "$TMP/b.jpg" | "$DS41" chat -m "$FCK" -n 8 --exact --spec off >"$TMP/chat.out" 2>"$TMP/err"
+"$DS41" run -m "$FCK" --image "$TMP/b.jpg" -p "<｜User｜>${PH}"$'\n\n'"What colour?<｜Assistant｜></think>" -n 8 --exact \
+    --spec off >"$TMP/run.out" 2>>"$TMP/err"
+if [ -s "$TMP/chat.out" ] && cmp -s "$TMP/chat.out" "$TMP/run.out"; then pass chat_image_equals_run
+else fail chat_image_equals_run "$(od -c "$TMP/chat.out" | head -3) vs $(od -c "$TMP/run.out" | head -3) $(head -c 200 "$TMP/err")"; fi
+printf 'see %s here\n' "$PH" | "$DS41" chat -m "$FCK" -n 2 --exact --spec off >/dev/null 2>"$TMP/err"
+if grep -q "attach images with /image FILE" "$TMP/err"; then pass chat_typed_placeholder
+else fail chat_typed_placeholder "$(head -c 200 "$TMP/err")"; fi
+# an answer that generated the placeholder token (this tiny model's first answer to "hi" after
+# the image starts with it) has no image there: the next turns render without it, so the count
+# of placeholders still matches the images (a failed /image attaches nothing)
+printf '/image %s\nhi\n/image %s\n/image %s\nmore\n/reset\nagain\n' "$TMP/b.jpg" "$TMP/nope.png" "$TMP/a.png" |
+    "$DS41" chat -m "$FCK" -n 2 --exact --spec off >"$TMP/chat.out" 2>"$TMP/err"
+rc=$?
+if [ $rc -eq 0 ] && [ "$(wc -l <"$TMP/chat.out")" -eq 3 ] && grep -q "$PH" "$TMP/chat.out" && grep -q "nope.png: cannot open" "$TMP/err" &&
+    ! grep -q "placeholders but" "$TMP/err"; then
+    pass chat_image_turns
+else
+    fail chat_image_turns "status $rc, $(wc -l <"$TMP/chat.out") answers: $(head -c 300 "$TMP/err")"
+fi
+exp_run() {   # NAME PATTERN ARGS...
+    local name=$1 pat=$2; shift 2
+    "$DS41" run "$@" >"$TMP/out" 2>"$TMP/err" </dev/null
+    local rc=$?
+    if [ $rc -eq 0 ] || ! grep -qi -- "$pat" "$TMP/err"; then fail "$name" "status $rc: $(head -c 200 "$TMP/err")"
+    else pass "$name"; fi
+}
+exp_run err_run_count "has 2 image placeholders but 1 image was given" -m "$FCK" --image "$TMP/a.png" -p "${PH}${PH}"
+exp_run err_run_ids_count "--prompt-ids has 0 image placeholders but 1 image" -m "$FCK" --image "$TMP/a.png" --prompt-ids 1,2
+head -c 200 "$TMP/a.png" >"$TMP/trunc.png"
+exp_run err_run_truncated "trunc.png: .*truncated" -m "$FCK" --image "$TMP/trunc.png" -p hi
+exp_run err_run_cache "--image cannot be combined with --cache-dir" -m "$FCK" --image "$TMP/a.png" -p hi --cache-dir "$TMP/pc"
+if [ -n "${NOV:=$(checkpoint tiny 2>/dev/null)}" ]; then
+    exp_run err_run_no_tower "no vision tower" -m "$NOV" --image "$TMP/a.png" --prompt-ids 1,500
+fi
+
 # ---- errors ----
 expect() {   # NAME PATTERN ARGS...: exit status 1 or 2 and a message matching PATTERN
     local name=$1 pat=$2; shift 2

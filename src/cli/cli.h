@@ -18,6 +18,5 @@ int ds41_cli_serve(int argc, char **argv);
 int ds41_cli_bench_serve(int argc, char **argv);
 int ds41_cli_cache(int argc, char **argv);
 int ds41_cli_image(int argc, char **argv);
-int ds41_cli_image_tower(int argc, char **argv); /* ds41 image --pixels: cli_vision.c */
 
 #endif

@@ -49,6 +49,7 @@
 #include "common.h"
 #include "ds41.h"
 #include "tokenizer.h"
+#include "cli_vprompt.h"
 
 static const char *CHAT_USAGE =
     "usage: ds41 chat -m DIR [--system TEXT] [--thinking] [-n N] [sampling and engine options]\n"
@@ -72,7 +73,7 @@ static const char *CHAT_USAGE =
     "  --verbose              one statistics line per turn on stderr (tokens rendered, reused, prefilled,\n"
     "                         generated, tokens/s, why it stopped; with --spec drafted / accepted)\n"
     "Input: one user message per line. Commands (type /help in the chat):\n"
-    "  /help  /reset  /system [TEXT]  /save FILE  /exit      //text sends a message that starts with '/'\n"
+    "  /help  /reset  /system [TEXT]  /save FILE  /image FILE  /exit   //text sends a message that starts with '/'\n"
     "On a terminal: line editing and history, Ctrl-C stops an answer, Ctrl-D (or /exit) quits.\n"
     "Examples:\n"
     "  ds41 chat -m models/demo\n"
@@ -84,6 +85,8 @@ static const char *CHAT_HELP =
     "  /reset          forget the conversation (the system message stays)\n"
     "  /system TEXT    set the system message (/system alone clears it); the conversation is kept\n"
     "  /save FILE      write the conversation as a messages JSON (ds41 chat-template -m DIR FILE renders it)\n"
+    "  /image FILE     attach a PNG or JPEG to the next message (a model with a vision tower); the\n"
+    "                  message then starts with the image, as a user message whose image part comes first\n"
     "  /exit           quit (also Ctrl-D)\n"
     "  //text          send a message that starts with '/'\n"
     "  Ctrl-C          stop the answer being written\n";
@@ -140,15 +143,31 @@ static void history_clear(chat_state *c) {
     c->n = 0;
 }
 
-/* Renders the history plus the new user message (with the assistant header). */
-static int render(const chat_state *c, const char *user, char **text, size_t *len, ds41_err *err) {
+/* s without the image placeholder (a copy): an answer that generated the placeholder token
+ * has no image there, and every placeholder of a rendering with images is an image slot. */
+static char *no_placeholder(const char *s) {
+    if (!s) return NULL;
+    char *o = strdup(s), *q;
+    size_t phl = strlen(DS41_CHAT_IMAGE_PLACEHOLDER);
+    while (o && (q = strstr(o, DS41_CHAT_IMAGE_PLACEHOLDER))) memmove(q, q + phl, strlen(q + phl) + 1);
+    return o;
+}
+
+/* Renders the history plus the new user message (with the assistant header). images: the
+ * conversation has images, so placeholders the model generated are left out of its answers. */
+static int render(const chat_state *c, const char *user, int images, char **text, size_t *len, ds41_err *err) {
     ds41_chat chat;
     ds41_chat_init(&chat);
     int rc = -1;
     if (c->system && !ds41_chat_push(&chat, DS41_ROLE_SYSTEM, c->system, NULL, err)) goto out;
     for (size_t i = 0; i < c->n; i++) {
         if (!ds41_chat_push(&chat, DS41_ROLE_USER, c->t[i].user, NULL, err)) goto out;
-        if (!ds41_chat_push(&chat, DS41_ROLE_ASSISTANT, c->t[i].answer, c->t[i].reasoning, err)) goto out;
+        char *a = images ? no_placeholder(c->t[i].answer) : NULL, *r = images ? no_placeholder(c->t[i].reasoning) : NULL;
+        ds41_chat_message *m = ds41_chat_push(&chat, DS41_ROLE_ASSISTANT, images ? a : c->t[i].answer,
+                                              images ? r : c->t[i].reasoning, err);
+        free(a);
+        free(r);
+        if (!m) goto out;
     }
     if (!ds41_chat_push(&chat, DS41_ROLE_USER, user, NULL, err)) goto out;
     rc = ds41_chat_render(&chat, &c->opts, text, len, err);
@@ -316,6 +335,11 @@ int ds41_cli_chat(int argc, char **argv) {
     char *line = NULL, *piece = NULL;
     int turn_failed = 0;
     int32_t *spec_out = NULL;
+    /* images of the conversation in order: [0, img_held) are in the history, the rest are
+     * attached to the next message */
+    ds41_cli_vimage *imgs = NULL;
+    int n_imgs = 0, img_held = 0;
+    ds41_cli_vprompt vp = { 0 };
 
     struct stat dsb;
     if (stat(dir, &dsb) != 0) {
@@ -408,6 +432,8 @@ int ds41_cli_chat(int argc, char **argv) {
             if (!strcmp(cmd, "help")) fputs(CHAT_HELP, say);
             else if (!strcmp(cmd, "reset")) {
                 history_clear(&c);
+                while (n_imgs > 0) ds41_cli_image_free(&imgs[--n_imgs]);
+                img_held = 0;
                 ds41_session_reset(s);
                 held.n = 0;
                 if (verbose || oc.interactive) fprintf(say, "chat: conversation reset\n");
@@ -424,6 +450,14 @@ int ds41_cli_chat(int argc, char **argv) {
                 if (!*arg) fprintf(stderr, "ds41 chat: /save needs a file name: /save conversation.json\n");
                 else if (save_conversation(&c, arg, msg, sizeof msg)) fprintf(stderr, "ds41 chat: %s\n", msg);
                 else if (verbose || oc.interactive) fprintf(say, "chat: %s\n", msg);
+            } else if (!strcmp(cmd, "image")) {
+                ds41_cli_vimage *ni = *arg ? realloc(imgs, (size_t)(n_imgs + 1) * sizeof *imgs) : NULL;
+                if (*arg && !ni) goto oom;
+                if (ni) imgs = ni;
+                if (!*arg) fprintf(stderr, "ds41 chat: /image needs a file name: /image photo.png\n");
+                else if (ds41_cli_image_load(e, arg, &imgs[n_imgs], &err)) fprintf(stderr, "ds41 chat: /image %s\n", err.msg);
+                else if (n_imgs++, verbose || oc.interactive)
+                    fprintf(say, "chat: %s attached to the next message (%d positions)\n", arg, imgs[n_imgs - 1].rows);
             } else {
                 fprintf(stderr, "ds41 chat: unknown command '/%s': /help lists the commands (//%s sends it as a message)\n",
                         cmd, cmd);
@@ -434,19 +468,49 @@ int ds41_cli_chat(int argc, char **argv) {
         }
         if (line[0] == '/') memmove(line, line + 1, strlen(line));   /* "//text": the message "/text" */
         if (!line[0]) { free(line); line = NULL; continue; }
+        if (strstr(line, DS41_CHAT_IMAGE_PLACEHOLDER)) {
+            fprintf(stderr, "ds41 chat: the message contains the image placeholder %s: attach images with /image FILE\n",
+                    DS41_CHAT_IMAGE_PLACEHOLDER);
+            if (!oc.interactive) putchar('\n');   /* keep one answer line per message */
+            turn_failed = 1;
+            free(line);
+            line = NULL;
+            continue;
+        }
+        if (n_imgs > img_held) {
+            /* the attached images first, each followed by a blank line (the rendering of a user
+             * message whose image parts precede the text part) */
+            size_t phl = strlen(DS41_CHAT_IMAGE_PLACEHOLDER), ll = strlen(line);
+            char *m = malloc((size_t)(n_imgs - img_held) * (phl + 2) + ll + 1), *q = m;
+            if (!m) goto oom;
+            for (int k = img_held; k < n_imgs; k++, q += phl + 2) memcpy(q, DS41_CHAT_IMAGE_PLACEHOLDER "\n\n", phl + 2);
+            memcpy(q, line, ll + 1);
+            free(line);
+            line = m;
+        }
         n_turn++;
 
         /* ---- render, tokenize, find what the session already holds ---- */
         char *text = NULL;
         size_t tlen = 0, n_ids = 0;
         int32_t *ids = NULL;
-        if (render(&c, line, &text, &tlen, &err) || ds41_tokenize(tok, text, tlen, 1, 0, &ids, &n_ids, &err)) {
+        ds41_cli_vprompt_free(&vp);
+        if (render(&c, line, n_imgs > 0, &text, &tlen, &err) ||
+            (n_imgs ? ds41_cli_vprompt_text(&vp, tok, text, tlen, 0, imgs, n_imgs, ds41_model_dim(e),
+                                            ds41_image_token_id(e), &err)
+                    : ds41_tokenize(tok, text, tlen, 1, 0, &ids, &n_ids, &err))) {
             fprintf(stderr, "ds41 chat: %s\n", err.msg);
             free(text);
             free(ids);
             goto out;
         }
         free(text);
+        if (n_imgs) {
+            /* the expansion's ids, copied: the code below owns ids */
+            if (!(ids = malloc((vp.n ? vp.n : 1) * sizeof *ids))) goto oom;
+            memcpy(ids, vp.ids, vp.n * sizeof *ids);
+            n_ids = vp.n;
+        }
         if ((long long)n_ids + 1 > C) {
             fprintf(stderr, "ds41 chat: the conversation is %zu tokens with this message, the context holds %lld "
                     "(-c): /reset to start over\n", n_ids, C);
@@ -456,6 +520,7 @@ int ds41_cli_chat(int argc, char **argv) {
             turn_failed = 1;
             free(line);
             line = NULL;
+            while (n_imgs > img_held) ds41_cli_image_free(&imgs[--n_imgs]);   /* they went with the message */
             continue;
         }
         size_t n_rendered = n_ids;
@@ -464,7 +529,9 @@ int ds41_cli_chat(int argc, char **argv) {
         double t0 = ds41_cli_now();
         snprintf(plabel, sizeof plabel, "prefill %zu tokens", n_ids - reuse);
         pg = ds41_progress_start(plabel);
-        int frc = ds41_feed(s, ids + reuse, n_ids - reuse);
+        /* images only ever append to the conversation, so equal ids up to `reuse` are the
+         * same images as well */
+        int frc = n_imgs ? ds41_cli_vprompt_feed(s, &vp, reuse) : ds41_feed(s, ids + reuse, n_ids - reuse);
         ds41_progress_end(pg);
         double t_prefill = ds41_cli_now() - t0;
         held.n = 0;
@@ -599,6 +666,7 @@ int ds41_cli_chat(int argc, char **argv) {
             c.cap = nc;
         }
         c.t[c.n].user = line;
+        img_held = n_imgs;
         c.t[c.n].answer = atext;
         c.t[c.n].reasoning = thinking ? strdup(reasoning.v ? reasoning.v : "") : NULL;
         c.n++;
@@ -627,6 +695,9 @@ out:
     free(spec_out);
     history_clear(&c);
     free(c.t);
+    for (int k = 0; k < n_imgs; k++) ds41_cli_image_free(&imgs[k]);
+    free(imgs);
+    ds41_cli_vprompt_free(&vp);
     free(held.v);
     free(gen.v);
     free(answer.v);

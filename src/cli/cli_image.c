@@ -1,6 +1,8 @@
 /* ds41 image: decodes an image and runs the official preprocessing (src/image/) with the
  * model's vision parameters; prints the sizes, the patch grid and the token count, and can write
- * the normalised BF16 pixel tensor (--dump-pixels) or time the preprocessing (--bench). */
+ * the normalised BF16 pixel tensor (--dump-pixels) or time the preprocessing (--bench). When the
+ * checkpoint has a vision tower, the pixels then go through it (cli_vision.c): --dump writes the
+ * image span's embeddings, --bench times the encode too. --pixels starts from a tensor. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,10 +11,14 @@
 #include "cli.h"
 #include "cli_args.h"
 #include "config.h"
+#include "formats.h"
+#include "cli_vision.h"
 #include "image.h"
+#include "vision_weights.h"
 
 static void usage(FILE *f) {
     fputs("usage: ds41 image [-m DIR] [options] FILE\n"
+          "       ds41 image -m DIR --pixels RAW --width W --height H [options]\n"
           "\n"
           "Decodes FILE (PNG or JPEG) and preprocesses it as the official image processor does:\n"
           "convert to RGB, resize with Pillow's bicubic filter to the planned size (keeping the\n"
@@ -24,27 +30,40 @@ static void usage(FILE *f) {
           "vision_* keys); without -m, or without them there, the reference defaults (patch 14,\n"
           "unshuffle 3, at most 1024 tokens, min_pixels 295936, no width/height clamp).\n"
           "\n"
+          "When DIR holds a checkpoint with a vision tower, the pixels then run through the tower\n"
+          "and the aligner, and one more line gives the patch grid, token grid and span length of\n"
+          "the encode. With --pixels RAW (raw little-endian BF16 [3, H, W], normalised, W and H\n"
+          "multiples of the patch size) the tower runs on that tensor instead of a decoded file.\n"
+          "\n"
           "options:\n"
           "  -m, --model DIR       checkpoint directory (or its config.json)\n"
-          "  --json                print one JSON object instead of the text\n"
+          "  --json                print the plan as one JSON object instead of the text (the\n"
+          "                        tower's lines then go to stderr)\n"
           "  --dump-pixels OUT     write the pixel tensor: BF16 little-endian, [3][height][width]\n"
           "                        (channels R, G, B; the reference's x before it is cut into patches)\n"
-          "  --bench N             decode and preprocess N times; print the median time (ms)\n"
+          "  --dump OUT            (tower) write the span's embeddings, F32 little-endian [span rows, dim]\n"
+          "  --tokens-only         (tower) with --dump: only the aligned tokens [gh * gw, dim]\n"
+          "  --exact               (tower) exact mode, bit-identical to tools/reference/vision.py;\n"
+          "                        also DS41_EXACT=1\n"
+          "  -t, --threads N       (tower) threads (default 1)\n"
+          "  --bench N             decode and preprocess N times and print the median time (ms); with\n"
+          "                        a tower also encode N times: median ms, GFLOP and GFLOP/s\n"
           "  --max-pixels N        refuse images of more than N pixels (default 50000000)\n"
           "  --max-side N          refuse images wider or taller than N (default 16384)\n"
+          "  --pixels RAW --width W --height H   start from a preprocessed tensor (needs the tower)\n"
           "  -h, --help            this text\n"
-          "\n"
-          "With --pixels RAW --width W --height H (and -m DIR holding a vision tower) it runs the\n"
-          "tower and aligner on a preprocessed tensor instead: ds41 image --pixels --help.\n"
           "\n"
           "examples:\n"
           "  ds41 image -m tests/configs/tiny photo.jpg\n"
-          "  ds41 image --json --dump-pixels x.bf16 photo.png\n",
+          "  ds41 image --json --dump-pixels x.bf16 photo.png\n"
+          "  ds41 image -m DIR --exact --dump span.f32 photo.png     # DIR with a vision tower\n",
           f);
 }
 
-static int params_from_config(const char *model, ds41_vision_params *vp) {
+/* *tower: 1 when the config has a vision tower and DIR holds weights to run it. */
+static int params_from_config(const char *model, ds41_vision_params *vp, int *tower) {
     ds41_vision_params_default(vp);
+    *tower = 0;
     if (!model) return 0;
     ds41_config cfg;
     ds41_err err;
@@ -52,15 +71,12 @@ static int params_from_config(const char *model, ds41_vision_params *vp) {
         fprintf(stderr, "ds41 image: %s\n", err.msg);
         return -1;
     }
+    *tower = cfg.vision_n_layers > 0 && (ds41_cli_file_exists(model, "model.safetensors") ||
+                                         ds41_cli_file_exists(model, "model.safetensors.index.json"));
     if (cfg.vision_n_layers == 0)
         fprintf(stderr, "ds41 image: note: %s has no vision tower (vision layers 0); the plan below is what its "
                         "parameters give\n", model);
-    vp->patch_size = cfg.vision_patch_size;
-    vp->downsample_ratio = cfg.vision_downsample_ratio;
-    vp->max_n_token = cfg.vision_max_n_token;
-    vp->min_pixels = cfg.vision_min_pixels;
-    vp->max_wh_ratio = cfg.vision_max_wh_ratio;
-    vp->image_token_id = cfg.image_token_id;
+    ds41_vision_params_of(&cfg, vp);
     ds41_config_free(&cfg);
     return 0;
 }
@@ -112,11 +128,21 @@ static void print_plan(const char *file, const ds41_image_plan *p, const ds41_vi
            p->n_tokens, n_img, p->n_llm_h, vp->max_n_token, vp->image_token_id);
 }
 
+/* --pixels RAW: the tower on a preprocessed tensor. */
+static int pixels_tower(ds41_cli_tower_args *ta, const char *raw) {
+    if (!ta->dir || !ta->width || !ta->height) {
+        fprintf(stderr, "ds41 image: -m DIR, --pixels FILE, --width W and --height H are required (ds41 image --help)\n");
+        return 2;
+    }
+    if (ds41_cli_model_dir_ok("image", ta->dir)) return 1;
+    ta->raw = raw;
+    return ds41_cli_image_tower(ta, NULL);
+}
+
 int ds41_cli_image(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--pixels")) return ds41_cli_image_tower(argc, argv);
-    const char *model = NULL, *file = NULL, *dump = NULL;
+    const char *model = NULL, *file = NULL, *dump = NULL, *raw = NULL;
     int json = 0;
+    ds41_cli_tower_args ta = { .threads = 1, .exact = getenv("DS41_EXACT") && !strcmp(getenv("DS41_EXACT"), "1") };
     long long bench = 0, v;
     ds41_image_limits lim;
     ds41_image_limits_default(&lim);
@@ -132,6 +158,20 @@ int ds41_cli_image(int argc, char **argv) {
             json = 1;
         } else if (!strcmp(a, "--dump-pixels") && has) {
             dump = argv[++i];
+        } else if (!strcmp(a, "--dump") && has) {
+            ta.dump = argv[++i];
+        } else if (!strcmp(a, "--pixels") && has) {
+            raw = argv[++i];
+        } else if ((!strcmp(a, "--width") || !strcmp(a, "--height")) && has) {
+            if (ds41_cli_int("image", a, argv[++i], 1, DS41_IMAGE_MAX_SIDE, &v)) return 2;
+            *(a[2] == 'w' ? &ta.width : &ta.height) = (int)v;
+        } else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && has) {
+            if (ds41_cli_int("image", a, argv[++i], 1, 1024, &v)) return 2;
+            ta.threads = (int)v;
+        } else if (!strcmp(a, "--exact")) {
+            ta.exact = 1;
+        } else if (!strcmp(a, "--tokens-only")) {
+            ta.tokens_only = 1;
         } else if (!strcmp(a, "--bench") && has) {
             if (ds41_cli_int("image", a, argv[++i], 1, 100000, &bench)) return 2;
         } else if (!strcmp(a, "--max-pixels") && has) {
@@ -150,12 +190,31 @@ int ds41_cli_image(int argc, char **argv) {
             return 2;
         }
     }
+    ta.dir = model;
+    ta.bench = (int)bench;
+    ta.to_stderr = json;
+    if (raw) {
+        if (file) {
+            fprintf(stderr, "ds41 image: give FILE or --pixels RAW, not both\n");
+            return 2;
+        }
+        return pixels_tower(&ta, raw);
+    }
     if (!file) {
         usage(stderr);
         return 2;
     }
+    if ((ta.dump || ta.tokens_only) && !model) {
+        fprintf(stderr, "ds41 image: --dump and --tokens-only need -m DIR with a vision tower\n");
+        return 2;
+    }
     ds41_vision_params vp;
-    if (params_from_config(model, &vp)) return 1;
+    int tower;
+    if (params_from_config(model, &vp, &tower)) return 1;
+    if ((ta.dump || ta.tokens_only) && !tower) {
+        fprintf(stderr, "ds41 image: --dump: %s has no vision tower to run (vision layers 0, or no weights)\n", model);
+        return 2;
+    }
     int reps = bench > 0 ? (int)bench : 1;
     double *ms = calloc((size_t)reps, sizeof *ms);
     if (!ms) return 1;
@@ -186,6 +245,21 @@ int ds41_cli_image(int argc, char **argv) {
             fprintf(json ? stderr : stdout, "bench          decode + preprocess %.3f ms (median of %d)\n",
                     ds41_cli_median(ms, reps), reps);
         if (dump && write_pixels(dump, px, (size_t)3 * plan.width * plan.height)) rc = 1;
+    }
+    if (!rc && tower) {
+        size_t n = (size_t)3 * plan.width * plan.height;
+        float *f = malloc(n * sizeof *f);
+        if (!f) {
+            fprintf(stderr, "ds41 image: out of memory for %zu pixels\n", n);
+            rc = 1;
+        } else {
+            for (size_t i = 0; i < n; i++) f[i] = ds41_bf16_to_f32(px[i]);
+            ta.width = plan.width;
+            ta.height = plan.height;
+            fflush(stdout);
+            rc = ds41_cli_image_tower(&ta, f);
+            free(f);
+        }
     }
     free(px);
     free(ms);

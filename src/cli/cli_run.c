@@ -12,6 +12,8 @@
 #include "cli_args.h"
 #include "cli_progress.h"
 #include "cli_spec.h"
+#include "cli_vprompt.h"
+#include "chat.h"
 #include "dist.h"
 #include "common.h"
 #include "ds41.h"
@@ -22,6 +24,11 @@ static const char *RUN_USAGE =
     "  -m, --model DIR        checkpoint directory\n"
     "  -p, --prompt TEXT      prompt text (needs DIR/tokenizer.json)\n"
     "  --prompt-ids LIST      prompt as comma-separated token ids (no tokenizer needed)\n"
+    "  --image FILE           a PNG or JPEG through the model's vision tower (repeatable, in order):\n"
+    "                         each replaces one <｜deepseek_image｜> of -p TEXT (or the config's\n"
+    "                         image_token_id in --prompt-ids); a -p TEXT without any gets the images\n"
+    "                         in front, each followed by a blank line, as a chat user message with\n"
+    "                         the image parts first renders (docs/vision.md)\n"
     "  -n, --n-predict N      tokens to generate (default 32)\n"
     "  --temp T               temperature (default 0 = greedy, first maximum)\n"
     "  --top-k K, --top-p P, --min-p P, --seed S   sampling filters and seed\n"
@@ -60,7 +67,8 @@ static const char *RUN_USAGE =
     "Examples:\n"
     "  ds41 run -m models/demo -p \"And God said unto Noah,\" -n 60 --temp 0.7 --top-p 0.9 --seed 1\n"
     "  ds41 run -m models/demo -p \"Telescope, n.\" -n 40 --exact --spec off     # exact mode, plain decoding\n"
-    "  ds41 run -m models/demo --prompt-ids 1,2,3 -n 8 --json                  # ids in, one JSON line per token\n";
+    "  ds41 run -m models/demo --prompt-ids 1,2,3 -n 8 --json                  # ids in, one JSON line per token\n"
+    "  ds41 run -m DIR --image photo.png -p \"What colour is the circle?\" -n 20 # DIR with a vision tower\n";
 
 /* "1,2,3" -> ids; rejects anything that is not a comma-separated list of integers. */
 static int parse_ids(const char *s, int32_t **out, size_t *n, const char *what) {
@@ -105,6 +113,8 @@ int ds41_cli_run(int argc, char **argv) {
     int json = 0, top_lp = 5, ignore_eos = 0, replay = DS41_REPLAY_EXACT;
     const char *cache_dir = NULL;
     long long cache_bytes = 0;
+    const char *image_paths[16];
+    int n_images = 0;
     ds41_cli_gen g;
     ds41_cli_gen_default(&g);
     for (int i = 1; i < argc; i++) {
@@ -122,6 +132,11 @@ int ds41_cli_run(int argc, char **argv) {
         else if (ARG("-m", "--model")) { NEED(); dir = argv[++i]; }
         else if (ARG("-p", "--prompt")) { NEED(); prompt = argv[++i]; }
         else if (ARG("--prompt-ids", NULL)) { NEED(); prompt_ids = argv[++i]; }
+        else if (ARG("--image", NULL)) {
+            NEED();
+            if (n_images == 16) { fprintf(stderr, "ds41 run: at most 16 --image\n"); return 2; }
+            image_paths[n_images++] = argv[++i];
+        }
         else if (ARG("--force-ids", NULL)) { NEED(); force_ids = argv[++i]; }
         else if (ARG("--spec", NULL)) { NEED(); spec_arg = argv[++i]; }
         else if (ARG("--json", NULL)) json = 1;
@@ -154,6 +169,11 @@ int ds41_cli_run(int argc, char **argv) {
     }
     /* output only from rank 0: the other ranks write their logits nowhere */
     if (dump && ds41_dist_rank() > 0) dump = "/dev/null";
+    if (n_images && (cache_dir || g.prefill == DS41_PREFILL_MODE_REPLAY)) {
+        /* every image position carries the same id: an id-keyed prefix would match another image */
+        fprintf(stderr, "ds41 run: --image cannot be combined with %s\n", cache_dir ? "--cache-dir (the prefix cache keys on ids only)" : "--prefill ced-replay");
+        return 2;
+    }
     if (cache_dir && trace) { fprintf(stderr, "ds41 run: --cache-dir and --trace cannot be combined (a restored prefix has no trace)\n"); return 2; }
 
     int rc = 1;
@@ -161,6 +181,12 @@ int ds41_cli_run(int argc, char **argv) {
     ds41_engine *e = NULL;
     ds41_session *s = NULL;
     ds41_prefix_cache *pc = NULL;
+    ds41_cli_vimage images[16];
+    ds41_cli_vprompt vp;
+    memset(images, 0, sizeof images);
+    memset(&vp, 0, sizeof vp);
+    char *ptext = NULL;
+    int ids_vp = 0;
     int32_t *ids = NULL, *forced = NULL;
     size_t n_ids = 0, n_forced = 0;
     FILE *fdump = NULL;
@@ -202,6 +228,29 @@ int ds41_cli_run(int argc, char **argv) {
     if (!e) { fprintf(stderr, "ds41 run: %s\n", ebuf); goto out; }
     int V = ds41_vocab_size(e);
     long long C = ds41_ctx_size(e);
+    if (n_images) {
+        /* each image through the tower, its span in place of its placeholder */
+        for (int k = 0; k < n_images; k++)
+            if (ds41_cli_image_load(e, image_paths[k], &images[k], &err)) { fprintf(stderr, "ds41 run: --image %s\n", err.msg); goto out; }
+        int r;
+        if (prompt) {
+            size_t pl = strlen(prompt), phl = strlen(DS41_CHAT_IMAGE_PLACEHOLDER);
+            if (!(ptext = malloc((size_t)n_images * (phl + 2) + pl + 1))) { fprintf(stderr, "ds41 run: out of memory\n"); goto out; }
+            ptext[0] = 0;
+            if (!strstr(prompt, DS41_CHAT_IMAGE_PLACEHOLDER))
+                for (int k = 0; k < n_images; k++) strcat(strcat(ptext, DS41_CHAT_IMAGE_PLACEHOLDER), "\n\n");
+            strcat(ptext, prompt);
+            r = ds41_cli_vprompt_text(&vp, tok, ptext, strlen(ptext), 1, images, n_images, ds41_model_dim(e),
+                                      ds41_image_token_id(e), &err);
+        } else {
+            r = ds41_cli_vprompt_ids(&vp, ids, n_ids, images, n_images, ds41_model_dim(e), ds41_image_token_id(e), &err);
+        }
+        if (r) { fprintf(stderr, "ds41 run: %s\n", err.msg); goto out; }
+        free(ids);
+        ids = vp.ids;   /* the expanded prompt (owned by vp) */
+        ids_vp = 1;
+        n_ids = vp.n;
+    }
     /* a tokenizer with ids past the embedding table belongs to another checkpoint: say so
      * rather than reporting its ids as out of range (or decoding generated ids with it) */
     if (tok && ds41_tokenizer_vocab_size(tok) > V) {
@@ -276,7 +325,7 @@ int ds41_cli_run(int argc, char **argv) {
     double t_restore = ds41_cli_now() - t0;
     snprintf(plabel, sizeof plabel, "prefill %lld tokens", (long long)n_ids - hit);
     pg = ds41_progress_start(plabel);
-    int prc = hit < (long long)n_ids ? ds41_feed(s, ids + hit, n_ids - (size_t)hit) : 0;
+    int prc = n_images ? ds41_cli_vprompt_feed(s, &vp, 0) : hit < (long long)n_ids ? ds41_feed(s, ids + hit, n_ids - (size_t)hit) : 0;
     ds41_progress_end(pg);
     if (prc) {
         fprintf(stderr, "ds41 run: %s\n", ds41_session_error(s));
@@ -425,6 +474,10 @@ out:
     ds41_prefix_close(pc);
     ds41_unload(e);
     if (tok) ds41_tokenizer_free(tok);
+    if (ids_vp) ids = NULL;   /* vp's */
+    ds41_cli_vprompt_free(&vp);
+    for (int k = 0; k < n_images; k++) ds41_cli_image_free(&images[k]);
+    free(ptext);
     free(ids);
     free(forced);
     return rc;

@@ -1,6 +1,7 @@
-/* ds41 image --pixels: runs the vision tower and aligner of a checkpoint on a BF16 pixel tensor and
- * prints the patch grid, the token grid and the span length; --dump writes the span's
- * embeddings (docs/vision.md). */
+/* ds41 image with a vision tower (cli_image.c parses the command): runs the checkpoint's tower
+ * and aligner on a preprocessed pixel tensor (from a decoded file, or --pixels), prints the
+ * patch grid, the token grid and the span length; --dump writes the span's embeddings
+ * (docs/vision.md); --bench times the encode and counts its floating-point work. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,30 +9,12 @@
 
 #include "cli.h"
 #include "cli_args.h"
+#include "cli_vision.h"
 #include "formats.h"
 #include "model.h"
 #include "vision.h"
 
-static void usage(FILE *f) {
-    fputs("usage: ds41 image -m DIR --pixels FILE --width W --height H [options]\n"
-          "\n"
-          "Runs the checkpoint's vision tower and aligner on FILE, a preprocessed image: raw\n"
-          "little-endian BF16 values [3, H, W] (channel, row, column; normalised as the official\n"
-          "processor does), W and H multiples of the patch size. Prints the patch grid, the token\n"
-          "grid and the number of positions of the image span (start, one row of tokens per\n"
-          "token-grid row each closed by a newline, end).\n"
-          "\n"
-          "options:\n"
-          "  --dump FILE     write the span's embeddings, F32 little-endian [span rows, dim]\n"
-          "  --tokens-only   with --dump: only the aligned tokens [gh * gw, dim], no delimiters\n"
-          "  --exact         exact mode (bit-identical to tools/reference/vision.py); also DS41_EXACT=1\n"
-          "  -t, --threads N threads (default 1)\n"
-          "  -h, --help      this text\n",
-          f);
-}
-
-/* FILE -> [3, H, W] floats; a clear message when its size is not 3 * H * W BF16 values. */
-static float *read_pixels(const char *path, int H, int W) {
+float *ds41_cli_read_pixels(const char *path, int H, int W) {
     FILE *f = fopen(path, "rb");
     if (!f) {
         fprintf(stderr, "ds41 image: --pixels %s: cannot open: %s\n", path, strerror(errno));
@@ -60,95 +43,92 @@ static float *read_pixels(const char *path, int H, int W) {
     return NULL;
 }
 
-int ds41_cli_image_tower(int argc, char **argv) {
-    const char *dir = NULL, *pixels = NULL, *dump = NULL;
-    long long W = 0, H = 0, threads = 1;
-    int exact = getenv("DS41_EXACT") && !strcmp(getenv("DS41_EXACT"), "1"), tokens_only = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        int takes = !strcmp(a, "-m") || !strcmp(a, "--pixels") || !strcmp(a, "--width") || !strcmp(a, "--height") ||
-                    !strcmp(a, "--dump") || !strcmp(a, "-t") || !strcmp(a, "--threads");
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--exact")) { exact = 1; continue; }
-        if (!strcmp(a, "--tokens-only")) { tokens_only = 1; continue; }
-        if (!takes) {
-            fprintf(stderr, "ds41 image: unknown argument %s (ds41 image --help)\n", a);
-            return 2;
-        }
-        if (!val) {
-            fprintf(stderr, "ds41 image: %s needs a value\n", a);
-            return 2;
-        }
-        i++;
-        if (!strcmp(a, "-m")) dir = val;
-        else if (!strcmp(a, "--pixels")) pixels = val;
-        else if (!strcmp(a, "--dump")) dump = val;
-        else if (!strcmp(a, "--width")) { if (ds41_cli_int("image", a, val, 1, DS41_VISION_MAX_SIDE, &W)) return 2; }
-        else if (!strcmp(a, "--height")) { if (ds41_cli_int("image", a, val, 1, DS41_VISION_MAX_SIDE, &H)) return 2; }
-        else if (ds41_cli_int("image", a, val, 1, 1024, &threads)) return 2;
-    }
-    if (!dir || !pixels || !W || !H) {
-        fprintf(stderr, "ds41 image: -m DIR, --pixels FILE, --width W and --height H are required (ds41 image --help)\n");
-        return 2;
-    }
-    if (ds41_cli_model_dir_ok("image", dir)) return 1;
+/* Floating-point operations of one encode (a multiply-add counts 2): the patch embedding, per
+ * block the qkv, output, gate/up and down linears and the attention's q.k and p.v products,
+ * then the aligner's two linears. Norms, rotary, softmax and activations are left out (under
+ * 1 % at the released shape). */
+static double encode_flops(const ds41_vision *v, int n, int tokens) {
+    double D = v->dim, I = v->inter, p2 = (double)v->patch * v->patch, r2 = (double)v->ratio * v->ratio;
+    double block = 2.0 * n * (3 * D * D + D * D + 2 * I * D + I * D) + 2.0 * 2.0 * n * (double)n * D;
+    return 2.0 * n * D * 3 * p2 + v->n_layers * block +
+           2.0 * tokens * (D * r2 * v->lm_dim + (double)v->lm_dim * v->lm_dim);
+}
+
+int ds41_cli_image_tower(const ds41_cli_tower_args *a, const float *pixels) {
     ds41_model m;
     ds41_vision v;
     ds41_err err = { 0 };
-    if (ds41_model_open(dir, &m, &err)) {
+    if (ds41_model_open(a->dir, &m, &err)) {
         fprintf(stderr, "ds41 image: %s\n", err.msg);
         return 1;
     }
     int rc = 1, bound = ds41_vision_bind(&m.cfg, m.st, &v, &err);
-    float *px = NULL, *out = NULL;
-    ds41_ctx ctx = { .exact = exact, .n_threads = (int)threads };
+    float *out = NULL, *own = NULL;
+    const float *px = pixels;
+    double *ms = NULL, *cpu = NULL;
+    ds41_ctx ctx = { .exact = a->exact, .n_threads = a->threads };
     if (bound < 0) {
-        fprintf(stderr, "ds41 image: %s: %s\n", dir, err.msg);
+        fprintf(stderr, "ds41 image: %s: %s\n", a->dir, err.msg);
         goto done;
     }
     if (bound == 0) {
-        fprintf(stderr, "ds41 image: %s: the checkpoint has no vision tower (%s)\n", dir,
+        fprintf(stderr, "ds41 image: %s: the checkpoint has no vision tower (%s)\n", a->dir,
                 m.cfg.vision_n_layers ? "no vision.* tensors" : "no vision_config in config.json");
         goto done;
     }
-    int n_h, n_w, gh, gw;
-    if (ds41_vision_grid(&v, (int)H, (int)W, &n_h, &n_w, &gh, &gw, &err)) {
+    int n_h, n_w, gh, gw, H = a->height, W = a->width;
+    if (ds41_vision_grid(&v, H, W, &n_h, &n_w, &gh, &gw, &err)) {
         fprintf(stderr, "ds41 image: %s\n", err.msg);
         goto done;
     }
-    if (!(px = read_pixels(pixels, (int)H, (int)W))) goto done;
-    int rows = tokens_only ? gh * gw : ds41_vision_span_rows(gh, gw);
+    if (!px && !(px = own = ds41_cli_read_pixels(a->raw, H, W))) goto done;
+    int rows = a->tokens_only ? gh * gw : ds41_vision_span_rows(gh, gw), reps = a->bench > 0 ? a->bench : 1;
     out = malloc((size_t)rows * v.lm_dim * sizeof(float));
-    if (!out) {
+    ms = calloc((size_t)reps, sizeof *ms);
+    cpu = calloc((size_t)reps, sizeof *cpu);
+    if (!out || !ms || !cpu) {
         fprintf(stderr, "ds41 image: out of memory for %d x %d embeddings\n", rows, v.lm_dim);
         goto done;
     }
-    if (threads > 1) ctx.pool = ds41_pool_create((int)threads);
-    int e = tokens_only ? ds41_vision_encode(&ctx, &v, px, (int)H, (int)W, out, &err)
-                        : ds41_vision_span(&ctx, &v, px, (int)H, (int)W, out, &err);
-    if (e) {
-        fprintf(stderr, "ds41 image: %s\n", err.msg);
-        goto done;
+    if (a->threads > 1) ctx.pool = ds41_pool_create(a->threads);
+    for (int r = 0; r < reps; r++) {
+        double t0 = ds41_cli_now(), c0 = ds41_cli_cpu_process();
+        int e = a->tokens_only ? ds41_vision_encode(&ctx, &v, px, H, W, out, &err)
+                               : ds41_vision_span(&ctx, &v, px, H, W, out, &err);
+        ms[r] = (ds41_cli_now() - t0) * 1e3;
+        cpu[r] = (ds41_cli_cpu_process() - c0) * 1e3;
+        if (e) {
+            fprintf(stderr, "ds41 image: %s\n", err.msg);
+            goto done;
+        }
     }
-    printf("image %lld x %lld pixels, patch grid %d x %d, token grid %d x %d, span %d positions\n", W, H, n_w, n_h,
-           gw, gh, ds41_vision_span_rows(gh, gw));
-    if (dump) {
-        FILE *f = fopen(dump, "wb");
+    FILE *say = a->to_stderr ? stderr : stdout;
+    fprintf(say, "image %d x %d pixels, patch grid %d x %d, token grid %d x %d, span %d positions\n", W, H, n_w, n_h, gw,
+           gh, ds41_vision_span_rows(gh, gw));
+    if (a->bench > 0) {
+        /* CPU time beside the wall time: on a loaded machine the CPU seconds of the process
+         * (all its threads) are the work, the wall time is the work plus the waiting */
+        double t = ds41_cli_median(ms, reps), c = ds41_cli_median(cpu, reps), gf = encode_flops(&v, n_h * n_w, gh * gw) / 1e9;
+        fprintf(say, "encode         tower + aligner %.1f ms wall, %.1f ms CPU (medians of %d, %s, %d thread%s): %d patches, "
+               "%d image tokens, %.1f GFLOP, %.2f GFLOP/s of wall, %.2f GFLOP/s per CPU second\n", t, c, reps,
+               a->exact ? "exact" : "fast", a->threads, a->threads == 1 ? "" : "s", n_h * n_w, gh * gw, gf,
+               gf / (t / 1e3), gf / (c / 1e3));
+    }
+    if (a->dump) {
+        FILE *f = fopen(a->dump, "wb");
         size_t n = (size_t)rows * v.lm_dim;
         if (!f || fwrite(out, sizeof(float), n, f) != n || fclose(f)) {
-            fprintf(stderr, "ds41 image: --dump %s: cannot write: %s\n", dump, strerror(errno));
+            fprintf(stderr, "ds41 image: --dump %s: cannot write: %s\n", a->dump, strerror(errno));
             goto done;
         }
     }
     rc = 0;
 done:
     if (ctx.pool) ds41_pool_destroy(ctx.pool);
-    free(px);
     free(out);
+    free(own);
+    free(ms);
+    free(cpu);
     ds41_vision_free(&v);
     ds41_model_close(&m);
     return rc;

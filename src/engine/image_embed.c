@@ -5,7 +5,9 @@
 #include <stdlib.h>
 
 #include "ds41.h"
+#include "formats.h"
 #include "forward.h"
+#include "image.h"
 #include "vision.h"
 
 int ds41_model_dim(const ds41_engine *e) { return e->cfg->dim; }
@@ -35,5 +37,45 @@ int ds41_image_span(ds41_engine *e, const float *pixels, int H, int W, float **o
     }
     if (rc && errbuf && errcap) snprintf(errbuf, errcap, "%s", err.msg);
     ds41_vision_free(&v);
+    return rc;
+}
+
+int ds41_image_span_encoded(ds41_engine *e, const uint8_t *data, size_t len, float **out, int *rows, char *errbuf,
+                            size_t errcap) {
+    ds41_image_limits lim;
+    ds41_vision_params vp;
+    ds41_image_plan plan;
+    ds41_rgb_image im;
+    ds41_err err = { 0 };
+    uint16_t *bits = NULL;
+    *out = NULL;
+    *rows = 0;
+    if (e->cfg->vision_n_layers == 0) {
+        if (errbuf && errcap) snprintf(errbuf, errcap, "the checkpoint has no vision tower");
+        return -1;
+    }
+    ds41_image_limits_default(&lim);
+    ds41_vision_params_of(e->cfg, &vp);
+    if (ds41_image_decode(data, len, &lim, &im, &err)) {
+        if (errbuf && errcap) snprintf(errbuf, errcap, "%s", err.msg);
+        return -1;
+    }
+    int rc = ds41_image_preprocess(&im, &vp, &plan, &bits, &err);
+    ds41_rgb_image_free(&im);
+    if (rc) {
+        if (errbuf && errcap) snprintf(errbuf, errcap, "%s", err.msg);
+        return -1;
+    }
+    size_t np = (size_t)3 * plan.width * plan.height;
+    float *px = malloc(np * sizeof *px);
+    if (!px) {
+        free(bits);
+        if (errbuf && errcap) snprintf(errbuf, errcap, "out of memory for %zu pixels", np);
+        return -1;
+    }
+    for (size_t i = 0; i < np; i++) px[i] = ds41_bf16_to_f32(bits[i]);
+    free(bits);
+    rc = ds41_image_span(e, px, plan.height, plan.width, out, rows, errbuf, errcap);
+    free(px);
     return rc;
 }

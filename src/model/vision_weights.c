@@ -98,3 +98,13 @@ void ds41_vision_free(ds41_vision *v) {
     free(v->blocks);
     memset(v, 0, sizeof *v);
 }
+
+void ds41_vision_params_of(const ds41_config *cfg, ds41_vision_params *vp) {
+    ds41_vision_params_default(vp);
+    vp->patch_size = cfg->vision_patch_size;
+    vp->downsample_ratio = cfg->vision_downsample_ratio;
+    vp->max_n_token = cfg->vision_max_n_token;
+    vp->min_pixels = cfg->vision_min_pixels;
+    vp->max_wh_ratio = cfg->vision_max_wh_ratio;
+    vp->image_token_id = cfg->image_token_id;
+}

@@ -4,6 +4,7 @@
 #ifndef DS41_VISION_WEIGHTS_H
 #define DS41_VISION_WEIGHTS_H
 
+#include "image.h"
 #include "model.h"
 
 typedef struct ds41_vision_block {
@@ -27,6 +28,10 @@ typedef struct ds41_vision {
 /* Binds the tower the config describes. Returns 1 when bound, 0 when the config has no tower
  * or the checkpoint holds no vision tensor (v zeroed), -1 on an error naming the tensor that
  * is missing or misshaped, or the config field that is inconsistent. */
+/* The preprocessing parameters (src/image/) of the config: patch, unshuffle, token limit,
+ * min_pixels, max_wh_ratio and image_token_id. */
+void ds41_vision_params_of(const ds41_config *cfg, ds41_vision_params *vp);
+
 int ds41_vision_bind(const ds41_config *cfg, const ds41_st *st, ds41_vision *v, ds41_err *err);
 void ds41_vision_free(ds41_vision *v);
 

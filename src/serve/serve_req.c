@@ -198,6 +198,15 @@ static int check_messages(const json_t *msgs, ds41_req_error *e) {
             return BAD("messages", "%s.content: expected a string or an array of content parts", path);
         if (has_c && json_is_array(c) && json_array_size(c) == 0)
             return BAD("messages", "%s.content: empty array, expected at least one content part", path);
+        for (size_t j = 0; has_c && json_is_array(c) && j < json_array_size(c); j++) {
+            /* images go through ds41 run --image and ds41 chat /image; the server's batched
+             * forward takes ids only, and an image placeholder rendered as a plain token would be
+             * an answer about no image */
+            const char *ty = json_string_value(json_object_get(json_array_get(c, j), "type"));
+            if (ty && (!strcmp(ty, "image_url") || !strcmp(ty, "image")))
+                return BAD("messages", "%s.content[%zu]: %s parts are not served yet (ds41 run --image and ds41 chat "
+                           "/image take images)", path, j, ty);
+        }
         const json_t *nm = json_object_get(m, "name");
         if (nm && !json_is_null(nm) && !json_is_string(nm)) return BAD("messages", "%s.name: expected a string", path);
         if (!strcmp(role, "assistant")) {

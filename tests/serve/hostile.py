@@ -110,7 +110,9 @@ bad_messages = ["x", 5, None, {}, [], [1], [{"role": 5}], [{"role": "wizard", "c
                 [{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}],
                 [{"role": "user", "content": "a <\uff5cdeepseek_image\uff5c> b"}], [{"role": "tool", "content": 5}],
                 [{"role": "user", "content": "x", "task": "dance"}], [{"role": "user"}], [{"role": "user", "content": []}],
-                [{"role": "tool", "content": "x"}], [{"role": "assistant"}], [{"role": "system", "content": None}], [{"role": "user", "content": "x" * 5000}] * 0 or [[]]]
+                [{"role": "tool", "content": "x"}], [{"role": "assistant"}],
+                [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}],
+                [{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}], [{"role": "system", "content": None}], [{"role": "user", "content": "x" * 5000}] * 0 or [[]]]
 for i, m in enumerate(bad_messages):
     add("chat_messages_%d" % i, json.dumps({"messages": m, "max_tokens": 2}))
 bad_prompts = [None, 5, [], [[]], [-1], [1.5], ["a", 5], {"a": 1}, [10 ** 12], [[1], [-4]], [99999], [True], [[1], 5]]

@@ -1,0 +1,132 @@
+/* Prompts with images for ds41 run and ds41 chat (cli_vprompt.h). */
+#define _GNU_SOURCE
+#include "cli_vprompt.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "chat.h"
+#include "image.h"
+
+int ds41_cli_image_load(ds41_engine *e, const char *path, ds41_cli_vimage *im, ds41_err *err) {
+    memset(im, 0, sizeof *im);
+    char *data = NULL, msg[512];
+    size_t len = 0;
+    if (ds41_read_file(path, DS41_IMAGE_MAX_BYTES, &data, &len, err)) return -1;
+    int rc = ds41_image_span_encoded(e, (const uint8_t *)data, len, &im->span, &im->rows, msg, sizeof msg);
+    free(data);
+    if (rc) return ds41_errf(err, "%s: %s", path, msg);
+    if (!(im->path = strdup(path))) {
+        ds41_cli_image_free(im);
+        return ds41_errf(err, "out of memory");
+    }
+    return 0;
+}
+
+void ds41_cli_image_free(ds41_cli_vimage *im) {
+    free(im->path);
+    free(im->span);
+    memset(im, 0, sizeof *im);
+}
+
+void ds41_cli_vprompt_free(ds41_cli_vprompt *p) {
+    free(p->ids);
+    free(p->is_image);
+    free(p->emb);
+    memset(p, 0, sizeof *p);
+}
+
+/* Room for k more positions (the image arrays only once an image is placed). */
+static int grow(ds41_cli_vprompt *p, size_t k, ds41_err *err) {
+    if (p->n + k <= p->cap) return 0;
+    size_t cap = p->cap ? p->cap : 64;
+    while (cap < p->n + k) cap *= 2;
+    int32_t *ids = realloc(p->ids, cap * sizeof *ids);
+    if (ids) p->ids = ids;
+    uint8_t *img = p->is_image ? realloc(p->is_image, cap) : NULL;
+    if (img) p->is_image = img;
+    float *emb = p->emb ? realloc(p->emb, cap * p->dim * sizeof *emb) : NULL;
+    if (emb) p->emb = emb;
+    if (!ids || (p->is_image && !img) || (p->emb && !emb)) return ds41_errf(err, "out of memory for a prompt of %zu positions", p->n + k);
+    p->cap = cap;
+    return 0;
+}
+
+static int add_ids(ds41_cli_vprompt *p, const int32_t *ids, size_t n, ds41_err *err) {
+    if (grow(p, n, err)) return -1;
+    memcpy(p->ids + p->n, ids, n * sizeof *ids);
+    if (p->is_image) memset(p->is_image + p->n, 0, n);
+    p->n += n;
+    return 0;
+}
+
+static int add_image(ds41_cli_vprompt *p, const ds41_cli_vimage *im, int32_t image_token_id, ds41_err *err) {
+    if (grow(p, (size_t)im->rows, err)) return -1;
+    if (!p->is_image) {
+        p->is_image = calloc(p->cap, 1);
+        p->emb = calloc(p->cap * p->dim, sizeof *p->emb);
+        if (!p->is_image || !p->emb) return ds41_errf(err, "out of memory for the image embeddings");
+    }
+    for (int r = 0; r < im->rows; r++) {
+        p->ids[p->n + r] = image_token_id;
+        p->is_image[p->n + r] = 1;
+    }
+    memcpy(p->emb + p->n * p->dim, im->span, (size_t)im->rows * p->dim * sizeof *p->emb);
+    p->n += (size_t)im->rows;
+    p->n_images++;
+    return 0;
+}
+
+static int count_error(int found, int n_images, const char *where, ds41_err *err) {
+    return ds41_errf(err, "%s has %d image placeholder%s but %d image%s %s given", where, found, found == 1 ? "" : "s",
+                     n_images, n_images == 1 ? "" : "s", n_images == 1 ? "was" : "were");
+}
+
+int ds41_cli_vprompt_text(ds41_cli_vprompt *p, const ds41_tokenizer *tok, const char *text, size_t len, int add_bos,
+                          const ds41_cli_vimage *images, int n_images, int dim, int32_t image_token_id, ds41_err *err) {
+    const char *ph = DS41_CHAT_IMAGE_PLACEHOLDER;
+    size_t phl = strlen(ph);
+    int found = 0;
+    for (const char *q = text; (q = memmem(q, (size_t)(text + len - q), ph, phl)); q += phl) found++;
+    if (found != n_images) return count_error(found, n_images, "the prompt", err);
+    p->dim = dim;
+    int32_t bos = ds41_tokenizer_bos(tok);
+    if (add_bos && bos >= 0 && add_ids(p, &bos, 1, err)) return -1;
+    const char *q = text, *end = text + len;
+    for (int k = 0;; k++) {
+        const char *hit = k < n_images ? memmem(q, (size_t)(end - q), ph, phl) : NULL;
+        size_t piece = (size_t)((hit ? hit : end) - q);
+        if (piece) {
+            int32_t *ids = NULL;
+            size_t n = 0;
+            if (ds41_tokenize(tok, q, piece, 1, 0, &ids, &n, err)) return -1;
+            int rc = add_ids(p, ids, n, err);
+            free(ids);
+            if (rc) return -1;
+        }
+        if (!hit) break;
+        if (add_image(p, &images[k], image_token_id, err)) return -1;
+        q = hit + phl;
+    }
+    return 0;
+}
+
+int ds41_cli_vprompt_ids(ds41_cli_vprompt *p, const int32_t *ids, size_t n, const ds41_cli_vimage *images,
+                         int n_images, int dim, int32_t image_token_id, ds41_err *err) {
+    int found = 0;
+    for (size_t i = 0; i < n; i++) found += ids[i] == image_token_id;
+    if (found != n_images) return count_error(found, n_images, "--prompt-ids", err);
+    p->dim = dim;
+    int k = 0;
+    for (size_t i = 0; i < n; i++) {
+        int rc = ids[i] == image_token_id ? add_image(p, &images[k++], image_token_id, err) : add_ids(p, &ids[i], 1, err);
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+int ds41_cli_vprompt_feed(ds41_session *s, const ds41_cli_vprompt *p, size_t from) {
+    if (from >= p->n) return 0;
+    if (!p->is_image) return ds41_feed(s, p->ids + from, p->n - from);
+    return ds41_feed_embeds(s, p->ids + from, p->n - from, p->emb + from * p->dim, p->is_image + from);
+}
