@@ -78,6 +78,7 @@ static void sgroup_free(ds41_sgroup *g) {
     free(g->stop_ids);
     ds41_gmatch_free(g->gm);
     ds41_grammar_free(g->grammar);
+    ds41_gentry_release(g->gent);
     free(g->seq);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);

@@ -99,6 +99,11 @@ int ds41_gm_walk(ds41_gmatch *m, int s, uint32_t *mk, int lo, int hi, int d0);
  * position past the depth guard or not precomputed: walk the trie instead), -1 on a limit. */
 int ds41_gtables_mask(ds41_gmatch *m, int s, uint32_t *mk);
 
+/* ds41_gmask_apply with its instruction set named (2 AVX-512, 1 AVX2, 0 scalar; the caller
+ * checks the CPU has it), and the one ds41_gmask_apply uses (the best the CPU has). */
+void ds41_gmask_apply_isa(const uint32_t *mask, float *row, int V, int isa);
+int ds41_gmask_isa(void);
+
 static inline int gcs_has(const uint32_t *cs, unsigned b) { return (cs[b >> 5] >> (b & 31)) & 1; }
 
 #endif
