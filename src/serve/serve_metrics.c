@@ -182,6 +182,8 @@ char *ds41_metrics_text(ds41_metrics *m, const ds41_gauges *g, const char *model
                 lbl, (unsigned long long)g->gt.builds);
         counter(&o, "ds41:grammar_tables_hits_total", "Constrained requests whose grammar's tables were cached already.", lbl,
                 (unsigned long long)g->gt.hits);
+        counter(&o, "ds41:grammar_masks_prefetched_total", "Grammar masks computed beside the step's forward.", lbl,
+                (unsigned long long)g->gt_prefetched);
         gauge(&o, "ds41:grammar_tables_cached", "Grammars in the table cache.", lbl, (double)g->gt.entries);
         gauge(&o, "ds41:grammar_tables_bytes", "Bytes of grammar tables in the cache.", lbl, (double)g->gt.bytes);
         outf(&o, "# HELP ds41:grammar_tables_build_seconds_total Time spent building grammar tables.\n"

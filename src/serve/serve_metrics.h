@@ -54,6 +54,7 @@ typedef struct ds41_gauges {
     /* the grammar table cache (exposed when grammar is 1: the model has a tokenizer) */
     int grammar;
     ds41_gcache_stats gt;
+    long long gt_prefetched;      /* masks computed beside the forward (serve_gprefetch.h) */
 } ds41_gauges;
 
 void ds41_metrics_init(ds41_metrics *m);

@@ -2,6 +2,7 @@
 #ifndef DS41_GRAMMAR_INTERNAL_H
 #define DS41_GRAMMAR_INTERNAL_H
 
+#include <pthread.h>
 #include <stdarg.h>
 
 #include "grammar.h"
@@ -57,6 +58,7 @@ struct ds41_gvocab {
 enum { MASK_CACHE_BYTES = 64 << 20, ARENA_MAX = 16 << 20, WORK_MAX = 1 << 22, TOKEN_MAX = 1024 };
 
 struct ds41_gmatch {
+    pthread_mutex_t mu;        /* held by the public entry points (a prefetch may run beside) */
     const ds41_grammar *g;
     const ds41_gvocab *v;
     const ds41_gtables *tab;   /* NULL: masks by walking the trie */
@@ -83,7 +85,7 @@ struct ds41_gmatch {
     int track_depth, push_max; /* push_max: the longest stack work_push was asked for */
     uint32_t *seen;            /* tables: per position, the mask computation that OR-ed it last */
     uint32_t stamp;
-    long long computed, cached;
+    long long computed, cached, prefetched;
     char err[160];
 };
 

@@ -14,6 +14,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -284,6 +285,7 @@ static int intern(ds41_gmatch *m) {
 ds41_gmatch *ds41_gmatch_new(const ds41_grammar *g, const ds41_gvocab *v) {
     ds41_gmatch *m = calloc(1, sizeof *m);
     if (!m) return NULL;
+    pthread_mutex_init(&m->mu, NULL);
     m->g = g;
     m->v = v;
     m->words = (v->V + 31) / 32;
@@ -307,18 +309,21 @@ void ds41_gmatch_free(ds41_gmatch *m) {
     free(m->tdep); free(m->seen);
     free(m->soff); free(m->trans); free(m->mask); free(m->acc); free(m->ht); free(m->mbuf); free(m->dst);
     free(m->arena); free(m->out); free(m->work); free(m->order);
+    pthread_mutex_destroy(&m->mu);
     free(m);
 }
 
 const char *ds41_gmatch_error(const ds41_gmatch *m) { return m->err[0] ? m->err : "grammar: no error"; }
 
-void ds41_gmatch_stats(const ds41_gmatch *m, long long *states, long long *computed, long long *cached) {
+void ds41_gmatch_stats(ds41_gmatch *m, long long *states, long long *computed, long long *cached) {
+    pthread_mutex_lock(&m->mu);
     if (states) *states = m->ns;
     if (computed) *computed = m->computed;
     if (cached) *cached = m->cached;
+    pthread_mutex_unlock(&m->mu);
 }
 
-int ds41_gmatch_start(ds41_gmatch *m) {
+static int start_locked(ds41_gmatch *m) {
     const ds41_grammar *g = m->g;
     m->on = m->wn = 0;
     int r = g->root;
@@ -328,6 +333,14 @@ int ds41_gmatch_start(ds41_gmatch *m) {
     }
     if (expand(m)) return -1;
     return intern(m);
+}
+
+/* The public entry points hold m->mu: ds41_gmatch_prefetch may run on another thread. */
+int ds41_gmatch_start(ds41_gmatch *m) {
+    pthread_mutex_lock(&m->mu);
+    int r = start_locked(m);
+    pthread_mutex_unlock(&m->mu);
+    return r;
 }
 
 int ds41_gm_step(ds41_gmatch *m, int s, unsigned byte) {
@@ -370,8 +383,15 @@ int ds41_gm_stack_state(ds41_gmatch *m, const int32_t *st, int len) {
     return m->on ? intern(m) : -1;
 }
 
-int ds41_gmatch_advance_bytes(ds41_gmatch *m, int s, const char *p, size_t n) {
+static int advance_locked(ds41_gmatch *m, int s, const char *p, size_t n) {
     for (size_t i = 0; i < n && s >= 0; i++) s = ds41_gm_step(m, s, (unsigned char)p[i]);
+    return s;
+}
+
+int ds41_gmatch_advance_bytes(ds41_gmatch *m, int s, const char *p, size_t n) {
+    pthread_mutex_lock(&m->mu);
+    s = advance_locked(m, s, p, n);
+    pthread_mutex_unlock(&m->mu);
     return s;
 }
 
@@ -380,7 +400,12 @@ int ds41_gmatch_advance(ds41_gmatch *m, int s, int id) {
     return ds41_gmatch_advance_bytes(m, s, m->v->arena + m->v->off[id], m->v->len[id]);
 }
 
-int ds41_gmatch_can_end(ds41_gmatch *m, int s) { return s >= 0 && s < m->ns && m->acc[s]; }
+int ds41_gmatch_can_end(ds41_gmatch *m, int s) {
+    pthread_mutex_lock(&m->mu);
+    int r = s >= 0 && s < m->ns && m->acc[s];
+    pthread_mutex_unlock(&m->mu);
+    return r;
+}
 
 int ds41_gm_walk(ds41_gmatch *m, int s, uint32_t *mk, int lo, int hi, int d0) {
     const ds41_gvocab *v = m->v;
@@ -405,11 +430,13 @@ int ds41_gm_walk(ds41_gmatch *m, int s, uint32_t *mk, int lo, int hi, int d0) {
     return 0;
 }
 
-const uint32_t *ds41_gmatch_mask(ds41_gmatch *m, int s) {
+/* The mask of s, cached when the cache has room (keep 1: only then; NULL otherwise). Under mu. */
+static const uint32_t *mask_locked(ds41_gmatch *m, int s, int keep) {
     if (s < 0 || s >= m->ns) return NULL;
     if (m->mask[s]) { m->cached++; return m->mask[s]; }
     size_t bytes = (size_t)m->words * sizeof(uint32_t);
     uint32_t *mk = m->mask_bytes + bytes <= MASK_CACHE_BYTES ? malloc(bytes) : NULL;
+    if (!mk && keep) return NULL;
     if (!mk) mk = m->mbuf;
     memset(mk, 0, bytes);
     int rc = m->tab ? ds41_gtables_mask(m, s, mk) : 1;
@@ -418,6 +445,21 @@ const uint32_t *ds41_gmatch_mask(ds41_gmatch *m, int s) {
     m->computed++;
     if (mk != m->mbuf) { m->mask[s] = mk; m->mask_bytes += bytes; }
     return mk;
+}
+
+const uint32_t *ds41_gmatch_mask(ds41_gmatch *m, int s) {
+    pthread_mutex_lock(&m->mu);
+    const uint32_t *mk = mask_locked(m, s, 0);
+    pthread_mutex_unlock(&m->mu);
+    return mk;
+}
+
+int ds41_gmatch_prefetch(ds41_gmatch *m, int s) {
+    pthread_mutex_lock(&m->mu);
+    int done = s >= 0 && s < m->ns && !m->mask[s] && mask_locked(m, s, 1);
+    m->prefetched += done;
+    pthread_mutex_unlock(&m->mu);
+    return done;
 }
 
 /* Applying a mask touches every word of it and, at 129,280 entries, was a third of a token's
