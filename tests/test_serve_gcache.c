@@ -126,8 +126,9 @@ static void test_threads_and_full(void) {
     char td[64];
     racer r[8];
     pthread_t th[8];
+    text_of(td, 'd');
     for (int i = 0; i < 8; i++) {
-        r[i] = (racer){ c, text_of(td, 'd'), NULL };
+        r[i] = (racer){ c, td, NULL };
         CHECK(pthread_create(&th[i], NULL, race, &r[i]) == 0, "thread %d", i);
     }
     for (int i = 0; i < 8; i++) pthread_join(th[i], NULL);
