@@ -4,7 +4,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-enum { JOB_MAX = 1024 };
+enum { JOB_MAX = 4096 };
 
 struct ds41_gprefetch {
     pthread_t th;
@@ -63,14 +63,14 @@ void ds41_gprefetch_stop(ds41_gprefetch *p) {
 }
 
 int ds41_gprefetch_submit(ds41_gprefetch *p, ds41_gmatch *const *gm, const int *state, int n) {
-    if (n > JOB_MAX) return -1;
+    if (n > JOB_MAX) n = JOB_MAX;
     pthread_mutex_lock(&p->mu);
     for (int i = 0; i < n; i++) { p->gm[i] = gm[i]; p->state[i] = state[i]; }
     p->n = n;
     p->next = 0;
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
-    return 0;
+    return n;
 }
 
 void ds41_gprefetch_wait(ds41_gprefetch *p) {

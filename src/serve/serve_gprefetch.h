@@ -14,8 +14,8 @@ typedef struct ds41_gprefetch ds41_gprefetch;
 ds41_gprefetch *ds41_gprefetch_start(void);
 /* Joins the thread (after the job in progress) and frees it. */
 void ds41_gprefetch_stop(ds41_gprefetch *p);
-/* Queues n masks (gm[i], state[i]); the previous job must have been waited for. Returns 0, or
- * -1 (too many: nothing queued). */
+/* Queues n masks (gm[i], state[i]), the first 4096 of more; the previous job must have been
+ * waited for. Returns how many were queued. */
 int ds41_gprefetch_submit(ds41_gprefetch *p, ds41_gmatch *const *gm, const int *state, int n);
 /* Returns once the queued masks are done. */
 void ds41_gprefetch_wait(ds41_gprefetch *p);

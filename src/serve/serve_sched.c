@@ -101,23 +101,30 @@ void ds41_sgroup_release(ds41_sgroup *g) {
 }
 
 /* Hands the masks the step's constrained decode rows will sample from to the helper, which
- * computes them while the forward runs. Returns how many (0: none, or no helper). */
-static int prefetch_masks(ds41_sched *S, ds41_sseq *const *bq, int nb) {
-    int n = 0;
+ * computes them while the forward runs: the row's state, and in a verify row the states after
+ * each of its drafts (ids[1..n), which valid_prefix walked already). Returns how many (0: none,
+ * or no helper). */
+static int prefetch_masks(ds41_sched *S, ds41_sseq *const *bq, const ds41_batch_item *items, int nb) {
+    int n = 0, cap = S->p.parallel * (S->B + 2);
     for (int i = 0; i < nb; i++) {
         const ds41_lproc *lp = &bq[i]->proc;
         if (bq[i]->state != DS41_SEQ_DECODE || !lp->gm || lp->gstate < 0 || (lp->gate >= 0 && !lp->gate_open)) continue;
         if (!S->pf_tried) {
             S->pf_tried = 1;
-            S->pf_gm = malloc((size_t)S->p.parallel * sizeof *S->pf_gm);
-            S->pf_state = malloc((size_t)S->p.parallel * sizeof *S->pf_state);
+            S->pf_gm = malloc((size_t)cap * sizeof *S->pf_gm);
+            S->pf_state = malloc((size_t)cap * sizeof *S->pf_state);
             if (S->pf_gm && S->pf_state) __atomic_store_n(&S->pf, ds41_gprefetch_start(), __ATOMIC_RELEASE);
         }
-        if (!S->pf || n >= S->p.parallel) break;
-        S->pf_gm[n] = lp->gm;
-        S->pf_state[n++] = lp->gstate;
+        if (!S->pf) break;
+        int st = lp->gstate;
+        for (size_t j = 0; st >= 0 && n < cap; j++) {
+            S->pf_gm[n] = lp->gm;
+            S->pf_state[n++] = st;
+            if (!items[i].verify || j + 1 >= items[i].n) break;
+            st = ds41_gmatch_advance(lp->gm, st, items[i].ids[j + 1]);
+        }
     }
-    return n && S->pf && ds41_gprefetch_submit(S->pf, S->pf_gm, S->pf_state, n) == 0 ? n : 0;
+    return n && S->pf ? ds41_gprefetch_submit(S->pf, S->pf_gm, S->pf_state, n) : 0;
 }
 
 /* ---------------------------------------------------------------- budget */
@@ -719,7 +726,7 @@ static void *sched_main(void *arg) {
                 }
             }
             ds41_smirror_step(S->p.mirror, items, nb);
-            int npf = prefetch_masks(S, bq, nb);
+            int npf = prefetch_masks(S, bq, items, nb);
             ds41_batch_step(items, nb);
             if (npf) ds41_gprefetch_wait(S->pf);   /* before anything can free a matcher */
             double t1 = now_s();
