@@ -4,7 +4,7 @@
 # output through the OpenAI SDK validated with ajv, batch invariance and spec = plain
 # (tests/serve/api_structured.mjs); /v1/messages through the Anthropic SDK, equal to the chat route
 # (tests/serve/api_messages.mjs); /v1/responses likewise through the openai SDK
-# (tests/serve/api_responses.mjs); connection limits per address and in total (tests/serve/conn_limits.py).
+# (tests/serve/api_responses.mjs); the grammar table cache (tests/serve/grammar_cache.py); connection limits per address and in total (tests/serve/conn_limits.py).
 set -u
 cd "${DS41_ROOT:-$(dirname "$0")/..}"
 DS41=${DS41:-./ds41}
@@ -21,6 +21,7 @@ PA=$PORT
 serve_start spec -m models/demo --exact -c 2048 --spec fixed:3 || exit 1
 PB=$PORT
 timeout 300 "$PY" tests/serve/api_sampling.py "$PA" "$PB" || echo "FAIL api_sampling: exit status $?"
+timeout 60 "$PY" tests/serve/grammar_cache.py "$PA" || echo "FAIL grammar_cache: exit status $?"
 if [ -d tests/oracle/node_modules/openai ] && [ -d tests/oracle/node_modules/ajv ]; then
     timeout 500 node tests/serve/api_structured.mjs "$PA" "$PB" || echo "FAIL api_structured: exit status $?"
 else

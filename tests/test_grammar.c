@@ -5,8 +5,10 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "check.h"
 #include "grammar.h"
+#include "grammar_internal.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <pcre2.h>
 #include <stdlib.h>
 #include <string.h>
@@ -321,7 +323,45 @@ static void test_choice(void) {
     case_end("grammar_choice");
 }
 
+/* ds41_gmask_apply in each instruction set this CPU has (scalar, AVX2, AVX-512) against the
+ * definition: row[i] becomes -inf exactly where bit i is clear and keeps its value elsewhere,
+ * for masks all clear, all set, sparse and dense, at sizes that end inside a word and the
+ * production's. */
+static void test_mask_apply(void) {
+    CASE_BEGIN();
+    static const int sizes[] = { 1, 31, 32, 33, 4096, 4097, 129280 };
+    unsigned r = 7;
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        int n = sizes[k], words = (n + 31) / 32;
+        uint32_t *mk = malloc((size_t)words * sizeof *mk);
+        float *row = malloc((size_t)n * sizeof *row);
+        for (int isa = 0; isa <= ds41_gmask_isa(); isa++) {
+            for (int kind = 0; kind < 4 && mk && row; kind++) {
+                for (int w = 0; w < words; w++) {
+                    r = r * 1103515245u + 12345u;
+                    uint32_t x = r ^ (r << 13);
+                    mk[w] = kind == 0 ? 0 : kind == 1 ? 0xFFFFFFFFu : kind == 2 ? (x & (x >> 7) & (x >> 11)) : (x | (x >> 5));
+                    if (kind >= 2 && w % 5 == 0) mk[w] = w % 10 ? 0xFFFFFFFFu : 0;   /* whole words too */
+                }
+                for (int i = 0; i < n; i++) row[i] = (float)i * 0.5f - 7.0f;
+                ds41_gmask_apply_isa(mk, row, n, isa);
+                int bad = -1;
+                for (int i = 0; i < n && bad < 0; i++) {
+                    int on = mk[i >> 5] >> (i & 31) & 1;
+                    if (on ? row[i] != (float)i * 0.5f - 7.0f : !(isinf(row[i]) && row[i] < 0)) bad = i;
+                }
+                CHECK(bad < 0, "mask_apply: isa %d size %d kind %d: entry %d is %g", isa, n, kind, bad, bad < 0 ? 0.0 : row[bad]);
+            }
+        }
+        CHECK(mk && row, "mask_apply: out of memory");
+        free(mk);
+        free(row);
+    }
+    case_end("grammar_mask_apply");
+}
+
 int main(void) {
+    test_mask_apply();
     make_vocab();
     CHECK(voc != NULL, "vocab");
     test_gbnf_errors();

@@ -35,6 +35,7 @@
 #include "serve_anth.h"
 #include "serve_metrics.h"
 #include "serve_conn.h"
+#include "serve_gcache.h"
 #include "serve_mpi.h"
 #include "serve_lproc.h"
 #include "serve_req.h"
@@ -43,12 +44,17 @@
 #include "serve_text.h"
 #include "tokenizer.h"
 
+/* The grammar table cache's bound: the tables of a nested json_schema at the production
+ * vocabulary take about 7 MB. */
+enum { GCACHE_BYTES = 256 << 20 };
+
 typedef struct server {
     const ds41_serve_opts *o;
     char model_name[256];
     ds41_engine *e;
     ds41_tokenizer *tok;
     ds41_gvocab *gv;         /* the vocabulary's bytes for grammars (NULL without a tokenizer) */
+    ds41_gcache *gc;         /* grammar tables per distinct grammar (NULL without gv) */
     int think_end;           /* </think>: a thinking reply's grammar starts after it (-1: none) */
     ds41_sched *S;
     ds41_prefix_cache *pc;   /* NULL with --no-prefix-cache */
@@ -594,10 +600,14 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_k
     if (r->grammar) {
         /* one matcher for the request's choices: its states and masks are shared */
         if (!sv->gv) JFAIL(400, "invalid_request_error", r->grammar_src, NULL, "%s: the model has no tokenizer.json", r->grammar_src);
-        g->grammar = r->grammar;
-        r->grammar = NULL;
-        g->gm = ds41_gmatch_new(g->grammar, sv->gv);
+        /* the grammar's tables come from the cache: built by the first request with this
+         * grammar (here, on the handler's thread), shared by the rest */
+        g->gent = ds41_gcache_get(sv->gc, r->grammar_text, strlen(r->grammar_text), &r->grammar);
+        if (!g->gent) JFAIL(500, "internal_error", NULL, NULL, "out of memory");
+        g->gm = ds41_gmatch_new(ds41_gentry_grammar(g->gent), sv->gv);
         if (!g->gm) JFAIL(500, "internal_error", NULL, NULL, "out of memory");
+        const ds41_gtables *gt = ds41_gentry_tables(g->gent);
+        if (gt && ds41_gmatch_use_tables(g->gm, gt)) JFAIL(500, "internal_error", NULL, NULL, "out of memory");
         if (ds41_gmatch_start(g->gm) < 0)
             JFAIL(400, "invalid_request_error", r->grammar_src, NULL, "%s: %s", r->grammar_src, ds41_gmatch_error(g->gm));
     }
@@ -867,6 +877,8 @@ static enum MHD_Result metrics(server *sv, struct MHD_Connection *c) {
     g.eg_retries = es.retries;
     g.eg_errors = es.errors;
     g.eg_stall_s = es.stall_s;
+    g.grammar = sv->gc != NULL;
+    if (sv->gc) ds41_gcache_get_stats(sv->gc, &g.gt);
     size_t n = 0;
     char *t = ds41_metrics_text(&sv->m, &g, sv->model_name, &n);
     if (!t) return fail(sv, c, 500, "internal_error", NULL, NULL, "out of memory");
@@ -1106,6 +1118,7 @@ int ds41_serve(const ds41_serve_opts *o) {
     sv->V = ds41_vocab_size(sv->e);
     sv->think_end = -1;
     if (sv->tok && !(sv->gv = serve_gvocab(sv->tok, sv->V))) { fprintf(stderr, "ds41 serve: out of memory\n"); goto out; }
+    if (sv->gv && !(sv->gc = ds41_gcache_new(sv->gv, GCACHE_BYTES))) { fprintf(stderr, "ds41 serve: out of memory\n"); goto out; }
     if (sv->tok) sv->think_end = ds41_token_id(sv->tok, DS41_THINK_END);
     sv->ctx = ds41_ctx_size(sv->e);
     if (sv->tok && ds41_tokenizer_vocab_size(sv->tok) > sv->V) {
@@ -1220,6 +1233,7 @@ out:
     ds41_prefix_close(sv->pc);
     ds41_unload(sv->e);
     if (sv->tok) ds41_tokenizer_free(sv->tok);
+    ds41_gcache_free(sv->gc);
     ds41_gvocab_free(sv->gv);
     ds41_conn_limit_free(sv->climit);
     if (have_cfg) ds41_config_free(&cfg);

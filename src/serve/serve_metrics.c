@@ -177,6 +177,19 @@ char *ds41_metrics_text(ds41_metrics *m, const ds41_gauges *g, const char *model
                  "# TYPE ds41:engram_stall_seconds_total counter\nds41:engram_stall_seconds_total{%s} %.9f\n", lbl,
              g->eg_stall_s);
     }
+    if (g->grammar) {
+        counter(&o, "ds41:grammar_tables_builds_total", "Grammar token-class tables built (once per distinct grammar cached).",
+                lbl, (unsigned long long)g->gt.builds);
+        counter(&o, "ds41:grammar_tables_hits_total", "Constrained requests whose grammar's tables were cached already.", lbl,
+                (unsigned long long)g->gt.hits);
+        counter(&o, "ds41:grammar_masks_prefetched_total", "Grammar masks computed beside the step's forward.", lbl,
+                (unsigned long long)g->gt_prefetched);
+        gauge(&o, "ds41:grammar_tables_cached", "Grammars in the table cache.", lbl, (double)g->gt.entries);
+        gauge(&o, "ds41:grammar_tables_bytes", "Bytes of grammar tables in the cache.", lbl, (double)g->gt.bytes);
+        outf(&o, "# HELP ds41:grammar_tables_build_seconds_total Time spent building grammar tables.\n"
+                 "# TYPE ds41:grammar_tables_build_seconds_total counter\nds41:grammar_tables_build_seconds_total{%s} %.6f\n",
+             lbl, g->gt.build_s);
+    }
     if (m->spec_positions > 0) {
         counter(&o, "vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts (verify blocks with K >= 1).", lbl,
                 m->spec_drafts);

@@ -5,6 +5,8 @@
 #include <pthread.h>
 #include <stddef.h>
 
+#include "serve_gcache.h"
+
 #define DS41_HIST_MAX 24
 
 typedef struct ds41_hist {
@@ -49,6 +51,10 @@ typedef struct ds41_gauges {
     long long eg_table_bytes, eg_cache_bytes, eg_steps, eg_lookups, eg_hits, eg_rows_read, eg_bytes_read;
     long long eg_retries, eg_errors;
     double eg_stall_s;
+    /* the grammar table cache (exposed when grammar is 1: the model has a tokenizer) */
+    int grammar;
+    ds41_gcache_stats gt;
+    long long gt_prefetched;      /* masks computed beside the forward (serve_gprefetch.h) */
 } ds41_gauges;
 
 void ds41_metrics_init(ds41_metrics *m);

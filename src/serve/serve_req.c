@@ -456,13 +456,18 @@ static int parse_logit_bias(ds41_req *r, const json_t *root, ds41_req_error *e) 
     return 0;
 }
 
-/* Compiles GBNF text (owned: freed here) into r->grammar; a compile error is a 400 naming src. */
+/* Compiles GBNF text (owned: kept in r->grammar_text, the grammar table cache's key) into
+ * r->grammar; a compile error is a 400 naming src. */
 static int set_grammar(ds41_req *r, char *gbnf, const char *src, const char *err, ds41_req_error *e) {
     if (!gbnf) return BAD(src, "%s: %s", src, err);
     char e2[300];
     r->grammar = ds41_grammar_gbnf(gbnf, strlen(gbnf), e2, sizeof e2);
-    free(gbnf);
-    if (!r->grammar) return BAD(src, "%s: %s", src, e2);
+    if (!r->grammar) {
+        free(gbnf);
+        return BAD(src, "%s: %s", src, e2);
+    }
+    free(r->grammar_text);
+    r->grammar_text = gbnf;
     r->grammar_src = src;
     return 0;
 }
@@ -690,6 +695,7 @@ void ds41_req_free(ds41_req *r) {
     free(r->bias_id);
     free(r->bias_val);
     ds41_grammar_free(r->grammar);
+    free(r->grammar_text);
     free(r->model);
     free(r->tool_choice_name);
     free(r->user);

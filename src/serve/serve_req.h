@@ -56,8 +56,9 @@ typedef struct ds41_req {
     int n_bias;
     /* constrained output: response_format json_object / json_schema, structured_outputs,
      * guided_json / guided_regex / guided_choice, grammar (GBNF); NULL: none. grammar_src
-     * names the member it came from. */
+     * names the member it came from; grammar_text its GBNF text. */
     ds41_grammar *grammar;
+    char *grammar_text;
     const char *grammar_src;
     int skip_special_tokens;      /* vLLM extension, default 1 */
     int tokens_as_ids;            /* vLLM return_tokens_as_token_ids: logprob tokens as "token_id:N" */

@@ -2,6 +2,7 @@
  * take g->mu alone or S->mu alone, never g->mu then S->mu. */
 #define _GNU_SOURCE
 #include "serve_sched.h"
+#include "serve_gprefetch.h"
 
 #include "serve_mpi.h"
 
@@ -38,6 +39,12 @@ struct ds41_sched {
     int32_t *vblk, *vout;      /* [parallel][B + 2] */
     float *conf;               /* [parallel][B] */
     float **vlg;               /* [parallel] -> [B + 1][V] */
+    /* grammar masks computed beside the forward (serve_gprefetch.h): started on the scheduler
+     * thread when the first constrained sequence decodes */
+    ds41_gprefetch *pf;
+    int pf_tried;
+    ds41_gmatch **pf_gm;       /* [parallel] */
+    int *pf_state;
 };
 
 static double now_s(void) {
@@ -78,6 +85,7 @@ static void sgroup_free(ds41_sgroup *g) {
     free(g->stop_ids);
     ds41_gmatch_free(g->gm);
     ds41_grammar_free(g->grammar);
+    ds41_gentry_release(g->gent);
     free(g->seq);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
@@ -90,6 +98,33 @@ void ds41_sgroup_release(ds41_sgroup *g) {
     int left = --g->refs;
     pthread_mutex_unlock(&g->mu);
     if (left == 0) sgroup_free(g);
+}
+
+/* Hands the masks the step's constrained decode rows will sample from to the helper, which
+ * computes them while the forward runs: the row's state, and in a verify row the states after
+ * each of its drafts (ids[1..n), which valid_prefix walked already). Returns how many (0: none,
+ * or no helper). */
+static int prefetch_masks(ds41_sched *S, ds41_sseq *const *bq, const ds41_batch_item *items, int nb) {
+    int n = 0, cap = S->p.parallel * (S->B + 2);
+    for (int i = 0; i < nb; i++) {
+        const ds41_lproc *lp = &bq[i]->proc;
+        if (bq[i]->state != DS41_SEQ_DECODE || !lp->gm || lp->gstate < 0 || (lp->gate >= 0 && !lp->gate_open)) continue;
+        if (!S->pf_tried) {
+            S->pf_tried = 1;
+            S->pf_gm = malloc((size_t)cap * sizeof *S->pf_gm);
+            S->pf_state = malloc((size_t)cap * sizeof *S->pf_state);
+            if (S->pf_gm && S->pf_state) __atomic_store_n(&S->pf, ds41_gprefetch_start(), __ATOMIC_RELEASE);
+        }
+        if (!S->pf) break;
+        int st = lp->gstate;
+        for (size_t j = 0; st >= 0 && n < cap; j++) {
+            S->pf_gm[n] = lp->gm;
+            S->pf_state[n++] = st;
+            if (!items[i].verify || j + 1 >= items[i].n) break;
+            st = ds41_gmatch_advance(lp->gm, st, items[i].ids[j + 1]);
+        }
+    }
+    return n && S->pf ? ds41_gprefetch_submit(S->pf, S->pf_gm, S->pf_state, n) : 0;
 }
 
 /* ---------------------------------------------------------------- budget */
@@ -144,6 +179,8 @@ void ds41_sched_gauges(ds41_sched *S, ds41_gauges *o) {
     o->kv_reserved = S->kv_reserved;
     o->kv_used = S->kv_used;
     pthread_mutex_unlock(&S->mu);
+    ds41_gprefetch *pf = __atomic_load_n(&S->pf, __ATOMIC_ACQUIRE);   /* set once, on the scheduler thread */
+    o->gt_prefetched = pf ? ds41_gprefetch_count(pf) : 0;
 }
 
 /* ---------------------------------------------------------------- finishing */
@@ -688,7 +725,9 @@ static void *sched_main(void *arg) {
                     }
                 }
             }
+            int npf = prefetch_masks(S, bq, items, nb);
             ds41_smirror_batch_step(S->p.mirror, S->e, items, nb);
+            if (npf) ds41_gprefetch_wait(S->pf);   /* before anything can free a matcher */
             double t1 = now_s();
             ds41_metrics_observe(S->m, &S->m->iter_tokens, (double)ntok);
             pthread_mutex_lock(&S->m->mu);
@@ -865,5 +904,7 @@ void ds41_sched_free(ds41_sched *S) {
     if (S->vlg)
         for (int i = 0; i < S->p.parallel; i++) free(S->vlg[i]);
     free(S->vblk); free(S->vout); free(S->conf); free(S->vlg);
+    ds41_gprefetch_stop(S->pf);
+    free(S->pf_gm); free(S->pf_state);
     free(S);
 }

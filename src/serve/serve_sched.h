@@ -38,6 +38,7 @@
 
 #include "ds41.h"
 #include "lproc.h"
+#include "serve_gcache.h"
 #include "serve_metrics.h"
 #include "tokenizer.h"
 
@@ -138,9 +139,11 @@ struct ds41_sgroup {
     int ignore_eos, skip_special;
     double t_arrival;
     /* constrained output: the grammar and its matcher, shared by the choices (the matcher is
-     * used on the scheduler thread only) */
+     * used on the scheduler thread only); gent: the grammar table cache's entry holding the
+     * grammar and its tables (then grammar is NULL), released with the group */
     ds41_grammar *grammar;
     ds41_gmatch *gm;
+    ds41_gentry *gent;
     int one_call;             /* parallel_tool_calls false: stop after the first complete call */
 };
 

@@ -38,7 +38,7 @@ enum {
 
 typedef struct ds41_grammar ds41_grammar;   /* compiled rules, immutable */
 typedef struct ds41_gvocab ds41_gvocab;     /* a vocabulary's token trie, immutable */
-typedef struct ds41_gmatch ds41_gmatch;     /* grammar x vocabulary runtime; one thread at a time */
+typedef struct ds41_gmatch ds41_gmatch;     /* grammar x vocabulary runtime; one thread at a time (but prefetch) */
 typedef struct ds41_gtables ds41_gtables;   /* grammar x vocabulary precomputed token classes, immutable */
 
 /* GBNF text[len] (the start rule is `root`). NULL with err set (one line, naming the rule or
@@ -69,6 +69,8 @@ ds41_gvocab *ds41_gvocab_new(int V, const char *const *bytes, const size_t *lens
 void ds41_gvocab_free(ds41_gvocab *v);
 int ds41_gvocab_size(const ds41_gvocab *v);
 
+/* A matcher is used by one thread at a time, except that ds41_gmatch_prefetch may run on
+ * another thread beside the owner's calls (every entry point takes the matcher's lock). */
 ds41_gmatch *ds41_gmatch_new(const ds41_grammar *g, const ds41_gvocab *v);
 void ds41_gmatch_free(ds41_gmatch *m);
 /* The start state (-1 when a limit is hit at once: ds41_gmatch_error). */
@@ -81,11 +83,16 @@ int ds41_gmatch_can_end(ds41_gmatch *m, int state);
 /* The allowed tokens after state: bit id of words[(V + 31) / 32]; NULL on a limit. The
  * pointer stays valid until the next call on m. */
 const uint32_t *ds41_gmatch_mask(ds41_gmatch *m, int state);
+/* Computes and caches the mask of state s unless it is cached already or the cache is full
+ * (then the owner's ds41_gmatch_mask computes it as before); 1 when it computed it. The server runs it on a helper
+ * thread while the step's forward runs, so that the sampler finds the mask cached. The bits
+ * are those ds41_gmatch_mask gives either way. */
+int ds41_gmatch_prefetch(ds41_gmatch *m, int s);
 const char *ds41_gmatch_error(const ds41_gmatch *m);
 /* Sets row[i] = -inf for every i < V whose bit in mask is clear (words of 32 bits). */
 void ds41_gmask_apply(const uint32_t *mask, float *row, int V);
 /* Counters for measurements: states interned, masks computed, masks served from the cache. */
-void ds41_gmatch_stats(const ds41_gmatch *m, long long *states, long long *computed, long long *cached);
+void ds41_gmatch_stats(ds41_gmatch *m, long long *states, long long *computed, long long *cached);
 
 /* Precomputed token classes (grammar_tables.c), XGrammar's idea: for each grammar position (a
  * byte set that can be a stack's top), each token is accepted or refused by the position alone

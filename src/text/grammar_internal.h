@@ -2,6 +2,7 @@
 #ifndef DS41_GRAMMAR_INTERNAL_H
 #define DS41_GRAMMAR_INTERNAL_H
 
+#include <pthread.h>
 #include <stdarg.h>
 
 #include "grammar.h"
@@ -57,6 +58,7 @@ struct ds41_gvocab {
 enum { MASK_CACHE_BYTES = 64 << 20, ARENA_MAX = 16 << 20, WORK_MAX = 1 << 22, TOKEN_MAX = 1024 };
 
 struct ds41_gmatch {
+    pthread_mutex_t mu;        /* held by the public entry points (a prefetch may run beside) */
     const ds41_grammar *g;
     const ds41_gvocab *v;
     const ds41_gtables *tab;   /* NULL: masks by walking the trie */
@@ -83,7 +85,7 @@ struct ds41_gmatch {
     int track_depth, push_max; /* push_max: the longest stack work_push was asked for */
     uint32_t *seen;            /* tables: per position, the mask computation that OR-ed it last */
     uint32_t stamp;
-    long long computed, cached;
+    long long computed, cached, prefetched;
     char err[160];
 };
 
@@ -98,6 +100,11 @@ int ds41_gm_walk(ds41_gmatch *m, int s, uint32_t *mk, int lo, int hi, int d0);
 /* The mask of state s from m->tab into mk (zeroed): 0, 1 when the tables do not cover s (a
  * position past the depth guard or not precomputed: walk the trie instead), -1 on a limit. */
 int ds41_gtables_mask(ds41_gmatch *m, int s, uint32_t *mk);
+
+/* ds41_gmask_apply with its instruction set named (2 AVX-512, 1 AVX2, 0 scalar; the caller
+ * checks the CPU has it), and the one ds41_gmask_apply uses (the best the CPU has). */
+void ds41_gmask_apply_isa(const uint32_t *mask, float *row, int V, int isa);
+int ds41_gmask_isa(void);
 
 static inline int gcs_has(const uint32_t *cs, unsigned b) { return (cs[b >> 5] >> (b & 31)) & 1; }
 

@@ -12,7 +12,9 @@
  * its subtree; the transition of (state, byte) is a table lookup after its first use. */
 #include "grammar_internal.h"
 
+#include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -283,6 +285,7 @@ static int intern(ds41_gmatch *m) {
 ds41_gmatch *ds41_gmatch_new(const ds41_grammar *g, const ds41_gvocab *v) {
     ds41_gmatch *m = calloc(1, sizeof *m);
     if (!m) return NULL;
+    pthread_mutex_init(&m->mu, NULL);
     m->g = g;
     m->v = v;
     m->words = (v->V + 31) / 32;
@@ -306,18 +309,21 @@ void ds41_gmatch_free(ds41_gmatch *m) {
     free(m->tdep); free(m->seen);
     free(m->soff); free(m->trans); free(m->mask); free(m->acc); free(m->ht); free(m->mbuf); free(m->dst);
     free(m->arena); free(m->out); free(m->work); free(m->order);
+    pthread_mutex_destroy(&m->mu);
     free(m);
 }
 
 const char *ds41_gmatch_error(const ds41_gmatch *m) { return m->err[0] ? m->err : "grammar: no error"; }
 
-void ds41_gmatch_stats(const ds41_gmatch *m, long long *states, long long *computed, long long *cached) {
+void ds41_gmatch_stats(ds41_gmatch *m, long long *states, long long *computed, long long *cached) {
+    pthread_mutex_lock(&m->mu);
     if (states) *states = m->ns;
     if (computed) *computed = m->computed;
     if (cached) *cached = m->cached;
+    pthread_mutex_unlock(&m->mu);
 }
 
-int ds41_gmatch_start(ds41_gmatch *m) {
+static int start_locked(ds41_gmatch *m) {
     const ds41_grammar *g = m->g;
     m->on = m->wn = 0;
     int r = g->root;
@@ -327,6 +333,14 @@ int ds41_gmatch_start(ds41_gmatch *m) {
     }
     if (expand(m)) return -1;
     return intern(m);
+}
+
+/* The public entry points hold m->mu: ds41_gmatch_prefetch may run on another thread. */
+int ds41_gmatch_start(ds41_gmatch *m) {
+    pthread_mutex_lock(&m->mu);
+    int r = start_locked(m);
+    pthread_mutex_unlock(&m->mu);
+    return r;
 }
 
 int ds41_gm_step(ds41_gmatch *m, int s, unsigned byte) {
@@ -369,8 +383,15 @@ int ds41_gm_stack_state(ds41_gmatch *m, const int32_t *st, int len) {
     return m->on ? intern(m) : -1;
 }
 
-int ds41_gmatch_advance_bytes(ds41_gmatch *m, int s, const char *p, size_t n) {
+static int advance_locked(ds41_gmatch *m, int s, const char *p, size_t n) {
     for (size_t i = 0; i < n && s >= 0; i++) s = ds41_gm_step(m, s, (unsigned char)p[i]);
+    return s;
+}
+
+int ds41_gmatch_advance_bytes(ds41_gmatch *m, int s, const char *p, size_t n) {
+    pthread_mutex_lock(&m->mu);
+    s = advance_locked(m, s, p, n);
+    pthread_mutex_unlock(&m->mu);
     return s;
 }
 
@@ -379,7 +400,12 @@ int ds41_gmatch_advance(ds41_gmatch *m, int s, int id) {
     return ds41_gmatch_advance_bytes(m, s, m->v->arena + m->v->off[id], m->v->len[id]);
 }
 
-int ds41_gmatch_can_end(ds41_gmatch *m, int s) { return s >= 0 && s < m->ns && m->acc[s]; }
+int ds41_gmatch_can_end(ds41_gmatch *m, int s) {
+    pthread_mutex_lock(&m->mu);
+    int r = s >= 0 && s < m->ns && m->acc[s];
+    pthread_mutex_unlock(&m->mu);
+    return r;
+}
 
 int ds41_gm_walk(ds41_gmatch *m, int s, uint32_t *mk, int lo, int hi, int d0) {
     const ds41_gvocab *v = m->v;
@@ -404,11 +430,13 @@ int ds41_gm_walk(ds41_gmatch *m, int s, uint32_t *mk, int lo, int hi, int d0) {
     return 0;
 }
 
-const uint32_t *ds41_gmatch_mask(ds41_gmatch *m, int s) {
+/* The mask of s, cached when the cache has room (keep 1: only then; NULL otherwise). Under mu. */
+static const uint32_t *mask_locked(ds41_gmatch *m, int s, int keep) {
     if (s < 0 || s >= m->ns) return NULL;
     if (m->mask[s]) { m->cached++; return m->mask[s]; }
     size_t bytes = (size_t)m->words * sizeof(uint32_t);
     uint32_t *mk = m->mask_bytes + bytes <= MASK_CACHE_BYTES ? malloc(bytes) : NULL;
+    if (!mk && keep) return NULL;
     if (!mk) mk = m->mbuf;
     memset(mk, 0, bytes);
     int rc = m->tab ? ds41_gtables_mask(m, s, mk) : 1;
@@ -419,18 +447,73 @@ const uint32_t *ds41_gmatch_mask(ds41_gmatch *m, int s) {
     return mk;
 }
 
-void ds41_gmask_apply(const uint32_t *mask, float *row, int V) {
-    int full = V / 32;
+const uint32_t *ds41_gmatch_mask(ds41_gmatch *m, int s) {
+    pthread_mutex_lock(&m->mu);
+    const uint32_t *mk = mask_locked(m, s, 0);
+    pthread_mutex_unlock(&m->mu);
+    return mk;
+}
+
+int ds41_gmatch_prefetch(ds41_gmatch *m, int s) {
+    pthread_mutex_lock(&m->mu);
+    int done = s >= 0 && s < m->ns && !m->mask[s] && mask_locked(m, s, 1);
+    m->prefetched += done;
+    pthread_mutex_unlock(&m->mu);
+    return done;
+}
+
+/* Applying a mask touches every word of it and, at 129,280 entries, was a third of a token's
+ * mask cost when done a bit at a time. Words all allowed are skipped; the rest set -inf in
+ * vector blocks: AVX-512 stores -inf under the clear bits directly (16 lanes a store), AVX2
+ * blends 8 lanes against the bits spread over them. Either writes the same values as the
+ * scalar loop (the tail past the last whole word). */
+__attribute__((target("avx512f"))) static void apply_avx512(const uint32_t *mask, float *row, int full) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    for (int w = 0; w < full; w++) {
+        uint32_t z = ~mask[w];
+        if (!z) continue;
+        float *r = row + (size_t)w * 32;
+        _mm512_mask_storeu_ps(r, (__mmask16)(z & 0xFFFF), ninf);
+        _mm512_mask_storeu_ps(r + 16, (__mmask16)(z >> 16), ninf);
+    }
+}
+
+__attribute__((target("avx2"))) static void apply_avx2(const uint32_t *mask, float *row, int full) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const __m256i lane = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128), zero = _mm256_setzero_si256();
     for (int w = 0; w < full; w++) {
         uint32_t x = mask[w];
         if (x == 0xFFFFFFFFu) continue;
         float *r = row + (size_t)w * 32;
-        if (x == 0) {
-            for (int k = 0; k < 32; k++) r[k] = -INFINITY;
-            continue;
+        for (int k = 0; k < 4; k++) {
+            __m256i bits = _mm256_and_si256(_mm256_set1_epi32((int)((x >> (8 * k)) & 0xFF)), lane);
+            __m256 clear = _mm256_castsi256_ps(_mm256_cmpeq_epi32(bits, zero));
+            _mm256_storeu_ps(r + 8 * k, _mm256_blendv_ps(_mm256_loadu_ps(r + 8 * k), ninf, clear));
         }
-        for (uint32_t z = ~x; z; z &= z - 1) r[__builtin_ctz(z)] = -INFINITY;
     }
+}
+
+void ds41_gmask_apply_isa(const uint32_t *mask, float *row, int V, int isa) {
+    int full = V / 32;
+    if (isa == 2) apply_avx512(mask, row, full);
+    else if (isa == 1) apply_avx2(mask, row, full);
+    else
+        for (int w = 0; w < full; w++)
+            for (uint32_t z = ~mask[w]; z; z &= z - 1) row[(size_t)w * 32 + __builtin_ctz(z)] = -INFINITY;
     for (int i = full * 32; i < V; i++)
         if (!(mask[i >> 5] >> (i & 31) & 1)) row[i] = -INFINITY;
 }
+
+int ds41_gmask_isa(void) {
+    static int isa = -1;   /* chosen once; DS41_ISA=avx2 rules AVX-512 out, as for the kernels */
+    int v = __atomic_load_n(&isa, __ATOMIC_RELAXED);
+    if (v < 0) {
+        const char *e = getenv("DS41_ISA");
+        int no512 = e && !strcmp(e, "avx2");
+        v = !no512 && __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
+        __atomic_store_n(&isa, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+
+void ds41_gmask_apply(const uint32_t *mask, float *row, int V) { ds41_gmask_apply_isa(mask, row, V, ds41_gmask_isa()); }
