@@ -23,7 +23,7 @@ static const command commands[] = {
     { "bench-prefix", ds41_cli_bench_prefix, "prefix cache: time to first logits on a hit vs a fresh prefill, bytes per cached token" },
     { "bench-serve", ds41_cli_bench_serve, "load generator for ds41 serve: TTFT, ITL, output tok/s at several concurrencies" },
     { "chat-template", ds41_cli_chat_template, "render a messages JSON in the V4.1 prompt format, with its token ids" },
-    { "image", ds41_cli_image, "decode and preprocess an image (patch grid, token count); --pixels: run the vision tower" },
+    { "image", ds41_cli_image, "decode and preprocess an image; with a vision tower, encode it (token grid, --dump the embeddings)" },
     { "cache", ds41_cli_cache, "look inside a --cache-dir prefix store: ls, stats, verify, clear" },
 };
 
