@@ -153,6 +153,9 @@ int ds41_model_dim(const ds41_engine *e);
 int ds41_image_span(ds41_engine *e, const float *pixels, int H, int W, float **out, int *rows, char *err,
                     size_t errcap);
 int ds41_image_token_id(const ds41_engine *e);
+/* 1 when the checkpoint holds its vision tower's tensors, whole and well shaped (a config with
+ * a vision_config alone is not enough), else 0: ds41_image_span would refuse. */
+int ds41_has_vision(const ds41_engine *e);
 /* ds41_image_span of an encoded image: data[0..len) is a PNG or JPEG file's bytes, decoded and
  * preprocessed as the official image processor does with the checkpoint's vision parameters
  * (src/image/image.h; refused beyond its default limits: 64 MiB, 16384 pixels a side, 50 M

@@ -82,14 +82,23 @@ static int count_error(int found, int n_images, const char *where, ds41_err *err
                      n_images, n_images == 1 ? "" : "s", n_images == 1 ? "was" : "were");
 }
 
-int ds41_cli_vprompt_text(ds41_cli_vprompt *p, const ds41_tokenizer *tok, const char *text, size_t len, int add_bos,
-                          const ds41_cli_vimage *images, int n_images, int dim, int32_t image_token_id, ds41_err *err) {
+/* One placeholder position: image_token_id, flagged (no embedding yet). */
+static int add_placeholder(ds41_cli_vprompt *p, int32_t image_token_id, ds41_err *err) {
+    if (grow(p, 1, err)) return -1;
+    if (!p->is_image && !(p->is_image = calloc(p->cap, 1))) return ds41_errf(err, "out of memory for the image flags");
+    p->ids[p->n] = image_token_id;
+    p->is_image[p->n++] = 1;
+    p->n_images++;
+    return 0;
+}
+
+int ds41_cli_vprompt_split(ds41_cli_vprompt *p, const ds41_tokenizer *tok, const char *text, size_t len, int add_bos,
+                           int n_images, int32_t image_token_id, ds41_err *err) {
     const char *ph = DS41_CHAT_IMAGE_PLACEHOLDER;
     size_t phl = strlen(ph);
     int found = 0;
     for (const char *q = text; (q = memmem(q, (size_t)(text + len - q), ph, phl)); q += phl) found++;
     if (found != n_images) return count_error(found, n_images, "the prompt", err);
-    p->dim = dim;
     int32_t bos = ds41_tokenizer_bos(tok);
     if (add_bos && bos >= 0 && add_ids(p, &bos, 1, err)) return -1;
     const char *q = text, *end = text + len;
@@ -105,10 +114,21 @@ int ds41_cli_vprompt_text(ds41_cli_vprompt *p, const ds41_tokenizer *tok, const 
             if (rc) return -1;
         }
         if (!hit) break;
-        if (add_image(p, &images[k], image_token_id, err)) return -1;
+        if (add_placeholder(p, image_token_id, err)) return -1;
         q = hit + phl;
     }
     return 0;
+}
+
+int ds41_cli_vprompt_text(ds41_cli_vprompt *p, const ds41_tokenizer *tok, const char *text, size_t len, int add_bos,
+                          const ds41_cli_vimage *images, int n_images, int dim, int32_t image_token_id, ds41_err *err) {
+    ds41_cli_vprompt t = { 0 };
+    int rc = ds41_cli_vprompt_split(&t, tok, text, len, add_bos, n_images, image_token_id, err), k = 0;
+    p->dim = dim;
+    for (size_t i = 0; !rc && i < t.n; i++)
+        rc = t.is_image && t.is_image[i] ? add_image(p, &images[k++], image_token_id, err) : add_ids(p, &t.ids[i], 1, err);
+    ds41_cli_vprompt_free(&t);
+    return rc;
 }
 
 int ds41_cli_vprompt_ids(ds41_cli_vprompt *p, const int32_t *ids, size_t n, const ds41_cli_vimage *images,

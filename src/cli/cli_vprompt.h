@@ -33,6 +33,11 @@ typedef struct ds41_cli_vprompt {
 } ds41_cli_vprompt;
 
 void ds41_cli_vprompt_free(ds41_cli_vprompt *p);
+/* text tokenized as ds41_cli_vprompt_text does, each placeholder one image_token_id position
+ * flagged in is_image (no embeddings: p->emb stays NULL); the number of placeholders must
+ * equal n_images. The server's prompt ids before the scheduler places the images. */
+int ds41_cli_vprompt_split(ds41_cli_vprompt *p, const ds41_tokenizer *tok, const char *text, size_t len, int add_bos,
+                           int n_images, int32_t image_token_id, ds41_err *err);
 /* text: tokenized piece by piece around each placeholder (special tokens parsed; BOS added in
  * front when add_bos), the k-th placeholder expanded to images[k]. The number of placeholders
  * must equal n_images. */

@@ -12,6 +12,13 @@
 
 int ds41_model_dim(const ds41_engine *e) { return e->cfg->dim; }
 int ds41_image_token_id(const ds41_engine *e) { return e->cfg->image_token_id; }
+int ds41_has_vision(const ds41_engine *e) {
+    ds41_vision v;
+    ds41_err err = { 0 };
+    int b = e->cfg->vision_n_layers > 0 ? ds41_vision_bind(e->cfg, e->model->st, &v, &err) : 0;
+    if (b == 1) ds41_vision_free(&v);
+    return b == 1;
+}
 
 int ds41_image_span(ds41_engine *e, const float *pixels, int H, int W, float **out, int *rows, char *errbuf,
                     size_t errcap) {

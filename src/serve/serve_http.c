@@ -41,6 +41,7 @@
 #include "serve_req.h"
 #include "serve_resp.h"
 #include "serve_sched.h"
+#include "cli_vprompt.h"
 #include "serve_text.h"
 #include "tokenizer.h"
 
@@ -312,8 +313,10 @@ static json_t *usage_json(job *j) {
         size_t end = m ? (size_t)(m - q->text) + strlen(DS41_THINK_END) : (size_t)-1;
         for (size_t k = 0; k < q->n_ids && q->off[k] < end; k++) reasoning++;
     }
-    return json_pack("{s:I,s:I,s:I,s:{s:I},s:{s:I}}", "prompt_tokens", (json_int_t)j->prompt_tokens, "completion_tokens",
-                     (json_int_t)gen, "total_tokens", (json_int_t)(j->prompt_tokens + gen), "prompt_tokens_details",
+    /* image span positions count (the placeholder id each stands on is in prompt_tokens) */
+    size_t pt = j->prompt_tokens + (size_t)j->g->img_extra;
+    return json_pack("{s:I,s:I,s:I,s:{s:I},s:{s:I}}", "prompt_tokens", (json_int_t)pt, "completion_tokens",
+                     (json_int_t)gen, "total_tokens", (json_int_t)(pt + gen), "prompt_tokens_details",
                      "cached_tokens", (json_int_t)cached, "completion_tokens_details", "reasoning_tokens", (json_int_t)reasoning);
 }
 
@@ -590,6 +593,12 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_k
 #define JFAIL(...) do { ds41_req_fail(&e, __VA_ARGS__); rc = send_error_for(sv, c, &e, anth); job_free(j); return rc; } while (0)
     if (r->model && strcmp(r->model, sv->model_name))
         JFAIL(404, "invalid_request_error", "model", "model_not_found", "The model `%.200s` does not exist.", r->model);
+    /* the followers under mpiexec replay the batched steps, which carry ids only */
+    if (r->n_images && sv->mirror)
+        JFAIL(400, "invalid_request_error", "messages", NULL, "messages: image_url parts are not served under mpiexec");
+    if (r->n_images && !ds41_has_vision(sv->e))
+        JFAIL(400, "invalid_request_error", "messages", NULL, "messages: image_url parts need a checkpoint with a vision "
+              "tower, and %s has none", sv->model_name);
     /* prompts -> ids */
     int nseq = (int)r->n_prompts * r->n;
     j->g = ds41_sgroup_new(nseq);
@@ -623,8 +632,18 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_k
         } else {
             if (!sv->tok) JFAIL(400, "invalid_request_error", "prompt", NULL, "the model has no tokenizer.json: give the prompt as token ids");
             ds41_err err;
-            if (ds41_tokenize(sv->tok, pr->text, pr->text_len, 1, kind == DS41_REQ_COMPLETION, &ids, &n, &err))
+            if (r->n_images) {
+                /* the text around each image placeholder tokenized apart, as ds41 run --image does */
+                ds41_cli_vprompt vp = { 0 };
+                if (ds41_cli_vprompt_split(&vp, sv->tok, pr->text, pr->text_len, 0, r->n_images, ds41_image_token_id(sv->e), &err)) {
+                    ds41_cli_vprompt_free(&vp);
+                    JFAIL(400, "invalid_request_error", "messages", NULL, "messages: %s", err.msg);
+                }
+                ids = vp.ids, n = vp.n, vp.ids = NULL;
+                ds41_cli_vprompt_free(&vp);
+            } else if (ds41_tokenize(sv->tok, pr->text, pr->text_len, 1, kind == DS41_REQ_COMPLETION, &ids, &n, &err)) {
                 JFAIL(400, "invalid_request_error", "prompt", NULL, "%s", err.msg);
+            }
         }
         for (size_t i = 0; i < n; i++)
             if (ids[i] < 0 || ids[i] >= sv->V) {
@@ -633,6 +652,15 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_k
                 JFAIL(400, "invalid_request_error", "prompt", NULL, "prompt token %zu is %d, outside the vocabulary 0..%d", i, bad, sv->V - 1);
             }
         if (n == 0) { free(ids); JFAIL(400, "invalid_request_error", "prompt", NULL, "the prompt is empty"); }
+        if (r->n_images) {
+            size_t found = 0;
+            for (size_t i = 0; i < n; i++) found += ids[i] == ds41_image_token_id(sv->e);
+            if (found != (size_t)r->n_images) {
+                free(ids);
+                JFAIL(400, "invalid_request_error", "messages", NULL, "messages: %d image parts but the rendered prompt "
+                      "has %zu image placeholders", r->n_images, found);
+            }
+        }
         long long mt = r->max_tokens;
         if ((long long)n > sv->ctx) {
             free(ids);
@@ -687,6 +715,9 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_k
         free(ids);
     }
     for (int i = 0; i < nseq; i++) ds41_text_view_init(&j->cs[i].view, r->thinking, r->tools);
+    /* the images go with the group (the scheduler encodes them) */
+    g->img = r->images; g->img_len = r->image_len; g->n_img = r->n_images;
+    r->images = NULL; r->image_len = NULL; r->n_images = 0;
     /* stop conditions */
     g->ignore_eos = r->ignore_eos;
     g->one_call = kind == DS41_REQ_CHAT && r->tools && !r->parallel_tool_calls;

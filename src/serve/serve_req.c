@@ -19,6 +19,7 @@
 
 #include "chat.h"
 #include "common.h"
+#include "image.h"
 
 int ds41_req_fail(ds41_req_error *e, int status, const char *type, const char *param, const char *code,
                   const char *fmt, ...) {
@@ -174,11 +175,93 @@ static const char *effort_name(const char *s) {
     return s;
 }
 
+/* The 6-bit value of a base64 character (RFC 4648 alphabet), -1: not one. */
+static int b64_val(unsigned char ch) {
+    if (ch >= 'A' && ch <= 'Z') return ch - 'A';
+    if (ch >= 'a' && ch <= 'z') return ch - 'a' + 26;
+    if (ch >= '0' && ch <= '9') return ch - '0' + 52;
+    if (ch == '+') return 62;
+    if (ch == '/') return 63;
+    return -1;
+}
+
+/* Strict base64 of s[0..n) (padding optional, nothing after it) into a fresh buffer; a message
+ * in msg on error. */
+static int b64_decode(const char *s, size_t n, uint8_t **out, size_t *out_len, char *msg, size_t cap) {
+    size_t pad = 0;
+    while (pad < 2 && n > pad && s[n - 1 - pad] == '=') pad++;
+    size_t m = n - pad;
+    if (m % 4 == 1 || (pad && (m + pad) % 4)) return snprintf(msg, cap, "base64 of %zu characters is truncated", n), -1;
+    uint8_t *b = malloc(m / 4 * 3 + 3);
+    if (!b) return snprintf(msg, cap, "out of memory for %zu bytes", m / 4 * 3), -1;
+    size_t k = 0;
+    uint32_t acc = 0;
+    for (size_t i = 0; i < m; i++) {
+        int v = b64_val((unsigned char)s[i]);
+        if (v < 0) {
+            free(b);
+            return snprintf(msg, cap, "base64: character %zu (0x%02x) is not in the alphabet", i, (unsigned char)s[i]), -1;
+        }
+        acc = acc << 6 | (uint32_t)v;
+        if (i % 4 == 3) { b[k++] = (uint8_t)(acc >> 16); b[k++] = (uint8_t)(acc >> 8); b[k++] = (uint8_t)acc; acc = 0; }
+    }
+    if (m % 4 == 2) b[k++] = (uint8_t)(acc >> 4);
+    if (m % 4 == 3) { b[k++] = (uint8_t)(acc >> 10); b[k++] = (uint8_t)(acc >> 2); }
+    *out = b;
+    *out_len = k;
+    return 0;
+}
+
+/* An image_url part: a data: URL of a PNG or JPEG, base64, decodable within the image limits
+ * (src/image/image.h); its bytes join r->images (the scheduler runs the tower). */
+static int add_image(ds41_req *r, const json_t *part, const char *path, size_t j, ds41_req_error *e) {
+    const json_t *iu = json_object_get(part, "image_url");
+    const char *url = json_string_value(json_is_object(iu) ? json_object_get(iu, "url") : iu);
+    if (!url) return BAD("messages", "%s.content[%zu].image_url.url: required, a string", path, j);
+    static const char *const mime[] = { "data:image/png;base64,", "data:image/jpeg;base64," };
+    int kind = -1;
+    for (int i = 0; i < 2; i++)
+        if (!strncmp(url, mime[i], strlen(mime[i]))) kind = i;
+    if (kind < 0)
+        return BAD("messages", "%s.content[%zu].image_url.url: only data:image/png;base64 and data:image/jpeg;base64 "
+                   "URLs are served", path, j);
+    const char *b = url + strlen(mime[kind]);
+    char msg[256];
+    uint8_t *data = NULL;
+    size_t len = 0;
+    if (strlen(b) / 4 * 3 > DS41_IMAGE_MAX_BYTES)
+        return BAD("messages", "%s.content[%zu].image_url.url: the image is larger than %d bytes", path, j, DS41_IMAGE_MAX_BYTES);
+    if (b64_decode(b, strlen(b), &data, &len, msg, sizeof msg))
+        return BAD("messages", "%s.content[%zu].image_url.url: %s", path, j, msg);
+    int png = len >= 4 && !memcmp(data, "\x89PNG", 4), jpeg = len >= 2 && data[0] == 0xFF && data[1] == 0xD8;
+    if (!(kind == 0 ? png : jpeg)) {
+        free(data);
+        return BAD("messages", "%s.content[%zu].image_url.url: the data is not a %s file", path, j, kind == 0 ? "PNG" : "JPEG");
+    }
+    ds41_image_limits lim;
+    ds41_rgb_image im;
+    ds41_err err = { 0 };
+    ds41_image_limits_default(&lim);
+    if (ds41_image_decode(data, len, &lim, &im, &err)) {
+        free(data);
+        return BAD("messages", "%s.content[%zu].image_url: %s", path, j, err.msg);
+    }
+    ds41_rgb_image_free(&im);
+    uint8_t **ni = realloc(r->images, (size_t)(r->n_images + 1) * sizeof *ni);
+    if (ni) r->images = ni;
+    size_t *nl = ni ? realloc(r->image_len, (size_t)(r->n_images + 1) * sizeof *nl) : NULL;
+    if (nl) r->image_len = nl;
+    if (!ni || !nl) { free(data); return ds41_req_fail(e, 500, "internal_error", NULL, NULL, "out of memory"); }
+    r->images[r->n_images] = data;
+    r->image_len[r->n_images++] = len;
+    return 0;
+}
+
 /* OpenAI's shape rules for messages, before the renderer (which is lenient for templates):
  * every message an object with a known role; system, developer, user and tool messages need
  * content (a string or a non-empty array); a tool message needs tool_call_id; an assistant
  * message needs content, tool_calls or reasoning; tool calls need a function name. */
-static int check_messages(const json_t *msgs, ds41_req_error *e) {
+static int check_messages(ds41_req *r, const json_t *msgs, ds41_req_error *e) {
     static const char *roles[] = { "system", "developer", "user", "assistant", "tool", "latest_reminder" };
     char path[64];
     for (size_t i = 0; i < json_array_size(msgs); i++) {
@@ -199,13 +282,12 @@ static int check_messages(const json_t *msgs, ds41_req_error *e) {
         if (has_c && json_is_array(c) && json_array_size(c) == 0)
             return BAD("messages", "%s.content: empty array, expected at least one content part", path);
         for (size_t j = 0; has_c && json_is_array(c) && j < json_array_size(c); j++) {
-            /* images go through ds41 run --image and ds41 chat /image; the server's batched
-             * forward takes ids only, and an image placeholder rendered as a plain token would be
-             * an answer about no image */
-            const char *ty = json_string_value(json_object_get(json_array_get(c, j), "type"));
-            if (ty && (!strcmp(ty, "image_url") || !strcmp(ty, "image")))
-                return BAD("messages", "%s.content[%zu]: %s parts are not served yet (ds41 run --image and ds41 chat "
-                           "/image take images)", path, j, ty);
+            const json_t *part = json_array_get(c, j);
+            const char *ty = json_string_value(json_object_get(part, "type"));
+            if (ty && !strcmp(ty, "image"))
+                return BAD("messages", "%s.content[%zu]: image parts are not served (give an image_url part with a "
+                           "data: URL)", path, j);
+            if (ty && !strcmp(ty, "image_url") && add_image(r, part, path, j, e)) return -1;
         }
         const json_t *nm = json_object_get(m, "name");
         if (nm && !json_is_null(nm) && !json_is_string(nm)) return BAD("messages", "%s.name: expected a string", path);
@@ -249,7 +331,7 @@ static int parse_chat(ds41_req *r, json_t *root, ds41_req_error *e) {
     const json_t *msgs = json_object_get(root, "messages");
     if (!json_is_array(msgs)) return BAD("messages", "messages: required, an array of messages");
     if (json_array_size(msgs) == 0) return BAD("messages", "messages: empty");
-    if (check_messages(msgs, e)) return -1;
+    if (check_messages(r, msgs, e)) return -1;
     /* the subset the renderer reads, rebuilt so that OpenAI spellings map onto it */
     json_t *sub = json_object();
     json_object_set(sub, "messages", (json_t *)msgs);
@@ -690,6 +772,9 @@ void ds41_req_free(ds41_req *r) {
     if (!r) return;
     for (size_t i = 0; i < r->n_prompts; i++) { free(r->prompts[i].text); free(r->prompts[i].ids); }
     free(r->prompts);
+    for (int i = 0; i < r->n_images; i++) free(r->images[i]);
+    free(r->images);
+    free(r->image_len);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop_token_ids);
     free(r->bias_id);

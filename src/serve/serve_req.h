@@ -31,6 +31,9 @@ typedef struct ds41_req {
     ds41_req_kind kind;
     char *model;                  /* NULL when absent */
     ds41_req_prompt *prompts;     /* chat: one (the rendered conversation) */
+    uint8_t **images;             /* chat: the image_url parts' bytes (PNG or JPEG), in order */
+    size_t *image_len;
+    int n_images;
     size_t n_prompts;
     int n;                        /* choices per prompt */
     long long max_tokens;         /* -1: until the context ends */

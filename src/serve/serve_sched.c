@@ -5,6 +5,7 @@
 #include "serve_gprefetch.h"
 
 #include "serve_mpi.h"
+#include "cli_vprompt.h"
 
 #include <limits.h>
 #include <math.h>
@@ -80,6 +81,9 @@ static void sgroup_free(ds41_sgroup *g) {
         ds41_lproc_free(&q->proc);
         free(q->prompt); free(q->ids); free(q->lp); free(q->top_id); free(q->top_lp); free(q->off); free(q->text);
     }
+    for (int i = 0; i < g->n_img; i++) free(g->img[i]);
+    free(g->img);
+    free(g->img_len);
     for (int i = 0; i < g->n_stop; i++) free(g->stop[i]);
     free(g->stop);
     free(g->stop_ids);
@@ -190,7 +194,7 @@ void ds41_sched_gauges(ds41_sched *S, ds41_gauges *o) {
  * the sequence leaves its lists (seq_release), so q stays valid until then. */
 /* Publishes the whole blocks of what q's session holds: the prompt, then the generated ids. */
 static void seq_publish(ds41_sched *S, ds41_sseq *q, int with_generated) {
-    if (!S->p.pc || !q->s) return;
+    if (!S->p.pc || !q->s || q->g->n_img) return;   /* not keyed on images (docs/vision.md) */
     size_t n = q->n_prompt, extra = with_generated ? q->n_ids : 0;
     if ((n + extra) / 128 <= n / 128 && with_generated) return;   /* no new whole block */
     int32_t *t = malloc((n + extra + 1) * sizeof *t);
@@ -460,10 +464,60 @@ static void spec_plan(ds41_sched *S, ds41_sseq **dq, int R, const int *kmax, int
 static int admit_prefix(ds41_sched *S, ds41_sseq *q);
 static int seq_admitted(ds41_sched *S, ds41_sseq *q, long long hit);
 
+/* The group's images encoded, q's prompt expanded at each placeholder id to the image's span
+ * (q->prompt becomes the expanded ids); the embeddings and image flags in *vp. */
+static int expand_images(ds41_sched *S, ds41_sseq *q, ds41_cli_vprompt *vp) {
+    ds41_sgroup *g = q->g;
+    ds41_cli_vimage *im = calloc((size_t)g->n_img, sizeof *im);
+    char msg[512] = "out of memory";
+    ds41_err err = { 0 };
+    int k = 0, rc = -1;
+    for (; im && k < g->n_img; k++)
+        if (ds41_image_span_encoded(S->e, g->img[k], g->img_len[k], &im[k].span, &im[k].rows, msg, sizeof msg)) break;
+    if (im && k == g->n_img) {
+        if (ds41_cli_vprompt_ids(vp, q->prompt, q->n_prompt, im, g->n_img, ds41_model_dim(S->e), ds41_image_token_id(S->e), &err))
+            snprintf(msg, sizeof msg, "%.500s", err.msg);
+        else
+            rc = 0;
+    }
+    for (int i = 0; im && i < k; i++) ds41_cli_image_free(&im[i]);
+    free(im);
+    if (rc) {
+        seq_finish(S, q, DS41_FIN_ERROR, msg);
+        return -1;
+    }
+    pthread_mutex_lock(&g->mu);
+    g->img_extra = (long long)vp->n - (long long)q->n_prompt;
+    pthread_mutex_unlock(&g->mu);
+    free(q->prompt);
+    q->prompt = vp->ids;
+    q->n_prompt = vp->n;
+    vp->ids = NULL;
+    return 0;
+}
+
+/* A prompt with images prefills alone through the session (the batched forward takes ids
+ * only), then decodes in the batch. */
+static int image_prefill(ds41_sched *S, ds41_sseq *q, ds41_cli_vprompt *vp) {
+    vp->ids = q->prompt;
+    int rc = ds41_cli_vprompt_feed(q->s, vp, 0);
+    vp->ids = NULL;
+    if (rc) { seq_finish(S, q, DS41_FIN_ERROR, ds41_session_error(q->s)); return -1; }
+    pthread_mutex_lock(&S->m->mu);
+    S->m->prompt_tokens += q->n_prompt;
+    pthread_mutex_unlock(&S->m->mu);
+    q->fed = q->n_prompt;
+    if (q->max_tokens == 0) { seq_finish(S, q, DS41_FIN_LENGTH, NULL); return 0; }
+    seq_token(S, q, now_s());
+    return 0;
+}
+
 static int open_session(ds41_sched *S, ds41_sseq *q) {
     char eb[512];
     q->s = ds41_session_open(S->e, &S->p.sp, eb, sizeof eb);
     if (!q->s) { seq_finish(S, q, DS41_FIN_ERROR, eb); return -1; }
+    ds41_cli_vprompt vp = { 0 };
+    if (q->g->n_img && expand_images(S, q, &vp)) return -1;
     ds41_smirror_open(S->p.mirror, q->s);
     pthread_mutex_lock(&S->mu);
     S->sessions_open++;
@@ -471,6 +525,7 @@ static int open_session(ds41_sched *S, ds41_sseq *q) {
     ds41_session_set_sampling(q->s, q->temperature, q->top_k, q->top_p, q->min_p, q->seed);
     if (ds41_lproc_active(&q->proc) &&
         (ds41_lproc_ready(&q->proc) || ds41_lproc_prompt(&q->proc, q->prompt, q->n_prompt) || ds41_session_set_lproc(q->s, &q->proc))) {
+        ds41_cli_vprompt_free(&vp);
         seq_finish(S, q, DS41_FIN_ERROR, "out of memory");
         return -1;
     }
@@ -480,6 +535,11 @@ static int open_session(ds41_sched *S, ds41_sseq *q) {
     }
     q->fed = 0;
     q->state = DS41_SEQ_PREFILL;
+    if (q->g->n_img) {
+        int rc = image_prefill(S, q, &vp);
+        ds41_cli_vprompt_free(&vp);
+        return rc;
+    }
     if (S->p.remote.start && S->p.pc) {
         /* worth a prefill node: enough new tokens past the local hit, a whole block to fetch */
         uint8_t **pg = NULL;

@@ -130,6 +130,13 @@ struct ds41_sgroup {
     ds41_sseq *seq;
     int n_seq, n_finished, refs;
     atomic_int cancel;
+    /* the request's images (PNG or JPEG bytes, in prompt order): each choice's session encodes
+     * them on the scheduler thread and prefills alone (ds41_feed_embeds), outside the prefix
+     * cache; img_extra: the span positions past the one placeholder id each (usage) */
+    uint8_t **img;
+    size_t *img_len;
+    int n_img;
+    long long img_extra;
     /* stop conditions shared by the choices */
     char **stop;
     int n_stop;
