@@ -15,8 +15,11 @@
 #     the image), also with the prompt in chunks of 8 across the span; text-only
 #     ds41_feed_embeds equals ds41_feed bit for bit;
 #   - errors: pixels of the wrong size, sides not multiples of 14, a checkpoint without a tower,
-#     a vision tensor misshaped or missing (each named).
-# About 5 s.
+#     a vision tensor misshaped or missing (each named);
+#   - ds41 serve: a PNG and a JPEG data URL on /v1/chat/completions answer as ds41 run --image
+#     (exact, greedy) with the span positions in usage; malformed image parts and a checkpoint
+#     without a tower get 400s naming them.
+# About 6 s.
 set -u
 cd "${DS41_ROOT:-$(dirname "$0")/..}"
 DS41=${DS41:-./ds41}
@@ -24,7 +27,8 @@ PY=${PYTHON:-/usr/bin/python3}
 BUILD=$(dirname "$DS41")
 CK=build/test-ck
 TMP=$(mktemp -d /tmp/ds41-vision.XXXXXX)
-trap 'rm -rf "$TMP"' EXIT
+PIDS=()
+trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$TMP"' EXIT
 mkdir -p "$CK"
 . tests/lib.sh
 pass() { echo "PASS $1"; }
@@ -199,6 +203,73 @@ exp_run err_run_truncated "trunc.png: .*truncated" -m "$FCK" --image "$TMP/trunc
 exp_run err_run_cache "--image cannot be combined with --cache-dir" -m "$FCK" --image "$TMP/a.png" -p hi --cache-dir "$TMP/pc"
 if [ -n "${NOV:=$(checkpoint tiny 2>/dev/null)}" ]; then
     exp_run err_run_no_tower "no vision tower" -m "$NOV" --image "$TMP/a.png" --prompt-ids 1,500
+fi
+
+# ---- images through ds41 serve: an image_url part with a PNG data URL on
+# /v1/chat/completions; the greedy answer in exact mode equals ds41 run --image on the same
+# PNG and the template's rendering (image part first, then the text), token for token, and
+# usage.prompt_tokens counts the 17 span positions; malformed parts get a 400 naming them
+vreq() {   # PORT IMAGE_FILE|- MIME|URL OUT: POSTs one user message (image part, "What colour?")
+    "$PY" - "$@" <<'PYEOF'
+import base64, json, sys, urllib.request, urllib.error
+port, img, mime, out = sys.argv[1:5]
+url = mime if img == "-" else "data:%s;base64,%s" % (mime, base64.b64encode(open(img, "rb").read()).decode())
+body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                  {"type": "text", "text": "What colour?"}]}],
+        "max_tokens": 8, "temperature": 0, "skip_special_tokens": False}
+rq = urllib.request.Request("http://127.0.0.1:%s/v1/chat/completions" % port, json.dumps(body).encode(),
+                            {"Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(rq) as r: code, data = r.status, r.read()
+except urllib.error.HTTPError as e:
+    code, data = e.code, e.read()
+open(out, "wb").write(b"%d " % code + data)
+PYEOF
+}
+vcheck() {   # NAME IMAGE_FILE MIME: the server's answer and usage against ds41 run --image
+    "$DS41" run -m "$FCK" --image "$2" -p "<｜User｜>${PH}"$'\n\n'"What colour?<｜Assistant｜></think>" -n 8 --exact \
+        --spec off >"$TMP/vrun.out" 2>"$TMP/err"
+    vreq "$PORT" "$2" "$3" "$TMP/v1.json"
+    # usage: BOS and "<｜User｜>", the span positions (as ds41 image counts them), the text
+    local r rows
+    rows=$("$DS41" image -m "$FCK" "$2" 2>/dev/null | sed -n 's/.*span \([0-9]*\) positions.*/\1/p')
+    r=$("$PY" -c "
+import json, sys
+code, _, body = open(sys.argv[1]).read().partition(' ')
+d = json.loads(body)
+run = open(sys.argv[2]).read()
+ok = code == '200' and d['choices'][0]['message']['content'] == run.rstrip('\n') and d['usage']['prompt_tokens'] == int(sys.argv[3])
+print('ok' if ok and run.strip() else 'status %s, %r vs run %r, usage %s' % (code, d.get('choices', [{}])[0].get('message'), run, d.get('usage')))
+" "$TMP/v1.json" "$TMP/vrun.out" "$((NPT + ${rows:-0}))")
+    if [ "$r" = ok ]; then pass "$1"; else fail "$1" "$r $(head -c 300 "$TMP/v1.json") $(head -c 200 "$TMP/err")"; fi
+    cp "$TMP/vrun.out" "$TMP/$1.out"
+}
+if serve_start vserve -m "$FCK" --exact --spec off -c 512; then
+    NPT=$(($("$DS41" tokenize -m "$FCK" -- "<｜User｜>" | wc -w) +
+        $("$DS41" tokenize -m "$FCK" --no-bos -- $'\n\n'"What colour?<｜Assistant｜></think>" | wc -w)))
+    vcheck serve_image_png_equals_run "$TMP/a.png" image/png
+    vcheck serve_image_jpeg_equals_run "$TMP/b.jpg" image/jpeg
+    # the two images answer differently: the embeddings reach the model
+    if ! cmp -s "$TMP/serve_image_png_equals_run.out" "$TMP/serve_image_jpeg_equals_run.out"; then pass serve_image_differs
+    else fail serve_image_differs "the PNG and the JPEG answer alike"; fi
+    # three malformed parts: not a data URL, bad base64, a JPEG under the PNG MIME type
+    vreq "$PORT" - "https://example.com/a.png" "$TMP/v2.json"
+    vreq "$PORT" - "data:image/png;base64,iVBO*w0K" "$TMP/v3.json"
+    vreq "$PORT" "$TMP/b.jpg" image/png "$TMP/v4.json"
+    for c in "v2 image_url.url: only data:image/png" "v3 not in the alphabet" "v4 the data is not a PNG file"; do
+        f=${c%% *} pat=${c#* }
+        if grep -q '^400 ' "$TMP/$f.json" && grep -q "content\[0\]" "$TMP/$f.json" && grep -qF "$pat" "$TMP/$f.json"; then
+            pass "serve_image_400_$f"
+        else fail "serve_image_400_$f" "$(head -c 300 "$TMP/$f.json")"; fi
+    done
+    kill "$PID"; wait "$PID" 2>/dev/null
+fi
+# a checkpoint without a tower (its config has a vision_config, its weights no tower): a 400
+if [ -n "${NOV:=$(checkpoint tiny 2>/dev/null)}" ] && serve_start vserve_notower -m "$NOV"; then
+    vreq "$PORT" "$TMP/a.png" image/png "$TMP/v5.json"
+    if grep -q '^400 ' "$TMP/v5.json" && grep -q "need a checkpoint with a vision tower" "$TMP/v5.json"; then pass serve_image_400_no_tower
+    else fail serve_image_400_no_tower "$(head -c 300 "$TMP/v5.json")"; fi
+    kill "$PID"; wait "$PID" 2>/dev/null
 fi
 
 # ---- errors ----
