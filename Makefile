@@ -93,7 +93,7 @@ $(BUILD)/ds41: src/cli/main.c $(BUILD)/libds41.a
 ds41: $(BUILD)/ds41
 	@if [ "$(BUILD)" = build ]; then cp $< $@; fi
 
-$(BUILD)/tests/%: tests/%.c $(BUILD)/libds41.a tests/check.h tests/testutil.h tests/malformed.h
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libds41.a tests/check.h tests/testutil.h tests/malformed.h $(wildcard tests/tools/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests $< $(BUILD)/libds41.a -o $@ $(LDFLAGS) $(LDLIBS)
 

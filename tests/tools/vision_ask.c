@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "ds41.h"
+#include "vision_px.h"
 
 #define MAXIDS 512
 
@@ -19,28 +20,13 @@ static int parse_ids(char *s, int32_t *ids) {
     return n;
 }
 
-static int argmax(const float *v, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[b]) b = i;
-    return b;
-}
-
 static int ask(ds41_engine *e, const char *path, int H, int W, const int32_t *pre, int npre, const int32_t *post,
                int npost, int N) {
     char err[1024];
-    size_t np = (size_t)3 * H * W;
-    uint16_t *raw = malloc(np * 2);
-    float *px = malloc(np * sizeof(float));
-    FILE *f = fopen(path, "rb");
-    if (!raw || !px || !f || fread(raw, 2, np, f) != np) {
-        fprintf(stderr, "vision_ask: %s: cannot read %zu BF16 values\n", path, np);
+    float *px = vision_px_read(path, H, W);
+    if (!px) {
+        fprintf(stderr, "vision_ask: %s: cannot read %zu BF16 values\n", path, (size_t)3 * H * W);
         return -1;
-    }
-    fclose(f);
-    for (size_t i = 0; i < np; i++) {
-        uint32_t u = (uint32_t)raw[i] << 16;
-        memcpy(&px[i], &u, 4);
     }
     float *span;
     int rows;
@@ -68,7 +54,7 @@ static int ask(ds41_engine *e, const char *path, int H, int W, const int32_t *pr
         rc = -1;
     }
     for (int k = 0; k < N && rc == 0; k++) {
-        int32_t t = argmax(ds41_logits(s), V);
+        int32_t t = vision_px_argmax(ds41_logits(s), V);
         if (t == 1) break;
         printf("%s%d", k ? "," : "", t);
         if (ds41_feed(s, &t, 1)) rc = -1;
@@ -76,7 +62,7 @@ static int ask(ds41_engine *e, const char *path, int H, int W, const int32_t *pr
     printf("\n");
     fflush(stdout);
     if (s) ds41_session_close(s);
-    free(raw); free(px); free(span); free(ids); free(img); free(emb);
+    free(px); free(span); free(ids); free(img); free(emb);
     return rc;
 }
 

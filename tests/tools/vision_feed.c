@@ -11,16 +11,11 @@
 #include <string.h>
 
 #include "ds41.h"
+#include "vision_px.h"
 
 static int fail(const char *what, const char *why) {
     printf("FAIL vision_feed %s: %s\n", what, why);
     return 1;
-}
-
-static int argmax(const float *v, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++) if (v[i] > v[b]) b = i;
-    return b;
 }
 
 int main(int argc, char **argv) {
@@ -33,16 +28,8 @@ int main(int argc, char **argv) {
     ds41_load_params lp = { .exact = 1, .n_threads = 1 };
     ds41_engine *e = ds41_load(argv[1], &lp, err, sizeof err);
     if (!e) return fail("load", err);
-    size_t np = (size_t)3 * H * W;
-    uint16_t *raw = malloc(np * 2);
-    float *px = malloc(np * sizeof(float));
-    FILE *f = fopen(argv[2], "rb");
-    if (!raw || !px || !f || fread(raw, 2, np, f) != np) return fail("pixels", argv[2]);
-    fclose(f);
-    for (size_t i = 0; i < np; i++) {
-        uint32_t u = (uint32_t)raw[i] << 16;
-        memcpy(&px[i], &u, 4);
-    }
+    float *px = vision_px_read(argv[2], H, W);
+    if (!px) return fail("pixels", argv[2]);
     float *span;
     int rows;
     if (ds41_image_span(e, px, H, W, &span, &rows, err, sizeof err)) return fail("span", err);
@@ -67,11 +54,11 @@ int main(int argc, char **argv) {
     if (ds41_feed_embeds(s, ids, (size_t)n, emb, img)) return fail("feed_embeds", ds41_session_error(s));
     memcpy(out, ds41_logits(s), (size_t)V * sizeof(float));
     for (int k = 1; k < N; k++) {
-        int32_t t = argmax(out + (size_t)(k - 1) * V, V);
+        int32_t t = vision_px_argmax(out + (size_t)(k - 1) * V, V);
         if (ds41_feed(s, &t, 1)) return fail("decode", ds41_session_error(s));
         memcpy(out + (size_t)k * V, ds41_logits(s), (size_t)V * sizeof(float));
     }
-    f = fopen(argv[8], "wb");
+    FILE *f = fopen(argv[8], "wb");
     if (!f || fwrite(out, sizeof(float), (size_t)N * V, f) != (size_t)N * V || fclose(f)) return fail("write", argv[8]);
     /* text only: ds41_feed_embeds with no image row is ds41_feed */
     ds41_session *a = ds41_session_open(e, &sp, err, sizeof err), *b = ds41_session_open(e, &sp, err, sizeof err);
@@ -88,6 +75,6 @@ int main(int argc, char **argv) {
     ds41_session_close(b);
     ds41_session_close(s);
     ds41_unload(e);
-    free(raw); free(px); free(span); free(ids); free(img); free(emb); free(out);
+    free(px); free(span); free(ids); free(img); free(emb); free(out);
     return 0;
 }
