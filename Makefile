@@ -162,7 +162,7 @@ FUZZ_CFLAGS := -O1 -g -std=gnu11 -ffp-contract=off $(ARCH) -pthread $(INCLUDES) 
   -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_LIB_SRC := $(addprefix src/,format/common.c format/formats.c format/safetensors.c model/config.c model/contract.c \
   text/chat.c text/chat_json.c text/tokenizer.c text/tokenizer_load.c store/crc32c.c store/pstore.c store/kvx_frame.c store/kvx_resume.c \
-  text/grammar.c text/grammar_json.c text/grammar_match.c text/grammar_regex.c text/grammar_tables.c \
+  text/grammar.c text/grammar_json.c text/grammar_match.c text/grammar_regex.c text/grammar_tables.c text/grammar_memo.c \
   serve/serve_req.c serve/serve_text.c serve/serve_anth.c serve/serve_resp.c dist/dist_place.c \
   image/img_decode.c image/img_png.c image/img_jpeg.c image/img_plan.c image/img_resize.c image/img_prep.c \
   serve/serve_mpi_wire.c dist/dist_stage.c)

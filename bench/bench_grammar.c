@@ -1,7 +1,8 @@
 /* Grammar mask cost per token (issue 25): one thread, the demo tokenizer's vocabulary and a
  * synthetic one of 129,280 entries (the production size: the demo's plain tokens plus
  * concatenations of two or three of them, so the byte statistics stay BPE-like).
- *   build/bench/bench_grammar -m models/demo [--tokens N] [--vocab N] [--cpu]
+ *   build/bench/bench_grammar -m models/demo [--tokens N] [--vocab N] [--cpu] [--only GRAMMAR]
+ *                             [--masks walk|tables|prefetch]
  * A generation is simulated: from the start state, a token is drawn from the mask (seeded
  * LCG) and advanced, until the grammar may end (then a new document starts) or N tokens. Per
  * token the time of ds41_gmatch_mask + applying it to a logits row (what ds41_lproc_apply adds
@@ -111,8 +112,12 @@ static void run(const char *vname, ds41_gvocab *gv, int V, const char *gname, co
     free(t); free(row); free(allowed);
 }
 
-/* One grammar on one vocabulary: the tables' build, then the four runs. */
+/* --only G: that grammar alone; --masks K: walk, tables or prefetch alone (for profiles). */
+static const char *only, *only_masks;
+
+/* One grammar on one vocabulary: the tables' build, then the runs. */
 static void bench(const char *vname, ds41_gvocab *gv, int V, const char *gname, const char *gbnf, int ntok) {
+    if (only && strcmp(only, gname)) return;
     char err[256];
     ds41_grammar *g = ds41_grammar_gbnf(gbnf, strlen(gbnf), err, sizeof err);
     if (!g) { fprintf(stderr, "bench_grammar: %s\n", err); exit(1); }
@@ -126,9 +131,9 @@ static void bench(const char *vname, ds41_gvocab *gv, int V, const char *gname, 
     printf("{\"vocab\":\"%s\",\"V\":%d,\"grammar\":\"%s\",\"tables_ms\":%.1f,\"tables_bytes\":%zu,\"positions\":%d,\"pairs\":%d,"
            "\"skipped\":%d}\n", vname, V, gname, 1e3 * (t1 - t0), bytes, npos, pairs, skipped);
     for (int fresh = 1; fresh >= 0; fresh--) {
-        run(vname, gv, V, gname, g, NULL, ntok, fresh, 0);
-        run(vname, gv, V, gname, g, tab, ntok, fresh, 0);
-        run(vname, gv, V, gname, g, tab, ntok, fresh, 1);
+        if (!only_masks || !strcmp(only_masks, "walk")) run(vname, gv, V, gname, g, NULL, ntok, fresh, 0);
+        if (!only_masks || !strcmp(only_masks, "tables")) run(vname, gv, V, gname, g, tab, ntok, fresh, 0);
+        if (!only_masks || !strcmp(only_masks, "prefetch")) run(vname, gv, V, gname, g, tab, ntok, fresh, 1);
     }
     ds41_gtables_free(tab);
     ds41_grammar_free(g);
@@ -142,9 +147,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) ntok = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--vocab") && i + 1 < argc) bigV = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--cpu")) clk = CLOCK_THREAD_CPUTIME_ID;
-        else { fprintf(stderr, "usage: bench_grammar -m DIR [--tokens N] [--vocab N] [--cpu]\n"); return 2; }
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+        else if (!strcmp(argv[i], "--masks") && i + 1 < argc) only_masks = argv[++i];
+        else { fprintf(stderr, "usage: bench_grammar -m DIR [--tokens N] [--vocab N] [--cpu] [--only GRAMMAR] [--masks walk|tables|prefetch]\n"); return 2; }
     }
-    if (!model || ntok < 100 || bigV < 4096) { fprintf(stderr, "usage: bench_grammar -m DIR [--tokens N] [--vocab N] [--cpu]\n"); return 2; }
+    if (!model || ntok < 100 || bigV < 4096) { fprintf(stderr, "usage: bench_grammar -m DIR [--tokens N] [--vocab N] [--cpu] [--only GRAMMAR] [--masks walk|tables|prefetch]\n"); return 2; }
     ds41_tokenizer *tok;
     ds41_err e;
     if (ds41_tokenizer_load(model, &tok, &e)) { fprintf(stderr, "bench_grammar: %s\n", e.msg); return 1; }

@@ -2,8 +2,10 @@
  * grammar_match.c): each input is GBNF text. A refusal must come with a one-line message; an
  * accepted grammar is walked over a small byte vocabulary (the 256 bytes and a few longer
  * tokens): every mask must agree with advance on every token, the mask from the precomputed
- * token classes (grammar_tables.c) must equal the trie walk's wherever the walk has one, and
- * the limits must end every walk (no hang, no unbounded memory). */
+ * token classes (grammar_tables.c) must equal the trie walk's wherever the walk has one (the
+ * walk is run twice, the second time with new matchers over the tables' memo of dependent sets
+ * that the first filled, grammar_memo.c), and the limits must end every walk (no hang, no
+ * unbounded memory). */
 #include "grammar.h"
 
 #include <stdint.h>
@@ -25,20 +27,11 @@ static void vocab(void) {
     voc = ds41_gvocab_new(NV, tp, tl);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    if (!voc) vocab();
-    char err[256] = "";
-    ds41_grammar *g = ds41_grammar_gbnf((const char *)data, size, err, sizeof err);
-    if (!g) {
-        if (!err[0]) abort();
-        for (const char *p = err; *p; p++) if ((unsigned char)*p < 0x20) abort();
-        return 0;
-    }
+/* One walk of up to 12 tokens with a matcher by the trie walk and one by the tables. */
+static void walk(const ds41_grammar *g, const ds41_gtables *t, unsigned pick) {
     ds41_gmatch *m = ds41_gmatch_new(g, voc), *f = ds41_gmatch_new(g, voc);
-    ds41_gtables *t = ds41_gtables_new(g, voc, err, sizeof err);
-    if (!m || !f || !t || ds41_gmatch_use_tables(f, t)) abort();
+    if (!m || !f || ds41_gmatch_use_tables(f, t)) abort();
     int s = ds41_gmatch_start(m), sf = ds41_gmatch_start(f);
-    unsigned pick = (unsigned)size;
     for (int step = 0; step < 12 && s >= 0; step++) {
         const uint32_t *mk = ds41_gmatch_mask(m, s);
         if (!mk) break;   /* a limit: the message is set */
@@ -59,6 +52,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     ds41_gmatch_free(m);
     ds41_gmatch_free(f);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (!voc) vocab();
+    char err[256] = "";
+    ds41_grammar *g = ds41_grammar_gbnf((const char *)data, size, err, sizeof err);
+    if (!g) {
+        if (!err[0]) abort();
+        for (const char *p = err; *p; p++) if ((unsigned char)*p < 0x20) abort();
+        return 0;
+    }
+    ds41_gtables *t = ds41_gtables_new(g, voc, err, sizeof err);
+    if (!t) abort();
+    walk(g, t, (unsigned)size);
+    walk(g, t, (unsigned)size);
     ds41_gtables_free(t);
     ds41_grammar_free(g);
     return 0;

@@ -4,7 +4,9 @@
  * limit, random walks compare the two masks bit for bit at every step (and whether the output
  * may end). The vocabulary is the 256 bytes plus random multi-byte tokens over JSON's
  * characters, so tokens cross rule ends (a string's closing quote, a number's last digit)
- * at every offset. */
+ * at every offset. A third matcher, new for every walk, shares the tables with the second: its
+ * masks come from the tables' memo of dependent sets (grammar_memo.c) that the earlier walks
+ * filled, and must be the same bits as well. */
 #include "check.h"
 #include "grammar.h"
 
@@ -20,6 +22,7 @@ static char tokb[256 + NRAND][MAXTOK];
 
 static unsigned rng = 2024;
 static int pairs_built;   /* by the last differ(): pair tables (a string's characters have them) */
+static long long memo_hits, memo_misses;   /* by the last differ(): dependent sets from the memo, and walked */
 static unsigned rnd(void) { rng = rng * 1103515245u + 12345u; return rng >> 8; }
 
 static void make_vocab(void) {
@@ -60,8 +63,11 @@ static int differ(const char *name, const char *gbnf, int walks, int steps, int 
     if (t) ds41_gtables_stats(t, NULL, NULL, &pairs_built, NULL);
     int *allowed = malloc((size_t)V * sizeof *allowed);
     for (int w = 0; t && w < walks; w++) {
-        int so = ds41_gmatch_start(oracle), sf = ds41_gmatch_start(fast), len = 0;
-        for (int k = 0; k < steps && so >= 0 && sf >= 0; k++) {
+        ds41_gmatch *fresh = ds41_gmatch_new(g, voc);
+        CHECK(fresh && ds41_gmatch_use_tables(fresh, t) == 0, "%s: fresh matcher", name);
+        if (!fresh) break;
+        int so = ds41_gmatch_start(oracle), sf = ds41_gmatch_start(fast), sn = ds41_gmatch_start(fresh), len = 0;
+        for (int k = 0; k < steps && so >= 0 && sf >= 0 && sn >= 0; k++) {
             const uint32_t *mo = ds41_gmatch_mask(oracle, so);
             if (!mo) break;   /* a limit: the oracle has no mask to compare with */
             uint32_t *copy = malloc((size_t)words * sizeof *copy);
@@ -70,6 +76,8 @@ static int differ(const char *name, const char *gbnf, int walks, int steps, int 
             CHECK(mf, "%s: tables mask failed: %s", name, ds41_gmatch_error(fast));
             if (!mf) { free(copy); break; }
             compared++;
+            const uint32_t *mn = ds41_gmatch_mask(fresh, sn);
+            CHECK(mn && !memcmp(copy, mn, (size_t)words * sizeof *copy), "%s: walk %d step %d: the fresh matcher's mask differs", name, w, k);
             if (memcmp(copy, mf, (size_t)words * sizeof *copy)) {
                 if (bad++ < 3) {
                     int id = 0;
@@ -91,11 +99,14 @@ static int differ(const char *name, const char *gbnf, int walks, int steps, int 
             if (pick < 0) pick = allowed[rnd() % (unsigned)na];
             so = ds41_gmatch_advance(oracle, so, pick);
             sf = ds41_gmatch_advance(fast, sf, pick);
-            CHECK((so >= 0) == (sf >= 0), "%s: advance differs", name);
+            sn = ds41_gmatch_advance(fresh, sn, pick);
+            CHECK((so >= 0) == (sf >= 0) && (so >= 0) == (sn >= 0), "%s: advance differs", name);
             len += (int)tl[pick];
         }
         if (len > longest) longest = len;
+        ds41_gmatch_free(fresh);
     }
+    if (t) ds41_gtables_memo_stats(t, NULL, &memo_hits, &memo_misses);
     CHECK(compared >= walks, "%s: only %d masks compared", name, compared);
     free(allowed);
     ds41_gmatch_free(oracle);
@@ -127,6 +138,8 @@ static void test_schemas(void) {
         snprintf(name, sizeof name, "schema %zu", i);
         if (gb) differ(name, gb, 30, 80, -1);
         if (i == 1 || i == 5) CHECK(pairs_built > 0, "%s: no pair tables (strings have them)", name);
+        /* strings end inside tokens here: dependent sets were walked, and served again */
+        CHECK(memo_misses > 0 && memo_hits > memo_misses, "%s: memo %lld hits, %lld walked", name, memo_hits, memo_misses);
         free(gb);
     }
     case_end("grammar_tables_schemas");

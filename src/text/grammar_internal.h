@@ -45,7 +45,7 @@ int ds41_gbuf_printf(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
  * its subtree; the tokens ending at node i are toks[tok0[i] .. tok0[i] + ntok[i]). */
 struct ds41_gvocab {
     int V;
-    int n_nodes, max_depth;
+    int n_nodes, max_depth, n_toks;
     uint8_t *byte;
     uint16_t *depth;     /* 1 for the root's children */
     int32_t *end;        /* index past the subtree */
@@ -84,6 +84,8 @@ struct ds41_gmatch {
     size_t ordcap;
     int track_depth, push_max; /* push_max: the longest stack work_push was asked for */
     uint32_t *seen;            /* tables: per position, the mask computation that OR-ed it last */
+    uint32_t *dep;             /* tables: a pop node's walk (words; zero between uses), for the memo */
+    int32_t *work_pops, *work_ids;   /* tables: the pop nodes the memo missed; a walk's allowed ids */
     uint32_t stamp;
     long long computed, cached, prefetched;
     char err[160];
@@ -100,6 +102,22 @@ int ds41_gm_walk(ds41_gmatch *m, int s, uint32_t *mk, int lo, int hi, int d0);
 /* The mask of state s from m->tab into mk (zeroed): 0, 1 when the tables do not cover s (a
  * position past the depth guard or not precomputed: walk the trie instead), -1 on a limit. */
 int ds41_gtables_mask(ds41_gmatch *m, int s, uint32_t *mk);
+
+/* The memo of context-dependent token sets (grammar_memo.c), one per ds41_gtables, shared by
+ * its matchers on any thread: per (pop node, the elements below), the tokens of the node's
+ * subtree allowed from the state of that stack below. */
+typedef struct ds41_gdep ds41_gdep;
+ds41_gdep *ds41_gdep_new(void);
+void ds41_gdep_free(ds41_gdep *d);
+/* The hash of below[0..nb) that the calls below take. */
+uint64_t ds41_gdep_hash(const int32_t *below, int nb);
+/* ORs into mk the kept sets of nodes[0..n) over below; the nodes with none go to missed (room
+ * for n), their count returned. */
+size_t ds41_gdep_or(ds41_gdep *d, const int32_t *nodes, size_t n, const int32_t *below, int nb, uint64_t hb, uint32_t *mk,
+                    int32_t *missed);
+/* Keeps ids[0..n) for (node, below), unless the memo is full or has it already. */
+void ds41_gdep_put(ds41_gdep *d, int node, const int32_t *below, int nb, uint64_t hb, const int32_t *ids, size_t n);
+void ds41_gdep_stats(ds41_gdep *d, size_t *bytes, long long *hits, long long *misses);
 
 /* ds41_gmask_apply with its instruction set named (2 AVX-512, 1 AVX2, 0 scalar; the caller
  * checks the CPU has it), and the one ds41_gmask_apply uses (the best the CPU has). */

@@ -10,6 +10,7 @@
  * The vocabulary is a trie in preorder: node i has its byte, its depth and the index just
  * past its subtree. A mask walks it once: a node whose byte the parent state refuses skips
  * its subtree; the transition of (state, byte) is a table lookup after its first use. */
+#define _GNU_SOURCE  /* qsort_r */
 #include "grammar_internal.h"
 
 #include <immintrin.h>
@@ -98,6 +99,7 @@ ds41_gvocab *ds41_gvocab_new(int V, const char *const *bytes, const size_t *lens
     }
     for (int d = plen; d >= 1; d--) v->end[path[d]] = n;
     v->n_nodes = n;
+    v->n_toks = nt;
     free(path);
     return v;
 }
@@ -178,9 +180,8 @@ static int expand(ds41_gmatch *m) {
     return 0;
 }
 
-static const int32_t *sort_out;
-static int cmp_stack(const void *a, const void *b) {
-    const int32_t *x = sort_out + *(const int32_t *)a, *y = sort_out + *(const int32_t *)b;
+static int cmp_stack(const void *a, const void *b, void *out) {
+    const int32_t *x = (const int32_t *)out + *(const int32_t *)a, *y = (const int32_t *)out + *(const int32_t *)b;
     int n = x[0] < y[0] ? x[0] : y[0];
     for (int i = 1; i <= n; i++) if (x[i] != y[i]) return x[i] < y[i] ? -1 : 1;
     return (x[0] > y[0]) - (x[0] < y[0]);
@@ -208,11 +209,11 @@ static int intern(ds41_gmatch *m) {
     if (grow32(&m->order, &m->ordcap, ns)) return mfail(m, "grammar: out of memory");
     ns = 0;
     for (size_t k = 0; k < m->on; k += (size_t)m->out[k] + 1) m->order[ns++] = (int32_t)k;
-    sort_out = m->out;   /* the scheduler thread alone matches at a time (grammar.h) */
-    qsort(m->order, ns, sizeof *m->order, cmp_stack);
+    /* qsort_r: matchers intern on several threads at once (the prefetch helper, table builds) */
+    qsort_r(m->order, ns, sizeof *m->order, cmp_stack, m->out);
     size_t uniq = 0, total = 1;
     for (size_t i = 0; i < ns; i++) {
-        if (uniq && !cmp_stack(&m->order[uniq - 1], &m->order[i])) continue;
+        if (uniq && !cmp_stack(&m->order[uniq - 1], &m->order[i], m->out)) continue;
         m->order[uniq++] = m->order[i];
         total += (size_t)m->out[m->order[i]] + 1;
     }
@@ -306,7 +307,7 @@ ds41_gmatch *ds41_gmatch_new(const ds41_grammar *g, const ds41_gvocab *v) {
 void ds41_gmatch_free(ds41_gmatch *m) {
     if (!m) return;
     for (int s = 0; s < m->ns; s++) { free(m->trans[s]); free(m->mask[s]); if (m->tdep) free(m->tdep[s]); }
-    free(m->tdep); free(m->seen);
+    free(m->tdep); free(m->seen); free(m->dep); free(m->work_pops); free(m->work_ids);
     free(m->soff); free(m->trans); free(m->mask); free(m->acc); free(m->ht); free(m->mbuf); free(m->dst);
     free(m->arena); free(m->out); free(m->work); free(m->order);
     pthread_mutex_destroy(&m->mu);

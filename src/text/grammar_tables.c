@@ -21,6 +21,7 @@
  *
  * Memory: an accepted set is a list of ids when it is shorter than a bitset, a bitset
  * otherwise, and the pop nodes a list. */
+#define _GNU_SOURCE  /* qsort_r */
 #include "grammar_internal.h"
 
 #include <stdio.h>
@@ -60,6 +61,7 @@ struct ds41_gtables {
     uint32_t *follow;      /* building: per rule, the bytes that can follow it (8 words) */
     int32_t *elrule;       /* building: each element's rule */
     size_t nbits, cbits, nids, cids, npops, cpops;
+    ds41_gdep *memo;       /* the dependent sets walked so far (grammar_memo.c) */
 };
 
 static int grow(void *pp, size_t *cap, size_t need, size_t elem) {
@@ -335,7 +337,7 @@ ds41_gtables *ds41_gtables_new(const ds41_grammar *g, const ds41_gvocab *v, char
         int rc = build_one(t, &lm, st, 1, t->n_pos - 1, acc, dst, &visits);
         if (rc < 0) goto oom;
     }
-    if (add_pairs(t, &lm, acc, dst, &visits)) goto oom;
+    if (add_pairs(t, &lm, acc, dst, &visits) || !(t->memo = ds41_gdep_new())) goto oom;
     free(t->follow); free(t->elrule);
     t->follow = NULL;
     t->elrule = NULL;
@@ -353,6 +355,7 @@ oom:
 void ds41_gtables_free(ds41_gtables *t) {
     if (!t) return;
     free(t->pos_ix); free(t->pos); free(t->bits); free(t->ids); free(t->pops); free(t->follow); free(t->elrule);
+    ds41_gdep_free(t->memo);
     free(t);
 }
 
@@ -370,9 +373,14 @@ int ds41_gmatch_use_tables(ds41_gmatch *m, const ds41_gtables *t) {
         snprintf(m->err, sizeof m->err, "grammar: the tables were built for another grammar or vocabulary");
         return -1;
     }
-    free(m->seen);
+    size_t pops = 1;
+    for (int i = 0; i < t->n_pos; i++) if (t->pos[i].pop_n > pops) pops = t->pos[i].pop_n;
+    free(m->seen); free(m->dep); free(m->work_pops); free(m->work_ids);
     m->seen = calloc((size_t)t->n_pos + 1, sizeof *m->seen);
-    if (!m->seen) return -1;
+    m->dep = calloc((size_t)t->words, sizeof *m->dep);   /* zero between uses */
+    m->work_pops = malloc(pops * sizeof *m->work_pops);
+    m->work_ids = malloc(((size_t)m->v->n_toks + 1) * sizeof *m->work_ids);
+    if (!m->seen || !m->dep || !m->work_pops || !m->work_ids) return -1;
     m->stamp = 0;
     m->tab = t;
     return 0;
@@ -433,11 +441,35 @@ int ds41_gtables_mask(ds41_gmatch *m, int s, uint32_t *mk) {
             continue;   /* nothing below survives its own expansion (the depth limit) */
         }
         or_set(t, P->end_bits, P->end, P->end_n, mk);
-        /* each pop node's child by a byte that may follow, and its subtree, from the state below */
-        for (size_t e = 0; e < P->pop_n; e++) {
-            int c = t->pops[P->pop + e];
-            if (ds41_gm_walk(m, ctx, mk, c, v->end[c], v->depth[c] - 1)) return -1;
+        if (!P->pop_n) continue;
+        /* each pop node's child by a byte that may follow, and its subtree, from the state
+         * below: from the memo (grammar_memo.c), else walked and kept */
+        uint64_t hb = ds41_gdep_hash(below, nb);
+        int32_t *miss = m->work_pops;
+        size_t nm = ds41_gdep_or(t->memo, t->pops + P->pop, P->pop_n, below, nb, hb, mk, miss);
+        for (size_t e = 0; e < nm; e++) {
+            int c = miss[e], lo = v->tok0[c], hi = v->end[c] < v->n_nodes ? v->tok0[v->end[c]] : v->n_toks;
+            if (ds41_gm_walk(m, ctx, m->dep, c, v->end[c], v->depth[c] - 1)) {
+                memset(m->dep, 0, (size_t)t->words * sizeof *m->dep);
+                return -1;
+            }
+            /* the subtree's tokens are toks[lo..hi): gather the allowed ones, leave m->dep zero */
+            int32_t *ids = m->work_ids;
+            size_t n = 0;
+            for (int k = lo; k < hi; k++) {
+                int id = v->toks[k];
+                uint32_t bit = 1u << (id & 31);
+                if (!(m->dep[id >> 5] & bit)) continue;
+                m->dep[id >> 5] &= ~bit;
+                mk[id >> 5] |= bit;
+                ids[n++] = id;
+            }
+            ds41_gdep_put(t->memo, c, below, nb, hb, ids, n);
         }
     }
     return 0;
+}
+
+void ds41_gtables_memo_stats(const ds41_gtables *t, size_t *bytes, long long *hits, long long *misses) {
+    ds41_gdep_stats(t->memo, bytes, hits, misses);
 }
