@@ -41,7 +41,7 @@ struct ds41_sched {
     float *conf;               /* [parallel][B] */
     float **vlg;               /* [parallel] -> [B + 1][V] */
     /* grammar masks computed beside the forward (serve_gprefetch.h): started on the scheduler
-     * thread when the first constrained sequence decodes */
+     * thread when the first constrained sequence samples */
     ds41_gprefetch *pf;
     int pf_tried;
     ds41_gmatch **pf_gm;       /* [parallel] */
@@ -104,15 +104,18 @@ void ds41_sgroup_release(ds41_sgroup *g) {
     if (left == 0) sgroup_free(g);
 }
 
-/* Hands the masks the step's constrained decode rows will sample from to the helper, which
- * computes them while the forward runs: the row's state, and in a verify row the states after
- * each of its drafts (ids[1..n), which valid_prefix walked already). Returns how many (0: none,
- * or no helper). */
+/* Hands the masks the step's constrained rows will sample from to the helper, which computes
+ * them while the forward runs: a decode row's state, and in a verify row the states after each
+ * of its drafts (ids[1..n), which valid_prefix walked already); a prefill row that ends its
+ * prompt samples the first token from the grammar's start state. Returns how many (0: none, or
+ * no helper). */
 static int prefetch_masks(ds41_sched *S, ds41_sseq *const *bq, const ds41_batch_item *items, int nb) {
     int n = 0, cap = S->p.parallel * (S->B + 2);
     for (int i = 0; i < nb; i++) {
         const ds41_lproc *lp = &bq[i]->proc;
-        if (bq[i]->state != DS41_SEQ_DECODE || !lp->gm || lp->gstate < 0 || (lp->gate >= 0 && !lp->gate_open)) continue;
+        int first = bq[i]->state == DS41_SEQ_PREFILL && items[i].ahead == 0 && bq[i]->max_tokens != 0;
+        if ((bq[i]->state != DS41_SEQ_DECODE && !first) || !lp->gm || lp->gstate < 0 || (lp->gate >= 0 && !lp->gate_open))
+            continue;
         if (!S->pf_tried) {
             S->pf_tried = 1;
             S->pf_gm = malloc((size_t)cap * sizeof *S->pf_gm);

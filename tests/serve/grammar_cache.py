@@ -4,7 +4,9 @@ second request is a cache hit, ds41:grammar_tables_builds_total unchanged) and g
 tokens as the first (the cached tables give the trie walk's masks bit for bit); the same schema
 through another front end (guided_json) maps to the same GBNF text, so to the same entry; a
 different grammar builds once more. Masks of decode steps are computed beside the forward
-(ds41:grammar_masks_prefetched_total grows with a grammar's new states)."""
+(ds41:grammar_masks_prefetched_total grows with a grammar's new states), and so is the first
+token's, beside the prefill step that ends the prompt: a request of one token (sampled from the
+grammar's start state, a matcher of its own) adds exactly one prefetched mask."""
 import json, re, sys, urllib.request
 
 port = int(sys.argv[1])
@@ -48,3 +50,8 @@ ok("guided_json of the same schema: same tokens", toks(j3) == toks(j1), "%s vs %
 post(dict(body, guided_regex="cache-probe-[0-9]{2,4}"))
 b4, h4, _, _ = metrics()
 ok("a different grammar builds once more", b4 == b3 + 1 and h4 == h3, "builds %g -> %g, hits %g -> %g" % (b3, b4, h3, h4))
+_, _, _, p5 = metrics()
+j5 = post(dict(body, prompt="One token under a grammar, its mask prefetched:", max_tokens=1, guided_regex="first-[a-z]{3}"))
+_, _, _, p6 = metrics()
+ok("the first token's mask is computed beside the prefill", p6 == p5 + 1 and len(toks(j5)) == 1,
+   "prefetched %g -> %g, %d tokens" % (p5, p6, len(toks(j5))))
