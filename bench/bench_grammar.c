@@ -7,9 +7,13 @@
  * LCG) and advanced, until the grammar may end (then a new document starts) or N tokens. Per
  * token the time of ds41_gmatch_mask + applying it to a logits row (what ds41_lproc_apply adds
  * for a grammar) + ds41_gmatch_advance is recorded.
- *   fresh:  a new matcher per document (what one request pays: nothing cached at its start)
+ *   fresh:  a new matcher per document (what one request pays: nothing cached in its
+ *           matcher at its start; with tables, the masks and dependent sets earlier
+ *           documents' matchers computed are in the tables' memo, as the server's requests
+ *           with the same grammar share them through the table cache)
  *   warm:   one matcher for all documents (states and masks cached, as later tokens of a
  *           long request see)
+ * Each run starts with tables of its own (an empty memo: the grammar's first request).
  * and two ways of computing a mask not cached:
  *   walk:   the trie walked against the state (ds41_gmatch_mask alone)
  *   tables: the grammar's precomputed token classes (ds41_gtables, built once per grammar
@@ -19,7 +23,7 @@
  *           forward does), so the time is what stays on the critical path: the cached mask,
  *           applying it and advancing
  * Prints one JSON line per (vocabulary, grammar, mode, masks) with p50 / p99 / max in
- * microseconds. */
+ * microseconds, the masks computed, cached in the matcher and copied from the memo. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,10 +107,14 @@ static void run(const char *vname, ds41_gvocab *gv, int V, const char *gname, co
     ds41_gmatch_stats(m, &st, &c1, &c2);
     computed += c1; cached += c2; states += st;
     qsort(t, (size_t)n, sizeof *t, cmpd);
+    long long shared = 0;
+    size_t memo_bytes = 0;
+    if (tab) ds41_gtables_memo_stats(tab, &memo_bytes, NULL, NULL, &shared);
     printf("{\"vocab\":\"%s\",\"V\":%d,\"grammar\":\"%s\",\"mode\":\"%s\",\"masks\":\"%s%s\",\"tokens\":%d,\"docs\":%d,\"p50_us\":%.2f,"
-           "\"p90_us\":%.2f,\"p99_us\":%.2f,\"max_us\":%.1f,\"masks_computed\":%lld,\"masks_cached\":%lld,\"states\":%lld}\n",
+           "\"p90_us\":%.2f,\"p99_us\":%.2f,\"max_us\":%.1f,\"masks_computed\":%lld,\"masks_cached\":%lld,\"masks_from_memo\":%lld,"
+           "\"memo_bytes\":%zu,\"states\":%lld}\n",
            vname, V, gname, fresh ? "fresh" : "warm", tab ? "tables" : "walk", pre ? "+prefetch" : "", n, docs, 1e6 * t[n / 2], 1e6 * t[n * 9 / 10], 1e6 * t[n * 99 / 100],
-           1e6 * t[n - 1], computed, cached, states);
+           1e6 * t[n - 1], computed, cached, shared, memo_bytes, states);
     fflush(stdout);
     ds41_gmatch_free(m);
     free(t); free(row); free(allowed);
@@ -115,27 +123,38 @@ static void run(const char *vname, ds41_gvocab *gv, int V, const char *gname, co
 /* --only G: that grammar alone; --masks K: walk, tables or prefetch alone (for profiles). */
 static const char *only, *only_masks;
 
-/* One grammar on one vocabulary: the tables' build, then the runs. */
+static ds41_gtables *tables(const ds41_grammar *g, ds41_gvocab *gv, double *ms) {
+    char err[256];
+    double t0 = now();
+    ds41_gtables *tab = ds41_gtables_new(g, gv, err, sizeof err);
+    if (ms) *ms = 1e3 * (now() - t0);
+    if (!tab) { fprintf(stderr, "bench_grammar: %s\n", err); exit(1); }
+    return tab;
+}
+
+/* One grammar on one vocabulary: the tables' build, then the runs, each with tables of its own
+ * (their memo starts empty, as for a grammar the server has not seen). */
 static void bench(const char *vname, ds41_gvocab *gv, int V, const char *gname, const char *gbnf, int ntok) {
     if (only && strcmp(only, gname)) return;
     char err[256];
     ds41_grammar *g = ds41_grammar_gbnf(gbnf, strlen(gbnf), err, sizeof err);
     if (!g) { fprintf(stderr, "bench_grammar: %s\n", err); exit(1); }
-    double t0 = now();
-    ds41_gtables *tab = ds41_gtables_new(g, gv, err, sizeof err);
-    double t1 = now();
-    if (!tab) { fprintf(stderr, "bench_grammar: %s\n", err); exit(1); }
+    double ms;
+    ds41_gtables *tab = tables(g, gv, &ms);
     size_t bytes;
     int npos, pairs, skipped;
     ds41_gtables_stats(tab, &bytes, &npos, &pairs, &skipped);
     printf("{\"vocab\":\"%s\",\"V\":%d,\"grammar\":\"%s\",\"tables_ms\":%.1f,\"tables_bytes\":%zu,\"positions\":%d,\"pairs\":%d,"
-           "\"skipped\":%d}\n", vname, V, gname, 1e3 * (t1 - t0), bytes, npos, pairs, skipped);
-    for (int fresh = 1; fresh >= 0; fresh--) {
-        if (!only_masks || !strcmp(only_masks, "walk")) run(vname, gv, V, gname, g, NULL, ntok, fresh, 0);
-        if (!only_masks || !strcmp(only_masks, "tables")) run(vname, gv, V, gname, g, tab, ntok, fresh, 0);
-        if (!only_masks || !strcmp(only_masks, "prefetch")) run(vname, gv, V, gname, g, tab, ntok, fresh, 1);
-    }
+           "\"skipped\":%d}\n", vname, V, gname, ms, bytes, npos, pairs, skipped);
     ds41_gtables_free(tab);
+    for (int fresh = 1; fresh >= 0; fresh--)
+        for (int kind = 0; kind < 3; kind++) {
+            static const char *kinds[3] = { "walk", "tables", "prefetch" };
+            if (only_masks && strcmp(only_masks, kinds[kind])) continue;
+            tab = kind ? tables(g, gv, NULL) : NULL;
+            run(vname, gv, V, gname, g, tab, ntok, fresh, kind == 2);
+            ds41_gtables_free(tab);
+        }
     ds41_grammar_free(g);
 }
 

@@ -109,9 +109,10 @@ void ds41_gtables_free(ds41_gtables *t);
 /* Bytes held, tables of one position and of a (below, position) pair, and tables left to the
  * trie walk (the build budget or a limit). */
 void ds41_gtables_stats(const ds41_gtables *t, size_t *bytes, int *positions, int *pairs, int *skipped);
-/* The memo of context-dependent sets (grammar_memo.c), which grows as masks are computed:
- * bytes held, sets served from it and sets walked. */
-void ds41_gtables_memo_stats(const ds41_gtables *t, size_t *bytes, long long *hits, long long *misses);
+/* The memo (grammar_memo.c) that grows as the matchers using t compute masks: the
+ * context-dependent sets per (pop node, stack below) and the finished masks per state, shared
+ * by those matchers. Bytes held, sets served from it and sets walked, masks served from it. */
+void ds41_gtables_memo_stats(const ds41_gtables *t, size_t *bytes, long long *hits, long long *misses, long long *mask_hits);
 /* Masks of m from now on come from t (built for m's grammar and vocabulary): 0, or -1. */
 int ds41_gmatch_use_tables(ds41_gmatch *m, const ds41_gtables *t);
 

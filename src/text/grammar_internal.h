@@ -87,7 +87,7 @@ struct ds41_gmatch {
     uint32_t *dep;             /* tables: a pop node's walk (words; zero between uses), for the memo */
     int32_t *work_pops, *work_ids;   /* tables: the pop nodes the memo missed; a walk's allowed ids */
     uint32_t stamp;
-    long long computed, cached, prefetched;
+    long long computed, cached, prefetched, shared;   /* shared: masks copied from the tables' memo */
     char err[160];
 };
 
@@ -117,7 +117,15 @@ size_t ds41_gdep_or(ds41_gdep *d, const int32_t *nodes, size_t n, const int32_t 
                     int32_t *missed);
 /* Keeps ids[0..n) for (node, below), unless the memo is full or has it already. */
 void ds41_gdep_put(ds41_gdep *d, int node, const int32_t *below, int nb, uint64_t hb, const int32_t *ids, size_t n);
-void ds41_gdep_stats(ds41_gdep *d, size_t *bytes, long long *hits, long long *misses);
+/* The mask kept for the state whose stacks serialise as st[0..n) (a matcher's arena form),
+ * copied into mk (words): 1, or 0 when none is kept. */
+int ds41_gdep_mask_get(ds41_gdep *d, const int32_t *st, size_t n, uint32_t *mk, int words);
+/* Keeps mk as that state's mask, unless the memo is full or has it already. */
+void ds41_gdep_mask_put(ds41_gdep *d, const int32_t *st, size_t n, const uint32_t *mk, int words);
+/* Bytes held (sets and masks), sets served and walked, masks served. */
+void ds41_gdep_stats(ds41_gdep *d, size_t *bytes, long long *hits, long long *misses, long long *mask_hits);
+/* The memo of m's tables (NULL without tables). */
+ds41_gdep *ds41_gtables_memo(const ds41_gtables *t);
 
 /* ds41_gmask_apply with its instruction set named (2 AVX-512, 1 AVX2, 0 scalar; the caller
  * checks the CPU has it), and the one ds41_gmask_apply uses (the best the CPU has). */

@@ -439,10 +439,20 @@ static const uint32_t *mask_locked(ds41_gmatch *m, int s, int keep) {
     uint32_t *mk = m->mask_bytes + bytes <= MASK_CACHE_BYTES ? malloc(bytes) : NULL;
     if (!mk && keep) return NULL;
     if (!mk) mk = m->mbuf;
+    /* with tables: a state another matcher of the grammar computed is copied from the memo */
+    ds41_gdep *memo = ds41_gtables_memo(m->tab);
+    size_t sn = memo ? state_size(m, s) : 0;
+    if (memo && ds41_gdep_mask_get(memo, m->arena + m->soff[s], sn, mk, m->words)) {
+        m->shared++;
+        if (mk != m->mbuf) { m->mask[s] = mk; m->mask_bytes += bytes; }
+        return mk;
+    }
     memset(mk, 0, bytes);
     int rc = m->tab ? ds41_gtables_mask(m, s, mk) : 1;
     if (rc == 1) { memset(mk, 0, bytes); rc = ds41_gm_walk(m, s, mk, 0, m->v->n_nodes, 0); }
     if (rc < 0) { if (mk != m->mbuf) free(mk); return NULL; }
+    /* the offset again: computing may have interned states and moved the arena */
+    if (memo) ds41_gdep_mask_put(memo, m->arena + m->soff[s], sn, mk, m->words);
     m->computed++;
     if (mk != m->mbuf) { m->mask[s] = mk; m->mask_bytes += bytes; }
     return mk;

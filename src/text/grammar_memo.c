@@ -13,15 +13,20 @@
  * every matcher of the grammar (so by the requests with the same schema), and a repeat costs a
  * hash probe and a few bit sets.
  *
- * Exact: the key holds all the walk reads, and a walk that hit a limit is not kept. Bounded:
- * past GDEP_BYTES the memo keeps what it has and misses walk as before. Thread-safe: one mutex
- * around lookups (the ORs included) and inserts; the walks run outside it. */
+ * The finished masks are kept here too, keyed by the state's stacks (what a matcher interns),
+ * so that a new matcher of the grammar (a new request with the same schema) copies the mask of
+ * a state any earlier one computed instead of computing it again.
+ *
+ * Exact: the keys hold all the walk reads (a mask is a function of the state's stacks), and a
+ * walk that hit a limit is not kept. Bounded: past GDEP_BYTES (the sets) and GMASK_BYTES (the
+ * masks) the memo keeps what it has and misses compute as before. Thread-safe: one mutex
+ * around lookups (the ORs and copies included) and inserts; the walks run outside it. */
 #include "grammar_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-enum { GDEP_BYTES = 32 << 20 };
+enum { GDEP_BYTES = 16 << 20, GMASK_BYTES = 32 << 20 };
 
 typedef struct {
     uint64_t h;
@@ -38,6 +43,10 @@ struct ds41_gdep {
     size_t nkeys, ckeys, nids, cids;
     size_t bytes;
     long long hits, misses;
+    /* masks per state: open addressing over entries (mask NULL: empty) */
+    struct gmask { uint64_t h; int32_t *st; size_t n; uint32_t *mask; } *ms;
+    size_t mcap, mused, mbytes;
+    long long mhits;
 };
 
 ds41_gdep *ds41_gdep_new(void) {
@@ -47,6 +56,9 @@ ds41_gdep *ds41_gdep_new(void) {
     d->slot = malloc(d->cap * sizeof *d->slot);
     if (!d->slot) { free(d); return NULL; }
     for (size_t i = 0; i < d->cap; i++) d->slot[i].node = -1;
+    d->mcap = 256;
+    d->ms = calloc(d->mcap, sizeof *d->ms);
+    if (!d->ms) { free(d->slot); free(d); return NULL; }
     pthread_mutex_init(&d->mu, NULL);
     return d;
 }
@@ -54,6 +66,8 @@ ds41_gdep *ds41_gdep_new(void) {
 void ds41_gdep_free(ds41_gdep *d) {
     if (!d) return;
     pthread_mutex_destroy(&d->mu);
+    for (size_t i = 0; i < d->mcap; i++) { free(d->ms[i].st); free(d->ms[i].mask); }
+    free(d->ms);
     free(d->slot); free(d->keys); free(d->ids);
     free(d);
 }
@@ -148,9 +162,60 @@ out:
     pthread_mutex_unlock(&d->mu);
 }
 
-void ds41_gdep_stats(ds41_gdep *d, size_t *bytes, long long *hits, long long *misses) {
+/* The entry of state st[0..n), or the empty one where it would go. Under mu. */
+static struct gmask *mfind(ds41_gdep *d, uint64_t h, const int32_t *st, size_t n) {
+    for (size_t i = h & (d->mcap - 1);; i = (i + 1) & (d->mcap - 1)) {
+        struct gmask *e = &d->ms[i];
+        if (!e->mask || (e->h == h && e->n == n && !memcmp(e->st, st, n * sizeof *st))) return e;
+    }
+}
+
+int ds41_gdep_mask_get(ds41_gdep *d, const int32_t *st, size_t n, uint32_t *mk, int words) {
+    uint64_t h = ds41_gdep_hash(st, (int)n);
     pthread_mutex_lock(&d->mu);
-    if (bytes) *bytes = d->bytes;
+    const struct gmask *e = mfind(d, h, st, n);
+    if (e->mask) { memcpy(mk, e->mask, (size_t)words * sizeof *mk); d->mhits++; }
+    pthread_mutex_unlock(&d->mu);
+    return e->mask != NULL;
+}
+
+void ds41_gdep_mask_put(ds41_gdep *d, const int32_t *st, size_t n, const uint32_t *mk, int words) {
+    uint64_t h = ds41_gdep_hash(st, (int)n);
+    size_t add = (size_t)words * sizeof *mk + n * sizeof *st + 2 * sizeof(struct gmask);
+    pthread_mutex_lock(&d->mu);
+    struct gmask *e = mfind(d, h, st, n);
+    if (e->mask || d->mbytes + add > GMASK_BYTES) goto out;
+    if ((d->mused + 1) * 2 > d->mcap) {   /* double the entries, then find the place again */
+        size_t nc = d->mcap * 2;
+        struct gmask *nm = calloc(nc, sizeof *nm);
+        if (!nm) goto out;
+        for (size_t i = 0; i < d->mcap; i++) {
+            if (!d->ms[i].mask) continue;
+            size_t j = d->ms[i].h & (nc - 1);
+            while (nm[j].mask) j = (j + 1) & (nc - 1);
+            nm[j] = d->ms[i];
+        }
+        free(d->ms);
+        d->ms = nm;
+        d->mcap = nc;
+        e = mfind(d, h, st, n);
+    }
+    int32_t *k = malloc(n * sizeof *k + 1);
+    uint32_t *x = malloc((size_t)words * sizeof *x);
+    if (!k || !x) { free(k); free(x); goto out; }
+    memcpy(k, st, n * sizeof *st);
+    memcpy(x, mk, (size_t)words * sizeof *x);
+    *e = (struct gmask){ .h = h, .st = k, .n = n, .mask = x };
+    d->mused++;
+    d->mbytes += add;
+out:
+    pthread_mutex_unlock(&d->mu);
+}
+
+void ds41_gdep_stats(ds41_gdep *d, size_t *bytes, long long *hits, long long *misses, long long *mask_hits) {
+    pthread_mutex_lock(&d->mu);
+    if (mask_hits) *mask_hits = d->mhits;
+    if (bytes) *bytes = d->bytes + d->mbytes;
     if (hits) *hits = d->hits;
     if (misses) *misses = d->misses;
     pthread_mutex_unlock(&d->mu);
