@@ -54,6 +54,7 @@ static void test_share_and_masks(void) {
     ds41_gentry *b = get(c, text_of(tb, 'b'));
     s = stats(c);
     CHECK(b != a1 && s.builds == 2 && s.entries == 2, "another grammar: builds %lld entries %lld", s.builds, s.entries);
+    long long before = s.bytes;
     /* the entry's tables give the walk's mask, at the start and after "a1" */
     ds41_gmatch *walk = ds41_gmatch_new(ds41_gentry_grammar(a1), voc), *tab = ds41_gmatch_new(ds41_gentry_grammar(a1), voc);
     CHECK(walk && tab && ds41_gentry_tables(a1) && ds41_gmatch_use_tables(tab, ds41_gentry_tables(a1)) == 0, "matchers");
@@ -73,6 +74,8 @@ static void test_share_and_masks(void) {
     ds41_gentry_release(b);
     s = stats(c);
     CHECK(s.entries == 2, "released entries stay cached under the bound: %lld", s.entries);
+    /* the three masks went into a1's memo (grammar_memo.c), counted at the release */
+    CHECK(s.bytes > before, "the memo's bytes are counted: %lld, %lld before", s.bytes, before);
     ds41_gcache_free(c);
     case_end("serve_gcache_share");
 }

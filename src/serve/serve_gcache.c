@@ -145,6 +145,14 @@ void ds41_gentry_release(ds41_gentry *e) {
     }
     pthread_mutex_lock(&c->mu);
     e->refs--;
+    /* the tables' memo grew with the request's masks (grammar_memo.c): count it too */
+    if (e->t && e->ready) {
+        size_t tb, mb;
+        ds41_gtables_stats(e->t, &tb, NULL, NULL, NULL);
+        ds41_gtables_memo_stats(e->t, &mb, NULL, NULL, NULL);
+        c->st.bytes += (long long)(tb + mb) - (long long)e->bytes;
+        e->bytes = tb + mb;
+    }
     evict(c, 0);
     pthread_mutex_unlock(&c->mu);
 }

@@ -3,7 +3,8 @@
  * the server builds them once per distinct grammar and shares them across requests: entries
  * keyed by the grammar's GBNF text (what every front end translates to, so the same schema,
  * regex or grammar maps to one entry), each owning its compiled grammar and its tables,
- * reference counted by the requests using them. Bounded by entries and table bytes: past
+ * reference counted by the requests using them. Bounded by entries and bytes (the tables and
+ * their memo of masks, which grows as requests use them: counted again at each release): past
  * either, entries no request holds go, least recently used first. Thread-safe: the HTTP
  * handlers look up and build (a second request for a grammar being built waits for it), the
  * scheduler thread releases. */
