@@ -91,6 +91,8 @@ struct ds41_gmatch {
     char err[160];
 };
 
+/* Grows *p (capacity *cap) to hold need entries, doubling: 0, or -1 out of memory. */
+int ds41_ggrow32(int32_t **p, size_t *cap, size_t need);
 /* The state after byte from state s (-1: refused, or a limit with m->err set); cached. */
 int ds41_gm_step(ds41_gmatch *m, int s, unsigned byte);
 /* The state of one stack st[0..len) (its top expanded), or -1. */

@@ -120,7 +120,7 @@ static int mfail(ds41_gmatch *m, const char *msg) {
     return -1;
 }
 
-static int grow32(int32_t **p, size_t *cap, size_t need) {
+int ds41_ggrow32(int32_t **p, size_t *cap, size_t need) {
     if (need <= *cap) return 0;
     size_t nc = *cap ? *cap : 256;
     while (nc < need) nc *= 2;
@@ -138,7 +138,7 @@ static int work_push(ds41_gmatch *m, const int32_t *base, int n, int extra) {
     if (len > m->push_max) m->push_max = len;
     if (len > DS41_GRAMMAR_MAX_DEPTH) return 0;   /* nesting past the limit: this path ends */
     if (m->wn + (size_t)len + 1 > WORK_MAX) return mfail(m, "grammar: expansion too large (a limit)");
-    if (grow32(&m->work, &m->wcap, m->wn + (size_t)len + 1)) return mfail(m, "grammar: out of memory");
+    if (ds41_ggrow32(&m->work, &m->wcap, m->wn + (size_t)len + 1)) return mfail(m, "grammar: out of memory");
     /* base may point into work itself (the popped stack): memmove */
     if (n) memmove(m->work + m->wn, base, (size_t)n * sizeof *base);
     if (extra >= 0) m->work[m->wn + n] = extra;
@@ -158,7 +158,7 @@ static int expand(ds41_gmatch *m) {
         m->wn = at;
         int32_t *st = m->work + at;
         if (len == 0 || g->el[st[len - 1]].kind == GE_CHARS) {
-            if (grow32(&m->out, &m->ocap, m->on + (size_t)len + 1)) return mfail(m, "grammar: out of memory");
+            if (ds41_ggrow32(&m->out, &m->ocap, m->on + (size_t)len + 1)) return mfail(m, "grammar: out of memory");
             m->out[m->on] = len;
             memcpy(m->out + m->on + 1, st, (size_t)len * sizeof *st);
             m->on += (size_t)len + 1;
@@ -206,7 +206,7 @@ static int intern(ds41_gmatch *m) {
     size_t ns = 0;
     for (size_t k = 0; k < m->on; k += (size_t)m->out[k] + 1) ns++;
     if (ns > DS41_GRAMMAR_MAX_STACKS * 4) return mfail(m, "grammar: too many parses at once (an ambiguous grammar; a limit)");
-    if (grow32(&m->order, &m->ordcap, ns)) return mfail(m, "grammar: out of memory");
+    if (ds41_ggrow32(&m->order, &m->ordcap, ns)) return mfail(m, "grammar: out of memory");
     ns = 0;
     for (size_t k = 0; k < m->on; k += (size_t)m->out[k] + 1) m->order[ns++] = (int32_t)k;
     /* qsort_r: matchers intern on several threads at once (the prefetch helper, table builds) */
@@ -219,7 +219,7 @@ static int intern(ds41_gmatch *m) {
     }
     if (uniq > DS41_GRAMMAR_MAX_STACKS) return mfail(m, "grammar: too many parses at once (an ambiguous grammar; a limit)");
     if (m->an + total > ARENA_MAX) return mfail(m, "grammar: state memory limit reached");
-    if (grow32(&m->arena, &m->acap, m->an + total)) return mfail(m, "grammar: out of memory");
+    if (ds41_ggrow32(&m->arena, &m->acap, m->an + total)) return mfail(m, "grammar: out of memory");
     int32_t *p = m->arena + m->an;
     p[0] = (int32_t)uniq;
     size_t w = 1;

@@ -110,17 +110,6 @@ size_t ds41_gdep_or(ds41_gdep *d, const int32_t *nodes, size_t n, const int32_t 
     return nm;
 }
 
-static int grow(int32_t **p, size_t *cap, size_t need) {
-    if (need <= *cap) return 0;
-    size_t nc = *cap ? *cap : 4096;
-    while (nc < need) nc *= 2;
-    int32_t *q = realloc(*p, nc * sizeof *q);
-    if (!q) return -1;
-    *p = q;
-    *cap = nc;
-    return 0;
-}
-
 /* Doubles the slots. Under mu; -1 out of memory (the memo stays as it was). */
 static int rehash(ds41_gdep *d) {
     size_t nc = d->cap * 2;
@@ -150,7 +139,7 @@ void ds41_gdep_put(ds41_gdep *d, int node, const int32_t *below, int nb, uint64_
         if (rehash(d)) goto out;
         e = find(d, h, node, below, nb);
     }
-    if (grow(&d->keys, &d->ckeys, d->nkeys + (size_t)nb) || grow(&d->ids, &d->cids, d->nids + n)) goto out;
+    if (ds41_ggrow32(&d->keys, &d->ckeys, d->nkeys + (size_t)nb) || ds41_ggrow32(&d->ids, &d->cids, d->nids + n)) goto out;
     if (nb) memcpy(d->keys + d->nkeys, below, (size_t)nb * sizeof *below);   /* nothing below: keys may be NULL */
     if (n) memcpy(d->ids + d->nids, ids, n * sizeof *ids);
     *e = (gdep){ .h = h, .node = node, .nb = nb, .key = d->nkeys, .at = d->nids, .n = n };
