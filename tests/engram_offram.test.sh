@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Engram off RAM (P4) end to end (docs/engram-offram.md):
 #   - bad --engram-mode / --engram-cache values are refused naming the flag;
-#   - ds41 run --exact on tiny: tokens and --dump-logits identical under ram, mmap, prefetch;
+#   - ds41 run --exact on tiny: tokens and --dump-logits identical under ram, mmap, prefetch
+#     (and prefetch submitting every slot's reads at once, DS41_ENGRAM_SPLIT=0, and polling the
+#     ring before it sleeps, DS41_ENGRAM_SPIN_US);
 #   - ds41 bench prints the prefetch line (hit rate, bytes read, stall per step);
 #   - ds41 serve --engram-mode prefetch exposes the ds41:engram_* counters on /metrics;
 #   - under a cgroup v1 memory limit (48 MiB) smaller than the Engram tables (tests/configs/
@@ -47,10 +49,16 @@ for m in ram mmap prefetch; do
     "$DS41" run -m "$tiny" --prompt-ids "$P" -n 12 --exact --ignore-eos --spec off --engram-mode $m \
         --dump-logits "$TMP/$m.f32" >"$TMP/$m.txt" 2>"$TMP/$m.err" || { fail run_$m "$(tail -n 2 "$TMP/$m.err")"; }
 done
+for v in DS41_ENGRAM_SPLIT=0 DS41_ENGRAM_SPIN_US=2000; do
+    env $v "$DS41" run -m "$tiny" --prompt-ids "$P" -n 12 --exact --ignore-eos --spec off --engram-mode prefetch \
+        --dump-logits "$TMP/$v.f32" >"$TMP/$v.txt" 2>"$TMP/$v.err" || { fail run_$v "$(tail -n 2 "$TMP/$v.err")"; }
+done
 if cmp -s "$TMP/ram.txt" "$TMP/mmap.txt" && cmp -s "$TMP/prefetch.txt" "$TMP/mmap.txt" &&
-   cmp -s "$TMP/ram.f32" "$TMP/mmap.f32" && cmp -s "$TMP/prefetch.f32" "$TMP/mmap.f32" && [ -s "$TMP/mmap.f32" ]; then
+   cmp -s "$TMP/ram.f32" "$TMP/mmap.f32" && cmp -s "$TMP/prefetch.f32" "$TMP/mmap.f32" && [ -s "$TMP/mmap.f32" ] &&
+   cmp -s "$TMP/DS41_ENGRAM_SPLIT=0.f32" "$TMP/mmap.f32" && cmp -s "$TMP/DS41_ENGRAM_SPIN_US=2000.f32" "$TMP/mmap.f32" &&
+   cmp -s "$TMP/DS41_ENGRAM_SPLIT=0.txt" "$TMP/mmap.txt" && cmp -s "$TMP/DS41_ENGRAM_SPIN_US=2000.txt" "$TMP/mmap.txt"; then
     pass run_identity_tiny
-else fail run_identity_tiny "tokens or logits differ between ram, mmap and prefetch"; fi
+else fail run_identity_tiny "tokens or logits differ between ram, mmap and prefetch (split or not, spinning or not)"; fi
 if grep -q "rows prefetched per step" "$TMP/prefetch.err" && grep -q "prefetch through io_uring\|prefetch through pread" "$TMP/prefetch.err" &&
    grep -q "in RAM (anonymous memory)" "$TMP/ram.err"; then pass startup_lines
 else fail startup_lines "$(cat "$TMP/prefetch.err" "$TMP/ram.err")"; fi
