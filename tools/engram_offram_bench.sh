@@ -8,7 +8,8 @@
 # held-out split). Each round runs every mode of MODES (default: mmap prefetch
 # prefetch_buffered ram) once, as separate processes, the order rotated by one mode per round
 # (so each mode runs first, second, ... equally often and each ratio compares neighbours in
-# time). mmap and prefetch (O_DIRECT; prefetch_buffered: DS41_ENGRAM_DIRECT=0) run inside a
+# time); prefetch_spin is prefetch with DS41_ENGRAM_SPIN_US=1000. mmap and prefetch (O_DIRECT;
+# prefetch_buffered: DS41_ENGRAM_DIRECT=0) run inside a
 # fresh cgroup v1 memory limit of LIMIT MiB each, ram outside it (the tables do not fit the
 # limit). Before mmap and buffered runs the checkpoint's pages are dropped from the page cache
 # (posix_fadvise DONTNEED on the file), so they start with the tables on disk; O_DIRECT reads
@@ -60,6 +61,7 @@ for r in $(seq 1 "$ROUNDS"); do
         mmap) run "mmap-$r" 1 1 -n "$STEPS" --engram-mode mmap ;;
         prefetch) run "prefetch-$r" 1 0 -n "$STEPS" --engram-mode prefetch ;;
         prefetch_buffered) ENVSET=DS41_ENGRAM_DIRECT=0 run "prefetch_buffered-$r" 1 1 -n "$STEPS" --engram-mode prefetch ;;
+        prefetch_spin) ENVSET=DS41_ENGRAM_SPIN_US=1000 run "prefetch_spin-$r" 1 0 -n "$STEPS" --engram-mode prefetch ;;
         ram) run "ram-$r" 0 0 -n "$STEPS" --engram-mode ram ;;
         *) echo "unknown mode $m in MODES" >&2; exit 2 ;;
         esac
@@ -80,7 +82,7 @@ for r in rows:
     by.setdefault(r["run"].split("-")[0], []).append(r)
 med = lambda m, k: statistics.median(x[k] for x in by[m])
 print("# medians over rounds: mode, decode tok/s, step median ms, p99 ms, rows read/token, bytes read/token, storage bytes/token, major faults/token, hit rate, stall ms/token")
-for m in ("mmap", "prefetch", "prefetch_buffered", "ram"):
+for m in ("mmap", "prefetch", "prefetch_buffered", "prefetch_spin", "ram"):
     if m in by:
         print("%-17s %8.2f %8.3f %8.3f %8.2f %9.0f %9.0f %7.3f %6.3f %7.3f" % (m, med(m, "decode_tok_s"), med(m, "step_median_ms"),
               med(m, "step_p99_ms"), med(m, "rows_read_per_token"), med(m, "bytes_read_per_token"), med(m, "disk_bytes_per_token"),
@@ -90,7 +92,7 @@ if "ram" in by:
     rounds = {}
     for r in rows:
         if "failed" not in r and not r["run"].startswith("hit"): rounds.setdefault(r["run"].split("-")[1], {})[r["run"].split("-")[0]] = r["decode_tok_s"]
-    for m in ("mmap", "prefetch", "prefetch_buffered"):
+    for m in ("mmap", "prefetch", "prefetch_buffered", "prefetch_spin"):
         rs = [v[m] / v["ram"] for v in rounds.values() if m in v and "ram" in v]
         if rs:
             q = sorted(rs)
