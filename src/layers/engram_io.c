@@ -95,6 +95,7 @@ struct ds41_engram_step {
     int failed;
     ds41_err fail_err;
     double stall;
+    double issued;                 /* when the issue returned; 0 once the first wait has begun */
 #ifdef DS41_HAVE_LIBURING
     struct io_uring ring;
 #endif
@@ -715,6 +716,7 @@ static int step_reserve(ds41_engram_step *st, size_t n) {
 int ds41_engram_step_issue(ds41_engram_step *st, const int64_t *ids, size_t N, int cols, ds41_err *err) {
     ds41_engram_io *io = st->io;
     drain(st);
+    double t_issue = now_s();
     st->failed = 0;
     st->n = st->nrd = st->qhead = st->qtail = 0;
     memset(st->pending, 0, sizeof st->pending);
@@ -793,6 +795,10 @@ int ds41_engram_step_issue(ds41_engram_step *st, const int64_t *ids, size_t N, i
         if (rc < 0) ds41_log(2, "engram: io_uring submit: %s (retried at the wait)", strerror(-rc));
     }
 #endif
+    st->issued = now_s();
+    pthread_mutex_lock(&io->mu);
+    io->st.issue_s += st->issued - t_issue;
+    pthread_mutex_unlock(&io->mu);
     return 0;
 }
 
@@ -804,6 +810,8 @@ int ds41_engram_step_wait(ds41_engram_step *st, int slot, ds41_err *err) {
     st->stall += dt;
     pthread_mutex_lock(&st->io->mu);
     st->io->st.stall_s += dt;
+    if (st->issued > 0) st->io->st.lead_s += t0 - st->issued;
+    st->issued = 0;
     pthread_mutex_unlock(&st->io->mu);
     if (st->failed) {
         if (err) *err = st->fail_err;
