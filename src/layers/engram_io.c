@@ -786,7 +786,7 @@ int ds41_engram_step_issue(ds41_engram_step *st, const int64_t *ids, size_t N, i
 #ifdef DS41_HAVE_LIBURING
     if (st->have_ring) {
         /* only the first Engram layer's reads now: each submitted read costs the caller time in
-         * the kernel before the layers in front of that one can start (about 10 us here), and
+         * the kernel before the layers in front of that one can start (2-10 us here), and
          * the later slots' reads are not needed before those layers have run. They go out at
          * the first wait (while it waits, when it has to) */
         size_t first = 0;
