@@ -63,6 +63,7 @@ typedef struct ds41_engram_stats {
     long long table_bytes, cache_bytes, cache_rows, cache_used;
     long long steps, refs, lookups, hits, rows_read, bytes_read, retries, errors;
     double stall_s, stall_max_s;
+    double issue_s, lead_s;   /* time in the steps' issue; from each issue to its first wait */
 } ds41_engram_stats;
 void ds41_engram_get_stats(ds41_engine *e, ds41_engram_stats *out);
 

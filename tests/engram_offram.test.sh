@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Engram off RAM (P4) end to end (docs/engram-offram.md):
 #   - bad --engram-mode / --engram-cache values are refused naming the flag;
-#   - ds41 run --exact on tiny: tokens and --dump-logits identical under ram, mmap, prefetch;
-#   - ds41 bench prints the prefetch line (hit rate, bytes read, stall per step);
+#   - ds41 run --exact on tiny: tokens and --dump-logits identical under ram, mmap, prefetch
+#     (and prefetch submitting every slot's reads at once, DS41_ENGRAM_SPLIT=0, and polling the
+#     ring before it sleeps, DS41_ENGRAM_SPIN_US);
+#   - ds41 bench prints the prefetch line (hit rate, bytes read, stall per step), and ds41
+#     bench --engram the step's timeline under prefetch (zero under ram);
 #   - ds41 serve --engram-mode prefetch exposes the ds41:engram_* counters on /metrics;
 #   - under a cgroup v1 memory limit (48 MiB) smaller than the Engram tables (tests/configs/
 #     tiny-bigengram: 99 MB of tables), auto mode picks prefetch, and prefetch and mmap inside
@@ -47,10 +50,16 @@ for m in ram mmap prefetch; do
     "$DS41" run -m "$tiny" --prompt-ids "$P" -n 12 --exact --ignore-eos --spec off --engram-mode $m \
         --dump-logits "$TMP/$m.f32" >"$TMP/$m.txt" 2>"$TMP/$m.err" || { fail run_$m "$(tail -n 2 "$TMP/$m.err")"; }
 done
+for v in DS41_ENGRAM_SPLIT=0 DS41_ENGRAM_SPIN_US=2000; do
+    env $v "$DS41" run -m "$tiny" --prompt-ids "$P" -n 12 --exact --ignore-eos --spec off --engram-mode prefetch \
+        --dump-logits "$TMP/$v.f32" >"$TMP/$v.txt" 2>"$TMP/$v.err" || { fail run_$v "$(tail -n 2 "$TMP/$v.err")"; }
+done
 if cmp -s "$TMP/ram.txt" "$TMP/mmap.txt" && cmp -s "$TMP/prefetch.txt" "$TMP/mmap.txt" &&
-   cmp -s "$TMP/ram.f32" "$TMP/mmap.f32" && cmp -s "$TMP/prefetch.f32" "$TMP/mmap.f32" && [ -s "$TMP/mmap.f32" ]; then
+   cmp -s "$TMP/ram.f32" "$TMP/mmap.f32" && cmp -s "$TMP/prefetch.f32" "$TMP/mmap.f32" && [ -s "$TMP/mmap.f32" ] &&
+   cmp -s "$TMP/DS41_ENGRAM_SPLIT=0.f32" "$TMP/mmap.f32" && cmp -s "$TMP/DS41_ENGRAM_SPIN_US=2000.f32" "$TMP/mmap.f32" &&
+   cmp -s "$TMP/DS41_ENGRAM_SPLIT=0.txt" "$TMP/mmap.txt" && cmp -s "$TMP/DS41_ENGRAM_SPIN_US=2000.txt" "$TMP/mmap.txt"; then
     pass run_identity_tiny
-else fail run_identity_tiny "tokens or logits differ between ram, mmap and prefetch"; fi
+else fail run_identity_tiny "tokens or logits differ between ram, mmap and prefetch (split or not, spinning or not)"; fi
 if grep -q "rows prefetched per step" "$TMP/prefetch.err" && grep -q "prefetch through io_uring\|prefetch through pread" "$TMP/prefetch.err" &&
    grep -q "in RAM (anonymous memory)" "$TMP/ram.err"; then pass startup_lines
 else fail startup_lines "$(cat "$TMP/prefetch.err" "$TMP/ram.err")"; fi
@@ -60,6 +69,24 @@ else fail startup_lines "$(cat "$TMP/prefetch.err" "$TMP/ram.err")"; fi
 if grep -Eq "^engram prefetch \((io_uring|pread)\): [0-9]+ steps, [0-9]+ distinct rows, row cache hit rate [0-9.]+ %.* [1-9][0-9]* bytes read from disk, stall [0-9.]+ ms per step" "$TMP/bench.txt"; then
     pass bench_engram_line
 else fail bench_engram_line "$(tail -n 3 "$TMP/bench.txt")"; fi
+
+# ---- bench --engram: the step timeline (time in the issue, layers before the first wait) is
+# counted under prefetch and is exactly zero without it (no step is issued)
+"$DS41" bench --engram -m "$tiny" --prompt 4 -n 8 --engram-mode prefetch --json >"$TMP/bep.json" 2>/dev/null
+"$DS41" bench --engram -m "$tiny" --prompt 4 -n 8 --engram-mode ram --json >"$TMP/ber.json" 2>/dev/null
+"$DS41" bench --engram -m "$tiny" --prompt 4 -n 8 --engram-mode prefetch >"$TMP/bep.txt" 2>/dev/null
+if "$PY" - "$TMP/bep.json" "$TMP/ber.json" <<'PYEOF'
+import json, sys
+p, r = (json.load(open(f)) for f in sys.argv[1:3])
+ok = p["mode"] == "prefetch" and p["issue_ms_per_token"] > 0 and p["lead_ms_per_token"] > 0 and p["stall_ms_per_token"] >= 0
+ok = ok and r["mode"] == "ram" and r["issue_ms_per_token"] == 0 and r["lead_ms_per_token"] == 0
+sys.exit(0 if ok else 1)
+PYEOF
+then
+    if grep -Eq "^engram step timeline, ms per token: issue [0-9.]+ .* layers until the first Engram layer's wait [0-9.]+, waits [0-9.]+$" "$TMP/bep.txt"; then
+        pass bench_engram_timeline
+    else fail bench_engram_timeline "no timeline line: $(tail -n 2 "$TMP/bep.txt")"; fi
+else fail bench_engram_timeline "$(cat "$TMP/bep.json" "$TMP/ber.json")"; fi
 
 # ---- /metrics
 sck=$(serve_checkpoint) || exit 1

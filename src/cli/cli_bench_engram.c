@@ -5,7 +5,8 @@
  * --prompt tokens from the text, then -n decode steps teacher-forced on the text's next tokens
  * (every step one token, as greedy decoding costs; the Engram rows are those real text asks
  * for). Prints decode tokens/s, the median and p99 step time, and over the decode steps: the
- * Engram lookups, the row cache's hit rate, rows and bytes read, the stall per step, the bytes
+ * Engram lookups, the row cache's hit rate, rows and bytes read, the stall per step (and the
+ * time in the issue and from it to the first Engram layer's wait: the step's timeline), the bytes
  * the process read from storage (/proc/self/io read_bytes) and its major page faults. */
 #include <errno.h>
 #include <stdio.h>
@@ -156,13 +157,13 @@ int ds41_cli_bench_engram(int argc, char **argv) {
         printf("{\"mode\":\"%s\",\"io\":\"%s\",\"load_s\":%.3f,\"prompt\":%lld,\"prefill_s\":%.4f,\"decode_steps\":%lld,"
                "\"decode_tok_s\":%.3f,\"step_median_ms\":%.3f,\"step_p99_ms\":%.3f,\"step_max_ms\":%.3f,"
                "\"lookups_per_token\":%.2f,\"hit_rate\":%.4f,\"rows_read_per_token\":%.2f,\"bytes_read_per_token\":%.1f,"
-               "\"stall_ms_per_token\":%.4f,\"disk_bytes_per_token\":%.1f,\"major_faults_per_token\":%.3f,"
+               "\"stall_ms_per_token\":%.4f,\"issue_ms_per_token\":%.4f,\"lead_ms_per_token\":%.4f,\"disk_bytes_per_token\":%.1f,\"major_faults_per_token\":%.3f,"
                "\"cache_bytes\":%lld,\"retries\":%lld,\"peak_rss_kb\":%ld}\n",
                ds41_engram_mode_name(b.mode), b.mode == DS41_ENGRAM_PREFETCH ? (b.uring ? "io_uring" : "pread") : "-", tl,
                n_prompt, tp, n_dec, (double)n_dec / total, med * 1e3, p99 * 1e3, step[n_dec - 1] * 1e3,
                (double)lookups / (double)n_dec, hit, (double)(b.rows_read - a.rows_read) / (double)n_dec,
                (double)(b.bytes_read - a.bytes_read) / (double)n_dec, (b.stall_s - a.stall_s) * 1e3 / (double)n_dec,
-               disk_pt, (double)(mf1 - mf0) / (double)n_dec, b.cache_bytes, b.retries - a.retries, ru.ru_maxrss);
+               (b.issue_s - a.issue_s) * 1e3 / (double)n_dec, (b.lead_s - a.lead_s) * 1e3 / (double)n_dec, disk_pt, (double)(mf1 - mf0) / (double)n_dec, b.cache_bytes, b.retries - a.retries, ru.ru_maxrss);
     } else {
         printf("engram mode %s%s: load %.2f s, prefill %lld tokens %.3f s\n", ds41_engram_mode_name(b.mode),
                b.mode == DS41_ENGRAM_PREFETCH ? (b.uring ? " (io_uring)" : " (pread)") : "", tl, n_prompt, tp);
@@ -174,6 +175,10 @@ int ds41_cli_bench_engram(int argc, char **argv) {
                    100.0 * hit, (double)(b.rows_read - a.rows_read) / (double)n_dec,
                    (double)(b.bytes_read - a.bytes_read) / (double)n_dec, (b.stall_s - a.stall_s) * 1e3 / (double)n_dec,
                    b.retries - a.retries);
+        if (b.mode == DS41_ENGRAM_PREFETCH)
+            printf("engram step timeline, ms per token: issue %.3f (dedup, cached rows, submission), layers until the "
+                   "first Engram layer's wait %.3f, waits %.3f\n", (b.issue_s - a.issue_s) * 1e3 / (double)n_dec,
+                   (b.lead_s - a.lead_s) * 1e3 / (double)n_dec, (b.stall_s - a.stall_s) * 1e3 / (double)n_dec);
         printf("storage: %.0f bytes read per token (/proc/self/io), %.3f major faults per token, peak RSS %ld KiB\n",
                disk_pt, (double)(mf1 - mf0) / (double)n_dec, ru.ru_maxrss);
     }

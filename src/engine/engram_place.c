@@ -243,6 +243,8 @@ void ds41_engram_get_stats(ds41_engine *e, ds41_engram_stats *out) {
     out->errors = s.errors;
     out->stall_s = s.stall_s;
     out->stall_max_s = s.stall_max_s;
+    out->issue_s = s.issue_s;
+    out->lead_s = s.lead_s;
 }
 
 int ds41_engram_prefetch_issue(ds41_seq *s, const int64_t *ids, size_t N, ds41_err *err) {

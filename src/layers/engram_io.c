@@ -64,6 +64,8 @@ struct ds41_engram_io {
     uint32_t *hidx;                /* index: row + 1, 0 = empty */
     ds41_engram_io_stats st;
     int uring_failed_logged;
+    int split_submit;              /* issue submits the first slot's reads only (DS41_ENGRAM_SPLIT=0: all) */
+    double spin_s;                 /* a wait polls the ring this long before it sleeps (DS41_ENGRAM_SPIN_US) */
 };
 
 typedef struct eg_read {
@@ -93,6 +95,7 @@ struct ds41_engram_step {
     int failed;
     ds41_err fail_err;
     double stall;
+    double issued;                 /* when the issue returned; 0 once the first wait has begun */
 #ifdef DS41_HAVE_LIBURING
     struct io_uring ring;
 #endif
@@ -260,6 +263,11 @@ int ds41_engram_io_open(ds41_engram_io **out, const ds41_config *cfg, const ds41
     for (int i = 0; i < io->n_fds; i++) io->fds[i] = io->dfds[i] = -1;
     io->direct = 1;   /* until a shard cannot be opened O_DIRECT */
     if (parse_fault(io, err)) { ds41_engram_io_close(io); return -1; }
+    const char *ev = getenv("DS41_ENGRAM_SPLIT");
+    io->split_submit = !(ev && !strcmp(ev, "0"));
+    ev = getenv("DS41_ENGRAM_SPIN_US");
+    io->spin_s = ev ? strtod(ev, NULL) * 1e-6 : 0;
+    if (!(io->spin_s >= 0 && io->spin_s <= 1)) io->spin_s = 0;
     int slot = 0;
     for (int l = 0; l < w->n_layers && l < cfg->n_layers; l++) {
         int sl = cfg->layers[l].engram_slot;
@@ -520,9 +528,9 @@ static void run_queue_sync(ds41_engram_step *st) {
 }
 
 #ifdef DS41_HAVE_LIBURING
-static int submit_queue(ds41_engram_step *st) {
+static int submit_queue(ds41_engram_step *st, size_t max) {
     int added = 0;
-    while (st->qhead < st->qtail && st->inflight < RING_DEPTH) {
+    while (st->qhead < st->qtail && st->inflight < RING_DEPTH && (size_t)added < max) {
         struct io_uring_sqe *sqe = io_uring_get_sqe(&st->ring);
         if (!sqe) break;
         uint32_t ri = st->queue[st->qhead++];
@@ -545,11 +553,15 @@ static int submit_queue(ds41_engram_step *st) {
     return 0;
 }
 
-/* Reaps one completion (blocking); -errno on a ring failure. */
+/* Reaps one completion (blocking; polling the ring for up to the spin budget first);
+ * -errno on a ring failure. */
 static int reap_one(ds41_engram_step *st) {
     struct io_uring_cqe *cqe;
-    int rc;
-    do rc = io_uring_wait_cqe(&st->ring, &cqe); while (rc == -EINTR);
+    int rc = -EAGAIN;
+    if (st->io->spin_s > 0)
+        for (double t0 = now_s(); (rc = io_uring_peek_cqe(&st->ring, &cqe)) == -EAGAIN && now_s() - t0 < st->io->spin_s;) {}
+    if (rc == -EAGAIN)
+        do rc = io_uring_wait_cqe(&st->ring, &cqe); while (rc == -EINTR);
     if (rc < 0) return rc;
     uint32_t ri = (uint32_t)io_uring_cqe_get_data64(cqe);
     long long res = cqe->res;
@@ -569,7 +581,7 @@ static int pump(ds41_engram_step *st, int slot) {
         if (!left) return 0;
 #ifdef DS41_HAVE_LIBURING
         if (st->have_ring) {
-            int rc = submit_queue(st);
+            int rc = submit_queue(st, SIZE_MAX);
             if (rc == 0 && st->inflight > 0) rc = reap_one(st);
             if (rc < 0) {
                 /* the ring itself failed: finish what is left with pread */
@@ -704,6 +716,7 @@ static int step_reserve(ds41_engram_step *st, size_t n) {
 int ds41_engram_step_issue(ds41_engram_step *st, const int64_t *ids, size_t N, int cols, ds41_err *err) {
     ds41_engram_io *io = st->io;
     drain(st);
+    double t_issue = now_s();
     st->failed = 0;
     st->n = st->nrd = st->qhead = st->qtail = 0;
     memset(st->pending, 0, sizeof st->pending);
@@ -772,10 +785,20 @@ int ds41_engram_step_issue(ds41_engram_step *st, const int64_t *ids, size_t N, i
     }
 #ifdef DS41_HAVE_LIBURING
     if (st->have_ring) {
-        int rc = submit_queue(st);
+        /* only the first Engram layer's reads now: each submitted read costs the caller time in
+         * the kernel before the layers in front of that one can start (2-10 us here), and
+         * the later slots' reads are not needed before those layers have run. They go out at
+         * the first wait (while it waits, when it has to) */
+        size_t first = 0;
+        for (int sl = 0; sl < io->n_slots && !first; sl++) first = st->pending[sl];
+        int rc = submit_queue(st, io->split_submit ? first : SIZE_MAX);
         if (rc < 0) ds41_log(2, "engram: io_uring submit: %s (retried at the wait)", strerror(-rc));
     }
 #endif
+    st->issued = now_s();
+    pthread_mutex_lock(&io->mu);
+    io->st.issue_s += st->issued - t_issue;
+    pthread_mutex_unlock(&io->mu);
     return 0;
 }
 
@@ -787,6 +810,8 @@ int ds41_engram_step_wait(ds41_engram_step *st, int slot, ds41_err *err) {
     st->stall += dt;
     pthread_mutex_lock(&st->io->mu);
     st->io->st.stall_s += dt;
+    if (st->issued > 0) st->io->st.lead_s += t0 - st->issued;
+    st->issued = 0;
     pthread_mutex_unlock(&st->io->mu);
     if (st->failed) {
         if (err) *err = st->fail_err;

@@ -33,6 +33,9 @@ typedef struct ds41_engram_io_stats {
     long long rows_read, bytes_read; /* rows and bytes read from the files */
     long long retries, errors;       /* reads retried (failed or short), rows given up on */
     double stall_s, stall_max_s;     /* time waited for rows: total, and the worst step */
+    double issue_s;                  /* time in the steps' issue (dedup, cache copies, submission) */
+    double lead_s;                   /* time from each issue's end to its first wait: the layers the
+                                      * first Engram layer's reads overlap */
     long long scale_ram_bytes;       /* scales held in RAM (scales_in_ram) */
     int direct;                      /* 1: rows read O_DIRECT (DS41_ENGRAM_DIRECT=0: buffered) */
 } ds41_engram_io_stats;
