@@ -19,8 +19,9 @@
 #     decode node runs the decoder): the same answers, exact, DSpark off and on, the exact frame
 #     bytes, also when the prefill node serves the prompts from its own prefix cache; fast kernels;
 #   two network namespaces joined by a veth pair (ip netns; root): the prefill node in one, the
-#     decode node in the other, the same answer as one node (skipped with a line on stderr where
-#     namespaces cannot be made).
+#     decode node in the other, UCX over TCP on the veth: four concurrent requests get one node's
+#     answers and the veth carries the frames (skipped with a line on stderr where namespaces
+#     cannot be made).
 # Fault injection: DS41_PD_FAULT (src/pd/pd.h, test-only). Ports: chosen by the system (--port 0).
 set -u
 cd "${DS41_ROOT:-$(dirname "$0")/..}"
@@ -29,11 +30,12 @@ PY=${PYTHON:-/usr/bin/python3}
 CK=${CK:-build/test-ck}
 TMP=$(mktemp -d /tmp/ds41-pd.XXXXXX)
 PIDS=()
-NSA=ds41pdA$$ NSB=ds41pdB$$
+NS=ds41pd$$ IN=
+ns_cleanup() { ip netns del "${NS}0" 2>/dev/null; ip netns del "${NS}1" 2>/dev/null; }
 cleanup() {
     for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
     wait 2>/dev/null
-    ip netns del $NSA 2>/dev/null; ip netns del $NSB 2>/dev/null
+    ns_cleanup
     rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -55,7 +57,7 @@ start_prefill() {
     PIDS+=("$PPID_")
     PPORT=
     for _ in $(seq 1 300); do
-        PPORT=$(sed -n 's/.*listening on ucx:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/$name.log" 2>/dev/null)
+        PPORT=$(sed -n 's/.*listening on ucx:\/\/[0-9.]*:\([0-9]*\).*/\1/p' "$TMP/$name.log" 2>/dev/null)
         [ -n "$PPORT" ] && break
         kill -0 "$PPID_" 2>/dev/null || break
         sleep 0.1
@@ -63,7 +65,7 @@ start_prefill() {
     [ -n "$PPORT" ] || { fail "start_$name" "$(tail -n 3 "$TMP/$name.log")"; return 1; }
 }
 stop() { kill "$1" 2>/dev/null; wait "$1" 2>/dev/null; }
-metric() { curl -s "http://127.0.0.1:$1/metrics" | sed -n "s/^$2{[^}]*} \([0-9.e+-]*\)$/\1/p"; }
+metric() { $IN curl -s -m 10 "http://127.0.0.1:$1/metrics" | sed -n "s/^$2{[^}]*} \([0-9.e+-]*\)$/\1/p"; }
 free_port() { "$PY" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
 
 "$PY" - "$TMP" <<'EOF'
@@ -88,7 +90,7 @@ compare() {
 # against NAME SAVED DECODE_PORT ROUND: the decode node's lines against one node's saved ones
 # (a fresh one node's: a warm one counts its own prefix-cache hits in usage.cached_tokens)
 against() {
-    "$PY" tests/pd/client.py "$3" "$TMP/$4.json" 12 >"$TMP/$1.pd" 2>&1
+    $IN timeout 120 "$PY" tests/pd/client.py "$3" "$TMP/$4.json" 12 >"$TMP/$1.pd" 2>&1
     if cmp -s "$2" "$TMP/$1.pd" && ! grep -qv '^{' "$2"; then pass "$1"
     else fail "$1" "answers differ: $(diff "$2" "$TMP/$1.pd" | head -c 600)"; fi
 }
@@ -317,35 +319,46 @@ cmp -s "$TMP/lease.after" "$TMP/ref.two" && [ "$(metric $PORT ds41:remote_prefil
     fail pd_lease_then_serves "$(head -c 200 "$TMP/lease.after")"
 stop $PID; stop $LP; stop $REFPID
 
-# two network namespaces over veth (the veth pair goes with the namespaces)
-if ip netns add $NSA 2>/dev/null && ip netns add $NSB 2>/dev/null &&
-    ip link add vpa$$ type veth peer name vpb$$ 2>/dev/null &&
-    ip link set vpa$$ netns $NSA && ip link set vpb$$ netns $NSB &&
-    ip -n $NSA addr add 10.241.0.1/24 dev vpa$$ && ip -n $NSB addr add 10.241.0.2/24 dev vpb$$ &&
-    ip -n $NSA link set vpa$$ up && ip -n $NSB link set vpb$$ up && ip -n $NSA link set lo up && ip -n $NSB link set lo up; then
-    ip netns exec $NSA "$DS41" serve --role prefill --host 10.241.0.1 --port 0 -m "$ck" --exact -c 1024 >"$TMP/ns_p.log" 2>&1 &
-    PIDS+=($!); NP=$!
-    NPORT=
-    for _ in $(seq 1 300); do
-        NPORT=$(sed -n 's/.*listening on ucx:\/\/10.241.0.1:\([0-9]*\).*/\1/p' "$TMP/ns_p.log"); [ -n "$NPORT" ] && break; sleep 0.1
-    done
-    ip netns exec $NSB "$DS41" serve --port 0 -m "$ck" --exact $S --spec off --role decode --prefill 10.241.0.1:$NPORT \
-        --remote-prefill-min 100 >"$TMP/ns_d.log" 2>&1 &
-    PIDS+=($!); ND=$!
-    NDPORT=
-    for _ in $(seq 1 300); do
-        NDPORT=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/ns_d.log"); [ -n "$NDPORT" ] && break; sleep 0.1
-    done
-    ip netns exec $NSB "$PY" tests/pd/client.py "$NDPORT" "$TMP/one.json" 12 >"$TMP/ns.out" 2>&1
-    nr=$(ip netns exec $NSB curl -s "http://127.0.0.1:$NDPORT/metrics" | sed -n 's/^ds41:remote_prefills_total{[^}]*} //p')
-    if [ -n "$NPORT" ] && cmp -s "$TMP/ns.out" "$TMP/ref.one" && [ "$nr" = 1 ] && grep -q "from 10.241.0.2" "$TMP/ns_p.log"; then
-        pass pd_two_namespaces_veth
-    else fail pd_two_namespaces_veth "remote $nr: $(head -c 200 "$TMP/ns.out") $(tail -n 2 "$TMP/ns_p.log" "$TMP/ns_d.log")"; fi
-    stop $ND; stop $NP
-    ip netns del $NSA; ip netns del $NSB
+# ---------------------------------------------------------------- two network namespaces
+# The prefill node in one namespace, the decode node (and the client) in the other, joined by a
+# veth pair (tests/netns.sh: a /30 subnet picked at random), UCX over TCP on each side's veth
+# end: round 1's four prompts at once must get one node's answers (exact, spec off, saved
+# above), all four prefilled remotely, and the prefill node's veth end must have carried at
+# least the frame bytes the decode node counted (the pages went over the link, not through
+# shared memory). Every wait is bounded (the nodes' start 30 s, the client 60 s); the trap
+# deletes the namespaces whatever happens; skipped with a line on stderr where they cannot be made.
+. tests/netns.sh
+# in_ns NS DEV FILE: a launcher that runs this ds41 inside NS with UCX over TCP on DEV only
+in_ns() {
+    printf '#!/bin/sh\nexec ip netns exec %s env UCX_TLS=tcp UCX_NET_DEVICES=%s %s "$@"\n' "$1" "$2" \
+        "$(readlink -f "$DS41")" >"$3"
+    chmod +x "$3"
+}
+if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && ip netns add "${NS}0" 2>/dev/null && ip netns add "${NS}1" 2>/dev/null &&
+    ip link add "${NS}a" netns "${NS}0" type veth peer name "${NS}b" netns "${NS}1" 2>/dev/null && ns_pair_up; then
+    in_ns "${NS}0" "${NS}a" "$TMP/ds41_p"; in_ns "${NS}1" "${NS}b" "$TMP/ds41_d"
+    addr=$(ip -n "${NS}0" -4 -o addr show dev "${NS}a" | sed -n 's/.* inet \([0-9.]*\)\/.*/\1/p')
+    peer=$(ip -n "${NS}1" -4 -o addr show dev "${NS}b" | sed -n 's/.* inet \([0-9.]*\)\/.*/\1/p')
+    ND= NP=
+    DS41=$TMP/ds41_p start_prefill ns_p --host "$addr" -m "$ck" --exact -c 1024 --parallel 4 && NP=$PPID_ &&
+        DS41=$TMP/ds41_d serve_start ns_d -m "$ck" --exact $S --spec off --role decode --prefill "$addr:$PPORT" \
+            --remote-prefill-min 100 && ND=$PID && {
+        IN="ip netns exec ${NS}1"
+        tx0=$(ip netns exec "${NS}0" cat "/sys/class/net/${NS}a/statistics/tx_bytes")
+        against pd_two_namespaces_veth_concurrent "$TMP/pd_exact_spec_off_concurrent.one" $PORT round1
+        tx1=$(ip netns exec "${NS}0" cat "/sys/class/net/${NS}a/statistics/tx_bytes")
+        n=$(metric $PORT ds41:remote_prefills_total); b=$(metric $PORT ds41:kv_transfer_bytes_total)
+        IN=
+        from=$(grep -c "from $peer:" "$TMP/ns_p.log")
+        if [ "$n" = 4 ] && [ "$from" = 4 ] && [ -n "$b" ] && [ "$b" -gt 0 ] && [ $((tx1 - tx0)) -ge "$b" ]; then
+            pass pd_two_namespaces_veth_transfer
+        else fail pd_two_namespaces_veth_transfer "remote $n, requests from $peer $from, frame bytes $b, veth carried $((tx1 - tx0)) B: $(tail -n 2 "$TMP/ns_p.log" "$TMP/ns_d.log")"; fi
+    }
+    [ -n "$ND" ] && stop $ND; [ -n "$NP" ] && stop $NP
+    ns_cleanup
 else
-    echo "pd.test.sh: cannot make network namespaces here (needs root and ip netns): the veth case is skipped" >&2
-    ip netns del $NSA 2>/dev/null; ip netns del $NSB 2>/dev/null
+    ns_cleanup
+    echo "pd.test.sh: SKIP pd_two_namespaces_veth: cannot make two network namespaces and a veth pair here (needs root and ip netns)" >&2
 fi
 
 # ds41 inspect --role: the prefill node's weights are the embedding, every layer but the last
