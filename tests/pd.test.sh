@@ -7,7 +7,8 @@
 #     kernels with DSpark off and on (--spec fixed:2), fast kernels; the demo model (exact);
 #     /metrics counts the remote prefills and the exact frame bytes (blocks x (page bytes +
 #     48-byte headers) + RESUME + DONE); every remote prefill installs the shipped state (the
-#     decode node replays nothing);
+#     decode node replays nothing); the prefill node's /health and /metrics (--http-port) count
+#     the same requests, blocks and bytes;
 #   faults (each: the client gets one node's answer, the decode node falls back and counts it,
 #     and both nodes serve the next request remotely): unreachable node, flipped byte, truncated
 #     frame, a flipped byte, a truncated RESUME frame and one whose checksum is right but whose
@@ -99,8 +100,9 @@ against() {
 # exact, DSpark off and on
 for spec in off fixed:2; do
     tag=${spec%%:*}
-    start_prefill p_$tag -m "$ck" --exact -c 1024 --parallel 4 || exit 1
+    start_prefill p_$tag -m "$ck" --exact -c 1024 --parallel 4 --http-port 0 || exit 1
     P1=$PPID_; PP1=$PPORT
+    PH=$(sed -n 's/.*metrics on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/p_$tag.log")
     serve_start one_$tag -m "$ck" --exact $S --spec $spec || exit 1
     ONE=$PORT; ONEPID=$PID
     serve_start dec_$tag -m "$ck" --exact $S --spec $spec --role decode --prefill 127.0.0.1:$PP1 --remote-prefill-min 100 || exit 1
@@ -118,6 +120,15 @@ for spec in off fixed:2; do
     want=$(( (2 + 1 + 3 + 2 + 1 + 1) * (13440 + 2 * 48) + 6 * (48 + 48 + res) ))
     if [ "$n" = 6 ] && [ "$f" = 0 ] && [ "$c" = 6 ] && [ "$b" = "$want" ]; then pass pd_metrics_spec_$tag
     else fail pd_metrics_spec_$tag "remote $n fallbacks $f transfers $c bytes $b (want 6 0 6 $want): $(grep -m2 'remote prefill failed' "$TMP/dec_$tag.log")"; fi
+    # the prefill node's own /metrics (--http-port): the same 6 requests, 10 blocks and bytes
+    pn=$(metric "$PH" ds41:prefill_requests_total); pb=$(metric "$PH" ds41:kv_transfer_bytes_sent_total)
+    pk=$(metric "$PH" ds41:prefill_blocks_total); pr=$(metric "$PH" ds41:prefill_requests_running)
+    pf=$(metric "$PH" ds41:prefill_failures_total); pc=$(metric "$PH" ds41:prefill_capacity)
+    health=$(curl -s -m 10 "http://127.0.0.1:$PH/health")
+    if [ "$pn" = 6 ] && [ "$pb" = "$want" ] && [ "$pk" = 10 ] && [ "$pr" = 0 ] && [ "$pf" = 0 ] && [ "$pc" = 4 ] &&
+        [ "$health" = '{"status":"ok","role":"prefill","requests_running":0,"capacity":4}' ]; then
+        pass pd_prefill_http_spec_$tag
+    else fail pd_prefill_http_spec_$tag "port '$PH': served $pn blocks $pk bytes $pb (want 6 10 $want), running $pr failed $pf capacity $pc, health $health"; fi
     i=$(grep -c "state installed, 0 rows replayed" "$TMP/dec_$tag.log")
     [ "$i" = 6 ] && pass pd_installed_spec_$tag || fail pd_installed_spec_$tag "$i of 6 remote prefills installed the shipped state"
     grep -q "from block 2," "$TMP/p_$tag.log" && pass pd_fetch_past_local_hit_spec_$tag ||
@@ -383,6 +394,9 @@ grep -q "^role prefill: 194 tensors, 2879416 bytes .* of $tot " "$TMP/rs" && pas
 "$DS41" serve -m "$ck" --role decode --pd-decoder decode --port 0 >/dev/null 2>"$TMP/u0"; rc=$?
 [ $rc -eq 2 ] && grep -q -- "--pd-decoder is for --role prefill" "$TMP/u0" && pass pd_usage_split_role ||
     fail pd_usage_split_role "status $rc: $(cat "$TMP/u0")"
+"$DS41" serve -m "$ck" --role decode --http-port 0 --prefill 127.0.0.1:1 --port 0 >/dev/null 2>"$TMP/u0"; rc=$?
+[ $rc -eq 2 ] && grep -q -- "--http-port is for --role prefill" "$TMP/u0" && pass pd_usage_http_port_role ||
+    fail pd_usage_http_port_role "status $rc: $(cat "$TMP/u0")"
 "$DS41" serve -m "$ck" --role prefill --pd-decoder sideways --port 0 >/dev/null 2>"$TMP/u0"; rc=$?
 [ $rc -eq 2 ] && grep -q -- "--pd-decoder must be prefill or decode, not 'sideways'" "$TMP/u0" && pass pd_usage_split_value ||
     fail pd_usage_split_value "status $rc: $(cat "$TMP/u0")"

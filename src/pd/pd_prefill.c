@@ -41,8 +41,8 @@ typedef struct pd_srv {
     ds41_pd_prefill_opts o;
     ds41_kvx_net *net;
     pthread_mutex_t compute_mu;
-    _Atomic int active, threads;
-    _Atomic long long served, failed, bytes;
+    _Atomic int threads;
+    ds41_pd_prefill_stats own, *st;   /* st: the caller's (o.stats) or own */
 } pd_srv;
 
 /* a page to send (one reference held), the resume state (store -1, blob owned) or the end
@@ -329,10 +329,11 @@ static void *handler_main(void *arg) {
     }
     free(p);
     p = NULL;
-    int act = atomic_fetch_add(&S->active, 1);
+    int act = atomic_fetch_add(&S->st->active, 1);
     slot = 1;
     if (act >= S->o.capacity) {
         snprintf(r->why, sizeof r->why, "busy: %d requests held (capacity %d)", act, S->o.capacity);
+        atomic_fetch_add(&S->st->busy, 1);
         send_error(S, c, r->id, 0, DS41_KVX_E_BUSY, r->why);
         goto out;
     }
@@ -403,21 +404,22 @@ static void *handler_main(void *arg) {
     if (rc) send_error(S, c, r->id, r->seq, DS41_KVX_E_FAILED, r->why);
 out:
     if (!r->why[0]) {
-        atomic_fetch_add(&S->served, 1);
-        atomic_fetch_add(&S->bytes, r->bytes);
+        atomic_fetch_add(&S->st->served, 1);
+        atomic_fetch_add(&S->st->blocks, r->nb - r->first);
+        atomic_fetch_add(&S->st->bytes, r->bytes);
         fprintf(stderr, "ds41 prefill node: request %llu from %s: %lld blocks from block %lld, %lld bytes in %.3f s "
                 "(first page sent at %.4f s, prefill done at %.4f s, RESUME sent at %.4f s, DONE sent at %.4f s)\n",
                 (unsigned long long)r->id, ds41_kvx_peer(c), r->nb - r->first, r->first, r->bytes, now_s() - t0,
                 r->t_first, r->t_computed, r->t_resume, r->t_done);
     } else {
-        atomic_fetch_add(&S->failed, 1);
+        atomic_fetch_add(&S->st->failed, 1);
     }
     ds41_kvx_conn_close(c);
     free(p);
     free(ids);
     /* pages still queued (a failed request) hold references: drop them */
     for (sitem *it = r->head, *nx; it; it = nx) { nx = it->next; ds41_page_unref(it->page); free(it->blob); free(it); }
-    int left = slot ? atomic_fetch_sub(&S->active, 1) - 1 : atomic_load(&S->active);
+    int left = slot ? atomic_fetch_sub(&S->st->active, 1) - 1 : atomic_load(&S->st->active);
     if (r->why[0])
         fprintf(stderr, "ds41 prefill node: request %llu: %s; its state is freed after %.3f s (%d requests held)\n",
                 (unsigned long long)r->id, r->why, now_s() - t0, left);
@@ -446,6 +448,7 @@ int ds41_pd_prefill_run(ds41_engine *e, ds41_prefix_cache *pc, const ds41_sessio
     S->sp = *sp;
     S->sp.draft = 0;   /* the prefill node never drafts */
     S->o = *o;
+    S->st = o->stats ? o->stats : &S->own;
     if (!S->o.host) S->o.host = "127.0.0.1";
     if (S->o.capacity < 1) S->o.capacity = 1;
     if (S->o.lease_ms < 1) S->o.lease_ms = 10000;
@@ -460,6 +463,7 @@ int ds41_pd_prefill_run(ds41_engine *e, ds41_prefix_cache *pc, const ds41_sessio
            "decoder on the %s node)\n", S->o.host, ds41_kvx_listener_port(l), fp, S->o.capacity, S->o.lease_ms,
            S->o.decoder_on_decode ? "decode" : "prefill");
     fflush(stdout);
+    atomic_store(&S->st->listening, 1);
     while (!*stop) {
         ds41_err aerr;
         ds41_kvx_conn *c = ds41_kvx_accept(l, 200, &aerr);
@@ -485,11 +489,13 @@ int ds41_pd_prefill_run(ds41_engine *e, ds41_prefix_cache *pc, const ds41_sessio
         }
         pthread_detach(th);
     }
+    atomic_store(&S->st->listening, 0);
     /* handlers end within their lease: wait for them before the engine goes */
     double end = now_s() + S->o.lease_ms / 1000.0 + 2;
     while (atomic_load(&S->threads) > 0 && now_s() < end) usleep(10000);
     fprintf(stderr, "ds41 prefill node: stopped (%lld requests served, %lld failed, %lld bytes sent)\n",
-            (long long)atomic_load(&S->served), (long long)atomic_load(&S->failed), (long long)atomic_load(&S->bytes));
+            (long long)atomic_load(&S->st->served), (long long)atomic_load(&S->st->failed),
+            (long long)atomic_load(&S->st->bytes));
     ds41_kvx_listener_close(l);
     if (atomic_load(&S->threads) == 0) {   /* else a handler still uses them: left */
         ds41_kvx_net_close(S->net);
