@@ -8,7 +8,8 @@
 #     /metrics counts the remote prefills and the exact frame bytes (blocks x (page bytes +
 #     48-byte headers) + RESUME + DONE); every remote prefill installs the shipped state (the
 #     decode node replays nothing); the prefill node's /health and /metrics (--http-port) count
-#     the same requests, blocks and bytes;
+#     the same requests, blocks and bytes; a prompt whose first blocks the prefill node's own
+#     prefix cache holds restores them there and computes the rest (also with the decoder split);
 #   faults (each: the client gets one node's answer, the decode node falls back and counts it,
 #     and both nodes serve the next request remotely): unreachable node, flipped byte, truncated
 #     frame, a flipped byte, a truncated RESUME frame and one whose checksum is right but whose
@@ -131,8 +132,11 @@ for spec in off fixed:2; do
     else fail pd_prefill_http_spec_$tag "port '$PH': served $pn blocks $pk bytes $pb (want 6 10 $want), running $pr failed $pf capacity $pc, health $health"; fi
     i=$(grep -c "state installed, 0 rows replayed" "$TMP/dec_$tag.log")
     [ "$i" = 6 ] && pass pd_installed_spec_$tag || fail pd_installed_spec_$tag "$i of 6 remote prefills installed the shipped state"
-    grep -q "from block 2," "$TMP/p_$tag.log" && pass pd_fetch_past_local_hit_spec_$tag ||
-        fail pd_fetch_past_local_hit_spec_$tag "no request from block 2 in the prefill node's log"
+    # round 2's first prompt: the decode node asks from block 2 (its local hit), and the prefill
+    # node restores blocks 0-1 from its own prefix cache (round 1 published them) and computes block 2
+    grep -q "1 blocks from block 2 (2 of 3 restored from the prefix cache)" "$TMP/p_$tag.log" &&
+        pass pd_fetch_past_local_hit_spec_$tag ||
+        fail pd_fetch_past_local_hit_spec_$tag "no request from block 2 with a partial hit in the prefill node's log"
     # the decoder split (--pd-decoder decode): the prefill node stops at layer 3's keys and ships
     # the stream there, the decode node runs the decoder on it; the same answers. Its RESUME frame:
     # 3 encoder rings x 16 x 66 B, the compressor's 1024 B, no context rows (the decode node taps
@@ -158,6 +162,9 @@ for spec in off fixed:2; do
         else fail pd_split${run}_metrics_spec_$tag "remote $n, bytes $b, installed $i (want $reqs $want $reqs)"; fi
         stop $PID
     done
+    # the partial hit with the split: 384 - 2 x 128 = 128 computed rows cover the stream's 46
+    grep -q "1 blocks from block 2 (2 of 3 restored from the prefix cache)" "$TMP/ps_$tag.log" &&
+        pass pd_split_partial_hit_spec_$tag || fail pd_split_partial_hit_spec_$tag "$(grep -m3 "from block" "$TMP/ps_$tag.log")"
     grep -q "decoder on the decode node" "$TMP/ps_$tag.log" && pass pd_split_announced_spec_$tag ||
         fail pd_split_announced_spec_$tag "$(head -n 2 "$TMP/ps_$tag.log")"
     stop $PS

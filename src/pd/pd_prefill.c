@@ -76,6 +76,7 @@ typedef struct pd_req {
      * positions (X rows, then pre rows), taken by the hook when that layer's keys are done */
     float *stream;
     int stream_rows, stream_taken;
+    long long restored;        /* blocks restored from this node's prefix cache */
 } pd_req;
 
 static double now_s(void) {
@@ -272,15 +273,31 @@ static int compute(pd_req *r, const int32_t *ids, ds41_err *err) {
     if (r->stream) q->stop_layer = S->e->cfg->first_decoder_layer;
     q->layer_done = layer_hook;
     q->layer_done_arg = r;
-    if (hit == r->nb) {
+    /* a partial hit restores its blocks and computes the rest; with the decoder split the
+     * computed part must still cover the stream's rows (else fewer blocks are restored) */
+    long long use = hit;
+    if (r->stream && use < r->nb) {
+        long long cap = (M - r->stream_rows) / BT;
+        if (use > cap) use = cap > 0 ? cap : 0;
+    }
+    if (use > 0) {
         for (int i = 0; i < ns; i++) {
-            for (long long b = r->first; b < r->nb; b++) push(r, i, (int)b, pg[(size_t)b * ns + i]);
-            r->sent[i] = (int)(r->nb - r->first);   /* the hook queues none of them again */
+            for (long long b = r->first; b < use; b++) push(r, i, (int)b, pg[(size_t)b * ns + i]);
+            /* the hook queues none of them again */
+            r->sent[i] = use > r->first ? (int)(use - r->first) : 0;
         }
-        /* the state from the cache's restore; blocks evicted since ds41_prefix_pages are computed */
-        long long k = ds41_prefix_restore(S->pc, s, ids, (size_t)M);
+        /* the state from the cache's restore; blocks evicted since ds41_prefix_pages, and the
+         * blocks past the hit, are computed (and published) */
+        long long k = ds41_prefix_restore(S->pc, s, ids, (size_t)(use * BT));
         if (k < 0) rc = ds41_errf(err, "restore from the prefix cache: %s", ds41_session_error(s));
-        else if (k < M) rc = ds41_forward(q, ids + k, (int)(M - k), 0, err);
+        else {
+            r->restored = k / BT;
+            if (k < M) rc = ds41_forward(q, ids + k, (int)(M - k), 0, err);
+            if (!rc && k < M && !atomic_load(&r->failed)) {
+                for (int i = 0; i < ns; i++) queue_store(r, &q->cache, i);
+                ds41_prefix_publish(S->pc, s, ids, (size_t)M);
+            }
+        }
     } else {
         rc = atomic_load(&r->failed) ? 0 : ds41_forward(q, ids, (int)M, 0, err);
         if (!rc && !atomic_load(&r->failed)) {
@@ -407,9 +424,11 @@ out:
         atomic_fetch_add(&S->st->served, 1);
         atomic_fetch_add(&S->st->blocks, r->nb - r->first);
         atomic_fetch_add(&S->st->bytes, r->bytes);
-        fprintf(stderr, "ds41 prefill node: request %llu from %s: %lld blocks from block %lld, %lld bytes in %.3f s "
-                "(first page sent at %.4f s, prefill done at %.4f s, RESUME sent at %.4f s, DONE sent at %.4f s)\n",
-                (unsigned long long)r->id, ds41_kvx_peer(c), r->nb - r->first, r->first, r->bytes, now_s() - t0,
+        fprintf(stderr, "ds41 prefill node: request %llu from %s: %lld blocks from block %lld (%lld of %lld restored "
+                "from the prefix cache), %lld bytes in %.3f s (first page sent at %.4f s, prefill done at %.4f s, RESUME "
+                "sent at %.4f s, DONE sent at %.4f s)\n",
+                (unsigned long long)r->id, ds41_kvx_peer(c), r->nb - r->first, r->first, r->restored, r->nb, r->bytes,
+                now_s() - t0,
                 r->t_first, r->t_computed, r->t_resume, r->t_done);
     } else {
         atomic_fetch_add(&S->st->failed, 1);
