@@ -7,7 +7,9 @@
 #     kernels with DSpark off and on (--spec fixed:2), fast kernels; the demo model (exact);
 #     /metrics counts the remote prefills and the exact frame bytes (blocks x (page bytes +
 #     48-byte headers) + RESUME + DONE); every remote prefill installs the shipped state (the
-#     decode node replays nothing);
+#     decode node replays nothing); the prefill node's /health and /metrics (--http-port) count
+#     the same requests, blocks and bytes; a prompt whose first blocks the prefill node's own
+#     prefix cache holds restores them there and computes the rest (also with the decoder split);
 #   faults (each: the client gets one node's answer, the decode node falls back and counts it,
 #     and both nodes serve the next request remotely): unreachable node, flipped byte, truncated
 #     frame, a flipped byte, a truncated RESUME frame and one whose checksum is right but whose
@@ -19,8 +21,9 @@
 #     decode node runs the decoder): the same answers, exact, DSpark off and on, the exact frame
 #     bytes, also when the prefill node serves the prompts from its own prefix cache; fast kernels;
 #   two network namespaces joined by a veth pair (ip netns; root): the prefill node in one, the
-#     decode node in the other, the same answer as one node (skipped with a line on stderr where
-#     namespaces cannot be made).
+#     decode node in the other, UCX over TCP on the veth: four concurrent requests get one node's
+#     answers and the veth carries the frames (skipped with a line on stderr where namespaces
+#     cannot be made).
 # Fault injection: DS41_PD_FAULT (src/pd/pd.h, test-only). Ports: chosen by the system (--port 0).
 set -u
 cd "${DS41_ROOT:-$(dirname "$0")/..}"
@@ -29,11 +32,12 @@ PY=${PYTHON:-/usr/bin/python3}
 CK=${CK:-build/test-ck}
 TMP=$(mktemp -d /tmp/ds41-pd.XXXXXX)
 PIDS=()
-NSA=ds41pdA$$ NSB=ds41pdB$$
+NS=ds41pd$$ IN=
+ns_cleanup() { ip netns del "${NS}0" 2>/dev/null; ip netns del "${NS}1" 2>/dev/null; }
 cleanup() {
     for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
     wait 2>/dev/null
-    ip netns del $NSA 2>/dev/null; ip netns del $NSB 2>/dev/null
+    ns_cleanup
     rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -55,7 +59,7 @@ start_prefill() {
     PIDS+=("$PPID_")
     PPORT=
     for _ in $(seq 1 300); do
-        PPORT=$(sed -n 's/.*listening on ucx:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/$name.log" 2>/dev/null)
+        PPORT=$(sed -n 's/.*listening on ucx:\/\/[0-9.]*:\([0-9]*\).*/\1/p' "$TMP/$name.log" 2>/dev/null)
         [ -n "$PPORT" ] && break
         kill -0 "$PPID_" 2>/dev/null || break
         sleep 0.1
@@ -63,7 +67,7 @@ start_prefill() {
     [ -n "$PPORT" ] || { fail "start_$name" "$(tail -n 3 "$TMP/$name.log")"; return 1; }
 }
 stop() { kill "$1" 2>/dev/null; wait "$1" 2>/dev/null; }
-metric() { curl -s "http://127.0.0.1:$1/metrics" | sed -n "s/^$2{[^}]*} \([0-9.e+-]*\)$/\1/p"; }
+metric() { $IN curl -s -m 10 "http://127.0.0.1:$1/metrics" | sed -n "s/^$2{[^}]*} \([0-9.e+-]*\)$/\1/p"; }
 free_port() { "$PY" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
 
 "$PY" - "$TMP" <<'EOF'
@@ -88,7 +92,7 @@ compare() {
 # against NAME SAVED DECODE_PORT ROUND: the decode node's lines against one node's saved ones
 # (a fresh one node's: a warm one counts its own prefix-cache hits in usage.cached_tokens)
 against() {
-    "$PY" tests/pd/client.py "$3" "$TMP/$4.json" 12 >"$TMP/$1.pd" 2>&1
+    $IN timeout 120 "$PY" tests/pd/client.py "$3" "$TMP/$4.json" 12 >"$TMP/$1.pd" 2>&1
     if cmp -s "$2" "$TMP/$1.pd" && ! grep -qv '^{' "$2"; then pass "$1"
     else fail "$1" "answers differ: $(diff "$2" "$TMP/$1.pd" | head -c 600)"; fi
 }
@@ -97,8 +101,9 @@ against() {
 # exact, DSpark off and on
 for spec in off fixed:2; do
     tag=${spec%%:*}
-    start_prefill p_$tag -m "$ck" --exact -c 1024 --parallel 4 || exit 1
+    start_prefill p_$tag -m "$ck" --exact -c 1024 --parallel 4 --http-port 0 || exit 1
     P1=$PPID_; PP1=$PPORT
+    PH=$(sed -n 's/.*metrics on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/p_$tag.log")
     serve_start one_$tag -m "$ck" --exact $S --spec $spec || exit 1
     ONE=$PORT; ONEPID=$PID
     serve_start dec_$tag -m "$ck" --exact $S --spec $spec --role decode --prefill 127.0.0.1:$PP1 --remote-prefill-min 100 || exit 1
@@ -116,10 +121,22 @@ for spec in off fixed:2; do
     want=$(( (2 + 1 + 3 + 2 + 1 + 1) * (13440 + 2 * 48) + 6 * (48 + 48 + res) ))
     if [ "$n" = 6 ] && [ "$f" = 0 ] && [ "$c" = 6 ] && [ "$b" = "$want" ]; then pass pd_metrics_spec_$tag
     else fail pd_metrics_spec_$tag "remote $n fallbacks $f transfers $c bytes $b (want 6 0 6 $want): $(grep -m2 'remote prefill failed' "$TMP/dec_$tag.log")"; fi
+    # the prefill node's own /metrics (--http-port): the same 6 requests, 10 blocks and bytes
+    pn=$(metric "$PH" ds41:prefill_requests_total); pb=$(metric "$PH" ds41:kv_transfer_bytes_sent_total)
+    pk=$(metric "$PH" ds41:prefill_blocks_total); pr=$(metric "$PH" ds41:prefill_requests_running)
+    pf=$(metric "$PH" ds41:prefill_failures_total); pc=$(metric "$PH" ds41:prefill_capacity)
+    health=$(curl -s -m 10 "http://127.0.0.1:$PH/health")
+    if [ "$pn" = 6 ] && [ "$pb" = "$want" ] && [ "$pk" = 10 ] && [ "$pr" = 0 ] && [ "$pf" = 0 ] && [ "$pc" = 4 ] &&
+        [ "$health" = '{"status":"ok","role":"prefill","requests_running":0,"capacity":4}' ]; then
+        pass pd_prefill_http_spec_$tag
+    else fail pd_prefill_http_spec_$tag "port '$PH': served $pn blocks $pk bytes $pb (want 6 10 $want), running $pr failed $pf capacity $pc, health $health"; fi
     i=$(grep -c "state installed, 0 rows replayed" "$TMP/dec_$tag.log")
     [ "$i" = 6 ] && pass pd_installed_spec_$tag || fail pd_installed_spec_$tag "$i of 6 remote prefills installed the shipped state"
-    grep -q "from block 2," "$TMP/p_$tag.log" && pass pd_fetch_past_local_hit_spec_$tag ||
-        fail pd_fetch_past_local_hit_spec_$tag "no request from block 2 in the prefill node's log"
+    # round 2's first prompt: the decode node asks from block 2 (its local hit), and the prefill
+    # node restores blocks 0-1 from its own prefix cache (round 1 published them) and computes block 2
+    grep -q "1 blocks from block 2 (2 of 3 restored from the prefix cache)" "$TMP/p_$tag.log" &&
+        pass pd_fetch_past_local_hit_spec_$tag ||
+        fail pd_fetch_past_local_hit_spec_$tag "no request from block 2 with a partial hit in the prefill node's log"
     # the decoder split (--pd-decoder decode): the prefill node stops at layer 3's keys and ships
     # the stream there, the decode node runs the decoder on it; the same answers. Its RESUME frame:
     # 3 encoder rings x 16 x 66 B, the compressor's 1024 B, no context rows (the decode node taps
@@ -145,6 +162,9 @@ for spec in off fixed:2; do
         else fail pd_split${run}_metrics_spec_$tag "remote $n, bytes $b, installed $i (want $reqs $want $reqs)"; fi
         stop $PID
     done
+    # the partial hit with the split: 384 - 2 x 128 = 128 computed rows cover the stream's 46
+    grep -q "1 blocks from block 2 (2 of 3 restored from the prefix cache)" "$TMP/ps_$tag.log" &&
+        pass pd_split_partial_hit_spec_$tag || fail pd_split_partial_hit_spec_$tag "$(grep -m3 "from block" "$TMP/ps_$tag.log")"
     grep -q "decoder on the decode node" "$TMP/ps_$tag.log" && pass pd_split_announced_spec_$tag ||
         fail pd_split_announced_spec_$tag "$(head -n 2 "$TMP/ps_$tag.log")"
     stop $PS
@@ -317,35 +337,46 @@ cmp -s "$TMP/lease.after" "$TMP/ref.two" && [ "$(metric $PORT ds41:remote_prefil
     fail pd_lease_then_serves "$(head -c 200 "$TMP/lease.after")"
 stop $PID; stop $LP; stop $REFPID
 
-# two network namespaces over veth (the veth pair goes with the namespaces)
-if ip netns add $NSA 2>/dev/null && ip netns add $NSB 2>/dev/null &&
-    ip link add vpa$$ type veth peer name vpb$$ 2>/dev/null &&
-    ip link set vpa$$ netns $NSA && ip link set vpb$$ netns $NSB &&
-    ip -n $NSA addr add 10.241.0.1/24 dev vpa$$ && ip -n $NSB addr add 10.241.0.2/24 dev vpb$$ &&
-    ip -n $NSA link set vpa$$ up && ip -n $NSB link set vpb$$ up && ip -n $NSA link set lo up && ip -n $NSB link set lo up; then
-    ip netns exec $NSA "$DS41" serve --role prefill --host 10.241.0.1 --port 0 -m "$ck" --exact -c 1024 >"$TMP/ns_p.log" 2>&1 &
-    PIDS+=($!); NP=$!
-    NPORT=
-    for _ in $(seq 1 300); do
-        NPORT=$(sed -n 's/.*listening on ucx:\/\/10.241.0.1:\([0-9]*\).*/\1/p' "$TMP/ns_p.log"); [ -n "$NPORT" ] && break; sleep 0.1
-    done
-    ip netns exec $NSB "$DS41" serve --port 0 -m "$ck" --exact $S --spec off --role decode --prefill 10.241.0.1:$NPORT \
-        --remote-prefill-min 100 >"$TMP/ns_d.log" 2>&1 &
-    PIDS+=($!); ND=$!
-    NDPORT=
-    for _ in $(seq 1 300); do
-        NDPORT=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/ns_d.log"); [ -n "$NDPORT" ] && break; sleep 0.1
-    done
-    ip netns exec $NSB "$PY" tests/pd/client.py "$NDPORT" "$TMP/one.json" 12 >"$TMP/ns.out" 2>&1
-    nr=$(ip netns exec $NSB curl -s "http://127.0.0.1:$NDPORT/metrics" | sed -n 's/^ds41:remote_prefills_total{[^}]*} //p')
-    if [ -n "$NPORT" ] && cmp -s "$TMP/ns.out" "$TMP/ref.one" && [ "$nr" = 1 ] && grep -q "from 10.241.0.2" "$TMP/ns_p.log"; then
-        pass pd_two_namespaces_veth
-    else fail pd_two_namespaces_veth "remote $nr: $(head -c 200 "$TMP/ns.out") $(tail -n 2 "$TMP/ns_p.log" "$TMP/ns_d.log")"; fi
-    stop $ND; stop $NP
-    ip netns del $NSA; ip netns del $NSB
+# ---------------------------------------------------------------- two network namespaces
+# The prefill node in one namespace, the decode node (and the client) in the other, joined by a
+# veth pair (tests/netns.sh: a /30 subnet picked at random), UCX over TCP on each side's veth
+# end: round 1's four prompts at once must get one node's answers (exact, spec off, saved
+# above), all four prefilled remotely, and the prefill node's veth end must have carried at
+# least the frame bytes the decode node counted (the pages went over the link, not through
+# shared memory). Every wait is bounded (the nodes' start 30 s, the client 60 s); the trap
+# deletes the namespaces whatever happens; skipped with a line on stderr where they cannot be made.
+. tests/netns.sh
+# in_ns NS DEV FILE: a launcher that runs this ds41 inside NS with UCX over TCP on DEV only
+in_ns() {
+    printf '#!/bin/sh\nexec ip netns exec %s env UCX_TLS=tcp UCX_NET_DEVICES=%s %s "$@"\n' "$1" "$2" \
+        "$(readlink -f "$DS41")" >"$3"
+    chmod +x "$3"
+}
+if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && ip netns add "${NS}0" 2>/dev/null && ip netns add "${NS}1" 2>/dev/null &&
+    ip link add "${NS}a" netns "${NS}0" type veth peer name "${NS}b" netns "${NS}1" 2>/dev/null && ns_pair_up; then
+    in_ns "${NS}0" "${NS}a" "$TMP/ds41_p"; in_ns "${NS}1" "${NS}b" "$TMP/ds41_d"
+    addr=$(ip -n "${NS}0" -4 -o addr show dev "${NS}a" | sed -n 's/.* inet \([0-9.]*\)\/.*/\1/p')
+    peer=$(ip -n "${NS}1" -4 -o addr show dev "${NS}b" | sed -n 's/.* inet \([0-9.]*\)\/.*/\1/p')
+    ND= NP=
+    DS41=$TMP/ds41_p start_prefill ns_p --host "$addr" -m "$ck" --exact -c 1024 --parallel 4 && NP=$PPID_ &&
+        DS41=$TMP/ds41_d serve_start ns_d -m "$ck" --exact $S --spec off --role decode --prefill "$addr:$PPORT" \
+            --remote-prefill-min 100 && ND=$PID && {
+        IN="ip netns exec ${NS}1"
+        tx0=$(ip netns exec "${NS}0" cat "/sys/class/net/${NS}a/statistics/tx_bytes")
+        against pd_two_namespaces_veth_concurrent "$TMP/pd_exact_spec_off_concurrent.one" $PORT round1
+        tx1=$(ip netns exec "${NS}0" cat "/sys/class/net/${NS}a/statistics/tx_bytes")
+        n=$(metric $PORT ds41:remote_prefills_total); b=$(metric $PORT ds41:kv_transfer_bytes_total)
+        IN=
+        from=$(grep -c "from $peer:" "$TMP/ns_p.log")
+        if [ "$n" = 4 ] && [ "$from" = 4 ] && [ -n "$b" ] && [ "$b" -gt 0 ] && [ $((tx1 - tx0)) -ge "$b" ]; then
+            pass pd_two_namespaces_veth_transfer
+        else fail pd_two_namespaces_veth_transfer "remote $n, requests from $peer $from, frame bytes $b, veth carried $((tx1 - tx0)) B: $(tail -n 2 "$TMP/ns_p.log" "$TMP/ns_d.log")"; fi
+    }
+    [ -n "$ND" ] && stop $ND; [ -n "$NP" ] && stop $NP
+    ns_cleanup
 else
-    echo "pd.test.sh: cannot make network namespaces here (needs root and ip netns): the veth case is skipped" >&2
-    ip netns del $NSA 2>/dev/null; ip netns del $NSB 2>/dev/null
+    ns_cleanup
+    echo "pd.test.sh: SKIP pd_two_namespaces_veth: cannot make two network namespaces and a veth pair here (needs root and ip netns)" >&2
 fi
 
 # ds41 inspect --role: the prefill node's weights are the embedding, every layer but the last
@@ -370,6 +401,9 @@ grep -q "^role prefill: 194 tensors, 2879416 bytes .* of $tot " "$TMP/rs" && pas
 "$DS41" serve -m "$ck" --role decode --pd-decoder decode --port 0 >/dev/null 2>"$TMP/u0"; rc=$?
 [ $rc -eq 2 ] && grep -q -- "--pd-decoder is for --role prefill" "$TMP/u0" && pass pd_usage_split_role ||
     fail pd_usage_split_role "status $rc: $(cat "$TMP/u0")"
+"$DS41" serve -m "$ck" --role decode --http-port 0 --prefill 127.0.0.1:1 --port 0 >/dev/null 2>"$TMP/u0"; rc=$?
+[ $rc -eq 2 ] && grep -q -- "--http-port is for --role prefill" "$TMP/u0" && pass pd_usage_http_port_role ||
+    fail pd_usage_http_port_role "status $rc: $(cat "$TMP/u0")"
 "$DS41" serve -m "$ck" --role prefill --pd-decoder sideways --port 0 >/dev/null 2>"$TMP/u0"; rc=$?
 [ $rc -eq 2 ] && grep -q -- "--pd-decoder must be prefill or decode, not 'sideways'" "$TMP/u0" && pass pd_usage_split_value ||
     fail pd_usage_split_value "status $rc: $(cat "$TMP/u0")"

@@ -63,6 +63,8 @@ static const char *SERVE_USAGE =
     "                           (default), or fail the request\n"
     "  --prefill-timeout MS     (decode) wait at most MS for a prefill node's next frame (default 30000)\n"
     "  --lease MS               (prefill) a decode node silent for MS loses its request (default 10000)\n"
+    "  --http-port N            (prefill) serve GET /health and /metrics over HTTP on --host:N (0: a\n"
+    "                           free port, printed); default: no HTTP\n"
     "  --pd-decoder prefill|decode  (prefill) where the decoder layers run on the rows their windows\n"
     "                           reach: prefill (default): here, the decoder's rings travel; decode: on\n"
     "                           the decode node from the stream at the first decoder layer, which\n"
@@ -142,6 +144,7 @@ int ds41_cli_serve(int argc, char **argv) {
         }
         else if (IS("--prefill-timeout")) { INT(1, 3600000); o.prefill_timeout_ms = (int)iv; }
         else if (IS("--lease")) { INT(1, 3600000); o.lease_ms = (int)iv; }
+        else if (IS("--http-port")) { INT(0, 65535); o.pd_http_port = (int)iv; }
         else if (IS("--pd-decoder")) {
             NEED();
             const char *v = argv[++i];
@@ -194,6 +197,10 @@ int ds41_cli_serve(int argc, char **argv) {
     o.lp.engram_verbose = o.verbose;
     if (pd_decoder_set && o.role != DS41_SERVE_ROLE_PREFILL) {
         fprintf(stderr, "ds41 serve: --pd-decoder is for --role prefill (a decode node takes both forms)\n");
+        return 2;
+    }
+    if (o.pd_http_port >= 0 && o.role != DS41_SERVE_ROLE_PREFILL) {
+        fprintf(stderr, "ds41 serve: --http-port is for --role prefill (the other roles serve HTTP on --port)\n");
         return 2;
     }
     if (o.prefill_nodes && o.role != DS41_SERVE_ROLE_DECODE) {

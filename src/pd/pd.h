@@ -30,6 +30,7 @@
 #define DS41_PD_H
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,6 +40,18 @@
 #include "restore.h"
 
 /* ---- prefill node ---- */
+/* What a prefill node has done (its /health and /metrics, serve_pd.c): written by the node's
+ * threads, read by any. */
+typedef struct ds41_pd_prefill_stats {
+    _Atomic long long served;   /* requests whose DONE went out */
+    _Atomic long long failed;   /* requests that ended otherwise (busy ones included) */
+    _Atomic long long busy;     /* of those, refused at capacity */
+    _Atomic long long blocks;   /* blocks shipped by the served requests */
+    _Atomic long long bytes;    /* frame bytes (headers included) sent by the served requests */
+    _Atomic int active;         /* requests held now */
+    _Atomic int listening;      /* 1 once it accepts connections */
+} ds41_pd_prefill_stats;
+
 typedef struct ds41_pd_prefill_opts {
     const char *host;         /* address to listen on (NULL: 127.0.0.1) */
     int port;                 /* 0: any free port (printed) */
@@ -49,6 +62,7 @@ typedef struct ds41_pd_prefill_opts {
      * the residual stream at the first decoder layer, which travels instead, and this node
      * reads no decoder weight */
     int decoder_on_decode;
+    ds41_pd_prefill_stats *stats;   /* NULL: kept inside; else must outlive the node */
 } ds41_pd_prefill_opts;
 
 /* Serves prefill requests until *stop becomes non-zero; prints "ds41 prefill node: listening

@@ -41,8 +41,8 @@ typedef struct pd_srv {
     ds41_pd_prefill_opts o;
     ds41_kvx_net *net;
     pthread_mutex_t compute_mu;
-    _Atomic int active, threads;
-    _Atomic long long served, failed, bytes;
+    _Atomic int threads;
+    ds41_pd_prefill_stats own, *st;   /* st: the caller's (o.stats) or own */
 } pd_srv;
 
 /* a page to send (one reference held), the resume state (store -1, blob owned) or the end
@@ -76,6 +76,7 @@ typedef struct pd_req {
      * positions (X rows, then pre rows), taken by the hook when that layer's keys are done */
     float *stream;
     int stream_rows, stream_taken;
+    long long restored;        /* blocks restored from this node's prefix cache */
 } pd_req;
 
 static double now_s(void) {
@@ -272,15 +273,31 @@ static int compute(pd_req *r, const int32_t *ids, ds41_err *err) {
     if (r->stream) q->stop_layer = S->e->cfg->first_decoder_layer;
     q->layer_done = layer_hook;
     q->layer_done_arg = r;
-    if (hit == r->nb) {
+    /* a partial hit restores its blocks and computes the rest; with the decoder split the
+     * computed part must still cover the stream's rows (else fewer blocks are restored) */
+    long long use = hit;
+    if (r->stream && use < r->nb) {
+        long long cap = (M - r->stream_rows) / BT;
+        if (use > cap) use = cap > 0 ? cap : 0;
+    }
+    if (use > 0) {
         for (int i = 0; i < ns; i++) {
-            for (long long b = r->first; b < r->nb; b++) push(r, i, (int)b, pg[(size_t)b * ns + i]);
-            r->sent[i] = (int)(r->nb - r->first);   /* the hook queues none of them again */
+            for (long long b = r->first; b < use; b++) push(r, i, (int)b, pg[(size_t)b * ns + i]);
+            /* the hook queues none of them again */
+            r->sent[i] = use > r->first ? (int)(use - r->first) : 0;
         }
-        /* the state from the cache's restore; blocks evicted since ds41_prefix_pages are computed */
-        long long k = ds41_prefix_restore(S->pc, s, ids, (size_t)M);
+        /* the state from the cache's restore; blocks evicted since ds41_prefix_pages, and the
+         * blocks past the hit, are computed (and published) */
+        long long k = ds41_prefix_restore(S->pc, s, ids, (size_t)(use * BT));
         if (k < 0) rc = ds41_errf(err, "restore from the prefix cache: %s", ds41_session_error(s));
-        else if (k < M) rc = ds41_forward(q, ids + k, (int)(M - k), 0, err);
+        else {
+            r->restored = k / BT;
+            if (k < M) rc = ds41_forward(q, ids + k, (int)(M - k), 0, err);
+            if (!rc && k < M && !atomic_load(&r->failed)) {
+                for (int i = 0; i < ns; i++) queue_store(r, &q->cache, i);
+                ds41_prefix_publish(S->pc, s, ids, (size_t)M);
+            }
+        }
     } else {
         rc = atomic_load(&r->failed) ? 0 : ds41_forward(q, ids, (int)M, 0, err);
         if (!rc && !atomic_load(&r->failed)) {
@@ -329,10 +346,11 @@ static void *handler_main(void *arg) {
     }
     free(p);
     p = NULL;
-    int act = atomic_fetch_add(&S->active, 1);
+    int act = atomic_fetch_add(&S->st->active, 1);
     slot = 1;
     if (act >= S->o.capacity) {
         snprintf(r->why, sizeof r->why, "busy: %d requests held (capacity %d)", act, S->o.capacity);
+        atomic_fetch_add(&S->st->busy, 1);
         send_error(S, c, r->id, 0, DS41_KVX_E_BUSY, r->why);
         goto out;
     }
@@ -403,21 +421,24 @@ static void *handler_main(void *arg) {
     if (rc) send_error(S, c, r->id, r->seq, DS41_KVX_E_FAILED, r->why);
 out:
     if (!r->why[0]) {
-        atomic_fetch_add(&S->served, 1);
-        atomic_fetch_add(&S->bytes, r->bytes);
-        fprintf(stderr, "ds41 prefill node: request %llu from %s: %lld blocks from block %lld, %lld bytes in %.3f s "
-                "(first page sent at %.4f s, prefill done at %.4f s, RESUME sent at %.4f s, DONE sent at %.4f s)\n",
-                (unsigned long long)r->id, ds41_kvx_peer(c), r->nb - r->first, r->first, r->bytes, now_s() - t0,
+        atomic_fetch_add(&S->st->served, 1);
+        atomic_fetch_add(&S->st->blocks, r->nb - r->first);
+        atomic_fetch_add(&S->st->bytes, r->bytes);
+        fprintf(stderr, "ds41 prefill node: request %llu from %s: %lld blocks from block %lld (%lld of %lld restored "
+                "from the prefix cache), %lld bytes in %.3f s (first page sent at %.4f s, prefill done at %.4f s, RESUME "
+                "sent at %.4f s, DONE sent at %.4f s)\n",
+                (unsigned long long)r->id, ds41_kvx_peer(c), r->nb - r->first, r->first, r->restored, r->nb, r->bytes,
+                now_s() - t0,
                 r->t_first, r->t_computed, r->t_resume, r->t_done);
     } else {
-        atomic_fetch_add(&S->failed, 1);
+        atomic_fetch_add(&S->st->failed, 1);
     }
     ds41_kvx_conn_close(c);
     free(p);
     free(ids);
     /* pages still queued (a failed request) hold references: drop them */
     for (sitem *it = r->head, *nx; it; it = nx) { nx = it->next; ds41_page_unref(it->page); free(it->blob); free(it); }
-    int left = slot ? atomic_fetch_sub(&S->active, 1) - 1 : atomic_load(&S->active);
+    int left = slot ? atomic_fetch_sub(&S->st->active, 1) - 1 : atomic_load(&S->st->active);
     if (r->why[0])
         fprintf(stderr, "ds41 prefill node: request %llu: %s; its state is freed after %.3f s (%d requests held)\n",
                 (unsigned long long)r->id, r->why, now_s() - t0, left);
@@ -446,6 +467,7 @@ int ds41_pd_prefill_run(ds41_engine *e, ds41_prefix_cache *pc, const ds41_sessio
     S->sp = *sp;
     S->sp.draft = 0;   /* the prefill node never drafts */
     S->o = *o;
+    S->st = o->stats ? o->stats : &S->own;
     if (!S->o.host) S->o.host = "127.0.0.1";
     if (S->o.capacity < 1) S->o.capacity = 1;
     if (S->o.lease_ms < 1) S->o.lease_ms = 10000;
@@ -460,6 +482,7 @@ int ds41_pd_prefill_run(ds41_engine *e, ds41_prefix_cache *pc, const ds41_sessio
            "decoder on the %s node)\n", S->o.host, ds41_kvx_listener_port(l), fp, S->o.capacity, S->o.lease_ms,
            S->o.decoder_on_decode ? "decode" : "prefill");
     fflush(stdout);
+    atomic_store(&S->st->listening, 1);
     while (!*stop) {
         ds41_err aerr;
         ds41_kvx_conn *c = ds41_kvx_accept(l, 200, &aerr);
@@ -485,11 +508,13 @@ int ds41_pd_prefill_run(ds41_engine *e, ds41_prefix_cache *pc, const ds41_sessio
         }
         pthread_detach(th);
     }
+    atomic_store(&S->st->listening, 0);
     /* handlers end within their lease: wait for them before the engine goes */
     double end = now_s() + S->o.lease_ms / 1000.0 + 2;
     while (atomic_load(&S->threads) > 0 && now_s() < end) usleep(10000);
     fprintf(stderr, "ds41 prefill node: stopped (%lld requests served, %lld failed, %lld bytes sent)\n",
-            (long long)atomic_load(&S->served), (long long)atomic_load(&S->failed), (long long)atomic_load(&S->bytes));
+            (long long)atomic_load(&S->st->served), (long long)atomic_load(&S->st->failed),
+            (long long)atomic_load(&S->st->bytes));
     ds41_kvx_listener_close(l);
     if (atomic_load(&S->threads) == 0) {   /* else a handler still uses them: left */
         ds41_kvx_net_close(S->net);

@@ -40,7 +40,8 @@ typedef struct ds41_serve_opts {
     long long cache_mem, cache_bytes;
     const char *cache_dir;
     /* prefill/decode disaggregation (docs/pd.md, src/serve/serve_pd.c): role DS41_ROLE_*;
-     * a prefill node listens for decode nodes on host:port (UCX) and serves no HTTP; a decode
+     * a prefill node listens for decode nodes on host:port (UCX), and serves /health and
+     * /metrics over HTTP on host:pd_http_port when that is >= 0 (0: a free port); a decode
      * node sends prompts with at least remote_min new tokens to prefill_nodes ("HOST:PORT,...") */
     int role;
     const char *prefill_nodes;
@@ -49,15 +50,17 @@ typedef struct ds41_serve_opts {
     int prefill_timeout_ms;      /* a prefill node's next frame within this (default 30000) */
     int lease_ms;                /* prefill node: a silent decode node's state goes after this (10000) */
     int pd_decoder_decode;       /* prefill node, --pd-decoder decode: the decoder runs on the decode node */
+    int pd_http_port;            /* prefill node, --http-port: -1 (default) none */
 } ds41_serve_opts;
 
 enum { DS41_SERVE_ROLE_BOTH = 0, DS41_SERVE_ROLE_PREFILL = 1, DS41_SERVE_ROLE_DECODE = 2 };
 
 /* serve_pd.c: the roles' parts of ds41_serve. prefill: serves until SIGINT / SIGTERM (ss, the
- * blocked signals) and returns the exit status. decode: sets sp->remote up (*client to close
+ * blocked signals; model_name labels its metrics) and returns the exit status. decode: sets sp->remote up (*client to close
  * with ds41_serve_pd_close after the scheduler stopped); 0 or -1 with a message on stderr. */
 struct ds41_sched_params;
-int ds41_serve_pd_prefill(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serve_opts *o, const void *ss);
+int ds41_serve_pd_prefill(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serve_opts *o, const char *model_name,
+                          const void *ss);
 int ds41_serve_pd_decode(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serve_opts *o, struct ds41_sched_params *sp,
                          void **client);
 void ds41_serve_pd_close(void *client);

@@ -1100,6 +1100,7 @@ void ds41_serve_opts_default(ds41_serve_opts *o) {
     o->remote_min = 128;
     o->prefill_timeout_ms = 30000;
     o->lease_ms = 10000;
+    o->pd_http_port = -1;
 }
 
 static long long default_kv_budget(void) {
@@ -1204,7 +1205,7 @@ int ds41_serve(const ds41_serve_opts *o) {
         sv->mirror = sp.mirror = ds41_smirror_new();
         if (!sv->mirror) { fprintf(stderr, "ds41 serve: out of memory\n"); goto out; }
     }
-    if (o->role == DS41_SERVE_ROLE_PREFILL) { rc = ds41_serve_pd_prefill(sv->e, sv->pc, o, &ss); goto out; }
+    if (o->role == DS41_SERVE_ROLE_PREFILL) { rc = ds41_serve_pd_prefill(sv->e, sv->pc, o, sv->model_name, &ss); goto out; }
     if (o->role == DS41_SERVE_ROLE_DECODE) {
         if (ds41_serve_pd_decode(sv->e, sv->pc, o, &sp, &sv->pdc)) goto out;
         sv->m.pd = 1;

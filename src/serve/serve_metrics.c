@@ -95,9 +95,7 @@ static void hist(out *o, const ds41_hist *h, const char *lbl) {
          h->sum, h->name, lbl, h->count);
 }
 
-char *ds41_metrics_text(ds41_metrics *m, const ds41_gauges *g, const char *model_name, size_t *len) {
-    out o = { 0 };
-    char lbl[300];
+void ds41_metrics_label(const char *model_name, char *lbl, size_t cap) {
     /* a label value: backslash, quote and newline escaped */
     char mn[200];
     size_t k = 0;
@@ -107,7 +105,13 @@ char *ds41_metrics_text(ds41_metrics *m, const ds41_gauges *g, const char *model
         mn[k++] = *p;
     }
     mn[k] = 0;
-    snprintf(lbl, sizeof lbl, "model_name=\"%s\"", mn);
+    snprintf(lbl, cap, "model_name=\"%s\"", mn);
+}
+
+char *ds41_metrics_text(ds41_metrics *m, const ds41_gauges *g, const char *model_name, size_t *len) {
+    out o = { 0 };
+    char lbl[300];
+    ds41_metrics_label(model_name, lbl, sizeof lbl);
     pthread_mutex_lock(&m->mu);
     gauge(&o, "vllm:num_requests_running", "Number of requests in model execution batches.", lbl, (double)g->running);
     gauge(&o, "vllm:num_requests_waiting", "Number of requests waiting to be processed.", lbl, (double)g->waiting);

@@ -61,6 +61,8 @@ void ds41_metrics_init(ds41_metrics *m);
 void ds41_metrics_free(ds41_metrics *m);
 void ds41_metrics_observe(ds41_metrics *m, ds41_hist *h, double v);
 void ds41_metrics_status(ds41_metrics *m, int status);
+/* lbl = model_name="NAME", the name escaped as a Prometheus label value */
+void ds41_metrics_label(const char *model_name, char *lbl, size_t cap);
 /* Prometheus text exposition (malloc'd). */
 char *ds41_metrics_text(ds41_metrics *m, const ds41_gauges *g, const char *model_name, size_t *len);
 

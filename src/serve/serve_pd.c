@@ -3,13 +3,18 @@
 #define _GNU_SOURCE
 #include "serve.h"
 
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "serve_metrics.h"
 #include "serve_sched.h"
 
 #ifdef DS41_HAVE_UCX
@@ -24,10 +29,14 @@ typedef struct prefill_run {
     ds41_err err;
 } prefill_run;
 
+/* the node's counters: static, since a request's handler may outlive the node's shutdown wait */
+static ds41_pd_prefill_stats g_stats;
+
 static void *prefill_main(void *arg) {
     prefill_run *r = arg;
     ds41_pd_prefill_opts po = { .host = r->o->host, .port = r->o->port, .capacity = r->o->parallel,
-                                .lease_ms = r->o->lease_ms, .decoder_on_decode = r->o->pd_decoder_decode };
+                                .lease_ms = r->o->lease_ms, .decoder_on_decode = r->o->pd_decoder_decode,
+                                .stats = &g_stats };
     r->rc = ds41_pd_prefill_run(r->e, r->pc, &r->o->sp, &po, &r->stop, &r->err);
     if (r->rc) {
         fprintf(stderr, "ds41 serve --role prefill: %s\n", r->err.msg);
@@ -36,14 +45,98 @@ static void *prefill_main(void *arg) {
     return NULL;
 }
 
-int ds41_serve_pd_prefill(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serve_opts *o, const void *ss) {
+/* ---- the prefill node's HTTP (--http-port): GET /health and /metrics, nothing else */
+typedef struct prefill_http {
+    int capacity;
+    char lbl[300];
+} prefill_http;
+
+static enum MHD_Result http_send(struct MHD_Connection *c, unsigned status, const char *type, char *body) {
+    if (!body) return MHD_NO;
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!r) { free(body); return MHD_NO; }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    enum MHD_Result rc = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return rc;
+}
+
+/* Prometheus text of the node's counters (ds41:prefill_*) */
+static char *prefill_metrics(const prefill_http *h) {
+    const ds41_pd_prefill_stats *st = &g_stats;
+    struct { const char *name, *type, *help; long long v; } m[] = {
+        { "ds41:prefill_requests_total", "counter", "Remote prefills served (DONE sent).", atomic_load(&st->served) },
+        { "ds41:prefill_failures_total", "counter",
+          "Remote prefills that ended otherwise (busy, mismatch, bad request, a decode node gone, a failed prefill).",
+          atomic_load(&st->failed) },
+        { "ds41:prefill_busy_total", "counter", "Requests refused at capacity (--parallel).", atomic_load(&st->busy) },
+        { "ds41:prefill_blocks_total", "counter", "128-token blocks shipped by the served requests.", atomic_load(&st->blocks) },
+        { "ds41:kv_transfer_bytes_sent_total", "counter", "Frame bytes sent to decode nodes by the served requests, headers included.",
+          atomic_load(&st->bytes) },
+        { "ds41:prefill_requests_running", "gauge", "Requests held now.", atomic_load(&st->active) },
+        { "ds41:prefill_capacity", "gauge", "Requests held at once at most (--parallel).", h->capacity },
+    };
+    size_t cap = 8192, n = 0;
+    char *t = malloc(cap);
+    for (size_t i = 0; t && i < sizeof m / sizeof m[0]; i++)
+        n += (size_t)snprintf(t + n, cap - n, "# HELP %s %s\n# TYPE %s %s\n%s{%s} %lld\n", m[i].name, m[i].help, m[i].name,
+                              m[i].type, m[i].name, h->lbl, m[i].v);
+    return t;
+}
+
+static enum MHD_Result prefill_http_handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                            const char *version, const char *upload, size_t *upload_size, void **ptr) {
+    (void)version; (void)upload;
+    const prefill_http *h = cls;
+    static int first;
+    if (*ptr != &first) { *ptr = &first; return MHD_YES; }   /* headers only; the reply on the next call */
+    if (*upload_size) { *upload_size = 0; return MHD_YES; }    /* a body is read and ignored */
+    if (strcmp(method, "GET") && strcmp(method, "HEAD"))
+        return http_send(c, 405, "application/json", strdup("{\"error\":\"a prefill node answers GET /health and /metrics only\"}"));
+    if (!strcmp(url, "/metrics")) return http_send(c, 200, "text/plain; version=0.0.4", prefill_metrics(h));
+    if (!strcmp(url, "/health")) {
+        int up = atomic_load(&g_stats.listening);
+        char *b = NULL;
+        if (asprintf(&b, "{\"status\":\"%s\",\"role\":\"prefill\",\"requests_running\":%d,\"capacity\":%d}",
+                     up ? "ok" : "not listening", atomic_load(&g_stats.active), h->capacity) < 0) b = NULL;
+        return http_send(c, up ? 200 : 503, "application/json", b);
+    }
+    return http_send(c, 404, "application/json", strdup("{\"error\":\"not found: a prefill node answers GET /health and /metrics\"}"));
+}
+
+int ds41_serve_pd_prefill(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serve_opts *o, const char *model_name,
+                          const void *ss) {
     prefill_run r = { .e = e, .pc = pc, .o = o };
+    prefill_http h = { .capacity = o->parallel < 1 ? 1 : o->parallel };
+    ds41_metrics_label(model_name, h.lbl, sizeof h.lbl);
+    struct MHD_Daemon *d = NULL;
+    if (o->pd_http_port >= 0) {
+        struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV | AI_PASSIVE };
+        struct addrinfo *ai = NULL;
+        char port[16];
+        snprintf(port, sizeof port, "%d", o->pd_http_port);
+        const char *host = o->host ? o->host : "127.0.0.1";
+        int gai = getaddrinfo(host, port, &hints, &ai);
+        if (gai) { fprintf(stderr, "ds41 serve: --host %s: %s\n", host, gai_strerror(gai)); return 1; }
+        d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0), 0, NULL, NULL,
+                             prefill_http_handler, &h, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_TIMEOUT,
+                             10u, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384, MHD_OPTION_END);
+        freeaddrinfo(ai);
+        if (!d) { fprintf(stderr, "ds41 serve: --http-port: cannot listen on %s:%d: %s\n", host, o->pd_http_port, strerror(errno)); return 1; }
+        const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+        fprintf(stderr, "ds41 prefill node: /health and /metrics on http://%s:%u\n", host, di ? di->port : (unsigned)o->pd_http_port);
+    }
     pthread_t th;
-    if (pthread_create(&th, NULL, prefill_main, &r)) { fprintf(stderr, "ds41 serve: cannot start the prefill node\n"); return 1; }
+    if (pthread_create(&th, NULL, prefill_main, &r)) {
+        fprintf(stderr, "ds41 serve: cannot start the prefill node\n");
+        if (d) MHD_stop_daemon(d);
+        return 1;
+    }
     int sig = 0;
     sigwait((const sigset_t *)ss, &sig);
     r.stop = 1;
     pthread_join(th, NULL);
+    if (d) MHD_stop_daemon(d);
     return r.rc ? 1 : 0;
 }
 
@@ -91,8 +184,9 @@ static int no_ucx(void) {
             "(install libucx-dev, then make)\n");
     return 1;
 }
-int ds41_serve_pd_prefill(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serve_opts *o, const void *ss) {
-    (void)e; (void)pc; (void)o; (void)ss;
+int ds41_serve_pd_prefill(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serve_opts *o, const char *model_name,
+                          const void *ss) {
+    (void)e; (void)pc; (void)o; (void)model_name; (void)ss;
     return no_ucx();
 }
 int ds41_serve_pd_decode(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serve_opts *o, ds41_sched_params *sp,
