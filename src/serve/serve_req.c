@@ -262,7 +262,7 @@ int ds41_req_image_url(const char *url, const char *param, const char *field, ui
 static int add_image(ds41_req *r, const json_t *part, const char *path, size_t j, ds41_req_error *e) {
     const json_t *iu = json_object_get(part, "image_url");
     const char *url = json_string_value(json_is_object(iu) ? json_object_get(iu, "url") : iu);
-    char field[96];
+    char field[128];
     snprintf(field, sizeof field, "%s.content[%zu].image_url.url", path, j);
     if (!url) return BAD("messages", "%s: required, a string", field);
     int k = r->n_images;
