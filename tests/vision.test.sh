@@ -18,7 +18,11 @@
 #     a vision tensor misshaped or missing (each named);
 #   - ds41 serve: a PNG and a JPEG data URL on /v1/chat/completions answer as ds41 run --image
 #     (exact, greedy) with the span positions in usage; malformed image parts and a checkpoint
-#     without a tower get 400s naming them.
+#     without a tower get 400s naming them; through the official SDKs (tests/serve/vision_sdk.mjs)
+#     the same answer on /v1/chat/completions, /v1/responses (input_image) and /v1/messages
+#     (image blocks, base64 and data: URL, also inside a tool result), usage and count_tokens
+#     equal to the prefilled positions, 400s naming the field, and a context overflowed by the
+#     image spans refused at admission.
 # About 6 s.
 set -u
 cd "${DS41_ROOT:-$(dirname "$0")/..}"
@@ -252,11 +256,21 @@ if serve_start vserve -m "$FCK" --exact --spec off -c 512; then
     # the two images answer differently: the embeddings reach the model
     if ! cmp -s "$TMP/serve_image_png_equals_run.out" "$TMP/serve_image_jpeg_equals_run.out"; then pass serve_image_differs
     else fail serve_image_differs "the PNG and the JPEG answer alike"; fi
-    # three malformed parts: not a data URL, bad base64, a JPEG under the PNG MIME type
+    # the official SDKs: chat.completions and responses (openai), messages and count_tokens
+    # (@anthropic-ai/sdk), each equal to ds41 run --image, usage the span positions; malformed
+    # image parts and a context overflowed by the spans (tests/serve/vision_sdk.mjs)
+    if [ -d tests/oracle/node_modules/openai ] && [ -d tests/oracle/node_modules/@anthropic-ai/sdk ]; then
+        rows=$("$DS41" image -m "$FCK" "$TMP/a.png" 2>/dev/null | sed -n 's/.*span \([0-9]*\) positions.*/\1/p')
+        timeout 120 node tests/serve/vision_sdk.mjs "$PORT" 512 "$TMP/a.png" "$TMP/serve_image_png_equals_run.out" "$TMP/b.jpg" \
+            "$TMP/serve_image_jpeg_equals_run.out" "$((NPT + ${rows:-0}))" || echo "FAIL vision_sdk: exit status $?"
+    else
+        fail vision_sdk "tests/oracle/node_modules (openai, @anthropic-ai/sdk) missing (run make setup)"
+    fi
+    # three malformed parts: an https URL (never fetched), bad base64, a JPEG under the PNG MIME type
     vreq "$PORT" - "https://example.com/a.png" "$TMP/v2.json"
     vreq "$PORT" - "data:image/png;base64,iVBO*w0K" "$TMP/v3.json"
     vreq "$PORT" "$TMP/b.jpg" image/png "$TMP/v4.json"
-    for c in "v2 image_url.url: only data:image/png" "v3 not in the alphabet" "v4 the data is not a PNG file"; do
+    for c in "v2 image_url.url: http(s) URLs are not fetched" "v3 not in the alphabet" "v4 the data is not a PNG file"; do
         f=${c%% *} pat=${c#* }
         if grep -q '^400 ' "$TMP/$f.json" && grep -q "content\[0\]" "$TMP/$f.json" && grep -qF "$pat" "$TMP/$f.json"; then
             pass "serve_image_400_$f"
