@@ -167,7 +167,7 @@ if (process.argv[3]) {
 const bad = [
   ["max_tokens_missing", { model, messages: [{ role: "user", content: "x" }] }, "max_tokens"],
   ["max_tokens_zero", { model, max_tokens: 0, messages: [{ role: "user", content: "x" }] }, "max_tokens"],
-  ["image_block", { model, max_tokens: 4, messages: [{ role: "user", content: [{ type: "image", source: { type: "base64", media_type: "image/png", data: "AA==" } }] }] }, "image blocks are not supported"],
+  ["image_block", { model, max_tokens: 4, messages: [{ role: "user", content: [{ type: "image", source: { type: "base64", media_type: "image/png", data: "AA==" } }] }] }, "messages[0].content[0].source.data: the data is not a PNG file"],
   ["role_system", { model, max_tokens: 4, messages: [{ role: "system", content: "x" }] }, "messages[0].role"],
   ["temperature", { model, max_tokens: 4, temperature: 1.5, messages: [{ role: "user", content: "x" }] }, "temperature"],
   ["any_without_tools", { model, max_tokens: 4, tool_choice: { type: "any" }, messages: [{ role: "user", content: "x" }] }, "tool_choice"],
