@@ -22,7 +22,7 @@
 #     the same answer on /v1/chat/completions, /v1/responses (input_image) and /v1/messages
 #     (image blocks, base64 and data: URL, also inside a tool result), usage and count_tokens
 #     equal to the prefilled positions, 400s naming the field, and a context overflowed by the
-#     image spans refused at admission.
+#     image spans refused at admission; --kv-budget counts the span positions as token ids.
 # About 6 s.
 set -u
 cd "${DS41_ROOT:-$(dirname "$0")/..}"
@@ -276,6 +276,38 @@ if serve_start vserve -m "$FCK" --exact --spec off -c 512; then
             pass "serve_image_400_$f"
         else fail "serve_image_400_$f" "$(head -c 300 "$TMP/$f.json")"; fi
     done
+    kill "$PID"; wait "$PID" 2>/dev/null
+fi
+# --kv-budget counts the span too: under a budget smaller than any sequence every request is
+# refused with the bytes it needs, whole 128-position pages. The PNG's prompt (NPT + 17
+# positions) with max_tokens filling one page and one more must need what 32 and 129 positions
+# of token ids need on /v1/completions (counting the image as one position would need one page
+# for both)
+if serve_start vserve_budget -m "$FCK" --exact --spec off -c 512 --kv-budget 1000; then
+    r=$("$PY" - "$PORT" "$TMP/a.png" "$NPT" <<'PYEOF'
+import base64, json, re, sys, urllib.request, urllib.error
+port, img, npt = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def need(route, body):
+    rq = urllib.request.Request("http://127.0.0.1:%s%s" % (port, route), json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(rq)
+        return "accepted"
+    except urllib.error.HTTPError as e:
+        m = re.search(r"needs (\d+) bytes", e.read().decode())
+        return int(m.group(1)) if e.code == 400 and m else "status %d" % e.code
+url = "data:image/png;base64," + base64.b64encode(open(img, "rb").read()).decode()
+n = npt + 17
+got = []
+for mt in (128 - n, 129 - n):
+    im = need("/v1/chat/completions", {"max_tokens": mt, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What colour?"}]}]})
+    ids = need("/v1/completions", {"max_tokens": mt, "prompt": [7] * n})
+    got.append((im, ids))
+ok = all(isinstance(a, int) and a == b for a, b in got) and got[1][0] > got[0][0]
+print("ok" if ok else "image vs ids, one page and two: %s" % got)
+PYEOF
+)
+    if [ "$r" = ok ]; then pass serve_image_kv_budget; else fail serve_image_kv_budget "$r"; fi
     kill "$PID"; wait "$PID" 2>/dev/null
 fi
 # a checkpoint without a tower (its config has a vision_config, its weights no tower): a 400
