@@ -9,27 +9,15 @@
 // get 400s naming the field, in each API's error shape, and a request whose image spans overflow
 // the context is refused at once.
 // Prints PASS / FAIL lines; exits 1 if any failed.
-import { createRequire } from "module";
 import { readFileSync } from "fs";
-const require = createRequire(import.meta.url);
-const Anthropic = require("../oracle/node_modules/@anthropic-ai/sdk").default;
-const OpenAI = require("../oracle/node_modules/openai").default;
+import { anthropicClient, check, failures, openaiClient, test } from "./sdk_check.mjs";
 
 const [port, ctxArg, pngFile, pngAnsFile, jpgFile, jpgAnsFile, ptArg] = process.argv.slice(2);
 const ctx = Number(ctxArg), promptTokens = Number(ptArg);
 const png = readFileSync(pngFile).toString("base64"), jpg = readFileSync(jpgFile).toString("base64");
 const pngAns = readFileSync(pngAnsFile, "utf8").replace(/\n$/, ""), jpgAns = readFileSync(jpgAnsFile, "utf8").replace(/\n$/, "");
 const pngUrl = `data:image/png;base64,${png}`;
-const ant = new Anthropic({ baseURL: `http://127.0.0.1:${port}`, apiKey: "unused", maxRetries: 0, timeout: 120000 });
-const oai = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: "unused", maxRetries: 0, timeout: 120000 });
-let failed = 0;
-function check(name, cond, why) {
-  if (cond) console.log(`PASS ${name}`);
-  else { failed++; console.log(`FAIL ${name}: ${typeof why === "string" ? why : JSON.stringify(why)}`.slice(0, 900)); }
-}
-async function test(name, fn) {
-  try { await fn(); } catch (e) { failed++; console.log(`FAIL ${name}: threw ${e && (e.stack || e)}`.slice(0, 900)); }
-}
+const ant = anthropicClient(port), oai = openaiClient(port);
 const model = (await oai.models.list()).data[0].id;
 const q = "What colour?";
 // skip_special_tokens false on the chat route: ds41 run prints every token (the other routes
@@ -161,4 +149,4 @@ for (const [name, part, needle] of respBad) {
     }
   });
 }
-process.exit(failed ? 1 : 0);
+process.exit(failures() ? 1 : 0);
