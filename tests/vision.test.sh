@@ -23,7 +23,7 @@
 #     (image blocks, base64 and data: URL, also inside a tool result), usage and count_tokens
 #     equal to the prefilled positions, 400s naming the field, and a context overflowed by the
 #     image spans refused at admission; --kv-budget counts the span positions as token ids.
-# About 6 s.
+# About 8 s of CPU (the SDK checks about 1.5 of it).
 set -u
 cd "${DS41_ROOT:-$(dirname "$0")/..}"
 DS41=${DS41:-./ds41}
