@@ -37,11 +37,12 @@ static void check_req(const ds41_req *r) {
         for (size_t k = 0; p->ids && k < p->n_ids; k++) if (p->ids[k] < 0) abort();
     }
     for (int i = 0; i < r->n_stop; i++) if (!r->stop[i] || !r->stop[i][0]) abort();
-    /* an accepted image part is a PNG or JPEG by its signature, within the image byte limit */
+    /* an accepted image part is a PNG or JPEG by its signature, within the image limits */
     if (r->n_images < 0 || (r->n_images && r->kind != DS41_REQ_CHAT)) abort();
     for (int i = 0; i < r->n_images; i++) {
         const uint8_t *b = r->images[i];
         if (!b || r->image_len[i] < 2 || r->image_len[i] > DS41_IMAGE_MAX_BYTES) abort();
+        if (r->image_w[i] < 1 || r->image_h[i] < 1 || r->image_w[i] > DS41_IMAGE_MAX_SIDE || r->image_h[i] > DS41_IMAGE_MAX_SIDE) abort();
         if (memcmp(b, "\x89PNG", r->image_len[i] < 4 ? r->image_len[i] : 4) && !(b[0] == 0xFF && b[1] == 0xD8)) abort();
     }
 }

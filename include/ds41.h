@@ -163,6 +163,10 @@ int ds41_has_vision(const ds41_engine *e);
  * pixels). Errors name what was wrong (format, truncation, size, no tower). */
 int ds41_image_span_encoded(ds41_engine *e, const uint8_t *data, size_t len, float **out, int *rows, char *err,
                             size_t errcap);
+/* The span length (positions) ds41_image_span_encoded gives an image of width x height pixels,
+ * from the checkpoint's preprocessing plan alone (no decoding, no tower); -1 with err when no
+ * plan fits the image or the checkpoint has no vision config. */
+int ds41_image_span_positions(const ds41_engine *e, int width, int height, char *err, size_t errcap);
 /* Logits of the last fed token: ds41_vocab_size floats. */
 const float *ds41_logits(const ds41_session *s);
 

@@ -18,8 +18,12 @@
 #     a vision tensor misshaped or missing (each named);
 #   - ds41 serve: a PNG and a JPEG data URL on /v1/chat/completions answer as ds41 run --image
 #     (exact, greedy) with the span positions in usage; malformed image parts and a checkpoint
-#     without a tower get 400s naming them.
-# About 6 s.
+#     without a tower get 400s naming them; through the official SDKs (tests/serve/vision_sdk.mjs)
+#     the same answer on /v1/chat/completions, /v1/responses (input_image) and /v1/messages
+#     (image blocks, base64 and data: URL, also inside a tool result), usage and count_tokens
+#     equal to the prefilled positions, 400s naming the field, and a context overflowed by the
+#     image spans refused at admission; --kv-budget counts the span positions as token ids.
+# About 8 s of CPU (the SDK checks about 1.5 of it).
 set -u
 cd "${DS41_ROOT:-$(dirname "$0")/..}"
 DS41=${DS41:-./ds41}
@@ -252,16 +256,58 @@ if serve_start vserve -m "$FCK" --exact --spec off -c 512; then
     # the two images answer differently: the embeddings reach the model
     if ! cmp -s "$TMP/serve_image_png_equals_run.out" "$TMP/serve_image_jpeg_equals_run.out"; then pass serve_image_differs
     else fail serve_image_differs "the PNG and the JPEG answer alike"; fi
-    # three malformed parts: not a data URL, bad base64, a JPEG under the PNG MIME type
+    # the official SDKs: chat.completions and responses (openai), messages and count_tokens
+    # (@anthropic-ai/sdk), each equal to ds41 run --image, usage the span positions; malformed
+    # image parts and a context overflowed by the spans (tests/serve/vision_sdk.mjs)
+    if [ -d tests/oracle/node_modules/openai ] && [ -d tests/oracle/node_modules/@anthropic-ai/sdk ]; then
+        rows=$("$DS41" image -m "$FCK" "$TMP/a.png" 2>/dev/null | sed -n 's/.*span \([0-9]*\) positions.*/\1/p')
+        timeout 120 node tests/serve/vision_sdk.mjs "$PORT" 512 "$TMP/a.png" "$TMP/serve_image_png_equals_run.out" "$TMP/b.jpg" \
+            "$TMP/serve_image_jpeg_equals_run.out" "$((NPT + ${rows:-0}))" || echo "FAIL vision_sdk: exit status $?"
+    else
+        fail vision_sdk "tests/oracle/node_modules (openai, @anthropic-ai/sdk) missing (run make setup)"
+    fi
+    # three malformed parts: an https URL (never fetched), bad base64, a JPEG under the PNG MIME type
     vreq "$PORT" - "https://example.com/a.png" "$TMP/v2.json"
     vreq "$PORT" - "data:image/png;base64,iVBO*w0K" "$TMP/v3.json"
     vreq "$PORT" "$TMP/b.jpg" image/png "$TMP/v4.json"
-    for c in "v2 image_url.url: only data:image/png" "v3 not in the alphabet" "v4 the data is not a PNG file"; do
+    for c in "v2 image_url.url: http(s) URLs are not fetched" "v3 not in the alphabet" "v4 the data is not a PNG file"; do
         f=${c%% *} pat=${c#* }
         if grep -q '^400 ' "$TMP/$f.json" && grep -q "content\[0\]" "$TMP/$f.json" && grep -qF "$pat" "$TMP/$f.json"; then
             pass "serve_image_400_$f"
         else fail "serve_image_400_$f" "$(head -c 300 "$TMP/$f.json")"; fi
     done
+    kill "$PID"; wait "$PID" 2>/dev/null
+fi
+# --kv-budget counts the span too: under a budget smaller than any sequence every request is
+# refused with the bytes it needs, whole 128-position pages. The PNG's prompt (NPT + 17
+# positions) with max_tokens filling one page and one more must need what 32 and 129 positions
+# of token ids need on /v1/completions (counting the image as one position would need one page
+# for both)
+if serve_start vserve_budget -m "$FCK" --exact --spec off -c 512 --kv-budget 1000; then
+    r=$("$PY" - "$PORT" "$TMP/a.png" "$NPT" <<'PYEOF'
+import base64, json, re, sys, urllib.request, urllib.error
+port, img, npt = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def need(route, body):
+    rq = urllib.request.Request("http://127.0.0.1:%s%s" % (port, route), json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(rq)
+        return "accepted"
+    except urllib.error.HTTPError as e:
+        m = re.search(r"needs (\d+) bytes", e.read().decode())
+        return int(m.group(1)) if e.code == 400 and m else "status %d" % e.code
+url = "data:image/png;base64," + base64.b64encode(open(img, "rb").read()).decode()
+n = npt + 17
+got = []
+for mt in (128 - n, 129 - n):
+    im = need("/v1/chat/completions", {"max_tokens": mt, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What colour?"}]}]})
+    ids = need("/v1/completions", {"max_tokens": mt, "prompt": [7] * n})
+    got.append((im, ids))
+ok = all(isinstance(a, int) and a == b for a, b in got) and got[1][0] > got[0][0]
+print("ok" if ok else "image vs ids, one page and two: %s" % got)
+PYEOF
+)
+    if [ "$r" = ok ]; then pass serve_image_kv_budget; else fail serve_image_kv_budget "$r"; fi
     kill "$PID"; wait "$PID" 2>/dev/null
 fi
 # a checkpoint without a tower (its config has a vision_config, its weights no tower): a 400

@@ -47,6 +47,22 @@ int ds41_image_span(ds41_engine *e, const float *pixels, int H, int W, float **o
     return rc;
 }
 
+int ds41_image_span_positions(const ds41_engine *e, int width, int height, char *errbuf, size_t errcap) {
+    ds41_vision_params vp;
+    ds41_image_plan plan;
+    ds41_err err = { 0 };
+    if (e->cfg->vision_n_layers == 0) {
+        if (errbuf && errcap) snprintf(errbuf, errcap, "the checkpoint has no vision tower");
+        return -1;
+    }
+    ds41_vision_params_of(e->cfg, &vp);
+    if (ds41_image_plan_make(width, height, &vp, &plan, &err)) {
+        if (errbuf && errcap) snprintf(errbuf, errcap, "%s", err.msg);
+        return -1;
+    }
+    return plan.n_tokens;
+}
+
 int ds41_image_span_encoded(ds41_engine *e, const uint8_t *data, size_t len, float **out, int *rows, char *errbuf,
                             size_t errcap) {
     ds41_image_limits lim;

@@ -2,8 +2,11 @@
  *
  * Validation follows Anthropic's API: model, max_tokens (>= 1; not for count_tokens) and a
  * non-empty messages array are required, roles are user and assistant, temperature is 0..1.
- * What this server cannot do is refused by name rather than ignored: image and document
- * blocks, and server tools (a typed tool such as web_search) that only Anthropic runs. */
+ * Image blocks (base64 PNG or JPEG, or a data: URL) in user messages and tool results become
+ * image_url parts, checked here so that errors name the block's fields. What this server cannot
+ * do is refused by name rather than ignored: images by URL or file (it fetches nothing and keeps
+ * no files), document blocks, and server tools (a typed tool such as web_search) that only
+ * Anthropic runs. */
 #include "serve_anth.h"
 
 #include <stdio.h>
@@ -16,22 +19,88 @@
 
 static int oom(ds41_req_error *e) { return ds41_req_fail(e, 500, "api_error", NULL, NULL, "out of memory"); }
 
-/* A text-only content (a string, or an array of text blocks) joined into one string. */
-static json_t *text_of(const json_t *c, const char *path, const char *param, ds41_req_error *e) {
+/* An image block -> an image_url part with a data: URL; the image is checked in full here. */
+static json_t *image_part(const json_t *b, const char *path, ds41_req_error *e) {
+    const json_t *src = json_object_get(b, "source");
+    char f[160];
+    if (!json_is_object(src)) { BAD("messages", "%s.source: required, an object", path); return NULL; }
+    const char *st = json_string_value(json_object_get(src, "type"));
+    if (!st) { BAD("messages", "%s.source.type: required, \"base64\" or \"url\"", path); return NULL; }
+    if (!strcmp(st, "base64")) {
+        const json_t *mt = json_object_get(src, "media_type"), *d = json_object_get(src, "data");
+        snprintf(f, sizeof f, "%s.source.media_type", path);
+        int kind = ds41_req_image_kind(json_string_value(mt));
+        if (kind < 0) {
+            BAD("messages", "%s: expected image/png or image/jpeg, not '%.40s'", f, json_is_string(mt) ? json_string_value(mt) : "");
+            return NULL;
+        }
+        snprintf(f, sizeof f, "%s.source.data", path);
+        if (!json_is_string(d)) { BAD("messages", "%s: required, a base64 string", f); return NULL; }
+        if (ds41_req_image_b64(kind, json_string_value(d), json_string_length(d), "messages", f, NULL, NULL, NULL, NULL, e))
+            return NULL;
+        size_t ml = json_string_length(mt), dl = json_string_length(d);
+        char *url = malloc(ml + dl + 14);
+        if (!url) { oom(e); return NULL; }
+        memcpy(url, "data:", 5);
+        memcpy(url + 5, json_string_value(mt), ml);
+        memcpy(url + 5 + ml, ";base64,", 8);
+        memcpy(url + 13 + ml, json_string_value(d), dl);
+        json_t *u = json_stringn(url, ml + dl + 13);
+        free(url);
+        json_t *p = u ? json_pack("{s:s,s:{s:o}}", "type", "image_url", "image_url", "url", u) : NULL;
+        if (!p) oom(e);
+        return p;
+    }
+    if (!strcmp(st, "url")) {
+        const json_t *u = json_object_get(src, "url");
+        snprintf(f, sizeof f, "%s.source.url", path);
+        if (!json_is_string(u)) { BAD("messages", "%s: required, a string", f); return NULL; }
+        if (ds41_req_image_url(json_string_value(u), "messages", f, NULL, NULL, NULL, NULL, e)) return NULL;
+        json_t *p = json_pack("{s:s,s:{s:O}}", "type", "image_url", "image_url", "url", u);
+        if (!p) oom(e);
+        return p;
+    }
+    if (!strcmp(st, "file"))
+        BAD("messages", "%s.source: file sources need the Files API, which this server does not have: send the image "
+            "as base64 (source.type \"base64\")", path);
+    else
+        BAD("messages", "%s.source.type: '%.40s' is not one of base64, url", path, st);
+    return NULL;
+}
+
+/* Content blocks as chat content: a string stays; text blocks are joined into one string, or,
+ * where images are allowed (a tool result) and some are given, text and image_url parts. */
+static json_t *text_of(const json_t *c, const char *path, const char *param, int images, ds41_req_error *e) {
     if (json_is_string(c)) return json_incref((json_t *)c);
     if (!json_is_array(c)) { BAD(param, "%s: expected a string or an array of text blocks", path); return NULL; }
-    size_t total = 0;
+    size_t total = 0, n_img = 0;
     for (size_t i = 0; i < json_array_size(c); i++) {
         const json_t *b = json_array_get(c, i);
         const char *ty = json_string_value(json_object_get(b, "type"));
         if (!json_is_object(b) || !ty) { BAD(param, "%s[%zu].type: required", path, i); return NULL; }
+        if (!strcmp(ty, "image") && images) { n_img++; continue; }
         if (!strcmp(ty, "image") || !strcmp(ty, "document")) {
-            BAD(param, "%s[%zu]: %s blocks are not supported yet (the model reads text only)", path, i, ty);
+            BAD(param, "%s[%zu]: %s blocks are %s", path, i, ty,
+                ty[0] == 'i' ? "served in user messages and tool results only" : "not supported (the model reads text and images)");
             return NULL;
         }
         if (strcmp(ty, "text")) { BAD(param, "%s[%zu].type: expected \"text\", not '%.40s'", path, i, ty); return NULL; }
         if (!json_is_string(json_object_get(b, "text"))) { BAD(param, "%s[%zu].text: required, a string", path, i); return NULL; }
         total += json_string_length(json_object_get(b, "text"));
+    }
+    if (n_img) {
+        json_t *parts = json_array();
+        char p2[128];
+        for (size_t i = 0; parts && i < json_array_size(c); i++) {
+            const json_t *b = json_array_get(c, i);
+            snprintf(p2, sizeof p2, "%s[%zu]", path, i);
+            json_t *p = strcmp(json_string_value(json_object_get(b, "type")), "image")
+                            ? json_pack("{s:s,s:O}", "type", "text", "text", json_object_get(b, "text"))
+                            : image_part(b, p2, e);
+            if (!p || json_array_append_new(parts, p)) { json_decref(parts); return NULL; }
+        }
+        if (!parts) oom(e);
+        return parts;
     }
     char *s = malloc(total + 1);
     if (!s) { oom(e); return NULL; }
@@ -64,18 +133,22 @@ static int user_msg(json_t *out, const json_t *c, const char *path, ds41_req_err
             const json_t *rc = json_object_get(b, "content");
             char p3[112];
             snprintf(p3, sizeof p3, "%s.content", p2);
-            json_t *t = rc && !json_is_null(rc) ? text_of(rc, p3, "messages", e) : json_string("");
+            json_t *t = rc && !json_is_null(rc) ? text_of(rc, p3, "messages", 1, e) : json_string("");
             if (!t) { json_decref(parts); return -1; }
             const json_t *ie = json_object_get(b, "is_error");
             if (ie && !json_is_boolean(ie)) { json_decref(t); json_decref(parts); return BAD("messages", "%s.is_error: expected true or false", p2); }
             if (json_array_append_new(out, json_pack("{s:s,s:O,s:o}", "role", "tool", "tool_call_id", id, "content", t)))
                 { json_decref(parts); return oom(e); }
-        } else if (!strcmp(ty, "image") || !strcmp(ty, "document")) {
+        } else if (!strcmp(ty, "image")) {
+            json_t *p = image_part(b, p2, e);
+            if (!p) { json_decref(parts); return -1; }
+            json_array_append_new(parts, p);
+        } else if (!strcmp(ty, "document")) {
             json_decref(parts);
-            return BAD("messages", "%s: %s blocks are not supported yet (the model reads text only)", p2, ty);
+            return BAD("messages", "%s: document blocks are not supported (the model reads text and images)", p2);
         } else if (strcmp(ty, "text")) {
             json_decref(parts);
-            return BAD("messages", "%s.type: '%.40s' is not one of text, tool_result in a user message", p2, ty);
+            return BAD("messages", "%s.type: '%.40s' is not one of text, image, tool_result in a user message", p2, ty);
         } else {
             const json_t *t = json_object_get(b, "text");
             if (!json_is_string(t)) { json_decref(parts); return BAD("messages", "%s.text: required, a string", p2); }
@@ -125,7 +198,7 @@ static int assistant_msg(json_t *out, const json_t *c, const char *path, ds41_re
         } else if (!strcmp(ty, "redacted_thinking")) {
             continue;   /* encrypted by Anthropic: nothing this model can read */
         } else if (!strcmp(ty, "image") || !strcmp(ty, "document")) {
-            BAD("messages", "%s: %s blocks are not supported yet (the model reads text only)", p2, ty);
+            BAD("messages", "%s: %s blocks are not served in an assistant message", p2, ty);
             goto out;
         } else {
             BAD("messages", "%s.type: '%.40s' is not one of text, thinking, tool_use in an assistant message", p2, ty);
@@ -212,7 +285,7 @@ static int convert(json_t *chat, const json_t *root, int count_only, ds41_anth_i
     json_object_set_new(chat, "messages", out);
     const json_t *sys = json_object_get(root, "system");
     if (sys && !json_is_null(sys)) {
-        json_t *t = text_of(sys, "system", "system", e);
+        json_t *t = text_of(sys, "system", "system", 0, e);
         if (!t) return -1;
         json_array_append_new(out, json_pack("{s:s,s:o}", "role", "system", "content", t));
     }

@@ -313,8 +313,7 @@ static json_t *usage_json(job *j) {
         size_t end = m ? (size_t)(m - q->text) + strlen(DS41_THINK_END) : (size_t)-1;
         for (size_t k = 0; k < q->n_ids && q->off[k] < end; k++) reasoning++;
     }
-    /* image span positions count (the placeholder id each stands on is in prompt_tokens) */
-    size_t pt = j->prompt_tokens + (size_t)j->g->img_extra;
+    size_t pt = j->prompt_tokens;   /* image span positions included */
     return json_pack("{s:I,s:I,s:I,s:{s:I},s:{s:I}}", "prompt_tokens", (json_int_t)pt, "completion_tokens",
                      (json_int_t)gen, "total_tokens", (json_int_t)(pt + gen), "prompt_tokens_details",
                      "cached_tokens", (json_int_t)cached, "completion_tokens_details", "reasoning_tokens", (json_int_t)reasoning);
@@ -570,6 +569,61 @@ static ds41_gvocab *serve_gvocab(const ds41_tokenizer *tok, int V) {
     return gv;
 }
 
+/* The positions r's images add past the one placeholder id each: every span's length from the
+ * image's size and the checkpoint's preprocessing plan, known before the tower runs, so that the
+ * context and budget checks and usage count what is prefilled. param names the request member
+ * the images came in (messages, input). */
+static int image_extra(server *sv, const ds41_req *r, const char *param, long long *extra, ds41_req_error *e) {
+    *extra = 0;
+    if (!r->n_images) return 0;
+    if (!ds41_has_vision(sv->e))
+        return ds41_req_fail(e, 400, "invalid_request_error", param, NULL, "%s: images need a checkpoint with a vision tower, "
+                             "and %s has none", param, sv->model_name);
+    for (int k = 0; k < r->n_images; k++) {
+        char msg[300];
+        int rows = ds41_image_span_positions(sv->e, r->image_w[k], r->image_h[k], msg, sizeof msg);
+        if (rows < 1) return ds41_req_fail(e, 400, "invalid_request_error", param, NULL, "%s: image %d: %s", param, k + 1, msg);
+        *extra += rows - 1;
+    }
+    return 0;
+}
+
+/* A prompt's ids: given, or the text tokenized (with images, the text around each placeholder
+ * tokenized apart, as ds41 run --image does, and one placeholder id per image). */
+static int prompt_ids(server *sv, const ds41_req *r, const ds41_req_prompt *pr, const char *param, int32_t **ids, size_t *n,
+                      ds41_req_error *e) {
+    *ids = NULL;
+    *n = 0;
+    if (pr->ids) {
+        *ids = malloc(pr->n_ids * sizeof **ids);
+        if (!*ids) return ds41_req_fail(e, 500, "internal_error", NULL, NULL, "out of memory");
+        memcpy(*ids, pr->ids, pr->n_ids * sizeof **ids);
+        *n = pr->n_ids;
+        return 0;
+    }
+    if (!sv->tok) return ds41_req_fail(e, 400, "invalid_request_error", "prompt", NULL, "the model has no tokenizer.json: give the prompt as token ids");
+    ds41_err err;
+    if (!r->n_images) {
+        if (ds41_tokenize(sv->tok, pr->text, pr->text_len, 1, r->kind == DS41_REQ_COMPLETION, ids, n, &err))
+            return ds41_req_fail(e, 400, "invalid_request_error", "prompt", NULL, "%s", err.msg);
+        return 0;
+    }
+    ds41_cli_vprompt vp = { 0 };
+    int rc = ds41_cli_vprompt_split(&vp, sv->tok, pr->text, pr->text_len, 0, r->n_images, ds41_image_token_id(sv->e), &err);
+    if (!rc) { *ids = vp.ids, *n = vp.n, vp.ids = NULL; }
+    ds41_cli_vprompt_free(&vp);
+    if (rc) return ds41_req_fail(e, 400, "invalid_request_error", param, NULL, "%s: %s", param, err.msg);
+    size_t found = 0;
+    for (size_t i = 0; i < *n; i++) found += (*ids)[i] == ds41_image_token_id(sv->e);
+    if (found != (size_t)r->n_images) {
+        free(*ids);
+        *ids = NULL;
+        return ds41_req_fail(e, 400, "invalid_request_error", param, NULL, "%s: %d images but the rendered prompt has %zu "
+                             "image placeholders", param, r->n_images, found);
+    }
+    return 0;
+}
+
 static enum MHD_Result send_error_for(server *sv, struct MHD_Connection *c, const ds41_req_error *e, const ds41_anth_info *anth) {
     return anth ? send_json(sv, c, e->status, ds41_anth_error_json(e)) : send_error(sv, c, e);
 }
@@ -594,11 +648,11 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_k
     if (r->model && strcmp(r->model, sv->model_name))
         JFAIL(404, "invalid_request_error", "model", "model_not_found", "The model `%.200s` does not exist.", r->model);
     /* the followers under mpiexec replay the batched steps, which carry ids only */
+    const char *img_param = resp ? "input" : "messages";
     if (r->n_images && sv->mirror)
-        JFAIL(400, "invalid_request_error", "messages", NULL, "messages: image_url parts are not served under mpiexec");
-    if (r->n_images && !ds41_has_vision(sv->e))
-        JFAIL(400, "invalid_request_error", "messages", NULL, "messages: image_url parts need a checkpoint with a vision "
-              "tower, and %s has none", sv->model_name);
+        JFAIL(400, "invalid_request_error", img_param, NULL, "%s: images are not served under mpiexec", img_param);
+    long long img_extra = 0;
+    if (image_extra(sv, r, img_param, &img_extra, &e)) { rc = send_error_for(sv, c, &e, anth); job_free(j); return rc; }
     /* prompts -> ids */
     int nseq = (int)r->n_prompts * r->n;
     j->g = ds41_sgroup_new(nseq);
@@ -624,27 +678,7 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_k
         ds41_req_prompt *pr = &r->prompts[p];
         int32_t *ids = NULL;
         size_t n = 0;
-        if (pr->ids) {
-            ids = malloc(pr->n_ids * sizeof *ids);
-            if (!ids) JFAIL(500, "internal_error", NULL, NULL, "out of memory");
-            memcpy(ids, pr->ids, pr->n_ids * sizeof *ids);
-            n = pr->n_ids;
-        } else {
-            if (!sv->tok) JFAIL(400, "invalid_request_error", "prompt", NULL, "the model has no tokenizer.json: give the prompt as token ids");
-            ds41_err err;
-            if (r->n_images) {
-                /* the text around each image placeholder tokenized apart, as ds41 run --image does */
-                ds41_cli_vprompt vp = { 0 };
-                if (ds41_cli_vprompt_split(&vp, sv->tok, pr->text, pr->text_len, 0, r->n_images, ds41_image_token_id(sv->e), &err)) {
-                    ds41_cli_vprompt_free(&vp);
-                    JFAIL(400, "invalid_request_error", "messages", NULL, "messages: %s", err.msg);
-                }
-                ids = vp.ids, n = vp.n, vp.ids = NULL;
-                ds41_cli_vprompt_free(&vp);
-            } else if (ds41_tokenize(sv->tok, pr->text, pr->text_len, 1, kind == DS41_REQ_COMPLETION, &ids, &n, &err)) {
-                JFAIL(400, "invalid_request_error", "prompt", NULL, "%s", err.msg);
-            }
-        }
+        if (prompt_ids(sv, r, pr, img_param, &ids, &n, &e)) { rc = send_error_for(sv, c, &e, anth); job_free(j); return rc; }
         for (size_t i = 0; i < n; i++)
             if (ids[i] < 0 || ids[i] >= sv->V) {
                 int32_t bad = ids[i];
@@ -652,29 +686,22 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_k
                 JFAIL(400, "invalid_request_error", "prompt", NULL, "prompt token %zu is %d, outside the vocabulary 0..%d", i, bad, sv->V - 1);
             }
         if (n == 0) { free(ids); JFAIL(400, "invalid_request_error", "prompt", NULL, "the prompt is empty"); }
-        if (r->n_images) {
-            size_t found = 0;
-            for (size_t i = 0; i < n; i++) found += ids[i] == ds41_image_token_id(sv->e);
-            if (found != (size_t)r->n_images) {
-                free(ids);
-                JFAIL(400, "invalid_request_error", "messages", NULL, "messages: %d image parts but the rendered prompt "
-                      "has %zu image placeholders", r->n_images, found);
-            }
-        }
+        /* np: the positions prefilled (each image's span in place of its placeholder) */
+        size_t np = n + (size_t)img_extra;
         long long mt = r->max_tokens;
-        if ((long long)n > sv->ctx) {
+        if ((long long)np > sv->ctx) {
             free(ids);
             JFAIL(400, "invalid_request_error", "messages", "context_length_exceeded",
-                  "This model's maximum context length is %lld tokens. However, your prompt has %zu tokens.", sv->ctx, n);
+                  "This model's maximum context length is %lld tokens. However, your prompt has %zu tokens.", sv->ctx, np);
         }
-        if (mt < 0) mt = sv->ctx - (long long)n + 1;
-        if ((long long)n + mt - 1 > sv->ctx) {
+        if (mt < 0) mt = sv->ctx - (long long)np + 1;
+        if ((long long)np + mt - 1 > sv->ctx) {
             free(ids);
             JFAIL(400, "invalid_request_error", "max_tokens", "context_length_exceeded",
                   "This model's maximum context length is %lld tokens. However, you requested %lld tokens (%zu in the "
-                  "prompt, %lld for the completion).", sv->ctx, (long long)n + mt, n, mt);
+                  "prompt, %lld for the completion).", sv->ctx, (long long)np + mt, np, mt);
         }
-        long long need = ds41_sched_reserve_bytes(sv->S, n, mt);
+        long long need = ds41_sched_reserve_bytes(sv->S, np, mt);
         ds41_gauges gg;
         ds41_sched_gauges(sv->S, &gg);
         if (need > gg.kv_budget) {
@@ -690,7 +717,7 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_k
             else if (sv->tok && !ds41_detokenize(sv->tok, ids, n, 0, &t, &tl, &err)) {}
             j->prompt_text[p] = t ? t : strdup("");
         }
-        j->prompt_tokens += n;
+        j->prompt_tokens += np;
         for (int k = 0; k < r->n; k++) {
             ds41_sseq *q = &g->seq[p * (size_t)r->n + (size_t)k];
             q->prompt = malloc(n * sizeof *ids);
@@ -716,7 +743,7 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_k
     }
     for (int i = 0; i < nseq; i++) ds41_text_view_init(&j->cs[i].view, r->thinking, r->tools);
     /* the images go with the group (the scheduler encodes them) */
-    g->img = r->images; g->img_len = r->image_len; g->n_img = r->n_images;
+    g->img = r->images; g->img_len = r->image_len; g->n_img = r->n_images; g->img_extra = img_extra;
     r->images = NULL; r->image_len = NULL; r->n_images = 0;
     /* stop conditions */
     g->ignore_eos = r->ignore_eos;
@@ -864,16 +891,15 @@ static enum MHD_Result anthropic(server *sv, struct MHD_Connection *c, int count
     int prc = ds41_req_parse(DS41_REQ_CHAT, chat, cl, &r, &e);
     free(chat);
     if (prc) return send_json(sv, c, e.status, ds41_anth_error_json(&e));
+    /* the count generate() admits: the ids, each image's span in place of its placeholder */
     int32_t *ids = NULL;
     size_t n = 0;
-    ds41_err err;
-    int trc = sv->tok ? ds41_tokenize(sv->tok, r.prompts[0].text, r.prompts[0].text_len, 1, 0, &ids, &n, &err) : -1;
+    long long extra = 0;
+    int trc = image_extra(sv, &r, "messages", &extra, &e) || prompt_ids(sv, &r, &r.prompts[0], "messages", &ids, &n, &e);
     ds41_req_free(&r);
     free(ids);
-    if (trc) {
-        ds41_req_fail(&e, 400, "invalid_request_error", "messages", NULL, "%s", sv->tok ? err.msg : "the model has no tokenizer.json");
-        return send_json(sv, c, 400, ds41_anth_error_json(&e));
-    }
+    if (trc) return send_json(sv, c, e.status, ds41_anth_error_json(&e));
+    n += (size_t)extra;
     return send_json(sv, c, 200, json_pack("{s:I}", "input_tokens", (json_int_t)n));
 }
 

@@ -212,48 +212,71 @@ static int b64_decode(const char *s, size_t n, uint8_t **out, size_t *out_len, c
     return 0;
 }
 
-/* An image_url part: a data: URL of a PNG or JPEG, base64, decodable within the image limits
- * (src/image/image.h); its bytes join r->images (the scheduler runs the tower). */
-static int add_image(ds41_req *r, const json_t *part, const char *path, size_t j, ds41_req_error *e) {
-    const json_t *iu = json_object_get(part, "image_url");
-    const char *url = json_string_value(json_is_object(iu) ? json_object_get(iu, "url") : iu);
-    if (!url) return BAD("messages", "%s.content[%zu].image_url.url: required, a string", path, j);
-    static const char *const mime[] = { "data:image/png;base64,", "data:image/jpeg;base64," };
-    int kind = -1;
-    for (int i = 0; i < 2; i++)
-        if (!strncmp(url, mime[i], strlen(mime[i]))) kind = i;
-    if (kind < 0)
-        return BAD("messages", "%s.content[%zu].image_url.url: only data:image/png;base64 and data:image/jpeg;base64 "
-                   "URLs are served", path, j);
-    const char *b = url + strlen(mime[kind]);
+int ds41_req_image_kind(const char *mime) {
+    if (!mime) return -1;
+    return !strcmp(mime, "image/png") ? 0 : !strcmp(mime, "image/jpeg") ? 1 : -1;
+}
+
+int ds41_req_image_b64(int kind, const char *b64, size_t n, const char *param, const char *field, uint8_t **data,
+                       size_t *len, int *w, int *h, ds41_req_error *e) {
     char msg[256];
-    uint8_t *data = NULL;
-    size_t len = 0;
-    if (strlen(b) / 4 * 3 > DS41_IMAGE_MAX_BYTES)
-        return BAD("messages", "%s.content[%zu].image_url.url: the image is larger than %d bytes", path, j, DS41_IMAGE_MAX_BYTES);
-    if (b64_decode(b, strlen(b), &data, &len, msg, sizeof msg))
-        return BAD("messages", "%s.content[%zu].image_url.url: %s", path, j, msg);
-    int png = len >= 4 && !memcmp(data, "\x89PNG", 4), jpeg = len >= 2 && data[0] == 0xFF && data[1] == 0xD8;
+    uint8_t *d = NULL;
+    size_t dl = 0;
+    if (n / 4 * 3 > DS41_IMAGE_MAX_BYTES) return BAD(param, "%s: the image is larger than %d bytes", field, DS41_IMAGE_MAX_BYTES);
+    if (b64_decode(b64, n, &d, &dl, msg, sizeof msg)) return BAD(param, "%s: %s", field, msg);
+    int png = dl >= 4 && !memcmp(d, "\x89PNG", 4), jpeg = dl >= 2 && d[0] == 0xFF && d[1] == 0xD8;
     if (!(kind == 0 ? png : jpeg)) {
-        free(data);
-        return BAD("messages", "%s.content[%zu].image_url.url: the data is not a %s file", path, j, kind == 0 ? "PNG" : "JPEG");
+        free(d);
+        return BAD(param, "%s: the data is not a %s file", field, kind == 0 ? "PNG" : "JPEG");
     }
     ds41_image_limits lim;
     ds41_rgb_image im;
     ds41_err err = { 0 };
     ds41_image_limits_default(&lim);
-    if (ds41_image_decode(data, len, &lim, &im, &err)) {
-        free(data);
-        return BAD("messages", "%s.content[%zu].image_url: %s", path, j, err.msg);
+    if (ds41_image_decode(d, dl, &lim, &im, &err)) {
+        free(d);
+        return BAD(param, "%s: %s", field, err.msg);
     }
+    if (w) *w = im.width;
+    if (h) *h = im.height;
     ds41_rgb_image_free(&im);
-    uint8_t **ni = realloc(r->images, (size_t)(r->n_images + 1) * sizeof *ni);
+    if (data) { *data = d; *len = dl; }
+    else free(d);
+    return 0;
+}
+
+int ds41_req_image_url(const char *url, const char *param, const char *field, uint8_t **data, size_t *len, int *w,
+                       int *h, ds41_req_error *e) {
+    static const char *const mime[] = { "data:image/png;base64,", "data:image/jpeg;base64," };
+    for (int k = 0; k < 2; k++)
+        if (!strncmp(url, mime[k], strlen(mime[k])))
+            return ds41_req_image_b64(k, url + strlen(mime[k]), strlen(url + strlen(mime[k])), param, field, data, len, w, h, e);
+    if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8))
+        return BAD(param, "%s: http(s) URLs are not fetched (this server fetches nothing): send the image as a "
+                   "data:image/png;base64 or data:image/jpeg;base64 URL", field);
+    return BAD(param, "%s: only data:image/png;base64 and data:image/jpeg;base64 URLs are served", field);
+}
+
+/* An image_url part (url a data: URL, see ds41_req_image_url): its bytes and size join r's
+ * images (the scheduler runs the tower). */
+static int add_image(ds41_req *r, const json_t *part, const char *path, size_t j, ds41_req_error *e) {
+    const json_t *iu = json_object_get(part, "image_url");
+    const char *url = json_string_value(json_is_object(iu) ? json_object_get(iu, "url") : iu);
+    char field[128];
+    snprintf(field, sizeof field, "%s.content[%zu].image_url.url", path, j);
+    if (!url) return BAD("messages", "%s: required, a string", field);
+    int k = r->n_images;
+    uint8_t **ni = realloc(r->images, (size_t)(k + 1) * sizeof *ni);
     if (ni) r->images = ni;
-    size_t *nl = ni ? realloc(r->image_len, (size_t)(r->n_images + 1) * sizeof *nl) : NULL;
+    size_t *nl = ni ? realloc(r->image_len, (size_t)(k + 1) * sizeof *nl) : NULL;
     if (nl) r->image_len = nl;
-    if (!ni || !nl) { free(data); return ds41_req_fail(e, 500, "internal_error", NULL, NULL, "out of memory"); }
-    r->images[r->n_images] = data;
-    r->image_len[r->n_images++] = len;
+    int *nw = nl ? realloc(r->image_w, (size_t)(k + 1) * sizeof *nw) : NULL;
+    if (nw) r->image_w = nw;
+    int *nh = nw ? realloc(r->image_h, (size_t)(k + 1) * sizeof *nh) : NULL;
+    if (nh) r->image_h = nh;
+    if (!nh) return ds41_req_fail(e, 500, "internal_error", NULL, NULL, "out of memory");
+    if (ds41_req_image_url(url, "messages", field, &r->images[k], &r->image_len[k], &r->image_w[k], &r->image_h[k], e)) return -1;
+    r->n_images++;
     return 0;
 }
 
@@ -775,6 +798,8 @@ void ds41_req_free(ds41_req *r) {
     for (int i = 0; i < r->n_images; i++) free(r->images[i]);
     free(r->images);
     free(r->image_len);
+    free(r->image_w);
+    free(r->image_h);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop_token_ids);
     free(r->bias_id);

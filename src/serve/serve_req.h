@@ -33,6 +33,7 @@ typedef struct ds41_req {
     ds41_req_prompt *prompts;     /* chat: one (the rendered conversation) */
     uint8_t **images;             /* chat: the image_url parts' bytes (PNG or JPEG), in order */
     size_t *image_len;
+    int *image_w, *image_h;       /* their sizes in pixels (the span length follows from them) */
     int n_images;
     size_t n_prompts;
     int n;                        /* choices per prompt */
@@ -92,6 +93,20 @@ int ds41_req_json_depth(const char *body, size_t len);
 
 /* body[len] as a JSON object (depth-checked first); NULL with e set. json_decref it. */
 json_t *ds41_req_load_body(const char *body, size_t len, ds41_req_error *e);
+
+/* An image a request gives: a PNG (kind 0) or JPEG (kind 1) as base64. Checked in full when the
+ * request is parsed: strict base64 (padding optional, nothing after it), the signature of the
+ * declared type, and a decodable image within the limits of src/image/image.h. 0 on success,
+ * with the bytes in *data (malloc'd; data may be NULL: checked, then dropped) and the size in
+ * *w, *h (may be NULL); -1 with a 400 whose message starts with field and whose param is param. */
+int ds41_req_image_b64(int kind, const char *b64, size_t n, const char *param, const char *field, uint8_t **data,
+                       size_t *len, int *w, int *h, ds41_req_error *e);
+/* The kind of a MIME type: 0 image/png, 1 image/jpeg, -1 anything else. */
+int ds41_req_image_kind(const char *mime);
+/* The same for a URL: only data:image/png;base64,... and data:image/jpeg;base64,... are served;
+ * an http(s) URL is refused as a fetch this server never makes. */
+int ds41_req_image_url(const char *url, const char *param, const char *field, uint8_t **data, size_t *len, int *w,
+                       int *h, ds41_req_error *e);
 
 /* Parses and validates body[len]. 0 on success (r filled; ds41_req_free it), -1 with e set
  * (r is then already freed). Never reads past len; the body needs no NUL. */

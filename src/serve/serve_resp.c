@@ -1,4 +1,8 @@
-/* ds41 serve: OpenAI Responses <-> the chat request and the V4.1 reply (serve_resp.h). */
+/* ds41 serve: OpenAI Responses <-> the chat request and the V4.1 reply (serve_resp.h).
+ *
+ * input_image parts (a data: URL of a PNG or JPEG) in user messages and function_call_output
+ * become image_url parts, checked here so that errors name the part; file_id and http(s) URLs
+ * are refused (this server keeps no files and fetches nothing). */
 #include "serve_resp.h"
 
 #include <stdio.h>
@@ -11,8 +15,32 @@
 
 static int oom(ds41_req_error *e) { return ds41_req_fail(e, 500, "internal_error", NULL, NULL, "out of memory"); }
 
-/* A message item's content: a string, or input_text / output_text parts joined. */
-static json_t *item_text(const json_t *c, const char *path, ds41_req_error *e) {
+/* An input_image part -> an image_url part; the image is checked in full here. detail is
+ * accepted and does not change anything: V4.1's processor has one resize plan. */
+static json_t *image_part(const json_t *p, const char *path, size_t i, ds41_req_error *e) {
+    char f[96];
+    const json_t *fid = json_object_get(p, "file_id"), *u = json_object_get(p, "image_url"), *d = json_object_get(p, "detail");
+    if (fid && !json_is_null(fid)) {
+        BAD("input", "%s[%zu].file_id: this server keeps no files: send the image as a data: URL in image_url", path, i);
+        return NULL;
+    }
+    if (d && !json_is_null(d) &&
+        (!json_is_string(d) || (strcmp(json_string_value(d), "auto") && strcmp(json_string_value(d), "low") &&
+                                strcmp(json_string_value(d), "high")))) {
+        BAD("input", "%s[%zu].detail: expected auto, low or high", path, i);
+        return NULL;
+    }
+    snprintf(f, sizeof f, "%s[%zu].image_url", path, i);
+    if (!json_is_string(u)) { BAD("input", "%s: required, a data: URL string", f); return NULL; }
+    if (ds41_req_image_url(json_string_value(u), "input", f, NULL, NULL, NULL, NULL, e)) return NULL;
+    json_t *o = json_pack("{s:s,s:{s:O}}", "type", "image_url", "image_url", "url", u);
+    if (!o) oom(e);
+    return o;
+}
+
+/* A message item's content: a string, or input_text / output_text parts joined, with
+ * input_image parts where images are allowed. */
+static json_t *item_text(const json_t *c, const char *path, int images, ds41_req_error *e) {
     if (json_is_string(c)) return json_incref((json_t *)c);
     if (!json_is_array(c)) { BAD("input", "%s: expected a string or an array of content parts", path); return NULL; }
     json_t *parts = json_array();
@@ -20,9 +48,20 @@ static json_t *item_text(const json_t *c, const char *path, ds41_req_error *e) {
         const json_t *p = json_array_get(c, i);
         const char *ty = json_string_value(json_object_get(p, "type"));
         if (!json_is_object(p) || !ty) { json_decref(parts); BAD("input", "%s[%zu].type: required", path, i); return NULL; }
-        if (!strcmp(ty, "input_image") || !strcmp(ty, "input_file") || !strcmp(ty, "input_audio")) {
+        if (!strcmp(ty, "input_image") && images) {
+            json_t *ip = image_part(p, path, i, e);
+            if (!ip) { json_decref(parts); return NULL; }
+            json_array_append_new(parts, ip);
+            continue;
+        }
+        if (!strcmp(ty, "input_image")) {
             json_decref(parts);
-            BAD("input", "%s[%zu]: %s parts are not supported yet (the model reads text only)", path, i, ty);
+            BAD("input", "%s[%zu]: input_image parts are served in user messages and function_call_output only", path, i);
+            return NULL;
+        }
+        if (!strcmp(ty, "input_file") || !strcmp(ty, "input_audio")) {
+            json_decref(parts);
+            BAD("input", "%s[%zu]: %s parts are not supported (the model reads text and images)", path, i, ty);
             return NULL;
         }
         const json_t *t = json_object_get(p, !strcmp(ty, "refusal") ? "refusal" : "text");
@@ -66,7 +105,7 @@ static int convert_input(json_t *out, const json_t *in, ds41_req_error *e) {
             }
             char p2[64];
             snprintf(p2, sizeof p2, "%s.content", path);
-            json_t *c = item_text(json_object_get(it, "content"), p2, e);
+            json_t *c = item_text(json_object_get(it, "content"), p2, !strcmp(role, "user"), e);
             if (!c) { json_decref(pending); return -1; }
             if (!strcmp(role, "assistant") && json_is_array(c)) {
                 /* assistant turns as one string (the template's form for them) */
@@ -102,7 +141,7 @@ static int convert_input(json_t *out, const json_t *in, ds41_req_error *e) {
             if (!json_is_string(id)) { json_decref(pending); return BAD("input", "%s.call_id: required, a string", path); }
             char p2[64];
             snprintf(p2, sizeof p2, "%s.output", path);
-            json_t *c = o ? item_text(o, p2, e) : NULL;
+            json_t *c = o ? item_text(o, p2, 1, e) : NULL;
             if (!o) BAD("input", "%s.output: required", path);
             if (!c) { json_decref(pending); return -1; }
             json_array_append_new(out, json_pack("{s:s,s:O,s:o}", "role", "tool", "tool_call_id", id, "content", c));

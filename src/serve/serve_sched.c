@@ -156,7 +156,8 @@ int ds41_sched_submit(ds41_sched *S, ds41_sgroup *g, int *status) {
     for (int i = 0; i < g->n_seq; i++) {
         ds41_sseq *q = &g->seq[i];
         q->state = DS41_SEQ_WAITING;
-        q->reserve = ds41_sched_reserve_bytes(S, q->n_prompt, q->max_tokens);
+        /* an image's span is longer than its placeholder: img_extra counts it from admission */
+        q->reserve = ds41_sched_reserve_bytes(S, q->n_prompt + (size_t)g->img_extra, q->max_tokens);
         S->q[(S->q_head + S->q_len++) % S->p.max_queue] = q;
     }
     pthread_cond_signal(&S->cv);

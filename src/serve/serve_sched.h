@@ -132,7 +132,9 @@ struct ds41_sgroup {
     atomic_int cancel;
     /* the request's images (PNG or JPEG bytes, in prompt order): each choice's session encodes
      * them on the scheduler thread and prefills alone (ds41_feed_embeds), outside the prefix
-     * cache; img_extra: the span positions past the one placeholder id each (usage) */
+     * cache; img_extra: the span positions past the one placeholder id each, set at admission
+     * from the images' sizes (ds41_image_span_positions) for the budget, and again by the
+     * expansion (the same number) */
     uint8_t **img;
     size_t *img_len;
     int n_img;

@@ -6,22 +6,12 @@
 // With SPEC_PORT (an exact --spec fixed:k server) its greedy answers must equal PORT's.
 // Prints PASS / FAIL lines; exits 1 if any failed.
 import { createRequire } from "module";
+import { anthropicClient, check, failures, openaiClient, test } from "./sdk_check.mjs";
 const require = createRequire(import.meta.url);
-const Anthropic = require("../oracle/node_modules/@anthropic-ai/sdk").default;
-const OpenAI = require("../oracle/node_modules/openai").default;
 const Ajv = require("../oracle/node_modules/ajv").default;
 
 const port = process.argv[2];
-const ant = new Anthropic({ baseURL: `http://127.0.0.1:${port}`, apiKey: "unused", maxRetries: 0, timeout: 120000 });
-const oai = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: "unused", maxRetries: 0, timeout: 120000 });
-let failed = 0;
-function check(name, cond, why) {
-  if (cond) console.log(`PASS ${name}`);
-  else { failed++; console.log(`FAIL ${name}: ${typeof why === "string" ? why : JSON.stringify(why)}`.slice(0, 900)); }
-}
-async function test(name, fn) {
-  try { await fn(); } catch (e) { failed++; console.log(`FAIL ${name}: threw ${e && (e.stack || e)}`.slice(0, 900)); }
-}
+const ant = anthropicClient(port), oai = openaiClient(port);
 const model = (await oai.models.list()).data[0].id;
 const textOf = (m) => m.content.filter((b) => b.type === "text").map((b) => b.text).join("");
 const sys = "You are terse.";
@@ -152,7 +142,7 @@ await test("messages_cache_read", async () => {
 
 if (process.argv[3]) {
   await test("messages_spec_equals_plain", async () => {
-    const ant2 = new Anthropic({ baseURL: `http://127.0.0.1:${process.argv[3]}`, apiKey: "unused", maxRetries: 0, timeout: 120000 });
+    const ant2 = anthropicClient(process.argv[3]);
     for (const req of [{ model, max_tokens: 24, temperature: 0, system: sys, messages: [{ role: "user", content: user }] },
                        { model, max_tokens: 400, temperature: 0, tools, tool_choice: { type: "tool", name: "get_weather" }, messages: [{ role: "user", content: "Weather in Rome?" }] },
                        { model, max_tokens: 16, temperature: 0, thinking: { type: "enabled", budget_tokens: 8 }, messages: [{ role: "user", content: user }] }]) {
@@ -167,7 +157,7 @@ if (process.argv[3]) {
 const bad = [
   ["max_tokens_missing", { model, messages: [{ role: "user", content: "x" }] }, "max_tokens"],
   ["max_tokens_zero", { model, max_tokens: 0, messages: [{ role: "user", content: "x" }] }, "max_tokens"],
-  ["image_block", { model, max_tokens: 4, messages: [{ role: "user", content: [{ type: "image", source: { type: "base64", media_type: "image/png", data: "AA==" } }] }] }, "image blocks are not supported"],
+  ["image_block", { model, max_tokens: 4, messages: [{ role: "user", content: [{ type: "image", source: { type: "base64", media_type: "image/png", data: "AA==" } }] }] }, "messages[0].content[0].source.data: the data is not a PNG file"],
   ["role_system", { model, max_tokens: 4, messages: [{ role: "system", content: "x" }] }, "messages[0].role"],
   ["temperature", { model, max_tokens: 4, temperature: 1.5, messages: [{ role: "user", content: "x" }] }, "temperature"],
   ["any_without_tools", { model, max_tokens: 4, tool_choice: { type: "any" }, messages: [{ role: "user", content: "x" }] }, "tool_choice"],
@@ -198,5 +188,5 @@ await test("messages_count_tokens_refuse", async () => {
   }
 });
 
-console.log(failed ? `api_messages: ${failed} failed` : "api_messages: all passed");
-process.exit(failed ? 1 : 0);
+console.log(failures() ? `api_messages: ${failures()} failed` : "api_messages: all passed");
+process.exit(failures() ? 1 : 0);

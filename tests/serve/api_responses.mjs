@@ -5,20 +5,12 @@
 // function_call_output round trip, reasoning items, and the 400s for stored state.
 //   node tests/serve/api_responses.mjs PORT
 import { createRequire } from "module";
+import { check, failures, openaiClient, test } from "./sdk_check.mjs";
 const require = createRequire(import.meta.url);
-const OpenAI = require("../oracle/node_modules/openai").default;
 const Ajv = require("../oracle/node_modules/ajv").default;
 
 const port = process.argv[2];
-const oai = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: "unused", maxRetries: 0, timeout: 120000 });
-let failed = 0;
-function check(name, cond, why) {
-  if (cond) console.log(`PASS ${name}`);
-  else { failed++; console.log(`FAIL ${name}: ${typeof why === "string" ? why : JSON.stringify(why)}`.slice(0, 900)); }
-}
-async function test(name, fn) {
-  try { await fn(); } catch (e) { failed++; console.log(`FAIL ${name}: threw ${e && (e.stack || e)}`.slice(0, 900)); }
-}
+const oai = openaiClient(port);
 const model = (await oai.models.list()).data[0].id;
 const sys = "You are terse.", user = "Name three colours.";
 
@@ -134,5 +126,5 @@ for (const [name, body, param] of bad) {
     }
   });
 }
-console.log(failed ? `api_responses: ${failed} failed` : "api_responses: all passed");
-process.exit(failed ? 1 : 0);
+console.log(failures() ? `api_responses: ${failures()} failed` : "api_responses: all passed");
+process.exit(failures() ? 1 : 0);
