@@ -200,7 +200,72 @@ exp_run err_run_count "has 2 image placeholders but 1 image was given" -m "$FCK"
 exp_run err_run_ids_count "--prompt-ids has 0 image placeholders but 1 image" -m "$FCK" --image "$TMP/a.png" --prompt-ids 1,2
 head -c 200 "$TMP/a.png" >"$TMP/trunc.png"
 exp_run err_run_truncated "trunc.png: .*truncated" -m "$FCK" --image "$TMP/trunc.png" -p hi
-exp_run err_run_cache "--image cannot be combined with --cache-dir" -m "$FCK" --image "$TMP/a.png" -p hi --cache-dir "$TMP/pc"
+# ---- the image-keyed prefix cache through ds41 run --image --cache-dir (docs/prefix-cache.md):
+# a prompt of 283 positions, image a (17 positions) at 1, image b at 187, so block 0 holds a and
+# block 1 holds b inside the exact replay's rows [165, 256) (W 16, 6 layers: 91 rows). A second
+# run restores 256 tokens and its logits equal the cold run's bit for bit (exact mode), with
+# DSpark speculation too (every draft's confidence logits in --json); a different image of the
+# same size in block 0 restores nothing, one in block 1 restores block 0 only; damaged block
+# files are misses, and the answer is still the cold one.
+same_size_images() { "$PY" - "$TMP" <<'PYEOF'
+import sys
+from PIL import Image, ImageDraw
+t = sys.argv[1]
+c = Image.new("RGB", (150, 100), (20, 200, 40))
+ImageDraw.Draw(c).ellipse((40, 20, 100, 80), fill=(220, 30, 30))
+c.save(t + "/c.png")
+d = Image.new("RGB", (90, 120), (0, 0, 250))
+ImageDraw.Draw(d).rectangle((20, 10, 60, 70), fill=(250, 250, 0))
+d.save(t + "/d.jpg", quality=90)
+PYEOF
+}
+same_size_images
+CTXT=$(printf 'The first picture shows a shape on a plain background; describe it in words. %.0s' 1 2 3 4)
+CP="${PH}${CTXT:0:290}${PH} and now the second picture: what colour is the shape, and where is it? Answer briefly, in one short sentence, and name the colour of the background too."
+crun() {   # OUT IMG1 IMG2 [ARGS...]: greedy, exact, logits to OUT, stderr to OUT.err
+    local out=$1 i1=$2 i2=$3; shift 3
+    "$DS41" run -m "$FCK" --image "$i1" --image "$i2" -p "$CP" -n 4 --exact --spec off --dump-logits "$out" "$@" \
+        >/dev/null 2>"$out.err"
+}
+restored() { sed -n 's/.*prefix cache: \([0-9]*\) of \([0-9]*\) prompt tokens restored.*/\1 \2/p' "$1.err"; }
+PC=$TMP/pcache
+crun "$TMP/k0" "$TMP/a.png" "$TMP/b.jpg"
+if crun "$TMP/k1" "$TMP/a.png" "$TMP/b.jpg" --cache-dir "$PC" && [ "$(restored "$TMP/k1")" = "0 283" ] &&
+    crun "$TMP/k2" "$TMP/a.png" "$TMP/b.jpg" --cache-dir "$PC" && [ "$(restored "$TMP/k2")" = "256 283" ] &&
+    cmp -s "$TMP/k0" "$TMP/k1" && cmp -s "$TMP/k0" "$TMP/k2"; then
+    pass run_image_cache_hit_exact
+else
+    fail run_image_cache_hit_exact "restored '$(restored "$TMP/k1")', '$(restored "$TMP/k2")' $(head -c 300 "$TMP/k2.err")"
+fi
+# DSpark on: speculative decoding with 2 drafts a step, every proposal's confidence in --json
+sjson() { "$DS41" run -m "$FCK" --image "$TMP/a.png" --image "$TMP/b.jpg" -p "$CP" -n 12 --exact --spec fixed:2 --json "$@" \
+    2>/dev/null | grep -v '"timing"'; }
+if sjson >"$TMP/s0" && sjson --cache-dir "$TMP/pcs" >"$TMP/s1" && sjson --cache-dir "$TMP/pcs" >"$TMP/s2" &&
+    grep -q '"conf"' "$TMP/s0" && cmp -s "$TMP/s0" "$TMP/s1" && cmp -s "$TMP/s0" "$TMP/s2" &&
+    [ "$(ls "$TMP/pcs"/*/*.blk | wc -l)" -eq 2 ]; then
+    pass run_image_cache_hit_dspark
+else
+    fail run_image_cache_hit_dspark "the speculative answer or its drafts differ after a restore"
+fi
+# another image of the same size: in block 0 nothing is restored, in block 1 block 0 is
+crun "$TMP/kc0" "$TMP/c.png" "$TMP/b.jpg"
+crun "$TMP/kd0" "$TMP/a.png" "$TMP/d.jpg"
+if crun "$TMP/kc1" "$TMP/c.png" "$TMP/b.jpg" --cache-dir "$PC" && [ "$(restored "$TMP/kc1")" = "0 283" ] &&
+    crun "$TMP/kd1" "$TMP/a.png" "$TMP/d.jpg" --cache-dir "$PC" && [ "$(restored "$TMP/kd1")" = "128 283" ] &&
+    cmp -s "$TMP/kc0" "$TMP/kc1" && cmp -s "$TMP/kd0" "$TMP/kd1" && ! cmp -s "$TMP/k0" "$TMP/kc0" && ! cmp -s "$TMP/k0" "$TMP/kd0"; then
+    pass run_image_cache_other_image
+else
+    fail run_image_cache_other_image "restored '$(restored "$TMP/kc1")', '$(restored "$TMP/kd1")' $(head -c 300 "$TMP/kd1.err")"
+fi
+# a damaged entry: one byte of every block file's payload flipped; a miss, the cold answer
+for f in "$PC"/*/*.blk; do
+    "$PY" -c "import sys; b = bytearray(open(sys.argv[1], 'rb').read()); b[len(b) // 2] ^= 0x40; open(sys.argv[1], 'wb').write(b)" "$f"
+done
+if crun "$TMP/k3" "$TMP/a.png" "$TMP/b.jpg" --cache-dir "$PC" && [ "$(restored "$TMP/k3")" = "0 283" ] && cmp -s "$TMP/k0" "$TMP/k3"; then
+    pass run_image_cache_damaged
+else
+    fail run_image_cache_damaged "restored '$(restored "$TMP/k3")' $(head -c 300 "$TMP/k3.err")"
+fi
 if [ -n "${NOV:=$(checkpoint tiny 2>/dev/null)}" ]; then
     exp_run err_run_no_tower "no vision tower" -m "$NOV" --image "$TMP/a.png" --prompt-ids 1,500
 fi
