@@ -276,11 +276,11 @@ fi
 # usage.prompt_tokens counts the 17 span positions; malformed parts get a 400 naming them
 vreq() {   # PORT IMAGE_FILE|- MIME|URL OUT: POSTs one user message (image part, "What colour?")
     "$PY" - "$@" <<'PYEOF'
-import base64, json, sys, urllib.request, urllib.error
+import base64, json, os, sys, urllib.request, urllib.error
 port, img, mime, out = sys.argv[1:5]
 url = mime if img == "-" else "data:%s;base64,%s" % (mime, base64.b64encode(open(img, "rb").read()).decode())
 body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                                  {"type": "text", "text": "What colour?"}]}],
+                                                  {"type": "text", "text": os.environ.get("VQ", "What colour?")}]}],
         "max_tokens": 8, "temperature": 0, "skip_special_tokens": False}
 rq = urllib.request.Request("http://127.0.0.1:%s/v1/chat/completions" % port, json.dumps(body).encode(),
                             {"Content-Type": "application/json"})
@@ -317,6 +317,29 @@ if serve_start vserve -m "$FCK" --exact --spec off -c 512; then
     # the two images answer differently: the embeddings reach the model
     if ! cmp -s "$TMP/serve_image_png_equals_run.out" "$TMP/serve_image_jpeg_equals_run.out"; then pass serve_image_differs
     else fail serve_image_differs "the PNG and the JPEG answer alike"; fi
+    # the prefix cache (on by default): a longer question (194 positions) about the same
+    # picture again restores its whole block and answers as ds41 run; another picture of the same
+    # size restores nothing (its span is in block 0) and answers as ds41 run on it
+    LQ="${CTXT:0:280} What colour?"
+    cq() {   # NAME IMAGE OUT CACHED: the answer equals ds41 run, usage's cached tokens == CACHED
+        "$DS41" run -m "$FCK" --image "$2" -p "<｜User｜>${PH}"$'\n\n'"${LQ}<｜Assistant｜></think>" -n 8 --exact \
+            --spec off >"$TMP/cq.run" 2>"$TMP/err"
+        VQ="$LQ" vreq "$PORT" "$2" image/png "$3"
+        local r
+        r=$("$PY" -c "
+import json, sys
+code, _, body = open(sys.argv[1]).read().partition(' ')
+d = json.loads(body)
+run = open(sys.argv[2]).read()
+c = d['usage'].get('prompt_tokens_details', {}).get('cached_tokens')
+ok = code == '200' and d['choices'][0]['message']['content'] == run.rstrip('\n') and c == int(sys.argv[3])
+print('ok' if ok and run.strip() else 'status %s, %r vs run %r, cached %s' % (code, d.get('choices', [{}])[0].get('message'), run, c))
+" "$3" "$TMP/cq.run" "$4")
+        if [ "$r" = ok ]; then pass "$1"; else fail "$1" "$r $(head -c 200 "$TMP/err")"; fi
+    }
+    cq serve_image_cache_cold "$TMP/a.png" "$TMP/q1.json" 0
+    cq serve_image_cache_hit "$TMP/a.png" "$TMP/q2.json" 128
+    cq serve_image_cache_other_image "$TMP/c.png" "$TMP/q3.json" 0
     # three malformed parts: not a data URL, bad base64, a JPEG under the PNG MIME type
     vreq "$PORT" - "https://example.com/a.png" "$TMP/v2.json"
     vreq "$PORT" - "data:image/png;base64,iVBO*w0K" "$TMP/v3.json"

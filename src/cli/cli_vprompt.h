@@ -21,7 +21,11 @@ typedef struct ds41_cli_vimage {
     uint8_t key[32];
 } ds41_cli_vimage;
 
-/* Reads and encodes path (ds41_image_span_encoded); messages start with the path. */
+/* An encoded image (PNG or JPEG bytes) through ds41_image_prepare and the tower: 0, or -1 with
+ * msg (im then empty). Thread-safe for one engine (the server encodes off its scheduler). */
+int ds41_cli_image_encode(ds41_engine *e, const uint8_t *data, size_t len, ds41_cli_vimage *im, char *msg,
+                          size_t cap);
+/* Reads and encodes path (ds41_cli_image_encode); messages start with the path. */
 int ds41_cli_image_load(ds41_engine *e, const char *path, ds41_cli_vimage *im, ds41_err *err);
 void ds41_cli_image_free(ds41_cli_vimage *im);
 
