@@ -153,6 +153,12 @@ int ds41_model_dim(const ds41_engine *e);
 int ds41_image_span(ds41_engine *e, const float *pixels, int H, int W, float **out, int *rows, char *err,
                     size_t errcap);
 int ds41_image_token_id(const ds41_engine *e);
+/* ds41_image_span on a thread pool of its own with the engine's thread count (created and
+ * destroyed by the call): the same kernels and split, so the same bits, but a thread running
+ * it beside another that runs the engine's forwards never waits for the engine's pool, whose
+ * jobs are one at a time (the server encodes images so, off its scheduler thread). */
+int ds41_image_span_apart(ds41_engine *e, const float *pixels, int H, int W, float **out, int *rows, char *err,
+                          size_t errcap);
 /* 1 when the checkpoint holds its vision tower's tensors, whole and well shaped (a config with
  * a vision_config alone is not enough), else 0: ds41_image_span would refuse. */
 int ds41_has_vision(const ds41_engine *e);

@@ -8,13 +8,13 @@
 #include "chat.h"
 #include "image.h"
 
-int ds41_cli_image_encode(ds41_engine *e, const uint8_t *data, size_t len, ds41_cli_vimage *im, char *msg,
+int ds41_cli_image_encode(ds41_engine *e, const uint8_t *data, size_t len, int apart, ds41_cli_vimage *im, char *msg,
                           size_t cap) {
     memset(im, 0, sizeof *im);
     float *px = NULL;
     int H, W;
     int rc = ds41_image_prepare(e, data, len, &px, &H, &W, im->key, msg, cap);
-    if (!rc) rc = ds41_image_span(e, px, H, W, &im->span, &im->rows, msg, cap);
+    if (!rc) rc = (apart ? ds41_image_span_apart : ds41_image_span)(e, px, H, W, &im->span, &im->rows, msg, cap);
     free(px);
     return rc;
 }
@@ -24,7 +24,7 @@ int ds41_cli_image_load(ds41_engine *e, const char *path, ds41_cli_vimage *im, d
     char *data = NULL, msg[512];
     size_t len = 0;
     if (ds41_read_file(path, DS41_IMAGE_MAX_BYTES, &data, &len, err)) return -1;
-    int rc = ds41_cli_image_encode(e, (const uint8_t *)data, len, im, msg, sizeof msg);
+    int rc = ds41_cli_image_encode(e, (const uint8_t *)data, len, 0, im, msg, sizeof msg);
     free(data);
     if (rc) return ds41_errf(err, "%s: %s", path, msg);
     if (!(im->path = strdup(path))) {

@@ -21,9 +21,10 @@ typedef struct ds41_cli_vimage {
     uint8_t key[32];
 } ds41_cli_vimage;
 
-/* An encoded image (PNG or JPEG bytes) through ds41_image_prepare and the tower: 0, or -1 with
- * msg (im then empty). Thread-safe for one engine (the server encodes off its scheduler). */
-int ds41_cli_image_encode(ds41_engine *e, const uint8_t *data, size_t len, ds41_cli_vimage *im, char *msg,
+/* An encoded image (PNG or JPEG bytes) through ds41_image_prepare and the tower
+ * (ds41_image_span, or with apart ds41_image_span_apart: the server encodes off its scheduler
+ * thread): 0, or -1 with msg (im then empty). */
+int ds41_cli_image_encode(ds41_engine *e, const uint8_t *data, size_t len, int apart, ds41_cli_vimage *im, char *msg,
                           size_t cap);
 /* Reads and encodes path (ds41_cli_image_encode); messages start with the path. */
 int ds41_cli_image_load(ds41_engine *e, const char *path, ds41_cli_vimage *im, ds41_err *err);

@@ -21,8 +21,8 @@ int ds41_has_vision(const ds41_engine *e) {
     return b == 1;
 }
 
-int ds41_image_span(ds41_engine *e, const float *pixels, int H, int W, float **out, int *rows, char *errbuf,
-                    size_t errcap) {
+static int span_on(ds41_engine *e, const ds41_ctx *ctx, const float *pixels, int H, int W, float **out, int *rows,
+                   char *errbuf, size_t errcap) {
     ds41_vision v;
     ds41_err err = { 0 };
     int n_h, n_w, gh, gw, rc = -1;
@@ -35,7 +35,7 @@ int ds41_image_span(ds41_engine *e, const float *pixels, int H, int W, float **o
         float *o = malloc((size_t)r * e->cfg->dim * sizeof(float));
         if (!o) {
             ds41_errf(&err, "out of memory for an image span of %d positions", r);
-        } else if (ds41_vision_span(&e->ctx, &v, pixels, H, W, o, &err)) {
+        } else if (ds41_vision_span(ctx, &v, pixels, H, W, o, &err)) {
             free(o);
         } else {
             *out = o;
@@ -45,6 +45,24 @@ int ds41_image_span(ds41_engine *e, const float *pixels, int H, int W, float **o
     }
     if (rc && errbuf && errcap) snprintf(errbuf, errcap, "%s", err.msg);
     ds41_vision_free(&v);
+    return rc;
+}
+
+int ds41_image_span(ds41_engine *e, const float *pixels, int H, int W, float **out, int *rows, char *errbuf,
+                    size_t errcap) {
+    return span_on(e, &e->ctx, pixels, H, W, out, rows, errbuf, errcap);
+}
+
+int ds41_image_span_apart(ds41_engine *e, const float *pixels, int H, int W, float **out, int *rows, char *errbuf,
+                          size_t errcap) {
+    ds41_ctx c = e->ctx;
+    c.prof = NULL;   /* the engine's profile accumulators belong to its forwards */
+    if (c.n_threads > 1 && c.pool) {
+        c.pool = ds41_pool_create(c.n_threads);
+        if (!c.pool) c = e->ctx;   /* the shared pool: slower beside a forward, the same bits */
+    }
+    int rc = span_on(e, &c, pixels, H, W, out, rows, errbuf, errcap);
+    if (c.pool != e->ctx.pool) ds41_pool_destroy(c.pool);
     return rc;
 }
 

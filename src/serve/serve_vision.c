@@ -21,7 +21,7 @@ static void encode_all(ds41_vjob *j) {
     j->rc = 0;
     for (int k = 0; k < j->n; k++) {
         char m[480];
-        if (ds41_cli_image_encode(j->e, j->img[k], j->len[k], &j->im[k], m, sizeof m)) {
+        if (ds41_cli_image_encode(j->e, j->img[k], j->len[k], 1, &j->im[k], m, sizeof m)) {
             snprintf(j->msg, sizeof j->msg, "image %d: %s", k + 1, m);
             j->rc = -1;
             break;

@@ -1,8 +1,9 @@
 /* ds41 serve: a request's images encoded off the scheduler thread (docs/vision.md,
  * "Scheduling"). The tower takes seconds at production width; run on the scheduler thread it
  * would stall every other stream for that long. A job encodes the images of one sequence on
- * a thread of its own (the tower's matmuls go through the engine's pool, whose jobs interleave
- * with the batch's), while the scheduler keeps stepping the others and polls the job. */
+ * a thread of its own, with a thread pool of its own (ds41_image_span_apart: the engine's pool
+ * runs one job at a time, and one attention job of the tower would hold a batch step for
+ * seconds), while the scheduler keeps stepping the others and polls the job. */
 #ifndef DS41_SERVE_VISION_H
 #define DS41_SERVE_VISION_H
 
