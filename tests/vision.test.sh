@@ -18,8 +18,11 @@
 #     a vision tensor misshaped or missing (each named);
 #   - ds41 serve: a PNG and a JPEG data URL on /v1/chat/completions answer as ds41 run --image
 #     (exact, greedy) with the span positions in usage; malformed image parts and a checkpoint
-#     without a tower get 400s naming them.
-# About 6 s.
+#     without a tower get 400s naming them;
+#   - the image-keyed prefix cache: ds41 run --image --cache-dir and the server restore a
+#     repeated image prompt bit for bit (DSpark drafts too), miss on another image of the same
+#     size, and treat damaged block files as misses.
+# About 8 s.
 set -u
 cd "${DS41_ROOT:-$(dirname "$0")/..}"
 DS41=${DS41:-./ds41}
