@@ -128,6 +128,11 @@ a.save(t + "/a.png")
 b = Image.new("RGB", (90, 120), (0, 0, 250))
 ImageDraw.Draw(b).rectangle((10, 10, 50, 70), fill=(250, 250, 0))
 b.save(t + "/b.jpg", quality=90)
+# the same sizes, other pictures (the prefix cache's misses)
+ImageDraw.Draw(a).ellipse((50, 20, 110, 80), fill=(220, 30, 30))
+a.save(t + "/c.png")
+ImageDraw.Draw(b).rectangle((20, 10, 60, 70), fill=(250, 250, 0))
+b.save(t + "/d.jpg", quality=90)
 PYEOF
 "$DS41" image -m "$FCK" --json --dump-pixels "$TMP/fpx.bin" "$TMP/a.png" >"$TMP/plan.json" 2>"$TMP/err"
 read -r FH FW < <("$PY" -c "import json,sys; d=json.loads(open(sys.argv[1]).readline()); print(d['padded_height'], d['padded_width'])" "$TMP/plan.json")
@@ -210,19 +215,6 @@ exp_run err_run_truncated "trunc.png: .*truncated" -m "$FCK" --image "$TMP/trunc
 # DSpark speculation too (every draft's confidence logits in --json); a different image of the
 # same size in block 0 restores nothing, one in block 1 restores block 0 only; damaged block
 # files are misses, and the answer is still the cold one.
-same_size_images() { "$PY" - "$TMP" <<'PYEOF'
-import sys
-from PIL import Image, ImageDraw
-t = sys.argv[1]
-c = Image.new("RGB", (150, 100), (20, 200, 40))
-ImageDraw.Draw(c).ellipse((40, 20, 100, 80), fill=(220, 30, 30))
-c.save(t + "/c.png")
-d = Image.new("RGB", (90, 120), (0, 0, 250))
-ImageDraw.Draw(d).rectangle((20, 10, 60, 70), fill=(250, 250, 0))
-d.save(t + "/d.jpg", quality=90)
-PYEOF
-}
-same_size_images
 CTXT=$(printf 'The first picture shows a shape on a plain background; describe it in words. %.0s' 1 2 3 4)
 CP="${PH}${CTXT:0:290}${PH} and now the second picture: what colour is the shape, and where is it? Answer briefly, in one short sentence, and name the colour of the background too."
 crun() {   # OUT IMG1 IMG2 [ARGS...]: greedy, exact, logits to OUT, stderr to OUT.err
