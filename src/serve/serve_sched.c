@@ -579,10 +579,9 @@ static int session_ready(ds41_sched *S, ds41_sseq *q) {
         /* the prefix cache keys image positions on the images' content (not under the MPI
          * mirror, whose ranks replay restores by ids) */
         ds41_prefix_img pim = ds41_cli_vprompt_keys(&vp);
-        pim.is_image = q->img_at ? pim.is_image : NULL;
-        vp.ids = q->prompt;
-        long long hit = S->p.pc && !S->p.mirror && pim.is_image ? ds41_prefix_restore_img(S->p.pc, q->s, q->prompt, q->n_prompt, &pim) : 0;
-        vp.ids = NULL;
+        long long hit = 0;
+        if (S->p.pc && !S->p.mirror && q->img_at && pim.is_image)
+            hit = ds41_prefix_restore_img(S->p.pc, q->s, q->prompt, q->n_prompt, &pim);
         int rc = seq_admitted(S, q, hit);
         if (!rc && q->state == DS41_SEQ_PREFILL && q->fed < q->n_prompt) rc = image_prefill(S, q, &vp);
         ds41_cli_vprompt_free(&vp);
