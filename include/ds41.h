@@ -142,9 +142,9 @@ int ds41_feed_batch(ds41_session **ss, const int32_t *const *ids, const size_t *
  * image positions (docs/vision.md) route with gate.bias_vl and are dead tokens for Engram
  * (gate 0; no n-gram reaches across them). Rows of emb at text positions are not read.
  * is_image NULL or all zero: exactly ds41_feed. Not with the ced-replay prefill. Every image
- * position carries the same id, so a prefix cache keyed by ids (ds41_prefix_insert / restore)
- * must not hold the blocks of such a prompt (it would match another image, and a restore
- * rebuilds the Engram history from the ids). */
+ * position carries the same id, so the prefix cache holds the blocks of such a prompt only
+ * through ds41_prefix_restore_img / _publish_img, which key image positions on the image's
+ * content (ds41_prefix_insert and the plain calls would match another image). */
 int ds41_feed_embeds(ds41_session *s, const int32_t *ids, size_t n, const float *emb, const uint8_t *is_image);
 int ds41_model_dim(const ds41_engine *e);
 /* The image span of pixels [3, H, W] (BF16 values, H and W multiples of the patch size) through
@@ -154,6 +154,12 @@ int ds41_model_dim(const ds41_engine *e);
 int ds41_image_span(ds41_engine *e, const float *pixels, int H, int W, float **out, int *rows, char *err,
                     size_t errcap);
 int ds41_image_token_id(const ds41_engine *e);
+/* ds41_image_span on a thread pool of its own with the engine's thread count (created and
+ * destroyed by the call): the same kernels and split, so the same bits, but a thread running
+ * it beside another that runs the engine's forwards never waits for the engine's pool, whose
+ * jobs are one at a time (the server encodes images so, off its scheduler thread). */
+int ds41_image_span_apart(ds41_engine *e, const float *pixels, int H, int W, float **out, int *rows, char *err,
+                          size_t errcap);
 /* 1 when the checkpoint holds its vision tower's tensors, whole and well shaped (a config with
  * a vision_config alone is not enough), else 0: ds41_image_span would refuse. */
 int ds41_has_vision(const ds41_engine *e);
@@ -167,6 +173,13 @@ int ds41_image_span_encoded(ds41_engine *e, const uint8_t *data, size_t len, flo
  * from the checkpoint's preprocessing plan alone (no decoding, no tower); -1 with err when no
  * plan fits the image or the checkpoint has no vision config. */
 int ds41_image_span_positions(const ds41_engine *e, int width, int height, char *err, size_t errcap);
+/* The first half of ds41_image_span_encoded: data decoded and preprocessed into *pixels [3, H,
+ * W] (malloc'd BF16 values, what ds41_image_span takes), and, when key != NULL, the image's
+ * content key: SHA-256 of the preprocessed size and pixel bits, the same for two files that
+ * give the same pixels, different for any other (the prefix cache keys image positions on it,
+ * ds41_prefix_img). Milliseconds, against the tower's seconds at production width. */
+int ds41_image_prepare(ds41_engine *e, const uint8_t *data, size_t len, float **pixels, int *H, int *W,
+                       uint8_t key[32], char *err, size_t errcap);
 /* Logits of the last fed token: ds41_vocab_size floats. */
 const float *ds41_logits(const ds41_session *s);
 
@@ -422,6 +435,25 @@ long long ds41_prefix_restore(ds41_prefix_cache *pc, ds41_session *s, const int3
  * does not wait for the fsyncs). Returns the blocks newly stored or -1. */
 long long ds41_prefix_publish(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n);
 void ds41_prefix_get_stats(ds41_prefix_cache *pc, ds41_prefix_stats *out);
+/* A prompt with images (docs/vision.md, docs/prefix-cache.md): its first n positions
+ * described as ds41_feed_embeds takes them, plus each image position's content key
+ * (ds41_image_prepare), the same for every position of one image. A block that holds image
+ * positions is keyed on their offsets and keys as well as on the ids (a text block's key does
+ * not change), so a prompt hits only when the same text and the same images come again, and a
+ * restore replays its image rows with their embeddings (in exact mode bit-identical to a cold
+ * prefill). Positions from n on are text (a publish's generated tokens). */
+typedef struct ds41_prefix_img {
+    const uint8_t *is_image;   /* [n]: 1 at an image position */
+    const uint8_t *key;        /* [n * 32]: the image's content key at image positions (others not read) */
+    const float *emb;          /* [n * dim]: the embeddings at image positions (a publish needs none) */
+    size_t n;
+} ds41_prefix_img;
+/* ds41_prefix_restore / _publish with images; im NULL or is_image NULL: the plain calls. A
+ * restore without keys or embeddings restores nothing (returns 0). */
+long long ds41_prefix_restore_img(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n,
+                                  const ds41_prefix_img *im);
+long long ds41_prefix_publish_img(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n,
+                                  const ds41_prefix_img *im);
 /* Waits until every queued block is on disk (or failed: disk_errors). Close flushes too. */
 void ds41_prefix_flush(ds41_prefix_cache *pc);
 /* Evicts least recently used leaf blocks until the cache holds at most max_bytes in memory

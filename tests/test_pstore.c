@@ -17,6 +17,7 @@
 
 #include "check.h"
 #include "crc32c.h"
+#include "sha256.h"
 #include "pstore.h"
 
 static char root[64];
@@ -146,6 +147,41 @@ static void crc32c_known_values(void) {
             if (a != b || a != c) bad++;
         }
     CHECK(bad == 0, "%d length/offset cases disagree (hw %d)", bad, ds41_crc32c_hw());
+}
+
+/* SHA-256, the prefix cache's image keys (sha256.h): the FIPS 180-4 example digests, including
+ * the one-million-'a' message fed in uneven pieces, so that every buffering path is crossed */
+static int sha_is(const uint8_t d[32], const char *hex) {
+    char h[65];
+    for (int i = 0; i < 32; i++) snprintf(h + 2 * i, 3, "%02x", d[i]);
+    return !strcmp(h, hex);
+}
+
+static void sha256_known_values(void) {
+    uint8_t d[32];
+    ds41_sha256 c;
+    ds41_sha256_init(&c);
+    ds41_sha256_update(&c, "abc", 3);
+    ds41_sha256_final(&c, d);
+    CHECK(sha_is(d, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"), "abc");
+    ds41_sha256_init(&c);
+    ds41_sha256_final(&c, d);
+    CHECK(sha_is(d, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"), "empty");
+    const char *m2 = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";   /* 56 bytes: two padding blocks */
+    ds41_sha256_init(&c);
+    ds41_sha256_update(&c, m2, strlen(m2));
+    ds41_sha256_final(&c, d);
+    CHECK(sha_is(d, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"), "two blocks");
+    static uint8_t a[1000];
+    memset(a, 'a', sizeof a);
+    ds41_sha256_init(&c);
+    for (size_t done = 0, k = 1; done < 1000000; k = k % 997 + 1) {
+        size_t n = 1000000 - done < k ? 1000000 - done : k;
+        ds41_sha256_update(&c, a, n);
+        done += n;
+    }
+    ds41_sha256_final(&c, d);
+    CHECK(sha_is(d, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"), "a million a");
 }
 
 static void roundtrip_and_reopen(void) {
@@ -640,6 +676,7 @@ int main(void) {
     snprintf(root, sizeof root, "/tmp/ds41-test-pstore-XXXXXX");
     if (!mkdtemp(root)) { printf("FAIL pstore_setup: mkdtemp: %s\n", strerror(errno)); return 1; }
     RUN_CASE(crc32c_known_values);
+    RUN_CASE(sha256_known_values);
     RUN_CASE(roundtrip_and_reopen);
     RUN_CASE(same_key_twice_left_alone);
     RUN_CASE(mismatch_is_miss);

@@ -23,7 +23,10 @@
 #     (image blocks, base64 and data: URL, also inside a tool result), usage and count_tokens
 #     equal to the prefilled positions, 400s naming the field, and a context overflowed by the
 #     image spans refused at admission; --kv-budget counts the span positions as token ids.
-# About 8 s of CPU (the SDK checks about 1.5 of it).
+#   - the image-keyed prefix cache: ds41 run --image --cache-dir and the server restore a
+#     repeated image prompt bit for bit (DSpark drafts too), miss on another image of the same
+#     size, and treat damaged block files as misses.
+# About 9 s of CPU (the SDK checks about 1.5 of it).
 set -u
 cd "${DS41_ROOT:-$(dirname "$0")/..}"
 DS41=${DS41:-./ds41}
@@ -129,6 +132,11 @@ a.save(t + "/a.png")
 b = Image.new("RGB", (90, 120), (0, 0, 250))
 ImageDraw.Draw(b).rectangle((10, 10, 50, 70), fill=(250, 250, 0))
 b.save(t + "/b.jpg", quality=90)
+# the same sizes, other pictures (the prefix cache's misses)
+ImageDraw.Draw(a).ellipse((50, 20, 110, 80), fill=(220, 30, 30))
+a.save(t + "/c.png")
+ImageDraw.Draw(b).rectangle((20, 10, 60, 70), fill=(250, 250, 0))
+b.save(t + "/d.jpg", quality=90)
 PYEOF
 "$DS41" image -m "$FCK" --json --dump-pixels "$TMP/fpx.bin" "$TMP/a.png" >"$TMP/plan.json" 2>"$TMP/err"
 read -r FH FW < <("$PY" -c "import json,sys; d=json.loads(open(sys.argv[1]).readline()); print(d['padded_height'], d['padded_width'])" "$TMP/plan.json")
@@ -204,7 +212,59 @@ exp_run err_run_count "has 2 image placeholders but 1 image was given" -m "$FCK"
 exp_run err_run_ids_count "--prompt-ids has 0 image placeholders but 1 image" -m "$FCK" --image "$TMP/a.png" --prompt-ids 1,2
 head -c 200 "$TMP/a.png" >"$TMP/trunc.png"
 exp_run err_run_truncated "trunc.png: .*truncated" -m "$FCK" --image "$TMP/trunc.png" -p hi
-exp_run err_run_cache "--image cannot be combined with --cache-dir" -m "$FCK" --image "$TMP/a.png" -p hi --cache-dir "$TMP/pc"
+# ---- the image-keyed prefix cache through ds41 run --image --cache-dir (docs/prefix-cache.md):
+# a prompt of 283 positions, image a (17 positions) at 1, image b at 187, so block 0 holds a and
+# block 1 holds b inside the exact replay's rows [165, 256) (W 16, 6 layers: 91 rows). A second
+# run restores 256 tokens and its logits equal the cold run's bit for bit (exact mode), with
+# DSpark speculation too (every draft's confidence logits in --json); a different image of the
+# same size in block 0 restores nothing, one in block 1 restores block 0 only; damaged block
+# files are misses, and the answer is still the cold one.
+CTXT=$(printf 'The first picture shows a shape on a plain background; describe it in words. %.0s' 1 2 3 4)
+CP="${PH}${CTXT:0:290}${PH} and now the second picture: what colour is the shape, and where is it? Answer briefly, in one short sentence, and name the colour of the background too."
+crun() {   # OUT IMG1 IMG2 [ARGS...]: greedy, exact, logits to OUT, stderr to OUT.err
+    local out=$1 i1=$2 i2=$3; shift 3
+    "$DS41" run -m "$FCK" --image "$i1" --image "$i2" -p "$CP" -n 4 --exact --spec off --dump-logits "$out" "$@" \
+        >/dev/null 2>"$out.err"
+}
+restored() { sed -n 's/.*prefix cache: \([0-9]*\) of \([0-9]*\) prompt tokens restored.*/\1 \2/p' "$1.err"; }
+PC=$TMP/pcache
+crun "$TMP/k0" "$TMP/a.png" "$TMP/b.jpg"
+if crun "$TMP/k1" "$TMP/a.png" "$TMP/b.jpg" --cache-dir "$PC" && [ "$(restored "$TMP/k1")" = "0 283" ] &&
+    crun "$TMP/k2" "$TMP/a.png" "$TMP/b.jpg" --cache-dir "$PC" && [ "$(restored "$TMP/k2")" = "256 283" ] &&
+    cmp -s "$TMP/k0" "$TMP/k1" && cmp -s "$TMP/k0" "$TMP/k2"; then
+    pass run_image_cache_hit_exact
+else
+    fail run_image_cache_hit_exact "restored '$(restored "$TMP/k1")', '$(restored "$TMP/k2")' $(head -c 300 "$TMP/k2.err")"
+fi
+# DSpark on: speculative decoding with 2 drafts a step, every proposal's confidence in --json
+sjson() { "$DS41" run -m "$FCK" --image "$TMP/a.png" --image "$TMP/b.jpg" -p "$CP" -n 12 --exact --spec fixed:2 --json "$@" \
+    2>/dev/null | grep -v '"timing"'; }
+if sjson >"$TMP/s0" && sjson --cache-dir "$TMP/pcs" >"$TMP/s1" && sjson --cache-dir "$TMP/pcs" >"$TMP/s2" &&
+    grep -q '"conf"' "$TMP/s0" && cmp -s "$TMP/s0" "$TMP/s1" && cmp -s "$TMP/s0" "$TMP/s2" &&
+    [ "$(ls "$TMP/pcs"/*/*.blk | wc -l)" -eq 2 ]; then
+    pass run_image_cache_hit_dspark
+else
+    fail run_image_cache_hit_dspark "the speculative answer or its drafts differ after a restore"
+fi
+# another image of the same size: in block 0 nothing is restored, in block 1 block 0 is
+crun "$TMP/kc0" "$TMP/c.png" "$TMP/b.jpg"
+crun "$TMP/kd0" "$TMP/a.png" "$TMP/d.jpg"
+if crun "$TMP/kc1" "$TMP/c.png" "$TMP/b.jpg" --cache-dir "$PC" && [ "$(restored "$TMP/kc1")" = "0 283" ] &&
+    crun "$TMP/kd1" "$TMP/a.png" "$TMP/d.jpg" --cache-dir "$PC" && [ "$(restored "$TMP/kd1")" = "128 283" ] &&
+    cmp -s "$TMP/kc0" "$TMP/kc1" && cmp -s "$TMP/kd0" "$TMP/kd1" && ! cmp -s "$TMP/k0" "$TMP/kc0" && ! cmp -s "$TMP/k0" "$TMP/kd0"; then
+    pass run_image_cache_other_image
+else
+    fail run_image_cache_other_image "restored '$(restored "$TMP/kc1")', '$(restored "$TMP/kd1")' $(head -c 300 "$TMP/kd1.err")"
+fi
+# a damaged entry: one byte of every block file's payload flipped; a miss, the cold answer
+for f in "$PC"/*/*.blk; do
+    "$PY" -c "import sys; b = bytearray(open(sys.argv[1], 'rb').read()); b[len(b) // 2] ^= 0x40; open(sys.argv[1], 'wb').write(b)" "$f"
+done
+if crun "$TMP/k3" "$TMP/a.png" "$TMP/b.jpg" --cache-dir "$PC" && [ "$(restored "$TMP/k3")" = "0 283" ] && cmp -s "$TMP/k0" "$TMP/k3"; then
+    pass run_image_cache_damaged
+else
+    fail run_image_cache_damaged "restored '$(restored "$TMP/k3")' $(head -c 300 "$TMP/k3.err")"
+fi
 if [ -n "${NOV:=$(checkpoint tiny 2>/dev/null)}" ]; then
     exp_run err_run_no_tower "no vision tower" -m "$NOV" --image "$TMP/a.png" --prompt-ids 1,500
 fi
@@ -215,11 +275,11 @@ fi
 # usage.prompt_tokens counts the 17 span positions; malformed parts get a 400 naming them
 vreq() {   # PORT IMAGE_FILE|- MIME|URL OUT: POSTs one user message (image part, "What colour?")
     "$PY" - "$@" <<'PYEOF'
-import base64, json, sys, urllib.request, urllib.error
+import base64, json, os, sys, urllib.request, urllib.error
 port, img, mime, out = sys.argv[1:5]
 url = mime if img == "-" else "data:%s;base64,%s" % (mime, base64.b64encode(open(img, "rb").read()).decode())
 body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                                  {"type": "text", "text": "What colour?"}]}],
+                                                  {"type": "text", "text": os.environ.get("VQ", "What colour?")}]}],
         "max_tokens": 8, "temperature": 0, "skip_special_tokens": False}
 rq = urllib.request.Request("http://127.0.0.1:%s/v1/chat/completions" % port, json.dumps(body).encode(),
                             {"Content-Type": "application/json"})
@@ -266,6 +326,29 @@ if serve_start vserve -m "$FCK" --exact --spec off -c 512; then
     else
         fail vision_sdk "tests/oracle/node_modules (openai, @anthropic-ai/sdk) missing (run make setup)"
     fi
+    # the prefix cache (on by default): a longer question (194 positions) about the same
+    # picture again restores its whole block and answers as ds41 run; another picture of the same
+    # size restores nothing (its span is in block 0) and answers as ds41 run on it
+    LQ="${CTXT:0:280} What colour?"
+    cq() {   # NAME IMAGE OUT CACHED: the answer equals ds41 run, usage's cached tokens == CACHED
+        "$DS41" run -m "$FCK" --image "$2" -p "<｜User｜>${PH}"$'\n\n'"${LQ}<｜Assistant｜></think>" -n 8 --exact \
+            --spec off >"$TMP/cq.run" 2>"$TMP/err"
+        VQ="$LQ" vreq "$PORT" "$2" image/png "$3"
+        local r
+        r=$("$PY" -c "
+import json, sys
+code, _, body = open(sys.argv[1]).read().partition(' ')
+d = json.loads(body)
+run = open(sys.argv[2]).read()
+c = d['usage'].get('prompt_tokens_details', {}).get('cached_tokens')
+ok = code == '200' and d['choices'][0]['message']['content'] == run.rstrip('\n') and c == int(sys.argv[3])
+print('ok' if ok and run.strip() else 'status %s, %r vs run %r, cached %s' % (code, d.get('choices', [{}])[0].get('message'), run, c))
+" "$3" "$TMP/cq.run" "$4")
+        if [ "$r" = ok ]; then pass "$1"; else fail "$1" "$r $(head -c 200 "$TMP/err")"; fi
+    }
+    cq serve_image_cache_cold "$TMP/a.png" "$TMP/q1.json" 0
+    cq serve_image_cache_hit "$TMP/a.png" "$TMP/q2.json" 128
+    cq serve_image_cache_other_image "$TMP/c.png" "$TMP/q3.json" 0
     # three malformed parts: an https URL (never fetched), bad base64, a JPEG under the PNG MIME type
     vreq "$PORT" - "https://example.com/a.png" "$TMP/v2.json"
     vreq "$PORT" - "data:image/png;base64,iVBO*w0K" "$TMP/v3.json"

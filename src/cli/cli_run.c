@@ -169,9 +169,8 @@ int ds41_cli_run(int argc, char **argv) {
     }
     /* output only from rank 0: the other ranks write their logits nowhere */
     if (dump && ds41_dist_rank() > 0) dump = "/dev/null";
-    if (n_images && (cache_dir || g.prefill == DS41_PREFILL_MODE_REPLAY)) {
-        /* every image position carries the same id: an id-keyed prefix would match another image */
-        fprintf(stderr, "ds41 run: --image cannot be combined with %s\n", cache_dir ? "--cache-dir (the prefix cache keys on ids only)" : "--prefill ced-replay");
+    if (n_images && g.prefill == DS41_PREFILL_MODE_REPLAY) {
+        fprintf(stderr, "ds41 run: --image cannot be combined with --prefill ced-replay\n");
         return 2;
     }
     if (cache_dir && trace) { fprintf(stderr, "ds41 run: --cache-dir and --trace cannot be combined (a restored prefix has no trace)\n"); return 2; }
@@ -318,14 +317,16 @@ int ds41_cli_run(int argc, char **argv) {
     }
     double t0 = ds41_cli_now();
     long long hit = 0, written = 0;
-    if (pc && (hit = ds41_prefix_restore(pc, s, ids, n_ids)) < 0) {
+    /* image positions keyed on their image's content (docs/prefix-cache.md) */
+    ds41_prefix_img pim = ds41_cli_vprompt_keys(&vp);
+    if (pc && (hit = ds41_prefix_restore_img(pc, s, ids, n_ids, n_images ? &pim : NULL)) < 0) {
         fprintf(stderr, "ds41 run: restoring the cached prefix: %s\n", ds41_session_error(s));
         goto out;
     }
     double t_restore = ds41_cli_now() - t0;
     snprintf(plabel, sizeof plabel, "prefill %lld tokens", (long long)n_ids - hit);
     pg = ds41_progress_start(plabel);
-    int prc = n_images ? ds41_cli_vprompt_feed(s, &vp, 0) : hit < (long long)n_ids ? ds41_feed(s, ids + hit, n_ids - (size_t)hit) : 0;
+    int prc = n_images ? ds41_cli_vprompt_feed(s, &vp, (size_t)hit) : hit < (long long)n_ids ? ds41_feed(s, ids + hit, n_ids - (size_t)hit) : 0;
     ds41_progress_end(pg);
     if (prc) {
         fprintf(stderr, "ds41 run: %s\n", ds41_session_error(s));
@@ -334,7 +335,7 @@ int ds41_cli_run(int argc, char **argv) {
     double t_prefill = ds41_cli_now() - t0, t_decode = 0.0, t_publish = 0.0;
     if (pc) {
         double t1 = ds41_cli_now();
-        written = ds41_prefix_publish(pc, s, ids, n_ids);
+        written = ds41_prefix_publish_img(pc, s, ids, n_ids, n_images ? &pim : NULL);
         ds41_prefix_flush(pc);   /* durable before the answer (a serving process would not wait) */
         t_publish = ds41_cli_now() - t1;
     }

@@ -8,12 +8,23 @@
 #include "chat.h"
 #include "image.h"
 
+int ds41_cli_image_encode(ds41_engine *e, const uint8_t *data, size_t len, int apart, ds41_cli_vimage *im, char *msg,
+                          size_t cap) {
+    memset(im, 0, sizeof *im);
+    float *px = NULL;
+    int H, W;
+    int rc = ds41_image_prepare(e, data, len, &px, &H, &W, im->key, msg, cap);
+    if (!rc) rc = (apart ? ds41_image_span_apart : ds41_image_span)(e, px, H, W, &im->span, &im->rows, msg, cap);
+    free(px);
+    return rc;
+}
+
 int ds41_cli_image_load(ds41_engine *e, const char *path, ds41_cli_vimage *im, ds41_err *err) {
     memset(im, 0, sizeof *im);
     char *data = NULL, msg[512];
     size_t len = 0;
     if (ds41_read_file(path, DS41_IMAGE_MAX_BYTES, &data, &len, err)) return -1;
-    int rc = ds41_image_span_encoded(e, (const uint8_t *)data, len, &im->span, &im->rows, msg, sizeof msg);
+    int rc = ds41_cli_image_encode(e, (const uint8_t *)data, len, 0, im, msg, sizeof msg);
     free(data);
     if (rc) return ds41_errf(err, "%s: %s", path, msg);
     if (!(im->path = strdup(path))) {
@@ -33,6 +44,7 @@ void ds41_cli_vprompt_free(ds41_cli_vprompt *p) {
     free(p->ids);
     free(p->is_image);
     free(p->emb);
+    free(p->key);
     memset(p, 0, sizeof *p);
 }
 
@@ -47,7 +59,9 @@ static int grow(ds41_cli_vprompt *p, size_t k, ds41_err *err) {
     if (img) p->is_image = img;
     float *emb = p->emb ? realloc(p->emb, cap * p->dim * sizeof *emb) : NULL;
     if (emb) p->emb = emb;
-    if (!ids || (p->is_image && !img) || (p->emb && !emb)) return ds41_errf(err, "out of memory for a prompt of %zu positions", p->n + k);
+    uint8_t *key = p->key ? realloc(p->key, cap * 32) : NULL;
+    if (key) p->key = key;
+    if (!ids || (p->is_image && !img) || (p->emb && !emb) || (p->key && !key)) return ds41_errf(err, "out of memory for a prompt of %zu positions", p->n + k);
     p->cap = cap;
     return 0;
 }
@@ -65,11 +79,13 @@ static int add_image(ds41_cli_vprompt *p, const ds41_cli_vimage *im, int32_t ima
     if (!p->is_image) {
         p->is_image = calloc(p->cap, 1);
         p->emb = calloc(p->cap * p->dim, sizeof *p->emb);
-        if (!p->is_image || !p->emb) return ds41_errf(err, "out of memory for the image embeddings");
+        p->key = calloc(p->cap, 32);
+        if (!p->is_image || !p->emb || !p->key) return ds41_errf(err, "out of memory for the image embeddings");
     }
     for (int r = 0; r < im->rows; r++) {
         p->ids[p->n + r] = image_token_id;
         p->is_image[p->n + r] = 1;
+        memcpy(p->key + (p->n + r) * 32, im->key, 32);
     }
     memcpy(p->emb + p->n * p->dim, im->span, (size_t)im->rows * p->dim * sizeof *p->emb);
     p->n += (size_t)im->rows;
@@ -149,4 +165,10 @@ int ds41_cli_vprompt_feed(ds41_session *s, const ds41_cli_vprompt *p, size_t fro
     if (from >= p->n) return 0;
     if (!p->is_image) return ds41_feed(s, p->ids + from, p->n - from);
     return ds41_feed_embeds(s, p->ids + from, p->n - from, p->emb + from * p->dim, p->is_image + from);
+}
+
+ds41_prefix_img ds41_cli_vprompt_keys(const ds41_cli_vprompt *p) {
+    ds41_prefix_img k = { p->is_image, p->key, p->emb, p->n };
+    if (!p->key || !p->emb) k.is_image = NULL;   /* placeholders only (split): nothing placed */
+    return k;
 }

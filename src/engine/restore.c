@@ -51,20 +51,36 @@ static int attach_pages(ds41_seq *s, const int32_t *ids, long long M, uint8_t *c
     return 0;
 }
 
-/* Engram history after position P - 1 (compressed ids, most recent first; 0 before position 0). */
-static void history_at(const ds41_engine *e, const int32_t *ids, long long P, int32_t hist[16]) {
-    for (int k = 0; k < 16; k++) hist[k] = P - 1 - k < 0 ? 0 : e->token_map[ids[P - 1 - k]];
+/* Engram history after position P - 1 (compressed ids, most recent first; 0 before position 0;
+ * image positions, img[p] != 0 for p < n_img, are dead tokens as the forward records them). */
+static void history_at(const ds41_engine *e, const int32_t *ids, const uint8_t *img, size_t n_img, long long P,
+                       int32_t hist[16]) {
+    for (int k = 0; k < 16; k++) {
+        long long p = P - 1 - k;
+        hist[k] = p < 0 ? 0 : img && p < (long long)n_img && img[p] ? DS41_ENGRAM_DEAD : e->token_map[ids[p]];
+    }
 }
 
 /* The replay forward over the last R of the M positions whose pages are attached: the state at
  * its start (position, Engram history from the ids, the published index-K owner a prefill of
  * M - R tokens leaves: a one-shot prefill starts from none), then the forward in mode RESTORE. */
-static int replay(ds41_seq *s, const int32_t *ids, long long M, long long R, int mode, int want_logits, ds41_err *err) {
+static int replay(ds41_seq *s, const int32_t *ids, long long M, long long R, int mode, int want_logits,
+                  const ds41_restore_img *im, ds41_err *err) {
     ds41_engine *e = s->e;
     ds41_cache *c = &s->cache;
     long long P0 = M - R;
+    /* the image rows the replay recomputes take their embeddings, as in the prefill */
+    uint8_t *rimg = NULL;
+    if (im && im->img && (long long)im->n > P0) {
+        if (!im->emb) return ds41_errf(err, "restore: image positions without embeddings");
+        if (!e->w->layers[0].gate_bias_vl) return ds41_errf(err, "restore: image positions need gate.bias_vl");
+        if (!(rimg = calloc((size_t)R, 1))) return ds41_errf(err, "restore: out of memory");
+        for (long long t = 0; t < R && P0 + t < (long long)im->n; t++) rimg[t] = im->img[P0 + t] != 0;
+        s->ov_img = rimg;
+        s->ov_emb = im->emb + (size_t)P0 * e->cfg->dim;
+    }
     c->pos = P0;
-    if (e->has_engram) history_at(e, ids, P0, c->hist);
+    if (e->has_engram) history_at(e, ids, im ? im->img : NULL, im ? im->n : 0, P0, c->hist);
     c->ik_owner = P0 > 0 ? ds41_ik_owner_after(e->cfg, -1, 0, P0 - 1, e->cfg->n_layers - 1) : -1;
     ds41_prefill_mode saved = s->prefill;
     s->prefill = DS41_PREFILL_RESTORE;
@@ -72,14 +88,17 @@ static int replay(ds41_seq *s, const int32_t *ids, long long M, long long R, int
     int rc = ds41_forward(s, ids + P0, (int)R, want_logits, err);
     s->restore = 0;
     s->prefill = saved;
+    s->ov_img = NULL;
+    s->ov_emb = NULL;
+    free(rimg);
     return rc;
 }
 
 int ds41_seq_restore(ds41_seq *s, const int32_t *ids, long long M, uint8_t *const *pages, int mode, int want_logits,
-                     ds41_err *err) {
+                     const ds41_restore_img *im, ds41_err *err) {
     if (mode != DS41_RESTORE_EXACT && mode != DS41_RESTORE_APPROX) return ds41_errf(err, "restore: mode %d", mode);
     if (attach_pages(s, ids, M, pages, err)) return -1;
-    return replay(s, ids, M, ds41_seq_replay_rows(s->e->cfg, mode, M), mode, want_logits, err);
+    return replay(s, ids, M, ds41_seq_replay_rows(s->e->cfg, mode, M), mode, want_logits, im, err);
 }
 
 /* The decoder split's install: the decoder layers on the stream rows [M - S, M), from the
@@ -98,7 +117,7 @@ static int decoder_half(ds41_seq *s, const int32_t *ids, long long M, const ds41
     s->from_layer = cfg->first_decoder_layer;
     s->from_X = x;
     s->from_pre = x + (size_t)S * xw;
-    int rc = replay(s, ids, M, S, DS41_RESTORE_EXACT, 0, err);
+    int rc = replay(s, ids, M, S, DS41_RESTORE_EXACT, 0, NULL, err);
     s->from_layer = 0;
     s->from_X = s->from_pre = NULL;
     free(x);
@@ -122,7 +141,7 @@ int ds41_seq_install(ds41_seq *s, const int32_t *ids, long long M, uint8_t *cons
     /* the history is a function of the ids the decode node holds: a shipped one that differs is
      * a peer's bug, never something to decode from */
     int32_t h[16] = { 0 };
-    if (e->has_engram) history_at(e, ids, M, h);
+    if (e->has_engram) history_at(e, ids, NULL, 0, M, h);
     if (memcmp(h, st->hist, sizeof h))
         return ds41_errf(err, "install: the shipped Engram history is not the one the prompt's last tokens give");
     long long S = st->stream_rows;

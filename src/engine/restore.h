@@ -27,11 +27,20 @@ enum { DS41_RESTORE_EXACT = 1, DS41_RESTORE_APPROX = 2 };
 long long ds41_seq_replay_rows(const ds41_config *cfg, int mode, long long M);
 /* 1 when every KV source's ratio divides the page (a block end is a group end). */
 int ds41_restore_supported(const ds41_config *cfg);
+/* The image positions of a restored prompt (ds41_prefix_img): img [n] flags from position 0,
+ * emb [n * dim] their embeddings; the replay feeds the image rows it recomputes from them and
+ * rebuilds the Engram history with those positions dead, as the prefill did. */
+typedef struct ds41_restore_img {
+    const uint8_t *img;
+    const float *emb;
+    size_t n;
+} ds41_restore_img;
 /* s at position 0. pages [M / 128][n_stores] (borrowed; s takes its own references), ids the M
- * token ids. Attaches the pages, sets the state at the replay start and runs the replay forward
- * (want_logits: the logits of position M - 1 too). On failure the sequence must be reset. */
+ * token ids, im NULL for a text prompt. Attaches the pages, sets the state at the replay start
+ * and runs the replay forward (want_logits: the logits of position M - 1 too). On failure the
+ * sequence must be reset. */
 int ds41_seq_restore(ds41_seq *s, const int32_t *ids, long long M, uint8_t *const *pages, int mode, int want_logits,
-                     ds41_err *err);
+                     const ds41_restore_img *im, ds41_err *err);
 
 /* The bounded state at a block end as a prefill node ships it (src/pd/, docs/pd.md): what a
  * prefill of M tokens leaves besides its global KV pages. Borrowed views (unaligned bytes, read
@@ -67,7 +76,7 @@ int ds41_seq_install(ds41_seq *s, const int32_t *ids, long long M, uint8_t *cons
  * session must be at position 0 and not broken. Returns 0 or -1 (ds41_session_error; the
  * session is then broken until reset). */
 int ds41_session_restore(ds41_session *s, const int32_t *ids, long long M, uint8_t *const *pages, int mode,
-                         int want_logits);
+                         int want_logits, const ds41_restore_img *im);
 /* ds41_seq_install plus the DSpark ring seeding a feed does (from st's context rows). */
 int ds41_session_install(ds41_session *s, const int32_t *ids, long long M, uint8_t *const *pages,
                          const ds41_resume_state *st);

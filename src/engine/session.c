@@ -482,12 +482,12 @@ void ds41_session_absorb(ds41_session *s, size_t n, const float *logits, const c
 int ds41_session_index_k(const ds41_session *s) { return s->p.index_k; }
 
 int ds41_session_restore(ds41_session *s, const int32_t *ids, long long M, uint8_t *const *pages, int mode,
-                         int want_logits) {
+                         int want_logits, const ds41_restore_img *im) {
     if (s->broken) { snprintf(s->err, sizeof s->err, "session is unusable after an earlier error; reset it"); return -1; }
     s->spec.pending = -1;
     ds41_err err;
     s->dpend_n = 0;   /* a restore rebuilds the state: the pending rows belong to the old one */
-    if (ds41_seq_restore(&s->seq, ids, M, pages, mode, want_logits, &err) || seed_rows(s, &err)) {
+    if (ds41_seq_restore(&s->seq, ids, M, pages, mode, want_logits, im, &err) || seed_rows(s, &err)) {
         snprintf(s->err, sizeof s->err, "%s", err.msg);
         s->broken = 1;
         return -1;

@@ -6,6 +6,7 @@
 
 #include "serve_mpi.h"
 #include "cli_vprompt.h"
+#include "serve_vision.h"
 
 #include <limits.h>
 #include <math.h>
@@ -80,6 +81,7 @@ static void sgroup_free(ds41_sgroup *g) {
         ds41_sseq *q = &g->seq[i];
         ds41_lproc_free(&q->proc);
         free(q->prompt); free(q->ids); free(q->lp); free(q->top_id); free(q->top_lp); free(q->off); free(q->text);
+        free(q->img_at); free(q->img_key);
     }
     for (int i = 0; i < g->n_img; i++) free(g->img[i]);
     free(g->img);
@@ -198,7 +200,9 @@ void ds41_sched_gauges(ds41_sched *S, ds41_gauges *o) {
  * the sequence leaves its lists (seq_release), so q stays valid until then. */
 /* Publishes the whole blocks of what q's session holds: the prompt, then the generated ids. */
 static void seq_publish(ds41_sched *S, ds41_sseq *q, int with_generated) {
-    if (!S->p.pc || !q->s || q->g->n_img) return;   /* not keyed on images (docs/vision.md) */
+    if (!S->p.pc || !q->s) return;
+    /* image positions are keyed on their image's content; the MPI mirror's ranks replay ids only */
+    if (q->g->n_img && (S->p.mirror || !q->img_key)) return;
     size_t n = q->n_prompt, extra = with_generated ? q->n_ids : 0;
     if ((n + extra) / 128 <= n / 128 && with_generated) return;   /* no new whole block */
     int32_t *t = malloc((n + extra + 1) * sizeof *t);
@@ -207,14 +211,25 @@ static void seq_publish(ds41_sched *S, ds41_sseq *q, int with_generated) {
     pthread_mutex_lock(&q->g->mu);
     if (extra) memcpy(t + n, q->ids, extra * sizeof *t);
     pthread_mutex_unlock(&q->g->mu);
-    ds41_smirror_publish(S->p.mirror, q->s, t, n + extra);
-    ds41_prefix_publish(S->p.pc, q->s, t, n + extra);
+    ds41_prefix_img pim = { q->img_at, q->img_key, NULL, n };
+    if (!q->g->n_img) ds41_smirror_publish(S->p.mirror, q->s, t, n + extra);
+    ds41_prefix_publish_img(S->p.pc, q->s, t, n + extra, q->g->n_img ? &pim : NULL);
     free(t);
 }
 
 static void seq_finish(ds41_sched *S, ds41_sseq *q, int reason, const char *err) {
     ds41_sgroup *g = q->g;
     double t = now_s();
+    if (q->vjob) {
+        /* its thread reads the group's image bytes: it ends before the sequence does (a
+         * cancelled encode costs the scheduler the rest of that one encode) */
+        ds41_cli_vimage *im = NULL;
+        if (!ds41_vjob_finish(q->vjob, &im, NULL, 0)) {
+            for (int k = 0; k < g->n_img; k++) ds41_cli_image_free(&im[k]);
+            free(im);
+        }
+        q->vjob = NULL;
+    }
     if (q->s && (reason == DS41_FIN_STOP || reason == DS41_FIN_LENGTH)) seq_publish(S, q, 1);
     if (q->s) {
         ds41_smirror_close(S->p.mirror, q->s);
@@ -468,24 +483,34 @@ static void spec_plan(ds41_sched *S, ds41_sseq **dq, int R, const int *kmax, int
 static int admit_prefix(ds41_sched *S, ds41_sseq *q);
 static int seq_admitted(ds41_sched *S, ds41_sseq *q, long long hit);
 
-/* The group's images encoded, q's prompt expanded at each placeholder id to the image's span
- * (q->prompt becomes the expanded ids); the embeddings and image flags in *vp. */
+/* The group's images, encoded by q's job (which ends here), expanded into q's prompt at each
+ * placeholder id (q->prompt becomes the expanded ids); the embeddings, image flags and content
+ * keys in *vp, the flags and keys also kept in q for the prefix cache's publishes. */
 static int expand_images(ds41_sched *S, ds41_sseq *q, ds41_cli_vprompt *vp) {
     ds41_sgroup *g = q->g;
-    ds41_cli_vimage *im = calloc((size_t)g->n_img, sizeof *im);
+    ds41_cli_vimage *im = NULL;
     char msg[512] = "out of memory";
     ds41_err err = { 0 };
-    int k = 0, rc = -1;
-    for (; im && k < g->n_img; k++)
-        if (ds41_image_span_encoded(S->e, g->img[k], g->img_len[k], &im[k].span, &im[k].rows, msg, sizeof msg)) break;
-    if (im && k == g->n_img) {
-        if (ds41_cli_vprompt_ids(vp, q->prompt, q->n_prompt, im, g->n_img, ds41_model_dim(S->e), ds41_image_token_id(S->e), &err))
-            snprintf(msg, sizeof msg, "%.500s", err.msg);
-        else
-            rc = 0;
+    int rc = ds41_vjob_finish(q->vjob, &im, msg, sizeof msg);
+    q->vjob = NULL;
+    if (!rc && ds41_cli_vprompt_ids(vp, q->prompt, q->n_prompt, im, g->n_img, ds41_model_dim(S->e),
+                                    ds41_image_token_id(S->e), &err)) {
+        snprintf(msg, sizeof msg, "%.500s", err.msg);
+        rc = -1;
     }
-    for (int i = 0; im && i < k; i++) ds41_cli_image_free(&im[i]);
+    for (int i = 0; im && i < g->n_img; i++) ds41_cli_image_free(&im[i]);
     free(im);
+    if (!rc && vp->is_image) {
+        q->img_at = malloc(vp->n);
+        q->img_key = malloc(vp->n * 32);
+        if (q->img_at && q->img_key) {
+            memcpy(q->img_at, vp->is_image, vp->n);
+            memcpy(q->img_key, vp->key, vp->n * 32);
+        } else {
+            free(q->img_at); free(q->img_key);
+            q->img_at = q->img_key = NULL;   /* then not cached */
+        }
+    }
     if (rc) {
         seq_finish(S, q, DS41_FIN_ERROR, msg);
         return -1;
@@ -500,26 +525,41 @@ static int expand_images(ds41_sched *S, ds41_sseq *q, ds41_cli_vprompt *vp) {
     return 0;
 }
 
-/* A prompt with images prefills alone through the session (the batched forward takes ids
- * only), then decodes in the batch. */
+/* A prompt with images prefills what the prefix cache did not restore (q->fed on) alone
+ * through the session (the batched forward takes ids only), then decodes in the batch. */
 static int image_prefill(ds41_sched *S, ds41_sseq *q, ds41_cli_vprompt *vp) {
     vp->ids = q->prompt;
-    int rc = ds41_cli_vprompt_feed(q->s, vp, 0);
+    int rc = ds41_cli_vprompt_feed(q->s, vp, q->fed);
     vp->ids = NULL;
     if (rc) { seq_finish(S, q, DS41_FIN_ERROR, ds41_session_error(q->s)); return -1; }
     pthread_mutex_lock(&S->m->mu);
-    S->m->prompt_tokens += q->n_prompt;
+    S->m->prompt_tokens += q->n_prompt - q->fed;
     pthread_mutex_unlock(&S->m->mu);
     q->fed = q->n_prompt;
+    seq_publish(S, q, 0);
     if (q->max_tokens == 0) { seq_finish(S, q, DS41_FIN_LENGTH, NULL); return 0; }
     seq_token(S, q, now_s());
     return 0;
 }
 
+static int session_ready(ds41_sched *S, ds41_sseq *q);
+
 static int open_session(ds41_sched *S, ds41_sseq *q) {
     char eb[512];
     q->s = ds41_session_open(S->e, &S->p.sp, eb, sizeof eb);
     if (!q->s) { seq_finish(S, q, DS41_FIN_ERROR, eb); return -1; }
+    if (q->g->n_img) {
+        /* the tower off the scheduler thread: the sequence waits in DS41_SEQ_IMAGE */
+        q->vjob = ds41_vjob_start(S->e, q->g->img, q->g->img_len, q->g->n_img);
+        if (!q->vjob) { seq_finish(S, q, DS41_FIN_ERROR, "out of memory"); return -1; }
+        q->state = DS41_SEQ_IMAGE;
+        return 0;
+    }
+    return session_ready(S, q);
+}
+
+/* q's session is open and its images (if any) encoded: the rest of the admission. */
+static int session_ready(ds41_sched *S, ds41_sseq *q) {
     ds41_cli_vprompt vp = { 0 };
     if (q->g->n_img && expand_images(S, q, &vp)) return -1;
     ds41_smirror_open(S->p.mirror, q->s);
@@ -540,7 +580,14 @@ static int open_session(ds41_sched *S, ds41_sseq *q) {
     q->fed = 0;
     q->state = DS41_SEQ_PREFILL;
     if (q->g->n_img) {
-        int rc = image_prefill(S, q, &vp);
+        /* the prefix cache keys image positions on the images' content (not under the MPI
+         * mirror, whose ranks replay restores by ids) */
+        ds41_prefix_img pim = ds41_cli_vprompt_keys(&vp);
+        long long hit = 0;
+        if (S->p.pc && !S->p.mirror && q->img_at && pim.is_image)
+            hit = ds41_prefix_restore_img(S->p.pc, q->s, q->prompt, q->n_prompt, &pim);
+        int rc = seq_admitted(S, q, hit);
+        if (!rc && q->state == DS41_SEQ_PREFILL && q->fed < q->n_prompt) rc = image_prefill(S, q, &vp);
         ds41_cli_vprompt_free(&vp);
         return rc;
     }
@@ -663,6 +710,18 @@ static void *sched_main(void *arg) {
             admitted[i]->t_admit = t;
             ds41_metrics_observe(S->m, &S->m->queue, t - admitted[i]->g->t_arrival);
             open_session(S, admitted[i]);
+        }
+        /* ---- images encoded off this thread: a sequence whose job ended enters prefill */
+        int n_image = 0;
+        for (int i = 0; i < n_local; i++) {
+            ds41_sseq *q = local[i];
+            if (q->state != DS41_SEQ_IMAGE) continue;
+            if (stop || atomic_load(&q->g->cancel)) {
+                seq_finish(S, q, DS41_FIN_ABORT, stop ? "server shutting down" : "cancelled");
+                continue;
+            }
+            if (ds41_vjob_done(q->vjob)) session_ready(S, q);
+            else n_image++;
         }
         /* ---- remote prefills (docs/pd.md): finished ones enter through the prefix cache */
         int n_remote = 0;
@@ -831,8 +890,9 @@ static void *sched_main(void *arg) {
                 seq_token(S, q, t1);
             }
         }
-        if (nb == 0 && n_remote > 0) {
-            /* only remote prefills in flight: look again soon (their threads do not signal) */
+        if (nb == 0 && n_remote + n_image > 0) {
+            /* only remote prefills or image encodes in flight: look again soon (their threads
+             * do not signal) */
             struct timespec ts = { 0, 2000000 };
             nanosleep(&ts, NULL);
         }

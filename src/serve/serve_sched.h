@@ -81,7 +81,7 @@ typedef struct ds41_sched_params {
     struct ds41_smirror *mirror;
 } ds41_sched_params;
 
-enum { DS41_SEQ_WAITING, DS41_SEQ_PREFILL, DS41_SEQ_DECODE, DS41_SEQ_DONE, DS41_SEQ_REMOTE };
+enum { DS41_SEQ_WAITING, DS41_SEQ_PREFILL, DS41_SEQ_DECODE, DS41_SEQ_DONE, DS41_SEQ_REMOTE, DS41_SEQ_IMAGE };
 
 typedef struct ds41_sgroup ds41_sgroup;
 
@@ -117,6 +117,8 @@ typedef struct ds41_sseq {
     ds41_session *s;
     void *rjob;               /* a remote prefill in flight (DS41_SEQ_REMOTE) */
     long long local_hit;      /* with rjob: the tokens the local prefix cache held before it */
+    struct ds41_vjob *vjob;   /* the images being encoded off the scheduler thread (DS41_SEQ_IMAGE) */
+    uint8_t *img_at, *img_key;   /* the expanded prompt's image flags and content keys (prefix cache) */
     size_t fed;
     int32_t next;
     long long reserve;
@@ -130,11 +132,12 @@ struct ds41_sgroup {
     ds41_sseq *seq;
     int n_seq, n_finished, refs;
     atomic_int cancel;
-    /* the request's images (PNG or JPEG bytes, in prompt order): each choice's session encodes
-     * them on the scheduler thread and prefills alone (ds41_feed_embeds), outside the prefix
-     * cache; img_extra: the span positions past the one placeholder id each, set at admission
-     * from the images' sizes (ds41_image_span_positions) for the budget, and again by the
-     * expansion (the same number) */
+    /* the request's images (PNG or JPEG bytes, in prompt order): each choice encodes them on a
+     * thread of its own (serve_vision.h), restores what the prefix cache holds of the prompt
+     * (image positions keyed on the images' content) and prefills the rest alone
+     * (ds41_feed_embeds); img_extra: the span positions past the one placeholder id each, set
+     * at admission from the images' sizes (ds41_image_span_positions) for the budget, and again
+     * by the expansion (the same number) */
     uint8_t **img;
     size_t *img_len;
     int n_img;

@@ -29,6 +29,7 @@
 #include "forward.h"
 #include "pstore.h"
 #include "restore.h"
+#include "sha256.h"
 
 #define BT DS41_PAGE_TOKENS
 #define WQ_MAX 4096
@@ -36,6 +37,8 @@
 typedef struct wjob {
     uint8_t key[16], parent[16];
     int32_t ids[BT];
+    int has_img;
+    uint8_t img[32];
     uint8_t **pages;           /* one reference each */
     struct wjob *next;
 } wjob;
@@ -44,6 +47,8 @@ typedef struct pnode {
     uint8_t key[16];
     struct pnode *parent;      /* NULL for block 0; a node keeps its parent alive (n_children) */
     int32_t ids[BT];
+    int has_img;               /* the block holds image positions: img is their digest (block_img) */
+    uint8_t img[32];
     int depth;                 /* block index */
     int n_children;
     uint8_t **pages;           /* [n_stores], one reference each */
@@ -117,13 +122,37 @@ static void h128_final(h128 *h, uint8_t out[16]) {
     memcpy(out + 8, &b, 8);
 }
 
-/* key of a block: its parent's key (the fingerprint's first 16 bytes for block 0) and its ids */
-static void block_key(const uint8_t parent[16], const int32_t *ids, uint8_t out[16]) {
+/* key of a block: its parent's key (the fingerprint's first 16 bytes for block 0), its ids and,
+ * for a block with image positions, their digest (img; NULL for a text block, whose key is
+ * what it always was) */
+static void block_key(const uint8_t parent[16], const int32_t *ids, const uint8_t *img, uint8_t out[16]) {
     h128 h;
     h128_init(&h, 0x64733431626c6bULL);
     h128_bytes(&h, parent, 16);
     h128_bytes(&h, ids, BT * sizeof(int32_t));
+    if (img) h128_bytes(&h, img, 32);
     h128_final(&h, out);
+}
+
+/* The image digest of block b of a prompt: SHA-256 over the offset in the block and the content
+ * key of each of its image positions. 0 (dig untouched) when the block has none. Every image
+ * position carries the same token id, so this is what tells two pictures apart; a strong hash,
+ * because a collision would serve one image's state to another. */
+static int block_img(const ds41_prefix_img *im, long long b, uint8_t dig[32]) {
+    static const char tag[] = "ds41 prefix image block v1";
+    if (!im || !im->is_image || !im->key) return 0;
+    size_t lo = (size_t)b * BT, hi = lo + BT < im->n ? lo + BT : im->n;
+    int any = 0;
+    ds41_sha256 c;
+    for (size_t i = lo; i < hi; i++) {
+        if (!im->is_image[i]) continue;
+        if (!any) { ds41_sha256_init(&c); ds41_sha256_update(&c, tag, sizeof tag); any = 1; }
+        uint8_t off[4] = { (uint8_t)(i - lo), (uint8_t)((i - lo) >> 8), 0, 0 };
+        ds41_sha256_update(&c, off, 4);
+        ds41_sha256_update(&c, im->key + i * 32, 32);
+    }
+    if (any) ds41_sha256_final(&c, dig);
+    return any;
 }
 
 /* Model fingerprint: what changes the KV records a prompt produces. config.json's bytes, the
@@ -184,9 +213,12 @@ static size_t slot_of(const ds41_prefix_cache *pc, const uint8_t key[16]) {
     return (size_t)(v % pc->table_size);
 }
 
-static pnode *find(ds41_prefix_cache *pc, const uint8_t key[16], const pnode *parent, const int32_t *ids) {
+static pnode *find(ds41_prefix_cache *pc, const uint8_t key[16], const pnode *parent, const int32_t *ids,
+                   const uint8_t *img) {
     for (pnode *n = pc->table[slot_of(pc, key)]; n; n = n->hnext)
-        if (!memcmp(n->key, key, 16) && n->parent == parent && !memcmp(n->ids, ids, BT * sizeof(int32_t))) return n;
+        if (!memcmp(n->key, key, 16) && n->parent == parent && !memcmp(n->ids, ids, BT * sizeof(int32_t)) &&
+            n->has_img == (img != NULL) && (!img || !memcmp(n->img, img, 32)))
+            return n;
     return NULL;
 }
 
@@ -233,8 +265,8 @@ static void evict_to(ds41_prefix_cache *pc, long long need, long long cap) {
     }
 }
 
-static pnode *insert(ds41_prefix_cache *pc, const uint8_t key[16], pnode *parent, const int32_t *ids, int depth,
-                     uint8_t **pages) {
+static pnode *insert(ds41_prefix_cache *pc, const uint8_t key[16], pnode *parent, const int32_t *ids,
+                     const uint8_t *img, int depth, uint8_t **pages) {
     if (pc->node_bytes > pc->p.mem_bytes) return NULL;
     if (parent) parent->n_children++;   /* not a leaf while room is made */
     evict_to(pc, pc->node_bytes, pc->p.mem_bytes);
@@ -243,6 +275,7 @@ static pnode *insert(ds41_prefix_cache *pc, const uint8_t key[16], pnode *parent
     n->pages = pages;
     memcpy(n->key, key, 16);
     memcpy(n->ids, ids, sizeof n->ids);
+    if (img) { n->has_img = 1; memcpy(n->img, img, 32); }
     n->parent = parent;
     n->depth = depth;
     size_t s = slot_of(pc, key);
@@ -355,9 +388,12 @@ double ds41_prefix_bytes_per_token(const ds41_engine *e) {
 
 /* ---------------------------------------------------------------------- disk payload */
 
-/* payload = the pages of every store in kv_sources order */
-static uint8_t **pages_from_payload(ds41_prefix_cache *pc, const uint8_t *payload, size_t n) {
-    if ((long long)n != pc->node_bytes) return NULL;
+/* payload = the pages of every store in kv_sources order, then, for a block with image
+ * positions, their 32-byte digest (compared here: the file's ids alone cannot tell two images
+ * apart) */
+static uint8_t **pages_from_payload(ds41_prefix_cache *pc, const uint8_t *payload, size_t n, const uint8_t *img) {
+    if ((long long)n != pc->node_bytes + (img ? 32 : 0)) return NULL;
+    if (img && memcmp(payload + pc->node_bytes, img, 32)) return NULL;
     uint8_t **pages = calloc((size_t)pc->n_stores + 1, sizeof *pages);
     if (!pages) return NULL;
     size_t off = 0;
@@ -375,7 +411,7 @@ static uint8_t **pages_from_payload(ds41_prefix_cache *pc, const uint8_t *payloa
 }
 
 static int put_disk(ds41_prefix_cache *pc, const uint8_t key[16], const uint8_t parent[16], const int32_t *ids,
-                    uint8_t *const *pages);
+                    const uint8_t *img, uint8_t *const *pages);
 
 static void *writer_main(void *arg) {
     ds41_prefix_cache *pc = arg;
@@ -389,7 +425,7 @@ static void *writer_main(void *arg) {
         pc->wq_len--;
         pc->w_busy = 1;
         pthread_mutex_unlock(&pc->wmu);
-        put_disk(pc, j->key, j->parent, j->ids, j->pages);
+        put_disk(pc, j->key, j->parent, j->ids, j->has_img ? j->img : NULL, j->pages);
         for (int i = 0; i < pc->n_stores; i++) ds41_page_unref(j->pages[i]);
         free(j->pages);
         free(j);
@@ -403,7 +439,7 @@ static void *writer_main(void *arg) {
 
 /* queues a block for the writer (references taken); 0, or -1 when it must be written now */
 static int enqueue(ds41_prefix_cache *pc, const uint8_t key[16], const uint8_t parent[16], const int32_t *ids,
-                   uint8_t *const *pages) {
+                   const uint8_t *img, uint8_t *const *pages) {
     if (!pc->w_started) return -1;
     wjob *j = calloc(1, sizeof *j);
     uint8_t **pg = calloc((size_t)pc->n_stores + 1, sizeof *pg);
@@ -411,6 +447,7 @@ static int enqueue(ds41_prefix_cache *pc, const uint8_t key[16], const uint8_t p
     memcpy(j->key, key, 16);
     memcpy(j->parent, parent, 16);
     memcpy(j->ids, ids, sizeof j->ids);
+    if (img) { j->has_img = 1; memcpy(j->img, img, 32); }
     for (int i = 0; i < pc->n_stores; i++) { pg[i] = pages[i]; ds41_page_ref(pg[i]); }
     j->pages = pg;
     pthread_mutex_lock(&pc->wmu);
@@ -437,14 +474,15 @@ void ds41_prefix_flush(ds41_prefix_cache *pc) {
 }
 
 static int put_disk(ds41_prefix_cache *pc, const uint8_t key[16], const uint8_t parent[16], const int32_t *ids,
-                    uint8_t *const *pages) {
-    uint8_t *payload = malloc((size_t)pc->node_bytes);
+                    const uint8_t *img, uint8_t *const *pages) {
+    uint8_t *payload = malloc((size_t)pc->node_bytes + 32);
     if (!payload) return -1;
     size_t off = 0;
     for (int i = 0; i < pc->n_stores; i++) {
         memcpy(payload + off, pages[i], pc->page_bytes[i]);
         off += pc->page_bytes[i];
     }
+    if (img) { memcpy(payload + off, img, 32); off += 32; }
     ds41_err err;
     int rc = ds41_pstore_put(pc->disk, key, parent, ids, BT, payload, off, &err);
     free(payload);
@@ -462,21 +500,22 @@ static int put_disk(ds41_prefix_cache *pc, const uint8_t key[16], const uint8_t 
  * over) under prev: queued for the disk writer (or written now when the queue is full), then
  * inserted. NULL when it could not be inserted (the references are dropped). pc->mu held. */
 static pnode *add_block(ds41_prefix_cache *pc, const uint8_t key[16], const uint8_t pkey[16], pnode *prev,
-                        const int32_t *bid, long long b, uint8_t **pg) {
+                        const int32_t *bid, const uint8_t *img, long long b, uint8_t **pg) {
     static const uint8_t zero[16];
-    if (pc->disk && enqueue(pc, key, b ? pkey : zero, bid, pg)) {
+    if (pc->disk && enqueue(pc, key, b ? pkey : zero, bid, img, pg)) {
         pthread_mutex_unlock(&pc->mu);   /* put_disk counts under the mutex */
-        put_disk(pc, key, b ? pkey : zero, bid, pg);
+        put_disk(pc, key, b ? pkey : zero, bid, img, pg);
         pthread_mutex_lock(&pc->mu);
     }
-    pnode *node = insert(pc, key, prev, bid, (int)b, pg);
+    pnode *node = insert(pc, key, prev, bid, img, (int)b, pg);
     if (!node) { for (int i = 0; i < pc->n_stores; i++) ds41_page_unref(pg[i]); free(pg); }
     return node;
 }
 
 /* The longest chain of cached blocks of ids (memory, then disk): pages [nb][n_stores] with one
  * reference each (the caller releases them), or NULL when none or out of memory. */
-static uint8_t **collect(ds41_prefix_cache *pc, const int32_t *ids, size_t n, long long max_pos, long long *nb_out) {
+static uint8_t **collect(ds41_prefix_cache *pc, const int32_t *ids, size_t n, const ds41_prefix_img *im,
+                         long long max_pos, long long *nb_out) {
     long long maxb = (long long)n / BT;
     if (maxb * BT > max_pos) maxb = max_pos / BT;
     for (size_t i = 0; i < (size_t)maxb * BT; i++)
@@ -490,19 +529,20 @@ static uint8_t **collect(ds41_prefix_cache *pc, const int32_t *ids, size_t n, lo
     memcpy(pkey, pc->fp, 16);
     while (pages && nb < maxb) {
         const int32_t *bid = ids + nb * BT;
-        uint8_t key[16];
-        block_key(pkey, bid, key);
-        pnode *node = find(pc, key, prev, bid);
+        uint8_t key[16], dig[32];
+        const uint8_t *img = block_img(im, nb, dig) ? dig : NULL;
+        block_key(pkey, bid, img, key);
+        pnode *node = find(pc, key, prev, bid, img);
         if (!node && pc->disk) {
             void *payload = NULL;
             size_t len = 0;
             ds41_err err;
             uint8_t zero[16] = { 0 };
             int g = ds41_pstore_get(pc->disk, key, nb ? pkey : zero, bid, BT, &payload, &len, &err);
-            uint8_t **pg = g == 1 ? pages_from_payload(pc, payload, len) : NULL;
+            uint8_t **pg = g == 1 ? pages_from_payload(pc, payload, len, img) : NULL;
             free(payload);
             if (pg) {
-                node = insert(pc, key, prev, bid, (int)nb, pg);
+                node = insert(pc, key, prev, bid, img, (int)nb, pg);
                 if (!node) { for (int i = 0; i < pc->n_stores; i++) ds41_page_unref(pg[i]); free(pg); }
                 else pc->st.disk_hits++;
             }
@@ -523,15 +563,18 @@ static uint8_t **collect(ds41_prefix_cache *pc, const int32_t *ids, size_t n, lo
     return pages;
 }
 
-long long ds41_prefix_restore(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n) {
+long long ds41_prefix_restore_img(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n,
+                                  const ds41_prefix_img *im) {
     ds41_seq *q = ds41_session_seq(s);
     if (q->e != pc->e || q->cache.pos != 0 || ds41_session_index_k(s) != pc->p.index_k) return 0;
+    if (im && im->is_image && (!im->key || !im->emb)) return 0;   /* cannot key or replay image rows */
     long long nb = 0;
-    uint8_t **pages = collect(pc, ids, n, q->cache.max_pos, &nb);
+    uint8_t **pages = collect(pc, ids, n, im, q->cache.max_pos, &nb);
     long long M = nb * BT, rc = M;
     if (M > 0) {
         int mode = pc->p.replay == DS41_REPLAY_APPROX ? DS41_RESTORE_APPROX : DS41_RESTORE_EXACT;
-        if (ds41_session_restore(s, ids, M, pages, mode, M == (long long)n)) rc = -1;
+        ds41_restore_img ri = { im ? im->is_image : NULL, im ? im->emb : NULL, im ? im->n : 0 };
+        if (ds41_session_restore(s, ids, M, pages, mode, M == (long long)n, ri.img ? &ri : NULL)) rc = -1;
         pthread_mutex_lock(&pc->mu);
         if (rc > 0) {
             pc->st.hits += M;
@@ -543,9 +586,13 @@ long long ds41_prefix_restore(ds41_prefix_cache *pc, ds41_session *s, const int3
     return rc;
 }
 
+long long ds41_prefix_restore(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n) {
+    return ds41_prefix_restore_img(pc, s, ids, n, NULL);
+}
+
 long long ds41_prefix_pages(ds41_prefix_cache *pc, const int32_t *ids, size_t n, uint8_t ***pages) {
     long long nb = 0;
-    *pages = collect(pc, ids, n, pc->e->max_pos, &nb);
+    *pages = collect(pc, ids, n, NULL, pc->e->max_pos, &nb);
     return nb;
 }
 
@@ -557,8 +604,9 @@ void ds41_prefix_pages_free(ds41_prefix_cache *pc, uint8_t **pages, long long nb
 
 const uint8_t *ds41_prefix_fingerprint(const ds41_prefix_cache *pc) { return pc->fp; }
 
-long long ds41_prefix_insert(ds41_prefix_cache *pc, const int32_t *ids, size_t n, long long first, long long nb,
-                             uint8_t *const *pages) {
+/* ds41_prefix_insert with the prompt's image positions keyed (im NULL: text). */
+static long long insert_chain(ds41_prefix_cache *pc, const int32_t *ids, size_t n, const ds41_prefix_img *im,
+                              long long first, long long nb, uint8_t *const *pages) {
     if (first < 0 || nb < 0 || (first + nb) * BT > (long long)n) return 0;
     for (size_t i = 0; i < (size_t)(first + nb) * BT; i++)
         if (ids[i] < 0 || ids[i] >= pc->e->cfg->vocab_size) return 0;
@@ -569,9 +617,10 @@ long long ds41_prefix_insert(ds41_prefix_cache *pc, const int32_t *ids, size_t n
     pnode *prev = NULL;
     for (long long b = 0; b < first + nb; b++) {
         const int32_t *bid = ids + b * BT;
-        uint8_t key[16];
-        block_key(pkey, bid, key);
-        pnode *node = find(pc, key, prev, bid);
+        uint8_t key[16], dig[32];
+        const uint8_t *img = block_img(im, b, dig) ? dig : NULL;
+        block_key(pkey, bid, img, key);
+        pnode *node = find(pc, key, prev, bid, img);
         if (!node && b < first) break;   /* a parent evicted meanwhile: the chain stops here */
         if (!node) {
             uint8_t **pg = calloc((size_t)pc->n_stores + 1, sizeof *pg);
@@ -580,7 +629,7 @@ long long ds41_prefix_insert(ds41_prefix_cache *pc, const int32_t *ids, size_t n
                 pg[i] = pages[(size_t)(b - first) * pc->n_stores + i];
                 ds41_page_ref(pg[i]);
             }
-            node = add_block(pc, key, pkey, prev, bid, b, pg);
+            node = add_block(pc, key, pkey, prev, bid, img, b, pg);
             if (!node) break;
             added++;
         }
@@ -592,9 +641,16 @@ long long ds41_prefix_insert(ds41_prefix_cache *pc, const int32_t *ids, size_t n
     return added;
 }
 
-long long ds41_prefix_publish(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n) {
+long long ds41_prefix_insert(ds41_prefix_cache *pc, const int32_t *ids, size_t n, long long first, long long nb,
+                             uint8_t *const *pages) {
+    return insert_chain(pc, ids, n, NULL, first, nb, pages);
+}
+
+long long ds41_prefix_publish_img(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n,
+                                  const ds41_prefix_img *im) {
     ds41_seq *q = ds41_session_seq(s);
     if (q->e != pc->e || ds41_session_index_k(s) != pc->p.index_k) return 0;
+    if (im && im->is_image && !im->key) return 0;
     if ((long long)n > q->cache.pos) n = (size_t)q->cache.pos;
     long long nb = (long long)n / BT, ok = 0;
     /* the session's pages of each whole block, as far as every store has them */
@@ -609,7 +665,11 @@ long long ds41_prefix_publish(ds41_prefix_cache *pc, ds41_session *s, const int3
         }
         if (!have) break;
     }
-    long long added = ds41_prefix_insert(pc, ids, (size_t)(ok * BT), 0, ok, pages);
+    long long added = insert_chain(pc, ids, (size_t)(ok * BT), im, 0, ok, pages);
     free(pages);
     return added;
+}
+
+long long ds41_prefix_publish(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n) {
+    return ds41_prefix_publish_img(pc, s, ids, n, NULL);
 }
