@@ -228,9 +228,7 @@ int ds41_cli_serve(int argc, char **argv) {
             return 2;
         }
         o.spec_mode = DS41_SPEC_OFF;
-        /* each rank holds its own sequences; the prefix cache would be per rank (not done) */
-        ds41_dist_set_dp(dp_attention);
-        if (dp_attention) o.no_prefix_cache = 1;
+        ds41_dist_set_dp(dp_attention);   /* each rank holds its own sequences and their prefix-cache blocks */
     } else if (dp_attention) {
         fprintf(stderr, "ds41 serve: --dp-attention is for a job of several ranks (mpiexec -n N ds41 serve ...); one "
                         "process holds every sequence\n");

@@ -203,8 +203,7 @@ static void seq_publish(ds41_sched *S, ds41_sseq *q, int with_generated) {
     pthread_mutex_lock(&q->g->mu);
     if (extra) memcpy(t + n, q->ids, extra * sizeof *t);
     pthread_mutex_unlock(&q->g->mu);
-    ds41_smirror_publish(S->p.mirror, q->s, t, n + extra);
-    ds41_prefix_publish(S->p.pc, q->s, t, n + extra);
+    if (ds41_smirror_publish(S->p.mirror, q->s, t, n + extra)) ds41_prefix_publish(S->p.pc, q->s, t, n + extra);
     free(t);
 }
 
@@ -518,6 +517,7 @@ static int open_session(ds41_sched *S, ds41_sseq *q) {
     if (!q->s) { seq_finish(S, q, DS41_FIN_ERROR, eb); return -1; }
     ds41_cli_vprompt vp = { 0 };
     if (q->g->n_img && expand_images(S, q, &vp)) return -1;
+    ds41_smirror_route(S->p.mirror, q->g->n_img ? NULL : S->p.pc, q->prompt, q->n_prompt);
     ds41_smirror_open(S->p.mirror, q->s);
     pthread_mutex_lock(&S->mu);
     S->sessions_open++;
@@ -529,6 +529,8 @@ static int open_session(ds41_sched *S, ds41_sseq *q) {
         seq_finish(S, q, DS41_FIN_ERROR, "out of memory");
         return -1;
     }
+    if (!ds41_lproc_active(&q->proc) && q->n_top < 0)   /* nothing but the sampler needs the logits row */
+        ds41_smirror_sampling(S->p.mirror, q->s, q->temperature, q->top_k, q->top_p, q->min_p, q->seed);
     if (S->tok) {
         ds41_detok_stream_init(&q->ds, S->tok);
         q->ds.skip_special = q->g->skip_special;
@@ -558,8 +560,7 @@ static int open_session(ds41_sched *S, ds41_sseq *q) {
 
 /* The prefix-cache restore of q's prompt, also after a remote prefill filled the cache. */
 static int admit_prefix(ds41_sched *S, ds41_sseq *q) {
-    if (S->p.pc) ds41_smirror_restore(S->p.mirror, q->s, q->prompt, q->n_prompt);
-    return seq_admitted(S, q, S->p.pc ? ds41_prefix_restore(S->p.pc, q->s, q->prompt, q->n_prompt) : 0);
+    return seq_admitted(S, q, S->p.pc ? ds41_smirror_restore(S->p.mirror, S->e, S->p.pc, q->s, q->prompt, q->n_prompt) : 0);
 }
 
 /* q's session holds the first `hit` prompt tokens (a prefix-cache restore; -1: it failed):
