@@ -7,6 +7,10 @@
                                     prefix cache, cached_tokens 0): one line per request with what
                                     must not depend on the process layout (text, finish reason,
                                     logprobs at 17 digits, usage; the stream's chunks joined)
+  mpi_client.py twice PORT          one seeded sampling request, then the same again once the first
+                                    ended (under --dp-attention an idle server gives the two to two
+                                    ranks in turn: one samples on rank 0, one on its owner): both
+                                    lines (as answers prints them) must be equal
   mpi_client.py fault PORT PID SIG  8 concurrent requests with long answers; once the streams
                                     are decoding, send SIG (STOP, KILL) to PID (a follower), or
                                     with PID "cmd", run the shell command SIG (a link down); every
@@ -119,6 +123,14 @@ def answers(port, cache=True):
     return 1 if bad else 0
 
 
+def twice(port):
+    b = {"prompt": "Tell me a fortune.", "max_tokens": 24, "temperature": 0.9, "top_k": 40, "seed": 7}
+    out = [summary(b, *post(port, b)) for _ in range(2)]
+    for o in out:
+        print(json.dumps(o, sort_keys=True))
+    return 0 if out[0] == out[1] and out[0].get("status") == 200 else 1
+
+
 def fault(port, pid, sig):
     bodies = [body(i, 2000) for i in range(8)]
     for b in bodies:
@@ -153,4 +165,6 @@ def fault(port, pid, sig):
 if __name__ == "__main__":
     if sys.argv[1] == "answers":
         sys.exit(answers(int(sys.argv[2]), sys.argv[3:4] != ["nocache"]))
+    if sys.argv[1] == "twice":
+        sys.exit(twice(int(sys.argv[2])))
     sys.exit(fault(int(sys.argv[2]), sys.argv[3], sys.argv[4]))
