@@ -454,8 +454,9 @@ fi
 # included (restored on the rank that held the long prompt), and /metrics counts those hits.
 # Then one seeded request twice in a row: the idle server gives them to the two ranks in turn,
 # so one is sampled on rank 0 and one on its owner (which sends rank 0 the token, not the
-# logits: the DS41_MPI_VERBOSE count of rows answered with a token); both answers are equal.
-# Both ranks held sequences (12 in all); SIGTERM ends the job with status 0. Then the faults of
+# logits: the DS41_MPI_VERBOSE count of rows answered with a token); both answers are equal;
+# the same for a request with a JSON grammar, whose owner sends the logits row (the count of
+# rows answered with logits). Both ranks held sequences (14 in all); SIGTERM ends the job with status 0. Then the faults of
 # replicated serve: a hung rank gets every request its 503 naming rank 1, a killed one ends the
 # job at once.
 if [ -s "$TMP/s1.out" ]; then
@@ -474,7 +475,7 @@ if [ -s "$TMP/s1.out" ]; then
         s3rc=$?
         h0=$(sed -n 's/.*\[rank 0\]: --dp-attention: \([0-9]*\) sequences held here.*/\1/p' "$TMP/s3.log")
         h1=$(sed -n 's/.*\[rank 1\]: --dp-attention: \([0-9]*\) sequences held here.*/\1/p' "$TMP/s3.log")
-        tok=$(sed -n 's/.* \([0-9]*\) rows with a token.*/\1/p' "$TMP/s3.log")
+        tok=$(sed -n 's/.* \([0-9]*\) rows with a token, \([0-9]*\) with logits.*/\1 \2/p' "$TMP/s3.log")
         mh=$(sed -n 's/^vllm:prefix_cache_hits{[^}]*} \([0-9]*\).*/\1/p' "$TMP/s3.metrics")
         ch=$(grep -o '"cached_tokens": [0-9]*' "$TMP/s3.out" | awk '{ s += $2 } END { print s + 0 }')
         if [ $c3 -ne 0 ]; then fail serve_dp_answers "a request failed: $(grep -v '^{"' "$TMP/s3.out" | head -c 300)"
@@ -482,10 +483,11 @@ if [ -s "$TMP/s1.out" ]; then
         elif [ -z "$mh" ] || [ "$mh" != "$ch" ] || [ "$ch" -lt 256 ]; then
             fail serve_dp_answers "/metrics counts '$mh' prefix-cache hits, the answers $ch cached tokens (expected equal, >= 256)"
         elif [ $c3t -ne 0 ]; then fail serve_dp_answers "a seeded request sampled on rank 0 and on its owner: $(head -c 600 "$TMP/s3t.out")"
-        elif [ -z "$tok" ] || [ "$tok" -lt 1 ]; then fail serve_dp_answers "no row was sampled on its owner: '$(grep 'rank 0' "$TMP/s3.log" | head -c 300)'"
+        elif [ -z "$tok" ] || [ "${tok% *}" -lt 1 ] || [ "${tok#* }" -lt 1 ]; then
+            fail serve_dp_answers "rows answered with a token / with logits: '$tok' (expected both)"
         elif [ $s3rc -ne 0 ]; then fail serve_dp_answers "the job ended with status $s3rc after SIGTERM: $(tail -n 2 "$TMP/s3.log")"
-        elif [ -z "$h0" ] || [ -z "$h1" ] || [ "$h0" -lt 1 ] || [ "$h1" -lt 1 ] || [ $((h0 + h1)) -ne 12 ]; then
-            fail serve_dp_answers "sequences held by rank 0 / 1: '$h0' / '$h1' (expected both, 12 in all)"
+        elif [ -z "$h0" ] || [ -z "$h1" ] || [ "$h0" -lt 1 ] || [ "$h1" -lt 1 ] || [ $((h0 + h1)) -ne 14 ]; then
+            fail serve_dp_answers "sequences held by rank 0 / 1: '$h0' / '$h1' (expected both, 14 in all)"
         else pass serve_dp_answers; fi
     else
         fail serve_dp_answers "the server did not start: $(tail -n 2 "$TMP/s3.log")"

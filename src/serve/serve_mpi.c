@@ -10,12 +10,16 @@
 #include "dist.h"
 #include "forward.h"
 #include "restore.h"
+#include "serve_req.h"
 #include "serve_sched.h"
 
 /* how long rank 0 gives the HTTP threads to answer the requests in flight after a fault */
 #define FAULT_ANSWER_S 2.0
 /* --dp-attention: the bytes of a failed item's (or restore's) error in an answer to rank 0 */
 #define ANSWER_ERR 248
+/* --dp-attention: who samples a sequence: rank 0 from the logits row (a logits processor, or
+ * rank 0's own), the owner, or the owner with logprobs of SAMP_OWNER_LP + n_top alternatives */
+enum { SAMP_RANK0 = 0, SAMP_OWNER = 1, SAMP_OWNER_LP = 2 };
 
 static double now_s(void) {
     struct timespec ts;
@@ -74,7 +78,8 @@ struct ds41_smirror {
     const ds41_session **sess;    /* open sessions, their ids and (--dp-attention) the rank that holds each */
     int32_t *sid;
     int *own;
-    unsigned char *osamp;         /* --dp-attention: the holder samples the session (SAMPLE) */
+    int *samp;                    /* --dp-attention: who samples the session (SAMP_*, SAMPLE) */
+    unsigned char **lpend;        /* the owner's logprobs of its last token, not yet taken (ds41_smirror_logprobs) */
     int n_sess, cap_sess;
     int dp;                       /* --dp-attention */
     int turn;                     /* the rank a tie goes to first */
@@ -111,7 +116,9 @@ void ds41_smirror_free(ds41_smirror *m) {
     free(m->sess);
     free(m->sid);
     free(m->own);
-    free(m->osamp);
+    for (int i = 0; i < m->n_sess; i++) free(m->lpend[i]);
+    free(m->samp);
+    free(m->lpend);
     free(m->load);
     free(m->held);
     free(m->hit);
@@ -199,9 +206,12 @@ void ds41_smirror_open(ds41_smirror *m, const ds41_session *s) {
         int *no = realloc(m->own, (size_t)nc * sizeof *no);
         if (!no) oom();
         m->own = no;
-        unsigned char *nos = realloc(m->osamp, (size_t)nc);
-        if (!nos) oom();
-        m->osamp = nos;
+        int *nsa = realloc(m->samp, (size_t)nc * sizeof *nsa);
+        if (!nsa) oom();
+        m->samp = nsa;
+        unsigned char **nlp = realloc(m->lpend, (size_t)nc * sizeof *nlp);
+        if (!nlp) oom();
+        m->lpend = nlp;
         m->cap_sess = nc;
     }
     int32_t id = m->next_id;
@@ -210,7 +220,8 @@ void ds41_smirror_open(ds41_smirror *m, const ds41_session *s) {
     m->route = -1;
     m->sess[m->n_sess] = s;
     m->own[m->n_sess] = rank;
-    m->osamp[m->n_sess] = 0;
+    m->samp[m->n_sess] = SAMP_RANK0;
+    m->lpend[m->n_sess] = NULL;
     m->sid[m->n_sess++] = id;
     m->dpc.seqs += rank == 0;
     int32_t v[3] = { m->dp ? DS41_SOP_OPEN_ON : DS41_SOP_OPEN, id, rank };
@@ -225,7 +236,9 @@ void ds41_smirror_close(ds41_smirror *m, const ds41_session *s) {
     m->sess[i] = m->sess[--m->n_sess];
     m->sid[i] = m->sid[m->n_sess];
     m->own[i] = m->own[m->n_sess];
-    m->osamp[i] = m->osamp[m->n_sess];
+    free(m->lpend[i]);
+    m->samp[i] = m->samp[m->n_sess];
+    m->lpend[i] = m->lpend[m->n_sess];
 }
 
 static void put_ids(ds41_smirror *m, int op, const ds41_session *s, const int32_t *ids, size_t n) {
@@ -235,6 +248,39 @@ static void put_ids(ds41_smirror *m, int op, const ds41_session *s, const int32_
     put(m, ids, n);
 }
 
+/* The owner's answer for a token it drew: the id, then with logprobs (samp >= SAMP_OWNER_LP)
+ * its logprob, the n_top best ids and their logprobs, as rank 0 would compute them from the row. */
+static size_t token_bytes(int samp) {
+    return sizeof(int32_t) + (samp >= SAMP_OWNER_LP ? sizeof(float) + (size_t)(samp - SAMP_OWNER_LP) * 8 : 0);
+}
+
+static unsigned char *token_put(unsigned char *p, ds41_session *s, int samp, int failed, int V) {
+    int32_t id = failed ? -1 : ds41_session_sample(s);
+    memcpy(p, &id, sizeof id);
+    p += sizeof id;
+    if (samp < SAMP_OWNER_LP) return p;
+    int k = samp - SAMP_OWNER_LP;
+    float lp = 0, top_lp[DS41_REQ_MAX_TOP_LOGPROBS] = { 0 };
+    int32_t top_id[DS41_REQ_MAX_TOP_LOGPROBS] = { 0 };
+    if (id >= 0 && id < V) ds41_sched_logprobs(ds41_logits(s), V, id, k, &lp, top_id, top_lp);   /* else rank 0 fails the row */
+    memcpy(p, &lp, sizeof lp);
+    memcpy(p + 4, top_id, (size_t)k * 4);
+    memcpy(p + 4 + 4 * (size_t)k, top_lp, (size_t)k * 4);
+    return p + 4 + 8 * (size_t)k;
+}
+
+/* rank 0: the token answer p of session slot i (n tokens ran there) */
+static void token_take(ds41_smirror *m, int i, ds41_session *s, size_t n, const unsigned char *p) {
+    int32_t id;
+    memcpy(&id, p, sizeof id);
+    ds41_session_absorb_token(s, n, id);
+    free(m->lpend[i]);
+    m->lpend[i] = NULL;
+    size_t lb = token_bytes(m->samp[i]) - sizeof id;
+    if (lb && !(m->lpend[i] = malloc(lb))) oom();
+    if (lb) memcpy(m->lpend[i], p + sizeof id, lb);
+}
+
 static uint32_t fbits(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
@@ -242,14 +288,27 @@ static uint32_t fbits(float f) {
 }
 
 void ds41_smirror_sampling(ds41_smirror *m, const ds41_session *s, float temperature, int top_k, float top_p, float min_p,
-                           uint64_t seed) {
+                           uint64_t seed, int n_top) {
     if (!m || !m->dp) return;
     int i = slot_of(m, s);
     if (m->own[i] == 0) return;   /* rank 0's own: sampled here as in one process */
-    m->osamp[i] = 1;
-    int32_t v[8] = { DS41_SOP_SAMPLE, m->sid[i], (int32_t)fbits(temperature), top_k, (int32_t)fbits(top_p),
-                     (int32_t)fbits(min_p), (int32_t)(uint32_t)seed, (int32_t)(uint32_t)(seed >> 32) };
-    put(m, v, 8);
+    m->samp[i] = n_top < 0 ? SAMP_OWNER : SAMP_OWNER_LP + n_top;
+    int32_t v[9] = { DS41_SOP_SAMPLE, m->sid[i], (int32_t)fbits(temperature), top_k, (int32_t)fbits(top_p),
+                     (int32_t)fbits(min_p), (int32_t)(uint32_t)seed, (int32_t)(uint32_t)(seed >> 32), n_top < 0 ? -1 : n_top };
+    put(m, v, 9);
+}
+
+int ds41_smirror_logprobs(ds41_smirror *m, const ds41_session *s, int n_top, float *lp, int32_t *top_id, float *top_lp) {
+    if (!m || !m->dp) return 0;
+    int i = slot_of(m, s);
+    const unsigned char *p = m->lpend[i];
+    if (!p || m->samp[i] != SAMP_OWNER_LP + n_top) return 0;
+    memcpy(lp, p, sizeof *lp);
+    memcpy(top_id, p + 4, (size_t)n_top * sizeof *top_id);
+    memcpy(top_lp, p + 4 + 4 * (size_t)n_top, (size_t)n_top * sizeof *top_lp);
+    free(m->lpend[i]);
+    m->lpend[i] = NULL;
+    return 1;
 }
 
 /* n bytes from rank q (one message of the answer tag, ds41_dist_dp_send0) */
@@ -312,10 +371,13 @@ long long ds41_smirror_restore(ds41_smirror *m, ds41_engine *e, ds41_prefix_cach
         ds41_session_absorb(s, 0, NULL, eb);
         return -1;
     }
-    if (h > 0 && h == (int64_t)n && m->osamp[i]) {
-        int32_t id = -1;
-        recv_from(m, q, &id, sizeof id);
-        ds41_session_absorb_token(s, (size_t)h, id);
+    if (h > 0 && h == (int64_t)n && m->samp[i] != SAMP_RANK0) {
+        size_t tb = token_bytes(m->samp[i]);
+        unsigned char *tk = malloc(tb);
+        if (!tk) oom();
+        recv_from(m, q, tk, tb);
+        token_take(m, i, s, (size_t)h, tk);
+        free(tk);
         m->dpc.ans_tok++;
     } else if (h > 0 && h == (int64_t)n) {
         size_t V = (size_t)ds41_vocab_size(e);
@@ -357,20 +419,19 @@ void ds41_smirror_step(ds41_smirror *m, const ds41_batch_item *it, int count) {
 /* --dp-attention: an item's answer to rank 0, in step order: a status word (1: the item
  * failed; its error follows in a second message, ANSWER_ERR bytes per failed item), then,
  * where the forward computed logits (every item but a prompt part that goes on), the token
- * the owner drew (a sequence it samples, osamp) or else the logits row. */
-static size_t answer_bytes(const ds41_batch_item *b, int osamp, int V) {
-    return sizeof(int32_t) + (b->ahead == 0 ? (osamp ? sizeof(int32_t) : (size_t)V * sizeof(float)) : 0);
+ * the owner drew (a sequence it samples, samp != SAMP_RANK0: the token, and with logprobs its
+ * logprob, the n_top best ids and their logprobs) or else the logits row. */
+static size_t answer_bytes(const ds41_batch_item *b, int samp, int V) {
+    return sizeof(int32_t) + (b->ahead == 0 ? (samp != SAMP_RANK0 ? token_bytes(samp) : (size_t)V * sizeof(float)) : 0);
 }
 
-static unsigned char *answer_put(unsigned char *p, const ds41_batch_item *b, int osamp, int V) {
+static unsigned char *answer_put(unsigned char *p, const ds41_batch_item *b, int samp, int V) {
     const char *err = ds41_session_error(b->s);
     int32_t st = err && err[0];
     memcpy(p, &st, sizeof st);
     p += sizeof st;
-    if (b->ahead == 0 && osamp) {
-        int32_t id = st ? -1 : ds41_session_sample(b->s);
-        memcpy(p, &id, sizeof id);
-        p += sizeof id;
+    if (b->ahead == 0 && samp != SAMP_RANK0) {
+        p = token_put(p, b->s, samp, st, V);
     } else if (b->ahead == 0) {
         memcpy(p, ds41_logits(b->s), (size_t)V * sizeof(float));
         p += (size_t)V * sizeof(float);
@@ -379,13 +440,13 @@ static unsigned char *answer_put(unsigned char *p, const ds41_batch_item *b, int
 }
 
 /* err: the item's error (NULL: it ran) */
-static const unsigned char *answer_take(const unsigned char *p, ds41_batch_item *b, int osamp, int V, const char *err) {
+static const unsigned char *answer_take(ds41_smirror *m, int slot, const unsigned char *p, ds41_batch_item *b, int V,
+                                        const char *err) {
+    int samp = m->samp[slot];
     p += sizeof(int32_t);
-    if (b->ahead == 0 && osamp) {
-        int32_t id;
-        memcpy(&id, p, sizeof id);
-        p += sizeof id;
-        if (!err) ds41_session_absorb_token(b->s, b->n, id);
+    if (b->ahead == 0 && samp != SAMP_RANK0) {
+        if (!err) token_take(m, slot, b->s, b->n, p);
+        p += token_bytes(samp);
     } else {
         const float *lg = NULL;
         if (b->ahead == 0) {
@@ -428,10 +489,10 @@ void ds41_smirror_batch_step(ds41_smirror *m, ds41_engine *e, ds41_batch_item *i
         int q = m->own[slot[i]];
         if (q == 0) mine[n0++] = it[i];
         else {
-            nb[q] += answer_bytes(&it[i], m->osamp[slot[i]], V);
+            nb[q] += answer_bytes(&it[i], m->samp[slot[i]], V);
             if (it[i].ahead == 0) {
-                m->dpc.ans_tok += m->osamp[slot[i]];
-                m->dpc.ans_lg += !m->osamp[slot[i]];
+                m->dpc.ans_tok += m->samp[slot[i]] != SAMP_RANK0;
+                m->dpc.ans_lg += m->samp[slot[i]] == SAMP_RANK0;
             }
         }
     }
@@ -446,7 +507,7 @@ void ds41_smirror_batch_step(ds41_smirror *m, ds41_engine *e, ds41_batch_item *i
         int q = m->own[slot[i]];
         if (q == 0) continue;
         ne[q] += answer_status(at[q]) ? ANSWER_ERR : 0;
-        at[q] += answer_bytes(&it[i], m->osamp[slot[i]], V);
+        at[q] += answer_bytes(&it[i], m->samp[slot[i]], V);
     }
     for (int q = 1; q < N; q++) {
         m->dpc.ans_bytes += (long long)(nb[q] + ne[q]);
@@ -468,7 +529,7 @@ void ds41_smirror_batch_step(ds41_smirror *m, ds41_engine *e, ds41_batch_item *i
             eat[q] += ANSWER_ERR;
             err = eb[0] ? eb : "the step failed on the rank that holds the sequence";
         }
-        at[q] = answer_take(at[q], &it[i], m->osamp[slot[i]], V, err);
+        at[q] = answer_take(m, slot[i], at[q], &it[i], V, err);
     }
     for (int q = 1; q < N; q++) { free(buf[q]); free(ebuf[q]); }
     free(at); free(eat); free(buf); free(ebuf); free(nb); free(ne); free(slot); free(mine);
@@ -498,11 +559,11 @@ void ds41_smirror_end(ds41_smirror *m) {
 typedef struct fslots {
     ds41_session **s;
     int32_t *id;
-    unsigned char *osamp;         /* --dp-attention: this rank samples the session (SAMPLE) */
+    int *samp;                    /* --dp-attention: this rank samples the session (SAMP_*, SAMPLE) */
     int n, cap;
     unsigned char *ans;           /* --dp-attention: this rank's answers to a step */
     size_t ans_cap;
-    unsigned char *step_os;       /* the step's items: osamp of each */
+    int *step_os;                 /* the step's items: samp of each */
     size_t step_cap;
     char *errs;                   /* the errors of the step's failed items */
     size_t errs_cap;
@@ -559,16 +620,19 @@ static int step_own(ds41_engine *e, fslots *f, ds41_batch_item *items, int count
 }
 
 /* --dp-attention: this rank's answer to a RESTORE of its session s (ds41_smirror_restore) */
-static void restore_answer(ds41_engine *e, ds41_session *s, int osamp, long long hit, size_t n) {
+static void restore_answer(ds41_engine *e, ds41_session *s, int samp, long long hit, size_t n) {
     int64_t h = hit;
     ds41_dist_dp_send0(&h, sizeof h);
     if (hit < 0) {
         char eb[ANSWER_ERR] = { 0 };
         snprintf(eb, sizeof eb, "%s", ds41_session_error(s));
         ds41_dist_dp_send0(eb, sizeof eb);
-    } else if (hit > 0 && (size_t)hit == n && osamp) {
-        int32_t id = ds41_session_sample(s);
-        ds41_dist_dp_send0(&id, sizeof id);
+    } else if (hit > 0 && (size_t)hit == n && samp != SAMP_RANK0) {
+        unsigned char *tk = malloc(token_bytes(samp));
+        if (!tk) ds41_dist_fatal(1, "out of memory for the answer to a restore");
+        token_put(tk, s, samp, 0, ds41_vocab_size(e));
+        ds41_dist_dp_send0(tk, token_bytes(samp));
+        free(tk);
     } else if (hit > 0 && (size_t)hit == n) {
         ds41_dist_dp_send0(ds41_logits(s), (size_t)ds41_vocab_size(e) * sizeof(float));
     }
@@ -604,9 +668,9 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             int32_t *ni = realloc(f->id, (size_t)nc * sizeof *ni);
             if (!ni) return snprintf(err, errcap, "out of memory"), -1;
             f->id = ni;
-            unsigned char *no = realloc(f->osamp, (size_t)nc);
+            int *no = realloc(f->samp, (size_t)nc * sizeof *no);
             if (!no) return snprintf(err, errcap, "out of memory"), -1;
-            f->osamp = no;
+            f->samp = no;
             f->cap = nc;
         }
         char eb[512];
@@ -616,7 +680,7 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             if (!ns) return snprintf(err, errcap, "serve mirror: cannot open a session as rank 0 did: %s", eb), -1;
         }
         f->s[f->n] = ns;
-        f->osamp[f->n] = 0;
+        f->samp[f->n] = SAMP_RANK0;
         f->id[f->n++] = op->id;
         f->dpc.seqs += ns != NULL;
         return 0;
@@ -627,14 +691,14 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             if (f->id[i] == op->id) {
                 f->s[i] = f->s[--f->n];
                 f->id[i] = f->id[f->n];
-                f->osamp[i] = f->osamp[f->n];
+                f->samp[i] = f->samp[f->n];
                 break;
             }
         return 0;
     case DS41_SOP_SAMPLE:
         if (s) {
             ds41_session_set_sampling(s, op->temperature, op->top_k, op->top_p, op->min_p, op->seed);
-            f->osamp[slot_at(f, op->id)] = 1;
+            f->samp[slot_at(f, op->id)] = op->n_top < 0 ? SAMP_OWNER : SAMP_OWNER_LP + op->n_top;
         }
         return 0;
     case DS41_SOP_PROBE: {
@@ -651,7 +715,7 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
         }
         long long hit = s ? ds41_prefix_restore(pc, s, op->ids, op->n) : 0;
         ds41_dist_dp_done(&e->ctx);   /* the owner's replay forward */
-        if (s) restore_answer(e, s, f->osamp[slot_at(f, op->id)], hit, op->n);
+        if (s) restore_answer(e, s, f->samp[slot_at(f, op->id)], hit, op->n);
         return 0;
     }
     case DS41_SOP_PUBLISH:
@@ -667,13 +731,13 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             *items = ni;
             *items_cap = op->count;
         }
-        if (grow_buf(&f->step_os, &f->step_cap, (size_t)op->count)) return snprintf(err, errcap, "out of memory"), -1;
+        if (grow_buf(&f->step_os, &f->step_cap, (size_t)op->count * sizeof *f->step_os)) return snprintf(err, errcap, "out of memory"), -1;
         const int32_t *w = op->items;
         for (int k = 0; k < op->count; k++) {
             ds41_batch_item *b = &(*items)[k];
             memset(b, 0, sizeof *b);
             b->s = slot_find(f, w[0]);
-            f->step_os[k] = b->s ? f->osamp[slot_at(f, w[0])] : 0;
+            f->step_os[k] = b->s ? f->samp[slot_at(f, w[0])] : SAMP_RANK0;
             if (!b->s && !(dp && slot_at(f, w[0]) >= 0))
                 return snprintf(err, errcap, "serve mirror: rank 0's step names session %d, which this rank does not hold", (int)w[0]), -1;
             b->n = (size_t)w[1];
@@ -724,7 +788,7 @@ int ds41_smirror_follow(ds41_engine *e, ds41_prefix_cache *pc, const ds41_sessio
     }
     dp_report(&f.dpc);
     for (int i = 0; i < f.n; i++) ds41_session_close(f.s[i]);
-    free(f.s); free(f.id); free(f.osamp); free(f.ans); free(f.step_os); free(f.errs); free(items); free(buf);
+    free(f.s); free(f.id); free(f.samp); free(f.ans); free(f.step_os); free(f.errs); free(items); free(buf);
     return rc;
 }
 

@@ -15,8 +15,8 @@
  *
  * Words on the wire: int32. Operations: OPEN id | CLOSE id | RESTORE id n ids[n] |
  * PUBLISH id n ids[n] | TRIM lo hi (bytes) | STEP count {id n ahead ids[n]}[count] | END |
- * OPEN_ON id rank | SAMPLE id temperature top_k top_p min_p seed_lo seed_hi (floats as their
- * bits) | PROBE n ids[n].
+ * OPEN_ON id rank | SAMPLE id temperature top_k top_p min_p seed_lo seed_hi n_top (floats as
+ * their bits) | PROBE n ids[n].
  *
  * --dp-attention (docs/distributed.md): rank 0 gives each new sequence to the least-loaded
  * rank (sequences open there, then tokens held) with OPEN_ON; only that rank holds it. Each
@@ -51,7 +51,7 @@ typedef struct ds41_sop {
     size_t n;
     long long bytes;          /* TRIM */
     float temperature, top_p, min_p;   /* SAMPLE: the sequence's sampler (ds41_session_set_sampling) */
-    int top_k;
+    int top_k, n_top;                  /* n_top: logprobs alternatives (-1: no logprobs) */
     uint64_t seed;
     int count;                /* STEP: items at items (words: id n ahead ids...) */
     const int32_t *items;
@@ -70,10 +70,13 @@ void ds41_smirror_free(ds41_smirror *m);
 void ds41_smirror_route(ds41_smirror *m, ds41_prefix_cache *pc, const int32_t *ids, size_t n);
 void ds41_smirror_open(ds41_smirror *m, const ds41_session *s);
 void ds41_smirror_close(ds41_smirror *m, const ds41_session *s);
-/* After ds41_session_set_sampling, for a sequence with no logits processor and no logprobs:
- * under --dp-attention the rank that holds it samples it and sends rank 0 the token only. */
+/* After ds41_session_set_sampling, for a sequence with no logits processor: under
+ * --dp-attention the rank that holds it samples it and sends rank 0 the token only, and with
+ * logprobs (n_top >= 0; -1: none) the token's logprob and the n_top best. */
 void ds41_smirror_sampling(ds41_smirror *m, const ds41_session *s, float temperature, int top_k, float top_p, float min_p,
-                           uint64_t seed);
+                           uint64_t seed, int n_top);
+/* The logprobs the owner sent with s's last token (1), or 0: rank 0 computes them from the row. */
+int ds41_smirror_logprobs(ds41_smirror *m, const ds41_session *s, int n_top, float *lp, int32_t *top_id, float *top_lp);
 /* ds41_prefix_restore as every rank must see it (m == NULL: the restore alone): the tokens
  * restored, or -1 (ds41_session_error). Under --dp-attention the owner restores from its cache. */
 long long ds41_smirror_restore(ds41_smirror *m, ds41_engine *e, ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids,

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "serve_mpi.h"
+#include "serve_req.h"
 
 static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH", "TRIM", "STEP", "END", "OPEN_ON", "SAMPLE", "PROBE" };
 
@@ -32,19 +33,23 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
         i += 2;
         break;
     case DS41_SOP_SAMPLE: {
-        NEED(7, "a session id, temperature, top_k, top_p, min_p and a seed (two words)");
+        NEED(8, "a session id, temperature, top_k, top_p, min_p, a seed (two words) and a logprobs count");
         op->id = w[i];
         memcpy(&op->temperature, &w[i + 1], 4);
         op->top_k = w[i + 2];
         memcpy(&op->top_p, &w[i + 3], 4);
         memcpy(&op->min_p, &w[i + 4], 4);
         op->seed = ((uint64_t)(uint32_t)w[i + 6] << 32) | (uint32_t)w[i + 5];
+        op->n_top = w[i + 7];
         /* what the sampler takes (ds41_sampler_init): finite temperature >= 0, top_p in (0, 1] */
         if (!(op->temperature >= 0 && op->temperature <= 3.4e38f) || op->top_k < 0 || !(op->top_p > 0 && op->top_p <= 1) ||
             !(op->min_p >= 0 && op->min_p <= 1))
             return snprintf(err, errcap, "serve mirror: word %zu: SAMPLE: temperature %g, top_k %d, top_p %g, min_p %g out of range",
                             i + 1, op->temperature, op->top_k, op->top_p, op->min_p), -1;
-        i += 7;
+        if (op->n_top < -1 || op->n_top > DS41_REQ_MAX_TOP_LOGPROBS)
+            return snprintf(err, errcap, "serve mirror: word %zu: SAMPLE: logprobs count %d (expected -1..%d)", i + 7, op->n_top,
+                            DS41_REQ_MAX_TOP_LOGPROBS), -1;
+        i += 8;
         break;
     }
     case DS41_SOP_PROBE:

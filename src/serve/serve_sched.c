@@ -282,8 +282,7 @@ static int text_add(ds41_sseq *q, const char *p, size_t n) {
     return 0;
 }
 
-/* log-softmax of logits at id and the n_top best (values descending, ties lower id). */
-static void logprobs(const float *lg, int V, int32_t id, int n_top, float *lp, int32_t *top_id, float *top_lp) {
+void ds41_sched_logprobs(const float *lg, int V, int32_t id, int n_top, float *lp, int32_t *top_id, float *top_lp) {
     double mx = -INFINITY;
     for (int i = 0; i < V; i++) if (lg[i] > mx) mx = lg[i];
     double se = 0;
@@ -330,9 +329,9 @@ static int seq_emit(ds41_sched *S, ds41_sseq *q, int32_t id, const float *lg, lo
     int oom = grow(q);
     if (!oom) {
         size_t k = (size_t)(q->n_top > 0 ? q->n_top : 0);
-        if (q->n_top >= 0)
-            logprobs(lg, S->V, id, q->n_top, &q->lp[q->n_ids], q->top_id + q->n_ids * k,
-                     q->top_lp + q->n_ids * k);
+        if (q->n_top >= 0 &&   /* computed by the rank that sampled it, or here from the row */
+            !ds41_smirror_logprobs(S->p.mirror, q->s, q->n_top, &q->lp[q->n_ids], q->top_id + q->n_ids * k, q->top_lp + q->n_ids * k))
+            ds41_sched_logprobs(lg, S->V, id, q->n_top, &q->lp[q->n_ids], q->top_id + q->n_ids * k, q->top_lp + q->n_ids * k);
         q->off[q->n_ids] = q->text_len;
         q->ids[q->n_ids++] = id;
         size_t before = q->text_len;
@@ -529,8 +528,8 @@ static int open_session(ds41_sched *S, ds41_sseq *q) {
         seq_finish(S, q, DS41_FIN_ERROR, "out of memory");
         return -1;
     }
-    if (!ds41_lproc_active(&q->proc) && q->n_top < 0)   /* nothing but the sampler needs the logits row */
-        ds41_smirror_sampling(S->p.mirror, q->s, q->temperature, q->top_k, q->top_p, q->min_p, q->seed);
+    if (!ds41_lproc_active(&q->proc))   /* nothing but the sampler and the logprobs need the logits row */
+        ds41_smirror_sampling(S->p.mirror, q->s, q->temperature, q->top_k, q->top_p, q->min_p, q->seed, q->n_top);
     if (S->tok) {
         ds41_detok_stream_init(&q->ds, S->tok);
         q->ds.skip_special = q->g->skip_special;

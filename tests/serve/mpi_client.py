@@ -9,8 +9,9 @@
                                     logprobs at 17 digits, usage; the stream's chunks joined)
   mpi_client.py twice PORT          one seeded sampling request, then the same again once the first
                                     ended (under --dp-attention an idle server gives the two to two
-                                    ranks in turn: one samples on rank 0, one on its owner): both
-                                    lines (as answers prints them) must be equal
+                                    ranks in turn: one samples on rank 0, one on its owner); then
+                                    the same with a JSON grammar (rank 0 samples it from the row):
+                                    both lines of each pair (as answers prints them) must be equal
   mpi_client.py fault PORT PID SIG  8 concurrent requests with long answers; once the streams
                                     are decoding, send SIG (STOP, KILL) to PID (a follower), or
                                     with PID "cmd", run the shell command SIG (a link down); every
@@ -124,11 +125,16 @@ def answers(port, cache=True):
 
 
 def twice(port):
-    b = {"prompt": "Tell me a fortune.", "max_tokens": 24, "temperature": 0.9, "top_k": 40, "seed": 7}
-    out = [summary(b, *post(port, b)) for _ in range(2)]
-    for o in out:
-        print(json.dumps(o, sort_keys=True))
-    return 0 if out[0] == out[1] and out[0].get("status") == 200 else 1
+    bad = 0
+    plain = {"prompt": "Tell me a fortune.", "max_tokens": 24, "temperature": 0.9, "top_k": 40, "seed": 7}
+    # a logits processor (the JSON grammar): rank 0 samples it from the logits row its owner sends
+    constrained = dict(plain, response_format={"type": "json_object"}, max_tokens=12)
+    for b in (plain, constrained):
+        out = [summary(b, *post(port, b)) for _ in range(2)]
+        for o in out:
+            print(json.dumps(o, sort_keys=True))
+        bad += out[0] != out[1] or out[0].get("status") != 200
+    return 1 if bad else 0
 
 
 def fault(port, pid, sig):
