@@ -363,6 +363,13 @@ const ds41_moe_dispatch *ds41_dist_dp_dispatch(const ds41_config *cfg, const ds4
     for (int l = 0; l < pl->n_layers; l++)
         for (int e = 0; e < pl->n_experts; e++) d.own[(size_t)l * pl->n_experts + e] = ds41_dist_owner(pl, l, e) == d.me;
     d.in_fwd = d.next = 0;
+    if (d.me == 0 && cfg->n_engram_layers > 0) {
+        long long rows = 0;
+        for (int l = 0; l < cfg->n_engram_layers; l++) rows += cfg->engram_num_embeddings[l];
+        fprintf(stderr, "ds41 serve: --dp-attention: the Engram tables are not sharded: each of the %d ranks maps all %lld rows "
+                        "of the %d tables (sharding needs a request/reply row exchange per forward, not built; "
+                        "docs/distributed.md)\n", d.N, rows, cfg->n_engram_layers);
+    }
     return &disp;
 }
 
