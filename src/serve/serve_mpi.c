@@ -291,7 +291,7 @@ void ds41_smirror_sampling(ds41_smirror *m, const ds41_session *s, float tempera
                            uint64_t seed, int n_top) {
     if (!m || !m->dp) return;
     int i = slot_of(m, s);
-    if (m->own[i] == 0) return;   /* rank 0's own: sampled here as in one process */
+    if (m->own[i] == 0 || n_top > DS41_REQ_MAX_TOP_LOGPROBS) return;   /* rank 0's own: sampled here as in one process */
     m->samp[i] = n_top < 0 ? SAMP_OWNER : SAMP_OWNER_LP + n_top;
     int32_t v[9] = { DS41_SOP_SAMPLE, m->sid[i], (int32_t)fbits(temperature), top_k, (int32_t)fbits(top_p),
                      (int32_t)fbits(min_p), (int32_t)(uint32_t)seed, (int32_t)(uint32_t)(seed >> 32), n_top < 0 ? -1 : n_top };
