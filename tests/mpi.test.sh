@@ -456,7 +456,8 @@ fi
 # so one is sampled on rank 0 and one on its owner (which sends rank 0 the token, not the
 # logits: the DS41_MPI_VERBOSE count of rows answered with a token); both answers are equal;
 # the same for a request with a JSON grammar, whose owner sends the logits row (the count of
-# rows answered with logits). Both ranks held sequences (14 in all); SIGTERM ends the job with status 0. Then the faults of
+# rows answered with logits). The Engram tables are sharded by rows (rank 1 holds the upper
+# half; each forward asks the other rank for its rows). Both ranks held sequences (14 in all); SIGTERM ends the job with status 0. Then the faults of
 # replicated serve: a hung rank gets every request its 503 naming rank 1, a killed one ends the
 # job at once.
 if [ -s "$TMP/s1.out" ]; then
@@ -486,6 +487,8 @@ if [ -s "$TMP/s1.out" ]; then
         elif [ -z "$tok" ] || [ "${tok% *}" -lt 1 ] || [ "${tok#* }" -lt 1 ]; then
             fail serve_dp_answers "rows answered with a token / with logits: '$tok' (expected both)"
         elif [ $s3rc -ne 0 ]; then fail serve_dp_answers "the job ended with status $s3rc after SIGTERM: $(tail -n 2 "$TMP/s3.log")"
+        elif ! grep -q '\[rank 1\]: engram: rows [1-9][0-9]*\.\.[0-9]* of [0-9]*, .*exchange: [1-9][0-9]* steps, [1-9]' "$TMP/s3.log"; then
+            fail serve_dp_answers "rank 1 did not hold a share of the Engram rows or exchange any: $(grep 'engram: rows' "$TMP/s3.log" | head -c 300)"
         elif [ -z "$h0" ] || [ -z "$h1" ] || [ "$h0" -lt 1 ] || [ "$h1" -lt 1 ] || [ $((h0 + h1)) -ne 14 ]; then
             fail serve_dp_answers "sequences held by rank 0 / 1: '$h0' / '$h1' (expected both, 14 in all)"
         else pass serve_dp_answers; fi

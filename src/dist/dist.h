@@ -118,8 +118,13 @@ void ds41_dist_get_stats(ds41_dist_stats *s);
  * tables whole: each rank looks up its own sequences' rows). */
 void ds41_dist_set_dp(int on);
 int ds41_dist_dp(void);
-/* The ranks an Engram table is sharded over: the job's size, 1 under --dp-attention. */
+/* The ranks an Engram table is sharded over: the job's size. */
 int ds41_dist_engram_shards(void);
+/* --dp-attention: rows of rank q's forward in the round under way (0: it runs none). */
+int ds41_dist_dp_rows(int q);
+/* --dp-attention, a rank outside a forward in a forward round: answers the other ranks' Engram
+ * row requests (dist_engram.c). */
+void ds41_dist_engram_dp_serve(void);
 /* This rank's part of a step is done (it ran its sequences' forwards, perhaps none): joins
  * the other ranks' remaining forwards with zero rows until every rank's part is done. ctx:
  * the engine's (its kernels run the rows other ranks route to this rank's experts). */
