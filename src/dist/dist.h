@@ -114,8 +114,8 @@ void ds41_dist_get_stats(ds41_dist_stats *s);
  * each rank adds its rows' k outputs in ascending expert id (the order of one process). The
  * ranks stay in lock step: every forward starts with a round in which each rank says whether
  * it runs one; a rank that has none (or has finished its part of the step) joins with zero
- * rows. Set on every rank before ds41_load (it installs this dispatch and keeps the Engram
- * tables whole: each rank looks up its own sequences' rows). */
+ * rows. Set on every rank before ds41_load (it installs this dispatch; the Engram rows a
+ * forward needs are asked of their owners in its start round, dist_engram.c). */
 void ds41_dist_set_dp(int on);
 int ds41_dist_dp(void);
 /* The ranks an Engram table is sharded over: the job's size. */

@@ -21,7 +21,10 @@
  * issue and the sends go out at the first wait.
  *
  * Each message starts with a header (step number, distinct rows, a hash of the step's keys):
- * ranks whose steps differ stop with a message instead of using another step's rows. */
+ * ranks whose steps differ stop with a message instead of using another step's rows.
+ *
+ * Under serve --dp-attention each rank's forward runs its own sequences, so the rows are asked
+ * for instead of pushed (dp_exchange below: the keys, then the rows). */
 #include "dist.h"
 
 #include <errno.h>
@@ -296,7 +299,6 @@ static void dp_exchange(void) {
  * answers to the peers' keys, and the receives of this forward's rows posted. */
 static int dp_issue(const size_t *cnt, const int *own, ds41_err *err) {
     int N = g.size, me = g.me;
-    if (g.io) return ds41_errf(err, "engram exchange: the prefetch mode under --dp-attention (use ram or mmap)");
     size_t tot = 0;
     for (int q = 0; q < N; q++) {
         g.koff[q] = tot;
@@ -306,8 +308,13 @@ static int dp_issue(const size_t *cnt, const int *own, ds41_err *err) {
     for (int q = 0; q < N; q++) g.kout[g.koff[q]] = 0;
     for (size_t u = 0; u < g.n; u++) {
         int q = own[u];
-        if (q == me) own_row(g.key[u], g.buf + g.off[u]);
-        else g.kout[g.koff[q] + 1 + g.kout[g.koff[q]]++] = g.key[u];
+        if (q == me) {
+            own_row(g.key[u], g.buf + g.off[u]);
+            continue;
+        }
+        uint64_t *c = &g.kout[g.koff[q]];   /* the count, then the keys */
+        c[1 + *c] = g.key[u];
+        (*c)++;
     }
     g.asked = 1;
     dp_exchange();
