@@ -4,7 +4,10 @@
 # server up at a time: an idle job's ranks poll for rank 0's records), ROUNDS interleaved rounds;
 # the median output tok/s and its ratio to one process, and per rank the sequences it held and
 # the most state (and global KV pages) they held at once (the DS41_MPI_VERBOSE counters).
-# Every server: fast kernels, -t 1 per rank, --spec off, no prefix cache (--dp-attention has none).
+# Every server: fast kernels, -t 1 per rank, --spec off, no prefix cache (bench-serve's prompts
+# differ, so it would only add the probes). Rank 0 under --dp-attention also counts the bytes the
+# other ranks answer it with (per row that got a token or logits). DS41_BASE=BINARY adds a
+# column: --dp-attention with that binary (an earlier build, for a before/after in one run).
 #   bench/mpi_serve_dp.sh CKPT [ROUNDS] [CONCURRENCY] [NUM_PROMPTS] [OUTPUT_LEN]
 set -u
 ck=${1:?checkpoint}; rounds=${2:-2}; conc=${3:-1,4,8}; np=${4:-16}; ol=${5:-32}
@@ -28,13 +31,15 @@ rank0_pid() {
         [ "$(cat "/proc/$p/comm" 2>/dev/null)" = ds41 ] && grep -qzx "PMI_RANK=0" "/proc/$p/environ" 2>/dev/null && echo "$p"
     done | head -n 1
 }
+modes="one replicated dp${DS41_BASE:+ base-dp}"
 for r in $(seq 1 "$rounds"); do
-    for mode in one replicated dp; do
+    for mode in $modes; do
         flags="-m $ck --port 0 -t 1 --spec off --no-prefix-cache"
         case $mode in
             one) "$DS41" serve $flags >/dev/null 2>"$TMP/e.$mode.$r" & ;;
             replicated) DS41_MPI_VERBOSE=1 mpiexec -n 2 "$DS41" serve $flags >/dev/null 2>"$TMP/e.$mode.$r" & ;;
             dp) DS41_MPI_VERBOSE=1 mpiexec -n 2 "$DS41" serve $flags --dp-attention >/dev/null 2>"$TMP/e.$mode.$r" & ;;
+            base-dp) DS41_MPI_VERBOSE=1 mpiexec -n 2 "$DS41_BASE" serve $flags --dp-attention >/dev/null 2>"$TMP/e.$mode.$r" & ;;
         esac
         job=$!
         p=$(port_of "$TMP/e.$mode.$r") || { echo "$mode: the server did not start: $(tail -n 2 "$TMP/e.$mode.$r")" >&2; kill "$job"; exit 1; }
@@ -44,10 +49,9 @@ for r in $(seq 1 "$rounds"); do
         wait "$job"
     done
 done
-python3 - "$TMP" "$rounds" <<'PY'
+python3 - "$TMP" "$rounds" $modes <<'PY'
 import json, re, statistics, sys
-tmp, rounds = sys.argv[1], int(sys.argv[2])
-modes = ["one", "replicated", "dp"]
+tmp, rounds, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 tps = {}
 for m in modes:
     for r in range(1, rounds + 1):
@@ -66,7 +70,16 @@ for c in concs:
     print(row)
 print("state held per rank (the most at once over the runs)")
 pat = re.compile(r"\[rank (\d+)\]: ([a-z -]+): (\d+) sequences held here, at most (\d+) bytes of state at once \((\d+) of them global KV pages\)(?:; rank 0's copies of the other ranks' sequences: at most (\d+) bytes)?")
-for m in ("replicated", "dp"):
+ans = re.compile(r"their answers: (\d+) bytes, (\d+) rows with a token, (\d+) with logits")
+for m in modes[1:]:
+    b = t = l = 0
+    for r in range(1, rounds + 1):
+        for g in ans.finditer(open(f"{tmp}/e.{m}.{r}").read()):
+            b, t, l = b + int(g.group(1)), t + int(g.group(2)), l + int(g.group(3))
+    if t + l:
+        print("  %-10s the other ranks' answers to rank 0: %d B for %d rows (%d with a token, %d with logits): %.1f B per row"
+              % (m, b, t + l, t, l, b / (t + l)))
+for m in modes[1:]:
     best = {}
     for r in range(1, rounds + 1):
         for g in pat.finditer(open(f"{tmp}/e.{m}.{r}").read()):

@@ -447,31 +447,50 @@ else
 fi
 
 # ---------------------------------------------------------------- serve --dp-attention
-# Each rank holds and attends its own sequences (rank 0 gives each new one to the least-loaded
-# rank); rows travel to their experts' owners and back. The 8 concurrent requests and the 2
-# repeats give the bytes of one process (exact mode): the one-process answers above, whose
-# repeats were prefix-cache hits; --dp-attention has no prefix cache, so their cached_tokens
-# is 0 and everything else must be equal. Both ranks held sequences (the DS41_MPI_VERBOSE
-# count, 10 in all); SIGTERM ends the job with status 0. Then the faults of replicated serve:
-# a hung rank gets every request its 503 naming rank 1, a killed one ends the job at once.
+# Each rank holds and attends its own sequences (rank 0 gives each new one to the rank whose
+# prefix cache holds the longest prefix of its prompt, then the least-loaded); rows travel to
+# their experts' owners and back. The 8 concurrent requests and the 2 repeats give the bytes of
+# one process (exact mode): the one-process answers above, the repeats' prefix-cache hits
+# included (restored on the rank that held the long prompt), and /metrics counts those hits.
+# Then one seeded request twice in a row: the idle server gives them to the two ranks in turn,
+# so one is sampled on rank 0 and one on its owner (which sends rank 0 the token, not the
+# logits: the DS41_MPI_VERBOSE count of rows answered with a token); both answers are equal;
+# the same for a request with a JSON grammar, whose owner sends the logits row (the count of
+# rows answered with logits). The Engram tables are sharded by rows (rank 1 holds the upper
+# half; each forward asks the other rank for its rows). Both ranks held sequences (14 in all); SIGTERM ends the job with status 0. Then the faults of
+# replicated serve: a hung rank gets every request its 503 naming rank 1, a killed one ends the
+# job at once.
 if [ -s "$TMP/s1.out" ]; then
     DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --exact --mpi-timeout 10 --dp-attention \
         >/dev/null 2>"$TMP/s3.log" &
     s3=$!
     if p3=$(serve_port "$TMP/s3.log"); then
-        "$PY" tests/serve/mpi_client.py answers "$p3" nocache >"$TMP/s3.out" 2>&1
+        "$PY" tests/serve/mpi_client.py answers "$p3" >"$TMP/s3.out" 2>&1
         c3=$?
+        "$PY" -c 'import sys, urllib.request; print(urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1]).read().decode())' \
+            "$p3" >"$TMP/s3.metrics" 2>&1
+        "$PY" tests/serve/mpi_client.py twice "$p3" >"$TMP/s3t.out" 2>&1
+        c3t=$?
         kill -TERM "$(rank_pid 0)" 2>/dev/null
         wait "$s3"
         s3rc=$?
-        sed 's/"cached_tokens": [0-9]*/"cached_tokens": 0/g' "$TMP/s1.out" >"$TMP/s1n.out"
         h0=$(sed -n 's/.*\[rank 0\]: --dp-attention: \([0-9]*\) sequences held here.*/\1/p' "$TMP/s3.log")
         h1=$(sed -n 's/.*\[rank 1\]: --dp-attention: \([0-9]*\) sequences held here.*/\1/p' "$TMP/s3.log")
+        tok=$(sed -n 's/.* \([0-9]*\) rows with a token, \([0-9]*\) with logits.*/\1 \2/p' "$TMP/s3.log")
+        mh=$(sed -n 's/^vllm:prefix_cache_hits{[^}]*} \([0-9]*\).*/\1/p' "$TMP/s3.metrics")
+        ch=$(grep -o '"cached_tokens": [0-9]*' "$TMP/s3.out" | awk '{ s += $2 } END { print s + 0 }')
         if [ $c3 -ne 0 ]; then fail serve_dp_answers "a request failed: $(grep -v '^{"' "$TMP/s3.out" | head -c 300)"
-        elif ! cmp -s "$TMP/s1n.out" "$TMP/s3.out"; then fail serve_dp_answers "answers differ from one process: $(cmp "$TMP/s1n.out" "$TMP/s3.out")"
+        elif ! cmp -s "$TMP/s1.out" "$TMP/s3.out"; then fail serve_dp_answers "answers differ from one process: $(cmp "$TMP/s1.out" "$TMP/s3.out")"
+        elif [ -z "$mh" ] || [ "$mh" != "$ch" ] || [ "$ch" -lt 256 ]; then
+            fail serve_dp_answers "/metrics counts '$mh' prefix-cache hits, the answers $ch cached tokens (expected equal, >= 256)"
+        elif [ $c3t -ne 0 ]; then fail serve_dp_answers "a seeded request sampled on rank 0 and on its owner: $(head -c 600 "$TMP/s3t.out")"
+        elif [ -z "$tok" ] || [ "${tok% *}" -lt 1 ] || [ "${tok#* }" -lt 1 ]; then
+            fail serve_dp_answers "rows answered with a token / with logits: '$tok' (expected both)"
         elif [ $s3rc -ne 0 ]; then fail serve_dp_answers "the job ended with status $s3rc after SIGTERM: $(tail -n 2 "$TMP/s3.log")"
-        elif [ -z "$h0" ] || [ -z "$h1" ] || [ "$h0" -lt 1 ] || [ "$h1" -lt 1 ] || [ $((h0 + h1)) -ne 10 ]; then
-            fail serve_dp_answers "sequences held by rank 0 / 1: '$h0' / '$h1' (expected both, 10 in all)"
+        elif ! grep -q '\[rank 1\]: engram: rows [1-9][0-9]*\.\.[0-9]* of [0-9]*, .*exchange: [1-9][0-9]* steps, [1-9]' "$TMP/s3.log"; then
+            fail serve_dp_answers "rank 1 did not hold a share of the Engram rows or exchange any: $(grep 'engram: rows' "$TMP/s3.log" | head -c 300)"
+        elif [ -z "$h0" ] || [ -z "$h1" ] || [ "$h0" -lt 1 ] || [ "$h1" -lt 1 ] || [ $((h0 + h1)) -ne 14 ]; then
+            fail serve_dp_answers "sequences held by rank 0 / 1: '$h0' / '$h1' (expected both, 14 in all)"
         else pass serve_dp_answers; fi
     else
         fail serve_dp_answers "the server did not start: $(tail -n 2 "$TMP/s3.log")"

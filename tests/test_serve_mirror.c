@@ -34,6 +34,17 @@ static void valid_records(void) {
     CHECK(ds41_sop_next(v, 4, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_OPEN_ON && op.id == 6 && op.rank == 2 &&
           at == 3, "OPEN_ON");
     CHECK(ds41_sop_next(v, 4, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_END && at == 4, "END after OPEN_ON");
+    /* PROBE [5 6 7]; SAMPLE 4: temperature 0.8, top_k 40, top_p 0.9, min_p 0 (as their float
+     * bits), seed 2^32 + 104, logprobs with 3 alternatives; END */
+    const int32_t u[] = { 10, 3, 5, 6, 7, 9, 4, 1061997773, 40, 1063675494, 0, 104, 1, 3, 7 };
+    at = 0;
+    CHECK(ds41_sop_next(u, 15, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_PROBE && op.n == 3 && op.ids == u + 2 &&
+          at == 5, "PROBE");
+    CHECK(ds41_sop_next(u, 15, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_SAMPLE && op.id == 4 && op.temperature == 0.8f &&
+          op.top_k == 40 && op.top_p == 0.9f && op.min_p == 0.0f && op.seed == (1ULL << 32) + 104 && op.n_top == 3 && at == 14,
+          "SAMPLE");
+    CHECK(ds41_sop_next(u, 15, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_END && at == 15, "END after SAMPLE");
+    CHECK(!err[0], "no message on valid records: %s", err);
 }
 
 static char *slurp(const char *path, size_t *len) {
@@ -103,7 +114,7 @@ static void one_malformed(const char *path, const char *name) {
 
 static void malformed_corpus(void) {
     int cases = each_entry("tests/malformed/serve-mirror", one_malformed);
-    CHECK(cases >= 16, "%d malformed cases", cases);
+    CHECK(cases >= 23, "%d malformed cases", cases);
 }
 
 /* a fuzz seed: whole int32 words that decode to the end */
@@ -118,7 +129,7 @@ static void one_seed(const char *path, const char *name) {
 
 static void fuzz_seeds(void) {
     int seeds = each_entry("fuzz/corpus/fuzz_serve_mirror", one_seed);
-    CHECK(seeds >= 4, "%d seeds", seeds);
+    CHECK(seeds >= 5, "%d seeds", seeds);
 }
 
 int main(void) {

@@ -45,7 +45,8 @@ static const char *SERVE_USAGE =
     "                           curve (cached as ds41 run's; else measured once before the first step)\n"
     "  --no-prefix-cache        no prefix cache (default: on, in memory; README \"Prefix cache\")\n"
     "  --dp-attention           under mpiexec: each rank holds and attends its own share of the\n"
-    "                           sequences (docs/distributed.md; no prefix cache)\n"
+    "                           sequences and their prefix-cache blocks; the owner samples them\n"
+    "                           (docs/distributed.md)\n"
     "  --cache-mem BYTES        prefix cache memory, K/M/G suffixes (default 1G)\n"
     "  --cache-dir DIR          also keep the prefix cache on disk in DIR (reused across restarts)\n"
     "  --cache-bytes BYTES      capacity of DIR (default unlimited; least recently used blocks go)\n"
@@ -235,9 +236,7 @@ int ds41_cli_serve(int argc, char **argv) {
             return 2;
         }
         o.spec_mode = DS41_SPEC_OFF;
-        /* each rank holds its own sequences; the prefix cache would be per rank (not done) */
-        ds41_dist_set_dp(dp_attention);
-        if (dp_attention) o.no_prefix_cache = 1;
+        ds41_dist_set_dp(dp_attention);   /* each rank holds its own sequences and their prefix-cache blocks */
     } else if (dp_attention) {
         fprintf(stderr, "ds41 serve: --dp-attention is for a job of several ranks (mpiexec -n N ds41 serve ...); one "
                         "process holds every sequence\n");

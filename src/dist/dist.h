@@ -114,12 +114,17 @@ void ds41_dist_get_stats(ds41_dist_stats *s);
  * each rank adds its rows' k outputs in ascending expert id (the order of one process). The
  * ranks stay in lock step: every forward starts with a round in which each rank says whether
  * it runs one; a rank that has none (or has finished its part of the step) joins with zero
- * rows. Set on every rank before ds41_load (it installs this dispatch and keeps the Engram
- * tables whole: each rank looks up its own sequences' rows). */
+ * rows. Set on every rank before ds41_load (it installs this dispatch; the Engram rows a
+ * forward needs are asked of their owners in its start round, dist_engram.c). */
 void ds41_dist_set_dp(int on);
 int ds41_dist_dp(void);
-/* The ranks an Engram table is sharded over: the job's size, 1 under --dp-attention. */
+/* The ranks an Engram table is sharded over: the job's size. */
 int ds41_dist_engram_shards(void);
+/* --dp-attention: rows of rank q's forward in the round under way (0: it runs none). */
+int ds41_dist_dp_rows(int q);
+/* --dp-attention, a rank outside a forward in a forward round: answers the other ranks' Engram
+ * row requests (dist_engram.c). */
+void ds41_dist_engram_dp_serve(void);
 /* This rank's part of a step is done (it ran its sequences' forwards, perhaps none): joins
  * the other ranks' remaining forwards with zero rows until every rank's part is done. ctx:
  * the engine's (its kernels run the rows other ranks route to this rank's experts). */

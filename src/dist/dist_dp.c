@@ -25,7 +25,7 @@ static int dp_on;
 
 void ds41_dist_set_dp(int on) { dp_on = on != 0; }
 int ds41_dist_dp(void) { return dp_on; }
-int ds41_dist_engram_shards(void) { return dp_on ? 1 : ds41_dist_size(); }
+int ds41_dist_engram_shards(void) { return ds41_dist_size(); }
 
 #ifdef DS41_HAVE_MPI
 
@@ -296,6 +296,8 @@ static void finish_forward(void) {
     d.in_fwd = 0;
 }
 
+int ds41_dist_dp_rows(int q) { return q >= 0 && q < d.N && d.maxin ? d.maxin[q] : 0; }
+
 void ds41_dist_dp_forward(int rows) {
     finish_forward();
     if (rows < 1 || rows > (1 << 24)) ds41_dist_fatal(1, "expert exchange: a forward of %d rows (1..%d)", rows, 1 << 24);
@@ -309,6 +311,7 @@ void ds41_dist_dp_done(const ds41_ctx *ctx) {
     d.ctx = ctx;
     finish_forward();
     while (sync_round(0)) {
+        ds41_dist_engram_dp_serve();   /* the forwards' Engram row requests come first */
         d.next = 0;
         skip_to(ctx, d.cfg->n_layers);
     }

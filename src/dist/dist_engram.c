@@ -21,7 +21,10 @@
  * issue and the sends go out at the first wait.
  *
  * Each message starts with a header (step number, distinct rows, a hash of the step's keys):
- * ranks whose steps differ stop with a message instead of using another step's rows. */
+ * ranks whose steps differ stop with a message instead of using another step's rows.
+ *
+ * Under serve --dp-attention each rank's forward runs its own sequences, so the rows are asked
+ * for instead of pushed (dp_exchange below: the keys, then the rows). */
 #include "dist.h"
 
 #include <errno.h>
@@ -71,7 +74,7 @@ typedef struct eg_tab {
 } eg_tab;
 
 static struct {
-    int on, me, size, n_slots, hd, nsc, rb;
+    int on, me, size, n_slots, hd, nsc, rb, cols;
     eg_tab t[DS41_ENGRAM_MAX_LAYERS];
     uint8_t *ram;             /* ram mode: this rank's rows of every table */
     size_t ram_len;
@@ -88,6 +91,12 @@ static struct {
     size_t *sec;              /* [N + 1]: byte offset of owner q's section */
     uint64_t step, khash;
     int send_pending, done;
+    int asked;                /* --dp-attention: this forward's rows were asked for (no push, no headers) */
+    uint64_t *kout, *kin;     /* --dp-attention: the keys asked of each peer, and asked by each */
+    size_t kout_cap, kin_cap;
+    uint8_t *rep;             /* --dp-attention: the rows this rank answers with */
+    size_t rep_cap;
+    size_t *koff, *kioff, *roff;   /* [N]: each peer's place in kout, kin, rep */
 #ifdef DS41_HAVE_MPI
     MPI_Request *req;
     int *peer, nreq;
@@ -208,6 +217,134 @@ static void post_sends(void) {
 
 static int eg_wait(void *self, int slot, ds41_err *err);
 
+/* ---- serve --dp-attention: each rank's forward asks for its own rows ----
+ * A rank's forward needs the rows of its own sequences' n-grams, which no other rank can
+ * compute (they follow from histories and a row plan the others do not hold). So in every
+ * forward round (the start round of dist_dp.c, in which every rank says whether it runs a
+ * forward and over how many rows) every rank sends every peer the keys of the rows of that
+ * peer's share its forward needs (a count, then the keys; a count of 0 from a rank that runs
+ * no forward), then answers each peer's keys with the rows in their order. A forward sends its
+ * keys at issue, posts the receives of its rows and completes them at the first wait, as the
+ * push of replicated attention does; a rank outside a forward answers from the lock-step loop
+ * (ds41_dist_engram_dp_serve). Receives have room for the keys a peer's forward can ask (its
+ * rows x lookups per row), so no round of counts goes first. */
+enum { KTAG = 51, RTAG = 52 };
+
+static size_t dp_bound(int q) { return (size_t)ds41_dist_dp_rows(q) * (size_t)g.cols * (size_t)g.n_slots; }
+
+/* Round K (the keys in kout, peer q's at koff[q]: a count, then the keys), then each peer's
+ * keys answered (sends posted in g.req) */
+static void dp_exchange(void) {
+    int N = g.size, me = g.me, nk = 0;
+    size_t tin = 0;
+    for (int q = 0; q < N; q++) {
+        g.kioff[q] = tin;
+        if (q != me) tin += 1 + dp_bound(q);
+    }
+    if (grow((void **)&g.kin, &g.kin_cap, tin + 1, sizeof *g.kin)) ds41_dist_fatal(1, "out of memory for the Engram row requests");
+    MPI_Request kr[2 * 64];
+    int kp[2 * 64] = { 0 };
+    MPI_Request *krq = N <= 64 ? kr : malloc(2 * (size_t)N * sizeof *krq);
+    int *kpe = N <= 64 ? kp : malloc(2 * (size_t)N * sizeof *kpe);
+    if (!krq || !kpe) ds41_dist_fatal(1, "out of memory for the Engram row requests");
+    for (int q = 0; q < N; q++) {
+        if (q == me) continue;
+        size_t b = (1 + dp_bound(q)) * sizeof *g.kin;
+        if (b > INT_MAX) ds41_dist_fatal(1, "Engram row requests of rank %d: %zu bytes, too large for one message", q, b);
+        kpe[nk] = q;
+        MPI_Irecv(g.kin + g.kioff[q], (int)b, MPI_BYTE, q, KTAG, MPI_COMM_WORLD, &krq[nk++]);
+    }
+    for (int q = 0; q < N; q++) {
+        if (q == me) continue;
+        kpe[nk] = q;
+        MPI_Isend(g.kout + g.koff[q], (int)((1 + g.kout[g.koff[q]]) * sizeof *g.kout), MPI_BYTE, q, KTAG, MPI_COMM_WORLD,
+                  &krq[nk++]);
+    }
+    ds41_dist_wait(krq, nk, kpe, "Engram row requests");
+    size_t trep = 0;
+    for (int q = 0; q < N; q++) {
+        g.roff[q] = trep;
+        if (q == me) continue;
+        uint64_t c = g.kin[g.kioff[q]];
+        if (c > dp_bound(q))
+            ds41_dist_fatal(4, "rank %d asked for %llu Engram rows, more than its forward of %d rows can look up: the ranks' "
+                               "steps differ; ending the job", q, (unsigned long long)c, ds41_dist_dp_rows(q));
+        trep += (size_t)c * (size_t)g.rb;
+    }
+    if (grow((void **)&g.rep, &g.rep_cap, trep + 1, 1)) ds41_dist_fatal(1, "out of memory for the Engram rows of the other ranks");
+    for (int q = 0; q < N; q++) {
+        if (q == me) continue;
+        uint64_t c = g.kin[g.kioff[q]];
+        for (uint64_t j = 0; j < c; j++) {
+            uint64_t key = g.kin[g.kioff[q] + 1 + j];
+            int s = (int)(key >> SLOT_SHIFT);
+            int64_t id = (int64_t)(key & ((1ULL << SLOT_SHIFT) - 1));
+            if (s < 0 || s >= g.n_slots || id < g.t[s].lo[me] || id >= g.t[s].lo[me + 1])
+                ds41_dist_fatal(4, "rank %d asked this rank for row %lld of Engram table %d, which it does not hold: the "
+                                   "ranks' row splits differ; ending the job", q, (long long)id, s);
+            own_row(key, g.rep + g.roff[q] + j * (size_t)g.rb);
+        }
+        if (!c) continue;
+        size_t b = (size_t)c * (size_t)g.rb;
+        if (b > INT_MAX) ds41_dist_fatal(1, "Engram rows for rank %d: %zu bytes, too large for one message", q, b);
+        g.peer[g.nreq] = q;
+        MPI_Isend(g.rep + g.roff[q], (int)b, MPI_BYTE, q, RTAG, MPI_COMM_WORLD, &g.req[g.nreq++]);
+        g.st.bytes_sent += (long long)b;
+    }
+    if (krq != kr) free(krq);
+    if (kpe != kp) free(kpe);
+}
+
+/* The keys this forward asks each owner for (cnt[q] of them, own[u]: key u's owner), the
+ * answers to the peers' keys, and the receives of this forward's rows posted. */
+static int dp_issue(const size_t *cnt, const int *own, ds41_err *err) {
+    int N = g.size, me = g.me;
+    size_t tot = 0;
+    for (int q = 0; q < N; q++) {
+        g.koff[q] = tot;
+        tot += 1 + (q == me ? 0 : cnt[q]);
+    }
+    if (grow((void **)&g.kout, &g.kout_cap, tot, sizeof *g.kout)) return ds41_errf(err, "out of memory");
+    for (int q = 0; q < N; q++) g.kout[g.koff[q]] = 0;
+    for (size_t u = 0; u < g.n; u++) {
+        int q = own[u];
+        if (q == me) {
+            own_row(g.key[u], g.buf + g.off[u]);
+            continue;
+        }
+        uint64_t *c = &g.kout[g.koff[q]];   /* the count, then the keys */
+        c[1 + *c] = g.key[u];
+        (*c)++;
+    }
+    g.asked = 1;
+    dp_exchange();
+    for (int q = 0; q < N; q++) {
+        if (q == me || !cnt[q]) continue;
+        size_t len = cnt[q] * (size_t)g.rb;
+        g.peer[g.nreq] = q;
+        MPI_Irecv(g.buf + g.sec[q] + HDR, (int)len, MPI_BYTE, q, RTAG, MPI_COMM_WORLD, &g.req[g.nreq++]);
+        g.st.bytes_recv += (long long)len;
+    }
+    g.st.steps++;
+    g.st.rows += (long long)g.n;
+    return 0;
+}
+
+void ds41_dist_engram_dp_serve(void) {
+    if (!g.on || !ds41_dist_dp()) return;
+    ds41_err err;
+    if (g.nreq && !g.done && eg_wait(NULL, 0, &err)) ds41_dist_fatal(1, "%s", err.msg);
+    g.nreq = 0;
+    if (grow((void **)&g.kout, &g.kout_cap, (size_t)g.size, sizeof *g.kout)) ds41_dist_fatal(1, "out of memory");
+    for (int q = 0; q < g.size; q++) {
+        g.koff[q] = (size_t)q;
+        g.kout[q] = 0;
+    }
+    dp_exchange();
+    ds41_dist_wait(g.req, g.nreq, g.peer, "Engram rows to the other ranks");
+    g.nreq = 0;
+}
+
 static int eg_issue(void *self, const int64_t *ids, size_t N, int cols, ds41_err *err) {
     /* a step whose Engram layers did not run (a prompt part before their rows, an error): every
      * rank finishes its messages (and sends what prefetch still held back) first */
@@ -215,6 +352,7 @@ static int eg_issue(void *self, const int64_t *ids, size_t N, int cols, ds41_err
     g.nreq = 0;
     g.done = 0;
     g.send_pending = 0;
+    g.asked = 0;
     size_t per = N * (size_t)cols, total = per * (size_t)g.n_slots;
     if (grow((void **)&g.key, &g.kcap, total ? total : 1, sizeof *g.key))
         return ds41_errf(err, "engram exchange: out of memory for %zu row lookups", total);
@@ -252,6 +390,12 @@ static int eg_issue(void *self, const int64_t *ids, size_t N, int cols, ds41_err
         free(cnt); free(own);
         return ds41_errf(err, "engram exchange: a step of %zu rows is too large (%zu bytes); feed shorter chunks (--chunk)",
                          m, g.sec[g.size]);
+    }
+    if (ds41_dist_dp()) {
+        int rc = dp_issue(cnt, own, err);
+        free(cnt);
+        free(own);
+        return rc;
     }
     /* this step's header in this rank's section */
     g.step++;
@@ -314,7 +458,7 @@ static int eg_wait(void *self, int slot, ds41_err *err) {
     clock_gettime(CLOCK_MONOTONIC, &b);
     g.st.wait_s += (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
     g.nreq = 0;
-    for (int q = 0; q < g.size; q++) {
+    for (int q = 0; q < g.size && !g.asked; q++) {
         if (q == g.me) continue;
         eg_hdr h;
         memcpy(&h, g.buf + g.sec[q], sizeof h);
@@ -404,10 +548,14 @@ int ds41_dist_engram_open(const ds41_config *cfg, const ds41_weights *w, const d
     g.hd = cfg->engram_head_dim;
     g.nsc = g.hd / 32;
     g.rb = g.hd + g.nsc;
+    g.cols = (cfg->engram_max_ngram - 1) * cfg->engram_n_heads;   /* lookups per row and table (engram_place.c) */
     g.sec = calloc((size_t)size + 1, sizeof *g.sec);
     g.req = calloc(2 * (size_t)size, sizeof *g.req);
     g.peer = calloc(2 * (size_t)size, sizeof *g.peer);
-    if (!g.sec || !g.req || !g.peer) return snprintf(why, cap, "out of memory"), -1;
+    g.koff = calloc((size_t)size, sizeof *g.koff);
+    g.kioff = calloc((size_t)size, sizeof *g.kioff);
+    g.roff = calloc((size_t)size, sizeof *g.roff);
+    if (!g.sec || !g.req || !g.peer || !g.koff || !g.kioff || !g.roff) return snprintf(why, cap, "out of memory"), -1;
     int found = 0;
     size_t ram_len = 0;
     for (int l = 0; l < w->n_layers && l < cfg->n_layers; l++) {
@@ -449,6 +597,9 @@ int ds41_dist_engram_open(const ds41_config *cfg, const ds41_weights *w, const d
             o += n * g.rb;
         }
         mprotect(g.ram, ram_len, PROT_READ);
+    } else if (io && ds41_dist_dp()) {
+        return snprintf(why, cap, "engram: the prefetch mode is not supported under --dp-attention (a rank answers other "
+                                  "ranks' row requests from RAM or the mapping): use --engram-mode ram or mmap"), -1;
     } else if (io) {
         g.io = io;
         if (!(g.local = ds41_engram_step_new(io))) return snprintf(why, cap, "out of memory"), -1;
@@ -479,8 +630,10 @@ void ds41_dist_engram_close(void) {
     g.ram = NULL;
     for (int s = 0; s < g.n_slots; s++) g.t[s].e = g.t[s].s = g.t[s].map_e = g.t[s].map_s = NULL;
     free(g.fids); free(g.key); free(g.off); free(g.buf); free(g.sec); free(g.req); free(g.peer);
+    free(g.kout); free(g.kin); free(g.rep); free(g.koff); free(g.kioff); free(g.roff);
     g.fids = NULL; g.key = NULL; g.off = NULL; g.buf = NULL; g.sec = NULL; g.req = NULL; g.peer = NULL;
-    g.fids_cap = g.kcap = g.ocap = g.buf_cap = 0;
+    g.kout = g.kin = NULL; g.rep = NULL; g.koff = g.kioff = g.roff = NULL;
+    g.fids_cap = g.kcap = g.ocap = g.buf_cap = g.kout_cap = g.kin_cap = g.rep_cap = 0;
     /* the row ranges and counters stay for the report */
 }
 
@@ -494,5 +647,7 @@ int ds41_dist_engram_open(const ds41_config *cfg, const ds41_weights *w, const d
 }
 
 void ds41_dist_engram_close(void) {}
+
+void ds41_dist_engram_dp_serve(void) {}
 
 #endif

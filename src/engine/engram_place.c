@@ -138,7 +138,7 @@ int ds41_engine_engram_place(ds41_engine *e, int mode, long long cache_bytes, in
     long long all = total_weight_bytes(e->model->st);
     /* under MPI each rank holds 1/N of every table's rows (src/dist/dist_engram.c), and the
      * mode is chosen for that share; the RAM copy of ram mode is then made by the job */
-    int ranks = ds41_dist_engram_shards();   /* 1 under serve --dp-attention: whole tables */
+    int ranks = ds41_dist_engram_shards();
     long long share = tables / (ranks > 1 ? ranks : 1);
     char why[1100];
     long long avail = ds41_memory_available(why, sizeof why);

@@ -90,5 +90,9 @@ int ds41_session_index_k(const ds41_session *s);
  * forward computed none, a prompt part) become its last row; err != NULL: the step failed
  * there, and the session is broken with that message. */
 void ds41_session_absorb(ds41_session *s, size_t n, const float *logits, const char *err);
+/* The same for a sequence whose owner samples (no logits travel): its n tokens ran there and
+ * the owner drew id from them with the sequence's sampler; the next ds41_session_sample
+ * returns id (once). */
+void ds41_session_absorb_token(ds41_session *s, size_t n, int32_t id);
 
 #endif

@@ -32,6 +32,8 @@ struct ds41_session {
     int *iscratch;
     float *prow;             /* the processed logits row (allocated with the first processor) */
     int broken;
+    int sampled;             /* serve --dp-attention: rank 0's copy holds the owner's token (next) */
+    int32_t next;
     char err[1024];
     /* trace */
     char *trace_dir;
@@ -350,6 +352,7 @@ void ds41_session_reset(ds41_session *s) {
     s->spec.pending = -1;
     s->dpend_n = s->dpend_head = 0;
     s->broken = 0;
+    s->sampled = 0;
     s->err[0] = 0;
 }
 
@@ -479,6 +482,12 @@ void ds41_session_absorb(ds41_session *s, size_t n, const float *logits, const c
     s->seq.cache.pos += (long long)n;
     if (logits) memcpy(s->seq.logits, logits, (size_t)s->e->cfg->vocab_size * sizeof(float));
 }
+
+void ds41_session_absorb_token(ds41_session *s, size_t n, int32_t id) {
+    s->seq.cache.pos += (long long)n;
+    s->next = id;
+    s->sampled = 1;
+}
 int ds41_session_index_k(const ds41_session *s) { return s->p.index_k; }
 
 int ds41_session_restore(ds41_session *s, const int32_t *ids, long long M, uint8_t *const *pages, int mode,
@@ -551,6 +560,10 @@ int ds41_session_set_lproc(ds41_session *s, struct ds41_lproc *lp) {
 
 /* The one place a plain step's row is processed: a copy, so ds41_logits stays the model's. */
 int ds41_session_sample(ds41_session *s) {
+    if (s->sampled) {   /* drawn by the rank that ran the forward (ds41_session_absorb_token) */
+        s->sampled = 0;
+        return s->next;
+    }
     int V = s->e->cfg->vocab_size;
     const float *row = s->seq.logits;
     if (ds41_lproc_active(s->sampler.lp)) {

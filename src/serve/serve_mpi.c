@@ -10,10 +10,16 @@
 #include "dist.h"
 #include "forward.h"
 #include "restore.h"
+#include "serve_req.h"
 #include "serve_sched.h"
 
 /* how long rank 0 gives the HTTP threads to answer the requests in flight after a fault */
 #define FAULT_ANSWER_S 2.0
+/* --dp-attention: the bytes of a failed item's (or restore's) error in an answer to rank 0 */
+#define ANSWER_ERR 248
+/* --dp-attention: who samples a sequence: rank 0 from the logits row (a logits processor, or
+ * rank 0's own), the owner, or the owner with logprobs of SAMP_OWNER_LP + n_top alternatives */
+enum { SAMP_RANK0 = 0, SAMP_OWNER = 1, SAMP_OWNER_LP = 2 };
 
 static double now_s(void) {
     struct timespec ts;
@@ -27,6 +33,7 @@ static double now_s(void) {
  * sessions' rings; no KV pages). */
 typedef struct dp_count {
     long long seqs, peak, peak_kv, peak_copies;
+    long long ans_bytes, ans_tok, ans_lg;   /* rank 0: the other ranks' answers: bytes, rows answered with a token, with logits */
 } dp_count;
 
 static int verbose(void) {
@@ -57,7 +64,9 @@ static void dp_report(const dp_count *c) {
     fprintf(stderr, "ds41 serve [rank %d]: %s: %lld sequences held here, at most %lld bytes of state at once "
                     "(%lld of them global KV pages)", ds41_dist_rank(), dp ? "--dp-attention" : "replicated attention",
             c->seqs, c->peak, c->peak_kv);
-    if (dp && ds41_dist_rank() == 0) fprintf(stderr, "; rank 0's copies of the other ranks' sequences: at most %lld bytes", c->peak_copies);
+    if (dp && ds41_dist_rank() == 0)
+        fprintf(stderr, "; rank 0's copies of the other ranks' sequences: at most %lld bytes; their answers: %lld bytes, %lld rows "
+                        "with a token, %lld with logits", c->peak_copies, c->ans_bytes, c->ans_tok, c->ans_lg);
     fprintf(stderr, "\n");
 }
 
@@ -69,11 +78,16 @@ struct ds41_smirror {
     const ds41_session **sess;    /* open sessions, their ids and (--dp-attention) the rank that holds each */
     int32_t *sid;
     int *own;
+    int *samp;                    /* --dp-attention: who samples the session (SAMP_*, SAMPLE) */
+    unsigned char **lpend;        /* the owner's logprobs of its last token, not yet taken (ds41_smirror_logprobs) */
     int n_sess, cap_sess;
     int dp;                       /* --dp-attention */
     int turn;                     /* the rank a tie goes to first */
+    int route;                    /* the rank for the next open (ds41_smirror_route); -1: least-loaded */
     int *load;                    /* [ranks]: sessions each rank holds (scratch) */
     long long *held;              /* [ranks]: tokens they hold (scratch) */
+    long long *hit;               /* [ranks]: cached blocks of the prompt being routed (scratch) */
+    float *lg;                    /* a logits row from another rank (a whole-prompt restore) */
     dp_count dpc;
     int32_t next_id;
     double last;                  /* when the last record went out */
@@ -84,10 +98,12 @@ ds41_smirror *ds41_smirror_new(void) {
     if (!m) return NULL;
     m->last = now_s();
     m->dp = ds41_dist_dp();
+    m->route = -1;
     int N = ds41_dist_size();
     m->load = calloc((size_t)N, sizeof *m->load);
     m->held = calloc((size_t)N, sizeof *m->held);
-    if (!m->load || !m->held) {
+    m->hit = calloc((size_t)N, sizeof *m->hit);
+    if (!m->load || !m->held || !m->hit) {
         ds41_smirror_free(m);
         return NULL;
     }
@@ -100,8 +116,13 @@ void ds41_smirror_free(ds41_smirror *m) {
     free(m->sess);
     free(m->sid);
     free(m->own);
+    for (int i = 0; i < m->n_sess; i++) free(m->lpend[i]);
+    free(m->samp);
+    free(m->lpend);
     free(m->load);
     free(m->held);
+    free(m->hit);
+    free(m->lg);
     free(m);
 }
 
@@ -147,10 +168,16 @@ static int slot_of(const ds41_smirror *m, const ds41_session *s) {
 
 static int32_t sid_of(const ds41_smirror *m, const ds41_session *s) { return m->sid[slot_of(m, s)]; }
 
-/* --dp-attention: the rank for a new sequence, the one holding the fewest sequences, then the
+/* --dp-attention: the rank for a new sequence: the one whose prefix cache holds the most of
+ * its prompt (hit, NULL: none asked), then the one holding the fewest sequences, then the
  * fewest tokens; among equals the next in turn after the last one chosen (one request at a
  * time then alternates, rather than all going to rank 0, which also runs the HTTP front) */
-static int least_loaded(ds41_smirror *m) {
+static int better(const ds41_smirror *m, const long long *hit, int q, int b) {
+    if (hit && hit[q] != hit[b]) return hit[q] > hit[b];
+    return m->load[q] < m->load[b] || (m->load[q] == m->load[b] && m->held[q] < m->held[b]);
+}
+
+static int least_loaded(ds41_smirror *m, const long long *hit) {
     int N = ds41_dist_size(), best = -1;
     memset(m->load, 0, (size_t)N * sizeof *m->load);
     memset(m->held, 0, (size_t)N * sizeof *m->held);
@@ -160,7 +187,7 @@ static int least_loaded(ds41_smirror *m) {
     }
     for (int j = 0; j < N; j++) {
         int q = (m->turn + j) % N;
-        if (best < 0 || m->load[q] < m->load[best] || (m->load[q] == m->load[best] && m->held[q] < m->held[best])) best = q;
+        if (best < 0 || better(m, hit, q, best)) best = q;
     }
     m->turn = (best + 1) % N;
     return best;
@@ -179,13 +206,22 @@ void ds41_smirror_open(ds41_smirror *m, const ds41_session *s) {
         int *no = realloc(m->own, (size_t)nc * sizeof *no);
         if (!no) oom();
         m->own = no;
+        int *nsa = realloc(m->samp, (size_t)nc * sizeof *nsa);
+        if (!nsa) oom();
+        m->samp = nsa;
+        unsigned char **nlp = realloc(m->lpend, (size_t)nc * sizeof *nlp);
+        if (!nlp) oom();
+        m->lpend = nlp;
         m->cap_sess = nc;
     }
     int32_t id = m->next_id;
     m->next_id = (m->next_id + 1) & INT32_MAX;
-    int rank = m->dp ? least_loaded(m) : 0;
+    int rank = !m->dp ? 0 : m->route >= 0 ? m->route : least_loaded(m, NULL);
+    m->route = -1;
     m->sess[m->n_sess] = s;
     m->own[m->n_sess] = rank;
+    m->samp[m->n_sess] = SAMP_RANK0;
+    m->lpend[m->n_sess] = NULL;
     m->sid[m->n_sess++] = id;
     m->dpc.seqs += rank == 0;
     int32_t v[3] = { m->dp ? DS41_SOP_OPEN_ON : DS41_SOP_OPEN, id, rank };
@@ -200,6 +236,9 @@ void ds41_smirror_close(ds41_smirror *m, const ds41_session *s) {
     m->sess[i] = m->sess[--m->n_sess];
     m->sid[i] = m->sid[m->n_sess];
     m->own[i] = m->own[m->n_sess];
+    free(m->lpend[i]);
+    m->samp[i] = m->samp[m->n_sess];
+    m->lpend[i] = m->lpend[m->n_sess];
 }
 
 static void put_ids(ds41_smirror *m, int op, const ds41_session *s, const int32_t *ids, size_t n) {
@@ -209,14 +248,153 @@ static void put_ids(ds41_smirror *m, int op, const ds41_session *s, const int32_
     put(m, ids, n);
 }
 
-void ds41_smirror_restore(ds41_smirror *m, const ds41_session *s, const int32_t *ids, size_t n) {
-    if (!m) return;
-    put_ids(m, DS41_SOP_RESTORE, s, ids, n);
-    flush(m);   /* the restore replays through the forward */
+/* The owner's answer for a token it drew: the id, then with logprobs (samp >= SAMP_OWNER_LP)
+ * its logprob, the n_top best ids and their logprobs, as rank 0 would compute them from the row. */
+static size_t token_bytes(int samp) {
+    return sizeof(int32_t) + (samp >= SAMP_OWNER_LP ? sizeof(float) + (size_t)(samp - SAMP_OWNER_LP) * 8 : 0);
 }
 
-void ds41_smirror_publish(ds41_smirror *m, const ds41_session *s, const int32_t *ids, size_t n) {
-    if (m) put_ids(m, DS41_SOP_PUBLISH, s, ids, n);
+static unsigned char *token_put(unsigned char *p, ds41_session *s, int samp, int failed, int V) {
+    int32_t id = failed ? -1 : ds41_session_sample(s);
+    memcpy(p, &id, sizeof id);
+    p += sizeof id;
+    if (samp < SAMP_OWNER_LP) return p;
+    int k = samp - SAMP_OWNER_LP;
+    float lp = 0, top_lp[DS41_REQ_MAX_TOP_LOGPROBS] = { 0 };
+    int32_t top_id[DS41_REQ_MAX_TOP_LOGPROBS] = { 0 };
+    if (id >= 0 && id < V) ds41_sched_logprobs(ds41_logits(s), V, id, k, &lp, top_id, top_lp);   /* else rank 0 fails the row */
+    memcpy(p, &lp, sizeof lp);
+    memcpy(p + 4, top_id, (size_t)k * 4);
+    memcpy(p + 4 + 4 * (size_t)k, top_lp, (size_t)k * 4);
+    return p + 4 + 8 * (size_t)k;
+}
+
+/* rank 0: the token answer p of session slot i (n tokens ran there) */
+static void token_take(ds41_smirror *m, int i, ds41_session *s, size_t n, const unsigned char *p) {
+    int32_t id;
+    memcpy(&id, p, sizeof id);
+    ds41_session_absorb_token(s, n, id);
+    free(m->lpend[i]);
+    m->lpend[i] = NULL;
+    size_t lb = token_bytes(m->samp[i]) - sizeof id;
+    if (lb && !(m->lpend[i] = malloc(lb))) oom();
+    if (lb) memcpy(m->lpend[i], p + sizeof id, lb);
+}
+
+static uint32_t fbits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+void ds41_smirror_sampling(ds41_smirror *m, const ds41_session *s, float temperature, int top_k, float top_p, float min_p,
+                           uint64_t seed, int n_top) {
+    if (!m || !m->dp) return;
+    int i = slot_of(m, s);
+    if (m->own[i] == 0 || n_top > DS41_REQ_MAX_TOP_LOGPROBS) return;   /* rank 0's own: sampled here as in one process */
+    m->samp[i] = n_top < 0 ? SAMP_OWNER : SAMP_OWNER_LP + n_top;
+    int32_t v[9] = { DS41_SOP_SAMPLE, m->sid[i], (int32_t)fbits(temperature), top_k, (int32_t)fbits(top_p),
+                     (int32_t)fbits(min_p), (int32_t)(uint32_t)seed, (int32_t)(uint32_t)(seed >> 32), n_top < 0 ? -1 : n_top };
+    put(m, v, 9);
+}
+
+int ds41_smirror_logprobs(ds41_smirror *m, const ds41_session *s, int n_top, float *lp, int32_t *top_id, float *top_lp) {
+    if (!m || !m->dp) return 0;
+    int i = slot_of(m, s);
+    const unsigned char *p = m->lpend[i];
+    if (!p || m->samp[i] != SAMP_OWNER_LP + n_top) return 0;
+    memcpy(lp, p, sizeof *lp);
+    memcpy(top_id, p + 4, (size_t)n_top * sizeof *top_id);
+    memcpy(top_lp, p + 4 + 4 * (size_t)n_top, (size_t)n_top * sizeof *top_lp);
+    free(m->lpend[i]);
+    m->lpend[i] = NULL;
+    return 1;
+}
+
+/* n bytes from rank q (one message of the answer tag, ds41_dist_dp_send0) */
+static void recv_from(ds41_smirror *m, int q, void *buf, size_t n) {
+    int N = ds41_dist_size();
+    void **b = calloc((size_t)N, sizeof *b);
+    size_t *nb = calloc((size_t)N, sizeof *nb);
+    if (!b || !nb) oom();
+    b[q] = buf;
+    nb[q] = n;
+    ds41_dist_dp_recv0(b, nb);
+    m->dpc.ans_bytes += (long long)n;
+    free(b);
+    free(nb);
+}
+
+void ds41_smirror_route(ds41_smirror *m, ds41_prefix_cache *pc, const int32_t *ids, size_t n) {
+    if (!m || !m->dp || !pc || !n) return;
+    int N = ds41_dist_size();
+    int32_t v[2] = { DS41_SOP_PROBE, (int32_t)n };
+    if (n > (size_t)INT32_MAX) oom();
+    put(m, v, 2);
+    put(m, ids, n);
+    flush(m);
+    uint8_t **pg = NULL;
+    m->hit[0] = ds41_prefix_pages(pc, ids, n, &pg);
+    ds41_prefix_pages_free(pc, pg, m->hit[0]);
+    for (int q = 1; q < N; q++) {
+        int64_t h = 0;
+        recv_from(m, q, &h, sizeof h);
+        m->hit[q] = h < 0 ? 0 : h;
+    }
+    m->route = least_loaded(m, m->hit);
+}
+
+long long ds41_smirror_restore(ds41_smirror *m, ds41_engine *e, ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids,
+                               size_t n) {
+    if (!m) return ds41_prefix_restore(pc, s, ids, n);
+    put_ids(m, DS41_SOP_RESTORE, s, ids, n);
+    flush(m);   /* the restore replays through the forward */
+    if (!m->dp) return ds41_prefix_restore(pc, s, ids, n);
+    int i = slot_of(m, s), q = m->own[i];
+    long long hit = q == 0 ? ds41_prefix_restore(pc, s, ids, n) : 0;
+    ds41_dist_dp_done(&e->ctx);   /* the owner's replay forward: every rank joins its exchanges */
+    if (q == 0) return hit;
+    /* the owner's answer: its hit (-1: failed, its error follows), then for a whole prompt the
+     * token it drew or the logits of the last row */
+    int64_t h = 0;
+    recv_from(m, q, &h, sizeof h);
+    if (h < 0) {
+        char eb[ANSWER_ERR];
+        recv_from(m, q, eb, sizeof eb);
+        eb[sizeof eb - 1] = 0;
+        ds41_session_absorb(s, 0, NULL, eb);
+        return -1;
+    }
+    if (h > (int64_t)n) {
+        char eb[160];
+        snprintf(eb, sizeof eb, "rank %d restored %lld tokens of a %zu-token prompt", q, (long long)h, n);
+        ds41_session_absorb(s, 0, NULL, eb);
+        return -1;
+    }
+    if (h > 0 && h == (int64_t)n && m->samp[i] != SAMP_RANK0) {
+        size_t tb = token_bytes(m->samp[i]);
+        unsigned char *tk = malloc(tb);
+        if (!tk) oom();
+        recv_from(m, q, tk, tb);
+        token_take(m, i, s, (size_t)h, tk);
+        free(tk);
+        m->dpc.ans_tok++;
+    } else if (h > 0 && h == (int64_t)n) {
+        size_t V = (size_t)ds41_vocab_size(e);
+        if (!m->lg && !(m->lg = malloc(V * sizeof *m->lg))) oom();
+        recv_from(m, q, m->lg, V * sizeof *m->lg);
+        ds41_session_absorb(s, (size_t)h, m->lg, NULL);
+        m->dpc.ans_lg++;
+    } else if (h > 0) {
+        ds41_session_absorb(s, (size_t)h, NULL, NULL);
+    }
+    return h;
+}
+
+int ds41_smirror_publish(ds41_smirror *m, const ds41_session *s, const int32_t *ids, size_t n) {
+    if (!m) return 1;
+    put_ids(m, DS41_SOP_PUBLISH, s, ids, n);
+    return !m->dp || m->own[slot_of(m, s)] == 0;
 }
 
 void ds41_smirror_trim(ds41_smirror *m, long long bytes) {
@@ -238,39 +416,54 @@ void ds41_smirror_step(ds41_smirror *m, const ds41_batch_item *it, int count) {
     flush(m);
 }
 
-/* --dp-attention: an item's answer to rank 0, in step order: its error (empty: none), then
- * its logits when the forward computed them (every item but a prompt part that goes on) */
-#define ANSWER_ERR 248
-
-static size_t answer_bytes(const ds41_batch_item *b, int V) {
-    return ANSWER_ERR + (b->ahead == 0 ? (size_t)V * sizeof(float) : 0);
+/* --dp-attention: an item's answer to rank 0, in step order: a status word (1: the item
+ * failed; its error follows in a second message, ANSWER_ERR bytes per failed item), then,
+ * where the forward computed logits (every item but a prompt part that goes on), the token
+ * the owner drew (a sequence it samples, samp != SAMP_RANK0: the token, and with logprobs its
+ * logprob, the n_top best ids and their logprobs) or else the logits row. */
+static size_t answer_bytes(const ds41_batch_item *b, int samp, int V) {
+    return sizeof(int32_t) + (b->ahead == 0 ? (samp != SAMP_RANK0 ? token_bytes(samp) : (size_t)V * sizeof(float)) : 0);
 }
 
-static unsigned char *answer_put(unsigned char *p, const ds41_batch_item *b, int V) {
+static unsigned char *answer_put(unsigned char *p, const ds41_batch_item *b, int samp, int V) {
     const char *err = ds41_session_error(b->s);
-    memset(p, 0, ANSWER_ERR);
-    if (err && err[0]) snprintf((char *)p, ANSWER_ERR, "%s", err);
-    p += ANSWER_ERR;
-    if (b->ahead == 0) {
+    int32_t st = err && err[0];
+    memcpy(p, &st, sizeof st);
+    p += sizeof st;
+    if (b->ahead == 0 && samp != SAMP_RANK0) {
+        p = token_put(p, b->s, samp, st, V);
+    } else if (b->ahead == 0) {
         memcpy(p, ds41_logits(b->s), (size_t)V * sizeof(float));
         p += (size_t)V * sizeof(float);
     }
     return p;
 }
 
-static const unsigned char *answer_take(const unsigned char *p, ds41_batch_item *b, int V) {
-    char err[ANSWER_ERR];
-    memcpy(err, p, ANSWER_ERR);
-    err[ANSWER_ERR - 1] = 0;
-    p += ANSWER_ERR;
-    const float *lg = NULL;
-    if (b->ahead == 0) {
-        lg = (const float *)p;
-        p += (size_t)V * sizeof(float);
+/* err: the item's error (NULL: it ran) */
+static const unsigned char *answer_take(ds41_smirror *m, int slot, const unsigned char *p, ds41_batch_item *b, int V,
+                                        const char *err) {
+    int samp = m->samp[slot];
+    p += sizeof(int32_t);
+    if (b->ahead == 0 && samp != SAMP_RANK0) {
+        if (!err) token_take(m, slot, b->s, b->n, p);
+        p += token_bytes(samp);
+    } else {
+        const float *lg = NULL;
+        if (b->ahead == 0) {
+            lg = (const float *)p;
+            p += (size_t)V * sizeof(float);
+        }
+        if (!err) ds41_session_absorb(b->s, b->n, lg, NULL);
     }
-    ds41_session_absorb(b->s, b->n, err[0] ? NULL : lg, err[0] ? err : NULL);
-    b->failed = err[0] != 0;
+    if (err) ds41_session_absorb(b->s, b->n, NULL, err);
+    b->failed = err != NULL;
     return p;
+}
+
+static int32_t answer_status(const unsigned char *p) {
+    int32_t st;
+    memcpy(&st, p, sizeof st);
+    return st;
 }
 
 void ds41_smirror_batch_step(ds41_smirror *m, ds41_engine *e, ds41_batch_item *it, int count) {
@@ -284,29 +477,62 @@ void ds41_smirror_batch_step(ds41_smirror *m, ds41_engine *e, ds41_batch_item *i
     /* rank 0's own items in one batch, in step order */
     int N = ds41_dist_size(), V = ds41_vocab_size(e), n0 = 0;
     ds41_batch_item *mine = malloc((size_t)count * sizeof *mine);
-    size_t *nb = calloc((size_t)N, sizeof *nb);
+    int *slot = malloc((size_t)count * sizeof *slot);
+    size_t *nb = calloc((size_t)N, sizeof *nb), *ne = calloc((size_t)N, sizeof *ne);
     unsigned char **buf = calloc((size_t)N, sizeof *buf);
-    if (!mine || !nb || !buf) oom();
+    char **ebuf = calloc((size_t)N, sizeof *ebuf);
+    const unsigned char **at = calloc((size_t)N, sizeof *at);
+    const char **eat = calloc((size_t)N, sizeof *eat);
+    if (!mine || !slot || !nb || !ne || !buf || !ebuf || !at || !eat) oom();
     for (int i = 0; i < count; i++) {
-        int q = m->own[slot_of(m, it[i].s)];
+        slot[i] = slot_of(m, it[i].s);
+        int q = m->own[slot[i]];
         if (q == 0) mine[n0++] = it[i];
-        else nb[q] += answer_bytes(&it[i], V);
+        else {
+            nb[q] += answer_bytes(&it[i], m->samp[slot[i]], V);
+            if (it[i].ahead == 0) {
+                m->dpc.ans_tok += m->samp[slot[i]] != SAMP_RANK0;
+                m->dpc.ans_lg += m->samp[slot[i]] == SAMP_RANK0;
+            }
+        }
     }
     if (n0 > 0) ds41_batch_step(mine, n0);
     ds41_dist_dp_done(&e->ctx);
     for (int q = 1; q < N; q++)
         if (nb[q] && !(buf[q] = malloc(nb[q]))) oom();
     ds41_dist_dp_recv0((void *const *)buf, nb);
-    const unsigned char **at = calloc((size_t)N, sizeof *at);
-    if (!at) oom();
+    /* the failed items' errors, from the ranks that had any */
     for (int q = 1; q < N; q++) at[q] = buf[q];
-    for (int i = 0, j = 0; i < count; i++) {
-        int q = m->own[slot_of(m, it[i].s)];
-        if (q == 0) it[i] = mine[j++];
-        else at[q] = answer_take(at[q], &it[i], V);
+    for (int i = 0; i < count; i++) {
+        int q = m->own[slot[i]];
+        if (q == 0) continue;
+        ne[q] += answer_status(at[q]) ? ANSWER_ERR : 0;
+        at[q] += answer_bytes(&it[i], m->samp[slot[i]], V);
     }
-    for (int q = 1; q < N; q++) free(buf[q]);
-    free(at); free(buf); free(nb); free(mine);
+    for (int q = 1; q < N; q++) {
+        m->dpc.ans_bytes += (long long)(nb[q] + ne[q]);
+        if (ne[q] && !(ebuf[q] = malloc(ne[q]))) oom();
+    }
+    ds41_dist_dp_recv0((void *const *)ebuf, ne);
+    for (int q = 1; q < N; q++) {
+        at[q] = buf[q];
+        eat[q] = ebuf[q];
+    }
+    for (int i = 0, j = 0; i < count; i++) {
+        int q = m->own[slot[i]];
+        if (q == 0) { it[i] = mine[j++]; continue; }
+        char eb[ANSWER_ERR];
+        const char *err = NULL;
+        if (answer_status(at[q])) {
+            memcpy(eb, eat[q], ANSWER_ERR);
+            eb[ANSWER_ERR - 1] = 0;
+            eat[q] += ANSWER_ERR;
+            err = eb[0] ? eb : "the step failed on the rank that holds the sequence";
+        }
+        at[q] = answer_take(m, slot[i], at[q], &it[i], V, err);
+    }
+    for (int q = 1; q < N; q++) { free(buf[q]); free(ebuf[q]); }
+    free(at); free(eat); free(buf); free(ebuf); free(nb); free(ne); free(slot); free(mine);
     dp_measure(&m->dpc, (ds41_session *const *)m->sess, m->own, m->n_sess, 0);
 }
 
@@ -333,9 +559,14 @@ void ds41_smirror_end(ds41_smirror *m) {
 typedef struct fslots {
     ds41_session **s;
     int32_t *id;
+    int *samp;                    /* --dp-attention: this rank samples the session (SAMP_*, SAMPLE) */
     int n, cap;
     unsigned char *ans;           /* --dp-attention: this rank's answers to a step */
     size_t ans_cap;
+    int *step_os;                 /* the step's items: samp of each */
+    size_t step_cap;
+    char *errs;                   /* the errors of the step's failed items */
+    size_t errs_cap;
     dp_count dpc;
 } fslots;
 
@@ -352,37 +583,68 @@ static ds41_session *slot_find(const fslots *f, int32_t id) {
 
 /* --dp-attention: this rank's items of the step (the others' are theirs), run; then the
  * exchanges of the other ranks' forwards, then the answers to rank 0 */
+static int grow_buf(void *pp, size_t *cap, size_t n) {
+    if (n <= *cap) return 0;
+    void *p = realloc(*(void **)pp, n);
+    if (!p) return -1;
+    *(void **)pp = p;
+    *cap = n;
+    return 0;
+}
+
 static int step_own(ds41_engine *e, fslots *f, ds41_batch_item *items, int count, char *err, size_t errcap) {
     int n = 0, V = ds41_vocab_size(e);
     size_t bytes = 0;
     for (int k = 0; k < count; k++)
         if (items[k].s) {
+            f->step_os[n] = f->step_os[k];
             items[n++] = items[k];
-            bytes += answer_bytes(&items[k], V);
+            bytes += answer_bytes(&items[k], f->step_os[k], V);
         }
     if (n > 0) ds41_batch_step(items, n);   /* per-item failures go to rank 0 in the answers */
     ds41_dist_dp_done(&e->ctx);
     if (!n) return 0;
     dp_measure(&f->dpc, f->s, NULL, f->n, 0);
-    if (bytes > f->ans_cap) {
-        unsigned char *nb = realloc(f->ans, bytes);
-        if (!nb) return snprintf(err, errcap, "out of memory for the answers of a step"), -1;
-        f->ans = nb;
-        f->ans_cap = bytes;
-    }
+    if (grow_buf(&f->ans, &f->ans_cap, bytes) || grow_buf(&f->errs, &f->errs_cap, (size_t)n * ANSWER_ERR))
+        return snprintf(err, errcap, "out of memory for the answers of a step"), -1;
     unsigned char *p = f->ans;
-    for (int k = 0; k < n; k++) p = answer_put(p, &items[k], V);
+    size_t ne = 0;
+    for (int k = 0; k < n; k++) {
+        p = answer_put(p, &items[k], f->step_os[k], V);
+        const char *ie = ds41_session_error(items[k].s);
+        if (ie && ie[0]) snprintf(f->errs + ANSWER_ERR * ne++, ANSWER_ERR, "%s", ie);
+    }
     ds41_dist_dp_send0(f->ans, bytes);
+    ds41_dist_dp_send0(f->errs, ne * ANSWER_ERR);
     return 0;
+}
+
+/* --dp-attention: this rank's answer to a RESTORE of its session s (ds41_smirror_restore) */
+static void restore_answer(ds41_engine *e, ds41_session *s, int samp, long long hit, size_t n) {
+    int64_t h = hit;
+    ds41_dist_dp_send0(&h, sizeof h);
+    if (hit < 0) {
+        char eb[ANSWER_ERR] = { 0 };
+        snprintf(eb, sizeof eb, "%s", ds41_session_error(s));
+        ds41_dist_dp_send0(eb, sizeof eb);
+    } else if (hit > 0 && (size_t)hit == n && samp != SAMP_RANK0) {
+        unsigned char *tk = malloc(token_bytes(samp));
+        if (!tk) ds41_dist_fatal(1, "out of memory for the answer to a restore");
+        token_put(tk, s, samp, 0, ds41_vocab_size(e));
+        ds41_dist_dp_send0(tk, token_bytes(samp));
+        free(tk);
+    } else if (hit > 0 && (size_t)hit == n) {
+        ds41_dist_dp_send0(ds41_logits(s), (size_t)ds41_vocab_size(e) * sizeof(float));
+    }
 }
 
 static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_params *sp, fslots *f, const ds41_sop *op,
                  ds41_batch_item **items, int *items_cap, char *err, size_t errcap) {
     ds41_session *s = NULL;
     int dp = ds41_dist_dp(), me = ds41_dist_rank();
-    if (op->op == DS41_SOP_CLOSE || op->op == DS41_SOP_RESTORE || op->op == DS41_SOP_PUBLISH) {
+    if (op->op == DS41_SOP_CLOSE || op->op == DS41_SOP_RESTORE || op->op == DS41_SOP_PUBLISH || op->op == DS41_SOP_SAMPLE) {
         s = slot_find(f, op->id);
-        if (!s && !(dp && op->op == DS41_SOP_CLOSE && slot_at(f, op->id) >= 0))
+        if (!s && !(dp && slot_at(f, op->id) >= 0))
             return snprintf(err, errcap, "serve mirror: rank 0 named session %d, which this rank does not hold", (int)op->id), -1;
     }
     if ((op->op == DS41_SOP_OPEN || op->op == DS41_SOP_OPEN_ON) && (op->op == DS41_SOP_OPEN_ON) != dp)
@@ -390,7 +652,9 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
                         dp ? "--dp-attention" : "without --dp-attention"), -1;
     if (op->op == DS41_SOP_OPEN_ON && op->rank >= ds41_dist_size())
         return snprintf(err, errcap, "serve mirror: rank 0 gave session %d to rank %d of %d", (int)op->id, op->rank, ds41_dist_size()), -1;
-    if ((op->op == DS41_SOP_RESTORE || op->op == DS41_SOP_PUBLISH || op->op == DS41_SOP_TRIM) && !pc)
+    if ((op->op == DS41_SOP_SAMPLE || op->op == DS41_SOP_PROBE) && !dp)
+        return snprintf(err, errcap, "serve mirror: rank 0 sent %s, which only --dp-attention uses", op->op == DS41_SOP_SAMPLE ? "SAMPLE" : "PROBE"), -1;
+    if ((op->op == DS41_SOP_RESTORE || op->op == DS41_SOP_PUBLISH || op->op == DS41_SOP_TRIM || op->op == DS41_SOP_PROBE) && !pc)
         return snprintf(err, errcap, "serve mirror: rank 0 uses a prefix cache and this rank has none"), -1;
     switch (op->op) {
     case DS41_SOP_OPEN:
@@ -404,6 +668,9 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             int32_t *ni = realloc(f->id, (size_t)nc * sizeof *ni);
             if (!ni) return snprintf(err, errcap, "out of memory"), -1;
             f->id = ni;
+            int *no = realloc(f->samp, (size_t)nc * sizeof *no);
+            if (!no) return snprintf(err, errcap, "out of memory"), -1;
+            f->samp = no;
             f->cap = nc;
         }
         char eb[512];
@@ -413,6 +680,7 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             if (!ns) return snprintf(err, errcap, "serve mirror: cannot open a session as rank 0 did: %s", eb), -1;
         }
         f->s[f->n] = ns;
+        f->samp[f->n] = SAMP_RANK0;
         f->id[f->n++] = op->id;
         f->dpc.seqs += ns != NULL;
         return 0;
@@ -423,14 +691,35 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             if (f->id[i] == op->id) {
                 f->s[i] = f->s[--f->n];
                 f->id[i] = f->id[f->n];
+                f->samp[i] = f->samp[f->n];
                 break;
             }
         return 0;
-    case DS41_SOP_RESTORE:
-        ds41_prefix_restore(pc, s, op->ids, op->n);   /* a failure is rank 0's too: its session says so */
+    case DS41_SOP_SAMPLE:
+        if (s) {
+            ds41_session_set_sampling(s, op->temperature, op->top_k, op->top_p, op->min_p, op->seed);
+            f->samp[slot_at(f, op->id)] = op->n_top < 0 ? SAMP_OWNER : SAMP_OWNER_LP + op->n_top;
+        }
         return 0;
+    case DS41_SOP_PROBE: {
+        uint8_t **pg = NULL;
+        int64_t h = ds41_prefix_pages(pc, op->ids, op->n, &pg);
+        ds41_prefix_pages_free(pc, pg, h);
+        ds41_dist_dp_send0(&h, sizeof h);
+        return 0;
+    }
+    case DS41_SOP_RESTORE: {
+        if (!dp) {
+            ds41_prefix_restore(pc, s, op->ids, op->n);   /* a failure is rank 0's too: its session says so */
+            return 0;
+        }
+        long long hit = s ? ds41_prefix_restore(pc, s, op->ids, op->n) : 0;
+        ds41_dist_dp_done(&e->ctx);   /* the owner's replay forward */
+        if (s) restore_answer(e, s, f->samp[slot_at(f, op->id)], hit, op->n);
+        return 0;
+    }
     case DS41_SOP_PUBLISH:
-        ds41_prefix_publish(pc, s, op->ids, op->n);
+        if (s) ds41_prefix_publish(pc, s, op->ids, op->n);   /* under --dp-attention: the owner's cache */
         return 0;
     case DS41_SOP_TRIM:
         ds41_prefix_trim(pc, op->bytes);
@@ -442,11 +731,13 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             *items = ni;
             *items_cap = op->count;
         }
+        if (grow_buf(&f->step_os, &f->step_cap, (size_t)op->count * sizeof *f->step_os)) return snprintf(err, errcap, "out of memory"), -1;
         const int32_t *w = op->items;
         for (int k = 0; k < op->count; k++) {
             ds41_batch_item *b = &(*items)[k];
             memset(b, 0, sizeof *b);
             b->s = slot_find(f, w[0]);
+            f->step_os[k] = b->s ? f->samp[slot_at(f, w[0])] : SAMP_RANK0;
             if (!b->s && !(dp && slot_at(f, w[0]) >= 0))
                 return snprintf(err, errcap, "serve mirror: rank 0's step names session %d, which this rank does not hold", (int)w[0]), -1;
             b->n = (size_t)w[1];
@@ -468,7 +759,8 @@ int ds41_smirror_follow(ds41_engine *e, ds41_prefix_cache *pc, const ds41_sessio
     /* a broken link is seen by both ends at about the same time: rank 0 answers its clients
      * (at most FAULT_ANSWER_S) and ends the job before this rank would */
     ds41_dist_set_fault_delay(FAULT_ANSWER_S + 1.0);
-    fslots f = { NULL, NULL, 0, 0, NULL, 0, { 0, 0, 0, 0 } };
+    fslots f;
+    memset(&f, 0, sizeof f);
     ds41_batch_item *items = NULL;
     int items_cap = 0, rc = -1;
     int32_t *buf = NULL;
@@ -496,7 +788,7 @@ int ds41_smirror_follow(ds41_engine *e, ds41_prefix_cache *pc, const ds41_sessio
     }
     dp_report(&f.dpc);
     for (int i = 0; i < f.n; i++) ds41_session_close(f.s[i]);
-    free(f.s); free(f.id); free(f.ans); free(items); free(buf);
+    free(f.s); free(f.id); free(f.samp); free(f.ans); free(f.step_os); free(f.errs); free(items); free(buf);
     return rc;
 }
 

@@ -15,15 +15,22 @@
  *
  * Words on the wire: int32. Operations: OPEN id | CLOSE id | RESTORE id n ids[n] |
  * PUBLISH id n ids[n] | TRIM lo hi (bytes) | STEP count {id n ahead ids[n]}[count] | END |
- * OPEN_ON id rank.
+ * OPEN_ON id rank | SAMPLE id temperature top_k top_p min_p seed_lo seed_hi n_top (floats as
+ * their bits) | PROBE n ids[n].
  *
  * --dp-attention (docs/distributed.md): rank 0 gives each new sequence to the least-loaded
  * rank (sequences open there, then tokens held) with OPEN_ON; only that rank holds it. Each
  * rank runs its own items of every STEP (rank 0 too; a rank with none joins the expert
- * exchanges with zero rows) and sends rank 0, per item in step order, its error and, where
- * the forward computed them, its logits; rank 0 samples from them as from its own. Rank 0
- * keeps a session per sequence for its sampler and logits processor: for another rank's
- * sequences it runs no forward (ds41_session_absorb). No prefix cache. */
+ * exchanges with zero rows) and sends rank 0, per item in step order, a status word and,
+ * where the forward computed logits, the token the owner drew (a sequence whose sampler moved
+ * there with SAMPLE: no logits processor, no logprobs) or else the logits row, from which rank
+ * 0 samples as from its own; the errors of failed items follow in a second message. Rank 0
+ * keeps a session per sequence: for another rank's sequences it runs no forward
+ * (ds41_session_absorb, ds41_session_absorb_token). Prefix cache: each rank keeps the blocks
+ * of the sequences it held; before admitting a prompt rank 0 asks every rank how much of it
+ * its cache holds (PROBE, each answers a block count) and gives it to the rank with the
+ * longest hit, then the least-loaded; only the owner restores and publishes, and answers a
+ * RESTORE with its hit (and, for a whole prompt, the token or logits of its last row). */
 #ifndef DS41_SERVE_MPI_H
 #define DS41_SERVE_MPI_H
 
@@ -33,16 +40,19 @@
 #include "ds41.h"
 
 enum { DS41_SOP_OPEN = 1, DS41_SOP_CLOSE, DS41_SOP_RESTORE, DS41_SOP_PUBLISH, DS41_SOP_TRIM, DS41_SOP_STEP, DS41_SOP_END,
-       DS41_SOP_OPEN_ON };
+       DS41_SOP_OPEN_ON, DS41_SOP_SAMPLE, DS41_SOP_PROBE };
 
 /* One decoded operation; ids / items point into the buffer. */
 typedef struct ds41_sop {
     int op;
     int32_t id;
     int rank;                 /* OPEN_ON */
-    const int32_t *ids;       /* RESTORE, PUBLISH */
+    const int32_t *ids;       /* RESTORE, PUBLISH, PROBE */
     size_t n;
     long long bytes;          /* TRIM */
+    float temperature, top_p, min_p;   /* SAMPLE: the sequence's sampler (ds41_session_set_sampling) */
+    int top_k, n_top;                  /* n_top: logprobs alternatives (-1: no logprobs) */
+    uint64_t seed;
     int count;                /* STEP: items at items (words: id n ahead ids...) */
     const int32_t *items;
 } ds41_sop;
@@ -55,11 +65,25 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
 typedef struct ds41_smirror ds41_smirror;
 ds41_smirror *ds41_smirror_new(void);
 void ds41_smirror_free(ds41_smirror *m);
+/* --dp-attention with a prefix cache (pc; NULL: none, or a prompt the cache does not key):
+ * the next ds41_smirror_open goes to the rank whose cache holds the longest prefix of ids. */
+void ds41_smirror_route(ds41_smirror *m, ds41_prefix_cache *pc, const int32_t *ids, size_t n);
 void ds41_smirror_open(ds41_smirror *m, const ds41_session *s);
 void ds41_smirror_close(ds41_smirror *m, const ds41_session *s);
-/* before ds41_prefix_restore / ds41_prefix_publish / ds41_prefix_trim / ds41_batch_step */
-void ds41_smirror_restore(ds41_smirror *m, const ds41_session *s, const int32_t *ids, size_t n);
-void ds41_smirror_publish(ds41_smirror *m, const ds41_session *s, const int32_t *ids, size_t n);
+/* After ds41_session_set_sampling, for a sequence with no logits processor: under
+ * --dp-attention the rank that holds it samples it and sends rank 0 the token only, and with
+ * logprobs (n_top >= 0; -1: none) the token's logprob and the n_top best. */
+void ds41_smirror_sampling(ds41_smirror *m, const ds41_session *s, float temperature, int top_k, float top_p, float min_p,
+                           uint64_t seed, int n_top);
+/* The logprobs the owner sent with s's last token (1), or 0: rank 0 computes them from the row. */
+int ds41_smirror_logprobs(ds41_smirror *m, const ds41_session *s, int n_top, float *lp, int32_t *top_id, float *top_lp);
+/* ds41_prefix_restore as every rank must see it (m == NULL: the restore alone): the tokens
+ * restored, or -1 (ds41_session_error). Under --dp-attention the owner restores from its cache. */
+long long ds41_smirror_restore(ds41_smirror *m, ds41_engine *e, ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids,
+                               size_t n);
+/* before ds41_prefix_publish: 1 when rank 0 publishes too (it holds the session's state) */
+int ds41_smirror_publish(ds41_smirror *m, const ds41_session *s, const int32_t *ids, size_t n);
+/* before ds41_prefix_trim / ds41_batch_step */
 void ds41_smirror_trim(ds41_smirror *m, long long bytes);
 void ds41_smirror_step(ds41_smirror *m, const ds41_batch_item *it, int count);
 /* The scheduler's step: ds41_smirror_step and ds41_batch_step (m == NULL: the step alone);

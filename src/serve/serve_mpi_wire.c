@@ -4,16 +4,17 @@
 #include <string.h>
 
 #include "serve_mpi.h"
+#include "serve_req.h"
 
-static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH", "TRIM", "STEP", "END", "OPEN_ON" };
+static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH", "TRIM", "STEP", "END", "OPEN_ON", "SAMPLE", "PROBE" };
 
 int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *err, size_t errcap) {
     size_t i = *at;
     if (i >= n) return 0;
     memset(op, 0, sizeof *op);
     op->op = w[i];
-    if (op->op < DS41_SOP_OPEN || op->op > DS41_SOP_OPEN_ON)
-        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, got %d", i, DS41_SOP_OPEN_ON, (int)w[i]), -1;
+    if (op->op < DS41_SOP_OPEN || op->op > DS41_SOP_PROBE)
+        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, got %d", i, DS41_SOP_PROBE, (int)w[i]), -1;
     const char *name = op_name[op->op];
     i++;
 #define NEED(k, what) \
@@ -30,6 +31,34 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
         op->id = w[i];
         op->rank = w[i + 1];
         i += 2;
+        break;
+    case DS41_SOP_SAMPLE: {
+        NEED(8, "a session id, temperature, top_k, top_p, min_p, a seed (two words) and a logprobs count");
+        op->id = w[i];
+        memcpy(&op->temperature, &w[i + 1], 4);
+        op->top_k = w[i + 2];
+        memcpy(&op->top_p, &w[i + 3], 4);
+        memcpy(&op->min_p, &w[i + 4], 4);
+        op->seed = ((uint64_t)(uint32_t)w[i + 6] << 32) | (uint32_t)w[i + 5];
+        op->n_top = w[i + 7];
+        /* what the sampler takes (ds41_sampler_init): finite temperature >= 0, top_p in (0, 1] */
+        if (!(op->temperature >= 0 && op->temperature <= 3.4e38f) || op->top_k < 0 || !(op->top_p > 0 && op->top_p <= 1) ||
+            !(op->min_p >= 0 && op->min_p <= 1))
+            return snprintf(err, errcap, "serve mirror: word %zu: SAMPLE: temperature %g, top_k %d, top_p %g, min_p %g out of range",
+                            i + 1, op->temperature, op->top_k, op->top_p, op->min_p), -1;
+        if (op->n_top < -1 || op->n_top > DS41_REQ_MAX_TOP_LOGPROBS)
+            return snprintf(err, errcap, "serve mirror: word %zu: SAMPLE: logprobs count %d (expected -1..%d)", i + 7, op->n_top,
+                            DS41_REQ_MAX_TOP_LOGPROBS), -1;
+        i += 8;
+        break;
+    }
+    case DS41_SOP_PROBE:
+        NEED(1, "a token count");
+        if (w[i] < 0) return snprintf(err, errcap, "serve mirror: word %zu: PROBE: token count %d is negative", i, (int)w[i]), -1;
+        op->n = (size_t)w[i++];
+        NEED(op->n, "the tokens");
+        op->ids = w + i;
+        i += op->n;
         break;
     case DS41_SOP_RESTORE:
     case DS41_SOP_PUBLISH:

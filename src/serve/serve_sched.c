@@ -212,8 +212,9 @@ static void seq_publish(ds41_sched *S, ds41_sseq *q, int with_generated) {
     if (extra) memcpy(t + n, q->ids, extra * sizeof *t);
     pthread_mutex_unlock(&q->g->mu);
     ds41_prefix_img pim = { q->img_at, q->img_key, NULL, n };
-    if (!q->g->n_img) ds41_smirror_publish(S->p.mirror, q->s, t, n + extra);
-    ds41_prefix_publish_img(S->p.pc, q->s, t, n + extra, q->g->n_img ? &pim : NULL);
+    /* under --dp-attention only the owner publishes (images never reach the mirror) */
+    if (q->g->n_img || ds41_smirror_publish(S->p.mirror, q->s, t, n + extra))
+        ds41_prefix_publish_img(S->p.pc, q->s, t, n + extra, q->g->n_img ? &pim : NULL);
     free(t);
 }
 
@@ -302,8 +303,7 @@ static int text_add(ds41_sseq *q, const char *p, size_t n) {
     return 0;
 }
 
-/* log-softmax of logits at id and the n_top best (values descending, ties lower id). */
-static void logprobs(const float *lg, int V, int32_t id, int n_top, float *lp, int32_t *top_id, float *top_lp) {
+void ds41_sched_logprobs(const float *lg, int V, int32_t id, int n_top, float *lp, int32_t *top_id, float *top_lp) {
     double mx = -INFINITY;
     for (int i = 0; i < V; i++) if (lg[i] > mx) mx = lg[i];
     double se = 0;
@@ -350,9 +350,9 @@ static int seq_emit(ds41_sched *S, ds41_sseq *q, int32_t id, const float *lg, lo
     int oom = grow(q);
     if (!oom) {
         size_t k = (size_t)(q->n_top > 0 ? q->n_top : 0);
-        if (q->n_top >= 0)
-            logprobs(lg, S->V, id, q->n_top, &q->lp[q->n_ids], q->top_id + q->n_ids * k,
-                     q->top_lp + q->n_ids * k);
+        if (q->n_top >= 0 &&   /* computed by the rank that sampled it, or here from the row */
+            !ds41_smirror_logprobs(S->p.mirror, q->s, q->n_top, &q->lp[q->n_ids], q->top_id + q->n_ids * k, q->top_lp + q->n_ids * k))
+            ds41_sched_logprobs(lg, S->V, id, q->n_top, &q->lp[q->n_ids], q->top_id + q->n_ids * k, q->top_lp + q->n_ids * k);
         q->off[q->n_ids] = q->text_len;
         q->ids[q->n_ids++] = id;
         size_t before = q->text_len;
@@ -562,6 +562,7 @@ static int open_session(ds41_sched *S, ds41_sseq *q) {
 static int session_ready(ds41_sched *S, ds41_sseq *q) {
     ds41_cli_vprompt vp = { 0 };
     if (q->g->n_img && expand_images(S, q, &vp)) return -1;
+    ds41_smirror_route(S->p.mirror, q->g->n_img ? NULL : S->p.pc, q->prompt, q->n_prompt);
     ds41_smirror_open(S->p.mirror, q->s);
     pthread_mutex_lock(&S->mu);
     S->sessions_open++;
@@ -573,6 +574,8 @@ static int session_ready(ds41_sched *S, ds41_sseq *q) {
         seq_finish(S, q, DS41_FIN_ERROR, "out of memory");
         return -1;
     }
+    if (!ds41_lproc_active(&q->proc))   /* nothing but the sampler and the logprobs need the logits row */
+        ds41_smirror_sampling(S->p.mirror, q->s, q->temperature, q->top_k, q->top_p, q->min_p, q->seed, q->n_top);
     if (S->tok) {
         ds41_detok_stream_init(&q->ds, S->tok);
         q->ds.skip_special = q->g->skip_special;
@@ -609,8 +612,7 @@ static int session_ready(ds41_sched *S, ds41_sseq *q) {
 
 /* The prefix-cache restore of q's prompt, also after a remote prefill filled the cache. */
 static int admit_prefix(ds41_sched *S, ds41_sseq *q) {
-    if (S->p.pc) ds41_smirror_restore(S->p.mirror, q->s, q->prompt, q->n_prompt);
-    return seq_admitted(S, q, S->p.pc ? ds41_prefix_restore(S->p.pc, q->s, q->prompt, q->n_prompt) : 0);
+    return seq_admitted(S, q, S->p.pc ? ds41_smirror_restore(S->p.mirror, S->e, S->p.pc, q->s, q->prompt, q->n_prompt) : 0);
 }
 
 /* q's session holds the first `hit` prompt tokens (a prefix-cache restore; -1: it failed):

@@ -177,6 +177,9 @@ ds41_sgroup *ds41_sgroup_new(int n_seq);
 void ds41_sgroup_release(ds41_sgroup *g);
 /* Reservation of a sequence with this prompt and max_tokens (bytes). */
 long long ds41_sched_reserve_bytes(const ds41_sched *S, size_t n_prompt, long long max_tokens);
+/* The log-softmax of the logits row lg[V] at id and the n_top best (values descending, ties
+ * the lower id; fewer than n_top: the rest id 0, -inf): the logprobs of a reply. */
+void ds41_sched_logprobs(const float *lg, int V, int32_t id, int n_top, float *lp, int32_t *top_id, float *top_lp);
 /* Queues all sequences of g (the scheduler takes a reference). 0; -1 with status 429 when the
  * queue is full, 503 when the scheduler is stopping. */
 int ds41_sched_submit(ds41_sched *S, ds41_sgroup *g, int *status);

@@ -7,6 +7,11 @@
                                     prefix cache, cached_tokens 0): one line per request with what
                                     must not depend on the process layout (text, finish reason,
                                     logprobs at 17 digits, usage; the stream's chunks joined)
+  mpi_client.py twice PORT          one seeded sampling request, then the same again once the first
+                                    ended (under --dp-attention an idle server gives the two to two
+                                    ranks in turn: one samples on rank 0, one on its owner); then
+                                    the same with a JSON grammar (rank 0 samples it from the row):
+                                    both lines of each pair (as answers prints them) must be equal
   mpi_client.py fault PORT PID SIG  8 concurrent requests with long answers; once the streams
                                     are decoding, send SIG (STOP, KILL) to PID (a follower), or
                                     with PID "cmd", run the shell command SIG (a link down); every
@@ -119,6 +124,19 @@ def answers(port, cache=True):
     return 1 if bad else 0
 
 
+def twice(port):
+    bad = 0
+    plain = {"prompt": "Tell me a fortune.", "max_tokens": 24, "temperature": 0.9, "top_k": 40, "seed": 7}
+    # a logits processor (the JSON grammar): rank 0 samples it from the logits row its owner sends
+    constrained = dict(plain, response_format={"type": "json_object"}, max_tokens=12)
+    for b in (plain, constrained):
+        out = [summary(b, *post(port, b)) for _ in range(2)]
+        for o in out:
+            print(json.dumps(o, sort_keys=True))
+        bad += out[0] != out[1] or out[0].get("status") != 200
+    return 1 if bad else 0
+
+
 def fault(port, pid, sig):
     bodies = [body(i, 2000) for i in range(8)]
     for b in bodies:
@@ -153,4 +171,6 @@ def fault(port, pid, sig):
 if __name__ == "__main__":
     if sys.argv[1] == "answers":
         sys.exit(answers(int(sys.argv[2]), sys.argv[3:4] != ["nocache"]))
+    if sys.argv[1] == "twice":
+        sys.exit(twice(int(sys.argv[2])))
     sys.exit(fault(int(sys.argv[2]), sys.argv[3], sys.argv[4]))
