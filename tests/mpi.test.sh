@@ -484,6 +484,46 @@ else
     fail serve_dp_answers "no answers of one process to compare with"
 fi
 
+# ---------------------------------------------------------------- serve --split layers
+# Rank 0 runs the first stage (layers 0-3) and the scheduler, rank 1 the last (4-7) and the
+# head; each step's items go through the stages in micro-batches, rank 0 running the next
+# micro-batch's stage while rank 1 runs the one before, and the logits come back to rank 0
+# only. The 8 concurrent requests and the 2 repeats give the bytes of one process (exact mode;
+# no prefix cache under --split layers, so cached_tokens is 0 as with --dp-attention). Rank 0
+# had the first stage of at least 2 forwards done before their logits came back (its "pipe:"
+# line: pipelined steps, the most forwards in flight), i.e. the stages overlapped. SIGTERM
+# ends the job with status 0; a hung stage gets every request its 503 naming rank 1, a killed
+# one ends the job at once.
+if [ -s "$TMP/s1n.out" ]; then
+    DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --exact --mpi-timeout 10 --split layers \
+        >/dev/null 2>"$TMP/s4.log" &
+    s4=$!
+    if p4=$(serve_port "$TMP/s4.log"); then
+        "$PY" tests/serve/mpi_client.py answers "$p4" nocache >"$TMP/s4.out" 2>&1
+        c4=$?
+        kill -TERM "$(rank_pid 0)" 2>/dev/null
+        wait "$s4"
+        s4rc=$?
+        fl=$(sed -n 's/.*pipe: layers 0\.\.3 of 8 + embedding;.*pipelined serve steps \([0-9]*\), at most \([0-9]*\) forwards in flight.*/\1 \2/p' "$TMP/s4.log")
+        if [ $c4 -ne 0 ]; then fail serve_split_answers "a request failed: $(grep -v '^{"' "$TMP/s4.out" | head -c 300)"
+        elif ! cmp -s "$TMP/s1n.out" "$TMP/s4.out"; then fail serve_split_answers "answers differ from one process: $(cmp "$TMP/s1n.out" "$TMP/s4.out")"
+        elif [ $s4rc -ne 0 ]; then fail serve_split_answers "the job ended with status $s4rc after SIGTERM: $(tail -n 2 "$TMP/s4.log")"
+        elif [ -z "$fl" ] || [ "${fl% *}" -lt 1 ] || [ "${fl#* }" -lt 2 ]; then
+            fail serve_split_answers "rank 0's steps / forwards in flight: '$fl' (expected at least 1 / 2): $(grep pipe: "$TMP/s4.log")"
+        else pass serve_split_answers; fi
+    else
+        fail serve_split_answers "the server did not start: $(tail -n 2 "$TMP/s4.log")"
+        kill "$s4" 2>/dev/null; wait "$s4"
+    fi
+    SF_ENV="" SF_LAUNCH="" SF_IN="" SF_FLAGS="--split layers"
+    serve_fault serve_split_hung_stage_503 STOP
+    serve_fault serve_split_killed_stage KILL
+else
+    fail serve_split_answers "no answers of one process to compare with"
+fi
+expect_job split_serve_dp_refused "ds41 serve: --dp-attention and --split layers are two different splits" 60 \
+    mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --split layers --dp-attention
+
 # ---------------------------------------------------------------- --split layers (pipeline stages)
 # Each rank runs a contiguous range of layers (a stage starts at a KV source: tiny -n 2 = 0-2 /
 # 3-5, -n 3 = 0 / 1-2 / 3-5; demo -n 2 = 0-3 / 4-7, -n 3 = 0-1 / 2-3 / 4-7), the residual rows
@@ -499,8 +539,8 @@ if DS41_MPI_VERBOSE=1 $RUN -n 3 "$DS41" run -m "$demo" -p "Once upon a time" -n 
        --mpi-timeout 30 --dump-logits "$TMP/b.f32" >"$TMP/b.out" 2>"$TMP/b.err" && cmp -s "$TMP/b.out" "$TMP/a.out" &&
    cmp -s "$TMP/b.f32" "$TMP/a.f32"; then
     got=$(sed -n 's/.*pipe: layers \([0-9.]*\) of 8.*sent [0-9]* hops \([0-9]*\) rows \([0-9]*\) bytes.*/\1 \2 \3/p' "$TMP/b.err" | sort | tr '\n' ' ')
-    # 6 + 23 rows per hop, 3088 B each (4 x (192 + 1) x 4) plus a 24-byte header per step
-    want="0..1 29 $((29 * 3088 + 24 * 24)) 2..3 29 $((29 * 3088 + 24 * 24)) 4..7 0 0 "
+    # 6 + 23 rows per hop, 3088 B each (4 x (192 + 1) x 4) plus a 32-byte header per step
+    want="0..1 29 $((29 * 3088 + 24 * 32)) 2..3 29 $((29 * 3088 + 24 * 32)) 4..7 0 0 "
     [ "$got" = "$want" ] && pass split_stages_demo_n3 || fail split_stages_demo_n3 "got '$got', expected '$want'"
 else
     fail split_stages_demo_n3 "tokens or logits differ from one process, or the job failed: $(tail -n 3 "$TMP/b.err")"
@@ -540,8 +580,6 @@ expect_job split_too_many_ranks "8 layers cannot make 4 stages" 60 "$DS41" inspe
 expect_job split_expert_map_refused "with --split layers each rank runs all the experts of its layers" 60 \
     "$DS41" run -m "$demo" -p "x" -n 2 --split layers --expert-map "$TMP/map"
 expect_job split_spec_refused "is not supported with --split layers" 60 "$DS41" run -m "$demo" -p "x" -n 2 --split layers --spec fixed:2
-expect_job split_serve_refused "ds41 serve: --split layers is not supported by serve yet" 60 \
-    mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --split layers
 expect_job split_missing_stage_file "rank 1: .*noshard" 60 \
     mpiexec -n 1 "$DS41" run -m "$tiny" --prompt-ids 1,2,3 -n 2 --split layers : -n 1 "$DS41" run -m "$TMP/noshard" --prompt-ids 1,2,3 -n 2 --split layers
 # the last stage stops mid-decode: rank 0, waiting for its logits, names it within --mpi-timeout

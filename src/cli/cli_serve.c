@@ -207,9 +207,8 @@ int ds41_cli_serve(int argc, char **argv) {
     }
     if (ds41_dist_size() > 1) {
         /* rank 0 serves, the other ranks mirror its engine calls (docs/distributed.md) */
-        if (ds41_pipe_on()) {
-            fprintf(stderr, "ds41 serve: --split layers is not supported by serve yet (its stages would take turns on one "
-                            "batch at a time); leave it out (--split experts, the default)\n");
+        if (ds41_pipe_on() && dp_attention) {   /* a stage holds every sequence's KV of its layers */
+            fprintf(stderr, "ds41 serve: --dp-attention and --split layers are two different splits; choose one\n");
             return 2;
         }
         if (o.role != DS41_SERVE_ROLE_BOTH) {
@@ -231,6 +230,8 @@ int ds41_cli_serve(int argc, char **argv) {
         /* each rank holds its own sequences; the prefix cache would be per rank (not done) */
         ds41_dist_set_dp(dp_attention);
         if (dp_attention) o.no_prefix_cache = 1;
+        /* --split layers: a stage holds its layers' KV pages only, a cache block needs every layer's */
+        if (ds41_pipe_on()) o.no_prefix_cache = 1;
     } else if (dp_attention) {
         fprintf(stderr, "ds41 serve: --dp-attention is for a job of several ranks (mpiexec -n N ds41 serve ...); one "
                         "process holds every sequence\n");

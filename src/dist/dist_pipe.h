@@ -6,7 +6,7 @@
  * (the row plan's key rows: all of them in a full prefill, fewer decoder rows in a CED
  * prefill), runs its layers with the local MoE, and sends the rows the next stage's first
  * layer reads; the last stage sends the logits rows to every rank, so that every rank samples
- * the tokens one process would. The bytes are the stream's FP32 values, so tokens and logits
+ * the tokens one process would (in serve's pipelined steps to rank 0 only, which samples). The bytes are the stream's FP32 values, so tokens and logits
  * are bit-identical to one process in every kernel mode.
  *
  * Layer: dist (the engine calls it from the forward loop's layer-range hook). */
@@ -41,8 +41,27 @@ int ds41_pipe_last(const ds41_pipe *p);     /* this rank runs the head */
  * the rows [k0, N) arrive from the stage before; at the next stage's first layer they go to
  * it. Returns 1 when this rank runs layer l, 0 when not, -1 with err. */
 int ds41_pipe_layer(ds41_pipe *p, float *X, float *pre, int l, size_t k0, size_t N, char *err, size_t cap);
-/* After the layers: the last stage's n logits floats at rows reach every rank. 0, or -1. */
-int ds41_pipe_share(ds41_pipe *p, float *rows, size_t n, char *err, size_t cap);
+/* After the layers: the last stage's n logits floats at rows (V a row). Returns 0 when rows
+ * hold them on return (they went to every rank), 1 when this rank gets them later or not at
+ * all (deferred, below), -1 with err. dst[j] / at[j], j < m: the m rows of V floats the
+ * forward wants (row at[j] of rows into dst[j]); m < 0: every row (rows itself; refused when
+ * deferred). */
+int ds41_pipe_share(ds41_pipe *p, float *rows, size_t n, size_t V, float *const *dst, const size_t *at, int m, char *err,
+                    size_t cap);
+/* serve's pipelined step (src/serve/serve_mpi_pipe.c), every rank, on = 1 around a step's
+ * forwards: rank 0 runs the first stage of one forward after another without waiting for their
+ * logits (it posts their receives; ds41_pipe_collect completes them into dst), the last stage
+ * sends the logits to rank 0 only (serve samples there), a middle stage gets none, and the
+ * forwards skip the plan's broadcast (the plan's hash travels with the stream instead). */
+void ds41_pipe_defer(ds41_pipe *p, int on);
+/* Rank 0, after a deferred step's forwards: waits for their logits (--mpi-timeout) and copies
+ * each forward's rows to its dst. 0, or -1 with err (a last stage whose step differs). Other
+ * ranks: 0 at once. */
+int ds41_pipe_collect(ds41_pipe *p, char *err, size_t cap);
+/* The engine's per-forward hook under --split layers (ds41_engine.step): the plan's hash goes
+ * into every stream message of the forward (the next stage compares it with its own), then
+ * rank 0's plan is broadcast and checked (ds41_dist_step) unless the step is deferred. */
+int ds41_pipe_step(int count, const long long *pos, const int *T, const int32_t *const *tokens, char *err, size_t cap);
 /* One line for DS41_MPI_VERBOSE (this rank's layers, rows and bytes sent and received per
  * hop, wait), 0 when the layers are not split. */
 int ds41_pipe_report(char *line, size_t cap);

@@ -269,6 +269,7 @@ ds41_engine *ds41_load(const char *dir, const ds41_load_params *p, char *errbuf,
             copy_err(errbuf, errcap, derr);
             return NULL;
         }
+        e->step = ds41_pipe_step;   /* the plan's hash also travels with the stream */
         return e;
     }
     e->ctx.moe = moe;
