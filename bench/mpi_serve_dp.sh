@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # serve under mpiexec -n 2, replicated attention against --dp-attention against one process
-# (docs/distributed.md): ds41 bench-serve at each concurrency against each server in turn (one
+# (docs/distributed.md; MODES="one replicated split" puts --split layers in the place of dp): ds41 bench-serve at each concurrency against each server in turn (one
 # server up at a time: an idle job's ranks poll for rank 0's records), ROUNDS interleaved rounds;
 # the median output tok/s and its ratio to one process, and per rank the sequences it held and
 # the most state (and global KV pages) they held at once (the DS41_MPI_VERBOSE counters).
 # Every server: fast kernels, -t 1 per rank, --spec off, no prefix cache (--dp-attention has none).
 #   bench/mpi_serve_dp.sh CKPT [ROUNDS] [CONCURRENCY] [NUM_PROMPTS] [OUTPUT_LEN]
 set -u
-ck=${1:?checkpoint}; rounds=${2:-2}; conc=${3:-1,4,8}; np=${4:-16}; ol=${5:-32}
+ck=${1:?checkpoint}; rounds=${2:-2}; conc=${3:-1,4,8}; np=${4:-16}; ol=${5:-32}; modes=${MODES:-one replicated dp}
 DS41=${DS41:-./ds41}
 TMP=$(mktemp -d /tmp/ds41-servedp.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
@@ -29,12 +29,13 @@ rank0_pid() {
     done | head -n 1
 }
 for r in $(seq 1 "$rounds"); do
-    for mode in one replicated dp; do
+    for mode in $modes; do
         flags="-m $ck --port 0 -t 1 --spec off --no-prefix-cache"
         case $mode in
             one) "$DS41" serve $flags >/dev/null 2>"$TMP/e.$mode.$r" & ;;
             replicated) DS41_MPI_VERBOSE=1 mpiexec -n 2 "$DS41" serve $flags >/dev/null 2>"$TMP/e.$mode.$r" & ;;
             dp) DS41_MPI_VERBOSE=1 mpiexec -n 2 "$DS41" serve $flags --dp-attention >/dev/null 2>"$TMP/e.$mode.$r" & ;;
+            split) DS41_MPI_VERBOSE=1 mpiexec -n 2 "$DS41" serve $flags --split layers >/dev/null 2>"$TMP/e.$mode.$r" & ;;
         esac
         job=$!
         p=$(port_of "$TMP/e.$mode.$r") || { echo "$mode: the server did not start: $(tail -n 2 "$TMP/e.$mode.$r")" >&2; kill "$job"; exit 1; }
@@ -44,10 +45,9 @@ for r in $(seq 1 "$rounds"); do
         wait "$job"
     done
 done
-python3 - "$TMP" "$rounds" <<'PY'
+python3 - "$TMP" "$rounds" $modes <<'PY'
 import json, re, statistics, sys
-tmp, rounds = sys.argv[1], int(sys.argv[2])
-modes = ["one", "replicated", "dp"]
+tmp, rounds, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 tps = {}
 for m in modes:
     for r in range(1, rounds + 1):
@@ -66,7 +66,7 @@ for c in concs:
     print(row)
 print("state held per rank (the most at once over the runs)")
 pat = re.compile(r"\[rank (\d+)\]: ([a-z -]+): (\d+) sequences held here, at most (\d+) bytes of state at once \((\d+) of them global KV pages\)(?:; rank 0's copies of the other ranks' sequences: at most (\d+) bytes)?")
-for m in ("replicated", "dp"):
+for m in modes[1:]:
     best = {}
     for r in range(1, rounds + 1):
         for g in pat.finditer(open(f"{tmp}/e.{m}.{r}").read()):

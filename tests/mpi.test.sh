@@ -545,6 +545,16 @@ if DS41_MPI_VERBOSE=1 $RUN -n 3 "$DS41" run -m "$demo" -p "Once upon a time" -n 
 else
     fail split_stages_demo_n3 "tokens or logits differ from one process, or the job failed: $(tail -n 3 "$TMP/b.err")"
 fi
+# ids after the last stage: the same run without --dump-logits gives the same tokens, and the
+# last stage sent no logits row, only each of the 24 sampled tokens to the 2 other ranks, 4 B
+# behind a 32-byte header (before: 4 x vocab 4096 + 24 B per token and rank)
+if DS41_MPI_VERBOSE=1 $RUN -n 3 "$DS41" run -m "$demo" -p "Once upon a time" -n 24 --exact --ignore-eos --split layers \
+       --mpi-timeout 30 >"$TMP/b.out" 2>"$TMP/b.err" && cmp -s "$TMP/b.out" "$TMP/a.out"; then
+    got=$(sed -n 's/.*pipe: layers 4\.\.7 of 8 + head;.*logits sent \([0-9]*\) bytes, tokens \([0-9]*\) bytes.*/\1 \2/p' "$TMP/b.err")
+    [ "$got" = "0 $((24 * 2 * (32 + 4)))" ] && pass split_ids_demo_n3 || fail split_ids_demo_n3 "logits / token bytes '$got', expected '0 1728'"
+else
+    fail split_ids_demo_n3 "tokens differ from one process, or the job failed: $(tail -n 3 "$TMP/b.err")"
+fi
 same split_fast_demo_n3 3 -m "$demo" -p "Once upon a time" -n 24 --ignore-eos --split layers
 same split_exact_small43_n2_map 2 -m "$small" --prompt-ids "$P90" -n 8 --exact --ignore-eos --split layers --layer-map 0-13,14-39
 if $RUN -n 3 "$DS41" perplexity -m "$demo" -f "$TMP/text" -c 128 --json --exact --split layers --mpi-timeout 30 \
@@ -552,7 +562,8 @@ if $RUN -n 3 "$DS41" perplexity -m "$demo" -f "$TMP/text" -c 128 --json --exact 
     d=$("$PY" -c "
 import json, sys
 a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2]))
-print(' '.join(sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in ('seconds', 'tokens_per_s'))))" "$TMP/p1.json" "$TMP/p3.json")
+print(' '.join(sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in ('seconds', 'tokens_per_s'))))" "$TMP/p1.json" "$TMP/p3.json") ||
+        d="(the two JSON files could not be compared)"
     [ -z "$d" ] && pass split_perplexity_n3 || fail split_perplexity_n3 "fields differ: $d"
 else
     fail split_perplexity_n3 "$(tail -n 2 "$TMP/p3.err")"
@@ -583,6 +594,6 @@ expect_job split_spec_refused "is not supported with --split layers" 60 "$DS41" 
 expect_job split_missing_stage_file "rank 1: .*noshard" 60 \
     mpiexec -n 1 "$DS41" run -m "$tiny" --prompt-ids 1,2,3 -n 2 --split layers : -n 1 "$DS41" run -m "$TMP/noshard" --prompt-ids 1,2,3 -n 2 --split layers
 # the last stage stops mid-decode: rank 0, waiting for its logits, names it within --mpi-timeout
-FR_ARGS="--split layers" fault_run split_hung_stage STOP "ds41: rank 1 did not answer within 3.0 s (the logits" 10
+FR_ARGS="--split layers" fault_run split_hung_stage STOP "ds41: rank 1 did not answer within 3.0 s (the sampled token, from the last stage)" 10
 FR_ARGS="--split layers" fault_run split_killed_stage KILL "BAD TERMINATION\|rank 1" 10
 exit 0

@@ -231,7 +231,8 @@ int ds41_cli_serve(int argc, char **argv) {
         ds41_dist_set_dp(dp_attention);
         if (dp_attention) o.no_prefix_cache = 1;
         /* --split layers: a stage holds its layers' KV pages only, a cache block needs every layer's */
-        if (ds41_pipe_on()) o.no_prefix_cache = 1;
+        /* and rank 0 samples: the logits come to it (dist_pipe.h) */
+        if (ds41_pipe_on()) o.no_prefix_cache = 1, ds41_pipe_set_eager(1);
     } else if (dp_attention) {
         fprintf(stderr, "ds41 serve: --dp-attention is for a job of several ranks (mpiexec -n N ds41 serve ...); one "
                         "process holds every sequence\n");

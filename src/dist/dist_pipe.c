@@ -17,6 +17,7 @@
 static struct {
     int set, layers;            /* --split given; 1: layers */
     const char *map;
+    int eager;                  /* ds41_pipe_set_eager: serve */
 } f;
 
 int ds41_pipe_flag(const char *a, const char *v, char *err, size_t cap) {
@@ -41,6 +42,7 @@ int ds41_pipe_flag(const char *a, const char *v, char *err, size_t cap) {
 }
 
 int ds41_pipe_on(void) { return f.layers; }
+void ds41_pipe_set_eager(int on) { f.eager = on; }
 const char *ds41_pipe_layer_map(void) { return f.map; }
 
 uint64_t ds41_pipe_flags_hash(uint64_t h) {
@@ -81,7 +83,7 @@ struct ds41_pipe {
     unsigned char *buf;
     size_t cap;
     uint64_t step;              /* forwards so far (the header's step) */
-    long long hops_sent, rows_sent, bytes_sent, hops_recv, rows_recv, bytes_recv, shared_bytes;
+    long long hops_sent, rows_sent, bytes_sent, hops_recv, rows_recv, bytes_recv, shared_bytes, token_bytes;
     double wait_s;
 #ifdef DS41_HAVE_MPI
     MPI_Comm comm;
@@ -227,6 +229,42 @@ int ds41_pipe_layer(ds41_pipe *p, float *X, float *pre, int l, size_t k0, size_t
 }
 
 #ifdef DS41_HAVE_MPI
+/* The last stage's n bytes at data (behind a header: layer, rows) to ranks 0 .. to - 1, or
+ * this rank's receive of them (when it is one of those). 0, or -1 with err (a last stage
+ * whose step differs). */
+static int from_last(ds41_pipe *p, void *data, size_t n, uint32_t layer, uint64_t rows, int to, int tag, const char *what,
+                     char *err, size_t cap) {
+    int last = p->size - 1;
+    size_t len = sizeof(hop_hdr) + n;
+    if (p->rank != last && p->rank >= to) return 0;
+    if (reserve(p, len, err, cap)) return -1;
+    double t0 = now_s();
+    if (p->rank == last) {
+        hop_hdr h = { PMAGIC, layer, p->step, rows, p->plan };
+        memcpy(p->buf, &h, sizeof h);
+        memcpy(p->buf + sizeof h, data, n);
+        MPI_Request *r = malloc((size_t)to * sizeof *r);
+        int *peer = malloc((size_t)to * sizeof *peer);
+        if (!r || !peer) { free(r); free(peer); return snprintf(err, cap, "out of memory"), -1; }
+        for (int q = 0; q < to; q++) {
+            peer[q] = q;
+            MPI_Isend(p->buf, (int)len, MPI_BYTE, q, tag, p->comm, &r[q]);
+        }
+        ds41_dist_wait(r, to, peer, what);
+        p->shared_bytes += (long long)len * to;
+        free(r);
+        free(peer);
+    } else {
+        MPI_Request r;
+        MPI_Irecv(p->buf, (int)len, MPI_BYTE, last, tag, p->comm, &r);
+        ds41_dist_wait(&r, 1, &last, what);
+        if (check_hdr(p->buf, p->step, p->plan, last, layer, rows, err, cap)) return -1;
+        memcpy(data, p->buf + sizeof(hop_hdr), n);
+    }
+    p->wait_s += now_s() - t0;
+    return 0;
+}
+
 /* Deferred (serve's pipelined step) on rank 0: the receive of this forward's logits is posted
  * now, into a buffer of its own, with the m rows' destinations; ds41_pipe_collect completes
  * it. Posted before the next forward's stream goes out, so the last stage's send never waits
@@ -254,7 +292,7 @@ static int post_later(ds41_pipe *p, size_t len, size_t n, size_t V, float *const
     q->m = m, q->n = n, q->V = V, q->step = p->step, q->plan = p->plan;
     MPI_Irecv(q->buf, (int)len, MPI_BYTE, p->size - 1, 8, p->comm, &q->r);
     p->n_pend++;
-    return 1;
+    return DS41_PIPE_NOT_HERE;
 }
 #endif
 
@@ -272,36 +310,13 @@ int ds41_pipe_share(ds41_pipe *p, float *rows, size_t n, size_t V, float *const 
         return -1;
     }
     if (p->defer && p->rank == 0) return post_later(p, len, n, V, dst, at, m, err, cap);
-    if (p->defer && p->rank != last) return 1;   /* a middle stage: serve samples on rank 0 */
-    if (reserve(p, len, err, cap)) return -1;
-    if (p->rank == last) {
-        /* to every rank (each samples), or deferred to rank 0 alone */
-        int to = p->defer ? 1 : last;
-        hop_hdr h = { PMAGIC, (uint32_t)p->L, p->step, n, p->plan };
-        memcpy(p->buf, &h, sizeof h);
-        memcpy(p->buf + sizeof h, rows, n * sizeof(float));
-        MPI_Request *r = malloc((size_t)to * sizeof *r);
-        int *peer = malloc((size_t)to * sizeof *peer);
-        if (!r || !peer) { free(r); free(peer); snprintf(err, cap, "out of memory"); return -1; }
-        double t0 = now_s();
-        for (int q = 0; q < to; q++) {
-            peer[q] = q;
-            MPI_Isend(p->buf, (int)len, MPI_BYTE, q, 8, p->comm, &r[q]);
-        }
-        ds41_dist_wait(r, to, peer, p->defer ? "the logits, from the last stage to rank 0" : "the logits, from the last stage to every rank");
-        p->wait_s += now_s() - t0;
-        p->shared_bytes += (long long)len * to;
-        free(r);
-        free(peer);
-    } else {
-        MPI_Request r;
-        double t0 = now_s();
-        MPI_Irecv(p->buf, (int)len, MPI_BYTE, last, 8, p->comm, &r);
-        ds41_dist_wait(&r, 1, &last, "the logits, from the last stage");
-        p->wait_s += now_s() - t0;
-        if (check_hdr(p->buf, p->step, p->plan, last, (uint32_t)p->L, n, err, cap)) return -1;
-        memcpy(rows, p->buf + sizeof(hop_hdr), n * sizeof(float));
-    }
+    if (p->defer && p->rank != last) return DS41_PIPE_NOT_HERE;   /* a middle stage: serve samples on rank 0 */
+    /* a command (ids after the last stage): they stay there until a rank asks (ds41_pipe_fetch) */
+    if (!p->defer && !f.eager && m >= 0) return p->rank == last ? DS41_PIPE_UNSHARED : DS41_PIPE_UNSHARED | DS41_PIPE_NOT_HERE;
+    /* to every rank, or (deferred) from the last stage to rank 0 alone */
+    if (from_last(p, rows, n * sizeof(float), (uint32_t)p->L, n, p->defer ? 1 : last, 8,
+                  p->defer ? "the logits, from the last stage to rank 0" : "the logits, from the last stage", err, cap))
+        return -1;
 #else
     (void)p, (void)rows, (void)n, (void)V, (void)dst, (void)at, (void)m, (void)err, (void)cap;
 #endif
@@ -335,6 +350,35 @@ int ds41_pipe_collect(ds41_pipe *p, char *err, size_t cap) {
     return rc;
 }
 
+int ds41_pipe_ids(const ds41_pipe *p) { return p->size > 1 && !f.eager; }
+
+void ds41_pipe_fetch(ds41_pipe *p, float *row, size_t V) {
+#ifdef DS41_HAVE_MPI
+    char err[512];
+    if (from_last(p, row, V * sizeof(float), (uint32_t)p->L, 1, p->size - 1, 8, "the logits, from the last stage", err,
+                  sizeof err))
+        ds41_dist_fatal(1, "%s", err);
+#else
+    (void)p, (void)row, (void)V;
+#endif
+}
+
+void ds41_pipe_token(ds41_pipe *p, int *id) {
+#ifdef DS41_HAVE_MPI
+    char err[512];
+    int32_t v = *id;
+    long long before = p->shared_bytes;
+    if (from_last(p, &v, sizeof v, (uint32_t)p->L + 1, 1, p->size - 1, 9, "the sampled token, from the last stage", err,
+                  sizeof err))
+        ds41_dist_fatal(1, "%s", err);
+    p->token_bytes += p->shared_bytes - before;
+    p->shared_bytes = before;
+    *id = v;
+#else
+    (void)p, (void)id;
+#endif
+}
+
 int ds41_pipe_step(int count, const long long *pos, const int *T, const int32_t *const *tokens, char *err, size_t cap) {
     ds41_pipe *p = open_pipe;
     uint64_t h = ds41_fnv(DS41_FNV0, &count, sizeof count);
@@ -355,10 +399,10 @@ int ds41_pipe_report(char *line, size_t cap) {
     if (!p) return 0;
     const char *role = p->size == 1 ? " + embedding, head" : p->rank == 0 ? " + embedding" : p->rank == p->size - 1 ? " + head" : "";
     snprintf(line, cap, "pipe: layers %d..%d of %d%s; %llu forwards; stream received %lld hops %lld rows %lld "
-             "bytes, sent %lld hops %lld rows %lld bytes (%lld B per row); logits sent %lld bytes; %.3f s waiting; "
+             "bytes, sent %lld hops %lld rows %lld bytes (%lld B per row); logits sent %lld bytes, tokens %lld bytes; %.3f s waiting; "
              "pipelined serve steps %lld, at most %d forwards in flight",
              p->lo, p->hi - 1, p->L, role, (unsigned long long)p->step, p->hops_recv, p->rows_recv, p->bytes_recv, p->hops_sent, p->rows_sent,
-             p->bytes_sent, (long long)(p->hc * (p->dim + 1) * sizeof(float)), p->shared_bytes, p->wait_s, p->deferred_steps,
+             p->bytes_sent, (long long)(p->hc * (p->dim + 1) * sizeof(float)), p->shared_bytes, p->token_bytes, p->wait_s, p->deferred_steps,
              p->max_pend);
     return 1;
 }

@@ -5,8 +5,9 @@
  * receives from the stage before it the rows of the residual stream its first layer reads
  * (the row plan's key rows: all of them in a full prefill, fewer decoder rows in a CED
  * prefill), runs its layers with the local MoE, and sends the rows the next stage's first
- * layer reads; the last stage sends the logits rows to every rank, so that every rank samples
- * the tokens one process would (in serve's pipelined steps to rank 0 only, which samples). The bytes are the stream's FP32 values, so tokens and logits
+ * layer reads; the last stage samples and sends every rank the token (the logits row only to
+ * a rank that reads it; in serve to rank 0, which samples), so that every rank feeds the
+ * tokens one process would. The bytes are the stream's FP32 values, so tokens and logits
  * are bit-identical to one process in every kernel mode.
  *
  * Layer: dist (the engine calls it from the forward loop's layer-range hook). */
@@ -41,11 +42,19 @@ int ds41_pipe_last(const ds41_pipe *p);     /* this rank runs the head */
  * the rows [k0, N) arrive from the stage before; at the next stage's first layer they go to
  * it. Returns 1 when this rank runs layer l, 0 when not, -1 with err. */
 int ds41_pipe_layer(ds41_pipe *p, float *X, float *pre, int l, size_t k0, size_t N, char *err, size_t cap);
-/* After the layers: the last stage's n logits floats at rows (V a row). Returns 0 when rows
- * hold them on return (they went to every rank), 1 when this rank gets them later or not at
- * all (deferred, below), -1 with err. dst[j] / at[j], j < m: the m rows of V floats the
- * forward wants (row at[j] of rows into dst[j]); m < 0: every row (rows itself; refused when
- * deferred). */
+/* After the layers: the last stage's n logits floats at rows (V a row). dst[j] / at[j], j < m:
+ * the m rows of V floats the forward wants (row at[j] of rows into dst[j]); m < 0: every row
+ * (rows itself: they go to every rank; refused when deferred). Returns -1 with err, or flags:
+ *   0                   rows hold them on return (they went to every rank);
+ *   DS41_PIPE_NOT_HERE  rows do not hold them: they arrive later (deferred, rank 0) or never
+ *                       (a middle stage of a deferred step, or an unshared row, below);
+ *   DS41_PIPE_UNSHARED  a command's forward (not serve): ids after the last stage. The rows
+ *                       stay on the last stage; ds41_session_sample there samples and sends the
+ *                       token to every rank (ds41_pipe_token), and only a rank that reads the
+ *                       row (ds41_logits: --dump-logits, run --json) has it sent
+ *                       (ds41_pipe_fetch). SPMD: every rank asks at the same points. */
+#define DS41_PIPE_NOT_HERE 1
+#define DS41_PIPE_UNSHARED 2
 int ds41_pipe_share(ds41_pipe *p, float *rows, size_t n, size_t V, float *const *dst, const size_t *at, int m, char *err,
                     size_t cap);
 /* serve's pipelined step (src/serve/serve_mpi_pipe.c), every rank, on = 1 around a step's
@@ -58,6 +67,16 @@ void ds41_pipe_defer(ds41_pipe *p, int on);
  * each forward's rows to its dst. 0, or -1 with err (a last stage whose step differs). Other
  * ranks: 0 at once. */
 int ds41_pipe_collect(ds41_pipe *p, char *err, size_t cap);
+/* serve (every rank, before the load): every forward's logits go to rank 0, which samples (no
+ * DS41_PIPE_UNSHARED). */
+void ds41_pipe_set_eager(int on);
+/* 1 when the last stage samples and sends the tokens (a command under --split layers). */
+int ds41_pipe_ids(const ds41_pipe *p);
+/* An unshared row: the last stage's V floats at row sent to every rank, received into row
+ * elsewhere. The sampled token: *id from the last stage to every rank (4 bytes and a header).
+ * A silent or drifted last stage ends the job (--mpi-timeout). */
+void ds41_pipe_fetch(ds41_pipe *p, float *row, size_t V);
+void ds41_pipe_token(ds41_pipe *p, int *id);
 /* The engine's per-forward hook under --split layers (ds41_engine.step): the plan's hash goes
  * into every stream message of the forward (the next stage compares it with its own), then
  * rank 0's plan is broadcast and checked (ds41_dist_step) unless the step is deferred. */

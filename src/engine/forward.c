@@ -365,8 +365,7 @@ static void layer_done(ds41_seq *const *ss, int count, int l) {
 }
 
 /* --split layers, a batch: the head's rows [h0, N) shared by the last stage (ds41_pipe_share),
- * each sequence's last row for its logits; 1 when they arrive later (serve's pipelined step)
- * or not on this rank */
+ * each sequence's last row for its logits; its DS41_PIPE_* flags */
 static int pipe_share_batch(struct ds41_pipe *p, ds41_seq *const *ss, const int *T, const size_t *r0, float *const *rows,
                             int count, size_t h0, float *lg, size_t N, size_t V, ds41_err *err) {
     float **dst = malloc((size_t)count * sizeof *dst);
@@ -561,18 +560,22 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
         } else if (head_here) {
             ds41_stream_head(ctx, cfg, w, w->norm, &b.s, h0, (int)(N - h0), dst);
         }
-        /* --split layers: 1 when the rows arrive later (serve's pipelined step) or not here */
+        /* --split layers: the rows may arrive later (serve's pipelined step), stay on the last
+         * stage (ids after the last stage) or not come here (dist_pipe.h) */
         size_t at = N - 1 - h0;
         int sh = e->pipe ? ds41_pipe_share(e->pipe, dst, (N - h0) * V, V, &s->logits, &at, rows && rows[0] ? -1 : 1,
                                            err->msg, sizeof err->msg) : 0;
         if (sh < 0) { rc = -1; goto done; }
-        if (!sh && dst != s->logits) memcpy(s->logits, dst + at * V, (size_t)V * sizeof(float));
+        if (!(sh & DS41_PIPE_NOT_HERE) && dst != s->logits) memcpy(s->logits, dst + at * V, (size_t)V * sizeof(float));
+        s->lg_unshared = (sh & DS41_PIPE_UNSHARED) != 0;
     } else if (count > 1 && N > h0) {
         if (head_here) ds41_stream_head(ctx, cfg, w, w->norm, &b.s, h0, (int)(N - h0), lg);
         int sh = e->pipe ? pipe_share_batch(e->pipe, ss, T, r0, rows, count, h0, lg, N, V, err) : 0;
         if (sh < 0) { rc = -1; goto done; }
-        for (int i = 0; i < count && !sh; i++) {
+        for (int i = 0; i < count; i++) {
             if (r0[i] + (size_t)T[i] <= h0) continue;   /* no row of it in the head (a chunk that goes on) */
+            ss[i]->lg_unshared = (sh & DS41_PIPE_UNSHARED) != 0;
+            if (sh & DS41_PIPE_NOT_HERE) continue;
             if (rows && rows[i]) memcpy(rows[i], lg + (r0[i] - h0) * V, (size_t)T[i] * V * sizeof(float));
             memcpy(ss[i]->logits, lg + (r0[i] + (size_t)T[i] - 1 - h0) * V, (size_t)V * sizeof(float));
         }
