@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # serve under mpiexec -n 2, replicated attention against --dp-attention against one process
-# (docs/distributed.md; MODES="one replicated split" puts --split layers in the place of dp): ds41 bench-serve at each concurrency against each server in turn (one
+# (docs/distributed.md; MODES="one replicated split split1" puts --split layers, pipelined and
+# one batch at a time through the stages, in the place of dp): ds41 bench-serve at each concurrency against each server in turn (one
 # server up at a time: an idle job's ranks poll for rank 0's records), ROUNDS interleaved rounds;
 # the median output tok/s and its ratio to one process, and per rank the sequences it held and
 # the most state (and global KV pages) they held at once (the DS41_MPI_VERBOSE counters).
@@ -36,6 +37,7 @@ for r in $(seq 1 "$rounds"); do
             replicated) DS41_MPI_VERBOSE=1 mpiexec -n 2 "$DS41" serve $flags >/dev/null 2>"$TMP/e.$mode.$r" & ;;
             dp) DS41_MPI_VERBOSE=1 mpiexec -n 2 "$DS41" serve $flags --dp-attention >/dev/null 2>"$TMP/e.$mode.$r" & ;;
             split) DS41_MPI_VERBOSE=1 mpiexec -n 2 "$DS41" serve $flags --split layers >/dev/null 2>"$TMP/e.$mode.$r" & ;;
+            split1) DS41_MPI_VERBOSE=1 mpiexec -n 2 "$DS41" serve $flags --split layers --pipe-batches 1 >/dev/null 2>"$TMP/e.$mode.$r" & ;;
         esac
         job=$!
         p=$(port_of "$TMP/e.$mode.$r") || { echo "$mode: the server did not start: $(tail -n 2 "$TMP/e.$mode.$r")" >&2; kill "$job"; exit 1; }

@@ -18,6 +18,7 @@ static struct {
     int set, layers;            /* --split given; 1: layers */
     const char *map;
     int eager;                  /* ds41_pipe_set_eager: serve */
+    int batches;                /* --pipe-batches, 0: the default */
 } f;
 
 int ds41_pipe_flag(const char *a, const char *v, char *err, size_t cap) {
@@ -28,6 +29,17 @@ int ds41_pipe_flag(const char *a, const char *v, char *err, size_t cap) {
         }
         f.set = 1;
         f.layers = !strcmp(v, "layers");
+        return 1;
+    }
+    if (!strcmp(a, "--pipe-batches")) {
+        char *end = NULL;
+        long n = v ? strtol(v, &end, 10) : 0;
+        if (!v || end == v || *end || n < 1 || n > DS41_PIPE_MAX_BATCHES) {
+            snprintf(err, cap, "--pipe-batches: '%s' is not a number of micro-batches in 1..%d", v ? v : "",
+                     DS41_PIPE_MAX_BATCHES);
+            return -1;
+        }
+        f.batches = (int)n;
         return 1;
     }
     if (!strcmp(a, "--layer-map")) {
@@ -42,11 +54,22 @@ int ds41_pipe_flag(const char *a, const char *v, char *err, size_t cap) {
 }
 
 int ds41_pipe_on(void) { return f.layers; }
+int ds41_pipe_batches(int ranks) {
+    int n = f.batches ? f.batches : 2 * ranks;
+    return n > DS41_PIPE_MAX_BATCHES ? DS41_PIPE_MAX_BATCHES : n;
+}
+const char *ds41_pipe_flags_error(void) {
+    if (f.layers) return NULL;
+    if (f.map) return "--layer-map needs --split layers";
+    if (f.batches) return "--pipe-batches needs --split layers (it cuts serve's steps for the stages)";
+    return NULL;
+}
 void ds41_pipe_set_eager(int on) { f.eager = on; }
 const char *ds41_pipe_layer_map(void) { return f.map; }
 
 uint64_t ds41_pipe_flags_hash(uint64_t h) {
     h = ds41_fnv(h, &f.layers, sizeof f.layers);
+    h = ds41_fnv(h, &f.batches, sizeof f.batches);
     return f.map ? ds41_fnv(h, f.map, strlen(f.map) + 1) : h;
 }
 

@@ -19,11 +19,18 @@
 
 #include "config.h"
 
-/* main() (ds41_dist_start): takes --split experts|layers and --layer-map RANGES out of argv.
+/* main() (ds41_dist_start): takes --split experts|layers, --layer-map RANGES and
+ * --pipe-batches N out of argv.
  * Returns 1 when a is one of them (v its value), 0 when not, -1 with err (a bad value). */
 int ds41_pipe_flag(const char *a, const char *v, char *err, size_t cap);
 /* 1 when the job splits the layers (--split layers). */
 int ds41_pipe_on(void);
+/* serve: the most micro-batches a step is cut into (--pipe-batches N, default 2 x ranks; 1:
+ * one batch at a time through the stages), at most DS41_PIPE_MAX_BATCHES. */
+#define DS41_PIPE_MAX_BATCHES 128
+int ds41_pipe_batches(int ranks);
+/* Why the flags above cannot go together (a job flag that needs --split layers), or NULL. */
+const char *ds41_pipe_flags_error(void);
 /* --layer-map's text, or NULL. */
 const char *ds41_pipe_layer_map(void);
 /* The flags above folded into a hash (the start-up check compares them across ranks). */

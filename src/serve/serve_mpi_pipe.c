@@ -12,8 +12,8 @@
 #include "dist_pipe.h"
 #include "forward.h"
 
-int ds41_smirror_pipe_groups(const ds41_batch_item *it, int count, int stages, int *cut) {
-    int G = count < 2 * stages ? count : 2 * stages;
+int ds41_smirror_pipe_groups(const ds41_batch_item *it, int count, int most, int *cut) {
+    int G = count < most ? count : most;
     if (G < 1) G = 1;
     long long total = 0, cum = 0;
     for (int i = 0; i < count; i++) total += (long long)it[i].n;
@@ -31,9 +31,8 @@ int ds41_smirror_pipe_groups(const ds41_batch_item *it, int count, int stages, i
 
 int ds41_smirror_pipe_step(ds41_engine *e, ds41_batch_item *it, int count) {
     if (!e->pipe || count < 1) return ds41_batch_step(it, count);
-    int cut[2 * 64 + 1], S = ds41_dist_size();
-    if (S > 64) S = 64;   /* micro-batches per step: at most 2 x 64 */
-    int G = ds41_smirror_pipe_groups(it, count, S, cut), failed = 0;
+    int cut[DS41_PIPE_MAX_BATCHES + 1];
+    int G = ds41_smirror_pipe_groups(it, count, ds41_pipe_batches(ds41_dist_size()), cut), failed = 0;
     ds41_pipe_defer(e->pipe, 1);
     for (int g = 0; g < G; g++) failed += ds41_batch_step(it + cut[g], cut[g + 1] - cut[g]);
     char err[512];
