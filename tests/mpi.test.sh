@@ -454,16 +454,25 @@ fi
 # is 0 and everything else must be equal. Both ranks held sequences (the DS41_MPI_VERBOSE
 # count, 10 in all); SIGTERM ends the job with status 0. Then the faults of replicated serve:
 # a hung rank gets every request its 503 naming rank 1, a killed one ends the job at once.
+# job_answers LOG OUT FLAGS...: `mpiexec -n 2 ds41 serve` on demo (exact) with FLAGS and
+# DS41_MPI_VERBOSE=1, the client's answers (no prefix cache) into OUT, SIGTERM to rank 0;
+# ja_c: the client's status, ja_rc: the job's ("start" when it did not start)
+job_answers() {
+    local log=$1 out=$2 job p; shift 2
+    DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --exact --mpi-timeout 10 "$@" \
+        >/dev/null 2>"$log" &
+    job=$!
+    if ! p=$(serve_port "$log"); then ja_rc=start; kill "$job" 2>/dev/null; wait "$job"; return; fi
+    "$PY" tests/serve/mpi_client.py answers "$p" nocache >"$out" 2>&1
+    ja_c=$?
+    kill -TERM "$(rank_pid 0)" 2>/dev/null
+    wait "$job"
+    ja_rc=$?
+}
 if [ -s "$TMP/s1.out" ]; then
-    DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --exact --mpi-timeout 10 --dp-attention \
-        >/dev/null 2>"$TMP/s3.log" &
-    s3=$!
-    if p3=$(serve_port "$TMP/s3.log"); then
-        "$PY" tests/serve/mpi_client.py answers "$p3" nocache >"$TMP/s3.out" 2>&1
-        c3=$?
-        kill -TERM "$(rank_pid 0)" 2>/dev/null
-        wait "$s3"
-        s3rc=$?
+    job_answers "$TMP/s3.log" "$TMP/s3.out" --dp-attention
+    if [ "$ja_rc" != start ]; then
+        c3=$ja_c s3rc=$ja_rc
         sed 's/"cached_tokens": [0-9]*/"cached_tokens": 0/g' "$TMP/s1.out" >"$TMP/s1n.out"
         h0=$(sed -n 's/.*\[rank 0\]: --dp-attention: \([0-9]*\) sequences held here.*/\1/p' "$TMP/s3.log")
         h1=$(sed -n 's/.*\[rank 1\]: --dp-attention: \([0-9]*\) sequences held here.*/\1/p' "$TMP/s3.log")
@@ -475,7 +484,6 @@ if [ -s "$TMP/s1.out" ]; then
         else pass serve_dp_answers; fi
     else
         fail serve_dp_answers "the server did not start: $(tail -n 2 "$TMP/s3.log")"
-        kill "$s3" 2>/dev/null; wait "$s3"
     fi
     SF_ENV="" SF_LAUNCH="" SF_IN="" SF_FLAGS=--dp-attention
     serve_fault serve_dp_hung_rank_503 STOP
@@ -495,15 +503,9 @@ fi
 # ends the job with status 0; a hung stage gets every request its 503 naming rank 1, a killed
 # one ends the job at once.
 if [ -s "$TMP/s1n.out" ]; then
-    DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --exact --mpi-timeout 10 --split layers \
-        >/dev/null 2>"$TMP/s4.log" &
-    s4=$!
-    if p4=$(serve_port "$TMP/s4.log"); then
-        "$PY" tests/serve/mpi_client.py answers "$p4" nocache >"$TMP/s4.out" 2>&1
-        c4=$?
-        kill -TERM "$(rank_pid 0)" 2>/dev/null
-        wait "$s4"
-        s4rc=$?
+    job_answers "$TMP/s4.log" "$TMP/s4.out" --split layers
+    if [ "$ja_rc" != start ]; then
+        c4=$ja_c s4rc=$ja_rc
         fl=$(sed -n 's/.*pipe: layers 0\.\.3 of 8 + embedding;.*pipelined serve steps \([0-9]*\), at most \([0-9]*\) forwards in flight.*/\1 \2/p' "$TMP/s4.log")
         if [ $c4 -ne 0 ]; then fail serve_split_answers "a request failed: $(grep -v '^{"' "$TMP/s4.out" | head -c 300)"
         elif ! cmp -s "$TMP/s1n.out" "$TMP/s4.out"; then fail serve_split_answers "answers differ from one process: $(cmp "$TMP/s1n.out" "$TMP/s4.out")"
@@ -513,7 +515,6 @@ if [ -s "$TMP/s1n.out" ]; then
         else pass serve_split_answers; fi
     else
         fail serve_split_answers "the server did not start: $(tail -n 2 "$TMP/s4.log")"
-        kill "$s4" 2>/dev/null; wait "$s4"
     fi
     SF_ENV="" SF_LAUNCH="" SF_IN="" SF_FLAGS="--split layers"
     serve_fault serve_split_hung_stage_503 STOP
