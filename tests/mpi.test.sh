@@ -80,7 +80,8 @@ import json, sys
 o = json.load(open(sys.argv[1])); r = o['ranks']; p = r['per_rank']
 assert r['split'] == 'layers' and [(q['first_layer'], q['last_layer']) for q in p] == [(0, 2), (3, 5)], r
 assert sum(q['weight_bytes'] for q in p) == o['weight_bytes'], (r, o['weight_bytes'])
-assert r['hop_bytes_per_token'] == 4 * 257 * 4 and r['hops'] == 1 and r['logits_bytes_per_token'] == 512 * 4, r
+assert r['hop_bytes_per_token'] == 4 * 257 * 4 and r['hops'] == 1 and r['token_bytes_per_token'] == 4 + 32, r
+assert r['serve_logits_bytes_per_token'] == 512 * 4 + 32, r
 assert [q['kv_bytes_per_token'] for q in p] == [35.0, 70.0], r   # KV sources 1 (ratio 2) and 3 (ratio 1)
 " "$TMP/i.json"; then pass split_inspect_tiny; else fail split_inspect_tiny "$(head -c 300 "$TMP/i.err")"; fi
 
@@ -522,6 +523,9 @@ if [ -s "$TMP/s1n.out" ]; then
 else
     fail serve_split_answers "no answers of one process to compare with"
 fi
+expect_job split_pipe_batches_malformed "ds41: --pipe-batches: '0x' is not a number of micro-batches in 1..128" 60 \
+    "$DS41" serve -m "$demo" --port 0 --split layers --pipe-batches 0x
+expect_job split_pipe_batches_alone "ds41: --pipe-batches needs --split layers" 60 "$DS41" serve -m "$demo" --port 0 --pipe-batches 2
 expect_job split_serve_dp_refused "ds41 serve: --dp-attention and --split layers are two different splits" 60 \
     mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --split layers --dp-attention
 

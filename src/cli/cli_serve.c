@@ -230,8 +230,8 @@ int ds41_cli_serve(int argc, char **argv) {
         /* each rank holds its own sequences; the prefix cache would be per rank (not done) */
         ds41_dist_set_dp(dp_attention);
         if (dp_attention) o.no_prefix_cache = 1;
-        /* --split layers: a stage holds its layers' KV pages only, a cache block needs every layer's */
-        /* and rank 0 samples: the logits come to it (dist_pipe.h) */
+        /* --split layers: no prefix cache (a stage holds its layers' KV pages only, a cache block
+         * needs every layer's); rank 0 samples, so the logits come to it (dist_pipe.h) */
         if (ds41_pipe_on()) o.no_prefix_cache = 1, ds41_pipe_set_eager(1);
     } else if (dp_attention) {
         fprintf(stderr, "ds41 serve: --dp-attention is for a job of several ranks (mpiexec -n N ds41 serve ...); one "
