@@ -174,6 +174,7 @@ void ds41_pipe_close(ds41_pipe *p) {
     free(p);
 }
 
+#ifdef DS41_HAVE_MPI
 static int reserve(ds41_pipe *p, size_t n, char *err, size_t cap) {
     if (n <= p->cap) return 0;
     unsigned char *b = realloc(p->buf, n);
@@ -183,7 +184,6 @@ static int reserve(ds41_pipe *p, size_t n, char *err, size_t cap) {
     return 0;
 }
 
-#ifdef DS41_HAVE_MPI
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
