@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # serve under mpiexec -n 2, replicated attention against --dp-attention against one process
-# (docs/distributed.md): ds41 bench-serve at each concurrency against each server in turn (one
+# (docs/distributed.md; MODES="one replicated split split1" puts --split layers, pipelined and
+# one batch at a time through the stages, in the place of dp): ds41 bench-serve at each concurrency against each server in turn (one
 # server up at a time: an idle job's ranks poll for rank 0's records), ROUNDS interleaved rounds;
 # the median output tok/s and its ratio to one process, and per rank the sequences it held and
 # the most state (and global KV pages) they held at once (the DS41_MPI_VERBOSE counters).
@@ -10,7 +11,7 @@
 # column: --dp-attention with that binary (an earlier build, for a before/after in one run).
 #   bench/mpi_serve_dp.sh CKPT [ROUNDS] [CONCURRENCY] [NUM_PROMPTS] [OUTPUT_LEN]
 set -u
-ck=${1:?checkpoint}; rounds=${2:-2}; conc=${3:-1,4,8}; np=${4:-16}; ol=${5:-32}
+ck=${1:?checkpoint}; rounds=${2:-2}; conc=${3:-1,4,8}; np=${4:-16}; ol=${5:-32}; modes=${MODES:-one replicated dp}
 DS41=${DS41:-./ds41}
 TMP=$(mktemp -d /tmp/ds41-servedp.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
@@ -40,6 +41,8 @@ for r in $(seq 1 "$rounds"); do
             replicated) DS41_MPI_VERBOSE=1 mpiexec -n 2 "$DS41" serve $flags >/dev/null 2>"$TMP/e.$mode.$r" & ;;
             dp) DS41_MPI_VERBOSE=1 mpiexec -n 2 "$DS41" serve $flags --dp-attention >/dev/null 2>"$TMP/e.$mode.$r" & ;;
             base-dp) DS41_MPI_VERBOSE=1 mpiexec -n 2 "$DS41_BASE" serve $flags --dp-attention >/dev/null 2>"$TMP/e.$mode.$r" & ;;
+            split) DS41_MPI_VERBOSE=1 mpiexec -n 2 "$DS41" serve $flags --split layers >/dev/null 2>"$TMP/e.$mode.$r" & ;;
+            split1) DS41_MPI_VERBOSE=1 mpiexec -n 2 "$DS41" serve $flags --split layers --pipe-batches 1 >/dev/null 2>"$TMP/e.$mode.$r" & ;;
         esac
         job=$!
         p=$(port_of "$TMP/e.$mode.$r") || { echo "$mode: the server did not start: $(tail -n 2 "$TMP/e.$mode.$r")" >&2; kill "$job"; exit 1; }

@@ -30,11 +30,12 @@ for r in runs:
     rss = [int(k) / 1024 for _, k in sorted((int(r or 0), k) for r, k in
            re.findall(r"^ds41(?: \[rank (\d+)\])?: .*peak RSS (\d+) KiB", err, re.M))] or [o["peak_rss_bytes"] / 2**20]
     # every rank's bytes sent in the whole bench run (the same work in every row of the table):
-    # expert exchange + Engram rows, or the stream's hops + the logits from the last stage
+    # expert exchange + Engram rows, or the stream's hops + the logits and tokens from the last stage
     xr = [(int(a), int(b)) for a, b in re.findall(r"exchanges over (\d+) rows: (\d+) bytes sent", err)]
     eg = sum(int(m) for m in re.findall(r"engram: rows .*?exchange: \d+ steps, \d+ rows, (\d+) bytes sent", err))
     hop = [(int(a), int(b)) for a, b in re.findall(r"pipe: .*?sent \d+ hops (\d+) rows (\d+) bytes", err)]
     lg = sum(int(m) for m in re.findall(r"logits sent (\d+) bytes", err))
+    lg += sum(int(m) for m in re.findall(r"logits sent \d+ bytes, tokens (\d+) bytes", err))   # ids after the last stage
     sent = sum(b for _, b in xr) + eg + sum(b for _, b in hop) + lg
     xrow = sum(b for _, b in xr) / sum(a for a, _ in xr) if sum(a for a, _ in xr) else 0
     hrow = sum(b for _, b in hop) / sum(a for a, _ in hop) if sum(a for a, _ in hop) else 0

@@ -80,7 +80,8 @@ import json, sys
 o = json.load(open(sys.argv[1])); r = o['ranks']; p = r['per_rank']
 assert r['split'] == 'layers' and [(q['first_layer'], q['last_layer']) for q in p] == [(0, 2), (3, 5)], r
 assert sum(q['weight_bytes'] for q in p) == o['weight_bytes'], (r, o['weight_bytes'])
-assert r['hop_bytes_per_token'] == 4 * 257 * 4 and r['hops'] == 1 and r['logits_bytes_per_token'] == 512 * 4, r
+assert r['hop_bytes_per_token'] == 4 * 257 * 4 and r['hops'] == 1 and r['token_bytes_per_token'] == 4 + 32, r
+assert r['serve_logits_bytes_per_token'] == 512 * 4 + 32, r
 assert [q['kv_bytes_per_token'] for q in p] == [35.0, 70.0], r   # KV sources 1 (ratio 2) and 3 (ratio 1)
 " "$TMP/i.json"; then pass split_inspect_tiny; else fail split_inspect_tiny "$(head -c 300 "$TMP/i.err")"; fi
 
@@ -447,6 +448,21 @@ else
 fi
 
 # ---------------------------------------------------------------- serve --dp-attention
+# job_answers LOG OUT FLAGS...: `mpiexec -n 2 ds41 serve` on demo (exact) with FLAGS and
+# DS41_MPI_VERBOSE=1, the client's answers (no prefix cache) into OUT, SIGTERM to rank 0;
+# ja_c: the client's status, ja_rc: the job's ("start" when it did not start)
+job_answers() {
+    local log=$1 out=$2 job p; shift 2
+    DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --exact --mpi-timeout 10 "$@" \
+        >/dev/null 2>"$log" &
+    job=$!
+    if ! p=$(serve_port "$log"); then ja_rc=start; kill "$job" 2>/dev/null; wait "$job"; return; fi
+    "$PY" tests/serve/mpi_client.py answers "$p" nocache >"$out" 2>&1
+    ja_c=$?
+    kill -TERM "$(rank_pid 0)" 2>/dev/null
+    wait "$job"
+    ja_rc=$?
+}
 # Each rank holds and attends its own sequences (rank 0 gives each new one to the rank whose
 # prefix cache holds the longest prefix of its prompt, then the least-loaded); rows travel to
 # their experts' owners and back. The 8 concurrent requests and the 2 repeats give the bytes of
@@ -494,7 +510,6 @@ if [ -s "$TMP/s1.out" ]; then
         else pass serve_dp_answers; fi
     else
         fail serve_dp_answers "the server did not start: $(tail -n 2 "$TMP/s3.log")"
-        kill "$s3" 2>/dev/null; wait "$s3"
     fi
     SF_ENV="" SF_LAUNCH="" SF_IN="" SF_FLAGS=--dp-attention
     serve_fault serve_dp_hung_rank_503 STOP
@@ -502,6 +517,44 @@ if [ -s "$TMP/s1.out" ]; then
 else
     fail serve_dp_answers "no answers of one process to compare with"
 fi
+
+# ---------------------------------------------------------------- serve --split layers
+# Rank 0 runs the first stage (layers 0-3) and the scheduler, rank 1 the last (4-7) and the
+# head; each step's items go through the stages in micro-batches, rank 0 running the next
+# micro-batch's stage while rank 1 runs the one before, and the logits come back to rank 0
+# only. The 8 concurrent requests and the 2 repeats give the bytes of one process (exact mode;
+# no prefix cache under --split layers, so cached_tokens is 0 as with --dp-attention). Rank 0
+# had the first stage of at least 2 forwards done before their logits came back (its "pipe:"
+# line: pipelined steps, the most forwards in flight), i.e. the stages overlapped. SIGTERM
+# ends the job with status 0; a hung stage gets every request its 503 naming rank 1, a killed
+# one ends the job at once.
+# (cached_tokens read 0 there: one process's answers with them zeroed)
+[ -s "$TMP/s1.out" ] && sed 's/"cached_tokens": [0-9]*/"cached_tokens": 0/g' "$TMP/s1.out" >"$TMP/s1n.out"
+if [ -s "$TMP/s1n.out" ]; then
+    job_answers "$TMP/s4.log" "$TMP/s4.out" --split layers
+    if [ "$ja_rc" != start ]; then
+        c4=$ja_c s4rc=$ja_rc
+        fl=$(sed -n 's/.*pipe: layers 0\.\.3 of 8 + embedding;.*pipelined serve steps \([0-9]*\), at most \([0-9]*\) forwards in flight.*/\1 \2/p' "$TMP/s4.log")
+        if [ $c4 -ne 0 ]; then fail serve_split_answers "a request failed: $(grep -v '^{"' "$TMP/s4.out" | head -c 300)"
+        elif ! cmp -s "$TMP/s1n.out" "$TMP/s4.out"; then fail serve_split_answers "answers differ from one process: $(cmp "$TMP/s1n.out" "$TMP/s4.out")"
+        elif [ $s4rc -ne 0 ]; then fail serve_split_answers "the job ended with status $s4rc after SIGTERM: $(tail -n 2 "$TMP/s4.log")"
+        elif [ -z "$fl" ] || [ "${fl% *}" -lt 1 ] || [ "${fl#* }" -lt 2 ]; then
+            fail serve_split_answers "rank 0's steps / forwards in flight: '$fl' (expected at least 1 / 2): $(grep pipe: "$TMP/s4.log")"
+        else pass serve_split_answers; fi
+    else
+        fail serve_split_answers "the server did not start: $(tail -n 2 "$TMP/s4.log")"
+    fi
+    SF_ENV="" SF_LAUNCH="" SF_IN="" SF_FLAGS="--split layers"
+    serve_fault serve_split_hung_stage_503 STOP
+    serve_fault serve_split_killed_stage KILL
+else
+    fail serve_split_answers "no answers of one process to compare with"
+fi
+expect_job split_pipe_batches_malformed "ds41: --pipe-batches: '0x' is not a number of micro-batches in 1..128" 60 \
+    "$DS41" serve -m "$demo" --port 0 --split layers --pipe-batches 0x
+expect_job split_pipe_batches_alone "ds41: --pipe-batches needs --split layers" 60 "$DS41" serve -m "$demo" --port 0 --pipe-batches 2
+expect_job split_serve_dp_refused "ds41 serve: --dp-attention and --split layers are two different splits" 60 \
+    mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --split layers --dp-attention
 
 # ---------------------------------------------------------------- --split layers (pipeline stages)
 # Each rank runs a contiguous range of layers (a stage starts at a KV source: tiny -n 2 = 0-2 /
@@ -518,11 +571,21 @@ if DS41_MPI_VERBOSE=1 $RUN -n 3 "$DS41" run -m "$demo" -p "Once upon a time" -n 
        --mpi-timeout 30 --dump-logits "$TMP/b.f32" >"$TMP/b.out" 2>"$TMP/b.err" && cmp -s "$TMP/b.out" "$TMP/a.out" &&
    cmp -s "$TMP/b.f32" "$TMP/a.f32"; then
     got=$(sed -n 's/.*pipe: layers \([0-9.]*\) of 8.*sent [0-9]* hops \([0-9]*\) rows \([0-9]*\) bytes.*/\1 \2 \3/p' "$TMP/b.err" | sort | tr '\n' ' ')
-    # 6 + 23 rows per hop, 3088 B each (4 x (192 + 1) x 4) plus a 24-byte header per step
-    want="0..1 29 $((29 * 3088 + 24 * 24)) 2..3 29 $((29 * 3088 + 24 * 24)) 4..7 0 0 "
+    # 6 + 23 rows per hop, 3088 B each (4 x (192 + 1) x 4) plus a 32-byte header per step
+    want="0..1 29 $((29 * 3088 + 24 * 32)) 2..3 29 $((29 * 3088 + 24 * 32)) 4..7 0 0 "
     [ "$got" = "$want" ] && pass split_stages_demo_n3 || fail split_stages_demo_n3 "got '$got', expected '$want'"
 else
     fail split_stages_demo_n3 "tokens or logits differ from one process, or the job failed: $(tail -n 3 "$TMP/b.err")"
+fi
+# ids after the last stage: the same run without --dump-logits gives the same tokens, and the
+# last stage sent no logits row, only each of the 24 sampled tokens to the 2 other ranks, 4 B
+# behind a 32-byte header (before: 4 x vocab 4096 + 24 B per token and rank)
+if DS41_MPI_VERBOSE=1 $RUN -n 3 "$DS41" run -m "$demo" -p "Once upon a time" -n 24 --exact --ignore-eos --split layers \
+       --mpi-timeout 30 >"$TMP/b.out" 2>"$TMP/b.err" && cmp -s "$TMP/b.out" "$TMP/a.out"; then
+    got=$(sed -n 's/.*pipe: layers 4\.\.7 of 8 + head;.*logits sent \([0-9]*\) bytes, tokens \([0-9]*\) bytes.*/\1 \2/p' "$TMP/b.err")
+    [ "$got" = "0 $((24 * 2 * (32 + 4)))" ] && pass split_ids_demo_n3 || fail split_ids_demo_n3 "logits / token bytes '$got', expected '0 1728'"
+else
+    fail split_ids_demo_n3 "tokens differ from one process, or the job failed: $(tail -n 3 "$TMP/b.err")"
 fi
 same split_fast_demo_n3 3 -m "$demo" -p "Once upon a time" -n 24 --ignore-eos --split layers
 same split_exact_small43_n2_map 2 -m "$small" --prompt-ids "$P90" -n 8 --exact --ignore-eos --split layers --layer-map 0-13,14-39
@@ -531,7 +594,8 @@ if $RUN -n 3 "$DS41" perplexity -m "$demo" -f "$TMP/text" -c 128 --json --exact 
     d=$("$PY" -c "
 import json, sys
 a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2]))
-print(' '.join(sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in ('seconds', 'tokens_per_s'))))" "$TMP/p1.json" "$TMP/p3.json")
+print(' '.join(sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in ('seconds', 'tokens_per_s'))))" "$TMP/p1.json" "$TMP/p3.json") ||
+        d="(the two JSON files could not be compared)"
     [ -z "$d" ] && pass split_perplexity_n3 || fail split_perplexity_n3 "fields differ: $d"
 else
     fail split_perplexity_n3 "$(tail -n 2 "$TMP/p3.err")"
@@ -559,11 +623,9 @@ expect_job split_too_many_ranks "8 layers cannot make 4 stages" 60 "$DS41" inspe
 expect_job split_expert_map_refused "with --split layers each rank runs all the experts of its layers" 60 \
     "$DS41" run -m "$demo" -p "x" -n 2 --split layers --expert-map "$TMP/map"
 expect_job split_spec_refused "is not supported with --split layers" 60 "$DS41" run -m "$demo" -p "x" -n 2 --split layers --spec fixed:2
-expect_job split_serve_refused "ds41 serve: --split layers is not supported by serve yet" 60 \
-    mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --split layers
 expect_job split_missing_stage_file "rank 1: .*noshard" 60 \
     mpiexec -n 1 "$DS41" run -m "$tiny" --prompt-ids 1,2,3 -n 2 --split layers : -n 1 "$DS41" run -m "$TMP/noshard" --prompt-ids 1,2,3 -n 2 --split layers
 # the last stage stops mid-decode: rank 0, waiting for its logits, names it within --mpi-timeout
-FR_ARGS="--split layers" fault_run split_hung_stage STOP "ds41: rank 1 did not answer within 3.0 s (the logits" 10
+FR_ARGS="--split layers" fault_run split_hung_stage STOP "ds41: rank 1 did not answer within 3.0 s (the sampled token, from the last stage)" 10
 FR_ARGS="--split layers" fault_run split_killed_stage KILL "BAD TERMINATION\|rank 1" 10
 exit 0

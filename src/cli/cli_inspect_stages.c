@@ -4,8 +4,9 @@
  * first stage the embedding, the last the final norm, head and DSpark stages (dist_stage.h).
  * KV per token: only the KV sources inside a stage hold compressed entries there; the SWA
  * rings of its layers. Per token and hop: one row of the residual stream (hc x dim FP32 and
- * the hc pre-mix weights) plus a 24-byte header per message and step; after the last stage
- * the logits row (vocab x 4 B) goes to each of the N - 1 other ranks. */
+ * the hc pre-mix weights) plus a 32-byte header per message and step; after the last stage
+ * the sampled token (4 B and the header) goes to each of the N - 1 other ranks (run, chat,
+ * bench), or in serve the logits row (vocab x 4 B and the header) to rank 0, which samples. */
 #include "cli_inspect_stages.h"
 
 #include <stdio.h>
@@ -32,7 +33,7 @@ int ds41_cli_inspect_stages(const ds41_config *c, int n, const char *map, json_t
     ds41_stage_bytes(c, n, first, bytes);
     long long main_entry = c->head_dim / 2 + c->head_dim / 16, index_entry = c->index_head_dim / 2 + c->index_head_dim / 32;
     long long swa_entry = c->head_dim + c->head_dim / 32;
-    double hop = (double)ds41_stage_row_bytes(c), logits = (double)c->vocab_size * 4.0 * (n - 1);
+    double hop = (double)ds41_stage_row_bytes(c), token = (4.0 + 32.0) * (n - 1), logits = c->vocab_size * 4.0 + 32.0;
     json_t *per = json ? json_array() : NULL;
     if (!json)
         printf("\nranks: %d (mpiexec -n %d --split layers; stages %s)\n", n, n,
@@ -65,14 +66,16 @@ int ds41_cli_inspect_stages(const ds41_config *c, int n, const char *map, json_t
         json_object_set_new(o, "per_rank", per);
         json_object_set_new(o, "hop_bytes_per_token", json_real(hop));
         json_object_set_new(o, "hops", json_integer(n - 1));
-        json_object_set_new(o, "logits_bytes_per_token", json_real(logits));
+        json_object_set_new(o, "token_bytes_per_token", json_real(token));
+        json_object_set_new(o, "serve_logits_bytes_per_token", json_real(logits));
         *json = o;
     } else {
         printf("  per token and hop          %.0f B (%d x (%d + 1) x 4 B: the stream and its pre-mix weights), %d hop%s;"
                " a step sends the rows the next stage's first layer reads (a KV source: every prompt row)\n", hop, c->hc_mult, c->dim, n - 1,
                n == 2 ? "" : "s");
-        printf("  logits per token           %.0f B (%d x 4 B from the last stage to %d other rank%s)\n", logits,
-               c->vocab_size, n - 1, n == 2 ? "" : "s");
+        printf("  sampled token              %.0f B per token (4 B and a 32-byte header from the last stage to %d other "
+               "rank%s); serve: the logits, %.0f B per token (%d x 4 B and the header) to rank 0, which samples\n", token,
+               n - 1, n == 2 ? "" : "s", logits, c->vocab_size);
     }
     free(first);
     free(bytes);

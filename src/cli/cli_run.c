@@ -352,7 +352,8 @@ int ds41_cli_run(int argc, char **argv) {
         spec_json = sr.stats_json;
     }
     for (int step = 0; spc.mode == DS41_SPEC_OFF && step < g.n_predict; step++) {
-        const float *lg = ds41_logits(s);
+        /* only when written: under --split layers the row then comes from the last stage */
+        const float *lg = fdump || json ? ds41_logits(s) : NULL;
         if (fdump && fwrite(lg, sizeof(float), (size_t)V, fdump) != (size_t)V) {
             fprintf(stderr, "ds41 run: %s: write failed: %s\n", dump, strerror(errno));
             goto out;

@@ -215,9 +215,8 @@ int ds41_cli_serve(int argc, char **argv) {
     }
     if (ds41_dist_size() > 1) {
         /* rank 0 serves, the other ranks mirror its engine calls (docs/distributed.md) */
-        if (ds41_pipe_on()) {
-            fprintf(stderr, "ds41 serve: --split layers is not supported by serve yet (its stages would take turns on one "
-                            "batch at a time); leave it out (--split experts, the default)\n");
+        if (ds41_pipe_on() && dp_attention) {   /* a stage holds every sequence's KV of its layers */
+            fprintf(stderr, "ds41 serve: --dp-attention and --split layers are two different splits; choose one\n");
             return 2;
         }
         if (o.role != DS41_SERVE_ROLE_BOTH) {
@@ -237,6 +236,9 @@ int ds41_cli_serve(int argc, char **argv) {
         }
         o.spec_mode = DS41_SPEC_OFF;
         ds41_dist_set_dp(dp_attention);   /* each rank holds its own sequences and their prefix-cache blocks */
+        /* --split layers: no prefix cache (a stage holds its layers' KV pages only, a cache block
+         * needs every layer's); rank 0 samples, so the logits come to it (dist_pipe.h) */
+        if (ds41_pipe_on()) o.no_prefix_cache = 1, ds41_pipe_set_eager(1);
     } else if (dp_attention) {
         fprintf(stderr, "ds41 serve: --dp-attention is for a job of several ranks (mpiexec -n N ds41 serve ...); one "
                         "process holds every sequence\n");

@@ -130,8 +130,9 @@ int ds41_dist_start(int *argc, char **argv) {
                         "rank runs all the experts of its layers (use --layer-map to move layers)\n");
         return 2;
     }
-    if (!ds41_pipe_on() && ds41_pipe_layer_map()) {
-        fprintf(stderr, "ds41: --layer-map needs --split layers\n");
+    const char *pe = ds41_pipe_flags_error();   /* --layer-map, --pipe-batches without --split layers */
+    if (pe) {
+        fprintf(stderr, "ds41: %s\n", pe);
         return 2;
     }
     *argc = o;

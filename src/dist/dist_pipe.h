@@ -5,8 +5,9 @@
  * receives from the stage before it the rows of the residual stream its first layer reads
  * (the row plan's key rows: all of them in a full prefill, fewer decoder rows in a CED
  * prefill), runs its layers with the local MoE, and sends the rows the next stage's first
- * layer reads; the last stage sends the logits rows to every rank, so that every rank samples
- * the tokens one process would. The bytes are the stream's FP32 values, so tokens and logits
+ * layer reads; the last stage samples and sends every rank the token (the logits row only to
+ * a rank that reads it; in serve to rank 0, which samples), so that every rank feeds the
+ * tokens one process would. The bytes are the stream's FP32 values, so tokens and logits
  * are bit-identical to one process in every kernel mode.
  *
  * Layer: dist (the engine calls it from the forward loop's layer-range hook). */
@@ -18,11 +19,18 @@
 
 #include "config.h"
 
-/* main() (ds41_dist_start): takes --split experts|layers and --layer-map RANGES out of argv.
+/* main() (ds41_dist_start): takes --split experts|layers, --layer-map RANGES and
+ * --pipe-batches N out of argv.
  * Returns 1 when a is one of them (v its value), 0 when not, -1 with err (a bad value). */
 int ds41_pipe_flag(const char *a, const char *v, char *err, size_t cap);
 /* 1 when the job splits the layers (--split layers). */
 int ds41_pipe_on(void);
+/* serve: the most micro-batches a step is cut into (--pipe-batches N, default 2 x ranks; 1:
+ * one batch at a time through the stages), at most DS41_PIPE_MAX_BATCHES. */
+#define DS41_PIPE_MAX_BATCHES 128
+int ds41_pipe_batches(int ranks);
+/* Why the flags above cannot go together (a job flag that needs --split layers), or NULL. */
+const char *ds41_pipe_flags_error(void);
 /* --layer-map's text, or NULL. */
 const char *ds41_pipe_layer_map(void);
 /* The flags above folded into a hash (the start-up check compares them across ranks). */
@@ -41,8 +49,45 @@ int ds41_pipe_last(const ds41_pipe *p);     /* this rank runs the head */
  * the rows [k0, N) arrive from the stage before; at the next stage's first layer they go to
  * it. Returns 1 when this rank runs layer l, 0 when not, -1 with err. */
 int ds41_pipe_layer(ds41_pipe *p, float *X, float *pre, int l, size_t k0, size_t N, char *err, size_t cap);
-/* After the layers: the last stage's n logits floats at rows reach every rank. 0, or -1. */
-int ds41_pipe_share(ds41_pipe *p, float *rows, size_t n, char *err, size_t cap);
+/* After the layers: the last stage's n logits floats at rows (V a row). dst[j] / at[j], j < m:
+ * the m rows of V floats the forward wants (row at[j] of rows into dst[j]); m < 0: every row
+ * (rows itself: they go to every rank; refused when deferred). Returns -1 with err, or flags:
+ *   0                   rows hold them on return (they went to every rank);
+ *   DS41_PIPE_NOT_HERE  rows do not hold them: they arrive later (deferred, rank 0) or never
+ *                       (a middle stage of a deferred step, or an unshared row, below);
+ *   DS41_PIPE_UNSHARED  a command's forward (not serve): ids after the last stage. The rows
+ *                       stay on the last stage; ds41_session_sample there samples and sends the
+ *                       token to every rank (ds41_pipe_token), and only a rank that reads the
+ *                       row (ds41_logits: --dump-logits, run --json) has it sent
+ *                       (ds41_pipe_fetch). SPMD: every rank asks at the same points. */
+#define DS41_PIPE_NOT_HERE 1
+#define DS41_PIPE_UNSHARED 2
+int ds41_pipe_share(ds41_pipe *p, float *rows, size_t n, size_t V, float *const *dst, const size_t *at, int m, char *err,
+                    size_t cap);
+/* serve's pipelined step (src/serve/serve_mpi_pipe.c), every rank, on = 1 around a step's
+ * forwards: rank 0 runs the first stage of one forward after another without waiting for their
+ * logits (it posts their receives; ds41_pipe_collect completes them into dst), the last stage
+ * sends the logits to rank 0 only (serve samples there), a middle stage gets none, and the
+ * forwards skip the plan's broadcast (the plan's hash travels with the stream instead). */
+void ds41_pipe_defer(ds41_pipe *p, int on);
+/* Rank 0, after a deferred step's forwards: waits for their logits (--mpi-timeout) and copies
+ * each forward's rows to its dst. 0, or -1 with err (a last stage whose step differs). Other
+ * ranks: 0 at once. */
+int ds41_pipe_collect(ds41_pipe *p, char *err, size_t cap);
+/* serve (every rank, before the load): every forward's logits go to rank 0, which samples (no
+ * DS41_PIPE_UNSHARED). */
+void ds41_pipe_set_eager(int on);
+/* 1 when the last stage samples and sends the tokens (a command under --split layers). */
+int ds41_pipe_ids(const ds41_pipe *p);
+/* An unshared row: the last stage's V floats at row sent to every rank, received into row
+ * elsewhere. The sampled token: *id from the last stage to every rank (4 bytes and a header).
+ * A silent or drifted last stage ends the job (--mpi-timeout). */
+void ds41_pipe_fetch(ds41_pipe *p, float *row, size_t V);
+void ds41_pipe_token(ds41_pipe *p, int *id);
+/* The engine's per-forward hook under --split layers (ds41_engine.step): the plan's hash goes
+ * into every stream message of the forward (the next stage compares it with its own), then
+ * rank 0's plan is broadcast and checked (ds41_dist_step) unless the step is deferred. */
+int ds41_pipe_step(int count, const long long *pos, const int *T, const int32_t *const *tokens, char *err, size_t cap);
 /* One line for DS41_MPI_VERBOSE (this rank's layers, rows and bytes sent and received per
  * hop, wait), 0 when the layers are not split. */
 int ds41_pipe_report(char *line, size_t cap);

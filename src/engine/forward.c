@@ -364,6 +364,25 @@ static void layer_done(ds41_seq *const *ss, int count, int l) {
         if (ss[i]->layer_done) ss[i]->layer_done(ss[i]->layer_done_arg, ss[i], l);
 }
 
+/* --split layers, a batch: the head's rows [h0, N) shared by the last stage (ds41_pipe_share),
+ * each sequence's last row for its logits; its DS41_PIPE_* flags */
+static int pipe_share_batch(struct ds41_pipe *p, ds41_seq *const *ss, const int *T, const size_t *r0, float *const *rows,
+                            int count, size_t h0, float *lg, size_t N, size_t V, ds41_err *err) {
+    float **dst = malloc((size_t)count * sizeof *dst);
+    size_t *at = malloc((size_t)count * sizeof *at);
+    if (!dst || !at) { free(dst); free(at); return ds41_errf(err, "out of memory"); }
+    int m = 0;
+    for (int i = 0; i < count && m >= 0; i++) {
+        if (r0[i] + (size_t)T[i] <= h0) continue;
+        if (rows && rows[i]) m = -1;   /* every row wanted */
+        else dst[m] = ss[i]->logits, at[m++] = r0[i] + (size_t)T[i] - 1 - h0;
+    }
+    int sh = ds41_pipe_share(p, lg, (N - h0) * V, V, dst, at, m, err->msg, sizeof err->msg);
+    free(dst);
+    free(at);
+    return sh;
+}
+
 /* One forward over the stacked sequences ss[0..count): sequence i runs tokens[i][0..T[i]) at
  * its position. Sequence 0 carries the row plan qrow / krow / lo (all zero: every row); the
  * head runs on the stacked rows [h0, N) (h0 >= r0 of sequence 1: only sequence 0 may leave
@@ -541,13 +560,22 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
         } else if (head_here) {
             ds41_stream_head(ctx, cfg, w, w->norm, &b.s, h0, (int)(N - h0), dst);
         }
-        if (e->pipe && ds41_pipe_share(e->pipe, dst, (N - h0) * V, err->msg, sizeof err->msg)) { rc = -1; goto done; }
-        if (dst != s->logits) memcpy(s->logits, dst + (N - 1 - h0) * V, (size_t)V * sizeof(float));
+        /* --split layers: the rows may arrive later (serve's pipelined step), stay on the last
+         * stage (ids after the last stage) or not come here (dist_pipe.h) */
+        size_t at = N - 1 - h0;
+        int sh = e->pipe ? ds41_pipe_share(e->pipe, dst, (N - h0) * V, V, &s->logits, &at, rows && rows[0] ? -1 : 1,
+                                           err->msg, sizeof err->msg) : 0;
+        if (sh < 0) { rc = -1; goto done; }
+        if (!(sh & DS41_PIPE_NOT_HERE) && dst != s->logits) memcpy(s->logits, dst + at * V, (size_t)V * sizeof(float));
+        s->lg_unshared = (sh & DS41_PIPE_UNSHARED) != 0;
     } else if (count > 1 && N > h0) {
         if (head_here) ds41_stream_head(ctx, cfg, w, w->norm, &b.s, h0, (int)(N - h0), lg);
-        if (e->pipe && ds41_pipe_share(e->pipe, lg, (N - h0) * V, err->msg, sizeof err->msg)) { rc = -1; goto done; }
+        int sh = e->pipe ? pipe_share_batch(e->pipe, ss, T, r0, rows, count, h0, lg, N, V, err) : 0;
+        if (sh < 0) { rc = -1; goto done; }
         for (int i = 0; i < count; i++) {
             if (r0[i] + (size_t)T[i] <= h0) continue;   /* no row of it in the head (a chunk that goes on) */
+            ss[i]->lg_unshared = (sh & DS41_PIPE_UNSHARED) != 0;
+            if (sh & DS41_PIPE_NOT_HERE) continue;
             if (rows && rows[i]) memcpy(rows[i], lg + (r0[i] - h0) * V, (size_t)T[i] * V * sizeof(float));
             memcpy(ss[i]->logits, lg + (r0[i] + (size_t)T[i] - 1 - h0) * V, (size_t)V * sizeof(float));
         }

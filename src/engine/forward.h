@@ -79,6 +79,9 @@ typedef struct ds41_seq {
     ds41_prefill_mode prefill;
     int index_k_official;     /* spec 3.9 / 10.1 reading */
     float *logits;            /* [vocab]: the last row of the last forward that asked for it */
+    /* --split layers (dist_pipe.h): the last forward's logits are on the last stage only;
+     * ds41_logits fetches them, ds41_session_sample takes the last stage's token */
+    int lg_unshared;
     /* DSpark context input of the last forward: main_hidden rows for positions
      * mh_pos0 .. mh_pos0 + mh_rows - 1 ([mh_rows, n_targets * dim] BF16 values). */
     float *main_hidden;

@@ -271,6 +271,7 @@ ds41_engine *ds41_load(const char *dir, const ds41_load_params *p, char *errbuf,
             copy_err(errbuf, errcap, derr);
             return NULL;
         }
+        e->step = ds41_pipe_step;   /* the plan's hash also travels with the stream */
         return e;
     }
     e->ctx.moe = moe;
@@ -343,6 +344,7 @@ void ds41_session_reset(ds41_session *s) {
     ds41_seq *q = &s->seq;
     ds41_cache_reset(&q->cache);
     memset(q->logits, 0, (size_t)s->e->cfg->vocab_size * sizeof(float));
+    q->lg_unshared = 0;
     free(q->main_hidden);
     q->main_hidden = NULL;
     q->mh_rows = 0;
@@ -539,7 +541,14 @@ int ds41_feed_batch(ds41_session **ss, const int32_t *const *ids, const size_t *
     return failed;
 }
 
-const float *ds41_logits(const ds41_session *s) { return s->seq.logits; }
+const float *ds41_logits(const ds41_session *s) {
+    /* --split layers: the last stage sends them now (every rank asks at the same point) */
+    if (s->seq.lg_unshared) {
+        ds41_pipe_fetch(s->e->pipe, s->seq.logits, (size_t)s->e->cfg->vocab_size);
+        ((ds41_session *)s)->seq.lg_unshared = 0;   /* the session's own state, not the caller's view */
+    }
+    return s->seq.logits;
+}
 
 void ds41_session_set_sampling(ds41_session *s, float temperature, int top_k, float top_p, float min_p, uint64_t seed) {
     struct ds41_lproc *lp = s->sampler0.lp;
@@ -559,11 +568,7 @@ int ds41_session_set_lproc(ds41_session *s, struct ds41_lproc *lp) {
 }
 
 /* The one place a plain step's row is processed: a copy, so ds41_logits stays the model's. */
-int ds41_session_sample(ds41_session *s) {
-    if (s->sampled) {   /* drawn by the rank that ran the forward (ds41_session_absorb_token) */
-        s->sampled = 0;
-        return s->next;
-    }
+static int session_sample_here(ds41_session *s) {
     int V = s->e->cfg->vocab_size;
     const float *row = s->seq.logits;
     if (ds41_lproc_active(s->sampler.lp)) {
@@ -572,6 +577,19 @@ int ds41_session_sample(ds41_session *s) {
         row = s->prow;
     }
     return ds41_sample(&s->sampler, row, V, s->sscratch, s->iscratch);
+}
+
+int ds41_session_sample(ds41_session *s) {
+    if (s->sampled) {   /* drawn by the rank that ran the forward (ds41_session_absorb_token) */
+        s->sampled = 0;
+        return s->next;
+    }
+    ds41_pipe *p = s->e->pipe;
+    if (!p || !ds41_pipe_ids(p)) return session_sample_here(s);
+    /* --split layers: the last stage samples and sends the token; the other ranks take it */
+    int id = ds41_pipe_last(p) ? session_sample_here(s) : 0;
+    ds41_pipe_token(p, &id);
+    return id;
 }
 
 int ds41_draft_block_size(const ds41_engine *e) {

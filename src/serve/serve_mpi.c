@@ -470,7 +470,7 @@ void ds41_smirror_batch_step(ds41_smirror *m, ds41_engine *e, ds41_batch_item *i
     if (!m) { ds41_batch_step(it, count); return; }
     ds41_smirror_step(m, it, count);
     if (!m->dp) {
-        ds41_batch_step(it, count);
+        ds41_smirror_pipe_step(e, it, count);   /* --split layers: micro-batches through the stages */
         dp_measure(&m->dpc, (ds41_session *const *)m->sess, NULL, m->n_sess, 0);
         return;
     }
@@ -746,7 +746,7 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             w += 3 + b->n;
         }
         if (dp) return step_own(e, f, *items, op->count, err, errcap);
-        ds41_batch_step(*items, op->count);   /* per-item failures are rank 0's too */
+        ds41_smirror_pipe_step(e, *items, op->count);   /* per-item failures are rank 0's too */
         dp_measure(&f->dpc, f->s, NULL, f->n, 0);
         return 0;
     }

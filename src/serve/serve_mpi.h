@@ -106,4 +106,12 @@ int ds41_smirror_follow(ds41_engine *e, ds41_prefix_cache *pc, const ds41_sessio
 struct ds41_sched;
 void ds41_smirror_on_fault(struct ds41_sched *S);
 
+/* --split layers (serve_mpi_pipe.c), every rank, in place of ds41_batch_step: the step's
+ * items in G = min(count, most) micro-batches of consecutive items (most: --pipe-batches,
+ * default 2 x ranks), cut where the rows reach g / G of the step's (cut[0..G]; the same cut on
+ * every rank), each a ds41_batch_step whose stages overlap the next one's; rank 0 collects the
+ * logits at the end. Without stages: ds41_batch_step. Returns the items that failed. */
+int ds41_smirror_pipe_groups(const ds41_batch_item *it, int count, int most, int *cut);
+int ds41_smirror_pipe_step(ds41_engine *e, ds41_batch_item *it, int count);
+
 #endif
