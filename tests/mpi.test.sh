@@ -246,7 +246,6 @@ fi
 # The veth counters must carry at least the bytes the exchange counters say were sent.
 NS=ds41m$$
 . tests/netns.sh
-ns_cleanup() { ip netns del "${NS}0" 2>/dev/null; ip netns del "${NS}1" 2>/dev/null; }
 trap 'ns_cleanup; cleanup' EXIT
 if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && ip netns add "${NS}0" 2>/dev/null && ip netns add "${NS}1" 2>/dev/null &&
    ip link add "${NS}a" netns "${NS}0" type veth peer name "${NS}b" netns "${NS}1" 2>/dev/null; then
@@ -307,8 +306,8 @@ head -c 20000000 "$t/model.safetensors" >"$TMP/trunc/model.safetensors"
 expect_job truncated_engram_shard "rank 1: .*trunc/model.safetensors: tensor 'layers.0.engram.embed.weight'.*end past the data" 60 \
     mpiexec -n 1 "$DS41" run -m "$big" --prompt-ids 1,2,3 -n 2 --exact : -n 1 "$DS41" run -m "$TMP/trunc" --prompt-ids 1,2,3 -n 2 --exact
 rm -f "$TMP/trunc/model.safetensors"
-expect_job serve_spec_refused "ds41 serve: --spec is not supported under mpiexec" 60 \
-    mpiexec -n 2 "$DS41" serve -m "$tiny" --port 0 --spec fixed:2
+expect_job serve_dp_spec_refused "ds41 serve: --spec is not supported with --dp-attention" 60 \
+    mpiexec -n 2 "$DS41" serve -m "$tiny" --port 0 --spec fixed:2 --dp-attention
 printf '0 0 1\n0 x 1\n' >"$TMP/badmap"
 expect_job malformed_expert_map "badmap:2: expected an expert id" 60 \
     mpiexec -n 2 "$DS41" run -m "$tiny" --prompt-ids 1,2,3 -n 2 --expert-map "$TMP/badmap"
@@ -445,6 +444,63 @@ else
     ns_cleanup
     echo "SKIP serve_link_down_503: needs root and ip netns"
 fi
+
+# ---------------------------------------------------------------- serve --spec under mpiexec
+# rank 0 drafts, verifies and decides each verify's outcome; rank 1 proposes with it (DSpark's
+# MoE layers exchange) and keeps rank 0's accepted rows. The 8 concurrent requests and the
+# repeat (as above: greedy with logprobs, seeded sampling, whose rejection sampling draws from
+# rank 0's stream) give the bytes of one process with the same --spec, exact mode. fixed:3:
+# the drafts verified and accepted (rank 0's /metrics) equal the one process's too, and are
+# not 0. auto: the job calibrates first (its forwards collective: a CALIBRATE record), into a
+# fresh curve file that the one process then loads, so both schedule the drafts from the same
+# curve. Two phases of two servers each: (mpiexec auto, one process fixed:3), then (mpiexec
+# fixed:3, one process auto).
+spec_metrics() {   # spec_metrics PORT -> "draft_tokens accepted_tokens"
+    "$PY" -c "
+import re, sys, urllib.request
+t = urllib.request.urlopen('http://127.0.0.1:%s/metrics' % sys.argv[1], timeout=10).read().decode()
+g = lambda n: int(float(re.search(r'^' + n + r'\{[^}]*\} ([0-9.e+]+)$', t, re.M).group(1)))
+print(g('vllm:spec_decode_num_draft_tokens_total'), g('vllm:spec_decode_num_accepted_tokens_total'))" "$1"
+}
+spec_phase() {   # spec_phase TAG MPI_SPEC ONE_SPEC: $TMP/TAG.{mpi,one}.{out,log,met}
+    local tag=$1 ms=$2 os=$3 pm po cm co jm jo
+    DS41_SPEC_CURVE=$TMP/curve.txt timeout 120 mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --exact --spec "$ms" \
+        --mpi-timeout 10 >/dev/null 2>"$TMP/$tag.mpi.log" &
+    jm=$!
+    # the one process waits for the job's curve (auto loads the file the job wrote)
+    [ "$ms" = auto ] && { pm=$(serve_port "$TMP/$tag.mpi.log") || pm=""; }
+    DS41_SPEC_CURVE=$TMP/curve.txt timeout 120 "$DS41" serve -m "$demo" --port 0 --exact --spec "$os" >/dev/null 2>"$TMP/$tag.one.log" &
+    jo=$!
+    if { [ -n "${pm:-}" ] || pm=$(serve_port "$TMP/$tag.mpi.log"); } && po=$(serve_port "$TMP/$tag.one.log"); then
+        "$PY" tests/serve/mpi_client.py answers "$pm" >"$TMP/$tag.mpi.out" 2>&1 &
+        cm=$!
+        "$PY" tests/serve/mpi_client.py answers "$po" >"$TMP/$tag.one.out" 2>&1
+        co=$?
+        wait "$cm"; cm=$?
+        spec_metrics "$pm" >"$TMP/$tag.mpi.met" 2>&1
+        spec_metrics "$po" >"$TMP/$tag.one.met" 2>&1
+        [ $cm -eq 0 ] && [ $co -eq 0 ] || echo "a request failed: $(grep -v '^{"' "$TMP/$tag.mpi.out" "$TMP/$tag.one.out" | head -c 300)" >"$TMP/$tag.err"
+    else
+        echo "a server did not start: $(tail -n 2 "$TMP/$tag.mpi.log" "$TMP/$tag.one.log")" >"$TMP/$tag.err"
+    fi
+    kill -TERM "$jo" "$(rank_pid 0)" 2>/dev/null
+    wait "$jo" "$jm"
+}
+rm -f "$TMP/curve.txt"
+spec_phase specA auto fixed:3
+spec_phase specB fixed:3 auto
+for x in "fixed:3 specB.mpi specA.one" "auto specA.mpi specB.one"; do
+    set -- $x
+    name=serve_n2_spec_${1%%:*}
+    if [ -s "$TMP/specA.err" ] || [ -s "$TMP/specB.err" ]; then fail "$name" "$(cat "$TMP/specA.err" "$TMP/specB.err" 2>/dev/null)"
+    elif ! cmp -s "$TMP/$2.out" "$TMP/$3.out"; then fail "$name" "answers differ from one process: $(cmp "$TMP/$2.out" "$TMP/$3.out")"
+    elif [ "$(wc -l <"$TMP/$2.out")" -ne 10 ]; then fail "$name" "$(wc -l <"$TMP/$2.out") answers, expected 10"
+    elif [ "$1" = auto ] && ! grep -q "measured the verify-width curve" "$TMP/specA.mpi.log"; then
+        fail "$name" "the job did not calibrate: $(tail -n 2 "$TMP/specA.mpi.log")"
+    elif [ "$1" = fixed:3 ] && { ! cmp -s "$TMP/$2.met" "$TMP/$3.met" || [ "$(cut -d' ' -f2 "$TMP/$2.met")" -lt 1 ]; }; then
+        fail "$name" "drafts verified / accepted: '$(cat "$TMP/$2.met")' (one process: '$(cat "$TMP/$3.met")', expected equal, some accepted)"
+    else pass "$name ($(cat "$TMP/$2.met") drafts verified / accepted)"; fi
+done
 
 # ---------------------------------------------------------------- serve --dp-attention
 # Each rank holds and attends its own sequences (rank 0 gives each new one to the least-loaded

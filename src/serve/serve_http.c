@@ -1197,6 +1197,7 @@ int ds41_serve(const ds41_serve_opts *o) {
     if (ds41_dist_size() > 1) {
         /* under mpiexec: the other ranks replay rank 0's engine calls (serve_mpi.h) */
         if (ds41_dist_rank() > 0) {
+            if (sp.spec_mode != DS41_SPEC_OFF) sp.sp.draft = 1;   /* as rank 0's scheduler keeps the DSpark rings */
             rc = ds41_smirror_follow(sv->e, sv->pc, &sp.sp, eb, sizeof eb) ? 1 : 0;
             if (rc) fprintf(stderr, "ds41 serve: %s\n", eb);
             goto out;

@@ -15,7 +15,16 @@
  *
  * Words on the wire: int32. Operations: OPEN id | CLOSE id | RESTORE id n ids[n] |
  * PUBLISH id n ids[n] | TRIM lo hi (bytes) | STEP count {id n ahead ids[n]}[count] | END |
- * OPEN_ON id rank.
+ * OPEN_ON id rank | DRAFT id t_next | CALIBRATE width prompt_len reps.
+ *
+ * --spec (replicated attention only): a proposal (ds41_session_draft) runs DSpark's stages,
+ * MoE layers included, so rank 0 sends DRAFT (the session, the token it drafts after) before
+ * each one and the followers propose too; the --spec auto calibration's forwards likewise
+ * (CALIBRATE, when rank 0 has no cached curve). A STEP item with ahead = -1 is a verify block
+ * (ids[0] = t_next, then the drafts). Whether a draft is accepted is rank 0's decision (its
+ * sampler stream and logits processor): inside each verify, after the forward, rank 0
+ * broadcasts {accepted, next token} and the followers keep exactly those rows
+ * (ds41_spec_set_outcome_hook).
  *
  * --dp-attention (docs/distributed.md): rank 0 gives each new sequence to the least-loaded
  * rank (sequences open there, then tokens held) with OPEN_ON; only that rank holds it. Each
@@ -33,7 +42,9 @@
 #include "ds41.h"
 
 enum { DS41_SOP_OPEN = 1, DS41_SOP_CLOSE, DS41_SOP_RESTORE, DS41_SOP_PUBLISH, DS41_SOP_TRIM, DS41_SOP_STEP, DS41_SOP_END,
-       DS41_SOP_OPEN_ON };
+       DS41_SOP_OPEN_ON, DS41_SOP_DRAFT, DS41_SOP_CALIBRATE };
+/* a STEP item's ahead word for a verify block */
+#define DS41_SOP_VERIFY (-1)
 
 /* One decoded operation; ids / items point into the buffer. */
 typedef struct ds41_sop {
@@ -45,6 +56,8 @@ typedef struct ds41_sop {
     long long bytes;          /* TRIM */
     int count;                /* STEP: items at items (words: id n ahead ids...) */
     const int32_t *items;
+    int32_t t_next;           /* DRAFT */
+    int width, prompt_len, reps;   /* CALIBRATE */
 } ds41_sop;
 
 /* Decodes the operation at w[*at] (n words in all), advancing *at. 1: one decoded; 0: the end
@@ -62,6 +75,9 @@ void ds41_smirror_restore(ds41_smirror *m, const ds41_session *s, const int32_t 
 void ds41_smirror_publish(ds41_smirror *m, const ds41_session *s, const int32_t *ids, size_t n);
 void ds41_smirror_trim(ds41_smirror *m, long long bytes);
 void ds41_smirror_step(ds41_smirror *m, const ds41_batch_item *it, int count);
+/* before ds41_session_draft(s, t_next, ...) / ds41_spec_calibrate(e, width, prompt_len, reps, ...) */
+void ds41_smirror_draft(ds41_smirror *m, const ds41_session *s, int32_t t_next);
+void ds41_smirror_calibrate(ds41_smirror *m, int width, int prompt_len, int reps);
 /* The scheduler's step: ds41_smirror_step and ds41_batch_step (m == NULL: the step alone);
  * under --dp-attention rank 0 runs only its own items and takes the others' answers. */
 void ds41_smirror_batch_step(ds41_smirror *m, ds41_engine *e, ds41_batch_item *it, int count);

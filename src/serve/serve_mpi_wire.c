@@ -5,15 +5,15 @@
 
 #include "serve_mpi.h"
 
-static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH", "TRIM", "STEP", "END", "OPEN_ON" };
+static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH", "TRIM", "STEP", "END", "OPEN_ON", "DRAFT", "CALIBRATE" };
 
 int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *err, size_t errcap) {
     size_t i = *at;
     if (i >= n) return 0;
     memset(op, 0, sizeof *op);
     op->op = w[i];
-    if (op->op < DS41_SOP_OPEN || op->op > DS41_SOP_OPEN_ON)
-        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, got %d", i, DS41_SOP_OPEN_ON, (int)w[i]), -1;
+    if (op->op < DS41_SOP_OPEN || op->op > DS41_SOP_CALIBRATE)
+        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, got %d", i, DS41_SOP_CALIBRATE, (int)w[i]), -1;
     const char *name = op_name[op->op];
     i++;
 #define NEED(k, what) \
@@ -54,14 +54,34 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
         op->items = w + i;
         for (int k = 0; k < op->count; k++) {
             NEED(3, "an item (session id, token count, look-ahead)");
-            if (w[i + 1] < 1 || w[i + 2] < 0)
-                return snprintf(err, errcap, "serve mirror: word %zu: STEP item %d: %d tokens, look-ahead %d (expected >= 1 and >= 0)",
-                                i, k, (int)w[i + 1], (int)w[i + 2]), -1;
+            if (w[i + 1] < 1 || w[i + 2] < DS41_SOP_VERIFY)
+                return snprintf(err, errcap, "serve mirror: word %zu: STEP item %d: %d tokens, look-ahead %d (expected >= 1 and >= 0, "
+                                "or %d for a verify block)", i, k, (int)w[i + 1], (int)w[i + 2], DS41_SOP_VERIFY), -1;
+            if (w[i + 2] == DS41_SOP_VERIFY && w[i + 1] > DS41_SPEC_MAX_DRAFTS + 1)
+                return snprintf(err, errcap, "serve mirror: word %zu: STEP item %d: a verify block of %d tokens (at most %d)", i, k,
+                                (int)w[i + 1], DS41_SPEC_MAX_DRAFTS + 1), -1;
             size_t t = (size_t)w[i + 1];
             i += 3;
             NEED(t, "the item's tokens");
             i += t;
         }
+        break;
+    case DS41_SOP_DRAFT:
+        NEED(2, "a session id and the token to draft after");
+        if (w[i + 1] < 0) return snprintf(err, errcap, "serve mirror: word %zu: DRAFT: token %d is negative", i + 1, (int)w[i + 1]), -1;
+        op->id = w[i];
+        op->t_next = w[i + 1];
+        i += 2;
+        break;
+    case DS41_SOP_CALIBRATE:
+        NEED(3, "a width, a prompt length and a repeat count");
+        if (w[i] < 1 || w[i] > DS41_SPEC_MAX_WIDTH || w[i + 1] < 1 || w[i + 1] > 4096 || w[i + 2] < 1 || w[i + 2] > 64)
+            return snprintf(err, errcap, "serve mirror: word %zu: CALIBRATE: width %d, prompt %d, reps %d (expected 1..%d, 1..4096, 1..64)",
+                            i, (int)w[i], (int)w[i + 1], (int)w[i + 2], DS41_SPEC_MAX_WIDTH), -1;
+        op->width = w[i];
+        op->prompt_len = w[i + 1];
+        op->reps = w[i + 2];
+        i += 3;
         break;
     default:   /* END */
         break;
