@@ -5,10 +5,13 @@
 # TAP device in each namespace joined by the delay line tests/tools/netdelay (a user-space
 # forwarder that writes each frame DELAY us after it read it; tests/netdelay.test.sh checks the
 # round trip). The first line says which emulated the link.
-# Cost model, per decode step: --split experts (the default) waits for the step plan's
-# broadcasts (2) and one expert exchange per MoE layer, each about one one-way delay, so
-# t(d) = t(0) + (layers + 2) x d; --split layers waits for the residual stream's hop to the
-# last stage and the logits' way back, t(d) = t(0) + 2 x d.
+# Cost model, per decode step: --split experts (the default) waits one one-way delay per MoE
+# exchange (every layer), t(d) = t(0) + layers x d (rank 0 only sends the step plan, and its
+# follower receives it within the delay it gained at the last exchange: the broadcasts and
+# the Engram exchange add no delay of their own; the first model here, (layers + 2) x d,
+# counted them and was 2 delays above the measured slope); --split layers waits for the
+# residual stream's hop to the last stage and the logits' way back, t(d) = t(0) + 2 x d.
+# Last line per split: the least-squares slope of the step time against d, in delays per step.
 # Rounds interleave the delays and the splits. Needs root (ip netns, tc or /dev/net/tun).
 # docs/distributed.md ("Link latency").
 #   bench/mpi_netem.sh CKPT [ROUNDS] [DELAYS_US...]        SPLITS="experts layers" to add the layer split
@@ -86,9 +89,15 @@ def tps(path):
 print("%-8s %-10s %12s %14s %16s" % ("split", "delay us", "decode t/s", "step ms", "model step ms"))
 for sp in splits:
     t0 = None
-    per = L + 2 if sp == "experts" else 2   # one-way delays a decode step waits for
+    per = L if sp == "experts" else 2   # one-way delays a decode step waits for
+    xs, ys = [], []
     for d in ds:
         v = statistics.median(tps(f"{tmp}/o.{sp}.{d}.{r}") for r in range(1, rounds + 1))
         step = 1000.0 / v; t0 = t0 if t0 is not None else step
+        xs.append(d / 1000.0); ys.append(step)
         print("%-8s %-10d %12.2f %14.2f %16.2f" % (sp, d, v, step, t0 + per * d / 1000.0))
+    if len(xs) > 1:
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+        print("%-8s slope %.2f delays per step (model %d)" % (sp, slope, per))
 PY
