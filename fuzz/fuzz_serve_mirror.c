@@ -31,6 +31,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (p != w + at) abort();
         }
         if (op.op == DS41_SOP_DRAFT && op.t_next < 0) abort();
+        if (op.op == DS41_SOP_EMBEDS) {
+            size_t k = 0;
+            if (op.dim < 1 || op.flags != op.ids + op.n || op.rows != op.flags + op.n) abort();
+            for (size_t j = 0; j < op.n; j++) k += (size_t)op.flags[j];
+            if (k != op.k || op.rows + op.k * (size_t)op.dim != w + at) abort();
+        }
         if (op.op == DS41_SOP_CALIBRATE && (op.width < 1 || op.prompt_len < 1 || op.reps < 1 || op.reps > 64)) abort();
     }
     if (r < 0 && (!memchr(err, 0, sizeof err) || strchr(err, '\n') || strncmp(err, "serve mirror: word ", 19))) abort();

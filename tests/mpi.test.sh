@@ -502,6 +502,59 @@ for x in "fixed:3 specB.mpi specA.one" "auto specA.mpi specB.one"; do
     else pass "$name ($(cat "$TMP/$2.met") drafts verified / accepted)"; fi
 done
 
+# ---------------------------------------------------------------- images under mpiexec serve
+# rank 0 encodes each image and sends the prompt's feed (ids, image flags, the span's rows: an
+# EMBEDS record); rank 1 feeds the same. tinyvl (tests/vision.test.sh's checkpoint and config,
+# the tiny tokenizer): a PNG and a JPEG data URL, two concurrent greedy requests with logprobs,
+# exact mode, give the bytes of one process (text, logprobs at 17 digits, usage), and the two
+# answers differ (the embeddings reach rank 1's model too: its experts' outputs are in them)
+VCK=$CK/conf-tinyvl-vision
+[ -f "$VCK/.complete" ] && cmp -s "$VCK/config.json" tests/configs/tinyvl/config.json || {
+    VCK=$TMP/vlck   # not the shared cache: tests/vision.test.sh may be writing it
+    "$PY" tools/make_checkpoint.py tests/configs/tinyvl "$VCK" --seed 1 --token-map stub --vision -q >"$TMP/vl.log" 2>&1; }
+FCK=$TMP/vlfile
+vl_files "$VCK" "$FCK"
+cat >"$TMP/vimg.py" <<'PYEOF'
+import base64, io, json, sys, threading, urllib.request
+from PIL import Image, ImageDraw
+a = Image.new("RGB", (150, 100), (20, 200, 40)); ImageDraw.Draw(a).ellipse((30, 20, 90, 80), fill=(220, 30, 30))
+b = Image.new("RGB", (90, 120), (0, 0, 250)); ImageDraw.Draw(b).rectangle((10, 10, 50, 70), fill=(250, 250, 0))
+urls = []
+for im, fmt, mime in ((a, "PNG", "image/png"), (b, "JPEG", "image/jpeg")):
+    f = io.BytesIO(); im.save(f, fmt); urls.append("data:%s;base64,%s" % (mime, base64.b64encode(f.getvalue()).decode()))
+out = [None, None]
+def ask(i):
+    body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": urls[i]}},
+                                                      {"type": "text", "text": "What colour?"}]}],
+            "max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 2, "skip_special_tokens": False}
+    rq = urllib.request.Request("http://127.0.0.1:%s/v1/chat/completions" % sys.argv[1], json.dumps(body).encode(),
+                                {"Content-Type": "application/json"})
+    with urllib.request.urlopen(rq, timeout=60) as r: d = json.loads(r.read())
+    out[i] = json.dumps({"choices": d["choices"], "usage": d["usage"]}, sort_keys=True)
+ts = [threading.Thread(target=ask, args=(i,)) for i in (0, 1)]
+for t in ts: t.start()
+for t in ts: t.join()
+print("\n".join(o or "no answer" for o in out))
+PYEOF
+timeout 120 "$DS41" serve -m "$FCK" --port 0 --exact --spec off -c 512 >/dev/null 2>"$TMP/v1.log" &
+v1=$!
+timeout 120 mpiexec -n 2 "$DS41" serve -m "$FCK" --port 0 --exact -c 512 --mpi-timeout 10 >/dev/null 2>"$TMP/v2.log" &
+v2=$!
+if p1=$(serve_port "$TMP/v1.log") && p2=$(serve_port "$TMP/v2.log"); then
+    "$PY" "$TMP/vimg.py" "$p1" >"$TMP/v1.out" 2>&1
+    "$PY" "$TMP/vimg.py" "$p2" >"$TMP/v2.out" 2>&1
+    kill -TERM "$v1" "$(rank_pid 0)" 2>/dev/null
+    wait "$v1" "$v2"
+    if [ "$(grep -c '"usage"' "$TMP/v1.out")" -ne 2 ]; then fail serve_n2_images "one process: $(head -c 300 "$TMP/v1.out")"
+    elif ! cmp -s "$TMP/v1.out" "$TMP/v2.out"; then fail serve_n2_images "answers differ from one process: $(head -c 300 "$TMP/v2.out")"
+    elif "$PY" -c "import json,sys; a,b=[json.loads(l)['choices'][0]['message']['content'] for l in open(sys.argv[1])]; sys.exit(a != b)" \
+         "$TMP/v2.out"; then fail serve_n2_images "the PNG and the JPEG answer alike"
+    else pass serve_n2_images; fi
+else
+    fail serve_n2_images "a server did not start: $(tail -n 2 "$TMP/v1.log" "$TMP/v2.log")"
+    kill "$v1" "$v2" 2>/dev/null; wait
+fi
+
 # ---------------------------------------------------------------- serve --dp-attention
 # Each rank holds and attends its own sequences (rank 0 gives each new one to the least-loaded
 # rank); rows travel to their experts' owners and back. The 8 concurrent requests and the 2

@@ -593,9 +593,9 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_k
 #define JFAIL(...) do { ds41_req_fail(&e, __VA_ARGS__); rc = send_error_for(sv, c, &e, anth); job_free(j); return rc; } while (0)
     if (r->model && strcmp(r->model, sv->model_name))
         JFAIL(404, "invalid_request_error", "model", "model_not_found", "The model `%.200s` does not exist.", r->model);
-    /* the followers under mpiexec replay the batched steps, which carry ids only */
-    if (r->n_images && sv->mirror)
-        JFAIL(400, "invalid_request_error", "messages", NULL, "messages: image_url parts are not served under mpiexec");
+    /* under --dp-attention a sequence's prefill runs on the rank that holds it, from ids only */
+    if (r->n_images && sv->mirror && ds41_dist_dp())
+        JFAIL(400, "invalid_request_error", "messages", NULL, "messages: image_url parts are not served with --dp-attention");
     if (r->n_images && !ds41_has_vision(sv->e))
         JFAIL(400, "invalid_request_error", "messages", NULL, "messages: image_url parts need a checkpoint with a vision "
               "tower, and %s has none", sv->model_name);

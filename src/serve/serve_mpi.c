@@ -257,6 +257,19 @@ void ds41_smirror_calibrate(ds41_smirror *m, int width, int prompt_len, int reps
     flush(m);
 }
 
+void ds41_smirror_embeds(ds41_smirror *m, const ds41_session *s, const int32_t *ids, size_t n, const float *emb,
+                         const uint8_t *is_image, int dim) {
+    if (!m) return;
+    if (n > (size_t)INT32_MAX) oom();
+    int32_t v[4] = { DS41_SOP_EMBEDS, sid_of(m, s), (int32_t)n, dim };
+    put(m, v, 4);
+    put(m, ids, n);
+    for (size_t j = 0; j < n; j++) put1(m, is_image && is_image[j] ? 1 : 0);
+    for (size_t j = 0; j < n; j++)
+        if (is_image && is_image[j]) put(m, (const int32_t *)(const void *)(emb + j * (size_t)dim), (size_t)dim);
+    flush(m);   /* the feed is a forward */
+}
+
 /* --spec: each verify's outcome {accepted, next token}, from rank 0 to every rank, inside the
  * verify after the forward (ds41_spec_set_outcome_hook); the followers' own acceptance is
  * replaced (serve_mpi.h) */
@@ -426,6 +439,9 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
     if ((op->op == DS41_SOP_DRAFT || op->op == DS41_SOP_CALIBRATE) && dp)
         return snprintf(err, errcap, "serve mirror: rank 0 sent %s, and --spec is not supported with --dp-attention",
                         op->op == DS41_SOP_DRAFT ? "DRAFT" : "CALIBRATE"), -1;
+    if (op->op == DS41_SOP_EMBEDS && !(s = slot_find(f, op->id)))
+        return snprintf(err, errcap, "serve mirror: rank 0 feeds an image prompt to session %d, which this rank does not hold",
+                        (int)op->id), -1;
     if (op->op == DS41_SOP_DRAFT && !(s = slot_find(f, op->id)))
         return snprintf(err, errcap, "serve mirror: rank 0 drafts for session %d, which this rank does not hold", (int)op->id), -1;
     if ((op->op == DS41_SOP_RESTORE || op->op == DS41_SOP_PUBLISH || op->op == DS41_SOP_TRIM) && !pc)
@@ -488,6 +504,21 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
         ds41_spec_curve c;
         char eb[512];
         ds41_spec_calibrate(e, op->width, op->prompt_len, op->reps, &c, eb, sizeof eb);   /* rank 0 uses its own curve */
+        return 0;
+    }
+    case DS41_SOP_EMBEDS: {
+        if (op->dim != ds41_model_dim(e))
+            return snprintf(err, errcap, "serve mirror: rank 0's image rows are %d wide, this rank's model %d", op->dim, ds41_model_dim(e)), -1;
+        float *emb = calloc(op->n * (size_t)op->dim, sizeof *emb);
+        uint8_t *img = malloc(op->n);
+        if (!emb || !img) { free(emb); free(img); return snprintf(err, errcap, "out of memory"), -1; }
+        for (size_t j = 0, r = 0; j < op->n; j++) {
+            img[j] = (uint8_t)op->flags[j];
+            if (img[j]) memcpy(emb + j * (size_t)op->dim, op->rows + r++ * (size_t)op->dim, (size_t)op->dim * sizeof *emb);
+        }
+        ds41_feed_embeds(s, op->ids, op->n, emb, img);   /* a failure is rank 0's too: it ends the sequence */
+        free(emb);
+        free(img);
         return 0;
     }
     case DS41_SOP_STEP: {

@@ -5,15 +5,15 @@
 
 #include "serve_mpi.h"
 
-static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH", "TRIM", "STEP", "END", "OPEN_ON", "DRAFT", "CALIBRATE" };
+static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH", "TRIM", "STEP", "END", "OPEN_ON", "DRAFT", "CALIBRATE", "EMBEDS" };
 
 int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *err, size_t errcap) {
     size_t i = *at;
     if (i >= n) return 0;
     memset(op, 0, sizeof *op);
     op->op = w[i];
-    if (op->op < DS41_SOP_OPEN || op->op > DS41_SOP_CALIBRATE)
-        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, got %d", i, DS41_SOP_CALIBRATE, (int)w[i]), -1;
+    if (op->op < DS41_SOP_OPEN || op->op > DS41_SOP_EMBEDS)
+        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, got %d", i, DS41_SOP_EMBEDS, (int)w[i]), -1;
     const char *name = op_name[op->op];
     i++;
 #define NEED(k, what) \
@@ -82,6 +82,32 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
         op->prompt_len = w[i + 1];
         op->reps = w[i + 2];
         i += 3;
+        break;
+    case DS41_SOP_EMBEDS:
+        NEED(3, "a session id, a token count and a width");
+        if (w[i + 1] < 1 || w[i + 2] < 1 || w[i + 2] > 65536)
+            return snprintf(err, errcap, "serve mirror: word %zu: EMBEDS: %d tokens of width %d (expected >= 1 and 1..65536)", i + 1,
+                            (int)w[i + 1], (int)w[i + 2]), -1;
+        op->id = w[i];
+        op->n = (size_t)w[i + 1];
+        op->dim = w[i + 2];
+        i += 3;
+        NEED(op->n, "the tokens");
+        op->ids = w + i;
+        i += op->n;
+        NEED(op->n, "a flag per token");
+        op->flags = w + i;
+        for (size_t j = 0; j < op->n; j++) {
+            if (op->flags[j] != 0 && op->flags[j] != 1)
+                return snprintf(err, errcap, "serve mirror: word %zu: EMBEDS: flag %d, expected 0 (text) or 1 (image)", i + j,
+                                (int)op->flags[j]), -1;
+            op->k += (size_t)op->flags[j];
+        }
+        i += op->n;
+        /* k <= n < 2^31 and dim <= 2^16: no overflow in size_t */
+        NEED(op->k * (size_t)op->dim, "the image rows");
+        op->rows = w + i;
+        i += op->k * (size_t)op->dim;
         break;
     default:   /* END */
         break;

@@ -501,6 +501,7 @@ static int expand_images(ds41_sched *S, ds41_sseq *q, ds41_cli_vprompt *vp) {
  * only), then decodes in the batch. */
 static int image_prefill(ds41_sched *S, ds41_sseq *q, ds41_cli_vprompt *vp) {
     vp->ids = q->prompt;
+    ds41_smirror_embeds(S->p.mirror, q->s, vp->ids, vp->n, vp->emb, vp->is_image, vp->dim);   /* the followers feed it too */
     int rc = ds41_cli_vprompt_feed(q->s, vp, 0);
     vp->ids = NULL;
     if (rc) { seq_finish(S, q, DS41_FIN_ERROR, ds41_session_error(q->s)); return -1; }
