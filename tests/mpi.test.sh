@@ -2,7 +2,7 @@
 # ds41 under mpiexec (docs/distributed.md): expert parallelism across 2 and 3 ranks gives tokens
 # and logits bit-identical to one process (exact and fast kernels, both index-K readings,
 # DSpark drafts on and off, the default placement and an --expert-map), perplexity equal, chat
-# replies equal; one run over TCP with shared memory off (checked with strace: the ranks connect
+# replies equal; serve's answers equal (also with --spec fixed:3 and auto, and with images); one run over TCP with shared memory off (checked with strace: the ranks connect
 # over AF_INET) and one across network namespaces (veth);
 # faults end the job with a clear message and a non-zero status, never a hang: a rank with
 # another checkpoint, other flags or a missing shard (refused at start-up), a hung rank
@@ -570,6 +570,16 @@ if [ -s "$TMP/s1.out" ]; then
     if p3=$(serve_port "$TMP/s3.log"); then
         "$PY" tests/serve/mpi_client.py answers "$p3" nocache >"$TMP/s3.out" 2>&1
         c3=$?
+        # an image part: a 400 naming --dp-attention (checked before the tower)
+        "$PY" -c "
+import base64, io, json, sys, urllib.request, urllib.error
+from PIL import Image
+f = io.BytesIO(); Image.new('RGB', (28, 28), (9, 99, 199)).save(f, 'PNG')
+u = 'data:image/png;base64,' + base64.b64encode(f.getvalue()).decode()
+b = {'messages': [{'role': 'user', 'content': [{'type': 'image_url', 'image_url': {'url': u}}]}]}
+rq = urllib.request.Request('http://127.0.0.1:%s/v1/chat/completions' % sys.argv[1], json.dumps(b).encode(), {'Content-Type': 'application/json'})
+try: urllib.request.urlopen(rq, timeout=30); print('200')
+except urllib.error.HTTPError as e: print(e.code, e.read().decode())" "$p3" >"$TMP/s3img.out" 2>&1
         kill -TERM "$(rank_pid 0)" 2>/dev/null
         wait "$s3"
         s3rc=$?
@@ -582,6 +592,8 @@ if [ -s "$TMP/s1.out" ]; then
         elif [ -z "$h0" ] || [ -z "$h1" ] || [ "$h0" -lt 1 ] || [ "$h1" -lt 1 ] || [ $((h0 + h1)) -ne 10 ]; then
             fail serve_dp_answers "sequences held by rank 0 / 1: '$h0' / '$h1' (expected both, 10 in all)"
         else pass serve_dp_answers; fi
+        grep -q "^400 .*image_url parts are not served with --dp-attention" "$TMP/s3img.out" && pass serve_dp_image_400 ||
+            fail serve_dp_image_400 "$(head -c 300 "$TMP/s3img.out")"
     else
         fail serve_dp_answers "the server did not start: $(tail -n 2 "$TMP/s3.log")"
         kill "$s3" 2>/dev/null; wait "$s3"
