@@ -87,8 +87,8 @@ for r in $(seq 1 "$rounds"); do
         for d in $delays; do
             set_delay "$d"
             for sp in $splits; do
-                # a run that fails is said and run once more (seen once in 100 runs: MPI_Finalize
-                # over UCX's TCP did not return within ds41's 10 s); a second failure ends the script
+                # a run that fails is said and run once more (seen twice in 150 runs, docs/distributed.md
+                # "Link latency"); a second failure ends the script
                 for try in 1 2; do
                     MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NOLOCAL=1 UCX_TLS=tcp,self timeout 600 mpiexec -n 2 "$TMP/launch" \
                         "$DS41" run -m "$ck" --prompt-ids 1,2,3,4,5,6,7,8 -n 33 --ignore-eos --spec off --json --mpi-timeout 60 \
