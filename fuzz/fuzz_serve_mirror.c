@@ -25,10 +25,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             const int32_t *p = op.items;
             for (int k = 0; k < op.count; k++) {
                 if (p + 3 > w + n || p[1] < 1 || p + 3 + p[1] > w + n) abort();
+                if (p[2] < DS41_SOP_VERIFY || (p[2] == DS41_SOP_VERIFY && p[1] > DS41_SPEC_MAX_DRAFTS + 1)) abort();
                 p += 3 + p[1];
             }
             if (p != w + at) abort();
         }
+        if (op.op == DS41_SOP_DRAFT && op.t_next < 0) abort();
+        if (op.op == DS41_SOP_EMBEDS) {
+            size_t k = 0;
+            if (op.dim < 1 || op.flags != op.ids + op.n || op.rows != op.flags + op.n) abort();
+            for (size_t j = 0; j < op.n; j++) k += (size_t)op.flags[j];
+            if (k != op.k || op.rows + op.k * (size_t)op.dim != w + at) abort();
+        }
+        if (op.op == DS41_SOP_CALIBRATE && (op.width < 1 || op.prompt_len < 1 || op.reps < 1 || op.reps > 64)) abort();
     }
     if (r < 0 && (!memchr(err, 0, sizeof err) || strchr(err, '\n') || strncmp(err, "serve mirror: word ", 19))) abort();
     if (r == 0 && at != n) abort();

@@ -63,3 +63,16 @@ serve_start() {
     done
     if [ -z "$PORT" ]; then fail "serve_start_$name" "$(tail -n 5 "$TMP/$name.log")"; return 1; fi
 }
+
+# vl_files VCK DIR: DIR gets the tinyvl checkpoint VCK (make_checkpoint.py --vision; symlinked)
+# under a config with room for an image (512 positions; images planned to at most 40 positions
+# from min_pixels 1764) and the tiny byte-level tokenizer (tests/vision.test.sh, tests/mpi.test.sh)
+vl_files() {
+    local abs f
+    mkdir -p "$2"
+    case $1 in /*) abs=$1 ;; *) abs=$PWD/$1 ;; esac
+    for f in model.safetensors engram_token_map.i32; do ln -sf "$abs/$f" "$2/$f"; done
+    sed -e 's/"max_position_embeddings": 128/"max_position_embeddings": 512/' -e 's/"max_image_tokens": 1024/"max_image_tokens": 40/' \
+        -e 's/"min_pixels": 295936/"min_pixels": 1764/' tests/configs/tinyvl/config.json >"$2/config.json"
+    "$PY" tests/tiny_tokenizer.py "$2"
+}

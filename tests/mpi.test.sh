@@ -2,7 +2,7 @@
 # ds41 under mpiexec (docs/distributed.md): expert parallelism across 2 and 3 ranks gives tokens
 # and logits bit-identical to one process (exact and fast kernels, both index-K readings,
 # DSpark drafts on and off, the default placement and an --expert-map), perplexity equal, chat
-# replies equal; one run over TCP with shared memory off (checked with strace: the ranks connect
+# replies equal; serve's answers equal (also with --spec fixed:3 and auto, and with images); one run over TCP with shared memory off (checked with strace: the ranks connect
 # over AF_INET) and one across network namespaces (veth);
 # faults end the job with a clear message and a non-zero status, never a hang: a rank with
 # another checkpoint, other flags or a missing shard (refused at start-up), a hung rank
@@ -247,7 +247,6 @@ fi
 # The veth counters must carry at least the bytes the exchange counters say were sent.
 NS=ds41m$$
 . tests/netns.sh
-ns_cleanup() { ip netns del "${NS}0" 2>/dev/null; ip netns del "${NS}1" 2>/dev/null; }
 trap 'ns_cleanup; cleanup' EXIT
 if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && ip netns add "${NS}0" 2>/dev/null && ip netns add "${NS}1" 2>/dev/null &&
    ip link add "${NS}a" netns "${NS}0" type veth peer name "${NS}b" netns "${NS}1" 2>/dev/null; then
@@ -308,8 +307,8 @@ head -c 20000000 "$t/model.safetensors" >"$TMP/trunc/model.safetensors"
 expect_job truncated_engram_shard "rank 1: .*trunc/model.safetensors: tensor 'layers.0.engram.embed.weight'.*end past the data" 60 \
     mpiexec -n 1 "$DS41" run -m "$big" --prompt-ids 1,2,3 -n 2 --exact : -n 1 "$DS41" run -m "$TMP/trunc" --prompt-ids 1,2,3 -n 2 --exact
 rm -f "$TMP/trunc/model.safetensors"
-expect_job serve_spec_refused "ds41 serve: --spec is not supported under mpiexec" 60 \
-    mpiexec -n 2 "$DS41" serve -m "$tiny" --port 0 --spec fixed:2
+expect_job serve_dp_spec_refused "ds41 serve: --spec is not supported with --dp-attention" 60 \
+    mpiexec -n 2 "$DS41" serve -m "$tiny" --port 0 --spec fixed:2 --dp-attention
 printf '0 0 1\n0 x 1\n' >"$TMP/badmap"
 expect_job malformed_expert_map "badmap:2: expected an expert id" 60 \
     mpiexec -n 2 "$DS41" run -m "$tiny" --prompt-ids 1,2,3 -n 2 --expert-map "$TMP/badmap"
@@ -447,6 +446,116 @@ else
     echo "SKIP serve_link_down_503: needs root and ip netns"
 fi
 
+# ---------------------------------------------------------------- serve --spec under mpiexec
+# rank 0 drafts, verifies and decides each verify's outcome; rank 1 proposes with it (DSpark's
+# MoE layers exchange) and keeps rank 0's accepted rows. The 8 concurrent requests and the
+# repeat (as above: greedy with logprobs, seeded sampling, whose rejection sampling draws from
+# rank 0's stream) give the bytes of one process with the same --spec, exact mode. fixed:3:
+# the drafts verified and accepted (rank 0's /metrics) equal the one process's too, and are
+# not 0. auto: the job calibrates first (its forwards collective: a CALIBRATE record), into a
+# fresh curve file that the one process then loads, so both schedule the drafts from the same
+# curve. Two phases of two servers each: (mpiexec auto, one process fixed:3), then (mpiexec
+# fixed:3, one process auto).
+spec_metrics() {   # spec_metrics PORT -> "draft_tokens accepted_tokens"
+    "$PY" -c "
+import re, sys, urllib.request
+t = urllib.request.urlopen('http://127.0.0.1:%s/metrics' % sys.argv[1], timeout=10).read().decode()
+g = lambda n: int(float(re.search(r'^' + n + r'\{[^}]*\} ([0-9.e+]+)$', t, re.M).group(1)))
+print(g('vllm:spec_decode_num_draft_tokens_total'), g('vllm:spec_decode_num_accepted_tokens_total'))" "$1"
+}
+spec_phase() {   # spec_phase TAG MPI_SPEC ONE_SPEC: $TMP/TAG.{mpi,one}.{out,log,met}
+    local tag=$1 ms=$2 os=$3 pm po cm co jm jo
+    DS41_SPEC_CURVE=$TMP/curve.txt timeout 120 mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --exact --spec "$ms" \
+        --mpi-timeout 10 >/dev/null 2>"$TMP/$tag.mpi.log" &
+    jm=$!
+    # the one process waits for the job's curve (auto loads the file the job wrote)
+    [ "$ms" = auto ] && { pm=$(serve_port "$TMP/$tag.mpi.log") || pm=""; }
+    DS41_SPEC_CURVE=$TMP/curve.txt timeout 120 "$DS41" serve -m "$demo" --port 0 --exact --spec "$os" >/dev/null 2>"$TMP/$tag.one.log" &
+    jo=$!
+    if { [ -n "${pm:-}" ] || pm=$(serve_port "$TMP/$tag.mpi.log"); } && po=$(serve_port "$TMP/$tag.one.log"); then
+        "$PY" tests/serve/mpi_client.py answers "$pm" >"$TMP/$tag.mpi.out" 2>&1 &
+        cm=$!
+        "$PY" tests/serve/mpi_client.py answers "$po" >"$TMP/$tag.one.out" 2>&1
+        co=$?
+        wait "$cm"; cm=$?
+        spec_metrics "$pm" >"$TMP/$tag.mpi.met" 2>&1
+        spec_metrics "$po" >"$TMP/$tag.one.met" 2>&1
+        [ $cm -eq 0 ] && [ $co -eq 0 ] || echo "a request failed: $(grep -v '^{"' "$TMP/$tag.mpi.out" "$TMP/$tag.one.out" | head -c 300)" >"$TMP/$tag.err"
+    else
+        echo "a server did not start: $(tail -n 2 "$TMP/$tag.mpi.log" "$TMP/$tag.one.log")" >"$TMP/$tag.err"
+    fi
+    kill -TERM "$jo" "$(rank_pid 0)" 2>/dev/null
+    wait "$jo" "$jm"
+}
+rm -f "$TMP/curve.txt"
+spec_phase specA auto fixed:3
+spec_phase specB fixed:3 auto
+for x in "fixed:3 specB.mpi specA.one" "auto specA.mpi specB.one"; do
+    set -- $x
+    name=serve_n2_spec_${1%%:*}
+    if [ -s "$TMP/specA.err" ] || [ -s "$TMP/specB.err" ]; then fail "$name" "$(cat "$TMP/specA.err" "$TMP/specB.err" 2>/dev/null)"
+    elif ! cmp -s "$TMP/$2.out" "$TMP/$3.out"; then fail "$name" "answers differ from one process: $(cmp "$TMP/$2.out" "$TMP/$3.out")"
+    elif [ "$(wc -l <"$TMP/$2.out")" -ne 10 ]; then fail "$name" "$(wc -l <"$TMP/$2.out") answers, expected 10"
+    elif [ "$1" = auto ] && ! grep -q "measured the verify-width curve" "$TMP/specA.mpi.log"; then
+        fail "$name" "the job did not calibrate: $(tail -n 2 "$TMP/specA.mpi.log")"
+    elif [ "$1" = fixed:3 ] && { ! cmp -s "$TMP/$2.met" "$TMP/$3.met" || [ "$(cut -d' ' -f2 "$TMP/$2.met")" -lt 1 ]; }; then
+        fail "$name" "drafts verified / accepted: '$(cat "$TMP/$2.met")' (one process: '$(cat "$TMP/$3.met")', expected equal, some accepted)"
+    else pass "$name ($(cat "$TMP/$2.met") drafts verified / accepted)"; fi
+done
+
+# ---------------------------------------------------------------- images under mpiexec serve
+# rank 0 encodes each image and sends the prompt's feed (ids, image flags, the span's rows: an
+# EMBEDS record); rank 1 feeds the same. tinyvl (tests/vision.test.sh's checkpoint and config,
+# the tiny tokenizer): a PNG and a JPEG data URL, two concurrent greedy requests with logprobs,
+# exact mode, give the bytes of one process (text, logprobs at 17 digits, usage), and the two
+# answers differ (the embeddings reach rank 1's model too: its experts' outputs are in them)
+VCK=$CK/conf-tinyvl-vision
+[ -f "$VCK/.complete" ] && cmp -s "$VCK/config.json" tests/configs/tinyvl/config.json || {
+    VCK=$TMP/vlck   # not the shared cache: tests/vision.test.sh may be writing it
+    "$PY" tools/make_checkpoint.py tests/configs/tinyvl "$VCK" --seed 1 --token-map stub --vision -q >"$TMP/vl.log" 2>&1; }
+FCK=$TMP/vlfile
+vl_files "$VCK" "$FCK"
+cat >"$TMP/vimg.py" <<'PYEOF'
+import base64, io, json, sys, threading, urllib.request
+from PIL import Image, ImageDraw
+a = Image.new("RGB", (150, 100), (20, 200, 40)); ImageDraw.Draw(a).ellipse((30, 20, 90, 80), fill=(220, 30, 30))
+b = Image.new("RGB", (90, 120), (0, 0, 250)); ImageDraw.Draw(b).rectangle((10, 10, 50, 70), fill=(250, 250, 0))
+urls = []
+for im, fmt, mime in ((a, "PNG", "image/png"), (b, "JPEG", "image/jpeg")):
+    f = io.BytesIO(); im.save(f, fmt); urls.append("data:%s;base64,%s" % (mime, base64.b64encode(f.getvalue()).decode()))
+out = [None, None]
+def ask(i):
+    body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": urls[i]}},
+                                                      {"type": "text", "text": "What colour?"}]}],
+            "max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 2, "skip_special_tokens": False}
+    rq = urllib.request.Request("http://127.0.0.1:%s/v1/chat/completions" % sys.argv[1], json.dumps(body).encode(),
+                                {"Content-Type": "application/json"})
+    with urllib.request.urlopen(rq, timeout=60) as r: d = json.loads(r.read())
+    out[i] = json.dumps({"choices": d["choices"], "usage": d["usage"]}, sort_keys=True)
+ts = [threading.Thread(target=ask, args=(i,)) for i in (0, 1)]
+for t in ts: t.start()
+for t in ts: t.join()
+print("\n".join(o or "no answer" for o in out))
+PYEOF
+timeout 120 "$DS41" serve -m "$FCK" --port 0 --exact --spec off -c 512 >/dev/null 2>"$TMP/v1.log" &
+v1=$!
+timeout 120 mpiexec -n 2 "$DS41" serve -m "$FCK" --port 0 --exact -c 512 --mpi-timeout 10 >/dev/null 2>"$TMP/v2.log" &
+v2=$!
+if p1=$(serve_port "$TMP/v1.log") && p2=$(serve_port "$TMP/v2.log"); then
+    "$PY" "$TMP/vimg.py" "$p1" >"$TMP/v1.out" 2>&1
+    "$PY" "$TMP/vimg.py" "$p2" >"$TMP/v2.out" 2>&1
+    kill -TERM "$v1" "$(rank_pid 0)" 2>/dev/null
+    wait "$v1" "$v2"
+    if [ "$(grep -c '"usage"' "$TMP/v1.out")" -ne 2 ]; then fail serve_n2_images "one process: $(head -c 300 "$TMP/v1.out")"
+    elif ! cmp -s "$TMP/v1.out" "$TMP/v2.out"; then fail serve_n2_images "answers differ from one process: $(head -c 300 "$TMP/v2.out")"
+    elif "$PY" -c "import json,sys; a,b=[json.loads(l)['choices'][0]['message']['content'] for l in open(sys.argv[1])]; sys.exit(a != b)" \
+         "$TMP/v2.out"; then fail serve_n2_images "the PNG and the JPEG answer alike"
+    else pass serve_n2_images; fi
+else
+    fail serve_n2_images "a server did not start: $(tail -n 2 "$TMP/v1.log" "$TMP/v2.log")"
+    kill "$v1" "$v2" 2>/dev/null; wait
+fi
+
 # ---------------------------------------------------------------- serve --dp-attention
 # job_answers LOG OUT FLAGS...: `mpiexec -n 2 ds41 serve` on demo (exact) with FLAGS and
 # DS41_MPI_VERBOSE=1, the client's answers (no prefix cache) into OUT, SIGTERM to rank 0;
@@ -487,6 +596,16 @@ if [ -s "$TMP/s1.out" ]; then
             "$p3" >"$TMP/s3.metrics" 2>&1
         "$PY" tests/serve/mpi_client.py twice "$p3" >"$TMP/s3t.out" 2>&1
         c3t=$?
+        # an image part: a 400 naming --dp-attention (checked before the tower)
+        "$PY" -c "
+import base64, io, json, sys, urllib.request, urllib.error
+from PIL import Image
+f = io.BytesIO(); Image.new('RGB', (28, 28), (9, 99, 199)).save(f, 'PNG')
+u = 'data:image/png;base64,' + base64.b64encode(f.getvalue()).decode()
+b = {'messages': [{'role': 'user', 'content': [{'type': 'image_url', 'image_url': {'url': u}}]}]}
+rq = urllib.request.Request('http://127.0.0.1:%s/v1/chat/completions' % sys.argv[1], json.dumps(b).encode(), {'Content-Type': 'application/json'})
+try: urllib.request.urlopen(rq, timeout=30); print('200')
+except urllib.error.HTTPError as e: print(e.code, e.read().decode())" "$p3" >"$TMP/s3img.out" 2>&1
         kill -TERM "$(rank_pid 0)" 2>/dev/null
         wait "$s3"
         s3rc=$?
@@ -508,6 +627,8 @@ if [ -s "$TMP/s1.out" ]; then
         elif [ -z "$h0" ] || [ -z "$h1" ] || [ "$h0" -lt 1 ] || [ "$h1" -lt 1 ] || [ $((h0 + h1)) -ne 14 ]; then
             fail serve_dp_answers "sequences held by rank 0 / 1: '$h0' / '$h1' (expected both, 14 in all)"
         else pass serve_dp_answers; fi
+        grep -q "^400 .*image_url parts are not served with --dp-attention" "$TMP/s3img.out" && pass serve_dp_image_400 ||
+            fail serve_dp_image_400 "$(head -c 300 "$TMP/s3img.out")"
     else
         fail serve_dp_answers "the server did not start: $(tail -n 2 "$TMP/s3.log")"
     fi

@@ -45,6 +45,25 @@ static void valid_records(void) {
           "SAMPLE");
     CHECK(ds41_sop_next(u, 15, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_END && at == 15, "END after SAMPLE");
     CHECK(!err[0], "no message on valid records: %s", err);
+    /* --spec: CALIBRATE width 5, prompt 32, 3 reps; DRAFT 6 after token 17; STEP {6: verify
+     * [17 20 21]} {2: [5] ahead 0} */
+    const int32_t sw[] = { 12, 5, 32, 3, 11, 6, 17, 6, 2, 6, 3, -1, 17, 20, 21, 2, 1, 0, 5 };
+    size_t sn = sizeof sw / sizeof *sw;
+    at = 0;
+    CHECK(ds41_sop_next(sw, sn, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_CALIBRATE && op.width == 5 &&
+          op.prompt_len == 32 && op.reps == 3 && at == 4, "CALIBRATE");
+    CHECK(ds41_sop_next(sw, sn, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_DRAFT && op.id == 6 && op.t_next == 17 &&
+          at == 7, "DRAFT");
+    CHECK(ds41_sop_next(sw, sn, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_STEP && op.count == 2 &&
+          op.items == sw + 9 && op.items[2] == DS41_SOP_VERIFY && op.items[6] == 2 && op.items[8] == 0 && at == sn,
+          "STEP with a verify block (at %zu)", at);
+    CHECK(!err[0], "no message on valid --spec records: %s", err);
+    /* an image prompt: EMBEDS 3: ids [1 500 500 7], flags [0 1 1 0], 2 rows of width 2 */
+    const int32_t ew[] = { 13, 3, 4, 2, 1, 500, 500, 7, 0, 1, 1, 0, 10, 11, 12, 13 };
+    at = 0;
+    CHECK(ds41_sop_next(ew, 16, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_EMBEDS && op.id == 3 && op.n == 4 &&
+          op.dim == 2 && op.ids == ew + 4 && op.flags == ew + 8 && op.k == 2 && op.rows == ew + 12 && at == 16, "EMBEDS");
+    CHECK(!err[0], "no message on a valid EMBEDS: %s", err);
 }
 
 static char *slurp(const char *path, size_t *len) {
@@ -114,7 +133,7 @@ static void one_malformed(const char *path, const char *name) {
 
 static void malformed_corpus(void) {
     int cases = each_entry("tests/malformed/serve-mirror", one_malformed);
-    CHECK(cases >= 23, "%d malformed cases", cases);
+    CHECK(cases >= 35, "%d malformed cases", cases);
 }
 
 /* a fuzz seed: whole int32 words that decode to the end */
@@ -129,7 +148,7 @@ static void one_seed(const char *path, const char *name) {
 
 static void fuzz_seeds(void) {
     int seeds = each_entry("fuzz/corpus/fuzz_serve_mirror", one_seed);
-    CHECK(seeds >= 5, "%d seeds", seeds);
+    CHECK(seeds >= 7, "%d seeds", seeds);
 }
 
 int main(void) {

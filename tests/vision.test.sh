@@ -116,12 +116,7 @@ fi
 # `ds41 image --dump-pixels`, which tests/image_test.py holds equal to Pillow; here the tower,
 # the placement and the language model are checked against the reference.
 FCK=$TMP/vlfile
-mkdir -p "$FCK"
-case $VCK in /*) abs=$VCK ;; *) abs=$PWD/$VCK ;; esac
-for f in model.safetensors engram_token_map.i32; do ln -sf "$abs/$f" "$FCK/$f"; done
-sed -e 's/"max_position_embeddings": 128/"max_position_embeddings": 512/' -e 's/"max_image_tokens": 1024/"max_image_tokens": 40/' \
-    -e 's/"min_pixels": 295936/"min_pixels": 1764/' tests/configs/tinyvl/config.json >"$FCK/config.json"
-"$PY" tests/tiny_tokenizer.py "$FCK"
+vl_files "$VCK" "$FCK"
 "$PY" - "$TMP" <<'PYEOF'
 import sys
 from PIL import Image, ImageDraw

@@ -71,7 +71,8 @@ static const char *SERVE_USAGE =
     "                           the decode node from the stream at the first decoder layer, which\n"
     "                           travels instead, and this node reads no decoder weight (docs/pd.md)\n"
     "under mpiexec (docs/distributed.md): rank 0 serves HTTP, the other ranks mirror its batches (routed\n"
-    "experts split over the ranks, the same answers); speculation off, no --role, no --cache-dir;\n"
+    "experts split over the ranks, the same answers); speculation off unless --spec is given (not with\n"
+    "--dp-attention), no --role, no --cache-dir;\n"
     "--mpi-timeout S: a lost rank answers the requests in flight with 503 and ends the job\n\n"
     "Examples:\n"
     "  ds41 serve -m models/demo --port 8000 &\n"
@@ -229,12 +230,19 @@ int ds41_cli_serve(int argc, char **argv) {
                             "drop it (the prefix cache stays in memory)\n");
             return 2;
         }
-        if (!o.spec_default && o.spec_mode != DS41_SPEC_OFF) {
-            fprintf(stderr, "ds41 serve: --spec is not supported under mpiexec yet (a verify step samples inside the "
-                            "forward, on rank 0 only); use --spec off or leave it out (off under mpiexec)\n");
+        /* --spec: the followers propose and verify with rank 0, which decides each verify's
+         * outcome (serve_mpi.h); off unless asked for under mpiexec */
+        if (!o.spec_default && o.spec_mode != DS41_SPEC_OFF && dp_attention) {
+            fprintf(stderr, "ds41 serve: --spec is not supported with --dp-attention yet (each rank would verify its own "
+                            "sequences' drafts); use --spec off or leave it out\n");
             return 2;
         }
-        o.spec_mode = DS41_SPEC_OFF;
+        if (!o.spec_default && o.spec_mode != DS41_SPEC_OFF && ds41_pipe_on()) {
+            fprintf(stderr, "ds41 serve: --spec is not supported with --split layers yet (the stages do not carry a "
+                            "verify block's drafts); use --spec off or leave it out\n");
+            return 2;
+        }
+        if (o.spec_default) o.spec_mode = DS41_SPEC_OFF;
         ds41_dist_set_dp(dp_attention);   /* each rank holds its own sequences and their prefix-cache blocks */
         /* --split layers: no prefix cache (a stage holds its layers' KV pages only, a cache block
          * needs every layer's); rank 0 samples, so the logits come to it (dist_pipe.h) */

@@ -138,6 +138,10 @@ static const float *proc_row(ds41_lproc *lp, const float *row, int V, const int3
     return buf;
 }
 
+static ds41_spec_outcome_fn outcome_hook;
+
+void ds41_spec_set_outcome_hook(ds41_spec_outcome_fn fn) { outcome_hook = fn; }
+
 int ds41_spec_verify_end(ds41_engine *e, ds41_seq *q, ds41_sampler *smp, int draft, ds41_spec_state *st,
                          const int32_t *block, int k, int32_t *out, float *out_logits, int *n_acc, ds41_err *err) {
     const ds41_config *cfg = e->cfg;
@@ -186,6 +190,16 @@ int ds41_spec_verify_end(ds41_engine *e, ds41_seq *q, ds41_sampler *smp, int dra
     free(scratch);
     free(ids);
     free(prow);
+    if (outcome_hook) {
+        int32_t v[2] = { A, next };
+        char eb[256];
+        if (outcome_hook(v, k, eb, sizeof eb)) return ds41_errf(err, "%s", eb);
+        if (v[0] < 0 || v[0] > k || v[1] < 0 || v[1] >= V)
+            return ds41_errf(err, "the shared verify outcome (%d of %d drafts accepted, next token %d) is out of range",
+                             (int)v[0], k, (int)v[1]);
+        A = v[0];
+        next = v[1];
+    }
     rollback(e, q, st, block, A + 1);
     for (int i = 0; i < A; i++) out[i] = drafts[i];
     out[A] = next;

@@ -71,6 +71,16 @@ int ds41_spec_verify_begin(ds41_engine *e, ds41_seq *q, ds41_spec_state *st, int
 int ds41_spec_verify_end(ds41_engine *e, ds41_seq *q, ds41_sampler *smp, int draft, ds41_spec_state *st,
                          const int32_t *block, int k, int32_t *out, float *out_logits, int *n_acc, ds41_err *err);
 
+/* One decider for a job of several processes (ds41 serve under mpiexec, src/serve/serve_mpi.c):
+ * when set, ds41_spec_verify_end calls it after the acceptance and before the rollback with
+ * v = {A, next} and the block's k drafts. Rank 0's hook publishes them; a follower's replaces
+ * them with rank 0's (it holds neither rank 0's sampler stream nor its logits processor), so
+ * every rank keeps and rolls back the same rows. 0, or -1 with a message in err (the verify
+ * fails). NULL (the default): each process decides alone (every other command, whose ranks
+ * sample alike). The outcome is checked (0 <= A <= k, next in the vocabulary). */
+typedef int (*ds41_spec_outcome_fn)(int32_t v[2], int k, char *err, size_t errcap);
+void ds41_spec_set_outcome_hook(ds41_spec_outcome_fn fn);
+
 /* The verify forward alone, then everything rolled back (keep = 0): what a step of width T
  * costs, for the calibration. */
 int ds41_spec_time_forward(ds41_engine *e, ds41_seq *q, ds41_spec_state *st, const int32_t *tokens, int T,

@@ -647,10 +647,10 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_k
 #define JFAIL(...) do { ds41_req_fail(&e, __VA_ARGS__); rc = send_error_for(sv, c, &e, anth); job_free(j); return rc; } while (0)
     if (r->model && strcmp(r->model, sv->model_name))
         JFAIL(404, "invalid_request_error", "model", "model_not_found", "The model `%.200s` does not exist.", r->model);
-    /* the followers under mpiexec replay the batched steps, which carry ids only */
+    /* under --dp-attention a sequence's prefill runs on the rank that holds it, from ids only */
     const char *img_param = resp ? "input" : "messages";
-    if (r->n_images && sv->mirror)
-        JFAIL(400, "invalid_request_error", img_param, NULL, "%s: images are not served under mpiexec", img_param);
+    if (r->n_images && sv->mirror && ds41_dist_dp())
+        JFAIL(400, "invalid_request_error", img_param, NULL, "%s: image_url parts are not served with --dp-attention", img_param);
     long long img_extra = 0;
     if (image_extra(sv, r, img_param, &img_extra, &e)) { rc = send_error_for(sv, c, &e, anth); job_free(j); return rc; }
     /* prompts -> ids */
@@ -1224,6 +1224,7 @@ int ds41_serve(const ds41_serve_opts *o) {
     if (ds41_dist_size() > 1) {
         /* under mpiexec: the other ranks replay rank 0's engine calls (serve_mpi.h) */
         if (ds41_dist_rank() > 0) {
+            if (sp.spec_mode != DS41_SPEC_OFF) sp.sp.draft = 1;   /* as rank 0's scheduler keeps the DSpark rings */
             rc = ds41_smirror_follow(sv->e, sv->pc, &sp.sp, eb, sizeof eb) ? 1 : 0;
             if (rc) fprintf(stderr, "ds41 serve: %s\n", eb);
             goto out;

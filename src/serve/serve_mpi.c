@@ -12,6 +12,7 @@
 #include "restore.h"
 #include "serve_req.h"
 #include "serve_sched.h"
+#include "spec.h"
 
 /* how long rank 0 gives the HTTP threads to answer the requests in flight after a fault */
 #define FAULT_ANSWER_S 2.0
@@ -72,6 +73,8 @@ static void dp_report(const dp_count *c) {
 
 /* ---------------------------------------------------------------- rank 0: recorder */
 
+static int share_outcome(int32_t v[2], int k, char *err, size_t errcap);
+
 struct ds41_smirror {
     int32_t *w;
     size_t n, cap;
@@ -99,6 +102,7 @@ ds41_smirror *ds41_smirror_new(void) {
     m->last = now_s();
     m->dp = ds41_dist_dp();
     m->route = -1;
+    if (!m->dp) ds41_spec_set_outcome_hook(share_outcome);
     int N = ds41_dist_size();
     m->load = calloc((size_t)N, sizeof *m->load);
     m->held = calloc((size_t)N, sizeof *m->held);
@@ -112,6 +116,7 @@ ds41_smirror *ds41_smirror_new(void) {
 
 void ds41_smirror_free(ds41_smirror *m) {
     if (!m) return;
+    ds41_spec_set_outcome_hook(NULL);
     free(m->w);
     free(m->sess);
     free(m->sid);
@@ -409,11 +414,48 @@ void ds41_smirror_step(ds41_smirror *m, const ds41_batch_item *it, int count) {
     int32_t v[2] = { DS41_SOP_STEP, count };
     put(m, v, 2);
     for (int i = 0; i < count; i++) {
-        int32_t h[3] = { sid_of(m, it[i].s), (int32_t)it[i].n, (int32_t)it[i].ahead };
+        int32_t h[3] = { sid_of(m, it[i].s), (int32_t)it[i].n, it[i].verify ? DS41_SOP_VERIFY : (int32_t)it[i].ahead };
         put(m, h, 3);
         put(m, it[i].ids, it[i].n);
     }
     flush(m);
+}
+
+void ds41_smirror_draft(ds41_smirror *m, const ds41_session *s, int32_t t_next) {
+    if (!m) return;
+    int32_t v[3] = { DS41_SOP_DRAFT, sid_of(m, s), t_next };
+    put(m, v, 3);
+    flush(m);   /* the proposal runs DSpark's MoE layers */
+}
+
+void ds41_smirror_calibrate(ds41_smirror *m, int width, int prompt_len, int reps) {
+    if (!m) return;
+    int32_t v[4] = { DS41_SOP_CALIBRATE, width, prompt_len, reps };
+    put(m, v, 4);
+    flush(m);
+}
+
+void ds41_smirror_embeds(ds41_smirror *m, const ds41_session *s, const int32_t *ids, size_t n, const float *emb,
+                         const uint8_t *is_image, int dim) {
+    if (!m) return;
+    if (n > (size_t)INT32_MAX) oom();
+    int32_t v[4] = { DS41_SOP_EMBEDS, sid_of(m, s), (int32_t)n, dim };
+    put(m, v, 4);
+    put(m, ids, n);
+    for (size_t j = 0; j < n; j++) put1(m, is_image && is_image[j] ? 1 : 0);
+    for (size_t j = 0; j < n; j++)
+        if (is_image && is_image[j]) put(m, (const int32_t *)(const void *)(emb + j * (size_t)dim), (size_t)dim);
+    flush(m);   /* the feed is a forward */
+}
+
+/* --spec: each verify's outcome {accepted, next token}, from rank 0 to every rank, inside the
+ * verify after the forward (ds41_spec_set_outcome_hook); the followers' own acceptance is
+ * replaced (serve_mpi.h) */
+static int share_outcome(int32_t v[2], int k, char *err, size_t errcap) {
+    (void)k;
+    if (ds41_dist_bcast(v, 2 * sizeof *v))
+        return snprintf(err, errcap, "serve mirror: the verify outcome did not reach every rank"), -1;
+    return 0;
 }
 
 /* --dp-attention: an item's answer to rank 0, in step order: a status word (1: the item
@@ -567,6 +609,10 @@ typedef struct fslots {
     size_t step_cap;
     char *errs;                   /* the errors of the step's failed items */
     size_t errs_cap;
+    int32_t *out;                 /* --spec: the verify blocks' outputs of a step (unread) */
+    size_t out_cap;
+    int32_t *dids;                /* a proposal's drafts and confidences (unread) */
+    float *dconf;
     dp_count dpc;
 } fslots;
 
@@ -654,6 +700,14 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
         return snprintf(err, errcap, "serve mirror: rank 0 gave session %d to rank %d of %d", (int)op->id, op->rank, ds41_dist_size()), -1;
     if ((op->op == DS41_SOP_SAMPLE || op->op == DS41_SOP_PROBE) && !dp)
         return snprintf(err, errcap, "serve mirror: rank 0 sent %s, which only --dp-attention uses", op->op == DS41_SOP_SAMPLE ? "SAMPLE" : "PROBE"), -1;
+    if ((op->op == DS41_SOP_DRAFT || op->op == DS41_SOP_CALIBRATE) && dp)
+        return snprintf(err, errcap, "serve mirror: rank 0 sent %s, and --spec is not supported with --dp-attention",
+                        op->op == DS41_SOP_DRAFT ? "DRAFT" : "CALIBRATE"), -1;
+    if (op->op == DS41_SOP_EMBEDS && !(s = slot_find(f, op->id)))
+        return snprintf(err, errcap, "serve mirror: rank 0 feeds an image prompt to session %d, which this rank does not hold",
+                        (int)op->id), -1;
+    if (op->op == DS41_SOP_DRAFT && !(s = slot_find(f, op->id)))
+        return snprintf(err, errcap, "serve mirror: rank 0 drafts for session %d, which this rank does not hold", (int)op->id), -1;
     if ((op->op == DS41_SOP_RESTORE || op->op == DS41_SOP_PUBLISH || op->op == DS41_SOP_TRIM || op->op == DS41_SOP_PROBE) && !pc)
         return snprintf(err, errcap, "serve mirror: rank 0 uses a prefix cache and this rank has none"), -1;
     switch (op->op) {
@@ -724,6 +778,38 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
     case DS41_SOP_TRIM:
         ds41_prefix_trim(pc, op->bytes);
         return 0;
+    case DS41_SOP_DRAFT: {
+        int B = ds41_draft_block_size(e);
+        if (B < 1) return snprintf(err, errcap, "serve mirror: rank 0 drafts and this rank's model has no DSpark stages"), -1;
+        if (!f->dids) {
+            f->dids = malloc((size_t)B * sizeof *f->dids);
+            f->dconf = malloc((size_t)B * sizeof *f->dconf);
+            if (!f->dids || !f->dconf) return snprintf(err, errcap, "out of memory"), -1;
+        }
+        ds41_session_draft(s, op->t_next, f->dids, f->dconf);   /* a failure is rank 0's too: it ends the sequence */
+        return 0;
+    }
+    case DS41_SOP_CALIBRATE: {
+        ds41_spec_curve c;
+        char eb[512];
+        ds41_spec_calibrate(e, op->width, op->prompt_len, op->reps, &c, eb, sizeof eb);   /* rank 0 uses its own curve */
+        return 0;
+    }
+    case DS41_SOP_EMBEDS: {
+        if (op->dim != ds41_model_dim(e))
+            return snprintf(err, errcap, "serve mirror: rank 0's image rows are %d wide, this rank's model %d", op->dim, ds41_model_dim(e)), -1;
+        float *emb = calloc(op->n * (size_t)op->dim, sizeof *emb);
+        uint8_t *img = malloc(op->n);
+        if (!emb || !img) { free(emb); free(img); return snprintf(err, errcap, "out of memory"), -1; }
+        for (size_t j = 0, r = 0; j < op->n; j++) {
+            img[j] = (uint8_t)op->flags[j];
+            if (img[j]) memcpy(emb + j * (size_t)op->dim, op->rows + r++ * (size_t)op->dim, (size_t)op->dim * sizeof *emb);
+        }
+        ds41_feed_embeds(s, op->ids, op->n, emb, img);   /* a failure is rank 0's too: it ends the sequence */
+        free(emb);
+        free(img);
+        return 0;
+    }
     case DS41_SOP_STEP: {
         if (op->count > *items_cap) {
             ds41_batch_item *ni = realloc(*items, (size_t)op->count * sizeof *ni);
@@ -733,6 +819,18 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
         }
         if (grow_buf(&f->step_os, &f->step_cap, (size_t)op->count * sizeof *f->step_os)) return snprintf(err, errcap, "out of memory"), -1;
         const int32_t *w = op->items;
+        size_t nout = 0;
+        for (int k = 0, at = 0; k < op->count; k++) {
+            if (op->items[at + 2] == DS41_SOP_VERIFY) nout += (size_t)op->items[at + 1];
+            at += 3 + op->items[at + 1];
+        }
+        if (nout > f->out_cap) {
+            int32_t *no = realloc(f->out, nout * sizeof *no);
+            if (!no) return snprintf(err, errcap, "out of memory"), -1;
+            f->out = no;
+            f->out_cap = nout;
+        }
+        nout = 0;
         for (int k = 0; k < op->count; k++) {
             ds41_batch_item *b = &(*items)[k];
             memset(b, 0, sizeof *b);
@@ -741,8 +839,15 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             if (!b->s && !(dp && slot_at(f, w[0]) >= 0))
                 return snprintf(err, errcap, "serve mirror: rank 0's step names session %d, which this rank does not hold", (int)w[0]), -1;
             b->n = (size_t)w[1];
-            b->ahead = (size_t)w[2];
             b->ids = w + 3;
+            if (w[2] == DS41_SOP_VERIFY) {
+                if (dp) return snprintf(err, errcap, "serve mirror: rank 0's step verifies drafts, not supported with --dp-attention"), -1;
+                b->verify = 1;
+                b->out = f->out + nout;
+                nout += b->n;
+            } else {
+                b->ahead = (size_t)w[2];
+            }
             w += 3 + b->n;
         }
         if (dp) return step_own(e, f, *items, op->count, err, errcap);
@@ -761,6 +866,7 @@ int ds41_smirror_follow(ds41_engine *e, ds41_prefix_cache *pc, const ds41_sessio
     ds41_dist_set_fault_delay(FAULT_ANSWER_S + 1.0);
     fslots f;
     memset(&f, 0, sizeof f);
+    if (!ds41_dist_dp()) ds41_spec_set_outcome_hook(share_outcome);   /* rank 0's outcomes, inside each verify */
     ds41_batch_item *items = NULL;
     int items_cap = 0, rc = -1;
     int32_t *buf = NULL;
@@ -788,7 +894,9 @@ int ds41_smirror_follow(ds41_engine *e, ds41_prefix_cache *pc, const ds41_sessio
     }
     dp_report(&f.dpc);
     for (int i = 0; i < f.n; i++) ds41_session_close(f.s[i]);
-    free(f.s); free(f.id); free(f.samp); free(f.ans); free(f.step_os); free(f.errs); free(items); free(buf);
+    ds41_spec_set_outcome_hook(NULL);
+    free(f.s); free(f.id); free(f.samp); free(f.ans); free(f.step_os); free(f.errs); free(f.out); free(f.dids); free(f.dconf);
+    free(items); free(buf);
     return rc;
 }
 

@@ -16,7 +16,21 @@
  * Words on the wire: int32. Operations: OPEN id | CLOSE id | RESTORE id n ids[n] |
  * PUBLISH id n ids[n] | TRIM lo hi (bytes) | STEP count {id n ahead ids[n]}[count] | END |
  * OPEN_ON id rank | SAMPLE id temperature top_k top_p min_p seed_lo seed_hi n_top (floats as
- * their bits) | PROBE n ids[n].
+ * their bits) | PROBE n ids[n] | DRAFT id t_next | CALIBRATE width prompt_len reps |
+ * EMBEDS id n dim ids[n] flags[n] rows[k][dim] (k = the flags set; float bits).
+ *
+ * Images: rank 0 encodes them (the tower runs no collective) and a prompt with images
+ * prefills alone through ds41_feed_embeds; EMBEDS carries that feed (its ids, which
+ * positions are image rows, and those rows' embeddings) so that the followers feed the same.
+ *
+ * --spec (replicated attention only): a proposal (ds41_session_draft) runs DSpark's stages,
+ * MoE layers included, so rank 0 sends DRAFT (the session, the token it drafts after) before
+ * each one and the followers propose too; the --spec auto calibration's forwards likewise
+ * (CALIBRATE, when rank 0 has no cached curve). A STEP item with ahead = -1 is a verify block
+ * (ids[0] = t_next, then the drafts). Whether a draft is accepted is rank 0's decision (its
+ * sampler stream and logits processor): inside each verify, after the forward, rank 0
+ * broadcasts {accepted, next token} and the followers keep exactly those rows
+ * (ds41_spec_set_outcome_hook).
  *
  * --dp-attention (docs/distributed.md): rank 0 gives each new sequence to the least-loaded
  * rank (sequences open there, then tokens held) with OPEN_ON; only that rank holds it. Each
@@ -40,7 +54,9 @@
 #include "ds41.h"
 
 enum { DS41_SOP_OPEN = 1, DS41_SOP_CLOSE, DS41_SOP_RESTORE, DS41_SOP_PUBLISH, DS41_SOP_TRIM, DS41_SOP_STEP, DS41_SOP_END,
-       DS41_SOP_OPEN_ON, DS41_SOP_SAMPLE, DS41_SOP_PROBE };
+       DS41_SOP_OPEN_ON, DS41_SOP_SAMPLE, DS41_SOP_PROBE, DS41_SOP_DRAFT, DS41_SOP_CALIBRATE, DS41_SOP_EMBEDS };
+/* a STEP item's ahead word for a verify block */
+#define DS41_SOP_VERIFY (-1)
 
 /* One decoded operation; ids / items point into the buffer. */
 typedef struct ds41_sop {
@@ -55,6 +71,12 @@ typedef struct ds41_sop {
     uint64_t seed;
     int count;                /* STEP: items at items (words: id n ahead ids...) */
     const int32_t *items;
+    int32_t t_next;           /* DRAFT */
+    int width, prompt_len, reps;   /* CALIBRATE */
+    const int32_t *flags;     /* EMBEDS: ids[n], flags[n] (0 or 1), k rows of dim float words at rows */
+    int dim;
+    size_t k;
+    const int32_t *rows;
 } ds41_sop;
 
 /* Decodes the operation at w[*at] (n words in all), advancing *at. 1: one decoded; 0: the end
@@ -86,6 +108,12 @@ int ds41_smirror_publish(ds41_smirror *m, const ds41_session *s, const int32_t *
 /* before ds41_prefix_trim / ds41_batch_step */
 void ds41_smirror_trim(ds41_smirror *m, long long bytes);
 void ds41_smirror_step(ds41_smirror *m, const ds41_batch_item *it, int count);
+/* before ds41_session_draft(s, t_next, ...) / ds41_spec_calibrate(e, width, prompt_len, reps, ...) */
+void ds41_smirror_draft(ds41_smirror *m, const ds41_session *s, int32_t t_next);
+void ds41_smirror_calibrate(ds41_smirror *m, int width, int prompt_len, int reps);
+/* before ds41_feed_embeds(s, ids, n, emb, is_image) (emb: [n][dim], only image rows read) */
+void ds41_smirror_embeds(ds41_smirror *m, const ds41_session *s, const int32_t *ids, size_t n, const float *emb,
+                         const uint8_t *is_image, int dim);
 /* The scheduler's step: ds41_smirror_step and ds41_batch_step (m == NULL: the step alone);
  * under --dp-attention rank 0 runs only its own items and takes the others' answers. */
 void ds41_smirror_batch_step(ds41_smirror *m, ds41_engine *e, ds41_batch_item *it, int count);

@@ -6,15 +6,15 @@
 #include "serve_mpi.h"
 #include "serve_req.h"
 
-static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH", "TRIM", "STEP", "END", "OPEN_ON", "SAMPLE", "PROBE" };
+static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH", "TRIM", "STEP", "END", "OPEN_ON", "SAMPLE", "PROBE", "DRAFT", "CALIBRATE", "EMBEDS" };
 
 int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *err, size_t errcap) {
     size_t i = *at;
     if (i >= n) return 0;
     memset(op, 0, sizeof *op);
     op->op = w[i];
-    if (op->op < DS41_SOP_OPEN || op->op > DS41_SOP_PROBE)
-        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, got %d", i, DS41_SOP_PROBE, (int)w[i]), -1;
+    if (op->op < DS41_SOP_OPEN || op->op > DS41_SOP_EMBEDS)
+        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, got %d", i, DS41_SOP_EMBEDS, (int)w[i]), -1;
     const char *name = op_name[op->op];
     i++;
 #define NEED(k, what) \
@@ -83,14 +83,60 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
         op->items = w + i;
         for (int k = 0; k < op->count; k++) {
             NEED(3, "an item (session id, token count, look-ahead)");
-            if (w[i + 1] < 1 || w[i + 2] < 0)
-                return snprintf(err, errcap, "serve mirror: word %zu: STEP item %d: %d tokens, look-ahead %d (expected >= 1 and >= 0)",
-                                i, k, (int)w[i + 1], (int)w[i + 2]), -1;
+            if (w[i + 1] < 1 || w[i + 2] < DS41_SOP_VERIFY)
+                return snprintf(err, errcap, "serve mirror: word %zu: STEP item %d: %d tokens, look-ahead %d (expected >= 1 and >= 0, "
+                                "or %d for a verify block)", i, k, (int)w[i + 1], (int)w[i + 2], DS41_SOP_VERIFY), -1;
+            if (w[i + 2] == DS41_SOP_VERIFY && w[i + 1] > DS41_SPEC_MAX_DRAFTS + 1)
+                return snprintf(err, errcap, "serve mirror: word %zu: STEP item %d: a verify block of %d tokens (at most %d)", i, k,
+                                (int)w[i + 1], DS41_SPEC_MAX_DRAFTS + 1), -1;
             size_t t = (size_t)w[i + 1];
             i += 3;
             NEED(t, "the item's tokens");
             i += t;
         }
+        break;
+    case DS41_SOP_DRAFT:
+        NEED(2, "a session id and the token to draft after");
+        if (w[i + 1] < 0) return snprintf(err, errcap, "serve mirror: word %zu: DRAFT: token %d is negative", i + 1, (int)w[i + 1]), -1;
+        op->id = w[i];
+        op->t_next = w[i + 1];
+        i += 2;
+        break;
+    case DS41_SOP_CALIBRATE:
+        NEED(3, "a width, a prompt length and a repeat count");
+        if (w[i] < 1 || w[i] > DS41_SPEC_MAX_WIDTH || w[i + 1] < 1 || w[i + 1] > 4096 || w[i + 2] < 1 || w[i + 2] > 64)
+            return snprintf(err, errcap, "serve mirror: word %zu: CALIBRATE: width %d, prompt %d, reps %d (expected 1..%d, 1..4096, 1..64)",
+                            i, (int)w[i], (int)w[i + 1], (int)w[i + 2], DS41_SPEC_MAX_WIDTH), -1;
+        op->width = w[i];
+        op->prompt_len = w[i + 1];
+        op->reps = w[i + 2];
+        i += 3;
+        break;
+    case DS41_SOP_EMBEDS:
+        NEED(3, "a session id, a token count and a width");
+        if (w[i + 1] < 1 || w[i + 2] < 1 || w[i + 2] > 65536)
+            return snprintf(err, errcap, "serve mirror: word %zu: EMBEDS: %d tokens of width %d (expected >= 1 and 1..65536)", i + 1,
+                            (int)w[i + 1], (int)w[i + 2]), -1;
+        op->id = w[i];
+        op->n = (size_t)w[i + 1];
+        op->dim = w[i + 2];
+        i += 3;
+        NEED(op->n, "the tokens");
+        op->ids = w + i;
+        i += op->n;
+        NEED(op->n, "a flag per token");
+        op->flags = w + i;
+        for (size_t j = 0; j < op->n; j++) {
+            if (op->flags[j] != 0 && op->flags[j] != 1)
+                return snprintf(err, errcap, "serve mirror: word %zu: EMBEDS: flag %d, expected 0 (text) or 1 (image)", i + j,
+                                (int)op->flags[j]), -1;
+            op->k += (size_t)op->flags[j];
+        }
+        i += op->n;
+        /* k <= n < 2^31 and dim <= 2^16: no overflow in size_t */
+        NEED(op->k * (size_t)op->dim, "the image rows");
+        op->rows = w + i;
+        i += op->k * (size_t)op->dim;
         break;
     default:   /* END */
         break;

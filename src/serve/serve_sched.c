@@ -404,6 +404,7 @@ static void spec_curve_init(ds41_sched *S) {
     if (S->p.curve_path[0] && ds41_spec_curve_load(S->p.curve_path, &S->curve) == 0) return;
     char eb[512];
     double t0 = now_s();
+    ds41_smirror_calibrate(S->p.mirror, S->B + 1, 32, 3);   /* its forwards are collective under mpiexec */
     if (ds41_spec_calibrate(S->e, S->B + 1, 32, 3, &S->curve, eb, sizeof eb)) {
         fprintf(stderr, "ds41 serve: speculative calibration failed (%s): drafts scheduled by expected tokens only\n", eb);
         memset(&S->curve, 0, sizeof S->curve);
@@ -529,6 +530,8 @@ static int expand_images(ds41_sched *S, ds41_sseq *q, ds41_cli_vprompt *vp) {
  * through the session (the batched forward takes ids only), then decodes in the batch. */
 static int image_prefill(ds41_sched *S, ds41_sseq *q, ds41_cli_vprompt *vp) {
     vp->ids = q->prompt;
+    /* the followers feed it too (under the mirror nothing was restored: q->fed is 0) */
+    ds41_smirror_embeds(S->p.mirror, q->s, vp->ids, vp->n, vp->emb, vp->is_image, vp->dim);
     int rc = ds41_cli_vprompt_feed(q->s, vp, q->fed);
     vp->ids = NULL;
     if (rc) { seq_finish(S, q, DS41_FIN_ERROR, ds41_session_error(q->s)); return -1; }
@@ -793,6 +796,7 @@ static void *sched_main(void *arg) {
                 if (kmax[nb] > 0 && S->p.spec_mode == DS41_SPEC_AUTO && S->curve.n > 0 &&
                     !ds41_spec_want_draft(q->s, &S->curve))
                     kmax[nb] = 0;
+                if (kmax[nb] > 0) ds41_smirror_draft(S->p.mirror, q->s, q->next);   /* the followers propose too */
                 if (kmax[nb] > 0 && ds41_session_draft(q->s, q->next, blk + 1, S->conf + (size_t)nb * S->B)) {
                     seq_finish(S, q, DS41_FIN_ERROR, ds41_session_error(q->s));
                     continue;
