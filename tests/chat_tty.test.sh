@@ -101,9 +101,14 @@ try:
     check("chat_tty_ctrl_c_at_prompt", alive(), "the program exited")
     start = len(buf)
     os.write(fd, b"\x1b[A\r")                   # Up: the last line again
-    wait_answer(start)
+    answered = wait_answer(start) and b"hello" in buf[start:]
     os.write(fd, b"\x03")
-    ok = wait_for(b"(stopped", 10, mark) and wait_for(b"> ", 10, buf.rfind(b"(stopped"))
+    # Ctrl-C stops the recalled line's answer; a short answer may already have ended (it is
+    # sampled), and then the Ctrl-C finds the prompt: either way a prompt follows the answer
+    if wait_for(b"(stopped", 5, start):
+        ok = answered and wait_for(b"> ", 10, buf.rfind(b"(stopped"))
+    else:
+        ok = answered and buf.rfind(b"> ") > buf.find(b"\n", start)
     check("chat_tty_history_recall", ok, "no second answer: %r" % buf[mark:][-300:])
     mark = len(buf)
     os.write(fd, b"/help\r")

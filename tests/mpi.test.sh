@@ -223,9 +223,21 @@ if command -v strace >/dev/null; then
     mkdir -p "$TMP/st"
     "$DS41" run -m "$demo" -p "Once upon a time" -n 12 --exact --ignore-eos --spec off >"$TMP/a.out" 2>/dev/null
     # DS41_MPI_VERBOSE=1: each rank reports its exchange counters at the end (rank 0's is checked)
-    if DS41_MPI_VERBOSE=1 MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NOLOCAL=1 UCX_TLS=tcp,self UCX_NET_DEVICES=lo $RUN -n 2 \
-        sh -c 'exec strace --seccomp-bpf -f -e trace=connect -o "$0/r$PMI_RANK" "$@"' "$TMP/st" \
-        "$DS41" run -m "$demo" -p "Once upon a time" -n 12 --exact --ignore-eos --spec off --mpi-timeout 30 >"$TMP/b.out" 2>"$TMP/b.err"; trc=$?; [ $trc -eq 0 ]; then
+    # Under strace on a loaded host, UCX's TCP teardown inside MPI_Finalize sometimes outlasts
+    # ds41's 10 s finalize watchdog and hydra reports the job failed (measured 2026-12-06 with 3
+    # busy loops beside the job: 7 of 34 runs under strace, 0 of 36 without it, the same binary;
+    # main before this change did the same, 2 of 12). That stall is strace's, not the transport
+    # check's, so one such run is retried; any other failure, or a second stall, fails.
+    for try in 1 2; do
+        rm -f "$TMP"/st/r*
+        DS41_MPI_VERBOSE=1 MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NOLOCAL=1 UCX_TLS=tcp,self UCX_NET_DEVICES=lo $RUN -n 2 \
+            sh -c 'exec strace --seccomp-bpf -f -e trace=connect -o "$0/r$PMI_RANK" "$@"' "$TMP/st" \
+            "$DS41" run -m "$demo" -p "Once upon a time" -n 12 --exact --ignore-eos --spec off --mpi-timeout 30 >"$TMP/b.out" 2>"$TMP/b.err"
+        trc=$?
+        [ $trc -ne 0 ] && [ $try = 1 ] && grep -q 'MPI_Finalize did not return within' "$TMP/b.err" || break
+        echo "tcp_no_shm_n2: MPI_Finalize stalled under strace (status $trc); once more"
+    done
+    if [ $trc -eq 0 ]; then
         conn=$(cat "$TMP"/st/r* | grep -c 'connect(.*AF_INET.*127\.0\.0\.1.*= 0')
         # every MoE layer of every forward went through the exchange, bytes on the wire
         xch=$(sed -n 's/^ds41: \([0-9]*\) expert exchanges over [0-9]* rows: \([0-9]*\) bytes sent.*/\1 \2/p' "$TMP/b.err")
