@@ -17,7 +17,8 @@
 # (ram's load then costs a copy, not a 4 GB read). Then, unless HIT=0, one longer prefetch run
 # per row-cache size for the hit rate on the text. Prints one JSON line per run (ds41 bench
 # --engram --json, with the load average at its start), the medians per mode and the per-round
-# ratios to ram. Needs root (the cgroup).
+# ratios to ram. ARGS: more ds41 bench options for every run (e.g. ARGS="-t 2 --prompt 128"). Needs
+# root (the cgroup).
 set -u
 CK=${1:?checkpoint dir}
 TEXT=${2:?text file}
@@ -45,13 +46,13 @@ run() {   # run NAME IN_CGROUP EVICT ARGS...
     local name=$1 cg=$2 ev=$3 load; shift 3
     [ "$ev" = 1 ] && evict
     load=$(cut -d' ' -f1 /proc/loadavg)
-    if [ "$cg" = 1 ]; then newcg; incg env ${ENVSET:-X=1} "$DS41" bench --engram -m "$CK" --text "$TEXT" --json "$@" >"$OUT/$name.json" 2>"$OUT/$name.err"
-    else "$DS41" bench --engram -m "$CK" --text "$TEXT" --json "$@" >"$OUT/$name.json" 2>"$OUT/$name.err"; fi
+    if [ "$cg" = 1 ]; then newcg; incg env ${ENVSET:-X=1} "$DS41" bench --engram -m "$CK" --text "$TEXT" --json ${ARGS:-} "$@" >"$OUT/$name.json" 2>"$OUT/$name.err"
+    else "$DS41" bench --engram -m "$CK" --text "$TEXT" --json ${ARGS:-} "$@" >"$OUT/$name.json" 2>"$OUT/$name.err"; fi
     local st=$?
     if [ $st -ne 0 ]; then echo "{\"run\":\"$name\",\"failed\":$st}"; tail -n 2 "$OUT/$name.err" >&2; return; fi
     sed "s/^{/{\"run\":\"$name\",\"load1\":$load,\"cgroup_mib\":$([ "$cg" = 1 ] && echo "$LIMIT_MIB" || echo 0),/" "$OUT/$name.json"
 }
-echo "# $(date -u) $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); checkpoint $(du -b "$CK/model.safetensors" | cut -f1) B, limit $LIMIT_MIB MiB"
+echo "# $(date -u) $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); checkpoint $(du -b "$CK/model.safetensors" | cut -f1) B, limit $LIMIT_MIB MiB${ARGS:+, bench options $ARGS}"
 set -- $MODES
 NM=$#
 for r in $(seq 1 "$ROUNDS"); do
@@ -81,12 +82,13 @@ for r in rows:
     if "failed" in r: continue
     by.setdefault(r["run"].split("-")[0], []).append(r)
 med = lambda m, k: statistics.median(x[k] for x in by[m])
-print("# medians over rounds: mode, decode tok/s, step median ms, p99 ms, rows read/token, bytes read/token, storage bytes/token, major faults/token, hit rate, stall ms/token")
+print("# medians over rounds: mode, decode tok/s, step median ms, p99 ms, rows read/token, bytes read/token, storage bytes/token, major faults/token, hit rate, stall ms/token, issue ms/token, lead ms/token (layers before the first Engram wait)")
 for m in ("mmap", "prefetch", "prefetch_buffered", "prefetch_spin", "ram"):
     if m in by:
-        print("%-17s %8.2f %8.3f %8.3f %8.2f %9.0f %9.0f %7.3f %6.3f %7.3f" % (m, med(m, "decode_tok_s"), med(m, "step_median_ms"),
+        print("%-17s %8.2f %8.3f %8.3f %8.2f %9.0f %9.0f %7.3f %6.3f %7.3f %7.3f %7.3f" % (m, med(m, "decode_tok_s"), med(m, "step_median_ms"),
               med(m, "step_p99_ms"), med(m, "rows_read_per_token"), med(m, "bytes_read_per_token"), med(m, "disk_bytes_per_token"),
-              med(m, "major_faults_per_token"), med(m, "hit_rate"), med(m, "stall_ms_per_token")))
+              med(m, "major_faults_per_token"), med(m, "hit_rate"), med(m, "stall_ms_per_token"),
+              med(m, "issue_ms_per_token"), med(m, "lead_ms_per_token")))
 if "ram" in by:
     # per-round ratios (the rounds are interleaved, so each ratio compares neighbours in time)
     rounds = {}
