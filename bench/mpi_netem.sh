@@ -91,7 +91,7 @@ for r in $(seq 1 "$rounds"); do
                 # "Link latency"); a second failure ends the script
                 for try in 1 2; do
                     MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NOLOCAL=1 UCX_TLS=tcp,self timeout 600 mpiexec -n 2 "$TMP/launch" \
-                        "$DS41" run -m "$ck" --prompt-ids 1,2,3,4,5,6,7,8 -n 33 --ignore-eos --spec off --json --mpi-timeout 60 \
+                        "$DS41" run -m "$ck" --prompt-ids 1,2,3,4,5,6,7,8 -n 33 --ignore-eos --spec off --mpi-timeout 60 \
                         --split "$sp" >"$TMP/o.$rt.$sp.$d.$r" 2>"$TMP/e.$rt.$sp.$d.$r" && break
                     echo "rate $rt, delay $d, --split $sp, try $try failed: $(tail -n 2 "$TMP/e.$rt.$sp.$d.$r" | tr '\n' ' ')" >&2
                     [ "$try" = 2 ] && exit 1
@@ -105,14 +105,15 @@ done
 if [ "$link" = tap ]; then echo "link: TAP devices joined by tests/tools/netdelay (no netem qdisc on this kernel), tbf for the rates"
 else echo "link: veth pair with tc netem delay (and rate) on both ends"; fi
 python3 - "$TMP" "$rounds" "$layers" "$splits" "$rates" $delays <<'PY'
-import json, statistics, sys
+import json, re, statistics, sys
 tmp, rounds, L, splits, rates = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(), sys.argv[5].split()
 ds = [int(x) for x in sys.argv[6:]]
 def tps(path):
-    for line in open(path):
-        o = json.loads(line)
-        if "timing" in o: return o["timing"]["decode_tokens_per_s"]
-    raise SystemExit("no timing line in " + path)
+    # rank 0's "ds41 run: ... decode N tokens in S s (T tok/s)" (no --json: its top logprobs
+    # would bring the whole logits row to rank 0 under --split layers, not only the ids)
+    m = re.search(r"decode \d+ tokens in [0-9.]+ s \(([0-9.]+) tok/s\)", open(path).read())
+    if not m: raise SystemExit("no timing line in " + path)
+    return float(m.group(1))
 print("%-8s %-8s %-10s %12s %14s %16s" % ("rate", "split", "delay us", "decode t/s", "step ms", "model step ms"))
 for rt in rates:
   for sp in splits:
@@ -120,7 +121,7 @@ for rt in rates:
     per = L if sp == "experts" else 2   # one-way delays a decode step waits for
     xs, ys = [], []
     for d in ds:
-        v = statistics.median(tps(f"{tmp}/o.{rt}.{sp}.{d}.{r}") for r in range(1, rounds + 1))
+        v = statistics.median(tps(f"{tmp}/e.{rt}.{sp}.{d}.{r}") for r in range(1, rounds + 1))
         step = 1000.0 / v; t0 = t0 if t0 is not None else step
         xs.append(d / 1000.0); ys.append(step)
         print("%-8s %-8s %-10d %12.2f %14.2f %16.2f" % (rt, sp, d, v, step, t0 + per * d / 1000.0))

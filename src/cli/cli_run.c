@@ -353,13 +353,21 @@ int ds41_cli_run(int argc, char **argv) {
     }
     for (int step = 0; spc.mode == DS41_SPEC_OFF && step < g.n_predict; step++) {
         /* only when written: under --split layers the row then comes from the last stage */
+        /* fetching the row and sampling are part of the step they end: under --split layers
+         * they wait here for the row or the token from the last stage (the first ends the prefill) */
+        double ts = ds41_cli_now();
         const float *lg = fdump || json ? ds41_logits(s) : NULL;
+        double t_end = ds41_cli_now() - ts;
         if (fdump && fwrite(lg, sizeof(float), (size_t)V, fdump) != (size_t)V) {
             fprintf(stderr, "ds41 run: %s: write failed: %s\n", dump, strerror(errno));
             goto out;
         }
         ds41_session_trace_logits(s);
+        ts = ds41_cli_now();
         int32_t next = forced ? forced[step] : ds41_session_sample(s);
+        t_end += ds41_cli_now() - ts;
+        if (step) t_decode += t_end;
+        else t_prefill += t_end;
         ds41_session_trace_tokens(s, &next, 1);
         n_gen++;
         char text[256];
