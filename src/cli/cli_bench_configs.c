@@ -231,7 +231,14 @@ int ds41_cli_bench_configs(int argc, char **argv) {
     ds41_session *w = rc ? NULL : ds41_session_open(e, NULL, ebuf, sizeof ebuf);
     if (w) (void)ds41_feed(w, prompt, n < 8 ? (size_t)n : 8);
     ds41_session_close(w);
-    for (int c = 0; c < N_CONF && !rc; c++) rc = run_conf(e, c, prompt, (int)n, (int)n_dec, &r[c]);
+    for (int c = 0; c < N_CONF && !rc; c++) {
+        rc = run_conf(e, c, prompt, (int)n, (int)n_dec, &r[c]);
+        /* each row on stderr as it ends: a run of an hour or more keeps what it measured if stopped */
+        if (!rc)
+            fprintf(stderr, "ds41 bench --configs: %s: prefill %.3f s (%.1f tok/s), decode %.2f tok/s, KV %lld B, "
+                            "prefix cache %lld B, peak RSS %.1f MiB\n", CONF_NAME[c], r[c].prefill_s,
+                    n / r[c].prefill_s, n_dec / r[c].decode_s, r[c].kv_bytes, r[c].prefix_bytes, r[c].rss / 1048576.0);
+    }
     if (!rc && json) print_json(r, prompt, (int)n, (int)n_dec, threads, exact);
     else if (!rc) print_table(r, (int)n, (int)n_dec, threads, exact);
     for (int c = 0; c < N_CONF; c++) free(r[c].tokens);
