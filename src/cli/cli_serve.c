@@ -231,12 +231,8 @@ int ds41_cli_serve(int argc, char **argv) {
             return 2;
         }
         /* --spec: the followers propose and verify with rank 0, which decides each verify's
-         * outcome (serve_mpi.h); off unless asked for under mpiexec */
-        if (!o.spec_default && o.spec_mode != DS41_SPEC_OFF && dp_attention) {
-            fprintf(stderr, "ds41 serve: --spec is not supported with --dp-attention yet (each rank would verify its own "
-                            "sequences' drafts); use --spec off or leave it out\n");
-            return 2;
-        }
+         * outcome; under --dp-attention each owner proposes, verifies and decides for its own
+         * sequences (serve_mpi.h); off unless asked for under mpiexec */
         if (!o.spec_default && o.spec_mode != DS41_SPEC_OFF && ds41_pipe_on()) {
             fprintf(stderr, "ds41 serve: --spec is not supported with --split layers yet (the stages do not carry a "
                             "verify block's drafts); use --spec off or leave it out\n");

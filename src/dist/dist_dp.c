@@ -14,7 +14,13 @@
  * over how many rows (ds41_dist_dp_forward, from the step hook: a peer's rows message then has
  * room waiting without a round of counts); a rank that runs none, or whose forward skipped
  * a layer (a prompt part that reaches no further), joins the exchange with zero rows. The
- * forward loop sees only the dispatch. */
+ * forward loop sees only the dispatch.
+ * DSpark proposals (serve --spec): a stage's MoE sublayer is layer n_layers + s of the
+ * placement. A proposal is a forward of its own, started by its first stage's exchange (no
+ * step hook runs before it), whose start round says so: a round then walks the stage layers
+ * instead of the backbone's, and has no Engram exchange. A round holds backbone forwards or
+ * proposals, never both (the serve mirror runs a proposal while the other ranks wait in
+ * ds41_dist_dp_done). */
 #include "dist.h"
 
 #include <stdio.h>
@@ -41,8 +47,9 @@ static struct {
     const ds41_weights *w;
     const ds41_ctx *ctx;       /* the engine's: its kernels run the rows peers route here */
     uint8_t *own;              /* [layers][n_exp]: this rank's experts */
-    int n_exp, N, me;
+    int n_exp, N, me, n_layers;   /* n_layers: the placement's (the backbone's, then DSpark's stages) */
     int in_fwd, next;          /* a forward of this rank is under way; the next layer it exchanges */
+    int lo, hi;                /* the round's layers: the backbone's [0, n_layers) or the stages' [n_layers, all) */
     /* the round under way */
     int layer, T, k;
     long long sent, recv;
@@ -244,39 +251,58 @@ static void skip_to(const ds41_ctx *ctx, int upto) {
     if (upto > d.next) d.next = upto;
 }
 
-/* Every rank says whether it runs a forward now and over how many rows (0: none; the most any
- * layer of it can send a peer); 1 when one does. */
-static int sync_round(int rows) {
-    int32_t out[2] = { (int32_t)DMAGIC, rows }, in[2 * 64];
-    int32_t *inb = d.N <= 64 ? in : malloc(2 * (size_t)d.N * sizeof *inb);
+/* the kinds of forward a start round announces */
+enum { FWD_NONE = 0, FWD_BACKBONE = 1, FWD_DRAFT = 2 };
+
+/* Every rank says whether it runs a forward now, of which kind, and over how many rows (0:
+ * none; the most any layer of it can send a peer); the round's layers follow from the kinds.
+ * Returns the kind of the round's forwards (FWD_NONE when no rank runs one). */
+static int sync_round(int rows, int kind) {
+    int32_t out[3] = { (int32_t)DMAGIC, rows, rows > 0 ? kind : FWD_NONE }, in[3 * 64];
+    int32_t *inb = d.N <= 64 ? in : malloc(3 * (size_t)d.N * sizeof *inb);
     if (!inb) ds41_dist_fatal(1, "out of memory for the forward round");
     d.layer = -1;
     for (int q = 0; q < d.N; q++)
-        if (q != d.me) post(inb + 2 * q, sizeof out, q, TAG_SYNC, 0);
+        if (q != d.me) post(inb + 3 * q, sizeof out, q, TAG_SYNC, 0);
     for (int q = 0; q < d.N; q++)
         if (q != d.me) post(out, sizeof out, q, TAG_SYNC, 1);
     wait_posted("start of a forward");
-    int any = rows > 0;
+    int kinds = out[2];
     for (int q = 0; q < d.N; q++) {
         d.maxin[q] = 0;
         if (q == d.me) continue;
-        if (inb[2 * q] != (int32_t)DMAGIC || inb[2 * q + 1] < 0 || inb[2 * q + 1] > (1 << 24))
+        const int32_t *v = inb + 3 * q;
+        if (v[0] != (int32_t)DMAGIC || v[1] < 0 || v[1] > (1 << 24) || v[2] < FWD_NONE || v[2] > FWD_DRAFT ||
+            (v[1] > 0) != (v[2] != FWD_NONE))
             ds41_dist_fatal(4, "rank %d answered another exchange than the start of a forward: the ranks' steps differ; "
                                "ending the job", q);
-        d.maxin[q] = inb[2 * q + 1];
-        any |= d.maxin[q] > 0;
+        d.maxin[q] = v[1];
+        kinds |= v[2];
     }
     if (inb != in) free(inb);
-    return any;
+    if (kinds == (FWD_BACKBONE | FWD_DRAFT))
+        ds41_dist_fatal(4, "a forward and a DSpark proposal started in the same round: the ranks' steps differ; ending the job");
+    d.lo = kinds == FWD_DRAFT ? d.cfg->n_layers : 0;
+    d.hi = kinds == FWD_DRAFT ? d.n_layers : d.cfg->n_layers;
+    return kinds;
 }
+
+static void finish_forward(void);
 
 static void dp_begin(void *self, const ds41_ctx *ctx, const ds41_moe_rows *r) {
     (void)self;
     long li = r->lw - d.w->layers;
-    if (li < 0 || li >= d.cfg->n_layers)
-        ds41_dist_fatal(1, "expert exchange: layer weights outside the backbone (DSpark stages do not run under --dp-attention)");
-    if (!d.in_fwd || li < d.next) ds41_dist_fatal(1, "expert exchange of layer %ld outside this rank's forward", li);
+    if (li < 0 || li >= d.n_layers) ds41_dist_fatal(1, "expert exchange: layer weights outside the model's layers");
     d.ctx = ctx;
+    if (li >= d.cfg->n_layers && !(d.in_fwd && d.lo == d.cfg->n_layers && li >= d.next)) {
+        /* a DSpark proposal's first stage: its own forward (no step hook ran before it) */
+        finish_forward();
+        if (r->T < 1 || r->T > (1 << 24)) ds41_dist_fatal(1, "expert exchange: a proposal of %d rows (1..%d)", r->T, 1 << 24);
+        sync_round(r->T, FWD_DRAFT);
+        d.in_fwd = 1;
+        d.next = d.lo;
+    }
+    if (!d.in_fwd || li < d.next || li >= d.hi) ds41_dist_fatal(1, "expert exchange of layer %ld outside this rank's forward", li);
     skip_to(ctx, (int)li);
     round_begin(ctx, (int)li, r);
     d.next = (int)li + 1;
@@ -292,7 +318,7 @@ static void dp_end(void *self, const ds41_ctx *ctx, const ds41_moe_rows *r, floa
 static void finish_forward(void) {
     if (!d.in_fwd) return;
     if (!d.ctx) ds41_dist_fatal(1, "expert exchange: a forward ended before its first MoE sublayer and no kernels are known");
-    skip_to(d.ctx, d.cfg->n_layers);
+    skip_to(d.ctx, d.hi);
     d.in_fwd = 0;
 }
 
@@ -301,19 +327,20 @@ int ds41_dist_dp_rows(int q) { return q >= 0 && q < d.N && d.maxin ? d.maxin[q] 
 void ds41_dist_dp_forward(int rows) {
     finish_forward();
     if (rows < 1 || rows > (1 << 24)) ds41_dist_fatal(1, "expert exchange: a forward of %d rows (1..%d)", rows, 1 << 24);
-    sync_round(rows);
+    sync_round(rows, FWD_BACKBONE);
     d.in_fwd = 1;
-    d.next = 0;
+    d.next = d.lo;
 }
 
 void ds41_dist_dp_done(const ds41_ctx *ctx) {
     if (ds41_dist_size() < 2 || !dp_on) return;
     d.ctx = ctx;
     finish_forward();
-    while (sync_round(0)) {
-        ds41_dist_engram_dp_serve();   /* the forwards' Engram row requests come first */
-        d.next = 0;
-        skip_to(ctx, d.cfg->n_layers);
+    int kind;
+    while ((kind = sync_round(0, FWD_NONE)) != FWD_NONE) {
+        if (kind == FWD_BACKBONE) ds41_dist_engram_dp_serve();   /* the forwards' Engram row requests come first */
+        d.next = d.lo;
+        skip_to(ctx, d.hi);
     }
 }
 
@@ -352,6 +379,7 @@ const ds41_moe_dispatch *ds41_dist_dp_dispatch(const ds41_config *cfg, const ds4
     d.N = ds41_dist_size();
     d.me = ds41_dist_rank();
     d.n_exp = pl->n_experts;
+    d.n_layers = pl->n_layers;
     free(d.own); free(d.hout); free(d.maxin); free(d.roff); free(d.pin); free(d.oin); free(d.req); free(d.peer);
     d.own = calloc((size_t)pl->n_layers * (pl->n_experts ? pl->n_experts : 1), 1);
     d.maxin = calloc((size_t)d.N, sizeof *d.maxin);

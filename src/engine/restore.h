@@ -94,5 +94,10 @@ void ds41_session_absorb(ds41_session *s, size_t n, const float *logits, const c
  * the owner drew id from them with the sequence's sampler; the next ds41_session_sample
  * returns id (once). */
 void ds41_session_absorb_token(ds41_session *s, size_t n, int32_t id);
+/* The same for a verify block of k drafts that the owner ran and decided (--spec): accepted
+ * of them kept, so accepted + 1 positions more, and the drafting gate's acceptance counts as
+ * ds41_batch_step records them (the scheduler's ds41_spec_want_draft reads them). 0, or -1
+ * (out of memory for the speculative state; the session's error says so). */
+int ds41_session_absorb_verify(ds41_session *s, int k, int accepted);
 
 #endif

@@ -490,6 +490,15 @@ void ds41_session_absorb_token(ds41_session *s, size_t n, int32_t id) {
     s->next = id;
     s->sampled = 1;
 }
+
+static int spec_ready(ds41_session *s);
+
+int ds41_session_absorb_verify(ds41_session *s, int k, int accepted) {
+    if (spec_ready(s)) return -1;   /* the state the verify would have set up */
+    s->seq.cache.pos += (long long)accepted + 1;
+    ds41_spec_observe(&s->spec, k, accepted);
+    return 0;
+}
 int ds41_session_index_k(const ds41_session *s) { return s->p.index_k; }
 
 int ds41_session_restore(ds41_session *s, const int32_t *ids, long long M, uint8_t *const *pages, int mode,

@@ -462,8 +462,9 @@ int ds41_spec_calibrate(ds41_engine *e, int max_width, int prompt_len, int reps,
         round_s += cal_now(e) - t0;
     }
     if (round_s > 0 && 0.3 / round_s > reps) reps = 0.3 / round_s < DS41_SPEC_CAL_MAX_REPS ? (int)(0.3 / round_s) : DS41_SPEC_CAL_MAX_REPS;
-    /* under mpiexec the calibration's forwards are collective: every rank runs rank 0's count */
-    if (ds41_dist_bcast(&reps, sizeof reps)) { snprintf(errbuf, errcap, "calibrate: the ranks could not agree on the rounds"); goto done; }
+    /* under mpiexec the calibration's forwards are collective: every rank runs rank 0's count
+     * (under serve --dp-attention rank 0 calibrates alone and the other ranks join its forwards) */
+    if (!ds41_dist_dp() && ds41_dist_bcast(&reps, sizeof reps)) { snprintf(errbuf, errcap, "calibrate: the ranks could not agree on the rounds"); goto done; }
     for (int r = 0; r < reps; r++)
         for (int w = 1; w <= max_width; w++) {
             if (c.w && w >= 2 && cal_propose(&c, &err)) { snprintf(errbuf, errcap, "%s", err.msg); goto done; }

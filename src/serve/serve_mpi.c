@@ -35,6 +35,7 @@ static double now_s(void) {
 typedef struct dp_count {
     long long seqs, peak, peak_kv, peak_copies;
     long long ans_bytes, ans_tok, ans_lg;   /* rank 0: the other ranks' answers: bytes, rows answered with a token, with logits */
+    long long props, verifies;    /* --spec: proposals and verify blocks run here for the sequences held here */
 } dp_count;
 
 static int verbose(void) {
@@ -65,6 +66,7 @@ static void dp_report(const dp_count *c) {
     fprintf(stderr, "ds41 serve [rank %d]: %s: %lld sequences held here, at most %lld bytes of state at once "
                     "(%lld of them global KV pages)", ds41_dist_rank(), dp ? "--dp-attention" : "replicated attention",
             c->seqs, c->peak, c->peak_kv);
+    if (c->props || c->verifies) fprintf(stderr, "; --spec: %lld proposals, %lld verify blocks", c->props, c->verifies);
     if (dp && ds41_dist_rank() == 0)
         fprintf(stderr, "; rank 0's copies of the other ranks' sequences: at most %lld bytes; their answers: %lld bytes, %lld rows "
                         "with a token, %lld with logits", c->peak_copies, c->ans_bytes, c->ans_tok, c->ans_lg);
@@ -82,7 +84,8 @@ struct ds41_smirror {
     int32_t *sid;
     int *own;
     int *samp;                    /* --dp-attention: who samples the session (SAMP_*, SAMPLE) */
-    unsigned char **lpend;        /* the owner's logprobs of its last token, not yet taken (ds41_smirror_logprobs) */
+    unsigned char **lpend;        /* the owner's logprobs of its last tokens (one, or a verify's), not yet taken
+                                   * (ds41_smirror_logprobs): two words (entries, the next one), then the entries */
     int n_sess, cap_sess;
     int dp;                       /* --dp-attention */
     int turn;                     /* the rank a tie goes to first */
@@ -198,7 +201,7 @@ static int least_loaded(ds41_smirror *m, const long long *hit) {
     return best;
 }
 
-void ds41_smirror_open(ds41_smirror *m, const ds41_session *s) {
+void ds41_smirror_open(ds41_smirror *m, const ds41_session *s, int rank0) {
     if (!m) return;
     if (m->n_sess == m->cap_sess) {
         int nc = m->cap_sess ? m->cap_sess * 2 : 16;
@@ -221,7 +224,7 @@ void ds41_smirror_open(ds41_smirror *m, const ds41_session *s) {
     }
     int32_t id = m->next_id;
     m->next_id = (m->next_id + 1) & INT32_MAX;
-    int rank = !m->dp ? 0 : m->route >= 0 ? m->route : least_loaded(m, NULL);
+    int rank = !m->dp || rank0 ? 0 : m->route >= 0 ? m->route : least_loaded(m, NULL);
     m->route = -1;
     m->sess[m->n_sess] = s;
     m->own[m->n_sess] = rank;
@@ -255,23 +258,39 @@ static void put_ids(ds41_smirror *m, int op, const ds41_session *s, const int32_
 
 /* The owner's answer for a token it drew: the id, then with logprobs (samp >= SAMP_OWNER_LP)
  * its logprob, the n_top best ids and their logprobs, as rank 0 would compute them from the row. */
-static size_t token_bytes(int samp) {
-    return sizeof(int32_t) + (samp >= SAMP_OWNER_LP ? sizeof(float) + (size_t)(samp - SAMP_OWNER_LP) * 8 : 0);
+static size_t lp_bytes(int samp) { return samp >= SAMP_OWNER_LP ? sizeof(float) + (size_t)(samp - SAMP_OWNER_LP) * 8 : 0; }
+
+static size_t token_bytes(int samp) { return sizeof(int32_t) + lp_bytes(samp); }
+
+/* the logprobs entry of token id drawn from row (lp_bytes(samp) bytes at p) */
+static unsigned char *lp_put(unsigned char *p, const float *row, int32_t id, int samp, int V) {
+    if (samp < SAMP_OWNER_LP) return p;
+    int k = samp - SAMP_OWNER_LP;
+    float lp = 0, top_lp[DS41_REQ_MAX_TOP_LOGPROBS] = { 0 };
+    int32_t top_id[DS41_REQ_MAX_TOP_LOGPROBS] = { 0 };
+    if (id >= 0 && id < V) ds41_sched_logprobs(row, V, id, k, &lp, top_id, top_lp);   /* else rank 0 fails the row */
+    memcpy(p, &lp, sizeof lp);
+    memcpy(p + 4, top_id, (size_t)k * 4);
+    memcpy(p + 4 + 4 * (size_t)k, top_lp, (size_t)k * 4);
+    return p + 4 + 8 * (size_t)k;
 }
 
 static unsigned char *token_put(unsigned char *p, ds41_session *s, int samp, int failed, int V) {
     int32_t id = failed ? -1 : ds41_session_sample(s);
     memcpy(p, &id, sizeof id);
-    p += sizeof id;
-    if (samp < SAMP_OWNER_LP) return p;
-    int k = samp - SAMP_OWNER_LP;
-    float lp = 0, top_lp[DS41_REQ_MAX_TOP_LOGPROBS] = { 0 };
-    int32_t top_id[DS41_REQ_MAX_TOP_LOGPROBS] = { 0 };
-    if (id >= 0 && id < V) ds41_sched_logprobs(ds41_logits(s), V, id, k, &lp, top_id, top_lp);   /* else rank 0 fails the row */
-    memcpy(p, &lp, sizeof lp);
-    memcpy(p + 4, top_id, (size_t)k * 4);
-    memcpy(p + 4 + 4 * (size_t)k, top_lp, (size_t)k * 4);
-    return p + 4 + 8 * (size_t)k;
+    return lp_put(p + sizeof id, ds41_logits(s), id, samp, V);
+}
+
+/* rank 0: n logprobs entries of session slot i at p, for its next n tokens */
+static void lp_keep(ds41_smirror *m, int i, const unsigned char *p, int n) {
+    free(m->lpend[i]);
+    m->lpend[i] = NULL;
+    size_t lb = lp_bytes(m->samp[i]);
+    if (!lb || n < 1) return;
+    int32_t h[2] = { n, 0 };
+    if (!(m->lpend[i] = malloc(sizeof h + (size_t)n * lb))) oom();
+    memcpy(m->lpend[i], h, sizeof h);
+    memcpy(m->lpend[i] + sizeof h, p, (size_t)n * lb);
 }
 
 /* rank 0: the token answer p of session slot i (n tokens ran there) */
@@ -279,11 +298,7 @@ static void token_take(ds41_smirror *m, int i, ds41_session *s, size_t n, const 
     int32_t id;
     memcpy(&id, p, sizeof id);
     ds41_session_absorb_token(s, n, id);
-    free(m->lpend[i]);
-    m->lpend[i] = NULL;
-    size_t lb = token_bytes(m->samp[i]) - sizeof id;
-    if (lb && !(m->lpend[i] = malloc(lb))) oom();
-    if (lb) memcpy(m->lpend[i], p + sizeof id, lb);
+    lp_keep(m, i, p + sizeof id, 1);
 }
 
 static uint32_t fbits(float f) {
@@ -306,13 +321,19 @@ void ds41_smirror_sampling(ds41_smirror *m, const ds41_session *s, float tempera
 int ds41_smirror_logprobs(ds41_smirror *m, const ds41_session *s, int n_top, float *lp, int32_t *top_id, float *top_lp) {
     if (!m || !m->dp) return 0;
     int i = slot_of(m, s);
-    const unsigned char *p = m->lpend[i];
-    if (!p || m->samp[i] != SAMP_OWNER_LP + n_top) return 0;
+    unsigned char *b = m->lpend[i];
+    if (!b || m->samp[i] != SAMP_OWNER_LP + n_top) return 0;
+    int32_t h[2];
+    memcpy(h, b, sizeof h);
+    const unsigned char *p = b + sizeof h + (size_t)h[1] * lp_bytes(m->samp[i]);
     memcpy(lp, p, sizeof *lp);
     memcpy(top_id, p + 4, (size_t)n_top * sizeof *top_id);
     memcpy(top_lp, p + 4 + 4 * (size_t)n_top, (size_t)n_top * sizeof *top_lp);
-    free(m->lpend[i]);
-    m->lpend[i] = NULL;
+    if (++h[1] < h[0]) memcpy(b, h, sizeof h);
+    else {
+        free(b);
+        m->lpend[i] = NULL;
+    }
     return 1;
 }
 
@@ -421,18 +442,54 @@ void ds41_smirror_step(ds41_smirror *m, const ds41_batch_item *it, int count) {
     flush(m);
 }
 
-void ds41_smirror_draft(ds41_smirror *m, const ds41_session *s, int32_t t_next) {
-    if (!m) return;
+/* --dp-attention: the owner's answer to a DRAFT: a status word (0: proposed), the B drafts,
+ * their B confidences (float bits), then ANSWER_ERR bytes of error (the status says failed) */
+static size_t draft_answer_bytes(int B) { return sizeof(int32_t) * (1 + 2 * (size_t)B) + ANSWER_ERR; }
+
+int ds41_smirror_propose(ds41_smirror *m, ds41_engine *e, ds41_session *s, int32_t t_next, int32_t *ids, float *conf) {
+    if (!m) return ds41_session_draft(s, t_next, ids, conf);
     int32_t v[3] = { DS41_SOP_DRAFT, sid_of(m, s), t_next };
     put(m, v, 3);
     flush(m);   /* the proposal runs DSpark's MoE layers */
+    if (!m->dp) return ds41_session_draft(s, t_next, ids, conf);
+    /* --dp-attention: the owner proposes (its stages' exchanges a forward round of their own),
+     * the other ranks join them */
+    int q = m->own[slot_of(m, s)];
+    int rc = q == 0 ? ds41_session_draft(s, t_next, ids, conf) : 0;
+    m->dpc.props += q == 0;
+    ds41_dist_dp_done(&e->ctx);
+    if (q == 0) return rc;
+    int B = ds41_draft_block_size(e);
+    size_t nb = draft_answer_bytes(B);
+    unsigned char *a = malloc(nb);
+    if (!a) oom();
+    recv_from(m, q, a, nb);
+    int32_t st;
+    memcpy(&st, a, sizeof st);
+    if (st) {
+        char eb[ANSWER_ERR];
+        memcpy(eb, a + nb - ANSWER_ERR, ANSWER_ERR);
+        eb[ANSWER_ERR - 1] = 0;
+        ds41_session_absorb(s, 0, NULL, eb[0] ? eb : "the proposal failed on the rank that holds the sequence");
+    } else {
+        memcpy(ids, a + sizeof st, (size_t)B * sizeof *ids);
+        memcpy(conf, a + sizeof st + (size_t)B * sizeof *ids, (size_t)B * sizeof *conf);
+    }
+    free(a);
+    return st ? -1 : 0;
 }
 
-void ds41_smirror_calibrate(ds41_smirror *m, int width, int prompt_len, int reps) {
-    if (!m) return;
-    int32_t v[4] = { DS41_SOP_CALIBRATE, width, prompt_len, reps };
-    put(m, v, 4);
-    flush(m);
+int ds41_smirror_calibrate(ds41_smirror *m, ds41_engine *e, int width, int prompt_len, int reps, ds41_spec_curve *c,
+                           char *err, size_t errcap) {
+    if (m) {
+        int32_t v[4] = { DS41_SOP_CALIBRATE, width, prompt_len, reps };
+        put(m, v, 4);
+        flush(m);
+    }
+    int rc = ds41_spec_calibrate(e, width, prompt_len, reps, c, err, errcap);
+    /* --dp-attention: rank 0's forwards alone; the other ranks joined them */
+    if (m && m->dp) ds41_dist_dp_done(&e->ctx);
+    return rc;
 }
 
 void ds41_smirror_embeds(ds41_smirror *m, const ds41_session *s, const int32_t *ids, size_t n, const float *emb,
@@ -463,8 +520,42 @@ static int share_outcome(int32_t v[2], int k, char *err, size_t errcap) {
  * where the forward computed logits (every item but a prompt part that goes on), the token
  * the owner drew (a sequence it samples, samp != SAMP_RANK0: the token, and with logprobs its
  * logprob, the n_top best ids and their logprobs) or else the logits row. */
+/* A verify block of T = n rows (--spec; the owner samples the sequence and decides): the
+ * accepted drafts A, the tokens out n_out (A + 1), out[T] (n_out of them set), then with
+ * logprobs an entry per row (lp_put, n_out of them set). */
+static size_t verify_bytes(size_t T, int samp) { return sizeof(int32_t) * (2 + T) + T * lp_bytes(samp); }
+
 static size_t answer_bytes(const ds41_batch_item *b, int samp, int V) {
+    if (b->verify) return sizeof(int32_t) + verify_bytes(b->n, samp);
     return sizeof(int32_t) + (b->ahead == 0 ? (samp != SAMP_RANK0 ? token_bytes(samp) : (size_t)V * sizeof(float)) : 0);
+}
+
+static unsigned char *verify_put(unsigned char *p, const ds41_batch_item *b, int samp, int failed, int V) {
+    size_t nb = verify_bytes(b->n, samp);
+    memset(p, 0, nb);
+    if (failed) return p + nb;
+    int32_t h[2] = { b->n_accepted, b->n_out };
+    memcpy(p, h, sizeof h);
+    memcpy(p + sizeof h, b->out, (size_t)b->n_out * sizeof *b->out);
+    unsigned char *l = p + sizeof(int32_t) * (2 + b->n);
+    for (int j = 0; j < b->n_out && lp_bytes(samp); j++) l = lp_put(l, b->out_logits + (size_t)j * V, b->out[j], samp, V);
+    return p + nb;
+}
+
+/* rank 0: the verify answer p of session slot i; NULL, or what was wrong with it */
+static const char *verify_take(ds41_smirror *m, int i, ds41_batch_item *b, const unsigned char *p, int V) {
+    int32_t h[2];
+    memcpy(h, p, sizeof h);
+    int T = (int)b->n;
+    if (h[0] < 0 || h[0] >= T || h[1] != h[0] + 1) return "the owner's verify outcome is out of range";
+    memcpy(b->out, p + sizeof h, (size_t)h[1] * sizeof *b->out);
+    for (int j = 0; j < h[1]; j++)
+        if (b->out[j] < 0 || b->out[j] >= V) return "the owner's verify outcome holds a token outside the vocabulary";
+    if (ds41_session_absorb_verify(b->s, T - 1, h[0])) return "out of memory for the speculative state of a verify";
+    b->n_accepted = h[0];
+    b->n_out = h[1];
+    lp_keep(m, i, p + sizeof(int32_t) * (2 + (size_t)T), h[1]);
+    return NULL;
 }
 
 static unsigned char *answer_put(unsigned char *p, const ds41_batch_item *b, int samp, int V) {
@@ -472,7 +563,9 @@ static unsigned char *answer_put(unsigned char *p, const ds41_batch_item *b, int
     int32_t st = err && err[0];
     memcpy(p, &st, sizeof st);
     p += sizeof st;
-    if (b->ahead == 0 && samp != SAMP_RANK0) {
+    if (b->verify) {
+        p = verify_put(p, b, samp, st, V);
+    } else if (b->ahead == 0 && samp != SAMP_RANK0) {
         p = token_put(p, b->s, samp, st, V);
     } else if (b->ahead == 0) {
         memcpy(p, ds41_logits(b->s), (size_t)V * sizeof(float));
@@ -486,7 +579,10 @@ static const unsigned char *answer_take(ds41_smirror *m, int slot, const unsigne
                                         const char *err) {
     int samp = m->samp[slot];
     p += sizeof(int32_t);
-    if (b->ahead == 0 && samp != SAMP_RANK0) {
+    if (b->verify) {
+        if (!err) err = verify_take(m, slot, b, p, V);
+        p += verify_bytes(b->n, samp);
+    } else if (b->ahead == 0 && samp != SAMP_RANK0) {
         if (!err) token_take(m, slot, b->s, b->n, p);
         p += token_bytes(samp);
     } else {
@@ -529,8 +625,15 @@ void ds41_smirror_batch_step(ds41_smirror *m, ds41_engine *e, ds41_batch_item *i
     for (int i = 0; i < count; i++) {
         slot[i] = slot_of(m, it[i].s);
         int q = m->own[slot[i]];
-        if (q == 0) mine[n0++] = it[i];
-        else {
+        if (q != 0 && it[i].verify && m->samp[slot[i]] == SAMP_RANK0) {
+            /* ds41_smirror_open keeps such a sequence on rank 0 under --spec */
+            fprintf(stderr, "ds41 serve: a verify block of a sequence that rank 0 samples is held by rank %d; ending the job\n", q);
+            abort();
+        }
+        if (q == 0) {
+            m->dpc.verifies += it[i].verify;
+            mine[n0++] = it[i];
+        } else {
             nb[q] += answer_bytes(&it[i], m->samp[slot[i]], V);
             if (it[i].ahead == 0) {
                 m->dpc.ans_tok += m->samp[slot[i]] != SAMP_RANK0;
@@ -609,8 +712,10 @@ typedef struct fslots {
     size_t step_cap;
     char *errs;                   /* the errors of the step's failed items */
     size_t errs_cap;
-    int32_t *out;                 /* --spec: the verify blocks' outputs of a step (unread) */
+    int32_t *out;                 /* --spec: the verify blocks' outputs of a step (under --dp-attention: this rank's answers) */
     size_t out_cap;
+    float *olg;                   /* --dp-attention: the rows of this rank's verify blocks whose logprobs rank 0 asked for */
+    size_t olg_cap;
     int32_t *dids;                /* a proposal's drafts and confidences (unread) */
     float *dconf;
     dp_count dpc;
@@ -644,6 +749,7 @@ static int step_own(ds41_engine *e, fslots *f, ds41_batch_item *items, int count
     for (int k = 0; k < count; k++)
         if (items[k].s) {
             f->step_os[n] = f->step_os[k];
+            f->dpc.verifies += items[k].verify;
             items[n++] = items[k];
             bytes += answer_bytes(&items[k], f->step_os[k], V);
         }
@@ -684,6 +790,23 @@ static void restore_answer(ds41_engine *e, ds41_session *s, int samp, long long 
     }
 }
 
+/* --dp-attention: this rank's answer to a DRAFT of its session s (ds41_smirror_propose) */
+static void draft_answer(ds41_session *s, int rc, const int32_t *ids, const float *conf, int B) {
+    size_t nb = draft_answer_bytes(B);
+    unsigned char *a = calloc(1, nb);
+    if (!a) ds41_dist_fatal(1, "out of memory for the answer to a proposal");
+    int32_t st = rc != 0;
+    memcpy(a, &st, sizeof st);
+    if (!st) {
+        memcpy(a + sizeof st, ids, (size_t)B * sizeof *ids);
+        memcpy(a + sizeof st + (size_t)B * sizeof *ids, conf, (size_t)B * sizeof *conf);
+    } else {
+        snprintf((char *)a + nb - ANSWER_ERR, ANSWER_ERR, "%s", ds41_session_error(s));
+    }
+    ds41_dist_dp_send0(a, nb);
+    free(a);
+}
+
 static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_params *sp, fslots *f, const ds41_sop *op,
                  ds41_batch_item **items, int *items_cap, char *err, size_t errcap) {
     ds41_session *s = NULL;
@@ -700,13 +823,10 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
         return snprintf(err, errcap, "serve mirror: rank 0 gave session %d to rank %d of %d", (int)op->id, op->rank, ds41_dist_size()), -1;
     if ((op->op == DS41_SOP_SAMPLE || op->op == DS41_SOP_PROBE) && !dp)
         return snprintf(err, errcap, "serve mirror: rank 0 sent %s, which only --dp-attention uses", op->op == DS41_SOP_SAMPLE ? "SAMPLE" : "PROBE"), -1;
-    if ((op->op == DS41_SOP_DRAFT || op->op == DS41_SOP_CALIBRATE) && dp)
-        return snprintf(err, errcap, "serve mirror: rank 0 sent %s, and --spec is not supported with --dp-attention",
-                        op->op == DS41_SOP_DRAFT ? "DRAFT" : "CALIBRATE"), -1;
     if (op->op == DS41_SOP_EMBEDS && !(s = slot_find(f, op->id)))
         return snprintf(err, errcap, "serve mirror: rank 0 feeds an image prompt to session %d, which this rank does not hold",
                         (int)op->id), -1;
-    if (op->op == DS41_SOP_DRAFT && !(s = slot_find(f, op->id)))
+    if (op->op == DS41_SOP_DRAFT && !(s = slot_find(f, op->id)) && !(dp && slot_at(f, op->id) >= 0))
         return snprintf(err, errcap, "serve mirror: rank 0 drafts for session %d, which this rank does not hold", (int)op->id), -1;
     if ((op->op == DS41_SOP_RESTORE || op->op == DS41_SOP_PUBLISH || op->op == DS41_SOP_TRIM || op->op == DS41_SOP_PROBE) && !pc)
         return snprintf(err, errcap, "serve mirror: rank 0 uses a prefix cache and this rank has none"), -1;
@@ -786,10 +906,22 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             f->dconf = malloc((size_t)B * sizeof *f->dconf);
             if (!f->dids || !f->dconf) return snprintf(err, errcap, "out of memory"), -1;
         }
-        ds41_session_draft(s, op->t_next, f->dids, f->dconf);   /* a failure is rank 0's too: it ends the sequence */
+        if (!dp) {
+            ds41_session_draft(s, op->t_next, f->dids, f->dconf);   /* a failure is rank 0's too: it ends the sequence */
+            return 0;
+        }
+        /* --dp-attention: the owner proposes and answers rank 0 (ds41_smirror_propose) */
+        int rc = s ? ds41_session_draft(s, op->t_next, f->dids, f->dconf) : 0;
+        f->dpc.props += s != NULL;
+        ds41_dist_dp_done(&e->ctx);
+        if (s) draft_answer(s, rc, f->dids, f->dconf, B);
         return 0;
     }
     case DS41_SOP_CALIBRATE: {
+        if (dp) {   /* rank 0's forwards alone: this rank joins their exchanges */
+            ds41_dist_dp_done(&e->ctx);
+            return 0;
+        }
         ds41_spec_curve c;
         char eb[512];
         ds41_spec_calibrate(e, op->width, op->prompt_len, op->reps, &c, eb, sizeof eb);   /* rank 0 uses its own curve */
@@ -819,18 +951,24 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
         }
         if (grow_buf(&f->step_os, &f->step_cap, (size_t)op->count * sizeof *f->step_os)) return snprintf(err, errcap, "out of memory"), -1;
         const int32_t *w = op->items;
-        size_t nout = 0;
+        size_t nout = 0, nlg = 0;
         for (int k = 0, at = 0; k < op->count; k++) {
-            if (op->items[at + 2] == DS41_SOP_VERIFY) nout += (size_t)op->items[at + 1];
+            if (op->items[at + 2] == DS41_SOP_VERIFY) {
+                nout += (size_t)op->items[at + 1];
+                int j = slot_at(f, op->items[at]);
+                if (dp && j >= 0 && f->s[j] && f->samp[j] >= SAMP_OWNER_LP) nlg += (size_t)op->items[at + 1];
+            }
             at += 3 + op->items[at + 1];
         }
+        if (grow_buf(&f->olg, &f->olg_cap, nlg * (size_t)ds41_vocab_size(e) * sizeof *f->olg))
+            return snprintf(err, errcap, "out of memory"), -1;
         if (nout > f->out_cap) {
             int32_t *no = realloc(f->out, nout * sizeof *no);
             if (!no) return snprintf(err, errcap, "out of memory"), -1;
             f->out = no;
             f->out_cap = nout;
         }
-        nout = 0;
+        nout = nlg = 0;
         for (int k = 0; k < op->count; k++) {
             ds41_batch_item *b = &(*items)[k];
             memset(b, 0, sizeof *b);
@@ -841,10 +979,16 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             b->n = (size_t)w[1];
             b->ids = w + 3;
             if (w[2] == DS41_SOP_VERIFY) {
-                if (dp) return snprintf(err, errcap, "serve mirror: rank 0's step verifies drafts, not supported with --dp-attention"), -1;
+                if (b->s && dp && f->step_os[k] == SAMP_RANK0)
+                    return snprintf(err, errcap, "serve mirror: rank 0's step verifies drafts of session %d, which rank 0 "
+                                                 "samples and this rank holds", (int)w[0]), -1;
                 b->verify = 1;
                 b->out = f->out + nout;
                 nout += b->n;
+                if (b->s && dp && f->step_os[k] >= SAMP_OWNER_LP) {
+                    b->out_logits = f->olg + nlg * (size_t)ds41_vocab_size(e);
+                    nlg += b->n;
+                }
             } else {
                 b->ahead = (size_t)w[2];
             }
@@ -895,7 +1039,7 @@ int ds41_smirror_follow(ds41_engine *e, ds41_prefix_cache *pc, const ds41_sessio
     dp_report(&f.dpc);
     for (int i = 0; i < f.n; i++) ds41_session_close(f.s[i]);
     ds41_spec_set_outcome_hook(NULL);
-    free(f.s); free(f.id); free(f.samp); free(f.ans); free(f.step_os); free(f.errs); free(f.out); free(f.dids); free(f.dconf);
+    free(f.s); free(f.id); free(f.samp); free(f.ans); free(f.step_os); free(f.errs); free(f.out); free(f.olg); free(f.dids); free(f.dconf);
     free(items); free(buf);
     return rc;
 }

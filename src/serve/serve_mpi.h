@@ -23,7 +23,7 @@
  * prefills alone through ds41_feed_embeds; EMBEDS carries that feed (its ids, which
  * positions are image rows, and those rows' embeddings) so that the followers feed the same.
  *
- * --spec (replicated attention only): a proposal (ds41_session_draft) runs DSpark's stages,
+ * --spec (replicated attention): a proposal (ds41_session_draft) runs DSpark's stages,
  * MoE layers included, so rank 0 sends DRAFT (the session, the token it drafts after) before
  * each one and the followers propose too; the --spec auto calibration's forwards likewise
  * (CALIBRATE, when rank 0 has no cached curve). A STEP item with ahead = -1 is a verify block
@@ -31,6 +31,15 @@
  * sampler stream and logits processor): inside each verify, after the forward, rank 0
  * broadcasts {accepted, next token} and the followers keep exactly those rows
  * (ds41_spec_set_outcome_hook).
+ *
+ * --spec with --dp-attention: the owner of a sequence proposes (DRAFT: the other ranks join its
+ * stages' exchanges, dist_dp.c) and answers rank 0 with the drafts and their confidences, from
+ * which rank 0's scheduler plans the verify blocks as in one process (its grammar check, the
+ * drafting gate of --spec auto); the owner runs the verify and, holding the sequence's sampler
+ * (SAMPLE), decides it as one process does, and answers with the accepted count and the tokens
+ * (with logprobs, an entry per token). A sequence whose tokens rank 0 must draw (a logits
+ * processor) is held by rank 0 under --spec. The calibration of --spec auto runs rank 0's
+ * forwards alone; the other ranks join them (CALIBRATE). No outcome hook: each owner decides.
  *
  * --dp-attention (docs/distributed.md): rank 0 gives each new sequence to the least-loaded
  * rank (sequences open there, then tokens held) with OPEN_ON; only that rank holds it. Each
@@ -90,7 +99,9 @@ void ds41_smirror_free(ds41_smirror *m);
 /* --dp-attention with a prefix cache (pc; NULL: none, or a prompt the cache does not key):
  * the next ds41_smirror_open goes to the rank whose cache holds the longest prefix of ids. */
 void ds41_smirror_route(ds41_smirror *m, ds41_prefix_cache *pc, const int32_t *ids, size_t n);
-void ds41_smirror_open(ds41_smirror *m, const ds41_session *s);
+/* rank0: the sequence stays on rank 0 (under --dp-attention with --spec, one whose tokens rank 0
+ * draws: a verify's acceptance needs its logits processor) */
+void ds41_smirror_open(ds41_smirror *m, const ds41_session *s, int rank0);
 void ds41_smirror_close(ds41_smirror *m, const ds41_session *s);
 /* After ds41_session_set_sampling, for a sequence with no logits processor: under
  * --dp-attention the rank that holds it samples it and sends rank 0 the token only, and with
@@ -108,9 +119,14 @@ int ds41_smirror_publish(ds41_smirror *m, const ds41_session *s, const int32_t *
 /* before ds41_prefix_trim / ds41_batch_step */
 void ds41_smirror_trim(ds41_smirror *m, long long bytes);
 void ds41_smirror_step(ds41_smirror *m, const ds41_batch_item *it, int count);
-/* before ds41_session_draft(s, t_next, ...) / ds41_spec_calibrate(e, width, prompt_len, reps, ...) */
-void ds41_smirror_draft(ds41_smirror *m, const ds41_session *s, int32_t t_next);
-void ds41_smirror_calibrate(ds41_smirror *m, int width, int prompt_len, int reps);
+/* ds41_session_draft(s, t_next, ids, conf) as every rank must see it (m == NULL: the proposal
+ * alone); under --dp-attention the owner proposes and ids, conf come from it. 0, or -1
+ * (ds41_session_error). */
+int ds41_smirror_propose(ds41_smirror *m, ds41_engine *e, ds41_session *s, int32_t t_next, int32_t *ids, float *conf);
+/* ds41_spec_calibrate(e, width, prompt_len, reps, c, err, errcap) with the other ranks (their
+ * own calibration, or under --dp-attention joining rank 0's forwards) */
+int ds41_smirror_calibrate(ds41_smirror *m, ds41_engine *e, int width, int prompt_len, int reps, ds41_spec_curve *c,
+                           char *err, size_t errcap);
 /* before ds41_feed_embeds(s, ids, n, emb, is_image) (emb: [n][dim], only image rows read) */
 void ds41_smirror_embeds(ds41_smirror *m, const ds41_session *s, const int32_t *ids, size_t n, const float *emb,
                          const uint8_t *is_image, int dim);

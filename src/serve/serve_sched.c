@@ -5,6 +5,7 @@
 #include "serve_gprefetch.h"
 
 #include "serve_mpi.h"
+#include "serve_req.h"
 #include "cli_vprompt.h"
 #include "serve_vision.h"
 
@@ -404,8 +405,8 @@ static void spec_curve_init(ds41_sched *S) {
     if (S->p.curve_path[0] && ds41_spec_curve_load(S->p.curve_path, &S->curve) == 0) return;
     char eb[512];
     double t0 = now_s();
-    ds41_smirror_calibrate(S->p.mirror, S->B + 1, 32, 3);   /* its forwards are collective under mpiexec */
-    if (ds41_spec_calibrate(S->e, S->B + 1, 32, 3, &S->curve, eb, sizeof eb)) {
+    /* its forwards are collective under mpiexec */
+    if (ds41_smirror_calibrate(S->p.mirror, S->e, S->B + 1, 32, 3, &S->curve, eb, sizeof eb)) {
         fprintf(stderr, "ds41 serve: speculative calibration failed (%s): drafts scheduled by expected tokens only\n", eb);
         memset(&S->curve, 0, sizeof S->curve);
         return;
@@ -566,7 +567,9 @@ static int session_ready(ds41_sched *S, ds41_sseq *q) {
     ds41_cli_vprompt vp = { 0 };
     if (q->g->n_img && expand_images(S, q, &vp)) return -1;
     ds41_smirror_route(S->p.mirror, q->g->n_img ? NULL : S->p.pc, q->prompt, q->n_prompt);
-    ds41_smirror_open(S->p.mirror, q->s);
+    /* under --dp-attention with --spec: a sequence rank 0 samples stays there (serve_mpi.h) */
+    ds41_smirror_open(S->p.mirror, q->s,
+                      S->B > 0 && S->p.spec_mode != DS41_SPEC_OFF && (ds41_lproc_active(&q->proc) || q->n_top > DS41_REQ_MAX_TOP_LOGPROBS));
     pthread_mutex_lock(&S->mu);
     S->sessions_open++;
     pthread_mutex_unlock(&S->mu);
@@ -796,8 +799,8 @@ static void *sched_main(void *arg) {
                 if (kmax[nb] > 0 && S->p.spec_mode == DS41_SPEC_AUTO && S->curve.n > 0 &&
                     !ds41_spec_want_draft(q->s, &S->curve))
                     kmax[nb] = 0;
-                if (kmax[nb] > 0) ds41_smirror_draft(S->p.mirror, q->s, q->next);   /* the followers propose too */
-                if (kmax[nb] > 0 && ds41_session_draft(q->s, q->next, blk + 1, S->conf + (size_t)nb * S->B)) {
+                /* the followers propose too (or the owner, under --dp-attention) */
+                if (kmax[nb] > 0 && ds41_smirror_propose(S->p.mirror, S->e, q->s, q->next, blk + 1, S->conf + (size_t)nb * S->B)) {
                     seq_finish(S, q, DS41_FIN_ERROR, ds41_session_error(q->s));
                     continue;
                 }
