@@ -689,6 +689,34 @@ except urllib.error.HTTPError as e: print(e.code, e.read().decode())" "$p3" >"$T
     SF_ENV="" SF_LAUNCH="" SF_IN="" SF_FLAGS=--dp-attention
     serve_fault serve_dp_hung_rank_503 STOP
     serve_fault serve_dp_killed_rank KILL
+    # --engram-mode prefetch under --dp-attention: each rank reads its own share of the rows with
+    # the engine's I/O (io_uring, or pread where it is missing), for its own forwards and for
+    # the rows the other rank asks for; the same 10 requests give the one process's bytes (its
+    # default mode: every mode reads the table's bytes), and each rank's DS41_MPI_VERBOSE line
+    # shows rows read from the files and rows looked up for the other rank.
+    DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --exact --mpi-timeout 10 --dp-attention \
+        --engram-mode prefetch >/dev/null 2>"$TMP/s4.log" &
+    s4=$!
+    if p4=$(serve_port "$TMP/s4.log"); then
+        "$PY" tests/serve/mpi_client.py answers "$p4" >"$TMP/s4.out" 2>&1
+        c4=$?
+        kill -TERM "$(rank_pid 0)" 2>/dev/null
+        wait "$s4"
+        s4rc=$?
+        pf=$("$PY" -c '
+import re, sys
+pat = r"ds41(?: \[rank (\d+)\])?: engram: rows .*? \(\d+ bytes, prefetch\);.*; prefetch: (\d+) rows read from the files \((io_uring|pread)\), (\d+) rows looked up for other ranks"
+print(" ".join("%s:%s:%s" % (m.group(1) or 0, m.group(2), m.group(4)) for m in re.finditer(pat, open(sys.argv[1]).read())))' "$TMP/s4.log")
+        ok=$(echo "$pf" | awk '{ n = 0; for (i = 1; i <= NF; i++) { split($i, f, ":"); if (f[2] > 0 && f[3] > 0) n++ } print n }')
+        if [ $c4 -ne 0 ]; then fail serve_dp_engram_prefetch "a request failed: $(grep -v '^{"' "$TMP/s4.out" | head -c 300)"
+        elif ! cmp -s "$TMP/s1.out" "$TMP/s4.out"; then fail serve_dp_engram_prefetch "answers differ from one process: $(cmp "$TMP/s1.out" "$TMP/s4.out")"
+        elif [ "$ok" != 2 ]; then fail serve_dp_engram_prefetch "rank:rows read:looked up for the other rank '$pf' (expected both ranks > 0): $(grep 'engram: rows' "$TMP/s4.log" | head -c 400)"
+        elif [ $s4rc -ne 0 ]; then fail serve_dp_engram_prefetch "the job ended with status $s4rc after SIGTERM: $(tail -n 2 "$TMP/s4.log")"
+        else pass "serve_dp_engram_prefetch (rank:rows read:looked up for the other rank $pf)"; fi
+    else
+        fail serve_dp_engram_prefetch "the server did not start: $(tail -n 2 "$TMP/s4.log")"
+        kill "$s4" 2>/dev/null; wait "$s4"
+    fi
 else
     fail serve_dp_answers "no answers of one process to compare with"
 fi

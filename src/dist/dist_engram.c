@@ -80,6 +80,12 @@ static struct {
     size_t ram_len;
     ds41_engram_io *io;       /* prefetch mode: this rank's rows read from the files */
     ds41_engram_step *local;
+    ds41_engram_step *serve;  /* prefetch under --dp-attention: the rows other ranks ask for, read for them */
+    int64_t *sids;            /* its ids */
+    size_t sids_cap;
+    long long served_read;    /* rows read with it (distinct per request round) */
+    long long io_read;        /* prefetch: rows this rank read from the files (at close, for the report) */
+    int io_uring;
     int64_t *fids;            /* the step's ids with other ranks' rows masked out (-1) */
     size_t fids_cap;
     /* the step */
@@ -178,6 +184,10 @@ int ds41_dist_engram_report(char *line, size_t cap) {
              " (%lld bytes, %s); resident %lld bytes in its rows, %lld bytes of the tables outside them; exchange: %lld "
              "steps, %lld rows, %lld bytes sent, %lld received, %.3f s waiting",
              g.own_bytes, g.mode, g.res_in, g.res_out, g.st.steps, g.st.rows, g.st.bytes_sent, g.st.bytes_recv, g.st.wait_s);
+    L = strlen(line);
+    if (g.io_read || g.served_read)
+        snprintf(line + L, cap > L ? cap - L : 0, "; prefetch: %lld rows read from the files (%s), %lld rows looked up for other ranks",
+                 g.io_read, g.io_uring ? "io_uring" : "pread", g.served_read);
     return 1;
 }
 
@@ -232,6 +242,29 @@ enum { KTAG = 51, RTAG = 52 };
 
 static size_t dp_bound(int q) { return (size_t)ds41_dist_dp_rows(q) * (size_t)g.cols * (size_t)g.n_slots; }
 
+/* Prefetch mode: the n rows the peers asked for (their keys in kin) read from the files with
+ * the serve step, ids laid out [slot][n] (one column), the other slots' places -1 */
+static void serve_reads(size_t n) {
+    if (!n) return;
+    size_t total = n * (size_t)g.n_slots;
+    if (grow((void **)&g.sids, &g.sids_cap, total, sizeof *g.sids)) ds41_dist_fatal(1, "out of memory for the Engram rows asked");
+    for (size_t i = 0; i < total; i++) g.sids[i] = -1;
+    size_t j = 0;
+    for (int q = 0; q < g.size; q++) {
+        if (q == g.me) continue;
+        uint64_t c = g.kin[g.kioff[q]];
+        for (uint64_t u = 0; u < c; u++, j++) {
+            uint64_t key = g.kin[g.kioff[q] + 1 + u];
+            g.sids[(size_t)(key >> SLOT_SHIFT) * n + j] = (int64_t)(key & ((1ULL << SLOT_SHIFT) - 1));
+        }
+    }
+    ds41_err err;
+    if (ds41_engram_step_issue(g.serve, g.sids, n, 1, &err)) ds41_dist_fatal(1, "engram rows asked by other ranks: %s", err.msg);
+    for (int s = 0; s < g.n_slots; s++)
+        if (ds41_engram_step_wait(g.serve, s, &err)) ds41_dist_fatal(1, "engram rows asked by other ranks: %s", err.msg);
+    g.served_read += (long long)n;
+}
+
 /* Round K (the keys in kout, peer q's at koff[q]: a count, then the keys), then each peer's
  * keys answered (sends posted in g.req) */
 static void dp_exchange(void) {
@@ -282,7 +315,23 @@ static void dp_exchange(void) {
             if (s < 0 || s >= g.n_slots || id < g.t[s].lo[me] || id >= g.t[s].lo[me + 1])
                 ds41_dist_fatal(4, "rank %d asked this rank for row %lld of Engram table %d, which it does not hold: the "
                                    "ranks' row splits differ; ending the job", q, (long long)id, s);
-            own_row(key, g.rep + g.roff[q] + j * (size_t)g.rb);
+        }
+    }
+    if (g.io) serve_reads(trep / (size_t)g.rb);   /* prefetch: the asked rows read now (no mapping to copy from) */
+    for (int q = 0; q < N; q++) {
+        if (q == me) continue;
+        uint64_t c = g.kin[g.kioff[q]];
+        for (uint64_t j = 0; j < c; j++) {
+            uint64_t key = g.kin[g.kioff[q] + 1 + j];
+            uint8_t *dst = g.rep + g.roff[q] + j * (size_t)g.rb;
+            if (!g.io) {
+                own_row(key, dst);
+                continue;
+            }
+            const uint8_t *r = ds41_engram_step_row(g.serve, (int)(key >> SLOT_SHIFT), (int64_t)(key & ((1ULL << SLOT_SHIFT) - 1)));
+            if (!r) ds41_dist_fatal(1, "engram exchange: row %llu of table %d asked by rank %d was not read",
+                                    (unsigned long long)(key & ((1ULL << SLOT_SHIFT) - 1)), (int)(key >> SLOT_SHIFT), q);
+            memcpy(dst, r, (size_t)g.rb);
         }
         if (!c) continue;
         size_t b = (size_t)c * (size_t)g.rb;
@@ -309,7 +358,7 @@ static int dp_issue(const size_t *cnt, const int *own, ds41_err *err) {
     for (size_t u = 0; u < g.n; u++) {
         int q = own[u];
         if (q == me) {
-            own_row(g.key[u], g.buf + g.off[u]);
+            if (!g.io) own_row(g.key[u], g.buf + g.off[u]);   /* prefetch: read at issue, copied at the wait */
             continue;
         }
         uint64_t *c = &g.kout[g.koff[q]];   /* the count, then the keys */
@@ -343,6 +392,21 @@ void ds41_dist_engram_dp_serve(void) {
     dp_exchange();
     ds41_dist_wait(g.req, g.nreq, g.peer, "Engram rows to the other ranks");
     g.nreq = 0;
+}
+
+/* prefetch: this rank's rows of the step's ids [n_slots][N][cols] read with the local step (the
+ * other ranks' rows masked out); the first wait copies them into this rank's section */
+static int own_reads(const int64_t *ids, size_t N, int cols, ds41_err *err) {
+    size_t per = N * (size_t)cols, total = per * (size_t)g.n_slots;
+    if (grow((void **)&g.fids, &g.fids_cap, total ? total : 1, sizeof *g.fids)) return ds41_errf(err, "out of memory");
+    for (size_t i = 0; i < total; i++) {
+        int s = (int)(i / per);
+        int64_t id = ids[i];
+        int in = id >= 0 && id < g.t[s].rows && id >= g.t[s].lo[g.me] && id < g.t[s].lo[g.me + 1];
+        g.fids[i] = in ? id : -1;
+    }
+    g.send_pending = 1;
+    return ds41_engram_step_issue(g.local, g.fids, N, cols, err);
 }
 
 static int eg_issue(void *self, const int64_t *ids, size_t N, int cols, ds41_err *err) {
@@ -392,7 +456,9 @@ static int eg_issue(void *self, const int64_t *ids, size_t N, int cols, ds41_err
                          m, g.sec[g.size]);
     }
     if (ds41_dist_dp()) {
-        int rc = dp_issue(cnt, own, err);
+        /* prefetch: this forward's own rows read (the others masked out), copied at the wait */
+        int rc = g.io ? own_reads(ids, N, cols, err) : 0;
+        if (!rc) rc = dp_issue(cnt, own, err);
         free(cnt);
         free(own);
         return rc;
@@ -415,15 +481,7 @@ static int eg_issue(void *self, const int64_t *ids, size_t N, int cols, ds41_err
     int rc = 0;
     if (g.io) {
         /* prefetch: read this rank's rows (the others masked out), send them at the first wait */
-        if (grow((void **)&g.fids, &g.fids_cap, total ? total : 1, sizeof *g.fids)) rc = ds41_errf(err, "out of memory");
-        for (size_t i = 0; !rc && i < total; i++) {
-            int s = (int)(i / per);
-            int64_t id = ids[i];
-            int in = id >= 0 && id < g.t[s].rows && id >= g.t[s].lo[g.me] && id < g.t[s].lo[g.me + 1];
-            g.fids[i] = in ? id : -1;
-        }
-        if (!rc) rc = ds41_engram_step_issue(g.local, g.fids, N, cols, err);
-        g.send_pending = 1;
+        rc = own_reads(ids, N, cols, err);
     } else {
         for (size_t u = 0; u < m; u++)
             if (own[u] == g.me) own_row(g.key[u], g.buf + g.off[u]);
@@ -450,7 +508,7 @@ static int eg_wait(void *self, int slot, ds41_err *err) {
             memcpy(g.buf + g.off[u], r, (size_t)g.rb);
         }
         g.send_pending = 0;
-        post_sends();
+        if (!g.asked) post_sends();   /* --dp-attention: the own rows stay here (the peers ask for theirs) */
     }
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
@@ -597,12 +655,11 @@ int ds41_dist_engram_open(const ds41_config *cfg, const ds41_weights *w, const d
             o += n * g.rb;
         }
         mprotect(g.ram, ram_len, PROT_READ);
-    } else if (io && ds41_dist_dp()) {
-        return snprintf(why, cap, "engram: the prefetch mode is not supported under --dp-attention (a rank answers other "
-                                  "ranks' row requests from RAM or the mapping): use --engram-mode ram or mmap"), -1;
     } else if (io) {
         g.io = io;
         if (!(g.local = ds41_engram_step_new(io))) return snprintf(why, cap, "out of memory"), -1;
+        /* --dp-attention: the rows the other ranks ask for are read for them too */
+        if (ds41_dist_dp() && !(g.serve = ds41_engram_step_new(io))) return snprintf(why, cap, "out of memory"), -1;
     } else {
         for (int s = 0; s < L; s++)
             if (probe_rows(st, &g.t[s], s, why, cap)) return -1;
@@ -623,17 +680,24 @@ void ds41_dist_engram_close(void) {
     if (g.nreq && !g.done && eg_wait(NULL, 0, &err)) ds41_log(1, "%s", err.msg);
     g.nreq = 0;
     measure();
+    if (g.io) {
+        ds41_engram_io_stats es;
+        ds41_engram_io_get_stats(g.io, &es);
+        g.io_read = es.rows_read;
+        g.io_uring = es.uring;
+    }
     ds41_engram_step_free(g.local);
-    g.local = NULL;
+    ds41_engram_step_free(g.serve);
+    g.local = g.serve = NULL;
     g.io = NULL;
     if (g.ram) munmap(g.ram, g.ram_len);
     g.ram = NULL;
     for (int s = 0; s < g.n_slots; s++) g.t[s].e = g.t[s].s = g.t[s].map_e = g.t[s].map_s = NULL;
-    free(g.fids); free(g.key); free(g.off); free(g.buf); free(g.sec); free(g.req); free(g.peer);
+    free(g.fids); free(g.sids); free(g.key); free(g.off); free(g.buf); free(g.sec); free(g.req); free(g.peer);
     free(g.kout); free(g.kin); free(g.rep); free(g.koff); free(g.kioff); free(g.roff);
-    g.fids = NULL; g.key = NULL; g.off = NULL; g.buf = NULL; g.sec = NULL; g.req = NULL; g.peer = NULL;
+    g.fids = g.sids = NULL; g.key = NULL; g.off = NULL; g.buf = NULL; g.sec = NULL; g.req = NULL; g.peer = NULL;
     g.kout = g.kin = NULL; g.rep = NULL; g.koff = g.kioff = g.roff = NULL;
-    g.fids_cap = g.kcap = g.ocap = g.buf_cap = g.kout_cap = g.kin_cap = g.rep_cap = 0;
+    g.fids_cap = g.sids_cap = g.kcap = g.ocap = g.buf_cap = g.kout_cap = g.kin_cap = g.rep_cap = 0;
     /* the row ranges and counters stay for the report */
 }
 
