@@ -37,6 +37,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             for (size_t j = 0; j < op.n; j++) k += (size_t)op.flags[j];
             if (k != op.k || op.rows + op.k * (size_t)op.dim != w + at) abort();
         }
+        if (op.op == DS41_SOP_LPROC) {
+            if (op.n_bias < 0 || op.n_ban < 0 || op.bias_id != op.ids - op.n_ban - 2 * (size_t)op.n_bias || op.ids + op.n != w + at) abort();
+            if (op.bias_val != op.bias_id + op.n_bias || op.ban != op.bias_val + op.n_bias || op.ban + op.n_ban != op.ids) abort();
+            if (!(op.rep > 0 && op.rep <= 2) || op.min_tokens < 0 || op.eos < -1) abort();
+        }
         if (op.op == DS41_SOP_CALIBRATE && (op.width < 1 || op.prompt_len < 1 || op.reps < 1 || op.reps > 64)) abort();
     }
     if (r < 0 && (!memchr(err, 0, sizeof err) || strchr(err, '\n') || strncmp(err, "serve mirror: word ", 19))) abort();

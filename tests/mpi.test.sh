@@ -717,6 +717,35 @@ print(" ".join("%s:%s:%s" % (m.group(1) or 0, m.group(2), m.group(4)) for m in r
         fail serve_dp_engram_prefetch "the server did not start: $(tail -n 2 "$TMP/s4.log")"
         kill "$s4" 2>/dev/null; wait "$s4"
     fi
+    # Owner-side sampling with logits processors: 6 concurrent requests with logit_bias,
+    # frequency / presence / repetition penalties and min_tokens (greedy with logprobs and
+    # seeded sampling) give a one-process server's bytes under -n 2 --dp-attention; their owner
+    # samples them (LPROC: the settings and the prompt's ids once, the counts kept from the
+    # tokens it draws), so rank 0 gets no logits row for any of them (DS41_MPI_VERBOSE: rows
+    # answered with a token, none with logits).
+    timeout 120 "$DS41" serve -m "$demo" --port 0 --exact >/dev/null 2>"$TMP/s5a.log" &
+    s5a=$!
+    DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --exact --mpi-timeout 10 --dp-attention \
+        >/dev/null 2>"$TMP/s5.log" &
+    s5=$!
+    if p5a=$(serve_port "$TMP/s5a.log") && p5=$(serve_port "$TMP/s5.log"); then
+        "$PY" tests/serve/mpi_client.py processed "$p5a" >"$TMP/s5a.out" 2>&1 &
+        c5a=$!
+        "$PY" tests/serve/mpi_client.py processed "$p5" >"$TMP/s5.out" 2>&1
+        c5=$?
+        wait "$c5a"; c5a=$?
+        kill -TERM "$s5a" "$(rank_pid 0)" 2>/dev/null
+        wait "$s5a" "$s5"
+        rows=$(sed -n 's/.*\[rank 0\]: --dp-attention: .*their answers: [0-9]* bytes, \([0-9]*\) rows with a token, \([0-9]*\) with logits.*/\1 \2/p' "$TMP/s5.log")
+        if [ $c5 -ne 0 ] || [ $c5a -ne 0 ]; then fail serve_dp_owner_lproc "a request failed: $(grep -v '^{"' "$TMP/s5.out" "$TMP/s5a.out" | head -c 300)"
+        elif ! cmp -s "$TMP/s5a.out" "$TMP/s5.out"; then fail serve_dp_owner_lproc "answers differ from one process: $(cmp "$TMP/s5a.out" "$TMP/s5.out")"
+        elif [ -z "$rows" ] || [ "${rows% *}" -lt 1 ] || [ "${rows#* }" -ne 0 ]; then
+            fail serve_dp_owner_lproc "rows answered with a token / with logits: '$rows' (expected some / 0)"
+        else pass "serve_dp_owner_lproc (rows answered with a token / logits: $rows)"; fi
+    else
+        fail serve_dp_owner_lproc "a server did not start: $(tail -n 2 "$TMP/s5a.log" "$TMP/s5.log")"
+        kill "$s5a" "$s5" 2>/dev/null; wait "$s5a" "$s5"
+    fi
 else
     fail serve_dp_answers "no answers of one process to compare with"
 fi

@@ -64,6 +64,16 @@ static void valid_records(void) {
     CHECK(ds41_sop_next(ew, 16, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_EMBEDS && op.id == 3 && op.n == 4 &&
           op.dim == 2 && op.ids == ew + 4 && op.flags == ew + 8 && op.k == 2 && op.rows == ew + 12 && at == 16, "EMBEDS");
     CHECK(!err[0], "no message on a valid EMBEDS: %s", err);
+    /* a logits processor for the owner: LPROC 5: frequency 1.5, presence 0.5, repetition 1.25,
+     * eos 2, min_tokens 12, biases {100: 6, 262: -100}, banned [2], prompt ids [7 8 9]; END */
+    const int32_t lw[] = { 14, 5, 1069547520, 1056964608, 1067450368, 2, 12, 0, 2, 1, 3, 100, 262, 1086324736, -1027080192, 2, 7, 8, 9, 7 };
+    size_t ln = sizeof lw / sizeof *lw;
+    at = 0;
+    CHECK(ds41_sop_next(lw, ln, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_LPROC && op.id == 5 && op.freq == 1.5f &&
+          op.pres == 0.5f && op.rep == 1.25f && op.eos == 2 && op.min_tokens == 12 && op.n_bias == 2 && op.bias_id == lw + 11 &&
+          op.bias_val == lw + 13 && op.n_ban == 1 && op.ban == lw + 15 && op.n == 3 && op.ids == lw + 16 && at == ln - 1, "LPROC");
+    CHECK(ds41_sop_next(lw, ln, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_END && at == ln, "END after LPROC");
+    CHECK(!err[0], "no message on a valid LPROC: %s", err);
 }
 
 static char *slurp(const char *path, size_t *len) {

@@ -9,6 +9,7 @@
 
 #include "dist.h"
 #include "forward.h"
+#include "lproc.h"
 #include "restore.h"
 #include "serve_req.h"
 #include "serve_sched.h"
@@ -275,8 +276,11 @@ static unsigned char *lp_put(unsigned char *p, const float *row, int32_t id, int
     return p + 4 + 8 * (size_t)k;
 }
 
-static unsigned char *token_put(unsigned char *p, ds41_session *s, int samp, int failed, int V) {
+/* lp: the owner's logits processor of s (NULL: none), which counts the token it drew as rank
+ * 0's does when the token is emitted */
+static unsigned char *token_put(unsigned char *p, ds41_session *s, ds41_lproc *lp, int samp, int failed, int V) {
     int32_t id = failed ? -1 : ds41_session_sample(s);
+    if (lp && id >= 0) ds41_lproc_accept(lp, id);
     memcpy(p, &id, sizeof id);
     return lp_put(p + sizeof id, ds41_logits(s), id, samp, V);
 }
@@ -308,14 +312,28 @@ static uint32_t fbits(float f) {
 }
 
 void ds41_smirror_sampling(ds41_smirror *m, const ds41_session *s, float temperature, int top_k, float top_p, float min_p,
-                           uint64_t seed, int n_top) {
+                           uint64_t seed, int n_top, const ds41_lproc *lp) {
     if (!m || !m->dp) return;
     int i = slot_of(m, s);
     if (m->own[i] == 0 || n_top > DS41_REQ_MAX_TOP_LOGPROBS) return;   /* rank 0's own: sampled here as in one process */
+    int proc = ds41_lproc_active(lp);
+    if (proc && lp->gm) return;   /* a grammar's matcher lives here: rank 0 samples from the row */
+    if (proc && (lp->n_bias > DS41_REQ_MAX_BIAS || lp->n_pr_ids > INT32_MAX || lp->n_ban < 0)) return;
     m->samp[i] = n_top < 0 ? SAMP_OWNER : SAMP_OWNER_LP + n_top;
     int32_t v[9] = { DS41_SOP_SAMPLE, m->sid[i], (int32_t)fbits(temperature), top_k, (int32_t)fbits(top_p),
                      (int32_t)fbits(min_p), (int32_t)(uint32_t)seed, (int32_t)(uint32_t)(seed >> 32), n_top < 0 ? -1 : n_top };
     put(m, v, 9);
+    if (!proc) return;
+    /* the processor's settings and the prompt's distinct ids (ds41_lproc_prompt's, for the
+     * repetition penalty); the counts follow from the tokens the owner draws */
+    uint64_t mt = (uint64_t)(lp->min_tokens < 0 ? 0 : lp->min_tokens);
+    int32_t h[11] = { DS41_SOP_LPROC, m->sid[i], (int32_t)fbits(lp->freq), (int32_t)fbits(lp->pres), (int32_t)fbits(lp->rep),
+                      lp->eos, (int32_t)(uint32_t)mt, (int32_t)(uint32_t)(mt >> 32), lp->n_bias, lp->n_ban, (int32_t)lp->n_pr_ids };
+    put(m, h, 11);
+    put(m, lp->bias_id, (size_t)lp->n_bias);
+    for (int k = 0; k < lp->n_bias; k++) put1(m, (int32_t)fbits(lp->bias_val[k]));
+    put(m, lp->ban_ids, (size_t)lp->n_ban);
+    put(m, lp->pr_ids, lp->n_pr_ids);
 }
 
 int ds41_smirror_logprobs(ds41_smirror *m, const ds41_session *s, int n_top, float *lp, int32_t *top_id, float *top_lp) {
@@ -558,7 +576,7 @@ static const char *verify_take(ds41_smirror *m, int i, ds41_batch_item *b, const
     return NULL;
 }
 
-static unsigned char *answer_put(unsigned char *p, const ds41_batch_item *b, int samp, int V) {
+static unsigned char *answer_put(unsigned char *p, const ds41_batch_item *b, ds41_lproc *lp, int samp, int V) {
     const char *err = ds41_session_error(b->s);
     int32_t st = err && err[0];
     memcpy(p, &st, sizeof st);
@@ -566,7 +584,7 @@ static unsigned char *answer_put(unsigned char *p, const ds41_batch_item *b, int
     if (b->verify) {
         p = verify_put(p, b, samp, st, V);
     } else if (b->ahead == 0 && samp != SAMP_RANK0) {
-        p = token_put(p, b->s, samp, st, V);
+        p = token_put(p, b->s, lp, samp, st, V);
     } else if (b->ahead == 0) {
         memcpy(p, ds41_logits(b->s), (size_t)V * sizeof(float));
         p += (size_t)V * sizeof(float);
@@ -705,6 +723,7 @@ typedef struct fslots {
     ds41_session **s;
     int32_t *id;
     int *samp;                    /* --dp-attention: this rank samples the session (SAMP_*, SAMPLE) */
+    ds41_lproc **lp;              /* --dp-attention: its logits processor (LPROC; NULL: none) */
     int n, cap;
     unsigned char *ans;           /* --dp-attention: this rank's answers to a step */
     size_t ans_cap;
@@ -730,6 +749,52 @@ static int slot_at(const fslots *f, int32_t id) {
 static ds41_session *slot_find(const fslots *f, int32_t id) {
     int i = slot_at(f, id);
     return i < 0 ? NULL : f->s[i];
+}
+
+/* the logits processor this rank keeps for its session s (NULL: none) */
+static ds41_lproc *lp_of(const fslots *f, const ds41_session *s) {
+    for (int i = 0; i < f->n; i++)
+        if (f->s[i] == s) return f->lp[i];
+    return NULL;
+}
+
+static void lp_drop(ds41_lproc *lp) {
+    if (!lp) return;
+    ds41_lproc_free(lp);
+    free(lp);
+}
+
+/* LPROC: the owner's processor for s, as rank 0 built it (ds41_smirror_sampling); 0 or -1 */
+static int lp_build(ds41_engine *e, fslots *f, int slot, const ds41_sop *op, char *err, size_t errcap) {
+    int V = ds41_vocab_size(e);
+    if (op->eos >= V) return snprintf(err, errcap, "serve mirror: LPROC: eos %d outside the vocabulary of %d", op->eos, V), -1;
+    for (int k = 0; k < op->n_bias; k++)
+        if (op->bias_id[k] >= V) return snprintf(err, errcap, "serve mirror: LPROC: a bias on token %d, outside the vocabulary of %d", (int)op->bias_id[k], V), -1;
+    ds41_lproc *lp = calloc(1, sizeof *lp);
+    if (!lp) return snprintf(err, errcap, "out of memory"), -1;
+    ds41_lproc_init(lp, V, op->eos);
+    lp->freq = op->freq;
+    lp->pres = op->pres;
+    lp->rep = op->rep;
+    lp->min_tokens = op->min_tokens;
+    lp->bias_id = malloc(((size_t)op->n_bias + 1) * sizeof *lp->bias_id);
+    lp->bias_val = malloc(((size_t)op->n_bias + 1) * sizeof *lp->bias_val);
+    lp->ban_ids = malloc(((size_t)op->n_ban + 1) * sizeof *lp->ban_ids);
+    int bad = !lp->bias_id || !lp->bias_val || !lp->ban_ids;
+    if (!bad) {
+        lp->n_bias = op->n_bias;
+        memcpy(lp->bias_id, op->bias_id, (size_t)op->n_bias * sizeof *lp->bias_id);
+        memcpy(lp->bias_val, op->bias_val, (size_t)op->n_bias * sizeof *lp->bias_val);   /* float bits */
+        lp->n_ban = op->n_ban;
+        memcpy(lp->ban_ids, op->ban, (size_t)op->n_ban * sizeof *lp->ban_ids);
+    }
+    if (bad || ds41_lproc_ready(lp) || ds41_lproc_prompt(lp, op->ids, op->n) || ds41_session_set_lproc(f->s[slot], lp)) {
+        lp_drop(lp);
+        return snprintf(err, errcap, "out of memory for a logits processor"), -1;
+    }
+    lp_drop(f->lp[slot]);
+    f->lp[slot] = lp;
+    return 0;
 }
 
 /* --dp-attention: this rank's items of the step (the others' are theirs), run; then the
@@ -762,7 +827,7 @@ static int step_own(ds41_engine *e, fslots *f, ds41_batch_item *items, int count
     unsigned char *p = f->ans;
     size_t ne = 0;
     for (int k = 0; k < n; k++) {
-        p = answer_put(p, &items[k], f->step_os[k], V);
+        p = answer_put(p, &items[k], lp_of(f, items[k].s), f->step_os[k], V);
         const char *ie = ds41_session_error(items[k].s);
         if (ie && ie[0]) snprintf(f->errs + ANSWER_ERR * ne++, ANSWER_ERR, "%s", ie);
     }
@@ -772,7 +837,7 @@ static int step_own(ds41_engine *e, fslots *f, ds41_batch_item *items, int count
 }
 
 /* --dp-attention: this rank's answer to a RESTORE of its session s (ds41_smirror_restore) */
-static void restore_answer(ds41_engine *e, ds41_session *s, int samp, long long hit, size_t n) {
+static void restore_answer(ds41_engine *e, ds41_session *s, ds41_lproc *lp, int samp, long long hit, size_t n) {
     int64_t h = hit;
     ds41_dist_dp_send0(&h, sizeof h);
     if (hit < 0) {
@@ -782,7 +847,7 @@ static void restore_answer(ds41_engine *e, ds41_session *s, int samp, long long 
     } else if (hit > 0 && (size_t)hit == n && samp != SAMP_RANK0) {
         unsigned char *tk = malloc(token_bytes(samp));
         if (!tk) ds41_dist_fatal(1, "out of memory for the answer to a restore");
-        token_put(tk, s, samp, 0, ds41_vocab_size(e));
+        token_put(tk, s, lp, samp, 0, ds41_vocab_size(e));
         ds41_dist_dp_send0(tk, token_bytes(samp));
         free(tk);
     } else if (hit > 0 && (size_t)hit == n) {
@@ -821,8 +886,11 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
                         dp ? "--dp-attention" : "without --dp-attention"), -1;
     if (op->op == DS41_SOP_OPEN_ON && op->rank >= ds41_dist_size())
         return snprintf(err, errcap, "serve mirror: rank 0 gave session %d to rank %d of %d", (int)op->id, op->rank, ds41_dist_size()), -1;
-    if ((op->op == DS41_SOP_SAMPLE || op->op == DS41_SOP_PROBE) && !dp)
-        return snprintf(err, errcap, "serve mirror: rank 0 sent %s, which only --dp-attention uses", op->op == DS41_SOP_SAMPLE ? "SAMPLE" : "PROBE"), -1;
+    if ((op->op == DS41_SOP_SAMPLE || op->op == DS41_SOP_PROBE || op->op == DS41_SOP_LPROC) && !dp)
+        return snprintf(err, errcap, "serve mirror: rank 0 sent %s, which only --dp-attention uses",
+                        op->op == DS41_SOP_SAMPLE ? "SAMPLE" : op->op == DS41_SOP_PROBE ? "PROBE" : "LPROC"), -1;
+    if (op->op == DS41_SOP_LPROC && slot_at(f, op->id) < 0)
+        return snprintf(err, errcap, "serve mirror: rank 0 named session %d, which this rank does not hold", (int)op->id), -1;
     if (op->op == DS41_SOP_EMBEDS && !(s = slot_find(f, op->id)))
         return snprintf(err, errcap, "serve mirror: rank 0 feeds an image prompt to session %d, which this rank does not hold",
                         (int)op->id), -1;
@@ -845,6 +913,9 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             int *no = realloc(f->samp, (size_t)nc * sizeof *no);
             if (!no) return snprintf(err, errcap, "out of memory"), -1;
             f->samp = no;
+            ds41_lproc **nl = realloc(f->lp, (size_t)nc * sizeof *nl);
+            if (!nl) return snprintf(err, errcap, "out of memory"), -1;
+            f->lp = nl;
             f->cap = nc;
         }
         char eb[512];
@@ -855,6 +926,7 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
         }
         f->s[f->n] = ns;
         f->samp[f->n] = SAMP_RANK0;
+        f->lp[f->n] = NULL;
         f->id[f->n++] = op->id;
         f->dpc.seqs += ns != NULL;
         return 0;
@@ -863,9 +935,11 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
         ds41_session_close(s);
         for (int i = 0; i < f->n; i++)
             if (f->id[i] == op->id) {
+                lp_drop(f->lp[i]);   /* after the session that pointed at it */
                 f->s[i] = f->s[--f->n];
                 f->id[i] = f->id[f->n];
                 f->samp[i] = f->samp[f->n];
+                f->lp[i] = f->lp[f->n];
                 break;
             }
         return 0;
@@ -875,6 +949,12 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             f->samp[slot_at(f, op->id)] = op->n_top < 0 ? SAMP_OWNER : SAMP_OWNER_LP + op->n_top;
         }
         return 0;
+    case DS41_SOP_LPROC: {
+        int j = slot_at(f, op->id);
+        if (j >= 0 && f->s[j] && f->samp[j] == SAMP_RANK0)
+            return snprintf(err, errcap, "serve mirror: rank 0 sent the logits processor of session %d before its sampler", (int)op->id), -1;
+        return j >= 0 && f->s[j] ? lp_build(e, f, j, op, err, errcap) : 0;
+    }
     case DS41_SOP_PROBE: {
         uint8_t **pg = NULL;
         int64_t h = ds41_prefix_pages(pc, op->ids, op->n, &pg);
@@ -889,7 +969,7 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
         }
         long long hit = s ? ds41_prefix_restore(pc, s, op->ids, op->n) : 0;
         ds41_dist_dp_done(&e->ctx);   /* the owner's replay forward */
-        if (s) restore_answer(e, s, f->samp[slot_at(f, op->id)], hit, op->n);
+        if (s) restore_answer(e, s, lp_of(f, s), f->samp[slot_at(f, op->id)], hit, op->n);
         return 0;
     }
     case DS41_SOP_PUBLISH:
@@ -1037,9 +1117,12 @@ int ds41_smirror_follow(ds41_engine *e, ds41_prefix_cache *pc, const ds41_sessio
         if (a == 1) { rc = 0; break; }
     }
     dp_report(&f.dpc);
-    for (int i = 0; i < f.n; i++) ds41_session_close(f.s[i]);
+    for (int i = 0; i < f.n; i++) {
+        ds41_session_close(f.s[i]);
+        lp_drop(f.lp[i]);
+    }
     ds41_spec_set_outcome_hook(NULL);
-    free(f.s); free(f.id); free(f.samp); free(f.ans); free(f.step_os); free(f.errs); free(f.out); free(f.olg); free(f.dids); free(f.dconf);
+    free(f.s); free(f.id); free(f.samp); free(f.lp); free(f.ans); free(f.step_os); free(f.errs); free(f.out); free(f.olg); free(f.dids); free(f.dconf);
     free(items); free(buf);
     return rc;
 }

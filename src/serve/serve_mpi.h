@@ -17,7 +17,10 @@
  * PUBLISH id n ids[n] | TRIM lo hi (bytes) | STEP count {id n ahead ids[n]}[count] | END |
  * OPEN_ON id rank | SAMPLE id temperature top_k top_p min_p seed_lo seed_hi n_top (floats as
  * their bits) | PROBE n ids[n] | DRAFT id t_next | CALIBRATE width prompt_len reps |
- * EMBEDS id n dim ids[n] flags[n] rows[k][dim] (k = the flags set; float bits).
+ * EMBEDS id n dim ids[n] flags[n] rows[k][dim] (k = the flags set; float bits) |
+ * LPROC id freq pres rep eos min_tokens_lo min_tokens_hi n_bias n_ban n bias_ids[n_bias]
+ * bias_values[n_bias] ban_ids[n_ban] ids[n] (floats as their bits; ids: the prompt's distinct
+ * ids, for the repetition penalty).
  *
  * Images: rank 0 encodes them (the tower runs no collective) and a prompt with images
  * prefills alone through ds41_feed_embeds; EMBEDS carries that feed (its ids, which
@@ -46,7 +49,8 @@
  * rank runs its own items of every STEP (rank 0 too; a rank with none joins the expert
  * exchanges with zero rows) and sends rank 0, per item in step order, a status word and,
  * where the forward computed logits, the token the owner drew (a sequence whose sampler moved
- * there with SAMPLE: no logits processor, no logprobs) or else the logits row, from which rank
+ * there with SAMPLE, and with LPROC its logits processor unless that has a grammar) or else the
+ * logits row, from which rank
  * 0 samples as from its own; the errors of failed items follow in a second message. Rank 0
  * keeps a session per sequence: for another rank's sequences it runs no forward
  * (ds41_session_absorb, ds41_session_absorb_token). Prefix cache: each rank keeps the blocks
@@ -63,7 +67,8 @@
 #include "ds41.h"
 
 enum { DS41_SOP_OPEN = 1, DS41_SOP_CLOSE, DS41_SOP_RESTORE, DS41_SOP_PUBLISH, DS41_SOP_TRIM, DS41_SOP_STEP, DS41_SOP_END,
-       DS41_SOP_OPEN_ON, DS41_SOP_SAMPLE, DS41_SOP_PROBE, DS41_SOP_DRAFT, DS41_SOP_CALIBRATE, DS41_SOP_EMBEDS };
+       DS41_SOP_OPEN_ON, DS41_SOP_SAMPLE, DS41_SOP_PROBE, DS41_SOP_DRAFT, DS41_SOP_CALIBRATE, DS41_SOP_EMBEDS,
+       DS41_SOP_LPROC = 14 };
 /* a STEP item's ahead word for a verify block */
 #define DS41_SOP_VERIFY (-1)
 
@@ -86,6 +91,10 @@ typedef struct ds41_sop {
     int dim;
     size_t k;
     const int32_t *rows;
+    float freq, pres, rep;    /* LPROC: the penalties; bias ids and values (float bits), ban ids, the prompt's ids at ids */
+    int eos, n_bias, n_ban;
+    long long min_tokens;
+    const int32_t *bias_id, *bias_val, *ban;
 } ds41_sop;
 
 /* Decodes the operation at w[*at] (n words in all), advancing *at. 1: one decoded; 0: the end
@@ -103,11 +112,14 @@ void ds41_smirror_route(ds41_smirror *m, ds41_prefix_cache *pc, const int32_t *i
  * draws: a verify's acceptance needs its logits processor) */
 void ds41_smirror_open(ds41_smirror *m, const ds41_session *s, int rank0);
 void ds41_smirror_close(ds41_smirror *m, const ds41_session *s);
-/* After ds41_session_set_sampling, for a sequence with no logits processor: under
- * --dp-attention the rank that holds it samples it and sends rank 0 the token only, and with
- * logprobs (n_top >= 0; -1: none) the token's logprob and the n_top best. */
+/* After ds41_session_set_sampling and (lp active) ds41_lproc_prompt: under --dp-attention the
+ * rank that holds the sequence samples it and sends rank 0 the token only, and with logprobs
+ * (n_top >= 0; -1: none) the token's logprob and the n_top best; a logits processor (lp,
+ * NULL: none) goes with it (LPROC: logit_bias, min_tokens, the penalties, whose counts the
+ * owner keeps from the tokens it draws) unless it has a grammar (rank 0 samples from the row). */
+struct ds41_lproc;
 void ds41_smirror_sampling(ds41_smirror *m, const ds41_session *s, float temperature, int top_k, float top_p, float min_p,
-                           uint64_t seed, int n_top);
+                           uint64_t seed, int n_top, const struct ds41_lproc *lp);
 /* The logprobs the owner sent with s's last token (1), or 0: rank 0 computes them from the row. */
 int ds41_smirror_logprobs(ds41_smirror *m, const ds41_session *s, int n_top, float *lp, int32_t *top_id, float *top_lp);
 /* ds41_prefix_restore as every rank must see it (m == NULL: the restore alone): the tokens

@@ -6,15 +6,15 @@
 #include "serve_mpi.h"
 #include "serve_req.h"
 
-static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH", "TRIM", "STEP", "END", "OPEN_ON", "SAMPLE", "PROBE", "DRAFT", "CALIBRATE", "EMBEDS" };
+static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH", "TRIM", "STEP", "END", "OPEN_ON", "SAMPLE", "PROBE", "DRAFT", "CALIBRATE", "EMBEDS", "LPROC" };
 
 int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *err, size_t errcap) {
     size_t i = *at;
     if (i >= n) return 0;
     memset(op, 0, sizeof *op);
     op->op = w[i];
-    if (op->op < DS41_SOP_OPEN || op->op > DS41_SOP_EMBEDS)
-        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, got %d", i, DS41_SOP_EMBEDS, (int)w[i]), -1;
+    if (op->op < DS41_SOP_OPEN || op->op > DS41_SOP_LPROC)
+        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, got %d", i, DS41_SOP_LPROC, (int)w[i]), -1;
     const char *name = op_name[op->op];
     i++;
 #define NEED(k, what) \
@@ -138,6 +138,45 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
         op->rows = w + i;
         i += op->k * (size_t)op->dim;
         break;
+    case DS41_SOP_LPROC: {
+        NEED(10, "a session id, three penalties, eos, min_tokens (two words) and the bias, ban and prompt counts");
+        op->id = w[i];
+        memcpy(&op->freq, &w[i + 1], 4);
+        memcpy(&op->pres, &w[i + 2], 4);
+        memcpy(&op->rep, &w[i + 3], 4);
+        op->eos = w[i + 4];
+        op->min_tokens = (long long)(((uint64_t)(uint32_t)w[i + 6] << 32) | (uint32_t)w[i + 5]);
+        /* what the request parser takes (serve_req.c): penalties -2..2, repetition 0..2 (exclusive of 0) */
+        if (!(op->freq >= -2 && op->freq <= 2) || !(op->pres >= -2 && op->pres <= 2) || !(op->rep > 0 && op->rep <= 2) ||
+            op->eos < -1 || op->min_tokens < 0)
+            return snprintf(err, errcap, "serve mirror: word %zu: LPROC: frequency %g, presence %g, repetition %g, eos %d, "
+                            "min_tokens %lld out of range", i + 1, op->freq, op->pres, op->rep, op->eos, op->min_tokens), -1;
+        if (w[i + 7] < 0 || w[i + 7] > DS41_REQ_MAX_BIAS || w[i + 8] < 0 || w[i + 9] < 0)
+            return snprintf(err, errcap, "serve mirror: word %zu: LPROC: %d biases (at most %d), %d banned ids, %d prompt ids",
+                            i + 7, (int)w[i + 7], DS41_REQ_MAX_BIAS, (int)w[i + 8], (int)w[i + 9]), -1;
+        op->n_bias = w[i + 7];
+        op->n_ban = w[i + 8];
+        op->n = (size_t)w[i + 9];
+        i += 10;
+        NEED(2 * (size_t)op->n_bias, "the biases' ids and values");
+        op->bias_id = w + i;
+        op->bias_val = w + i + op->n_bias;
+        for (int k = 0; k < op->n_bias; k++) {
+            float v;
+            memcpy(&v, &op->bias_val[k], 4);
+            if (op->bias_id[k] < 0 || !(v >= -100 && v <= 100))
+                return snprintf(err, errcap, "serve mirror: word %zu: LPROC: bias %g on token %d (expected a token >= 0, -100..100)",
+                                i + (size_t)op->n_bias + (size_t)k, (double)v, (int)op->bias_id[k]), -1;
+        }
+        i += 2 * (size_t)op->n_bias;
+        NEED((size_t)op->n_ban, "the banned ids");
+        op->ban = w + i;
+        i += (size_t)op->n_ban;
+        NEED(op->n, "the prompt's ids");
+        op->ids = w + i;
+        i += op->n;
+        break;
+    }
     default:   /* END */
         break;
     }

@@ -580,8 +580,8 @@ static int session_ready(ds41_sched *S, ds41_sseq *q) {
         seq_finish(S, q, DS41_FIN_ERROR, "out of memory");
         return -1;
     }
-    if (!ds41_lproc_active(&q->proc))   /* nothing but the sampler and the logprobs need the logits row */
-        ds41_smirror_sampling(S->p.mirror, q->s, q->temperature, q->top_k, q->top_p, q->min_p, q->seed, q->n_top);
+    /* under --dp-attention the owner samples (with the processor unless it has a grammar) */
+    ds41_smirror_sampling(S->p.mirror, q->s, q->temperature, q->top_k, q->top_p, q->min_p, q->seed, q->n_top, &q->proc);
     if (S->tok) {
         ds41_detok_stream_init(&q->ds, S->tok);
         q->ds.skip_special = q->g->skip_special;

@@ -12,6 +12,10 @@
                                     ranks in turn: one samples on rank 0, one on its owner); then
                                     the same with a JSON grammar (rank 0 samples it from the row):
                                     both lines of each pair (as answers prints them) must be equal
+  mpi_client.py processed PORT      6 concurrent requests with logits processors but no grammar
+                                    (logit_bias, frequency / presence / repetition penalties,
+                                    min_tokens; greedy with logprobs and seeded sampling, 2
+                                    streamed): one line per request, as answers prints them
   mpi_client.py fault PORT PID SIG  8 concurrent requests with long answers; once the streams
                                     are decoding, send SIG (STOP, KILL) to PID (a follower), or
                                     with PID "cmd", run the shell command SIG (a link down); every
@@ -137,6 +141,27 @@ def twice(port):
     return 1 if bad else 0
 
 
+def processed(port):
+    bodies = [
+        {"prompt": "Tell me a fortune.", "max_tokens": 24, "temperature": 0, "logprobs": 2, "frequency_penalty": 1.5,
+         "presence_penalty": 0.5},
+        {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0.9, "top_k": 40, "seed": 11, "repetition_penalty": 1.3,
+         "stream": True, "stream_options": {"include_usage": True}},
+        {"prompt": "The Jargon File says", "max_tokens": 24, "temperature": 0, "logit_bias": {"100": 6, "262": -100, "1000": 3.5}},
+        {"prompt": "A hacker is", "max_tokens": 16, "temperature": 0.8, "seed": 5, "min_tokens": 12, "frequency_penalty": -0.5},
+        {"prompt": "Abacus, n.", "max_tokens": 24, "temperature": 0, "repetition_penalty": 1.8, "presence_penalty": 1.0,
+         "logprobs": 3, "stream": True, "stream_options": {"include_usage": True}},
+        {"prompt": "And the LORD spake", "max_tokens": 24, "temperature": 1.0, "top_p": 0.9, "seed": 21, "frequency_penalty": 2,
+         "logit_bias": {"300": 2.25}},
+    ]
+    out = run_all(port, bodies)
+    bad = 0
+    for o in out:
+        print(json.dumps(o, sort_keys=True))
+        bad += o.get("status") != 200 or bool(o.get("error"))
+    return 1 if bad else 0
+
+
 def fault(port, pid, sig):
     bodies = [body(i, 2000) for i in range(8)]
     for b in bodies:
@@ -171,6 +196,8 @@ def fault(port, pid, sig):
 if __name__ == "__main__":
     if sys.argv[1] == "answers":
         sys.exit(answers(int(sys.argv[2]), sys.argv[3:4] != ["nocache"]))
+    if sys.argv[1] == "processed":
+        sys.exit(processed(int(sys.argv[2])))
     if sys.argv[1] == "twice":
         sys.exit(twice(int(sys.argv[2])))
     sys.exit(fault(int(sys.argv[2]), sys.argv[3], sys.argv[4]))
