@@ -473,29 +473,48 @@ t = urllib.request.urlopen('http://127.0.0.1:%s/metrics' % sys.argv[1], timeout=
 g = lambda n: int(float(re.search(r'^' + n + r'\{[^}]*\} ([0-9.e+]+)$', t, re.M).group(1)))
 print(g('vllm:spec_decode_num_draft_tokens_total'), g('vllm:spec_decode_num_accepted_tokens_total'))" "$1"
 }
+# pair_start TAG "JOB_FLAGS" "ONE_FLAGS": `mpiexec -n 2 ds41 serve` (DS41_MPI_VERBOSE=1) and one
+# process on demo, the job first (the one process may load what it wrote: the --spec auto
+# curve); their ports in pr_pm, pr_po, or pr_why. pair_clients TAG MODE: mpi_client.py MODE
+# against both at once into $TMP/TAG.{mpi,one}.out (pr_why on a failed request). pair_end:
+# SIGTERM to both.
+pair_start() {
+    local tag=$1
+    DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --mpi-timeout 10 $2 >/dev/null \
+        2>"$TMP/$tag.mpi.log" &
+    pr_jm=$!
+    pr_why="" pr_po="" pr_pm=""
+    pr_pm=$(serve_port "$TMP/$tag.mpi.log") || pr_why="the job did not start: $(tail -n 2 "$TMP/$tag.mpi.log")"
+    timeout 120 "$DS41" serve -m "$demo" --port 0 $3 >/dev/null 2>"$TMP/$tag.one.log" &
+    pr_jo=$!
+    [ -n "$pr_why" ] || pr_po=$(serve_port "$TMP/$tag.one.log") || pr_why="the one process did not start: $(tail -n 2 "$TMP/$tag.one.log")"
+}
+pair_clients() {
+    local tag=$1 mode=$2 cm co
+    [ -z "$pr_why" ] || return
+    "$PY" tests/serve/mpi_client.py "$mode" "$pr_pm" >"$TMP/$tag.mpi.out" 2>&1 &
+    cm=$!
+    "$PY" tests/serve/mpi_client.py "$mode" "$pr_po" >"$TMP/$tag.one.out" 2>&1
+    co=$?
+    wait "$cm"; cm=$?
+    [ $cm -eq 0 ] && [ $co -eq 0 ] || pr_why="a request failed: $(grep -v '^{"' "$TMP/$tag.mpi.out" "$TMP/$tag.one.out" | head -c 300)"
+}
+pair_end() {
+    kill -TERM "$pr_jo" "$(rank_pid 0)" 2>/dev/null
+    wait "$pr_jo" "$pr_jm"
+}
 spec_phase() {   # spec_phase TAG MPI_SPEC ONE_SPEC: $TMP/TAG.{mpi,one}.{out,log,met}; $SP_MPI: the job's flags, $SP_KERN: both's kernel mode
-    local tag=$1 ms=$2 os=$3 pm po cm co jm jo
-    DS41_MPI_VERBOSE=1 DS41_SPEC_CURVE=$TMP/curve.txt timeout 120 mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 ${SP_KERN---exact} \
-        --spec "$ms" --mpi-timeout 10 ${SP_MPI:-} >/dev/null 2>"$TMP/$tag.mpi.log" &
-    jm=$!
-    # the one process waits for the job's curve (auto loads the file the job wrote)
-    [ "$ms" = auto ] && { pm=$(serve_port "$TMP/$tag.mpi.log") || pm=""; }
-    DS41_SPEC_CURVE=$TMP/curve.txt timeout 120 "$DS41" serve -m "$demo" --port 0 ${SP_KERN---exact} --spec "$os" >/dev/null 2>"$TMP/$tag.one.log" &
-    jo=$!
-    if { [ -n "${pm:-}" ] || pm=$(serve_port "$TMP/$tag.mpi.log"); } && po=$(serve_port "$TMP/$tag.one.log"); then
-        "$PY" tests/serve/mpi_client.py answers "$pm" >"$TMP/$tag.mpi.out" 2>&1 &
-        cm=$!
-        "$PY" tests/serve/mpi_client.py answers "$po" >"$TMP/$tag.one.out" 2>&1
-        co=$?
-        wait "$cm"; cm=$?
-        spec_metrics "$pm" >"$TMP/$tag.mpi.met" 2>&1
-        spec_metrics "$po" >"$TMP/$tag.one.met" 2>&1
-        [ $cm -eq 0 ] && [ $co -eq 0 ] || echo "a request failed: $(grep -v '^{"' "$TMP/$tag.mpi.out" "$TMP/$tag.one.out" | head -c 300)" >"$TMP/$tag.err"
-    else
-        echo "a server did not start: $(tail -n 2 "$TMP/$tag.mpi.log" "$TMP/$tag.one.log")" >"$TMP/$tag.err"
+    local tag=$1
+    export DS41_SPEC_CURVE=$TMP/curve.txt
+    pair_start "$tag" "${SP_KERN---exact} --spec $2 ${SP_MPI:-}" "${SP_KERN---exact} --spec $3"
+    pair_clients "$tag" answers
+    if [ -z "$pr_why" ]; then
+        spec_metrics "$pr_pm" >"$TMP/$tag.mpi.met" 2>&1
+        spec_metrics "$pr_po" >"$TMP/$tag.one.met" 2>&1
     fi
-    kill -TERM "$jo" "$(rank_pid 0)" 2>/dev/null
-    wait "$jo" "$jm"
+    [ -z "$pr_why" ] || echo "$pr_why" >"$TMP/$tag.err"
+    pair_end
+    unset DS41_SPEC_CURVE
 }
 rm -f "$TMP/curve.txt"
 spec_phase specA auto fixed:3
@@ -723,29 +742,15 @@ print(" ".join("%s:%s:%s" % (m.group(1) or 0, m.group(2), m.group(4)) for m in r
     # samples them (LPROC: the settings and the prompt's ids once, the counts kept from the
     # tokens it draws), so rank 0 gets no logits row for any of them (DS41_MPI_VERBOSE: rows
     # answered with a token, none with logits).
-    timeout 120 "$DS41" serve -m "$demo" --port 0 --exact >/dev/null 2>"$TMP/s5a.log" &
-    s5a=$!
-    DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --exact --mpi-timeout 10 --dp-attention \
-        >/dev/null 2>"$TMP/s5.log" &
-    s5=$!
-    if p5a=$(serve_port "$TMP/s5a.log") && p5=$(serve_port "$TMP/s5.log"); then
-        "$PY" tests/serve/mpi_client.py processed "$p5a" >"$TMP/s5a.out" 2>&1 &
-        c5a=$!
-        "$PY" tests/serve/mpi_client.py processed "$p5" >"$TMP/s5.out" 2>&1
-        c5=$?
-        wait "$c5a"; c5a=$?
-        kill -TERM "$s5a" "$(rank_pid 0)" 2>/dev/null
-        wait "$s5a" "$s5"
-        rows=$(sed -n 's/.*\[rank 0\]: --dp-attention: .*their answers: [0-9]* bytes, \([0-9]*\) rows with a token, \([0-9]*\) with logits.*/\1 \2/p' "$TMP/s5.log")
-        if [ $c5 -ne 0 ] || [ $c5a -ne 0 ]; then fail serve_dp_owner_lproc "a request failed: $(grep -v '^{"' "$TMP/s5.out" "$TMP/s5a.out" | head -c 300)"
-        elif ! cmp -s "$TMP/s5a.out" "$TMP/s5.out"; then fail serve_dp_owner_lproc "answers differ from one process: $(cmp "$TMP/s5a.out" "$TMP/s5.out")"
-        elif [ -z "$rows" ] || [ "${rows% *}" -lt 1 ] || [ "${rows#* }" -ne 0 ]; then
-            fail serve_dp_owner_lproc "rows answered with a token / with logits: '$rows' (expected some / 0)"
-        else pass "serve_dp_owner_lproc (rows answered with a token / logits: $rows)"; fi
-    else
-        fail serve_dp_owner_lproc "a server did not start: $(tail -n 2 "$TMP/s5a.log" "$TMP/s5.log")"
-        kill "$s5a" "$s5" 2>/dev/null; wait "$s5a" "$s5"
-    fi
+    pair_start s5 "--exact --dp-attention" --exact
+    pair_clients s5 processed
+    pair_end
+    rows=$(sed -n 's/.*\[rank 0\]: --dp-attention: .*their answers: [0-9]* bytes, \([0-9]*\) rows with a token, \([0-9]*\) with logits.*/\1 \2/p' "$TMP/s5.mpi.log")
+    if [ -n "$pr_why" ]; then fail serve_dp_owner_lproc "$pr_why"
+    elif ! cmp -s "$TMP/s5.one.out" "$TMP/s5.mpi.out"; then fail serve_dp_owner_lproc "answers differ from one process: $(cmp "$TMP/s5.one.out" "$TMP/s5.mpi.out")"
+    elif [ -z "$rows" ] || [ "${rows% *}" -lt 1 ] || [ "${rows#* }" -ne 0 ]; then
+        fail serve_dp_owner_lproc "rows answered with a token / with logits: '$rows' (expected some / 0)"
+    else pass "serve_dp_owner_lproc (rows answered with a token / logits: $rows)"; fi
 else
     fail serve_dp_answers "no answers of one process to compare with"
 fi
