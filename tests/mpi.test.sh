@@ -2,7 +2,9 @@
 # ds41 under mpiexec (docs/distributed.md): expert parallelism across 2 and 3 ranks gives tokens
 # and logits bit-identical to one process (exact and fast kernels, both index-K readings,
 # DSpark drafts on and off, the default placement and an --expert-map), perplexity equal, chat
-# replies equal; serve's answers equal (also with --spec fixed:3 and auto, and with images); one run over TCP with shared memory off (checked with strace: the ranks connect
+# replies equal; serve's answers equal (also with --spec fixed:3 and auto, and with images; under
+# --dp-attention also with --spec, --engram-mode prefetch and logits processors sampled by the
+# owner); one run over TCP with shared memory off (checked with strace: the ranks connect
 # over AF_INET) and one across network namespaces (veth);
 # faults end the job with a clear message and a non-zero status, never a hang: a rank with
 # another checkpoint, other flags or a missing shard (refused at start-up), a hung rank
