@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Time to first token of an image request that hits the prefix cache (docs/vision.md, "Prefix
-# cache"). A server (prefix cache on) on the checkpoint of bench/vision_ck.sh (the tinyvl text
+# cache"). A server (prefix cache on) on the checkpoint of bench/vision_lib.sh (the tinyvl text
 # model, a tower of the released block shape with BLOCKS of its 32 blocks) gets, ROUNDS times,
 # a fresh 448 x 448 noise PNG with a question that puts the image's span in a whole cached
 # block: once cold, then the same request again (a hit: the span's block restored, the rest
@@ -18,16 +18,8 @@ TMP=${OUT:-$(mktemp -d /tmp/ds41-vhit.XXXXXX)}
 mkdir -p "$TMP"
 SPID=
 trap '[ -n "$SPID" ] && kill "$SPID" 2>/dev/null; [ -z "${OUT:-}" ] && rm -rf "$TMP"' EXIT
-. bench/vision_ck.sh
-"$DS41" serve -m "$CK" --port 0 -t "$THREADS" --spec off -c "$CTX" >"$TMP/serve.log" 2>&1 &
-SPID=$!
-PORT=
-for _ in $(seq 1 600); do
-    PORT=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/serve.log")
-    [ -n "$PORT" ] && break
-    sleep 0.1
-done
-[ -n "$PORT" ] || { tail -5 "$TMP/serve.log"; exit 1; }
+. bench/vision_lib.sh
+vserve -t "$THREADS" --spec off -c "$CTX"
 "$PY" - "$PORT" "$ROUNDS" <<'PYEOF'
 import base64, io, json, statistics, sys, time, urllib.request
 import numpy as np

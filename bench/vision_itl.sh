@@ -20,19 +20,11 @@ TMP=${OUT:-$(mktemp -d /tmp/ds41-vitl.XXXXXX)}
 mkdir -p "$TMP"
 SPID=
 trap '[ -n "$SPID" ] && kill "$SPID" 2>/dev/null; [ -z "${OUT:-}" ] && rm -rf "$TMP"' EXIT
-. bench/vision_ck.sh   # CK: the tinyvl text model with a tower of the released block shape
+. bench/vision_lib.sh   # CK: the tinyvl text model with a tower of the released block shape
 "$PY" -c "
 import numpy as np; from PIL import Image
 Image.fromarray(np.random.default_rng(1).integers(0, 256, (448, 448, 3), dtype=np.uint8)).save('$TMP/noise.png')"
-"$DS41" serve -m "$CK" --port 0 -t "$THREADS" --spec off --no-prefix-cache -c "$CTX" ${BATCH:+--batch-tokens $BATCH} >"$TMP/serve.log" 2>&1 &
-SPID=$!
-PORT=
-for _ in $(seq 1 600); do
-    PORT=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/serve.log")
-    [ -n "$PORT" ] && break
-    sleep 0.1
-done
-[ -n "$PORT" ] || { tail -5 "$TMP/serve.log"; exit 1; }
+vserve -t "$THREADS" --spec off --no-prefix-cache -c "$CTX" ${BATCH:+--batch-tokens $BATCH}
 "$PY" - "$PORT" "$TMP/noise.png" "$STREAMS" "$TEXT" "$GEN" <<'PYEOF'
 import base64, json, statistics, sys, threading, time, urllib.request
 port, png, n, words, gen = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
