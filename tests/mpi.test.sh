@@ -527,7 +527,8 @@ done
 # Exact mode: replicated and --dp-attention give the bytes of one process (text, logprobs at
 # 17 digits, usage with the cached tokens), the repeat has 128 cached tokens, the PNG and the
 # JPEG answer differently (the embeddings reach rank 1's model too), /metrics counts 2 images
-# encoded and 1 reused, and under --dp-attention both ranks held an image sequence.
+# encoded and 1 reused, and under --dp-attention both ranks held an image sequence. Under
+# --split layers the two cold answers equal one process's.
 VCK=$CK/conf-tinyvl-vision
 [ -f "$VCK/.complete" ] && cmp -s "$VCK/config.json" tests/configs/tinyvl/config.json || {
     VCK=$TMP/vlck   # not the shared cache: tests/vision.test.sh may be writing it
@@ -598,6 +599,22 @@ if p1=$(serve_port "$TMP/v1.log") && p2=$(serve_port "$TMP/v2.log"); then
     else
         fail serve_dp_images "the server did not start: $(tail -n 2 "$TMP/v3.log")"
         kill "$v3" 2>/dev/null; wait "$v3"
+    fi
+    # --split layers (no prefix cache there): the stage ranks keep the IMAGES rows too, the
+    # first stage embeds them; the two concurrent cold answers are the one process's bytes
+    timeout 180 mpiexec -n 2 "$DS41" serve -m "$FCK" --port 0 --exact --spec off -c 512 --split layers --mpi-timeout 10 \
+        >/dev/null 2>"$TMP/v4.log" &
+    v4=$!
+    if p4=$(serve_port "$TMP/v4.log"); then
+        "$PY" "$TMP/vimg.py" "$p4" >"$TMP/v4.out" 2>&1
+        kill -TERM "$(rank_pid 0)" 2>/dev/null
+        wait "$v4"
+        if [ "$(head -n 2 "$TMP/v4.out")" = "$(head -n 2 "$TMP/v1.out")" ] && [ "$(grep -c '"usage"' "$TMP/v4.out")" -eq 3 ]; then
+            pass serve_split_images
+        else fail serve_split_images "answers differ from one process: $(head -c 300 "$TMP/v4.out")"; fi
+    else
+        fail serve_split_images "the server did not start: $(tail -n 2 "$TMP/v4.log")"
+        kill "$v4" 2>/dev/null; wait "$v4"
     fi
 else
     fail serve_n2_images "a server did not start: $(tail -n 2 "$TMP/v1.log" "$TMP/v2.log")"
