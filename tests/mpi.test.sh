@@ -573,52 +573,46 @@ vcheck() {   # NAME OUT: three answers equal to one process's, the repeat a hit,
     elif [ "$(tail -n 1 "$out")" != "images encoded 2 reused 1" ]; then fail "$name" "image cache: $(tail -n 1 "$out") (expected 2 encoded, 1 reused)"
     else pass "$name"; fi
 }
+vjob() {   # vjob NAME FLAGS...: `mpiexec -n 2 ds41 serve` on FCK (exact) with FLAGS, vimg.py's
+    # answers in $TMP/NAME.out, its log $TMP/NAME.log; status 1 when it did not start
+    local name=$1 job p; shift
+    DS41_MPI_VERBOSE=1 timeout 180 mpiexec -n 2 "$DS41" serve -m "$FCK" --port 0 --exact -c 512 --mpi-timeout 10 "$@" \
+        >/dev/null 2>"$TMP/$name.log" &
+    job=$!
+    if ! p=$(serve_port "$TMP/$name.log"); then
+        fail "$name" "the server did not start: $(tail -n 2 "$TMP/$name.log")"
+        kill "$job" 2>/dev/null; wait "$job"; return 1
+    fi
+    "$PY" "$TMP/vimg.py" "$p" >"$TMP/$name.out" 2>&1
+    kill -TERM "$(rank_pid 0)" 2>/dev/null
+    wait "$job"
+}
 timeout 180 "$DS41" serve -m "$FCK" --port 0 --exact --spec off -c 512 >/dev/null 2>"$TMP/v1.log" &
 v1=$!
-timeout 180 mpiexec -n 2 "$DS41" serve -m "$FCK" --port 0 --exact -c 512 --mpi-timeout 10 >/dev/null 2>"$TMP/v2.log" &
-v2=$!
-if p1=$(serve_port "$TMP/v1.log") && p2=$(serve_port "$TMP/v2.log"); then
+if p1=$(serve_port "$TMP/v1.log"); then
     "$PY" "$TMP/vimg.py" "$p1" >"$TMP/v1.out" 2>&1
-    "$PY" "$TMP/vimg.py" "$p2" >"$TMP/v2.out" 2>&1
-    kill -TERM "$v1" "$(rank_pid 0)" 2>/dev/null
-    wait "$v1" "$v2"
-    vcheck serve_n2_images "$TMP/v2.out"
-    DS41_MPI_VERBOSE=1 timeout 180 mpiexec -n 2 "$DS41" serve -m "$FCK" --port 0 --exact -c 512 --mpi-timeout 10 --dp-attention \
-        >/dev/null 2>"$TMP/v3.log" &
-    v3=$!
-    if p3=$(serve_port "$TMP/v3.log"); then
-        "$PY" "$TMP/vimg.py" "$p3" >"$TMP/v3.out" 2>&1
-        kill -TERM "$(rank_pid 0)" 2>/dev/null
-        wait "$v3"
-        vcheck serve_dp_images "$TMP/v3.out"
-        h0=$(sed -n 's/.*\[rank 0\]: --dp-attention: \([0-9]*\) sequences held here.*/\1/p' "$TMP/v3.log")
-        h1=$(sed -n 's/.*\[rank 1\]: --dp-attention: \([0-9]*\) sequences held here.*/\1/p' "$TMP/v3.log")
+    kill -TERM "$v1" 2>/dev/null
+    wait "$v1"
+    vjob serve_n2_images && vcheck serve_n2_images "$TMP/serve_n2_images.out"
+    if vjob serve_dp_images --dp-attention; then
+        vcheck serve_dp_images "$TMP/serve_dp_images.out"
+        h0=$(sed -n 's/.*\[rank 0\]: --dp-attention: \([0-9]*\) sequences held here.*/\1/p' "$TMP/serve_dp_images.log")
+        h1=$(sed -n 's/.*\[rank 1\]: --dp-attention: \([0-9]*\) sequences held here.*/\1/p' "$TMP/serve_dp_images.log")
         if [ -z "$h0" ] || [ -z "$h1" ] || [ "$h0" -lt 1 ] || [ "$h1" -lt 1 ] || [ $((h0 + h1)) -ne 3 ]; then
             fail serve_dp_images_owners "image sequences held by rank 0 / 1: '$h0' / '$h1' (expected both, 3 in all)"
         else pass serve_dp_images_owners; fi
-    else
-        fail serve_dp_images "the server did not start: $(tail -n 2 "$TMP/v3.log")"
-        kill "$v3" 2>/dev/null; wait "$v3"
     fi
     # --split layers (no prefix cache there): the stage ranks keep the IMAGES rows too, the
     # first stage embeds them; the two concurrent cold answers are the one process's bytes
-    timeout 180 mpiexec -n 2 "$DS41" serve -m "$FCK" --port 0 --exact --spec off -c 512 --split layers --mpi-timeout 10 \
-        >/dev/null 2>"$TMP/v4.log" &
-    v4=$!
-    if p4=$(serve_port "$TMP/v4.log"); then
-        "$PY" "$TMP/vimg.py" "$p4" >"$TMP/v4.out" 2>&1
-        kill -TERM "$(rank_pid 0)" 2>/dev/null
-        wait "$v4"
-        if [ "$(head -n 2 "$TMP/v4.out")" = "$(head -n 2 "$TMP/v1.out")" ] && [ "$(grep -c '"usage"' "$TMP/v4.out")" -eq 3 ]; then
+    if vjob serve_split_images --spec off --split layers; then
+        o=$TMP/serve_split_images.out
+        if [ "$(head -n 2 "$o")" = "$(head -n 2 "$TMP/v1.out")" ] && [ "$(grep -c '"usage"' "$o")" -eq 3 ]; then
             pass serve_split_images
-        else fail serve_split_images "answers differ from one process: $(head -c 300 "$TMP/v4.out")"; fi
-    else
-        fail serve_split_images "the server did not start: $(tail -n 2 "$TMP/v4.log")"
-        kill "$v4" 2>/dev/null; wait "$v4"
+        else fail serve_split_images "answers differ from one process: $(head -c 300 "$o")"; fi
     fi
 else
-    fail serve_n2_images "a server did not start: $(tail -n 2 "$TMP/v1.log" "$TMP/v2.log")"
-    kill "$v1" "$v2" 2>/dev/null; wait
+    fail serve_n2_images "the one-process server did not start: $(tail -n 2 "$TMP/v1.log")"
+    kill "$v1" 2>/dev/null; wait "$v1"
 fi
 
 # ---------------------------------------------------------------- serve --dp-attention
