@@ -7,46 +7,27 @@
 # before the image request, the median and the largest gap from its arrival to its answer (one
 # token), and that wait (tower + prefill). With the tower on the scheduler thread the largest
 # gap is the whole encode; off it, the streams keep stepping.
-#   bench/vision_itl.sh [DS41 binary]   (env: BLOCKS, STREAMS, THREADS, OUT=dir kept)
+# TEXT=N adds N words to the image request's question (a longer prefill after the encode);
+# BATCH sets the server's --batch-tokens; GEN the streams' max_tokens (default 400: they must
+# still run when the image's prefill starts, after the encode; CTX, default 1024, the context).
+#   bench/vision_itl.sh [DS41 binary]   (env: BLOCKS, STREAMS, THREADS, TEXT, BATCH, GEN, CTX, OUT=dir kept)
 set -eu
 cd "$(dirname "$0")/.."
 DS41=${1:-build/ds41}
 PY=${PYTHON:-/usr/bin/python3}
-BLOCKS=${BLOCKS:-1} STREAMS=${STREAMS:-2} THREADS=${THREADS:-1}
+BLOCKS=${BLOCKS:-1} STREAMS=${STREAMS:-2} THREADS=${THREADS:-1} TEXT=${TEXT:-0} BATCH=${BATCH:-} GEN=${GEN:-400}
 TMP=${OUT:-$(mktemp -d /tmp/ds41-vitl.XXXXXX)}
 mkdir -p "$TMP"
 SPID=
 trap '[ -n "$SPID" ] && kill "$SPID" 2>/dev/null; [ -z "${OUT:-}" ] && rm -rf "$TMP"' EXIT
-CK=$TMP/ck$BLOCKS
-if [ ! -f "$CK/.complete" ]; then
-    mkdir -p "$TMP/cfg"
-    "$PY" - tests/configs/tinyvl/config.json "$TMP/cfg/config.json" "$BLOCKS" <<'PYEOF'
-import json, sys
-c = json.load(open(sys.argv[1]))
-c["text_config"]["max_position_embeddings"] = 1024
-v = c["vision_config"]
-v.update({"num_hidden_layers": int(sys.argv[3]), "hidden_size": 1024, "num_attention_heads": 16, "intermediate_size": 2816})
-json.dump(c, open(sys.argv[2], "w"), indent=1)
-PYEOF
-    "$PY" tools/make_checkpoint.py "$TMP/cfg" "$CK" --seed 1 --token-map stub --vision -q
-    "$PY" tests/tiny_tokenizer.py "$CK"
-    touch "$CK/.complete"
-fi
+. bench/vision_lib.sh   # CK: the tinyvl text model with a tower of the released block shape
 "$PY" -c "
 import numpy as np; from PIL import Image
 Image.fromarray(np.random.default_rng(1).integers(0, 256, (448, 448, 3), dtype=np.uint8)).save('$TMP/noise.png')"
-"$DS41" serve -m "$CK" --port 0 -t "$THREADS" --spec off --no-prefix-cache -c 1024 >"$TMP/serve.log" 2>&1 &
-SPID=$!
-PORT=
-for _ in $(seq 1 600); do
-    PORT=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/serve.log")
-    [ -n "$PORT" ] && break
-    sleep 0.1
-done
-[ -n "$PORT" ] || { tail -5 "$TMP/serve.log"; exit 1; }
-"$PY" - "$PORT" "$TMP/noise.png" "$STREAMS" <<'PYEOF'
+vserve -t "$THREADS" --spec off --no-prefix-cache -c "$CTX" ${BATCH:+--batch-tokens $BATCH}
+"$PY" - "$PORT" "$TMP/noise.png" "$STREAMS" "$TEXT" "$GEN" <<'PYEOF'
 import base64, json, statistics, sys, threading, time, urllib.request
-port, png, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+port, png, n, words, gen = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 url = "http://127.0.0.1:%s/v1/chat/completions" % port
 def post(body, times):
     rq = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
@@ -56,7 +37,7 @@ def post(body, times):
                 times.append(time.monotonic())
 streams = [[] for _ in range(n)]
 th = [threading.Thread(target=post, args=({"messages": [{"role": "user", "content": "Tell a long story %d." % i}],
-                                           "max_tokens": 400, "ignore_eos": True, "temperature": 0, "stream": True}, streams[i]))
+                                           "max_tokens": gen, "ignore_eos": True, "temperature": 0, "stream": True}, streams[i]))
       for i in range(n)]
 for t in th: t.start()
 while min(len(s) for s in streams) < 40: time.sleep(0.01)
@@ -64,11 +45,12 @@ img = []
 url_img = "data:image/png;base64," + base64.b64encode(open(png, "rb").read()).decode()
 t0 = time.monotonic()
 post({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url_img}},
-                                                {"type": "text", "text": "What is this?"}]}],
+                                                {"type": "text", "text": "What is this?" + " word" * words}]}],
       "max_tokens": 1, "temperature": 0, "stream": True}, img)
 t1 = time.monotonic()   # its one token streamed and the request ended
 for t in th: t.join()
-print("image request: answered after %.2f s (tower + prefill + one token)" % (t1 - t0))
+print("image request: answered after %.2f s (tower + prefill + one token); streams ended %.2f s after it arrived"
+      % (t1 - t0, min(s[-1] for s in streams) - t0))
 for i, s in enumerate(streams):
     gaps = [(b - a) * 1e3 for a, b in zip(s, s[1:])]
     before = [g for (a, g) in zip(s[1:], gaps) if a < t0]

@@ -31,11 +31,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (p != w + at) abort();
         }
         if (op.op == DS41_SOP_DRAFT && op.t_next < 0) abort();
-        if (op.op == DS41_SOP_EMBEDS) {
+        if (op.op == DS41_SOP_IMAGES || op.op == DS41_SOP_PROBE_IMG) {
             size_t k = 0;
-            if (op.dim < 1 || op.flags != op.ids + op.n || op.rows != op.flags + op.n) abort();
-            for (size_t j = 0; j < op.n; j++) k += (size_t)op.flags[j];
-            if (k != op.k || op.rows + op.k * (size_t)op.dim != w + at) abort();
+            if (op.flags < w || op.flags + op.n > w + n) abort();
+            for (size_t j = 0; j < op.n; j++) {
+                if (op.flags[j] != 0 && op.flags[j] != 1) abort();
+                k += (size_t)op.flags[j];
+            }
+            if (k != op.k || k == 0 || op.keys != op.flags + op.n) abort();
+            const int32_t *end = op.keys + op.k * 8;
+            if (op.op == DS41_SOP_IMAGES) {
+                if (op.dim < 1 || op.rows != end) abort();
+                end = op.rows + op.k * (size_t)op.dim;
+            } else if (op.flags != op.ids + op.n) {
+                abort();
+            }
+            if (end != w + at) abort();
         }
         if (op.op == DS41_SOP_LPROC) {
             if (op.n_bias < 0 || op.n_ban < 0 || op.bias_id != op.ids - op.n_ban - 2 * (size_t)op.n_bias || op.ids + op.n != w + at) abort();

@@ -307,7 +307,10 @@ double ds41_spec_acceptance(const ds41_session *s, int j);
  * gives alone, in exact and in fast mode (the fast kernels keep one order per row whatever
  * the batch: batch invariance; tests/test_batch.c). A refused item changes nothing and fails
  * alone; an error inside the batched forward (out of memory) fails and breaks every session
- * of that forward. Returns the number that failed. */
+ * of that forward. An item without verify may carry image rows: is_image[t] != 0 makes row t
+ * an image position embedded as emb[t * dim ..] (ds41_feed_embeds; both NULL: text); such an
+ * item runs in the batched forward like any other (each row's embedding is its own). Returns
+ * the number that failed. */
 typedef struct ds41_batch_item {
     ds41_session *s;
     const int32_t *ids;
@@ -317,6 +320,8 @@ typedef struct ds41_batch_item {
     float *out_logits;
     int n_out, n_accepted, failed;
     size_t ahead;          /* a prefill part (n > 1, no verify): as in ds41_feed_part */
+    const float *emb;      /* [n][dim]: the image rows' embeddings (only those rows read) */
+    const uint8_t *is_image;   /* [n] or NULL: every row text */
 } ds41_batch_item;
 int ds41_batch_step(ds41_batch_item *items, int count);
 
@@ -473,6 +478,10 @@ double ds41_prefix_bytes_per_token(const ds41_engine *e);
  * a shorter prefix and prefills the rest, never a wrong one). ds41_prefix_fingerprint: the 32
  * fingerprint bytes (the compatibility hash two nodes compare). */
 long long ds41_prefix_pages(ds41_prefix_cache *pc, const int32_t *ids, size_t n, uint8_t ***pages);
+/* ds41_prefix_pages with the prompt's image positions keyed (im as ds41_prefix_restore_img's;
+ * NULL: ds41_prefix_pages) */
+long long ds41_prefix_pages_img(ds41_prefix_cache *pc, const int32_t *ids, size_t n, const ds41_prefix_img *im,
+                                uint8_t ***pages);
 void ds41_prefix_pages_free(ds41_prefix_cache *pc, uint8_t **pages, long long nb);
 long long ds41_prefix_insert(ds41_prefix_cache *pc, const int32_t *ids, size_t n, long long first, long long nb,
                              uint8_t *const *pages);

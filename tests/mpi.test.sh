@@ -579,11 +579,19 @@ SP_MPI=--dp-attention SP_KERN= spec_phase dpF fixed:3 fixed:3
 dp_spec_check serve_dp_spec_fixed_fast dpF.mpi dpF.one drafts
 
 # ---------------------------------------------------------------- images under mpiexec serve
-# rank 0 encodes each image and sends the prompt's feed (ids, image flags, the span's rows: an
-# EMBEDS record); rank 1 feeds the same. tinyvl (tests/vision.test.sh's checkpoint and config,
-# the tiny tokenizer): a PNG and a JPEG data URL, two concurrent greedy requests with logprobs,
-# exact mode, give the bytes of one process (text, logprobs at 17 digits, usage), and the two
-# answers differ (the embeddings reach rank 1's model too: its experts' outputs are in them)
+# rank 0 encodes each image and sends the prompt's image positions, content keys and rows (an
+# IMAGES record) after the sequence's OPEN; the prompt prefills in the batched steps, and the
+# rank that holds the sequence (every rank replicated; with --dp-attention its owner) feeds the
+# same rows. tinyvl (tests/vision.test.sh's checkpoint and config, the tiny tokenizer): a PNG
+# and a JPEG data URL with a question long enough for a whole prefix-cache block, two
+# concurrent greedy requests with logprobs, then the PNG again: a prefix-cache hit (keyed on
+# the image's content on the rank that holds it; under --dp-attention PROBE_IMG routes it to
+# the rank whose cache holds the block) whose rows come from the image cache, no tower.
+# Exact mode: replicated and --dp-attention give the bytes of one process (text, logprobs at
+# 17 digits, usage with the cached tokens), the repeat has 128 cached tokens, the PNG and the
+# JPEG answer differently (the embeddings reach rank 1's model too), /metrics counts 2 images
+# encoded and 1 reused, and under --dp-attention both ranks held an image sequence. Under
+# --split layers the two cold answers equal one process's.
 VCK=$CK/conf-tinyvl-vision
 [ -f "$VCK/.complete" ] && cmp -s "$VCK/config.json" tests/configs/tinyvl/config.json || {
     VCK=$TMP/vlck   # not the shared cache: tests/vision.test.sh may be writing it
@@ -591,44 +599,83 @@ VCK=$CK/conf-tinyvl-vision
 FCK=$TMP/vlfile
 vl_files "$VCK" "$FCK"
 cat >"$TMP/vimg.py" <<'PYEOF'
-import base64, io, json, sys, threading, urllib.request
+import base64, io, json, re, sys, threading, urllib.request
 from PIL import Image, ImageDraw
 a = Image.new("RGB", (150, 100), (20, 200, 40)); ImageDraw.Draw(a).ellipse((30, 20, 90, 80), fill=(220, 30, 30))
 b = Image.new("RGB", (90, 120), (0, 0, 250)); ImageDraw.Draw(b).rectangle((10, 10, 50, 70), fill=(250, 250, 0))
 urls = []
 for im, fmt, mime in ((a, "PNG", "image/png"), (b, "JPEG", "image/jpeg")):
     f = io.BytesIO(); im.save(f, fmt); urls.append("data:%s;base64,%s" % (mime, base64.b64encode(f.getvalue()).decode()))
-out = [None, None]
-def ask(i):
-    body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": urls[i]}},
-                                                      {"type": "text", "text": "What colour?"}]}],
+q = "Look at the picture above, then say which colour the largest shape in it has, and where it sits. " * 3
+out = [None, None, None]
+def ask(i, u):
+    body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": urls[u]}},
+                                                      {"type": "text", "text": q}]}],
             "max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 2, "skip_special_tokens": False}
     rq = urllib.request.Request("http://127.0.0.1:%s/v1/chat/completions" % sys.argv[1], json.dumps(body).encode(),
                                 {"Content-Type": "application/json"})
     with urllib.request.urlopen(rq, timeout=60) as r: d = json.loads(r.read())
     out[i] = json.dumps({"choices": d["choices"], "usage": d["usage"]}, sort_keys=True)
-ts = [threading.Thread(target=ask, args=(i,)) for i in (0, 1)]
+ts = [threading.Thread(target=ask, args=(i, i)) for i in (0, 1)]
 for t in ts: t.start()
 for t in ts: t.join()
+ask(2, 0)
+t = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=30).read().decode()
+m = [re.search(r"^ds41:images_%s_total\{[^}]*\} (\S+)" % n, t, re.M) for n in ("encoded", "reused")]
 print("\n".join(o or "no answer" for o in out))
+print("images encoded %s reused %s" % tuple(str(int(float(x.group(1)))) if x else "-" for x in m))
 PYEOF
-timeout 120 "$DS41" serve -m "$FCK" --port 0 --exact --spec off -c 512 >/dev/null 2>"$TMP/v1.log" &
+vcheck() {   # NAME OUT: three answers equal to one process's, the repeat a hit, the counters
+    local name=$1 out=$2
+    if [ "$(grep -c '"usage"' "$TMP/v1.out")" -ne 3 ]; then fail "$name" "one process: $(head -c 300 "$TMP/v1.out")"
+    elif ! cmp -s "$TMP/v1.out" "$out"; then fail "$name" "answers differ from one process: $(head -c 300 "$out")"
+    elif "$PY" -c "import json,sys; a,b=[json.loads(l)['choices'][0]['message']['content'] for l in list(open(sys.argv[1]))[:2]]; sys.exit(a != b)" \
+         "$out"; then fail "$name" "the PNG and the JPEG answer alike"
+    elif ! "$PY" -c "import json,sys; l=list(open(sys.argv[1])); sys.exit(json.loads(l[2])['usage']['prompt_tokens_details']['cached_tokens'] != 128)" \
+         "$out"; then fail "$name" "the repeated image was not a prefix-cache hit of one block: $(sed -n 3p "$out" | head -c 300)"
+    elif [ "$(tail -n 1 "$out")" != "images encoded 2 reused 1" ]; then fail "$name" "image cache: $(tail -n 1 "$out") (expected 2 encoded, 1 reused)"
+    else pass "$name"; fi
+}
+vjob() {   # vjob NAME FLAGS...: `mpiexec -n 2 ds41 serve` on FCK (exact) with FLAGS, vimg.py's
+    # answers in $TMP/NAME.out, its log $TMP/NAME.log; status 1 when it did not start
+    local name=$1 job p; shift
+    DS41_MPI_VERBOSE=1 timeout 180 mpiexec -n 2 "$DS41" serve -m "$FCK" --port 0 --exact -c 512 --mpi-timeout 10 "$@" \
+        >/dev/null 2>"$TMP/$name.log" &
+    job=$!
+    if ! p=$(serve_port "$TMP/$name.log"); then
+        fail "$name" "the server did not start: $(tail -n 2 "$TMP/$name.log")"
+        kill "$job" 2>/dev/null; wait "$job"; return 1
+    fi
+    "$PY" "$TMP/vimg.py" "$p" >"$TMP/$name.out" 2>&1
+    kill -TERM "$(rank_pid 0)" 2>/dev/null
+    wait "$job"
+}
+timeout 180 "$DS41" serve -m "$FCK" --port 0 --exact --spec off -c 512 >/dev/null 2>"$TMP/v1.log" &
 v1=$!
-timeout 120 mpiexec -n 2 "$DS41" serve -m "$FCK" --port 0 --exact -c 512 --mpi-timeout 10 >/dev/null 2>"$TMP/v2.log" &
-v2=$!
-if p1=$(serve_port "$TMP/v1.log") && p2=$(serve_port "$TMP/v2.log"); then
+if p1=$(serve_port "$TMP/v1.log"); then
     "$PY" "$TMP/vimg.py" "$p1" >"$TMP/v1.out" 2>&1
-    "$PY" "$TMP/vimg.py" "$p2" >"$TMP/v2.out" 2>&1
-    kill -TERM "$v1" "$(rank_pid 0)" 2>/dev/null
-    wait "$v1" "$v2"
-    if [ "$(grep -c '"usage"' "$TMP/v1.out")" -ne 2 ]; then fail serve_n2_images "one process: $(head -c 300 "$TMP/v1.out")"
-    elif ! cmp -s "$TMP/v1.out" "$TMP/v2.out"; then fail serve_n2_images "answers differ from one process: $(head -c 300 "$TMP/v2.out")"
-    elif "$PY" -c "import json,sys; a,b=[json.loads(l)['choices'][0]['message']['content'] for l in open(sys.argv[1])]; sys.exit(a != b)" \
-         "$TMP/v2.out"; then fail serve_n2_images "the PNG and the JPEG answer alike"
-    else pass serve_n2_images; fi
+    kill -TERM "$v1" 2>/dev/null
+    wait "$v1"
+    vjob serve_n2_images && vcheck serve_n2_images "$TMP/serve_n2_images.out"
+    if vjob serve_dp_images --dp-attention; then
+        vcheck serve_dp_images "$TMP/serve_dp_images.out"
+        h0=$(sed -n 's/.*\[rank 0\]: --dp-attention: \([0-9]*\) sequences held here.*/\1/p' "$TMP/serve_dp_images.log")
+        h1=$(sed -n 's/.*\[rank 1\]: --dp-attention: \([0-9]*\) sequences held here.*/\1/p' "$TMP/serve_dp_images.log")
+        if [ -z "$h0" ] || [ -z "$h1" ] || [ "$h0" -lt 1 ] || [ "$h1" -lt 1 ] || [ $((h0 + h1)) -ne 3 ]; then
+            fail serve_dp_images_owners "image sequences held by rank 0 / 1: '$h0' / '$h1' (expected both, 3 in all)"
+        else pass serve_dp_images_owners; fi
+    fi
+    # --split layers (no prefix cache there): the stage ranks keep the IMAGES rows too, the
+    # first stage embeds them; the two concurrent cold answers are the one process's bytes
+    if vjob serve_split_images --spec off --split layers; then
+        o=$TMP/serve_split_images.out
+        if [ "$(head -n 2 "$o")" = "$(head -n 2 "$TMP/v1.out")" ] && [ "$(grep -c '"usage"' "$o")" -eq 3 ]; then
+            pass serve_split_images
+        else fail serve_split_images "answers differ from one process: $(head -c 300 "$o")"; fi
+    fi
 else
-    fail serve_n2_images "a server did not start: $(tail -n 2 "$TMP/v1.log" "$TMP/v2.log")"
-    kill "$v1" "$v2" 2>/dev/null; wait
+    fail serve_n2_images "the one-process server did not start: $(tail -n 2 "$TMP/v1.log")"
+    kill "$v1" 2>/dev/null; wait "$v1"
 fi
 
 # ---------------------------------------------------------------- serve --dp-attention
@@ -671,16 +718,6 @@ if [ -s "$TMP/s1.out" ]; then
             "$p3" >"$TMP/s3.metrics" 2>&1
         "$PY" tests/serve/mpi_client.py twice "$p3" >"$TMP/s3t.out" 2>&1
         c3t=$?
-        # an image part: a 400 naming --dp-attention (checked before the tower)
-        "$PY" -c "
-import base64, io, json, sys, urllib.request, urllib.error
-from PIL import Image
-f = io.BytesIO(); Image.new('RGB', (28, 28), (9, 99, 199)).save(f, 'PNG')
-u = 'data:image/png;base64,' + base64.b64encode(f.getvalue()).decode()
-b = {'messages': [{'role': 'user', 'content': [{'type': 'image_url', 'image_url': {'url': u}}]}]}
-rq = urllib.request.Request('http://127.0.0.1:%s/v1/chat/completions' % sys.argv[1], json.dumps(b).encode(), {'Content-Type': 'application/json'})
-try: urllib.request.urlopen(rq, timeout=30); print('200')
-except urllib.error.HTTPError as e: print(e.code, e.read().decode())" "$p3" >"$TMP/s3img.out" 2>&1
         kill -TERM "$(rank_pid 0)" 2>/dev/null
         wait "$s3"
         s3rc=$?
@@ -702,8 +739,6 @@ except urllib.error.HTTPError as e: print(e.code, e.read().decode())" "$p3" >"$T
         elif [ -z "$h0" ] || [ -z "$h1" ] || [ "$h0" -lt 1 ] || [ "$h1" -lt 1 ] || [ $((h0 + h1)) -ne 14 ]; then
             fail serve_dp_answers "sequences held by rank 0 / 1: '$h0' / '$h1' (expected both, 14 in all)"
         else pass serve_dp_answers; fi
-        grep -q "^400 .*image_url parts are not served with --dp-attention" "$TMP/s3img.out" && pass serve_dp_image_400 ||
-            fail serve_dp_image_400 "$(head -c 300 "$TMP/s3img.out")"
     else
         fail serve_dp_answers "the server did not start: $(tail -n 2 "$TMP/s3.log")"
     fi

@@ -19,8 +19,10 @@
  * path in the same call); both index-K readings; an item refused inside a batch; the tiny
  * checkpoint (window 16), and small43 (the 43-entry production plan, window 128: prompts up
  * to 150 tokens) on batches of 1, 3, 16 (3 and 16 with verify blocks; 9 with the official
- * index-K reading on the fast kernels; exact 16-row decode inside the verify mix). Under the
- * sanitizers (DS41_ASAN) tiny only, batches of 1, 3, 16, the official reading at 9. */
+ * index-K reading on the fast kernels; exact 16-row decode inside the verify mix); an image
+ * prompt's chunks (items with image rows) beside a decode row (tinyvl with a tower). Under the
+ * sanitizers (DS41_ASAN) tiny only, batches of 1, 3, 16, the official reading at 9, and the
+ * image case. */
 #include "check.h"
 #include "forward.h"
 #include "restore.h"
@@ -274,6 +276,86 @@ static void errors_case(ds41_engine *e) {
     case_end("batch_errors_stay_with_their_item");
 }
 
+/* An image prompt prefilled in the steps (batch items with image rows, as ds41 serve runs it):
+ * its first chunk inside the batched forward beside another sequence's decode row, the rest in
+ * the next step, then decode rows. Its twin takes the same chunks in steps of its own (one item
+ * each), the other sequence's twin decodes alone: exact kernels, the logits and the state
+ * digests equal after every step. A third session fed the whole prompt with ds41_feed_embeds has
+ * the same logits at the prompt's end and every step after (what ds41 run --image computes). On
+ * tinyvl with a vision tower, random BF16 rows at positions 3..30 of 48. Then an item with image
+ * flags and no rows fails alone, its session unchanged. */
+static void image_rows_case(const char *dir) {
+    CASE_BEGIN();
+    ds41_engine *e = load(dir, 1);
+    CHECK(e, "tinyvl with a tower did not load");
+    if (!e) { case_end("batch_image_rows_exact"); return; }
+    int V = ds41_vocab_size(e), dim = ds41_model_dim(e);
+    enum { N = 48, C1 = 29 };
+    int32_t ids[N], pb[6];
+    uint8_t img[N] = { 0 };
+    float *emb = calloc((size_t)N * dim, sizeof *emb);
+    rand_ids(ids, N, V, 11);
+    rand_ids(pb, 6, V, 12);
+    for (int t = 3; t <= 30; t++) {
+        img[t] = 1;
+        ids[t] = ds41_image_token_id(e);
+        for (int d = 0; d < dim; d++) emb[(size_t)t * dim + d] = (float)(((t * 131 + d * 7) % 61) - 30) / 32.0f;   /* BF16-exact */
+    }
+    ds41_session *a = open_s(e, 0), *aw = open_s(e, 0), *whole = open_s(e, 0), *b = open_s(e, 0), *bw = open_s(e, 0);
+    if (emb && a && aw && whole && b && bw) {
+        ds41_feed(b, pb, 6);
+        ds41_feed(bw, pb, 6);
+        CHECK(ds41_feed_embeds(whole, ids, N, emb, img) == 0, "feed_embeds: %s", ds41_session_error(whole));
+        int32_t tb = argmax(ds41_logits(b), V), ta = 0;
+        ds41_batch_item it[2], tw;
+        for (int step = 0; step < 5; step++) {
+            memset(it, 0, sizeof it);
+            it[0].s = b; it[0].ids = &tb; it[0].n = 1;
+            if (step == 0) {   /* the first chunk, batched with b's decode row */
+                it[1].s = a; it[1].ids = ids; it[1].n = C1; it[1].ahead = N - C1; it[1].emb = emb; it[1].is_image = img;
+            } else if (step == 1) {   /* the rest */
+                it[1].s = a; it[1].ids = ids + C1; it[1].n = N - C1; it[1].emb = emb + (size_t)C1 * dim; it[1].is_image = img + C1;
+            } else {
+                it[1].s = a; it[1].ids = &ta; it[1].n = 1;
+                CHECK(ds41_feed(whole, &ta, 1) == 0, "whole: decode");
+            }
+            tw = it[1];
+            tw.s = aw;
+            CHECK(ds41_batch_step(it, 2) == 0, "step %d: %s / %s", step, ds41_session_error(a), ds41_session_error(b));
+            CHECK(ds41_batch_step(&tw, 1) == 0, "step %d, twin: %s", step, ds41_session_error(aw));
+            CHECK(ds41_feed(bw, &tb, 1) == 0, "b's twin");
+            CHECK(ds41_session_digest(a) == ds41_session_digest(aw), "step %d: the image prompt's state differs", step);
+            CHECK(ds41_session_digest(b) == ds41_session_digest(bw), "step %d: the text sequence's state differs", step);
+            if (step == 0) continue;
+            CHECK(!memcmp(ds41_logits(a), ds41_logits(aw), (size_t)V * sizeof(float)), "step %d: logits differ from the twin's", step);
+            CHECK(!memcmp(ds41_logits(a), ds41_logits(whole), (size_t)V * sizeof(float)),
+                  "step %d: logits differ from the whole prompt's (ds41_feed_embeds)", step);
+            ta = argmax(ds41_logits(a), V);
+            tb = argmax(ds41_logits(b), V);
+        }
+    }
+    ds41_session_close(a); ds41_session_close(aw); ds41_session_close(whole); ds41_session_close(b); ds41_session_close(bw);
+    case_end("batch_image_rows_exact");
+    CASE_BEGIN();
+    ds41_session *c = open_s(e, 0), *d = open_s(e, 0);
+    if (c && d) {
+        int32_t t = 5;
+        ds41_feed(d, pb, 4);
+        ds41_batch_item it2[2];
+        memset(it2, 0, sizeof it2);
+        it2[0].s = c; it2[0].ids = ids; it2[0].n = 8; it2[0].is_image = img;   /* image positions, no rows */
+        it2[1].s = d; it2[1].ids = &t; it2[1].n = 1;
+        int f = ds41_batch_step(it2, 2);
+        CHECK(f == 1 && it2[0].failed && !it2[1].failed, "failed %d: %d %d", f, it2[0].failed, it2[1].failed);
+        CHECK(strstr(ds41_session_error(c), "image positions without embeddings"), "message '%s'", ds41_session_error(c));
+        CHECK(ds41_session_pos(c) == 0 && ds41_session_pos(d) == 5, "positions %lld %lld", ds41_session_pos(c), ds41_session_pos(d));
+    }
+    ds41_session_close(c); ds41_session_close(d);
+    case_end("batch_image_rows_refused_alone");
+    free(emb);
+    ds41_unload(e);
+}
+
 /* SET_FULL: every batch size with and without verify blocks, and the error case; the other two:
  * decode-only batches of 1, 3 and 16 and decode + verify batches of 3 and 16, SET_REDUCED with
  * the error case and the official reading at 9 in both modes, SET_SMALL43 without the error
@@ -329,6 +411,12 @@ int main(int argc, char **argv) {
      * case): the sizes 2 and 9 run the same code with other counts */
     int asan = under_sanitizers();
     if (rc == 0) suite("tiny", tiny, 40, 6, asan ? SET_REDUCED : SET_FULL);
+    char vl[4096];
+    CASE_BEGIN();
+    int rv = write_test_ck_args("batch_tinyvl", "tinyvl", 7, 1, "--vision", vl, sizeof vl);
+    CHECK(rv == 0, "make_checkpoint.py tinyvl --vision failed");
+    case_end("batch_checkpoint_tinyvl");
+    if (rv == 0) image_rows_case(vl);
     if (asan) return check_exit();
     CASE_BEGIN();
     rc = make_ck("batch", "small43", small, sizeof small);

@@ -58,12 +58,17 @@ static void valid_records(void) {
           op.items == sw + 9 && op.items[2] == DS41_SOP_VERIFY && op.items[6] == 2 && op.items[8] == 0 && at == sn,
           "STEP with a verify block (at %zu)", at);
     CHECK(!err[0], "no message on valid --spec records: %s", err);
-    /* an image prompt: EMBEDS 3: ids [1 500 500 7], flags [0 1 1 0], 2 rows of width 2 */
-    const int32_t ew[] = { 13, 3, 4, 2, 1, 500, 500, 7, 0, 1, 1, 0, 10, 11, 12, 13 };
+    /* an image prompt: IMAGES 3: 4 tokens, flags [0 1 1 0], 2 content keys of 8 words, 2 rows
+     * of width 2; PROBE_IMG [1 500 7], flags [0 1 0], 1 key */
+    const int32_t ew[] = { 18, 3, 4, 2, 0, 1, 1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13,
+                           19, 3, 1, 500, 7, 0, 1, 0, 9, 9, 9, 9, 9, 9, 9, 9 };
+    size_t en = sizeof ew / sizeof *ew;
     at = 0;
-    CHECK(ds41_sop_next(ew, 16, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_EMBEDS && op.id == 3 && op.n == 4 &&
-          op.dim == 2 && op.ids == ew + 4 && op.flags == ew + 8 && op.k == 2 && op.rows == ew + 12 && at == 16, "EMBEDS");
-    CHECK(!err[0], "no message on a valid EMBEDS: %s", err);
+    CHECK(ds41_sop_next(ew, en, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_IMAGES && op.id == 3 && op.n == 4 &&
+          op.dim == 2 && op.flags == ew + 4 && op.k == 2 && op.keys == ew + 8 && op.rows == ew + 24 && at == 28, "IMAGES");
+    CHECK(ds41_sop_next(ew, en, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_PROBE_IMG && op.n == 3 &&
+          op.ids == ew + 30 && op.flags == ew + 33 && op.k == 1 && op.keys == ew + 36 && at == en, "PROBE_IMG (at %zu)", at);
+    CHECK(!err[0], "no message on valid image records: %s", err);
     /* a logits processor for the owner: LPROC 5: frequency 1.5, presence 0.5, repetition 1.25,
      * eos 2, min_tokens 12, biases {100: 6, 262: -100}, banned [2], prompt ids [7 8 9]; END */
     const int32_t lw[] = { 14, 5, 1069547520, 1056964608, 1067450368, 2, 12, 0, 2, 1, 3, 100, 262, 1086324736, -1027080192, 2, 7, 8, 9, 7 };

@@ -23,7 +23,9 @@ static inline int under_sanitizers(void) { return *env_or("DS41_ASAN", "") != 0;
 /* Writes the checkpoint of tests/configs/CONFIG (stub Engram token map) with tools/
  * make_checkpoint.py into $DS41_BUILD/test-tmp/LEAF, its path into out; reuse: keep one that
  * is already complete. 0 = ready. */
-static inline int write_test_ck(const char *leaf, const char *config, int seed, int reuse, char *out, size_t cap) {
+/* write_test_ck with more make_checkpoint.py arguments (extra, e.g. "--vision") */
+static inline int write_test_ck_args(const char *leaf, const char *config, int seed, int reuse, const char *extra, char *out,
+                                     size_t cap) {
     const char *root = env_or("DS41_ROOT", "."), *build = env_or("DS41_BUILD", "build");
     const char *py = env_or("PYTHON", "/usr/bin/python3");
     if (build[0] == '/') snprintf(out, cap, "%s/test-tmp/%s", build, leaf);
@@ -32,9 +34,13 @@ static inline int write_test_ck(const char *leaf, const char *config, int seed, 
     if (reuse) snprintf(head, sizeof head, "[ -f '%s/.complete' ] || ", out);
     char cmd[32768];
     snprintf(cmd, sizeof cmd, "%s{ rm -rf '%s' && mkdir -p '%s' && %s '%s/tools/make_checkpoint.py' "
-             "'%s/tests/configs/%s' '%s' --seed %d --token-map stub -q && touch '%s/.complete'; }",
-             head, out, out, py, root, root, config, out, seed, out);
+             "'%s/tests/configs/%s' '%s' --seed %d --token-map stub -q %s && touch '%s/.complete'; }",
+             head, out, out, py, root, root, config, out, seed, extra, out);
     return system(cmd);
+}
+
+static inline int write_test_ck(const char *leaf, const char *config, int seed, int reuse, char *out, size_t cap) {
+    return write_test_ck_args(leaf, config, seed, reuse, "", out, cap);
 }
 
 /* tests/configs/NAME at seed 7, written once into test-tmp/TAG_NAME */

@@ -388,6 +388,31 @@ PYEOF
     if [ "$r" = ok ]; then pass serve_image_kv_budget; else fail serve_image_kv_budget "$r"; fi
     kill "$PID"; wait "$PID" 2>/dev/null
 fi
+# the image embedding cache (--image-cache, here room for exactly one span): the same picture
+# again takes its rows from the cache, no tower (ds41:images_reused_total counts it,
+# images_encoded_total does not), and its prefix-cache hit replays with those rows, equal to
+# ds41 run; another picture of the same size runs the tower (same size, other content key)
+# and evicts the first, which then runs the tower again. Each answer equals ds41 run.
+"$DS41" image -m "$FCK" "$TMP/a.png" --dump "$TMP/a.span" >/dev/null 2>&1
+if [ -s "$TMP/a.span" ] && serve_start vserve_icache -m "$FCK" --exact --spec off -c 512 --image-cache "$(stat -c %s "$TMP/a.span")"; then
+    ic() {   # NAME IMAGE CACHED ENCODED REUSED EVICTED: cq, then the image cache's counters
+        cq "$1" "$2" "$TMP/$1.json" "$3"
+        local m
+        m=$("$PY" -c "
+import re, sys, urllib.request
+t = urllib.request.urlopen('http://127.0.0.1:%s/metrics' % sys.argv[1]).read().decode()
+v = lambda n: re.search(r'^ds41:%s\{[^}]*\} (\S+)' % n, t, re.M)
+print(' '.join(str(int(float(v(n).group(1)))) if v(n) else '-' for n in
+               ('images_encoded_total', 'images_reused_total', 'image_cache_evictions_total', 'image_cache_entries')))" "$PORT")
+        if [ "$m" = "$4 $5 $6 1" ]; then pass "$1_counters"
+        else fail "$1_counters" "encoded, reused, evicted, entries: '$m', expected '$4 $5 $6 1'"; fi
+    }
+    ic serve_image_embed_cold "$TMP/a.png" 0 1 0 0
+    ic serve_image_embed_hit_no_tower "$TMP/a.png" 128 1 1 0
+    ic serve_image_embed_same_size "$TMP/c.png" 0 2 1 1
+    ic serve_image_embed_evicted "$TMP/a.png" 128 3 1 2
+    kill "$PID"; wait "$PID" 2>/dev/null
+fi
 # a checkpoint without a tower (its config has a vision_config, its weights no tower): a 400
 if [ -n "${NOV:=$(checkpoint tiny 2>/dev/null)}" ] && serve_start vserve_notower -m "$NOV"; then
     vreq "$PORT" "$TMP/a.png" image/png "$TMP/v5.json"

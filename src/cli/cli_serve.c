@@ -48,6 +48,9 @@ static const char *SERVE_USAGE =
     "                           sequences and their prefix-cache blocks; the owner samples them\n"
     "                           (docs/distributed.md)\n"
     "  --cache-mem BYTES        prefix cache memory, K/M/G suffixes (default 1G)\n"
+    "  --image-cache BYTES      embeddings of recently seen images, reused without the vision tower\n"
+    "                           (default 256M; docs/vision.md)\n"
+    "  --no-image-cache         run the tower for every image\n"
     "  --cache-dir DIR          also keep the prefix cache on disk in DIR (reused across restarts)\n"
     "  --cache-bytes BYTES      capacity of DIR (default unlimited; least recently used blocks go)\n"
     "  --replay exact|approx    replay of a restored prefix (default exact: bit-identical to a fresh\n"
@@ -168,6 +171,8 @@ int ds41_cli_serve(int argc, char **argv) {
         else if (IS("--cache-dir")) { NEED(); o.cache_dir = argv[++i]; }
         else if (IS("--cache-bytes")) { NEED(); if (ds41_cli_bytes("serve", a, argv[++i], &o.cache_bytes)) return 2; }
         else if (IS("--cache-mem")) { NEED(); if (ds41_cli_bytes("serve", a, argv[++i], &o.cache_mem)) return 2; }
+        else if (IS("--image-cache")) { NEED(); if (ds41_cli_bytes("serve", a, argv[++i], &o.image_cache)) return 2; }
+        else if (IS("--no-image-cache")) o.no_image_cache = 1;
         else if (IS("--replay")) {
             NEED();
             const char *v = argv[++i];

@@ -445,10 +445,11 @@ static int feed_impl(ds41_session *s, const int32_t *ids, size_t n, float *rows,
 
 int ds41_feed(ds41_session *s, const int32_t *ids, size_t n) { return feed_impl(s, ids, n, NULL, 0); }
 
-int ds41_feed_embeds(ds41_session *s, const int32_t *ids, size_t n, const float *emb, const uint8_t *is_image) {
+/* A feed's image rows: 0 when there is none (text), 1 when they can be fed, -1 refused (s->err). */
+static int image_rows(ds41_session *s, size_t n, const float *emb, const uint8_t *is_image) {
     int any = 0;
     for (size_t i = 0; is_image && i < n; i++) any |= is_image[i] != 0;
-    if (!any) return feed_impl(s, ids, n, NULL, 0);
+    if (!any) return 0;
     if (!emb) { snprintf(s->err, sizeof s->err, "feed: image positions without embeddings"); return -1; }
     if (!s->e->w->layers[0].gate_bias_vl) {
         snprintf(s->err, sizeof s->err, "feed: image positions need gate.bias_vl (the config has no vision tower)");
@@ -458,10 +459,18 @@ int ds41_feed_embeds(ds41_session *s, const int32_t *ids, size_t n, const float 
         snprintf(s->err, sizeof s->err, "feed: image positions with the ced-replay prefill (use ced or full)");
         return -1;
     }
-    return feed_rows(s, ids, n, NULL, 0, emb, is_image);
+    return 1;
 }
 
-int ds41_feed_part(ds41_session *s, const int32_t *ids, size_t n, size_t ahead) {
+int ds41_feed_embeds(ds41_session *s, const int32_t *ids, size_t n, const float *emb, const uint8_t *is_image) {
+    int im = image_rows(s, n, emb, is_image);
+    if (im < 0) return -1;
+    return im ? feed_rows(s, ids, n, NULL, 0, emb, is_image) : feed_impl(s, ids, n, NULL, 0);
+}
+
+/* ds41_feed_part, with image rows as ds41_feed_embeds takes them (is_image NULL: text) */
+static int feed_part_embeds(ds41_session *s, const int32_t *ids, size_t n, size_t ahead, const float *emb,
+                            const uint8_t *is_image) {
     long long room = s->seq.cache.max_pos - s->seq.cache.pos;
     if (n <= (size_t)room && ahead > (size_t)room - n) {
         /* refused up front, like a feed past the context: nothing changes */
@@ -469,7 +478,13 @@ int ds41_feed_part(ds41_session *s, const int32_t *ids, size_t n, size_t ahead) 
                  n, ahead, s->seq.cache.pos, s->seq.cache.max_pos);
         return -1;
     }
-    return feed_impl(s, ids, n, NULL, ahead);
+    int im = image_rows(s, n, emb, is_image);
+    if (im < 0) return -1;
+    return feed_rows(s, ids, n, NULL, ahead, im ? emb : NULL, im ? is_image : NULL);
+}
+
+int ds41_feed_part(ds41_session *s, const int32_t *ids, size_t n, size_t ahead) {
+    return feed_part_embeds(s, ids, n, ahead, NULL, NULL);
 }
 
 /* ---- prefix-cache restore (restore.h) ---- */
@@ -891,6 +906,11 @@ int ds41_batch_step(ds41_batch_item *it, int count) {
                     b->failed = ds41_feed(s, b->ids, b->n) != 0;   /* reports the error */
                     continue;
                 }
+                int im = image_rows(s, b->n, b->emb, b->is_image);
+                if (im < 0) { b->failed = 1; continue; }
+                /* the forward reads them and clears them (ds41_feed_embeds' override) */
+                s->seq.ov_img = im ? b->is_image : NULL;
+                s->seq.ov_emb = im ? b->emb : NULL;
                 s->spec.pending = -1;
                 s->seq.prefill = (ds41_prefill_mode)s->p.prefill;
                 /* a prompt part plans its CED rows against the prompt's end (ds41_feed_part) */
@@ -912,13 +932,13 @@ int ds41_batch_step(ds41_batch_item *it, int count) {
             b->failed = m < 0;
             if (m > 0) b->n_out = m;
         } else {
-            b->failed = ds41_feed_part(b->s, b->ids, b->n, b->ahead) != 0;
+            b->failed = feed_part_embeds(b->s, b->ids, b->n, b->ahead, b->emb, b->is_image) != 0;
         }
     }
     if (nb > 0) {
         ds41_err err;
         int frc = ds41_forward_batch(ss, tok, T, rows, nb, &err);
-        for (int j = 0; j < nb; j++) ss[j]->plan_ahead = 0;
+        for (int j = 0; j < nb; j++) ss[j]->plan_ahead = 0, ss[j]->ov_img = NULL, ss[j]->ov_emb = NULL;
         if (frc) {
             for (int j = 0; j < nb; j++) {
                 ds41_session *s = it[idx[j]].s;

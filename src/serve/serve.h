@@ -39,6 +39,10 @@ typedef struct ds41_serve_opts {
     int no_prefix_cache, replay;
     long long cache_mem, cache_bytes;
     const char *cache_dir;
+    /* the image embedding cache (serve_vcache.h): image_cache bytes (0: 256 MiB), none with
+     * no_image_cache */
+    long long image_cache;
+    int no_image_cache;
     /* prefill/decode disaggregation (docs/pd.md, src/serve/serve_pd.c): role DS41_ROLE_*;
      * a prefill node listens for decode nodes on host:port (UCX), and serves /health and
      * /metrics over HTTP on host:pd_http_port when that is >= 0 (0: a free port); a decode

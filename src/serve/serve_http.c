@@ -56,6 +56,7 @@ typedef struct server {
     ds41_tokenizer *tok;
     ds41_gvocab *gv;         /* the vocabulary's bytes for grammars (NULL without a tokenizer) */
     ds41_gcache *gc;         /* grammar tables per distinct grammar (NULL without gv) */
+    ds41_vcache *vc;         /* the image embedding cache (NULL: no tower, or --no-image-cache) */
     int think_end;           /* </think>: a thinking reply's grammar starts after it (-1: none) */
     ds41_sched *S;
     ds41_prefix_cache *pc;   /* NULL with --no-prefix-cache */
@@ -647,10 +648,7 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_k
 #define JFAIL(...) do { ds41_req_fail(&e, __VA_ARGS__); rc = send_error_for(sv, c, &e, anth); job_free(j); return rc; } while (0)
     if (r->model && strcmp(r->model, sv->model_name))
         JFAIL(404, "invalid_request_error", "model", "model_not_found", "The model `%.200s` does not exist.", r->model);
-    /* under --dp-attention a sequence's prefill runs on the rank that holds it, from ids only */
     const char *img_param = resp ? "input" : "messages";
-    if (r->n_images && sv->mirror && ds41_dist_dp())
-        JFAIL(400, "invalid_request_error", img_param, NULL, "%s: image_url parts are not served with --dp-attention", img_param);
     long long img_extra = 0;
     if (image_extra(sv, r, img_param, &img_extra, &e)) { rc = send_error_for(sv, c, &e, anth); job_free(j); return rc; }
     /* prompts -> ids */
@@ -1221,6 +1219,11 @@ int ds41_serve(const ds41_serve_opts *o) {
         sp.pc = sv->pc;
         sv->m.prefix_cache = 1;
     }
+    if (cfg.vision_n_layers > 0 && !o->no_image_cache) {
+        sv->vc = ds41_vcache_new(o->image_cache > 0 ? o->image_cache : 256LL << 20);
+        if (!sv->vc) { fprintf(stderr, "ds41 serve: out of memory\n"); goto out; }
+        sp.vcache = sv->vc;
+    }
     if (ds41_dist_size() > 1) {
         /* under mpiexec: the other ranks replay rank 0's engine calls (serve_mpi.h) */
         if (ds41_dist_rank() > 0) {
@@ -1293,6 +1296,7 @@ out:
     ds41_unload(sv->e);
     if (sv->tok) ds41_tokenizer_free(sv->tok);
     ds41_gcache_free(sv->gc);
+    ds41_vcache_free(sv->vc);
     ds41_gvocab_free(sv->gv);
     ds41_conn_limit_free(sv->climit);
     if (have_cfg) ds41_config_free(&cfg);

@@ -194,6 +194,16 @@ char *ds41_metrics_text(ds41_metrics *m, const ds41_gauges *g, const char *model
                  "# TYPE ds41:grammar_tables_build_seconds_total counter\nds41:grammar_tables_build_seconds_total{%s} %.6f\n",
              lbl, g->gt.build_s);
     }
+    if (g->vision) {
+        counter(&o, "ds41:images_encoded_total", "Images whose embeddings the vision tower computed.", lbl,
+                (unsigned long long)g->vc.encoded);
+        counter(&o, "ds41:images_reused_total", "Images whose embeddings came from the image cache (no tower).", lbl,
+                (unsigned long long)g->vc.reused);
+        counter(&o, "ds41:image_cache_evictions_total", "Images dropped from the image cache for room.", lbl,
+                (unsigned long long)g->vc.evicted);
+        gauge(&o, "ds41:image_cache_entries", "Images whose embeddings the image cache holds.", lbl, (double)g->vc.entries);
+        gauge(&o, "ds41:image_cache_bytes", "Bytes of embeddings in the image cache (--image-cache).", lbl, (double)g->vc.bytes);
+    }
     if (m->spec_positions > 0) {
         counter(&o, "vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts (verify blocks with K >= 1).", lbl,
                 m->spec_drafts);

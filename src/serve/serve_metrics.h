@@ -6,6 +6,7 @@
 #include <stddef.h>
 
 #include "serve_gcache.h"
+#include "serve_vcache.h"
 
 #define DS41_HIST_MAX 24
 
@@ -55,6 +56,9 @@ typedef struct ds41_gauges {
     int grammar;
     ds41_gcache_stats gt;
     long long gt_prefetched;      /* masks computed beside the forward (serve_gprefetch.h) */
+    /* the image embedding cache (exposed when vision is 1: the model has a tower) */
+    int vision;
+    ds41_vcache_stats vc;
 } ds41_gauges;
 
 void ds41_metrics_init(ds41_metrics *m);

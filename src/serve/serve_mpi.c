@@ -369,16 +369,25 @@ static void recv_from(ds41_smirror *m, int q, void *buf, size_t n) {
     free(nb);
 }
 
-void ds41_smirror_route(ds41_smirror *m, ds41_prefix_cache *pc, const int32_t *ids, size_t n) {
+/* IMAGES' and PROBE_IMG's flags and content keys of im's n positions */
+static void put_image_keys(ds41_smirror *m, const ds41_prefix_img *im) {
+    for (size_t j = 0; j < im->n; j++) put1(m, im->is_image[j] ? 1 : 0);
+    for (size_t j = 0; j < im->n; j++)
+        if (im->is_image[j]) put(m, (const int32_t *)(const void *)(im->key + j * 32), 8);
+}
+
+void ds41_smirror_route(ds41_smirror *m, ds41_prefix_cache *pc, const int32_t *ids, size_t n, const ds41_prefix_img *im) {
     if (!m || !m->dp || !pc || !n) return;
     int N = ds41_dist_size();
-    int32_t v[2] = { DS41_SOP_PROBE, (int32_t)n };
+    if (im && (!im->is_image || !im->key || im->n != n)) im = NULL;
+    int32_t v[2] = { im ? DS41_SOP_PROBE_IMG : DS41_SOP_PROBE, (int32_t)n };
     if (n > (size_t)INT32_MAX) oom();
     put(m, v, 2);
     put(m, ids, n);
+    if (im) put_image_keys(m, im);
     flush(m);
     uint8_t **pg = NULL;
-    m->hit[0] = ds41_prefix_pages(pc, ids, n, &pg);
+    m->hit[0] = ds41_prefix_pages_img(pc, ids, n, im, &pg);
     ds41_prefix_pages_free(pc, pg, m->hit[0]);
     for (int q = 1; q < N; q++) {
         int64_t h = 0;
@@ -389,13 +398,13 @@ void ds41_smirror_route(ds41_smirror *m, ds41_prefix_cache *pc, const int32_t *i
 }
 
 long long ds41_smirror_restore(ds41_smirror *m, ds41_engine *e, ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids,
-                               size_t n) {
-    if (!m) return ds41_prefix_restore(pc, s, ids, n);
+                               size_t n, const ds41_prefix_img *im) {
+    if (!m) return ds41_prefix_restore_img(pc, s, ids, n, im);
     put_ids(m, DS41_SOP_RESTORE, s, ids, n);
     flush(m);   /* the restore replays through the forward */
-    if (!m->dp) return ds41_prefix_restore(pc, s, ids, n);
+    if (!m->dp) return ds41_prefix_restore_img(pc, s, ids, n, im);
     int i = slot_of(m, s), q = m->own[i];
-    long long hit = q == 0 ? ds41_prefix_restore(pc, s, ids, n) : 0;
+    long long hit = q == 0 ? ds41_prefix_restore_img(pc, s, ids, n, im) : 0;
     ds41_dist_dp_done(&e->ctx);   /* the owner's replay forward: every rank joins its exchanges */
     if (q == 0) return hit;
     /* the owner's answer: its hit (-1: failed, its error follows), then for a whole prompt the
@@ -510,17 +519,14 @@ int ds41_smirror_calibrate(ds41_smirror *m, ds41_engine *e, int width, int promp
     return rc;
 }
 
-void ds41_smirror_embeds(ds41_smirror *m, const ds41_session *s, const int32_t *ids, size_t n, const float *emb,
-                         const uint8_t *is_image, int dim) {
-    if (!m) return;
-    if (n > (size_t)INT32_MAX) oom();
-    int32_t v[4] = { DS41_SOP_EMBEDS, sid_of(m, s), (int32_t)n, dim };
+void ds41_smirror_images(ds41_smirror *m, const ds41_session *s, const ds41_prefix_img *im, int dim) {
+    if (!m || !im || !im->is_image || !im->key || !im->emb) return;
+    if (im->n > (size_t)INT32_MAX) oom();
+    int32_t v[4] = { DS41_SOP_IMAGES, sid_of(m, s), (int32_t)im->n, dim };
     put(m, v, 4);
-    put(m, ids, n);
-    for (size_t j = 0; j < n; j++) put1(m, is_image && is_image[j] ? 1 : 0);
-    for (size_t j = 0; j < n; j++)
-        if (is_image && is_image[j]) put(m, (const int32_t *)(const void *)(emb + j * (size_t)dim), (size_t)dim);
-    flush(m);   /* the feed is a forward */
+    put_image_keys(m, im);
+    for (size_t j = 0; j < im->n; j++)
+        if (im->is_image[j]) put(m, (const int32_t *)(const void *)(im->emb + j * (size_t)dim), (size_t)dim);
 }
 
 /* --spec: each verify's outcome {accepted, next token}, from rank 0 to every rank, inside the
@@ -717,10 +723,46 @@ void ds41_smirror_end(ds41_smirror *m) {
 
 /* ---------------------------------------------------------------- followers */
 
+/* A session's image positions (IMAGES): flags[n], content keys [n][32] at the flagged
+ * positions, embeddings [n][dim] (until the prompt is in: then NULL) */
+typedef struct fimage {
+    uint8_t *flags, *key;
+    float *emb;
+    size_t n;
+} fimage;
+
+static void fimage_free(fimage *fi) {
+    if (!fi) return;
+    free(fi->flags); free(fi->key); free(fi->emb);
+    free(fi);
+}
+
+/* The flags and content keys of an IMAGES or PROBE_IMG record as ds41_prefix_img holds them
+ * (emb NULL): a new fimage, NULL when out of memory. */
+static fimage *fimage_keys(const ds41_sop *op) {
+    fimage *fi = calloc(1, sizeof *fi);
+    if (!fi) return NULL;
+    fi->n = op->n;
+    fi->flags = malloc(op->n);
+    fi->key = calloc(op->n, 32);
+    if (!fi->flags || !fi->key) { fimage_free(fi); return NULL; }
+    for (size_t j = 0, r = 0; j < op->n; j++) {
+        fi->flags[j] = (uint8_t)op->flags[j];
+        if (fi->flags[j]) memcpy(fi->key + j * 32, op->keys + r++ * 8, 32);
+    }
+    return fi;
+}
+
+static ds41_prefix_img fimage_pim(const fimage *fi) {
+    ds41_prefix_img pim = { fi->flags, fi->key, fi->emb, fi->n };
+    return pim;
+}
+
 /* The sequences rank 0 opened: s is this rank's session, NULL for one another rank holds
  * (--dp-attention) */
 typedef struct fslots {
     ds41_session **s;
+    fimage **img;                 /* the session's image positions (IMAGES), NULL: a text prompt */
     int32_t *id;
     int *samp;                    /* --dp-attention: this rank samples the session (SAMP_*, SAMPLE) */
     ds41_lproc **lp;              /* --dp-attention: its logits processor (LPROC; NULL: none) */
@@ -886,17 +928,19 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
                         dp ? "--dp-attention" : "without --dp-attention"), -1;
     if (op->op == DS41_SOP_OPEN_ON && op->rank >= ds41_dist_size())
         return snprintf(err, errcap, "serve mirror: rank 0 gave session %d to rank %d of %d", (int)op->id, op->rank, ds41_dist_size()), -1;
-    if ((op->op == DS41_SOP_SAMPLE || op->op == DS41_SOP_PROBE || op->op == DS41_SOP_LPROC) && !dp)
+    if ((op->op == DS41_SOP_SAMPLE || op->op == DS41_SOP_PROBE || op->op == DS41_SOP_PROBE_IMG || op->op == DS41_SOP_LPROC) && !dp)
         return snprintf(err, errcap, "serve mirror: rank 0 sent %s, which only --dp-attention uses",
-                        op->op == DS41_SOP_SAMPLE ? "SAMPLE" : op->op == DS41_SOP_PROBE ? "PROBE" : "LPROC"), -1;
+                        op->op == DS41_SOP_SAMPLE ? "SAMPLE" : op->op == DS41_SOP_PROBE ? "PROBE"
+                                                             : op->op == DS41_SOP_LPROC ? "LPROC" : "PROBE_IMG"), -1;
     if (op->op == DS41_SOP_LPROC && slot_at(f, op->id) < 0)
         return snprintf(err, errcap, "serve mirror: rank 0 named session %d, which this rank does not hold", (int)op->id), -1;
-    if (op->op == DS41_SOP_EMBEDS && !(s = slot_find(f, op->id)))
-        return snprintf(err, errcap, "serve mirror: rank 0 feeds an image prompt to session %d, which this rank does not hold",
+    if (op->op == DS41_SOP_IMAGES && !(s = slot_find(f, op->id)) && !(dp && slot_at(f, op->id) >= 0))
+        return snprintf(err, errcap, "serve mirror: rank 0 sends the image rows of session %d, which this rank does not hold",
                         (int)op->id), -1;
     if (op->op == DS41_SOP_DRAFT && !(s = slot_find(f, op->id)) && !(dp && slot_at(f, op->id) >= 0))
         return snprintf(err, errcap, "serve mirror: rank 0 drafts for session %d, which this rank does not hold", (int)op->id), -1;
-    if ((op->op == DS41_SOP_RESTORE || op->op == DS41_SOP_PUBLISH || op->op == DS41_SOP_TRIM || op->op == DS41_SOP_PROBE) && !pc)
+    if ((op->op == DS41_SOP_RESTORE || op->op == DS41_SOP_PUBLISH || op->op == DS41_SOP_TRIM || op->op == DS41_SOP_PROBE ||
+         op->op == DS41_SOP_PROBE_IMG) && !pc)
         return snprintf(err, errcap, "serve mirror: rank 0 uses a prefix cache and this rank has none"), -1;
     switch (op->op) {
     case DS41_SOP_OPEN:
@@ -916,6 +960,9 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             ds41_lproc **nl = realloc(f->lp, (size_t)nc * sizeof *nl);
             if (!nl) return snprintf(err, errcap, "out of memory"), -1;
             f->lp = nl;
+            fimage **nim = realloc(f->img, (size_t)nc * sizeof *nim);
+            if (!nim) return snprintf(err, errcap, "out of memory"), -1;
+            f->img = nim;
             f->cap = nc;
         }
         char eb[512];
@@ -925,6 +972,7 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             if (!ns) return snprintf(err, errcap, "serve mirror: cannot open a session as rank 0 did: %s", eb), -1;
         }
         f->s[f->n] = ns;
+        f->img[f->n] = NULL;
         f->samp[f->n] = SAMP_RANK0;
         f->lp[f->n] = NULL;
         f->id[f->n++] = op->id;
@@ -936,6 +984,8 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
         for (int i = 0; i < f->n; i++)
             if (f->id[i] == op->id) {
                 lp_drop(f->lp[i]);   /* after the session that pointed at it */
+                fimage_free(f->img[i]);
+                f->img[i] = f->img[f->n - 1];
                 f->s[i] = f->s[--f->n];
                 f->id[i] = f->id[f->n];
                 f->samp[i] = f->samp[f->n];
@@ -962,19 +1012,50 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
         ds41_dist_dp_send0(&h, sizeof h);
         return 0;
     }
+    case DS41_SOP_PROBE_IMG: {
+        fimage *fi = fimage_keys(op);
+        if (!fi) return snprintf(err, errcap, "out of memory"), -1;
+        ds41_prefix_img pim = fimage_pim(fi);
+        uint8_t **pg = NULL;
+        int64_t h = ds41_prefix_pages_img(pc, op->ids, op->n, &pim, &pg);
+        ds41_prefix_pages_free(pc, pg, h);
+        fimage_free(fi);
+        ds41_dist_dp_send0(&h, sizeof h);
+        return 0;
+    }
+    case DS41_SOP_IMAGES: {
+        if (op->dim != ds41_model_dim(e))
+            return snprintf(err, errcap, "serve mirror: rank 0's image rows are %d wide, this rank's model %d", op->dim, ds41_model_dim(e)), -1;
+        if (!s) return 0;   /* --dp-attention: another rank's sequence */
+        fimage *fi = fimage_keys(op);
+        if (fi && !(fi->emb = calloc(op->n * (size_t)op->dim, sizeof *fi->emb))) { fimage_free(fi); fi = NULL; }
+        if (!fi) return snprintf(err, errcap, "out of memory for an image prompt's rows"), -1;
+        for (size_t j = 0, r = 0; j < op->n; j++)
+            if (fi->flags[j]) memcpy(fi->emb + j * (size_t)op->dim, op->rows + r++ * (size_t)op->dim, (size_t)op->dim * sizeof *fi->emb);
+        int i = slot_at(f, op->id);
+        fimage_free(f->img[i]);
+        f->img[i] = fi;
+        return 0;
+    }
     case DS41_SOP_RESTORE: {
+        int i = slot_at(f, op->id);
+        ds41_prefix_img pim = f->img[i] ? fimage_pim(f->img[i]) : (ds41_prefix_img){ 0 };
         if (!dp) {
-            ds41_prefix_restore(pc, s, op->ids, op->n);   /* a failure is rank 0's too: its session says so */
+            /* a failure is rank 0's too: its session says so */
+            ds41_prefix_restore_img(pc, s, op->ids, op->n, f->img[i] ? &pim : NULL);
             return 0;
         }
-        long long hit = s ? ds41_prefix_restore(pc, s, op->ids, op->n) : 0;
+        long long hit = s ? ds41_prefix_restore_img(pc, s, op->ids, op->n, f->img[i] ? &pim : NULL) : 0;
         ds41_dist_dp_done(&e->ctx);   /* the owner's replay forward */
         if (s) restore_answer(e, s, lp_of(f, s), f->samp[slot_at(f, op->id)], hit, op->n);
         return 0;
     }
-    case DS41_SOP_PUBLISH:
-        if (s) ds41_prefix_publish(pc, s, op->ids, op->n);   /* under --dp-attention: the owner's cache */
+    case DS41_SOP_PUBLISH: {
+        int i = slot_at(f, op->id);
+        ds41_prefix_img pim = f->img[i] ? fimage_pim(f->img[i]) : (ds41_prefix_img){ 0 };
+        if (s) ds41_prefix_publish_img(pc, s, op->ids, op->n, f->img[i] ? &pim : NULL);   /* under --dp-attention: the owner's cache */
         return 0;
+    }
     case DS41_SOP_TRIM:
         ds41_prefix_trim(pc, op->bytes);
         return 0;
@@ -1005,21 +1086,6 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
         ds41_spec_curve c;
         char eb[512];
         ds41_spec_calibrate(e, op->width, op->prompt_len, op->reps, &c, eb, sizeof eb);   /* rank 0 uses its own curve */
-        return 0;
-    }
-    case DS41_SOP_EMBEDS: {
-        if (op->dim != ds41_model_dim(e))
-            return snprintf(err, errcap, "serve mirror: rank 0's image rows are %d wide, this rank's model %d", op->dim, ds41_model_dim(e)), -1;
-        float *emb = calloc(op->n * (size_t)op->dim, sizeof *emb);
-        uint8_t *img = malloc(op->n);
-        if (!emb || !img) { free(emb); free(img); return snprintf(err, errcap, "out of memory"), -1; }
-        for (size_t j = 0, r = 0; j < op->n; j++) {
-            img[j] = (uint8_t)op->flags[j];
-            if (img[j]) memcpy(emb + j * (size_t)op->dim, op->rows + r++ * (size_t)op->dim, (size_t)op->dim * sizeof *emb);
-        }
-        ds41_feed_embeds(s, op->ids, op->n, emb, img);   /* a failure is rank 0's too: it ends the sequence */
-        free(emb);
-        free(img);
         return 0;
     }
     case DS41_SOP_STEP: {
@@ -1058,6 +1124,13 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
                 return snprintf(err, errcap, "serve mirror: rank 0's step names session %d, which this rank does not hold", (int)w[0]), -1;
             b->n = (size_t)w[1];
             b->ids = w + 3;
+            const fimage *fi = b->s ? f->img[slot_at(f, w[0])] : NULL;
+            long long pos = b->s ? ds41_session_pos(b->s) : 0;
+            if (fi && fi->emb && w[2] != DS41_SOP_VERIFY && pos >= 0 && (size_t)pos + b->n <= fi->n) {
+                /* prompt positions of an image prompt: their rows, as rank 0's item carries them */
+                b->is_image = fi->flags + pos;
+                b->emb = fi->emb + (size_t)pos * (size_t)ds41_model_dim(e);
+            }
             if (w[2] == DS41_SOP_VERIFY) {
                 if (b->s && dp && f->step_os[k] == SAMP_RANK0)
                     return snprintf(err, errcap, "serve mirror: rank 0's step verifies drafts of session %d, which rank 0 "
@@ -1074,10 +1147,18 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             }
             w += 3 + b->n;
         }
-        if (dp) return step_own(e, f, *items, op->count, err, errcap);
-        ds41_smirror_pipe_step(e, *items, op->count);   /* per-item failures are rank 0's too */
-        dp_measure(&f->dpc, f->s, NULL, f->n, 0);
-        return 0;
+        int rc = 0;
+        if (dp) rc = step_own(e, f, *items, op->count, err, errcap);
+        else {
+            ds41_smirror_pipe_step(e, *items, op->count);   /* per-item failures are rank 0's too */
+            dp_measure(&f->dpc, f->s, NULL, f->n, 0);
+        }
+        for (int i = 0; i < f->n; i++)   /* a prompt that is in: its rows are not read again */
+            if (f->img[i] && f->img[i]->emb && f->s[i] && (size_t)ds41_session_pos(f->s[i]) >= f->img[i]->n) {
+                free(f->img[i]->emb);
+                f->img[i]->emb = NULL;
+            }
+        return rc;
     }
     default:
         return 1;   /* END */
@@ -1120,9 +1201,10 @@ int ds41_smirror_follow(ds41_engine *e, ds41_prefix_cache *pc, const ds41_sessio
     for (int i = 0; i < f.n; i++) {
         ds41_session_close(f.s[i]);
         lp_drop(f.lp[i]);
+        fimage_free(f.img[i]);
     }
     ds41_spec_set_outcome_hook(NULL);
-    free(f.s); free(f.id); free(f.samp); free(f.lp); free(f.ans); free(f.step_os); free(f.errs); free(f.out); free(f.olg); free(f.dids); free(f.dconf);
+    free(f.s); free(f.img); free(f.id); free(f.samp); free(f.lp); free(f.ans); free(f.step_os); free(f.errs); free(f.out); free(f.olg); free(f.dids); free(f.dconf);
     free(items); free(buf);
     return rc;
 }

@@ -17,14 +17,20 @@
  * PUBLISH id n ids[n] | TRIM lo hi (bytes) | STEP count {id n ahead ids[n]}[count] | END |
  * OPEN_ON id rank | SAMPLE id temperature top_k top_p min_p seed_lo seed_hi n_top (floats as
  * their bits) | PROBE n ids[n] | DRAFT id t_next | CALIBRATE width prompt_len reps |
- * EMBEDS id n dim ids[n] flags[n] rows[k][dim] (k = the flags set; float bits) |
  * LPROC id freq pres rep eos min_tokens_lo min_tokens_hi n_bias n_ban n bias_ids[n_bias]
  * bias_values[n_bias] ban_ids[n_ban] ids[n] (floats as their bits; ids: the prompt's distinct
- * ids, for the repetition penalty).
+ * ids, for the repetition penalty) | IMAGES id n dim flags[n] keys[k][8] rows[k][dim] |
+ * PROBE_IMG n ids[n] flags[n] keys[k][8] (k = the flags set, at least 1; keys: each image
+ * position's content key, 32 bytes; rows: float bits).
  *
- * Images: rank 0 encodes them (the tower runs no collective) and a prompt with images
- * prefills alone through ds41_feed_embeds; EMBEDS carries that feed (its ids, which
- * positions are image rows, and those rows' embeddings) so that the followers feed the same.
+ * Images: rank 0 encodes them (the tower runs no collective). After OPEN, IMAGES gives the
+ * other ranks the prompt's image positions (flags over its n tokens), their content keys and
+ * their embeddings; a rank keeps them with the session until CLOSE, and uses them as rank 0
+ * does: a RESTORE of the session keys and replays its image blocks with them
+ * (ds41_prefix_restore_img), a STEP item of the session that prefills prompt positions carries
+ * their rows (batch items with image rows: the image prompt prefills in the steps with the
+ * others), a PUBLISH keys the image blocks. Under --dp-attention an image prompt is routed with
+ * PROBE_IMG (PROBE with the image positions keyed), and only its owner keeps the rows.
  *
  * --spec (replicated attention): a proposal (ds41_session_draft) runs DSpark's stages,
  * MoE layers included, so rank 0 sends DRAFT (the session, the token it drafts after) before
@@ -67,8 +73,9 @@
 #include "ds41.h"
 
 enum { DS41_SOP_OPEN = 1, DS41_SOP_CLOSE, DS41_SOP_RESTORE, DS41_SOP_PUBLISH, DS41_SOP_TRIM, DS41_SOP_STEP, DS41_SOP_END,
-       DS41_SOP_OPEN_ON, DS41_SOP_SAMPLE, DS41_SOP_PROBE, DS41_SOP_DRAFT, DS41_SOP_CALIBRATE, DS41_SOP_EMBEDS,
-       DS41_SOP_LPROC = 14 };
+       DS41_SOP_OPEN_ON, DS41_SOP_SAMPLE, DS41_SOP_PROBE, DS41_SOP_DRAFT, DS41_SOP_CALIBRATE,
+       /* 13 was EMBEDS (an image prompt fed alone), no longer sent */
+       DS41_SOP_LPROC = 14, DS41_SOP_IMAGES = 18, DS41_SOP_PROBE_IMG = 19 };
 /* a STEP item's ahead word for a verify block */
 #define DS41_SOP_VERIFY (-1)
 
@@ -87,8 +94,9 @@ typedef struct ds41_sop {
     const int32_t *items;
     int32_t t_next;           /* DRAFT */
     int width, prompt_len, reps;   /* CALIBRATE */
-    const int32_t *flags;     /* EMBEDS: ids[n], flags[n] (0 or 1), k rows of dim float words at rows */
-    int dim;
+    const int32_t *flags;     /* IMAGES, PROBE_IMG: flags[n] (0 or 1), k content keys of 8 words at keys; */
+    const int32_t *keys;
+    int dim;                  /* IMAGES: k rows of dim float words at rows */
     size_t k;
     const int32_t *rows;
     float freq, pres, rep;    /* LPROC: the penalties; bias ids and values (float bits), ban ids, the prompt's ids at ids */
@@ -105,9 +113,9 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
 typedef struct ds41_smirror ds41_smirror;
 ds41_smirror *ds41_smirror_new(void);
 void ds41_smirror_free(ds41_smirror *m);
-/* --dp-attention with a prefix cache (pc; NULL: none, or a prompt the cache does not key):
- * the next ds41_smirror_open goes to the rank whose cache holds the longest prefix of ids. */
-void ds41_smirror_route(ds41_smirror *m, ds41_prefix_cache *pc, const int32_t *ids, size_t n);
+/* --dp-attention with a prefix cache (pc; NULL: none): the next ds41_smirror_open goes to the
+ * rank whose cache holds the longest prefix of ids (im: its image positions keyed, NULL: text). */
+void ds41_smirror_route(ds41_smirror *m, ds41_prefix_cache *pc, const int32_t *ids, size_t n, const ds41_prefix_img *im);
 /* rank0: the sequence stays on rank 0 (under --dp-attention with --spec, one whose tokens rank 0
  * draws: a verify's acceptance needs its logits processor) */
 void ds41_smirror_open(ds41_smirror *m, const ds41_session *s, int rank0);
@@ -122,10 +130,11 @@ void ds41_smirror_sampling(ds41_smirror *m, const ds41_session *s, float tempera
                            uint64_t seed, int n_top, const struct ds41_lproc *lp);
 /* The logprobs the owner sent with s's last token (1), or 0: rank 0 computes them from the row. */
 int ds41_smirror_logprobs(ds41_smirror *m, const ds41_session *s, int n_top, float *lp, int32_t *top_id, float *top_lp);
-/* ds41_prefix_restore as every rank must see it (m == NULL: the restore alone): the tokens
- * restored, or -1 (ds41_session_error). Under --dp-attention the owner restores from its cache. */
+/* ds41_prefix_restore_img as every rank must see it (m == NULL: the restore alone; im NULL:
+ * text, else the other ranks use the rows of ds41_smirror_images): the tokens restored, or -1
+ * (ds41_session_error). Under --dp-attention the owner restores from its cache. */
 long long ds41_smirror_restore(ds41_smirror *m, ds41_engine *e, ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids,
-                               size_t n);
+                               size_t n, const ds41_prefix_img *im);
 /* before ds41_prefix_publish: 1 when rank 0 publishes too (it holds the session's state) */
 int ds41_smirror_publish(ds41_smirror *m, const ds41_session *s, const int32_t *ids, size_t n);
 /* before ds41_prefix_trim / ds41_batch_step */
@@ -139,9 +148,9 @@ int ds41_smirror_propose(ds41_smirror *m, ds41_engine *e, ds41_session *s, int32
  * own calibration, or under --dp-attention joining rank 0's forwards) */
 int ds41_smirror_calibrate(ds41_smirror *m, ds41_engine *e, int width, int prompt_len, int reps, ds41_spec_curve *c,
                            char *err, size_t errcap);
-/* before ds41_feed_embeds(s, ids, n, emb, is_image) (emb: [n][dim], only image rows read) */
-void ds41_smirror_embeds(ds41_smirror *m, const ds41_session *s, const int32_t *ids, size_t n, const float *emb,
-                         const uint8_t *is_image, int dim);
+/* After ds41_smirror_open of a prompt with images (im: its flags, keys and embeddings over its
+ * im->n tokens, rows of dim floats): the other ranks keep them with the session (IMAGES). */
+void ds41_smirror_images(ds41_smirror *m, const ds41_session *s, const ds41_prefix_img *im, int dim);
 /* The scheduler's step: ds41_smirror_step and ds41_batch_step (m == NULL: the step alone);
  * under --dp-attention rank 0 runs only its own items and takes the others' answers. */
 void ds41_smirror_batch_step(ds41_smirror *m, ds41_engine *e, ds41_batch_item *it, int count);

@@ -6,15 +6,37 @@
 #include "serve_mpi.h"
 #include "serve_req.h"
 
-static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH", "TRIM", "STEP", "END", "OPEN_ON", "SAMPLE", "PROBE", "DRAFT", "CALIBRATE", "EMBEDS", "LPROC" };
+static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH", "TRIM", "STEP", "END", "OPEN_ON", "SAMPLE", "PROBE", "DRAFT", "CALIBRATE",
+                                        "?", "LPROC", "?", "?", "?", "IMAGES", "PROBE_IMG" };
+
+/* IMAGES and PROBE_IMG: flags[n] (0 or 1) at w[*i], then a content key (8 words) per flag set */
+static int image_flags(const int32_t *w, size_t n, size_t *i, ds41_sop *op, const char *name, char *err, size_t errcap) {
+    if (n - *i < op->n) return snprintf(err, errcap, "serve mirror: word %zu: %s: expected a flag per token, the record ends", *i, name), -1;
+    op->flags = w + *i;
+    for (size_t j = 0; j < op->n; j++) {
+        if (op->flags[j] != 0 && op->flags[j] != 1)
+            return snprintf(err, errcap, "serve mirror: word %zu: %s: flag %d, expected 0 (text) or 1 (image)", *i + j, name,
+                            (int)op->flags[j]), -1;
+        op->k += (size_t)op->flags[j];
+    }
+    *i += op->n;
+    if (op->k == 0) return snprintf(err, errcap, "serve mirror: word %zu: %s: no image position", *i - 1, name), -1;
+    if ((n - *i) / 8 < op->k)
+        return snprintf(err, errcap, "serve mirror: word %zu: %s: expected %zu content keys, the record ends", *i, name, op->k), -1;
+    op->keys = w + *i;
+    *i += op->k * 8;
+    return 0;
+}
 
 int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *err, size_t errcap) {
     size_t i = *at;
     if (i >= n) return 0;
     memset(op, 0, sizeof *op);
     op->op = w[i];
-    if (op->op < DS41_SOP_OPEN || op->op > DS41_SOP_LPROC)
-        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, got %d", i, DS41_SOP_LPROC, (int)w[i]), -1;
+    if (op->op < DS41_SOP_OPEN || (op->op > DS41_SOP_CALIBRATE && op->op < DS41_SOP_LPROC) ||
+        (op->op > DS41_SOP_LPROC && op->op < DS41_SOP_IMAGES) || op->op > DS41_SOP_PROBE_IMG)
+        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, %d, %d or %d, got %d", i,
+                        DS41_SOP_CALIBRATE, DS41_SOP_LPROC, DS41_SOP_IMAGES, DS41_SOP_PROBE_IMG, (int)w[i]), -1;
     const char *name = op_name[op->op];
     i++;
 #define NEED(k, what) \
@@ -112,27 +134,16 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
         op->reps = w[i + 2];
         i += 3;
         break;
-    case DS41_SOP_EMBEDS:
+    case DS41_SOP_IMAGES:
         NEED(3, "a session id, a token count and a width");
         if (w[i + 1] < 1 || w[i + 2] < 1 || w[i + 2] > 65536)
-            return snprintf(err, errcap, "serve mirror: word %zu: EMBEDS: %d tokens of width %d (expected >= 1 and 1..65536)", i + 1,
+            return snprintf(err, errcap, "serve mirror: word %zu: IMAGES: %d tokens of width %d (expected >= 1 and 1..65536)", i + 1,
                             (int)w[i + 1], (int)w[i + 2]), -1;
         op->id = w[i];
         op->n = (size_t)w[i + 1];
         op->dim = w[i + 2];
         i += 3;
-        NEED(op->n, "the tokens");
-        op->ids = w + i;
-        i += op->n;
-        NEED(op->n, "a flag per token");
-        op->flags = w + i;
-        for (size_t j = 0; j < op->n; j++) {
-            if (op->flags[j] != 0 && op->flags[j] != 1)
-                return snprintf(err, errcap, "serve mirror: word %zu: EMBEDS: flag %d, expected 0 (text) or 1 (image)", i + j,
-                                (int)op->flags[j]), -1;
-            op->k += (size_t)op->flags[j];
-        }
-        i += op->n;
+        if (image_flags(w, n, &i, op, name, err, errcap)) return -1;
         /* k <= n < 2^31 and dim <= 2^16: no overflow in size_t */
         NEED(op->k * (size_t)op->dim, "the image rows");
         op->rows = w + i;
@@ -177,6 +188,15 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
         i += op->n;
         break;
     }
+    case DS41_SOP_PROBE_IMG:
+        NEED(1, "a token count");
+        if (w[i] < 1) return snprintf(err, errcap, "serve mirror: word %zu: PROBE_IMG: token count %d, expected at least 1", i, (int)w[i]), -1;
+        op->n = (size_t)w[i++];
+        NEED(op->n, "the tokens");
+        op->ids = w + i;
+        i += op->n;
+        if (image_flags(w, n, &i, op, name, err, errcap)) return -1;
+        break;
     default:   /* END */
         break;
     }

@@ -82,7 +82,7 @@ static void sgroup_free(ds41_sgroup *g) {
         ds41_sseq *q = &g->seq[i];
         ds41_lproc_free(&q->proc);
         free(q->prompt); free(q->ids); free(q->lp); free(q->top_id); free(q->top_lp); free(q->off); free(q->text);
-        free(q->img_at); free(q->img_key);
+        free(q->img_at); free(q->img_key); free(q->img_emb);
     }
     for (int i = 0; i < g->n_img; i++) free(g->img[i]);
     free(g->img);
@@ -190,6 +190,10 @@ void ds41_sched_gauges(ds41_sched *S, ds41_gauges *o) {
     o->kv_reserved = S->kv_reserved;
     o->kv_used = S->kv_used;
     pthread_mutex_unlock(&S->mu);
+    if (S->p.vcache) {
+        o->vision = 1;
+        ds41_vcache_get_stats(S->p.vcache, &o->vc);
+    }
     ds41_gprefetch *pf = __atomic_load_n(&S->pf, __ATOMIC_ACQUIRE);   /* set once, on the scheduler thread */
     o->gt_prefetched = pf ? ds41_gprefetch_count(pf) : 0;
 }
@@ -202,8 +206,9 @@ void ds41_sched_gauges(ds41_sched *S, ds41_gauges *o) {
 /* Publishes the whole blocks of what q's session holds: the prompt, then the generated ids. */
 static void seq_publish(ds41_sched *S, ds41_sseq *q, int with_generated) {
     if (!S->p.pc || !q->s) return;
-    /* image positions are keyed on their image's content; the MPI mirror's ranks replay ids only */
-    if (q->g->n_img && (S->p.mirror || !q->img_key)) return;
+    /* image positions are keyed on their image's content (the mirror's ranks hold the keys:
+     * ds41_smirror_images) */
+    if (q->g->n_img && !q->img_key) return;
     size_t n = q->n_prompt, extra = with_generated ? q->n_ids : 0;
     if ((n + extra) / 128 <= n / 128 && with_generated) return;   /* no new whole block */
     int32_t *t = malloc((n + extra + 1) * sizeof *t);
@@ -213,8 +218,8 @@ static void seq_publish(ds41_sched *S, ds41_sseq *q, int with_generated) {
     if (extra) memcpy(t + n, q->ids, extra * sizeof *t);
     pthread_mutex_unlock(&q->g->mu);
     ds41_prefix_img pim = { q->img_at, q->img_key, NULL, n };
-    /* under --dp-attention only the owner publishes (images never reach the mirror) */
-    if (q->g->n_img || ds41_smirror_publish(S->p.mirror, q->s, t, n + extra))
+    /* under --dp-attention only the owner publishes */
+    if (ds41_smirror_publish(S->p.mirror, q->s, t, n + extra))
         ds41_prefix_publish_img(S->p.pc, q->s, t, n + extra, q->g->n_img ? &pim : NULL);
     free(t);
 }
@@ -486,9 +491,10 @@ static int admit_prefix(ds41_sched *S, ds41_sseq *q);
 static int seq_admitted(ds41_sched *S, ds41_sseq *q, long long hit);
 
 /* The group's images, encoded by q's job (which ends here), expanded into q's prompt at each
- * placeholder id (q->prompt becomes the expanded ids); the embeddings, image flags and content
- * keys in *vp, the flags and keys also kept in q for the prefix cache's publishes. */
-static int expand_images(ds41_sched *S, ds41_sseq *q, ds41_cli_vprompt *vp) {
+ * placeholder id (q->prompt becomes the expanded ids); the image flags, content keys and
+ * embeddings kept in q (img_at, img_key, img_emb) for the prefill steps and the prefix cache. */
+static int expand_images(ds41_sched *S, ds41_sseq *q) {
+    ds41_cli_vprompt vpx = { 0 }, *vp = &vpx;
     ds41_sgroup *g = q->g;
     ds41_cli_vimage *im = NULL;
     char msg[512] = "out of memory";
@@ -503,17 +509,15 @@ static int expand_images(ds41_sched *S, ds41_sseq *q, ds41_cli_vprompt *vp) {
     for (int i = 0; im && i < g->n_img; i++) ds41_cli_image_free(&im[i]);
     free(im);
     if (!rc && vp->is_image) {
-        q->img_at = malloc(vp->n);
-        q->img_key = malloc(vp->n * 32);
-        if (q->img_at && q->img_key) {
-            memcpy(q->img_at, vp->is_image, vp->n);
-            memcpy(q->img_key, vp->key, vp->n * 32);
-        } else {
-            free(q->img_at); free(q->img_key);
-            q->img_at = q->img_key = NULL;   /* then not cached */
-        }
+        /* the prompt's image rows, for the prefill steps and the prefix cache */
+        q->img_at = vp->is_image;
+        q->img_key = vp->key;
+        q->img_emb = vp->emb;
+        vp->is_image = vp->key = NULL;
+        vp->emb = NULL;
     }
     if (rc) {
+        ds41_cli_vprompt_free(vp);
         seq_finish(S, q, DS41_FIN_ERROR, msg);
         return -1;
     }
@@ -524,25 +528,7 @@ static int expand_images(ds41_sched *S, ds41_sseq *q, ds41_cli_vprompt *vp) {
     q->prompt = vp->ids;
     q->n_prompt = vp->n;
     vp->ids = NULL;
-    return 0;
-}
-
-/* A prompt with images prefills what the prefix cache did not restore (q->fed on) alone
- * through the session (the batched forward takes ids only), then decodes in the batch. */
-static int image_prefill(ds41_sched *S, ds41_sseq *q, ds41_cli_vprompt *vp) {
-    vp->ids = q->prompt;
-    /* the followers feed it too (under the mirror nothing was restored: q->fed is 0) */
-    ds41_smirror_embeds(S->p.mirror, q->s, vp->ids, vp->n, vp->emb, vp->is_image, vp->dim);
-    int rc = ds41_cli_vprompt_feed(q->s, vp, q->fed);
-    vp->ids = NULL;
-    if (rc) { seq_finish(S, q, DS41_FIN_ERROR, ds41_session_error(q->s)); return -1; }
-    pthread_mutex_lock(&S->m->mu);
-    S->m->prompt_tokens += q->n_prompt - q->fed;
-    pthread_mutex_unlock(&S->m->mu);
-    q->fed = q->n_prompt;
-    seq_publish(S, q, 0);
-    if (q->max_tokens == 0) { seq_finish(S, q, DS41_FIN_LENGTH, NULL); return 0; }
-    seq_token(S, q, now_s());
+    ds41_cli_vprompt_free(vp);
     return 0;
 }
 
@@ -554,7 +540,7 @@ static int open_session(ds41_sched *S, ds41_sseq *q) {
     if (!q->s) { seq_finish(S, q, DS41_FIN_ERROR, eb); return -1; }
     if (q->g->n_img) {
         /* the tower off the scheduler thread: the sequence waits in DS41_SEQ_IMAGE */
-        q->vjob = ds41_vjob_start(S->e, q->g->img, q->g->img_len, q->g->n_img);
+        q->vjob = ds41_vjob_start(S->e, S->p.vcache, q->g->img, q->g->img_len, q->g->n_img);
         if (!q->vjob) { seq_finish(S, q, DS41_FIN_ERROR, "out of memory"); return -1; }
         q->state = DS41_SEQ_IMAGE;
         return 0;
@@ -564,19 +550,21 @@ static int open_session(ds41_sched *S, ds41_sseq *q) {
 
 /* q's session is open and its images (if any) encoded: the rest of the admission. */
 static int session_ready(ds41_sched *S, ds41_sseq *q) {
-    ds41_cli_vprompt vp = { 0 };
-    if (q->g->n_img && expand_images(S, q, &vp)) return -1;
-    ds41_smirror_route(S->p.mirror, q->g->n_img ? NULL : S->p.pc, q->prompt, q->n_prompt);
+    if (q->g->n_img && expand_images(S, q)) return -1;
+    int dim = ds41_model_dim(S->e);
+    ds41_prefix_img pim = { q->img_at, q->img_key, q->img_emb, q->n_prompt };
+    ds41_smirror_route(S->p.mirror, S->p.pc, q->prompt, q->n_prompt, q->img_at ? &pim : NULL);
     /* under --dp-attention with --spec: a sequence rank 0 samples stays there (serve_mpi.h) */
     ds41_smirror_open(S->p.mirror, q->s,
                       S->B > 0 && S->p.spec_mode != DS41_SPEC_OFF && (ds41_lproc_active(&q->proc) || q->n_top > DS41_REQ_MAX_TOP_LOGPROBS));
+    /* the other ranks keep the prompt's image rows for its restore, steps and publishes */
+    if (q->img_at) ds41_smirror_images(S->p.mirror, q->s, &pim, dim);
     pthread_mutex_lock(&S->mu);
     S->sessions_open++;
     pthread_mutex_unlock(&S->mu);
     ds41_session_set_sampling(q->s, q->temperature, q->top_k, q->top_p, q->min_p, q->seed);
     if (ds41_lproc_active(&q->proc) &&
         (ds41_lproc_ready(&q->proc) || ds41_lproc_prompt(&q->proc, q->prompt, q->n_prompt) || ds41_session_set_lproc(q->s, &q->proc))) {
-        ds41_cli_vprompt_free(&vp);
         seq_finish(S, q, DS41_FIN_ERROR, "out of memory");
         return -1;
     }
@@ -589,16 +577,11 @@ static int session_ready(ds41_sched *S, ds41_sseq *q) {
     q->fed = 0;
     q->state = DS41_SEQ_PREFILL;
     if (q->g->n_img) {
-        /* the prefix cache keys image positions on the images' content (not under the MPI
-         * mirror, whose ranks replay restores by ids) */
-        ds41_prefix_img pim = ds41_cli_vprompt_keys(&vp);
-        long long hit = 0;
-        if (S->p.pc && !S->p.mirror && q->img_at && pim.is_image)
-            hit = ds41_prefix_restore_img(S->p.pc, q->s, q->prompt, q->n_prompt, &pim);
-        int rc = seq_admitted(S, q, hit);
-        if (!rc && q->state == DS41_SEQ_PREFILL && q->fed < q->n_prompt) rc = image_prefill(S, q, &vp);
-        ds41_cli_vprompt_free(&vp);
-        return rc;
+        /* the prefix cache keys image positions on the images' content; the rest of the
+         * prompt prefills in the steps, its image rows with their embeddings */
+        return seq_admitted(S, q, S->p.pc ? ds41_smirror_restore(S->p.mirror, S->e, S->p.pc, q->s, q->prompt, q->n_prompt,
+                                                                 q->img_at ? &pim : NULL)
+                                          : 0);
     }
     if (S->p.remote.start && S->p.pc) {
         /* worth a prefill node: enough new tokens past the local hit, a whole block to fetch */
@@ -618,7 +601,7 @@ static int session_ready(ds41_sched *S, ds41_sseq *q) {
 
 /* The prefix-cache restore of q's prompt, also after a remote prefill filled the cache. */
 static int admit_prefix(ds41_sched *S, ds41_sseq *q) {
-    return seq_admitted(S, q, S->p.pc ? ds41_smirror_restore(S->p.mirror, S->e, S->p.pc, q->s, q->prompt, q->n_prompt) : 0);
+    return seq_admitted(S, q, S->p.pc ? ds41_smirror_restore(S->p.mirror, S->e, S->p.pc, q->s, q->prompt, q->n_prompt, NULL) : 0);
 }
 
 /* q's session holds the first `hit` prompt tokens (a prefix-cache restore; -1: it failed):
@@ -846,6 +829,11 @@ static void *sched_main(void *arg) {
                 /* a prefill part: the rest of the prompt follows in later steps, so its CED row
                  * plan reaches from the prompt's end */
                 if (bq[i]->state == DS41_SEQ_PREFILL) b->ahead = (size_t)(bq[i]->n_prompt - bq[i]->fed) - bn[i];
+                if (bq[i]->state == DS41_SEQ_PREFILL && bq[i]->img_emb) {
+                    /* an image prompt's chunk: its rows' embeddings */
+                    b->is_image = bq[i]->img_at + bq[i]->fed;
+                    b->emb = bq[i]->img_emb + bq[i]->fed * (size_t)ds41_model_dim(S->e);
+                }
                 if (spec && i < n_dec && vrow[i]) {
                     pos0[i] = ds41_session_pos(bs[i]);
                     b->verify = 1;
@@ -875,6 +863,8 @@ static void *sched_main(void *arg) {
                     S->m->prompt_tokens += bn[i];
                     pthread_mutex_unlock(&S->m->mu);
                     if (q->fed < q->n_prompt) continue;
+                    free(q->img_emb);   /* the prompt is in: its embeddings are not read again */
+                    q->img_emb = NULL;
                     seq_publish(S, q, 0);
                     if (q->max_tokens == 0) { seq_finish(S, q, DS41_FIN_LENGTH, NULL); continue; }
                 } else if (items[i].verify) {

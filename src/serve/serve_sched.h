@@ -40,6 +40,7 @@
 #include "lproc.h"
 #include "serve_gcache.h"
 #include "serve_metrics.h"
+#include "serve_vcache.h"
 #include "tokenizer.h"
 
 typedef struct ds41_sched_params {
@@ -79,6 +80,8 @@ typedef struct ds41_sched_params {
     /* serve under mpiexec (serve_mpi.h): rank 0 records every engine call for the other ranks
      * (NULL: one process) */
     struct ds41_smirror *mirror;
+    /* the image embedding cache (serve_vcache.h; NULL: none; owned by the caller) */
+    ds41_vcache *vcache;
 } ds41_sched_params;
 
 enum { DS41_SEQ_WAITING, DS41_SEQ_PREFILL, DS41_SEQ_DECODE, DS41_SEQ_DONE, DS41_SEQ_REMOTE, DS41_SEQ_IMAGE };
@@ -119,6 +122,7 @@ typedef struct ds41_sseq {
     long long local_hit;      /* with rjob: the tokens the local prefix cache held before it */
     struct ds41_vjob *vjob;   /* the images being encoded off the scheduler thread (DS41_SEQ_IMAGE) */
     uint8_t *img_at, *img_key;   /* the expanded prompt's image flags and content keys (prefix cache) */
+    float *img_emb;           /* its embeddings [n_prompt][dim] (image rows read) until its prefill ends */
     size_t fed;
     int32_t next;
     long long reserve;
@@ -134,8 +138,8 @@ struct ds41_sgroup {
     atomic_int cancel;
     /* the request's images (PNG or JPEG bytes, in prompt order): each choice encodes them on a
      * thread of its own (serve_vision.h), restores what the prefix cache holds of the prompt
-     * (image positions keyed on the images' content) and prefills the rest alone
-     * (ds41_feed_embeds); img_extra: the span positions past the one placeholder id each, set
+     * (image positions keyed on the images' content) and prefills the rest in the steps with
+     * the other sequences (batch items with image rows); img_extra: the span positions past the one placeholder id each, set
      * at admission from the images' sizes (ds41_image_span_positions) for the budget, and again
      * by the expansion (the same number) */
     uint8_t **img;

@@ -8,6 +8,7 @@
 
 struct ds41_vjob {
     ds41_engine *e;
+    ds41_vcache *vc;
     uint8_t *const *img;
     const size_t *len;
     int n, rc, threaded;
@@ -17,11 +18,26 @@ struct ds41_vjob {
     pthread_t th;
 };
 
+/* One image: decoded and preprocessed (its content key), its rows from the cache or else
+ * through the tower (then kept in the cache). */
+static int encode_one(ds41_vjob *j, int k, char *m, size_t cap) {
+    ds41_cli_vimage *im = &j->im[k];
+    float *px = NULL;
+    int H, W, dim = ds41_model_dim(j->e);
+    int rc = ds41_image_prepare(j->e, j->img[k], j->len[k], &px, &H, &W, im->key, m, cap);
+    if (!rc && !ds41_vcache_get(j->vc, im->key, dim, &im->span, &im->rows)) {
+        rc = ds41_image_span_apart(j->e, px, H, W, &im->span, &im->rows, m, cap);
+        if (!rc) ds41_vcache_put(j->vc, im->key, dim, im->span, im->rows);
+    }
+    free(px);
+    return rc;
+}
+
 static void encode_all(ds41_vjob *j) {
     j->rc = 0;
     for (int k = 0; k < j->n; k++) {
         char m[480];
-        if (ds41_cli_image_encode(j->e, j->img[k], j->len[k], 1, &j->im[k], m, sizeof m)) {
+        if (encode_one(j, k, m, sizeof m)) {
             snprintf(j->msg, sizeof j->msg, "image %d: %s", k + 1, m);
             j->rc = -1;
             break;
@@ -35,12 +51,13 @@ static void *vjob_main(void *arg) {
     return NULL;
 }
 
-ds41_vjob *ds41_vjob_start(ds41_engine *e, uint8_t *const *img, const size_t *len, int n) {
+ds41_vjob *ds41_vjob_start(ds41_engine *e, ds41_vcache *vc, uint8_t *const *img, const size_t *len, int n) {
     ds41_vjob *j = calloc(1, sizeof *j);
     if (!j) return NULL;
     j->im = calloc(n > 0 ? (size_t)n : 1, sizeof *j->im);
     if (!j->im) { free(j); return NULL; }
     j->e = e;
+    j->vc = vc;
     j->img = img;
     j->len = len;
     j->n = n;

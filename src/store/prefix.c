@@ -590,10 +590,15 @@ long long ds41_prefix_restore(ds41_prefix_cache *pc, ds41_session *s, const int3
     return ds41_prefix_restore_img(pc, s, ids, n, NULL);
 }
 
-long long ds41_prefix_pages(ds41_prefix_cache *pc, const int32_t *ids, size_t n, uint8_t ***pages) {
+long long ds41_prefix_pages_img(ds41_prefix_cache *pc, const int32_t *ids, size_t n, const ds41_prefix_img *im,
+                                uint8_t ***pages) {
     long long nb = 0;
-    *pages = collect(pc, ids, n, NULL, pc->e->max_pos, &nb);
+    *pages = collect(pc, ids, n, im, pc->e->max_pos, &nb);
     return nb;
+}
+
+long long ds41_prefix_pages(ds41_prefix_cache *pc, const int32_t *ids, size_t n, uint8_t ***pages) {
+    return ds41_prefix_pages_img(pc, ids, n, NULL, pages);
 }
 
 void ds41_prefix_pages_free(ds41_prefix_cache *pc, uint8_t **pages, long long nb) {
