@@ -116,6 +116,7 @@ static ds41_pipe *open_pipe;    /* for the report at the end */
 
 int ds41_pipe_first(const ds41_pipe *p) { return p->rank == 0; }
 int ds41_pipe_last(const ds41_pipe *p) { return p->rank == p->size - 1; }
+int ds41_pipe_holds(const ds41_pipe *p, int l) { return l >= p->lo && l < p->hi; }
 
 int ds41_pipe_open(const ds41_config *c, ds41_pipe **out, char *err, size_t cap) {
     *out = NULL;

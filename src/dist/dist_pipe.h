@@ -43,6 +43,9 @@ typedef struct ds41_pipe ds41_pipe;
 int ds41_pipe_open(const ds41_config *c, ds41_pipe **out, char *err, size_t cap);
 void ds41_pipe_close(ds41_pipe *p);
 int ds41_pipe_first(const ds41_pipe *p);    /* this rank runs the embedding */
+/* 1 when this rank's stage runs layer l (its KV pages, rings and compressor state are written
+ * here; a prefix-cache block keeps this stage's part only, the other stores' pages NULL). */
+int ds41_pipe_holds(const ds41_pipe *p, int l);
 int ds41_pipe_last(const ds41_pipe *p);     /* this rank runs the head */
 /* The forward loop, in front of layer l, over the N stacked rows of the stream X (hc x dim
  * per row) and pre (hc per row); k0: the first row layer l reads. At this stage's first layer
