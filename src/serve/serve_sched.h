@@ -121,6 +121,7 @@ typedef struct ds41_sseq {
     uint8_t *img_at, *img_key;   /* the expanded prompt's image flags and content keys (prefix cache) */
     size_t fed;
     int32_t next;
+    int in_flight;            /* in the step whose logits are still coming (overlapped steps) */
     long long reserve;
     ds41_detok_stream ds;
     double t_admit, t_first, t_last;
