@@ -8,7 +8,8 @@
 # Every server: fast kernels, -t 1 per rank, --spec off, no prefix cache (bench-serve's prompts
 # differ, so it would only add the probes). Rank 0 under --dp-attention also counts the bytes the
 # other ranks answer it with (per row that got a token or logits). DS41_BASE=BINARY adds a
-# column: --dp-attention with that binary (an earlier build, for a before/after in one run).
+# column per dp or split mode: base-dp, base-split (that mode with that binary: an earlier
+# build, for a before/after in one run).
 #   bench/mpi_serve_dp.sh CKPT [ROUNDS] [CONCURRENCY] [NUM_PROMPTS] [OUTPUT_LEN]
 set -u
 ck=${1:?checkpoint}; rounds=${2:-2}; conc=${3:-1,4,8}; np=${4:-16}; ol=${5:-32}; modes=${MODES:-one replicated dp}
@@ -32,7 +33,7 @@ rank0_pid() {
         [ "$(cat "/proc/$p/comm" 2>/dev/null)" = ds41 ] && grep -qzx "PMI_RANK=0" "/proc/$p/environ" 2>/dev/null && echo "$p"
     done | head -n 1
 }
-modes="one replicated dp${DS41_BASE:+ base-dp}"
+[ -n "${DS41_BASE:-}" ] && for m in $modes; do case $m in dp|split) modes="$modes base-$m" ;; esac; done
 for r in $(seq 1 "$rounds"); do
     for mode in $modes; do
         flags="-m $ck --port 0 -t 1 --spec off --no-prefix-cache"
@@ -42,6 +43,7 @@ for r in $(seq 1 "$rounds"); do
             dp) DS41_MPI_VERBOSE=1 mpiexec -n 2 "$DS41" serve $flags --dp-attention >/dev/null 2>"$TMP/e.$mode.$r" & ;;
             base-dp) DS41_MPI_VERBOSE=1 mpiexec -n 2 "$DS41_BASE" serve $flags --dp-attention >/dev/null 2>"$TMP/e.$mode.$r" & ;;
             split) DS41_MPI_VERBOSE=1 mpiexec -n 2 "$DS41" serve $flags --split layers >/dev/null 2>"$TMP/e.$mode.$r" & ;;
+            base-split) DS41_MPI_VERBOSE=1 mpiexec -n 2 "$DS41_BASE" serve $flags --split layers >/dev/null 2>"$TMP/e.$mode.$r" & ;;
             split1) DS41_MPI_VERBOSE=1 mpiexec -n 2 "$DS41" serve $flags --split layers --pipe-batches 1 >/dev/null 2>"$TMP/e.$mode.$r" & ;;
         esac
         job=$!

@@ -388,6 +388,8 @@ if p1=$(serve_port "$TMP/s1.log") && p2=$(serve_port "$TMP/s2.log"); then
     c2=$?
     wait "$c1"
     c1=$?
+    # (serve --split layers below compares with these: hits on whole prompts)
+    "$PY" tests/serve/mpi_client.py whole "$p1" >"$TMP/s1w.out" 2>&1 || rm -f "$TMP/s1w.out"
     kill -TERM "$s1" "$(rank_pid 0)" 2>/dev/null
     wait "$s1"
     wait "$s2"
@@ -680,19 +682,37 @@ fi
 
 # ---------------------------------------------------------------- serve --dp-attention
 # job_answers LOG OUT FLAGS...: `mpiexec -n 2 ds41 serve` on demo (exact) with FLAGS and
-# DS41_MPI_VERBOSE=1, the client's answers (no prefix cache) into OUT, SIGTERM to rank 0;
-# ja_c: the client's status, ja_rc: the job's ("start" when it did not start)
+# DS41_MPI_VERBOSE=1: the client's answers (the repeats restored from the prefix cache) into
+# OUT, /metrics after them into OUT.metrics, then the whole-block prompts' answers into
+# OUT.whole; SIGTERM to rank 0; ja_c: the clients' status, ja_rc: the job's ("start" when it
+# did not start)
+metrics() {   # metrics PORT -> the server's /metrics text
+    "$PY" -c 'import sys, urllib.request; print(urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1]).read().decode())' \
+        "$1" 2>&1
+}
 job_answers() {
     local log=$1 out=$2 job p; shift 2
     DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --exact --mpi-timeout 10 "$@" \
         >/dev/null 2>"$log" &
     job=$!
     if ! p=$(serve_port "$log"); then ja_rc=start; kill "$job" 2>/dev/null; wait "$job"; return; fi
-    "$PY" tests/serve/mpi_client.py answers "$p" nocache >"$out" 2>&1
+    "$PY" tests/serve/mpi_client.py answers "$p" >"$out" 2>&1
     ja_c=$?
+    metrics "$p" >"$out.metrics"   # (the answers' hits only)
+    "$PY" tests/serve/mpi_client.py whole "$p" >"$out.whole" 2>&1 || ja_c=1
     kill -TERM "$(rank_pid 0)" 2>/dev/null
     wait "$job"
     ja_rc=$?
+}
+# hits_agree OUT: /metrics' prefix-cache hits (OUT.metrics) equal the answers' cached_tokens
+# and cover the two repeats' whole blocks (>= 256); prints why not, nothing when they do
+hits_agree() {
+    local mh ch
+    mh=$(sed -n 's/^vllm:prefix_cache_hits{[^}]*} \([0-9]*\).*/\1/p' "$1.metrics")
+    ch=$(grep -o '"cached_tokens": [0-9]*' "$1" | awk '{ s += $2 } END { print s + 0 }')
+    if [ -z "$mh" ] || [ "$mh" != "$ch" ] || [ "$ch" -lt 256 ]; then
+        echo "/metrics counts '$mh' prefix-cache hits, the answers $ch cached tokens (expected equal, >= 256)"
+    fi
 }
 # Each rank holds and attends its own sequences (rank 0 gives each new one to the rank whose
 # prefix cache holds the longest prefix of its prompt, then the least-loaded); rows travel to
@@ -714,8 +734,7 @@ if [ -s "$TMP/s1.out" ]; then
     if p3=$(serve_port "$TMP/s3.log"); then
         "$PY" tests/serve/mpi_client.py answers "$p3" >"$TMP/s3.out" 2>&1
         c3=$?
-        "$PY" -c 'import sys, urllib.request; print(urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1]).read().decode())' \
-            "$p3" >"$TMP/s3.metrics" 2>&1
+        metrics "$p3" >"$TMP/s3.out.metrics"
         "$PY" tests/serve/mpi_client.py twice "$p3" >"$TMP/s3t.out" 2>&1
         c3t=$?
         kill -TERM "$(rank_pid 0)" 2>/dev/null
@@ -724,12 +743,10 @@ if [ -s "$TMP/s1.out" ]; then
         h0=$(sed -n 's/.*\[rank 0\]: --dp-attention: \([0-9]*\) sequences held here.*/\1/p' "$TMP/s3.log")
         h1=$(sed -n 's/.*\[rank 1\]: --dp-attention: \([0-9]*\) sequences held here.*/\1/p' "$TMP/s3.log")
         tok=$(sed -n 's/.* \([0-9]*\) rows with a token, \([0-9]*\) with logits.*/\1 \2/p' "$TMP/s3.log")
-        mh=$(sed -n 's/^vllm:prefix_cache_hits{[^}]*} \([0-9]*\).*/\1/p' "$TMP/s3.metrics")
-        ch=$(grep -o '"cached_tokens": [0-9]*' "$TMP/s3.out" | awk '{ s += $2 } END { print s + 0 }')
+        hits=$(hits_agree "$TMP/s3.out")
         if [ $c3 -ne 0 ]; then fail serve_dp_answers "a request failed: $(grep -v '^{"' "$TMP/s3.out" | head -c 300)"
         elif ! cmp -s "$TMP/s1.out" "$TMP/s3.out"; then fail serve_dp_answers "answers differ from one process: $(cmp "$TMP/s1.out" "$TMP/s3.out")"
-        elif [ -z "$mh" ] || [ "$mh" != "$ch" ] || [ "$ch" -lt 256 ]; then
-            fail serve_dp_answers "/metrics counts '$mh' prefix-cache hits, the answers $ch cached tokens (expected equal, >= 256)"
+        elif [ -n "$hits" ]; then fail serve_dp_answers "$hits"
         elif [ $c3t -ne 0 ]; then fail serve_dp_answers "a seeded request sampled on rank 0 and on its owner: $(head -c 600 "$TMP/s3t.out")"
         elif [ -z "$tok" ] || [ "${tok% *}" -lt 1 ] || [ "${tok#* }" -lt 1 ]; then
             fail serve_dp_answers "rows answered with a token / with logits: '$tok' (expected both)"
@@ -796,24 +813,31 @@ fi
 # Rank 0 runs the first stage (layers 0-3) and the scheduler, rank 1 the last (4-7) and the
 # head; each step's items go through the stages in micro-batches, rank 0 running the next
 # micro-batch's stage while rank 1 runs the one before, and the logits come back to rank 0
-# only. The 8 concurrent requests and the 2 repeats give the bytes of one process (exact mode;
-# no prefix cache under --split layers, so cached_tokens is 0 as with --dp-attention). Rank 0
-# had the first stage of at least 2 forwards done before their logits came back (its "pipe:"
-# line: pipelined steps, the most forwards in flight), i.e. the stages overlapped. SIGTERM
-# ends the job with status 0; a hung stage gets every request its 503 naming rank 1, a killed
-# one ends the job at once.
-# (cached_tokens read 0 there: one process's answers with them zeroed)
-[ -s "$TMP/s1.out" ] && sed 's/"cached_tokens": [0-9]*/"cached_tokens": 0/g' "$TMP/s1.out" >"$TMP/s1n.out"
-if [ -s "$TMP/s1n.out" ]; then
+# only. The prefix cache is on: each stage's cache keeps its layers' part of every block (the
+# same blocks on every rank: the same records in the same order, each block counted at its
+# whole size), so the 2 repeats are restored on both stages. The 8 concurrent requests and the
+# 2 repeats give the bytes of one process (exact mode), cached_tokens included, and so do the
+# prompts of whole blocks (mpi_client.py whole: 256 ids twice, then their first 200: hits of
+# 256 tokens, whose replay gives the last row's logits, and of 128); /metrics counts the hits.
+# Rank 0 had the first stage of at least 2 forwards done before their logits came back, and
+# its scheduler began a step before it collected the one before (its "pipe:" line: pipelined
+# steps, the most forwards in flight, the steps overlapped), i.e. the stages overlapped within
+# a step and across steps. SIGTERM ends the job with status 0; a hung stage gets every
+# request its 503 naming rank 1, a killed one ends the job at once.
+if [ -s "$TMP/s1.out" ]; then
     job_answers "$TMP/s4.log" "$TMP/s4.out" --split layers
     if [ "$ja_rc" != start ]; then
         c4=$ja_c s4rc=$ja_rc
-        fl=$(sed -n 's/.*pipe: layers 0\.\.3 of 8 + embedding;.*pipelined serve steps \([0-9]*\), at most \([0-9]*\) forwards in flight.*/\1 \2/p' "$TMP/s4.log")
+        fl=$(sed -n 's/.*pipe: layers 0\.\.3 of 8 + embedding;.*pipelined serve steps \([0-9]*\), at most \([0-9]*\) forwards in flight, \([0-9]*\) steps overlapped.*/\1 \2 \3/p' "$TMP/s4.log")
+        hits=$(hits_agree "$TMP/s4.out")
         if [ $c4 -ne 0 ]; then fail serve_split_answers "a request failed: $(grep -v '^{"' "$TMP/s4.out" | head -c 300)"
-        elif ! cmp -s "$TMP/s1n.out" "$TMP/s4.out"; then fail serve_split_answers "answers differ from one process: $(cmp "$TMP/s1n.out" "$TMP/s4.out")"
+        elif ! cmp -s "$TMP/s1.out" "$TMP/s4.out"; then fail serve_split_answers "answers differ from one process: $(cmp "$TMP/s1.out" "$TMP/s4.out")"
+        elif [ ! -s "$TMP/s1w.out" ] || ! cmp -s "$TMP/s1w.out" "$TMP/s4.out.whole"; then
+            fail serve_split_answers "whole-block prompts differ from one process: $(head -c 300 "$TMP/s4.out.whole")"
+        elif [ -n "$hits" ]; then fail serve_split_answers "$hits"
         elif [ $s4rc -ne 0 ]; then fail serve_split_answers "the job ended with status $s4rc after SIGTERM: $(tail -n 2 "$TMP/s4.log")"
-        elif [ -z "$fl" ] || [ "${fl% *}" -lt 1 ] || [ "${fl#* }" -lt 2 ]; then
-            fail serve_split_answers "rank 0's steps / forwards in flight: '$fl' (expected at least 1 / 2): $(grep pipe: "$TMP/s4.log")"
+        elif ! set -- $fl || [ $# -ne 3 ] || [ "$1" -lt 1 ] || [ "$2" -lt 2 ] || [ "$3" -lt 1 ]; then
+            fail serve_split_answers "rank 0's steps / forwards in flight / steps overlapped: '$fl' (expected at least 1 / 2 / 1): $(grep pipe: "$TMP/s4.log")"
         else pass serve_split_answers; fi
     else
         fail serve_split_answers "the server did not start: $(tail -n 2 "$TMP/s4.log")"

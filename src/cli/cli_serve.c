@@ -245,9 +245,9 @@ int ds41_cli_serve(int argc, char **argv) {
         }
         if (o.spec_default) o.spec_mode = DS41_SPEC_OFF;
         ds41_dist_set_dp(dp_attention);   /* each rank holds its own sequences and their prefix-cache blocks */
-        /* --split layers: no prefix cache (a stage holds its layers' KV pages only, a cache block
-         * needs every layer's); rank 0 samples, so the logits come to it (dist_pipe.h) */
-        if (ds41_pipe_on()) o.no_prefix_cache = 1, ds41_pipe_set_eager(1);
+        /* --split layers: rank 0 samples, so the logits come to it (dist_pipe.h); each stage's
+         * prefix cache keeps its layers' part of every block (restore.h ds41_store_here) */
+        if (ds41_pipe_on()) ds41_pipe_set_eager(1);
     } else if (dp_attention) {
         fprintf(stderr, "ds41 serve: --dp-attention is for a job of several ranks (mpiexec -n N ds41 serve ...); one "
                         "process holds every sequence\n");

@@ -98,6 +98,7 @@ struct ds41_pipe {
     int defer;                  /* ds41_pipe_defer */
     int max_pend;               /* the most forwards whose logits rank 0 awaited at once */
     long long deferred_steps;
+    long long overlapped;       /* collects that left a later step's forwards pending */
     uint64_t plan;              /* the running forward's plan hash */
     pending *pend;
     int n_pend, cap_pend;
@@ -116,6 +117,7 @@ static ds41_pipe *open_pipe;    /* for the report at the end */
 
 int ds41_pipe_first(const ds41_pipe *p) { return p->rank == 0; }
 int ds41_pipe_last(const ds41_pipe *p) { return p->rank == p->size - 1; }
+int ds41_pipe_holds(const ds41_pipe *p, int l) { return l >= p->lo && l < p->hi; }
 
 int ds41_pipe_open(const ds41_config *c, ds41_pipe **out, char *err, size_t cap) {
     *out = NULL;
@@ -351,12 +353,16 @@ void ds41_pipe_defer(ds41_pipe *p, int on) {
     p->defer = on;
 }
 
-int ds41_pipe_collect(ds41_pipe *p, char *err, size_t cap) {
+int ds41_pipe_pending(const ds41_pipe *p) { return p->n_pend; }
+
+int ds41_pipe_collect(ds41_pipe *p, int n, char *err, size_t cap) {
     int rc = 0;
+    if (n < 0 || n > p->n_pend) n = p->n_pend;
+    p->overlapped += n < p->n_pend;
 #ifdef DS41_HAVE_MPI
     int last = p->size - 1;
     if (p->n_pend > p->max_pend) p->max_pend = p->n_pend;
-    for (int i = 0; i < p->n_pend; i++) {
+    for (int i = 0; i < n; i++) {
         pending *q = &p->pend[i];
         double t0 = now_s();
         ds41_dist_wait(&q->r, 1, &last, "the logits, from the last stage");
@@ -366,10 +372,11 @@ int ds41_pipe_collect(ds41_pipe *p, char *err, size_t cap) {
             memcpy(q->dst[j], q->buf + sizeof(hop_hdr) + q->at[j] * q->V * sizeof(float), q->V * sizeof(float));
         free(q->buf); free(q->dst); free(q->at);
     }
+    if (n) memmove(p->pend, p->pend + n, (size_t)(p->n_pend - n) * sizeof *p->pend);
 #else
     (void)err, (void)cap;
 #endif
-    p->n_pend = 0;
+    p->n_pend -= n;
     return rc;
 }
 
@@ -423,9 +430,9 @@ int ds41_pipe_report(char *line, size_t cap) {
     const char *role = p->size == 1 ? " + embedding, head" : p->rank == 0 ? " + embedding" : p->rank == p->size - 1 ? " + head" : "";
     snprintf(line, cap, "pipe: layers %d..%d of %d%s; %llu forwards; stream received %lld hops %lld rows %lld "
              "bytes, sent %lld hops %lld rows %lld bytes (%lld B per row); logits sent %lld bytes, tokens %lld bytes; %.3f s waiting; "
-             "pipelined serve steps %lld, at most %d forwards in flight",
+             "pipelined serve steps %lld, at most %d forwards in flight, %lld steps overlapped",
              p->lo, p->hi - 1, p->L, role, (unsigned long long)p->step, p->hops_recv, p->rows_recv, p->bytes_recv, p->hops_sent, p->rows_sent,
              p->bytes_sent, (long long)(p->hc * (p->dim + 1) * sizeof(float)), p->shared_bytes, p->token_bytes, p->wait_s, p->deferred_steps,
-             p->max_pend);
+             p->max_pend, p->overlapped);
     return 1;
 }

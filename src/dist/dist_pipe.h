@@ -43,6 +43,9 @@ typedef struct ds41_pipe ds41_pipe;
 int ds41_pipe_open(const ds41_config *c, ds41_pipe **out, char *err, size_t cap);
 void ds41_pipe_close(ds41_pipe *p);
 int ds41_pipe_first(const ds41_pipe *p);    /* this rank runs the embedding */
+/* 1 when this rank's stage runs layer l (its KV pages, rings and compressor state are written
+ * here; a prefix-cache block keeps this stage's part only, the other stores' pages NULL). */
+int ds41_pipe_holds(const ds41_pipe *p, int l);
 int ds41_pipe_last(const ds41_pipe *p);     /* this rank runs the head */
 /* The forward loop, in front of layer l, over the N stacked rows of the stream X (hc x dim
  * per row) and pre (hc per row); k0: the first row layer l reads. At this stage's first layer
@@ -70,10 +73,14 @@ int ds41_pipe_share(ds41_pipe *p, float *rows, size_t n, size_t V, float *const 
  * sends the logits to rank 0 only (serve samples there), a middle stage gets none, and the
  * forwards skip the plan's broadcast (the plan's hash travels with the stream instead). */
 void ds41_pipe_defer(ds41_pipe *p, int on);
-/* Rank 0, after a deferred step's forwards: waits for their logits (--mpi-timeout) and copies
- * each forward's rows to its dst. 0, or -1 with err (a last stage whose step differs). Other
+/* Rank 0, after a deferred step's forwards: waits for the logits of the n oldest forwards
+ * still pending (n < 0: all; they come from the last stage in the order the forwards went
+ * out, so a later step's may stay pending: serve's overlapped steps) and copies each
+ * forward's rows to its dst. 0, or -1 with err (a last stage whose step differs). Other
  * ranks: 0 at once. */
-int ds41_pipe_collect(ds41_pipe *p, char *err, size_t cap);
+int ds41_pipe_collect(ds41_pipe *p, int n, char *err, size_t cap);
+/* Rank 0: deferred forwards whose logits have not been collected (other ranks: 0). */
+int ds41_pipe_pending(const ds41_pipe *p);
 /* serve (every rank, before the load): every forward's logits go to rank 0, which samples (no
  * DS41_PIPE_UNSHARED). */
 void ds41_pipe_set_eager(int on);

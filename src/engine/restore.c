@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist_pipe.h"
 #include "formats.h"
 
 long long ds41_seq_replay_rows(const ds41_config *cfg, int mode, long long M) {
@@ -29,6 +30,10 @@ int ds41_restore_supported(const ds41_config *cfg) {
     return 1;
 }
 
+int ds41_store_here(const ds41_engine *e, int i) {
+    return !e->pipe || ds41_pipe_holds(e->pipe, e->cfg->kv_sources[i]);
+}
+
 /* The checks both entries make, then the pages of the M tokens attached to every store. */
 static int attach_pages(ds41_seq *s, const int32_t *ids, long long M, uint8_t *const *pages, ds41_err *err) {
     const ds41_config *cfg = s->e->cfg;
@@ -44,6 +49,7 @@ static int attach_pages(ds41_seq *s, const int32_t *ids, long long M, uint8_t *c
     int nb = (int)(M / DS41_PAGE_TOKENS);
     for (int i = 0; i < c->n_stores; i++) {
         ds41_kv_store *st = &c->stores[i];
+        if (!ds41_store_here(s->e, i)) continue;   /* --split layers: another stage's layers */
         for (int b = 0; b < nb; b++)
             if (ds41_store_attach_page(st, b, pages[(size_t)b * c->n_stores + i], err)) return -1;
         st->n_entries = M / st->ratio;

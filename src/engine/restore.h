@@ -27,6 +27,11 @@ enum { DS41_RESTORE_EXACT = 1, DS41_RESTORE_APPROX = 2 };
 long long ds41_seq_replay_rows(const ds41_config *cfg, int mode, long long M);
 /* 1 when every KV source's ratio divides the page (a block end is a group end). */
 int ds41_restore_supported(const ds41_config *cfg);
+/* 1 when this process holds KV store i (cfg->kv_sources[i]): always in one process and under
+ * the expert split; under --split layers only a store of this rank's stage. A block's page of a
+ * store held elsewhere is NULL here: publish leaves it out, a restore attaches none (the layers
+ * that read it run on the stage that holds it, which restores its own part of the same block). */
+int ds41_store_here(const ds41_engine *e, int i);
 /* The image positions of a restored prompt (ds41_prefix_img): img [n] flags from position 0,
  * emb [n * dim] their embeddings; the replay feeds the image rows it recomputes from them and
  * rebuilds the Engram history with those positions dead, as the prefill did. */

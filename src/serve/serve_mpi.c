@@ -628,14 +628,27 @@ static int32_t answer_status(const unsigned char *p) {
     return st;
 }
 
+int ds41_smirror_overlap(const ds41_smirror *m, const ds41_engine *e) { return m && !m->dp && e->pipe; }
+
+int ds41_smirror_batch_begin(ds41_smirror *m, ds41_engine *e, ds41_batch_item *it, int count) {
+    int forwards = 0;
+    ds41_smirror_step(m, it, count);
+    ds41_smirror_pipe_begin(e, it, count, &forwards);   /* per-item failures: the sessions say */
+    return forwards;
+}
+
+void ds41_smirror_batch_end(ds41_smirror *m, ds41_engine *e, int handle) {
+    ds41_smirror_pipe_end(e, handle);
+    dp_measure(&m->dpc, (ds41_session *const *)m->sess, NULL, m->n_sess, 0);
+}
+
 void ds41_smirror_batch_step(ds41_smirror *m, ds41_engine *e, ds41_batch_item *it, int count) {
     if (!m) { ds41_batch_step(it, count); return; }
-    ds41_smirror_step(m, it, count);
-    if (!m->dp) {
-        ds41_smirror_pipe_step(e, it, count);   /* --split layers: micro-batches through the stages */
-        dp_measure(&m->dpc, (ds41_session *const *)m->sess, NULL, m->n_sess, 0);
+    if (!m->dp) {   /* --split layers: micro-batches through the stages */
+        ds41_smirror_batch_end(m, e, ds41_smirror_batch_begin(m, e, it, count));
         return;
     }
+    ds41_smirror_step(m, it, count);
     /* rank 0's own items in one batch, in step order */
     int N = ds41_dist_size(), V = ds41_vocab_size(e), n0 = 0;
     ds41_batch_item *mine = malloc((size_t)count * sizeof *mine);

@@ -154,6 +154,15 @@ void ds41_smirror_images(ds41_smirror *m, const ds41_session *s, const ds41_pref
 /* The scheduler's step: ds41_smirror_step and ds41_batch_step (m == NULL: the step alone);
  * under --dp-attention rank 0 runs only its own items and takes the others' answers. */
 void ds41_smirror_batch_step(ds41_smirror *m, ds41_engine *e, ds41_batch_item *it, int count);
+/* --split layers (m != NULL, no --dp-attention, stages): 1 when rank 0's scheduler may keep a
+ * step in flight while it begins the next (ds41_smirror_batch_begin / _end), else 0. */
+int ds41_smirror_overlap(const ds41_smirror *m, const ds41_engine *e);
+/* ds41_smirror_batch_step in two parts: begin records the step and sends its forwards into
+ * the stages, returning a handle; end (with that handle, steps ended in the order begun)
+ * waits for their logits. Between the two, other records, restores and another step's begin
+ * may run (disjoint sessions); the step's sessions are left alone until its end. */
+int ds41_smirror_batch_begin(ds41_smirror *m, ds41_engine *e, ds41_batch_item *it, int count);
+void ds41_smirror_batch_end(ds41_smirror *m, ds41_engine *e, int handle);
 /* An empty record when nothing was sent for a while (the scheduler's idle wait). */
 void ds41_smirror_beat(ds41_smirror *m);
 /* The followers leave their loop (rank 0's serve ends). */
@@ -178,5 +187,11 @@ void ds41_smirror_on_fault(struct ds41_sched *S);
  * logits at the end. Without stages: ds41_batch_step. Returns the items that failed. */
 int ds41_smirror_pipe_groups(const ds41_batch_item *it, int count, int most, int *cut);
 int ds41_smirror_pipe_step(ds41_engine *e, ds41_batch_item *it, int count);
+/* ds41_smirror_pipe_step in two parts (rank 0's overlapped steps): begin runs the
+ * micro-batches (the first stage, on rank 0) and sets *forwards to the forwards whose logits
+ * are pending; end collects them (the oldest pending first: other forwards, a later step's,
+ * may follow them and stay pending). Returns the items that failed. */
+int ds41_smirror_pipe_begin(ds41_engine *e, ds41_batch_item *it, int count, int *forwards);
+void ds41_smirror_pipe_end(ds41_engine *e, int forwards);
 
 #endif

@@ -3,7 +3,9 @@
  * runs the first stage of micro-batch g + 1 while the next stage runs g, so that with G
  * micro-batches and S stages every stage works G of the G + S - 1 turns of a step instead of
  * one in S. The logits go from the last stage to rank 0 only, which collects them after the
- * step's last micro-batch left it and samples as in every serve step. */
+ * step's last micro-batch left it and samples as in every serve step. Rank 0's scheduler may
+ * begin the next step (other sequences) before it collects one (overlapped steps): begin and
+ * end apart. */
 #include "serve_mpi.h"
 
 #include <stdio.h>
@@ -29,15 +31,23 @@ int ds41_smirror_pipe_groups(const ds41_batch_item *it, int count, int most, int
     return G;
 }
 
-int ds41_smirror_pipe_step(ds41_engine *e, ds41_batch_item *it, int count) {
+int ds41_smirror_pipe_begin(ds41_engine *e, ds41_batch_item *it, int count, int *forwards) {
+    *forwards = 0;
     if (!e->pipe || count < 1) return ds41_batch_step(it, count);
     int cut[DS41_PIPE_MAX_BATCHES + 1];
     int G = ds41_smirror_pipe_groups(it, count, ds41_pipe_batches(ds41_dist_size()), cut), failed = 0;
+    int before = ds41_pipe_pending(e->pipe);
     ds41_pipe_defer(e->pipe, 1);
     for (int g = 0; g < G; g++) failed += ds41_batch_step(it + cut[g], cut[g + 1] - cut[g]);
-    char err[512];
-    int rc = ds41_pipe_collect(e->pipe, err, sizeof err);
     ds41_pipe_defer(e->pipe, 0);
+    *forwards = ds41_pipe_pending(e->pipe) - before;
+    return failed;
+}
+
+void ds41_smirror_pipe_end(ds41_engine *e, int forwards) {
+    if (!e->pipe) return;
+    char err[512];
+    int rc = ds41_pipe_collect(e->pipe, forwards, err, sizeof err);
     /* rank 0's sessions would sample from logits that never came: the job ends (serve's
      * fault hook answers the requests first) */
 #ifdef DS41_HAVE_MPI
@@ -45,5 +55,10 @@ int ds41_smirror_pipe_step(ds41_engine *e, ds41_batch_item *it, int count) {
 #else
     (void)rc;   /* no stages without MPI */
 #endif
+}
+
+int ds41_smirror_pipe_step(ds41_engine *e, ds41_batch_item *it, int count) {
+    int forwards, failed = ds41_smirror_pipe_begin(e, it, count, &forwards);
+    ds41_smirror_pipe_end(e, forwards);
     return failed;
 }

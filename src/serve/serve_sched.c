@@ -627,6 +627,64 @@ static int seq_admitted(ds41_sched *S, ds41_sseq *q, long long hit) {
     return 0;
 }
 
+/* After a step's forwards (its logits here): the metrics, then per item its error, the
+ * prompt fed, the verify's outcome or the next token. */
+static void step_done(ds41_sched *S, ds41_sseq *const *bq, const ds41_batch_item *items, const long long *pos0, int nb) {
+    double t1 = now_s();
+    long long ntok = 0;
+    for (int i = 0; i < nb; i++) ntok += (long long)items[i].n;
+    ds41_metrics_observe(S->m, &S->m->iter_tokens, (double)ntok);
+    pthread_mutex_lock(&S->m->mu);
+    S->m->steps++;
+    pthread_mutex_unlock(&S->m->mu);
+    for (int i = 0; i < nb; i++) {
+        ds41_sseq *q = bq[i];
+        const char *err = ds41_session_error(q->s);
+        if (err && err[0]) { seq_finish(S, q, DS41_FIN_ERROR, err); continue; }
+        if (q->state == DS41_SEQ_PREFILL) {
+            q->fed += items[i].n;
+            pthread_mutex_lock(&S->m->mu);
+            S->m->prompt_tokens += items[i].n;
+            pthread_mutex_unlock(&S->m->mu);
+            if (q->fed < q->n_prompt) continue;
+            free(q->img_emb);   /* the prompt is in: its embeddings are not read again */
+            q->img_emb = NULL;
+            seq_publish(S, q, 0);
+            if (q->max_tokens == 0) { seq_finish(S, q, DS41_FIN_LENGTH, NULL); continue; }
+        } else if (items[i].verify) {
+            const ds41_batch_item *b = &items[i];
+            int K = (int)b->n - 1, A = b->n_accepted;
+            pthread_mutex_lock(&S->m->mu);
+            S->m->spec_verify_steps++;
+            if (K > 0) S->m->spec_drafts++;
+            S->m->spec_draft_tokens += (unsigned long long)K;
+            S->m->spec_accepted_tokens += (unsigned long long)A;
+            for (int j = 0; j < K && j < 64; j++) S->m->spec_drafted_at[j]++;
+            for (int j = 0; j < A && j < 64; j++) S->m->spec_accepted_at[j]++;
+            pthread_mutex_unlock(&S->m->mu);
+            /* out[j] is the token after position pos0 + j: plain decoding would hold
+             * pos0 + 1 + j tokens when it is next */
+            for (int j = 0; j < b->n_out; j++)
+                if (seq_emit(S, q, b->out[j], b->out_logits ? b->out_logits + (size_t)j * S->V : NULL,
+                             pos0[i] + 1 + j, t1))
+                    break;
+            continue;
+        }
+        seq_token(S, q, t1);
+    }
+}
+
+/* Overlapped steps (--split layers, ds41_smirror_overlap): the step begun earlier (handle h)
+ * collects its logits and samples; its sequences may run again. */
+static void step_end(ds41_sched *S, ds41_sseq *const *bq, const ds41_batch_item *items, const long long *pos0, int nb,
+                     int h) {
+    ds41_smirror_batch_end(S->p.mirror, S->e, h);
+    for (int i = 0; i < nb; i++) bq[i]->in_flight = 0;
+    step_done(S, bq, items, pos0, nb);
+}
+
+#define SWAP(T, a, b) do { T t_ = (a); (a) = (b); (b) = t_; } while (0)
+
 static void *sched_main(void *arg) {
     ds41_sched *S = arg;
     int P = S->p.parallel;
@@ -641,6 +699,13 @@ static void *sched_main(void *arg) {
     long long *pos0 = calloc((size_t)P, sizeof *pos0);
     if (!bs || !bi || !bn || !bq || !admitted || !local || !dropped || !items || !kmax || !len || !vrow || !pos0) abort();
     int spec = S->p.spec_mode != DS41_SPEC_OFF && S->B > 0, W = S->B + 2;
+    /* --split layers: one step in flight while the next one (the other sequences) begins, so
+     * that the stages do not drain between steps; fly_*: the step in flight */
+    int ov = !spec && ds41_smirror_overlap(S->p.mirror, S->e), fly_nb = 0, fly_h = 0;
+    ds41_sseq **fly_bq = calloc((size_t)P, sizeof *fly_bq);
+    ds41_batch_item *fly_items = calloc((size_t)P, sizeof *fly_items);
+    long long *fly_pos0 = calloc((size_t)P, sizeof *fly_pos0);
+    if (!fly_bq || !fly_items || !fly_pos0) abort();
     if (spec && S->p.spec_mode == DS41_SPEC_AUTO) spec_curve_init(S);
     for (;;) {
         /* ---- admission (S->mu) */
@@ -759,19 +824,25 @@ static void *sched_main(void *arg) {
                 pthread_mutex_unlock(&q->g->mu);
             }
         }
-        /* ---- cancelled or stopping running sequences */
+        /* ---- cancelled or stopping running sequences (one in flight once its step ended) */
         for (int i = 0; i < n_local; i++) {
             ds41_sseq *q = local[i];
-            if (q->state != DS41_SEQ_DONE && (stop || atomic_load(&q->g->cancel)))
+            if (q->state != DS41_SEQ_DONE && !q->in_flight && (stop || atomic_load(&q->g->cancel)))
                 seq_finish(S, q, DS41_FIN_ABORT, stop ? "server shutting down" : "cancelled");
         }
         /* ---- one batch under the token budget: decode rows (with --spec: verify blocks)
          * first, then prefill chunks */
-        int nb = 0;
+        int nb = 0, most = P;
         long long budget = S->p.batch_tokens;
-        for (int i = 0; i < n_local; i++) {
+        if (ov && fly_nb == 0) {
+            /* none in flight: half of the sequences that can run now, the rest in the next step */
+            int ready = 0;
+            for (int i = 0; i < n_local; i++) ready += local[i]->state == DS41_SEQ_DECODE || local[i]->state == DS41_SEQ_PREFILL;
+            most = ready > 1 ? (ready + 1) / 2 : ready;
+        }
+        for (int i = 0; i < n_local && nb < most; i++) {
             ds41_sseq *q = local[i];
-            if (q->state != DS41_SEQ_DECODE) continue;
+            if (q->state != DS41_SEQ_DECODE || q->in_flight) continue;
             bq[nb] = q; bs[nb] = q->s; bi[nb] = &q->next; bn[nb] = 1;
             kmax[nb] = 0;
             if (spec) {
@@ -807,9 +878,9 @@ static void *sched_main(void *arg) {
                 budget -= len[r];
             }
         }
-        for (int i = 0; i < n_local; i++) {
+        for (int i = 0; i < n_local && nb < most; i++) {
             ds41_sseq *q = local[i];
-            if (q->state != DS41_SEQ_PREFILL) continue;
+            if (q->state != DS41_SEQ_PREFILL || q->in_flight) continue;
             long long left = (long long)(q->n_prompt - q->fed), c = left < budget ? left : budget;
             if (c < left && c < S->p.min_chunk) {
                 if (nb > 0) continue;
@@ -820,8 +891,6 @@ static void *sched_main(void *arg) {
             budget -= c;
         }
         if (nb > 0) {
-            long long ntok = 0;
-            for (int i = 0; i < nb; i++) ntok += (long long)bn[i];
             for (int i = 0; i < nb; i++) {
                 ds41_batch_item *b = &items[i];
                 memset(b, 0, sizeof *b);
@@ -846,48 +915,24 @@ static void *sched_main(void *arg) {
                 }
             }
             int npf = prefetch_masks(S, bq, items, nb);
-            ds41_smirror_batch_step(S->p.mirror, S->e, items, nb);
-            if (npf) ds41_gprefetch_wait(S->pf);   /* before anything can free a matcher */
-            double t1 = now_s();
-            ds41_metrics_observe(S->m, &S->m->iter_tokens, (double)ntok);
-            pthread_mutex_lock(&S->m->mu);
-            S->m->steps++;
-            pthread_mutex_unlock(&S->m->mu);
-            for (int i = 0; i < nb; i++) {
-                ds41_sseq *q = bq[i];
-                const char *err = ds41_session_error(q->s);
-                if (err && err[0]) { seq_finish(S, q, DS41_FIN_ERROR, err); continue; }
-                if (q->state == DS41_SEQ_PREFILL) {
-                    q->fed += bn[i];
-                    pthread_mutex_lock(&S->m->mu);
-                    S->m->prompt_tokens += bn[i];
-                    pthread_mutex_unlock(&S->m->mu);
-                    if (q->fed < q->n_prompt) continue;
-                    free(q->img_emb);   /* the prompt is in: its embeddings are not read again */
-                    q->img_emb = NULL;
-                    seq_publish(S, q, 0);
-                    if (q->max_tokens == 0) { seq_finish(S, q, DS41_FIN_LENGTH, NULL); continue; }
-                } else if (items[i].verify) {
-                    const ds41_batch_item *b = &items[i];
-                    int K = (int)b->n - 1, A = b->n_accepted;
-                    pthread_mutex_lock(&S->m->mu);
-                    S->m->spec_verify_steps++;
-                    if (K > 0) S->m->spec_drafts++;
-                    S->m->spec_draft_tokens += (unsigned long long)K;
-                    S->m->spec_accepted_tokens += (unsigned long long)A;
-                    for (int j = 0; j < K && j < 64; j++) S->m->spec_drafted_at[j]++;
-                    for (int j = 0; j < A && j < 64; j++) S->m->spec_accepted_at[j]++;
-                    pthread_mutex_unlock(&S->m->mu);
-                    /* out[j] is the token after position pos0 + j: plain decoding would hold
-                     * pos0 + 1 + j tokens when it is next */
-                    for (int j = 0; j < b->n_out; j++)
-                        if (seq_emit(S, q, b->out[j], b->out_logits ? b->out_logits + (size_t)j * S->V : NULL,
-                                     pos0[i] + 1 + j, t1))
-                            break;
-                    continue;
-                }
-                seq_token(S, q, t1);
+            if (ov) {
+                int h = ds41_smirror_batch_begin(S->p.mirror, S->e, items, nb);
+                if (npf) ds41_gprefetch_wait(S->pf);
+                for (int i = 0; i < nb; i++) bq[i]->in_flight = 1;
+                /* the step before (the other sequences) samples now, while this one runs */
+                if (fly_nb > 0) step_end(S, fly_bq, fly_items, fly_pos0, fly_nb, fly_h);
+                SWAP(ds41_sseq **, bq, fly_bq);
+                SWAP(ds41_batch_item *, items, fly_items);
+                SWAP(long long *, pos0, fly_pos0);
+                fly_nb = nb, fly_h = h;
+            } else {
+                ds41_smirror_batch_step(S->p.mirror, S->e, items, nb);
+                if (npf) ds41_gprefetch_wait(S->pf);   /* before anything can free a matcher */
+                step_done(S, bq, items, pos0, nb);
             }
+        } else if (fly_nb > 0) {
+            step_end(S, fly_bq, fly_items, fly_pos0, fly_nb, fly_h);   /* nothing else to run meanwhile */
+            fly_nb = 0;
         }
         if (nb == 0 && n_remote + n_image > 0) {
             /* only remote prefills or image encodes in flight: look again soon (their threads
@@ -919,6 +964,7 @@ static void *sched_main(void *arg) {
     }
     free(bs); free(bi); free(bn); free(bq); free(admitted); free(local); free(dropped);
     free(items); free(kmax); free(len); free(vrow); free(pos0);
+    free(fly_bq); free(fly_items); free(fly_pos0);
     return NULL;
 }
 

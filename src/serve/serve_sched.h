@@ -125,6 +125,7 @@ typedef struct ds41_sseq {
     float *img_emb;           /* its embeddings [n_prompt][dim] (image rows read) until its prefill ends */
     size_t fed;
     int32_t next;
+    int in_flight;            /* in the step whose logits are still coming (overlapped steps) */
     long long reserve;
     ds41_detok_stream ds;
     double t_admit, t_first, t_last;

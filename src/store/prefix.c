@@ -321,6 +321,11 @@ ds41_prefix_cache *ds41_prefix_open(ds41_engine *e, const ds41_prefix_params *p,
         pc->node_bytes += (long long)pc->page_bytes[i];
     }
     if (fingerprint(e, pc->p.index_k, pc->fp, &err)) goto fail;
+    if (p && p->dir && e->pipe) {   /* a stage's blocks lack the other stages' pages */
+        ds41_errf(&err, "prefix cache: a disk store needs every layer's KV, and under --split layers a rank holds its "
+                        "stage's only");
+        goto fail;
+    }
     if (p && p->dir) {
         pc->dir = strdup(p->dir);
         if (!pc->dir) { ds41_errf(&err, "out of memory"); goto fail; }
@@ -658,13 +663,14 @@ long long ds41_prefix_publish_img(ds41_prefix_cache *pc, ds41_session *s, const 
     if (im && im->is_image && !im->key) return 0;
     if ((long long)n > q->cache.pos) n = (size_t)q->cache.pos;
     long long nb = (long long)n / BT, ok = 0;
-    /* the session's pages of each whole block, as far as every store has them */
+    /* the session's pages of each whole block, as far as every store held here has them */
     uint8_t **pages = nb > 0 ? calloc((size_t)nb * pc->n_stores, sizeof *pages) : NULL;
     if (!pages) return 0;
     for (; ok < nb; ok++) {
         int have = 1;
         for (int i = 0; have && i < pc->n_stores; i++) {
             ds41_kv_store *st = &q->cache.stores[i];
+            if (!ds41_store_here(pc->e, i)) continue;   /* --split layers: NULL, its stage keeps it */
             if (ok >= st->n_pages || !st->pages[ok]) have = 0;
             else pages[(size_t)ok * pc->n_stores + i] = st->pages[ok];
         }

@@ -7,6 +7,11 @@
                                     prefix cache, cached_tokens 0): one line per request with what
                                     must not depend on the process layout (text, finish reason,
                                     logprobs at 17 digits, usage; the stream's chunks joined)
+  mpi_client.py whole PORT          a prompt of 256 token ids (two whole blocks), the same again (a
+                                    hit on the whole prompt: the restore's replay gives the logits
+                                    of its last row) and its first 200 ids (a hit on one block),
+                                    one after another, greedy with logprobs; prints the lines as
+                                    answers does and expects cached_tokens 0, 256, 128
   mpi_client.py twice PORT          one seeded sampling request, then the same again once the first
                                     ended (under --dp-attention an idle server gives the two to two
                                     ranks in turn: one samples on rank 0, one on its owner); then
@@ -128,6 +133,19 @@ def answers(port, cache=True):
     return 1 if bad else 0
 
 
+def whole(port):
+    ids = [(i * 37 + 11) % 400 + 5 for i in range(256)]
+    out = [run_all(port, [{"prompt": p, "max_tokens": 8, "temperature": 0, "logprobs": 2}])[0]
+           for p in (ids, ids, ids[:200])]
+    for o in out:
+        print(json.dumps(o, sort_keys=True))
+    hits = [(o.get("usage") or {}).get("prompt_tokens_details", {}).get("cached_tokens") for o in out]
+    if hits != [0, 256, 128] or any(o.get("status") != 200 for o in out):
+        print("whole-block prompts: cached_tokens %s, expected [0, 256, 128]" % hits)
+        return 1
+    return 0
+
+
 def twice(port):
     bad = 0
     plain = {"prompt": "Tell me a fortune.", "max_tokens": 24, "temperature": 0.9, "top_k": 40, "seed": 7}
@@ -198,6 +216,8 @@ if __name__ == "__main__":
         sys.exit(answers(int(sys.argv[2]), sys.argv[3:4] != ["nocache"]))
     if sys.argv[1] == "processed":
         sys.exit(processed(int(sys.argv[2])))
+    if sys.argv[1] == "whole":
+        sys.exit(whole(int(sys.argv[2])))
     if sys.argv[1] == "twice":
         sys.exit(twice(int(sys.argv[2])))
     sys.exit(fault(int(sys.argv[2]), sys.argv[3], sys.argv[4]))
