@@ -907,6 +907,8 @@ static ds41_sched *fault_sched;
 static void on_fault(const char *msg) {
     /* the HTTP threads answer within a couple of seconds; the job ends after */
     if (fault_sched) ds41_sched_fail_all(fault_sched, msg, FAULT_ANSWER_S);
+    /* rank 0 answered them itself: the guard must not add its own answer when the job ends */
+    ds41_sguard_release();
 }
 
 void ds41_smirror_on_fault(ds41_sched *S) {

@@ -134,6 +134,42 @@ int ds41_smirror_follow(ds41_engine *e, ds41_prefix_cache *pc, const ds41_sessio
 struct ds41_sched;
 void ds41_smirror_on_fault(struct ds41_sched *S);
 
+/* ---- the 503 guard (serve_mpi_guard.c): rank 0's own process, in a session of its own, that
+ * answers the requests in flight when hydra kills rank 0 (after another rank died). */
+enum { DS41_SGUARD_OPEN = 1, DS41_SGUARD_DONE, DS41_SGUARD_BYE };
+#define DS41_SGUARD_STREAM 1u
+#define DS41_SGUARD_MAGIC 0x44534731u   /* "DSG1" */
+#define DS41_SGUARD_HDR 32              /* u32 magic, op, id, flags; i64 written; u32 n_full, n_tail */
+typedef struct ds41_sguard_msg {
+    int op;
+    uint32_t id, flags;
+    int64_t written;                  /* OPEN: the socket's bytes written at registration */
+    const uint8_t *full, *tail;       /* OPEN: the 503 reply; the stream's tail (into the buffer) */
+    size_t n_full, n_tail;
+} ds41_sguard_msg;
+/* Decodes one message of n bytes that came with nfd descriptors: 0, or -1 with a one-line err. */
+int ds41_sguard_decode(const uint8_t *b, size_t n, int nfd, ds41_sguard_msg *m, char *err, size_t errcap);
+/* Writes a message's header (DS41_SGUARD_HDR bytes) at b. */
+void ds41_sguard_header(uint8_t *b, uint32_t op, uint32_t id, uint32_t flags, int64_t written, uint32_t n_full, uint32_t n_tail);
+/* The bytes written on a TCP socket since it opened (acked + queued), or -1. */
+int64_t ds41_sguard_written(int fd);
+/* rank 0: starts the guard (0, or -1 with err: serve goes on without it). */
+int ds41_sguard_start(char *err, size_t errcap);
+/* A generation request on client socket fd is in flight: full, the whole HTTP 503 reply for
+ * when nothing was sent; tail, a stream's end (stream != 0) for when it had begun. The id for
+ * ds41_sguard_done, or 0 (no guard, or its queue is full: the request is not covered). */
+uint32_t ds41_sguard_open(int fd, int stream, const char *full, size_t n_full, const char *tail, size_t n_tail);
+void ds41_sguard_done(uint32_t id);
+/* adds s CPU seconds of a request thread's work for the guard (answers built, handed over, ended) to the stats */
+void ds41_sguard_note(double s);
+/* rank 0 answered its requests itself (clean exit, or the fault path's 503s): the guard closes
+ * its sockets and exits; waits for it. */
+void ds41_sguard_release(void);
+/* requests handed over, requests not (the guard's queue full), the CPU seconds noted */
+void ds41_sguard_stats(long long *opened, long long *dropped, double *cost_s);
+/* the guard process (main.c: ds41 --serve-guard FD) */
+int ds41_sguard_main(int argc, char **argv);
+
 /* --split layers (serve_mpi_pipe.c), every rank, in place of ds41_batch_step: the step's
  * items in G = min(count, most) micro-batches of consecutive items (most: --pipe-batches,
  * default 2 x ranks), cut where the rows reach g / G of the step's (cut[0..G]; the same cut on

@@ -1,5 +1,6 @@
-/* ds41 serve under mpiexec: the decoder of rank 0's records (serve_mpi.h). Apart from the
- * MPI side so that the fuzz harness (fuzz/fuzz_serve_mirror.c) links it alone. */
+/* ds41 serve under mpiexec: the decoder of rank 0's records (serve_mpi.h), and the messages
+ * of rank 0 to its 503 guard (serve_mpi_guard.c). Apart from the MPI side and the processes so
+ * that the fuzz harnesses (fuzz/fuzz_serve_mirror.c, fuzz/fuzz_serve_guard.c) link it alone. */
 #include <stdio.h>
 #include <string.h>
 
@@ -144,4 +145,57 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
 #undef NEED
     *at = i;
     return 1;
+}
+
+/* ---------------------------------------------------------------- the guard's messages */
+
+
+int ds41_sguard_decode(const uint8_t *b, size_t n, int nfd, ds41_sguard_msg *m, char *err, size_t errcap) {
+    memset(m, 0, sizeof *m);
+    if (n < DS41_SGUARD_HDR) { snprintf(err, errcap, "serve guard: a message of %zu bytes, shorter than its 32-byte header", n); return -1; }
+    uint32_t magic, op, nf, nt;
+    memcpy(&magic, b, 4);
+    memcpy(&op, b + 4, 4);
+    memcpy(&m->id, b + 8, 4);
+    memcpy(&m->flags, b + 12, 4);
+    memcpy(&m->written, b + 16, 8);
+    memcpy(&nf, b + 24, 4);
+    memcpy(&nt, b + 28, 4);
+    if (magic != DS41_SGUARD_MAGIC) { snprintf(err, errcap, "serve guard: bad magic 0x%08x", magic); return -1; }
+    if (op < DS41_SGUARD_OPEN || op > DS41_SGUARD_BYE) { snprintf(err, errcap, "serve guard: unknown operation %u", op); return -1; }
+    m->op = (int)op;
+    if (op != DS41_SGUARD_OPEN) {
+        if (n != DS41_SGUARD_HDR || nf || nt || nfd) {
+            snprintf(err, errcap, "serve guard: %s carries %zu bytes, %u + %u answer bytes and %d descriptors (expected none)",
+                     op == DS41_SGUARD_DONE ? "DONE" : "BYE", n - DS41_SGUARD_HDR, nf, nt, nfd);
+            return -1;
+        }
+        return 0;
+    }
+    if (nfd != 1) { snprintf(err, errcap, "serve guard: OPEN %u carries %d descriptors (expected 1)", m->id, nfd); return -1; }
+    if (m->id == 0) { snprintf(err, errcap, "serve guard: OPEN with id 0"); return -1; }
+    if (m->flags & ~(uint32_t)DS41_SGUARD_STREAM) { snprintf(err, errcap, "serve guard: OPEN %u: unknown flags 0x%x", m->id, m->flags); return -1; }
+    if (m->written < 0) { snprintf(err, errcap, "serve guard: OPEN %u: %lld bytes written", m->id, (long long)m->written); return -1; }
+    if (nf == 0 || (size_t)nf + nt != n - DS41_SGUARD_HDR) {
+        snprintf(err, errcap, "serve guard: OPEN %u: %u + %u answer bytes in a message of %zu (expected a 503 reply and the "
+                 "rest the stream's tail)", m->id, nf, nt, n);
+        return -1;
+    }
+    if (nt == 0 && (m->flags & DS41_SGUARD_STREAM)) { snprintf(err, errcap, "serve guard: OPEN %u: a stream without a tail", m->id); return -1; }
+    m->full = b + DS41_SGUARD_HDR;
+    m->n_full = nf;
+    m->tail = b + DS41_SGUARD_HDR + nf;
+    m->n_tail = nt;
+    return 0;
+}
+
+void ds41_sguard_header(uint8_t *b, uint32_t op, uint32_t id, uint32_t flags, int64_t written, uint32_t nf, uint32_t nt) {
+    uint32_t magic = DS41_SGUARD_MAGIC;
+    memcpy(b, &magic, 4);
+    memcpy(b + 4, &op, 4);
+    memcpy(b + 8, &id, 4);
+    memcpy(b + 12, &flags, 4);
+    memcpy(b + 16, &written, 8);
+    memcpy(b + 24, &nf, 4);
+    memcpy(b + 28, &nt, 4);
 }
