@@ -450,6 +450,46 @@ serve_fault() {   # serve_fault NAME SIG: SIG sent to rank 1 mid-decode; $SF_LAU
     fi
     pass "$name"
 }
+# ---------------------------------------------------------------- serve --cache-dir under mpiexec
+# Rank 0 alone reads and writes the store; the blocks it reads from disk go to rank 1 in the
+# record (BLOCKS) before the restore. A job answers the 8 requests and the 2 repeats and stops
+# (the store keeps the long prompt's blocks), then a new job with the same --cache-dir answers
+# them again: its first long-prompt request restores from disk. Each phase's answers are the
+# bytes of one process doing the same with its own --cache-dir (texts, logprobs, usage with
+# cached_tokens), the second phase's first request reports cached tokens (a hit from disk, the
+# memory cache being new), and rank 0 sent blocks read from its store (DS41_MPI_VERBOSE).
+cd_phase() {   # cd_phase TAG: one process and a 2-rank job, one after the other, each on its store
+    local tag=$1 p j
+    timeout 120 "$DS41" serve -m "$demo" --port 0 --exact --spec off --cache-dir "$TMP/cd1" >/dev/null 2>"$TMP/$tag.one.log" &
+    j=$!
+    if p=$(serve_port "$TMP/$tag.one.log"); then "$PY" tests/serve/mpi_client.py answers "$p" >"$TMP/$tag.one.out" 2>&1; fi
+    kill -TERM "$j" 2>/dev/null; wait "$j"
+    DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --exact --mpi-timeout 10 --cache-dir "$TMP/cd2" \
+        >/dev/null 2>"$TMP/$tag.mpi.log" &
+    j=$!
+    if p=$(serve_port "$TMP/$tag.mpi.log"); then "$PY" tests/serve/mpi_client.py answers "$p" >"$TMP/$tag.mpi.out" 2>&1; fi
+    kill -TERM "$(rank_pid 0)" 2>/dev/null; wait "$j"
+    cd_rc=$?
+}
+rm -rf "$TMP/cd1" "$TMP/cd2"
+cd_phase cdA
+cd_phase cdB
+first_hit=$(head -n 1 "$TMP/cdB.one.out" 2>/dev/null | sed -n 's/.*"cached_tokens": \([0-9]*\).*/\1/p')
+shipped=$(sed -n 's/.*--cache-dir: \([0-9]*\) blocks read from the store sent to the other ranks.*/\1/p' "$TMP/cdB.mpi.log")
+if [ "$(wc -l <"$TMP/cdA.mpi.out" 2>/dev/null)" != 10 ] || [ "$(wc -l <"$TMP/cdB.mpi.out" 2>/dev/null)" != 10 ]; then
+    fail serve_n2_cache_dir "answers: $(tail -n 3 "$TMP/cdA.mpi.log" "$TMP/cdB.mpi.log" "$TMP/cdB.mpi.out" 2>&1 | head -c 600)"
+elif ! cmp -s "$TMP/cdA.one.out" "$TMP/cdA.mpi.out" || ! cmp -s "$TMP/cdB.one.out" "$TMP/cdB.mpi.out"; then
+    fail serve_n2_cache_dir "answers differ from one process: $(cmp "$TMP/cdA.one.out" "$TMP/cdA.mpi.out"; cmp "$TMP/cdB.one.out" "$TMP/cdB.mpi.out")"
+elif [ -z "$first_hit" ] || [ "$first_hit" -lt 128 ]; then
+    fail serve_n2_cache_dir "the restarted servers' first long prompt restored '$first_hit' tokens (expected >= 128, from disk)"
+elif [ -z "$shipped" ] || [ "$shipped" -lt 1 ] || [ "$cd_rc" -ne 0 ]; then
+    fail serve_n2_cache_dir "rank 0 sent '$shipped' blocks from its store, status $cd_rc: $(tail -n 2 "$TMP/cdB.mpi.log")"
+else
+    pass serve_n2_cache_dir
+fi
+expect_job serve_cache_dir_dp_refused "ds41 serve: --cache-dir is not supported with --dp-attention yet" 60 \
+    mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --dp-attention --cache-dir "$TMP/cd3"
+
 SF_ENV="" SF_LAUNCH="" SF_IN="" SF_FLAGS=""
 serve_fault serve_hung_rank_503 STOP
 serve_fault serve_killed_rank KILL

@@ -1285,7 +1285,9 @@ int ds41_serve(const ds41_serve_opts *o) {
         ds41_prefix_params pp;
         memset(&pp, 0, sizeof pp);
         pp.mem_bytes = o->cache_mem;
-        pp.dir = o->cache_dir;
+        /* under mpiexec rank 0 alone reads and writes the store; the other ranks' caches stay
+         * in memory and get the blocks it reads from disk in the record (serve_mpi.h, BLOCKS) */
+        pp.dir = ds41_dist_rank() == 0 ? o->cache_dir : NULL;
         pp.disk_bytes = o->cache_bytes;
         pp.replay = o->replay;
         pp.index_k = o->sp.index_k;
@@ -1304,6 +1306,7 @@ int ds41_serve(const ds41_serve_opts *o) {
         }
         sv->mirror = sp.mirror = ds41_smirror_new();
         if (!sv->mirror) { fprintf(stderr, "ds41 serve: out of memory\n"); goto out; }
+        if (sv->pc && o->cache_dir) ds41_smirror_store(sv->mirror);
     }
     if (o->role == DS41_SERVE_ROLE_PREFILL) { rc = ds41_serve_pd_prefill(sv->e, sv->pc, o, sv->model_name, &ss); goto out; }
     if (o->role == DS41_SERVE_ROLE_DECODE) {

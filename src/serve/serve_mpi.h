@@ -17,7 +17,13 @@
  * PUBLISH id n ids[n] | TRIM lo hi (bytes) | STEP count {id n ahead ids[n]}[count] | END |
  * OPEN_ON id rank | SAMPLE id temperature top_k top_p min_p seed_lo seed_hi n_top (floats as
  * their bits) | PROBE n ids[n] | DRAFT id t_next | CALIBRATE width prompt_len reps |
- * EMBEDS id n dim ids[n] flags[n] rows[k][dim] (k = the flags set; float bits).
+ * EMBEDS id n dim ids[n] flags[n] rows[k][dim] (k = the flags set; float bits) |
+ * BLOCKS n ids[n] first nb nbytes bytes[nbytes, padded to words] (code 20).
+ *
+ * --cache-dir (replicated attention): rank 0 alone reads and writes the store. Before a
+ * RESTORE whose chain rank 0 had to read from disk (ds41_prefix_load), BLOCKS carries those
+ * blocks' pages (blocks first..first+nb-1 of the prompt ids) and the followers add them to
+ * their memory caches (ds41_prefix_insert_bytes), which so keep holding exactly rank 0's.
  *
  * Images: rank 0 encodes them (the tower runs no collective) and a prompt with images
  * prefills alone through ds41_feed_embeds; EMBEDS carries that feed (its ids, which
@@ -54,7 +60,10 @@
 #include "ds41.h"
 
 enum { DS41_SOP_OPEN = 1, DS41_SOP_CLOSE, DS41_SOP_RESTORE, DS41_SOP_PUBLISH, DS41_SOP_TRIM, DS41_SOP_STEP, DS41_SOP_END,
-       DS41_SOP_OPEN_ON, DS41_SOP_SAMPLE, DS41_SOP_PROBE, DS41_SOP_DRAFT, DS41_SOP_CALIBRATE, DS41_SOP_EMBEDS };
+       DS41_SOP_OPEN_ON, DS41_SOP_SAMPLE, DS41_SOP_PROBE, DS41_SOP_DRAFT, DS41_SOP_CALIBRATE, DS41_SOP_EMBEDS,
+       DS41_SOP_BLOCKS = 20 };
+/* the prefix cache's block (tokens), as BLOCKS counts them */
+#define DS41_PREFIX_BLOCK 128
 /* a STEP item's ahead word for a verify block */
 #define DS41_SOP_VERIFY (-1)
 
@@ -77,6 +86,9 @@ typedef struct ds41_sop {
     int dim;
     size_t k;
     const int32_t *rows;
+    int first, nb;            /* BLOCKS: blocks [first, first + nb) of ids, their pages in blk (blk_len bytes) */
+    size_t blk_len;
+    const uint8_t *blk;
 } ds41_sop;
 
 /* Decodes the operation at w[*at] (n words in all), advancing *at. 1: one decoded; 0: the end
@@ -105,6 +117,9 @@ long long ds41_smirror_restore(ds41_smirror *m, ds41_engine *e, ds41_prefix_cach
                                size_t n);
 /* before ds41_prefix_publish: 1 when rank 0 publishes too (it holds the session's state) */
 int ds41_smirror_publish(ds41_smirror *m, const ds41_session *s, const int32_t *ids, size_t n);
+/* --cache-dir under mpiexec (replicated attention): rank 0's cache reads and writes a store,
+ * so ds41_smirror_restore ships the blocks it reads from disk (BLOCKS) */
+void ds41_smirror_store(ds41_smirror *m);
 /* before ds41_prefix_trim / ds41_batch_step */
 void ds41_smirror_trim(ds41_smirror *m, long long bytes);
 void ds41_smirror_step(ds41_smirror *m, const ds41_batch_item *it, int count);

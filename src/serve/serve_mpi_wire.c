@@ -14,9 +14,10 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
     if (i >= n) return 0;
     memset(op, 0, sizeof *op);
     op->op = w[i];
-    if (op->op < DS41_SOP_OPEN || op->op > DS41_SOP_EMBEDS)
-        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, got %d", i, DS41_SOP_EMBEDS, (int)w[i]), -1;
-    const char *name = op_name[op->op];
+    if ((op->op < DS41_SOP_OPEN || op->op > DS41_SOP_EMBEDS) && op->op != DS41_SOP_BLOCKS)
+        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d or %d, got %d", i, DS41_SOP_EMBEDS,
+                        DS41_SOP_BLOCKS, (int)w[i]), -1;
+    const char *name = op->op == DS41_SOP_BLOCKS ? "BLOCKS" : op_name[op->op];
     i++;
 #define NEED(k, what) \
     do { if (n - i < (size_t)(k)) return snprintf(err, errcap, "serve mirror: word %zu: %s: expected %s, the record ends", i, name, what), -1; } while (0)
@@ -138,6 +139,26 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
         NEED(op->k * (size_t)op->dim, "the image rows");
         op->rows = w + i;
         i += op->k * (size_t)op->dim;
+        break;
+    case DS41_SOP_BLOCKS:
+        NEED(1, "a token count");
+        if (w[i] < 1) return snprintf(err, errcap, "serve mirror: word %zu: BLOCKS: %d tokens (expected >= 1)", i, (int)w[i]), -1;
+        op->n = (size_t)w[i++];
+        NEED(op->n, "the tokens");
+        op->ids = w + i;
+        i += op->n;
+        NEED(3, "the first block, a block count and a byte count");
+        if (w[i] < 0 || w[i + 1] < 1 || w[i + 2] < 1 || ((int64_t)w[i] + w[i + 1]) * DS41_PREFIX_BLOCK > (int64_t)op->n)
+            return snprintf(err, errcap, "serve mirror: word %zu: BLOCKS: blocks %d + %d of %zu tokens, %d bytes (expected whole "
+                            "blocks of %d tokens inside the prompt and bytes >= 1)", i, (int)w[i], (int)w[i + 1], op->n, (int)w[i + 2],
+                            DS41_PREFIX_BLOCK), -1;
+        op->first = w[i];
+        op->nb = w[i + 1];
+        op->blk_len = (size_t)w[i + 2];
+        i += 3;
+        NEED((op->blk_len + 3) / 4, "the blocks' bytes");
+        op->blk = (const uint8_t *)(const void *)(w + i);
+        i += (op->blk_len + 3) / 4;
         break;
     default:   /* END */
         break;
