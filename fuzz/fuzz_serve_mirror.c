@@ -53,6 +53,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (op.bias_val != op.bias_id + op.n_bias || op.ban != op.bias_val + op.n_bias || op.ban + op.n_ban != op.ids) abort();
             if (!(op.rep > 0 && op.rep <= 2) || op.min_tokens < 0 || op.eos < -1) abort();
         }
+        if (op.op == DS41_SOP_BLOCKS && (op.n < 1 || op.first < 0 || op.nb < 1 || op.blk_len < 1 ||
+                                         (size_t)(op.first + op.nb) * DS41_PREFIX_BLOCK > op.n ||
+                                         op.blk + op.blk_len > (const uint8_t *)(w + at) || op.blk < (const uint8_t *)w))
+            abort();
         if (op.op == DS41_SOP_CALIBRATE && (op.width < 1 || op.prompt_len < 1 || op.reps < 1 || op.reps > 64)) abort();
     }
     if (r < 0 && (!memchr(err, 0, sizeof err) || strchr(err, '\n') || strncmp(err, "serve mirror: word ", 19))) abort();

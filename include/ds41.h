@@ -459,6 +459,19 @@ long long ds41_prefix_restore_img(ds41_prefix_cache *pc, ds41_session *s, const 
                                   const ds41_prefix_img *im);
 long long ds41_prefix_publish_img(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n,
                                   const ds41_prefix_img *im);
+/* Several ranks with one store (serve under mpiexec, docs/prefix-cache.md): rank 0 alone reads
+ * and writes the disk, the other ranks' caches stay in memory and mirror rank 0's.
+ * ds41_prefix_load: brings the longest cached chain of ids' whole blocks (im: their image
+ * positions keyed as ds41_prefix_restore_img does; NULL: text) into memory (memory,
+ * then disk; not counted as a query) and returns how many blocks came from disk (0: none; -1:
+ * out of memory), *first the first of them, and their pages in *bytes (malloc'd, *len bytes:
+ * per block the page of every KV source in order). ds41_prefix_insert_bytes: adds blocks
+ * [first, first + nb) of ids from such bytes (blocks before first must be cached); returns the
+ * blocks added, or -1 when len does not match this model's blocks. */
+long long ds41_prefix_load(ds41_prefix_cache *pc, const int32_t *ids, size_t n, const ds41_prefix_img *im, long long *first,
+                           uint8_t **bytes, size_t *len);
+long long ds41_prefix_insert_bytes(ds41_prefix_cache *pc, const int32_t *ids, size_t n, const ds41_prefix_img *im, long long first,
+                                   long long nb, const uint8_t *bytes, size_t len);
 /* Waits until every queued block is on disk (or failed: disk_errors). Close flushes too. */
 void ds41_prefix_flush(ds41_prefix_cache *pc);
 /* Evicts least recently used leaf blocks until the cache holds at most max_bytes in memory

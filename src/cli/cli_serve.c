@@ -75,7 +75,8 @@ static const char *SERVE_USAGE =
     "                           travels instead, and this node reads no decoder weight (docs/pd.md)\n"
     "under mpiexec (docs/distributed.md): rank 0 serves HTTP, the other ranks mirror its batches (routed\n"
     "experts split over the ranks, the same answers); speculation off unless --spec is given (with\n"
-    "--dp-attention each rank proposes and verifies for its own sequences), no --role, no --cache-dir;\n"
+    "--dp-attention each rank proposes and verifies for its own sequences), no --role, --cache-dir on\n"
+    "rank 0 only (not with --dp-attention or --split layers);\n"
     "--mpi-timeout S: a lost rank answers the requests in flight with 503 and ends the job\n\n"
     "Examples:\n"
     "  ds41 serve -m models/demo --port 8000 &\n"
@@ -230,9 +231,17 @@ int ds41_cli_serve(int argc, char **argv) {
                     o.role == DS41_SERVE_ROLE_PREFILL ? "prefill" : "decode");
             return 2;
         }
-        if (o.cache_dir) {
-            fprintf(stderr, "ds41 serve: --cache-dir is not supported under mpiexec (every rank would write the store); "
-                            "drop it (the prefix cache stays in memory)\n");
+        /* --cache-dir: rank 0 alone reads and writes the store and ships the blocks it reads to
+         * the other ranks (serve_mpi.h); under --dp-attention each rank caches its own sequences,
+         * which would need a store per rank */
+        if (o.cache_dir && dp_attention) {
+            fprintf(stderr, "ds41 serve: --cache-dir is not supported with --dp-attention yet (each rank caches its own "
+                            "sequences); drop it (the prefix caches stay in memory) or serve without --dp-attention\n");
+            return 2;
+        }
+        if (o.cache_dir && ds41_pipe_on()) {
+            fprintf(stderr, "ds41 serve: --cache-dir needs the prefix cache, which --split layers does not have (a stage "
+                            "holds only its layers' KV pages)\n");
             return 2;
         }
         /* --spec: the followers propose and verify with rank 0, which decides each verify's

@@ -5,6 +5,7 @@
 
 #include "cli.h"
 #include "dist.h"
+#include "serve_mpi.h"
 
 typedef struct command {
     const char *name;
@@ -72,6 +73,8 @@ static int run_command(int argc, char **argv);
 /* Under mpiexec every rank runs the command (docs/distributed.md); the job's flags
  * (--mpi-timeout, --expert-map) are taken out of argv first, so every command accepts them. */
 int main(int argc, char **argv) {
+    /* serve's 503 guard under mpiexec (serve_mpi_guard.c): a process of rank 0's, not a rank */
+    if (argc >= 2 && !strcmp(argv[1], "--serve-guard")) return ds41_sguard_main(argc - 1, argv + 1);
     int rc = ds41_dist_start(&argc, argv);
     if (rc) return rc;
     return ds41_dist_finish(run_command(argc, argv));

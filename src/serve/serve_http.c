@@ -62,6 +62,7 @@ typedef struct server {
     ds41_prefix_cache *pc;   /* NULL with --no-prefix-cache */
     void *pdc;               /* --role decode: the prefill nodes' client (serve_pd.c) */
     ds41_smirror *mirror;    /* rank 0 under mpiexec: the followers' record (serve_mpi.h) */
+    int guard;               /* rank 0 under mpiexec: the 503 guard runs (serve_mpi_guard.c) */
     ds41_metrics m;
     int V;
     long long ctx;
@@ -625,6 +626,68 @@ static int prompt_ids(server *sv, const ds41_req *r, const ds41_req_prompt *pr, 
     return 0;
 }
 
+/* ---------------------------------------------------------------- the 503 guard (under mpiexec)
+ * Per connection (microhttpd's socket context): the guard's id of the request in flight and
+ * whether the request was HTTP/1.1 (a reply of unknown length is then chunked). */
+typedef struct conn_sock { uint32_t guard; int http11; } conn_sock;
+
+static double thread_cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static conn_sock *sock_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* Hands the guard this request's socket with its two answers, in the route's shape: the whole
+ * 503 reply and, for a stream, its error event (framed as the last chunk of a chunked reply). */
+static void guard_register(server *sv, struct MHD_Connection *c, const job *j) {
+    conn_sock *cs = sock_of(c);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!sv->guard || !cs || !ci) return;
+    double t0 = thread_cpu_s();
+    ds41_req_error e;
+    ds41_req_fail(&e, 503, "service_unavailable", NULL, NULL, "generation failed: the MPI job ended before this request "
+                  "finished (rank 0 was killed with the job, as MPICH's launcher does when a rank dies)");
+    json_t *body = j->anth ? ds41_anth_error_json(&e) : error_json(&e), *ev = NULL;
+    if (j->r.stream)
+        ev = j->anth ? json_incref(body)
+           : j->resp ? json_pack("{s:s,s:s,s:s,s:n}", "type", "error", "code", "server_shutting_down", "message", e.message, "param")
+           : json_incref(body);
+    char *bs = body ? json_dumps(body, JSON_COMPACT) : NULL, *es = ev ? json_dumps(ev, JSON_COMPACT) : NULL;
+    json_decref(body);
+    json_decref(ev);
+    char *full = NULL, *tail = NULL, *sse = NULL;
+    int nf = -1, nt = 0, ns = 0;
+    if (bs) nf = asprintf(&full, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                                 "Connection: close\r\n\r\n%s", strlen(bs), bs);
+    if (es) {
+        ns = asprintf(&sse, "%s%s\n\n", j->anth || j->resp ? "event: error\ndata: " : "data: ", es);
+        if (ns > 0) nt = cs->http11 ? asprintf(&tail, "%x\r\n%s\r\n0\r\n\r\n", (unsigned)ns, sse) : (tail = sse, sse = NULL, ns);
+    }
+    if (nf > 0 && (!j->r.stream || nt > 0))
+        cs->guard = ds41_sguard_open(ci->connect_fd, j->r.stream, full, (size_t)nf, tail, nt > 0 ? (size_t)nt : 0);
+    if (nf > 0) free(full);
+    if (nt > 0) free(tail);
+    if (ns > 0) free(sse);
+    free(bs);
+    free(es);
+    ds41_sguard_note(thread_cpu_s() - t0);
+}
+
+static void guard_done(struct MHD_Connection *c) {
+    conn_sock *cs = sock_of(c);
+    if (cs && cs->guard) {
+        double t0 = thread_cpu_s();
+        ds41_sguard_done(cs->guard);
+        cs->guard = 0;
+        ds41_sguard_note(thread_cpu_s() - t0);
+    }
+}
+
 static enum MHD_Result send_error_for(server *sv, struct MHD_Connection *c, const ds41_req_error *e, const ds41_anth_info *anth) {
     return anth ? send_json(sv, c, e->status, ds41_anth_error_json(e)) : send_error(sv, c, e);
 }
@@ -771,6 +834,7 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, ds41_req_k
         if (status == 429) JFAIL(429, "rate_limit_error", NULL, "queue_full", "the server's request queue is full; retry later");
         JFAIL(503, "service_unavailable", NULL, NULL, "the server is shutting down");
     }
+    guard_register(sv, c, j);
     /* --timeout is for idle clients; from here the engine is the slow side (a queued or long
      * prompt can take longer than the timeout before its first byte, and microhttpd would
      * close the connection for the time spent in this handler or the stream reader). A client
@@ -985,13 +1049,14 @@ static int authorized(server *sv, struct MHD_Connection *c) {
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                const char *version, const char *upload, size_t *upload_size, void **con_cls) {
-    (void)version;
     server *sv = cls;
     conn_ctx *x = *con_cls;
     if (!x) {
         x = calloc(1, sizeof *x);
         if (!x) return MHD_NO;
         *con_cls = x;
+        conn_sock *cs = sock_of(c);
+        if (cs) cs->http11 = !strcmp(version, MHD_HTTP_VERSION_1_1);
         x->t0 = now_s();
         int post = 0;
         x->route = route_of(url, &post);
@@ -1072,7 +1137,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls; (void)c; (void)toe;
+    (void)cls; (void)toe;
+    guard_done(c);   /* the reply went out (or the client went away) */
     conn_ctx *x = *con_cls;
     if (!x) return;
     free(x->body);
@@ -1081,10 +1147,17 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
 }
 
 static void notify_conn(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode t) {
-    (void)c; (void)socket_context;
     server *sv = cls;
-    if (t == MHD_CONNECTION_NOTIFY_STARTED) atomic_fetch_add(&sv->connections, 1);
-    else atomic_fetch_sub(&sv->connections, 1);
+    if (t == MHD_CONNECTION_NOTIFY_STARTED) {
+        atomic_fetch_add(&sv->connections, 1);
+        *socket_context = sv->guard ? calloc(1, sizeof(conn_sock)) : NULL;   /* NULL: no guard for it */
+    } else {
+        atomic_fetch_sub(&sv->connections, 1);
+        conn_sock *cs = *socket_context;
+        if (cs && cs->guard) ds41_sguard_done(cs->guard);
+        free(cs);
+        *socket_context = NULL;
+    }
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
     ds41_conn_limit_count(sv->climit, ci ? ci->client_addr : NULL, t == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
 }
@@ -1210,7 +1283,9 @@ int ds41_serve(const ds41_serve_opts *o) {
         ds41_prefix_params pp;
         memset(&pp, 0, sizeof pp);
         pp.mem_bytes = o->cache_mem;
-        pp.dir = o->cache_dir;
+        /* under mpiexec rank 0 alone reads and writes the store; the other ranks' caches stay
+         * in memory and get the blocks it reads from disk in the record (serve_mpi.h, BLOCKS) */
+        pp.dir = ds41_dist_rank() == 0 ? o->cache_dir : NULL;
         pp.disk_bytes = o->cache_bytes;
         pp.replay = o->replay;
         pp.index_k = o->sp.index_k;
@@ -1234,6 +1309,7 @@ int ds41_serve(const ds41_serve_opts *o) {
         }
         sv->mirror = sp.mirror = ds41_smirror_new();
         if (!sv->mirror) { fprintf(stderr, "ds41 serve: out of memory\n"); goto out; }
+        if (sv->pc && o->cache_dir) ds41_smirror_store(sv->mirror);
     }
     if (o->role == DS41_SERVE_ROLE_PREFILL) { rc = ds41_serve_pd_prefill(sv->e, sv->pc, o, sv->model_name, &ss); goto out; }
     if (o->role == DS41_SERVE_ROLE_DECODE) {
@@ -1242,7 +1318,13 @@ int ds41_serve(const ds41_serve_opts *o) {
     }
     sv->S = ds41_sched_start(sv->e, sv->tok, &sp, &sv->m, eb, sizeof eb);
     if (!sv->S) { fprintf(stderr, "ds41 serve: %s\n", eb); goto out; }
-    if (sv->mirror) ds41_smirror_on_fault(sv->S);
+    if (sv->mirror) {
+        ds41_smirror_on_fault(sv->S);
+        char ge[300];
+        if (ds41_sguard_start(ge, sizeof ge) == 0) sv->guard = 1;
+        else fprintf(stderr, "ds41 serve: the 503 guard did not start (%s): if the job is killed, requests in flight see "
+                             "their connections close\n", ge);
+    }
 
     struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV | AI_PASSIVE }, *ai = NULL;
     char port[16];
@@ -1290,6 +1372,16 @@ out:
         ds41_smirror_free(sv->mirror);
     }
     if (d) MHD_stop_daemon(d);
+    if (sv->guard) {   /* every reply is out: the guard leaves */
+        if (getenv("DS41_MPI_VERBOSE")) {
+            long long go, gd;
+            double gs;
+            ds41_sguard_stats(&go, &gd, &gs);
+            fprintf(stderr, "ds41 serve: 503 guard: %lld requests handed over, %lld not (its queue full), %.1f us of CPU each on the "
+                            "request's thread (answers built, handed over, ended)\n", go, gd, go + gd ? gs * 1e6 / (double)(go + gd) : 0.0);
+        }
+        ds41_sguard_release();
+    }
     ds41_sched_free(sv->S);
     ds41_serve_pd_close(sv->pdc);
     ds41_prefix_close(sv->pc);

@@ -89,6 +89,8 @@ struct ds41_smirror {
                                    * (ds41_smirror_logprobs): two words (entries, the next one), then the entries */
     int n_sess, cap_sess;
     int dp;                       /* --dp-attention */
+    int store;                    /* rank 0's cache has a --cache-dir store: disk reads are shipped (BLOCKS) */
+    long long shipped_blocks, shipped_bytes;
     int turn;                     /* the rank a tie goes to first */
     int route;                    /* the rank for the next open (ds41_smirror_route); -1: least-loaded */
     int *load;                    /* [ranks]: sessions each rank holds (scratch) */
@@ -397,9 +399,41 @@ void ds41_smirror_route(ds41_smirror *m, ds41_prefix_cache *pc, const int32_t *i
     m->route = least_loaded(m, m->hit);
 }
 
+void ds41_smirror_store(ds41_smirror *m) {
+    if (m) m->store = 1;
+}
+
+/* --cache-dir: the blocks of ids that rank 0's cache reads from its store go to the followers
+ * first (BLOCKS), so that every rank's restore finds the same chain in memory */
+static void ship_disk_blocks(ds41_smirror *m, ds41_prefix_cache *pc, const ds41_session *s, const int32_t *ids, size_t n,
+                             const ds41_prefix_img *im) {
+    long long first = 0;
+    uint8_t *bytes = NULL;
+    size_t len = 0;
+    long long nb = ds41_prefix_load(pc, ids, n, im, &first, &bytes, &len);
+    if (nb < 0) oom();
+    if (nb > 0) {
+        if (len > (size_t)INT32_MAX - 3) oom();
+        /* the session: its image positions (IMAGES) key the blocks on the other ranks as here */
+        put_ids(m, DS41_SOP_BLOCKS, s, ids, n);
+        int32_t t[3] = { (int32_t)first, (int32_t)nb, (int32_t)len };
+        put(m, t, 3);
+        size_t words = (len + 3) / 4;
+        int32_t *pad = calloc(words, sizeof *pad);
+        if (!pad) oom();
+        memcpy(pad, bytes, len);
+        put(m, pad, words);
+        free(pad);
+        m->shipped_blocks += nb;
+        m->shipped_bytes += (long long)len;
+    }
+    free(bytes);
+}
+
 long long ds41_smirror_restore(ds41_smirror *m, ds41_engine *e, ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids,
                                size_t n, const ds41_prefix_img *im) {
     if (!m) return ds41_prefix_restore_img(pc, s, ids, n, im);
+    if (m->store && !m->dp) ship_disk_blocks(m, pc, s, ids, n, im);
     put_ids(m, DS41_SOP_RESTORE, s, ids, n);
     flush(m);   /* the restore replays through the forward */
     if (!m->dp) return ds41_prefix_restore_img(pc, s, ids, n, im);
@@ -730,6 +764,9 @@ void ds41_smirror_beat(ds41_smirror *m) {
 void ds41_smirror_end(ds41_smirror *m) {
     if (!m) return;
     dp_report(&m->dpc);
+    if (m->store && verbose())
+        fprintf(stderr, "ds41 serve [rank 0]: --cache-dir: %lld blocks read from the store sent to the other ranks (%lld bytes)\n",
+                m->shipped_blocks, m->shipped_bytes);
     put1(m, DS41_SOP_END);
     flush(m);
 }
@@ -952,8 +989,13 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
                         (int)op->id), -1;
     if (op->op == DS41_SOP_DRAFT && !(s = slot_find(f, op->id)) && !(dp && slot_at(f, op->id) >= 0))
         return snprintf(err, errcap, "serve mirror: rank 0 drafts for session %d, which this rank does not hold", (int)op->id), -1;
+    if (op->op == DS41_SOP_BLOCKS && dp)
+        return snprintf(err, errcap, "serve mirror: rank 0 sent BLOCKS, and --cache-dir is not supported with --dp-attention"), -1;
+    if (op->op == DS41_SOP_BLOCKS && !(s = slot_find(f, op->id)))
+        return snprintf(err, errcap, "serve mirror: rank 0 sent the stored blocks of session %d, which this rank does not hold",
+                        (int)op->id), -1;
     if ((op->op == DS41_SOP_RESTORE || op->op == DS41_SOP_PUBLISH || op->op == DS41_SOP_TRIM || op->op == DS41_SOP_PROBE ||
-         op->op == DS41_SOP_PROBE_IMG) && !pc)
+         op->op == DS41_SOP_PROBE_IMG || op->op == DS41_SOP_BLOCKS) && !pc)
         return snprintf(err, errcap, "serve mirror: rank 0 uses a prefix cache and this rank has none"), -1;
     switch (op->op) {
     case DS41_SOP_OPEN:
@@ -1101,6 +1143,16 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
         ds41_spec_calibrate(e, op->width, op->prompt_len, op->reps, &c, eb, sizeof eb);   /* rank 0 uses its own curve */
         return 0;
     }
+    case DS41_SOP_BLOCKS: {
+        int i = slot_at(f, op->id);
+        ds41_prefix_img pim = f->img[i] ? fimage_pim(f->img[i]) : (ds41_prefix_img){ 0 };
+        long long got = ds41_prefix_insert_bytes(pc, op->ids, op->n, f->img[i] ? &pim : NULL, op->first, op->nb, op->blk,
+                                                 op->blk_len);
+        if (got != op->nb)
+            return snprintf(err, errcap, "serve mirror: rank 0's %d blocks from its store (%zu bytes) %s", op->nb, op->blk_len,
+                            got < 0 ? "do not fit this rank's model" : "do not continue this rank's cached chain"), -1;
+        return 0;
+    }
     case DS41_SOP_STEP: {
         if (op->count > *items_cap) {
             ds41_batch_item *ni = realloc(*items, (size_t)op->count * sizeof *ni);
@@ -1229,6 +1281,8 @@ static ds41_sched *fault_sched;
 static void on_fault(const char *msg) {
     /* the HTTP threads answer within a couple of seconds; the job ends after */
     if (fault_sched) ds41_sched_fail_all(fault_sched, msg, FAULT_ANSWER_S);
+    /* rank 0 answered them itself: the guard must not add its own answer when the job ends */
+    ds41_sguard_release();
 }
 
 void ds41_smirror_on_fault(ds41_sched *S) {

@@ -21,7 +21,14 @@
  * bias_values[n_bias] ban_ids[n_ban] ids[n] (floats as their bits; ids: the prompt's distinct
  * ids, for the repetition penalty) | IMAGES id n dim flags[n] keys[k][8] rows[k][dim] |
  * PROBE_IMG n ids[n] flags[n] keys[k][8] (k = the flags set, at least 1; keys: each image
- * position's content key, 32 bytes; rows: float bits).
+ * position's content key, 32 bytes; rows: float bits) |
+ * BLOCKS id n ids[n] first nb nbytes bytes[nbytes, padded to words] (code 20).
+ *
+ * --cache-dir (replicated attention): rank 0 alone reads and writes the store. Before a
+ * RESTORE whose chain rank 0 had to read from disk (ds41_prefix_load), BLOCKS carries those
+ * blocks' pages (blocks first..first+nb-1 of the prompt ids of session id, whose image
+ * positions, if any, key the blocks as IMAGES gave them) and the followers add them to their
+ * memory caches (ds41_prefix_insert_bytes), which so keep holding exactly rank 0's.
  *
  * Images: rank 0 encodes them (the tower runs no collective). After OPEN, IMAGES gives the
  * other ranks the prompt's image positions (flags over its n tokens), their content keys and
@@ -75,7 +82,9 @@
 enum { DS41_SOP_OPEN = 1, DS41_SOP_CLOSE, DS41_SOP_RESTORE, DS41_SOP_PUBLISH, DS41_SOP_TRIM, DS41_SOP_STEP, DS41_SOP_END,
        DS41_SOP_OPEN_ON, DS41_SOP_SAMPLE, DS41_SOP_PROBE, DS41_SOP_DRAFT, DS41_SOP_CALIBRATE,
        /* 13 was EMBEDS (an image prompt fed alone), no longer sent */
-       DS41_SOP_LPROC = 14, DS41_SOP_IMAGES = 18, DS41_SOP_PROBE_IMG = 19 };
+       DS41_SOP_LPROC = 14, DS41_SOP_IMAGES = 18, DS41_SOP_PROBE_IMG = 19, DS41_SOP_BLOCKS = 20 };
+/* the prefix cache's block (tokens), as BLOCKS counts them */
+#define DS41_PREFIX_BLOCK 128
 /* a STEP item's ahead word for a verify block */
 #define DS41_SOP_VERIFY (-1)
 
@@ -103,6 +112,9 @@ typedef struct ds41_sop {
     int eos, n_bias, n_ban;
     long long min_tokens;
     const int32_t *bias_id, *bias_val, *ban;
+    int first, nb;            /* BLOCKS: blocks [first, first + nb) of ids, their pages in blk (blk_len bytes) */
+    size_t blk_len;
+    const uint8_t *blk;
 } ds41_sop;
 
 /* Decodes the operation at w[*at] (n words in all), advancing *at. 1: one decoded; 0: the end
@@ -137,6 +149,9 @@ long long ds41_smirror_restore(ds41_smirror *m, ds41_engine *e, ds41_prefix_cach
                                size_t n, const ds41_prefix_img *im);
 /* before ds41_prefix_publish: 1 when rank 0 publishes too (it holds the session's state) */
 int ds41_smirror_publish(ds41_smirror *m, const ds41_session *s, const int32_t *ids, size_t n);
+/* --cache-dir under mpiexec (replicated attention): rank 0's cache reads and writes a store,
+ * so ds41_smirror_restore ships the blocks it reads from disk (BLOCKS) */
+void ds41_smirror_store(ds41_smirror *m);
 /* before ds41_prefix_trim / ds41_batch_step */
 void ds41_smirror_trim(ds41_smirror *m, long long bytes);
 void ds41_smirror_step(ds41_smirror *m, const ds41_batch_item *it, int count);
@@ -179,6 +194,42 @@ int ds41_smirror_follow(ds41_engine *e, ds41_prefix_cache *pc, const ds41_sessio
  * flight is answered with a 503 naming the fault. */
 struct ds41_sched;
 void ds41_smirror_on_fault(struct ds41_sched *S);
+
+/* ---- the 503 guard (serve_mpi_guard.c): rank 0's own process, in a session of its own, that
+ * answers the requests in flight when hydra kills rank 0 (after another rank died). */
+enum { DS41_SGUARD_OPEN = 1, DS41_SGUARD_DONE, DS41_SGUARD_BYE };
+#define DS41_SGUARD_STREAM 1u
+#define DS41_SGUARD_MAGIC 0x44534731u   /* "DSG1" */
+#define DS41_SGUARD_HDR 32              /* u32 magic, op, id, flags; i64 written; u32 n_full, n_tail */
+typedef struct ds41_sguard_msg {
+    int op;
+    uint32_t id, flags;
+    int64_t written;                  /* OPEN: the socket's bytes written at registration */
+    const uint8_t *full, *tail;       /* OPEN: the 503 reply; the stream's tail (into the buffer) */
+    size_t n_full, n_tail;
+} ds41_sguard_msg;
+/* Decodes one message of n bytes that came with nfd descriptors: 0, or -1 with a one-line err. */
+int ds41_sguard_decode(const uint8_t *b, size_t n, int nfd, ds41_sguard_msg *m, char *err, size_t errcap);
+/* Writes a message's header (DS41_SGUARD_HDR bytes) at b. */
+void ds41_sguard_header(uint8_t *b, uint32_t op, uint32_t id, uint32_t flags, int64_t written, uint32_t n_full, uint32_t n_tail);
+/* The bytes written on a TCP socket since it opened (acked + queued), or -1. */
+int64_t ds41_sguard_written(int fd);
+/* rank 0: starts the guard (0, or -1 with err: serve goes on without it). */
+int ds41_sguard_start(char *err, size_t errcap);
+/* A generation request on client socket fd is in flight: full, the whole HTTP 503 reply for
+ * when nothing was sent; tail, a stream's end (stream != 0) for when it had begun. The id for
+ * ds41_sguard_done, or 0 (no guard, or its queue is full: the request is not covered). */
+uint32_t ds41_sguard_open(int fd, int stream, const char *full, size_t n_full, const char *tail, size_t n_tail);
+void ds41_sguard_done(uint32_t id);
+/* adds s CPU seconds of a request thread's work for the guard (answers built, handed over, ended) to the stats */
+void ds41_sguard_note(double s);
+/* rank 0 answered its requests itself (clean exit, or the fault path's 503s): the guard closes
+ * its sockets and exits; waits for it. */
+void ds41_sguard_release(void);
+/* requests handed over, requests not (the guard's queue full), the CPU seconds noted */
+void ds41_sguard_stats(long long *opened, long long *dropped, double *cost_s);
+/* the guard process (main.c: ds41 --serve-guard FD) */
+int ds41_sguard_main(int argc, char **argv);
 
 /* --split layers (serve_mpi_pipe.c), every rank, in place of ds41_batch_step: the step's
  * items in G = min(count, most) micro-batches of consecutive items (most: --pipe-batches,

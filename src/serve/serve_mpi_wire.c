@@ -1,5 +1,6 @@
-/* ds41 serve under mpiexec: the decoder of rank 0's records (serve_mpi.h). Apart from the
- * MPI side so that the fuzz harness (fuzz/fuzz_serve_mirror.c) links it alone. */
+/* ds41 serve under mpiexec: the decoder of rank 0's records (serve_mpi.h), and the messages
+ * of rank 0 to its 503 guard (serve_mpi_guard.c). Apart from the MPI side and the processes so
+ * that the fuzz harnesses (fuzz/fuzz_serve_mirror.c, fuzz/fuzz_serve_guard.c) link it alone. */
 #include <stdio.h>
 #include <string.h>
 
@@ -7,7 +8,7 @@
 #include "serve_req.h"
 
 static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH", "TRIM", "STEP", "END", "OPEN_ON", "SAMPLE", "PROBE", "DRAFT", "CALIBRATE",
-                                        "?", "LPROC", "?", "?", "?", "IMAGES", "PROBE_IMG" };
+                                        "?", "LPROC", "?", "?", "?", "IMAGES", "PROBE_IMG", "BLOCKS" };
 
 /* IMAGES and PROBE_IMG: flags[n] (0 or 1) at w[*i], then a content key (8 words) per flag set */
 static int image_flags(const int32_t *w, size_t n, size_t *i, ds41_sop *op, const char *name, char *err, size_t errcap) {
@@ -34,9 +35,9 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
     memset(op, 0, sizeof *op);
     op->op = w[i];
     if (op->op < DS41_SOP_OPEN || (op->op > DS41_SOP_CALIBRATE && op->op < DS41_SOP_LPROC) ||
-        (op->op > DS41_SOP_LPROC && op->op < DS41_SOP_IMAGES) || op->op > DS41_SOP_PROBE_IMG)
-        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, %d, %d or %d, got %d", i,
-                        DS41_SOP_CALIBRATE, DS41_SOP_LPROC, DS41_SOP_IMAGES, DS41_SOP_PROBE_IMG, (int)w[i]), -1;
+        (op->op > DS41_SOP_LPROC && op->op < DS41_SOP_IMAGES) || op->op > DS41_SOP_BLOCKS)
+        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, %d, %d, %d or %d, got %d", i,
+                        DS41_SOP_CALIBRATE, DS41_SOP_LPROC, DS41_SOP_IMAGES, DS41_SOP_PROBE_IMG, DS41_SOP_BLOCKS, (int)w[i]), -1;
     const char *name = op_name[op->op];
     i++;
 #define NEED(k, what) \
@@ -197,10 +198,85 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
         i += op->n;
         if (image_flags(w, n, &i, op, name, err, errcap)) return -1;
         break;
+    case DS41_SOP_BLOCKS:
+        NEED(2, "a session id and a token count");
+        op->id = w[i];
+        if (w[i + 1] < 1) return snprintf(err, errcap, "serve mirror: word %zu: BLOCKS: %d tokens (expected >= 1)", i + 1, (int)w[i + 1]), -1;
+        op->n = (size_t)w[i + 1];
+        i += 2;
+        NEED(op->n, "the tokens");
+        op->ids = w + i;
+        i += op->n;
+        NEED(3, "the first block, a block count and a byte count");
+        if (w[i] < 0 || w[i + 1] < 1 || w[i + 2] < 1 || ((int64_t)w[i] + w[i + 1]) * DS41_PREFIX_BLOCK > (int64_t)op->n)
+            return snprintf(err, errcap, "serve mirror: word %zu: BLOCKS: blocks %d + %d of %zu tokens, %d bytes (expected whole "
+                            "blocks of %d tokens inside the prompt and bytes >= 1)", i, (int)w[i], (int)w[i + 1], op->n, (int)w[i + 2],
+                            DS41_PREFIX_BLOCK), -1;
+        op->first = w[i];
+        op->nb = w[i + 1];
+        op->blk_len = (size_t)w[i + 2];
+        i += 3;
+        NEED((op->blk_len + 3) / 4, "the blocks' bytes");
+        op->blk = (const uint8_t *)(const void *)(w + i);
+        i += (op->blk_len + 3) / 4;
+        break;
     default:   /* END */
         break;
     }
 #undef NEED
     *at = i;
     return 1;
+}
+
+/* ---------------------------------------------------------------- the guard's messages */
+
+
+int ds41_sguard_decode(const uint8_t *b, size_t n, int nfd, ds41_sguard_msg *m, char *err, size_t errcap) {
+    memset(m, 0, sizeof *m);
+    if (n < DS41_SGUARD_HDR) { snprintf(err, errcap, "serve guard: a message of %zu bytes, shorter than its 32-byte header", n); return -1; }
+    uint32_t magic, op, nf, nt;
+    memcpy(&magic, b, 4);
+    memcpy(&op, b + 4, 4);
+    memcpy(&m->id, b + 8, 4);
+    memcpy(&m->flags, b + 12, 4);
+    memcpy(&m->written, b + 16, 8);
+    memcpy(&nf, b + 24, 4);
+    memcpy(&nt, b + 28, 4);
+    if (magic != DS41_SGUARD_MAGIC) { snprintf(err, errcap, "serve guard: bad magic 0x%08x", magic); return -1; }
+    if (op < DS41_SGUARD_OPEN || op > DS41_SGUARD_BYE) { snprintf(err, errcap, "serve guard: unknown operation %u", op); return -1; }
+    m->op = (int)op;
+    if (op != DS41_SGUARD_OPEN) {
+        if (n != DS41_SGUARD_HDR || nf || nt || nfd) {
+            snprintf(err, errcap, "serve guard: %s carries %zu bytes, %u + %u answer bytes and %d descriptors (expected none)",
+                     op == DS41_SGUARD_DONE ? "DONE" : "BYE", n - DS41_SGUARD_HDR, nf, nt, nfd);
+            return -1;
+        }
+        return 0;
+    }
+    if (nfd != 1) { snprintf(err, errcap, "serve guard: OPEN %u carries %d descriptors (expected 1)", m->id, nfd); return -1; }
+    if (m->id == 0) { snprintf(err, errcap, "serve guard: OPEN with id 0"); return -1; }
+    if (m->flags & ~(uint32_t)DS41_SGUARD_STREAM) { snprintf(err, errcap, "serve guard: OPEN %u: unknown flags 0x%x", m->id, m->flags); return -1; }
+    if (m->written < 0) { snprintf(err, errcap, "serve guard: OPEN %u: %lld bytes written", m->id, (long long)m->written); return -1; }
+    if (nf == 0 || (size_t)nf + nt != n - DS41_SGUARD_HDR) {
+        snprintf(err, errcap, "serve guard: OPEN %u: %u + %u answer bytes in a message of %zu (expected a 503 reply and the "
+                 "rest the stream's tail)", m->id, nf, nt, n);
+        return -1;
+    }
+    if (nt == 0 && (m->flags & DS41_SGUARD_STREAM)) { snprintf(err, errcap, "serve guard: OPEN %u: a stream without a tail", m->id); return -1; }
+    m->full = b + DS41_SGUARD_HDR;
+    m->n_full = nf;
+    m->tail = b + DS41_SGUARD_HDR + nf;
+    m->n_tail = nt;
+    return 0;
+}
+
+void ds41_sguard_header(uint8_t *b, uint32_t op, uint32_t id, uint32_t flags, int64_t written, uint32_t nf, uint32_t nt) {
+    uint32_t magic = DS41_SGUARD_MAGIC;
+    memcpy(b, &magic, 4);
+    memcpy(b + 4, &op, 4);
+    memcpy(b + 8, &id, 4);
+    memcpy(b + 12, &flags, 4);
+    memcpy(b + 16, &written, 8);
+    memcpy(b + 24, &nf, 4);
+    memcpy(b + 28, &nt, 4);
 }

@@ -417,6 +417,8 @@ static uint8_t **pages_from_payload(ds41_prefix_cache *pc, const uint8_t *payloa
 
 static int put_disk(ds41_prefix_cache *pc, const uint8_t key[16], const uint8_t parent[16], const int32_t *ids,
                     const uint8_t *img, uint8_t *const *pages);
+static long long insert_chain(ds41_prefix_cache *pc, const int32_t *ids, size_t n, const ds41_prefix_img *im,
+                              long long first, long long nb, uint8_t *const *pages);
 
 static void *writer_main(void *arg) {
     ds41_prefix_cache *pc = arg;
@@ -520,13 +522,14 @@ static pnode *add_block(ds41_prefix_cache *pc, const uint8_t key[16], const uint
 /* The longest chain of cached blocks of ids (memory, then disk): pages [nb][n_stores] with one
  * reference each (the caller releases them), or NULL when none or out of memory. */
 static uint8_t **collect(ds41_prefix_cache *pc, const int32_t *ids, size_t n, const ds41_prefix_img *im,
-                         long long max_pos, long long *nb_out) {
+                         long long max_pos, long long *nb_out, int query, long long *disk_first) {
     long long maxb = (long long)n / BT;
     if (maxb * BT > max_pos) maxb = max_pos / BT;
     for (size_t i = 0; i < (size_t)maxb * BT; i++)
         if (ids[i] < 0 || ids[i] >= pc->e->cfg->vocab_size) { maxb = (long long)i / BT; break; }
     pthread_mutex_lock(&pc->mu);
-    pc->st.queries += (long long)n;
+    if (query) pc->st.queries += (long long)n;
+    long long first_disk = -1;
     uint8_t **pages = maxb > 0 ? calloc((size_t)maxb * pc->n_stores, sizeof *pages) : NULL;
     long long nb = 0;
     pnode *prev = NULL;
@@ -549,7 +552,10 @@ static uint8_t **collect(ds41_prefix_cache *pc, const int32_t *ids, size_t n, co
             if (pg) {
                 node = insert(pc, key, prev, bid, img, (int)nb, pg);
                 if (!node) { for (int i = 0; i < pc->n_stores; i++) ds41_page_unref(pg[i]); free(pg); }
-                else pc->st.disk_hits++;
+                else {
+                    pc->st.disk_hits++;
+                    if (first_disk < 0) first_disk = nb;
+                }
             }
         }
         if (!node) break;
@@ -564,6 +570,7 @@ static uint8_t **collect(ds41_prefix_cache *pc, const int32_t *ids, size_t n, co
     }
     pthread_mutex_unlock(&pc->mu);
     *nb_out = nb;
+    if (disk_first) *disk_first = first_disk < 0 ? nb : first_disk;
     if (!nb) { free(pages); return NULL; }
     return pages;
 }
@@ -574,7 +581,7 @@ long long ds41_prefix_restore_img(ds41_prefix_cache *pc, ds41_session *s, const 
     if (q->e != pc->e || q->cache.pos != 0 || ds41_session_index_k(s) != pc->p.index_k) return 0;
     if (im && im->is_image && (!im->key || !im->emb)) return 0;   /* cannot key or replay image rows */
     long long nb = 0;
-    uint8_t **pages = collect(pc, ids, n, im, q->cache.max_pos, &nb);
+    uint8_t **pages = collect(pc, ids, n, im, q->cache.max_pos, &nb, 1, NULL);
     long long M = nb * BT, rc = M;
     if (M > 0) {
         int mode = pc->p.replay == DS41_REPLAY_APPROX ? DS41_RESTORE_APPROX : DS41_RESTORE_EXACT;
@@ -598,12 +605,56 @@ long long ds41_prefix_restore(ds41_prefix_cache *pc, ds41_session *s, const int3
 long long ds41_prefix_pages_img(ds41_prefix_cache *pc, const int32_t *ids, size_t n, const ds41_prefix_img *im,
                                 uint8_t ***pages) {
     long long nb = 0;
-    *pages = collect(pc, ids, n, im, pc->e->max_pos, &nb);
+    *pages = collect(pc, ids, n, im, pc->e->max_pos, &nb, 1, NULL);
     return nb;
 }
 
 long long ds41_prefix_pages(ds41_prefix_cache *pc, const int32_t *ids, size_t n, uint8_t ***pages) {
     return ds41_prefix_pages_img(pc, ids, n, NULL, pages);
+}
+
+long long ds41_prefix_load(ds41_prefix_cache *pc, const int32_t *ids, size_t n, const ds41_prefix_img *im, long long *first,
+                           uint8_t **bytes, size_t *len) {
+    long long nb = 0, fd = 0;
+    *bytes = NULL;
+    *len = 0;
+    *first = 0;
+    uint8_t **pages = collect(pc, ids, n, im, pc->e->max_pos, &nb, 0, &fd);
+    long long k = nb - fd;
+    if (k > 0) {
+        uint8_t *b = malloc((size_t)k * (size_t)pc->node_bytes);
+        if (!b) { ds41_prefix_pages_free(pc, pages, nb); return -1; }
+        size_t off = 0;
+        for (long long i = fd; i < nb; i++)
+            for (int j = 0; j < pc->n_stores; j++) {
+                memcpy(b + off, pages[(size_t)i * pc->n_stores + j], pc->page_bytes[j]);
+                off += pc->page_bytes[j];
+            }
+        *bytes = b;
+        *len = off;
+        *first = fd;
+    }
+    ds41_prefix_pages_free(pc, pages, nb);
+    return k > 0 ? k : 0;
+}
+
+long long ds41_prefix_insert_bytes(ds41_prefix_cache *pc, const int32_t *ids, size_t n, const ds41_prefix_img *im, long long first,
+                                   long long nb, const uint8_t *bytes, size_t len) {
+    if (nb <= 0 || len != (size_t)nb * (size_t)pc->node_bytes) return -1;
+    uint8_t **pages = calloc((size_t)nb * pc->n_stores, sizeof *pages);
+    if (!pages) return -1;
+    long long rc = 0;
+    for (long long i = 0; i < nb && rc == 0; i++) {
+        uint8_t **pg = pages_from_payload(pc, bytes + (size_t)i * (size_t)pc->node_bytes, (size_t)pc->node_bytes, NULL);
+        if (!pg) { rc = -1; break; }
+        memcpy(pages + (size_t)i * pc->n_stores, pg, (size_t)pc->n_stores * sizeof *pg);
+        free(pg);
+    }
+    if (rc == 0) rc = insert_chain(pc, ids, n, im, first, nb, pages);
+    for (long long i = 0; i < nb * pc->n_stores; i++)
+        if (pages[i]) ds41_page_unref(pages[i]);
+    free(pages);
+    return rc;
 }
 
 void ds41_prefix_pages_free(ds41_prefix_cache *pc, uint8_t **pages, long long nb) {

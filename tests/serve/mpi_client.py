@@ -25,7 +25,9 @@
                                     are decoding, send SIG (STOP, KILL) to PID (a follower), or
                                     with PID "cmd", run the shell command SIG (a link down); every
                                     request must end with an OpenAI-shaped 503 (the streamed
-                                    ones an error event of type service_unavailable); prints
+                                    ones an error event of type service_unavailable) naming
+                                    rank 1, or with KILL (hydra kills rank 0 too: the guard
+                                    answers) saying that the MPI job ended; prints
                                     one line per request and the seconds from the kill to the
                                     last answer
 Exit status 1 when a request did not end as expected."""
@@ -198,15 +200,23 @@ def fault(port, pid, sig):
     out = run_all(port, bodies, on_chunk)
     end = time.monotonic()
     bad = 0 if killed[0] else 1
+    why = "the MPI job ended" if sig == "KILL" else "rank 1"
+    kinds = set()
     for b, o in zip(bodies, out):
-        if b["stream"]:
-            e = o.get("error") or {}
-            ok = o.get("status") == 200 and e.get("type") == "service_unavailable" and "rank 1" in e.get("message", "")
-        else:
-            e = o.get("error") or {}
-            ok = o.get("status") == 503 and e.get("type") == "service_unavailable" and "rank 1" in e.get("message", "")
+        e = o.get("error") or {}
+        st = o.get("status")
+        ok = st == (200 if b["stream"] else 503) and e.get("type") == "service_unavailable" and why in e.get("message", "")
+        if sig == "KILL":
+            # the guard: a 503 where nothing was sent (a stream whose first chunk had not gone
+            # out gets it too), an error event after the tokens of a stream that had begun
+            ok = e.get("type") == "service_unavailable" and why in e.get("message", "") and (
+                st == 503 or (b["stream"] and st == 200 and len(o.get("text", "")) > 0))
+            kinds.add((b["stream"], st))
         print(json.dumps(o, sort_keys=True)[:400])
         bad += not ok
+    if sig == "KILL" and not {(True, 200), (False, 503)} <= kinds:
+        print("the guard's two answers were not both seen (a 503 and a stream's error event): %s" % sorted(kinds))
+        bad += 1
     print("last answer %.2f s after the kill" % (end - killed[0] if killed[0] else -1))
     return 1 if bad else 0
 
