@@ -131,36 +131,47 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* 12 independent chains in named registers (an array would be kept in memory: see the integer
- * probes of bench/bench_kernels.c), iters steps each; kind 0 vfmadd231ps, 1 vdpbf16ps */
-#define C12(OP) OP(c0) OP(c1) OP(c2) OP(c3) OP(c4) OP(c5) OP(c6) OP(c7) OP(c8) OP(c9) OP(c10) OP(c11)
+/* 24 independent chains in named registers (an array would be kept in memory: see the integer
+ * probes of bench/bench_kernels.c), iters steps each; kind 0 vfmadd231ps, 1 vdpbf16ps. 24, not
+ * 12: on an AMD EPYC (AVX512_BF16, Zen 5 class) vdpbf16ps has a longer latency than the FMA
+ * (about 6 cycles against 4); a stand-alone probe there read 1.48 with 8 chains, 1.09 with 12,
+ * 1.00 with 16 and 24 (the FMA the same with each). The earlier probe read 1.50 there and
+ * auto kept the int16 road although the instruction runs at the FMA's rate. */
+#define C24(OP) OP(c0) OP(c1) OP(c2) OP(c3) OP(c4) OP(c5) OP(c6) OP(c7) OP(c8) OP(c9) OP(c10) OP(c11) \
+    OP(c12) OP(c13) OP(c14) OP(c15) OP(c16) OP(c17) OP(c18) OP(c19) OP(c20) OP(c21) OP(c22) OP(c23)
 static float chains(long iters, int kind) {
     __m512 m = _mm512_set1_ps(0.999999f), k = _mm512_set1_ps(1e-7f);
     __m512bh a = (__m512bh)_mm512_set1_epi16(0x3F80), b = (__m512bh)_mm512_set1_epi16(0x3380);   /* 1, 2^-24 */
-    __m512 c0 = _mm512_set1_ps(0), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0, c8 = c0, c9 = c0,
-           c10 = c0, c11 = c0;
+    /* distinct starting values: chains that start equal and apply the same operation are one
+     * chain to the compiler (gcc merged the earlier probe's 12 into one, so it timed the two
+     * instructions' latencies, 6 / 4 = 1.50 on that EPYC) */
+#define CI(i) _mm512_set1_ps((float)(i))
+    __m512 c0 = CI(0), c1 = CI(1), c2 = CI(2), c3 = CI(3), c4 = CI(4), c5 = CI(5), c6 = CI(6), c7 = CI(7), c8 = CI(8),
+           c9 = CI(9), c10 = CI(10), c11 = CI(11), c12 = CI(12), c13 = CI(13), c14 = CI(14), c15 = CI(15), c16 = CI(16),
+           c17 = CI(17), c18 = CI(18), c19 = CI(19), c20 = CI(20), c21 = CI(21), c22 = CI(22), c23 = CI(23);
     if (kind == 0) {
 #define FM(c) c = _mm512_fmadd_ps(c, m, k);
-        for (long i = 0; i < iters; i++) { C12(FM) }
+        for (long i = 0; i < iters; i++) { C24(FM) }
     } else {
 #define DP(c) c = _mm512_dpbf16_ps(c, a, b);
-        for (long i = 0; i < iters; i++) { C12(DP) }
+        for (long i = 0; i < iters; i++) { C24(DP) }
     }
-    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)),
-                             _mm512_add_ps(_mm512_add_ps(c4, c5), _mm512_add_ps(c6, c7)));
-    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(c8, c9), _mm512_add_ps(c10, c11)));
+#define ADD4(x, y, z, w) _mm512_add_ps(_mm512_add_ps(x, y), _mm512_add_ps(z, w))
+    __m512 s = _mm512_add_ps(_mm512_add_ps(ADD4(c0, c1, c2, c3), ADD4(c4, c5, c6, c7)),
+                             _mm512_add_ps(ADD4(c8, c9, c10, c11), ADD4(c12, c13, c14, c15)));
+    s = _mm512_add_ps(s, _mm512_add_ps(ADD4(c16, c17, c18, c19), ADD4(c20, c21, c22, c23)));
     return _mm512_reduce_add_ps(s);
 }
 
-/* Time per vdpbf16ps over time per zmm FMA, each the fastest of 7 interleaved rounds of 12 x
- * 20,000 instructions (about 0.1 ms each on a 3 GHz core: the whole probe about 2 ms). */
+/* Time per vdpbf16ps over time per zmm FMA, each the fastest of 7 interleaved rounds of 24 x
+ * 10,000 instructions (about 0.1 ms each on a 3 GHz core: the whole probe about 2 ms). */
 static double probe_ratio(void) {
     double best[2] = { 1e30, 1e30 };
     volatile float sink = 0;
     for (int r = 0; r < 7; r++)
         for (int kind = 0; kind < 2; kind++) {
             double t0 = now();
-            sink += chains(20000, kind);
+            sink += chains(10000, kind);
             double t = now() - t0;
             if (t < best[kind]) best[kind] = t;
         }
