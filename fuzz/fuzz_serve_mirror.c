@@ -57,6 +57,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                                          (size_t)(op.first + op.nb) * DS41_PREFIX_BLOCK > op.n ||
                                          op.blk + op.blk_len > (const uint8_t *)(w + at) || op.blk < (const uint8_t *)w))
             abort();
+        if (op.op == DS41_SOP_GMASK && ((op.on != 0 && op.on != 1) || (op.on ? op.n < 1 || op.n > DS41_SOP_GMASK_MAX_WORDS : op.n != 0) ||
+                                        op.bits != w + at - op.n))
+            abort();
         if (op.op == DS41_SOP_CALIBRATE && (op.width < 1 || op.prompt_len < 1 || op.reps < 1 || op.reps > 64)) abort();
     }
     if (r < 0 && (!memchr(err, 0, sizeof err) || strchr(err, '\n') || strncmp(err, "serve mirror: word ", 19))) abort();

@@ -79,6 +79,18 @@ static void valid_records(void) {
           op.bias_val == lw + 13 && op.n_ban == 1 && op.ban == lw + 15 && op.n == 3 && op.ids == lw + 16 && at == ln - 1, "LPROC");
     CHECK(ds41_sop_next(lw, ln, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_END && at == ln, "END after LPROC");
     CHECK(!err[0], "no message on a valid LPROC: %s", err);
+    /* a grammar held by rank 0: GRAMMAR 5; GMASK 5 with 2 words of allowed tokens; GMASK 5 with
+     * none constrained; END */
+    const int32_t gw[] = { 22, 5, 21, 5, 1, 2, -1, 65535, 21, 5, 0, 0, 7 };
+    size_t gn = sizeof gw / sizeof *gw;
+    at = 0;
+    CHECK(ds41_sop_next(gw, gn, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_GRAMMAR && op.id == 5 && at == 2, "GRAMMAR");
+    CHECK(ds41_sop_next(gw, gn, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_GMASK && op.id == 5 && op.on == 1 &&
+          op.n == 2 && op.bits == gw + 6 && at == 8, "GMASK with the allowed tokens");
+    CHECK(ds41_sop_next(gw, gn, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_GMASK && op.id == 5 && op.on == 0 &&
+          op.n == 0 && at == 12, "GMASK with none constrained");
+    CHECK(ds41_sop_next(gw, gn, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_END && at == gn, "END after GMASK");
+    CHECK(!err[0], "no message on a valid GMASK: %s", err);
 }
 
 static char *slurp(const char *path, size_t *len) {

@@ -76,7 +76,7 @@ static const char *SERVE_USAGE =
     "under mpiexec (docs/distributed.md): rank 0 serves HTTP, the other ranks mirror its batches (routed\n"
     "experts split over the ranks, the same answers); speculation off unless --spec is given (with\n"
     "--dp-attention each rank proposes and verifies for its own sequences), no --role, --cache-dir on\n"
-    "rank 0 only (not with --dp-attention or --split layers);\n"
+    "rank 0 only (with --dp-attention a store per rank, DIR/rank-R; not with --split layers);\n"
     "--mpi-timeout S: a lost rank answers the requests in flight with 503 and ends the job\n\n"
     "Examples:\n"
     "  ds41 serve -m models/demo --port 8000 &\n"
@@ -232,13 +232,8 @@ int ds41_cli_serve(int argc, char **argv) {
             return 2;
         }
         /* --cache-dir: rank 0 alone reads and writes the store and ships the blocks it reads to
-         * the other ranks (serve_mpi.h); under --dp-attention each rank caches its own sequences,
-         * which would need a store per rank */
-        if (o.cache_dir && dp_attention) {
-            fprintf(stderr, "ds41 serve: --cache-dir is not supported with --dp-attention yet (each rank caches its own "
-                            "sequences); drop it (the prefix caches stay in memory) or serve without --dp-attention\n");
-            return 2;
-        }
+         * the other ranks (serve_mpi.h); under --dp-attention each rank caches its own sequences
+         * in a store of its own, DIR/rank-R (serve_http.c) */
         if (o.cache_dir && ds41_pipe_on()) {
             fprintf(stderr, "ds41 serve: --cache-dir needs the prefix cache, which --split layers does not have (a stage "
                             "holds only its layers' KV pages)\n");

@@ -13,23 +13,25 @@ void ds41_lproc_init(ds41_lproc *lp, int V, int eos) {
     lp->rep = 1.0f;
     lp->gate = -1;
     lp->gstate = -1;
+    lp->xset = -1;
 }
 
 void ds41_lproc_free(ds41_lproc *lp) {
     if (!lp) return;
     free(lp->bias_id); free(lp->bias_val); free(lp->ban_ids); free(lp->stop_ids);
-    free(lp->count); free(lp->flag); free(lp->gen_ids); free(lp->pr_ids);
+    free(lp->count); free(lp->flag); free(lp->gen_ids); free(lp->pr_ids); free(lp->bits);
     memset(lp, 0, sizeof *lp);
 }
 
 static int penalised(const ds41_lproc *lp) { return lp->freq != 0.0f || lp->pres != 0.0f || lp->rep != 1.0f; }
 
 int ds41_lproc_active(const ds41_lproc *lp) {
-    return lp && (penalised(lp) || lp->n_bias > 0 || (lp->min_tokens > 0 && lp->n_ban > 0) || lp->gm);
+    return lp && (penalised(lp) || lp->n_bias > 0 || (lp->min_tokens > 0 && lp->n_ban > 0) || lp->gm || lp->remote);
 }
 
 int ds41_lproc_ready(ds41_lproc *lp) {
     if (lp->gm && lp->gstate < 0) lp->gstate = ds41_gmatch_start(lp->gm);
+    if ((lp->gm || lp->remote) && !lp->bits && !(lp->bits = malloc(((size_t)lp->V + 31) / 32 * sizeof *lp->bits))) return -1;
     if (!penalised(lp) || lp->count) return 0;
     lp->count = calloc((size_t)lp->V, sizeof *lp->count);
     lp->flag = calloc((size_t)lp->V, 1);
@@ -119,34 +121,47 @@ void ds41_lproc_apply(ds41_lproc *lp, float *row, const int32_t *tail, int n_tai
         penalise(lp, row);
         for (int i = 0; i < n_tail; i++) count_sub(lp, tail[i]);
     }
-    if (lp->gm) {
-        int gated = 0, s = tail_state(lp, tail, n_tail, &gated);
-        if (!gated) {
-            /* the end tokens are outside the trie: allowed exactly when the grammar may end */
-            int can_end = s >= 0 && ds41_gmatch_can_end(lp->gm, s);
-            float keep_eos = lp->eos >= 0 ? row[lp->eos] : 0;
-            const uint32_t *mask = s >= 0 ? ds41_gmatch_mask(lp->gm, s) : NULL;
-            if (!mask) {
-                if (s >= 0 && !lp->err[0]) snprintf(lp->err, sizeof lp->err, "%s", ds41_gmatch_error(lp->gm));
-                for (int i = 0; i < V; i++) row[i] = -INFINITY;
-            } else {
-                float keep[64];
-                int nk = 0;
-                for (int i = 0; i < lp->n_stop_ids && nk < 64; i++)
-                    if (lp->stop_ids[i] >= 0 && lp->stop_ids[i] < V) keep[nk++] = row[lp->stop_ids[i]];
-                ds41_gmask_apply(mask, row, V);
-                nk = 0;
-                for (int i = 0; i < lp->n_stop_ids && nk < 64; i++)
-                    if (lp->stop_ids[i] >= 0 && lp->stop_ids[i] < V) row[lp->stop_ids[i]] = can_end ? keep[nk++] : -INFINITY;
-            }
-            if (lp->eos >= 0) row[lp->eos] = can_end ? keep_eos : -INFINITY;
-        }
+    /* the grammar's allowed tokens, or (remote) those rank 0 sent for this row */
+    if (lp->gm && !lp->bits && !(lp->bits = malloc(((size_t)V + 31) / 32 * sizeof *lp->bits))) {
+        if (!lp->err[0]) snprintf(lp->err, sizeof lp->err, "out of memory for a grammar's mask");
+        for (int i = 0; i < V; i++) row[i] = -INFINITY;
+    } else if (lp->bits && (lp->gm ? ds41_lproc_allowed(lp, tail, n_tail, lp->bits) : lp->remote && lp->xset > 0)) {
+        ds41_gmask_apply(lp->bits, row, V);
     }
     /* nothing allowed (a grammar that cannot continue, min_tokens against a finished grammar):
      * end the sequence rather than sample a refused token */
     int any = 0;
     for (int i = 0; i < V && !any; i++) any = row[i] > -INFINITY;
     if (!any) row[lp->eos >= 0 && lp->eos < V ? lp->eos : 0] = 0.0f;
+}
+
+static void bit_set(uint32_t *bits, int i, int on) {
+    if (on) bits[i >> 5] |= 1u << (i & 31);
+    else bits[i >> 5] &= ~(1u << (i & 31));
+}
+
+int ds41_lproc_allowed(ds41_lproc *lp, const int32_t *tail, int n_tail, uint32_t *bits) {
+    if (!lp->gm) return 0;
+    int V = lp->V, gated = 0, s = tail_state(lp, tail, n_tail, &gated);
+    if (gated) return 0;
+    size_t W = ((size_t)V + 31) / 32;
+    /* the end tokens are outside the trie: allowed exactly when the grammar may end */
+    int can_end = s >= 0 && ds41_gmatch_can_end(lp->gm, s);
+    const uint32_t *mask = s >= 0 ? ds41_gmatch_mask(lp->gm, s) : NULL;
+    if (!mask) {
+        if (s >= 0 && !lp->err[0]) snprintf(lp->err, sizeof lp->err, "%s", ds41_gmatch_error(lp->gm));
+        memset(bits, 0, W * sizeof *bits);
+    } else {
+        memcpy(bits, mask, W * sizeof *bits);
+        int nk = 0;
+        for (int i = 0; i < lp->n_stop_ids && nk < 64; i++)
+            if (lp->stop_ids[i] >= 0 && lp->stop_ids[i] < V) {
+                bit_set(bits, lp->stop_ids[i], can_end);
+                nk++;
+            }
+    }
+    if (lp->eos >= 0 && lp->eos < V) bit_set(bits, lp->eos, can_end);
+    return 1;
 }
 
 void ds41_lproc_accept(ds41_lproc *lp, int32_t id) {

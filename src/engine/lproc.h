@@ -39,6 +39,13 @@ typedef struct ds41_lproc {
     int gate, gate_open;
     int32_t *stop_ids;            /* also end a constrained sequence (allowed when it may end) */
     int n_stop_ids;
+    /* the allowed tokens of the row being processed, [(V + 31) / 32] bits (ds41_lproc_allowed);
+     * remote: the grammar's matcher is held elsewhere (serve --dp-attention: rank 0 sends the
+     * owner of the sequence these bits ahead of each row it samples, gm stays NULL here) and
+     * xset says what the bits hold for the next row: 1 its allowed tokens, 0 none constrained
+     * (before the grammar's gate), -1 nothing given */
+    uint32_t *bits;
+    int remote, xset;
     /* state */
     uint32_t *count;              /* [V] generated occurrences */
     uint8_t *flag;                /* [V] 1: in the prompt, 2: generated */
@@ -60,6 +67,13 @@ int ds41_lproc_prompt(ds41_lproc *lp, const int32_t *ids, size_t n);
 /* Processes row[V] for the token after the accepted ones plus tail[0..n_tail). Never leaves
  * every entry -inf: if nothing is allowed, eos (else token 0) is. */
 void ds41_lproc_apply(ds41_lproc *lp, float *row, const int32_t *tail, int n_tail);
+/* The grammar's part of ds41_lproc_apply for the row after the accepted tokens plus tail: 0
+ * when the grammar constrains nothing there (none, or before its gate), else 1 with bits
+ * [(V + 31) / 32] the allowed tokens: the grammar's mask with eos and the first 64 stop ids
+ * allowed exactly when the grammar may end (a grammar that cannot continue: only those, and
+ * err says why). ds41_lproc_apply sets every other entry to -inf, the same row as masking and
+ * restoring the end tokens. */
+int ds41_lproc_allowed(ds41_lproc *lp, const int32_t *tail, int n_tail, uint32_t *bits);
 /* Accepts a generated token. */
 void ds41_lproc_accept(ds41_lproc *lp, int32_t id);
 /* How many of drafts[0..k) the grammar accepts in order after the accepted tokens (k when

@@ -1279,13 +1279,25 @@ int ds41_serve(const ds41_serve_opts *o) {
         ds41_spec_curve_path(o->model_dir, o->lp.n_threads > 0 ? o->lp.n_threads : 1, o->lp.exact, sp.curve_path,
                              sizeof sp.curve_path))
         sp.curve_path[0] = 0;
+    char rank_dir[4096];
     if (!o->no_prefix_cache) {
         ds41_prefix_params pp;
         memset(&pp, 0, sizeof pp);
         pp.mem_bytes = o->cache_mem;
         /* under mpiexec rank 0 alone reads and writes the store; the other ranks' caches stay
-         * in memory and get the blocks it reads from disk in the record (serve_mpi.h, BLOCKS) */
+         * in memory and get the blocks it reads from disk in the record (serve_mpi.h, BLOCKS).
+         * Under --dp-attention each rank caches its own sequences: a store per rank, DIR/rank-R
+         * (DIR a per-host disk or a shared one), which it reads for its PROBE answers and
+         * restores and writes when it publishes */
         pp.dir = ds41_dist_rank() == 0 ? o->cache_dir : NULL;
+        if (o->cache_dir && ds41_dist_dp()) {
+            int nd = snprintf(rank_dir, sizeof rank_dir, "%s/rank-%d", o->cache_dir, ds41_dist_rank());
+            if (nd < 0 || (size_t)nd >= sizeof rank_dir) {
+                fprintf(stderr, "ds41 serve: --cache-dir %s: the path is too long for a store per rank\n", o->cache_dir);
+                goto out;
+            }
+            pp.dir = rank_dir;
+        }
         pp.disk_bytes = o->cache_bytes;
         pp.replay = o->replay;
         pp.index_k = o->sp.index_k;
@@ -1351,11 +1363,12 @@ int ds41_serve(const ds41_serve_opts *o) {
     if (sp.spec_mode == DS41_SPEC_FIXED) snprintf(spec_name, sizeof spec_name, "fixed:%d", sp.spec_k);
     else snprintf(spec_name, sizeof spec_name, "%s", sp.spec_mode == DS41_SPEC_AUTO ? "auto" : "off");
     fprintf(stderr, "ds41 serve: listening on http://%s:%u (model %s, context %lld, %s kernels, parallel %d, batch tokens %d, "
-            "kv budget %lld B = %lld B/sequence at full context, spec %s, prefix cache %s%s%s)\n", o->host, di ? di->port : (unsigned)o->port, sv->model_name,
+            "kv budget %lld B = %lld B/sequence at full context, spec %s, prefix cache %s%s%s%s)\n", o->host, di ? di->port : (unsigned)o->port, sv->model_name,
             sv->ctx, o->lp.exact ? "exact" : "fast", sp.parallel, sp.batch_tokens, sp.kv_budget,
             ds41_sched_reserve_bytes(sv->S, 0, sv->ctx), spec_name,
             !sv->pc ? "off" : o->replay == DS41_REPLAY_APPROX ? "on (approx replay)" : "on (exact replay)",
-            o->cache_dir && sv->pc ? ", store " : "", o->cache_dir && sv->pc ? o->cache_dir : "");
+            o->cache_dir && sv->pc ? ", store " : "", o->cache_dir && sv->pc ? o->cache_dir : "",
+            o->cache_dir && sv->pc && ds41_dist_dp() ? "/rank-R on each rank R" : "");
     fflush(stderr);
     int sig = 0;
     sigwait(&ss, &sig);

@@ -37,6 +37,8 @@ typedef struct dp_count {
     long long seqs, peak, peak_kv, peak_copies;
     long long ans_bytes, ans_tok, ans_lg;   /* rank 0: the other ranks' answers: bytes, rows answered with a token, with logits */
     long long props, verifies;    /* --spec: proposals and verify blocks run here for the sequences held here */
+    long long lp_verifies;        /* --spec: those of sequences with a logits processor */
+    long long masks, mask_bytes;  /* rank 0: grammar masks sent to the owners (GMASK records, their bytes) */
 } dp_count;
 
 static int verbose(void) {
@@ -67,10 +69,13 @@ static void dp_report(const dp_count *c) {
     fprintf(stderr, "ds41 serve [rank %d]: %s: %lld sequences held here, at most %lld bytes of state at once "
                     "(%lld of them global KV pages)", ds41_dist_rank(), dp ? "--dp-attention" : "replicated attention",
             c->seqs, c->peak, c->peak_kv);
-    if (c->props || c->verifies) fprintf(stderr, "; --spec: %lld proposals, %lld verify blocks", c->props, c->verifies);
+    if (c->props || c->verifies)
+        fprintf(stderr, "; --spec: %lld proposals, %lld verify blocks (%lld with a logits processor)", c->props, c->verifies,
+                c->lp_verifies);
     if (dp && ds41_dist_rank() == 0)
         fprintf(stderr, "; rank 0's copies of the other ranks' sequences: at most %lld bytes; their answers: %lld bytes, %lld rows "
-                        "with a token, %lld with logits", c->peak_copies, c->ans_bytes, c->ans_tok, c->ans_lg);
+                        "with a token, %lld with logits; grammar masks sent: %lld (%lld bytes)", c->peak_copies, c->ans_bytes,
+                c->ans_tok, c->ans_lg, c->masks, c->mask_bytes);
     fprintf(stderr, "\n");
 }
 
@@ -85,6 +90,9 @@ struct ds41_smirror {
     int32_t *sid;
     int *own;
     int *samp;                    /* --dp-attention: who samples the session (SAMP_*, SAMPLE) */
+    struct ds41_lproc **glp;      /* --dp-attention: the processor of a session its owner samples with a grammar
+                                   * held here (GRAMMAR; GMASK ahead of each row it samples), else NULL */
+    uint32_t *gbits;              /* scratch: a row's allowed tokens */
     unsigned char **lpend;        /* the owner's logprobs of its last tokens (one, or a verify's), not yet taken
                                    * (ds41_smirror_logprobs): two words (entries, the next one), then the entries */
     int n_sess, cap_sess;
@@ -129,6 +137,8 @@ void ds41_smirror_free(ds41_smirror *m) {
     free(m->own);
     for (int i = 0; i < m->n_sess; i++) free(m->lpend[i]);
     free(m->samp);
+    free(m->glp);
+    free(m->gbits);
     free(m->lpend);
     free(m->load);
     free(m->held);
@@ -220,6 +230,9 @@ void ds41_smirror_open(ds41_smirror *m, const ds41_session *s, int rank0) {
         int *nsa = realloc(m->samp, (size_t)nc * sizeof *nsa);
         if (!nsa) oom();
         m->samp = nsa;
+        ds41_lproc **ng = realloc(m->glp, (size_t)nc * sizeof *ng);
+        if (!ng) oom();
+        m->glp = ng;
         unsigned char **nlp = realloc(m->lpend, (size_t)nc * sizeof *nlp);
         if (!nlp) oom();
         m->lpend = nlp;
@@ -232,6 +245,7 @@ void ds41_smirror_open(ds41_smirror *m, const ds41_session *s, int rank0) {
     m->sess[m->n_sess] = s;
     m->own[m->n_sess] = rank;
     m->samp[m->n_sess] = SAMP_RANK0;
+    m->glp[m->n_sess] = NULL;
     m->lpend[m->n_sess] = NULL;
     m->sid[m->n_sess++] = id;
     m->dpc.seqs += rank == 0;
@@ -249,6 +263,7 @@ void ds41_smirror_close(ds41_smirror *m, const ds41_session *s) {
     m->own[i] = m->own[m->n_sess];
     free(m->lpend[i]);
     m->samp[i] = m->samp[m->n_sess];
+    m->glp[i] = m->glp[m->n_sess];
     m->lpend[i] = m->lpend[m->n_sess];
 }
 
@@ -283,6 +298,7 @@ static unsigned char *lp_put(unsigned char *p, const float *row, int32_t id, int
 static unsigned char *token_put(unsigned char *p, ds41_session *s, ds41_lproc *lp, int samp, int failed, int V) {
     int32_t id = failed ? -1 : ds41_session_sample(s);
     if (lp && id >= 0) ds41_lproc_accept(lp, id);
+    if (lp) lp->xset = -1;   /* a grammar's allowed tokens held for that row only (GMASK) */
     memcpy(p, &id, sizeof id);
     return lp_put(p + sizeof id, ds41_logits(s), id, samp, V);
 }
@@ -314,12 +330,11 @@ static uint32_t fbits(float f) {
 }
 
 void ds41_smirror_sampling(ds41_smirror *m, const ds41_session *s, float temperature, int top_k, float top_p, float min_p,
-                           uint64_t seed, int n_top, const ds41_lproc *lp) {
+                           uint64_t seed, int n_top, ds41_lproc *lp) {
     if (!m || !m->dp) return;
     int i = slot_of(m, s);
     if (m->own[i] == 0 || n_top > DS41_REQ_MAX_TOP_LOGPROBS) return;   /* rank 0's own: sampled here as in one process */
     int proc = ds41_lproc_active(lp);
-    if (proc && lp->gm) return;   /* a grammar's matcher lives here: rank 0 samples from the row */
     if (proc && (lp->n_bias > DS41_REQ_MAX_BIAS || lp->n_pr_ids > INT32_MAX || lp->n_ban < 0)) return;
     m->samp[i] = n_top < 0 ? SAMP_OWNER : SAMP_OWNER_LP + n_top;
     int32_t v[9] = { DS41_SOP_SAMPLE, m->sid[i], (int32_t)fbits(temperature), top_k, (int32_t)fbits(top_p),
@@ -336,6 +351,26 @@ void ds41_smirror_sampling(ds41_smirror *m, const ds41_session *s, float tempera
     for (int k = 0; k < lp->n_bias; k++) put1(m, (int32_t)fbits(lp->bias_val[k]));
     put(m, lp->ban_ids, (size_t)lp->n_ban);
     put(m, lp->pr_ids, lp->n_pr_ids);
+    if (!lp->gm) return;
+    /* the grammar's matcher (with the tokenizer's token table) stays here: the owner gets the
+     * allowed tokens of each row it samples (GMASK) */
+    int32_t g[2] = { DS41_SOP_GRAMMAR, m->sid[i] };
+    put(m, g, 2);
+    m->glp[i] = lp;
+}
+
+/* GMASK: the allowed tokens of the row the owner of session slot i samples next (its grammar
+ * after the tokens taken so far, as ds41_lproc_apply would mask it here) */
+static void put_gmask(ds41_smirror *m, int i) {
+    ds41_lproc *lp = m->glp[i];
+    size_t W = ((size_t)lp->V + 31) / 32;
+    if (!m->gbits && !(m->gbits = malloc(W * sizeof *m->gbits))) oom();
+    int on = ds41_lproc_allowed(lp, NULL, 0, m->gbits);
+    int32_t v[4] = { DS41_SOP_GMASK, m->sid[i], on, on ? (int32_t)W : 0 };
+    put(m, v, 4);
+    if (on) put(m, (const int32_t *)(const void *)m->gbits, W);
+    m->dpc.masks++;
+    m->dpc.mask_bytes += (long long)(sizeof v + (on ? W * sizeof *m->gbits : 0));
 }
 
 int ds41_smirror_logprobs(ds41_smirror *m, const ds41_session *s, int n_top, float *lp, int32_t *top_id, float *top_lp) {
@@ -434,6 +469,8 @@ long long ds41_smirror_restore(ds41_smirror *m, ds41_engine *e, ds41_prefix_cach
                                size_t n, const ds41_prefix_img *im) {
     if (!m) return ds41_prefix_restore_img(pc, s, ids, n, im);
     if (m->store && !m->dp) ship_disk_blocks(m, pc, s, ids, n, im);
+    /* a restore of the whole prompt samples its first token on the owner */
+    if (m->dp && m->glp[slot_of(m, s)]) put_gmask(m, slot_of(m, s));
     put_ids(m, DS41_SOP_RESTORE, s, ids, n);
     flush(m);   /* the restore replays through the forward */
     if (!m->dp) return ds41_prefix_restore_img(pc, s, ids, n, im);
@@ -493,6 +530,11 @@ void ds41_smirror_trim(ds41_smirror *m, long long bytes) {
 
 void ds41_smirror_step(ds41_smirror *m, const ds41_batch_item *it, int count) {
     if (!m || count < 1) return;
+    /* the rows an owner samples with a grammar held here: their allowed tokens first */
+    for (int i = 0; i < count && m->dp; i++) {
+        int j = slot_of(m, it[i].s);
+        if (m->glp[j] && !it[i].verify && it[i].ahead == 0) put_gmask(m, j);
+    }
     int32_t v[2] = { DS41_SOP_STEP, count };
     put(m, v, 2);
     for (int i = 0; i < count; i++) {
@@ -588,10 +630,12 @@ static size_t answer_bytes(const ds41_batch_item *b, int samp, int V) {
     return sizeof(int32_t) + (b->ahead == 0 ? (samp != SAMP_RANK0 ? token_bytes(samp) : (size_t)V * sizeof(float)) : 0);
 }
 
-static unsigned char *verify_put(unsigned char *p, const ds41_batch_item *b, int samp, int failed, int V) {
+static unsigned char *verify_put(unsigned char *p, const ds41_batch_item *b, ds41_lproc *lp, int samp, int failed, int V) {
     size_t nb = verify_bytes(b->n, samp);
     memset(p, 0, nb);
     if (failed) return p + nb;
+    /* the owner's processor counts the tokens the verify gave, as rank 0's counts them emitted */
+    for (int j = 0; lp && j < b->n_out; j++) ds41_lproc_accept(lp, b->out[j]);
     int32_t h[2] = { b->n_accepted, b->n_out };
     memcpy(p, h, sizeof h);
     memcpy(p + sizeof h, b->out, (size_t)b->n_out * sizeof *b->out);
@@ -622,7 +666,7 @@ static unsigned char *answer_put(unsigned char *p, const ds41_batch_item *b, ds4
     memcpy(p, &st, sizeof st);
     p += sizeof st;
     if (b->verify) {
-        p = verify_put(p, b, samp, st, V);
+        p = verify_put(p, b, lp, samp, st, V);
     } else if (b->ahead == 0 && samp != SAMP_RANK0) {
         p = token_put(p, b->s, lp, samp, st, V);
     } else if (b->ahead == 0) {
@@ -764,7 +808,7 @@ void ds41_smirror_beat(ds41_smirror *m) {
 void ds41_smirror_end(ds41_smirror *m) {
     if (!m) return;
     dp_report(&m->dpc);
-    if (m->store && verbose())
+    if (m->store && !m->dp && verbose())
         fprintf(stderr, "ds41 serve [rank 0]: --cache-dir: %lld blocks read from the store sent to the other ranks (%lld bytes)\n",
                 m->shipped_blocks, m->shipped_bytes);
     put1(m, DS41_SOP_END);
@@ -907,6 +951,7 @@ static int step_own(ds41_engine *e, fslots *f, ds41_batch_item *items, int count
         if (items[k].s) {
             f->step_os[n] = f->step_os[k];
             f->dpc.verifies += items[k].verify;
+            f->dpc.lp_verifies += items[k].verify && lp_of(f, items[k].s);
             items[n++] = items[k];
             bytes += answer_bytes(&items[k], f->step_os[k], V);
         }
@@ -978,11 +1023,14 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
                         dp ? "--dp-attention" : "without --dp-attention"), -1;
     if (op->op == DS41_SOP_OPEN_ON && op->rank >= ds41_dist_size())
         return snprintf(err, errcap, "serve mirror: rank 0 gave session %d to rank %d of %d", (int)op->id, op->rank, ds41_dist_size()), -1;
-    if ((op->op == DS41_SOP_SAMPLE || op->op == DS41_SOP_PROBE || op->op == DS41_SOP_PROBE_IMG || op->op == DS41_SOP_LPROC) && !dp)
+    if ((op->op == DS41_SOP_SAMPLE || op->op == DS41_SOP_PROBE || op->op == DS41_SOP_PROBE_IMG || op->op == DS41_SOP_LPROC ||
+         op->op == DS41_SOP_GMASK || op->op == DS41_SOP_GRAMMAR) && !dp)
         return snprintf(err, errcap, "serve mirror: rank 0 sent %s, which only --dp-attention uses",
                         op->op == DS41_SOP_SAMPLE ? "SAMPLE" : op->op == DS41_SOP_PROBE ? "PROBE"
-                                                             : op->op == DS41_SOP_LPROC ? "LPROC" : "PROBE_IMG"), -1;
-    if (op->op == DS41_SOP_LPROC && slot_at(f, op->id) < 0)
+                                                             : op->op == DS41_SOP_LPROC ? "LPROC"
+                                                             : op->op == DS41_SOP_GMASK ? "GMASK"
+                                                             : op->op == DS41_SOP_GRAMMAR ? "GRAMMAR" : "PROBE_IMG"), -1;
+    if ((op->op == DS41_SOP_LPROC || op->op == DS41_SOP_GMASK || op->op == DS41_SOP_GRAMMAR) && slot_at(f, op->id) < 0)
         return snprintf(err, errcap, "serve mirror: rank 0 named session %d, which this rank does not hold", (int)op->id), -1;
     if (op->op == DS41_SOP_IMAGES && !(s = slot_find(f, op->id)) && !(dp && slot_at(f, op->id) >= 0))
         return snprintf(err, errcap, "serve mirror: rank 0 sends the image rows of session %d, which this rank does not hold",
@@ -990,7 +1038,7 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
     if (op->op == DS41_SOP_DRAFT && !(s = slot_find(f, op->id)) && !(dp && slot_at(f, op->id) >= 0))
         return snprintf(err, errcap, "serve mirror: rank 0 drafts for session %d, which this rank does not hold", (int)op->id), -1;
     if (op->op == DS41_SOP_BLOCKS && dp)
-        return snprintf(err, errcap, "serve mirror: rank 0 sent BLOCKS, and --cache-dir is not supported with --dp-attention"), -1;
+        return snprintf(err, errcap, "serve mirror: rank 0 sent BLOCKS under --dp-attention, where each rank reads its own store"), -1;
     if (op->op == DS41_SOP_BLOCKS && !(s = slot_find(f, op->id)))
         return snprintf(err, errcap, "serve mirror: rank 0 sent the stored blocks of session %d, which this rank does not hold",
                         (int)op->id), -1;
@@ -1060,6 +1108,31 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             return snprintf(err, errcap, "serve mirror: rank 0 sent the logits processor of session %d before its sampler", (int)op->id), -1;
         return j >= 0 && f->s[j] ? lp_build(e, f, j, op, err, errcap) : 0;
     }
+    case DS41_SOP_GRAMMAR: {
+        /* the sequence's grammar stays on rank 0, which sends the allowed tokens of each row
+         * this rank samples (GMASK) */
+        int j = slot_at(f, op->id);
+        if (!f->s[j]) return 0;
+        ds41_lproc *lp = f->lp[j];
+        if (!lp) return snprintf(err, errcap, "serve mirror: rank 0 sent the grammar of session %d before its logits processor", (int)op->id), -1;
+        lp->remote = 1;
+        lp->xset = -1;
+        if (ds41_lproc_ready(lp)) return snprintf(err, errcap, "out of memory for a grammar's allowed tokens"), -1;
+        return 0;
+    }
+    case DS41_SOP_GMASK: {
+        int j = slot_at(f, op->id);
+        if (!f->s[j]) return 0;   /* another rank's sequence */
+        ds41_lproc *lp = f->lp[j];
+        size_t W = ((size_t)ds41_vocab_size(e) + 31) / 32;
+        if (!lp || !lp->remote)
+            return snprintf(err, errcap, "serve mirror: rank 0 sent the allowed tokens of session %d, which has no grammar here", (int)op->id), -1;
+        if (op->on && op->n != W)
+            return snprintf(err, errcap, "serve mirror: rank 0 sent %zu words of allowed tokens, this rank's vocabulary needs %zu", op->n, W), -1;
+        if (op->on) memcpy(lp->bits, op->bits, W * sizeof *lp->bits);
+        lp->xset = op->on;
+        return 0;
+    }
     case DS41_SOP_PROBE: {
         uint8_t **pg = NULL;
         int64_t h = ds41_prefix_pages(pc, op->ids, op->n, &pg);
@@ -1100,9 +1173,13 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             ds41_prefix_restore_img(pc, s, op->ids, op->n, f->img[i] ? &pim : NULL);
             return 0;
         }
+        if (s && f->lp[i] && f->lp[i]->remote && f->lp[i]->xset < 0)
+            return snprintf(err, errcap, "serve mirror: rank 0 restores session %d, which has a grammar, without its allowed "
+                                         "tokens (GMASK)", (int)op->id), -1;
         long long hit = s ? ds41_prefix_restore_img(pc, s, op->ids, op->n, f->img[i] ? &pim : NULL) : 0;
         ds41_dist_dp_done(&e->ctx);   /* the owner's replay forward */
-        if (s) restore_answer(e, s, lp_of(f, s), f->samp[slot_at(f, op->id)], hit, op->n);
+        if (s) restore_answer(e, s, f->lp[i], f->samp[i], hit, op->n);
+        if (f->lp[i]) f->lp[i]->xset = -1;
         return 0;
     }
     case DS41_SOP_PUBLISH: {
@@ -1210,6 +1287,10 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             } else {
                 b->ahead = (size_t)w[2];
             }
+            const ds41_lproc *blp = b->s ? f->lp[slot_at(f, w[0])] : NULL;
+            if (blp && blp->remote && (b->verify || (b->ahead == 0 && blp->xset < 0)))
+                return snprintf(err, errcap, "serve mirror: rank 0's step %s session %d, whose grammar it holds, %s", b->verify ?
+                                "verifies drafts of" : "samples", (int)w[0], b->verify ? "(not under --spec)" : "without its allowed tokens (GMASK)"), -1;
             w += 3 + b->n;
         }
         int rc = 0;

@@ -22,7 +22,9 @@
  * ids, for the repetition penalty) | IMAGES id n dim flags[n] keys[k][8] rows[k][dim] |
  * PROBE_IMG n ids[n] flags[n] keys[k][8] (k = the flags set, at least 1; keys: each image
  * position's content key, 32 bytes; rows: float bits) |
- * BLOCKS id n ids[n] first nb nbytes bytes[nbytes, padded to words] (code 20).
+ * BLOCKS id n ids[n] first nb nbytes bytes[nbytes, padded to words] (code 20) |
+ * GMASK id on nw bits[nw] (code 21; on 0: no token constrained, nw 0; on 1: the allowed tokens,
+ * nw = (vocab + 31) / 32 words) | GRAMMAR id (code 22).
  *
  * --cache-dir (replicated attention): rank 0 alone reads and writes the store. Before a
  * RESTORE whose chain rank 0 had to read from disk (ds41_prefix_load), BLOCKS carries those
@@ -53,8 +55,8 @@
  * which rank 0's scheduler plans the verify blocks as in one process (its grammar check, the
  * drafting gate of --spec auto); the owner runs the verify and, holding the sequence's sampler
  * (SAMPLE), decides it as one process does, and answers with the accepted count and the tokens
- * (with logprobs, an entry per token). A sequence whose tokens rank 0 must draw (a logits
- * processor) is held by rank 0 under --spec. The calibration of --spec auto runs rank 0's
+ * (with logprobs, an entry per token), with the sequence's logits processor (LPROC) if any. A
+ * sequence with a grammar is held by rank 0 under --spec. The calibration of --spec auto runs rank 0's
  * forwards alone; the other ranks join them (CALIBRATE). No outcome hook: each owner decides.
  *
  * --dp-attention (docs/distributed.md): rank 0 gives each new sequence to the least-loaded
@@ -62,7 +64,8 @@
  * rank runs its own items of every STEP (rank 0 too; a rank with none joins the expert
  * exchanges with zero rows) and sends rank 0, per item in step order, a status word and,
  * where the forward computed logits, the token the owner drew (a sequence whose sampler moved
- * there with SAMPLE, and with LPROC its logits processor unless that has a grammar) or else the
+ * there with SAMPLE, and with LPROC its logits processor, a grammar's allowed tokens coming from
+ * rank 0 ahead of each sampled row with GMASK) or else the
  * logits row, from which rank
  * 0 samples as from its own; the errors of failed items follow in a second message. Rank 0
  * keeps a session per sequence: for another rank's sequences it runs no forward
@@ -82,7 +85,10 @@
 enum { DS41_SOP_OPEN = 1, DS41_SOP_CLOSE, DS41_SOP_RESTORE, DS41_SOP_PUBLISH, DS41_SOP_TRIM, DS41_SOP_STEP, DS41_SOP_END,
        DS41_SOP_OPEN_ON, DS41_SOP_SAMPLE, DS41_SOP_PROBE, DS41_SOP_DRAFT, DS41_SOP_CALIBRATE,
        /* 13 was EMBEDS (an image prompt fed alone), no longer sent */
-       DS41_SOP_LPROC = 14, DS41_SOP_IMAGES = 18, DS41_SOP_PROBE_IMG = 19, DS41_SOP_BLOCKS = 20 };
+       DS41_SOP_LPROC = 14, DS41_SOP_IMAGES = 18, DS41_SOP_PROBE_IMG = 19, DS41_SOP_BLOCKS = 20,
+       DS41_SOP_GMASK = 21, DS41_SOP_GRAMMAR = 22 };
+/* GMASK's bound on its words (a vocabulary of up to 2^26 tokens) */
+#define DS41_SOP_GMASK_MAX_WORDS (1 << 21)
 /* the prefix cache's block (tokens), as BLOCKS counts them */
 #define DS41_PREFIX_BLOCK 128
 /* a STEP item's ahead word for a verify block */
@@ -115,6 +121,8 @@ typedef struct ds41_sop {
     int first, nb;            /* BLOCKS: blocks [first, first + nb) of ids, their pages in blk (blk_len bytes) */
     size_t blk_len;
     const uint8_t *blk;
+    int on;                   /* GMASK: 1 when bits[n] (the allowed tokens) follow, 0: none constrained */
+    const int32_t *bits;
 } ds41_sop;
 
 /* Decodes the operation at w[*at] (n words in all), advancing *at. 1: one decoded; 0: the end
@@ -136,10 +144,13 @@ void ds41_smirror_close(ds41_smirror *m, const ds41_session *s);
  * rank that holds the sequence samples it and sends rank 0 the token only, and with logprobs
  * (n_top >= 0; -1: none) the token's logprob and the n_top best; a logits processor (lp,
  * NULL: none) goes with it (LPROC: logit_bias, min_tokens, the penalties, whose counts the
- * owner keeps from the tokens it draws) unless it has a grammar (rank 0 samples from the row). */
+ * owner keeps from the tokens it draws). With a grammar, GRAMMAR follows: rank 0 keeps the
+ * matcher and, ahead of every row the owner samples (a STEP item or a whole-prompt RESTORE),
+ * sends its allowed tokens (GMASK, ds41_lproc_allowed), which the owner's processor applies in
+ * the grammar's place; rank 0's processor advances the grammar with each token taken. */
 struct ds41_lproc;
 void ds41_smirror_sampling(ds41_smirror *m, const ds41_session *s, float temperature, int top_k, float top_p, float min_p,
-                           uint64_t seed, int n_top, const struct ds41_lproc *lp);
+                           uint64_t seed, int n_top, struct ds41_lproc *lp);
 /* The logprobs the owner sent with s's last token (1), or 0: rank 0 computes them from the row. */
 int ds41_smirror_logprobs(ds41_smirror *m, const ds41_session *s, int n_top, float *lp, int32_t *top_id, float *top_lp);
 /* ds41_prefix_restore_img as every rank must see it (m == NULL: the restore alone; im NULL:

@@ -8,7 +8,8 @@
 #include "serve_req.h"
 
 static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH", "TRIM", "STEP", "END", "OPEN_ON", "SAMPLE", "PROBE", "DRAFT", "CALIBRATE",
-                                        "?", "LPROC", "?", "?", "?", "IMAGES", "PROBE_IMG", "BLOCKS" };
+                                        "?", "LPROC", "?", "?", "?", "IMAGES", "PROBE_IMG", "BLOCKS",
+                                        "GMASK", "GRAMMAR" };
 
 /* IMAGES and PROBE_IMG: flags[n] (0 or 1) at w[*i], then a content key (8 words) per flag set */
 static int image_flags(const int32_t *w, size_t n, size_t *i, ds41_sop *op, const char *name, char *err, size_t errcap) {
@@ -35,9 +36,9 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
     memset(op, 0, sizeof *op);
     op->op = w[i];
     if (op->op < DS41_SOP_OPEN || (op->op > DS41_SOP_CALIBRATE && op->op < DS41_SOP_LPROC) ||
-        (op->op > DS41_SOP_LPROC && op->op < DS41_SOP_IMAGES) || op->op > DS41_SOP_BLOCKS)
-        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, %d, %d, %d or %d, got %d", i,
-                        DS41_SOP_CALIBRATE, DS41_SOP_LPROC, DS41_SOP_IMAGES, DS41_SOP_PROBE_IMG, DS41_SOP_BLOCKS, (int)w[i]), -1;
+        (op->op > DS41_SOP_LPROC && op->op < DS41_SOP_IMAGES) || op->op > DS41_SOP_GRAMMAR)
+        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, %d or %d..%d, got %d", i,
+                        DS41_SOP_CALIBRATE, DS41_SOP_LPROC, DS41_SOP_IMAGES, DS41_SOP_GRAMMAR, (int)w[i]), -1;
     const char *name = op_name[op->op];
     i++;
 #define NEED(k, what) \
@@ -219,6 +220,26 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
         NEED((op->blk_len + 3) / 4, "the blocks' bytes");
         op->blk = (const uint8_t *)(const void *)(w + i);
         i += (op->blk_len + 3) / 4;
+        break;
+    case DS41_SOP_GMASK:
+        NEED(3, "a session id, a flag and a word count");
+        if (w[i + 1] != 0 && w[i + 1] != 1)
+            return snprintf(err, errcap, "serve mirror: word %zu: GMASK: flag %d, expected 0 (no token constrained) or 1 (the "
+                            "allowed tokens follow)", i + 1, (int)w[i + 1]), -1;
+        if (w[i + 1] == 0 ? w[i + 2] != 0 : (w[i + 2] < 1 || w[i + 2] > DS41_SOP_GMASK_MAX_WORDS))
+            return snprintf(err, errcap, "serve mirror: word %zu: GMASK: %d words with flag %d (expected 0 with flag 0, "
+                            "1..%d with flag 1)", i + 2, (int)w[i + 2], (int)w[i + 1], DS41_SOP_GMASK_MAX_WORDS), -1;
+        op->id = w[i];
+        op->on = w[i + 1];
+        op->n = (size_t)w[i + 2];
+        i += 3;
+        NEED(op->n, "the allowed tokens' words");
+        op->bits = w + i;
+        i += op->n;
+        break;
+    case DS41_SOP_GRAMMAR:
+        NEED(1, "a session id");
+        op->id = w[i++];
         break;
     default:   /* END */
         break;

@@ -15,12 +15,14 @@
   mpi_client.py twice PORT          one seeded sampling request, then the same again once the first
                                     ended (under --dp-attention an idle server gives the two to two
                                     ranks in turn: one samples on rank 0, one on its owner); then
-                                    the same with a JSON grammar (rank 0 samples it from the row):
+                                    the same with a JSON grammar (its owner samples it with the
+                                    allowed tokens rank 0 sends ahead of each row):
                                     both lines of each pair (as answers prints them) must be equal
-  mpi_client.py processed PORT      6 concurrent requests with logits processors but no grammar
-                                    (logit_bias, frequency / presence / repetition penalties,
-                                    min_tokens; greedy with logprobs and seeded sampling, 2
-                                    streamed): one line per request, as answers prints them
+  mpi_client.py processed PORT      8 concurrent requests with logits processors (logit_bias,
+                                    frequency / presence / repetition penalties, min_tokens, and
+                                    2 with a grammar: a JSON object with seeded sampling, a JSON
+                                    schema greedy with logprobs; 2 streamed): one line per
+                                    request, as answers prints them
   mpi_client.py fault PORT PID SIG  8 concurrent requests with long answers; once the streams
                                     are decoding, send SIG (STOP, KILL) to PID (a follower), or
                                     with PID "cmd", run the shell command SIG (a link down); every
@@ -151,7 +153,7 @@ def whole(port):
 def twice(port):
     bad = 0
     plain = {"prompt": "Tell me a fortune.", "max_tokens": 24, "temperature": 0.9, "top_k": 40, "seed": 7}
-    # a logits processor (the JSON grammar): rank 0 samples it from the logits row its owner sends
+    # a logits processor (the JSON grammar): its owner samples it with rank 0's allowed tokens
     constrained = dict(plain, response_format={"type": "json_object"}, max_tokens=12)
     for b in (plain, constrained):
         out = [summary(b, *post(port, b)) for _ in range(2)]
@@ -173,6 +175,11 @@ def processed(port):
          "logprobs": 3, "stream": True, "stream_options": {"include_usage": True}},
         {"prompt": "And the LORD spake", "max_tokens": 24, "temperature": 1.0, "top_p": 0.9, "seed": 21, "frequency_penalty": 2,
          "logit_bias": {"300": 2.25}},
+        {"prompt": "Tell me a fortune.", "max_tokens": 16, "temperature": 0.9, "top_k": 40, "seed": 13,
+         "response_format": {"type": "json_object"}},
+        {"prompt": "Abacus, n.", "max_tokens": 16, "temperature": 0, "logprobs": 2, "presence_penalty": 0.5,
+         "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+             "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}},
     ]
     out = run_all(port, bodies)
     bad = 0
