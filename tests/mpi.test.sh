@@ -970,6 +970,35 @@ else
     fail split_ids_demo_n3 "tokens differ from one process, or the job failed: $(tail -n 3 "$TMP/b.err")"
 fi
 same split_fast_demo_n3 3 -m "$demo" -p "Once upon a time" -n 24 --ignore-eos --split layers
+# --spec under --split layers: the last stage holds every DSpark target layer (5-7 behind KV
+# source 4) and runs the drafter; it sends each step's drafts (64 B behind a 32-byte header) and
+# each verify's outcome (8 B + 32) to rank 0. The tokens, every step's spec_step (drafts' conf,
+# accepted), the logits and the run's spec counts equal one process's; 16 steps of 3 drafts.
+if "$DS41" run -m "$demo" -p "Once upon a time" -n 24 --exact --ignore-eos --spec fixed:3 --json \
+       --dump-logits "$TMP/a.f32" >"$TMP/a.out" 2>"$TMP/a.err" &&
+   DS41_MPI_VERBOSE=1 $RUN -n 2 "$DS41" run -m "$demo" -p "Once upon a time" -n 24 --exact --ignore-eos --spec fixed:3 \
+       --json --split layers --mpi-timeout 30 --dump-logits "$TMP/b.f32" >"$TMP/b.out" 2>"$TMP/b.err"; then
+    d=$(/usr/bin/python3 -c "
+import json, sys
+a, b = (open(f).read().splitlines() for f in sys.argv[1:3])
+def spec(o):
+    if isinstance(o, dict):
+        if 'spec' in o: return o['spec']
+        for v in o.values():
+            r = spec(v)
+            if r is not None: return r
+sa, sb = spec(json.loads(a[-1])), spec(json.loads(b[-1]))
+print('' if a[:-1] == b[:-1] and len(a) == 25 and sa == sb and sa['steps'] == 16 and sa['drafted'] == 48 else
+      'steps or counts differ: %s vs %s' % (sa, sb))
+" "$TMP/a.out" "$TMP/b.out")
+    sb=$(sed -n 's/.*pipe: layers 4\.\.7 of 8 + head;.*spec \([0-9]*\) bytes.*/\1/p' "$TMP/b.err")
+    if [ -n "$d" ]; then fail split_spec_fixed3_demo_n2 "$d"
+    elif ! cmp -s "$TMP/a.f32" "$TMP/b.f32"; then fail split_spec_fixed3_demo_n2 "logits differ ($(cmp "$TMP/a.f32" "$TMP/b.f32" | head -n 1))"
+    elif [ "$sb" != $((16 * (32 + 64) + 16 * (32 + 8))) ]; then fail split_spec_fixed3_demo_n2 "the last stage sent '$sb' spec bytes, expected 2176"
+    else pass split_spec_fixed3_demo_n2; fi
+else
+    fail split_spec_fixed3_demo_n2 "a run failed: $(tail -n 2 "$TMP/a.err") $(tail -n 3 "$TMP/b.err")"
+fi
 same split_exact_small43_n2_map 2 -m "$small" --prompt-ids "$P90" -n 8 --exact --ignore-eos --split layers --layer-map 0-13,14-39
 if $RUN -n 3 "$DS41" perplexity -m "$demo" -f "$TMP/text" -c 128 --json --exact --split layers --mpi-timeout 30 \
        >"$TMP/p3.json" 2>"$TMP/p3.err"; then   # $TMP/p1.json: the one process of perplexity_n3
@@ -1004,7 +1033,6 @@ done
 expect_job split_too_many_ranks "8 layers cannot make 4 stages" 60 "$DS41" inspect --ranks 4 --split layers "$demo"
 expect_job split_expert_map_refused "with --split layers each rank runs all the experts of its layers" 60 \
     "$DS41" run -m "$demo" -p "x" -n 2 --split layers --expert-map "$TMP/map"
-expect_job split_spec_refused "is not supported with --split layers" 60 "$DS41" run -m "$demo" -p "x" -n 2 --split layers --spec fixed:2
 expect_job split_missing_stage_file "rank 1: .*noshard" 60 \
     mpiexec -n 1 "$DS41" run -m "$tiny" --prompt-ids 1,2,3 -n 2 --split layers : -n 1 "$DS41" run -m "$TMP/noshard" --prompt-ids 1,2,3 -n 2 --split layers
 # the last stage stops mid-decode: rank 0, waiting for its logits, names it within --mpi-timeout

@@ -35,11 +35,6 @@ int ds41_cli_spec_parse(const char *cmd, const char *arg, int block, int plain_o
         fprintf(stderr, "ds41 %s: --spec %s: the model has no DSpark stages\n", cmd, arg);
         return 2;
     }
-    if (o->mode != DS41_SPEC_OFF && ds41_pipe_on()) {   /* the drafter reads taps of the last stage only */
-        fprintf(stderr, "ds41 %s: --spec %s is not supported with --split layers (use --spec off or leave it out: off "
-                        "there)\n", cmd, arg);
-        return 2;
-    }
     if (o->mode != DS41_SPEC_OFF && plain_only) {
         fprintf(stderr, "ds41 %s: --spec %s cannot be combined with --trace, --draft-trace or --force-ids\n", cmd, arg);
         return 2;
@@ -99,7 +94,8 @@ int ds41_cli_spec_generate(ds41_cli_spec_run *r) {
          * token is never fed, so a step needs one free position */
         if (ds41_session_pos(s) + 1 > ds41_ctx_size(r->e)) break;
         double t1 = ds41_cli_now();
-        int m = ds41_spec_step(s, &p, out, cap, lg, &info, &st);
+        /* the rows only where they are read (--split layers: they stay on the last stage) */
+        int m = ds41_spec_step(s, &p, out, cap, r->fdump || r->json ? lg : NULL, &info, &st);
         double dt = ds41_cli_now() - t1;
         if (m < 0) { fprintf(stderr, "\nds41 run: %s\n", ds41_session_error(s)); goto end; }
         if (r->n_gen == 0) t_first = dt;   /* the first step also samples the prefill's token */

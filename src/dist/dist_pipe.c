@@ -107,7 +107,7 @@ struct ds41_pipe {
     unsigned char *buf;
     size_t cap;
     uint64_t step;              /* forwards so far (the header's step) */
-    long long hops_sent, rows_sent, bytes_sent, hops_recv, rows_recv, bytes_recv, shared_bytes, token_bytes;
+    long long hops_sent, rows_sent, bytes_sent, hops_recv, rows_recv, bytes_recv, shared_bytes, token_bytes, spec_bytes;
     double wait_s;
 #ifdef DS41_HAVE_MPI
     MPI_Comm comm;
@@ -409,6 +409,20 @@ void ds41_pipe_token(ds41_pipe *p, int *id) {
 #endif
 }
 
+int ds41_pipe_holds_last(const ds41_pipe *p, int l) { return l >= p->first[p->size - 1] && l < p->L; }
+
+void ds41_pipe_spec(ds41_pipe *p, void *data, size_t n, uint32_t kind, const char *what) {
+#ifdef DS41_HAVE_MPI
+    char err[512];
+    long long before = p->shared_bytes;
+    if (from_last(p, data, n, (uint32_t)p->L + kind, 1, p->size - 1, 9, what, err, sizeof err)) ds41_dist_fatal(1, "%s", err);
+    p->spec_bytes += p->shared_bytes - before;
+    p->shared_bytes = before;
+#else
+    (void)p, (void)data, (void)n, (void)kind, (void)what;
+#endif
+}
+
 int ds41_pipe_step(int count, const long long *pos, const int *T, const int32_t *const *tokens, char *err, size_t cap) {
     ds41_pipe *p = open_pipe;
     uint64_t h = ds41_fnv(DS41_FNV0, &count, sizeof count);
@@ -429,10 +443,10 @@ int ds41_pipe_report(char *line, size_t cap) {
     if (!p) return 0;
     const char *role = p->size == 1 ? " + embedding, head" : p->rank == 0 ? " + embedding" : p->rank == p->size - 1 ? " + head" : "";
     snprintf(line, cap, "pipe: layers %d..%d of %d%s; %llu forwards; stream received %lld hops %lld rows %lld "
-             "bytes, sent %lld hops %lld rows %lld bytes (%lld B per row); logits sent %lld bytes, tokens %lld bytes; %.3f s waiting; "
+             "bytes, sent %lld hops %lld rows %lld bytes (%lld B per row); logits sent %lld bytes, tokens %lld bytes, spec %lld bytes; %.3f s waiting; "
              "pipelined serve steps %lld, at most %d forwards in flight, %lld steps overlapped",
              p->lo, p->hi - 1, p->L, role, (unsigned long long)p->step, p->hops_recv, p->rows_recv, p->bytes_recv, p->hops_sent, p->rows_sent,
-             p->bytes_sent, (long long)(p->hc * (p->dim + 1) * sizeof(float)), p->shared_bytes, p->token_bytes, p->wait_s, p->deferred_steps,
+             p->bytes_sent, (long long)(p->hc * (p->dim + 1) * sizeof(float)), p->shared_bytes, p->token_bytes, p->spec_bytes, p->wait_s, p->deferred_steps,
              p->max_pend, p->overlapped);
     return 1;
 }

@@ -91,6 +91,15 @@ int ds41_pipe_ids(const ds41_pipe *p);
  * A silent or drifted last stage ends the job (--mpi-timeout). */
 void ds41_pipe_fetch(ds41_pipe *p, float *row, size_t V);
 void ds41_pipe_token(ds41_pipe *p, int *id);
+/* --spec under --split layers (a command, ids after the last stage): the DSpark stages run on
+ * the last stage only (every target layer sits there at every allowed cut: ds41_pipe_holds_last).
+ * The last stage's n bytes at data go to every rank behind a 32-byte header (step, kind, plan
+ * hash): the step's drafts (kind 2), a verify's outcome (kind 3), the calibration's proposal
+ * timing (kind 4). A silent or drifted last stage ends the job (--mpi-timeout). */
+void ds41_pipe_spec(ds41_pipe *p, void *data, size_t n, uint32_t kind, const char *what);
+/* 1 when layer l is on the last stage. */
+int ds41_pipe_holds_last(const ds41_pipe *p, int l);
+
 /* The engine's per-forward hook under --split layers (ds41_engine.step): the plan's hash goes
  * into every stream message of the forward (the next stage compares it with its own), then
  * rank 0's plan is broadcast and checked (ds41_dist_step) unless the step is deferred. */

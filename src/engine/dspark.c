@@ -8,6 +8,7 @@
 #include "attention.h"
 #include "formats.h"
 #include "mhc.h"
+#include "dist_pipe.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -92,6 +93,8 @@ int ds41_dspark_seed(const ds41_engine *e, ds41_cache *c, const float *main_hidd
     if (check_model(e, err)) return -1;
     const ds41_config *cfg = e->cfg;
     if (n <= 0) return 0;
+    /* --split layers: the DSpark stages run on the last stage only (their rings are its) */
+    if (e->pipe && !ds41_pipe_last(e->pipe)) return 0;
     if (pos0 < 0 || pos0 + n > e->max_pos)
         return ds41_errf(err, "dspark: context positions %lld..%lld outside the context of %lld", pos0,
                          pos0 + n - 1, e->max_pos);

@@ -995,7 +995,7 @@ int ds41_spec_step(ds41_session *s, const ds41_spec_params *p, int32_t *out, int
     int32_t t_next = s->spec.pending;
     if (t_next < 0) {
         t_next = ds41_session_sample(s);
-        if (out_logits) memcpy(out_logits, s->seq.logits, (size_t)V * sizeof(float));
+        if (out_logits) memcpy(out_logits, ds41_logits(s), (size_t)V * sizeof(float));
         out[n++] = t_next;
     }
     /* how many drafts the step may verify */
@@ -1006,8 +1006,20 @@ int ds41_spec_step(ds41_session *s, const ds41_spec_params *p, int32_t *out, int
     int32_t d[DS41_SPEC_MAX_DRAFTS];
     int K = 0;
     int propose = kmax > 0 && s->p.draft && P >= 2;
+    /* --split layers (ids after the last stage): the DSpark stages, the gate and the drafts run
+     * on the last stage, which holds every target layer; it sends the step's drafts to every
+     * rank (ds41_pipe_spec), which then verify the same block */
+    ds41_pipe *pp = s->e->pipe && ds41_pipe_ids(s->e->pipe) ? s->e->pipe : NULL;
+    for (int ti = 0; pp && ti < cfg->n_dspark_targets && propose; ti++)
+        if (!ds41_pipe_holds_last(pp, cfg->dspark_targets[ti])) {
+            snprintf(s->err, sizeof s->err, "spec step: DSpark target layer %d is not on the last stage (its taps would "
+                     "have to cross the stages; not supported)", cfg->dspark_targets[ti]);
+            return -1;
+        }
+    int drafter = !pp || ds41_pipe_last(pp);
     /* auto: no proposal when drafting cannot pay (the gate counts the proposal's cost) */
-    if (propose && p->mode == DS41_SPEC_AUTO) propose = ds41_spec_gate(&s->spec, p->curve, (int)kmax);
+    if (drafter && propose && p->mode == DS41_SPEC_AUTO) propose = ds41_spec_gate(&s->spec, p->curve, (int)kmax);
+    if (!drafter) propose = 0;
     if (propose) {
         const float *row = draft_prepare(s, t_next);
         ds41_err err;
@@ -1052,13 +1064,33 @@ int ds41_spec_step(ds41_session *s, const ds41_spec_params *p, int32_t *out, int
         info->proposed = ds41_dspark_made(w);
         info->proposal = 1;
     }
+    if (pp) {   /* the last stage's step for every rank: K, proposal, proposed, expected, B ids, B confidences */
+        unsigned char m[24 + 8 * DS41_DSPARK_MAX_BLOCK];
+        int32_t h[3] = { K, info->proposal, info->proposed };
+        size_t mb = 24 + 8 * (size_t)B;
+        memset(m, 0, sizeof m);
+        memcpy(m, h, sizeof h);
+        memcpy(m + 16, &info->expected, sizeof info->expected);
+        memcpy(m + 24, d, (size_t)K * sizeof *d);
+        memcpy(m + 24 + 4 * (size_t)B, info->conf, (size_t)info->proposed * sizeof *info->conf);
+        ds41_pipe_spec(pp, m, mb, 2, "the step's drafts, from the last stage");
+        memcpy(h, m, sizeof h);
+        if (h[0] < 0 || h[0] > kmax || h[0] > B || h[2] < 0 || h[2] > B) {
+            snprintf(s->err, sizeof s->err, "spec step: the last stage's %d drafts (%d proposed) are out of range", h[0], h[2]);
+            return -1;
+        }
+        K = h[0], info->proposal = h[1], info->proposed = h[2];
+        memcpy(&info->expected, m + 16, sizeof info->expected);
+        memcpy(d, m + 24, (size_t)K * sizeof *d);
+        memcpy(info->conf, m + 24 + 4 * (size_t)B, (size_t)h[2] * sizeof *info->conf);
+    }
     int A = 0, m;
     if (K == 0) {
         /* a plain step: t_next fed as a decode (what a one-row verify computes, without its
          * snapshot and rollback), the next token sampled from its logits and left pending */
         if (feed_impl(s, &t_next, 1, NULL, 0)) return -1;
         int32_t next = ds41_session_sample(s);
-        if (out_logits) memcpy(out_logits + (size_t)n * V, s->seq.logits, (size_t)V * sizeof(float));
+        if (out_logits) memcpy(out_logits + (size_t)n * V, ds41_logits(s), (size_t)V * sizeof(float));
         out[n] = next;
         s->spec.pending = next;
         m = 1;

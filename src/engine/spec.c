@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "dist.h"
+#include "dist_pipe.h"
 #include "dspark.h"
 #include "lproc.h"
 
@@ -190,6 +191,17 @@ int ds41_spec_verify_end(ds41_engine *e, ds41_seq *q, ds41_sampler *smp, int dra
     free(scratch);
     free(ids);
     free(prow);
+    /* --split layers (a command): the last stage's acceptance for every rank (only its
+     * sampler draws: ids after the last stage) */
+    if (!outcome_hook && e->pipe && ds41_pipe_ids(e->pipe)) {
+        int32_t v[2] = { A, next };
+        ds41_pipe_spec(e->pipe, v, sizeof v, 3, "the verify outcome, from the last stage");
+        if (v[0] < 0 || v[0] > k || v[1] < 0 || v[1] >= V)
+            return ds41_errf(err, "the last stage's verify outcome (%d of %d drafts accepted, next token %d) is out of range",
+                             (int)v[0], k, (int)v[1]);
+        A = v[0];
+        next = v[1];
+    }
     if (outcome_hook) {
         int32_t v[2] = { A, next };
         char eb[256];
@@ -441,7 +453,7 @@ int ds41_spec_calibrate(ds41_engine *e, int max_width, int prompt_len, int reps,
             goto done;
         }
         if (!c.q.main_hidden || c.q.mh_rows < 1 || !(c.mh = malloc(mhw * sizeof(float))) ||
-            !(c.w = ds41_dspark_work_new(e, &err))) {
+            (!(e->pipe && !ds41_pipe_last(e->pipe)) && !(c.w = ds41_dspark_work_new(e, &err)))) {
             snprintf(errbuf, errcap, "calibrate: no DSpark context row or out of memory");
             goto done;
         }
@@ -507,6 +519,21 @@ int ds41_spec_calibrate(ds41_engine *e, int max_width, int prompt_len, int reps,
         qsort(td, (size_t)n, sizeof(double), cmp_dbl);
         out->propose_s = tb[n / 4] > 0 ? tb[n / 4] : 1e-9;
         out->draft_s = td[n / 4] > 0 ? td[n / 4] : 1e-9;
+    }
+    /* --split layers: the drafter runs on the last stage only; its timing for every rank (the
+     * verify widths' untimed proposals and these are skipped elsewhere) */
+    if (B > 0 && e->pipe && ds41_pipe_ids(e->pipe)) {
+        double pd[2] = { out->propose_s, out->draft_s };
+        if (!ds41_pipe_last(e->pipe)) {   /* the same verifies as the last stage runs above, untimed */
+            for (int r = -1; r < 4 * reps; r++)
+                if (ds41_spec_time_forward(e, &c.q, &c.st, c.vblock, max_width < 2 ? 1 : 2, &err)) {
+                    snprintf(errbuf, errcap, "%s", err.msg);
+                    goto done;
+                }
+        }
+        ds41_pipe_spec(e->pipe, pd, sizeof pd, 4, "the proposal's timing, from the last stage");
+        out->propose_s = pd[0];
+        out->draft_s = pd[1];
     }
     rc = 0;
 done:
