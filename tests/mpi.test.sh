@@ -932,6 +932,47 @@ if [ -s "$TMP/s1.out" ]; then
 else
     fail serve_split_answers "no answers of one process to compare with"
 fi
+# serve --split layers --spec fixed:3: the last stage proposes (every DSpark target layer sits on
+# it) and answers rank 0's DRAFT with the drafts and confidences (76 B: a 32-byte header, a
+# status word, 5 ids, 5 confidences); the verify blocks run in the pipelined micro-batches,
+# their logits come to rank 0 with the step's, rank 0 decides them at the step's end and
+# broadcasts the outcomes (8 B per verify block, one broadcast per step), and each stage rolls
+# back its own layers. The 10 requests of serve_n2_spec_fixed give the bytes of its one process
+# with --spec fixed:3 (specA.one: texts, logprobs, usage with the repeats' cached tokens, exact
+# mode), the same drafts verified / accepted (/metrics, some accepted), and the counters agree:
+# the last stage proposed P times and sent P x 76 spec bytes, rank 0 and the last stage each
+# ran V >= 1 verify blocks, and rank 0 broadcast 8 x V bytes of outcomes.
+if [ -s "$TMP/specA.one.out" ] && [ -s "$TMP/specA.one.met" ]; then
+    DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --exact --mpi-timeout 10 --split layers \
+        --spec fixed:3 >/dev/null 2>"$TMP/s6.log" &
+    s6=$!
+    if p6=$(serve_port "$TMP/s6.log"); then
+        "$PY" tests/serve/mpi_client.py answers "$p6" >"$TMP/s6.out" 2>&1
+        c6=$?
+        spec_metrics "$p6" >"$TMP/s6.met" 2>&1
+        kill -TERM "$(rank_pid 0)" 2>/dev/null
+        wait "$s6"
+        s6rc=$?
+        sp0=$(sed -n 's/.*\[rank 0\]: --split layers: .*--spec: \([0-9]*\) proposals, \([0-9]*\) verify blocks.*; verify outcomes: [0-9]* steps, \([0-9]*\) bytes.*/\1 \2 \3/p' "$TMP/s6.log")
+        sp1=$(sed -n 's/.*\[rank 1\]: --split layers: .*--spec: \([0-9]*\) proposals, \([0-9]*\) verify blocks.*/\1 \2/p' "$TMP/s6.log")
+        sb1=$(sed -n 's/.*\[rank 1\]: pipe: layers 4\.\.7 of 8.*, spec \([0-9]*\) bytes;.*/\1/p' "$TMP/s6.log")
+        if [ $c6 -ne 0 ]; then fail serve_split_spec_fixed "a request failed: $(grep -v '^{"' "$TMP/s6.out" | head -c 300)"
+        elif ! cmp -s "$TMP/specA.one.out" "$TMP/s6.out"; then
+            fail serve_split_spec_fixed "answers differ from one process: $(cmp "$TMP/specA.one.out" "$TMP/s6.out")"
+        elif ! cmp -s "$TMP/specA.one.met" "$TMP/s6.met" || [ "$(cut -d' ' -f2 "$TMP/s6.met")" -lt 1 ]; then
+            fail serve_split_spec_fixed "drafts verified / accepted: '$(cat "$TMP/s6.met")' (one process: '$(cat "$TMP/specA.one.met")', expected equal, some accepted)"
+        elif [ $s6rc -ne 0 ]; then fail serve_split_spec_fixed "the job ended with status $s6rc after SIGTERM: $(tail -n 2 "$TMP/s6.log")"
+        elif ! set -- $sp0 $sp1 || [ $# -ne 5 ] || [ "$1" -ne 0 ] || [ "$2" -lt 1 ] || [ "$4" -lt 1 ] || [ "$5" -ne "$2" ] ||
+             [ "$3" -ne $((8 * $2)) ] || [ "$sb1" != $((76 * $4)) ]; then
+            fail serve_split_spec_fixed "rank 0 proposals / verify blocks / outcome bytes '$sp0', rank 1 proposals / verify blocks '$sp1', rank 1 spec bytes '$sb1' (expected 0 / V / 8 V, P / V, 76 P): $(grep -e 'pipe:' -e 'held here' "$TMP/s6.log" | head -c 600)"
+        else pass "serve_split_spec_fixed ($(cat "$TMP/s6.met") drafts verified / accepted; rank 1: $4 proposals, $5 verify blocks)"; fi
+    else
+        fail serve_split_spec_fixed "the server did not start: $(tail -n 2 "$TMP/s6.log")"
+        kill "$s6" 2>/dev/null; wait "$s6"
+    fi
+else
+    fail serve_split_spec_fixed "no answers of one process with --spec fixed:3 to compare with"
+fi
 expect_job split_pipe_batches_malformed "ds41: --pipe-batches: '0x' is not a number of micro-batches in 1..128" 60 \
     "$DS41" serve -m "$demo" --port 0 --split layers --pipe-batches 0x
 expect_job split_pipe_batches_alone "ds41: --pipe-batches needs --split layers" 60 "$DS41" serve -m "$demo" --port 0 --pipe-batches 2

@@ -75,7 +75,8 @@ static const char *SERVE_USAGE =
     "                           travels instead, and this node reads no decoder weight (docs/pd.md)\n"
     "under mpiexec (docs/distributed.md): rank 0 serves HTTP, the other ranks mirror its batches (routed\n"
     "experts split over the ranks, the same answers); speculation off unless --spec is given (with\n"
-    "--dp-attention each rank proposes and verifies for its own sequences), no --role, --cache-dir on\n"
+    "--dp-attention each rank proposes and verifies for its own sequences, with --split layers the last\n"
+    "stage proposes), no --role, --cache-dir on\n"
     "rank 0 only (with --dp-attention a store per rank, DIR/rank-R; not with --split layers);\n"
     "--mpi-timeout S: a lost rank answers the requests in flight with 503 and ends the job\n\n"
     "Examples:\n"
@@ -241,12 +242,8 @@ int ds41_cli_serve(int argc, char **argv) {
         }
         /* --spec: the followers propose and verify with rank 0, which decides each verify's
          * outcome; under --dp-attention each owner proposes, verifies and decides for its own
-         * sequences (serve_mpi.h); off unless asked for under mpiexec */
-        if (!o.spec_default && o.spec_mode != DS41_SPEC_OFF && ds41_pipe_on()) {
-            fprintf(stderr, "ds41 serve: --spec is not supported with --split layers yet (the stages do not carry a "
-                            "verify block's drafts); use --spec off or leave it out\n");
-            return 2;
-        }
+         * sequences; under --split layers the last stage proposes and every stage verifies
+         * (serve_mpi.h); off unless asked for under mpiexec */
         if (o.spec_default) o.spec_mode = DS41_SPEC_OFF;
         ds41_dist_set_dp(dp_attention);   /* each rank holds its own sequences and their prefix-cache blocks */
         /* --split layers: rank 0 samples, so the logits come to it (dist_pipe.h); each stage's

@@ -353,6 +353,9 @@ void ds41_pipe_defer(ds41_pipe *p, int on) {
     p->defer = on;
 }
 
+int ds41_pipe_deferred(const ds41_pipe *p) { return p && p->defer; }
+int ds41_pipe_stages(const ds41_pipe *p) { return p ? p->size : 1; }
+
 int ds41_pipe_pending(const ds41_pipe *p) { return p->n_pend; }
 
 int ds41_pipe_collect(ds41_pipe *p, int n, char *err, size_t cap) {
@@ -416,6 +419,18 @@ void ds41_pipe_spec(ds41_pipe *p, void *data, size_t n, uint32_t kind, const cha
     char err[512];
     long long before = p->shared_bytes;
     if (from_last(p, data, n, (uint32_t)p->L + kind, 1, p->size - 1, 9, what, err, sizeof err)) ds41_dist_fatal(1, "%s", err);
+    p->spec_bytes += p->shared_bytes - before;
+    p->shared_bytes = before;
+#else
+    (void)p, (void)data, (void)n, (void)kind, (void)what;
+#endif
+}
+
+void ds41_pipe_answer(ds41_pipe *p, void *data, size_t n, uint32_t kind, const char *what) {
+#ifdef DS41_HAVE_MPI
+    char err[512];
+    long long before = p->shared_bytes;
+    if (from_last(p, data, n, (uint32_t)p->L + kind, 1, 1, 9, what, err, sizeof err)) ds41_dist_fatal(1, "%s", err);
     p->spec_bytes += p->shared_bytes - before;
     p->shared_bytes = before;
 #else

@@ -99,6 +99,17 @@ void ds41_pipe_token(ds41_pipe *p, int *id);
 void ds41_pipe_spec(ds41_pipe *p, void *data, size_t n, uint32_t kind, const char *what);
 /* 1 when layer l is on the last stage. */
 int ds41_pipe_holds_last(const ds41_pipe *p, int l);
+/* serve --spec under --split layers: the last stage's n bytes at data to rank 0 alone (the
+ * proposal of a sequence: kind 5; src/serve/serve_mpi.c), behind the 32-byte header; rank 0
+ * receives them into data, the middle stages take no part. A silent or drifted last stage ends
+ * the job. Counted with the spec bytes of the DS41_MPI_VERBOSE line. */
+void ds41_pipe_answer(ds41_pipe *p, void *data, size_t n, uint32_t kind, const char *what);
+/* 1 inside a deferred (pipelined serve) step: a forward's logits reach rank 0 only when
+ * ds41_pipe_collect takes them, so a verify block's acceptance waits for the step's end
+ * (ds41_batch_end, src/engine/spec.h). p may be NULL (0). */
+int ds41_pipe_deferred(const ds41_pipe *p);
+/* The stages of the job (1 when p is NULL). */
+int ds41_pipe_stages(const ds41_pipe *p);
 
 /* The engine's per-forward hook under --split layers (ds41_engine.step): the plan's hash goes
  * into every stream message of the forward (the next stage compares it with its own), then

@@ -364,18 +364,26 @@ static void layer_done(ds41_seq *const *ss, int count, int l) {
         if (ss[i]->layer_done) ss[i]->layer_done(ss[i]->layer_done_arg, ss[i], l);
 }
 
-/* --split layers, a batch: the head's rows [h0, N) shared by the last stage (ds41_pipe_share),
- * each sequence's last row for its logits; its DS41_PIPE_* flags */
+/* --split layers: the head's rows [h0, N) at lg shared by the last stage (ds41_pipe_share),
+ * each sequence's last row for its logits; its DS41_PIPE_* flags. A sequence whose rows[i] is
+ * set wants every row: outside a deferred step they go to every rank (m < 0, into lg); in
+ * serve's pipelined step (a verify block) each of its rows is listed, row t into rows[i] + t x V,
+ * for rank 0's collect. */
 static int pipe_share_batch(struct ds41_pipe *p, ds41_seq *const *ss, const int *T, const size_t *r0, float *const *rows,
                             int count, size_t h0, float *lg, size_t N, size_t V, ds41_err *err) {
-    float **dst = malloc((size_t)count * sizeof *dst);
-    size_t *at = malloc((size_t)count * sizeof *at);
+    int later = ds41_pipe_deferred(p);
+    size_t cap = (size_t)count;
+    for (int i = 0; later && rows && i < count; i++) cap += rows[i] ? (size_t)T[i] : 0;
+    float **dst = malloc(cap * sizeof *dst);
+    size_t *at = malloc(cap * sizeof *at);
     if (!dst || !at) { free(dst); free(at); return ds41_errf(err, "out of memory"); }
     int m = 0;
     for (int i = 0; i < count && m >= 0; i++) {
         if (r0[i] + (size_t)T[i] <= h0) continue;
-        if (rows && rows[i]) m = -1;   /* every row wanted */
-        else dst[m] = ss[i]->logits, at[m++] = r0[i] + (size_t)T[i] - 1 - h0;
+        if (rows && rows[i] && !later) { m = -1; break; }   /* every row wanted, by every rank */
+        for (size_t t = 0; rows && rows[i] && t < (size_t)T[i]; t++)
+            if (r0[i] + t >= h0) dst[m] = rows[i] + t * V, at[m++] = r0[i] + t - h0;
+        dst[m] = ss[i]->logits, at[m++] = r0[i] + (size_t)T[i] - 1 - h0;
     }
     int sh = ds41_pipe_share(p, lg, (N - h0) * V, V, dst, at, m, err->msg, sizeof err->msg);
     free(dst);
@@ -563,8 +571,7 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
         /* --split layers: the rows may arrive later (serve's pipelined step), stay on the last
          * stage (ids after the last stage) or not come here (dist_pipe.h) */
         size_t at = N - 1 - h0;
-        int sh = e->pipe ? ds41_pipe_share(e->pipe, dst, (N - h0) * V, V, &s->logits, &at, rows && rows[0] ? -1 : 1,
-                                           err->msg, sizeof err->msg) : 0;
+        int sh = e->pipe ? pipe_share_batch(e->pipe, ss, T, r0, rows, 1, h0, dst, N, V, err) : 0;
         if (sh < 0) { rc = -1; goto done; }
         if (!(sh & DS41_PIPE_NOT_HERE) && dst != s->logits) memcpy(s->logits, dst + at * V, (size_t)V * sizeof(float));
         s->lg_unshared = (sh & DS41_PIPE_UNSHARED) != 0;

@@ -55,6 +55,10 @@ struct ds41_session {
     float *dpend;
     int dpend_n, dpend_head;
     long long dpend_pos0;
+    /* serve --split layers: a verify block whose forward ran in a pipelined step and whose
+     * acceptance and rollback wait for the step's end (ds41_batch_end): its tokens */
+    int vend;
+    int32_t vend_blk[DS41_SPEC_MAX_DRAFTS + 1];
 };
 
 /* Writes the deferred context rows into the rings (see dpend). */
@@ -872,11 +876,16 @@ int ds41_batch_step(ds41_batch_item *it, int count) {
     int ci = -1;
     for (int i = 0; i < count && ok && ci < 0; i++)
         if (batchable(&it[i], 1)) ci = i;
+    /* serve --split layers, a pipelined step: the logits reach rank 0 at the step's end, so
+     * the verify blocks' acceptance and rollback wait for it (ds41_batch_end) */
+    int later = 0;
+    for (int i = 0; i < count && !later; i++) later = it[i].s && ds41_pipe_deferred(it[i].s->e->pipe);
     for (int oi = 0; oi < count; oi++) {
         int i = ci < 0 || oi > ci ? oi : oi == 0 ? ci : oi - 1;
         ds41_batch_item *b = &it[i];
         b->n_out = b->n_accepted = 0;
         b->failed = 0;
+        b->s->vend = 0;
         if (ok && batchable(b, i == ci)) {
             /* the checks and preparation of ds41_feed / ds41_spec_verify, without the forward */
             ds41_session *s = b->s;
@@ -924,7 +933,13 @@ int ds41_batch_step(ds41_batch_item *it, int count) {
             continue;
         }
         /* one at a time: prefill chunks, traced sessions, errors */
-        if (b->verify) {
+        if (b->verify && later) {
+            /* its acceptance would read logits that have not come (a broken session says so) */
+            if (!b->s->broken)
+                snprintf(b->s->err, sizeof b->s->err, "verify: a block the batched forward cannot take, in a pipelined "
+                         "step (--split layers; not supported)");
+            b->failed = 1;
+        } else if (b->verify) {
             int m = b->n >= 1 ? ds41_spec_verify(b->s, b->ids[0], b->ids + 1, (int)b->n - 1, b->out, b->out_logits,
                                                  &b->n_accepted)
                               : -1;
@@ -952,6 +967,12 @@ int ds41_batch_step(ds41_batch_item *it, int count) {
                 ds41_batch_item *b = &it[idx[j]];
                 ds41_session *s = b->s;
                 int rc;
+                if (b->verify && later) {
+                    s->seq.verify = 0;
+                    memcpy(s->vend_blk, blocks[j], b->n * sizeof *blocks[j]);
+                    s->vend = 1;
+                    continue;
+                }
                 if (b->verify) {
                     rc = ds41_spec_verify_end(s->e, &s->seq, &s->sampler, s->p.draft, &s->spec, blocks[j], (int)b->n - 1,
                                               b->out, b->out_logits, &b->n_accepted, &err);
@@ -973,6 +994,41 @@ int ds41_batch_step(ds41_batch_item *it, int count) {
     }
     for (int i = 0; i < count; i++) failed += it[i].failed;
     free(ss); free(tok); free(T); free(idx); free(rows); free(blocks);
+    return failed;
+}
+
+int ds41_batch_end(ds41_batch_item *it, int count, int32_t *outcome, int take) {
+    int failed = 0;
+    for (int i = 0, v = 0; i < count; i++) {
+        ds41_batch_item *b = &it[i];
+        if (!b->verify) continue;
+        int32_t *o = outcome + 2 * v++;
+        ds41_session *s = b->s;
+        if (!s || !s->vend) {
+            if (!take) o[0] = o[1] = -1;
+            continue;
+        }
+        s->vend = 0;
+        ds41_err err;
+        int k = (int)b->n - 1;
+        int rc;
+        if (take && o[0] < 0) {
+            rc = ds41_errf(&err, "verify: the deciding rank has no outcome for this block (the ranks' steps differ)");
+        } else {
+            rc = ds41_spec_verify_end_as(s->e, &s->seq, &s->sampler, s->p.draft, &s->spec, s->vend_blk, k, b->out,
+                                         b->out_logits, &b->n_accepted, &err, take ? o : NULL, take ? NULL : o);
+        }
+        if (rc > 0) {
+            b->n_out = rc;
+            ds41_spec_observe(&s->spec, k, b->n_accepted);   /* the drafting gate's counts */
+        } else {
+            if (!take) o[0] = o[1] = -1;
+            snprintf(s->err, sizeof s->err, "%s", err.msg);
+            s->broken = 1;
+            b->failed = 1;
+            failed++;
+        }
+    }
     return failed;
 }
 

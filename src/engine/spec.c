@@ -143,13 +143,39 @@ static ds41_spec_outcome_fn outcome_hook;
 
 void ds41_spec_set_outcome_hook(ds41_spec_outcome_fn fn) { outcome_hook = fn; }
 
+/* The verify's outcome kept: rollback to the A accepted drafts, out[0..A] = those drafts and
+ * next, their logits rows, next pending. Returns A + 1. */
+static int keep_rows(ds41_engine *e, ds41_seq *q, ds41_spec_state *st, const int32_t *block, int A, int32_t next,
+                     int32_t *out, float *out_logits, int *n_acc) {
+    size_t V = (size_t)e->cfg->vocab_size;
+    rollback(e, q, st, block, A + 1);
+    for (int i = 0; i < A; i++) out[i] = block[1 + i];
+    out[A] = next;
+    if (out_logits) memcpy(out_logits, st->rows, (size_t)(A + 1) * V * sizeof(float));
+    st->pending = next;
+    if (n_acc) *n_acc = A;
+    return A + 1;
+}
+
 int ds41_spec_verify_end(ds41_engine *e, ds41_seq *q, ds41_sampler *smp, int draft, ds41_spec_state *st,
                          const int32_t *block, int k, int32_t *out, float *out_logits, int *n_acc, ds41_err *err) {
+    return ds41_spec_verify_end_as(e, q, smp, draft, st, block, k, out, out_logits, n_acc, err, NULL, NULL);
+}
+
+int ds41_spec_verify_end_as(ds41_engine *e, ds41_seq *q, ds41_sampler *smp, int draft, ds41_spec_state *st,
+                            const int32_t *block, int k, int32_t *out, float *out_logits, int *n_acc, ds41_err *err,
+                            const int32_t *given, int32_t *decided) {
     const ds41_config *cfg = e->cfg;
     int V = cfg->vocab_size;
     const int32_t *drafts = block + 1;
     q->verify = 0;
     if (draft && ds41_dspark_seed(e, &q->cache, q->main_hidden, q->mh_rows, q->mh_pos0, err)) return -1;
+    if (given) {   /* another rank decided (this one may not hold the rows' logits) */
+        if (given[0] < 0 || given[0] > k || given[1] < 0 || given[1] >= V)
+            return ds41_errf(err, "the shared verify outcome (%d of %d drafts accepted, next token %d) is out of range",
+                             (int)given[0], k, (int)given[1]);
+        return keep_rows(e, q, st, block, given[0], given[1], out, out_logits, n_acc);
+    }
 
     float *scratch = malloc((size_t)V * sizeof(float));
     int *ids = malloc((size_t)V * sizeof(int));
@@ -191,9 +217,13 @@ int ds41_spec_verify_end(ds41_engine *e, ds41_seq *q, ds41_sampler *smp, int dra
     free(scratch);
     free(ids);
     free(prow);
+    if (decided) {   /* this rank decides for the others, which take it (given) */
+        decided[0] = A;
+        decided[1] = next;
+    }
     /* --split layers (a command): the last stage's acceptance for every rank (only its
      * sampler draws: ids after the last stage) */
-    if (!outcome_hook && e->pipe && ds41_pipe_ids(e->pipe)) {
+    if (!decided && !outcome_hook && e->pipe && ds41_pipe_ids(e->pipe)) {
         int32_t v[2] = { A, next };
         ds41_pipe_spec(e->pipe, v, sizeof v, 3, "the verify outcome, from the last stage");
         if (v[0] < 0 || v[0] > k || v[1] < 0 || v[1] >= V)
@@ -202,7 +232,7 @@ int ds41_spec_verify_end(ds41_engine *e, ds41_seq *q, ds41_sampler *smp, int dra
         A = v[0];
         next = v[1];
     }
-    if (outcome_hook) {
+    if (!decided && outcome_hook) {
         int32_t v[2] = { A, next };
         char eb[256];
         if (outcome_hook(v, k, eb, sizeof eb)) return ds41_errf(err, "%s", eb);
@@ -212,13 +242,7 @@ int ds41_spec_verify_end(ds41_engine *e, ds41_seq *q, ds41_sampler *smp, int dra
         A = v[0];
         next = v[1];
     }
-    rollback(e, q, st, block, A + 1);
-    for (int i = 0; i < A; i++) out[i] = drafts[i];
-    out[A] = next;
-    if (out_logits) memcpy(out_logits, st->rows, (size_t)(A + 1) * V * sizeof(float));
-    st->pending = next;
-    if (n_acc) *n_acc = A;
-    return A + 1;
+    return keep_rows(e, q, st, block, A, next, out, out_logits, n_acc);
 }
 
 /* ====================================================================== scheduler (5.4) */
@@ -520,9 +544,10 @@ int ds41_spec_calibrate(ds41_engine *e, int max_width, int prompt_len, int reps,
         out->propose_s = tb[n / 4] > 0 ? tb[n / 4] : 1e-9;
         out->draft_s = td[n / 4] > 0 ? td[n / 4] : 1e-9;
     }
-    /* --split layers: the drafter runs on the last stage only; its timing for every rank (the
-     * verify widths' untimed proposals and these are skipped elsewhere) */
-    if (B > 0 && e->pipe && ds41_pipe_ids(e->pipe)) {
+    /* --split layers (the commands and serve): the drafter runs on the last stage only; its
+     * timing for every rank (the verify widths' untimed proposals and these are skipped
+     * elsewhere) */
+    if (B > 0 && ds41_pipe_stages(e->pipe) > 1) {
         double pd[2] = { out->propose_s, out->draft_s };
         if (!ds41_pipe_last(e->pipe)) {   /* the same verifies as the last stage runs above, untimed */
             for (int r = -1; r < 4 * reps; r++)

@@ -71,6 +71,27 @@ int ds41_spec_verify_begin(ds41_engine *e, ds41_seq *q, ds41_spec_state *st, int
 int ds41_spec_verify_end(ds41_engine *e, ds41_seq *q, ds41_sampler *smp, int draft, ds41_spec_state *st,
                          const int32_t *block, int k, int32_t *out, float *out_logits, int *n_acc, ds41_err *err);
 
+/* ds41_spec_verify_end with the outcome {accepted, next token} decided elsewhere or for
+ * elsewhere: given != NULL skips the acceptance (this rank may not hold the rows' logits) and
+ * keeps given's rows (checked: 0 <= A <= k, next in the vocabulary); else decided != NULL gets
+ * this rank's outcome. Either way the outcome hook and the --split layers command path are
+ * left out: the caller carries the outcome (serve --split layers, ds41_batch_end). Both NULL:
+ * ds41_spec_verify_end. */
+int ds41_spec_verify_end_as(ds41_engine *e, ds41_seq *q, ds41_sampler *smp, int draft, ds41_spec_state *st,
+                            const int32_t *block, int k, int32_t *out, float *out_logits, int *n_acc, ds41_err *err,
+                            const int32_t *given, int32_t *decided);
+/* serve --split layers (src/serve/serve_mpi_pipe.c): in a pipelined step (ds41_pipe_deferred)
+ * ds41_batch_step leaves each batched verify block's acceptance and rollback for later (its
+ * logits reach rank 0 only when the step's logits are collected; a verify the batched forward
+ * cannot take fails there). ds41_batch_end, once they are in, ends them in item order:
+ * outcome[2v], outcome[2v + 1] belong to the v-th item with verify set. take = 0 (rank 0):
+ * decides each (its sampler stream, its logits processor) and writes the outcome ({-1, -1}
+ * for a block with no end pending or whose end failed); take = 1 (the other stages): keeps
+ * those rows (an item rank 0 has no outcome for fails). Every rank then rolls back its own
+ * layers' state; the drafting gate's counts are recorded. Returns the items that failed
+ * (their sessions say why, and break). */
+int ds41_batch_end(ds41_batch_item *it, int count, int32_t *outcome, int take);
+
 /* One decider for a job of several processes (ds41 serve under mpiexec, src/serve/serve_mpi.c):
  * when set, ds41_spec_verify_end calls it after the acceptance and before the rollback with
  * v = {A, next} and the block's k drafts. Rank 0's hook publishes them; a follower's replaces

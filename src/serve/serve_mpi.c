@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "dist.h"
+#include "dist_pipe.h"
 #include "forward.h"
 #include "lproc.h"
 #include "restore.h"
@@ -67,11 +68,14 @@ static void dp_report(const dp_count *c) {
     if (!verbose()) return;
     int dp = ds41_dist_dp();
     fprintf(stderr, "ds41 serve [rank %d]: %s: %lld sequences held here, at most %lld bytes of state at once "
-                    "(%lld of them global KV pages)", ds41_dist_rank(), dp ? "--dp-attention" : "replicated attention",
+                    "(%lld of them global KV pages)", ds41_dist_rank(), dp ? "--dp-attention" : ds41_pipe_on() ? "--split layers" : "replicated attention",
             c->seqs, c->peak, c->peak_kv);
     if (c->props || c->verifies)
         fprintf(stderr, "; --spec: %lld proposals, %lld verify blocks (%lld with a logits processor)", c->props, c->verifies,
                 c->lp_verifies);
+    long long os = 0, ob = 0;
+    ds41_smirror_pipe_outcomes(&os, &ob);
+    if (os) fprintf(stderr, "; verify outcomes: %lld steps, %lld bytes", os, ob);
     if (dp && ds41_dist_rank() == 0)
         fprintf(stderr, "; rank 0's copies of the other ranks' sequences: at most %lld bytes; their answers: %lld bytes, %lld rows "
                         "with a token, %lld with logits; grammar masks sent: %lld (%lld bytes)", c->peak_copies, c->ans_bytes,
@@ -545,6 +549,66 @@ void ds41_smirror_step(ds41_smirror *m, const ds41_batch_item *it, int count) {
     flush(m);
 }
 
+/* --split layers: the last stage's answer to a DRAFT (ds41_pipe_answer, kind 5): a status
+ * word (0: proposed), the B drafts, their B confidences; after a failed proposal its error in
+ * a second message (ANSWER_ERR bytes, kind 6). Every DSpark target layer must sit on the last
+ * stage (its taps are read there). */
+static int pipe_draft_check(const ds41_engine *e, char *err, size_t errcap) {
+    for (int ti = 0; ti < e->cfg->n_dspark_targets; ti++)
+        if (!ds41_pipe_holds_last(e->pipe, e->cfg->dspark_targets[ti]))
+            return snprintf(err, errcap, "draft: DSpark target layer %d is not on the last stage (its taps would have to "
+                            "cross the stages; not supported)", e->cfg->dspark_targets[ti]), -1;
+    return 0;
+}
+
+static void pipe_draft_answer(ds41_engine *e, ds41_session *s, int32_t t_next, int32_t *ids, float *conf) {
+    int B = ds41_draft_block_size(e);
+    char eb[ANSWER_ERR] = { 0 };
+    int rc = pipe_draft_check(e, eb, sizeof eb);
+    if (!rc && (rc = ds41_session_draft(s, t_next, ids, conf)) != 0) snprintf(eb, sizeof eb, "%s", ds41_session_error(s));
+    size_t nb = sizeof(int32_t) * (1 + 2 * (size_t)B);
+    unsigned char *a = calloc(1, nb);
+    if (!a) ds41_dist_fatal(1, "out of memory for the answer to a proposal");
+    int32_t st = rc != 0;
+    memcpy(a, &st, sizeof st);
+    if (!st) {
+        memcpy(a + sizeof st, ids, (size_t)B * sizeof *ids);
+        memcpy(a + sizeof st + (size_t)B * sizeof *ids, conf, (size_t)B * sizeof *conf);
+    }
+    ds41_pipe_answer(e->pipe, a, nb, 5, "the proposal, from the last stage");
+    if (st) ds41_pipe_answer(e->pipe, eb, sizeof eb, 6, "the proposal's error, from the last stage");
+    free(a);
+}
+
+static int pipe_draft_take(ds41_engine *e, ds41_session *s, int32_t *ids, float *conf) {
+    int B = ds41_draft_block_size(e);
+    size_t nb = sizeof(int32_t) * (1 + 2 * (size_t)B);
+    unsigned char *a = malloc(nb);
+    if (!a) oom();
+    ds41_pipe_answer(e->pipe, a, nb, 5, "the proposal, from the last stage");
+    int32_t st;
+    memcpy(&st, a, sizeof st);
+    if (st) {
+        char eb[ANSWER_ERR];
+        ds41_pipe_answer(e->pipe, eb, sizeof eb, 6, "the proposal's error, from the last stage");
+        eb[ANSWER_ERR - 1] = 0;
+        ds41_session_absorb(s, 0, NULL, eb[0] ? eb : "the proposal failed on the last stage");
+    } else {
+        memcpy(ids, a + sizeof st, (size_t)B * sizeof *ids);
+        memcpy(conf, a + sizeof st + (size_t)B * sizeof *ids, (size_t)B * sizeof *conf);
+        for (int j = 0; j < B && !st; j++)
+            if (ids[j] < 0 || ids[j] >= ds41_vocab_size(e)) {
+                char eb[ANSWER_ERR];
+                snprintf(eb, sizeof eb, "the last stage proposed token %d, outside the vocabulary of %d", (int)ids[j],
+                         ds41_vocab_size(e));
+                ds41_session_absorb(s, 0, NULL, eb);
+                st = 1;
+            }
+    }
+    free(a);
+    return st ? -1 : 0;
+}
+
 /* --dp-attention: the owner's answer to a DRAFT: a status word (0: proposed), the B drafts,
  * their B confidences (float bits), then ANSWER_ERR bytes of error (the status says failed) */
 static size_t draft_answer_bytes(int B) { return sizeof(int32_t) * (1 + 2 * (size_t)B) + ANSWER_ERR; }
@@ -554,6 +618,7 @@ int ds41_smirror_propose(ds41_smirror *m, ds41_engine *e, ds41_session *s, int32
     int32_t v[3] = { DS41_SOP_DRAFT, sid_of(m, s), t_next };
     put(m, v, 3);
     flush(m);   /* the proposal runs DSpark's MoE layers */
+    if (!m->dp && ds41_pipe_stages(e->pipe) > 1) return pipe_draft_take(e, s, ids, conf);
     if (!m->dp) return ds41_session_draft(s, t_next, ids, conf);
     /* --dp-attention: the owner proposes (its stages' exchanges a forward round of their own),
      * the other ranks join them */
@@ -715,15 +780,16 @@ int ds41_smirror_batch_begin(ds41_smirror *m, ds41_engine *e, ds41_batch_item *i
     return forwards;
 }
 
-void ds41_smirror_batch_end(ds41_smirror *m, ds41_engine *e, int handle) {
-    ds41_smirror_pipe_end(e, handle);
+void ds41_smirror_batch_end(ds41_smirror *m, ds41_engine *e, ds41_batch_item *it, int count, int handle) {
+    ds41_smirror_pipe_end(e, it, count, handle);   /* per-item failures: the sessions say */
+    for (int i = 0; i < count; i++) m->dpc.verifies += it[i].verify != 0;
     dp_measure(&m->dpc, (ds41_session *const *)m->sess, NULL, m->n_sess, 0);
 }
 
 void ds41_smirror_batch_step(ds41_smirror *m, ds41_engine *e, ds41_batch_item *it, int count) {
     if (!m) { ds41_batch_step(it, count); return; }
     if (!m->dp) {   /* --split layers: micro-batches through the stages */
-        ds41_smirror_batch_end(m, e, ds41_smirror_batch_begin(m, e, it, count));
+        ds41_smirror_batch_end(m, e, it, count, ds41_smirror_batch_begin(m, e, it, count));
         return;
     }
     ds41_smirror_step(m, it, count);
@@ -1199,6 +1265,14 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             f->dconf = malloc((size_t)B * sizeof *f->dconf);
             if (!f->dids || !f->dconf) return snprintf(err, errcap, "out of memory"), -1;
         }
+        if (!dp && ds41_pipe_stages(e->pipe) > 1) {
+            /* --split layers: the last stage proposes and answers rank 0 (ds41_smirror_propose) */
+            if (ds41_pipe_last(e->pipe)) {
+                pipe_draft_answer(e, s, op->t_next, f->dids, f->dconf);
+                f->dpc.props++;
+            }
+            return 0;
+        }
         if (!dp) {
             ds41_session_draft(s, op->t_next, f->dids, f->dconf);   /* a failure is rank 0's too: it ends the sequence */
             return 0;
@@ -1297,6 +1371,7 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
         if (dp) rc = step_own(e, f, *items, op->count, err, errcap);
         else {
             ds41_smirror_pipe_step(e, *items, op->count);   /* per-item failures are rank 0's too */
+            for (int k = 0; k < op->count; k++) f->dpc.verifies += (*items)[k].verify != 0;
             dp_measure(&f->dpc, f->s, NULL, f->n, 0);
         }
         for (int i = 0; i < f->n; i++)   /* a prompt that is in: its rows are not read again */

@@ -50,6 +50,14 @@
  * broadcasts {accepted, next token} and the followers keep exactly those rows
  * (ds41_spec_set_outcome_hook).
  *
+ * --spec with --split layers: the DSpark stages' taps are the inputs of their target layers,
+ * all on the last stage (a stage starts only at a KV source), so the last stage alone proposes:
+ * on DRAFT it runs the proposal and answers rank 0 point to point (ds41_pipe_answer: a status
+ * word, the B drafts, their B confidences; after a failed proposal a second message of 248
+ * bytes with its error), the middle stages do nothing. The verify blocks of a STEP run in the
+ * pipelined micro-batches; their logits come to rank 0 with the step's, and their outcomes go
+ * to every rank once per step (ds41_smirror_pipe_end), not inside each verify.
+ *
  * --spec with --dp-attention: the owner of a sequence proposes (DRAFT: the other ranks join its
  * stages' exchanges, dist_dp.c) and answers rank 0 with the drafts and their confidences, from
  * which rank 0's scheduler plans the verify blocks as in one process (its grammar check, the
@@ -188,7 +196,7 @@ int ds41_smirror_overlap(const ds41_smirror *m, const ds41_engine *e);
  * waits for their logits. Between the two, other records, restores and another step's begin
  * may run (disjoint sessions); the step's sessions are left alone until its end. */
 int ds41_smirror_batch_begin(ds41_smirror *m, ds41_engine *e, ds41_batch_item *it, int count);
-void ds41_smirror_batch_end(ds41_smirror *m, ds41_engine *e, int handle);
+void ds41_smirror_batch_end(ds41_smirror *m, ds41_engine *e, ds41_batch_item *it, int count, int handle);
 /* An empty record when nothing was sent for a while (the scheduler's idle wait). */
 void ds41_smirror_beat(ds41_smirror *m);
 /* The followers leave their loop (rank 0's serve ends). */
@@ -252,8 +260,16 @@ int ds41_smirror_pipe_step(ds41_engine *e, ds41_batch_item *it, int count);
 /* ds41_smirror_pipe_step in two parts (rank 0's overlapped steps): begin runs the
  * micro-batches (the first stage, on rank 0) and sets *forwards to the forwards whose logits
  * are pending; end collects them (the oldest pending first: other forwards, a later step's,
- * may follow them and stay pending). Returns the items that failed. */
+ * may follow them and stay pending). Returns the items that failed.
+ * --spec: a verify block's acceptance waits for its logits, so begin leaves it pending on
+ * every rank (ds41_batch_end) and end, on every rank with the same items, ends the step's
+ * verify blocks: rank 0 decides each and broadcasts the outcomes ({accepted, next token} per
+ * verify item, 8 bytes each, one broadcast per step), and every stage keeps those rows and
+ * rolls back its own layers' state before the next record. Under --spec the scheduler does
+ * not overlap steps (a step's end is a collective the next step's proposals would wait on). */
 int ds41_smirror_pipe_begin(ds41_engine *e, ds41_batch_item *it, int count, int *forwards);
-void ds41_smirror_pipe_end(ds41_engine *e, int forwards);
+int ds41_smirror_pipe_end(ds41_engine *e, ds41_batch_item *it, int count, int forwards);
+/* The steps whose verify outcomes this rank broadcast or received, and their bytes. */
+void ds41_smirror_pipe_outcomes(long long *steps, long long *bytes);
 
 #endif

@@ -9,10 +9,12 @@
 #include "serve_mpi.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "dist.h"
 #include "dist_pipe.h"
 #include "forward.h"
+#include "spec.h"
 
 int ds41_smirror_pipe_groups(const ds41_batch_item *it, int count, int most, int *cut) {
     int G = count < most ? count : most;
@@ -44,8 +46,40 @@ int ds41_smirror_pipe_begin(ds41_engine *e, ds41_batch_item *it, int count, int 
     return failed;
 }
 
-void ds41_smirror_pipe_end(ds41_engine *e, int forwards) {
-    if (!e->pipe) return;
+static long long outcome_steps, outcome_bytes;
+
+void ds41_smirror_pipe_outcomes(long long *steps, long long *bytes) {
+    *steps = outcome_steps;
+    *bytes = outcome_bytes;
+}
+
+/* --spec: the step's verify blocks, once rank 0 holds their logits. Rank 0 decides each
+ * (ds41_batch_end) and broadcasts the outcomes, {accepted, next token} per verify item of the
+ * step (the items are every rank's: rank 0's record); every stage then keeps those rows and
+ * rolls back its own layers' state, before the next record. */
+static int verify_ends(ds41_batch_item *it, int count) {
+    int nv = 0;
+    for (int i = 0; i < count; i++) nv += it[i].verify != 0;
+    if (nv == 0) return 0;
+#ifdef DS41_HAVE_MPI
+    size_t nb = (size_t)nv * 2 * sizeof(int32_t);
+    int32_t *v = malloc(nb);
+    if (!v) ds41_dist_fatal(1, "out of memory for the outcomes of a step's verify blocks");
+    int rank0 = ds41_dist_rank() == 0, failed = 0;
+    if (rank0) failed = ds41_batch_end(it, count, v, 0);
+    if (ds41_dist_bcast(v, nb)) ds41_dist_fatal(1, "serve mirror: the verify outcomes did not reach every rank");
+    if (!rank0) failed = ds41_batch_end(it, count, v, 1);
+    outcome_steps++;
+    outcome_bytes += (long long)nb;
+    free(v);
+    return failed;
+#else
+    return 0;   /* no stages without MPI: nothing was deferred */
+#endif
+}
+
+int ds41_smirror_pipe_end(ds41_engine *e, ds41_batch_item *it, int count, int forwards) {
+    if (!e->pipe) return 0;
     char err[512];
     int rc = ds41_pipe_collect(e->pipe, forwards, err, sizeof err);
     /* rank 0's sessions would sample from logits that never came: the job ends (serve's
@@ -55,10 +89,10 @@ void ds41_smirror_pipe_end(ds41_engine *e, int forwards) {
 #else
     (void)rc;   /* no stages without MPI */
 #endif
+    return verify_ends(it, count);
 }
 
 int ds41_smirror_pipe_step(ds41_engine *e, ds41_batch_item *it, int count) {
     int forwards, failed = ds41_smirror_pipe_begin(e, it, count, &forwards);
-    ds41_smirror_pipe_end(e, forwards);
-    return failed;
+    return failed + ds41_smirror_pipe_end(e, it, count, forwards);
 }

@@ -680,9 +680,8 @@ static void step_done(ds41_sched *S, ds41_sseq *const *bq, const ds41_batch_item
 
 /* Overlapped steps (--split layers, ds41_smirror_overlap): the step begun earlier (handle h)
  * collects its logits and samples; its sequences may run again. */
-static void step_end(ds41_sched *S, ds41_sseq *const *bq, const ds41_batch_item *items, const long long *pos0, int nb,
-                     int h) {
-    ds41_smirror_batch_end(S->p.mirror, S->e, h);
+static void step_end(ds41_sched *S, ds41_sseq *const *bq, ds41_batch_item *items, const long long *pos0, int nb, int h) {
+    ds41_smirror_batch_end(S->p.mirror, S->e, items, nb, h);
     for (int i = 0; i < nb; i++) bq[i]->in_flight = 0;
     step_done(S, bq, items, pos0, nb);
 }
