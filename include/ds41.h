@@ -182,6 +182,13 @@ int ds41_image_prepare(ds41_engine *e, const uint8_t *data, size_t len, float **
                        uint8_t key[32], char *err, size_t errcap);
 /* Logits of the last fed token: ds41_vocab_size floats. */
 const float *ds41_logits(const ds41_session *s);
+/* The n bytes fn(row, vocab, arg, out) makes of those logits, computed where the row is: under
+ * `mpiexec ... --split layers` (a command: ids after the last stage) the row stays on the last
+ * stage, fn runs there and only its n bytes go to rank 0 (far fewer than the row: run --json's
+ * top logprobs); the other ranks get n zero bytes. Elsewhere fn runs here on ds41_logits. Every
+ * rank calls it at the same point (SPMD), as ds41_logits. */
+void ds41_logits_reduce(ds41_session *s, void (*fn)(const float *row, int V, void *arg, void *out), void *arg, void *out,
+                        size_t n);
 
 /* Sampling (spec 3.15): temperature 0 = greedy (first maximum); top_k 0, top_p 1, min_p 0 = off.
  * A new session samples greedily with seed 0. */

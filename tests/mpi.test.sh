@@ -1000,15 +1000,21 @@ if DS41_MPI_VERBOSE=1 $RUN -n 3 "$DS41" run -m "$demo" -p "Once upon a time" -n 
 else
     fail split_stages_demo_n3 "tokens or logits differ from one process, or the job failed: $(tail -n 3 "$TMP/b.err")"
 fi
-# ids after the last stage: the same run without --dump-logits gives the same tokens, and the
-# last stage sent no logits row, only each of the 24 sampled tokens to the 2 other ranks, 4 B
-# behind a 32-byte header (before: 4 x vocab 4096 + 24 B per token and rank)
-if DS41_MPI_VERBOSE=1 $RUN -n 3 "$DS41" run -m "$demo" -p "Once upon a time" -n 24 --exact --ignore-eos --split layers \
-       --mpi-timeout 30 >"$TMP/b.out" 2>"$TMP/b.err" && cmp -s "$TMP/b.out" "$TMP/a.out"; then
+# ids after the last stage: the same run without --dump-logits, with --json, gives one process's
+# tokens and top-5 logprobs (the 24 lines before the timing line), and the last stage sent no
+# logits row: each of the 24 sampled tokens to the 2 other ranks, 4 B behind a 32-byte header
+# (before: 4 x vocab 4096 + 24 B per token and rank), and each row's top 5 computed there to
+# rank 0 alone, 52 B (the count, the log-sum-exp, 5 ids, 5 logits) behind the header (before:
+# the row to both other ranks)
+if "$DS41" run -m "$demo" -p "Once upon a time" -n 24 --exact --ignore-eos --json --spec off >"$TMP/aj.out" 2>"$TMP/aj.err" &&
+   DS41_MPI_VERBOSE=1 $RUN -n 3 "$DS41" run -m "$demo" -p "Once upon a time" -n 24 --exact --ignore-eos --split layers \
+       --json --mpi-timeout 30 >"$TMP/b.out" 2>"$TMP/b.err" && [ "$(wc -l <"$TMP/aj.out")" = 25 ] &&
+   cmp -s <(head -n 24 "$TMP/b.out") <(head -n 24 "$TMP/aj.out"); then
     got=$(sed -n 's/.*pipe: layers 4\.\.7 of 8 + head;.*logits sent \([0-9]*\) bytes, tokens \([0-9]*\) bytes.*/\1 \2/p' "$TMP/b.err")
-    [ "$got" = "0 $((24 * 2 * (32 + 4)))" ] && pass split_ids_demo_n3 || fail split_ids_demo_n3 "logits / token bytes '$got', expected '0 1728'"
+    [ "$got" = "$((24 * (32 + 52))) $((24 * 2 * (32 + 4)))" ] && pass split_ids_demo_n3 ||
+        fail split_ids_demo_n3 "top-logprob / token bytes '$got', expected '2016 1728'"
 else
-    fail split_ids_demo_n3 "tokens differ from one process, or the job failed: $(tail -n 3 "$TMP/b.err")"
+    fail split_ids_demo_n3 "tokens or top logprobs differ from one process, or a run failed: $(tail -n 3 "$TMP/b.err" "$TMP/aj.err")"
 fi
 same split_fast_demo_n3 3 -m "$demo" -p "Once upon a time" -n 24 --ignore-eos --split layers
 # --spec under --split layers: the last stage holds every DSpark target layer (5-7 behind KV

@@ -193,16 +193,14 @@ int ds41_cli_file_exists(const char *dir, const char *name) {
     return ok;
 }
 
-/* log-softmax of the K best logits (values descending, ties lower id) as a JSON array. */
-json_t *ds41_cli_top_json(const float *lg, int V, int K) {
+/* The K best of a row (values descending, ties lower id) into best[0..nb), their log-sum-exp. */
+static int top_k(const float *lg, int V, int K, int32_t *best, double *lse) {
     double mx = -INFINITY;
     for (int i = 0; i < V; i++) if (lg[i] > mx) mx = lg[i];
     double se = 0.0;
     for (int i = 0; i < V; i++) se += exp((double)lg[i] - mx);
-    double lse = mx + log(se);
-    json_t *arr = json_array();
+    *lse = mx + log(se);
     if (K > V) K = V;
-    int *best = malloc((size_t)(K > 0 ? K : 1) * sizeof(int));
     int nb = 0;
     for (int i = 0; i < V && K > 0; i++) {
         /* insertion into a small sorted list */
@@ -211,14 +209,68 @@ json_t *ds41_cli_top_json(const float *lg, int V, int K) {
         while (j > 0 && lg[i] > lg[best[j - 1]]) { best[j] = best[j - 1]; j--; }
         best[j] = i;
     }
+    return nb;
+}
+
+static json_t *top_array(const int32_t *best, const float *logit, int nb, double lse) {
+    json_t *arr = json_array();
     for (int i = 0; i < nb; i++) {
         json_t *o = json_object();
         json_object_set_new(o, "id", json_integer(best[i]));
-        json_object_set_new(o, "logit", json_real(lg[best[i]]));
-        json_object_set_new(o, "logprob", json_real((double)lg[best[i]] - lse));
+        json_object_set_new(o, "logit", json_real(logit[i]));
+        json_object_set_new(o, "logprob", json_real((double)logit[i] - lse));
         json_array_append_new(arr, o);
     }
+    return arr;
+}
+
+/* log-softmax of the K best logits (values descending, ties lower id) as a JSON array. */
+json_t *ds41_cli_top_json(const float *lg, int V, int K) {
+    int32_t *best = malloc((size_t)(K > 0 ? K : 1) * sizeof *best);
+    float *logit = malloc((size_t)(K > 0 ? K : 1) * sizeof *logit);
+    double lse;
+    int nb = best && logit ? top_k(lg, V, K, best, &lse) : 0;
+    for (int i = 0; i < nb; i++) logit[i] = lg[best[i]];
+    json_t *arr = top_array(best, logit, nb, lse);
     free(best);
+    free(logit);
+    return arr;
+}
+
+/* [int32 nb][double lse][int32 ids[K]][float logits[K]], memcpy'd (no alignment assumed) */
+size_t ds41_cli_top_bytes(int K) { return sizeof(int32_t) + sizeof(double) + (size_t)(K > 0 ? K : 0) * 8; }
+
+void ds41_cli_top_reduce(const float *lg, int V, void *arg, void *out) {
+    int K = *(const int *)arg;
+    unsigned char *o = out;
+    int32_t *best = malloc((size_t)(K > 0 ? K : 1) * sizeof *best);
+    if (!best) return;   /* nb stays 0: an empty list */
+    double lse;
+    int32_t nb = top_k(lg, V, K, best, &lse);
+    memcpy(o, &nb, sizeof nb);
+    memcpy(o + 4, &lse, sizeof lse);
+    memcpy(o + 12, best, (size_t)nb * sizeof *best);
+    for (int i = 0; i < nb; i++) memcpy(o + 12 + (size_t)K * 4 + (size_t)i * 4, &lg[best[i]], sizeof(float));
+    free(best);
+}
+
+json_t *ds41_cli_top_json_of(const void *top, int K) {
+    const unsigned char *t = top;
+    int32_t nb;
+    double lse;
+    memcpy(&nb, t, sizeof nb);
+    memcpy(&lse, t + 4, sizeof lse);
+    if (nb < 0 || nb > K) nb = 0;
+    int32_t *best = malloc((size_t)(K > 0 ? K : 1) * sizeof *best);
+    float *logit = malloc((size_t)(K > 0 ? K : 1) * sizeof *logit);
+    if (!best || !logit) nb = 0;
+    else {
+        memcpy(best, t + 12, (size_t)nb * sizeof *best);
+        memcpy(logit, t + 12 + (size_t)K * 4, (size_t)nb * sizeof *logit);
+    }
+    json_t *arr = top_array(best, logit, nb, lse);
+    free(best);
+    free(logit);
     return arr;
 }
 

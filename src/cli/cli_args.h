@@ -75,5 +75,11 @@ int ds41_cli_model_dir_ok(const char *cmd, const char *dir);
 /* log-softmax of the K best logits of a row of V (values descending, ties to the lower id) as a
  * JSON array of {"id", "logit", "logprob"}. */
 json_t *ds41_cli_top_json(const float *lg, int V, int K);
+/* The same in two parts, for a row reduced where it lives (ds41_logits_reduce): the bytes of the
+ * K best (ds41_cli_top_bytes(K) of them: the count, the log-sum-exp as a double, K ids and K
+ * logits), then their JSON array, equal to ds41_cli_top_json's of the row. */
+size_t ds41_cli_top_bytes(int K);
+void ds41_cli_top_reduce(const float *lg, int V, void *arg, void *out);   /* arg: the int K */
+json_t *ds41_cli_top_json_of(const void *top, int K);
 
 #endif

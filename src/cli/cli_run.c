@@ -189,6 +189,7 @@ int ds41_cli_run(int argc, char **argv) {
     int32_t *ids = NULL, *forced = NULL;
     size_t n_ids = 0, n_forced = 0;
     FILE *fdump = NULL;
+    unsigned char *topb = NULL;   /* --json: a row's top entries reduced where it lives */
     ds41_err err;
     char ebuf[1024];
 
@@ -356,7 +357,17 @@ int ds41_cli_run(int argc, char **argv) {
         /* fetching the row and sampling are part of the step they end: under --split layers
          * they wait here for the row or the token from the last stage (the first ends the prefill) */
         double ts = ds41_cli_now();
-        const float *lg = fdump || json ? ds41_logits(s) : NULL;
+        const float *lg = fdump ? ds41_logits(s) : NULL;
+        /* --json alone: the top entries, computed where the row is (under --split layers on
+         * the last stage: 12 + 8 K bytes to rank 0 instead of the row) */
+        json_t *top = NULL;
+        if (json && lg) top = ds41_cli_top_json(lg, V, top_lp);
+        else if (json) {
+            int kt = top_lp < V ? top_lp : V;
+            if (!topb && !(topb = malloc(ds41_cli_top_bytes(kt)))) { fprintf(stderr, "ds41 run: out of memory\n"); goto out; }
+            ds41_logits_reduce(s, ds41_cli_top_reduce, &kt, topb, ds41_cli_top_bytes(kt));
+            top = ds41_cli_top_json_of(topb, kt);
+        }
         double t_end = ds41_cli_now() - ts;
         if (fdump && fwrite(lg, sizeof(float), (size_t)V, fdump) != (size_t)V) {
             fprintf(stderr, "ds41 run: %s: write failed: %s\n", dump, strerror(errno));
@@ -378,7 +389,8 @@ int ds41_cli_run(int argc, char **argv) {
             json_t *o = json_object();
             json_object_set_new(o, "id", json_integer(next));
             json_object_set_new(o, "text", tok ? json_stringn(text, tl) : json_null());
-            json_object_set_new(o, "top", ds41_cli_top_json(lg, V, top_lp));
+            json_object_set_new(o, "top", top);
+            top = NULL;
             char *line = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
             if (line) { puts(line); free(line); }
             json_decref(o);
@@ -487,6 +499,7 @@ out:
     if (ids_vp) ids = NULL;   /* vp's */
     ds41_cli_vprompt_free(&vp);
     for (int k = 0; k < n_images; k++) ds41_cli_image_free(&images[k]);
+    free(topb);
     free(ptext);
     free(ids);
     free(forced);

@@ -90,6 +90,10 @@ int ds41_pipe_ids(const ds41_pipe *p);
  * elsewhere. The sampled token: *id from the last stage to every rank (4 bytes and a header).
  * A silent or drifted last stage ends the job (--mpi-timeout). */
 void ds41_pipe_fetch(ds41_pipe *p, float *row, size_t V);
+/* An unshared row reduced on the last stage (ds41_logits_reduce): its n bytes at data to rank 0
+ * alone, behind the 32-byte header (counted with the logits sent); the middle stages take no
+ * part. A silent or drifted last stage ends the job. */
+void ds41_pipe_reduced(ds41_pipe *p, void *data, size_t n);
 void ds41_pipe_token(ds41_pipe *p, int *id);
 /* --spec under --split layers (a command, ids after the last stage): the DSpark stages run on
  * the last stage only (every target layer sits there at every allowed cut: ds41_pipe_holds_last).

@@ -578,6 +578,16 @@ const float *ds41_logits(const ds41_session *s) {
     return s->seq.logits;
 }
 
+void ds41_logits_reduce(ds41_session *s, void (*fn)(const float *row, int V, void *arg, void *out), void *arg, void *out,
+                        size_t n) {
+    int V = s->e->cfg->vocab_size;
+    if (!s->seq.lg_unshared) { fn(ds41_logits(s), V, arg, out); return; }
+    /* --split layers: the row is the last stage's; its reduction to rank 0 */
+    memset(out, 0, n);
+    if (ds41_pipe_last(s->e->pipe)) fn(s->seq.logits, V, arg, out);
+    ds41_pipe_reduced(s->e->pipe, out, n);
+}
+
 void ds41_session_set_sampling(ds41_session *s, float temperature, int top_k, float top_p, float min_p, uint64_t seed) {
     struct ds41_lproc *lp = s->sampler0.lp;
     ds41_sampler_init(&s->sampler0, temperature, top_k, top_p, min_p, seed);
