@@ -160,6 +160,10 @@ void ds41_dist_engram_get_stats(ds41_dist_engram_stats *s);
  * inside and outside them, the exchange counters) into line; 0 when nothing is sharded. */
 int ds41_dist_engram_report(char *line, size_t cap);
 
+/* Ends the job (under MPI: one message, MPI_Abort after rank 0's fault hook; one process
+ * built without MPI: the message and exit(code)). */
+void ds41_dist_fatal(int code, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
+
 #ifdef DS41_HAVE_MPI
 #include <mpi.h>
 /* Waits for r[0..n) (peer[i]: the rank request i talks to) at most --mpi-timeout; past it the
@@ -168,7 +172,6 @@ void ds41_dist_wait(MPI_Request *r, int n, const int *peer, const char *what);
 /* dist_dp.c's reach into the job (dist_mpi.c): the experts' placement, the end of the job on
  * a fault (one message, MPI_Abort), the exchange counters of ds41_dist_get_stats. */
 const ds41_placement *ds41_dist_placement(void);
-void ds41_dist_fatal(int code, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 void ds41_dist_count(long long rows, long long sent, long long recv);
 /* acc[t] += the k outputs slots[t * k + i] of row t of r, in ascending expert id (the additions
  * of one process, in its order), row by row. */

@@ -697,6 +697,16 @@ int ds41_dist_step(int count, const long long *pos, const int *T, const int32_t 
 
 #else /* one process: no job to join */
 
+void ds41_dist_fatal(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("ds41: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(code);
+}
+
 int ds41_dist_join(const ds41_config *cfg, const ds41_weights *w, const ds41_dist_ident *id, const char *fail,
                    const ds41_moe_dispatch **moe, char *err, size_t errcap) {
     (void)cfg; (void)w; (void)id;
