@@ -92,7 +92,7 @@ static void fix_make(fix *f, int T) {
 
 static void test_mixes_exact(void) {
     ds41_config cfg = cfg_make();
-    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL };
+    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL, NULL };
     fix f;
     fix_make(&f, 6);
     float pre[6 * HC], post[6 * HC], comb[6 * HC * HC];
@@ -128,7 +128,7 @@ static void test_mixes_exact(void) {
 
 static void test_apply(void) {
     const int T = 5;
-    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL }, fa = { 0, 1, NULL, 0, NULL, NULL };
+    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL, NULL }, fa = { 0, 1, NULL, 0, NULL, NULL, NULL };
     float *X = malloc(T * HC * DIM * 4), *R = malloc(T * HC * DIM * 4), y[5 * DIM], ye[5 * DIM], yf[5 * DIM];
     float pre[5 * HC], post[5 * HC], comb[5 * HC * HC];
     float *oe = malloc(T * HC * DIM * 4), *of = malloc(T * HC * DIM * 4);
@@ -173,7 +173,7 @@ static void test_apply(void) {
 static void test_mixes_fast_and_threads(void) {
     ds41_config cfg = cfg_make();
     ds41_pool *pool = ds41_pool_create(3);
-    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL }, ex3 = { 1, 3, pool, 0, NULL, NULL }, fa = { 0, 1, NULL, 0, NULL, NULL };
+    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL, NULL }, ex3 = { 1, 3, pool, 0, NULL, NULL, NULL }, fa = { 0, 1, NULL, 0, NULL, NULL, NULL };
     fix f;
     fix_make(&f, 11);
     float p1[11 * HC], q1[11 * HC], c1[11 * 16], p3[11 * HC], q3[11 * HC], c3[11 * 16], pf[11 * HC], qf[11 * HC], cf[11 * 16];

@@ -95,14 +95,17 @@ void ds41_hc_mixes(const ds41_ctx *ctx, const ds41_config *cfg, const float *fn,
                    const float *scale, const float *X, int T, float *pre, float *post, float *comb) {
     if (cfg->hc_mult < 1 || cfg->hc_mult > HC_MAX || T <= 0) return;
     mix_job j = { ctx, cfg, fn, base, scale, X, pre, post, comb };
+    if (ctx->bd) ds41_bd_enter(ctx, DS41_BD_MHC, 0);
     /* The per-token projection runs on the calling thread (ds41_linear_f32 inside a pool job
      * is serial), so thread over tokens when there are several, else over the fn rows. */
     if (T > 1) ds41_parallel_for(ctx, T, mix_tokens, &j);
     else mix_tokens(&j, 0, 1);
+    if (ctx->bd) ds41_bd_leave(ctx);
 }
 
 void ds41_hc_apply_pre(const ds41_ctx *ctx, const float *X, const float *pre, int T, int hc, int dim, float *y) {
     if (hc < 1 || hc > HC_MAX) return;
+    if (ctx->bd) ds41_bd_enter(ctx, DS41_BD_MHC, 0);
     float p[HC_MAX];
     for (int t = 0; t < T; t++) {
         const float *x = X + (size_t)t * hc * dim;
@@ -112,11 +115,13 @@ void ds41_hc_apply_pre(const ds41_ctx *ctx, const float *X, const float *pre, in
             y[(size_t)t * dim + d] = ds41_bf16_round(red(ctx, p, hc, 1));
         }
     }
+    if (ctx->bd) ds41_bd_leave(ctx);
 }
 
 void ds41_hc_apply_post(const ds41_ctx *ctx, const float *y, const float *R, const float *post,
                         const float *comb, int T, int hc, int dim, float *out) {
     if (hc < 1 || hc > HC_MAX) return;
+    if (ctx->bd) ds41_bd_enter(ctx, DS41_BD_MHC, 0);
     float p[HC_MAX];
     for (int t = 0; t < T; t++) {
         const float *r = R + (size_t)t * hc * dim;
@@ -132,4 +137,5 @@ void ds41_hc_apply_post(const ds41_ctx *ctx, const float *y, const float *R, con
             }
         }
     }
+    if (ctx->bd) ds41_bd_leave(ctx);
 }
