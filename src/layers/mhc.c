@@ -7,6 +7,7 @@
  * spec writes them. */
 #include "mhc.h"
 #include "formats.h"
+#include "linear_fast.h"
 
 #include <immintrin.h>
 #include <stdlib.h>
@@ -104,18 +105,6 @@ void ds41_hc_mixes(const ds41_ctx *ctx, const ds41_config *cfg, const float *fn,
     if (ctx->bd) ds41_bd_leave(ctx);
 }
 
-/* ds41_bf16_round of 8 floats: ds41_bf16_from_f32's integer steps (round to nearest even by
- * adding 0x7FFF plus the kept lsb; a NaN keeps its sign and top payload, quiet bit forced) */
-static inline __m256 bf16r8(__m256 v) {
-    __m256i u = _mm256_castps_si256(v);
-    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)), _mm256_set1_epi32(0x7F800000));
-    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb),
-                                 _mm256_set1_epi32((int)0xFFFF0000u));
-    __m256i q = _mm256_slli_epi32(_mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40)), 16);
-    return _mm256_castsi256_ps(_mm256_blendv_epi8(r, q, nan));
-}
-
 /* Fast mode, 8 elements d at a time: every lane runs the scalar code's FP32 operations in its
  * order (products, then the sum from +0 left to right, then the BF16 rounding), so the results
  * are the scalar ones bit for bit (tests/test_mhc.c); the scalar loops take the tail and exact
@@ -126,7 +115,7 @@ static int apply_pre_x8(const float *x, const float *w, int hc, int dim, float *
         __m256 s = _mm256_setzero_ps();
         for (int c = 0; c < hc; c++)
             s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_set1_ps(w[c]), _mm256_loadu_ps(x + (size_t)c * dim + d)));
-        _mm256_storeu_ps(y + d, bf16r8(s));
+        _mm256_storeu_ps(y + d, ds41_bf16_round8(s));
     }
     return d;
 }
@@ -138,7 +127,7 @@ static int apply_post_x8(const float *yt, const float *r, const float *C, float 
         for (int i = 0; i < hc; i++)
             s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_set1_ps(C[i * hc + jc]), _mm256_loadu_ps(r + (size_t)i * dim + d)));
         __m256 v = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(pj), _mm256_loadu_ps(yt + d)), s);
-        _mm256_storeu_ps(o + d, bf16r8(v));
+        _mm256_storeu_ps(o + d, ds41_bf16_round8(v));
     }
     return d;
 }
