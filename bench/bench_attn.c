@@ -58,7 +58,7 @@ int main(int argc, char **argv) {
     if (reps > 101) reps = 101;
     enum { H = 64, D = 512, W = 128, K = 512 };
     int RB = D / 2 + D / 16, L = W + K;
-    ds41_ctx ctx = { exact, threads, threads > 1 ? ds41_pool_create(threads) : NULL, 0, NULL, NULL };
+    ds41_ctx ctx = { exact, threads, threads > 1 ? ds41_pool_create(threads) : NULL, 0, NULL, NULL, NULL };
     float *q = malloc((size_t)H * D * sizeof(float)), *ring = malloc((size_t)W * D * sizeof(float));
     float *gkv = malloc((size_t)K * D * sizeof(float)), *out = malloc((size_t)H * D * sizeof(float));
     float *sink = malloc(H * sizeof(float)), *v = malloc(D * sizeof(float));

@@ -450,7 +450,7 @@ int main(int argc, char **argv) {
     ds41_ctx ctxs[8];
     for (int i = 0; i < n_thr; i++) {
         pools[i] = threads[i] > 1 ? ds41_pool_create(threads[i]) : NULL;
-        ctxs[i] = (ds41_ctx){ exact, threads[i], pools[i], 0, NULL, NULL };
+        ctxs[i] = (ds41_ctx){ exact, threads[i], pools[i], 0, NULL, NULL, NULL };
     }
 
     double bw_of[8] = { 0 }, fma_of[8] = { 0 };

@@ -34,7 +34,8 @@ echo "== store"
 #   small43    the full 43-entry production plan at dim 256 (37 MB)
 #   prodwidth4 production width (dim 5120, 64 x 512 heads, vocab 129280), 6 layers + 1 stage,
 #              the four KV sources, 4 experts top-2 (about 4.9 GB, about 30 s to write)
-# DS41_BENCH_THREADS (default 2) threads, fast kernels. A checkpoint written here minutes ago is
+# DS41_BENCH_THREADS (default 2) threads, fast kernels; --profile: where a decode step's time goes
+# (weight streams per format against a read-bandwidth probe, the parts of the model, sampling). A checkpoint written here minutes ago is
 # measured in its steady state: ds41 bench --settle auto (the default) writes back, evicts and
 # re-reads shards younger than 10 minutes first (mmap decode ran 2.4-2.6x slower on the pages the
 # writer left) and its first line says which state it measured.
@@ -47,8 +48,8 @@ for spec in "small43 tests/configs/small43 256,1024,4096 16" "prodwidth4 bench/c
         rm -rf "$ck"
         /usr/bin/python3 tools/make_checkpoint.py "$2" "$ck" --seed 1 --token-map stub --shards 4 -q && touch "$ck/.complete" || { status=1; continue; }
     fi
-    echo "-- ds41 bench -m $ck --lengths $3 --decode $4 -t $T"
-    "${DS41_BUILD:-build}"/ds41 bench -m "$ck" --lengths "$3" --decode "$4" -t "$T" --settle auto || status=1
+    echo "-- ds41 bench -m $ck --lengths $3 --decode $4 -t $T --profile"
+    "${DS41_BUILD:-build}"/ds41 bench -m "$ck" --lengths "$3" --decode "$4" -t "$T" --settle auto --profile || status=1
 done
 # ---- end model ------------------------------------------------------------------------------
 

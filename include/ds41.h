@@ -391,6 +391,41 @@ int ds41_parse_ablate(const char *s, unsigned *mask);
 enum { DS41_TIMER_ATTN = 0, DS41_TIMER_INDEXER, DS41_TIMER_IKEYS, DS41_TIMER_SPARSE, DS41_TIMER_COMPRESS,
        DS41_TIMER_KVBYTES, DS41_TIMER_N };
 void ds41_engine_set_profile(ds41_engine *e, double *acc);
+
+/* Where a decode step's time goes (ds41 bench --profile; docs/performance.md). Between start and
+ * stop every second of the calling thread's wall time is charged to exactly one section: a
+ * weight stream (the linears of one format: time and the bytes of weights they read) or a
+ * part of the model outside the linears, nested sections excluded from their callers (the
+ * attention sublayer's projections count as FP8, not as attention), the remainder as "rest".
+ * So the seconds add up to `elapsed`. Only the thread that called start is timed (with -t N
+ * its share of the pool's work and its waits for the others: the wall time of each call).
+ * The timers read the clock twice per section entered (`switches` reads, about 20-40 ns
+ * each); no result depends on them. Not thread-safe against forwards running on other
+ * threads; the P6 side worker's indexer is not timed (its time shows where the caller waits). */
+enum {
+    DS41_BREAKDOWN_REST = 0, DS41_BREAKDOWN_FP8, DS41_BREAKDOWN_FP8DQ, DS41_BREAKDOWN_FP4, DS41_BREAKDOWN_HEADW,
+    DS41_BREAKDOWN_BF16, DS41_BREAKDOWN_F32, DS41_BREAKDOWN_ATTN, DS41_BREAKDOWN_SPARSE, DS41_BREAKDOWN_INDEXER,
+    DS41_BREAKDOWN_COMPRESS, DS41_BREAKDOWN_MHC, DS41_BREAKDOWN_NORM, DS41_BREAKDOWN_ROUTER, DS41_BREAKDOWN_MOE,
+    DS41_BREAKDOWN_ENGRAM, DS41_BREAKDOWN_HEAD, DS41_BREAKDOWN_SAMPLE, DS41_BREAKDOWN_N
+};
+typedef struct ds41_breakdown {
+    double seconds[DS41_BREAKDOWN_N];   /* exclusive wall seconds of the starting thread */
+    double bytes[DS41_BREAKDOWN_N];     /* weight bytes read: the stream sections (FP8 .. F32) */
+    long long calls[DS41_BREAKDOWN_N];  /* times each section was entered */
+    double elapsed;                     /* seconds from start to stop */
+    long long switches;                 /* section entries and exits (clock reads) */
+} ds41_breakdown;
+/* 0, or -1 (out of memory). A second start restarts from zero. */
+int ds41_engine_breakdown_start(ds41_engine *e);
+/* Ends the breakdown (the timers off) and copies it into out (may be NULL). */
+void ds41_engine_breakdown_stop(ds41_engine *e, ds41_breakdown *out);
+/* "fp8", "fp4", ..., "rest"; NULL outside 0..DS41_BREAKDOWN_N-1 */
+const char *ds41_breakdown_name(int section);
+/* 1 for the weight-stream sections (FP8, FP8 dequantized, FP4, BF16 head, BF16 other, FP32) */
+int ds41_breakdown_is_stream(int section);
+/* Streaming read bandwidth in GB/s with the engine's threads: a 256 MiB buffer (well past the
+ * last-level cache) summed by the same static split the linears use, the median of 5 reads. */
+double ds41_engine_read_bandwidth(ds41_engine *e);
 /* ds41 bench --configs only: on = 1 runs the sessions opened afterwards as the cost-faithful
  * twin without CSA2's cross-layer sharing (every compressed layer computes and holds its own
  * KV, with its source layer's weights: the costs of such a model, not its numbers;

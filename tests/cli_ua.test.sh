@@ -130,7 +130,13 @@ expect bench_modes_too_many 2 "at most 3 modes" "${B[@]}" --modes ced,full,ced,f
 expect bench_lengths_too_many 2 "--lengths" "${B[@]}" --lengths 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17
 expect bench_nothing_fits 1 "no --lengths entry fits the context size 4" "${B[@]}" -c 4
 expect bench_decode_past_ctx 1 "--decode 200 needs a context" "${B[@]}" --decode 200
-expect bench_ok 0 "" "${B[@]}" --modes ced
+# --profile on the same run, in exact mode: the breakdown table and the two decodes' states
+# identical (tests/run.test.sh checks its figures in the JSON, fast mode)
+expect bench_ok 0 "" "${B[@]}" --modes ced --profile --exact
+grep -q "^bf16-head " "$TMP/out" && grep -q "^total " "$TMP/out" && grep -q "state after it identical to the plain decode" "$TMP/out" \
+    && pass bench_profile_table || fail bench_profile_table "$(tail -n 4 "$TMP/out")"
+expect bench_profile_batch 2 "--profile .* does not combine with --batch" "${B[@]}" --profile --batch 1
+expect bench_profile_no_decode 2 "--profile .* needs --decode >= 1" "${B[@]}" --profile --decode 0
 expect bench_settle_word 2 "--settle: expected auto, always or never" "${B[@]}" --settle later
 expect bench_settle_always 0 "^checkpoint state: settled .* re-read .* 100% in the page cache" "${B[@]}" --modes ced --settle always --json
 expect bench_settle_never 0 "^checkpoint state: as found" "${B[@]}" --modes ced --settle never --json

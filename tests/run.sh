@@ -27,9 +27,11 @@ filter=${DS41_TEST_FILTER:-}
 # transport, the expert map) have their own tests there; api.test.sh (3.7 min under ASan: its
 # request, grammar and schema parsers run under ASan in fuzz.test.sh's harnesses, the server in
 # serve.test.sh) and test_chunked (chunked prefill also runs through test_batch and serve.test.sh),
-# configs.test.sh (71 s under ASan; its twin and bench code ran clean under ASan when written).
+# configs.test.sh (71 s under ASan; its twin and bench code ran clean under ASan when written),
+# vision.test.sh (49 s under ASan: the image decoders run under ASan in fuzz.test.sh's
+# fuzz_image harness and test_image, the tower and the image rows in test_batch's image case).
 # DS41_ASAN_SKIP="" runs everything.
-asan_skip=${DS41_ASAN_SKIP-conformance.test.sh test_spec test_dspark test_feed_logits run.test.sh spec.test.sh tokenizer.test.sh demo_tokenizer.test.sh chat_cli.test.sh pd.test.sh mpi.test.sh api.test.sh test_chunked configs.test.sh}
+asan_skip=${DS41_ASAN_SKIP-conformance.test.sh test_spec test_dspark test_feed_logits run.test.sh spec.test.sh tokenizer.test.sh demo_tokenizer.test.sh chat_cli.test.sh pd.test.sh mpi.test.sh api.test.sh test_chunked configs.test.sh vision.test.sh}
 skipped() {
     [ -n "${DS41_ASAN:-}" ] || return 1
     local n

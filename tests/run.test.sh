@@ -201,13 +201,58 @@ g=$("$DS41" run -m "$tiny" --prompt-ids 5,6,7 -n 24 --ignore-eos 2>/dev/null)
     || fail sampling_seed_reproducible "seed 7: '$s1' / '$s2', seed 8: '$s3', greedy '$g'"
 
 # ---------------------------------------------------------------- bench smoke test
-if "$DS41" bench -m "$tiny" --lengths 8,40 --decode 4 --json >"$TMP/b.json" 2>"$TMP/b.err"; then
-    "$PY" - "$TMP/b.json" <<'EOF'
+# with --profile: the decode again with the breakdown timers on (docs/performance.md)
+if "$DS41" bench -m "$tiny" --lengths 8,40 --decode 4 --json --profile >"$TMP/b.json" 2>"$TMP/b.err"; then
+    "$PY" - "$TMP/b.json" "$tiny/config.json" <<'EOF'
 import json, sys
 b = json.load(open(sys.argv[1]))
 ok = len(b["prefill"]) == 4 and {p["mode"] for p in b["prefill"]} == {"ced", "full"} and b["decode"]["steps"] == 4 \
     and b["decode"]["tokens_per_s"] > 0 and b["peak_rss_bytes"] > 0 and b["state"]["global_kv_bytes"] > 0
 print("PASS bench_json" if ok else "FAIL bench_json: %s" % b)
+# The breakdown: results identical with the timers on and off (the state digest after the same
+# prompt and 4 greedy steps), the sections add up to the step, every part of the model present,
+# the weight bytes exactly what the model reads.
+p, c = b["profile"], json.load(open(sys.argv[2]))["text_config"]
+sec = {s["name"]: s for s in p["sections"]}
+steps = p["steps"]
+bad = []
+if not (p["identical"] and p["digest"] == p["digest_plain"] == b["decode"]["digest"]):
+    bad.append("digests %s / %s / %s" % (p["digest"], p["digest_plain"], b["decode"]["digest"]))
+# Every second between start and stop lands in one section, so their sum is the elapsed time up
+# to the JSON's 6 significant digits per figure (18 sections: 1e-5 relative); the bench's own
+# clock around each decode loop reads just inside start / stop: the sum of the loops may lack only
+# those calls' own time (at most 2 ms, or 5 %, allowing for a preemption on a loaded machine).
+tot = sum(s["seconds"] for s in p["sections"])
+if abs(tot - p["elapsed_s"]) > 1e-5 * p["elapsed_s"]:
+    bad.append("sections sum %.9f s, elapsed %.9f s" % (tot, p["elapsed_s"]))
+if not (0 < p["wall_s"] <= p["elapsed_s"] <= p["wall_s"] * 1.05 + 0.002):
+    bad.append("loop %.6f s against elapsed %.6f s" % (p["wall_s"], p["elapsed_s"]))
+if any(s["seconds"] < 0 for s in p["sections"]):
+    bad.append("negative section")
+want = ["rest", "fp8", "fp8-dq", "fp4", "bf16-head", "bf16", "f32", "attention", "sparse-attn", "indexer",
+        "compressor", "mhc", "norm", "router", "moe", "engram", "head", "sampling"]
+if [s["name"] for s in p["sections"]] != want:
+    bad.append("sections %s" % [s["name"] for s in p["sections"]])
+else:
+    for n in want[1:]:
+        if sec[n]["calls"] <= 0 or sec[n]["seconds"] <= 0:
+            bad.append("%s: %d calls, %g s" % (n, sec[n]["calls"], sec[n]["seconds"]))
+    for n in ("bf16-head", "head", "sampling"):   # once a step
+        if sec[n]["calls"] != steps: bad.append("%s entered %d times in %d steps" % (n, sec[n]["calls"], steps))
+    streams = {"fp8", "fp8-dq", "fp4", "bf16-head", "bf16", "f32"}
+    for s in p["sections"]:
+        if s["stream"] != (s["name"] in streams) or (s["bytes"] > 0) != (s["name"] in streams):
+            bad.append("%s: stream %s, %g bytes" % (s["name"], s["stream"], s["bytes"]))
+    V, dim, L = c["vocab_size"], c["hidden_size"], c["num_hidden_layers"]
+    inter, k = c["moe_intermediate_size"], c["num_experts_per_tok"]
+    head = steps * V * dim * 2   # BF16 [V, dim]
+    fp4 = steps * L * k * 3 * (inter * dim // 2 + inter * dim // 32)   # w1, w3, w2 of k experts: codes + UE8M0 scales
+    if sec["bf16-head"]["bytes"] != head: bad.append("head bytes %d, expected %d" % (sec["bf16-head"]["bytes"], head))
+    if sec["fp4"]["bytes"] != fp4: bad.append("fp4 bytes %d, expected %d" % (sec["fp4"]["bytes"], fp4))
+    sb = sum(s["bytes"] for s in p["sections"] if s["stream"])
+    if abs(p["weight_bytes_per_step"] * steps - sb) > steps: bad.append("weight_bytes_per_step")   # rounded to a byte
+if p["read_bw_gbs"] <= 0: bad.append("read bandwidth probe %g" % p["read_bw_gbs"])
+print("PASS bench_profile_breakdown" if not bad else "FAIL bench_profile_breakdown: %s" % "; ".join(bad))
 EOF
 else
     fail bench_json "$(tail -n 1 "$TMP/b.err")"

@@ -550,7 +550,34 @@ static void test_row_plan_production(void) {
     ds41_config_free(&cfg);
 }
 
+/* ds41_swa_rec_unpack (8 lanes, a table gather) against ds41_unpack_q8 record by record, bit
+ * for bit: every E4M3 code (NaN codes 0x7F / 0xFF included) under UE8M0 scales from the
+ * subnormal 2^-127 and 2^-126 through 2^0, 2^7 and 2^127 to the NaN scale 255, so products
+ * that are subnormal, overflow to infinity, or are NaN, and BF16 rounding ties. */
+static void test_swa_rec_unpack(void) {
+    ds41_config c = tiny_cfg();   /* head_dim 64: records of 64 codes + 2 scales */
+    const int D = c.head_dim, rb = ds41_swa_rec_bytes(&c), n = 24;
+    static const uint8_t scales[] = { 0, 1, 100, 127, 134, 135, 200, 254, 255, 3, 127, 60 };
+    uint8_t *rec = malloc((size_t)n * rb);
+    float *got = malloc((size_t)n * D * sizeof(float)), want[64];
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < D; k++) rec[(size_t)i * rb + k] = (uint8_t)(i < 8 ? (i * D + k) & 255 : rnd());
+        rec[(size_t)i * rb + D] = scales[i % 12];
+        rec[(size_t)i * rb + D + 1] = scales[(i * 5 + 7) % 12];
+    }
+    ds41_swa_rec_unpack(&c, rec, n, got);
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        ds41_unpack_q8(rec + (size_t)i * rb, rec + (size_t)i * rb + D, D, want);
+        for (int k = 0; k < D; k++) bad += ds41_f32_bits(got[(size_t)i * D + k]) != ds41_f32_bits(want[k]);
+    }
+    CHECK(bad == 0, "ds41_swa_rec_unpack: %d of %d values differ from ds41_unpack_q8", bad, n * D);
+    free(rec);
+    free(got);
+}
+
 int main(void) {
+    RUN_CASE(test_swa_rec_unpack);
     RUN_CASE(test_topk_ties_lower_index);
     RUN_CASE(test_swa_lists);
     RUN_CASE(test_candidate_blocks);

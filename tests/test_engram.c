@@ -245,7 +245,7 @@ static void fixture_free(eg_fixture *f) { free(f->embed); free(f->escale); free(
  * the FP8 wkv linear itself is tested in test_kernels */
 static void ref_engram(const eg_fixture *f, const int64_t *ids, int T, const uint8_t *img, float *X) {
     const int hc = 4, dim = 64, hd = 32, cols = 6, in = cols * hd;
-    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL };
+    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL, NULL };
     float *rows = malloc((size_t)T * in * 4), *kv = malloc((size_t)T * 5 * dim * 4);
     for (int t = 0; t < T; t++)
         for (int c = 0; c < cols; c++)
@@ -291,7 +291,7 @@ static void test_module_exact_and_fast(void) {
     /* token 5: an all-zero stream copy 0 gives S = +0, so the gate is sigmoid(+1e-3) */
     memset(X0 + 5 * 4 * 64, 0, 64 * 4);
     memcpy(Xe, X0, n * 4); memcpy(Xr, X0, n * 4); memcpy(Xf, X0, n * 4);
-    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL }, fa = { 0, 1, NULL, 0, NULL, NULL };
+    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL, NULL }, fa = { 0, 1, NULL, 0, NULL, NULL, NULL };
     ds41_engram_apply(&ex, &f.cfg, &f.lw, ids, T, img, Xe);
     ref_engram(&f, ids, T, img, Xr);
     int diff = 0;

@@ -18,7 +18,7 @@ static float urand(void) { return (float)(rnd() & 0xFFFFFF) / 16777216.0f * 2.0f
 static uint8_t e4m3_code(void) { uint8_t c; do c = (uint8_t)rnd(); while ((c & 0x7F) == 0x7F); return c; }
 static uint32_t bits(float f) { return ds41_f32_bits(f); }
 
-static const ds41_ctx EX = { 1, 1, NULL, 0, NULL, NULL }, FA = { 0, 1, NULL, 0, NULL, NULL };
+static const ds41_ctx EX = { 1, 1, NULL, 0, NULL, NULL, NULL }, FA = { 0, 1, NULL, 0, NULL, NULL, NULL };
 
 /* distance in BF16 ulps between two BF16 values of the same sign (else large) */
 static int bf16_ulps(float a, float b) {
@@ -436,7 +436,7 @@ static void test_fast_row_independence(void) {
     ds41_bf16w fb = { m.wb, out, in };
     ds41_bf16w fbo = { m.wb, out, in - 5 };   /* odd width: vector part plus a scalar tail */
     ds41_pool *pool = ds41_pool_create(2);
-    ds41_ctx fa2 = { 0, 2, pool, 0, NULL, NULL };
+    ds41_ctx fa2 = { 0, 2, pool, 0, NULL, NULL, NULL };
     const char *names[6] = { "fp8", "fp4", "bf16", "bf16 odd", "f32", "fp8_dq" };
     for (int kind = 0; kind < 6; kind++) {
         int kin = kind == 3 ? in - 5 : in;
@@ -512,7 +512,7 @@ static void test_fast_few_rows(void) {
     const char *names[8] = { "fp8", "fp4", "bf16", "bf16 in-5", "bf16 in-8", "f32 in-8", "fp8_dq", "fp8_dq @40" };
     const char *isas[2] = { "avx2", "avx512" };
     ds41_pool *pool = ds41_pool_create(2);
-    ds41_ctx fa2 = { 0, 2, pool, 0, NULL, NULL };
+    ds41_ctx fa2 = { 0, 2, pool, 0, NULL, NULL, NULL };
     for (int ii = 0; ii < 2; ii++) {
         if (!ds41_kernels_isa_supported(isas[ii])) continue;
         CHECK(ds41_kernels_set_isa(isas[ii]) == 0, "set %s", isas[ii]);
@@ -651,7 +651,7 @@ static void test_fp4_bf16_road(void) {
           "auto at ratio %.2f took %s", ratio, ds41_kernels_fp4_products());
     int shapes[][3] = { { 2304, 5120, 64 }, { 5120, 2304, 64 }, { 100, 544, 37 } };
     ds41_pool *pool = ds41_pool_create(2);
-    ds41_ctx fa2 = { 0, 2, pool, 0, NULL, NULL };
+    ds41_ctx fa2 = { 0, 2, pool, 0, NULL, NULL, NULL };
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int out = shapes[si][0], in = shapes[si][1], T = shapes[si][2];
         uint8_t *w = malloc((size_t)out * in / 2), *sc = malloc((size_t)out * (in / 32));
@@ -807,7 +807,7 @@ static void test_exact_simd(void) {
                         { 20, 64, 131 } };                /* two 128-token activation tiles */
     const char *names[7] = { "fp8", "fp4", "bf16", "bf16 f32-out", "f32", "fp8_dq", "fp8_dq @5" };
     ds41_pool *pool = ds41_pool_create(2);
-    ds41_ctx ex2 = { 1, 2, pool, 0, NULL, NULL };
+    ds41_ctx ex2 = { 1, 2, pool, 0, NULL, NULL, NULL };
     int cases = 0;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (int adv = 0; adv < 4; adv++) {
@@ -892,7 +892,7 @@ static void test_exact_simd(void) {
 static void test_exact_t1_edges(void) {
     const int outs[] = { 1, 3, 6, 7, 70 }, ins[] = { 64, 96, 1056 };
     ds41_pool *pool = ds41_pool_create(2);
-    ds41_ctx ex2 = { 1, 2, pool, 0, NULL, NULL };
+    ds41_ctx ex2 = { 1, 2, pool, 0, NULL, NULL, NULL };
     int cases = 0;
     for (int oi = 0; oi < 5; oi++)
         for (int ii = 0; ii < 3; ii++)
@@ -1037,7 +1037,7 @@ static void test_exact_fp4_scales(void) {
 
 static void test_exact_certified(void) {
     ds41_pool *pool = ds41_pool_create(2);
-    ds41_ctx ex2 = { 1, 2, pool, 0, NULL, NULL };
+    ds41_ctx ex2 = { 1, 2, pool, 0, NULL, NULL, NULL };
     const int out = 96, in = 2080, kinds[4] = { 0, 2, 3, 5 };
     /* FP8 takes the certified lanes on AVX-512 VBMI only (else its block passes: no chain count) */
     int fp8_cert = !strcmp(ds41_kernels_isa(), "avx512") && __builtin_cpu_supports("avx512vbmi");
@@ -1133,7 +1133,7 @@ static void test_threads(void) {
     ds41_pool *pool = ds41_pool_create(3);
     CHECK(pool != NULL, "pool");
     if (!pool) return;
-    ds41_ctx ex3 = { 1, 3, pool, 0, NULL, NULL }, fa3 = { 0, 3, pool, 0, NULL, NULL };
+    ds41_ctx ex3 = { 1, 3, pool, 0, NULL, NULL, NULL }, fa3 = { 0, 3, pool, 0, NULL, NULL, NULL };
     /* every index exactly once, for many sizes and repeated jobs */
     int hits[1000];
     for (int n = 1; n <= 1000; n += 37) {

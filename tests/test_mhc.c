@@ -92,7 +92,7 @@ static void fix_make(fix *f, int T) {
 
 static void test_mixes_exact(void) {
     ds41_config cfg = cfg_make();
-    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL };
+    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL, NULL };
     fix f;
     fix_make(&f, 6);
     float pre[6 * HC], post[6 * HC], comb[6 * HC * HC];
@@ -128,7 +128,7 @@ static void test_mixes_exact(void) {
 
 static void test_apply(void) {
     const int T = 5;
-    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL }, fa = { 0, 1, NULL, 0, NULL, NULL };
+    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL, NULL }, fa = { 0, 1, NULL, 0, NULL, NULL, NULL };
     float *X = malloc(T * HC * DIM * 4), *R = malloc(T * HC * DIM * 4), y[5 * DIM], ye[5 * DIM], yf[5 * DIM];
     float pre[5 * HC], post[5 * HC], comb[5 * HC * HC];
     float *oe = malloc(T * HC * DIM * 4), *of = malloc(T * HC * DIM * 4);
@@ -170,10 +170,45 @@ static void test_apply(void) {
     free(X); free(R); free(oe); free(of);
 }
 
+/* The fast apply_pre / apply_post run 8 elements at a time (mhc.c): bit for bit the scalar FP32
+ * sequence (products, sum from +0 left to right, post term added last, BF16 rounding), at a
+ * width with a scalar tail (61 = 7 x 8 + 5), on values with -0, NaN, infinities and ties. */
+static void test_apply_fast_bits(void) {
+    const int T = 3, D = 61;
+    ds41_ctx fa = { 0, 1, NULL, 0, NULL, NULL, NULL };
+    float *X = malloc(T * HC * D * 4), *y = malloc(T * D * 4), *yp = malloc(T * D * 4), *o = malloc(T * HC * D * 4);
+    float w[3 * HC], post[3 * HC], comb[3 * HC * HC];
+    for (int i = 0; i < T * HC * D; i++) X[i] = ds41_bf16_round(urand() * 3);
+    for (int i = 0; i < T * D; i++) y[i] = ds41_bf16_round(urand());
+    for (int i = 0; i < T * HC; i++) { w[i] = urand() + 1.0f; post[i] = urand() + 1.0f; }
+    for (int i = 0; i < T * HC * HC; i++) comb[i] = urand() * 0.5f + 0.5f;
+    X[3] = -0.0f; X[D + 3] = -0.0f; X[2 * D + 3] = -0.0f; X[3 * D + 3] = -0.0f;   /* an all -0 column */
+    X[10] = NAN; X[D + 20] = INFINITY; X[2 * D + 20] = -INFINITY; X[60] = 1e38f; X[D + 60] = 1e38f;
+    y[7] = NAN; y[8] = -0.0f;
+    X[30] = 1.00390625f; w[0] = 1.0f; X[D + 30] = 0.0f; X[2 * D + 30] = 0.0f; X[3 * D + 30] = 0.0f;   /* a BF16 tie */
+    ds41_hc_apply_pre(&fa, X, w, T, HC, D, yp);
+    ds41_hc_apply_post(&fa, y, X, post, comb, T, HC, D, o);
+    int bad = 0, badp = 0;
+    for (int t = 0; t < T; t++)
+        for (int d = 0; d < D; d++) {
+            float s = 0.0f;
+            for (int c = 0; c < HC; c++) s += w[t * HC + c] * X[(t * HC + c) * D + d];
+            bad += bits(yp[t * D + d]) != bits(ds41_bf16_round(s));
+            for (int j = 0; j < HC; j++) {
+                float q = 0.0f;
+                for (int i = 0; i < HC; i++) q += comb[t * 16 + i * HC + j] * X[(t * HC + i) * D + d];
+                badp += bits(o[(t * HC + j) * D + d]) != bits(ds41_bf16_round(post[t * HC + j] * y[t * D + d] + q));
+            }
+        }
+    CHECK(bad == 0, "apply_pre fast: %d of %d differ from the scalar FP32 sequence", bad, T * D);
+    CHECK(badp == 0, "apply_post fast: %d of %d differ from the scalar FP32 sequence", badp, T * HC * D);
+    free(X); free(y); free(yp); free(o);
+}
+
 static void test_mixes_fast_and_threads(void) {
     ds41_config cfg = cfg_make();
     ds41_pool *pool = ds41_pool_create(3);
-    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL }, ex3 = { 1, 3, pool, 0, NULL, NULL }, fa = { 0, 1, NULL, 0, NULL, NULL };
+    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL, NULL }, ex3 = { 1, 3, pool, 0, NULL, NULL, NULL }, fa = { 0, 1, NULL, 0, NULL, NULL, NULL };
     fix f;
     fix_make(&f, 11);
     float p1[11 * HC], q1[11 * HC], c1[11 * 16], p3[11 * HC], q3[11 * HC], c3[11 * 16], pf[11 * HC], qf[11 * HC], cf[11 * 16];
@@ -197,6 +232,7 @@ static void test_mixes_fast_and_threads(void) {
 int main(void) {
     RUN_CASE(test_mixes_exact);
     RUN_CASE(test_apply);
+    RUN_CASE(test_apply_fast_bits);
     RUN_CASE(test_mixes_fast_and_threads);
     return check_exit();
 }

@@ -91,7 +91,7 @@ static void ref_ffn(const ds41_ctx *ex, const void *w1, const void *w2, const vo
 }
 
 static void ref_moe(const moe_fix *f, int k, const float *x, int T, const uint8_t *img, float *y, int *sel_out) {
-    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL };
+    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL, NULL };
     for (int t = 0; t < T; t++) {
         const float *xt = x + t * DIM;
         float score[NE], key[NE];
@@ -138,7 +138,7 @@ static void test_moe_exact(void) {
     int sel[12 * 3], rsel[12 * 3];
     for (int i = 0; i < T * DIM; i++) x[i] = ds41_bf16_round(urand() * 4.0f);
     uint8_t img[12] = { 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0 };
-    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL };
+    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL, NULL };
     ds41_moe(&ex, &f.cfg, &f.lw, &f.lp, x, T, img, y, sel);
     ref_moe(&f, 3, x, T, img, r, rsel);
     int diff = 0;
@@ -182,7 +182,7 @@ static void test_moe_ties_and_bias_vl(void) {
     for (int i = 0; i < 2 * DIM; i++) x[i] = ds41_bf16_round(urand());
     int sel[6];
     uint8_t img[2] = { 0, 1 };
-    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL };
+    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL, NULL };
     ds41_moe(&ex, &f.cfg, &f.lw, &f.lp, x, 2, img, y, sel);
     CHECK(sel[0] == 1 && sel[1] == 3 && sel[2] == 6, "text token picked %d %d %d, want 1 3 6", sel[0], sel[1], sel[2]);
     CHECK(sel[3] == 0 && sel[4] == 2 && sel[5] == 4, "image token picked %d %d %d, want 0 2 4", sel[3], sel[4], sel[5]);
@@ -200,7 +200,7 @@ static void test_moe_fast_and_threads(void) {
     int se[16 * 3], sf[16 * 3], s3[16 * 3];
     for (int i = 0; i < T * DIM; i++) x[i] = ds41_bf16_round(urand() * 4.0f);
     ds41_pool *pool = ds41_pool_create(3);
-    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL }, fa = { 0, 1, NULL, 0, NULL, NULL }, ex3 = { 1, 3, pool, 0, NULL, NULL };
+    ds41_ctx ex = { 1, 1, NULL, 0, NULL, NULL, NULL }, fa = { 0, 1, NULL, 0, NULL, NULL, NULL }, ex3 = { 1, 3, pool, 0, NULL, NULL, NULL };
     ds41_moe(&ex, &f.cfg, &f.lw, &f.lp, x, T, NULL, ye, se);
     ds41_moe(&ex3, &f.cfg, &f.lw, &f.lp, x, T, NULL, y3, s3);
     CHECK(!memcmp(ye, y3, sizeof ye) && !memcmp(se, s3, sizeof se), "3 threads differ from 1");

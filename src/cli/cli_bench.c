@@ -27,6 +27,11 @@ static const char *BENCH_USAGE =
     "  --seed S            seed of the random prompt ids (default 1)\n"
     "  --json              machine-readable output\n"
     "  --load mmap|copy    weights mmap'd (default) or copied into anonymous memory; --readahead\n"
+    "  --profile           after the decode, the same decode again with the breakdown timers on:\n"
+    "                      where a step's time goes (weight streams per format with bytes, GB/s and\n"
+    "                      the share of a read-bandwidth probe; attention, indexer, compressor, mHC,\n"
+    "                      norms, router, MoE glue, Engram, head, sampling, the rest), and whether the\n"
+    "                      two decodes' states are identical\n"
     "  --settle auto|always|never  before loading, write back, evict and re-read the shards, so that\n"
     "                      a checkpoint written minutes ago is measured in its steady state (auto:\n"
     "                      when a shard is younger than 10 minutes); prints the state measured\n"
@@ -130,6 +135,123 @@ static int bench_batch(ds41_engine *e, const int32_t *ids, int n_ids, int plen, 
     return rc;
 }
 
+/* One decode of n_dec greedy steps after the n-token prompt in a fresh session, with the
+ * breakdown timers on when bd != NULL (added into *bd). Its tokens/s and state digest. */
+static int decode_once(ds41_engine *e, const int32_t *ids, int n, int n_dec, ds41_breakdown *bd, double *tps,
+                       uint64_t *dg) {
+    char ebuf[1024];
+    ds41_session *s = ds41_session_open(e, NULL, ebuf, sizeof ebuf);
+    if (!s || ds41_feed(s, ids, (size_t)n)) {
+        fprintf(stderr, "ds41 bench: --profile: decode setup failed\n");
+        ds41_session_close(s);
+        return 1;
+    }
+    if (bd && ds41_engine_breakdown_start(e)) { fprintf(stderr, "ds41 bench: --profile: out of memory\n"); ds41_session_close(s); return 1; }
+    int rc = 0;
+    double t0 = ds41_cli_now();
+    for (int i = 0; i < n_dec && !rc; i++) {
+        int32_t t = ds41_session_sample(s);
+        if (ds41_feed(s, &t, 1)) { fprintf(stderr, "ds41 bench: %s\n", ds41_session_error(s)); rc = 1; }
+    }
+    double wall = ds41_cli_now() - t0;
+    if (bd) {
+        ds41_breakdown one;
+        ds41_engine_breakdown_stop(e, &one);
+        for (int i = 0; i < DS41_BREAKDOWN_N; i++) {
+            bd->seconds[i] += one.seconds[i];
+            bd->bytes[i] += one.bytes[i];
+            bd->calls[i] += one.calls[i];
+        }
+        bd->elapsed += one.elapsed;
+        bd->switches += one.switches;
+    }
+    *tps = n_dec / wall;
+    *dg = ds41_session_digest(s);
+    ds41_session_close(s);
+    return rc;
+}
+
+static double median3(double *v) {
+    qsort(v, 3, sizeof *v, ds41_cli_cmp_double);
+    return v[1];
+}
+
+/* --profile: PROFILE_ROUNDS rounds of a plain decode and one with the breakdown timers on
+ * (ds41_engine_breakdown_start), each of n_dec steps after the same n-token prompt in a fresh
+ * session; the breakdown summed over the timed rounds, the medians of both tokens/s (the
+ * timers' overhead), every timed decode's state against the first plain one's. */
+#define PROFILE_ROUNDS 3
+static int bench_profile(ds41_engine *e, const int32_t *ids, int n, int n_dec, int threads, json_t *root) {
+    double bw0 = ds41_engine_read_bandwidth(e);
+    ds41_breakdown bd;
+    memset(&bd, 0, sizeof bd);
+    double tp[PROFILE_ROUNDS], tq[PROFILE_ROUNDS], wall = 0;
+    uint64_t plain_digest = 0, dg = 0;
+    int same = 1;
+    for (int r = 0; r < PROFILE_ROUNDS; r++) {
+        uint64_t d0, d1;
+        if (decode_once(e, ids, n, n_dec, NULL, &tp[r], &d0) || decode_once(e, ids, n, n_dec, &bd, &tq[r], &d1)) return 1;
+        if (r == 0) plain_digest = d0;
+        same &= d0 == plain_digest && d1 == plain_digest;
+        dg = d1;
+        wall += n_dec / tq[r];
+    }
+    /* the probe before and after the rounds, the larger: on a shared machine a neighbour's
+     * burst lowers one of them */
+    double bw1 = ds41_engine_read_bandwidth(e), bw = bw0 > bw1 ? bw0 : bw1;
+    n_dec *= PROFILE_ROUNDS;   /* the steps the breakdown covers */
+    double plain_tps = median3(tp), tps = median3(tq);
+    int rc = 0;
+    double sum = 0, sbytes = 0, ssec = 0;
+    for (int i = 0; i < DS41_BREAKDOWN_N; i++) {
+        sum += bd.seconds[i];
+        if (ds41_breakdown_is_stream(i)) { sbytes += bd.bytes[i]; ssec += bd.seconds[i]; }
+    }
+    double per = 1.0 / n_dec;
+    char hex[2][20];
+    snprintf(hex[0], sizeof hex[0], "%016llx", (unsigned long long)plain_digest);
+    snprintf(hex[1], sizeof hex[1], "%016llx", (unsigned long long)dg);
+    if (root) {
+        json_t *secs = json_array();
+        for (int i = 0; i < DS41_BREAKDOWN_N; i++)
+            json_array_append_new(secs, json_pack("{s:s,s:b,s:f,s:I,s:I}", "name", ds41_breakdown_name(i), "stream",
+                                                  ds41_breakdown_is_stream(i), "seconds", bd.seconds[i], "bytes",
+                                                  (json_int_t)bd.bytes[i], "calls", (json_int_t)bd.calls[i]));
+        json_object_set_new(root, "profile",
+                            json_pack("{s:i,s:i,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:s,s:s,s:b,s:o}", "steps", n_dec, "threads",
+                                      threads, "wall_s", wall, "elapsed_s", bd.elapsed, "read_bw_gbs", bw, "tokens_per_s",
+                                      tps, "tokens_per_s_plain", plain_tps, "weight_bytes_per_step", (json_int_t)(sbytes * per + 0.5),
+                                      "switches", (json_int_t)bd.switches, "digest", hex[1], "digest_plain", hex[0],
+                                      "identical", same, "sections", secs));
+        return same ? rc : 1;
+    }
+    printf("decode breakdown (--profile): %d steps (%d rounds), the calling thread's wall time per step (-t %d); read "
+           "bandwidth probe %.1f GB/s (before %.1f, after %.1f)\n%-12s %9s %7s %10s %8s %8s %7s\n", n_dec, PROFILE_ROUNDS, threads, bw, bw0, bw1, "section", "ms/step", "share",
+           "MB/step", "GB/s", "% probe", "calls");
+    for (int i = 0; i < DS41_BREAKDOWN_N; i++) {
+        if (bd.calls[i] == 0 && i != DS41_BREAKDOWN_REST) continue;
+        double ms = bd.seconds[i] * per * 1e3;
+        if (ds41_breakdown_is_stream(i)) {
+            double g = bd.seconds[i] > 0 ? bd.bytes[i] / bd.seconds[i] / 1e9 : 0;
+            printf("%-12s %9.3f %6.1f%% %10.1f %8.1f %7.0f%% %7.0f\n", ds41_breakdown_name(i), ms, 100 * bd.seconds[i] / sum,
+                   bd.bytes[i] * per / 1e6, g, bw > 0 ? 100 * g / bw : 0, bd.calls[i] * per);
+        } else {
+            printf("%-12s %9.3f %6.1f%% %10s %8s %8s %7.0f\n", ds41_breakdown_name(i), ms, 100 * bd.seconds[i] / sum, "", "", "",
+                   bd.calls[i] * per);
+        }
+    }
+    double ag = sbytes / sum / 1e9;
+    printf("%-12s %9.3f %6.1f%% %10.1f (sections; the loop measured %.3f ms/step)\n", "total", sum * per * 1e3, 100.0,
+           sbytes * per / 1e6, wall * per * 1e3);
+    printf("weight streams: %.1f %% of the step at %.1f GB/s; the step as a whole %.1f GB/s over the bytes a token "
+           "reads = %.0f %% of the probe\n", 100 * ssec / sum, ssec > 0 ? sbytes / ssec / 1e9 : 0, ag,
+           bw > 0 ? 100 * ag / bw : 0);
+    printf("decode with the timers %.2f tok/s, without %.2f (medians of %d interleaved rounds; %.0f clock reads a step); "
+           "state after it %s the plain decode's (digest %s)\n", tps, plain_tps, PROFILE_ROUNDS, bd.switches * per,
+           same ? "identical to" : "DIFFERS from", hex[1]);
+    return same ? rc : 1;
+}
+
 int ds41_cli_bench(int argc, char **argv) {
     const char *dir = NULL;
     int lengths[16] = { 64, 256, 1024 }, n_len = 3, n_dec = 16, threads = 1, exact = 0, json = 0;
@@ -143,6 +265,7 @@ int ds41_cli_bench(int argc, char **argv) {
     long long eg_cache = 0;
     const char *spec_prompt = NULL;
     int batch[16], n_batch = 0;
+    int profile = 0;                              /* --profile */
     /* long-context decode and the performance points on/off: cli_bench_long.c */
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--synthetic-context") || !strcmp(argv[i], "--ablate")) return ds41_cli_bench_long(argc, argv);
@@ -197,6 +320,7 @@ int ds41_cli_bench(int argc, char **argv) {
             if (r < 0) return 2;
         }
         else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--profile")) profile = 1;
         else if (!strcmp(a, "--spec")) spec = 1;
         else if (!strcmp(a, "--spec-curve")) spec_curve = 1;
         else if (!strcmp(a, "--spec-prompt") && has) { spec = 1; spec_prompt = argv[++i]; }
@@ -216,6 +340,11 @@ int ds41_cli_bench(int argc, char **argv) {
         }
         else { fprintf(stderr, "ds41 bench: unknown or incomplete option '%s'\n%s", a, BENCH_USAGE); return 2; }
     }
+    if (profile && n_batch > 0) {
+        fprintf(stderr, "ds41 bench: --profile times the single-session decode; it does not combine with --batch\n");
+        return 2;
+    }
+    if (profile && n_dec < 1) { fprintf(stderr, "ds41 bench: --profile times decode steps: it needs --decode >= 1\n"); return 2; }
     if (!dir) { fprintf(stderr, "ds41 bench: -m DIR is required (a checkpoint directory, e.g. -m models/demo)\n"); return 2; }
     if (ds41_cli_model_dir_ok("bench", dir)) return 1;
     if (ds41_cli_bench_settle(dir, settle, json ? stderr : stdout)) return 1;
@@ -344,6 +473,7 @@ int ds41_cli_bench(int argc, char **argv) {
     /* decode after the longest prompt that fits */
     int n = maxlen > C - n_dec - 1 ? (int)(C - n_dec - 1) : maxlen;
     double dtok = 0;
+    uint64_t dec_digest = 0;
     if (!rc && n_dec > 0 && n > 0) {
         ds41_session *s = ds41_session_open(e, NULL, ebuf, sizeof ebuf);
         if (!s || ds41_feed(s, ids, (size_t)n)) { fprintf(stderr, "ds41 bench: decode setup failed\n"); rc = 1; }
@@ -356,9 +486,11 @@ int ds41_cli_bench(int argc, char **argv) {
             double dt = ds41_cli_now() - t0;
             dtok = n_dec / dt;
             ds41_session_state(s, &last_state);
+            dec_digest = ds41_session_digest(s);
             if (!json) printf("decode after %d tokens: %d steps, %.2f tok/s\n", n, n_dec, dtok);
         }
         ds41_session_close(s);
+        if (!rc && profile) rc = bench_profile(e, ids, n, n_dec, threads, json ? root : NULL);
     }
     if (!rc && spec)
         rc = ds41_cli_bench_spec(e, dir, threads, exact, spec_prompt, ids, maxlen < 32 ? maxlen : 32, spec_n,
@@ -366,7 +498,10 @@ int ds41_cli_bench(int argc, char **argv) {
     long long rss = peak_rss_bytes();
     if (json) {
         json_object_set_new(root, "prefill", pre);
-        json_object_set_new(root, "decode", json_pack("{s:i,s:i,s:f}", "context", n, "steps", n_dec, "tokens_per_s", dtok));
+        char dhex[20];
+        snprintf(dhex, sizeof dhex, "%016llx", (unsigned long long)dec_digest);
+        json_object_set_new(root, "decode", json_pack("{s:i,s:i,s:f,s:s}", "context", n, "steps", n_dec, "tokens_per_s", dtok,
+                                                      "digest", dhex));
         json_object_set_new(root, "peak_rss_bytes", json_integer(rss));
         json_object_set_new(root, "state", json_pack("{s:I,s:I,s:f,s:I}", "tokens", (json_int_t)last_state.tokens,
                                                      "global_kv_bytes", (json_int_t)last_state.global_kv_bytes,

@@ -186,10 +186,12 @@ void ds41_block_ffn(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_laye
 void ds41_stream_head(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_weights *w, const uint16_t *norm,
                       ds41_stream *b, size_t r0, int n, float *logits) {
     size_t hc = (size_t)cfg->hc_mult, dim = (size_t)cfg->dim;
+    if (ctx->bd) ds41_bd_enter(ctx, DS41_BD_HEAD, 0);
     ds41_hc_apply_pre(ctx, b->X + r0 * hc * dim, b->pre + r0 * hc, n, (int)hc, (int)dim, b->xin + r0 * dim);
     ds41_rmsnorm(ctx, b->xin + r0 * dim, norm, n, (int)dim, cfg->norm_eps, b->xa + r0 * dim);
     ds41_bf16w head = { w->head, cfg->vocab_size, cfg->dim };
-    ds41_linear_bf16(ctx, &head, b->xa + r0 * dim, n, logits, 0);
+    ds41_linear_bf16(ctx, &head, b->xa + r0 * dim, n, logits, 0);   /* the BF16 head's stream (kernels.h) */
+    if (ctx->bd) ds41_bd_leave(ctx);
 }
 
 /* ====================================================================== row plan */
@@ -485,8 +487,11 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
             if (!e->pipe || ds41_pipe_first(e->pipe))   /* --split layers: the first stage's */
                 ds41_stream_embed(cfg, w, &b.s, r0[i] + t, tokens[i][t], im ? s->ov_emb + (size_t)t * dim : NULL);
         }
-        if (e->has_engram &&
-            engram_ids(e, &s->cache, tokens[i], s->ov_img, T[i], s->cache.pos, b.eg_ids, r0[i], N, hist[i])) {
+        if (ctx->bd && e->has_engram) ds41_bd_enter(ctx, DS41_BD_ENGRAM, 0);
+        int erc = e->has_engram &&
+                  engram_ids(e, &s->cache, tokens[i], s->ov_img, T[i], s->cache.pos, b.eg_ids, r0[i], N, hist[i]);
+        if (ctx->bd && e->has_engram) ds41_bd_leave(ctx);
+        if (erc) {
             rc = ds41_errf(err, "out of memory");
             goto done;
         }
@@ -495,7 +500,12 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
     }
     /* P4: the step's Engram rows (every sequence's, stacked), read through the first sequence's
      * step; the reads run while the layers before the first Engram layer compute */
-    if (e->has_engram && ds41_engram_prefetch_issue(ss[0], b.eg_ids, N, err)) { rc = -1; goto done; }
+    if (e->has_engram) {
+        if (ctx->bd) ds41_bd_enter(ctx, DS41_BD_ENGRAM, 0);
+        int prc = ds41_engram_prefetch_issue(ss[0], b.eg_ids, N, err);
+        if (ctx->bd) ds41_bd_leave(ctx);
+        if (prc) { rc = -1; goto done; }
+    }
 
     /* ---- the block loop: layer l on the stacked rows [k0, N) (its attention input and keys)
      * and [q0, N) (its outputs), the bounds of sequence 0's plan; from layer l0 with its input
@@ -527,11 +537,15 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
 
         /* Engram before the block, on the rows of the stream that exist (a given input of
          * layer l0 is the stream after it) */
-        if (lp->engram_slot >= 0 && e->has_engram && !(l0 > 0 && l == l0) &&
-            ds41_engram_layer(ss[0], lw, lp->engram_slot, b.eg_ids + ((size_t)lp->engram_slot * N + k0) * cols,
-                              (int)(N - k0), img ? img + k0 : NULL, b.s.X + k0 * srow, err)) {
-            rc = -1;
-            goto done;
+        if (lp->engram_slot >= 0 && e->has_engram && !(l0 > 0 && l == l0)) {
+            if (ctx->bd) ds41_bd_enter(ctx, DS41_BD_ENGRAM, 0);
+            int lrc = ds41_engram_layer(ss[0], lw, lp->engram_slot, b.eg_ids + ((size_t)lp->engram_slot * N + k0) * cols,
+                                        (int)(N - k0), img ? img + k0 : NULL, b.s.X + k0 * srow, err);
+            if (ctx->bd) ds41_bd_leave(ctx);
+            if (lrc) {
+                rc = -1;
+                goto done;
+            }
         }
         /* DSpark tap: mean over the copies of the block's input stream */
         int ti = lp->is_dspark_target && mh ? dspark_target_index(cfg, n_tg, l) : -1;
@@ -540,7 +554,10 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
         /* ---- attention sublayer ---- */
         ds41_block_attn_in(ctx, cfg, lw, &b.s, q0, (int)(N - q0), k0, (int)(N - k0));
         double ta = ctx->prof ? ds41_prof_now() : 0.0;
-        if (ds41_fwd_attention(&fs, &b, l, (int)k0, (int)q0, lo[l], err)) { rc = -1; goto done; }
+        if (ctx->bd) ds41_bd_enter(ctx, DS41_BD_ATTN, 0);
+        int arc = ds41_fwd_attention(&fs, &b, l, (int)k0, (int)q0, lo[l], err);
+        if (ctx->bd) ds41_bd_leave(ctx);
+        if (arc) { rc = -1; goto done; }
         if (ctx->prof) ctx->prof[DS41_PROF_ATTN] += ds41_prof_now() - ta;
         if (q0 == N) continue;   /* keys only (a prompt part alone) */
         ds41_block_attn_out(ctx, cfg, &b.s, q0, (int)(N - q0));

@@ -560,6 +560,7 @@ static ds41_ctx side_ctx(const ds41_ctx *c) {
     x.pool = NULL;
     x.n_threads = 1;
     x.prof = NULL;
+    x.bd = NULL;
     return x;
 }
 
@@ -582,6 +583,7 @@ typedef struct ix_job {
 static void ix_run(void *arg) {
     ix_job *j = arg;
     double t0 = ds41_prof_now();
+    if (j->ctx.bd) ds41_bd_enter(&j->ctx, DS41_BD_INDEXER, 0);
     const fwd_seqs *fs = j->fs;
     ds41_engine *e = fs->ss[0]->e;
     const ds41_config *cfg = e->cfg;
@@ -597,6 +599,7 @@ static void ix_run(void *arg) {
                            fs->wt + off * NH, &j->err))
             j->rc = -1;
     }
+    if (j->ctx.bd) ds41_bd_leave(&j->ctx);
     j->seconds = ds41_prof_now() - t0;
 }
 
@@ -655,10 +658,13 @@ int ds41_fwd_attention(const fwd_seqs *fs, fwd_buf *b, int l, int k0, int q0, in
         if (K0 && !(fs->count == 1 && fs->ss[0]->restore))
             return ds41_errf(err, "forward: layer %d is a KV source but its key rows start at %zu", l, K0);
         double t0 = ctx->prof ? ds41_prof_now() : 0.0;
-        if (compressor(fs, b, l, err)) return -1;
+        if (ctx->bd) ds41_bd_enter(ctx, DS41_BD_COMPRESS, 0);
+        int crc = compressor(fs, b, l, err);
         /* the CSA2-less twin (twin.c): the decoder layers' own compressors read this input too */
-        for (int m = l + 1; m < cfg->n_layers; m++)
-            if (cfg->layers[m].twin_kv_at == l && compressor(fs, b, m, err)) return -1;
+        for (int m = l + 1; m < cfg->n_layers && !crc; m++)
+            if (cfg->layers[m].twin_kv_at == l) crc = compressor(fs, b, m, err);
+        if (ctx->bd) ds41_bd_leave(ctx);
+        if (crc) return -1;
         if (ctx->prof) ctx->prof[DS41_PROF_COMPRESS] += ds41_prof_now() - t0;
     }
     /* the query path (no query rows: a prompt part whose plan keeps only keys here), the
@@ -680,11 +686,14 @@ int ds41_fwd_attention(const fwd_seqs *fs, fwd_buf *b, int l, int k0, int q0, in
     /* a prompt part with no rows in this layer takes no part in it */
     int skip0 = k0 >= fs->T[0];
     double t0 = ctx->prof ? ds41_prof_now() : 0.0;
-    for (int i = skip0; i < fs->count; i++) {
+    if (ctx->bd) ds41_bd_enter(ctx, DS41_BD_SPARSE, 0);
+    int arc = 0;
+    for (int i = skip0; i < fs->count && !arc; i++) {
         int c = i == 0;
-        if (attend(fs->ss[i], &fs->v[i], l, c ? q0 : 0, c ? lo : 0, fs->T[i], fs->ss[i]->cache.pos, fs->layout[i], err))
-            return -1;
+        arc = attend(fs->ss[i], &fs->v[i], l, c ? q0 : 0, c ? lo : 0, fs->T[i], fs->ss[i]->cache.pos, fs->layout[i], err);
     }
+    if (ctx->bd) ds41_bd_leave(ctx);
+    if (arc) return -1;
     if (ctx->prof) ctx->prof[DS41_PROF_SPARSE] += ds41_prof_now() - t0;
     if (N > Q0) ds41_attn_output(ctx, cfg, lw, rope, b->o + Q0 * HD, (int)(N - Q0), b->pos + Q0, b->wos, b->s.y + Q0 * dim);
     for (int i = skip0; i < fs->count; i++)

@@ -609,12 +609,16 @@ int ds41_session_set_lproc(ds41_session *s, struct ds41_lproc *lp) {
 static int session_sample_here(ds41_session *s) {
     int V = s->e->cfg->vocab_size;
     const float *row = s->seq.logits;
+    const ds41_ctx *ctx = &s->e->ctx;
+    if (ctx->bd) ds41_bd_enter(ctx, DS41_BD_SAMPLE, 0);
     if (ds41_lproc_active(s->sampler.lp)) {
         memcpy(s->prow, row, (size_t)V * sizeof(float));
         ds41_lproc_apply(s->sampler.lp, s->prow, NULL, 0);
         row = s->prow;
     }
-    return ds41_sample(&s->sampler, row, V, s->sscratch, s->iscratch);
+    int id = ds41_sample(&s->sampler, row, V, s->sscratch, s->iscratch);
+    if (ctx->bd) ds41_bd_leave(ctx);
+    return id;
 }
 
 int ds41_session_sample(ds41_session *s) {

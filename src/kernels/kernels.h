@@ -9,6 +9,8 @@
 #ifndef DS41_KERNELS_H
 #define DS41_KERNELS_H
 
+#include <pthread.h>
+
 #include "config.h"
 #include "model.h"
 
@@ -39,6 +41,49 @@ enum {
     DS41_PROF_N
 };
 
+/* Where a decode step's time goes (ds41 bench --profile; ds41_engine_breakdown_start in ds41.h,
+ * the same indices as DS41_BD_* there). Exclusive sections of the calling thread's wall time:
+ * entering a section charges the time since the last switch to the section that was running and
+ * makes the new one current; leaving charges it and returns to the enclosing one. So every
+ * second between start and stop lands in exactly one section (the linears nested in the
+ * attention sublayer count as their weight stream, not as attention), and the sections add up
+ * to the elapsed time. The weight-stream sections also add the bytes of weights each call
+ * reads. Only the thread that started the breakdown is timed (a linear a pool worker runs
+ * inside a job is part of its caller's section). No arithmetic depends on it. */
+enum {
+    DS41_BD_REST = 0,     /* everything outside the sections below */
+    DS41_BD_FP8,          /* weight streams: FP8 linears (attention projections, shared expert, Engram) */
+    DS41_BD_FP8DQ,        /*   FP8 weights dequantized to BF16 (the grouped wo_a) */
+    DS41_BD_FP4,          /*   FP4 routed experts */
+    DS41_BD_HEADW,        /*   the BF16 head */
+    DS41_BD_BF16,         /*   other BF16 linears (router gate, compressor, indexer) */
+    DS41_BD_F32,          /*   FP32 linears (the mHC mixes' projection) */
+    DS41_BD_ATTN,         /* attention sublayer outside the sections below (RoPE, norms' callers, KV rows) */
+    DS41_BD_SPARSE,       /* KV set, lists and sparse attention */
+    DS41_BD_INDEXER,      /* indexer: scores, candidate pool, top-k (its linears: their streams) */
+    DS41_BD_COMPRESS,     /* compressor: pooling, records (its linear: BF16) */
+    DS41_BD_MHC,          /* mHC: mixes (Sinkhorn), collapse and expansion of the 4 streams */
+    DS41_BD_NORM,         /* RMSNorm, wherever called */
+    DS41_BD_ROUTER,       /* router: scores, top-k, weights (the gate linear: BF16) */
+    DS41_BD_MOE,          /* MoE glue: SwiGLU, gathering rows, adding outputs */
+    DS41_BD_ENGRAM,       /* Engram: hash ids, row reads, its sublayer (its linear: FP8) */
+    DS41_BD_HEAD,         /* head: collapse and final norm (its linear: the BF16 head) */
+    DS41_BD_SAMPLE,       /* sampling the next token */
+    DS41_BD_N
+};
+#define DS41_BD_DEPTH 16
+typedef struct ds41_bd {
+    double sec[DS41_BD_N];     /* exclusive seconds */
+    double bytes[DS41_BD_N];   /* weight bytes read (the stream sections) */
+    long long calls[DS41_BD_N];
+    double t;                  /* the clock at the last switch */
+    double t0;                 /* the clock at start */
+    int cur, depth;
+    int stack[DS41_BD_DEPTH];
+    long long switches;        /* enters + leaves (the timer reads the breakdown costs) */
+    pthread_t owner;           /* the only thread timed */
+} ds41_bd;
+
 typedef struct ds41_moe_dispatch ds41_moe_dispatch;
 typedef struct ds41_ctx {
     int exact;          /* 1: exact kernels; 0: fast kernels */
@@ -47,10 +92,39 @@ typedef struct ds41_ctx {
     unsigned ablate;    /* DS41_ABLATE_* bits: performance points switched off (0: all on) */
     double *prof;       /* NULL, or DS41_PROF_N accumulators (seconds) */
     const struct ds41_moe_dispatch *moe;   /* routed-expert dispatch (layers/moe.h); NULL: local */
+    ds41_bd *bd;        /* NULL, or the decode-step breakdown (DS41_BD_*) */
 } ds41_ctx;
 
 /* Monotonic clock in seconds (the timers above). */
 double ds41_prof_now(void);
+
+/* Enter section sec (DS41_BD_*), reading bytes of weights; leave returns to the enclosing one.
+ * No-ops without a breakdown or on another thread than the one that started it. */
+static inline void ds41_bd_enter(const ds41_ctx *ctx, int sec, double bytes) {
+    ds41_bd *b = ctx->bd;
+    if (!b || !pthread_equal(pthread_self(), b->owner)) return;
+    double now = ds41_prof_now();
+    b->sec[b->cur] += now - b->t;
+    b->t = now;
+    if (b->depth < DS41_BD_DEPTH) b->stack[b->depth] = b->cur;
+    b->depth++;
+    b->cur = sec;
+    b->calls[sec]++;
+    b->bytes[sec] += bytes;
+    b->switches++;
+}
+static inline void ds41_bd_leave(const ds41_ctx *ctx) {
+    ds41_bd *b = ctx->bd;
+    if (!b || b->depth <= 0 || !pthread_equal(pthread_self(), b->owner)) return;
+    double now = ds41_prof_now();
+    b->sec[b->cur] += now - b->t;
+    b->t = now;
+    b->depth--;
+    if (b->depth < DS41_BD_DEPTH) b->cur = b->stack[b->depth];
+    b->switches++;
+}
+/* the section running now (DS41_BD_REST without a breakdown) */
+static inline int ds41_bd_current(const ds41_ctx *ctx) { return ctx->bd ? ctx->bd->cur : DS41_BD_REST; }
 
 /* Thread pool: run fn(arg, i) for i in [0, n) over the pool's threads (static split). */
 ds41_pool *ds41_pool_create(int n_threads);

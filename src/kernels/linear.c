@@ -313,12 +313,22 @@ static void qlin_run(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, in
     free(sa);
 }
 
+/* Bytes of weights a call reads (the decode-step breakdown, kernels.h): codes and scales, once
+ * per call whatever T. */
+static double fp8_bytes(int rows, int in) {
+    return (double)rows * in + (double)((rows + 31) / 32) * ((in + 31) / 32);
+}
+
 void ds41_linear_fp8(const ds41_ctx *ctx, const ds41_fp8w *w, const float *x, int T, float *y) {
+    if (ctx->bd) ds41_bd_enter(ctx, DS41_BD_FP8, fp8_bytes(w->out, w->in));
     qlin_run(ctx, w->w, w->s, 0, w->out, w->in, x, T, y);
+    if (ctx->bd) ds41_bd_leave(ctx);
 }
 
 void ds41_linear_fp4(const ds41_ctx *ctx, const ds41_fp4w *w, const float *x, int T, float *y) {
+    if (ctx->bd) ds41_bd_enter(ctx, DS41_BD_FP4, (double)w->out * (w->in / 2) + (double)w->out * ((w->in + 31) / 32));
     qlin_run(ctx, w->w, w->s, 1, w->out, w->in, x, T, y);
+    if (ctx->bd) ds41_bd_leave(ctx);
 }
 
 /* ---------------------------------------------------------------- BF16 / FP32 / FP8-dq job */
@@ -415,17 +425,24 @@ static void dlin_run(dlin_job *j) {
 
 void ds41_linear_bf16(const ds41_ctx *ctx, const ds41_bf16w *w, const float *x, int T, float *y, int out_bf16) {
     dlin_job j = { ctx, 0, w->w, NULL, NULL, 0, w->out, w->in, T, x, w->in, y, w->out, out_bf16 };
+    if (ctx->bd)   /* the head's stream when the head section calls it */
+        ds41_bd_enter(ctx, ds41_bd_current(ctx) == DS41_BD_HEAD ? DS41_BD_HEADW : DS41_BD_BF16, 2.0 * w->out * w->in);
     dlin_run(&j);
+    if (ctx->bd) ds41_bd_leave(ctx);
 }
 
 void ds41_linear_f32(const ds41_ctx *ctx, const float *w, int out, int in, const float *x, int T, float *y) {
     dlin_job j = { ctx, 1, NULL, w, NULL, 0, out, in, T, x, in, y, out, 0 };
+    if (ctx->bd) ds41_bd_enter(ctx, DS41_BD_F32, 4.0 * out * in);
     dlin_run(&j);
+    if (ctx->bd) ds41_bd_leave(ctx);
 }
 
 void ds41_linear_fp8_dq(const ds41_ctx *ctx, const ds41_fp8w *w, int row0, int nrows,
                         const float *x, int x_stride, int T, float *y, int y_stride) {
     if (row0 < 0 || nrows <= 0 || row0 > w->out - nrows) return;
     dlin_job j = { ctx, 2, NULL, NULL, w, row0, nrows, w->in, T, x, x_stride, y, y_stride, 1 };
+    if (ctx->bd) ds41_bd_enter(ctx, DS41_BD_FP8DQ, fp8_bytes(nrows, w->in));
     dlin_run(&j);
+    if (ctx->bd) ds41_bd_leave(ctx);
 }

@@ -185,4 +185,16 @@ void ds41_exact_fp4_t1_avx512(const uint8_t *const *p, int nb, size_t ldb, const
 /* its c8 for 8 scale rows sr[r]: c8[8 b + r] = ue8[sr[r][b]] * sab[b] */
 void ds41_exact_fp4_scales_avx512(const uint8_t *const *sr, int nb, const double *sab, const double *ue8, double *c8);
 
+/* ds41_bf16_round of 8 floats: ds41_bf16_from_f32's integer steps (round to nearest even by
+ * adding 0x7FFF plus the kept lsb; a NaN keeps its sign and top payload, quiet bit forced) */
+static inline __m256 ds41_bf16_round8(__m256 v) {
+    __m256i u = _mm256_castps_si256(v);
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)), _mm256_set1_epi32(0x7F800000));
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb),
+                                 _mm256_set1_epi32((int)0xFFFF0000u));
+    __m256i q = _mm256_slli_epi32(_mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40)), 16);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(r, q, nan));
+}
+
 #endif

@@ -76,9 +76,11 @@ static void rms_rows(void *arg, int t0, int t1) {
 
 void ds41_rmsnorm(const ds41_ctx *ctx, const float *x, const uint16_t *w, int T, int d, float eps, float *y) {
     rms_job j = { ctx, x, w, d, eps, y };
+    if (ctx->bd) ds41_bd_enter(ctx, DS41_BD_NORM, 0);
     /* Rows are independent, so threading over rows cannot change any result. */
     if ((long long)T * d >= 65536) ds41_parallel_for(ctx, T, rms_rows, &j);
     else rms_rows(&j, 0, T);
+    if (ctx->bd) ds41_bd_leave(ctx);
 }
 
 /* ---------------------------------------------------------------- RoPE */

@@ -7,7 +7,9 @@
  * spec writes them. */
 #include "mhc.h"
 #include "formats.h"
+#include "linear_fast.h"
 
+#include <immintrin.h>
 #include <stdlib.h>
 
 #define HC_MAX 16   /* hc_mult bound (production 4); the config loader keeps it small */
@@ -95,28 +97,60 @@ void ds41_hc_mixes(const ds41_ctx *ctx, const ds41_config *cfg, const float *fn,
                    const float *scale, const float *X, int T, float *pre, float *post, float *comb) {
     if (cfg->hc_mult < 1 || cfg->hc_mult > HC_MAX || T <= 0) return;
     mix_job j = { ctx, cfg, fn, base, scale, X, pre, post, comb };
+    if (ctx->bd) ds41_bd_enter(ctx, DS41_BD_MHC, 0);
     /* The per-token projection runs on the calling thread (ds41_linear_f32 inside a pool job
      * is serial), so thread over tokens when there are several, else over the fn rows. */
     if (T > 1) ds41_parallel_for(ctx, T, mix_tokens, &j);
     else mix_tokens(&j, 0, 1);
+    if (ctx->bd) ds41_bd_leave(ctx);
+}
+
+/* Fast mode, 8 elements d at a time: every lane runs the scalar code's FP32 operations in its
+ * order (products, then the sum from +0 left to right, then the BF16 rounding), so the results
+ * are the scalar ones bit for bit (tests/test_mhc.c); the scalar loops take the tail and exact
+ * mode. Returns the first d not done. */
+static int apply_pre_x8(const float *x, const float *w, int hc, int dim, float *y) {
+    int d = 0;
+    for (; d + 8 <= dim; d += 8) {
+        __m256 s = _mm256_setzero_ps();
+        for (int c = 0; c < hc; c++)
+            s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_set1_ps(w[c]), _mm256_loadu_ps(x + (size_t)c * dim + d)));
+        _mm256_storeu_ps(y + d, ds41_bf16_round8(s));
+    }
+    return d;
+}
+
+static int apply_post_x8(const float *yt, const float *r, const float *C, float pj, int jc, int hc, int dim, float *o) {
+    int d = 0;
+    for (; d + 8 <= dim; d += 8) {
+        __m256 s = _mm256_setzero_ps();
+        for (int i = 0; i < hc; i++)
+            s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_set1_ps(C[i * hc + jc]), _mm256_loadu_ps(r + (size_t)i * dim + d)));
+        __m256 v = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(pj), _mm256_loadu_ps(yt + d)), s);
+        _mm256_storeu_ps(o + d, ds41_bf16_round8(v));
+    }
+    return d;
 }
 
 void ds41_hc_apply_pre(const ds41_ctx *ctx, const float *X, const float *pre, int T, int hc, int dim, float *y) {
     if (hc < 1 || hc > HC_MAX) return;
+    if (ctx->bd) ds41_bd_enter(ctx, DS41_BD_MHC, 0);
     float p[HC_MAX];
     for (int t = 0; t < T; t++) {
         const float *x = X + (size_t)t * hc * dim;
         const float *w = pre + (size_t)t * hc;
-        for (int d = 0; d < dim; d++) {
+        for (int d = ctx->exact ? 0 : apply_pre_x8(x, w, hc, dim, y + (size_t)t * dim); d < dim; d++) {
             for (int c = 0; c < hc; c++) p[c] = w[c] * x[(size_t)c * dim + d];
             y[(size_t)t * dim + d] = ds41_bf16_round(red(ctx, p, hc, 1));
         }
     }
+    if (ctx->bd) ds41_bd_leave(ctx);
 }
 
 void ds41_hc_apply_post(const ds41_ctx *ctx, const float *y, const float *R, const float *post,
                         const float *comb, int T, int hc, int dim, float *out) {
     if (hc < 1 || hc > HC_MAX) return;
+    if (ctx->bd) ds41_bd_enter(ctx, DS41_BD_MHC, 0);
     float p[HC_MAX];
     for (int t = 0; t < T; t++) {
         const float *r = R + (size_t)t * hc * dim;
@@ -125,11 +159,12 @@ void ds41_hc_apply_post(const ds41_ctx *ctx, const float *y, const float *R, con
         float *o = out + (size_t)t * hc * dim;
         for (int jc = 0; jc < hc; jc++) {
             float pj = post[(size_t)t * hc + jc];
-            for (int d = 0; d < dim; d++) {
+            for (int d = ctx->exact ? 0 : apply_post_x8(yt, r, C, pj, jc, hc, dim, o + (size_t)jc * dim); d < dim; d++) {
                 for (int i = 0; i < hc; i++) p[i] = C[i * hc + jc] * r[(size_t)i * dim + d];
                 /* the post term is a separate FP32 addition after the C*R reduction */
                 o[(size_t)jc * dim + d] = ds41_bf16_round(pj * yt[d] + red(ctx, p, hc, 1));
             }
         }
     }
+    if (ctx->bd) ds41_bd_leave(ctx);
 }

@@ -172,6 +172,7 @@ void ds41_moe(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weig
     if (k > E) k = E;
     if (T <= 0) return;
     const ds41_moe_dispatch *dp = ctx->moe ? ctx->moe : &ds41_moe_local;
+    if (ctx->bd) ds41_bd_enter(ctx, DS41_BD_MOE, 0);
     float *acc = calloc((size_t)T * dim, sizeof(float));
     float *logits = malloc((size_t)T * (E > 0 ? E : 1) * sizeof(float));
     float *score = malloc((size_t)(E > 0 ? E : 1) * sizeof(float) * 2);
@@ -186,6 +187,7 @@ void ds41_moe(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weig
     /* ---- router: FP32 linear over the BF16 gate weights (every process: replicated) */
     int routed = E > 0 && k > 0;
     if (routed) {
+        if (ctx->bd) ds41_bd_enter(ctx, DS41_BD_ROUTER, 0);
         ds41_bf16w g = lw->gate;
         g.out = E;
         ds41_linear_bf16(ctx, &g, x, T, logits, 0);
@@ -197,6 +199,7 @@ void ds41_moe(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weig
                 qsort(sel_out + (size_t)t * k, (size_t)k, sizeof(int), cmp_int);
             }
         }
+        if (ctx->bd) ds41_bd_leave(ctx);
     }
     ds41_moe_rows rr = { cfg, lw, x, T, k, sel, wts };
     if (routed) dp->begin(dp->self, ctx, &rr);
@@ -218,4 +221,5 @@ void ds41_moe(const ds41_ctx *ctx, const ds41_config *cfg, const ds41_layer_weig
 
 done:
     free(acc); free(logits); free(score); free(sel); free(wts); free(a); free(b); free(h); free(o);
+    if (ctx->bd) ds41_bd_leave(ctx);
 }
