@@ -67,20 +67,25 @@ static void dp_measure(dp_count *c, ds41_session *const *s, const int *own, int 
 static void dp_report(const dp_count *c) {
     if (!verbose()) return;
     int dp = ds41_dist_dp();
-    fprintf(stderr, "ds41 serve [rank %d]: %s: %lld sequences held here, at most %lld bytes of state at once "
-                    "(%lld of them global KV pages)", ds41_dist_rank(), dp ? "--dp-attention" : ds41_pipe_on() ? "--split layers" : "replicated attention",
-            c->seqs, c->peak, c->peak_kv);
+    /* one write: the launcher forwards the ranks' stderr, and pieces of two ranks' lines
+     * written apart could interleave */
+    char line[1024];
+    size_t n = 0;
+#define ADD(...) do { if (n < sizeof line) n += (size_t)snprintf(line + n, sizeof line - n, __VA_ARGS__); } while (0)
+    ADD("ds41 serve [rank %d]: %s: %lld sequences held here, at most %lld bytes of state at once (%lld of them global KV "
+        "pages)", ds41_dist_rank(), dp ? "--dp-attention" : ds41_pipe_on() ? "--split layers" : "replicated attention",
+        c->seqs, c->peak, c->peak_kv);
     if (c->props || c->verifies)
-        fprintf(stderr, "; --spec: %lld proposals, %lld verify blocks (%lld with a logits processor)", c->props, c->verifies,
-                c->lp_verifies);
+        ADD("; --spec: %lld proposals, %lld verify blocks (%lld with a logits processor)", c->props, c->verifies, c->lp_verifies);
     long long os = 0, ob = 0;
     ds41_smirror_pipe_outcomes(&os, &ob);
-    if (os) fprintf(stderr, "; verify outcomes: %lld steps, %lld bytes", os, ob);
+    if (os) ADD("; verify outcomes: %lld steps, %lld bytes", os, ob);
     if (dp && ds41_dist_rank() == 0)
-        fprintf(stderr, "; rank 0's copies of the other ranks' sequences: at most %lld bytes; their answers: %lld bytes, %lld rows "
-                        "with a token, %lld with logits; grammar masks sent: %lld (%lld bytes)", c->peak_copies, c->ans_bytes,
-                c->ans_tok, c->ans_lg, c->masks, c->mask_bytes);
-    fprintf(stderr, "\n");
+        ADD("; rank 0's copies of the other ranks' sequences: at most %lld bytes; their answers: %lld bytes, %lld rows with a "
+            "token, %lld with logits; grammar masks sent: %lld (%lld bytes)", c->peak_copies, c->ans_bytes, c->ans_tok,
+            c->ans_lg, c->masks, c->mask_bytes);
+#undef ADD
+    fprintf(stderr, "%s\n", line);
 }
 
 /* ---------------------------------------------------------------- rank 0: recorder */
