@@ -39,6 +39,7 @@ typedef struct dp_count {
     long long props, verifies;    /* --spec: proposals and verify blocks run here for the sequences held here */
     long long lp_verifies;        /* --spec: those of sequences with a logits processor */
     long long masks, mask_bytes;  /* rank 0: grammar masks sent to the owners (GMASK records, their bytes) */
+    long long rec_bytes, recs, steps;   /* rank 0: records broadcast (their bytes, length word included), STEP records */
 } dp_count;
 
 static int verbose(void) {
@@ -76,6 +77,8 @@ static void dp_report(const dp_count *c) {
         fprintf(stderr, "; rank 0's copies of the other ranks' sequences: at most %lld bytes; their answers: %lld bytes, %lld rows "
                         "with a token, %lld with logits; grammar masks sent: %lld (%lld bytes)", c->peak_copies, c->ans_bytes,
                 c->ans_tok, c->ans_lg, c->masks, c->mask_bytes);
+    if (ds41_dist_rank() == 0)
+        fprintf(stderr, "; records sent: %lld bytes in %lld broadcasts, %lld steps", c->rec_bytes, c->recs, c->steps);
     fprintf(stderr, "\n");
 }
 
@@ -176,6 +179,8 @@ static void flush(ds41_smirror *m) {
     int32_t len = (int32_t)m->n;
     ds41_dist_bcast(&len, sizeof len);
     if (len) ds41_dist_bcast(m->w, (size_t)len * sizeof *m->w);
+    m->dpc.rec_bytes += (long long)(sizeof len + (size_t)len * sizeof *m->w);
+    m->dpc.recs++;
     m->n = 0;
     m->last = now_s();
 }
@@ -537,6 +542,7 @@ void ds41_smirror_step(ds41_smirror *m, const ds41_batch_item *it, int count) {
     }
     int32_t v[2] = { DS41_SOP_STEP, count };
     put(m, v, 2);
+    m->dpc.steps++;
     for (int i = 0; i < count; i++) {
         int32_t h[3] = { sid_of(m, it[i].s), (int32_t)it[i].n, it[i].verify ? DS41_SOP_VERIFY : (int32_t)it[i].ahead };
         put(m, h, 3);
