@@ -565,8 +565,10 @@ spec_phase() {   # spec_phase TAG MPI_SPEC ONE_SPEC: $TMP/TAG.{mpi,one}.{out,log
         spec_metrics "$pr_pm" >"$TMP/$tag.mpi.met" 2>&1
         spec_metrics "$pr_po" >"$TMP/$tag.one.met" 2>&1
     fi
-    # SP_PROC: then the requests with logits processors (TAG.p.{mpi,one}.out)
+    # SP_PROC: then the requests with logits processors (TAG.p.{mpi,one}.out) and the grammar
+    # requests, each twice in a row (TAG.g.{mpi,one}.out)
     [ -z "${SP_PROC:-}" ] || pair_clients "$tag.p" processed
+    [ -z "${SP_PROC:-}" ] || pair_clients "$tag.g" grammars
     [ -z "$pr_why" ] || echo "$pr_why" >"$TMP/$tag.err"
     pair_end
     unset DS41_SPEC_CURVE
@@ -628,17 +630,34 @@ dp_spec_check serve_dp_spec_fixed dpB.mpi dpA.one drafts
 # logit_bias, min_tokens; 2 with a grammar) after the answers above, on both pairs of servers:
 # the job with fixed:3 against the one process with fixed:3 (seeded sampling's draws depend on
 # the drafts, so the same --spec on both sides). A
-# sequence with a processor but no grammar goes to the least-loaded rank, whose owner decides
-# its verify blocks with the processor (LPROC); one with a grammar stays on rank 0 under
-# --spec. Same bytes as one process, and rank 1 verified blocks of processed sequences
-# (DS41_MPI_VERBOSE: "N verify blocks (M with a logits processor)").
-lpv=$(sed -n 's/.*\[rank 1\]: --dp-attention: .*verify blocks (\([0-9]*\) with a logits processor).*/\1/p' "$TMP/dpB.mpi.log")
+# sequence with a processor goes to the least-loaded rank, whose owner decides its verify
+# blocks with the processor (LPROC; a grammar's allowed tokens for each row of a block from
+# rank 0, VMASK). Same bytes as one process, and rank 1 verified blocks of processed sequences
+# (DS41_MPI_VERBOSE: "N verify blocks (M with a logits processor, G with a grammar)").
+lpv=$(sed -n 's/.*\[rank 1\]: --dp-attention: .*verify blocks (\([0-9]*\) with a logits processor,.*/\1/p' "$TMP/dpB.mpi.log")
 if [ -s "$TMP/dpA.err" ] || [ -s "$TMP/dpB.err" ]; then fail serve_dp_spec_lproc "$(cat "$TMP/dpA.err" "$TMP/dpB.err" 2>/dev/null)"
 elif [ "$(wc -l <"$TMP/dpB.p.mpi.out" 2>/dev/null)" != 8 ] || ! cmp -s "$TMP/dpB.p.mpi.out" "$TMP/dpA.p.one.out"; then
     fail serve_dp_spec_lproc "answers differ from one process: $(cmp "$TMP/dpB.p.mpi.out" "$TMP/dpA.p.one.out" 2>&1)"
 elif [ -z "$lpv" ] || [ "$lpv" -lt 1 ]; then
     fail serve_dp_spec_lproc "rank 1 verified '$lpv' blocks of sequences with a logits processor (expected some)"
 else pass "serve_dp_spec_lproc (rank 1: $lpv verify blocks with a logits processor)"; fi
+# --spec with a grammar under --dp-attention: the requests of `grammars` (a JSON schema greedy
+# with logprobs, a regex with seeded sampling, a forced tool call), each twice in a row, which
+# the idle job gives to the two ranks in turn: the owner verifies each block with the allowed
+# tokens rank 0 sends for its rows (VMASK: the grammar after the drafts before each row). Same
+# bytes as one process with the same --spec (fixed:3 and auto), rank 1 verified blocks of
+# grammar sequences, and rank 0 sent their masks (DS41_MPI_VERBOSE: "G with a grammar",
+# "verify masks sent: N blocks, R rows restricted").
+gv=$(sed -n 's/.*\[rank 1\]: --dp-attention: .*verify blocks ([0-9]* with a logits processor, \([0-9]*\) with a grammar).*/\1/p' "$TMP/dpB.mpi.log")
+vm=$(sed -n 's/.*\[rank 0\]: --dp-attention: .*verify masks sent: \([0-9]*\) blocks, \([0-9]*\) rows restricted.*/\1 \2/p' "$TMP/dpB.mpi.log")
+if [ -s "$TMP/dpA.err" ] || [ -s "$TMP/dpB.err" ]; then fail serve_dp_spec_grammar "$(cat "$TMP/dpA.err" "$TMP/dpB.err" 2>/dev/null)"
+elif [ "$(wc -l <"$TMP/dpB.g.mpi.out" 2>/dev/null)" != 6 ] || ! cmp -s "$TMP/dpB.g.mpi.out" "$TMP/dpA.g.one.out"; then
+    fail serve_dp_spec_grammar "fixed:3 answers differ from one process: $(cmp "$TMP/dpB.g.mpi.out" "$TMP/dpA.g.one.out" 2>&1)"
+elif [ "$(wc -l <"$TMP/dpA.g.mpi.out" 2>/dev/null)" != 6 ] || ! cmp -s "$TMP/dpA.g.mpi.out" "$TMP/dpB.g.one.out"; then
+    fail serve_dp_spec_grammar "auto answers differ from one process: $(cmp "$TMP/dpA.g.mpi.out" "$TMP/dpB.g.one.out" 2>&1)"
+elif [ -z "$gv" ] || [ "$gv" -lt 1 ] || [ -z "$vm" ] || [ "${vm% *}" -lt 1 ] || [ "${vm#* }" -lt 1 ]; then
+    fail serve_dp_spec_grammar "rank 1 verified '$gv' blocks with a grammar, rank 0 sent '$vm' verify masks (blocks, rows; expected some)"
+else pass "serve_dp_spec_grammar (rank 1: $gv verify blocks with a grammar; rank 0: ${vm% *} VMASK records, ${vm#* } rows restricted)"; fi
 dp_spec_check serve_dp_spec_auto dpA.mpi dpB.one auto
 printf '1 400\n2 400\n3 400\n4 400\n5 400\n6 400\npropose_s 0.0001\ndraft_s 0.00001\n' >"$TMP/curve.txt"
 SP_MPI=--dp-attention spec_phase dpC auto auto

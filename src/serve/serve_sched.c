@@ -554,12 +554,10 @@ static int session_ready(ds41_sched *S, ds41_sseq *q) {
     int dim = ds41_model_dim(S->e);
     ds41_prefix_img pim = { q->img_at, q->img_key, q->img_emb, q->n_prompt };
     ds41_smirror_route(S->p.mirror, S->p.pc, q->prompt, q->n_prompt, q->img_at ? &pim : NULL);
-    /* under --dp-attention with --spec: a sequence rank 0 samples stays there (serve_mpi.h): a
-     * grammar's (its verify rows would need a mask per draft) or one with more logprobs than
-     * the owner sends; a logits processor without a grammar goes to its owner, which decides
-     * the verify with it */
-    ds41_smirror_open(S->p.mirror, q->s,
-                      S->B > 0 && S->p.spec_mode != DS41_SPEC_OFF && (q->proc.gm || q->n_top > DS41_REQ_MAX_TOP_LOGPROBS));
+    /* under --dp-attention with --spec: a sequence rank 0 samples stays there (serve_mpi.h): one
+     * with more logprobs than the owner sends; a logits processor goes to its owner, which
+     * decides the verify with it (a grammar's allowed tokens per verify row from here, VMASK) */
+    ds41_smirror_open(S->p.mirror, q->s, S->B > 0 && S->p.spec_mode != DS41_SPEC_OFF && q->n_top > DS41_REQ_MAX_TOP_LOGPROBS);
     /* the other ranks keep the prompt's image rows for its restore, steps and publishes */
     if (q->img_at) ds41_smirror_images(S->p.mirror, q->s, &pim, dim);
     pthread_mutex_lock(&S->mu);
