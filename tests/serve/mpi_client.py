@@ -28,8 +28,10 @@
                                     turn; with --spec the owner verifies the drafts with the
                                     allowed tokens rank 0 sends for each row of a block): a JSON
                                     schema greedy with logprobs, a regex with seeded sampling, a
-                                    forced tool call (chat) greedy; one line per request as
-                                    answers prints them; the two of each pair must be equal
+                                    forced tool call (chat) greedy with logprobs (two system
+                                    messages: a repeat would go to the rank whose prefix cache
+                                    holds its prompt); one line per request as answers prints
+                                    them; the two of each pair must be equal
   mpi_client.py fault PORT PID SIG  8 concurrent requests with long answers; once the streams
                                     are decoding, send SIG (STOP, KILL) to PID (a follower), or
                                     with PID "cmd", run the shell command SIG (a link down); every
@@ -109,12 +111,12 @@ def summary(b, st, rep):
     return {"status": st, "text": text, "logprobs": lps, "finish": fin, "usage": usage, "error": err}
 
 
-def run_all(port, bodies, on_chunk=None):
+def run_all(port, bodies, on_chunk=None, path="/v1/completions"):
     out = [None] * len(bodies)
 
     def one(i):
         try:
-            st, rep = post(port, bodies[i], on_chunk)
+            st, rep = post(port, bodies[i], on_chunk, path)
             out[i] = summary(bodies[i], st, rep)
         except Exception as e:  # noqa: BLE001 - reported as the result
             out[i] = {"exception": str(e)}
@@ -206,8 +208,6 @@ def grammars(port):
                                  "required": ["n", "s"]}}}}),
         ("/v1/completions", {"prompt": "Telescope, n.", "max_tokens": 16, "temperature": 0.9, "top_k": 40, "seed": 17,
                              "structured_outputs": {"regex": "[a-z]+( [a-z]+)*\\."}}),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "What is the weather in Paris tomorrow?"}],
-                                  "max_tokens": 24, "temperature": 0, "tools": [weather], "tool_choice": "required"}),
     ]
     bad = 0
     for path, b in reqs:
@@ -215,6 +215,14 @@ def grammars(port):
         for o in out:
             print(json.dumps(o, sort_keys=True))
         bad += out[0] != out[1] or out[0].get("status") != 200 or bool(out[0].get("error"))
+    # the chat prompt (473 tokens) has whole prefix-cache blocks, which would draw the same
+    # request to the rank that held it: two system messages, so the two go to the two ranks
+    for sysmsg in ("You answer in English.", "You answer in French."):
+        b = {"messages": [{"role": "system", "content": sysmsg}, {"role": "user", "content": "What is the weather in Paris tomorrow?"}],
+             "max_tokens": 24, "temperature": 0, "logprobs": True, "top_logprobs": 2, "tools": [weather], "tool_choice": "required"}
+        o = summary(b, *post(port, b, path="/v1/chat/completions"))
+        print(json.dumps(o, sort_keys=True))
+        bad += o.get("status") != 200 or bool(o.get("error"))
     return 1 if bad else 0
 
 
