@@ -604,11 +604,15 @@ done
 # which depends on when the requests arrived, so its counts are not compared (two one-process
 # servers given the same requests counted 321 and 318 drafts); the answers are. Then fast mode,
 # fixed:3, against fast in one process.
+# The proposals of a step's rows go in one DRAFTS record (each owner proposes its own, the
+# ranks' proposals sharing the exchange's rounds): with 8 concurrent requests rank 0 sent some.
 # dp_spec_check NAME MPI_TAG ONE_TAG MODE (auto: calibrated; drafts: the drafts counted equal,
-# some accepted, rank 1 proposed and verified; autodrafts: the same but the counts compared)
+# some accepted, rank 1 proposed and verified, DRAFTS records sent; autodrafts: the same but the
+# counts not compared)
 dp_spec_check() {
     local name=$1 m=$2 o=$3 mode=$4 p1
     p1=$(sed -n 's/.*\[rank 1\]: --dp-attention: .*--spec: \([0-9]*\) proposals, \([0-9]*\) verify blocks.*/\1 \2/p' "$TMP/$m.log")
+    dr=$(sed -n 's/.*\[rank 0\]: --dp-attention: .*proposals asked together: \([0-9]*\) DRAFTS records for \([0-9]*\) proposals.*/\1 \2/p' "$TMP/$m.log")
     if [ -s "$TMP/${m%%.*}.err" ] || [ -s "$TMP/${o%%.*}.err" ]; then fail "$name" "$(cat "$TMP/${m%%.*}.err" "$TMP/${o%%.*}.err" 2>/dev/null)"
     elif ! cmp -s "$TMP/$m.out" "$TMP/$o.out"; then fail "$name" "answers differ from one process: $(cmp "$TMP/$m.out" "$TMP/$o.out")"
     elif [ "$(wc -l <"$TMP/$m.out")" -ne 10 ]; then fail "$name" "$(wc -l <"$TMP/$m.out") answers, expected 10"
@@ -620,7 +624,9 @@ dp_spec_check() {
         fail "$name" "no drafts accepted: '$(cat "$TMP/$m.met")'"
     elif [ "$mode" != auto ] && { [ -z "$p1" ] || [ "${p1#* }" -lt 1 ] || [ "${p1% *}" -lt 1 ]; }; then
         fail "$name" "rank 1 proposed / verified '$p1' (expected some): $(grep 'rank 1' "$TMP/$m.log" | tail -n 2)"
-    else pass "$name ($(cat "$TMP/$m.met") drafts verified / accepted; rank 1: ${p1:-0 0} proposals / verify blocks)"; fi
+    elif [ "$mode" = drafts ] && { [ -z "$dr" ] || [ "${dr% *}" -lt 1 ]; }; then
+        fail "$name" "rank 0 asked no proposals together (DRAFTS records, proposals: '$dr'; expected some with 8 concurrent requests)"
+    else pass "$name ($(cat "$TMP/$m.met") drafts verified / accepted; rank 1: ${p1:-0 0} proposals / verify blocks; DRAFTS records / proposals: ${dr:-0 0})"; fi
 }
 rm -f "$TMP/curve.txt" "$TMP"/dp[ABCF].err
 SP_MPI=--dp-attention SP_PROC=1 spec_phase dpA auto fixed:3

@@ -106,6 +106,14 @@ static void valid_records(void) {
           op.k == 0 && at == 28, "VMASK with no row restricted (at %zu)", at);
     CHECK(ds41_sop_next(vw, vn, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_END && at == vn, "END after VMASK");
     CHECK(!err[0], "no message on a valid VMASK: %s", err);
+    /* the proposals of 3 sequences at once: DRAFTS {4 after 17} {9 after 0} {2 after 300}; END */
+    const int32_t dw[] = { 27, 3, 4, 17, 9, 0, 2, 300, 7 };
+    size_t dn = sizeof dw / sizeof *dw;
+    at = 0;
+    CHECK(ds41_sop_next(dw, dn, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_DRAFTS && op.n == 3 && op.ids == dw + 2 &&
+          op.ids[5] == 300 && at == 8, "DRAFTS (at %zu)", at);
+    CHECK(ds41_sop_next(dw, dn, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_END && at == dn, "END after DRAFTS");
+    CHECK(!err[0], "no message on a valid DRAFTS: %s", err);
 }
 
 static char *slurp(const char *path, size_t *len) {
@@ -175,7 +183,7 @@ static void one_malformed(const char *path, const char *name) {
 
 static void malformed_corpus(void) {
     int cases = each_entry("tests/malformed/serve-mirror", one_malformed);
-    CHECK(cases >= 74, "%d malformed cases", cases);
+    CHECK(cases >= 78, "%d malformed cases", cases);
 }
 
 /* a fuzz seed: whole int32 words that decode to the end */
@@ -190,7 +198,7 @@ static void one_seed(const char *path, const char *name) {
 
 static void fuzz_seeds(void) {
     int seeds = each_entry("fuzz/corpus/fuzz_serve_mirror", one_seed);
-    CHECK(seeds >= 12, "%d seeds", seeds);
+    CHECK(seeds >= 13, "%d seeds", seeds);
 }
 
 int main(void) {

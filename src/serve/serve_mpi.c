@@ -43,6 +43,7 @@ typedef struct dp_count {
     long long vmasks, vrows, vlists, vmask_bytes;   /* rank 0: VMASK records, their restricted rows, those sent as
                                                      * lists of ids, their bytes */
     long long rec_bytes, recs, steps;   /* rank 0: records broadcast (their bytes, length word included), STEP records */
+    long long drafts_recs, drafts_props;  /* rank 0: DRAFTS records and the proposals they asked for (every rank's) */
 } dp_count;
 
 static int verbose(void) {
@@ -83,6 +84,8 @@ static void dp_report(const dp_count *c) {
                 c->ans_tok, c->ans_lg, c->masks, c->mask_bytes, c->vmasks, c->vrows, c->vlists, c->vmask_bytes);
     if (ds41_dist_rank() == 0)
         fprintf(stderr, "; records sent: %lld bytes in %lld broadcasts, %lld steps", c->rec_bytes, c->recs, c->steps);
+    if (dp && ds41_dist_rank() == 0 && (c->props || c->drafts_recs))
+        fprintf(stderr, "; proposals asked together: %lld DRAFTS records for %lld proposals", c->drafts_recs, c->drafts_props);
     fprintf(stderr, "\n");
 }
 
@@ -620,6 +623,22 @@ void ds41_smirror_step(ds41_smirror *m, const ds41_batch_item *it, int count) {
  * their B confidences (float bits), then ANSWER_ERR bytes of error (the status says failed) */
 static size_t draft_answer_bytes(int B) { return sizeof(int32_t) * (1 + 2 * (size_t)B) + ANSWER_ERR; }
 
+/* rank 0: the owner's answer a (draft_answer_bytes(B) bytes) to the proposal of s */
+static int draft_take(ds41_session *s, const unsigned char *a, int B, int32_t *ids, float *conf) {
+    int32_t st;
+    memcpy(&st, a, sizeof st);
+    if (st) {
+        char eb[ANSWER_ERR];
+        memcpy(eb, a + draft_answer_bytes(B) - ANSWER_ERR, ANSWER_ERR);
+        eb[ANSWER_ERR - 1] = 0;
+        ds41_session_absorb(s, 0, NULL, eb[0] ? eb : "the proposal failed on the rank that holds the sequence");
+        return -1;
+    }
+    memcpy(ids, a + sizeof st, (size_t)B * sizeof *ids);
+    memcpy(conf, a + sizeof st + (size_t)B * sizeof *ids, (size_t)B * sizeof *conf);
+    return 0;
+}
+
 int ds41_smirror_propose(ds41_smirror *m, ds41_engine *e, ds41_session *s, int32_t t_next, int32_t *ids, float *conf) {
     if (!m) return ds41_session_draft(s, t_next, ids, conf);
     int32_t v[3] = { DS41_SOP_DRAFT, sid_of(m, s), t_next };
@@ -638,19 +657,56 @@ int ds41_smirror_propose(ds41_smirror *m, ds41_engine *e, ds41_session *s, int32
     unsigned char *a = malloc(nb);
     if (!a) oom();
     recv_from(m, q, a, nb);
-    int32_t st;
-    memcpy(&st, a, sizeof st);
-    if (st) {
-        char eb[ANSWER_ERR];
-        memcpy(eb, a + nb - ANSWER_ERR, ANSWER_ERR);
-        eb[ANSWER_ERR - 1] = 0;
-        ds41_session_absorb(s, 0, NULL, eb[0] ? eb : "the proposal failed on the rank that holds the sequence");
-    } else {
-        memcpy(ids, a + sizeof st, (size_t)B * sizeof *ids);
-        memcpy(conf, a + sizeof st + (size_t)B * sizeof *ids, (size_t)B * sizeof *conf);
-    }
+    rc = draft_take(s, a, B, ids, conf);
     free(a);
-    return st ? -1 : 0;
+    return rc;
+}
+
+void ds41_smirror_propose_all(ds41_smirror *m, ds41_engine *e, int n, ds41_session *const *s, const int32_t *t_next,
+                              int32_t *const *ids, float *const *conf, int *rc) {
+    if (!m || !m->dp || n < 2) {
+        for (int i = 0; i < n; i++) rc[i] = ds41_smirror_propose(m, e, s[i], t_next[i], ids[i], conf[i]);
+        return;
+    }
+    int N = ds41_dist_size(), B = ds41_draft_block_size(e);
+    size_t ab = draft_answer_bytes(B);
+    int *own = malloc((size_t)n * sizeof *own);
+    size_t *nb = calloc((size_t)N, sizeof *nb);
+    unsigned char **buf = calloc((size_t)N, sizeof *buf);
+    if (!own || !nb || !buf) oom();
+    int32_t v[2] = { DS41_SOP_DRAFTS, n };
+    put(m, v, 2);
+    for (int i = 0; i < n; i++) {
+        own[i] = m->own[slot_of(m, s[i])];
+        int32_t p[2] = { sid_of(m, s[i]), t_next[i] };
+        put(m, p, 2);
+        if (own[i] != 0) nb[own[i]] += ab;
+    }
+    m->dpc.drafts_recs++;
+    m->dpc.drafts_props += n;
+    flush(m);   /* the proposals run DSpark's MoE layers */
+    /* rank 0's own, in order; each owner proposes its own meanwhile, their forwards sharing the
+     * exchange's rounds, and the ranks with fewer join the rest with zero rows */
+    for (int i = 0; i < n; i++)
+        if (own[i] == 0) {
+            rc[i] = ds41_session_draft(s[i], t_next[i], ids[i], conf[i]);
+            m->dpc.props++;
+        }
+    ds41_dist_dp_done(&e->ctx);
+    for (int q = 1; q < N; q++)
+        if (nb[q] && !(buf[q] = malloc(nb[q]))) oom();
+    ds41_dist_dp_recv0((void *const *)buf, nb);
+    for (int q = 1; q < N; q++) m->dpc.ans_bytes += (long long)nb[q];
+    size_t *at = calloc((size_t)N, sizeof *at);
+    if (!at) oom();
+    for (int i = 0; i < n; i++) {
+        int q = own[i];
+        if (q == 0) continue;
+        rc[i] = draft_take(s[i], buf[q] + at[q], B, ids[i], conf[i]);
+        at[q] += ab;
+    }
+    for (int q = 1; q < N; q++) free(buf[q]);
+    free(at); free(buf); free(nb); free(own);
 }
 
 int ds41_smirror_calibrate(ds41_smirror *m, ds41_engine *e, int width, int prompt_len, int reps, ds41_spec_curve *c,
@@ -1069,19 +1125,25 @@ static void restore_answer(ds41_engine *e, ds41_session *s, ds41_lproc *lp, int 
     }
 }
 
-/* --dp-attention: this rank's answer to a DRAFT of its session s (ds41_smirror_propose) */
-static void draft_answer(ds41_session *s, int rc, const int32_t *ids, const float *conf, int B) {
-    size_t nb = draft_answer_bytes(B);
-    unsigned char *a = calloc(1, nb);
-    if (!a) ds41_dist_fatal(1, "out of memory for the answer to a proposal");
+/* --dp-attention: this rank's answer to the proposal of its session s (draft_answer_bytes(B)
+ * bytes at a, zeroed) */
+static void draft_fill(unsigned char *a, ds41_session *s, int rc, const int32_t *ids, const float *conf, int B) {
     int32_t st = rc != 0;
     memcpy(a, &st, sizeof st);
     if (!st) {
         memcpy(a + sizeof st, ids, (size_t)B * sizeof *ids);
         memcpy(a + sizeof st + (size_t)B * sizeof *ids, conf, (size_t)B * sizeof *conf);
     } else {
-        snprintf((char *)a + nb - ANSWER_ERR, ANSWER_ERR, "%s", ds41_session_error(s));
+        snprintf((char *)a + draft_answer_bytes(B) - ANSWER_ERR, ANSWER_ERR, "%s", ds41_session_error(s));
     }
+}
+
+/* --dp-attention: this rank's answer to a DRAFT of its session s (ds41_smirror_propose) */
+static void draft_answer(ds41_session *s, int rc, const int32_t *ids, const float *conf, int B) {
+    size_t nb = draft_answer_bytes(B);
+    unsigned char *a = calloc(1, nb);
+    if (!a) ds41_dist_fatal(1, "out of memory for the answer to a proposal");
+    draft_fill(a, s, rc, ids, conf, B);
     ds41_dist_dp_send0(a, nb);
     free(a);
 }
@@ -1322,6 +1384,39 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
         f->dpc.props += s != NULL;
         ds41_dist_dp_done(&e->ctx);
         if (s) draft_answer(s, rc, f->dids, f->dconf, B);
+        return 0;
+    }
+    case DS41_SOP_DRAFTS: {
+        /* --dp-attention: this rank's sequences of the list, in order (their forward rounds
+         * shared with the other ranks' proposals), then one answer to rank 0 for them all */
+        int B = ds41_draft_block_size(e);
+        if (!dp) return snprintf(err, errcap, "serve mirror: rank 0 sent DRAFTS, which only --dp-attention uses"), -1;
+        if (B < 1) return snprintf(err, errcap, "serve mirror: rank 0 drafts and this rank's model has no DSpark stages"), -1;
+        if (!f->dids) {
+            f->dids = malloc((size_t)B * sizeof *f->dids);
+            f->dconf = malloc((size_t)B * sizeof *f->dconf);
+            if (!f->dids || !f->dconf) return snprintf(err, errcap, "out of memory"), -1;
+        }
+        size_t mine = 0, ab = draft_answer_bytes(B);
+        for (size_t k = 0; k < op->n; k++) {
+            if (slot_at(f, op->ids[2 * k]) < 0)
+                return snprintf(err, errcap, "serve mirror: rank 0 drafts for session %d, which this rank does not hold",
+                                (int)op->ids[2 * k]), -1;
+            mine += slot_find(f, op->ids[2 * k]) != NULL;
+        }
+        if (grow_buf(&f->ans, &f->ans_cap, mine * ab)) return snprintf(err, errcap, "out of memory for the answers to proposals"), -1;
+        if (mine) memset(f->ans, 0, mine * ab);
+        unsigned char *a = f->ans;
+        for (size_t k = 0; k < op->n; k++) {
+            ds41_session *ds = slot_find(f, op->ids[2 * k]);
+            if (!ds) continue;
+            int rc = ds41_session_draft(ds, op->ids[2 * k + 1], f->dids, f->dconf);
+            f->dpc.props++;
+            draft_fill(a, ds, rc, f->dids, f->dconf, B);
+            a += ab;
+        }
+        ds41_dist_dp_done(&e->ctx);
+        if (mine) ds41_dist_dp_send0(f->ans, mine * ab);
         return 0;
     }
     case DS41_SOP_CALIBRATE: {

@@ -29,7 +29,9 @@
  * block of session id that rank 0's step verifies next, T = 1 + drafts rows; only the m rows
  * the grammar restricts, ascending, row r being the one after r drafts; form 1: a bitset of c =
  * (vocab + 31) / 32 words, form 2: the c allowed ids ascending, whichever is shorter; a row not
- * listed is not constrained, before the grammar's gate).
+ * listed is not constrained, before the grammar's gate) |
+ * DRAFTS n {id t_next}[n] (code 27, --dp-attention: the proposals of n sequences at once, each
+ * as DRAFT would ask it; n >= 2).
  *
  * --cache-dir (replicated attention): rank 0 alone reads and writes the store. Before a
  * RESTORE whose chain rank 0 had to read from disk (ds41_prefix_load), BLOCKS carries those
@@ -66,7 +68,9 @@
  * after the drafts before the row, as one process masks its verify rows); the owner masks each
  * row with them, decides, answers the tokens, and rank 0's grammar advances with them. The
  * calibration of --spec auto runs rank 0's forwards alone; the other ranks join them
- * (CALIBRATE). No outcome hook: each owner decides.
+ * (CALIBRATE). No outcome hook: each owner decides. The proposals of a step's rows go in one
+ * DRAFTS record (one row alone: DRAFT): each owner proposes its own, the ranks' proposals
+ * sharing the forward rounds of the expert exchange, and answers rank 0 in one message.
  *
  * --dp-attention (docs/distributed.md): rank 0 gives each new sequence to the least-loaded
  * rank (sequences open there, then tokens held) with OPEN_ON; only that rank holds it. Each
@@ -95,7 +99,9 @@ enum { DS41_SOP_OPEN = 1, DS41_SOP_CLOSE, DS41_SOP_RESTORE, DS41_SOP_PUBLISH, DS
        DS41_SOP_OPEN_ON, DS41_SOP_SAMPLE, DS41_SOP_PROBE, DS41_SOP_DRAFT, DS41_SOP_CALIBRATE,
        /* 13 was EMBEDS (an image prompt fed alone), no longer sent */
        DS41_SOP_LPROC = 14, DS41_SOP_IMAGES = 18, DS41_SOP_PROBE_IMG = 19, DS41_SOP_BLOCKS = 20,
-       DS41_SOP_GMASK = 21, DS41_SOP_GRAMMAR = 22, DS41_SOP_VMASK = 23 };
+       DS41_SOP_GMASK = 21, DS41_SOP_GRAMMAR = 22, DS41_SOP_VMASK = 23, DS41_SOP_DRAFTS = 27 };
+/* DRAFTS' bound on its sequences */
+#define DS41_SOP_DRAFTS_MAX 65536
 /* GMASK's bound on its words (a vocabulary of up to 2^26 tokens); also VMASK's on a row's
  * words (a bitset) or ids (a list, sent only when shorter than the bitset) */
 #define DS41_SOP_GMASK_MAX_WORDS (1 << 21)
@@ -117,7 +123,7 @@ typedef struct ds41_sop {
     uint64_t seed;
     int count;                /* STEP: items at items (words: id n ahead ids...) */
     const int32_t *items;
-    int32_t t_next;           /* DRAFT */
+    int32_t t_next;           /* DRAFT; DRAFTS: its n {id t_next} pairs at ids */
     int width, prompt_len, reps;   /* CALIBRATE */
     const int32_t *flags;     /* IMAGES, PROBE_IMG: flags[n] (0 or 1), k content keys of 8 words at keys; */
     const int32_t *keys;
@@ -182,6 +188,13 @@ void ds41_smirror_step(ds41_smirror *m, const ds41_batch_item *it, int count);
  * alone); under --dp-attention the owner proposes and ids, conf come from it. 0, or -1
  * (ds41_session_error). */
 int ds41_smirror_propose(ds41_smirror *m, ds41_engine *e, ds41_session *s, int32_t t_next, int32_t *ids, float *conf);
+/* The proposals of n sequences, as n calls of ds41_smirror_propose (rc[i]: each one's result,
+ * ids[i] and conf[i] its B drafts and confidences); under --dp-attention one DRAFTS record for
+ * them all: each owner proposes its own in order, the ranks' proposals sharing the forward
+ * rounds of the expert exchange (the rounds of a step are those of the rank with the most
+ * proposals, not their sum), and each rank answers rank 0 in one message. */
+void ds41_smirror_propose_all(ds41_smirror *m, ds41_engine *e, int n, ds41_session *const *s, const int32_t *t_next,
+                              int32_t *const *ids, float *const *conf, int *rc);
 /* ds41_spec_calibrate(e, width, prompt_len, reps, c, err, errcap) with the other ranks (their
  * own calibration, or under --dp-attention joining rank 0's forwards) */
 int ds41_smirror_calibrate(ds41_smirror *m, ds41_engine *e, int width, int prompt_len, int reps, ds41_spec_curve *c,

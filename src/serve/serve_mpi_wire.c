@@ -9,7 +9,7 @@
 
 static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH", "TRIM", "STEP", "END", "OPEN_ON", "SAMPLE", "PROBE", "DRAFT", "CALIBRATE",
                                         "?", "LPROC", "?", "?", "?", "IMAGES", "PROBE_IMG", "BLOCKS",
-                                        "GMASK", "GRAMMAR", "VMASK" };
+                                        "GMASK", "GRAMMAR", "VMASK", "?", "?", "?", "DRAFTS" };
 
 /* IMAGES and PROBE_IMG: flags[n] (0 or 1) at w[*i], then a content key (8 words) per flag set */
 static int image_flags(const int32_t *w, size_t n, size_t *i, ds41_sop *op, const char *name, char *err, size_t errcap) {
@@ -36,9 +36,10 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
     memset(op, 0, sizeof *op);
     op->op = w[i];
     if (op->op < DS41_SOP_OPEN || (op->op > DS41_SOP_CALIBRATE && op->op < DS41_SOP_LPROC) ||
-        (op->op > DS41_SOP_LPROC && op->op < DS41_SOP_IMAGES) || op->op > DS41_SOP_VMASK)
-        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, %d or %d..%d, got %d", i,
-                        DS41_SOP_CALIBRATE, DS41_SOP_LPROC, DS41_SOP_IMAGES, DS41_SOP_VMASK, (int)w[i]), -1;
+        (op->op > DS41_SOP_LPROC && op->op < DS41_SOP_IMAGES) || (op->op > DS41_SOP_VMASK && op->op < DS41_SOP_DRAFTS) ||
+        op->op > DS41_SOP_DRAFTS)
+        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, %d, %d..%d or %d, got %d", i,
+                        DS41_SOP_CALIBRATE, DS41_SOP_LPROC, DS41_SOP_IMAGES, DS41_SOP_VMASK, DS41_SOP_DRAFTS, (int)w[i]), -1;
     const char *name = op_name[op->op];
     i++;
 #define NEED(k, what) \
@@ -240,6 +241,20 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
     case DS41_SOP_GRAMMAR:
         NEED(1, "a session id");
         op->id = w[i++];
+        break;
+    case DS41_SOP_DRAFTS:
+        NEED(1, "a sequence count");
+        if (w[i] < 2 || w[i] > DS41_SOP_DRAFTS_MAX)
+            return snprintf(err, errcap, "serve mirror: word %zu: DRAFTS: %d sequences (expected 2..%d)", i, (int)w[i],
+                            DS41_SOP_DRAFTS_MAX), -1;
+        op->n = (size_t)w[i++];
+        NEED(2 * op->n, "a session id and the token to draft after per sequence");
+        op->ids = w + i;
+        for (size_t k = 0; k < op->n; k++)
+            if (w[i + 2 * k + 1] < 0)
+                return snprintf(err, errcap, "serve mirror: word %zu: DRAFTS: token %d is negative", i + 2 * k + 1,
+                                (int)w[i + 2 * k + 1]), -1;
+        i += 2 * op->n;
         break;
     case DS41_SOP_VMASK: {
         NEED(3, "a session id, a row count and a count of restricted rows");
