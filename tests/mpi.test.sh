@@ -855,12 +855,12 @@ if [ -s "$TMP/s1.out" ]; then
     SF_ENV="" SF_LAUNCH="" SF_IN="" SF_FLAGS=--dp-attention
     serve_fault serve_dp_hung_rank_503 STOP
     serve_fault serve_dp_killed_rank KILL
-    # --engram-mode prefetch under --dp-attention: each rank reads its own share of the rows with
-    # the engine's I/O (io_uring, or pread where it is missing), for its own forwards and for
-    # the rows the other rank asks for; the same 10 requests give the one process's bytes (its
-    # default mode: every mode reads the table's bytes), and each rank's DS41_MPI_VERBOSE line
-    # shows rows read from the files and rows looked up for the other rank.
-    DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --exact --mpi-timeout 10 --dp-attention \
+    # --engram-mode prefetch under --dp-attention, -n 3: each rank reads its own share of the
+    # rows with the engine's I/O (io_uring, or pread where it is missing), for its own forwards
+    # and for the rows the other ranks ask for; the same 10 requests give the one process's
+    # bytes (its default mode: every mode reads the table's bytes), and each rank's
+    # DS41_MPI_VERBOSE line shows rows read from the files and rows looked up for the others.
+    DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n 3 "$DS41" serve -m "$demo" --port 0 --exact --mpi-timeout 10 --dp-attention \
         --engram-mode prefetch --cache-dir "$TMP/dpcd" >/dev/null 2>"$TMP/s4.log" &
     s4=$!
     if p4=$(serve_port "$TMP/s4.log"); then
@@ -876,22 +876,25 @@ print(" ".join("%s:%s:%s" % (m.group(1) or 0, m.group(2), m.group(4)) for m in r
         ok=$(echo "$pf" | awk '{ n = 0; for (i = 1; i <= NF; i++) { split($i, f, ":"); if (f[2] > 0 && f[3] > 0) n++ } print n }')
         if [ $c4 -ne 0 ]; then fail serve_dp_engram_prefetch "a request failed: $(grep -v '^{"' "$TMP/s4.out" | head -c 300)"
         elif ! cmp -s "$TMP/cdB.one.out" "$TMP/s4.out"; then fail serve_dp_engram_prefetch "answers differ from one process: $(cmp "$TMP/cdB.one.out" "$TMP/s4.out")"
-        elif [ "$ok" != 2 ]; then fail serve_dp_engram_prefetch "rank:rows read:looked up for the other rank '$pf' (expected both ranks > 0): $(grep 'engram: rows' "$TMP/s4.log" | head -c 400)"
+        elif [ "$ok" != 3 ]; then fail serve_dp_engram_prefetch "rank:rows read:looked up for the other ranks '$pf' (expected all 3 ranks > 0): $(grep 'engram: rows' "$TMP/s4.log" | head -c 400)"
         elif [ $s4rc -ne 0 ]; then fail serve_dp_engram_prefetch "the job ended with status $s4rc after SIGTERM: $(tail -n 2 "$TMP/s4.log")"
-        else pass "serve_dp_engram_prefetch (rank:rows read:looked up for the other rank $pf)"; fi
-        # --cache-dir under --dp-attention (s3 then s4 on the same stores, DIR/rank-R): s4's
-        # answers are those of one process restarted on its store (cdB.one.out above, the same
-        # requests before), its first long prompt restored from disk on the rank whose store
-        # holds it (rank 0's PROBE counts memory and disk blocks), and that store is rank-R's
+        else pass "serve_dp_engram_prefetch (-n 3; rank:rows read:looked up for the other ranks $pf)"; fi
+        # --cache-dir under --dp-attention (s3 then s4 on the same stores, DIR/rank-R), restarted
+        # with another rank count (s3 -n 2, s4 -n 3): s4's answers are those of one process
+        # restarted on its store (cdB.one.out above, the same requests before), its first long
+        # prompt restored from disk on the rank whose store holds it (rank 0's PROBE counts
+        # memory and disk blocks; ranks 0 and 1 read their own stores, written under -n 2),
+        # those stores are rank-R's, and the new rank 2 began a store of its own
         dh=$(head -n 1 "$TMP/s4.out" | sed -n 's/.*"cached_tokens": \([0-9]*\).*/\1/p')
         held=""
-        for r in 0 1; do
+        for r in 0 1 2; do
             [ -n "$(find "$TMP/dpcd/rank-$r" -type f -size +1k 2>/dev/null | head -n 1)" ] && held="$held $r"
         done
         if ! cmp -s "$TMP/cdB.one.out" "$TMP/s4.out"; then fail serve_dp_cache_dir "answers differ from one process on its store: $(cmp "$TMP/cdB.one.out" "$TMP/s4.out")"
         elif [ -z "$dh" ] || [ "$dh" -lt 128 ]; then fail serve_dp_cache_dir "the restarted job's first long prompt restored '$dh' tokens (expected >= 128, from disk)"
         elif [ -z "$held" ] || [ -n "$(find "$TMP/dpcd" -maxdepth 1 -type f | head -n 1)" ]; then fail serve_dp_cache_dir "stores with blocks: '$held' under $TMP/dpcd (expected rank-R only)"
-        else pass "serve_dp_cache_dir (ranks whose store holds blocks:$held)"; fi
+        elif [ ! -d "$TMP/dpcd/rank-2" ]; then fail serve_dp_cache_dir "the restart under -n 3 made no store for rank 2: $(ls "$TMP/dpcd")"
+        else pass "serve_dp_cache_dir (-n 2 then -n 3; ranks whose store holds blocks:$held)"; fi
     else
         fail serve_dp_engram_prefetch "the server did not start: $(tail -n 2 "$TMP/s4.log")"
         kill "$s4" 2>/dev/null; wait "$s4"

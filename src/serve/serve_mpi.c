@@ -1251,7 +1251,7 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
     }
     case DS41_SOP_GRAMMAR: {
         /* the sequence's grammar stays on rank 0, which sends the allowed tokens of each row
-         * this rank samples (GMASK) */
+         * this rank samples (GMASK) and of each row of a block it verifies (VMASK) */
         int j = slot_at(f, op->id);
         if (!f->s[j]) return 0;
         ds41_lproc *lp = f->lp[j];

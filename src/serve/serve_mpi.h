@@ -154,7 +154,7 @@ void ds41_smirror_free(ds41_smirror *m);
  * rank whose cache holds the longest prefix of ids (im: its image positions keyed, NULL: text). */
 void ds41_smirror_route(ds41_smirror *m, ds41_prefix_cache *pc, const int32_t *ids, size_t n, const ds41_prefix_img *im);
 /* rank0: the sequence stays on rank 0 (under --dp-attention with --spec, one whose tokens rank 0
- * draws: a verify's acceptance needs its logits processor) */
+ * draws: one asking for more logprobs than the owner sends) */
 void ds41_smirror_open(ds41_smirror *m, const ds41_session *s, int rank0);
 void ds41_smirror_close(ds41_smirror *m, const ds41_session *s);
 /* After ds41_session_set_sampling and (lp active) ds41_lproc_prompt: under --dp-attention the
