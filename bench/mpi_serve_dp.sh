@@ -5,7 +5,8 @@
 # server up at a time: an idle job's ranks poll for rank 0's records), ROUNDS interleaved rounds;
 # the median output tok/s and its ratio to one process, and per rank the sequences it held and
 # the most state (and global KV pages) they held at once (the DS41_MPI_VERBOSE counters).
-# Every server: fast kernels, -t 1 per rank, --spec off, no prefix cache (bench-serve's prompts
+# Every server: fast kernels, -t 1 per rank, --spec off (SPEC=MODE: --spec MODE, e.g. fixed:3;
+# the one process too), no prefix cache (bench-serve's prompts
 # differ, so it would only add the probes). Rank 0 under --dp-attention also counts the bytes the
 # other ranks answer it with (per row that got a token or logits). DS41_BASE=BINARY adds a
 # column per dp or split mode: base-dp, base-split (that mode with that binary: an earlier
@@ -36,7 +37,7 @@ rank0_pid() {
 [ -n "${DS41_BASE:-}" ] && for m in $modes; do case $m in dp|split) modes="$modes base-$m" ;; esac; done
 for r in $(seq 1 "$rounds"); do
     for mode in $modes; do
-        flags="-m $ck --port 0 -t 1 --spec off --no-prefix-cache"
+        flags="-m $ck --port 0 -t 1 --spec ${SPEC:-off} --no-prefix-cache"
         case $mode in
             one) "$DS41" serve $flags >/dev/null 2>"$TMP/e.$mode.$r" & ;;
             replicated) DS41_MPI_VERBOSE=1 mpiexec -n 2 "$DS41" serve $flags >/dev/null 2>"$TMP/e.$mode.$r" & ;;

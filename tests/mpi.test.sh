@@ -565,8 +565,10 @@ spec_phase() {   # spec_phase TAG MPI_SPEC ONE_SPEC: $TMP/TAG.{mpi,one}.{out,log
         spec_metrics "$pr_pm" >"$TMP/$tag.mpi.met" 2>&1
         spec_metrics "$pr_po" >"$TMP/$tag.one.met" 2>&1
     fi
-    # SP_PROC: then the requests with logits processors (TAG.p.{mpi,one}.out)
+    # SP_PROC: then the requests with logits processors (TAG.p.{mpi,one}.out) and the grammar
+    # requests, each twice in a row (TAG.g.{mpi,one}.out)
     [ -z "${SP_PROC:-}" ] || pair_clients "$tag.p" processed
+    [ -z "${SP_PROC:-}" ] || pair_clients "$tag.g" grammars
     [ -z "$pr_why" ] || echo "$pr_why" >"$TMP/$tag.err"
     pair_end
     unset DS41_SPEC_CURVE
@@ -602,11 +604,15 @@ done
 # which depends on when the requests arrived, so its counts are not compared (two one-process
 # servers given the same requests counted 321 and 318 drafts); the answers are. Then fast mode,
 # fixed:3, against fast in one process.
+# The proposals of a step's rows go in one DRAFTS record (each owner proposes its own, the
+# ranks' proposals sharing the exchange's rounds): with 8 concurrent requests rank 0 sent some.
 # dp_spec_check NAME MPI_TAG ONE_TAG MODE (auto: calibrated; drafts: the drafts counted equal,
-# some accepted, rank 1 proposed and verified; autodrafts: the same but the counts compared)
+# some accepted, rank 1 proposed and verified, DRAFTS records sent; autodrafts: the same but the
+# counts not compared)
 dp_spec_check() {
     local name=$1 m=$2 o=$3 mode=$4 p1
     p1=$(sed -n 's/.*\[rank 1\]: --dp-attention: .*--spec: \([0-9]*\) proposals, \([0-9]*\) verify blocks.*/\1 \2/p' "$TMP/$m.log")
+    dr=$(sed -n 's/.*\[rank 0\]: --dp-attention: .*proposals asked together: \([0-9]*\) DRAFTS records for \([0-9]*\) proposals.*/\1 \2/p' "$TMP/$m.log")
     if [ -s "$TMP/${m%%.*}.err" ] || [ -s "$TMP/${o%%.*}.err" ]; then fail "$name" "$(cat "$TMP/${m%%.*}.err" "$TMP/${o%%.*}.err" 2>/dev/null)"
     elif ! cmp -s "$TMP/$m.out" "$TMP/$o.out"; then fail "$name" "answers differ from one process: $(cmp "$TMP/$m.out" "$TMP/$o.out")"
     elif [ "$(wc -l <"$TMP/$m.out")" -ne 10 ]; then fail "$name" "$(wc -l <"$TMP/$m.out") answers, expected 10"
@@ -618,7 +624,9 @@ dp_spec_check() {
         fail "$name" "no drafts accepted: '$(cat "$TMP/$m.met")'"
     elif [ "$mode" != auto ] && { [ -z "$p1" ] || [ "${p1#* }" -lt 1 ] || [ "${p1% *}" -lt 1 ]; }; then
         fail "$name" "rank 1 proposed / verified '$p1' (expected some): $(grep 'rank 1' "$TMP/$m.log" | tail -n 2)"
-    else pass "$name ($(cat "$TMP/$m.met") drafts verified / accepted; rank 1: ${p1:-0 0} proposals / verify blocks)"; fi
+    elif [ "$mode" = drafts ] && { [ -z "$dr" ] || [ "${dr% *}" -lt 1 ]; }; then
+        fail "$name" "rank 0 asked no proposals together (DRAFTS records, proposals: '$dr'; expected some with 8 concurrent requests)"
+    else pass "$name ($(cat "$TMP/$m.met") drafts verified / accepted; rank 1: ${p1:-0 0} proposals / verify blocks; DRAFTS records / proposals: ${dr:-0 0})"; fi
 }
 rm -f "$TMP/curve.txt" "$TMP"/dp[ABCF].err
 SP_MPI=--dp-attention SP_PROC=1 spec_phase dpA auto fixed:3
@@ -628,17 +636,34 @@ dp_spec_check serve_dp_spec_fixed dpB.mpi dpA.one drafts
 # logit_bias, min_tokens; 2 with a grammar) after the answers above, on both pairs of servers:
 # the job with fixed:3 against the one process with fixed:3 (seeded sampling's draws depend on
 # the drafts, so the same --spec on both sides). A
-# sequence with a processor but no grammar goes to the least-loaded rank, whose owner decides
-# its verify blocks with the processor (LPROC); one with a grammar stays on rank 0 under
-# --spec. Same bytes as one process, and rank 1 verified blocks of processed sequences
-# (DS41_MPI_VERBOSE: "N verify blocks (M with a logits processor)").
-lpv=$(sed -n 's/.*\[rank 1\]: --dp-attention: .*verify blocks (\([0-9]*\) with a logits processor).*/\1/p' "$TMP/dpB.mpi.log")
+# sequence with a processor goes to the least-loaded rank, whose owner decides its verify
+# blocks with the processor (LPROC; a grammar's allowed tokens for each row of a block from
+# rank 0, VMASK). Same bytes as one process, and rank 1 verified blocks of processed sequences
+# (DS41_MPI_VERBOSE: "N verify blocks (M with a logits processor, G with a grammar)").
+lpv=$(sed -n 's/.*\[rank 1\]: --dp-attention: .*verify blocks (\([0-9]*\) with a logits processor,.*/\1/p' "$TMP/dpB.mpi.log")
 if [ -s "$TMP/dpA.err" ] || [ -s "$TMP/dpB.err" ]; then fail serve_dp_spec_lproc "$(cat "$TMP/dpA.err" "$TMP/dpB.err" 2>/dev/null)"
 elif [ "$(wc -l <"$TMP/dpB.p.mpi.out" 2>/dev/null)" != 8 ] || ! cmp -s "$TMP/dpB.p.mpi.out" "$TMP/dpA.p.one.out"; then
     fail serve_dp_spec_lproc "answers differ from one process: $(cmp "$TMP/dpB.p.mpi.out" "$TMP/dpA.p.one.out" 2>&1)"
 elif [ -z "$lpv" ] || [ "$lpv" -lt 1 ]; then
     fail serve_dp_spec_lproc "rank 1 verified '$lpv' blocks of sequences with a logits processor (expected some)"
 else pass "serve_dp_spec_lproc (rank 1: $lpv verify blocks with a logits processor)"; fi
+# --spec with a grammar under --dp-attention: the requests of `grammars` (a JSON schema greedy
+# with logprobs, a regex with seeded sampling, a forced tool call), each twice in a row, which
+# the idle job gives to the two ranks in turn: the owner verifies each block with the allowed
+# tokens rank 0 sends for its rows (VMASK: the grammar after the drafts before each row). Same
+# bytes as one process with the same --spec (fixed:3 and auto), rank 1 verified blocks of
+# grammar sequences, and rank 0 sent their masks (DS41_MPI_VERBOSE: "G with a grammar",
+# "verify masks sent: N blocks, R rows restricted").
+gv=$(sed -n 's/.*\[rank 1\]: --dp-attention: .*verify blocks ([0-9]* with a logits processor, \([0-9]*\) with a grammar).*/\1/p' "$TMP/dpB.mpi.log")
+vm=$(sed -n 's/.*\[rank 0\]: --dp-attention: .*verify masks sent: \([0-9]*\) blocks, \([0-9]*\) rows restricted.*/\1 \2/p' "$TMP/dpB.mpi.log")
+if [ -s "$TMP/dpA.err" ] || [ -s "$TMP/dpB.err" ]; then fail serve_dp_spec_grammar "$(cat "$TMP/dpA.err" "$TMP/dpB.err" 2>/dev/null)"
+elif [ "$(wc -l <"$TMP/dpB.g.mpi.out" 2>/dev/null)" != 6 ] || ! cmp -s "$TMP/dpB.g.mpi.out" "$TMP/dpA.g.one.out"; then
+    fail serve_dp_spec_grammar "fixed:3 answers differ from one process: $(cmp "$TMP/dpB.g.mpi.out" "$TMP/dpA.g.one.out" 2>&1)"
+elif [ "$(wc -l <"$TMP/dpA.g.mpi.out" 2>/dev/null)" != 6 ] || ! cmp -s "$TMP/dpA.g.mpi.out" "$TMP/dpB.g.one.out"; then
+    fail serve_dp_spec_grammar "auto answers differ from one process: $(cmp "$TMP/dpA.g.mpi.out" "$TMP/dpB.g.one.out" 2>&1)"
+elif [ -z "$gv" ] || [ "$gv" -lt 1 ] || [ -z "$vm" ] || [ "${vm% *}" -lt 1 ] || [ "${vm#* }" -lt 1 ]; then
+    fail serve_dp_spec_grammar "rank 1 verified '$gv' blocks with a grammar, rank 0 sent '$vm' verify masks (blocks, rows; expected some)"
+else pass "serve_dp_spec_grammar (rank 1: $gv verify blocks with a grammar; rank 0: ${vm% *} VMASK records, ${vm#* } rows restricted)"; fi
 dp_spec_check serve_dp_spec_auto dpA.mpi dpB.one auto
 printf '1 400\n2 400\n3 400\n4 400\n5 400\n6 400\npropose_s 0.0001\ndraft_s 0.00001\n' >"$TMP/curve.txt"
 SP_MPI=--dp-attention spec_phase dpC auto auto
@@ -830,12 +855,12 @@ if [ -s "$TMP/s1.out" ]; then
     SF_ENV="" SF_LAUNCH="" SF_IN="" SF_FLAGS=--dp-attention
     serve_fault serve_dp_hung_rank_503 STOP
     serve_fault serve_dp_killed_rank KILL
-    # --engram-mode prefetch under --dp-attention: each rank reads its own share of the rows with
-    # the engine's I/O (io_uring, or pread where it is missing), for its own forwards and for
-    # the rows the other rank asks for; the same 10 requests give the one process's bytes (its
-    # default mode: every mode reads the table's bytes), and each rank's DS41_MPI_VERBOSE line
-    # shows rows read from the files and rows looked up for the other rank.
-    DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --exact --mpi-timeout 10 --dp-attention \
+    # --engram-mode prefetch under --dp-attention, -n 3: each rank reads its own share of the
+    # rows with the engine's I/O (io_uring, or pread where it is missing), for its own forwards
+    # and for the rows the other ranks ask for; the same 10 requests give the one process's
+    # bytes (its default mode: every mode reads the table's bytes), and each rank's
+    # DS41_MPI_VERBOSE line shows rows read from the files and rows looked up for the others.
+    DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n 3 "$DS41" serve -m "$demo" --port 0 --exact --mpi-timeout 10 --dp-attention \
         --engram-mode prefetch --cache-dir "$TMP/dpcd" >/dev/null 2>"$TMP/s4.log" &
     s4=$!
     if p4=$(serve_port "$TMP/s4.log"); then
@@ -851,22 +876,25 @@ print(" ".join("%s:%s:%s" % (m.group(1) or 0, m.group(2), m.group(4)) for m in r
         ok=$(echo "$pf" | awk '{ n = 0; for (i = 1; i <= NF; i++) { split($i, f, ":"); if (f[2] > 0 && f[3] > 0) n++ } print n }')
         if [ $c4 -ne 0 ]; then fail serve_dp_engram_prefetch "a request failed: $(grep -v '^{"' "$TMP/s4.out" | head -c 300)"
         elif ! cmp -s "$TMP/cdB.one.out" "$TMP/s4.out"; then fail serve_dp_engram_prefetch "answers differ from one process: $(cmp "$TMP/cdB.one.out" "$TMP/s4.out")"
-        elif [ "$ok" != 2 ]; then fail serve_dp_engram_prefetch "rank:rows read:looked up for the other rank '$pf' (expected both ranks > 0): $(grep 'engram: rows' "$TMP/s4.log" | head -c 400)"
+        elif [ "$ok" != 3 ]; then fail serve_dp_engram_prefetch "rank:rows read:looked up for the other ranks '$pf' (expected all 3 ranks > 0): $(grep 'engram: rows' "$TMP/s4.log" | head -c 400)"
         elif [ $s4rc -ne 0 ]; then fail serve_dp_engram_prefetch "the job ended with status $s4rc after SIGTERM: $(tail -n 2 "$TMP/s4.log")"
-        else pass "serve_dp_engram_prefetch (rank:rows read:looked up for the other rank $pf)"; fi
-        # --cache-dir under --dp-attention (s3 then s4 on the same stores, DIR/rank-R): s4's
-        # answers are those of one process restarted on its store (cdB.one.out above, the same
-        # requests before), its first long prompt restored from disk on the rank whose store
-        # holds it (rank 0's PROBE counts memory and disk blocks), and that store is rank-R's
+        else pass "serve_dp_engram_prefetch (-n 3; rank:rows read:looked up for the other ranks $pf)"; fi
+        # --cache-dir under --dp-attention (s3 then s4 on the same stores, DIR/rank-R), restarted
+        # with another rank count (s3 -n 2, s4 -n 3): s4's answers are those of one process
+        # restarted on its store (cdB.one.out above, the same requests before), its first long
+        # prompt restored from disk on the rank whose store holds it (rank 0's PROBE counts
+        # memory and disk blocks; ranks 0 and 1 read their own stores, written under -n 2),
+        # those stores are rank-R's, and the new rank 2 began a store of its own
         dh=$(head -n 1 "$TMP/s4.out" | sed -n 's/.*"cached_tokens": \([0-9]*\).*/\1/p')
         held=""
-        for r in 0 1; do
+        for r in 0 1 2; do
             [ -n "$(find "$TMP/dpcd/rank-$r" -type f -size +1k 2>/dev/null | head -n 1)" ] && held="$held $r"
         done
         if ! cmp -s "$TMP/cdB.one.out" "$TMP/s4.out"; then fail serve_dp_cache_dir "answers differ from one process on its store: $(cmp "$TMP/cdB.one.out" "$TMP/s4.out")"
         elif [ -z "$dh" ] || [ "$dh" -lt 128 ]; then fail serve_dp_cache_dir "the restarted job's first long prompt restored '$dh' tokens (expected >= 128, from disk)"
         elif [ -z "$held" ] || [ -n "$(find "$TMP/dpcd" -maxdepth 1 -type f | head -n 1)" ]; then fail serve_dp_cache_dir "stores with blocks: '$held' under $TMP/dpcd (expected rank-R only)"
-        else pass "serve_dp_cache_dir (ranks whose store holds blocks:$held)"; fi
+        elif [ ! -d "$TMP/dpcd/rank-2" ]; then fail serve_dp_cache_dir "the restart under -n 3 made no store for rank 2: $(ls "$TMP/dpcd")"
+        else pass "serve_dp_cache_dir (-n 2 then -n 3; ranks whose store holds blocks:$held)"; fi
     else
         fail serve_dp_engram_prefetch "the server did not start: $(tail -n 2 "$TMP/s4.log")"
         kill "$s4" 2>/dev/null; wait "$s4"

@@ -91,6 +91,29 @@ static void valid_records(void) {
           op.n == 0 && at == 12, "GMASK with none constrained");
     CHECK(ds41_sop_next(gw, gn, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_END && at == gn, "END after GMASK");
     CHECK(!err[0], "no message on a valid GMASK: %s", err);
+    /* a verify block of 4 rows of session 5 whose grammar rank 0 holds: VMASK with 2 rows
+     * restricted, row 1 as the allowed ids [3 9 40], row 3 as a bitset of 2 words (row 0 and
+     * row 2 not constrained); STEP {5: verify [17 20 21 22]}; VMASK of a block of 1 row with
+     * none restricted; END */
+    const int32_t vw[] = { 23, 5, 4, 2, 1, 2, 3, 3, 9, 40, 3, 1, 2, -1, 255, 6, 1, 5, 4, -1, 17, 20, 21, 22, 23, 5, 1, 0, 7 };
+    size_t vn = sizeof vw / sizeof *vw;
+    at = 0;
+    CHECK(ds41_sop_next(vw, vn, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_VMASK && op.id == 5 && op.n == 4 &&
+          op.k == 2 && op.bits == vw + 4 && at == 15, "VMASK with two rows restricted (at %zu)", at);
+    CHECK(ds41_sop_next(vw, vn, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_STEP && op.count == 1 &&
+          op.items[2] == DS41_SOP_VERIFY && at == 24, "STEP after VMASK (at %zu)", at);
+    CHECK(ds41_sop_next(vw, vn, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_VMASK && op.id == 5 && op.n == 1 &&
+          op.k == 0 && at == 28, "VMASK with no row restricted (at %zu)", at);
+    CHECK(ds41_sop_next(vw, vn, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_END && at == vn, "END after VMASK");
+    CHECK(!err[0], "no message on a valid VMASK: %s", err);
+    /* the proposals of 3 sequences at once: DRAFTS {4 after 17} {9 after 0} {2 after 300}; END */
+    const int32_t dw[] = { 27, 3, 4, 17, 9, 0, 2, 300, 7 };
+    size_t dn = sizeof dw / sizeof *dw;
+    at = 0;
+    CHECK(ds41_sop_next(dw, dn, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_DRAFTS && op.n == 3 && op.ids == dw + 2 &&
+          op.ids[5] == 300 && at == 8, "DRAFTS (at %zu)", at);
+    CHECK(ds41_sop_next(dw, dn, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_END && at == dn, "END after DRAFTS");
+    CHECK(!err[0], "no message on a valid DRAFTS: %s", err);
 }
 
 static char *slurp(const char *path, size_t *len) {
@@ -160,7 +183,7 @@ static void one_malformed(const char *path, const char *name) {
 
 static void malformed_corpus(void) {
     int cases = each_entry("tests/malformed/serve-mirror", one_malformed);
-    CHECK(cases >= 35, "%d malformed cases", cases);
+    CHECK(cases >= 78, "%d malformed cases", cases);
 }
 
 /* a fuzz seed: whole int32 words that decode to the end */
@@ -175,7 +198,7 @@ static void one_seed(const char *path, const char *name) {
 
 static void fuzz_seeds(void) {
     int seeds = each_entry("fuzz/corpus/fuzz_serve_mirror", one_seed);
-    CHECK(seeds >= 7, "%d seeds", seeds);
+    CHECK(seeds >= 13, "%d seeds", seeds);
 }
 
 int main(void) {

@@ -19,7 +19,7 @@ void ds41_lproc_init(ds41_lproc *lp, int V, int eos) {
 void ds41_lproc_free(ds41_lproc *lp) {
     if (!lp) return;
     free(lp->bias_id); free(lp->bias_val); free(lp->ban_ids); free(lp->stop_ids);
-    free(lp->count); free(lp->flag); free(lp->gen_ids); free(lp->pr_ids); free(lp->bits);
+    free(lp->count); free(lp->flag); free(lp->gen_ids); free(lp->pr_ids); free(lp->bits); free(lp->xbits); free(lp->xon);
     memset(lp, 0, sizeof *lp);
 }
 
@@ -121,11 +121,17 @@ void ds41_lproc_apply(ds41_lproc *lp, float *row, const int32_t *tail, int n_tai
         penalise(lp, row);
         for (int i = 0; i < n_tail; i++) count_sub(lp, tail[i]);
     }
-    /* the grammar's allowed tokens, or (remote) those rank 0 sent for this row */
+    /* the grammar's allowed tokens, or (remote) those rank 0 sent for this row: a verify
+     * block's row after n_tail drafts, else the one row given */
     if (lp->gm && !lp->bits && !(lp->bits = malloc(((size_t)V + 31) / 32 * sizeof *lp->bits))) {
         if (!lp->err[0]) snprintf(lp->err, sizeof lp->err, "out of memory for a grammar's mask");
         for (int i = 0; i < V; i++) row[i] = -INFINITY;
-    } else if (lp->bits && (lp->gm ? ds41_lproc_allowed(lp, tail, n_tail, lp->bits) : lp->remote && lp->xset > 0)) {
+    } else if (lp->gm) {
+        if (ds41_lproc_allowed(lp, tail, n_tail, lp->bits)) ds41_gmask_apply(lp->bits, row, V);
+    } else if (lp->remote && lp->xrows > 0) {
+        if (n_tail >= 0 && n_tail < lp->xrows && lp->xon[n_tail])
+            ds41_gmask_apply(lp->xbits + (size_t)n_tail * (((size_t)V + 31) / 32), row, V);
+    } else if (lp->remote && lp->xset > 0 && lp->bits) {
         ds41_gmask_apply(lp->bits, row, V);
     }
     /* nothing allowed (a grammar that cannot continue, min_tokens against a finished grammar):
@@ -133,6 +139,23 @@ void ds41_lproc_apply(ds41_lproc *lp, float *row, const int32_t *tail, int n_tai
     int any = 0;
     for (int i = 0; i < V && !any; i++) any = row[i] > -INFINITY;
     if (!any) row[lp->eos >= 0 && lp->eos < V ? lp->eos : 0] = 0.0f;
+}
+
+int ds41_lproc_xrows(ds41_lproc *lp, int rows) {
+    if (rows < 1) return -1;
+    if (rows > lp->xcap) {
+        size_t W = ((size_t)lp->V + 31) / 32;
+        uint32_t *b = realloc(lp->xbits, (size_t)rows * W * sizeof *b);
+        if (!b) return -1;
+        lp->xbits = b;
+        uint8_t *o = realloc(lp->xon, (size_t)rows);
+        if (!o) return -1;
+        lp->xon = o;
+        lp->xcap = rows;
+    }
+    memset(lp->xon, 0, (size_t)rows);
+    lp->xrows = rows;
+    return 0;
 }
 
 static void bit_set(uint32_t *bits, int i, int on) {

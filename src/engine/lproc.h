@@ -46,6 +46,13 @@ typedef struct ds41_lproc {
      * (before the grammar's gate), -1 nothing given */
     uint32_t *bits;
     int remote, xset;
+    /* remote, a verify block (--spec): xrows > 0 when rank 0 gave the allowed tokens of each
+     * of the block's xrows rows (ds41_lproc_xrows): the row after r drafts (tail n_tail = r)
+     * takes the W = (V + 31) / 32 words at xbits + r * W when xon[r], else is not constrained
+     * (before the grammar's gate); xset is not read meanwhile */
+    uint32_t *xbits;
+    uint8_t *xon;
+    int xrows, xcap;
     /* state */
     uint32_t *count;              /* [V] generated occurrences */
     uint8_t *flag;                /* [V] 1: in the prompt, 2: generated */
@@ -74,6 +81,9 @@ void ds41_lproc_apply(ds41_lproc *lp, float *row, const int32_t *tail, int n_tai
  * err says why). ds41_lproc_apply sets every other entry to -inf, the same row as masking and
  * restoring the end tokens. */
 int ds41_lproc_allowed(ds41_lproc *lp, const int32_t *tail, int n_tail, uint32_t *bits);
+/* remote: room for the allowed tokens of a verify block of `rows` rows, none constrained yet
+ * (xrows = rows, xon[0..rows) = 0); 0, or -1 out of memory. */
+int ds41_lproc_xrows(ds41_lproc *lp, int rows);
 /* Accepts a generated token. */
 void ds41_lproc_accept(ds41_lproc *lp, int32_t id);
 /* How many of drafts[0..k) the grammar accepts in order after the accepted tokens (k when

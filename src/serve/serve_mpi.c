@@ -39,7 +39,12 @@ typedef struct dp_count {
     long long ans_bytes, ans_tok, ans_lg;   /* rank 0: the other ranks' answers: bytes, rows answered with a token, with logits */
     long long props, verifies;    /* --spec: proposals and verify blocks run here for the sequences held here */
     long long lp_verifies;        /* --spec: those of sequences with a logits processor */
+    long long g_verifies;         /* --spec: those of sequences with a grammar (rank 0's VMASK) */
     long long masks, mask_bytes;  /* rank 0: grammar masks sent to the owners (GMASK records, their bytes) */
+    long long vmasks, vrows, vlists, vmask_bytes;   /* rank 0: VMASK records, their restricted rows, those sent as
+                                                     * lists of ids, their bytes */
+    long long rec_bytes, recs, steps;   /* rank 0: records broadcast (their bytes, length word included), STEP records */
+    long long drafts_recs, drafts_props;  /* rank 0: DRAFTS records and the proposals they asked for (every rank's) */
 } dp_count;
 
 static int verbose(void) {
@@ -69,21 +74,26 @@ static void dp_report(const dp_count *c) {
     int dp = ds41_dist_dp();
     /* one write: the launcher forwards the ranks' stderr, and pieces of two ranks' lines
      * written apart could interleave */
-    char line[1024];
+    char line[2048];
     size_t n = 0;
 #define ADD(...) do { if (n < sizeof line) n += (size_t)snprintf(line + n, sizeof line - n, __VA_ARGS__); } while (0)
     ADD("ds41 serve [rank %d]: %s: %lld sequences held here, at most %lld bytes of state at once (%lld of them global KV "
         "pages)", ds41_dist_rank(), dp ? "--dp-attention" : ds41_pipe_on() ? "--split layers" : "replicated attention",
         c->seqs, c->peak, c->peak_kv);
     if (c->props || c->verifies)
-        ADD("; --spec: %lld proposals, %lld verify blocks (%lld with a logits processor)", c->props, c->verifies, c->lp_verifies);
+        ADD("; --spec: %lld proposals, %lld verify blocks (%lld with a logits processor, %lld with a grammar)", c->props,
+            c->verifies, c->lp_verifies, c->g_verifies);
     long long os = 0, ob = 0;
     ds41_smirror_pipe_outcomes(&os, &ob);
     if (os) ADD("; verify outcomes: %lld steps, %lld bytes", os, ob);
     if (dp && ds41_dist_rank() == 0)
         ADD("; rank 0's copies of the other ranks' sequences: at most %lld bytes; their answers: %lld bytes, %lld rows with a "
-            "token, %lld with logits; grammar masks sent: %lld (%lld bytes)", c->peak_copies, c->ans_bytes, c->ans_tok,
-            c->ans_lg, c->masks, c->mask_bytes);
+            "token, %lld with logits; grammar masks sent: %lld (%lld bytes); verify masks sent: %lld blocks, %lld rows "
+            "restricted (%lld as lists of ids), %lld bytes", c->peak_copies, c->ans_bytes, c->ans_tok, c->ans_lg, c->masks,
+            c->mask_bytes, c->vmasks, c->vrows, c->vlists, c->vmask_bytes);
+    if (ds41_dist_rank() == 0) ADD("; records sent: %lld bytes in %lld broadcasts, %lld steps", c->rec_bytes, c->recs, c->steps);
+    if (dp && ds41_dist_rank() == 0 && (c->props || c->drafts_recs))
+        ADD("; proposals asked together: %lld DRAFTS records for %lld proposals", c->drafts_recs, c->drafts_props);
 #undef ADD
     fprintf(stderr, "%s\n", line);
 }
@@ -102,6 +112,10 @@ struct ds41_smirror {
     struct ds41_lproc **glp;      /* --dp-attention: the processor of a session its owner samples with a grammar
                                    * held here (GRAMMAR; GMASK ahead of each row it samples), else NULL */
     uint32_t *gbits;              /* scratch: a row's allowed tokens */
+    int32_t *glist;               /* scratch: a row's allowed ids (VMASK) */
+    int *verr_row;                /* VMASK: the first row of the block whose mask set the grammar's error (-1: none);
+                                   * the error is the sequence's only if the owner reaches that row */
+    char (*verr)[sizeof ((ds41_lproc *)0)->err];   /* that error */
     unsigned char **lpend;        /* the owner's logprobs of its last tokens (one, or a verify's), not yet taken
                                    * (ds41_smirror_logprobs): two words (entries, the next one), then the entries */
     int n_sess, cap_sess;
@@ -148,6 +162,9 @@ void ds41_smirror_free(ds41_smirror *m) {
     free(m->samp);
     free(m->glp);
     free(m->gbits);
+    free(m->glist);
+    free(m->verr_row);
+    free(m->verr);
     free(m->lpend);
     free(m->load);
     free(m->held);
@@ -185,6 +202,8 @@ static void flush(ds41_smirror *m) {
     int32_t len = (int32_t)m->n;
     ds41_dist_bcast(&len, sizeof len);
     if (len) ds41_dist_bcast(m->w, (size_t)len * sizeof *m->w);
+    m->dpc.rec_bytes += (long long)(sizeof len + (size_t)len * sizeof *m->w);
+    m->dpc.recs++;
     m->n = 0;
     m->last = now_s();
 }
@@ -245,6 +264,12 @@ void ds41_smirror_open(ds41_smirror *m, const ds41_session *s, int rank0) {
         unsigned char **nlp = realloc(m->lpend, (size_t)nc * sizeof *nlp);
         if (!nlp) oom();
         m->lpend = nlp;
+        int *nvr = realloc(m->verr_row, (size_t)nc * sizeof *nvr);
+        if (!nvr) oom();
+        m->verr_row = nvr;
+        char (*nve)[sizeof ((ds41_lproc *)0)->err] = realloc(m->verr, (size_t)nc * sizeof *nve);
+        if (!nve) oom();
+        m->verr = nve;
         m->cap_sess = nc;
     }
     int32_t id = m->next_id;
@@ -256,6 +281,7 @@ void ds41_smirror_open(ds41_smirror *m, const ds41_session *s, int rank0) {
     m->samp[m->n_sess] = SAMP_RANK0;
     m->glp[m->n_sess] = NULL;
     m->lpend[m->n_sess] = NULL;
+    m->verr_row[m->n_sess] = -1;
     m->sid[m->n_sess++] = id;
     m->dpc.seqs += rank == 0;
     int32_t v[3] = { m->dp ? DS41_SOP_OPEN_ON : DS41_SOP_OPEN, id, rank };
@@ -274,6 +300,8 @@ void ds41_smirror_close(ds41_smirror *m, const ds41_session *s) {
     m->samp[i] = m->samp[m->n_sess];
     m->glp[i] = m->glp[m->n_sess];
     m->lpend[i] = m->lpend[m->n_sess];
+    m->verr_row[i] = m->verr_row[m->n_sess];
+    memcpy(m->verr[i], m->verr[m->n_sess], sizeof m->verr[i]);
 }
 
 static void put_ids(ds41_smirror *m, int op, const ds41_session *s, const int32_t *ids, size_t n) {
@@ -380,6 +408,50 @@ static void put_gmask(ds41_smirror *m, int i) {
     if (on) put(m, (const int32_t *)(const void *)m->gbits, W);
     m->dpc.masks++;
     m->dpc.mask_bytes += (long long)(sizeof v + (on ? W * sizeof *m->gbits : 0));
+}
+
+/* VMASK: the allowed tokens of each row of the verify block b of session slot i, which its owner
+ * decides: row r after the drafts b->ids[1..r], as one process's verify masks it
+ * (ds41_spec_verify_end: ds41_lproc_apply past the drafts before the row). Only the rows the
+ * grammar restricts go, each as a bitset or its allowed ids, whichever is shorter. One process
+ * masks only the rows it reaches (up to the first rejection): a grammar error (a limit) that the
+ * mask of a later row sets here is kept aside (verr) and becomes the sequence's only when the
+ * owner's answer reaches that row (verify_take). */
+static void put_vmask(ds41_smirror *m, int i, const ds41_batch_item *b) {
+    ds41_lproc *lp = m->glp[i];
+    int V = lp->V, T = (int)b->n;
+    size_t W = ((size_t)V + 31) / 32;
+    if (!m->gbits && !(m->gbits = malloc(W * sizeof *m->gbits))) oom();
+    if (!m->glist && !(m->glist = malloc(W * sizeof *m->glist))) oom();
+    int32_t v[4] = { DS41_SOP_VMASK, m->sid[i], T, 0 };
+    size_t at = m->n, n0 = m->n;
+    put(m, v, 4);
+    int had = lp->err[0] != 0;
+    m->verr_row[i] = -1;
+    for (int r = 0; r < T; r++) {
+        int on = ds41_lproc_allowed(lp, b->ids + 1, r, m->gbits);
+        if (!had && lp->err[0]) {
+            if (m->verr_row[i] < 0) {
+                m->verr_row[i] = r;
+                memcpy(m->verr[i], lp->err, sizeof m->verr[i]);
+            }
+            lp->err[0] = 0;
+        }
+        if (!on) continue;
+        size_t c = 0;
+        for (int t = 0; t < V && c < W; t++)
+            if (m->gbits[t >> 5] >> (t & 31) & 1u) m->glist[c++] = t;
+        int list = c < W;
+        int32_t h[3] = { r, list ? 2 : 1, (int32_t)(list ? c : W) };
+        put(m, h, 3);
+        if (list) put(m, m->glist, c);
+        else put(m, (const int32_t *)(const void *)m->gbits, W);
+        m->w[at + 3]++;
+        m->dpc.vrows++;
+        m->dpc.vlists += list;
+    }
+    m->dpc.vmasks++;
+    m->dpc.vmask_bytes += (long long)((m->n - n0) * sizeof *m->w);
 }
 
 int ds41_smirror_logprobs(ds41_smirror *m, const ds41_session *s, int n_top, float *lp, int32_t *top_id, float *top_lp) {
@@ -542,10 +614,12 @@ void ds41_smirror_step(ds41_smirror *m, const ds41_batch_item *it, int count) {
     /* the rows an owner samples with a grammar held here: their allowed tokens first */
     for (int i = 0; i < count && m->dp; i++) {
         int j = slot_of(m, it[i].s);
-        if (m->glp[j] && !it[i].verify && it[i].ahead == 0) put_gmask(m, j);
+        if (m->glp[j] && it[i].verify) put_vmask(m, j, &it[i]);
+        else if (m->glp[j] && it[i].ahead == 0) put_gmask(m, j);
     }
     int32_t v[2] = { DS41_SOP_STEP, count };
     put(m, v, 2);
+    m->dpc.steps++;
     for (int i = 0; i < count; i++) {
         int32_t h[3] = { sid_of(m, it[i].s), (int32_t)it[i].n, it[i].verify ? DS41_SOP_VERIFY : (int32_t)it[i].ahead };
         put(m, h, 3);
@@ -618,6 +692,22 @@ static int pipe_draft_take(ds41_engine *e, ds41_session *s, int32_t *ids, float 
  * their B confidences (float bits), then ANSWER_ERR bytes of error (the status says failed) */
 static size_t draft_answer_bytes(int B) { return sizeof(int32_t) * (1 + 2 * (size_t)B) + ANSWER_ERR; }
 
+/* rank 0: the owner's answer a (draft_answer_bytes(B) bytes) to the proposal of s */
+static int draft_take(ds41_session *s, const unsigned char *a, int B, int32_t *ids, float *conf) {
+    int32_t st;
+    memcpy(&st, a, sizeof st);
+    if (st) {
+        char eb[ANSWER_ERR];
+        memcpy(eb, a + draft_answer_bytes(B) - ANSWER_ERR, ANSWER_ERR);
+        eb[ANSWER_ERR - 1] = 0;
+        ds41_session_absorb(s, 0, NULL, eb[0] ? eb : "the proposal failed on the rank that holds the sequence");
+        return -1;
+    }
+    memcpy(ids, a + sizeof st, (size_t)B * sizeof *ids);
+    memcpy(conf, a + sizeof st + (size_t)B * sizeof *ids, (size_t)B * sizeof *conf);
+    return 0;
+}
+
 int ds41_smirror_propose(ds41_smirror *m, ds41_engine *e, ds41_session *s, int32_t t_next, int32_t *ids, float *conf) {
     if (!m) return ds41_session_draft(s, t_next, ids, conf);
     int32_t v[3] = { DS41_SOP_DRAFT, sid_of(m, s), t_next };
@@ -637,19 +727,56 @@ int ds41_smirror_propose(ds41_smirror *m, ds41_engine *e, ds41_session *s, int32
     unsigned char *a = malloc(nb);
     if (!a) oom();
     recv_from(m, q, a, nb);
-    int32_t st;
-    memcpy(&st, a, sizeof st);
-    if (st) {
-        char eb[ANSWER_ERR];
-        memcpy(eb, a + nb - ANSWER_ERR, ANSWER_ERR);
-        eb[ANSWER_ERR - 1] = 0;
-        ds41_session_absorb(s, 0, NULL, eb[0] ? eb : "the proposal failed on the rank that holds the sequence");
-    } else {
-        memcpy(ids, a + sizeof st, (size_t)B * sizeof *ids);
-        memcpy(conf, a + sizeof st + (size_t)B * sizeof *ids, (size_t)B * sizeof *conf);
-    }
+    rc = draft_take(s, a, B, ids, conf);
     free(a);
-    return st ? -1 : 0;
+    return rc;
+}
+
+void ds41_smirror_propose_all(ds41_smirror *m, ds41_engine *e, int n, ds41_session *const *s, const int32_t *t_next,
+                              int32_t *const *ids, float *const *conf, int *rc) {
+    if (!m || !m->dp || n < 2) {
+        for (int i = 0; i < n; i++) rc[i] = ds41_smirror_propose(m, e, s[i], t_next[i], ids[i], conf[i]);
+        return;
+    }
+    int N = ds41_dist_size(), B = ds41_draft_block_size(e);
+    size_t ab = draft_answer_bytes(B);
+    int *own = malloc((size_t)n * sizeof *own);
+    size_t *nb = calloc((size_t)N, sizeof *nb);
+    unsigned char **buf = calloc((size_t)N, sizeof *buf);
+    if (!own || !nb || !buf) oom();
+    int32_t v[2] = { DS41_SOP_DRAFTS, n };
+    put(m, v, 2);
+    for (int i = 0; i < n; i++) {
+        own[i] = m->own[slot_of(m, s[i])];
+        int32_t p[2] = { sid_of(m, s[i]), t_next[i] };
+        put(m, p, 2);
+        if (own[i] != 0) nb[own[i]] += ab;
+    }
+    m->dpc.drafts_recs++;
+    m->dpc.drafts_props += n;
+    flush(m);   /* the proposals run DSpark's MoE layers */
+    /* rank 0's own, in order; each owner proposes its own meanwhile, their forwards sharing the
+     * exchange's rounds, and the ranks with fewer join the rest with zero rows */
+    for (int i = 0; i < n; i++)
+        if (own[i] == 0) {
+            rc[i] = ds41_session_draft(s[i], t_next[i], ids[i], conf[i]);
+            m->dpc.props++;
+        }
+    ds41_dist_dp_done(&e->ctx);
+    for (int q = 1; q < N; q++)
+        if (nb[q] && !(buf[q] = malloc(nb[q]))) oom();
+    ds41_dist_dp_recv0((void *const *)buf, nb);
+    for (int q = 1; q < N; q++) m->dpc.ans_bytes += (long long)nb[q];
+    size_t *at = calloc((size_t)N, sizeof *at);
+    if (!at) oom();
+    for (int i = 0; i < n; i++) {
+        int q = own[i];
+        if (q == 0) continue;
+        rc[i] = draft_take(s[i], buf[q] + at[q], B, ids[i], conf[i]);
+        at[q] += ab;
+    }
+    for (int q = 1; q < N; q++) free(buf[q]);
+    free(at); free(buf); free(nb); free(own);
 }
 
 int ds41_smirror_calibrate(ds41_smirror *m, ds41_engine *e, int width, int prompt_len, int reps, ds41_spec_curve *c,
@@ -703,6 +830,7 @@ static size_t answer_bytes(const ds41_batch_item *b, int samp, int V) {
 static unsigned char *verify_put(unsigned char *p, const ds41_batch_item *b, ds41_lproc *lp, int samp, int failed, int V) {
     size_t nb = verify_bytes(b->n, samp);
     memset(p, 0, nb);
+    if (lp) lp->xrows = 0;   /* a grammar's allowed tokens held for that block only (VMASK) */
     if (failed) return p + nb;
     /* the owner's processor counts the tokens the verify gave, as rank 0's counts them emitted */
     for (int j = 0; lp && j < b->n_out; j++) ds41_lproc_accept(lp, b->out[j]);
@@ -724,6 +852,10 @@ static const char *verify_take(ds41_smirror *m, int i, ds41_batch_item *b, const
     for (int j = 0; j < h[1]; j++)
         if (b->out[j] < 0 || b->out[j] >= V) return "the owner's verify outcome holds a token outside the vocabulary";
     if (ds41_session_absorb_verify(b->s, T - 1, h[0])) return "out of memory for the speculative state of a verify";
+    /* a grammar error from the mask of a row the owner reached (put_vmask) */
+    if (m->glp[i] && m->verr_row[i] >= 0 && m->verr_row[i] <= h[0] && !m->glp[i]->err[0])
+        memcpy(m->glp[i]->err, m->verr[i], sizeof m->glp[i]->err);
+    m->verr_row[i] = -1;
     b->n_accepted = h[0];
     b->n_out = h[1];
     lp_keep(m, i, p + sizeof(int32_t) * (2 + (size_t)T), h[1]);
@@ -1023,6 +1155,7 @@ static int step_own(ds41_engine *e, fslots *f, ds41_batch_item *items, int count
             f->step_os[n] = f->step_os[k];
             f->dpc.verifies += items[k].verify;
             f->dpc.lp_verifies += items[k].verify && lp_of(f, items[k].s);
+            f->dpc.g_verifies += items[k].verify && lp_of(f, items[k].s) && lp_of(f, items[k].s)->remote;
             items[n++] = items[k];
             bytes += answer_bytes(&items[k], f->step_os[k], V);
         }
@@ -1063,19 +1196,25 @@ static void restore_answer(ds41_engine *e, ds41_session *s, ds41_lproc *lp, int 
     }
 }
 
-/* --dp-attention: this rank's answer to a DRAFT of its session s (ds41_smirror_propose) */
-static void draft_answer(ds41_session *s, int rc, const int32_t *ids, const float *conf, int B) {
-    size_t nb = draft_answer_bytes(B);
-    unsigned char *a = calloc(1, nb);
-    if (!a) ds41_dist_fatal(1, "out of memory for the answer to a proposal");
+/* --dp-attention: this rank's answer to the proposal of its session s (draft_answer_bytes(B)
+ * bytes at a, zeroed) */
+static void draft_fill(unsigned char *a, ds41_session *s, int rc, const int32_t *ids, const float *conf, int B) {
     int32_t st = rc != 0;
     memcpy(a, &st, sizeof st);
     if (!st) {
         memcpy(a + sizeof st, ids, (size_t)B * sizeof *ids);
         memcpy(a + sizeof st + (size_t)B * sizeof *ids, conf, (size_t)B * sizeof *conf);
     } else {
-        snprintf((char *)a + nb - ANSWER_ERR, ANSWER_ERR, "%s", ds41_session_error(s));
+        snprintf((char *)a + draft_answer_bytes(B) - ANSWER_ERR, ANSWER_ERR, "%s", ds41_session_error(s));
     }
+}
+
+/* --dp-attention: this rank's answer to a DRAFT of its session s (ds41_smirror_propose) */
+static void draft_answer(ds41_session *s, int rc, const int32_t *ids, const float *conf, int B) {
+    size_t nb = draft_answer_bytes(B);
+    unsigned char *a = calloc(1, nb);
+    if (!a) ds41_dist_fatal(1, "out of memory for the answer to a proposal");
+    draft_fill(a, s, rc, ids, conf, B);
     ds41_dist_dp_send0(a, nb);
     free(a);
 }
@@ -1095,13 +1234,15 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
     if (op->op == DS41_SOP_OPEN_ON && op->rank >= ds41_dist_size())
         return snprintf(err, errcap, "serve mirror: rank 0 gave session %d to rank %d of %d", (int)op->id, op->rank, ds41_dist_size()), -1;
     if ((op->op == DS41_SOP_SAMPLE || op->op == DS41_SOP_PROBE || op->op == DS41_SOP_PROBE_IMG || op->op == DS41_SOP_LPROC ||
-         op->op == DS41_SOP_GMASK || op->op == DS41_SOP_GRAMMAR) && !dp)
+         op->op == DS41_SOP_GMASK || op->op == DS41_SOP_GRAMMAR || op->op == DS41_SOP_VMASK) && !dp)
         return snprintf(err, errcap, "serve mirror: rank 0 sent %s, which only --dp-attention uses",
                         op->op == DS41_SOP_SAMPLE ? "SAMPLE" : op->op == DS41_SOP_PROBE ? "PROBE"
                                                              : op->op == DS41_SOP_LPROC ? "LPROC"
                                                              : op->op == DS41_SOP_GMASK ? "GMASK"
+                                                             : op->op == DS41_SOP_VMASK ? "VMASK"
                                                              : op->op == DS41_SOP_GRAMMAR ? "GRAMMAR" : "PROBE_IMG"), -1;
-    if ((op->op == DS41_SOP_LPROC || op->op == DS41_SOP_GMASK || op->op == DS41_SOP_GRAMMAR) && slot_at(f, op->id) < 0)
+    if ((op->op == DS41_SOP_LPROC || op->op == DS41_SOP_GMASK || op->op == DS41_SOP_GRAMMAR || op->op == DS41_SOP_VMASK) &&
+        slot_at(f, op->id) < 0)
         return snprintf(err, errcap, "serve mirror: rank 0 named session %d, which this rank does not hold", (int)op->id), -1;
     if (op->op == DS41_SOP_IMAGES && !(s = slot_find(f, op->id)) && !(dp && slot_at(f, op->id) >= 0))
         return snprintf(err, errcap, "serve mirror: rank 0 sends the image rows of session %d, which this rank does not hold",
@@ -1181,7 +1322,7 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
     }
     case DS41_SOP_GRAMMAR: {
         /* the sequence's grammar stays on rank 0, which sends the allowed tokens of each row
-         * this rank samples (GMASK) */
+         * this rank samples (GMASK) and of each row of a block it verifies (VMASK) */
         int j = slot_at(f, op->id);
         if (!f->s[j]) return 0;
         ds41_lproc *lp = f->lp[j];
@@ -1202,6 +1343,41 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             return snprintf(err, errcap, "serve mirror: rank 0 sent %zu words of allowed tokens, this rank's vocabulary needs %zu", op->n, W), -1;
         if (op->on) memcpy(lp->bits, op->bits, W * sizeof *lp->bits);
         lp->xset = op->on;
+        return 0;
+    }
+    case DS41_SOP_VMASK: {
+        /* the allowed tokens of each row of the block the next step verifies (put_vmask) */
+        int j = slot_at(f, op->id), V = ds41_vocab_size(e);
+        if (!f->s[j]) return 0;   /* another rank's sequence */
+        ds41_lproc *lp = f->lp[j];
+        size_t W = ((size_t)V + 31) / 32;
+        if (!lp || !lp->remote)
+            return snprintf(err, errcap, "serve mirror: rank 0 sent the allowed tokens of a verify block of session %d, which has "
+                                         "no grammar here", (int)op->id), -1;
+        if (ds41_lproc_xrows(lp, (int)op->n)) return snprintf(err, errcap, "out of memory for a verify block's allowed tokens"), -1;
+        const int32_t *w = op->bits;
+        for (size_t k = 0; k < op->k; k++) {
+            int r = w[0], form = w[1];
+            size_t c = (size_t)w[2];
+            uint32_t *b = lp->xbits + (size_t)r * W;
+            w += 3;
+            if (form == 1) {
+                if (c != W)
+                    return snprintf(err, errcap, "serve mirror: rank 0 sent %zu words of allowed tokens for row %d, this rank's "
+                                                 "vocabulary needs %zu", c, r, W), -1;
+                memcpy(b, w, W * sizeof *b);
+            } else {
+                memset(b, 0, W * sizeof *b);
+                for (size_t t = 0; t < c; t++) {
+                    if (w[t] >= V)
+                        return snprintf(err, errcap, "serve mirror: rank 0 allowed token %d in row %d, outside this rank's "
+                                                     "vocabulary of %d", (int)w[t], r, V), -1;
+                    b[w[t] >> 5] |= 1u << (w[t] & 31);
+                }
+            }
+            lp->xon[r] = 1;
+            w += c;
+        }
         return 0;
     }
     case DS41_SOP_PROBE: {
@@ -1289,6 +1465,39 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
         if (s) draft_answer(s, rc, f->dids, f->dconf, B);
         return 0;
     }
+    case DS41_SOP_DRAFTS: {
+        /* --dp-attention: this rank's sequences of the list, in order (their forward rounds
+         * shared with the other ranks' proposals), then one answer to rank 0 for them all */
+        int B = ds41_draft_block_size(e);
+        if (!dp) return snprintf(err, errcap, "serve mirror: rank 0 sent DRAFTS, which only --dp-attention uses"), -1;
+        if (B < 1) return snprintf(err, errcap, "serve mirror: rank 0 drafts and this rank's model has no DSpark stages"), -1;
+        if (!f->dids) {
+            f->dids = malloc((size_t)B * sizeof *f->dids);
+            f->dconf = malloc((size_t)B * sizeof *f->dconf);
+            if (!f->dids || !f->dconf) return snprintf(err, errcap, "out of memory"), -1;
+        }
+        size_t mine = 0, ab = draft_answer_bytes(B);
+        for (size_t k = 0; k < op->n; k++) {
+            if (slot_at(f, op->ids[2 * k]) < 0)
+                return snprintf(err, errcap, "serve mirror: rank 0 drafts for session %d, which this rank does not hold",
+                                (int)op->ids[2 * k]), -1;
+            mine += slot_find(f, op->ids[2 * k]) != NULL;
+        }
+        if (grow_buf(&f->ans, &f->ans_cap, mine * ab)) return snprintf(err, errcap, "out of memory for the answers to proposals"), -1;
+        if (mine) memset(f->ans, 0, mine * ab);
+        unsigned char *a = f->ans;
+        for (size_t k = 0; k < op->n; k++) {
+            ds41_session *ds = slot_find(f, op->ids[2 * k]);
+            if (!ds) continue;
+            int rc = ds41_session_draft(ds, op->ids[2 * k + 1], f->dids, f->dconf);
+            f->dpc.props++;
+            draft_fill(a, ds, rc, f->dids, f->dconf, B);
+            a += ab;
+        }
+        ds41_dist_dp_done(&e->ctx);
+        if (mine) ds41_dist_dp_send0(f->ans, mine * ab);
+        return 0;
+    }
     case DS41_SOP_CALIBRATE: {
         if (dp) {   /* rank 0's forwards alone: this rank joins their exchanges */
             ds41_dist_dp_done(&e->ctx);
@@ -1367,9 +1576,12 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
                 b->ahead = (size_t)w[2];
             }
             const ds41_lproc *blp = b->s ? f->lp[slot_at(f, w[0])] : NULL;
-            if (blp && blp->remote && (b->verify || (b->ahead == 0 && blp->xset < 0)))
-                return snprintf(err, errcap, "serve mirror: rank 0's step %s session %d, whose grammar it holds, %s", b->verify ?
-                                "verifies drafts of" : "samples", (int)w[0], b->verify ? "(not under --spec)" : "without its allowed tokens (GMASK)"), -1;
+            if (blp && blp->remote && b->verify && blp->xrows != (int)b->n)
+                return snprintf(err, errcap, "serve mirror: rank 0's step verifies a block of %zu rows of session %d, whose grammar "
+                                             "it holds, with the allowed tokens of %d rows (VMASK)", b->n, (int)w[0], blp->xrows), -1;
+            if (blp && blp->remote && !b->verify && b->ahead == 0 && (blp->xset < 0 || blp->xrows > 0))
+                return snprintf(err, errcap, "serve mirror: rank 0's step samples session %d, whose grammar it holds, without its "
+                                             "allowed tokens (GMASK)", (int)w[0]), -1;
             w += 3 + b->n;
         }
         int rc = 0;

@@ -24,7 +24,14 @@
  * position's content key, 32 bytes; rows: float bits) |
  * BLOCKS id n ids[n] first nb nbytes bytes[nbytes, padded to words] (code 20) |
  * GMASK id on nw bits[nw] (code 21; on 0: no token constrained, nw 0; on 1: the allowed tokens,
- * nw = (vocab + 31) / 32 words) | GRAMMAR id (code 22).
+ * nw = (vocab + 31) / 32 words) | GRAMMAR id (code 22) |
+ * VMASK id T m {row form c words[c]}[m] (code 23: the allowed tokens of the rows of the verify
+ * block of session id that rank 0's step verifies next, T = 1 + drafts rows; only the m rows
+ * the grammar restricts, ascending, row r being the one after r drafts; form 1: a bitset of c =
+ * (vocab + 31) / 32 words, form 2: the c allowed ids ascending, whichever is shorter; a row not
+ * listed is not constrained, before the grammar's gate) |
+ * DRAFTS n {id t_next}[n] (code 27, --dp-attention: the proposals of n sequences at once, each
+ * as DRAFT would ask it; n >= 2).
  *
  * --cache-dir (replicated attention): rank 0 alone reads and writes the store. Before a
  * RESTORE whose chain rank 0 had to read from disk (ds41_prefix_load), BLOCKS carries those
@@ -63,9 +70,15 @@
  * which rank 0's scheduler plans the verify blocks as in one process (its grammar check, the
  * drafting gate of --spec auto); the owner runs the verify and, holding the sequence's sampler
  * (SAMPLE), decides it as one process does, and answers with the accepted count and the tokens
- * (with logprobs, an entry per token), with the sequence's logits processor (LPROC) if any. A
- * sequence with a grammar is held by rank 0 under --spec. The calibration of --spec auto runs rank 0's
- * forwards alone; the other ranks join them (CALIBRATE). No outcome hook: each owner decides.
+ * (with logprobs, an entry per token), with the sequence's logits processor (LPROC) if any. For
+ * a sequence with a grammar (GRAMMAR: rank 0 holds the matcher) rank 0 sends, ahead of the step
+ * that verifies its block, the allowed tokens of each of the block's rows (VMASK: the grammar
+ * after the drafts before the row, as one process masks its verify rows); the owner masks each
+ * row with them, decides, answers the tokens, and rank 0's grammar advances with them. The
+ * calibration of --spec auto runs rank 0's forwards alone; the other ranks join them
+ * (CALIBRATE). No outcome hook: each owner decides. The proposals of a step's rows go in one
+ * DRAFTS record (one row alone: DRAFT): each owner proposes its own, the ranks' proposals
+ * sharing the forward rounds of the expert exchange, and answers rank 0 in one message.
  *
  * --dp-attention (docs/distributed.md): rank 0 gives each new sequence to the least-loaded
  * rank (sequences open there, then tokens held) with OPEN_ON; only that rank holds it. Each
@@ -94,8 +107,11 @@ enum { DS41_SOP_OPEN = 1, DS41_SOP_CLOSE, DS41_SOP_RESTORE, DS41_SOP_PUBLISH, DS
        DS41_SOP_OPEN_ON, DS41_SOP_SAMPLE, DS41_SOP_PROBE, DS41_SOP_DRAFT, DS41_SOP_CALIBRATE,
        /* 13 was EMBEDS (an image prompt fed alone), no longer sent */
        DS41_SOP_LPROC = 14, DS41_SOP_IMAGES = 18, DS41_SOP_PROBE_IMG = 19, DS41_SOP_BLOCKS = 20,
-       DS41_SOP_GMASK = 21, DS41_SOP_GRAMMAR = 22 };
-/* GMASK's bound on its words (a vocabulary of up to 2^26 tokens) */
+       DS41_SOP_GMASK = 21, DS41_SOP_GRAMMAR = 22, DS41_SOP_VMASK = 23, DS41_SOP_DRAFTS = 27 };
+/* DRAFTS' bound on its sequences */
+#define DS41_SOP_DRAFTS_MAX 65536
+/* GMASK's bound on its words (a vocabulary of up to 2^26 tokens); also VMASK's on a row's
+ * words (a bitset) or ids (a list, sent only when shorter than the bitset) */
 #define DS41_SOP_GMASK_MAX_WORDS (1 << 21)
 /* the prefix cache's block (tokens), as BLOCKS counts them */
 #define DS41_PREFIX_BLOCK 128
@@ -115,7 +131,7 @@ typedef struct ds41_sop {
     uint64_t seed;
     int count;                /* STEP: items at items (words: id n ahead ids...) */
     const int32_t *items;
-    int32_t t_next;           /* DRAFT */
+    int32_t t_next;           /* DRAFT; DRAFTS: its n {id t_next} pairs at ids */
     int width, prompt_len, reps;   /* CALIBRATE */
     const int32_t *flags;     /* IMAGES, PROBE_IMG: flags[n] (0 or 1), k content keys of 8 words at keys; */
     const int32_t *keys;
@@ -130,7 +146,8 @@ typedef struct ds41_sop {
     size_t blk_len;
     const uint8_t *blk;
     int on;                   /* GMASK: 1 when bits[n] (the allowed tokens) follow, 0: none constrained */
-    const int32_t *bits;
+    const int32_t *bits;      /* GMASK: the words; VMASK: the first of its k restricted rows of a block of n rows,
+                               * each {row form count words[count]} (ascending rows; form 1: a bitset, 2: ascending ids) */
 } ds41_sop;
 
 /* Decodes the operation at w[*at] (n words in all), advancing *at. 1: one decoded; 0: the end
@@ -145,7 +162,7 @@ void ds41_smirror_free(ds41_smirror *m);
  * rank whose cache holds the longest prefix of ids (im: its image positions keyed, NULL: text). */
 void ds41_smirror_route(ds41_smirror *m, ds41_prefix_cache *pc, const int32_t *ids, size_t n, const ds41_prefix_img *im);
 /* rank0: the sequence stays on rank 0 (under --dp-attention with --spec, one whose tokens rank 0
- * draws: a verify's acceptance needs its logits processor) */
+ * draws: one asking for more logprobs than the owner sends) */
 void ds41_smirror_open(ds41_smirror *m, const ds41_session *s, int rank0);
 void ds41_smirror_close(ds41_smirror *m, const ds41_session *s);
 /* After ds41_session_set_sampling and (lp active) ds41_lproc_prompt: under --dp-attention the
@@ -154,8 +171,9 @@ void ds41_smirror_close(ds41_smirror *m, const ds41_session *s);
  * NULL: none) goes with it (LPROC: logit_bias, min_tokens, the penalties, whose counts the
  * owner keeps from the tokens it draws). With a grammar, GRAMMAR follows: rank 0 keeps the
  * matcher and, ahead of every row the owner samples (a STEP item or a whole-prompt RESTORE),
- * sends its allowed tokens (GMASK, ds41_lproc_allowed), which the owner's processor applies in
- * the grammar's place; rank 0's processor advances the grammar with each token taken. */
+ * sends its allowed tokens (GMASK, ds41_lproc_allowed), and ahead of a verify block (--spec)
+ * those of each of its rows (VMASK), which the owner's processor applies in the grammar's place;
+ * rank 0's processor advances the grammar with each token taken. */
 struct ds41_lproc;
 void ds41_smirror_sampling(ds41_smirror *m, const ds41_session *s, float temperature, int top_k, float top_p, float min_p,
                            uint64_t seed, int n_top, struct ds41_lproc *lp);
@@ -178,6 +196,13 @@ void ds41_smirror_step(ds41_smirror *m, const ds41_batch_item *it, int count);
  * alone); under --dp-attention the owner proposes and ids, conf come from it. 0, or -1
  * (ds41_session_error). */
 int ds41_smirror_propose(ds41_smirror *m, ds41_engine *e, ds41_session *s, int32_t t_next, int32_t *ids, float *conf);
+/* The proposals of n sequences, as n calls of ds41_smirror_propose (rc[i]: each one's result,
+ * ids[i] and conf[i] its B drafts and confidences); under --dp-attention one DRAFTS record for
+ * them all: each owner proposes its own in order, the ranks' proposals sharing the forward
+ * rounds of the expert exchange (the rounds of a step are those of the rank with the most
+ * proposals, not their sum), and each rank answers rank 0 in one message. */
+void ds41_smirror_propose_all(ds41_smirror *m, ds41_engine *e, int n, ds41_session *const *s, const int32_t *t_next,
+                              int32_t *const *ids, float *const *conf, int *rc);
 /* ds41_spec_calibrate(e, width, prompt_len, reps, c, err, errcap) with the other ranks (their
  * own calibration, or under --dp-attention joining rank 0's forwards) */
 int ds41_smirror_calibrate(ds41_smirror *m, ds41_engine *e, int width, int prompt_len, int reps, ds41_spec_curve *c,

@@ -9,7 +9,7 @@
 
 static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH", "TRIM", "STEP", "END", "OPEN_ON", "SAMPLE", "PROBE", "DRAFT", "CALIBRATE",
                                         "?", "LPROC", "?", "?", "?", "IMAGES", "PROBE_IMG", "BLOCKS",
-                                        "GMASK", "GRAMMAR" };
+                                        "GMASK", "GRAMMAR", "VMASK", "?", "?", "?", "DRAFTS" };
 
 /* IMAGES and PROBE_IMG: flags[n] (0 or 1) at w[*i], then a content key (8 words) per flag set */
 static int image_flags(const int32_t *w, size_t n, size_t *i, ds41_sop *op, const char *name, char *err, size_t errcap) {
@@ -36,9 +36,10 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
     memset(op, 0, sizeof *op);
     op->op = w[i];
     if (op->op < DS41_SOP_OPEN || (op->op > DS41_SOP_CALIBRATE && op->op < DS41_SOP_LPROC) ||
-        (op->op > DS41_SOP_LPROC && op->op < DS41_SOP_IMAGES) || op->op > DS41_SOP_GRAMMAR)
-        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, %d or %d..%d, got %d", i,
-                        DS41_SOP_CALIBRATE, DS41_SOP_LPROC, DS41_SOP_IMAGES, DS41_SOP_GRAMMAR, (int)w[i]), -1;
+        (op->op > DS41_SOP_LPROC && op->op < DS41_SOP_IMAGES) || (op->op > DS41_SOP_VMASK && op->op < DS41_SOP_DRAFTS) ||
+        op->op > DS41_SOP_DRAFTS)
+        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, %d, %d..%d or %d, got %d", i,
+                        DS41_SOP_CALIBRATE, DS41_SOP_LPROC, DS41_SOP_IMAGES, DS41_SOP_VMASK, DS41_SOP_DRAFTS, (int)w[i]), -1;
     const char *name = op_name[op->op];
     i++;
 #define NEED(k, what) \
@@ -241,6 +242,54 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
         NEED(1, "a session id");
         op->id = w[i++];
         break;
+    case DS41_SOP_DRAFTS:
+        NEED(1, "a sequence count");
+        if (w[i] < 2 || w[i] > DS41_SOP_DRAFTS_MAX)
+            return snprintf(err, errcap, "serve mirror: word %zu: DRAFTS: %d sequences (expected 2..%d)", i, (int)w[i],
+                            DS41_SOP_DRAFTS_MAX), -1;
+        op->n = (size_t)w[i++];
+        NEED(2 * op->n, "a session id and the token to draft after per sequence");
+        op->ids = w + i;
+        for (size_t k = 0; k < op->n; k++)
+            if (w[i + 2 * k + 1] < 0)
+                return snprintf(err, errcap, "serve mirror: word %zu: DRAFTS: token %d is negative", i + 2 * k + 1,
+                                (int)w[i + 2 * k + 1]), -1;
+        i += 2 * op->n;
+        break;
+    case DS41_SOP_VMASK: {
+        NEED(3, "a session id, a row count and a count of restricted rows");
+        if (w[i + 1] < 1 || w[i + 1] > DS41_SPEC_MAX_DRAFTS + 1 || w[i + 2] < 0 || w[i + 2] > w[i + 1])
+            return snprintf(err, errcap, "serve mirror: word %zu: VMASK: %d rows, %d of them restricted (expected 1..%d rows, "
+                            "0..rows restricted)", i + 1, (int)w[i + 1], (int)w[i + 2], DS41_SPEC_MAX_DRAFTS + 1), -1;
+        op->id = w[i];
+        op->n = (size_t)w[i + 1];
+        op->k = (size_t)w[i + 2];
+        i += 3;
+        op->bits = w + i;
+        for (size_t k = 0, last = 0; k < op->k; k++) {
+            NEED(3, "a restricted row (row, form, word count)");
+            int32_t r = w[i], form = w[i + 1], c = w[i + 2];
+            if (r < 0 || (size_t)r >= op->n || (k > 0 && (size_t)r <= last))
+                return snprintf(err, errcap, "serve mirror: word %zu: VMASK: row %d of a block of %zu rows (expected ascending "
+                                "rows below the count)", i, (int)r, op->n), -1;
+            if (form != 1 && form != 2)
+                return snprintf(err, errcap, "serve mirror: word %zu: VMASK: row %d: form %d, expected 1 (a bitset) or 2 (the "
+                                "allowed ids)", i + 1, (int)r, (int)form), -1;
+            if (form == 1 ? c < 1 || c > DS41_SOP_GMASK_MAX_WORDS : c < 0 || c > DS41_SOP_GMASK_MAX_WORDS)
+                return snprintf(err, errcap, "serve mirror: word %zu: VMASK: row %d: %d words of form %d (expected 1..%d for a "
+                                "bitset, 0..%d ids)", i + 2, (int)r, (int)c, (int)form, DS41_SOP_GMASK_MAX_WORDS,
+                                DS41_SOP_GMASK_MAX_WORDS), -1;
+            i += 3;
+            NEED(c, form == 1 ? "the row's bitset" : "the row's allowed ids");
+            for (int32_t j = 0; form == 2 && j < c; j++)
+                if (w[i + j] < 0 || (j > 0 && w[i + j] <= w[i + j - 1]))
+                    return snprintf(err, errcap, "serve mirror: word %zu: VMASK: row %d: allowed id %d (expected ascending ids "
+                                    ">= 0)", i + j, (int)r, (int)w[i + j]), -1;
+            i += (size_t)c;
+            last = (size_t)r;
+        }
+        break;
+    }
     default:   /* END */
         break;
     }

@@ -554,12 +554,10 @@ static int session_ready(ds41_sched *S, ds41_sseq *q) {
     int dim = ds41_model_dim(S->e);
     ds41_prefix_img pim = { q->img_at, q->img_key, q->img_emb, q->n_prompt };
     ds41_smirror_route(S->p.mirror, S->p.pc, q->prompt, q->n_prompt, q->img_at ? &pim : NULL);
-    /* under --dp-attention with --spec: a sequence rank 0 samples stays there (serve_mpi.h): a
-     * grammar's (its verify rows would need a mask per draft) or one with more logprobs than
-     * the owner sends; a logits processor without a grammar goes to its owner, which decides
-     * the verify with it */
-    ds41_smirror_open(S->p.mirror, q->s,
-                      S->B > 0 && S->p.spec_mode != DS41_SPEC_OFF && (q->proc.gm || q->n_top > DS41_REQ_MAX_TOP_LOGPROBS));
+    /* under --dp-attention with --spec: a sequence rank 0 samples stays there (serve_mpi.h): one
+     * with more logprobs than the owner sends; a logits processor goes to its owner, which
+     * decides the verify with it (a grammar's allowed tokens per verify row from here, VMASK) */
+    ds41_smirror_open(S->p.mirror, q->s, S->B > 0 && S->p.spec_mode != DS41_SPEC_OFF && q->n_top > DS41_REQ_MAX_TOP_LOGPROBS);
     /* the other ranks keep the prompt's image rows for its restore, steps and publishes */
     if (q->img_at) ds41_smirror_images(S->p.mirror, q->s, &pim, dim);
     pthread_mutex_lock(&S->mu);
@@ -700,7 +698,15 @@ static void *sched_main(void *arg) {
     int *kmax = calloc((size_t)P, sizeof *kmax), *len = calloc((size_t)P, sizeof *len);
     int *vrow = calloc((size_t)P, sizeof *vrow);   /* decode row r is a verify block */
     long long *pos0 = calloc((size_t)P, sizeof *pos0);
-    if (!bs || !bi || !bn || !bq || !admitted || !local || !dropped || !items || !kmax || !len || !vrow || !pos0) abort();
+    /* --spec: the step's proposals (ds41_smirror_propose_all) */
+    ds41_session **ps = calloc((size_t)P, sizeof *ps);
+    int32_t *pt = calloc((size_t)P, sizeof *pt);
+    int32_t **pids = calloc((size_t)P, sizeof *pids);
+    float **pconf = calloc((size_t)P, sizeof *pconf);
+    int *prc = calloc((size_t)P, sizeof *prc);
+    if (!bs || !bi || !bn || !bq || !admitted || !local || !dropped || !items || !kmax || !len || !vrow || !pos0 || !ps || !pt ||
+        !pids || !pconf || !prc)
+        abort();
     int spec = S->p.spec_mode != DS41_SPEC_OFF && S->B > 0, W = S->B + 2;
     /* --split layers: one step in flight while the next one (the other sequences) begins, so
      * that the stages do not drain between steps; fly_*: the step in flight */
@@ -856,16 +862,43 @@ static void *sched_main(void *arg) {
                 if (kmax[nb] > 0 && S->p.spec_mode == DS41_SPEC_AUTO && S->curve.n > 0 &&
                     !ds41_spec_want_draft(q->s, &S->curve))
                     kmax[nb] = 0;
-                /* the followers propose too (or the owner, under --dp-attention) */
-                if (kmax[nb] > 0 && ds41_smirror_propose(S->p.mirror, S->e, q->s, q->next, blk + 1, S->conf + (size_t)nb * S->B)) {
-                    seq_finish(S, q, DS41_FIN_ERROR, ds41_session_error(q->s));
-                    continue;
-                }
-                /* drafts past the first one the grammar refuses cannot be accepted: not verified */
-                if (kmax[nb] > 0) kmax[nb] = ds41_lproc_valid_prefix(&q->proc, blk + 1, kmax[nb]);
             }
             nb++;
             budget--;
+        }
+        if (spec && nb > 0) {
+            /* the rows' proposals, together: the followers propose too (replicated), or under
+             * --dp-attention each owner its own, the ranks' proposals sharing the exchange's rounds */
+            int np = 0;
+            for (int r = 0; r < nb; r++) {
+                if (kmax[r] <= 0) continue;
+                ps[np] = bs[r];
+                pt[np] = bq[r]->next;
+                pids[np] = S->vblk + (size_t)r * W + 1;
+                pconf[np] = S->conf + (size_t)r * S->B;
+                np++;
+            }
+            if (np > 0) ds41_smirror_propose_all(S->p.mirror, S->e, np, ps, pt, pids, pconf, prc);
+            /* a failed proposal ends its sequence; the rows after it move up */
+            int k = 0;
+            for (int r = 0, p = 0; r < nb; r++) {
+                int failed = kmax[r] > 0 && prc[p++];
+                if (failed) {
+                    seq_finish(S, bq[r], DS41_FIN_ERROR, ds41_session_error(bq[r]->s));
+                    budget++;
+                    continue;
+                }
+                if (k != r) {
+                    bq[k] = bq[r]; bs[k] = bs[r]; bn[k] = bn[r]; kmax[k] = kmax[r];
+                    bi[k] = &bq[k]->next;
+                    memcpy(S->vblk + (size_t)k * W, S->vblk + (size_t)r * W, (size_t)W * sizeof *S->vblk);
+                    memcpy(S->conf + (size_t)k * S->B, S->conf + (size_t)r * S->B, (size_t)S->B * sizeof *S->conf);
+                }
+                /* drafts past the first one the grammar refuses cannot be accepted: not verified */
+                if (kmax[k] > 0) kmax[k] = ds41_lproc_valid_prefix(&bq[k]->proc, S->vblk + (size_t)k * W + 1, kmax[k]);
+                k++;
+            }
+            nb = k;
         }
         int n_dec = nb;
         if (spec && n_dec > 0) {
@@ -967,6 +1000,7 @@ static void *sched_main(void *arg) {
     }
     free(bs); free(bi); free(bn); free(bq); free(admitted); free(local); free(dropped);
     free(items); free(kmax); free(len); free(vrow); free(pos0);
+    free(ps); free(pt); free(pids); free(pconf); free(prc);
     free(fly_bq); free(fly_items); free(fly_pos0);
     return NULL;
 }

@@ -23,6 +23,15 @@
                                     2 with a grammar: a JSON object with seeded sampling, a JSON
                                     schema greedy with logprobs; 2 streamed): one line per
                                     request, as answers prints them
+  mpi_client.py grammars PORT       requests with a grammar, each twice in a row (under
+                                    --dp-attention an idle server gives the two to two ranks in
+                                    turn; with --spec the owner verifies the drafts with the
+                                    allowed tokens rank 0 sends for each row of a block): a JSON
+                                    schema greedy with logprobs, a regex with seeded sampling, a
+                                    forced tool call (chat) greedy with logprobs (two system
+                                    messages: a repeat would go to the rank whose prefix cache
+                                    holds its prompt); one line per request as answers prints
+                                    them; the two of each pair must be equal
   mpi_client.py fault PORT PID SIG  8 concurrent requests with long answers; once the streams
                                     are decoding, send SIG (STOP, KILL) to PID (a follower), or
                                     with PID "cmd", run the shell command SIG (a link down); every
@@ -60,9 +69,9 @@ def body(i, max_tokens):
     return b
 
 
-def post(port, b, on_chunk=None):
+def post(port, b, on_chunk=None, path="/v1/completions"):
     """(status, parsed reply or list of stream events)."""
-    req = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % port, json.dumps(b).encode(),
+    req = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path), json.dumps(b).encode(),
                                  {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
@@ -102,12 +111,12 @@ def summary(b, st, rep):
     return {"status": st, "text": text, "logprobs": lps, "finish": fin, "usage": usage, "error": err}
 
 
-def run_all(port, bodies, on_chunk=None):
+def run_all(port, bodies, on_chunk=None, path="/v1/completions"):
     out = [None] * len(bodies)
 
     def one(i):
         try:
-            st, rep = post(port, bodies[i], on_chunk)
+            st, rep = post(port, bodies[i], on_chunk, path)
             out[i] = summary(bodies[i], st, rep)
         except Exception as e:  # noqa: BLE001 - reported as the result
             out[i] = {"exception": str(e)}
@@ -189,6 +198,34 @@ def processed(port):
     return 1 if bad else 0
 
 
+def grammars(port):
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}
+    reqs = [
+        ("/v1/completions", {"prompt": "Abacus, n.", "max_tokens": 16, "temperature": 0, "logprobs": 2,
+                             "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+                                 "type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string"}},
+                                 "required": ["n", "s"]}}}}),
+        ("/v1/completions", {"prompt": "Telescope, n.", "max_tokens": 16, "temperature": 0.9, "top_k": 40, "seed": 17,
+                             "structured_outputs": {"regex": "[a-z]+( [a-z]+)*\\."}}),
+    ]
+    bad = 0
+    for path, b in reqs:
+        out = [summary(b, *post(port, b, path=path)) for _ in range(2)]
+        for o in out:
+            print(json.dumps(o, sort_keys=True))
+        bad += out[0] != out[1] or out[0].get("status") != 200 or bool(out[0].get("error"))
+    # the chat prompt (473 tokens) has whole prefix-cache blocks, which would draw the same
+    # request to the rank that held it: two system messages, so the two go to the two ranks
+    for sysmsg in ("You answer in English.", "You answer in French."):
+        b = {"messages": [{"role": "system", "content": sysmsg}, {"role": "user", "content": "What is the weather in Paris tomorrow?"}],
+             "max_tokens": 24, "temperature": 0, "logprobs": True, "top_logprobs": 2, "tools": [weather], "tool_choice": "required"}
+        o = summary(b, *post(port, b, path="/v1/chat/completions"))
+        print(json.dumps(o, sort_keys=True))
+        bad += o.get("status") != 200 or bool(o.get("error"))
+    return 1 if bad else 0
+
+
 def fault(port, pid, sig):
     bodies = [body(i, 2000) for i in range(8)]
     for b in bodies:
@@ -238,4 +275,6 @@ if __name__ == "__main__":
         sys.exit(whole(int(sys.argv[2])))
     if sys.argv[1] == "twice":
         sys.exit(twice(int(sys.argv[2])))
+    if sys.argv[1] == "grammars":
+        sys.exit(grammars(int(sys.argv[2])))
     sys.exit(fault(int(sys.argv[2]), sys.argv[3], sys.argv[4]))
