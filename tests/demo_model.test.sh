@@ -72,7 +72,8 @@ if [ -n "${DS41_ASAN:-}" ]; then
 fi
 compare demo_exact_verse_full "$VERSE" 12 all "--prefill full" ""
 compare demo_exact_long_full "$LONG" 8 all "--prefill full" ""
-compare demo_exact_long_ced "$LONG" 8 state "" ""
+# (CED on the long passage: demo_exact_long_chunked below is CED too, its chunks planned against
+# the prompt's end, and compares the same state files)
 compare demo_exact_long_official "$LONG" 8 all "--prefill full --index-k official" "--index-k official"
 compare demo_exact_long_chunked "$LONG" 4 state "--chunk 100" "--chunk 100"
 
