@@ -64,15 +64,19 @@ def wait_for(pat, t=20.0, start=0):
     return False
 exited = []
 def wait_answer(start, t=20.0):
-    """the echoed line's newline after start, then answer bytes after it (streamed tokens)"""
+    """the echoed line's newline after start, then answer bytes after it (streamed tokens): 8
+    bytes, or a shorter answer that ended (the answer is sampled: " Jf" and the end of sequence
+    happened) and the next prompt after it"""
     if not wait_for(b"\n", t, start):
         return False
     nl = buf.find(b"\n", start) + 1
+    def done():
+        return len(buf) >= nl + 8 or buf.find(b"\r\n> ", nl) > nl
     end = time.time() + t
-    while time.time() < end and len(buf) < nl + 8:
+    while time.time() < end and not done():
         if not read_for(0.05):
             break
-    return len(buf) >= nl + 8
+    return done()
 def alive():
     if exited:
         return False
