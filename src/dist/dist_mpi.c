@@ -700,9 +700,7 @@ int ds41_dist_step(int count, const long long *pos, const int *T, const int32_t 
 void ds41_dist_fatal(int code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fputs("ds41: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    ds41_vmessage(fmt, ap);
     va_end(ap);
     exit(code);
 }

@@ -19,13 +19,17 @@ int ds41_errf(ds41_err *err, const char *fmt, ...) {
     return -1;
 }
 
+void ds41_vmessage(const char *fmt, va_list ap) {
+    fputs("ds41: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
 void ds41_log(int level, const char *fmt, ...) {
     if (level > ds41_log_level) return;
     va_list ap;
     va_start(ap, fmt);
-    fputs("ds41: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    ds41_vmessage(fmt, ap);
     va_end(ap);
 }
 

@@ -5,6 +5,7 @@
 #ifndef DS41_COMMON_H
 #define DS41_COMMON_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -32,5 +33,8 @@ char *ds41_path_join(const char *dir, const char *name);
 /* Logger: the only global mutable state. Level 0 = quiet, 1 = info, 2 = debug. */
 extern int ds41_log_level;
 void ds41_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "ds41: " + the formatted message + newline on stderr, whatever the log level (ds41_log's
+ * output, and the one-process form of ds41_dist_fatal) */
+void ds41_vmessage(const char *fmt, va_list ap);
 
 #endif
