@@ -1097,12 +1097,15 @@ static inline int ilog2f(float v) {
 /* fp8_acts' range check moved out of the 32-row items: once per call and token, for each
  * 32-block of the activations a, the tile scale bytes e whose shuffle operands a * 2^(e - 7)
  * (ue8_lut120[e]) are all in range, as the interval [lo[b], hi[b]] (empty: lo 255, hi 0).
- * The same verdict as fp8_acts, exactly: with Emax, Emin = floor(log2) of the block's largest
- * and smallest nonzero |a|, an operand overflows iff Emax + e - 7 >= 128 (a power-of-two
- * scaling is exact below that), one is nonzero below 2^-14 iff Emin + e - 7 < -14, every
- * operand of e >= 135 is inf or NaN (ue8_lut120 is inf there, NaN at 255) and a non-finite
- * activation is never in range; so e is admitted iff -7 - Emin <= e <= min(134, 134 - Emax)
- * (an all-zero block: e <= 134). An item then checks nb bytes instead of 32 floats per block
+ * With Emax, Emin = floor(log2) of the block's largest and smallest nonzero |a|: an operand
+ * overflows iff Emax + e - 7 >= 128 (a power-of-two scaling is exact below that), the real
+ * product of one is below 2^-14 iff Emin + e - 7 < -14, every operand of e >= 135 is inf or NaN
+ * (ue8_lut120 is inf there, NaN at 255) and a non-finite activation is never in range; so e is
+ * admitted iff -7 - Emin <= e <= min(134, 134 - Emax) (an all-zero block: e <= 134). The same
+ * verdict as fp8_acts but in one case: a nonzero operand that underflows to 0 passes fp8_acts
+ * (it sees a zero) and is refused here; the item then takes F16C, whose operand (2^112 times
+ * smaller) is 0 as well, so the bits are the same and only the fallback counter differs
+ * (test_fp8_range_hoist). An item checks nb bytes instead of 32 floats per block
  * (fp8_range_ok) and only scales its activations. */
 static void fp8_ranges(const float *a, int nb, uint8_t *lo, uint8_t *hi) {
     const __m256 am = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), big = _mm256_set1_ps(FLT_MAX),
