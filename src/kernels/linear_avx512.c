@@ -27,7 +27,7 @@
 #define PFD 1024
 /* prefetch distance per row stream of the T = 1 decode kernels: 2048 against 1024 on the Zen 5
  * of docs/performance.md (bench_kernels --best --huge, one thread, interleaved call by call):
- * BF16 1.13-1.28x, FP4 1.07-1.09x, FP8 0.97-1.12x */
+ * BF16 1.13-1.28x, FP4 w1 1.06-1.14x and w2 0.98-1.02x, FP8 0.97-1.12x */
 #define DPFD 2048
 #define UNROLL _Pragma("GCC unroll 8")
 
