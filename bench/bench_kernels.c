@@ -1,11 +1,12 @@
 /* Kernel micro-benchmark: the fast linears at production shapes, against the machine's limits.
  *
- *   build/bench/bench_kernels [--quick] [--threads 1,2] [--T 1,8,64] [--only NAME] [--exact] [--resident]
- *                             [--isa avx2|avx512|avx512bf16|auto[,ISA...]]
+ *   build/bench/bench_kernels [--quick] [--threads 1,2] [--T 1,8,64] [--only NAME] [--exact] [--resident] [--huge]
+ *                             [--best] [--isa avx2|avx512|avx512bf16|auto[,ISA...]] [--e4m3 f16c|shuffle|vbmi[,...]]
  *
  * The ISA path of the fast kernels (CPUID, DS41_ISA or --isa) is printed first, with the FP4
  * products (vdpbf16ps or int16) and the start-up probe's vdpbf16ps / zmm FMA time ratio. A list
- * (--isa avx512,avx512bf16) interleaves the paths call by call in one run: each kernel line is
+ * (--isa avx512,avx512bf16, or --e4m3 shuffle,vbmi: the FP8 decodes of the T = 1 .. 8 kernels,
+ * DS41_E4M3's choices) interleaves the paths call by call in one run: each kernel line is
  * printed per path, the medians of the same rounds, and the later paths end with their speed
  * over the first's (time of the first / time of this one); the %fma probe is the first path's
  * register width. The integer dot
@@ -43,6 +44,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 static double now(void) {
@@ -55,8 +57,12 @@ static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
+/* --best: the fastest call instead of the median (on a machine shared with other jobs the
+ * fastest call is the one that ran alone; compare only runs made the same way) */
+static int best;
 static double median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_d);
+    if (best) return v[0];
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
@@ -67,6 +73,22 @@ static float urand(void) { return (float)(rnd() & 0xFFFFFF) / 16777216.0f * 2.0f
 static void *xmalloc(size_t n) {
     void *p = NULL;
     if (posix_memalign(&p, 64, n ? n : 64) != 0) { fprintf(stderr, "bench_kernels: out of memory (%zu B)\n", n); exit(1); }
+    return p;
+}
+
+/* --huge: the weights and the bandwidth probe's buffer on 2 MiB pages (MADV_HUGEPAGE on 2 MiB
+ * aligned buffers), as ds41 maps a checkpoint (safetensors.c) and as ds41 bench's probe reads;
+ * without it they are malloc'd, on 4 KiB pages where transparent huge pages are madvise-only */
+static int huge;
+static void *xmalloc_w(size_t n) {
+    const size_t H = (size_t)2 << 20;
+    if (!huge || n < H) return xmalloc(n);
+    void *p = NULL;
+    size_t len = (n + H - 1) / H * H;
+    if (posix_memalign(&p, H, len) != 0) { fprintf(stderr, "bench_kernels: out of memory (%zu B)\n", n); exit(1); }
+#ifdef MADV_HUGEPAGE
+    madvise(p, len, MADV_HUGEPAGE);
+#endif
     return p;
 }
 
@@ -363,7 +385,7 @@ static void wset_make(wset *ws, const shape *sh) {
     ws->wf = calloc((size_t)ws->n, sizeof *ws->wf);
     for (int c = 0; c < ws->n; c++) {
         if (sh->kind == K_FP8 || sh->kind == K_DQ || sh->kind == K_FP4) {
-            ws->w[c] = xmalloc(wbytes);
+            ws->w[c] = xmalloc_w(wbytes);
             ws->s[c] = xmalloc(sbytes);
             if (sh->kind == K_FP4) {
                 uint32_t *p = (uint32_t *)ws->w[c];
@@ -374,10 +396,10 @@ static void wset_make(wset *ws, const shape *sh) {
             }
             for (size_t i = 0; i < sbytes; i++) ws->s[c][i] = (uint8_t)(117 + rnd() % 6);
         } else if (sh->kind == K_BF16) {
-            ws->wb[c] = xmalloc(wbytes);
+            ws->wb[c] = xmalloc_w(wbytes);
             for (size_t i = 0; i < out * in; i++) ws->wb[c][i] = ds41_bf16_from_f32(urand() * 0.05f);
         } else {
-            ws->wf[c] = xmalloc(wbytes);
+            ws->wf[c] = xmalloc_w(wbytes);
             for (size_t i = 0; i < out * in; i++) ws->wf[c][i] = urand() * 0.05f;
         }
     }
@@ -415,11 +437,26 @@ static int parse_list(const char *s, int *v, int max) {
     return n;
 }
 
+/* --e4m3: the FP8 decode of the T = 1 .. 8 kernels (DS41_E4M3's choices), one or a list to
+ * interleave call by call */
+static int set_dec(const char *t);
+static void set_path(int isa, const char *p) {
+    if (isa) ds41_kernels_set_isa(p);
+    else set_dec(p);
+}
+static int set_dec(const char *t) {
+    if (!strcmp(t, "f16c")) ds41_fast_e4m3_shuffle = 0;
+    else if (!strcmp(t, "shuffle")) ds41_fast_e4m3_shuffle = 1;
+    else if (!strcmp(t, "vbmi")) ds41_fast_e4m3_shuffle = 2;
+    else return -1;
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int threads[8] = { 1, 2 }, n_thr = 2, Ts[8] = { 1, 8, 64 }, n_T = 3, quick = 0, exact = 0, probes = 1;
     const char *only = NULL;
-    char isa_buf[256] = "", *isas[4];
-    int n_isa = 0;
+    char isa_buf[256] = "", *isas[4], dec_buf[256] = "", *decs[8];
+    int n_isa = 0, n_dec = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
             snprintf(isa_buf, sizeof isa_buf, "%s", argv[++i]);
@@ -432,15 +469,28 @@ int main(int argc, char **argv) {
             ds41_kernels_set_isa(isas[0]);
             continue;
         }
+        if (!strcmp(argv[i], "--e4m3") && i + 1 < argc) {
+            snprintf(dec_buf, sizeof dec_buf, "%s", argv[++i]);
+            n_dec = 0;
+            for (char *t = strtok(dec_buf, ","); t && n_dec < 8; t = strtok(NULL, ",")) {
+                if (set_dec(t) != 0) { fprintf(stderr, "bench_kernels: --e4m3 %s: not f16c, shuffle or vbmi\n", t); return 2; }
+                decs[n_dec++] = t;
+            }
+            if (n_dec == 0) { fprintf(stderr, "bench_kernels: --e4m3: empty list\n"); return 2; }
+            set_dec(decs[0]);
+            continue;
+        }
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--exact")) exact = 1;
         else if (!strcmp(argv[i], "--no-probes")) probes = 0;
         else if (!strcmp(argv[i], "--resident")) resident = 1;
+        else if (!strcmp(argv[i], "--huge")) huge = 1;
+        else if (!strcmp(argv[i], "--best")) best = 1;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) n_thr = parse_list(argv[++i], threads, 8);
         else if (!strcmp(argv[i], "--T") && i + 1 < argc) n_T = parse_list(argv[++i], Ts, 8);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else {
-            fprintf(stderr, "usage: bench_kernels [--quick] [--exact] [--no-probes] [--resident] [--threads 1,2] [--T 1,8,64] [--only SUBSTR] [--isa avx2|avx512|avx512bf16|auto[,ISA...]]\n");
+            fprintf(stderr, "usage: bench_kernels [--quick] [--exact] [--no-probes] [--resident] [--huge] [--best] [--threads 1,2] [--T 1,8,64] [--only SUBSTR] [--isa avx2|avx512|avx512bf16|auto[,ISA...]] [--e4m3 f16c|shuffle|vbmi[,...]]\n");
             return 2;
         }
         if (n_thr < 1 || n_T < 1) { fprintf(stderr, "bench_kernels: bad list\n"); return 2; }
@@ -464,13 +514,15 @@ int main(int argc, char **argv) {
         printf("; vdpbf16ps / zmm FMA time per instruction %.2f, auto takes vdpbf16ps at <= %.2f", ds41_kernels_bf16_ratio(),
                DS41_BF16_RATIO_MAX);
     printf(")\n");
-    const int nv = n_isa > 1 ? n_isa : 1;   /* paths interleaved per call */
+    if (n_isa > 1 && n_dec > 1) { fprintf(stderr, "bench_kernels: --isa and --e4m3 lists cannot both interleave\n"); return 2; }
+    const int nv = n_isa > 1 ? n_isa : n_dec > 1 ? n_dec : 1;   /* paths interleaved per call */
+    char **paths = n_isa > 1 ? isas : decs;
     const int zmm_peak = !strcmp(ds41_kernels_isa(), "avx512");
     if (probes) {
         printf("== machine probes\n");
         printf("clock (dependent integer adds): %.2f GHz\n", probe_clock());
         size_t n = (size_t)128 << 20;   /* floats: 512 MiB */
-        float *buf = xmalloc(n * 4);
+        float *buf = xmalloc_w(n * 4);
         for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 7);
         for (int i = 0; i < n_thr; i++) {
             double bw = probe_bw(&ctxs[i], buf, n, quick ? 3 : 7);
@@ -528,10 +580,10 @@ int main(int argc, char **argv) {
                 int c = 0;
                 /* warm-up: one pass over every copy (page faults, pool start), every path */
                 for (int v = 0; v < nv; v++) {
-                    if (nv > 1) ds41_kernels_set_isa(isas[v]);
+                    if (nv > 1) set_path(n_isa > 1, paths[v]);
                     for (int w = 0; w < ws.n && w < 64; w++) call(ctx, sh, &ws, w, x, T, y);
                 }
-                if (nv > 1) ds41_kernels_set_isa(isas[0]);
+                if (nv > 1) set_path(n_isa > 1, paths[0]);
                 static double times[4][4096], ptimes[4096];
                 int n = 0;
                 /* the FMA probe alongside (prefill lines): a third of one call's time at the
@@ -553,7 +605,7 @@ int main(int argc, char **argv) {
                      * order rotated round by round (no path always first or last) */
                     for (int i = 0; i < nv; i++) {
                         int v = (n + i) % nv;
-                        if (nv > 1) ds41_kernels_set_isa(isas[v]);
+                        if (nv > 1) set_path(n_isa > 1, paths[v]);
                         double t0 = now();
                         call(ctx, sh, &ws, c, x, T, y);
                         times[v][n] = now() - t0;
@@ -562,7 +614,7 @@ int main(int argc, char **argv) {
                     if (piters) ptimes[n] = fma_time(ctx, threads[hi], zmm_peak, piters);
                     n++;
                 }
-                if (nv > 1) ds41_kernels_set_isa(isas[0]);
+                if (nv > 1) set_path(n_isa > 1, paths[0]);
                 double pk = piters ? (double)threads[hi] * piters * 12.0 * (zmm_peak ? 16.0 : 8.0) / median(ptimes, n) / 1e9 : 0;
                 double med0 = 0;
                 for (int v = 0; v < nv; v++) {
@@ -578,9 +630,9 @@ int main(int argc, char **argv) {
                     else if (v == 0 && t1_of[hi] > 0) printf(" %6.2fx", med / t1_of[hi]);
                     else printf(" %7s", "");
                     if (pk > 0) printf("  peak alongside %.1f GMAC/s", pk);
-                    if (nv > 1) printf("  [%s]", isas[v]);
+                    if (nv > 1) printf("  [%s]", paths[v]);
                     if (v == 0) med0 = med;
-                    else printf(" %.2fx the %s speed", med0 / med, isas[0]);
+                    else printf(" %.2fx the %s speed", med0 / med, paths[0]);
                     if (v == 0 && ds41_exact_chain_rows > chain0)   /* exact dense T = 1: rows not certified */
                         printf("  chain %.2f%%", 100.0 * (double)(ds41_exact_chain_rows - chain0) / ((double)n * nv * sh->out * T));
                     printf("\n");

@@ -723,7 +723,7 @@ static void test_fp8_shuffle_decode(void) {
                         static const uint8_t sb[7] = { 0, 1, 120, 127, 134, 135, 200 };
                         if (wk) for (int i = 0; i < nbo * nbi; i++) m.s8[i] = sb[rnd() % 7];
                         float *x = malloc((size_t)T * in * 4), *y0 = malloc((size_t)T * out * 4),
-                              *y1 = malloc((size_t)T * out * 4);
+                              *y1 = malloc((size_t)T * out * 4), *y2 = malloc((size_t)T * out * 4);
                         if (ak == 1) fill_adversarial(x, T * in);
                         else for (int i = 0; i < T * in; i++)
                             x[i] = ds41_bf16_round(urand() * (ak == 2 ? 3e6f : ak == 3 ? 1e-38f : 1.0f));
@@ -731,28 +731,99 @@ static void test_fp8_shuffle_decode(void) {
                         for (int th = 0; th < 2; th++) {
                             const ds41_ctx *c = th ? &FA2 : &FA;
                             long long it0 = ds41_fast_e4m3s_items, fb0 = ds41_fast_e4m3s_fallbacks;
-                            for (int sh = 0; sh < 2; sh++) {
+                            for (int sh = 0; sh < 3; sh++) {   /* F16C, shuffle, vbmi */
                                 ds41_fast_e4m3_shuffle = sh;
-                                float *y = sh ? y1 : y0;
+                                float *y = sh == 2 ? y2 : sh ? y1 : y0;
                                 if (kind == 0) ds41_linear_fp8(c, &f8, x, T, y);
                                 else ds41_linear_fp8_dq(c, &f8, 0, out, x, kin, T, y, out);
                             }
                             ds41_fast_e4m3_shuffle = -1;
                             long long its = ds41_fast_e4m3s_items - it0, fbs = ds41_fast_e4m3s_fallbacks - fb0;
-                            int d = count_diff(y0, y1, T * out);
-                            CHECK(d == 0, "%s %dx%d T=%d weights %d acts %d threads %d: shuffle decode differs in %d of %d",
-                                  kind ? "fp8_dq" : "fp8", out, kin, T, wk, ak, th + 1, d, T * out);
+                            int d = count_diff(y0, y1, T * out), d2 = count_diff(y0, y2, T * out);
+                            CHECK(d == 0 && d2 == 0,
+                                  "%s %dx%d T=%d weights %d acts %d threads %d: shuffle / vbmi decode differ in %d / %d of %d",
+                                  kind ? "fp8_dq" : "fp8", out, kin, T, wk, ak, th + 1, d, d2, T * out);
                             if (wk == 0 && ak == 0)
                                 CHECK(its > 0 && fbs == 0, "random operands: %lld shuffle items, %lld fallbacks", its, fbs);
                             if (ak == 2 || (ak == 3 && kind == 1) || wk == 1)
                                 CHECK(fbs > 0, "weights %d acts %d: out of the shuffle range, %lld fallbacks (%lld items)", wk, ak, fbs, its);
                             cases++;
                         }
-                        free(x); free(y0); free(y1);
+                        free(x); free(y0); free(y1); free(y2);
                         mats_free(&m);
                     }
-    printf("  FP8 shuffle decode: %d cases bit-identical to F16C\n", cases);
+    printf("  FP8 shuffle and vbmi decodes: %d cases bit-identical to F16C (vbmi kernel %s)\n", cases,
+           ds41_kernels_isa_supported("avx512") && __builtin_cpu_supports("avx512vbmi") ? "run on avx512" : "not on this CPU");
     ds41_pool_destroy(pool);
+}
+
+/* The shuffle decode's operand check, made once per call and token (per-block ranges of the tile
+ * scale bytes, fp8_ranges) instead of on the scaled operands of every 32-row item (fp8_acts).
+ * The ranges must never admit what the per-item check refuses (an operand that is inf, NaN or
+ * a nonzero below 2^-14 would not give the F16C decode's bits), and must admit everything it
+ * admits, except one case they refuse on purpose: a nonzero activation whose operand a * 2^(e-7)
+ * underflows to 0 (the per-item check sees a zero; the call then takes the F16C decode, whose
+ * operand underflows as well: the same bits either way, only the fallback counter differs).
+ * Rows of 40 blocks (32 through the vector compare, 8 through its scalar tail) with blocks of
+ * every kind: E4M3-like values at every exponent from 2^-149 to 2^127, all zeros, signed
+ * zeros, one nonzero element, a huge or tiny outlier, inf, NaN, subnormals; every scale byte
+ * 0 .. 255 against each block alone, and in rows where the other blocks are admitted. */
+static int fp8_underflows(const float *a, const uint8_t *st, int nb) {
+    for (int b = 0; b < nb; b++) {
+        if (st[b] > 134) continue;
+        float L = ldexpf(1.0f, (int)st[b] - 7);
+        for (int i = 0; i < 32; i++)
+            if (a[32 * b + i] != 0.0f && a[32 * b + i] * L == 0.0f) return 1;
+    }
+    return 0;
+}
+
+static void test_fp8_range_hoist(void) {
+    enum { NB = 40 };
+    float a[NB * 32];
+    uint8_t st[NB], ok[NB];
+    long agree_in = 0, agree_out = 0, strict = 0, unsound = 0, differ = 0;
+    for (int trial = 0; trial < 30; trial++) {
+        int kind = trial % 10, ex = (int)(rnd() % 280) - 150;
+        for (int i = 0; i < NB * 32; i++) {
+            float v = ldexpf(1.0f + (float)(rnd() & 7) / 8.0f, ex - (int)(rnd() % 12)) * ((rnd() & 1) ? -1.0f : 1.0f);
+            if (kind == 1) v = 0.0f;
+            if (kind == 2) v = (rnd() & 1) ? -0.0f : 0.0f;
+            if (kind == 3 && i % 32) v = 0.0f;
+            if (kind == 4 && i % 32 == 5) v = ldexpf(1.0f, 120);
+            if (kind == 5 && i % 32 == 7) v = ldexpf(1.0f, -140);
+            if (kind == 6 && i % 32 == 0 && rnd() % 4 == 0) v = __builtin_inff();
+            if (kind == 7 && i % 97 == 3) v = __builtin_nanf("");
+            if (kind == 8) v = ldexpf((float)(rnd() % 4), -148 + (int)(rnd() % 3));   /* subnormals and zeros */
+            if (kind == 9) v = ldexpf(1.0f, (int)(rnd() % 250) - 125);   /* any exponent in one block */
+            a[i] = v;
+        }
+        for (int r = 0; r <= NB; r++) {   /* r < NB: block r alone, every byte; r == NB: whole rows */
+            for (int e = 0; e < 256; e++) {
+                const float *ar = r < NB ? a + 32 * r : a;
+                int nb = r < NB ? 1 : NB;
+                if (r < NB) st[0] = (uint8_t)e;
+                else {
+                    for (int b = 0; b < NB; b++) st[b] = ok[b];
+                    st[rnd() % NB] = (uint8_t)e;
+                }
+                int per = 0, v = ds41_fast_fp8_range_verdicts(ar, st, nb, &per);
+                if (v == per) {
+                    if (v) agree_in++;
+                    else agree_out++;
+                } else if (v) unsound++;
+                else if (fp8_underflows(ar, st, nb)) strict++;
+                else differ++;
+                if (r < NB && v && (e == 0 || rnd() % 4 == 0)) ok[r] = (uint8_t)e;   /* a byte block r admits */
+                if (r < NB && e == 0 && !v) ok[r] = 0;
+            }
+        }
+    }
+    CHECK(unsound == 0 && differ == 0 && agree_in > 0 && agree_out > 0 && strict > 0,
+          "FP8 operand range per call against per item: %ld admitted wrongly, %ld refused wrongly, %ld agree in range, "
+          "%ld out, %ld refused for an operand underflowing to 0", unsound, differ, agree_in, agree_out, strict);
+    printf("  FP8 operand ranges per call: %ld verdicts equal to the per-item check (%ld in range), %ld stricter "
+           "(an operand underflowing to 0)\n", agree_in + agree_out, agree_in, strict);
 }
 
 /* ---------------------------------------------------------------- exact kernels at speed */
@@ -1191,17 +1262,21 @@ int main(void) {
         RUN_CASE(test_fast_few_rows);
         RUN_CASE(test_fp8_shuffle_decode);
     }
-    /* the T = 1 .. 8 FP8 tests again with the other decode than the auto choice, every ISA */
-    for (int ii = 0; ii < 2; ii++) {
-        if (ds41_kernels_set_isa(isas[ii]) != 0) continue;
-        ds41_fast_e4m3_shuffle = !ds41_fast_e4m3_shuffle_auto();
-        printf("  -- fast kernels: %s, FP8 decode %s\n", ds41_kernels_isa(), ds41_fast_e4m3_shuffle ? "shuffle" : "F16C");
-        RUN_CASE(test_linear_hand);
-        RUN_CASE(test_linear_fast_vs_exact);
-        RUN_CASE(test_fast_row_independence);
-        RUN_CASE(test_fast_few_rows);
-        ds41_fast_e4m3_shuffle = -1;
-    }
+    RUN_CASE(test_fp8_range_hoist);
+    /* the T = 1 .. 8 FP8 tests again with the other decodes than the auto choice, every ISA */
+    for (int ii = 0; ii < 2; ii++)
+        for (int dec = 0; dec < 3; dec++) {
+            /* vbmi runs the shuffle decode where the ISA or the CPU has no AVX-512 VBMI kernel */
+            int same = ii == 0 || !__builtin_cpu_supports("avx512vbmi"), au = ds41_fast_e4m3_shuffle_auto();
+            if (ds41_kernels_set_isa(isas[ii]) != 0 || dec == au || (same && dec + au == 3)) continue;
+            ds41_fast_e4m3_shuffle = dec;
+            printf("  -- fast kernels: %s, FP8 decode %s\n", ds41_kernels_isa(), ds41_kernels_fp8_decode());
+            RUN_CASE(test_linear_hand);
+            RUN_CASE(test_linear_fast_vs_exact);
+            RUN_CASE(test_fast_row_independence);
+            RUN_CASE(test_fast_few_rows);
+            ds41_fast_e4m3_shuffle = -1;
+        }
     ds41_kernels_set_isa("auto");
     /* T = 9 .. 64 on the prefill panels: T = 1 against the panels' own decode, every kind */
     for (int ii = 0; ii < 2; ii++) {

@@ -25,6 +25,10 @@
 
 #define KC DS41_KC
 #define PFD 1024
+/* prefetch distance per row stream of the T = 1 decode kernels: 2048 against 1024 on the Zen 5
+ * of docs/performance.md (bench_kernels --best --huge, one thread, interleaved call by call):
+ * BF16 1.13-1.28x, FP4 w1 1.06-1.14x and w2 0.98-1.02x, FP8 0.97-1.12x */
+#define DPFD 2048
 #define UNROLL _Pragma("GCC unroll 8")
 
 static inline float hsum8(__m256 v) {
@@ -76,6 +80,26 @@ static inline __m512 e4m3x16_s(const uint8_t *p) { return e4m3_s(_mm_loadu_si128
 static inline __m512 e4m3x8_s(const uint8_t *p) { return e4m3_s(_mm_loadl_epi64((const __m128i *)p)); }
 static inline __m512 e4m3x8_hz(const uint8_t *p) { return zext(e4m3x8_h(p)); }
 
+/* VBMI decode (DS41_E4M3=vbmi, auto on AMD CPUs with AVX-512 VBMI): 32 codes, one byte permute
+ * with zeroing (vpermb) puts code i at byte 1 and code 16 + i at byte 3 of dword i; vpmaddwd by
+ * 4096 (the low word, (int8) c * 256, times 2^12, the high word times 0) gives (int8) c * 2^20
+ * for the first 16, an arithmetic shift by 4 the same for the second 16, and the mask leaves
+ * sign (bit 31) and eeeemmm (bits 26..20): e4m3 * 2^-120, e4m3_s's FP32 patterns, bit for bit.
+ * Per 32 weights one load, one permute, one multiply-add, one shift, two masks and two FMAs,
+ * against two broadcasts, two shuffles, two shifts and two masks; the shift and the shuffles
+ * share two of Zen's four vector pipes, vpmaddwd takes another. */
+static const uint8_t perm_e4m3v[64] __attribute__((aligned(64))) = {
+    0, 0, 0, 16, 0, 1, 0, 17, 0, 2, 0, 18, 0, 3, 0, 19, 0, 4, 0, 20, 0, 5, 0, 21, 0, 6, 0, 22, 0, 7, 0, 23,
+    0, 8, 0, 24, 0, 9, 0, 25, 0, 10, 0, 26, 0, 11, 0, 27, 0, 12, 0, 28, 0, 13, 0, 29, 0, 14, 0, 30, 0, 15, 0, 31 };
+__attribute__((target("avx512vbmi"))) static inline void e4m3x32_v(const uint8_t *p, __m512i idx, __m512 *v0,
+                                                                   __m512 *v1) {
+    __m512i x = _mm512_maskz_permutexvar_epi8(0xAAAAAAAAAAAAAAAAull, idx,
+                                              _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)));
+    const __m512i m = _mm512_set1_epi32((int)0x87F00000);
+    *v0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_madd_epi16(x, _mm512_set1_epi32(4096)), m));
+    *v1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_srai_epi32(x, 4), m));
+}
+
 /* ---------------------------------------------------------------- decode */
 
 #define DOT8(R, X, D16, D8)                                                                           \
@@ -87,7 +111,7 @@ static inline __m512 e4m3x8_hz(const uint8_t *p) { return zext(e4m3x8_h(p)); }
         for (; k + 16 <= in; k += 16) {                                                           \
             if (!(k & 63)) {                                                                      \
                 if (nxt) ds41_pf_next(w, ld, (size_t)k, R);                                       \
-                else ds41_pf_rows(w, ld, (size_t)k + PFD, R);                                     \
+                else ds41_pf_rows(w, ld, (size_t)k + DPFD, R);                                    \
             }                                                                                     \
             __m512 a = _mm512_loadu_ps(a2 + k);                                                   \
             UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_fmadd_ps(D16(w + r * ld + k), a, c[r]); \
@@ -99,6 +123,43 @@ static inline __m512 e4m3x8_hz(const uint8_t *p) { return zext(e4m3x8_h(p)); }
 DOT8(8, , e4m3x16_h, e4m3x8_hz) DOT8(1, , e4m3x16_h, e4m3x8_hz)
 DOT8(8, s, e4m3x16_s, e4m3x8_s) DOT8(1, s, e4m3x16_s, e4m3x8_s)
 
+/* dot8s_8 with the VBMI decode, 64 codes a row per step (one prefetch per step, no test per 16),
+ * the 8 row addresses from two bases and two offsets (ld, 3 ld; 2 ld as a scaled index): the
+ * 16-code loop of DOT8 kept 6 of its 8 row offsets in vector registers for want of GPRs and
+ * moved them back every step. The FMAs on each row's accumulator in DOT8's order (pairs of
+ * chunks in increasing K), so the same bits. The 16- and 8-code tails as dot8s_8. */
+#define ROW8(q0, q4, ld, l3, r) ((r) < 4 ? ((r) == 0 ? (q0) : (r) == 1 ? (q0) + (ld) : (r) == 2 ? (q0) + 2 * (ld) : (q0) + (l3)) \
+                                         : ((r) == 4 ? (q4) : (r) == 5 ? (q4) + (ld) : (r) == 6 ? (q4) + 2 * (ld) : (q4) + (l3)))
+__attribute__((target("avx512vbmi"))) static void dot8v_8(const uint8_t *w, size_t ld, int in, const float *a2, float *out) {
+    const __m512i idx = _mm512_load_si512(perm_e4m3v);
+    __m512 c[8];
+    UNROLL for (int r = 0; r < 8; r++) c[r] = _mm512_setzero_ps();
+    const int nxt = (size_t)8 * ld <= DS41_PF_NEXT_MAX;
+    const size_t l3 = 3 * ld;
+    int k = 0;
+    for (; k + 64 <= in; k += 64) {
+        if (nxt) ds41_pf_next(w, ld, (size_t)k, 8);
+        else ds41_pf_rows(w, ld, (size_t)k + DPFD, 8);
+        const uint8_t *q0 = w + k, *q4 = q0 + 4 * ld;
+        UNROLL for (int j = 0; j < 2; j++) {
+            __m512 a0 = _mm512_loadu_ps(a2 + k + 32 * j), a1 = _mm512_loadu_ps(a2 + k + 32 * j + 16);
+            UNROLL for (int r = 0; r < 8; r++) {
+                __m512 v0, v1;
+                e4m3x32_v(ROW8(q0, q4, ld, l3, r) + 32 * j, idx, &v0, &v1);
+                c[r] = _mm512_fmadd_ps(v0, a0, c[r]);
+                c[r] = _mm512_fmadd_ps(v1, a1, c[r]);
+            }
+        }
+    }
+    for (; k + 16 <= in; k += 16) {
+        __m512 a = _mm512_loadu_ps(a2 + k);
+        UNROLL for (int r = 0; r < 8; r++) c[r] = _mm512_fmadd_ps(e4m3x16_s(w + r * ld + k), a, c[r]);
+    }
+    if (k < in) UNROLL for (int r = 0; r < 8; r++)
+        c[r] = _mm512_fmadd_ps(e4m3x8_s(w + r * ld + k), zext(_mm256_loadu_ps(a2 + k)), c[r]);
+    UNROLL for (int r = 0; r < 8; r++) out[r] = hsum16(c[r]);
+}
+
 static void dec_e4m3(const uint8_t *w, size_t ld, int nr, int in, const float *a2, float *out) {
     int r = 0;
     for (; r + 8 <= nr; r += 8) dot8_8(w + (size_t)r * ld, ld, in, a2, out + r);
@@ -106,6 +167,8 @@ static void dec_e4m3(const uint8_t *w, size_t ld, int nr, int in, const float *a
 }
 static void dec_e4m3s(const uint8_t *w, size_t ld, int nr, int in, const float *a2, float *out) {
     int r = 0;
+    if (ds41_fast_e4m3_vbmi())
+        for (; r + 8 <= nr; r += 8) dot8v_8(w + (size_t)r * ld, ld, in, a2, out + r);
     for (; r + 8 <= nr; r += 8) dot8s_8(w + (size_t)r * ld, ld, in, a2, out + r);
     for (; r < nr; r++) dot8s_1(w + (size_t)r * ld, ld, in, a2, out + r);
 }
@@ -129,7 +192,7 @@ static inline __m512i e2m1_tab(void) { return _mm512_load_si512(e2m1_tab32); }
         UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();                            \
         int b = 0;                                                                                \
         for (; b + 2 <= nb; b += 2) {                                                             \
-            if (!(b & 3)) ds41_pf_rows(w, ld, (size_t)16 * b + PFD, R);                           \
+            if (!(b & 3)) ds41_pf_rows(w, ld, (size_t)16 * b + DPFD, R);                          \
             __m512i ae = _mm512_load_si512(aw + 32 * b), ao = _mm512_load_si512(aw + 32 * b + 32);   \
             __m512 sa = _mm512_load_ps(sav + 8 * b);                                              \
             UNROLL for (int r = 0; r < R; r++) {                                                  \
@@ -172,7 +235,7 @@ static void dec_fp4(const uint8_t *w, size_t ld, const uint8_t *s, size_t lds, i
         UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();                            \
         int g = 0;                                                                                \
         for (; g + 2 <= n16; g += 2) {                                                            \
-            ds41_pf_rows(w, 2 * ld, (size_t)32 * g + PFD, R);                                     \
+            ds41_pf_rows(w, 2 * ld, (size_t)32 * g + DPFD, R);                                    \
             __m512 ae = _mm512_loadu_ps(a + 16 * g), ao = _mm512_loadu_ps(a + 16 * g + 16);      \
             UNROLL for (int r = 0; r < R; r++) {                                                  \
                 __m512i v = _mm512_loadu_si512(w + r * ld + 16 * g);                              \

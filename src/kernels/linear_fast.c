@@ -94,6 +94,7 @@ static float ue8_lut120[256];  /* ue8m0(e) * 2^120 (the shuffle decode's 2^120; 
 int ds41_fast_e4m3_shuffle = -1;
 long long ds41_fast_e4m3s_items, ds41_fast_e4m3s_fallbacks;
 static int e4m3s_default;      /* the auto choice of the FP8 decode, set by isa_init */
+static int cpu_vbmi;           /* AVX-512 VBMI (vpermb), set by isa_init */
 static inline int e4m3s_on(const ds41_fast_ops *ops) {
     int on = ds41_fast_e4m3_shuffle < 0 ? e4m3s_default : ds41_fast_e4m3_shuffle;
     return on && ops->dec_e4m3s != NULL;
@@ -193,11 +194,22 @@ static inline __m256 e4m3_s(__m256i b, int half) {
     __m256i x = _mm256_shuffle_epi8(b, _mm256_load_si256((const __m256i *)(ds41_shuf_e4m3 + 32 * half)));
     return _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(x, 4), _mm256_set1_epi32((int)0x87F00000)));
 }
-/* 16 E4M3 codes -> two vectors of e4m3 * 2^-120 */
+/* 16 E4M3 codes -> two vectors of e4m3 * 2^-120, e4m3_s's patterns with one byte shuffle: code i
+ * goes to byte 1 and code 8 + i to byte 3 of dword i; vpmaddwd by 4096 (the low word, (int8) c *
+ * 256, times 2^12; the high word times 0) gives (int8) c * 2^20 for codes 0..7, the arithmetic
+ * shift by 4 the same for codes 8..15, the mask keeps sign and eeeemmm. Against e4m3_s twice it
+ * issues one shuffle and one shift instead of two of each (on Zen both share two of the four
+ * vector pipes; vpmaddwd runs on another): bench_kernels --isa avx2 --best --huge T = 1, one
+ * thread, interleaved call by call, 1.07-1.16x on every FP8 shape (docs/performance.md). */
+static const int8_t shuf_e4m3m[32] __attribute__((aligned(32))) = {
+    -1, 0, -1, 8, -1, 1, -1, 9, -1, 2, -1, 10, -1, 3, -1, 11,
+    -1, 4, -1, 12, -1, 5, -1, 13, -1, 6, -1, 14, -1, 7, -1, 15 };
 static inline void e4m3x16_s(const uint8_t *p, __m256 *lo, __m256 *hi) {
-    __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
-    *lo = e4m3_s(b, 0);
-    *hi = e4m3_s(b, 1);
+    __m256i x = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p)),
+                                    _mm256_load_si256((const __m256i *)shuf_e4m3m));
+    const __m256i m = _mm256_set1_epi32((int)0x87F00000);
+    *lo = _mm256_castsi256_ps(_mm256_and_si256(_mm256_madd_epi16(x, _mm256_set1_epi32(4096)), m));
+    *hi = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(x, 4), m));
 }
 /* 8 E4M3 codes -> e4m3 * 2^-120 (reads 8 bytes) */
 static inline __m256 e4m3x8_s(const uint8_t *p) {
@@ -805,7 +817,9 @@ static int bf16_auto(void) {
 static void isa_init(void) {
     luts_fill();
     const char *d = getenv("DS41_E4M3");
-    e4m3s_default = d && !strcmp(d, "f16c") ? 0 : d && !strcmp(d, "shuffle") ? 1 : __builtin_cpu_is("amd");
+    cpu_vbmi = __builtin_cpu_supports("avx512vbmi");
+    e4m3s_default = d && !strcmp(d, "f16c") ? 0 : d && !strcmp(d, "shuffle") ? 1 : d && !strcmp(d, "vbmi") ? 2
+                  : __builtin_cpu_is("amd") ? 2 : 0;
     const char *e = getenv("DS41_ISA");
     int dflt = !e || !*e || !strcmp(e, "auto");
     g_ops = &ops_avx2;
@@ -825,7 +839,14 @@ int ds41_fast_e4m3_shuffle_auto(void) {
     ds41_fast_ops_get();
     return e4m3s_default;
 }
-const char *ds41_kernels_fp8_decode(void) { return e4m3s_on(ds41_fast_ops_get()) ? "shuffle" : "f16c"; }
+int ds41_fast_e4m3_vbmi(void) {
+    const ds41_fast_ops *ops = ds41_fast_ops_get();
+    int on = ds41_fast_e4m3_shuffle < 0 ? e4m3s_default : ds41_fast_e4m3_shuffle;
+    return on == 2 && cpu_vbmi && ops != &ops_avx2;
+}
+const char *ds41_kernels_fp8_decode(void) {
+    return ds41_fast_e4m3_vbmi() ? "vbmi" : e4m3s_on(ds41_fast_ops_get()) ? "shuffle" : "f16c";
+}
 /* the BF16 road of the ops: non-NULL for the AVX-512 ops with ds41_fast_bf16_on */
 static const ds41_fast_bf16 *bf16_of(const ds41_fast_ops *ops) {
     return ops != &ops_avx2 && __atomic_load_n(&ds41_fast_bf16_on, __ATOMIC_RELAXED) ? ds41_fast_bf16_avx512() : NULL;
@@ -971,6 +992,10 @@ typedef struct fjob {
                                 * activations (mid_acts); NULL: the other paths */
     const int16_t *ab;         /* FP4 prefill panels on the BF16 road: aw as BF16 words (stride
                                 * ldaw); NULL: the int16 road */
+    const uint8_t *rng;        /* FP8 / DQ, T <= DS41_FEW_MAX with the shuffle decode asked for: per
+                                * token, the tile scale bytes each 32-block admits (fp8_ranges:
+                                * nb low bounds, then nb high bounds); NULL: fp8_acts checks the
+                                * operands per item */
 } fjob;
 
 /* Rows [r0, r1) (relative to row0) of item it. */
@@ -1028,6 +1053,15 @@ static void finish_acc(const fjob *j, int r0, int nr, const float *acc) {
         }
 }
 
+/* o = a * lut[st[b]] per 32-block b (the FP8 decodes' activation operands, no checks) */
+static void fp8_scale(const float *a, const uint8_t *st, int nb, const float *lut, float *o) {
+    for (int b = 0; b < nb; b++) {
+        __m256 sc = _mm256_set1_ps(lut[st[b]]);
+        for (int q = 0; q < 4; q++)
+            _mm256_storeu_ps(o + 32 * b + 8 * q, _mm256_mul_ps(_mm256_loadu_ps(a + 32 * b + 8 * q), sc));
+    }
+}
+
 /* FP8 T = 1 .. DS41_FEW_MAX: o = a * s_tile * 2^8 per 32 (the F16C decode's operand), or, with
  * shuffle set, a * s_tile * 2^120 (the shuffle decode's). Returns 0 when some shuffle operand is
  * not a finite FP32 with |v| >= 2^-14 or 0 (a * s_tile >= 2^8, a scale byte above 134, a NaN, or
@@ -1053,12 +1087,108 @@ static int fp8_acts(const float *a, const uint8_t *st, int nb, int shuffle, floa
     return _mm256_movemask_ps(bad) == 0;
 }
 
+/* floor(log2 v) of a finite v > 0, subnormals included */
+static inline int ilog2f(float v) {
+    uint32_t u = ds41_f32_bits(v) & 0x7FFFFFFFu;
+    int f = (int)(u >> 23);
+    return f ? f - 127 : (31 - __builtin_clz(u)) - 149;
+}
+
+/* fp8_acts' range check moved out of the 32-row items: once per call and token, for each
+ * 32-block of the activations a, the tile scale bytes e whose shuffle operands a * 2^(e - 7)
+ * (ue8_lut120[e]) are all in range, as the interval [lo[b], hi[b]] (empty: lo 255, hi 0).
+ * With Emax, Emin = floor(log2) of the block's largest and smallest nonzero |a|: an operand
+ * overflows iff Emax + e - 7 >= 128 (a power-of-two scaling is exact below that), the real
+ * product of one is below 2^-14 iff Emin + e - 7 < -14, every operand of e >= 135 is inf or NaN
+ * (ue8_lut120 is inf there, NaN at 255) and a non-finite activation is never in range; so e is
+ * admitted iff -7 - Emin <= e <= min(134, 134 - Emax) (an all-zero block: e <= 134). The same
+ * verdict as fp8_acts but in one case: a nonzero operand that underflows to 0 passes fp8_acts
+ * (it sees a zero) and is refused here; the item then takes F16C, whose operand (2^112 times
+ * smaller) is 0 as well, so the bits are the same and only the fallback counter differs
+ * (test_fp8_range_hoist). An item checks nb bytes instead of 32 floats per block
+ * (fp8_range_ok) and only scales its activations. */
+static void fp8_ranges(const float *a, int nb, uint8_t *lo, uint8_t *hi) {
+    const __m256 am = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), big = _mm256_set1_ps(FLT_MAX),
+                 inf = _mm256_set1_ps(__builtin_inff()), z = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m256 mx = z, mn = inf, bad = z;
+        for (int q = 0; q < 4; q++) {
+            __m256 x = _mm256_and_ps(_mm256_loadu_ps(a + 32 * b + 8 * q), am);
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(x, big, _CMP_NLE_UQ));
+            mx = _mm256_max_ps(mx, x);
+            mn = _mm256_min_ps(mn, _mm256_blendv_ps(x, inf, _mm256_cmp_ps(x, z, _CMP_EQ_OQ)));
+        }
+        if (_mm256_movemask_ps(bad)) { lo[b] = 255; hi[b] = 0; continue; }
+        float t[8], u[8], vmx = 0.0f, vmn = __builtin_inff();
+        _mm256_storeu_ps(t, mx);
+        _mm256_storeu_ps(u, mn);
+        for (int i = 0; i < 8; i++) {
+            vmx = t[i] > vmx ? t[i] : vmx;
+            vmn = u[i] < vmn ? u[i] : vmn;
+        }
+        if (vmx == 0.0f) { lo[b] = 0; hi[b] = 134; continue; }
+        int l = -7 - ilog2f(vmn), h = 134 - ilog2f(vmx);
+        lo[b] = (uint8_t)(l < 0 ? 0 : l);          /* l <= 142 */
+        hi[b] = (uint8_t)(h > 134 ? 134 : h);      /* h >= 7 */
+    }
+}
+
+/* 1 when every tile scale byte st[b] lies in [lo[b], hi[b]] (fp8_ranges) */
+static int fp8_range_ok(const uint8_t *st, const uint8_t *lo, const uint8_t *hi, int nb) {
+    __m256i bad = _mm256_setzero_si256();
+    int b = 0;
+    for (; b + 32 <= nb; b += 32) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(st + b));
+        __m256i l = _mm256_loadu_si256((const __m256i *)(lo + b)), h = _mm256_loadu_si256((const __m256i *)(hi + b));
+        bad = _mm256_or_si256(bad, _mm256_xor_si256(_mm256_max_epu8(v, l), v));
+        bad = _mm256_or_si256(bad, _mm256_xor_si256(_mm256_min_epu8(v, h), v));
+    }
+    if (!_mm256_testz_si256(bad, bad)) return 0;
+    for (; b < nb; b++)
+        if (st[b] < lo[b] || st[b] > hi[b]) return 0;
+    return 1;
+}
+
+int ds41_fast_fp8_range_verdicts(const float *a, const uint8_t *st, int nb, int *per_item) {
+    ds41_fast_ops_get();   /* the LUTs */
+    float *o = amalloc((size_t)nb * 32 * sizeof(float));
+    uint8_t *r = malloc((size_t)nb * 2);
+    if (!o || !r) { free(o); free(r); *per_item = -1; return -1; }
+    *per_item = fp8_acts(a, st, nb, 1, o);
+    fp8_ranges(a, nb, r, r + nb);
+    int v = fp8_range_ok(st, r, r + nb, nb);
+    free(o);
+    free(r);
+    return v;
+}
+
+/* The ranges of T activation rows (row t at a + t * lda, K = 32 nb) into rng (2 nb bytes per
+ * row), or NULL when the shuffle decode is not asked for or there is no memory (the items then
+ * check their operands themselves). */
+static uint8_t *fp8_rng_make(const ds41_fast_ops *ops, const float *a, size_t lda, int T, int nb) {
+    if (!e4m3s_on(ops) || T > DS41_FEW_MAX) return NULL;
+    uint8_t *r = malloc((size_t)T * 2 * nb);
+    if (r)
+        for (int t = 0; t < T; t++) fp8_ranges(a + (size_t)t * lda, nb, r + (size_t)t * 2 * nb, r + (size_t)t * 2 * nb + nb);
+    return r;
+}
+
 /* The T activation rows of an FP8 item (row t at j->a + t * lda) into a2 (row stride in) for
  * the shuffle decode where it runs and every operand is in its range, else for F16C (counted
  * as a fallback when the shuffle decode was asked for). Returns 1 for the shuffle decode. */
 static int fp8_item_acts(const fjob *j, const uint8_t *st, int T, float *a2) {
     int nb = j->in / 32, on = e4m3s_on(j->ops), sh = on;
-    for (int t = 0; t < T && sh; t++) sh = fp8_acts(j->a + (size_t)t * j->lda, st, nb, 1, a2 + (size_t)t * j->in);
+    if (j->rng) {   /* the ranges of the call: the check is nb bytes, the activations scaled once */
+        for (int t = 0; t < T && sh; t++)
+            sh = fp8_range_ok(st, j->rng + (size_t)t * 2 * nb, j->rng + (size_t)t * 2 * nb + nb, nb);
+        if (sh) {
+            for (int t = 0; t < T; t++) fp8_scale(j->a + (size_t)t * j->lda, st, nb, ue8_lut120, a2 + (size_t)t * j->in);
+            __atomic_fetch_add(&ds41_fast_e4m3s_items, 1, __ATOMIC_RELAXED);
+            return 1;
+        }
+    } else {
+        for (int t = 0; t < T && sh; t++) sh = fp8_acts(j->a + (size_t)t * j->lda, st, nb, 1, a2 + (size_t)t * j->in);
+    }
     if (sh) {
         __atomic_fetch_add(&ds41_fast_e4m3s_items, 1, __ATOMIC_RELAXED);
         return 1;
@@ -1394,7 +1524,7 @@ void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int
             if (fp4) fp4_act_row(ar, in, aw + (size_t)t * ldaw, sav + (size_t)t * ldsa);
         }
         fjob j = { ops, fp4 ? J_FP4 : J_FP8, w, s, NULL, NULL, 0, out, in, nt, in, a, (size_t)in,
-                   aw, ldaw, sav, ldsa, NULL, 0, y + (size_t)t0 * out, (size_t)out, 1, 0, NULL, NULL };
+                   aw, ldaw, sav, ldsa, NULL, 0, y + (size_t)t0 * out, (size_t)out, 1, 0, NULL, NULL, NULL };
         void *am = NULL;
         if (mid_on(ops, j.kind, nt)) {
             am = fp4 ? (void *)mid_acts_q(aw, ldaw, sav, ldsa, nt, ngrp) : (void *)mid_acts_f(a, (size_t)in, nt, in / 16, 16);
@@ -1404,8 +1534,11 @@ void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int
             if (!ab) ab = amalloc((size_t)tt * ldaw * sizeof(int16_t));
             if (ab && fp4_words_bf16(aw, (size_t)nt * ldaw, ab)) j.ab = ab;   /* else the int16 road */
         }
+        uint8_t *rng = fp4 ? NULL : fp8_rng_make(ops, a, (size_t)in, nt, in / 32);
+        j.rng = rng;
         fjob_run(ctx, &j);
         free(am);
+        free(rng);
     }
     free(a); free(aw); free(sav); free(ab);
 }
@@ -1435,14 +1568,17 @@ void ds41_fast_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const fl
         }
         fjob j = { ops, jk, w8 ? w8->w : NULL, w8 ? w8->s : NULL, wb, wf, row0, out, in, nt, kv, ap, lda,
                    NULL, 0, NULL, 0, xt, (size_t)x_stride, y + (size_t)t0 * y_stride, (size_t)y_stride, out_bf16, 0,
-                   NULL, NULL };
+                   NULL, NULL, NULL };
         float *am = NULL;
         if (mid_on(ops, jk, nt)) {
             am = jk == J_BF16 ? mid_acts_f(ap, lda, nt, (kv + 31) / 32, 32) : mid_acts_f(ap, lda, nt, in / 16, 16);
             j.am = am;   /* NULL (out of memory): the prefill panels */
         }
+        uint8_t *rng = jk == J_DQ ? fp8_rng_make(ops, ap, lda, nt, in / 32) : NULL;
+        j.rng = rng;
         fjob_run(ctx, &j);
         free(am);
+        free(rng);
     }
     free(a);
 }

@@ -79,14 +79,21 @@ typedef struct ds41_fast_ops {
     void (*pan_e4m3)(const uint8_t *c, const uint8_t *st, int kc, float *p);
 } ds41_fast_ops;
 
-/* FP8 decode of the T = 1 .. DS41_FEW_MAX kernels (AVX2 and AVX-512): -1 auto (the shuffle
- * decode on AMD CPUs, where FP32 subnormal operands cost nothing, F16C elsewhere;
- * DS41_E4M3=f16c|shuffle overrides the auto choice), 0 F16C, 1 shuffle. Both give the same bits (tests run both).
- * The counters: 32-row items run with the shuffle decode, and items that asked for it but
+/* FP8 decode of the T = 1 .. DS41_FEW_MAX kernels (AVX2 and AVX-512): -1 auto (the byte decode
+ * on AMD CPUs, where FP32 subnormal operands cost nothing, F16C elsewhere; DS41_E4M3=f16c|shuffle|vbmi
+ * overrides the auto choice), 0 F16C, 1 shuffle, 2 vbmi: the shuffle decode, but the AVX-512 T = 1
+ * kernel takes 32 codes per byte permute (AVX-512 VBMI, where the CPU has it; elsewhere the same
+ * as 1). Auto on AMD is 2. All give the same bits (tests run each).
+ * The counters: 32-row items run with the shuffle / vbmi decode, and items that asked for it but
  * fell back to F16C because an activation operand was out of its range. */
 extern int ds41_fast_e4m3_shuffle;
-int ds41_fast_e4m3_shuffle_auto(void);   /* the choice at -1 (1 shuffle, 0 F16C): DS41_E4M3, else the CPU's */
+int ds41_fast_e4m3_shuffle_auto(void);   /* the choice at -1 (2 vbmi, 1 shuffle, 0 F16C): DS41_E4M3, else the CPU's */
+int ds41_fast_e4m3_vbmi(void);   /* 1 when the AVX-512 T = 1 FP8 kernel takes the VBMI decode now */
 extern long long ds41_fast_e4m3s_items, ds41_fast_e4m3s_fallbacks;
+/* tests: the shuffle decode's operand verdict on one activation row a (K = 32 nb) against tile
+ * scale bytes st, both ways: returns the per-call ranges' verdict (fp8_ranges + fp8_range_ok),
+ * *per_item that of the per-item check on the scaled operands (fp8_acts); 1 in range */
+int ds41_fast_fp8_range_verdicts(const float *a, const uint8_t *st, int nb, int *per_item);
 /* the shuffle decode's byte control: code 4 L + i of a 16-code group to the top byte of dword i
  * of 128-bit lane L (AVX2 reads it as two halves, AVX-512 whole) */
 extern const int8_t ds41_shuf_e4m3[64];
