@@ -216,7 +216,10 @@ static double probe_ratio(void) {
  * when the check fails), per panel at T > 8 (that panel decoded for pf_float instead). Both
  * roads give the same bits, so they mix by tile, item and panel.
  *
- * Three kernels, as the FMA road has (linear_fast.c): T = 1 and T = 2 .. 8 stream each weight row
+ * A call with T = 1 (decode) keeps the FMA road: it streams the weights at the memory's rate on
+ * either road, and on this one the weights' check adds four instructions per 32 weights (on an
+ * AMD EPYC, Zen 5 class, 2 threads: 0.72-1.06x the FMA road, performance.md). Two kernels:
+ * T = 2 .. 8 (and the last token tile of a longer call, 1 .. 8 tokens) streams each weight row
  * once for all tokens (mk_d, R rows x C tokens in zmm accumulators, the rows read in place:
  * vdpbf16ps wants the pairs of K side by side, which is the checkpoint's row-major layout, so
  * nothing is repacked at load); T > 8 copies a 32-row x KCB-word panel into L1 (the halves
@@ -578,6 +581,10 @@ static void bjob_items(void *arg, int i0, int i1) {
  * activations allow it, the FMA road for the others */
 static void dense_b(const ds41_ctx *ctx, const uint16_t *wb, int out, int in, const float *x, int x_stride, int T,
                     float *y, int y_stride, int out_bf16) {
+    if (T == 1) {   /* decode: the FMA road (the stream is bound by memory: see performance.md) */
+        ds41_fast_dense(ctx, 0, wb, NULL, NULL, 0, out, in, x, x_stride, T, y, y_stride, out_bf16);
+        return;
+    }
     int kv = in & ~15;
     int tt = T < BTT ? T : BTT;
     size_t ldab = (size_t)((kv + 31) & ~31) / 2;
