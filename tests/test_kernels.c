@@ -689,6 +689,117 @@ static void test_fp4_bf16_road(void) {
     ds41_kernels_set_isa("auto");
 }
 
+/* The BF16 linears on the vdpbf16ps road (linear_avx512bf16.c: the head, the compressor and
+ * indexer linears, ...) against the FMA road (DS41_ISA=avx512), bit for bit: tolerance 0,
+ * because each vdpbf16ps lane, given the pairs' halves swapped, performs the FMA road's two
+ * FMAs (even element, then odd; BF16 products are exact in FP32, one rounding each), and the
+ * road runs only where its flushing of subnormals and the partial sums' range cannot matter
+ * (the conditions at the head of that part of the file). Shapes with a lone last 16-group
+ * (1040), a scalar tail (1315), several panels and the 64-token tile plus a remainder (1000 x
+ * 5120 at T = 70), rows not a multiple of the 32-row item; T = 1 (decode: the FMA road on
+ * both), 2 .. 8 (the rows streamed once), 9 .. 70 (the panels; 65 and 70 end on a tile of 1
+ * and 6 tokens, streamed); 1 and 2 threads; FP32 and BF16 outputs. Then inputs
+ * the road must refuse, each sent to the FMA road and counted: activations that are not BF16
+ * values or are subnormal; a row of subnormal weights; products below 2^-126 (tiny
+ * activations against small weights); an infinite weight; partial sums that could overflow.
+ * With the guard switched off (ds41_fast_bf16_dguard = 0) the subnormal and tiny-product
+ * cases must differ: the guard is what keeps the bits. */
+static void bf16_road_pair(const ds41_ctx *c, const ds41_bf16w *w, const float *x, int T, int ob, float *y0, float *y1) {
+    CHECK(ds41_kernels_set_isa("avx512") == 0, "set avx512");
+    ds41_linear_bf16(c, w, x, T, y0, ob);
+    CHECK(ds41_kernels_set_isa("avx512bf16") == 0, "set avx512bf16");
+    ds41_linear_bf16(c, w, x, T, y1, ob);
+}
+
+static void test_bf16_dense_road(void) {
+    if (!ds41_kernels_isa_supported("avx512bf16")) {
+        printf("  (this CPU has no AVX512_BF16: the BF16 linears' road is not tested)\n");
+        return;
+    }
+    ds41_pool *pool = ds41_pool_create(2);
+    ds41_ctx fa2 = { 0, 2, pool, 0, NULL, NULL, NULL };
+    int shapes[][2] = { { 100, 1056 }, { 67, 1040 }, { 45, 1315 }, { 1000, 5120 } };
+    const int TM = 70;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int out = shapes[si][0], in = shapes[si][1];
+        uint16_t *wb = malloc((size_t)out * in * 2);
+        float *x = malloc((size_t)TM * in * 4), *y0 = malloc((size_t)TM * out * 4), *y1 = malloc((size_t)TM * out * 4);
+        for (size_t i = 0; i < (size_t)out * in; i++) wb[i] = ds41_bf16_from_f32(urand() * 0.05f);
+        for (int i = 0; i < TM * in; i++) x[i] = ds41_bf16_round(urand() * (i % 13 == 0 ? 8.0f : 1.0f));
+        ds41_bf16w w = { wb, out, in };
+        int Ts[] = { 1, 2, 3, 5, 7, 8, 9, 16, 33, 64, 65, 70 };   /* 65: a last tile of 1 token */
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            int T = Ts[ti];
+            if (si == 3 && T != 1 && T != 8 && T != 70) continue;
+            for (int th = 1; th <= 2; th++) {
+                long long d0 = ds41_fast_bf16_dtiles, fx = ds41_fast_bf16_dfall_x, fw = ds41_fast_bf16_dfall_w;
+                bf16_road_pair(th == 1 ? &FA : &fa2, &w, x, T, (int)(ti & 1), y0, y1);
+                int d = count_diff(y0, y1, T * out);
+                CHECK(d == 0, "bf16 %dx%d T=%d threads %d: vdpbf16ps road differs from the FMA road in %d of %d", out, in,
+                      T, th, d, T * out);
+                /* T = 1 (decode) keeps the FMA road */
+                CHECK((T == 1 ? ds41_fast_bf16_dtiles == d0 : ds41_fast_bf16_dtiles > d0) &&
+                      ds41_fast_bf16_dfall_x == fx && ds41_fast_bf16_dfall_w == fw,
+                      "bf16 %dx%d T=%d: %lld tiles on the road, %lld / %lld sent back", out, in, T,
+                      ds41_fast_bf16_dtiles - d0, ds41_fast_bf16_dfall_x - fx, ds41_fast_bf16_dfall_w - fw);
+            }
+        }
+        free(wb); free(x); free(y0); free(y1);
+    }
+    /* refusals: 70 x 1056, T = 2, 5 (rows streamed), 40 (panels) */
+    const int out = 70, in = 1056;
+    uint16_t *wb = malloc((size_t)out * in * 2);
+    float *x = malloc((size_t)TM * in * 4), *y0 = malloc((size_t)TM * out * 4), *y1 = malloc((size_t)TM * out * 4);
+    ds41_bf16w w = { wb, out, in };
+    const char *names[7] = { "FP32 activations", "a subnormal activation", "subnormal weights", "products below 2^-126",
+                             "an infinite weight", "sums near 2^128", "the guard off" };
+    for (int cs = 0; cs < 8; cs++) {
+        for (size_t i = 0; i < (size_t)out * in; i++) wb[i] = ds41_bf16_from_f32(urand() * 0.05f);
+        for (int i = 0; i < TM * in; i++) x[i] = ds41_bf16_round(urand());
+        int wcase = cs >= 2;   /* the weights' cases; 0, 1 the activations' */
+        if (cs == 0) for (int i = 0; i < TM * in; i += 3) x[i] = urand();   /* not BF16 values */
+        if (cs == 1) x[7] = ds41_bf16_to_f32(0x0003);                      /* one BF16 subnormal, token 0 */
+        if (cs == 2 || cs == 6)                                            /* row 5: subnormal weights only */
+            for (int k = 0; k < in; k++) wb[(size_t)5 * in + k] = (uint16_t)(1 + rnd() % 127) | (rnd() & 1 ? 0x8000 : 0);
+        if (cs == 3 || cs == 7) {   /* activations near 2^-100 against row 9 near 2^-30: products near 2^-130 */
+            for (int i = 0; i < TM * in; i++) x[i] = ldexpf(x[i], -100);
+            for (int k = 0; k < in; k++) wb[(size_t)9 * in + k] = ds41_bf16_from_f32(ldexpf(0.5f + 0.5f * urand(), -30));
+        }
+        if (cs == 4) wb[(size_t)11 * in + 3] = 0x7F80;
+        if (cs == 5) {   /* activations near 2^100 against row 13 near 2^29: products near 2^129 */
+            for (int i = 0; i < TM * in; i++) x[i] = ldexpf(x[i], 100);
+            for (int k = 0; k < in; k++) wb[(size_t)13 * in + k] = ds41_bf16_from_f32(ldexpf(urand(), 29));
+        }
+        ds41_fast_bf16_dguard = cs < 6;
+        int Ts[3] = { 2, 5, 40 }, diff = 0;
+        for (int ti = 0; ti < 3; ti++) {
+            int T = Ts[ti];
+            long long d0 = ds41_fast_bf16_dtiles, fx = ds41_fast_bf16_dfall_x, fw = ds41_fast_bf16_dfall_w;
+            bf16_road_pair(&FA, &w, x, T, 0, y0, y1);
+            int d = count_diff(y0, y1, T * out);
+            diff += d;
+            if (cs >= 6) continue;
+            CHECK(d == 0, "bf16 with %s T=%d: the roads differ in %d of %d", names[cs], T, d, T * out);
+            if (wcase)
+                CHECK(ds41_fast_bf16_dtiles > d0 && ds41_fast_bf16_dfall_w > fw && ds41_fast_bf16_dfall_x == fx,
+                      "bf16 with %s T=%d: %lld tiles on the road, %lld sent back by their weights", names[cs], T,
+                      ds41_fast_bf16_dtiles - d0, ds41_fast_bf16_dfall_w - fw);
+            else
+                CHECK(ds41_fast_bf16_dtiles == d0 && ds41_fast_bf16_dfall_x > fx, "bf16 with %s T=%d: %lld tiles sent back",
+                      names[cs], T, ds41_fast_bf16_dfall_x - fx);
+        }
+        if (cs >= 6) {
+            printf("  guard off, %s: %d outputs differ\n", cs == 6 ? "subnormal weights" : "products below 2^-126", diff);
+            CHECK(diff > 0, "guard off, %s: the roads agree, so the case does not test the guard",
+                  cs == 6 ? "subnormal weights" : "products below 2^-126");
+        }
+    }
+    ds41_fast_bf16_dguard = 1;
+    free(wb); free(x); free(y0); free(y1);
+    ds41_pool_destroy(pool);
+    ds41_kernels_set_isa("auto");
+}
+
 /* ---------------------------------------------------------------- FP8 shuffle decode */
 
 /* The FP8 T = 1 .. 8 kernels (AVX2 and AVX-512) decode E4M3 either through F16C (e4m3 * 2^-8 against
@@ -1251,6 +1362,7 @@ static void test_threads(void) {
 int main(void) {
     RUN_CASE(test_isa_paths);
     RUN_CASE(test_fp4_bf16_road);
+    RUN_CASE(test_bf16_dense_road);
     /* the linear tests on every ISA path the CPU has */
     const char *isas[2] = { "avx2", "avx512" };
     for (int ii = 0; ii < 2; ii++) {

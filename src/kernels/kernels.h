@@ -145,13 +145,20 @@ void ds41_side_wait(ds41_side *s);
  * F/BW/VL/DQ + VNNI), chosen at first use from CPUID; DS41_ISA=avx2|avx512|avx512bf16|auto in
  * the environment overrides (an unsupported choice falls back to the best supported one). All
  * give bit-identical results (one canonical order, linear_fast.c). "avx512bf16" is the avx512
- * path with its FP4 prefill panels multiplied by vdpbf16ps (AVX512_BF16; the same bits); auto
+ * path with its FP4 prefill panels and its BF16 linears (where their activations are BF16
+ * values) multiplied by vdpbf16ps (AVX512_BF16; the same bits); auto
  * takes it where a start-up probe finds vdpbf16ps at the FMA's rate, "avx512" forces it off.
  * ds41_kernels_isa() names the path ("avx512" for both); ds41_kernels_fp4_products() says
  * "vdpbf16ps" or "int16"; ds41_kernels_bf16_ratio() is the probe's time per vdpbf16ps over
  * time per zmm FMA (run at first call if auto has not; 0 without AVX512_BF16). */
 const char *ds41_kernels_isa(void);
 const char *ds41_kernels_fp4_products(void);
+/* The BF16 linears (ds41_linear_bf16) take the same vdpbf16ps road where "avx512bf16" is on and
+ * their activations are BF16 values (the same bits as the FMA road: linear_avx512bf16.c).
+ * Counts since start: n[0] 64-token tiles that took it, n[1] tiles its activations sent to the
+ * FMA road (a value not BF16, or subnormal, infinite, NaN), n[2] 32-row items (T <= 8) or
+ * 512-wide panels (T > 8) its weights sent there (subnormal or extreme values). */
+void ds41_kernels_bf16_road(long long n[3]);
 double ds41_kernels_bf16_ratio(void);
 /* the FP8 decode of the fast T = 1 .. 8 kernels: "shuffle" or "f16c" (DS41_E4M3, linear_fast.h) */
 const char *ds41_kernels_fp8_decode(void);

@@ -409,6 +409,12 @@ static void dlin_rows(void *arg, int n0, int n1) {
 static void dlin_run(dlin_job *j) {
     luts();
     if (j->T <= 0 || j->out <= 0) return;
+    if (!j->ctx->exact && j->kind == 0 && ds41_fast_ops_get() != ds41_fast_ops_avx2() &&
+        __atomic_load_n(&ds41_fast_bf16_on, __ATOMIC_RELAXED)) {   /* vdpbf16ps: linear_avx512bf16.c */
+        ds41_fast_bf16_avx512()->dense(j->ctx, j->wb, j->out, j->in, j->x, j->x_stride, j->T, j->y, j->y_stride,
+                                       j->out_bf16);
+        return;
+    }
     if (!j->ctx->exact && (j->kind != 2 || j->in % 32 == 0)) {   /* linear_fast.c */
         ds41_fast_dense(j->ctx, j->kind, j->wb, j->wf, j->w8, j->row0, j->out, j->in, j->x, j->x_stride, j->T,
                         j->y, j->y_stride, j->out_bf16);
@@ -429,6 +435,12 @@ void ds41_linear_bf16(const ds41_ctx *ctx, const ds41_bf16w *w, const float *x, 
         ds41_bd_enter(ctx, ds41_bd_current(ctx) == DS41_BD_HEAD ? DS41_BD_HEADW : DS41_BD_BF16, 2.0 * w->out * w->in);
     dlin_run(&j);
     if (ctx->bd) ds41_bd_leave(ctx);
+}
+
+void ds41_kernels_bf16_road(long long n[3]) {
+    n[0] = __atomic_load_n(&ds41_fast_bf16_dtiles, __ATOMIC_RELAXED);
+    n[1] = __atomic_load_n(&ds41_fast_bf16_dfall_x, __ATOMIC_RELAXED);
+    n[2] = __atomic_load_n(&ds41_fast_bf16_dfall_w, __ATOMIC_RELAXED);
 }
 
 void ds41_linear_f32(const ds41_ctx *ctx, const float *w, int out, int in, const float *x, int T, float *y) {

@@ -40,6 +40,7 @@
 #include "formats.h"
 
 #include <immintrin.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -179,7 +180,434 @@ static double probe_ratio(void) {
     return best[1] / best[0];
 }
 
-static const ds41_fast_bf16 bf16_ops = { pan_fp4b, pf_fp4b, probe_ratio };
+/* ================================================================ BF16 linears on vdpbf16ps
+ *
+ * ds41_linear_bf16 (the head, the router gate, the compressor's wkv / wgate, the indexer's wk
+ * and weights_proj, the DSpark heads, the vision linears) with BF16 weights and, where the
+ * activations are BF16 values, one vdpbf16ps per 32 products where the FMA road (linear_fast.c,
+ * linear_avx512.c) issues two FMAs and the two instructions that split the weight words. The
+ * same bits, by this argument:
+ *   - the canonical order of a BF16 output (linear_fast.c) is, per lane l of the zmm holding A
+ *     (lanes 0-7, groups 2j) and B (lanes 8-15, groups 2j + 1): acc = fma(w[2l], x[2l], acc),
+ *     then acc = fma(w[2l + 1], x[2l + 1], acc), over the 32-element steps in K order, then
+ *     hsum8(A + B), the tail in K order, and the rounding the caller asks for;
+ *   - lane l of vdpbf16ps over the same 32 words pairs the same elements, and performs (Intel
+ *     SDM; checked on this EPYC on 3.2 million random lanes, performance.md "BF16 products")
+ *     acc = rn(acc + w[2l + 1] x[2l + 1]), then acc = rn(acc + w[2l] x[2l]): odd first. So the
+ *     weights and activations go in with the halves of every 32-bit pair swapped (vprold 16 per
+ *     weight vector; the activations once per call), and the instruction adds the even
+ *     element's product first, as the FMA road does;
+ *   - a product of two BF16 values (8 significant bits each) is exact in FP32, so each add of
+ *     the instruction is the FMA road's FMA: one rounding of the same exact value, to nearest
+ *     even;
+ *   - vdpbf16ps flushes BF16 subnormal inputs and FP32 subnormal results to zero (DAZ / FTZ,
+ *     whatever MXCSR says), which the FMA road does not. The road is therefore taken only where
+ *     neither can occur: no weight or activation is subnormal, infinite or NaN, and with Ew, Ex
+ *     the smallest biased exponents of the nonzero weights (of the rows in question) and
+ *     activations, Ew + Ex >= 142, i.e. every product is an integer multiple of 2^-126: then
+ *     every partial sum (a rounding of a multiple of 2^-126 stays one) is 0 or at least 2^-126
+ *     in magnitude, a normal number; and with the largest exponents, Ew' + Ex' + log2(in) <= 378,
+ *     no partial sum can reach 2^128 (the products are below 2^(Ew' + Ex' - 252), in of them,
+ *     the roundings' growth below 2^0.1), so both roads see the same finite numbers and neither
+ *     overflows.
+ * The activations are checked per call (every value must be a BF16 value: low 16 bits zero),
+ * per 64-token tile; a tile that fails goes to the FMA road whole (ds41_fast_dense). The
+ * weights are checked as they are read: per 32-row item at T <= 8 (recomputed on the FMA road
+ * when the check fails), per panel at T > 8 (that panel decoded for pf_float instead). Both
+ * roads give the same bits, so they mix by tile, item and panel.
+ *
+ * A call with T = 1 (decode) keeps the FMA road: it streams the weights at the memory's rate on
+ * either road, and on this one the weights' check adds four instructions per 32 weights (on an
+ * AMD EPYC, Zen 5 class, 2 threads: 0.72-1.06x the FMA road, performance.md). Two kernels:
+ * T = 2 .. 8 (and the last token tile of a longer call, 1 .. 8 tokens) streams each weight row
+ * once for all tokens (mk_d, R rows x C tokens in zmm accumulators, the rows read in place:
+ * vdpbf16ps wants the pairs of K side by side, which is the checkpoint's row-major layout, so
+ * nothing is repacked at load); T > 8 copies a 32-row x KCB-word panel into L1 (the halves
+ * swapped) and runs every token of the 64-token tile through it (mk_p, 4 rows x 6 tokens),
+ * the accumulators in memory between panels as the FMA road keeps them. */
+
+#define BITEM 32          /* rows per work item */
+#define BTT 64            /* tokens per activation tile */
+#ifndef KCB
+#define KCB 512           /* words per panel row: 32 rows x 1 KiB, 32 KiB of the 48 KiB L1 */
+#endif
+#define BPFD 1024         /* prefetch distance per weight row stream at T <= 8, bytes */
+#define PAR_MIN_WORK 65536LL
+
+long long ds41_fast_bf16_dtiles, ds41_fast_bf16_dfall_x, ds41_fast_bf16_dfall_w;
+int ds41_fast_bf16_dguard = 1;
+
+static void *amalloc(size_t n) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? n : 64) != 0) return NULL;
+    return p;
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    __m128 s = _mm_add_ps(lo, hi);
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+/* hsum8(A + B) of an accumulator register (linear_avx512.c's hsum16) */
+static inline float hsum16(__m512 v) {
+    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+/* Activations of one token tile, rows t < T of x (stride xs), K [0, kv) (kv % 16 == 0): BF16
+ * words with the halves of each pair swapped (dword i = bf16(x[2i]) << 16 | bf16(x[2i + 1])),
+ * zero padded to a multiple of 32 words, row stride ldab dwords. Returns 0 when a value is not
+ * a BF16 value or is subnormal, infinite or NaN; else *emin / *emax: the smallest and largest
+ * biased exponents of the nonzero values (256 / 0 when all are zero). */
+static int acts_b(const float *x, size_t xs, int T, int kv, uint32_t *ab, size_t ldab, int *emin, int *emax) {
+    const __m512i lo16 = _mm512_set1_epi32(0xFFFF), mag = _mm512_set1_epi32(0x7FFFFFFF), one = _mm512_set1_epi32(1);
+    /* word 2i of the result: the high word of x[2i + 1] (word 4i + 3 of the pair of
+     * registers), word 2i + 1: that of x[2i] (word 4i + 1) */
+    int16_t ix[32];
+    for (int i = 0; i < 16; i++) { ix[2 * i] = (int16_t)(4 * i + 3); ix[2 * i + 1] = (int16_t)(4 * i + 1); }
+    const __m512i idx = _mm512_loadu_si512(ix);
+    __m512i lost = _mm512_setzero_si512(), mn = _mm512_set1_epi32(-1), mx = _mm512_setzero_si512();
+#define TRACK(u) do {                                                                       \
+        __m512i m_ = _mm512_srli_epi32(_mm512_and_si512(u, mag), 16);                       \
+        lost = _mm512_or_si512(lost, _mm512_and_si512(u, lo16));                            \
+        mn = _mm512_min_epu32(mn, _mm512_sub_epi32(m_, one));                               \
+        mx = _mm512_max_epu32(mx, m_);                                                      \
+    } while (0)
+    for (int t = 0; t < T; t++) {
+        const float *xr = x + (size_t)t * xs;
+        uint32_t *o = ab + (size_t)t * ldab;
+        int k = 0;
+        for (; k + 32 <= kv; k += 32) {
+            __m512i u0 = _mm512_loadu_si512(xr + k), u1 = _mm512_loadu_si512(xr + k + 16);
+            TRACK(u0);
+            TRACK(u1);
+            _mm512_store_si512(o + k / 2, _mm512_permutex2var_epi16(u0, idx, u1));
+        }
+        if (k < kv) {   /* 16 left: the pair's second half zeros */
+            __m512i u0 = _mm512_loadu_si512(xr + k);
+            TRACK(u0);
+            _mm512_store_si512(o + k / 2, _mm512_permutex2var_epi16(u0, idx, _mm512_setzero_si512()));
+        }
+    }
+#undef TRACK
+    if (_mm512_reduce_or_epi32(lost)) return 0;
+    uint64_t a = (uint64_t)_mm512_reduce_min_epu32(mn) + 1;   /* 2^32 when all are zero */
+    unsigned b = _mm512_reduce_max_epu32(mx);
+    *emin = a >> 7 > 256 ? 256 : (int)(a >> 7);
+    *emax = (int)(b >> 7);
+    return !ds41_fast_bf16_dguard || (*emin >= 1 && *emax <= 254);
+}
+
+/* Weight words w seen by a kernel: mn the smallest 2w - 1 (16 bits: 0xFFFF for +-0), mx the
+ * largest 2w (the sign shifted out: the biased exponent is the top byte). */
+static inline void wtrack(__m512i w, __m512i *mn, __m512i *mx) {
+    __m512i t = _mm512_add_epi16(w, w);
+    *mn = _mm512_min_epu16(*mn, _mm512_sub_epi16(t, _mm512_set1_epi16(1)));
+    *mx = _mm512_max_epu16(*mx, t);
+}
+static inline void wtrack_init(__m512i *mn, __m512i *mx) {
+    *mn = _mm512_set1_epi32(-1);
+    *mx = _mm512_setzero_si512();
+}
+
+/* 1 when the weights tracked in mn / mx and activations with exponents [xmin, xmax] meet the
+ * conditions at the head of this part (no subnormal, infinite or NaN weight; every product a
+ * multiple of 2^-126; no partial sum near 2^128), for dot products of length in */
+static int fits(__m512i mn, __m512i mx, int xmin, int xmax, int in) {
+    if (!ds41_fast_bf16_dguard) return 1;
+    __m512i a = _mm512_min_epu32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(mn)),
+                                 _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(mn, 1)));
+    __m512i b = _mm512_max_epu32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(mx)),
+                                 _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(mx, 1)));
+    int wmin = (int)((_mm512_reduce_min_epu32(a) + 1) >> 8), wmax = (int)(_mm512_reduce_max_epu32(b) >> 8);
+    int lg = 0;
+    while (lg < 31 && (1LL << lg) < in) lg++;
+    return wmin >= 1 && wmax <= 254 && wmin + xmin >= 142 && wmax + xmax + lg <= 378;
+}
+
+/* R weight rows (row r at w + r * ld words) x C tokens (activation row t at ab + t * ldab
+ * dwords), ns steps of 32 words and, with half, a last step of 16 (the pairs' other half
+ * zeros); out[r * ldo + t] = hsum16 of the accumulator. The weights are tracked into mn / mx. */
+#define MK_D(R, C)                                                                                    \
+    static void mk_d_##R##_##C(const uint16_t *w, size_t ld, int ns, int half, const uint32_t *ab,   \
+                               size_t ldab, float *out, int ldo, __m512i *mn, __m512i *mx) {      \
+        __m512 c[R][C];                                                                           \
+        __m512i n = *mn, m = *mx;                                                                 \
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++) c[r][t] = _mm512_setzero_ps(); \
+        for (int s = 0; s < ns; s++) {                                                            \
+            ds41_pf_rows(w, 2 * ld, (size_t)64 * s + BPFD, R);                                    \
+            __m512bh a[C];                                                                        \
+            UNROLL for (int t = 0; t < C; t++) a[t] = (__m512bh)_mm512_loadu_si512(ab + t * ldab + 16 * s); \
+            UNROLL for (int r = 0; r < R; r++) {                                                  \
+                __m512i v = _mm512_loadu_si512(w + r * ld + 32 * s);                              \
+                wtrack(v, &n, &m);                                                                \
+                __m512bh wv = (__m512bh)_mm512_rol_epi32(v, 16);                                  \
+                UNROLL for (int t = 0; t < C; t++) c[r][t] = _mm512_dpbf16_ps(c[r][t], wv, a[t]); \
+            }                                                                                     \
+        }                                                                                         \
+        if (half) {                                                                               \
+            __m512bh a[C];                                                                        \
+            UNROLL for (int t = 0; t < C; t++) a[t] = (__m512bh)_mm512_loadu_si512(ab + t * ldab + 16 * ns); \
+            UNROLL for (int r = 0; r < R; r++) {                                                  \
+                __m512i v = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(w + r * ld + 32 * ns))); \
+                wtrack(v, &n, &m);                                                                \
+                __m512bh wv = (__m512bh)_mm512_rol_epi32(v, 16);                                  \
+                UNROLL for (int t = 0; t < C; t++) c[r][t] = _mm512_dpbf16_ps(c[r][t], wv, a[t]); \
+            }                                                                                     \
+        }                                                                                         \
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++) out[r * ldo + t] = hsum16(c[r][t]); \
+        *mn = n;                                                                                  \
+        *mx = m;                                                                                  \
+    }
+#define MK_D_C(C) MK_D(1, C) MK_D(2, C) MK_D(3, C) MK_D(4, C)
+MK_D_C(1) MK_D_C(2) MK_D_C(3) MK_D_C(4) MK_D_C(5) MK_D_C(6) MK_D_C(7) MK_D_C(8)
+typedef void (*mk_d_fn)(const uint16_t *, size_t, int, int, const uint32_t *, size_t, float *, int, __m512i *, __m512i *);
+#define MK_D_ROW(C) { mk_d_1_##C, mk_d_2_##C, mk_d_3_##C, mk_d_4_##C }
+static const mk_d_fn mk_d[8][4] = { MK_D_ROW(1), MK_D_ROW(2), MK_D_ROW(3), MK_D_ROW(4),
+                                    MK_D_ROW(5), MK_D_ROW(6), MK_D_ROW(7), MK_D_ROW(8) };
+/* rows per call at C tokens: R C accumulators and C activations within the 32 zmm registers */
+static const int mk_d_rows[9] = { 0, 4, 4, 4, 4, 4, 4, 3, 3 };
+
+/* R panel rows (row stride KCB / 2 dwords) x C tokens, ns steps of 32 words, into the
+ * accumulator blocks of acc (16 floats per row and token, row r token t at (r T + t) 16),
+ * starting from +0 when z */
+#define MK_P(R, C)                                                                                    \
+    static void mk_p_##R##_##C(const uint32_t *PB, const uint32_t *AB, size_t ldab, int ns, float *acc, int T, int z) { \
+        __m512 c[R][C];                                                                           \
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++)                     \
+            c[r][t] = z ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + ((size_t)r * T + t) * 16); \
+        for (int s = 0; s < ns; s++) {                                                            \
+            __m512bh a[C];                                                                        \
+            UNROLL for (int t = 0; t < C; t++) a[t] = (__m512bh)_mm512_load_si512(AB + t * ldab + 16 * s); \
+            UNROLL for (int r = 0; r < R; r++) {                                                  \
+                __m512bh wv = (__m512bh)_mm512_load_si512(PB + r * (KCB / 2) + 16 * s);           \
+                UNROLL for (int t = 0; t < C; t++) c[r][t] = _mm512_dpbf16_ps(c[r][t], wv, a[t]); \
+            }                                                                                     \
+        }                                                                                         \
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++)                     \
+            _mm512_storeu_ps(acc + ((size_t)r * T + t) * 16, c[r][t]);                            \
+    }
+#define MK_P_R(R) MK_P(R, 1) MK_P(R, 2) MK_P(R, 3) MK_P(R, 4) MK_P(R, 5) MK_P(R, 6)
+MK_P_R(1) MK_P_R(2) MK_P_R(3) MK_P_R(4)
+typedef void (*mk_p_fn)(const uint32_t *, const uint32_t *, size_t, int, float *, int, int);
+#define MK_P_ROW(R) { mk_p_##R##_1, mk_p_##R##_2, mk_p_##R##_3, mk_p_##R##_4, mk_p_##R##_5, mk_p_##R##_6 }
+static const mk_p_fn mk_p[4][6] = { MK_P_ROW(1), MK_P_ROW(2), MK_P_ROW(3), MK_P_ROW(4) };
+#ifndef PR
+#define PR 4
+#define PC 6
+#endif
+
+typedef struct bjob {
+    const uint16_t *w;
+    int out, in, kv, T;
+    const uint32_t *ab;   /* the tile's activations (acts_b), stride ldab dwords */
+    size_t ldab;
+    int xmin, xmax;       /* their exponent range */
+    const float *x;       /* the raw activations (tails, the FMA road's copy), stride xs */
+    size_t xs;
+    float *y;
+    size_t ys;
+    int out_bf16;
+} bjob;
+
+/* per thread scratch */
+typedef struct bscratch {
+    uint32_t *PB;   /* panel (T > 8) */
+    float *acc;     /* accumulator blocks (T > 8) */
+    float *P;       /* the FMA road's float panel, at first need */
+    float *xp;      /* the FMA road's permuted activations (linear_fast.c: perm_bf16_row), at first need */
+    size_t ldp;
+} bscratch;
+
+/* the output from its accumulated value: the tail in K order, then the rounding (linear_fast.c:
+ * finish) */
+static inline float fin(const bjob *j, float acc, int t, int n) {
+    if (j->kv < j->in) {
+        const float *x = j->x + (size_t)t * j->xs;
+        const uint16_t *wr = j->w + (size_t)n * j->in;
+        for (int k = j->kv; k < j->in; k++) acc += x[k] * ds41_bf16_to_f32(wr[k]);
+    }
+    return j->out_bf16 ? ds41_bf16_round(acc) : acc;
+}
+
+/* The FMA road's activations for the fallbacks: per 32, even elements of the first 16, even
+ * of the second, odd of the first, odd of the second; zero padded (linear_fast.c) */
+static int fma_acts(const bjob *j, bscratch *s) {
+    if (s->xp) return 1;
+    s->ldp = (size_t)((j->in + 31) & ~31);
+    s->xp = amalloc((size_t)j->T * s->ldp * sizeof(float));
+    if (!s->xp) return 0;
+    for (int t = 0; t < j->T; t++) {
+        const float *x = j->x + (size_t)t * j->xs;
+        float *a = s->xp + (size_t)t * s->ldp;
+        memset(a, 0, s->ldp * sizeof(float));
+        for (int k = 0; k < j->kv; k++) a[32 * (k >> 5) + 8 * ((k >> 4) & 1) + (k & 1) * 16 + ((k & 15) >> 1)] = x[k];
+    }
+    return 1;
+}
+
+/* T <= 8: the item's rows streamed once for all tokens */
+static void item_d(const bjob *j, int r0, int r1, bscratch *s) {
+    int nr = r1 - r0, T = j->T, ns = j->kv / 32, half = (j->kv & 31) != 0, R = mk_d_rows[T];
+    float v[BITEM * 8];
+    __m512i mn, mx;
+    wtrack_init(&mn, &mx);
+    for (int r = 0; r < nr; r += R) {
+        int n = nr - r < R ? nr - r : R;
+        mk_d[T - 1][n - 1](j->w + (size_t)(r0 + r) * j->in, (size_t)j->in, ns, half, j->ab, j->ldab, v + r * T, T, &mn, &mx);
+    }
+    if (!fits(mn, mx, j->xmin, j->xmax, j->kv)) {   /* the FMA road for these rows */
+        __atomic_fetch_add(&ds41_fast_bf16_dfall_w, 1, __ATOMIC_RELAXED);
+        if (!fma_acts(j, s)) return;
+        const ds41_fast_ops *o = ds41_fast_ops_avx512();
+        if (T == 1) o->dec_bf16(j->w + (size_t)r0 * j->in, (size_t)j->in, nr, j->kv / 16, s->xp, v);
+        else o->few_bf16(j->w + (size_t)r0 * j->in, (size_t)j->in, nr, j->kv / 16, s->xp, s->ldp, T, v);
+    }
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < T; t++) j->y[(size_t)t * j->ys + r0 + r] = fin(j, v[r * T + t], t, r0 + r);
+}
+
+/* Rows [r0, r1) x K [k0, k0 + kc) (kc % 16 == 0) into the panel PB, halves swapped, zero
+ * padded to 32 words, tracked; the same bytes of the panel nx (rows [nr0, nr1), K [nk0, nk0 +
+ * nkc)) prefetched into L2, one row per row copied */
+static void pan_b(const bjob *j, int r0, int r1, int k0, int kc, uint32_t *PB, __m512i *mn, __m512i *mx,
+                  int nr0, int nr1, int nk0, int nkc) {
+    int ns = kc / 32;
+    for (int r = r0; r < r1; r++) {
+        if (nr0 + (r - r0) < nr1) {
+            const char *b = (const char *)(j->w + (size_t)(nr0 + (r - r0)) * j->in + nk0);
+            for (int o = 0; o < 2 * nkc; o += 64) _mm_prefetch(b + o, _MM_HINT_T1);
+        }
+        const uint16_t *w = j->w + (size_t)r * j->in + k0;
+        uint32_t *p = PB + (size_t)(r - r0) * (KCB / 2);
+        for (int s = 0; s < ns; s++) {
+            __m512i v = _mm512_loadu_si512(w + 32 * s);
+            wtrack(v, mn, mx);
+            _mm512_store_si512(p + 16 * s, _mm512_rol_epi32(v, 16));
+        }
+        if (kc & 31) {
+            __m512i v = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(w + 32 * ns)));
+            wtrack(v, mn, mx);
+            _mm512_store_si512(p + 16 * ns, _mm512_rol_epi32(v, 16));
+        }
+    }
+}
+
+/* The FMA road's float panel of rows [r0, r1) x K [k0, k0 + kc) (kc <= DS41_KC, kc % 16 == 0;
+ * linear_fast.c decode_panel): per 32, even elements of the two groups, then odd; returns the
+ * number of 8-chunks */
+static int pan_f(const bjob *j, int r0, int r1, int k0, int kc, float *P) {
+    const __m256i hm = _mm256_set1_epi32((int)0xFFFF0000);
+    for (int r = r0; r < r1; r++) {
+        const uint16_t *w = j->w + (size_t)r * j->in + k0;
+        float *pr = P + (size_t)(r - r0) * DS41_KC;
+        for (int g = 0; g < kc / 16; g++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(w + 16 * g));
+            float *o = pr + 32 * (g >> 1) + 8 * (g & 1);
+            _mm256_store_ps(o, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+            _mm256_store_ps(o + 16, _mm256_castsi256_ps(_mm256_and_si256(v, hm)));
+        }
+        if ((kc / 16) & 1) {
+            float *o = pr + 32 * (kc / 32) + 8;
+            _mm256_store_ps(o, _mm256_setzero_ps());
+            _mm256_store_ps(o + 16, _mm256_setzero_ps());
+        }
+    }
+    return ((kc + 31) & ~31) / 8;
+}
+
+/* T > 8: per panel of KCB words, the item's rows copied once, then every token through it */
+static void item_p(const bjob *j, int r0, int r1, int nxr0, int nxr1, bscratch *s) {
+    int nr = r1 - r0, T = j->T;
+    float *acc = s->acc;
+    for (int k0 = 0; k0 < j->kv; k0 += KCB) {
+        int kc = j->kv - k0 < KCB ? j->kv - k0 : KCB;
+        /* the next panel: this item's next K, or the next item's first */
+        int nk0 = k0 + KCB < j->kv ? k0 + KCB : 0, nkc = j->kv - nk0 < KCB ? j->kv - nk0 : KCB;
+        int n0 = nk0 ? r0 : nxr0, n1 = nk0 ? r1 : nxr1;
+        __m512i mn, mx;
+        wtrack_init(&mn, &mx);
+        pan_b(j, r0, r1, k0, kc, s->PB, &mn, &mx, n0, n1, nk0, nkc);
+        if (fits(mn, mx, j->xmin, j->xmax, j->kv)) {
+            int ns = (kc + 31) / 32;
+            for (int t0 = 0; t0 < T; t0 += PC) {
+                int C = T - t0 < PC ? T - t0 : PC;
+                for (int q = 0; q < nr; q += PR) {
+                    int R = nr - q < PR ? nr - q : PR;
+                    mk_p[R - 1][C - 1](s->PB + (size_t)q * (KCB / 2), j->ab + (size_t)t0 * j->ldab + k0 / 2, j->ldab, ns,
+                                       acc + ((size_t)q * T + t0) * 16, T, k0 == 0);
+                }
+            }
+            continue;
+        }
+        /* the FMA road for this panel, in DS41_KC-wide parts */
+        __atomic_fetch_add(&ds41_fast_bf16_dfall_w, 1, __ATOMIC_RELAXED);
+        if (!s->P) s->P = amalloc((size_t)BITEM * DS41_KC * sizeof(float));
+        if (!s->P || !fma_acts(j, s)) return;
+        const ds41_fast_ops *o = ds41_fast_ops_avx512();
+        for (int k1 = k0; k1 < k0 + kc; k1 += DS41_KC) {
+            int kc1 = k0 + kc - k1 < DS41_KC ? k0 + kc - k1 : DS41_KC;
+            int nch = pan_f(j, r0, r1, k1, kc1, s->P);
+            o->pf_float(s->P, nr, s->xp + k1, s->ldp, T, nch, acc, k1 == 0);
+        }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < T; t++)
+            j->y[(size_t)t * j->ys + r0 + r] = fin(j, hsum16(_mm512_loadu_ps(acc + ((size_t)r * T + t) * 16)), t, r0 + r);
+}
+
+static void bjob_items(void *arg, int i0, int i1) {
+    const bjob *j = arg;
+    bscratch s = { NULL, NULL, NULL, NULL, 0 };
+    if (j->T > 8) {
+        s.PB = amalloc((size_t)BITEM * KCB * 2);
+        s.acc = amalloc((size_t)BITEM * j->T * 16 * sizeof(float));
+        if (!s.PB || !s.acc) { free(s.PB); free(s.acc); return; }
+    }
+    for (int it = i0; it < i1; it++) {
+        int r0 = it * BITEM, r1 = r0 + BITEM < j->out ? r0 + BITEM : j->out;
+        if (j->T <= 8) {
+            item_d(j, r0, r1, &s);
+        } else {
+            int n0 = it + 1 < i1 ? r1 : 0, n1 = it + 1 < i1 ? (r1 + BITEM < j->out ? r1 + BITEM : j->out) : 0;
+            item_p(j, r0, r1, n0, n1, &s);
+        }
+    }
+    free(s.PB); free(s.acc); free(s.P); free(s.xp);
+}
+
+/* ds41_fast_dense for BF16 weights (kind 0): the vdpbf16ps road per 64-token tile whose
+ * activations allow it, the FMA road for the others */
+static void dense_b(const ds41_ctx *ctx, const uint16_t *wb, int out, int in, const float *x, int x_stride, int T,
+                    float *y, int y_stride, int out_bf16) {
+    if (T == 1) {   /* decode: the FMA road (the stream is bound by memory: see performance.md) */
+        ds41_fast_dense(ctx, 0, wb, NULL, NULL, 0, out, in, x, x_stride, T, y, y_stride, out_bf16);
+        return;
+    }
+    int kv = in & ~15;
+    int tt = T < BTT ? T : BTT;
+    size_t ldab = (size_t)((kv + 31) & ~31) / 2;
+    uint32_t *ab = kv > 0 && T > 0 && out > 0 ? amalloc((size_t)tt * ldab * sizeof(uint32_t)) : NULL;
+    for (int t0 = 0; t0 < T; t0 += tt) {
+        int nt = T - t0 < tt ? T - t0 : tt;
+        const float *xt = x + (size_t)t0 * x_stride;
+        float *yt = y + (size_t)t0 * y_stride;
+        bjob j = { wb, out, in, kv, nt, ab, ldab, 0, 0, xt, (size_t)x_stride, yt, (size_t)y_stride, out_bf16 };
+        if (!ab || !acts_b(xt, (size_t)x_stride, nt, kv, ab, ldab, &j.xmin, &j.xmax)) {
+            if (ab) __atomic_fetch_add(&ds41_fast_bf16_dfall_x, 1, __ATOMIC_RELAXED);
+            ds41_fast_dense(ctx, 0, wb, NULL, NULL, 0, out, in, xt, x_stride, nt, yt, y_stride, out_bf16);
+            continue;
+        }
+        __atomic_fetch_add(&ds41_fast_bf16_dtiles, 1, __ATOMIC_RELAXED);
+        int n_items = (out + BITEM - 1) / BITEM;
+        if ((long long)out * in * nt >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, bjob_items, &j);
+        else bjob_items(&j, 0, n_items);
+    }
+    free(ab);
+}
+
+static const ds41_fast_bf16 bf16_ops = { pan_fp4b, pf_fp4b, probe_ratio, dense_b };
 const ds41_fast_bf16 *ds41_fast_bf16_avx512(void) { return &bf16_ops; }
 
 #ifdef __clang__

@@ -113,6 +113,12 @@ typedef struct ds41_fast_bf16 {
     void (*pf_fp4b)(const int16_t *PW, int nr, const int16_t *AB, size_t ldab, const float *SAV, size_t ldsa, int T,
                     int nblk, float *acc, int z);
     double (*probe)(void);
+    /* ds41_fast_dense for BF16 weights (kind 0) on vdpbf16ps where the activations are BF16
+     * values and the weights allow it (the conditions at its definition), the FMA road
+     * elsewhere: the FMA road's bits either way. linear.c calls it instead of ds41_fast_dense
+     * when the road is on (ds41_fast_bf16_on with the AVX-512 ops). */
+    void (*dense)(const ds41_ctx *ctx, const uint16_t *wb, int out, int in, const float *x, int x_stride, int T,
+                  float *y, int y_stride, int out_bf16);
 } ds41_fast_bf16;
 const ds41_fast_bf16 *ds41_fast_bf16_avx512(void);
 /* 1 when the AVX-512 path uses the BF16 FP4 panels (set at first use from the probe, or by
@@ -124,6 +130,13 @@ extern double ds41_fast_bf16_ratio;
 /* panels that asked for the BF16 road and took the int16 one (a scale byte out of range, or an
  * activation word not exact in BF16), and those that took it (tests check both run) */
 extern long long ds41_fast_bf16_panels, ds41_fast_bf16_fallbacks;
+/* the BF16 linears (dense above): 64-token tiles that took the vdpbf16ps road; tiles sent to
+ * the FMA road by their activations (a value not BF16, or subnormal, infinite, NaN); 32-row
+ * items (T <= 8) or panels (T > 8) sent there by their weights */
+extern long long ds41_fast_bf16_dtiles, ds41_fast_bf16_dfall_x, ds41_fast_bf16_dfall_w;
+/* tests: 0 switches off the range conditions of that road (not the check that the activations
+ * are BF16 values), to show that the cases they refuse would change bits; 1 otherwise */
+extern int ds41_fast_bf16_dguard;
 
 const ds41_fast_ops *ds41_fast_ops_avx2(void);
 const ds41_fast_ops *ds41_fast_ops_avx512(void);   /* NULL when not compiled in */
