@@ -1030,7 +1030,7 @@ expect_job split_serve_dp_refused "ds41 serve: --dp-attention and --split layers
 
 # ---------------------------------------------------------------- --split layers (pipeline stages)
 # Each rank runs a contiguous range of layers (the default stages balance the weight bytes, at
-# KV sources unless a cut elsewhere makes the largest stage 10 % smaller: tiny -n 2 = 0-2 / 3-5,
+# KV sources unless a cut elsewhere makes the largest stage 5 % smaller: tiny -n 2 = 0-2 / 3-5,
 # -n 3 = 0-1 / 2-3 / 4-5 (sources 1 and 3); demo -n 2 = 0-3 / 4-7, -n 3 = 0-1 / 2-4 / 5-7, the
 # last stage keeping a replica of source 4), the residual rows (and at a cut that is not a KV
 # source the entries, top-k lists and candidate pool the next layers read) crossing point to

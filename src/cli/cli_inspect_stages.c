@@ -42,8 +42,9 @@ int ds41_cli_inspect_stages(const ds41_config *c, int n, const char *map, json_t
     double hop = (double)ds41_stage_row_bytes(c), token = (4.0 + 32.0) * (n - 1), logits = c->vocab_size * 4.0 + 32.0;
     json_t *per = json ? json_array() : NULL;
     if (!json)
-        printf("\nranks: %d (mpiexec -n %d --split layers; stages %s)\n", n, n,
-               map ? map : "default, balancing weight bytes; cuts at KV sources unless others balance 10 % better");
+        printf("\nranks: %d (mpiexec -n %d --split layers; stages %s%s)\n", n, n,
+               map ? map : "default, balancing weight bytes; at KV sources unless other cuts make the largest stage ",
+               map ? "" : DS41_STAGE_FINER_PCT_TEXT " smaller");
     for (int r = 0; r < n; r++) {
         double kv = 0, replica = 0;
         for (int l = first[r]; l < first[r + 1]; l++)

@@ -49,7 +49,8 @@ typedef struct ds41_cut_bytes {
 void ds41_stage_cut_bytes(const ds41_config *c, int l, long long ctx, ds41_cut_bytes *b);
 /* The default takes cuts that are not at KV sources only when they make the largest stage at
  * least this many percent smaller. */
-#define DS41_STAGE_FINER_PCT 10
+#define DS41_STAGE_FINER_PCT 5
+#define DS41_STAGE_FINER_PCT_TEXT "5 %"
 /* Weight bytes per backbone layer (the tensor contract; Engram tables at their layer) into
  * lb[n_layers], and the bytes the first stage adds (embedding) and the last (final norm, head,
  * DSpark stages). */
