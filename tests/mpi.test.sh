@@ -85,7 +85,24 @@ assert sum(q['weight_bytes'] for q in p) == o['weight_bytes'], (r, o['weight_byt
 assert r['hop_bytes_per_token'] == 4 * 257 * 4 and r['hops'] == 1 and r['token_bytes_per_token'] == 4 + 32, r
 assert r['serve_logits_bytes_per_token'] == 512 * 4 + 32, r
 assert [q['kv_bytes_per_token'] for q in p] == [35.0, 70.0], r   # KV sources 1 (ratio 2) and 3 (ratio 1)
+assert [h['bytes_per_token'] for h in r['per_hop']] == [4 * 257 * 4], r   # a KV source: the stream alone
 " "$TMP/i.json"; then pass split_inspect_tiny; else fail split_inspect_tiny "$(head -c 300 "$TMP/i.err")"; fi
+# stages that start at layers that are not KV sources (small43: the V4.1 layout, sources 2, 8,
+# 14 at ratio 2 and 20 at ratio 1, candidate pool of 20 read by 24-36): the stages 22-23 and
+# 24-39 each keep a replica of source 20 (36 + 34 B of main KV and index key a token), layers 0-21
+# hold 3 x 70 / 2 + 70 = 175 B a token; a decode step at 65536 tokens sends into layer 22 the
+# stream (4 x 257 x 4 = 4112 B), source 20's new entry (70 B), layer 20's top-k list (a 4-byte
+# width and 64 ids: 260 B; 22-23 reuse it) and the pool (4 B and 8192 blocks as bits: 1028 B),
+# into layer 24 (an index source itself) the stream, the entry and the pool
+if "$DS41" inspect --ranks 3 --split layers:0-21,22-23,24-39 --json tests/configs/small43 >"$TMP/i.json" 2>"$TMP/i.err" &&
+   "$PY" -c "
+import json, sys
+r = json.load(open(sys.argv[1]))['ranks']; p = r['per_rank']
+assert [(q['first_layer'], q['last_layer']) for q in p] == [(0, 21), (22, 23), (24, 39)], r
+assert [q['kv_bytes_per_token'] for q in p] == [175.0, 70.0, 70.0], r
+assert [q['replica_kv_bytes_per_token'] for q in p] == [0.0, 70.0, 70.0], r
+assert [(h['layer'], h['bytes_per_token']) for h in r['per_hop']] == [(22, 4112 + 70 + 260 + 1028), (24, 4112 + 70 + 1028)], r
+" "$TMP/i.json"; then pass split_inspect_off_source; else fail split_inspect_off_source "$(head -c 300 "$TMP/i.err")"; fi
 
 if ! command -v mpiexec >/dev/null || "$DS41" --help 2>&1 | grep -q "this build has no MPI"; then
     echo "SKIP mpi: no mpiexec or ds41 built without MPI (mpicc not on PATH at build time)"
@@ -921,8 +938,10 @@ else
 fi
 
 # ---------------------------------------------------------------- serve --split layers
-# Rank 0 runs the first stage (layers 0-3) and the scheduler, rank 1 the last (4-7) and the
-# head; each step's items go through the stages in micro-batches, rank 0 running the next
+# Rank 0 runs the first stage (layers 0-4) and the scheduler, rank 1 the last (5-7) and the
+# head (--split layers:0-4,5-7: the last stage starts at layer 5, not a KV source, so source 4's
+# new entries, its top-k lists and its candidate pool cross with the stream, and rank 1 keeps a
+# replica of source 4's pages, which its prefix cache publishes and restores too); each step's items go through the stages in micro-batches, rank 0 running the next
 # micro-batch's stage while rank 1 runs the one before, and the logits come back to rank 0
 # only. The prefix cache is on: each stage's cache keeps its layers' part of every block (the
 # same blocks on every rank: the same records in the same order, each block counted at its
@@ -937,16 +956,18 @@ fi
 # request its 503 naming rank 1, a killed one ends the job at once (the guard answering every
 # request).
 if [ -s "$TMP/s1.out" ]; then
-    job_answers "$TMP/s4.log" "$TMP/s4.out" --split layers
+    job_answers "$TMP/s4.log" "$TMP/s4.out" --split layers:0-4,5-7
     if [ "$ja_rc" != start ]; then
         c4=$ja_c s4rc=$ja_rc
-        fl=$(sed -n 's/.*pipe: layers 0\.\.3 of 8 + embedding;.*pipelined serve steps \([0-9]*\), at most \([0-9]*\) forwards in flight, \([0-9]*\) steps overlapped.*/\1 \2 \3/p' "$TMP/s4.log")
+        side=$(sed -n 's/.*pipe: layers 5\.\.7 of 8 + head;.*stream received [0-9]* hops [0-9]* rows [0-9]* bytes (\([0-9]*\) beside the stream.*/\1/p' "$TMP/s4.log")
+        fl=$(sed -n 's/.*pipe: layers 0\.\.4 of 8 + embedding;.*pipelined serve steps \([0-9]*\), at most \([0-9]*\) forwards in flight, \([0-9]*\) steps overlapped.*/\1 \2 \3/p' "$TMP/s4.log")
         hits=$(hits_agree "$TMP/s4.out")
         if [ $c4 -ne 0 ]; then fail serve_split_answers "a request failed: $(grep -v '^{"' "$TMP/s4.out" | head -c 300)"
         elif ! cmp -s "$TMP/s1.out" "$TMP/s4.out"; then fail serve_split_answers "answers differ from one process: $(cmp "$TMP/s1.out" "$TMP/s4.out")"
         elif [ ! -s "$TMP/s1w.out" ] || ! cmp -s "$TMP/s1w.out" "$TMP/s4.out.whole"; then
             fail serve_split_answers "whole-block prompts differ from one process: $(head -c 300 "$TMP/s4.out.whole")"
         elif [ -n "$hits" ]; then fail serve_split_answers "$hits"
+        elif [ -z "$side" ] || [ "$side" -le 0 ]; then fail serve_split_answers "rank 1 received '$side' bytes beside the stream (expected some): $(grep pipe: "$TMP/s4.log")"
         elif [ $s4rc -ne 0 ]; then fail serve_split_answers "the job ended with status $s4rc after SIGTERM: $(tail -n 2 "$TMP/s4.log")"
         elif ! set -- $fl || [ $# -ne 3 ] || [ "$1" -lt 1 ] || [ "$2" -lt 2 ] || [ "$3" -lt 1 ]; then
             fail serve_split_answers "rank 0's steps / forwards in flight / steps overlapped: '$fl' (expected at least 1 / 2 / 1): $(grep pipe: "$TMP/s4.log")"
@@ -1008,25 +1029,38 @@ expect_job split_serve_dp_refused "ds41 serve: --dp-attention and --split layers
     mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --split layers --dp-attention
 
 # ---------------------------------------------------------------- --split layers (pipeline stages)
-# Each rank runs a contiguous range of layers (a stage starts at a KV source: tiny -n 2 = 0-2 /
-# 3-5, -n 3 = 0 / 1-2 / 3-5; demo -n 2 = 0-3 / 4-7, -n 3 = 0-1 / 2-3 / 4-7), the residual rows
-# crossing point to point: tokens and logits bit-identical to one process, exact and fast.
+# Each rank runs a contiguous range of layers (the default stages balance the weight bytes, at
+# KV sources unless a cut elsewhere makes the largest stage 5 % smaller: tiny -n 2 = 0-2 / 3-5,
+# -n 3 = 0-1 / 2-3 / 4-5 (sources 1 and 3); demo -n 2 = 0-3 / 4-7, -n 3 = 0-1 / 2-4 / 5-7, the
+# last stage keeping a replica of source 4), the residual rows (and at a cut that is not a KV
+# source the entries, top-k lists and candidate pool the next layers read) crossing point to
+# point: tokens and logits bit-identical to one process, exact and fast.
 # (`same` runs the one process with the same flags: --split is a job flag, a plain run has one
 # stage.) DS41_MPI_VERBOSE's "pipe:" lines give each rank's layers and the rows it moved.
 same split_exact_tiny_n3 3 -m "$tiny" --prompt-ids "$P20" -n 12 --exact --ignore-eos --split layers
 same split_exact_demo_n2 2 -m "$demo" -p "Once upon a time" -n 24 --exact --ignore-eos --split layers
-# demo -n 3, exact (the tokens and logits of split_exact_demo_n2's one process), its stages and
-# the rows crossing: the 6-token prompt's CED prefill sends every
-# row into layer 2 (a KV source reads every row) and into layer 4, then one row per decode step
-if DS41_MPI_VERBOSE=1 $RUN -n 3 "$DS41" run -m "$demo" -p "Once upon a time" -n 24 --exact --ignore-eos --split layers \
+# demo -n 3, exact (the tokens and logits of split_exact_demo_n2's one process), with stages
+# that start at layers that are not KV sources (--split layers:0-2,3-4,5-7; sources 2 and 4),
+# and the rows and bytes crossing: the 6-token prompt's CED prefill sends every row (layer 3
+# reads source 2, which read every row; T < window), then one row per decode step: 6 + 23 rows
+# of 3088 B (4 x (192 + 1) x 4) and a 32-byte header per step, and beside the stream what the
+# next stage's layers read of the layers before it (records of 36 + 17 B per entry):
+#   into 3: source 2's new entries (ratio 2: 3 in the prefill, then one at each odd position
+#     7..27, 11) and layer 2's top-k lists, reused by 3 (a 4-byte width and T x min(32, (P + T)
+#     / 2) ids: 4 + 6 x 3 x 4 in the prefill, then sum over P = 6..28 of 4 + 4 x (P + 1) / 2 =
+#     23 x 4 + 4 x 201): 14 x 53 + 76 + 896 = 1714 B;
+#   into 5: source 4's entries (ratio 1: 6 + 23), layer 4's lists, reused by 5 (4 + 6 x 6 x 4,
+#     then 23 x 4 + 4 x (7 + ... + 29) = 92 + 1656), and the candidate pool of 4 that 6 reads (a
+#     4-byte count and a byte of block bits per row: 4 + 6, then 23 x 5): 29 x 53 + 148 + 1748 +
+#     10 + 115 = 3558 B.
+if DS41_MPI_VERBOSE=1 $RUN -n 3 "$DS41" run -m "$demo" -p "Once upon a time" -n 24 --exact --ignore-eos --split layers:0-2,3-4,5-7 \
        --mpi-timeout 30 --dump-logits "$TMP/b.f32" >"$TMP/b.out" 2>"$TMP/b.err" && cmp -s "$TMP/b.out" "$TMP/a.out" &&
    cmp -s "$TMP/b.f32" "$TMP/a.f32"; then
-    got=$(sed -n 's/.*pipe: layers \([0-9.]*\) of 8.*sent [0-9]* hops \([0-9]*\) rows \([0-9]*\) bytes.*/\1 \2 \3/p' "$TMP/b.err" | sort | tr '\n' ' ')
-    # 6 + 23 rows per hop, 3088 B each (4 x (192 + 1) x 4) plus a 32-byte header per step
-    want="0..1 29 $((29 * 3088 + 24 * 32)) 2..3 29 $((29 * 3088 + 24 * 32)) 4..7 0 0 "
-    [ "$got" = "$want" ] && pass split_stages_demo_n3 || fail split_stages_demo_n3 "got '$got', expected '$want'"
+    got=$(sed -n 's/.*pipe: layers \([0-9.]*\) of 8.*sent [0-9]* hops \([0-9]*\) rows \([0-9]*\) bytes (\([0-9]*\) beside the stream.*/\1 \2 \3 \4/p' "$TMP/b.err" | sort | tr '\n' ' ')
+    want="0..2 29 $((29 * 3088 + 24 * 32 + 1714)) 1714 3..4 29 $((29 * 3088 + 24 * 32 + 3558)) 3558 5..7 0 0 0 "
+    [ "$got" = "$want" ] && pass split_stages_off_source_demo_n3 || fail split_stages_off_source_demo_n3 "got '$got', expected '$want'"
 else
-    fail split_stages_demo_n3 "tokens or logits differ from one process, or the job failed: $(tail -n 3 "$TMP/b.err")"
+    fail split_stages_off_source_demo_n3 "tokens or logits differ from one process, or the job failed: $(tail -n 3 "$TMP/b.err")"
 fi
 # ids after the last stage: the same run without --dump-logits, with --json, gives one process's
 # tokens and top-5 logprobs (the 24 lines before the timing line), and the last stage sent no
@@ -1038,21 +1072,22 @@ if "$DS41" run -m "$demo" -p "Once upon a time" -n 24 --exact --ignore-eos --jso
    DS41_MPI_VERBOSE=1 $RUN -n 3 "$DS41" run -m "$demo" -p "Once upon a time" -n 24 --exact --ignore-eos --split layers \
        --json --mpi-timeout 30 >"$TMP/b.out" 2>"$TMP/b.err" && [ "$(wc -l <"$TMP/aj.out")" = 25 ] &&
    cmp -s <(head -n 24 "$TMP/b.out") <(head -n 24 "$TMP/aj.out"); then
-    got=$(sed -n 's/.*pipe: layers 4\.\.7 of 8 + head;.*logits sent \([0-9]*\) bytes, tokens \([0-9]*\) bytes.*/\1 \2/p' "$TMP/b.err")
+    got=$(sed -n 's/.*pipe: layers 5\.\.7 of 8 + head;.*logits sent \([0-9]*\) bytes, tokens \([0-9]*\) bytes.*/\1 \2/p' "$TMP/b.err")
     [ "$got" = "$((24 * (32 + 52))) $((24 * 2 * (32 + 4)))" ] && pass split_ids_demo_n3 ||
         fail split_ids_demo_n3 "top-logprob / token bytes '$got', expected '2016 1728'"
 else
     fail split_ids_demo_n3 "tokens or top logprobs differ from one process, or a run failed: $(tail -n 3 "$TMP/b.err" "$TMP/aj.err")"
 fi
 same split_fast_demo_n3 3 -m "$demo" -p "Once upon a time" -n 24 --ignore-eos --split layers
-# --spec under --split layers: the last stage holds every DSpark target layer (5-7 behind KV
-# source 4) and runs the drafter; it sends each step's drafts (64 B behind a 32-byte header) and
+# --spec under --split layers: the last stage holds every DSpark target layer (5-7; here it
+# starts at 5, behind KV source 4, whose entries, top-k lists and candidate pool cross with the
+# stream and whose replica on the last stage the verifies' rollbacks roll back too) and runs the drafter; it sends each step's drafts (64 B behind a 32-byte header) and
 # each verify's outcome (8 B + 32) to rank 0. The tokens, every step's spec_step (drafts' conf,
 # accepted), the logits and the run's spec counts equal one process's; 16 steps of 3 drafts.
 if "$DS41" run -m "$demo" -p "Once upon a time" -n 24 --exact --ignore-eos --spec fixed:3 --json \
        --dump-logits "$TMP/a.f32" >"$TMP/a.out" 2>"$TMP/a.err" &&
    DS41_MPI_VERBOSE=1 $RUN -n 2 "$DS41" run -m "$demo" -p "Once upon a time" -n 24 --exact --ignore-eos --spec fixed:3 \
-       --json --split layers --mpi-timeout 30 --dump-logits "$TMP/b.f32" >"$TMP/b.out" 2>"$TMP/b.err"; then
+       --json --split layers:0-4,5-7 --mpi-timeout 30 --dump-logits "$TMP/b.f32" >"$TMP/b.out" 2>"$TMP/b.err"; then
     d=$(/usr/bin/python3 -c "
 import json, sys
 a, b = (open(f).read().splitlines() for f in sys.argv[1:3])
@@ -1066,7 +1101,7 @@ sa, sb = spec(json.loads(a[-1])), spec(json.loads(b[-1]))
 print('' if a[:-1] == b[:-1] and len(a) == 25 and sa == sb and sa['steps'] == 16 and sa['drafted'] == 48 else
       'steps or counts differ: %s vs %s' % (sa, sb))
 " "$TMP/a.out" "$TMP/b.out")
-    sb=$(sed -n 's/.*pipe: layers 4\.\.7 of 8 + head;.*spec \([0-9]*\) bytes.*/\1/p' "$TMP/b.err")
+    sb=$(sed -n 's/.*pipe: layers 5\.\.7 of 8 + head;.*spec \([0-9]*\) bytes.*/\1/p' "$TMP/b.err")
     if [ -n "$d" ]; then fail split_spec_fixed3_demo_n2 "$d"
     elif ! cmp -s "$TMP/a.f32" "$TMP/b.f32"; then fail split_spec_fixed3_demo_n2 "logits differ ($(cmp "$TMP/a.f32" "$TMP/b.f32" | head -n 1))"
     elif [ "$sb" != $((16 * (32 + 64) + 16 * (32 + 8))) ]; then fail split_spec_fixed3_demo_n2 "the last stage sent '$sb' spec bytes, expected 2176"
@@ -1074,8 +1109,12 @@ print('' if a[:-1] == b[:-1] and len(a) == 25 and sa == sb and sa['steps'] == 16
 else
     fail split_spec_fixed3_demo_n2 "a run failed: $(tail -n 2 "$TMP/a.err") $(tail -n 3 "$TMP/b.err")"
 fi
-same split_exact_small43_n2_map 2 -m "$small" --prompt-ids "$P90" -n 8 --exact --ignore-eos --split layers --layer-map 0-13,14-39
-if $RUN -n 3 "$DS41" perplexity -m "$demo" -f "$TMP/text" -c 128 --json --exact --split layers --mpi-timeout 30 \
+# small43 (the V4.1 layout) in 3 stages from --layer-map, the two later ones starting after the
+# last KV source (20): 22-23 keep a replica of 20 and get its top-k lists and candidate pool,
+# which they pass on to 24-39 with 20's entries (a replica there too)
+same split_exact_small43_n3_map 3 -m "$small" --prompt-ids "$P90" -n 8 --exact --ignore-eos --split layers --layer-map 0-21,22-23,24-39
+# perplexity (chunks of 128 rows, every row's logits) with a stage that starts at 3, not a KV source
+if $RUN -n 3 "$DS41" perplexity -m "$demo" -f "$TMP/text" -c 128 --json --exact --split layers:0-2,3-4,5-7 --mpi-timeout 30 \
        >"$TMP/p3.json" 2>"$TMP/p3.err"; then   # $TMP/p1.json: the one process of perplexity_n3
     d=$("$PY" -c "
 import json, sys
@@ -1105,7 +1144,11 @@ for d in tests/malformed/layer-map/*/; do
 done
 [ -z "$bad" ] && [ $n -ge 10 ] && pass "split_layer_map_malformed_corpus ($n cases)" || fail split_layer_map_malformed_corpus "$n cases;$bad"
 # refusals that need no job: they come from the flags and the config, the same on every rank
-expect_job split_too_many_ranks "8 layers cannot make 4 stages" 60 "$DS41" inspect --ranks 4 --split layers "$demo"
+expect_job split_too_many_ranks "8 layers cannot make 7 stages (5 places to cut: a stage starts at a layer 1..5), so at most 6 ranks" 60 \
+    "$DS41" inspect --ranks 7 --split layers "$demo"
+expect_job split_ranges_empty "ds41: --split layers: needs ranges after the colon" 60 "$DS41" inspect --ranks 2 --split layers: "$demo"
+expect_job split_ranges_twice "--split layers:RANGES and --layer-map both give the stages" 60 \
+    "$DS41" inspect --ranks 2 --split layers:0-3,4-7 --layer-map 0-3,4-7 "$demo"
 expect_job split_expert_map_refused "with --split layers each rank runs all the experts of its layers" 60 \
     "$DS41" run -m "$demo" -p "x" -n 2 --split layers --expert-map "$TMP/map"
 expect_job split_missing_stage_file "rank 1: .*noshard" 60 \

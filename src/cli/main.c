@@ -39,7 +39,7 @@ static void usage(FILE *f) {
                "  ds41 bench -m models/demo\n"
                "\nREADME.md has a five-minute tour; docs/commands.md every option.\n");
     fprintf(f, "\nunder mpiexec (docs/distributed.md): mpiexec -n N ds41 COMMAND ... [--expert-map FILE] "
-               "[--mpi-timeout SECONDS] [--split experts|layers [--layer-map RANGES] [--pipe-batches N]]%s\n", ds41_dist_built() ? "" : " (this build has no MPI)");
+               "[--mpi-timeout SECONDS] [--split experts|layers[:RANGES] [--layer-map RANGES] [--pipe-batches N]]%s\n", ds41_dist_built() ? "" : " (this build has no MPI)");
 }
 
 /* The command whose name is closest to s (Levenshtein distance at most 2), or NULL: for

@@ -17,14 +17,24 @@
 static struct {
     int set, layers;            /* --split given; 1: layers */
     const char *map;
+    int map_split, map_flag;    /* the stages came from --split layers:RANGES / --layer-map */
     int eager;                  /* ds41_pipe_set_eager: serve */
     int batches;                /* --pipe-batches, 0: the default */
 } f;
 
 int ds41_pipe_flag(const char *a, const char *v, char *err, size_t cap) {
     if (!strcmp(a, "--split")) {
+        if (v && !strncmp(v, "layers:", 7)) {   /* --split layers:0-3,4-5,6-7: the stages given */
+            if (!v[7]) {
+                snprintf(err, cap, "--split layers: needs ranges after the colon, one LO-HI per rank (e.g. layers:0-3,4-7)");
+                return -1;
+            }
+            f.set = f.layers = f.map_split = 1;
+            f.map = v + 7;
+            return 1;
+        }
         if (!v || (strcmp(v, "experts") && strcmp(v, "layers"))) {
-            snprintf(err, cap, "--split: '%s' is neither experts (the default) nor layers", v ? v : "");
+            snprintf(err, cap, "--split: '%s' is neither experts (the default), layers nor layers:RANGES", v ? v : "");
             return -1;
         }
         f.set = 1;
@@ -48,6 +58,7 @@ int ds41_pipe_flag(const char *a, const char *v, char *err, size_t cap) {
             return -1;
         }
         f.map = v;
+        f.map_flag = 1;
         return 1;
     }
     return 0;
@@ -59,6 +70,7 @@ int ds41_pipe_batches(int ranks) {
     return n > DS41_PIPE_MAX_BATCHES ? DS41_PIPE_MAX_BATCHES : n;
 }
 const char *ds41_pipe_flags_error(void) {
+    if (f.map_split && f.map_flag) return "--split layers:RANGES and --layer-map both give the stages (give one)";
     if (f.layers) return NULL;
     if (f.map) return "--layer-map needs --split layers";
     if (f.batches) return "--pipe-batches needs --split layers (it cuts serve's steps for the stages)";
@@ -70,6 +82,7 @@ const char *ds41_pipe_layer_map(void) { return f.map; }
 uint64_t ds41_pipe_flags_hash(uint64_t h) {
     h = ds41_fnv(h, &f.layers, sizeof f.layers);
     h = ds41_fnv(h, &f.batches, sizeof f.batches);
+    h = ds41_fnv(h, &f.map_split, sizeof f.map_split);
     return f.map ? ds41_fnv(h, f.map, strlen(f.map) + 1) : h;
 }
 
@@ -103,6 +116,8 @@ struct ds41_pipe {
     pending *pend;
     int n_pend, cap_pend;
     int *first;
+    ds41_cut_need need_lo, need_hi;   /* what crosses the cut in front of this stage / the next */
+    long long side_sent, side_recv;   /* of the bytes sent / received: what crossed besides the stream */
     size_t hc, dim;
     unsigned char *buf;
     size_t cap;
@@ -118,6 +133,17 @@ static ds41_pipe *open_pipe;    /* for the report at the end */
 int ds41_pipe_first(const ds41_pipe *p) { return p->rank == 0; }
 int ds41_pipe_last(const ds41_pipe *p) { return p->rank == p->size - 1; }
 int ds41_pipe_holds(const ds41_pipe *p, int l) { return l >= p->lo && l < p->hi; }
+
+int ds41_pipe_holds_store(const ds41_pipe *p, int i, int layer) {
+    return ds41_pipe_holds(p, layer) || (layer < p->lo && i >= 0 && i < DS41_MAX_LIST && p->need_lo.stores[i]);
+}
+
+const ds41_cut_need *ds41_pipe_cut(const ds41_pipe *p, int l) {
+    if (!p) return NULL;
+    if (l == p->lo && l > 0) return &p->need_lo;
+    if (l == p->hi && l < p->L) return &p->need_hi;
+    return NULL;
+}
 
 int ds41_pipe_open(const ds41_config *c, ds41_pipe **out, char *err, size_t cap) {
     *out = NULL;
@@ -145,6 +171,8 @@ int ds41_pipe_open(const ds41_config *c, ds41_pipe **out, char *err, size_t cap)
     p->L = c->n_layers;
     p->hc = (size_t)c->hc_mult;
     p->dim = (size_t)c->dim;
+    ds41_stage_cut_needs(c, p->lo, &p->need_lo);
+    ds41_stage_cut_needs(c, p->hi, &p->need_hi);
     if (MPI_Comm_dup(MPI_COMM_WORLD, &p->comm) != MPI_SUCCESS) {
         free(p); free(first);
         snprintf(err, cap, "--split layers: MPI_Comm_dup failed");
@@ -217,15 +245,17 @@ static int check_hdr(const unsigned char *buf, uint64_t step, uint64_t plan, int
 }
 #endif
 
-int ds41_pipe_layer(ds41_pipe *p, float *X, float *pre, int l, size_t k0, size_t N, char *err, size_t cap) {
+int ds41_pipe_layer(ds41_pipe *p, float *X, float *pre, int l, size_t k0, size_t N, void *side, size_t side_n, char *err,
+                    size_t cap) {
     if (l == 0) p->step++;
 #ifdef DS41_HAVE_MPI
     int recv = l == p->lo && l > 0, send = l == p->hi && l < p->L;
     if (recv || send) {
         size_t rows = N - k0, xs = rows * p->hc * p->dim * sizeof(float), ps = rows * p->hc * sizeof(float);
-        size_t len = sizeof(hop_hdr) + xs + ps;
+        size_t len = sizeof(hop_hdr) + xs + ps + side_n;
         if (len > (size_t)0x7fffffff) {
-            snprintf(err, cap, "--split layers: %zu rows of the stream do not fit one MPI message", rows);
+            snprintf(err, cap, "--split layers: %zu rows of the stream and %zu bytes beside them do not fit one MPI message",
+                     rows, side_n);
             return -1;
         }
         if (reserve(p, len, err, cap)) return -1;
@@ -235,20 +265,24 @@ int ds41_pipe_layer(ds41_pipe *p, float *X, float *pre, int l, size_t k0, size_t
             memcpy(p->buf, &h, sizeof h);
             memcpy(p->buf + sizeof h, X + k0 * p->hc * p->dim, xs);
             memcpy(p->buf + sizeof h + xs, pre + k0 * p->hc, ps);
+            if (side_n) memcpy(p->buf + sizeof h + xs + ps, side, side_n);
             snprintf(what, sizeof what, "the stream into layer %d, to the next stage", l);
             move(p, 1, p->rank + 1, len, what);
             p->hops_sent++, p->rows_sent += (long long)rows, p->bytes_sent += (long long)len;
+            p->side_sent += (long long)side_n;
         } else {
             snprintf(what, sizeof what, "the stream into layer %d, from the stage before", l);
             move(p, 0, p->rank - 1, len, what);
             if (check_hdr(p->buf, p->step, p->plan, p->rank - 1, (uint32_t)l, rows, err, cap)) return -1;
             memcpy(X + k0 * p->hc * p->dim, p->buf + sizeof(hop_hdr), xs);
             memcpy(pre + k0 * p->hc, p->buf + sizeof(hop_hdr) + xs, ps);
+            if (side_n) memcpy(side, p->buf + sizeof(hop_hdr) + xs + ps, side_n);
             p->hops_recv++, p->rows_recv += (long long)rows, p->bytes_recv += (long long)len;
+            p->side_recv += (long long)side_n;
         }
     }
 #else
-    (void)X, (void)pre, (void)k0, (void)N, (void)err, (void)cap;
+    (void)X, (void)pre, (void)k0, (void)N, (void)side, (void)side_n, (void)err, (void)cap;
 #endif
     return l >= p->lo && l < p->hi;
 }
@@ -468,10 +502,10 @@ int ds41_pipe_report(char *line, size_t cap) {
     if (!p) return 0;
     const char *role = p->size == 1 ? " + embedding, head" : p->rank == 0 ? " + embedding" : p->rank == p->size - 1 ? " + head" : "";
     snprintf(line, cap, "pipe: layers %d..%d of %d%s; %llu forwards; stream received %lld hops %lld rows %lld "
-             "bytes, sent %lld hops %lld rows %lld bytes (%lld B per row); logits sent %lld bytes, tokens %lld bytes, spec %lld bytes; %.3f s waiting; "
+             "bytes (%lld beside the stream), sent %lld hops %lld rows %lld bytes (%lld beside the stream; %lld B per row); logits sent %lld bytes, tokens %lld bytes, spec %lld bytes; %.3f s waiting; "
              "pipelined serve steps %lld, at most %d forwards in flight, %lld steps overlapped",
-             p->lo, p->hi - 1, p->L, role, (unsigned long long)p->step, p->hops_recv, p->rows_recv, p->bytes_recv, p->hops_sent, p->rows_sent,
-             p->bytes_sent, (long long)(p->hc * (p->dim + 1) * sizeof(float)), p->shared_bytes, p->token_bytes, p->spec_bytes, p->wait_s, p->deferred_steps,
+             p->lo, p->hi - 1, p->L, role, (unsigned long long)p->step, p->hops_recv, p->rows_recv, p->bytes_recv, p->side_recv,
+             p->hops_sent, p->rows_sent, p->bytes_sent, p->side_sent, (long long)(p->hc * (p->dim + 1) * sizeof(float)), p->shared_bytes, p->token_bytes, p->spec_bytes, p->wait_s, p->deferred_steps,
              p->max_pend, p->overlapped);
     return 1;
 }

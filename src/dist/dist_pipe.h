@@ -18,8 +18,9 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "dist_stage.h"
 
-/* main() (ds41_dist_start): takes --split experts|layers, --layer-map RANGES and
+/* main() (ds41_dist_start): takes --split experts|layers|layers:RANGES, --layer-map RANGES and
  * --pipe-batches N out of argv.
  * Returns 1 when a is one of them (v its value), 0 when not, -1 with err (a bad value). */
 int ds41_pipe_flag(const char *a, const char *v, char *err, size_t cap);
@@ -49,9 +50,19 @@ int ds41_pipe_holds(const ds41_pipe *p, int l);
 int ds41_pipe_last(const ds41_pipe *p);     /* this rank runs the head */
 /* The forward loop, in front of layer l, over the N stacked rows of the stream X (hc x dim
  * per row) and pre (hc per row); k0: the first row layer l reads. At this stage's first layer
- * the rows [k0, N) arrive from the stage before; at the next stage's first layer they go to
- * it. Returns 1 when this rank runs layer l, 0 when not, -1 with err. */
-int ds41_pipe_layer(ds41_pipe *p, float *X, float *pre, int l, size_t k0, size_t N, char *err, size_t cap);
+ * the rows [k0, N) arrive from the stage before (and side_n bytes into side); at the next
+ * stage's first layer they go to it (with side_n bytes of side). Returns 1 when this rank runs layer l, 0 when not, -1 with err. */
+int ds41_pipe_layer(ds41_pipe *p, float *X, float *pre, int l, size_t k0, size_t N, void *side, size_t side_n, char *err,
+                    size_t cap);
+/* What crosses the cut in front of layer l besides the stream (dist_stage.h), when l is this
+ * stage's first layer (received: the side bytes of ds41_pipe_layer arrive with the stream) or
+ * the next stage's (sent); NULL when l is neither or p is NULL. The side bytes are the forward
+ * loop's (src/engine/fwd_attn.c ds41_fwd_cut_*): their length follows from the forward's plan,
+ * the same on both stages. */
+const ds41_cut_need *ds41_pipe_cut(const ds41_pipe *p, int l);
+/* 1 when this rank holds the store of KV source i (at layer): its stage runs the layer, or it
+ * keeps a replica (a stage that starts after the source, before a layer that reads it). */
+int ds41_pipe_holds_store(const ds41_pipe *p, int i, int layer);
 /* After the layers: the last stage's n logits floats at rows (V a row). dst[j] / at[j], j < m:
  * the m rows of V floats the forward wants (row at[j] of rows into dst[j]); m < 0: every row
  * (rows itself: they go to every rank; refused when deferred). Returns -1 with err, or flags:
@@ -96,7 +107,7 @@ void ds41_pipe_fetch(ds41_pipe *p, float *row, size_t V);
 void ds41_pipe_reduced(ds41_pipe *p, void *data, size_t n);
 void ds41_pipe_token(ds41_pipe *p, int *id);
 /* --spec under --split layers (a command, ids after the last stage): the DSpark stages run on
- * the last stage only (every target layer sits there at every allowed cut: ds41_pipe_holds_last).
+ * the last stage only (no stage starts after the first target layer, dist_stage.h: ds41_pipe_holds_last).
  * The last stage's n bytes at data go to every rank behind a 32-byte header (step, kind, plan
  * hash): the step's drafts (kind 2), a verify's outcome (kind 3), the calibration's proposal
  * timing (kind 4). A silent or drifted last stage ends the job (--mpi-timeout). */

@@ -1,5 +1,6 @@
 /* ds41 pipeline stages for --split layers (dist_stage.h, docs/distributed.md): where a stage
- * may start, the default ranges (balanced weight bytes) and the --layer-map parser. */
+ * may start, what crosses a cut, the default ranges (balanced weight bytes) and the --layer-map
+ * parser. */
 #include "dist_stage.h"
 
 #include <stdio.h>
@@ -13,25 +14,70 @@ int ds41_stage_cut_ok(const ds41_config *c, int l, char *why, size_t cap) {
         snprintf(why, cap, "layer %d is not inside 1..%d", l, c->n_layers - 1);
         return 0;
     }
-    if (!c->layers[l].is_kv_source) {
-        snprintf(why, cap, "layer %d is not a KV source (a stage starts only at one: its later layers read its KV; "
-                 "KV sources of this model:", l);
-        for (int i = 0; i < c->n_kv_sources; i++) {
-            size_t n = strlen(why);
-            snprintf(why + n, cap - n, " %d", c->kv_sources[i]);
-        }
-        size_t n = strlen(why);
-        snprintf(why + n, cap - n, ")");
-        return 0;
-    }
-    if (c->candidate_source >= 0 && c->candidate_source < l)
-        for (int k = l; k < c->n_layers; k++)
-            if (c->layers[k].uses_candidates) {
-                snprintf(why, cap, "layer %d reads the candidate pool of layer %d, which a stage at %d would leave behind",
-                         k, c->candidate_source, l);
+    /* the drafter runs on the last stage, beside every target layer's input stream */
+    if (c->n_mtp > 0)
+        for (int k = 0; k < c->n_dspark_targets; k++)
+            if (c->dspark_targets[k] < l) {
+                snprintf(why, cap, "DSpark target layer %d would sit on an earlier stage (the last stage runs the "
+                         "drafter and must hold every target layer, so no stage starts after layer %d)",
+                         c->dspark_targets[k], ds41_stage_last_cut(c));
                 return 0;
             }
     return 1;
+}
+
+int ds41_stage_last_cut(const ds41_config *c) {
+    int m = c->n_layers - 1;
+    for (int k = 0; c->n_mtp > 0 && k < c->n_dspark_targets; k++)
+        if (c->dspark_targets[k] < m) m = c->dspark_targets[k];
+    return m;
+}
+
+int ds41_stage_cut_needs(const ds41_config *c, int l, ds41_cut_need *nd) {
+    memset(nd, 0, sizeof *nd);
+    nd->layer = l;
+    if (l <= 0 || l >= c->n_layers) return 0;
+    for (int m = l; m < c->n_layers; m++) {
+        const ds41_layer_plan *lp = &c->layers[m];
+        if (lp->ratio <= 0) continue;
+        for (int i = 0; i < c->n_kv_sources; i++) {
+            int s = c->kv_sources[i];
+            if (s < l && (lp->kv_source == s || (lp->is_index_source && lp->index_k_source == s))) nd->stores[i] = 1;
+        }
+        if (lp->topk_source >= 0 && lp->topk_source < l && lp->topk_source < DS41_CUT_MAX_LAYERS)
+            nd->sel[lp->topk_source] = 1;
+        if (lp->uses_candidates && c->candidate_source >= 0 && c->candidate_source < l) nd->pool = 1;
+    }
+    for (int i = 0; i < c->n_kv_sources; i++) nd->n += nd->stores[i];
+    for (int m = 0; m < l && m < DS41_CUT_MAX_LAYERS; m++) nd->n += nd->sel[m];
+    nd->n += nd->pool;
+    return nd->n;
+}
+
+void ds41_stage_cut_bytes(const ds41_config *c, int l, long long ctx, ds41_cut_bytes *b) {
+    ds41_cut_need nd;
+    memset(b, 0, sizeof *b);
+    b->stream = (double)ds41_stage_row_bytes(c);
+    ds41_stage_cut_needs(c, l, &nd);
+    long long main_entry = c->head_dim / 2 + c->head_dim / 16, index_entry = c->index_head_dim / 2 + c->index_head_dim / 32;
+    for (int i = 0; i < c->n_kv_sources; i++)
+        if (nd.stores[i]) {
+            int r = c->layers[c->kv_sources[i]].ratio > 0 ? c->layers[c->kv_sources[i]].ratio : 1;
+            b->entries += (double)(main_entry + index_entry) / r;
+            b->replica_per_token += (double)(main_entry + index_entry) / r;
+        }
+    for (int m = 0; m < l && m < DS41_CUT_MAX_LAYERS; m++)
+        if (nd.sel[m]) {
+            int r = c->layers[m].ratio > 0 ? c->layers[m].ratio : 1;
+            long long E = ctx / r, k = E < c->index_topk ? E : c->index_topk;
+            b->topk += 4.0 * (double)k + 4.0;
+        }
+    if (nd.pool) {
+        int r = c->layers[c->candidate_source].ratio > 0 ? c->layers[c->candidate_source].ratio : 1;
+        long long B = c->candidate_block_size > 0 ? c->candidate_block_size : 1, nb = (ctx / r + B - 1) / B;
+        b->pool = (double)((nb + 7) / 8) + 4.0;
+    }
+    b->total = b->stream + b->entries + b->topk + b->pool;
 }
 
 typedef struct bytes_acc {
@@ -70,30 +116,28 @@ void ds41_stage_bytes(const ds41_config *c, int n, const int *first, unsigned lo
     free(lb);
 }
 
-int ds41_stage_default(const ds41_config *c, int n, int *first, char *err, size_t cap) {
+/* The stages among the cuts allowed (only_kv: only in front of KV sources) that make the largest
+ * stage's weight bytes smallest (ties: the earliest cuts) into first, the largest into *max.
+ * 0, 1 when the cuts cannot make n stages, -1 out of memory. */
+static int best_cuts(const ds41_config *c, int n, int only_kv, const unsigned long long *lb, unsigned long long fe,
+                     unsigned long long le, int *first, unsigned long long *max, int *places) {
     int L = c->n_layers;
     char why[256];
-    /* positions a stage may start at: 0, the allowed cuts, and L (the end) */
     int *pos = malloc(((size_t)L + 2) * sizeof *pos), m = 0;
-    unsigned long long *lb = calloc((size_t)L + 1, sizeof *lb), *pre = calloc((size_t)L + 2, sizeof *pre), fe, le;
-    unsigned long long *dp = NULL;
+    unsigned long long *pre = calloc((size_t)L + 2, sizeof *pre), *dp = NULL;
     int *from = NULL, rc = -1;
-    if (!pos || !lb || !pre) { snprintf(err, cap, "out of memory"); goto out; }
+    if (!pos || !pre) goto out;
     pos[m++] = 0;
     for (int l = 1; l < L; l++)
-        if (ds41_stage_cut_ok(c, l, why, sizeof why)) pos[m++] = l;
+        if (ds41_stage_cut_ok(c, l, why, sizeof why) && (!only_kv || c->layers[l].is_kv_source)) pos[m++] = l;
     pos[m++] = L;
-    if (n > m - 1) {
-        snprintf(err, cap, "--split layers: %d layers cannot make %d stages: a stage starts only at a KV source (%d "
-                 "place%s to cut), so at most %d ranks", L, n, m - 2, m - 2 == 1 ? "" : "s", m - 1);
-        goto out;
-    }
-    ds41_stage_layer_bytes(c, lb, &fe, &le);
+    *places = m - 2;
+    if (n > m - 1) { rc = 1; goto out; }
     for (int l = 0; l < L; l++) pre[l + 1] = pre[l] + lb[l];
     /* dp[j * m + i]: the smallest largest stage of j + 1 stages covering layers [0, pos[i]) */
     dp = malloc((size_t)n * m * sizeof *dp);
     from = malloc((size_t)n * m * sizeof *from);
-    if (!dp || !from) { snprintf(err, cap, "out of memory"); goto out; }
+    if (!dp || !from) goto out;
     const unsigned long long INF = ~0ULL;
     for (int j = 0; j < n; j++)
         for (int i = 0; i < m; i++) {
@@ -112,6 +156,7 @@ int ds41_stage_default(const ds41_config *c, int n, int *first, char *err, size_
             }
             dp[j * m + i] = best;
             from[j * m + i] = arg;
+            if (j == n - 1 && i == m - 1) *max = best;
         }
     first[n] = L;
     for (int j = n - 1, i = m - 1; j >= 0; j--) {
@@ -121,7 +166,34 @@ int ds41_stage_default(const ds41_config *c, int n, int *first, char *err, size_
     }
     rc = 0;
 out:
-    free(pos); free(lb); free(pre); free(dp); free(from);
+    free(pos); free(pre); free(dp); free(from);
+    return rc;
+}
+
+int ds41_stage_default(const ds41_config *c, int n, int *first, char *err, size_t cap) {
+    int L = c->n_layers, rc = -1, kv_places = 0, places = 0;
+    unsigned long long *lb = calloc((size_t)L + 1, sizeof *lb), fe, le, kv_max = 0, any_max = 0;
+    int *kv_first = calloc((size_t)n + 1, sizeof *kv_first);
+    if (!lb || !kv_first) { snprintf(err, cap, "out of memory"); goto out; }
+    ds41_stage_layer_bytes(c, lb, &fe, &le);
+    int kv_rc = best_cuts(c, n, 1, lb, fe, le, kv_first, &kv_max, &kv_places);
+    int any_rc = best_cuts(c, n, 0, lb, fe, le, first, &any_max, &places);
+    if (kv_rc < 0 || any_rc < 0) { snprintf(err, cap, "out of memory"); goto out; }
+    if (any_rc) {
+        snprintf(err, cap, "--split layers: %d layers cannot make %d stages (%d place%s to cut: a stage starts at a "
+                 "layer 1..%d), so at most %d ranks", L, n, places, places == 1 ? "" : "s", ds41_stage_last_cut(c),
+                 places + 1);
+        goto out;
+    }
+    /* a cut in front of a layer that is not a KV source costs a replica of a source's KV and
+     * more bytes per hop: the default takes one only where it makes the largest stage at least
+     * DS41_STAGE_FINER_PCT % smaller than the cuts at KV sources do (or where those cannot
+     * make n stages) */
+    if (!kv_rc && any_max * 100 > kv_max * (100 - DS41_STAGE_FINER_PCT))
+        memcpy(first, kv_first, ((size_t)n + 1) * sizeof *first);
+    rc = 0;
+out:
+    free(lb); free(kv_first);
     return rc;
 }
 

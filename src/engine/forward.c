@@ -429,6 +429,8 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
     fwd_buf tmp, own, *bp = NULL;
     seq_part tmp_sp;
     fwd_buf *v = calloc((size_t)count, sizeof *v);
+    uint8_t *cut_buf = NULL;   /* --split layers: what crosses a cut besides the stream */
+    size_t cut_cap = 0;
     size_t *r0 = calloc((size_t)count, sizeof *r0);
     int *layout = calloc((size_t)count, sizeof *layout);
     int32_t (*hist)[16] = calloc((size_t)count, sizeof *hist);
@@ -520,9 +522,25 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
     for (int l = l0; l < L; l++) {
         /* a prefill node (src/pd/) ships a KV source's finished pages while the next layers compute */
         if (l > l0) layer_done(ss, count, l - 1);
-        /* --split layers: the stream crosses to the next stage in front of its first layer */
-        int here = e->pipe ? ds41_pipe_layer(e->pipe, b.s.X, b.s.pre, l, (size_t)krow[l], N, err->msg, sizeof err->msg) : 1;
-        if (here < 0) { rc = -1; goto done; }
+        /* --split layers: the stream crosses to the next stage in front of its first layer,
+         * and at a cut that is not a KV source what the layers from l on read of the earlier
+         * ones (fwd_cut.c) */
+        int here = 1;
+        if (e->pipe) {
+            const ds41_cut_need *nd = ds41_pipe_cut(e->pipe, l);
+            size_t sn = ds41_fwd_cut_size(&fs, nd);
+            int send = nd && ds41_pipe_holds(e->pipe, l - 1);
+            if (sn > cut_cap) {
+                uint8_t *nb = realloc(cut_buf, sn);
+                if (!nb) { rc = ds41_errf(err, "out of memory for %zu bytes across the cut in front of layer %d", sn, l); goto done; }
+                cut_buf = nb;
+                cut_cap = sn;
+            }
+            if (sn && send && ds41_fwd_cut_pack(&fs, nd, cut_buf, err)) { rc = -1; goto done; }
+            here = ds41_pipe_layer(e->pipe, b.s.X, b.s.pre, l, (size_t)krow[l], N, cut_buf, sn, err->msg, sizeof err->msg);
+            if (here < 0) { rc = -1; goto done; }
+            if (sn && !send && ds41_fwd_cut_unpack(&fs, nd, cut_buf, err)) { rc = -1; goto done; }
+        }
         if (!here) continue;
         const ds41_layer_plan *lp = &cfg->layers[l];
         const ds41_layer_weights *lw = &w->layers[l];
@@ -628,7 +646,7 @@ static int fwd_run(ds41_seq *const *ss, const int32_t *const *tokens, const int 
 done:
     if (bp == &own) ds41_fwd_buf_free(&own);
     else if (bp) ds41_fwd_release(bp, &tmp);
-    free(v); free(r0); free(layout); free(hist); free(mh); free(cproj); free(iq); free(wt); free(lg); free(img);
+    free(v); free(r0); free(layout); free(hist); free(mh); free(cproj); free(iq); free(wt); free(lg); free(img); free(cut_buf);
     for (int i = 0; i < count; i++) ss[i]->ov_emb = NULL, ss[i]->ov_img = NULL, ss[i]->stream = NULL;   /* one forward's */
     return rc;
 }

@@ -91,4 +91,14 @@ void ds41_fwd_view(fwd_buf *v, const fwd_buf *b, const ds41_config *cfg, size_t 
  * [q0, N) into b->s.y; lo: sequence 0's SWA window floor (replay). */
 int ds41_fwd_attention(const fwd_seqs *fs, fwd_buf *b, int l, int k0, int q0, int lo, ds41_err *err);
 
+/* --split layers, a cut that is not at a KV source (dist_stage.h ds41_cut_need; fwd_cut.c): the
+ * bytes of what crosses besides the stream for the forward's sequences (0 when nd is NULL or
+ * nothing crosses), packed by the stage before the cut after its layers and unpacked by the
+ * stage after it (entries into its replica of the source's store, top-k lists and candidate
+ * pool into each sequence's part) before its first layer. 0, or -1 with err. */
+struct ds41_cut_need;
+size_t ds41_fwd_cut_size(const fwd_seqs *fs, const struct ds41_cut_need *nd);
+int ds41_fwd_cut_pack(const fwd_seqs *fs, const struct ds41_cut_need *nd, uint8_t *out, ds41_err *err);
+int ds41_fwd_cut_unpack(const fwd_seqs *fs, const struct ds41_cut_need *nd, const uint8_t *in, ds41_err *err);
+
 #endif

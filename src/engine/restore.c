@@ -31,7 +31,7 @@ int ds41_restore_supported(const ds41_config *cfg) {
 }
 
 int ds41_store_here(const ds41_engine *e, int i) {
-    return !e->pipe || ds41_pipe_holds(e->pipe, e->cfg->kv_sources[i]);
+    return !e->pipe || ds41_pipe_holds_store(e->pipe, i, e->cfg->kv_sources[i]);
 }
 
 /* The checks both entries make, then the pages of the M tokens attached to every store. */

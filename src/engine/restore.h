@@ -28,8 +28,10 @@ long long ds41_seq_replay_rows(const ds41_config *cfg, int mode, long long M);
 /* 1 when every KV source's ratio divides the page (a block end is a group end). */
 int ds41_restore_supported(const ds41_config *cfg);
 /* 1 when this process holds KV store i (cfg->kv_sources[i]): always in one process and under
- * the expert split; under --split layers only a store of this rank's stage. A block's page of a
- * store held elsewhere is NULL here: publish leaves it out, a restore attaches none (the layers
+ * the expert split; under --split layers a store of this rank's stage or the replica a stage
+ * keeps of a source before it that its layers read (ds41_pipe_holds_store: a restore attaches
+ * the replica's pages too, and publish keeps them). A block's page of a store held elsewhere is
+ * NULL here: publish leaves it out, a restore attaches none (the layers
  * that read it run on the stage that holds it, which restores its own part of the same block). */
 int ds41_store_here(const ds41_engine *e, int i);
 /* The image positions of a restored prompt (ds41_prefix_img): img [n] flags from position 0,

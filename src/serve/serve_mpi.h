@@ -58,7 +58,7 @@
  * (ds41_spec_set_outcome_hook).
  *
  * --spec with --split layers: the DSpark stages' taps are the inputs of their target layers,
- * all on the last stage (a stage starts only at a KV source), so the last stage alone proposes:
+ * all on the last stage (no stage starts after the first target: dist_stage.h), so the last stage alone proposes:
  * on DRAFT it runs the proposal and answers rank 0 point to point (ds41_pipe_answer: a status
  * word, the B drafts, their B confidences; after a failed proposal a second message of 248
  * bytes with its error), the middle stages do nothing. The verify blocks of a STEP run in the
