@@ -1180,4 +1180,18 @@ d=$(CR="$RUN -n 2" cache_run "$TMP/r6" "$TMP/rc3" --split layers --mpi-timeout 3
     cache_pc "$TMP/r6" 0 0; cache_pc "$TMP/r7" 128 1; cache_pc "$TMP/r8" 0 0; cache_pc "$TMP/r9" 0 0; cache_pc "$TMP/r10" 128 1)
 [ -z "$d" ] && pass run_cache_dir_split_n2 || fail run_cache_dir_split_n2 "$(echo "$d" | head -c 600)"
 
+# ---------------------------------------------------------------- run --trace under mpiexec
+# The conformance trace (docs/conformance.md; demo has DSpark stages, so with the proposals):
+# attention replicated, rank 0 writes it whole; --split layers, each stage writes its layers'
+# files into the same directory (the first stage the tokens, the last the logits and the
+# proposals). Either way the directory is one process's, file for file, byte for byte.
+d=$("$DS41" run -m "$demo" -p "Once upon a time" -n 6 --exact --ignore-eos --trace "$TMP/t1" >/dev/null 2>"$TMP/t1.err" || echo "one process: $(tail -n 2 "$TMP/t1.err")"
+    $RUN -n 2 "$DS41" run -m "$demo" -p "Once upon a time" -n 6 --exact --ignore-eos --trace "$TMP/t2" --mpi-timeout 30 \
+        >/dev/null 2>"$TMP/t2.err" || echo "-n 2: $(tail -n 2 "$TMP/t2.err")"
+    $RUN -n 2 "$DS41" run -m "$demo" -p "Once upon a time" -n 6 --exact --ignore-eos --trace "$TMP/t3" --split layers \
+        --mpi-timeout 30 >/dev/null 2>"$TMP/t3.err" || echo "-n 2 --split layers: $(tail -n 2 "$TMP/t3.err")"
+    [ -s "$TMP/t1/dspark.i32" ] && [ -s "$TMP/t1/experts_L7.i32" ] || echo "the one process's trace lacks files: $(ls "$TMP/t1" | tr '\n' ' ')"
+    diff -r "$TMP/t1" "$TMP/t2" >/dev/null || echo "-n 2: $(diff -rq "$TMP/t1" "$TMP/t2" | head -n 3)"
+    diff -r "$TMP/t1" "$TMP/t3" >/dev/null || echo "-n 2 --split layers: $(diff -rq "$TMP/t1" "$TMP/t3" | head -n 3)")
+[ -z "$d" ] && pass "run_trace_n2 ($(ls "$TMP/t1" | wc -l) files)" || fail run_trace_n2 "$(echo "$d" | head -c 600)"
 exit 0

@@ -164,10 +164,6 @@ int ds41_cli_run(int argc, char **argv) {
     if (!dir) { fprintf(stderr, "ds41 run: -m DIR is required (a checkpoint directory, e.g. -m models/demo)\n%s", RUN_USAGE); return 2; }
     if (ds41_cli_model_dir_ok("run", dir)) return 1;
     if (!prompt == !prompt_ids) { fprintf(stderr, "ds41 run: give exactly one of -p TEXT and --prompt-ids LIST\n"); return 2; }
-    if (ds41_dist_size() > 1 && trace) {
-        fprintf(stderr, "ds41 run: --trace is not supported under mpiexec (docs/distributed.md)\n");
-        return 2;
-    }
     /* output only from rank 0: the other ranks write their logits nowhere */
     if (dump && ds41_dist_rank() > 0) dump = "/dev/null";
     if (n_images && g.prefill == DS41_PREFILL_MODE_REPLAY) {
@@ -297,7 +293,13 @@ int ds41_cli_run(int argc, char **argv) {
     s = ds41_session_open(e, &sp, ebuf, sizeof ebuf);
     if (!s) { fprintf(stderr, "ds41 run: %s\n", ebuf); goto out; }
     ds41_session_set_sampling(s, g.temp, g.top_k, g.top_p, g.min_p, g.seed);
-    if (trace && ds41_session_trace(s, trace)) { fprintf(stderr, "ds41 run: %s\n", ds41_session_error(s)); goto out; }
+    /* --trace under mpiexec (docs/distributed.md): attention replicated, every rank holds the
+     * whole trace and rank 0 alone writes it; --split layers, each stage writes the files of its
+     * own layers into DIR (the first stage the tokens, the last the logits and proposals) */
+    if (trace && (ds41_dist_rank() == 0 || ds41_pipe_on()) && ds41_session_trace(s, trace)) {
+        fprintf(stderr, "ds41 run: %s\n", ds41_session_error(s));
+        goto out;
+    }
     if (dump && !(fdump = fopen(dump, "wb"))) {
         fprintf(stderr, "ds41 run: %s: cannot create: %s\n", dump, strerror(errno));
         goto out;
