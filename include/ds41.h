@@ -514,6 +514,30 @@ long long ds41_prefix_load(ds41_prefix_cache *pc, const int32_t *ids, size_t n, 
                            uint8_t **bytes, size_t *len);
 long long ds41_prefix_insert_bytes(ds41_prefix_cache *pc, const int32_t *ids, size_t n, const ds41_prefix_img *im, long long first,
                                    long long nb, const uint8_t *bytes, size_t len);
+/* ds41_prefix_restore_img restoring at most max_blocks blocks (< 0: no limit). */
+long long ds41_prefix_restore_cap(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n,
+                                  const ds41_prefix_img *im, long long max_blocks);
+/* The blocks of ids' longest cached chain (memory, then the store) that a restore would find,
+ * changing nothing (no block read into memory, no LRU move, no query counted). */
+long long ds41_prefix_held(ds41_prefix_cache *pc, const int32_t *ids, size_t n, const ds41_prefix_img *im);
+/* 1 when the cache keeps a store on disk (a dir). */
+int ds41_prefix_has_store(const ds41_prefix_cache *pc);
+/* ds41_prefix_restore_img in a command's MPI job (src/store/prefix_job.c; every rank at the
+ * same point, as for a forward; one process: the restore alone). store: the command was given
+ * --cache-dir (the same on every rank). Attention replicated: rank 0 alone has the store; the
+ * blocks it reads from disk (ds41_prefix_load) go to every rank (a broadcast), which adds them
+ * to its memory cache (ds41_prefix_insert_bytes) before every rank restores the same chain.
+ * --split layers: each stage has a store of its own layers' part (DIR/rank-R); every rank
+ * counts the blocks it holds (ds41_prefix_held), the least of the counts is what every stage
+ * restores (ds41_prefix_restore_cap), so that no stage restores a block another lacks. */
+long long ds41_prefix_restore_job(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n,
+                                  const ds41_prefix_img *im, int store);
+/* The store directory this rank opens for --cache-dir dir (*res; NULL: none, its cache stays in
+ * memory): one process, dir; in a job with per_rank (serve --dp-attention, --split layers: each
+ * rank keeps its own blocks) dir/rank-R written into out (R this rank; created when missing);
+ * without, dir on rank 0 and none on the other ranks (rank 0's store; its blocks shipped).
+ * 0, or -1 when dir/rank-R does not fit in cap bytes. */
+int ds41_prefix_job_dir(const char *dir, int per_rank, char *out, size_t cap, const char **res);
 /* Waits until every queued block is on disk (or failed: disk_errors). Close flushes too. */
 void ds41_prefix_flush(ds41_prefix_cache *pc);
 /* Evicts least recently used leaf blocks until the cache holds at most max_bytes in memory

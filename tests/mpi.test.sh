@@ -956,7 +956,7 @@ fi
 # request its 503 naming rank 1, a killed one ends the job at once (the guard answering every
 # request).
 if [ -s "$TMP/s1.out" ]; then
-    job_answers "$TMP/s4.log" "$TMP/s4.out" --split layers:0-4,5-7
+    job_answers "$TMP/s4.log" "$TMP/s4.out" --split layers:0-4,5-7 --cache-dir "$TMP/spcd"
     if [ "$ja_rc" != start ]; then
         c4=$ja_c s4rc=$ja_rc
         side=$(sed -n 's/.*pipe: layers 5\.\.7 of 8 + head;.*stream received [0-9]* hops [0-9]* rows [0-9]* bytes (\([0-9]*\) beside the stream.*/\1/p' "$TMP/s4.log")
@@ -975,6 +975,22 @@ if [ -s "$TMP/s1.out" ]; then
     else
         fail serve_split_answers "the server did not start: $(tail -n 2 "$TMP/s4.log")"
     fi
+    # --cache-dir under --split layers: the job above wrote each stage's part of the blocks to its
+    # store (DIR/rank-R); restarted on them, a job answers the 8 requests and the 2 repeats with
+    # the bytes of one process restarted on its store (cdB.one of serve_n2_cache_dir: the first
+    # long prompt 128 cached tokens, from disk; every stage restored the blocks every stage held)
+    timeout 120 mpiexec -n 2 "$DS41" serve -m "$demo" --port 0 --exact --mpi-timeout 10 --split layers:0-4,5-7 --cache-dir "$TMP/spcd" \
+        >/dev/null 2>"$TMP/s4b.log" &
+    j=$!
+    if p=$(serve_port "$TMP/s4b.log"); then "$PY" tests/serve/mpi_client.py answers "$p" >"$TMP/s4b.out" 2>&1; fi
+    kill -TERM "$(rank_pid 0)" 2>/dev/null; wait "$j"
+    sdh=$(head -n 1 "$TMP/s4b.out" 2>/dev/null | sed -n 's/.*"cached_tokens": \([0-9]*\).*/\1/p')
+    if [ ! -s "$TMP/cdB.one.out" ]; then fail serve_split_cache_dir "no answers of one process restarted on its store to compare with"
+    elif ! cmp -s "$TMP/cdB.one.out" "$TMP/s4b.out"; then fail serve_split_cache_dir "answers differ from one process on its store: $(cmp "$TMP/cdB.one.out" "$TMP/s4b.out"; grep -v '^{"' "$TMP/s4b.out" | head -c 300)"
+    elif [ -z "$sdh" ] || [ "$sdh" -lt 128 ]; then fail serve_split_cache_dir "the restarted job's first long prompt restored '$sdh' tokens (expected >= 128, from disk)"
+    elif [ -z "$(find "$TMP/spcd/rank-0" -name '*.blk' 2>/dev/null)" ] || [ -z "$(find "$TMP/spcd/rank-1" -name '*.blk' 2>/dev/null)" ]; then
+        fail serve_split_cache_dir "a stage's store holds no blocks: $(find "$TMP/spcd" -name '*.blk' | head -c 300)"
+    else pass serve_split_cache_dir; fi
     SF_ENV="" SF_LAUNCH="" SF_IN="" SF_FLAGS="--split layers"
     serve_fault serve_split_hung_stage_503 STOP
     serve_fault serve_split_killed_stage KILL
@@ -1156,4 +1172,69 @@ expect_job split_missing_stage_file "rank 1: .*noshard" 60 \
 # the last stage stops mid-decode: rank 0, waiting for its logits, names it within --mpi-timeout
 FR_ARGS="--split layers" fault_run split_hung_stage STOP "ds41: rank 1 did not answer within 3.0 s (the sampled token, from the last stage)" 10
 FR_ARGS="--split layers" fault_run split_killed_stage KILL "BAD TERMINATION\|rank 1" 10
+
+# ---------------------------------------------------------------- run --cache-dir under mpiexec
+# Attention replicated: rank 0 alone keeps the store and broadcasts the blocks it reads from disk
+# (every rank's memory cache then holds them); --split layers: each stage keeps its layers' part
+# in DIR/rank-R and the stages restore the least any of them holds. A 200-id prompt (one whole
+# block) run twice on a store, cold then restored from disk, prints the bytes (tokens, every
+# logits row) of one process doing the same on its store, and the same prefix-cache line ("T of
+# 200 prompt tokens restored (B blocks read from disk"): 0 then 128.
+P200=$(ids 200 11 4096)
+cache_run() {   # cache_run OUT DIR [ARGS...]: the 200-id prompt with --cache-dir DIR ($CR: the launcher)
+    local out=$1 dir=$2; shift 2
+    $CR "$DS41" run -m "$demo" --prompt-ids "$P200" -n 8 --exact --ignore-eos --spec off --cache-dir "$dir" \
+        --dump-logits "$out.f32" "$@" >"$out" 2>"$out.err" || { echo "$(basename "$out"): status $?: $(tail -n 2 "$out.err")"; return; }
+    sed -n 's/^ds41 run: prefix cache: \([0-9]* of 200 prompt tokens restored ([0-9]* blocks read from disk\).*/\1/p' "$out.err" >"$out.pc"
+}
+cache_same() {   # cache_same REF OUT...: each OUT's tokens and logits are REF's (prints what differs)
+    local ref=$1 o; shift
+    for o in "$@"; do
+        cmp -s "$ref" "$o" && cmp -s "$ref.f32" "$o.f32" || echo "$(basename "$o"): tokens or logits differ from one process"
+    done
+}
+cache_pc() {   # cache_pc OUT T B: OUT's prefix-cache line says T tokens restored, B blocks read from disk
+    [ "$(cat "$1.pc" 2>/dev/null)" = "$2 of 200 prompt tokens restored ($3 blocks read from disk" ] ||
+        echo "$(basename "$1"): prefix cache '$(cat "$1.pc" 2>/dev/null)' (expected $2 tokens, $3 blocks from disk)"
+}
+CR="" cache_run "$TMP/r1" "$TMP/rc1"
+CR="" cache_run "$TMP/r2" "$TMP/rc1"
+d=$(CR="$RUN -n 2" cache_run "$TMP/r3" "$TMP/rc2" --mpi-timeout 30
+    CR="$RUN -n 2" cache_run "$TMP/r4" "$TMP/rc2" --mpi-timeout 30
+    CR="$RUN -n 2" cache_run "$TMP/r5" "$TMP/rc1" --mpi-timeout 30   # the one process's store
+    cache_same "$TMP/r1" "$TMP/r2" "$TMP/r3" "$TMP/r4" "$TMP/r5"
+    cache_pc "$TMP/r1" 0 0; cache_pc "$TMP/r2" 128 1; cache_pc "$TMP/r3" 0 0; cache_pc "$TMP/r4" 128 1; cache_pc "$TMP/r5" 128 1
+    [ -z "$(ls -d "$TMP"/rc2/rank-* 2>/dev/null)" ] || echo "rank stores under the replicated split: $(ls "$TMP/rc2")")
+[ -z "$d" ] && pass run_cache_dir_n2 || fail run_cache_dir_n2 "$(echo "$d" | head -c 600)"
+# --split layers: cold then from disk on a store per rank (both hold blocks); then under -n 3
+# (other cuts: every stage's store is another fingerprint's, rank 0 says so, nothing restored);
+# then with rank 1's blocks removed (rank 0's store still holds the block: the stages agree on
+# 0 blocks), after which the run's publish has rank 1's part on disk again (128 restored)
+d=$(CR="$RUN -n 2" cache_run "$TMP/r6" "$TMP/rc3" --split layers --mpi-timeout 30
+    CR="$RUN -n 2" cache_run "$TMP/r7" "$TMP/rc3" --split layers --mpi-timeout 30
+    for r in 0 1; do [ -n "$(find "$TMP/rc3/rank-$r" -name '*.blk' 2>/dev/null)" ] || echo "no blocks in rank-$r's store"; done
+    CR="$RUN -n 3" cache_run "$TMP/r8" "$TMP/rc3" --split layers --mpi-timeout 30
+    grep -q "rc3/rank-0 holds the blocks of 1 other fingerprint .*other stage cuts or another number of ranks): not read" "$TMP/r8.err" ||
+        echo "r8: no note on the other cuts' store: $(grep -v '^ds41 run' "$TMP/r8.err" | head -c 300)"
+    find "$TMP/rc3/rank-1" -name '*.blk' -delete
+    CR="$RUN -n 2" cache_run "$TMP/r9" "$TMP/rc3" --split layers --mpi-timeout 30
+    CR="$RUN -n 2" cache_run "$TMP/r10" "$TMP/rc3" --split layers --mpi-timeout 30
+    cache_same "$TMP/r1" "$TMP/r6" "$TMP/r7" "$TMP/r8" "$TMP/r9" "$TMP/r10"
+    cache_pc "$TMP/r6" 0 0; cache_pc "$TMP/r7" 128 1; cache_pc "$TMP/r8" 0 0; cache_pc "$TMP/r9" 0 0; cache_pc "$TMP/r10" 128 1)
+[ -z "$d" ] && pass run_cache_dir_split_n2 || fail run_cache_dir_split_n2 "$(echo "$d" | head -c 600)"
+
+# ---------------------------------------------------------------- run --trace under mpiexec
+# The conformance trace (docs/conformance.md; demo has DSpark stages, so with the proposals):
+# attention replicated, rank 0 writes it whole; --split layers, each stage writes its layers'
+# files into the same directory (the first stage the tokens, the last the logits and the
+# proposals). Either way the directory is one process's, file for file, byte for byte.
+d=$("$DS41" run -m "$demo" -p "Once upon a time" -n 6 --exact --ignore-eos --trace "$TMP/t1" >/dev/null 2>"$TMP/t1.err" || echo "one process: $(tail -n 2 "$TMP/t1.err")"
+    $RUN -n 2 "$DS41" run -m "$demo" -p "Once upon a time" -n 6 --exact --ignore-eos --trace "$TMP/t2" --mpi-timeout 30 \
+        >/dev/null 2>"$TMP/t2.err" || echo "-n 2: $(tail -n 2 "$TMP/t2.err")"
+    $RUN -n 2 "$DS41" run -m "$demo" -p "Once upon a time" -n 6 --exact --ignore-eos --trace "$TMP/t3" --split layers \
+        --mpi-timeout 30 >/dev/null 2>"$TMP/t3.err" || echo "-n 2 --split layers: $(tail -n 2 "$TMP/t3.err")"
+    [ -s "$TMP/t1/dspark.i32" ] && [ -s "$TMP/t1/experts_L7.i32" ] || echo "the one process's trace lacks files: $(ls "$TMP/t1" | tr '\n' ' ')"
+    diff -r "$TMP/t1" "$TMP/t2" >/dev/null || echo "-n 2: $(diff -rq "$TMP/t1" "$TMP/t2" | head -n 3)"
+    diff -r "$TMP/t1" "$TMP/t3" >/dev/null || echo "-n 2 --split layers: $(diff -rq "$TMP/t1" "$TMP/t3" | head -n 3)")
+[ -z "$d" ] && pass "run_trace_n2 ($(ls "$TMP/t1" | wc -l) files)" || fail run_trace_n2 "$(echo "$d" | head -c 600)"
 exit 0

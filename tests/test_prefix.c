@@ -243,6 +243,21 @@ static void test_disk_restart(void) {
         if (!e) return;
         ds41_prefix_cache *pc = open_pc(e, 0, dir, 0, DS41_REPLAY_EXACT);
         ds41_session *b = open_s(e, 0, 1);
+        /* what an MPI job's stages count before they agree on a restore (src/store/prefix_job.c):
+         * the store's 5 blocks, nothing read into memory, no query counted */
+        CHECK(ds41_prefix_held(pc, ids, (size_t)n, NULL) == 5, "held %lld blocks", ds41_prefix_held(pc, ids, (size_t)n, NULL));
+        CHECK(ds41_prefix_held(pc, ids, 300, NULL) == 2, "held of a 300-token prefix");
+        ds41_prefix_stats s0;
+        ds41_prefix_get_stats(pc, &s0);
+        CHECK(s0.disk_hits == 0 && s0.blocks == 0 && s0.queries == 0, "held changed the cache: disk hits %lld blocks %lld "
+              "queries %lld", s0.disk_hits, s0.blocks, s0.queries);
+        /* a restore capped at 2 blocks reads those 2 only; held then counts 2 in memory + 3 on disk */
+        ds41_session *c = open_s(e, 0, 1);
+        CHECK(ds41_prefix_restore_cap(pc, c, ids, (size_t)n, NULL, 2) == 256, "capped restore");
+        ds41_prefix_get_stats(pc, &s0);
+        CHECK(s0.disk_hits == 2 && s0.blocks == 2, "capped restore read %lld blocks, holds %lld", s0.disk_hits, s0.blocks);
+        CHECK(ds41_prefix_held(pc, ids, (size_t)n, NULL) == 5, "held after the capped restore");
+        ds41_session_close(c);
         CHECK(ds41_prefix_restore(pc, b, ids, (size_t)n) == 640, "restore from disk");
         CHECK(ds41_feed(b, ids + 640, (size_t)(n - 640)) == 0, "rest");
         ds41_prefix_stats st;

@@ -15,6 +15,7 @@
 #include "cli_vprompt.h"
 #include "chat.h"
 #include "dist.h"
+#include "dist_pipe.h"
 #include "common.h"
 #include "ds41.h"
 #include "tokenizer.h"
@@ -163,10 +164,6 @@ int ds41_cli_run(int argc, char **argv) {
     if (!dir) { fprintf(stderr, "ds41 run: -m DIR is required (a checkpoint directory, e.g. -m models/demo)\n%s", RUN_USAGE); return 2; }
     if (ds41_cli_model_dir_ok("run", dir)) return 1;
     if (!prompt == !prompt_ids) { fprintf(stderr, "ds41 run: give exactly one of -p TEXT and --prompt-ids LIST\n"); return 2; }
-    if (ds41_dist_size() > 1 && (cache_dir || trace)) {
-        fprintf(stderr, "ds41 run: %s is not supported under mpiexec (docs/distributed.md)\n", cache_dir ? "--cache-dir" : "--trace");
-        return 2;
-    }
     /* output only from rank 0: the other ranks write their logits nowhere */
     if (dump && ds41_dist_rank() > 0) dump = "/dev/null";
     if (n_images && g.prefill == DS41_PREFILL_MODE_REPLAY) {
@@ -296,7 +293,13 @@ int ds41_cli_run(int argc, char **argv) {
     s = ds41_session_open(e, &sp, ebuf, sizeof ebuf);
     if (!s) { fprintf(stderr, "ds41 run: %s\n", ebuf); goto out; }
     ds41_session_set_sampling(s, g.temp, g.top_k, g.top_p, g.min_p, g.seed);
-    if (trace && ds41_session_trace(s, trace)) { fprintf(stderr, "ds41 run: %s\n", ds41_session_error(s)); goto out; }
+    /* --trace under mpiexec (docs/distributed.md): attention replicated, every rank holds the
+     * whole trace and rank 0 alone writes it; --split layers, each stage writes the files of its
+     * own layers into DIR (the first stage the tokens, the last the logits and proposals) */
+    if (trace && (ds41_dist_rank() == 0 || ds41_pipe_on()) && ds41_session_trace(s, trace)) {
+        fprintf(stderr, "ds41 run: %s\n", ds41_session_error(s));
+        goto out;
+    }
     if (dump && !(fdump = fopen(dump, "wb"))) {
         fprintf(stderr, "ds41 run: %s: cannot create: %s\n", dump, strerror(errno));
         goto out;
@@ -310,7 +313,13 @@ int ds41_cli_run(int argc, char **argv) {
     if (cache_dir) {
         ds41_prefix_params pp;
         memset(&pp, 0, sizeof pp);
-        pp.dir = cache_dir;
+        /* under mpiexec (docs/prefix-cache.md): rank 0 alone keeps the store and sends every rank
+         * the blocks it reads; under --split layers each stage keeps its layers' part in DIR/rank-R */
+        char rank_dir[4096];
+        if (ds41_prefix_job_dir(cache_dir, ds41_pipe_on(), rank_dir, sizeof rank_dir, &pp.dir)) {
+            fprintf(stderr, "ds41 run: --cache-dir %s: the path is too long for a store per rank\n", cache_dir);
+            goto out;
+        }
         pp.disk_bytes = cache_bytes;
         pp.replay = replay;
         pp.index_k = g.index_k;
@@ -320,7 +329,7 @@ int ds41_cli_run(int argc, char **argv) {
     long long hit = 0, written = 0;
     /* image positions keyed on their image's content (docs/prefix-cache.md) */
     ds41_prefix_img pim = ds41_cli_vprompt_keys(&vp);
-    if (pc && (hit = ds41_prefix_restore_img(pc, s, ids, n_ids, n_images ? &pim : NULL)) < 0) {
+    if (pc && (hit = ds41_prefix_restore_job(pc, s, ids, n_ids, n_images ? &pim : NULL, 1)) < 0) {
         fprintf(stderr, "ds41 run: restoring the cached prefix: %s\n", ds41_session_error(s));
         goto out;
     }

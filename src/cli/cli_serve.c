@@ -77,7 +77,7 @@ static const char *SERVE_USAGE =
     "experts split over the ranks, the same answers); speculation off unless --spec is given (with\n"
     "--dp-attention each rank proposes and verifies for its own sequences, with --split layers the last\n"
     "stage proposes), no --role, --cache-dir on\n"
-    "rank 0 only (with --dp-attention a store per rank, DIR/rank-R; not with --split layers);\n"
+    "rank 0 only (with --dp-attention and --split layers a store per rank, DIR/rank-R);\n"
     "--mpi-timeout S: a lost rank answers the requests in flight with 503 and ends the job\n\n"
     "Examples:\n"
     "  ds41 serve -m models/demo --port 8000 &\n"
@@ -234,12 +234,9 @@ int ds41_cli_serve(int argc, char **argv) {
         }
         /* --cache-dir: rank 0 alone reads and writes the store and ships the blocks it reads to
          * the other ranks (serve_mpi.h); under --dp-attention each rank caches its own sequences
-         * in a store of its own, DIR/rank-R (serve_http.c) */
-        if (o.cache_dir && ds41_pipe_on()) {
-            fprintf(stderr, "ds41 serve: --cache-dir needs the prefix cache, which --split layers does not have (a stage "
-                            "holds only its layers' KV pages)\n");
-            return 2;
-        }
+         * in a store of its own, DIR/rank-R (serve_http.c); under --split layers each stage
+         * keeps its layers' part of every block in DIR/rank-R and the stages agree on each
+         * restore (ds41_prefix_restore_job) */
         /* --spec: the followers propose and verify with rank 0, which decides each verify's
          * outcome; under --dp-attention each owner proposes, verifies and decides for its own
          * sequences; under --split layers the last stage proposes and every stage verifies

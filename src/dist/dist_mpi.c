@@ -641,6 +641,41 @@ int ds41_dist_bcast(void *buf, size_t n) {
     return ds41_dist_bcast_wait(buf, n, g.timeout);
 }
 
+/* every rank's value to rank 0 (point to point, so that a silent rank is named), the least
+ * back to every rank */
+enum { MIN_TAG = 41 };
+
+long long ds41_dist_min(long long v, const char *what) {
+    if (g.size < 2) return v;
+    int64_t x = v;
+    if (g.rank == 0) {
+        int64_t *all = calloc((size_t)g.size, sizeof *all);
+        MPI_Request *rq = calloc((size_t)g.size, sizeof *rq);
+        int *peer = calloc((size_t)g.size, sizeof *peer);
+        if (!all || !rq || !peer) fatal(1, "out of memory for %s", what);
+        for (int q = 1; q < g.size; q++) {
+            peer[q - 1] = q;
+            MPI_Irecv(&all[q], (int)sizeof all[q], MPI_BYTE, q, MIN_TAG, MPI_COMM_WORLD, &rq[q - 1]);
+        }
+        wait_all(rq, g.size - 1, peer, g.timeout, what);
+        for (int q = 1; q < g.size; q++)
+            if (all[q] < x) x = all[q];
+        free(all);
+        free(rq);
+        free(peer);
+    } else {
+        MPI_Request rq;
+        int p0 = 0;
+        MPI_Isend(&x, (int)sizeof x, MPI_BYTE, 0, MIN_TAG, MPI_COMM_WORLD, &rq);
+        wait_all(&rq, 1, &p0, g.timeout, what);
+    }
+    MPI_Request rq;
+    int p0 = 0;
+    MPI_Ibcast(&x, (int)sizeof x, MPI_BYTE, 0, MPI_COMM_WORLD, &rq);
+    wait_all(&rq, 1, &p0, g.timeout, what);
+    return (long long)x;
+}
+
 /* ------------------------------------------------------------------ step plan */
 
 int ds41_dist_step(int count, const long long *pos, const int *T, const int32_t *const *tokens, char *err, size_t errcap) {
@@ -716,6 +751,11 @@ int ds41_dist_join(const ds41_config *cfg, const ds41_weights *w, const ds41_dis
 int ds41_dist_bcast(void *buf, size_t n) {
     (void)buf; (void)n;
     return 0;
+}
+
+long long ds41_dist_min(long long v, const char *what) {
+    (void)what;
+    return v;
 }
 
 int ds41_dist_bcast_wait(void *buf, size_t n, double limit) {

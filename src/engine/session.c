@@ -722,14 +722,20 @@ int ds41_session_trace(ds41_session *s, const char *dir) {
     s->trace.topk = calloc((size_t)L, sizeof(FILE *));
     s->trace.experts = calloc((size_t)L, sizeof(FILE *));
     if (!s->trace_dir || !s->trace.topk || !s->trace.experts) { snprintf(s->err, sizeof s->err, "out of memory"); return -1; }
-    s->t_tokens = trace_open(s, "tokens.i32", 0);
-    s->t_logits = trace_open(s, "logits.f32", 0);
-    int bad = !s->t_tokens || !s->t_logits;
-    if (s->p.draft) {
+    /* --split layers: each stage writes the files of what it holds, the first the tokens, the
+     * last the logits and the proposals, so that no file has two writers and the stages' files
+     * in one directory are one process's trace (docs/distributed.md) */
+    const ds41_pipe *pp = s->e->pipe;
+    int first = !pp || ds41_pipe_first(pp), last = !pp || ds41_pipe_last(pp);
+    int bad = 0;
+    if (first) bad |= !(s->t_tokens = trace_open(s, "tokens.i32", 0));
+    if (last) bad |= !(s->t_logits = trace_open(s, "logits.f32", 0));
+    if (s->p.draft && last) {
         bad |= !(s->t_dspark_i = trace_open(s, "dspark.i32", 0));
         bad |= !(s->t_dspark_f = trace_open(s, "dspark.f32", 0));
     }
     for (int l = 0; l < L; l++) {
+        if (pp && !ds41_pipe_holds(pp, l)) continue;
         if (cfg->layers[l].is_index_source) bad |= !(s->trace.topk[l] = trace_open(s, "topk_L%d.i32", l));
         bad |= !(s->trace.experts[l] = trace_open(s, "experts_L%d.i32", l));
     }
@@ -751,8 +757,10 @@ int ds41_session_trace_finish(ds41_session *s) {
     const ds41_config *cfg = s->e->cfg;
     ds41_cache *c = &s->seq.cache;
     int bad = 0;
+    const ds41_pipe *pp = s->e->pipe;   /* --split layers: this stage's layers only */
     for (int i = 0; i < c->n_stores; i++) {
         ds41_kv_store *st = &c->stores[i];
+        if (!ds41_store_here(s->e, i)) continue;
         FILE *fk = trace_open(s, "kv_L%d.bin", st->layer), *fi = trace_open(s, "ik_L%d.bin", st->layer);
         if (!fk || !fi) bad = 1;
         for (long long j = 0; j < st->n_entries && fk && fi; j++) {
@@ -763,12 +771,14 @@ int ds41_session_trace_finish(ds41_session *s) {
         if (fi) fclose(fi);
     }
     for (int l = 0; l < cfg->n_layers; l++) {
+        if (pp && !ds41_pipe_holds(pp, l)) continue;
         FILE *f = trace_open(s, "swa_L%d.bin", l);
         if (!f) { bad = 1; continue; }
         fwrite(c->rings[l].rec, 1, (size_t)c->rings[l].slots * c->rings[l].rec_bytes, f);
         fclose(f);
     }
     for (int i = 0; i < c->n_comp; i++) {
+        if (pp && !ds41_pipe_holds(pp, c->comp[i].layer)) continue;
         FILE *f = trace_open(s, "comp_L%d.f32", c->comp[i].layer);
         if (!f) { bad = 1; continue; }
         fwrite(c->comp[i].kv, sizeof(float), (size_t)c->comp[i].ratio * c->comp[i].dim, f);

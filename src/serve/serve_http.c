@@ -32,6 +32,7 @@
 #include "common.h"
 #include "config.h"
 #include "dist.h"
+#include "dist_pipe.h"
 #include "serve_anth.h"
 #include "serve_metrics.h"
 #include "serve_conn.h"
@@ -1288,15 +1289,12 @@ int ds41_serve(const ds41_serve_opts *o) {
          * in memory and get the blocks it reads from disk in the record (serve_mpi.h, BLOCKS).
          * Under --dp-attention each rank caches its own sequences: a store per rank, DIR/rank-R
          * (DIR a per-host disk or a shared one), which it reads for its PROBE answers and
-         * restores and writes when it publishes */
-        pp.dir = ds41_dist_rank() == 0 ? o->cache_dir : NULL;
-        if (o->cache_dir && ds41_dist_dp()) {
-            int nd = snprintf(rank_dir, sizeof rank_dir, "%s/rank-%d", o->cache_dir, ds41_dist_rank());
-            if (nd < 0 || (size_t)nd >= sizeof rank_dir) {
-                fprintf(stderr, "ds41 serve: --cache-dir %s: the path is too long for a store per rank\n", o->cache_dir);
-                goto out;
-            }
-            pp.dir = rank_dir;
+         * restores and writes when it publishes. Under --split layers each stage keeps its
+         * layers' part of every block: a store per rank too, a restore agreed by every stage
+         * (ds41_prefix_restore_job) */
+        if (ds41_prefix_job_dir(o->cache_dir, ds41_dist_dp() || ds41_pipe_on(), rank_dir, sizeof rank_dir, &pp.dir)) {
+            fprintf(stderr, "ds41 serve: --cache-dir %s: the path is too long for a store per rank\n", o->cache_dir);
+            goto out;
         }
         pp.disk_bytes = o->cache_bytes;
         pp.replay = o->replay;
@@ -1321,7 +1319,8 @@ int ds41_serve(const ds41_serve_opts *o) {
         }
         sv->mirror = sp.mirror = ds41_smirror_new();
         if (!sv->mirror) { fprintf(stderr, "ds41 serve: out of memory\n"); goto out; }
-        if (sv->pc && o->cache_dir) ds41_smirror_store(sv->mirror);
+        /* rank 0's store shipped in BLOCKS records; not under --split layers (a store per stage) */
+        if (sv->pc && o->cache_dir && !ds41_pipe_on()) ds41_smirror_store(sv->mirror);
     }
     if (o->role == DS41_SERVE_ROLE_PREFILL) { rc = ds41_serve_pd_prefill(sv->e, sv->pc, o, sv->model_name, &ss); goto out; }
     if (o->role == DS41_SERVE_ROLE_DECODE) {

@@ -554,7 +554,7 @@ long long ds41_smirror_restore(ds41_smirror *m, ds41_engine *e, ds41_prefix_cach
     if (m->dp && m->glp[slot_of(m, s)]) put_gmask(m, slot_of(m, s));
     put_ids(m, DS41_SOP_RESTORE, s, ids, n);
     flush(m);   /* the restore replays through the forward */
-    if (!m->dp) return ds41_prefix_restore_img(pc, s, ids, n, im);
+    if (!m->dp) return ds41_prefix_restore_job(pc, s, ids, n, im, ds41_pipe_on() && ds41_prefix_has_store(pc));
     int i = slot_of(m, s), q = m->own[i];
     long long hit = q == 0 ? ds41_prefix_restore_img(pc, s, ids, n, im) : 0;
     ds41_dist_dp_done(&e->ctx);   /* the owner's replay forward: every rank joins its exchanges */
@@ -1416,8 +1416,9 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
         int i = slot_at(f, op->id);
         ds41_prefix_img pim = f->img[i] ? fimage_pim(f->img[i]) : (ds41_prefix_img){ 0 };
         if (!dp) {
-            /* a failure is rank 0's too: its session says so */
-            ds41_prefix_restore_img(pc, s, op->ids, op->n, f->img[i] ? &pim : NULL);
+            /* a failure is rank 0's too: its session says so. --split layers with --cache-dir:
+             * the stages agree on the blocks every stage's store holds (ds41_prefix_restore_job) */
+            ds41_prefix_restore_job(pc, s, op->ids, op->n, f->img[i] ? &pim : NULL, ds41_pipe_on() && ds41_prefix_has_store(pc));
             return 0;
         }
         if (s && f->lp[i] && f->lp[i]->remote && f->lp[i]->xset < 0)

@@ -20,12 +20,14 @@
  * queue, close flushes. A full queue (WQ_MAX blocks) makes publish write synchronously. */
 #include "ds41.h"
 
+#include <dirent.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "dist_pipe.h"
 #include "forward.h"
 #include "pstore.h"
 #include "restore.h"
@@ -65,6 +67,8 @@ struct ds41_prefix_cache {
     int n_stores;
     size_t *page_bytes;        /* per store */
     long long node_bytes;
+    long long disk_bytes;      /* a block's payload on disk: the pages of the stores held here (all but
+                                * under --split layers, where a stage's store keeps its layers' part) */
     pthread_mutex_t mu;
     pnode **table;
     size_t table_size;
@@ -198,6 +202,21 @@ static int fingerprint(const ds41_engine *e, int index_k, uint8_t fp[32], ds41_e
             }
         }
     }
+    if (e->pipe) {
+        /* --split layers: a stage's blocks hold its layers' pages only, so its layers, the
+         * job's stage count and --layer-map key them (every rank's fingerprint changes with
+         * the cuts: a store written under other cuts or another -n is never read, its blocks
+         * lacking or mislabelling pages) */
+        int32_t cut[3] = { ds41_pipe_stages(e->pipe), -1, -1 };
+        for (int l = 0; l < e->cfg->n_layers; l++)
+            if (ds41_pipe_holds(e->pipe, l)) { if (cut[1] < 0) cut[1] = l; cut[2] = l; }
+        const char *stag = "stage", *map = ds41_pipe_layer_map();
+        for (int k = 0; k < 2; k++) {
+            h128_bytes(&h[k], stag, strlen(stag));
+            h128_bytes(&h[k], cut, sizeof cut);
+            if (map) h128_bytes(&h[k], map, strlen(map) + 1);
+        }
+    }
     h128_final(&h[0], fp);
     h128_final(&h[1], fp + 16);
     return 0;
@@ -289,6 +308,26 @@ static pnode *insert(ds41_prefix_cache *pc, const uint8_t key[16], pnode *parent
 
 /* ---------------------------------------------------------------------- open / close */
 
+/* --split layers: says so when the stage's store holds blocks of other fingerprints (another
+ * checkpoint, kernel mode or index-K reading, or, what a restarted job meets, other cuts or
+ * another rank count), which are never read */
+static void note_foreign(const ds41_prefix_cache *pc) {
+    char mine[65];
+    ds41_prefix_fingerprint_hex(pc, mine);
+    DIR *d = opendir(pc->dir);
+    if (!d) return;
+    int n = 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        uint8_t fp[32];
+        if (strlen(de->d_name) == 64 && !ds41_pstore_unhex(de->d_name, fp, 32) && strcmp(de->d_name, mine)) n++;
+    }
+    closedir(d);
+    if (n)
+        fprintf(stderr, "ds41: prefix cache: %s holds the blocks of %d other fingerprint%s (another checkpoint, kernel mode "
+                "or index-K reading, or, under --split layers, other stage cuts or another number of ranks): not read\n",
+                pc->dir, n, n > 1 ? "s" : "");
+}
+
 ds41_prefix_cache *ds41_prefix_open(ds41_engine *e, const ds41_prefix_params *p, char *errbuf, size_t errcap) {
     ds41_err err;
     ds41_prefix_cache *pc = calloc(1, sizeof *pc);
@@ -319,19 +358,16 @@ ds41_prefix_cache *ds41_prefix_open(ds41_engine *e, const ds41_prefix_params *p,
         pc->page_bytes[i] = ds41_cache_page_bytes(cfg, i);
         if (!pc->page_bytes[i]) { ds41_errf(&err, "config: KV source %d has no page layout", i); goto fail; }
         pc->node_bytes += (long long)pc->page_bytes[i];
+        if (ds41_store_here(e, i)) pc->disk_bytes += (long long)pc->page_bytes[i];
     }
     if (fingerprint(e, pc->p.index_k, pc->fp, &err)) goto fail;
-    if (p && p->dir && e->pipe) {   /* a stage's blocks lack the other stages' pages */
-        ds41_errf(&err, "prefix cache: a disk store needs every layer's KV, and under --split layers a rank holds its "
-                        "stage's only");
-        goto fail;
-    }
     if (p && p->dir) {
         pc->dir = strdup(p->dir);
         if (!pc->dir) { ds41_errf(&err, "out of memory"); goto fail; }
         pc->p.dir = pc->dir;
         pc->disk = ds41_pstore_open(pc->dir, pc->fp, pc->p.disk_bytes, &err);
         if (!pc->disk) goto fail;
+        if (e->pipe) note_foreign(pc);
         pc->w_started = pthread_create(&pc->writer, NULL, writer_main, pc) == 0;   /* else synchronous */
     }
     return pc;
@@ -397,12 +433,13 @@ double ds41_prefix_bytes_per_token(const ds41_engine *e) {
  * positions, their 32-byte digest (compared here: the file's ids alone cannot tell two images
  * apart) */
 static uint8_t **pages_from_payload(ds41_prefix_cache *pc, const uint8_t *payload, size_t n, const uint8_t *img) {
-    if ((long long)n != pc->node_bytes + (img ? 32 : 0)) return NULL;
-    if (img && memcmp(payload + pc->node_bytes, img, 32)) return NULL;
+    if ((long long)n != pc->disk_bytes + (img ? 32 : 0)) return NULL;
+    if (img && memcmp(payload + pc->disk_bytes, img, 32)) return NULL;
     uint8_t **pages = calloc((size_t)pc->n_stores + 1, sizeof *pages);
     if (!pages) return NULL;
     size_t off = 0;
     for (int i = 0; i < pc->n_stores; i++) {
+        if (!ds41_store_here(pc->e, i)) continue;   /* --split layers: another stage's part (NULL) */
         pages[i] = ds41_page_new(pc->page_bytes[i]);
         if (!pages[i]) {
             for (int k = 0; k < i; k++) ds41_page_unref(pages[k]);
@@ -482,10 +519,11 @@ void ds41_prefix_flush(ds41_prefix_cache *pc) {
 
 static int put_disk(ds41_prefix_cache *pc, const uint8_t key[16], const uint8_t parent[16], const int32_t *ids,
                     const uint8_t *img, uint8_t *const *pages) {
-    uint8_t *payload = malloc((size_t)pc->node_bytes + 32);
+    uint8_t *payload = malloc((size_t)pc->disk_bytes + 32);
     if (!payload) return -1;
     size_t off = 0;
     for (int i = 0; i < pc->n_stores; i++) {
+        if (!ds41_store_here(pc->e, i)) continue;   /* --split layers: this stage's part only */
         memcpy(payload + off, pages[i], pc->page_bytes[i]);
         off += pc->page_bytes[i];
     }
@@ -522,9 +560,10 @@ static pnode *add_block(ds41_prefix_cache *pc, const uint8_t key[16], const uint
 /* The longest chain of cached blocks of ids (memory, then disk): pages [nb][n_stores] with one
  * reference each (the caller releases them), or NULL when none or out of memory. */
 static uint8_t **collect(ds41_prefix_cache *pc, const int32_t *ids, size_t n, const ds41_prefix_img *im,
-                         long long max_pos, long long *nb_out, int query, long long *disk_first) {
+                         long long max_pos, long long *nb_out, int query, long long *disk_first, long long cap) {
     long long maxb = (long long)n / BT;
     if (maxb * BT > max_pos) maxb = max_pos / BT;
+    if (cap >= 0 && maxb > cap) maxb = cap;
     for (size_t i = 0; i < (size_t)maxb * BT; i++)
         if (ids[i] < 0 || ids[i] >= pc->e->cfg->vocab_size) { maxb = (long long)i / BT; break; }
     pthread_mutex_lock(&pc->mu);
@@ -575,13 +614,13 @@ static uint8_t **collect(ds41_prefix_cache *pc, const int32_t *ids, size_t n, co
     return pages;
 }
 
-long long ds41_prefix_restore_img(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n,
-                                  const ds41_prefix_img *im) {
+long long ds41_prefix_restore_cap(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n,
+                                  const ds41_prefix_img *im, long long max_blocks) {
     ds41_seq *q = ds41_session_seq(s);
     if (q->e != pc->e || q->cache.pos != 0 || ds41_session_index_k(s) != pc->p.index_k) return 0;
     if (im && im->is_image && (!im->key || !im->emb)) return 0;   /* cannot key or replay image rows */
     long long nb = 0;
-    uint8_t **pages = collect(pc, ids, n, im, q->cache.max_pos, &nb, 1, NULL);
+    uint8_t **pages = collect(pc, ids, n, im, q->cache.max_pos, &nb, 1, NULL, max_blocks);
     long long M = nb * BT, rc = M;
     if (M > 0) {
         int mode = pc->p.replay == DS41_REPLAY_APPROX ? DS41_RESTORE_APPROX : DS41_RESTORE_EXACT;
@@ -598,6 +637,51 @@ long long ds41_prefix_restore_img(ds41_prefix_cache *pc, ds41_session *s, const 
     return rc;
 }
 
+long long ds41_prefix_restore_img(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n,
+                                  const ds41_prefix_img *im) {
+    return ds41_prefix_restore_cap(pc, s, ids, n, im, -1);
+}
+
+long long ds41_prefix_held(ds41_prefix_cache *pc, const int32_t *ids, size_t n, const ds41_prefix_img *im) {
+    if (im && im->is_image && !im->key) return 0;
+    long long maxb = (long long)n / BT;
+    if (maxb * BT > pc->e->max_pos) maxb = pc->e->max_pos / BT;
+    for (size_t i = 0; i < (size_t)maxb * BT; i++)
+        if (ids[i] < 0 || ids[i] >= pc->e->cfg->vocab_size) { maxb = (long long)i / BT; break; }
+    long long nb = 0;
+    int mem = 1;   /* past the first block missing in memory, none of its descendants is there */
+    pnode *prev = NULL;
+    uint8_t pkey[16];
+    memcpy(pkey, pc->fp, 16);
+    pthread_mutex_lock(&pc->mu);
+    while (nb < maxb) {
+        const int32_t *bid = ids + nb * BT;
+        uint8_t key[16], dig[32];
+        const uint8_t *img = block_img(im, nb, dig) ? dig : NULL;
+        block_key(pkey, bid, img, key);
+        pnode *node = mem ? find(pc, key, prev, bid, img) : NULL;
+        if (!node) {
+            mem = 0;
+            if (!pc->disk) break;
+            void *payload = NULL;
+            size_t len = 0;
+            ds41_err err;
+            uint8_t zero[16] = { 0 };
+            int g = ds41_pstore_get(pc->disk, key, nb ? pkey : zero, bid, BT, &payload, &len, &err);
+            /* what collect would accept: the size of this cache's blocks, the image digest */
+            int ok = g == 1 && (long long)len == pc->disk_bytes + (img ? 32 : 0) &&
+                     (!img || !memcmp((uint8_t *)payload + pc->disk_bytes, img, 32));
+            free(payload);
+            if (!ok) break;
+        }
+        prev = node;
+        memcpy(pkey, key, 16);
+        nb++;
+    }
+    pthread_mutex_unlock(&pc->mu);
+    return nb;
+}
+
 long long ds41_prefix_restore(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n) {
     return ds41_prefix_restore_img(pc, s, ids, n, NULL);
 }
@@ -605,7 +689,7 @@ long long ds41_prefix_restore(ds41_prefix_cache *pc, ds41_session *s, const int3
 long long ds41_prefix_pages_img(ds41_prefix_cache *pc, const int32_t *ids, size_t n, const ds41_prefix_img *im,
                                 uint8_t ***pages) {
     long long nb = 0;
-    *pages = collect(pc, ids, n, im, pc->e->max_pos, &nb, 1, NULL);
+    *pages = collect(pc, ids, n, im, pc->e->max_pos, &nb, 1, NULL, -1);
     return nb;
 }
 
@@ -619,14 +703,15 @@ long long ds41_prefix_load(ds41_prefix_cache *pc, const int32_t *ids, size_t n, 
     *bytes = NULL;
     *len = 0;
     *first = 0;
-    uint8_t **pages = collect(pc, ids, n, im, pc->e->max_pos, &nb, 0, &fd);
+    uint8_t **pages = collect(pc, ids, n, im, pc->e->max_pos, &nb, 0, &fd, -1);
     long long k = nb - fd;
     if (k > 0) {
-        uint8_t *b = malloc((size_t)k * (size_t)pc->node_bytes);
+        uint8_t *b = malloc((size_t)k * (size_t)pc->disk_bytes);
         if (!b) { ds41_prefix_pages_free(pc, pages, nb); return -1; }
         size_t off = 0;
         for (long long i = fd; i < nb; i++)
             for (int j = 0; j < pc->n_stores; j++) {
+                if (!ds41_store_here(pc->e, j)) continue;
                 memcpy(b + off, pages[(size_t)i * pc->n_stores + j], pc->page_bytes[j]);
                 off += pc->page_bytes[j];
             }
@@ -640,12 +725,12 @@ long long ds41_prefix_load(ds41_prefix_cache *pc, const int32_t *ids, size_t n, 
 
 long long ds41_prefix_insert_bytes(ds41_prefix_cache *pc, const int32_t *ids, size_t n, const ds41_prefix_img *im, long long first,
                                    long long nb, const uint8_t *bytes, size_t len) {
-    if (nb <= 0 || len != (size_t)nb * (size_t)pc->node_bytes) return -1;
+    if (nb <= 0 || len != (size_t)nb * (size_t)pc->disk_bytes) return -1;
     uint8_t **pages = calloc((size_t)nb * pc->n_stores, sizeof *pages);
     if (!pages) return -1;
     long long rc = 0;
     for (long long i = 0; i < nb && rc == 0; i++) {
-        uint8_t **pg = pages_from_payload(pc, bytes + (size_t)i * (size_t)pc->node_bytes, (size_t)pc->node_bytes, NULL);
+        uint8_t **pg = pages_from_payload(pc, bytes + (size_t)i * (size_t)pc->disk_bytes, (size_t)pc->disk_bytes, NULL);
         if (!pg) { rc = -1; break; }
         memcpy(pages + (size_t)i * pc->n_stores, pg, (size_t)pc->n_stores * sizeof *pg);
         free(pg);
@@ -664,6 +749,8 @@ void ds41_prefix_pages_free(ds41_prefix_cache *pc, uint8_t **pages, long long nb
 }
 
 const uint8_t *ds41_prefix_fingerprint(const ds41_prefix_cache *pc) { return pc->fp; }
+
+int ds41_prefix_has_store(const ds41_prefix_cache *pc) { return pc && pc->disk != NULL; }
 
 /* ds41_prefix_insert with the prompt's image positions keyed (im NULL: text). */
 static long long insert_chain(ds41_prefix_cache *pc, const int32_t *ids, size_t n, const ds41_prefix_img *im,
