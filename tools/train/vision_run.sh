@@ -17,7 +17,7 @@ cd "$(dirname "$0")/../.."
 PY=/usr/bin/python3
 OUT=${OUT:-build/demo-vision}
 BASE=${BASE:-models/demo}
-STEPS=${STEPS:-3000}
+STEPS=${STEPS:-3000}     # a guess (about 4 CPU hours at 4.7 s a step): 80 steps reached only the prior (docs/vision.md)
 mkdir -p "$OUT"
 if [ ! -f build/demo-data/train.bin ]; then
     $PY tools/train/corpus.py build
@@ -27,7 +27,7 @@ if [ "${FRESH:-0}" = 1 ]; then rm -rf "$OUT/vision_state.pt" "$OUT/model" "$OUT/
 [ -f "$OUT/vision_state.pt" ] && echo "make train-vision: continuing from $OUT/vision_state.pt (FRESH=1 starts over)"
 rc=0
 $PY tools/train/vision_train.py -m "$BASE" --out "$OUT" --ds41 build/ds41 --steps "$STEPS" \
-    --train-lm "${TRAIN_LM:-all}" --lm-lr "${LM_LR:-1e-3}" --lr "${LR:-3e-3}" --text-mix "${TEXT_MIX:-2}" \
+    --train-lm "${TRAIN_LM:-all}" --lm-lr "${LM_LR:-1e-3}" --lr "${LR:-3e-3}" --text-mix "${TEXT_MIX:-1}" --text-ctx "${TEXT_CTX:-64}" \
     --batch 16 --save-every 50 --eval-every 200 --eval-n 60 --text-eval-n 16 ${VISION_ARGS:-} \
     --minutes "${MINUTES:-100000}" 2>&1 | tee -a "$OUT/train.log" || rc=$?
 if [ "$rc" = 3 ]; then

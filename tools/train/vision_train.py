@@ -535,6 +535,7 @@ def main():
         log.append(rec)
         print(json.dumps(rec), flush=True)
 
+    step0 = step
     if step == 0 and (items or (parts and text is not None and a.text_eval_n > 0)):
         evaluate()
     while step < a.steps and time.time() - t0 < a.minutes * 60:
@@ -598,7 +599,8 @@ def main():
             evaluate()
         if step % a.save_every == 0:
             save()
-    save()
+    if step > step0 or not os.path.exists(path):     # a finished run rerun leaves its state (and its date) as is
+        save()
     print("stopped at step %d after %.0f s" % (step, time.time() - t0), flush=True)
     if step < a.steps:
         sys.exit(3)
