@@ -69,7 +69,7 @@ SHIM_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%.so,$(SHIM_SRC))
 BENCH_SRC := $(sort $(wildcard bench/bench_*.c))
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all setup test run train-demo bench check-asan check-tsan fuzz clean
+.PHONY: all setup test run train-demo train-vision bench check-asan check-tsan fuzz clean
 
 all: ds41 libds41.a $(TEST_BIN) $(TOOL_BIN) $(SHIM_BIN) $(BENCH_BIN)
 
@@ -125,6 +125,14 @@ train-demo:
 	@DS41_SETUP_TRAIN=1 bash scripts/setup.sh
 	@$(MAKE) --no-print-directory all
 	@bash tools/train/run.sh
+
+# make train-vision: teach models/demo (whatever it holds: run it after the text model is final)
+# to answer questions about generated scenes; resumable (MINUTES=M, FRESH=1), writes the candidate
+# to build/demo-vision/model, INSTALL=1 copies it into models/demo (tools/train/README.md).
+train-vision:
+	@DS41_SETUP_TRAIN=1 bash scripts/setup.sh
+	@$(MAKE) --no-print-directory all
+	@bash tools/train/vision_run.sh
 
 bench: setup
 	@$(MAKE) --no-print-directory all

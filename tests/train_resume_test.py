@@ -5,7 +5,15 @@ with random tokens, batch 1 x 32, one process, against the same run stopped with
 --stop-at-step 1 (status 3), resumed and stopped again at 2 (the phase boundary), then
 resumed to the end: the final weights, optimizer step and evaluation record are identical
 bit for bit, and a killed save never leaves a half-written state.pt (save goes through
-state.pt.tmp). Prints PASS / FAIL lines. About a minute of CPU (four torch start-ups); several on a busy machine."""
+state.pt.tmp). Prints PASS / FAIL lines. About a minute of CPU (four torch start-ups); several on a busy machine.
+
+Also (issue 24 item 6, in this process, a few seconds): the export of a vision state whose language
+model was trained (vision_export.py after vision_train.py --train-lm) on models/demo: one tensor of
+each release format moved off its released values and one trained tensor left where it was; every
+tensor of the base file outside the moved ones keeps its bytes, the moved ones decode to the
+trained values in their format (v41.py's torch fake quantizers, the ones the training computes
+with, an implementation independent of export.py's NumPy encoders), the tower to its BF16 values,
+and a state trained on another file is refused."""
 import os
 import subprocess
 import sys
@@ -16,6 +24,7 @@ import torch
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 TRAIN = os.path.join(ROOT, "tools", "train", "train.py")
+sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
 
 
 def case(name, ok, why=""):
@@ -60,7 +69,77 @@ def main():
         case("train_resume_same_record", sa["step"] == sb["step"] == 3 and sa["evals"] == sb["evals"],
              "steps %r %r evals %r %r" % (sa["step"], sb["step"], sa["evals"], sb["evals"]))
         case("train_no_tmp_left", not os.path.exists(os.path.join(b, "state.pt.tmp")), "state.pt.tmp left behind")
+        vision_export_roundtrip(tmp)
     return 0
+
+
+def vision_export_roundtrip(tmp):
+    import json
+    import v41
+    import export
+    import vision_export
+    import vision_train
+    base = os.path.join(ROOT, "models", "demo")
+    with open(os.path.join(base, "config.json")) as f:
+        model = v41.V41(json.load(f))
+    old = export.load_release(model, base)
+    # one tensor of each release format (and of each kind of parameter), moved by ~5 % of its scale
+    moved = {"blocks.0.attn.wq_a.weight": v41.fp8_tile_dq, "blocks.1.ffn.experts.3.w1.weight": v41.fp4_row_dq,
+             "engrams.1.table": v41.e4m3_row_dq, "blocks.2.attn_norm.weight": v41.bf16, "embed": v41.bf16,
+             "engrams.3.qk": v41.bf16, "blocks.0.hc_attn.base": lambda w: w}
+    g = torch.Generator().manual_seed(24)
+    trained = {k: old[k] + 0.05 * old[k].abs().mean() * torch.randn(old[k].shape, generator=g) for k in moved}
+    trained["blocks.3.attn.wkv.weight"] = old["blocks.3.attn.wkv.weight"].clone()      # trained, did not move
+    torch.manual_seed(3)
+    tower = vision_train.Tower(vision_train.VISION, model.cfg["dim"])
+    sha = vision_train.file_sha256(os.path.join(base, "model.safetensors"))
+    state = os.path.join(tmp, "vision_state.pt")
+    out = os.path.join(tmp, "cand")
+    torch.save({"tower": tower.state_dict(), "vision": vision_train.VISION, "image_token_id": 16,
+                "base_sha256": sha, "lm": trained}, state)
+    argv = sys.argv
+    try:
+        sys.argv = ["vision_export.py", "--state", state, "--base", base, "--out", out]
+        vision_export.main()
+    finally:
+        sys.argv = argv
+    raw_old = vision_export.read_raw(os.path.join(base, "model.safetensors"))
+    raw_new = vision_export.read_raw(os.path.join(out, "model.safetensors"))
+    smap = export.source_map(model)
+    moved_names = set()
+    for b, (key, kind) in smap.items():
+        if key in moved:
+            moved_names.update(export.file_names(b, kind))
+    kept = [n for n in raw_old if n not in moved_names]
+    same = [n for n in kept if n in raw_new and raw_new[n][:2] == raw_old[n][:2] and
+            np.array_equal(raw_new[n][2], raw_old[n][2])]
+    case("vision_export_lm_untouched_bytes", len(same) == len(kept) and len(kept) > 700,
+         "%d of %d untouched tensors byte-identical (first differing: %s)"
+         % (len(same), len(kept), sorted(set(kept) - set(same))[:3]))
+    new = export.load_release(model, out)
+    bad = []
+    for k, fq in moved.items():
+        want = fq(trained[k]).reshape(old[k].shape)
+        if not torch.equal(new[k], want) or torch.equal(new[k], old[k]):
+            bad.append("%s (max |new - trained in format| %g)" % (k, (new[k] - want).abs().max().item()))
+    changed = sorted(n for n in moved_names if not np.array_equal(raw_new[n][2], raw_old[n][2]))
+    case("vision_export_lm_moved_decode", not bad and len(changed) >= len(moved),
+         "%s; %d of %d moved file tensors changed bytes" % (bad, len(changed), len(moved_names)))
+    tb = vision_export.read_raw(os.path.join(out, "model.safetensors"))["vision.blocks.1.attn.wqkv.weight"][2]
+    tv = (np.frombuffer(tb.tobytes(), dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+    tw = tower.state_dict()["blocks.1.wqkv.weight"]
+    case("vision_export_tower_bf16", np.array_equal(tv, v41.bf16(tw).numpy().reshape(-1)), "tower weights not their BF16 values")
+    torch.save({"tower": tower.state_dict(), "vision": vision_train.VISION, "image_token_id": 16,
+                "base_sha256": "0" * 64, "lm": trained}, state)
+    try:
+        sys.argv = ["vision_export.py", "--state", state, "--base", base, "--out", os.path.join(tmp, "cand2")]
+        vision_export.main()
+        refused, msg = False, "exported"
+    except SystemExit as e:
+        refused, msg = "sha256" in str(e) and "--base" in str(e), str(e)
+    finally:
+        sys.argv = argv
+    case("vision_export_other_base_refused", refused, msg)
 
 
 if __name__ == "__main__":

@@ -131,6 +131,31 @@ def source_map(model):
     return m
 
 
+def encode(base, kind, w):
+    """One release tensor: w (FP32 numpy) in its format -> ({file name: (dtype, shape, data)},
+    the values the file decodes to)."""
+    if kind == "bf16":
+        bits, dec = bf16(w)
+        return {base: ("BF16", w.shape, bits)}, dec
+    if kind == "f32":
+        return {base: ("F32", w.shape, w.astype("<f4"))}, w
+    if kind == "fp8":
+        q, s, dec = fp8_tiles(w)
+        return {base + ".weight": ("F8_E4M3", w.shape, q), base + ".scale": ("F8_E8M0", s.shape, s)}, dec
+    if kind == "fp4":
+        q, s, dec = fp4_rows(w)
+        return {base + ".weight": ("I8", q.shape, q), base + ".scale": ("F8_E8M0", s.shape, s)}, dec
+    if kind == "e4m3rows":
+        q, s, dec = e4m3_rows(w)
+        return {base + ".weight": ("F8_E4M3", w.shape, q), base + ".scale": ("F8_E8M0", s.shape, s)}, dec
+    raise ValueError(kind)
+
+
+def file_names(base, kind):
+    """The safetensors names a release tensor occupies."""
+    return [base + ".weight", base + ".scale"] if kind in ("fp8", "fp4", "e4m3rows") else [base]
+
+
 def build(model, sd):
     """-> (list of (name, dtype, shape, bytes)), released state dict."""
     m = source_map(model)
@@ -142,26 +167,8 @@ def build(model, sd):
             out[base] = ("BF16", shape, bits)
             continue
         w = sd[key].detach().float().numpy().astype(F32)
-        if kind == "bf16":
-            bits, dec = bf16(w)
-            out[base] = ("BF16", w.shape, bits)
-        elif kind == "f32":
-            out[base] = ("F32", w.shape, w.astype("<f4"))
-            dec = w
-        elif kind == "fp8":
-            q, s, dec = fp8_tiles(w)
-            out[base + ".weight"] = ("F8_E4M3", w.shape, q)
-            out[base + ".scale"] = ("F8_E8M0", s.shape, s)
-        elif kind == "fp4":
-            q, s, dec = fp4_rows(w)
-            out[base + ".weight"] = ("I8", q.shape, q)
-            out[base + ".scale"] = ("F8_E8M0", s.shape, s)
-        elif kind == "e4m3rows":
-            q, s, dec = e4m3_rows(w)
-            out[base + ".weight"] = ("F8_E4M3", w.shape, q)
-            out[base + ".scale"] = ("F8_E8M0", s.shape, s)
-        else:
-            raise ValueError(kind)
+        files, dec = encode(base, kind, w)
+        out.update(files)
         if key in rel and not np.array_equal(rel[key], dec):
             raise ValueError("two release tensors decode %s differently" % key)
         rel[key] = dec

@@ -37,9 +37,9 @@ def jitter(rgb, rng, d=18):
     return tuple(max(0, min(255, c + rng.randint(-d, d))) for c in rgb)
 
 
-def scene(rng):
-    """-> list of (shape, colour, cell index, size, dx, dy)."""
-    n = rng.randint(1, 4)
+def scene(rng, n_max=4):
+    """-> list of (shape, colour, cell index, size, dx, dy): 1 to n_max shapes."""
+    n = rng.randint(1, n_max)
     cells = rng.sample(range(9), n)
     objs = []
     for c in cells:
@@ -79,13 +79,13 @@ def questions(objs):
     return out
 
 
-def sample(rng, kind=None):
+def sample(rng, kind=None, n_max=4):
     """-> (PIL image, kind, question, answer, objects). kind None: a kind drawn evenly from KINDS (a caption
-    one time in ten), then a scene that has a question of that kind."""
+    one time in ten), then a scene of 1 to n_max shapes that has a question of that kind."""
     if kind is None:
         kind = "caption" if rng.random() < 0.1 else rng.choice(KINDS)
     while True:
-        objs = scene(rng)
+        objs = scene(rng, n_max)
         qs = [q for q in questions(objs) if q[0] == kind]
         if kind == "count" and rng.random() < 0.85:
             qs = [q for q in qs if q[2] != "0"] or qs     # mostly shapes that are there

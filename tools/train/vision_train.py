@@ -1,30 +1,43 @@
 #!/usr/bin/env python3
 """Trains the demo model's vision tower (docs/vision.md: patch 14, 2D rotary ViT, 3 x 3
 unshuffle, two-layer aligner to width 192, image start / end / newline vectors) on generated
-scenes (vision_data.py), with the language model frozen at its released weights, so that every
-text weight of models/demo stays bit for bit as it is.
+scenes (vision_data.py), with the language model frozen at its released weights (every text
+weight of models/demo stays bit for bit as it is) or, with --train-lm, trained with it.
 
     nice -n 19 python3 tools/train/vision_train.py --minutes 40     # resumable: a rerun continues
+    python3 tools/train/vision_train.py --train-lm all --text-mix 2 --steps 3000 --minutes 60
 
 The prompt is the chat template with the image span first in the user message:
 
     <BOS><User> [start, (tok tok tok, newline) x 3, end] QUESTION <Assistant></think> ANSWER <EOS>
 
 every span position carrying image_token_id; the loss is the cross-entropy of ANSWER and EOS,
-plus (--ground) a grounding term: each cell's aligned token, read through the frozen embedding
-matrix as a classifier (cosine similarity x 10, so that it steers directions, not norms), predicts the tokens of the colour, shape and position words of the shape
-drawn in that cell (the frozen model copies words from the user message well: its chat data
-answers "What does WORD mean?" starting with WORD, so image tokens that look like the words
-are easy for it to use).
+plus (--ground) a grounding term: each cell's aligned token, read through the (detached) embedding
+matrix as a classifier (cosine similarity x 10, so that it steers directions, not norms), predicts
+the tokens of the colour, shape and position words of the shape drawn in that cell (the model
+copies words from the user message well: its chat data answers "What does WORD mean?" starting
+with WORD, so image tokens that look like the words are easy for it to use).
 The language model runs as ds41 runs it for an image (docs/vision.md "Image span"): the span's
 embeddings replace the token embeddings, its Engram gate is 0 and it is dead in the n-gram
 history. The routers' bias_vl is exported equal to bias (selection is not differentiable and the
-frozen experts were balanced on text), so the routing needs nothing here.
+experts were balanced on text; the balancing is not run here), so the routing needs nothing here.
+
+--train-lm PARTS (all, or some of attn, ffn, mhc, norm, engram, embed, head) unfreezes those
+parts of the backbone (the DSpark stages stay; train.py --init-release retrains them on the
+result). They train in the release formats (v41 `wq`: fake-quantized FP8 / FP4 / BF16 / E4M3 with
+straight-through gradients, as train.py's QAT phase), starting from the values the committed file
+decodes to (fixed points of the quantizers, so step 0 computes what ds41 computes), with Adam at
+--lm-lr, and --text-mix windows of build/demo-data text per step (train.py's language-model
+loss) so that the text figures hold; the held-out text loss (train.py's fixed windows) is logged
+at the evaluations. vision_export.py then writes the changed tensors.
 
 The tower runs in FP32 (ds41 runs the exported BF16 weights); the language model runs with the
-release numerics simulated (v41.Ctx sim: the BF16 roundings and Q8 activations ds41 computes)
-on the weights the committed safetensors decode to. Checkpoints (OUT/vision_state.pt) every
---save-every steps and at the end."""
+release numerics simulated (v41.Ctx sim: the BF16 roundings and Q8 activations ds41 computes).
+Every --eval-every steps, the held-out scenes of vision_eval.py are scored teacher-forced: the
+answer loss per kind and the share answered exactly (equal to greedy decoding's in the twin).
+Checkpoints (OUT/vision_state.pt: the tower, the trained language-model parameters, Adam, the
+step, the log, and the sha256 of the model.safetensors trained on) every --save-every steps and
+at the end; --minutes stops the sitting (status 3 when --steps is not reached yet)."""
 
 import argparse
 import json
@@ -160,14 +173,16 @@ def pixels(im):
 
 # ---- the frozen language model with an image span --------------------------------------------
 
-def lm_forward(model, tokens, span, span_at, eng_ids, c):
+def lm_forward(model, tokens, span, span_at, eng_ids, c, rows=None):
     """V41.forward with the span's embeddings at positions span_at .. span_at + S - 1 and their
-    Engram gates 0 (docs/vision.md). tokens [B, T]; span [B, S, dim]. -> logits [B, T, V]."""
+    Engram gates 0 (docs/vision.md). tokens [B, T]; span [B, S, dim]. -> logits [B, T, V], or with
+    rows (bool [B, T]) the logits of those positions only [N, V] (the head is a fifth of the work)."""
     cfg = model.cfg
     B, T = tokens.shape
     S = span.shape[1]
     hc = cfg["hc_mult"]
-    emb = model.embed[tokens]
+    table = v41.ste(model.embed, v41.bf16(model.embed)) if c.wq else model.embed
+    emb = table[tokens]
     emb = torch.cat([emb[:, :span_at], span, emb[:, span_at + S:]], dim=1)
     if c.sim:
         emb = v41.ste(emb, v41.bf16(emb))
@@ -188,6 +203,8 @@ def lm_forward(model, tokens, span, span_at, eng_ids, c):
             return model._attention(b.attn, p, x, c, st, pos, swa_mask)
         X, pre = model.blocks[p.id](X, pre, c, attn_fn)
     h = v41.apply_pre(X, pre, c)
+    if rows is not None:
+        h = h[rows]
     return model.head(model.norm(h, c), c, out_bf16=False)
 
 
@@ -223,45 +240,128 @@ def cell_words(tok, objs, V):
     return t
 
 
-def batch(rng, tok, n, S, V):
-    ims, seqs, words = [], [], []
-    for _ in range(n):
-        im, kind, q, a, objs = vision_data.sample(rng)
-        ids, at, first = layout(tok, q, a, S)
+def answer_text(answer, space):
+    """The answer as trained: --answer-space puts a space before it (' red' is one token of the demo
+    vocabulary, 'red' at the start of a text is another; ' top left' is 2 tokens, 'top left' 3)."""
+    return (" " + answer) if space else answer
+
+
+def encode(rng_items, tok, S, V, space):
+    """[(PIL image, kind, question, answer, objects)] -> pixels, ids, targets, grounding words, kinds."""
+    ims, seqs, words, kinds = [], [], [], []
+    for im, kind, q, a, objs in rng_items:
+        ids, at, first = layout(tok, q, answer_text(a, space), S)
         ims.append(pixels(im))
         seqs.append((ids, first))
         words.append(cell_words(tok, objs, V))
+        kinds.append(kind)
     T = max(len(s) for s, _ in seqs)
-    ids = torch.full((n, T), EOS, dtype=torch.long)
-    tgt = torch.full((n, T), -100, dtype=torch.long)
-    for b, (s, first) in enumerate(seqs):
-        ids[b, :len(s)] = torch.tensor(s)
-        tgt[b, first - 1:len(s) - 1] = torch.tensor(s[first:])
-    return torch.stack(ims), ids, tgt, torch.stack(words)
+    ids = torch.full((len(seqs), T), EOS, dtype=torch.long)
+    tgt = torch.full((len(seqs), T), -100, dtype=torch.long)
+    for b, (sq, first) in enumerate(seqs):
+        ids[b, :len(sq)] = torch.tensor(sq)
+        tgt[b, first - 1:len(sq) - 1] = torch.tensor(sq[first:])
+    return torch.stack(ims), ids, tgt, torch.stack(words), kinds
+
+
+def batch(rng, tok, n, S, V, n_max=4, space=False):
+    return encode([vision_data.sample(rng, n_max=n_max) for _ in range(n)], tok, S, V, space)
+
+
+# the parts of the language model --train-lm can unfreeze (backbone only: the DSpark stages stay
+# as released; `train.py --init-release` retrains them on the changed backbone)
+LM_PARTS = ("attn", "ffn", "mhc", "norm", "engram", "embed", "head")
+
+
+def lm_part(name, nL):
+    """The LM_PARTS group of a backbone parameter name; None for the DSpark stages."""
+    top = name.split(".")[0]
+    if top == "embed":
+        return "embed"
+    if top == "head":
+        return "head"
+    if top == "norm":
+        return "norm"
+    if top == "engrams":
+        return "engram"
+    if top == "blocks":
+        f = name.split(".")
+        if int(f[1]) >= nL:
+            return None
+        if f[2] == "attn":
+            return "attn"
+        if f[2] == "ffn":
+            return "ffn"
+        if f[2] in ("hc_attn", "hc_ffn"):
+            return "mhc"
+        if f[2] in ("attn_norm", "ffn_norm"):
+            return "norm"
+    return None
+
+
+def parse_parts(spec):
+    """'' -> frozen; 'all' -> every LM_PARTS group; else a comma-separated subset."""
+    if not spec or spec == "none":
+        return ()
+    parts = LM_PARTS if spec == "all" else tuple(x.strip() for x in spec.split(","))
+    bad = [x for x in parts if x not in LM_PARTS]
+    if bad:
+        raise SystemExit("vision_train: --train-lm: unknown part %s (known: all, none, %s)" % (bad[0], ", ".join(LM_PARTS)))
+    return parts
+
+
+def file_sha256(path):
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for blk in iter(lambda: f.read(1 << 20), b""):
+            h.update(blk)
+    return h.hexdigest()
 
 
 class LM:
-    """The frozen demo model and what its forward needs."""
+    """The demo language model and what its forward needs: frozen at its released weights, or
+    with the parts in `parts` trainable (then its weights are fake-quantized in the release formats,
+    as train.py's QAT phase does, so that the exported file computes what was trained; on the
+    released values, which are fixed points of the quantizers, that forward is the frozen one)."""
 
-    def __init__(self, model_dir, sim=True):
+    def __init__(self, model_dir, sim=True, parts=()):
         with open(os.path.join(model_dir, "config.json")) as f:
             doc = json.load(f)
         self.model = v41.V41(doc)
         self.model.load_state_dict(load_release(self.model, model_dir))
         self.model.eval()
-        for prm in self.model.parameters():
-            prm.requires_grad_(False)
+        self.parts = tuple(parts)
+        self.trainable = {}
+        for name, prm in self.model.named_parameters():
+            on = lm_part(name, self.model.nL) in self.parts
+            prm.requires_grad_(on)
+            if on:
+                self.trainable[name] = prm
         tm = np.fromfile(os.path.join(model_dir, "engram_token_map.i32"), dtype="<i4").astype(np.int64)
+        self.token_map = tm
         self.pad = int(tm[self.model.cfg["engram_pad_id"]])
         self.tmap = np.concatenate([tm, [-1]])       # the extra id: a dead history entry
         self.dead = len(tm)
-        self.c = v41.Ctx(sim=sim, wq=False, sparse=True)
+        self.c = v41.Ctx(sim=sim, wq=bool(self.parts), sparse=True)
 
-    def logits(self, span, ids, span_at):
+    def logits(self, span, ids, span_at, rows=None):
         x = ids.numpy().copy()
         x[:, span_at:span_at + span.shape[1]] = self.dead
         eng = torch.from_numpy(v41.engram_ids(self.model.engram_consts, self.tmap, x, self.pad))
-        return lm_forward(self.model, ids, span, span_at, eng, self.c)
+        return lm_forward(self.model, ids, span, span_at, eng, self.c, rows)
+
+
+def answer_loss(lm, span, ids, tgt):
+    """-> per answer token cross-entropy [N], sequence of each token [N], whether each sequence's
+    every answer token (EOS included) is the argmax [B]: greedy decoding's answer, teacher-forced."""
+    rows = tgt >= 0
+    lg = lm.logits(span, ids, 2, rows)
+    t = tgt[rows]
+    ce = F.cross_entropy(lg, t, reduction="none")
+    seq = rows.nonzero()[:, 0]
+    wrong = torch.zeros(tgt.shape[0]).index_add_(0, seq, (lg.argmax(-1) != t).float())
+    return ce, seq, wrong == 0
 
 
 def span_len(S_grid):
@@ -269,15 +369,67 @@ def span_len(S_grid):
     return gh * (gw + 1) + 2
 
 
+class Text:
+    """Text windows of build/demo-data (train.py's files) for mixing into the steps, and the held-out
+    loss as train.py measures it (fixed, evenly spaced windows of 256 tokens from BOS)."""
+
+    def __init__(self, data_dir, model_dir, ctx):
+        import train
+        for f in ("train.bin", "heldout.bin"):
+            if not os.path.exists(os.path.join(data_dir, f)):
+                raise SystemExit("vision_train: %s/%s is missing (text mixing and the held-out text loss need it): "
+                                 "python3 tools/train/corpus.py build && python3 tools/train/corpus.py tokenize"
+                                 % (data_dir, f))
+        self.train_mod = train
+        self.data = train.Data(data_dir, model_dir, 256, 8, 0)
+        self.ctx = ctx
+
+    def batch(self, seed, step, n):
+        rng = np.random.default_rng([seed, step, 7])
+        off = rng.integers(0, len(self.data.train) - self.ctx - 2, size=n)
+        return np.stack([self.data.train[o:o + self.ctx + 1] for o in off]).copy()
+
+    def loss(self, lm, w):
+        w = w.copy()
+        w[:, 0] = BOS
+        return self.train_mod.lm_loss(lm.model, self.data, w, lm.c)[0]
+
+    def heldout(self, lm, n):
+        c = v41.Ctx(sim=lm.c.sim, wq=True, sparse=True)     # the release formats (as trained for QAT)
+        return self.train_mod.evaluate(lm.model, self.data, c, n=n)
+
+
+@torch.no_grad()
+def heldout_answers(lm, tower, tok, items, S, space, chunk=20):
+    """Teacher-forced on the held-out scenes: per kind, the answer loss (nats per answer token,
+    EOS included) and the share whose every answer token and EOS is the argmax, which is exactly
+    the share greedy decoding answers correctly (in the torch twin)."""
+    per = {}
+    for i in range(0, len(items), chunk):
+        px, ids, tgt, _, kinds = encode(items[i:i + chunk], tok, S, lm.model.cfg["vocab_size"], space)
+        ce, seq, ok = answer_loss(lm, tower(px), ids, tgt)
+        for b, k in enumerate(kinds):
+            r = per.setdefault(k, [0.0, 0, 0, 0])
+            r[0] += ce[seq == b].sum().item()
+            r[1] += int((seq == b).sum())
+            r[2] += int(ok[b])
+            r[3] += 1
+    out = {k: {"loss": round(r[0] / r[1], 4), "correct": r[2], "n": r[3]} for k, r in sorted(per.items())}
+    out["accuracy"] = round(sum(r[2] for r in per.values()) / max(1, sum(r[3] for r in per.values())), 4)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", default="models/demo")
     ap.add_argument("--out", default="build/demo-vision")
     ap.add_argument("--ds41", default="build/ds41")
-    ap.add_argument("--minutes", type=float, default=40.0, help="stop after this much wall time (this run)")
-    ap.add_argument("--steps", type=int, default=100000)
+    ap.add_argument("--minutes", type=float, default=40.0,
+                    help="stop after this much wall time (this run): save and exit with status 3 when --steps is "
+                         "not reached yet (a rerun continues)")
+    ap.add_argument("--steps", type=int, default=100000, help="the run's last step (status 0 when reached)")
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr", type=float, default=3e-3, help="the tower's learning rate")
     ap.add_argument("--save-every", type=int, default=25)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-sim", action="store_true", help="run the language model in plain FP32")
@@ -286,77 +438,172 @@ def main():
                          "embedding matrix as a classifier (cosine similarity x 10, so that it steers directions, not norms), predicts the words of the shape drawn there")
     ap.add_argument("--ground-only", action="store_true",
                     help="train the grounding term alone (no language-model pass: fast); a pre-phase")
+    ap.add_argument("--train-lm", default="",
+                    help="unfreeze these parts of the language model: 'all' or a comma-separated subset of "
+                         + ", ".join(LM_PARTS) + " (default: frozen). They train in the release formats "
+                         "(fake-quantized, as QAT); vision_export.py writes the changed tensors")
+    ap.add_argument("--lm-lr", type=float, default=1e-3, help="learning rate of the unfrozen language-model parts")
+    ap.add_argument("--text-data", default="build/demo-data", help="train.py's token files (text mixing, held-out loss)")
+    ap.add_argument("--text-mix", type=int, default=None,
+                    help="text windows per step, trained on with the answers so the text figures hold "
+                         "(default 2 with --train-lm, else 0)")
+    ap.add_argument("--text-ctx", type=int, default=128, help="tokens per mixed text window")
+    ap.add_argument("--text-weight", type=float, default=1.0, help="weight of the text loss")
+    ap.add_argument("--width", type=int, default=VISION["hidden_size"],
+                    help="the tower's width (4 heads, MLP 2 x width); a fresh run only")
+    ap.add_argument("--curriculum", type=int, default=0,
+                    help="scenes of at most 1 + 3 step / N shapes for the first N steps (then 1-4)")
+    ap.add_argument("--answer-space", action="store_true", help="train answers with a leading space (' red')")
+    ap.add_argument("--eval-every", type=int, default=50, help="held-out answers every N steps (0: never)")
+    ap.add_argument("--eval-n", type=int, default=60, help="held-out scenes for that (vision_eval.py's, in turn by kind)")
+    ap.add_argument("--text-eval-n", type=int, default=16,
+                    help="held-out text windows of 256 for the text loss at the start and every --eval-every "
+                         "(with --train-lm; 0: never)")
+    ap.add_argument("--text-eval-every", type=int, default=0,
+                    help="the held-out text loss only at evaluations on multiples of N steps and at the last "
+                         "step (default: at every evaluation)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
     os.makedirs(a.out, exist_ok=True)
-    lm = LM(a.model, sim=not a.no_sim)
+    parts = parse_parts(a.train_lm)
+    path = os.path.join(a.out, "vision_state.pt")
+    st = torch.load(path) if os.path.exists(path) else None
+    base_sha = file_sha256(os.path.join(a.model, "model.safetensors"))
+    settings = {"train_lm": list(parts), "answer_space": a.answer_space}
+    if st is not None:
+        old = {"train_lm": list(st.get("train_lm", [])), "answer_space": st.get("answer_space", False)}
+        if old != settings:
+            raise SystemExit("vision_train: %s was trained with %s, this run asks for %s: rerun with the same "
+                             "settings, or remove it to start over" % (path, old, settings))
+        if st.get("base_sha256", base_sha) != base_sha:
+            raise SystemExit("vision_train: %s was trained on a %s/model.safetensors of sha256 %s; it now has %s: "
+                             "remove the state to start over on the new model" % (path, a.model, st["base_sha256"], base_sha))
+    vc = dict(st["vision"]) if st is not None else dict(VISION, hidden_size=a.width, intermediate_size=2 * a.width)
+    lm = LM(a.model, sim=not a.no_sim, parts=parts)
     dim = lm.model.cfg["dim"]
+    V = lm.model.cfg["vocab_size"]
     torch.manual_seed(a.seed)
-    tower = Tower(VISION, dim)
+    tower = Tower(vc, dim)
     with torch.no_grad():                         # delimiters start at the text embeddings' scale
         rms = lm.model.embed.pow(2).mean().sqrt()
         for v in (tower.image_start, tower.image_end, tower.image_newline):
             v.mul_(rms)
-    opt = torch.optim.Adam(tower.parameters(), lr=a.lr)
+    groups_ = [{"params": list(tower.parameters()), "lr": a.lr}]
+    if parts:
+        groups_.append({"params": list(lm.trainable.values()), "lr": a.lm_lr})
+    opt = torch.optim.Adam(groups_, lr=a.lr)
     step, log = 0, []
-    path = os.path.join(a.out, "vision_state.pt")
-    if os.path.exists(path):
-        st = torch.load(path)
+    if st is not None:
         tower.load_state_dict(st["tower"])
+        if parts:
+            with torch.no_grad():
+                for name, v in st["lm"].items():
+                    lm.trainable[name].copy_(v)
         opt.load_state_dict(st["opt"])
         step, log = st["step"], st["log"]
         print("resumed at step %d" % step, flush=True)
+    st = None
+    text_mix = a.text_mix if a.text_mix is not None else (2 if parts else 0)
+    text = None
+    if text_mix > 0 or (parts and a.text_eval_n > 0):
+        text = Text(a.text_data, a.model, a.text_ctx)
     tok = Tokens(a.ds41, a.model)
-    p, r = VISION["patch_size"], VISION["downsample_ratio"]
+    p, r = vc["patch_size"], vc["downsample_ratio"]
     g = -(-(vision_data.SIZE // p) // r)
     S = span_len((g, g))
+    items = None
+    if a.eval_every > 0:
+        import vision_eval
+        items = vision_eval.heldout(a.eval_n)
     t0 = time.time()
-    run_loss, run_acc, run_g, n_run = 0.0, 0.0, 0.0, 0
+    run = {"loss": 0.0, "acc": 0.0, "ground": 0.0, "text": 0.0, "n": 0, "kind": {}}
 
     def save():
         torch.save({"tower": tower.state_dict(), "opt": opt.state_dict(), "step": step, "log": log,
-                    "vision": VISION, "image_token_id": IMAGE_TOKEN_ID}, path + ".tmp")
+                    "vision": vc, "image_token_id": IMAGE_TOKEN_ID, "base_sha256": base_sha,
+                    "lm": {n: prm.detach().clone() for n, prm in lm.trainable.items()}, **settings}, path + ".tmp")
         os.replace(path + ".tmp", path)
 
+    def evaluate(force_text=False):
+        rec = {"step": step, "eval": heldout_answers(lm, tower, tok, items, S, a.answer_space) if items else None,
+               "seconds": round(time.time() - t0, 1)}
+        te = a.text_eval_every or a.eval_every or 1
+        if text is not None and parts and a.text_eval_n > 0 and (step % te == 0 or step >= a.steps):
+            rec["text_heldout"] = round(text.heldout(lm, a.text_eval_n), 4)
+        rec["eval_seconds"] = round(time.time() - t0 - rec["seconds"], 1)
+        log.append(rec)
+        print(json.dumps(rec), flush=True)
+
+    step0 = step
+    if step == 0 and (items or (parts and text is not None and a.text_eval_n > 0)):
+        evaluate()
     while step < a.steps and time.time() - t0 < a.minutes * 60:
         rng = random.Random("vision-train:%d:%d" % (a.seed, step))
-        px, ids, tgt, words = batch(rng, tok, a.batch, S, lm.model.cfg["vocab_size"])
-        lr = a.lr * min(1.0, (step + 1) / 50)
-        for gr in opt.param_groups:
-            gr["lr"] = lr
+        n_max = min(4, 1 + (3 * step) // a.curriculum) if a.curriculum > 0 and step < a.curriculum else 4
+        px, ids, tgt, words, kinds = batch(rng, tok, a.batch, S, V, n_max, a.answer_space)
+        lr = min(1.0, (step + 1) / 50)
+        opt.param_groups[0]["lr"] = a.lr * lr
+        if parts:
+            opt.param_groups[1]["lr"] = a.lm_lr * lr
         span, grid = tower(px, want_grid=True)
         if a.ground_only:
-            logits, loss = None, torch.zeros(())
+            loss, ce = torch.zeros(()), None
         else:
-            logits = lm.logits(span, ids, 2)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=-100)
+            ce, seq, seq_ok = answer_loss(lm, span, ids, tgt)
+            loss = ce.mean()
         total = loss
         if a.ground > 0:
             w = words.reshape(-1, words.shape[-1])
             has = w.sum(-1) > 0
-            cos = F.normalize(grid.reshape(-1, grid.shape[-1]), dim=-1) @ F.normalize(lm.model.embed, dim=-1).t()
+            emb = lm.model.embed.detach()
+            cos = F.normalize(grid.reshape(-1, grid.shape[-1]), dim=-1) @ F.normalize(emb, dim=-1).t()
             lp = F.log_softmax(cos * 10.0, dim=-1)
-            total = loss + a.ground * -(w[has] * lp[has]).sum(-1).mean()
+            total = total + a.ground * -(w[has] * lp[has]).sum(-1).mean()
+        tl = torch.zeros(())
+        if text_mix > 0:
+            tl = text.loss(lm, text.batch(a.seed, step, text_mix))
+            total = total + a.text_weight * tl
         opt.zero_grad()
         total.backward()
         torch.nn.utils.clip_grad_norm_(tower.parameters(), 1.0)
+        if parts:
+            torch.nn.utils.clip_grad_norm_(list(lm.trainable.values()), 1.0)
         opt.step()
         with torch.no_grad():
-            m = tgt >= 0
-            ok = 0.0 if logits is None else ((logits.argmax(-1) == tgt) | ~m).all(-1).float().mean().item()
-            g_loss = (total - loss).item()
+            ok = 0.0 if ce is None else seq_ok.float().mean().item()
+            g_loss = (total - loss - a.text_weight * tl).item()
+            if ce is not None:
+                for b, k in enumerate(kinds):
+                    kr = run["kind"].setdefault(k, [0.0, 0])
+                    kr[0] += ce[seq == b].sum().item()
+                    kr[1] += int((seq == b).sum())
         step += 1
-        run_loss, run_acc, run_g, n_run = run_loss + loss.item(), run_acc + ok, run_g + g_loss, n_run + 1
+        run["loss"] += loss.item()
+        run["acc"] += ok
+        run["ground"] += g_loss
+        run["text"] += tl.item()
+        run["n"] += 1
         if step % 10 == 0:
-            log.append({"step": step, "loss": run_loss / n_run, "acc": run_acc / n_run, "ground": run_g / n_run,
-                        "seconds": round(time.time() - t0, 1)})
-            print(json.dumps(log[-1]), flush=True)
-            run_loss, run_acc, run_g, n_run = 0.0, 0.0, 0.0, 0
+            n = run["n"]
+            rec = {"step": step, "loss": round(run["loss"] / n, 4), "acc": round(run["acc"] / n, 4),
+                   "ground": round(run["ground"] / n, 4),
+                   "kind_loss": {k: round(v[0] / v[1], 4) for k, v in sorted(run["kind"].items())},
+                   "seconds": round(time.time() - t0, 1)}
+            if text_mix > 0:
+                rec["text"] = round(run["text"] / n, 4)
+            log.append(rec)
+            print(json.dumps(rec), flush=True)
+            run = {"loss": 0.0, "acc": 0.0, "ground": 0.0, "text": 0.0, "n": 0, "kind": {}}
+        if a.eval_every > 0 and (step % a.eval_every == 0 or step == a.steps):
+            evaluate()
         if step % a.save_every == 0:
             save()
-    save()
+    if step > step0 or not os.path.exists(path):     # a finished run rerun leaves its state (and its date) as is
+        save()
     print("stopped at step %d after %.0f s" % (step, time.time() - t0), flush=True)
+    if step < a.steps:
+        sys.exit(3)
 
 
 if __name__ == "__main__":

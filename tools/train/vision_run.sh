@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# make train-vision: the demo model learns to see (docs/vision.md, "The demo model's tower"), run
+# after the text model is final, on whatever models/demo holds. Resumable across sittings.
+#   1. the text token files (build/demo-data, as make train-demo writes them) when missing
+#   2. vision_train.py: the tower and the language model (--train-lm, in the release formats) on
+#      generated scenes, text windows mixed in; resumable (OUT/vision_state.pt): MINUTES=M trains
+#      for M minutes of this sitting, saves and stops; the next run continues (FRESH=1 starts over)
+#   3. when its last step (STEPS) is reached: vision_export.py writes OUT/model, a copy of
+#      models/demo with the tower and the changed text tensors (every other tensor's bytes kept)
+#   4. the DSpark stages retrained on the changed backbone (train.py --init-release OUT/model,
+#      DSPARK_MINUTES of wall time), merged into OUT/model by dspark_swap.py (DSPARK_MINUTES=0 skips)
+#   5. the figures: vision_eval.py through the library (200 held-out scenes), ds41 perplexity on the
+#      held-out text (before / after), dspark_accept.py (before / after) -> OUT/figures.txt
+# INSTALL=1 then copies OUT/model into models/demo (the model card's figures are then to be updated).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=/usr/bin/python3
+OUT=${OUT:-build/demo-vision}
+BASE=${BASE:-models/demo}
+STEPS=${STEPS:-3000}     # a guess (about 4 CPU hours at 4.7 s a step): 80 steps reached only the prior (docs/vision.md)
+mkdir -p "$OUT"
+if [ ! -f build/demo-data/train.bin ]; then
+    $PY tools/train/corpus.py build
+    $PY tools/train/corpus.py tokenize
+fi
+if [ "${FRESH:-0}" = 1 ]; then rm -rf "$OUT/vision_state.pt" "$OUT/model" "$OUT/dspark" "$OUT/figures.txt"; fi
+[ -f "$OUT/vision_state.pt" ] && echo "make train-vision: continuing from $OUT/vision_state.pt (FRESH=1 starts over)"
+rc=0
+$PY tools/train/vision_train.py -m "$BASE" --out "$OUT" --ds41 build/ds41 --steps "$STEPS" \
+    --train-lm "${TRAIN_LM:-all}" --lm-lr "${LM_LR:-1e-3}" --lr "${LR:-3e-3}" --text-mix "${TEXT_MIX:-1}" --text-ctx "${TEXT_CTX:-64}" \
+    --batch 16 --save-every 50 --eval-every 200 --eval-n 60 --text-eval-n 16 ${VISION_ARGS:-} \
+    --minutes "${MINUTES:-100000}" 2>&1 | tee -a "$OUT/train.log" || rc=$?
+if [ "$rc" = 3 ]; then
+    echo "make train-vision: stopped and saved; run make train-vision again to continue"
+    exit 0
+fi
+[ "$rc" = 0 ] || exit "$rc"
+if [ ! -f "$OUT/model/model.safetensors" ] || [ "$OUT/vision_state.pt" -nt "$OUT/model/model.safetensors" ]; then
+    rm -rf "$OUT/model" "$OUT/dspark"
+    $PY tools/train/vision_export.py --state "$OUT/vision_state.pt" --base "$BASE" --out "$OUT/model"
+fi
+if [ "${DSPARK_MINUTES:-45}" != 0 ] && [ ! -f "$OUT/dspark/merged" ]; then
+    mkdir -p "$OUT/dspark/export"
+    resume=; [ -f "$OUT/dspark/state.pt" ] && resume=--resume
+    $PY tools/train/train.py --data build/demo-data --out "$OUT/dspark" $resume \
+        --init-release "$OUT/model" --model-dir "$OUT/model" --dense 0 --sparse 0 --qat 0 --dspark 100000 \
+        --dspark-minutes "${DSPARK_MINUTES:-45}" --batch 8 --procs 2 --lr 3e-3 --draft-positions 64 \
+        --draft-ce 0.2 --draft-kl 0.8 --log-every 5
+    cp "$OUT/model/config.json" "$OUT/dspark/export/"
+    $PY tools/train/export.py --state "$OUT/dspark/state.pt" --out "$OUT/dspark/export" \
+        --released "$OUT/dspark/export/released.pt"
+    $PY tools/train/dspark_swap.py merge --base "$OUT/model/model.safetensors" \
+        --drafter "$OUT/dspark/export/model.safetensors" --out "$OUT/dspark/model.safetensors"
+    $PY tools/train/dspark_swap.py check --old "$OUT/model/model.safetensors" --new "$OUT/dspark/model.safetensors"
+    mv "$OUT/dspark/model.safetensors" "$OUT/model/model.safetensors"
+    touch "$OUT/dspark/merged"
+fi
+{
+    echo "== vision: 200 held-out scenes through the library (ds41 exact kernels off)"
+    $PY tools/train/vision_eval.py -m "$OUT/model" --ds41 build/ds41
+    for m in "$BASE" "$OUT/model"; do
+        echo "== held-out text, $m"
+        build/ds41 perplexity -m "$m" -f build/demo-data/heldout.txt --ctx 256 -t 2 | grep -E "nll per token|bits per byte"
+        echo "== DSpark acceptance, $m"
+        $PY tools/train/dspark_accept.py -m "$m" --ds41 build/ds41 | tail -3
+    done
+} 2>&1 | tee "$OUT/figures.txt"
+if [ "${INSTALL:-0}" = 1 ]; then
+    cp "$OUT/model/model.safetensors" "$OUT/model/config.json" "$BASE/"
+    echo "make train-vision: installed $OUT/model into $BASE"
+fi
