@@ -233,11 +233,17 @@ enum { DS41_SPEC_OFF = 0, DS41_SPEC_FIXED = 1, DS41_SPEC_AUTO = 2 };
  * stages over the block (the part every proposal pays) and draft_s seconds per draft taken
  * (its head, Markov and confidence passes), so a drafting step of width 1 + K costs
  * 1 / sps[1 + K] + propose_s + K draft_s and a plain step 1 / sps[1]. propose_s = 0: the
- * proposal is not counted (a curve from before it was measured). */
+ * proposal is not counted (a curve from before it was measured). flush_s: seconds to write a
+ * window of deferred DSpark context rows into the stage rings, what a probe of a dormant gate
+ * pays before its proposal (the gate defers those writes while it says no); cold_s: the
+ * session's first probe, whose buffers are new (the flush's 64-row linear scratch, the
+ * proposal's work buffer, the deferred rows' buffer: their pages fault in), measured whole
+ * (flush, proposal, one draft); 0: not counted (a curve file from before they were measured). */
 typedef struct ds41_spec_curve {
     int n;
     double sps[DS41_SPEC_MAX_WIDTH + 1];
     double propose_s, draft_s;
+    double flush_s, cold_s;
 } ds41_spec_curve;
 
 typedef struct ds41_spec_params {
@@ -289,7 +295,10 @@ int ds41_spec_max_drafts(const ds41_session *s);
  * always-right drafter could not beat a plain step (max over K of (1 + K) / (1 / SPS(1 + K) +
  * propose_s + K draft_s) <= SPS(1)); else 1 when the session's recent acceptance (decayed
  * per-position counts of its verified drafts) predicts a higher Theta than a plain step, and
- * otherwise 1 only as a probe every 8, 16, ... 256 plain steps. Without such a curve: 1. */
+ * otherwise 1 only as a probe: at most 1 % of the decode time goes to probes, a probe costing
+ * propose_s + draft_s + flush_s, the session's first cold_s (so it comes after cold_s x SPS(1)
+ * / 1 % plain steps at least, the later ones propose_s + draft_s + flush_s apart, twice as far
+ * each time one fails, up to 1024). Without such a curve: 1. */
 int ds41_spec_want_draft(ds41_session *s, const ds41_spec_curve *curve);
 /* The session's running estimate of P(the first j + 1 drafts of a block accepted), j = 0 ..
  * DS41_SPEC_MAX_DRAFTS - 1: what the gate above weighs (decayed counts of the drafts verified
@@ -349,14 +358,19 @@ double ds41_spec_curve_sps(const ds41_spec_curve *c, int width);
  * by the thread's CPU time when single-threaded (robust to other processes on a shared
  * machine), by the wall clock with a thread pool; and, on a model with DSpark stages,
  * the proposal: propose_s (the stages) and draft_s (one draft's head, Markov and confidence
- * passes), lower quartiles of 4 x reps. */
+ * passes), lower quartiles of 4 x reps, flush_s (one ds41_dspark_seed of a window of
+ * context rows, the write a probe after a dormant spell makes), lower quartile of reps, and
+ * cold_s (a first probe on new buffers: the thread's linear scratch released and the freed
+ * memory returned to the kernel first), the median of reps. */
 int ds41_spec_calibrate(ds41_engine *e, int max_width, int prompt_len, int reps, ds41_spec_curve *out, char *err,
                         size_t errcap);
 /* The cache file of a model's curve: $DS41_SPEC_CURVE if set, else
  * ${XDG_CACHE_HOME:-$HOME/.cache}/ds41/spec-curve-<hash of the model dir, its config.json
- * size and mtime, threads, exact>.txt. Text: one "width steps_per_s" line per width, then
- * "propose_s SECONDS" and "draft_s SECONDS" (a loader of the older format stops at them and
- * keeps the widths). ds41_spec_curve_load refuses a file without propose_s (-1: re-measure). */
+ * size and mtime, threads, exact; and the format: a cache written before flush_s was measured
+ * is not found, so it is measured again>.txt. Text: one "width steps_per_s" line per width,
+ * then "propose_s SECONDS", "draft_s SECONDS", "flush_s SECONDS" and "cold_s SECONDS" (a
+ * loader of the older format stops at them and keeps the widths). ds41_spec_curve_load refuses
+ * a file without propose_s (-1: re-measure); one without flush_s or cold_s loads them as 0. */
 int ds41_spec_curve_path(const char *model_dir, int n_threads, int exact, char *buf, size_t cap);
 int ds41_spec_curve_load(const char *path, ds41_spec_curve *c);
 int ds41_spec_curve_save(const char *path, const ds41_spec_curve *c);

@@ -2,6 +2,7 @@
  * linears (exact kernels against scalar double formulations written here, hand-computed
  * cases, fast against exact with measured tolerances), and the thread pool (exact results
  * identical for 1 and 3 threads, fast results deterministic for a thread count). */
+#define _GNU_SOURCE   /* RUSAGE_THREAD */
 #include "check.h"
 #include "kernels.h"
 #include "formats.h"
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 static uint64_t rs = 0x9E3779B97F4A7C15ULL;
 static uint32_t rnd(void) { rs = rs * 6364136223846793005ULL + 1442695040888963407ULL; return (uint32_t)(rs >> 33); }
@@ -1305,6 +1307,63 @@ static void test_exact_certified(void) {
 
 /* ---------------------------------------------------------------- threads */
 
+/* The linears' scratch (kernels.h, ds41_scratch) is the thread's, kept from call to call: a
+ * second call of the same shape allocates nothing and touches no new page, and gives the same
+ * bits as the first (the buffers are not zeroed between calls: no result may depend on what an
+ * earlier call left there). Before, a 64-row FP8 tile of 1,024 inputs (256 KB) and its
+ * accumulators (128 KB) were mapped and unmapped by glibc at every call, so a second call
+ * faulted about 100 pages in again (docs/speculative.md: the deferred DSpark rows' flush).
+ * Widths: 64 (prefill panels), 16 (mid path), 4 (few rows), 1 (decode); FP8 and FP4 (its
+ * int16 and BF16 activation words). */
+static long minor_faults(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_THREAD, &ru);
+    return ru.ru_minflt;
+}
+
+static void test_scratch_reuse(void) {
+    const int out = 64, in = 1024, Tmax = 64;
+    mats m;
+    mats_make(&m, out, in);
+    ds41_fp8w f8 = { m.w8, m.s8, out, in };
+    ds41_fp4w f4 = { m.w4, m.s4, out, in };
+    float *x = malloc((size_t)Tmax * in * 4), *y1 = malloc((size_t)Tmax * out * 4), *y2 = malloc((size_t)Tmax * out * 4);
+    for (int i = 0; i < Tmax * in; i++) x[i] = ds41_bf16_round(urand());
+    const int widths[4] = { 64, 16, 4, 1 };
+    for (int kind = 0; kind < 2; kind++)
+        for (int wi = 0; wi < 4; wi++) {
+            int T = widths[wi];
+            memset(y1, 0, (size_t)Tmax * out * 4);
+            memset(y2, 0xff, (size_t)Tmax * out * 4);
+            if (kind == 0) ds41_linear_fp8(&FA, &f8, x, T, y1);
+            else ds41_linear_fp4(&FA, &f4, x, T, y1);
+            size_t held = ds41_scratch_held();
+            long f0 = minor_faults();
+            if (kind == 0) ds41_linear_fp8(&FA, &f8, x, T, y2);
+            else ds41_linear_fp4(&FA, &f4, x, T, y2);
+            long faults = minor_faults() - f0;
+            CHECK(count_diff(y1, y2, T * out) == 0, "%s T %d: a second call differs", kind ? "fp4" : "fp8", T);
+            CHECK(ds41_scratch_held() == held, "%s T %d: the scratch grew on a second call (%zu -> %zu bytes)",
+                  kind ? "fp4" : "fp8", T, held, ds41_scratch_held());
+            /* the bound: a page or two of stack at most, not the scratch's pages again */
+            CHECK(faults <= 2, "%s T %d: a second call faulted %ld pages in", kind ? "fp4" : "fp8", T, faults);
+        }
+    /* grown, never shrunk: a smaller call after a larger one keeps the larger buffers */
+    size_t held = ds41_scratch_held();
+    ds41_linear_fp8(&FA, &f8, x, 1, y1);
+    CHECK(ds41_scratch_held() == held && held >= (size_t)Tmax * in * 4, "held %zu bytes", ds41_scratch_held());
+    CHECK(ds41_scratch(DS41_SCR_N, 64) == NULL && ds41_scratch(-1, 64) == NULL, "a slot out of range");
+    /* pool workers keep their own and free them when the pool's threads exit (the ASan run
+     * of make test reports a leak otherwise) */
+    ds41_pool *pool = ds41_pool_create(2);
+    ds41_ctx fa2 = { 0, 2, pool, 0, NULL, NULL, NULL };
+    ds41_linear_fp8(&fa2, &f8, x, Tmax, y2);
+    CHECK(count_diff(y1, y2, out) == 0, "2 threads: row 0 differs from the T = 1 call");
+    ds41_pool_destroy(pool);
+    free(x); free(y1); free(y2);
+    mats_free(&m);
+}
+
 typedef struct cover { int *hits; } cover;
 static void cover_fn(void *arg, int i0, int i1) {
     cover *c = arg;
@@ -1416,5 +1475,6 @@ int main(void) {
     RUN_CASE(test_exact_fp4_scales);
     ds41_kernels_set_isa("auto");
     RUN_CASE(test_threads);
+    RUN_CASE(test_scratch_reuse);
     return check_exit();
 }

@@ -436,7 +436,8 @@ static void gate(void) {
      * plain steps apart, then twice as far each time they fail: after 55, then 110 more */
     CHECK(fabs(ds41_spec_survival(&st, 0) - 0.5) < 1e-12 && fabs(ds41_spec_survival(&st, 1) - 0.25) < 1e-12,
           "prior survival %f %f", ds41_spec_survival(&st, 0), ds41_spec_survival(&st, 1));
-    CHECK(ds41_spec_probe_floor(&c) == 55, "probe floor %d (expected 55)", ds41_spec_probe_floor(&c));
+    CHECK(ds41_spec_probe_floor(&c, 0) == 55 && ds41_spec_probe_floor(&c, 1) == 55, "probe floor %d (expected 55)",
+          ds41_spec_probe_floor(&c, 0));
     int opens[4], n_open = 0, dormant_ok = 1;
     for (int i = 0; i < 200; i++) {
         int g = ds41_spec_gate(&st, &c, 5);
@@ -446,10 +447,43 @@ static void gate(void) {
     CHECK(n_open == 2 && opens[0] == 54 && opens[1] == 164, "probes at %d steps: %d %d (expected 54 164)", n_open,
           n_open > 0 ? opens[0] : -1, n_open > 1 ? opens[1] : -1);
     CHECK(dormant_ok, "dormant flag = the gate said no");
+    /* a probe also writes the ring rows its dormant spell deferred (flush_s: 1.45 ms for a
+     * window of them, about what the demo model's 64 rows cost against its 0.45 ms decode
+     * step): 0.55 + 1.45 = 2 plain steps, so the probes come 200 steps apart at least, then
+     * 400: a generation shorter than 200 tokens pays for none */
+    ds41_spec_curve cf = c;
+    cf.flush_s = 1.45e-3;
+    CHECK(ds41_spec_probe_floor(&cf, 0) == 200, "probe floor with the flush %d (expected 200)", ds41_spec_probe_floor(&cf, 0));
+    ds41_spec_state sf;
+    memset(&sf, 0, sizeof sf);
+    sf.probe_every = DS41_SPEC_PROBE_MIN;
+    n_open = 0;
+    for (int i = 0; i < 700; i++)
+        if (ds41_spec_gate(&sf, &cf, 5) && n_open < 4) opens[n_open++] = i;
+    CHECK(n_open == 2 && opens[0] == 199 && opens[1] == 599, "probes with the flush at %d steps: %d %d (expected 199 599)",
+          n_open, n_open > 0 ? opens[0] : -1, n_open > 1 ? opens[1] : -1);
+    /* the flush counts in the probes' spacing only: drafting that pays still opens at once */
+    for (int i = 0; i < 5; i++) ds41_spec_observe(&sf, 5, 5);
+    CHECK(ds41_spec_gate(&sf, &cf, 5) == 1, "gate with the flush after acceptances");
+    /* the session's first probe is cold (cold_s, its buffers new): 3 ms = 3 plain steps puts it
+     * 300 steps in, the next one 600 later (twice the first's spacing, above the warm floor of
+     * 200); a cold figure below the warm probe's changes nothing */
+    cf.cold_s = 3e-3;
+    CHECK(ds41_spec_probe_floor(&cf, 1) == 300 && ds41_spec_probe_floor(&cf, 0) == 200, "cold floors %d %d (300 200)",
+          ds41_spec_probe_floor(&cf, 1), ds41_spec_probe_floor(&cf, 0));
+    memset(&sf, 0, sizeof sf);
+    sf.probe_every = DS41_SPEC_PROBE_MIN;
+    n_open = 0;
+    for (int i = 0; i < 1000; i++)
+        if (ds41_spec_gate(&sf, &cf, 5) && n_open < 4) opens[n_open++] = i;
+    CHECK(n_open == 2 && opens[0] == 299 && opens[1] == 899, "cold first probe at %d steps: %d %d (expected 299 899)",
+          n_open, n_open > 0 ? opens[0] : -1, n_open > 1 ? opens[1] : -1);
+    cf.cold_s = 1e-3;
+    CHECK(ds41_spec_probe_floor(&cf, 1) == 200, "a cold figure below the warm probe's: %d", ds41_spec_probe_floor(&cf, 1));
     /* a curve without the proposal's cost: the old floor of 8 steps */
     ds41_spec_curve c0 = c;
     c0.propose_s = 0;
-    CHECK(ds41_spec_probe_floor(&c0) == DS41_SPEC_PROBE_MIN && ds41_spec_probe_floor(NULL) == DS41_SPEC_PROBE_MIN,
+    CHECK(ds41_spec_probe_floor(&c0, 0) == DS41_SPEC_PROBE_MIN && ds41_spec_probe_floor(NULL, 1) == DS41_SPEC_PROBE_MIN,
           "probe floor without a proposal cost");
     /* five steps with every draft accepted: survival ~0.91 .. 0.87, Theta ~1980 > 1000 */
     for (int i = 0; i < 5; i++) ds41_spec_observe(&st, 5, 5);
@@ -482,18 +516,38 @@ static void curve_file(void) {
     ds41_spec_curve c, r;
     memset(&c, 0, sizeof c);
     c.n = 3; c.sps[1] = 1000.5; c.sps[2] = 600.25; c.sps[3] = 450.125;
-    c.propose_s = 0.000612345; c.draft_s = 0.000078125;
+    c.propose_s = 0.000612345; c.draft_s = 0.000078125; c.flush_s = 0.000901234; c.cold_s = 0.002345678;
     CHECK(ds41_spec_curve_save(path, &c) == 0, "save %s", path);
     CHECK(ds41_spec_curve_load(path, &r) == 0, "load");
     CHECK(r.n == 3 && r.sps[1] == 1000.5 && r.sps[2] == 600.25 && r.sps[3] == 450.125 && r.propose_s == 0.000612345 &&
-          r.draft_s == 0.000078125, "round trip: n %d, %f %f %f, %.9f %.9f", r.n, r.sps[1], r.sps[2], r.sps[3], r.propose_s,
-          r.draft_s);
+          r.draft_s == 0.000078125 && r.flush_s == 0.000901234 && r.cold_s == 0.002345678,
+          "round trip: n %d, %f %f %f, %.9f %.9f %.9f %.9f", r.n, r.sps[1], r.sps[2], r.sps[3], r.propose_s, r.draft_s,
+          r.flush_s, r.cold_s);
     FILE *f = fopen(path, "w");
     if (f) { fputs("1 1000.0\n2 600.0\n", f); fclose(f); }
     CHECK(ds41_spec_curve_load(path, &r) == -1 && r.n == 0, "an old-format file (no propose_s) loaded");
     f = fopen(path, "w");
     if (f) { fputs("1 1000.0\n2 600.0\npropose_s 0.0005\ndraft_s 0.00005\nlater_key 3\n", f); fclose(f); }
-    CHECK(ds41_spec_curve_load(path, &r) == 0 && r.n == 2 && r.propose_s == 0.0005, "a file with an unknown key");
+    CHECK(ds41_spec_curve_load(path, &r) == 0 && r.n == 2 && r.propose_s == 0.0005 && r.flush_s == 0 && r.cold_s == 0,
+          "a file with an unknown key and no flush_s / cold_s (not counted)");
+    /* the cache names a format: a curve cached before flush_s was measured is measured again */
+    char p1[4096], p2[4096];
+    const char *saved = getenv("DS41_SPEC_CURVE");
+    char *keep = saved ? strdup(saved) : NULL, *keep_xdg = getenv("XDG_CACHE_HOME") ? strdup(getenv("XDG_CACHE_HOME")) : NULL;
+    unsetenv("DS41_SPEC_CURVE");
+    setenv("XDG_CACHE_HOME", "/nonexistent-ds41-cache", 1);
+    CHECK(ds41_spec_curve_path("/nonexistent-model", 1, 0, p1, sizeof p1) == 0 &&
+          ds41_spec_curve_path("/nonexistent-model", 2, 1, p2, sizeof p2) == 0, "cache paths");
+    /* FNV-1a of the old key (the directory alone, no config.json there): 64 bits after 'spec-curve-' */
+    uint64_t h = 0xcbf29ce484222325ULL;
+    h = ds41_digest_bytes(h, "/nonexistent-model", strlen("/nonexistent-model"));
+    char old_name[128];
+    snprintf(old_name, sizeof old_name, "spec-curve-%016llx-t1-fast.txt", (unsigned long long)h);
+    CHECK(strstr(p1, "/nonexistent-ds41-cache/ds41/spec-curve-") == p1 && !strstr(p1, old_name) &&
+          strstr(p1, "-t1-fast.txt") && strstr(p2, "-t2-exact.txt"), "cache path %s (old name %s)", p1, old_name);
+    if (keep) { setenv("DS41_SPEC_CURVE", keep, 1); free(keep); }
+    if (keep_xdg) { setenv("XDG_CACHE_HOME", keep_xdg, 1); free(keep_xdg); }
+    else unsetenv("XDG_CACHE_HOME");
     f = fopen(path, "w");
     if (f) { fputs("1 1000.0\n3 600.0\npropose_s 0.0005\n", f); fclose(f); }
     CHECK(ds41_spec_curve_load(path, &r) == -1, "a width skipped");

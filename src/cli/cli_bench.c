@@ -13,6 +13,7 @@
 #include "cli_progress.h"
 #include "cli_spec.h"
 #include "ds41.h"
+#include "spec.h"
 #include "kernels.h"
 
 static const char *BENCH_USAGE =
@@ -387,6 +388,10 @@ int ds41_cli_bench(int argc, char **argv) {
             if (cv.propose_s > 0)
                 printf("proposal: stages %.3f ms (x%.2f of a decode step), %.3f ms per draft taken\n", cv.propose_s * 1e3,
                        cv.propose_s * cv.sps[1], cv.draft_s * 1e3);
+            if (cv.flush_s > 0)
+                printf("probe: the deferred ring writes %.3f ms (x%.2f), the first probe cold %.3f ms (x%.2f); probes at "
+                       "least %d plain steps apart, the first after %d\n", cv.flush_s * 1e3, cv.flush_s * cv.sps[1],
+                       cv.cold_s * 1e3, cv.cold_s * cv.sps[1], ds41_spec_probe_floor(&cv, 0), ds41_spec_probe_floor(&cv, 1));
             printf("cached in %s\n", path);
         }
         ds41_unload(e);

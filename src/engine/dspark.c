@@ -103,24 +103,27 @@ int ds41_dspark_seed(const ds41_engine *e, ds41_cache *c, const float *main_hidd
     main_hidden += (size_t)skip * cfg->n_dspark_targets * cfg->dim;
     n -= skip;
     pos0 += skip;
-    float *cx = malloc((size_t)n * cfg->dim * sizeof(float));
-    if (!cx) return ds41_errf(err, "dspark: out of memory");
-    int rc = ds41_dspark_context(e, main_hidden, n, cx, err);
-    for (int s = 0; s < cfg->n_mtp && !rc; s++) rc = write_ring(e, c, s, cx, n, pos0, err);
-    /* keep the context rows: a proposal at one of these positions reuses them (P5) */
+    /* the context rows go straight into the cache's P5 rows, which a proposal at one of these
+     * positions reuses: grown to the largest seed (a window, when a dormant gate's deferred
+     * rows are flushed), never shrunk, so a flush allocates nothing after the first */
     c->dctx.n = 0;
-    if (!rc) {
-        if (c->dctx.cap < n) {
-            float *r = realloc(c->dctx.rows, (size_t)n * cfg->dim * sizeof(float));
-            if (r) { c->dctx.rows = r; c->dctx.cap = n; }
-        }
-        if (c->dctx.cap >= n) {
-            memcpy(c->dctx.rows, cx, (size_t)n * cfg->dim * sizeof(float));
-            c->dctx.n = n;
-            c->dctx.pos0 = pos0;
-        }
+    if (c->dctx.cap < n) {
+        float *r = realloc(c->dctx.rows, (size_t)n * cfg->dim * sizeof(float));
+        if (!r) return ds41_errf(err, "dspark: out of memory for %d context rows", n);
+        c->dctx.rows = r;
+        c->dctx.cap = n;
     }
-    free(cx);
+    float *cx = c->dctx.rows;
+    const ds41_layer_weights *s0 = &e->w->layers[cfg->n_layers];
+    ds41_linear_fp8(&e->ctx, &s0->main_proj, main_hidden, n, cx);
+    /* the norm in place (each row's sum of squares is taken before the row is written) */
+    ds41_rmsnorm(&e->ctx, cx, s0->main_norm, n, cfg->dim, cfg->norm_eps, cx);
+    int rc = 0;
+    for (int s = 0; s < cfg->n_mtp && !rc; s++) rc = write_ring(e, c, s, cx, n, pos0, err);
+    if (!rc) {
+        c->dctx.n = n;
+        c->dctx.pos0 = pos0;
+    }
     return rc;
 }
 

@@ -433,16 +433,34 @@ static void ring_store(ds41_seq *s, fwd_buf *b, int l, int k0, int T, long long 
     }
 }
 
-/* The buffers of one forward over N stacked rows (one sequence: N = T), the longest
- * sequence having Tmax rows and at most Emax compressed entries per store; with_seq: also the
- * per-sequence part (index keys, top-k lists), which a batch keeps per sequence instead. */
-int ds41_fwd_buf_alloc(fwd_buf *b, const ds41_engine *e, size_t N, size_t Tmax, long long Emax) {
+/* The parts of a forward's buffers that depend on the entries (Emax) as well as the rows:
+ * the SWA + top-k lists and the gathered main KV. gmap is zero (calloc) and stays so between
+ * forwards (clear_gather). */
+static void fwd_buf_entries_free(fwd_buf *b) {
+    free(b->list); free(b->gkv); free(b->gmap); free(b->gent); free(b->grec);
+    b->list = NULL; b->gkv = NULL; b->gmap = NULL; b->gent = NULL; b->grec = NULL;
+}
+
+static int fwd_buf_entries_alloc(fwd_buf *b, const ds41_engine *e, size_t Tmax, long long Emax) {
+    const ds41_config *cfg = e->cfg;
+    size_t D = (size_t)cfg->head_dim, W = (size_t)cfg->window;
+    int fail = 0;
+    int kmax = (int)(Emax < cfg->index_topk ? Emax : cfg->index_topk);
+    b->list = zalloc(Tmax * (W + (size_t)kmax), sizeof(int32_t), &fail);
+    /* gathered main KV: each query lists at most kmax entries, and there are at most Emax */
+    size_t n_gather_max = Tmax * kmax < (size_t)Emax ? Tmax * kmax : (size_t)Emax;
+    b->gkv = zalloc(n_gather_max * D, sizeof(float), &fail);
+    b->gent = zalloc(n_gather_max, sizeof(int32_t), &fail);
+    b->grec = zalloc(n_gather_max, sizeof(uint8_t *), &fail);
+    b->gmap = zalloc((size_t)Emax, sizeof(int32_t), &fail);
+    return fail ? -1 : 0;
+}
+
+/* The parts that depend on the rows only. */
+static int fwd_buf_rows_alloc(fwd_buf *b, const ds41_engine *e, size_t N) {
     const ds41_config *cfg = e->cfg;
     size_t D = (size_t)cfg->head_dim, HD = (size_t)cfg->n_heads * cfg->head_dim, W = (size_t)cfg->window;
-    int fail = 0;
-    memset(b, 0, sizeof *b);
-    int kmax = (int)(Emax < cfg->index_topk ? Emax : cfg->index_topk);
-    fail = ds41_stream_alloc(&b->s, cfg, N) != 0;
+    int fail = ds41_stream_alloc(&b->s, cfg, N) != 0;
     b->kc = zalloc(N * D, sizeof(float), &fail);
     b->rec = zalloc(N * ds41_swa_rec_bytes(cfg), 1, &fail);
     b->cq = zalloc(N * cfg->q_lora_rank, sizeof(float), &fail);
@@ -450,19 +468,30 @@ int ds41_fwd_buf_alloc(fwd_buf *b, const ds41_engine *e, size_t N, size_t Tmax, 
     b->o = zalloc(N * HD, sizeof(float), &fail);
     b->wos = zalloc(N * cfg->o_groups * cfg->o_lora_rank, sizeof(float), &fail);
     b->ringf = zalloc(W * D, sizeof(float), &fail);
-    b->list = zalloc(Tmax * (W + (size_t)kmax), sizeof(int32_t), &fail);
     int n_act_max = cfg->n_active_experts > cfg->dspark_n_active ? cfg->n_active_experts : cfg->dspark_n_active;
     b->msel = zalloc(N * (size_t)(n_act_max < 1 ? 1 : n_act_max), sizeof(int), &fail);
     b->pos = zalloc(N, sizeof(int32_t), &fail);
-    /* gathered main KV: each query lists at most kmax entries, and there are at most Emax */
-    size_t n_gather_max = Tmax * kmax < (size_t)Emax ? Tmax * kmax : (size_t)Emax;
-    b->gkv = zalloc(n_gather_max * D, sizeof(float), &fail);
-    b->gent = zalloc(n_gather_max, sizeof(int32_t), &fail);
-    b->grec = zalloc(n_gather_max, sizeof(uint8_t *), &fail);
-    b->gmap = zalloc((size_t)Emax, sizeof(int32_t), &fail);
     if (e->has_engram) b->eg_ids = zalloc((size_t)cfg->n_engram_layers * N * ds41_fwd_eg_cols(cfg), sizeof(int64_t), &fail);
-    if (fail) ds41_fwd_buf_free(b);
     return fail ? -1 : 0;
+}
+
+static void fwd_buf_rows_free(fwd_buf *b) {
+    ds41_stream_free(&b->s);
+    free(b->kc); free(b->rec); free(b->cq); free(b->q); free(b->o); free(b->wos); free(b->ringf);
+    free(b->msel); free(b->pos); free(b->eg_ids);
+    b->kc = NULL; b->rec = NULL; b->cq = NULL; b->q = NULL; b->o = NULL; b->wos = NULL; b->ringf = NULL;
+    b->msel = NULL; b->pos = NULL; b->eg_ids = NULL;
+}
+
+/* The buffers of one forward over N stacked rows (one sequence: N = T), the longest
+ * sequence having Tmax rows and at most Emax compressed entries per store. */
+int ds41_fwd_buf_alloc(fwd_buf *b, const ds41_engine *e, size_t N, size_t Tmax, long long Emax) {
+    memset(b, 0, sizeof *b);
+    if (fwd_buf_rows_alloc(b, e, N) || fwd_buf_entries_alloc(b, e, Tmax, Emax)) {
+        ds41_fwd_buf_free(b);
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- the sequence's scratch: the seq_part, and the row buffers of forwards up to
@@ -510,14 +539,32 @@ fwd_buf *ds41_fwd_acquire(ds41_seq *s, size_t T, long long Emax, fwd_buf *tmp, s
         return tmp;
     }
     if (!x->have || T > x->rows || Emax > x->emax) {
-        size_t rows = x->have && 2 * x->rows > T ? 2 * x->rows : T;
-        if (rows > SCRATCH_MAX_ROWS) rows = SCRATCH_MAX_ROWS;
-        long long emax = x->have && 2 * x->emax > Emax ? 2 * x->emax : Emax;
-        if (emax < 64) emax = 64;
-        if (x->have) ds41_fwd_buf_free(&x->b);
-        x->have = 0;
-        if (ds41_fwd_buf_alloc(&x->b, s->e, rows, rows, emax)) return NULL;
+        /* grown geometrically, the row buffers and the entry buffers each only when they must:
+         * a sequence that grows past 64, 128, 256 ... entries keeps its row buffers (they were
+         * all reallocated, and reallocated memory is fresh: the pages a forward touches fault
+         * in again). The rows grow at the first verify block, not before: a --spec auto
+         * session whose gate stays shut never verifies. */
+        size_t rows = x->have ? x->rows : 0;
+        long long emax = x->have ? x->emax : 0;
+        int grow_rows = T > rows;
+        if (grow_rows) {
+            rows = 2 * rows > T ? 2 * rows : T;
+            if (rows > SCRATCH_MAX_ROWS) rows = SCRATCH_MAX_ROWS;
+        }
+        if (Emax > emax) {
+            emax = 2 * emax > Emax ? 2 * emax : Emax;
+            if (emax < 64) emax = 64;
+        }
+        if (!x->have) memset(&x->b, 0, sizeof x->b);
         x->have = 1;
+        if (grow_rows) {
+            fwd_buf_rows_free(&x->b);
+            if (fwd_buf_rows_alloc(&x->b, s->e, rows)) { ds41_fwd_buf_free(&x->b); x->have = 0; return NULL; }
+        }
+        if (grow_rows || emax != x->emax) {
+            fwd_buf_entries_free(&x->b);
+            if (fwd_buf_entries_alloc(&x->b, s->e, rows, emax)) { ds41_fwd_buf_free(&x->b); x->have = 0; return NULL; }
+        }
         x->rows = rows;
         x->emax = emax;
     }

@@ -23,6 +23,7 @@
 #include "spec.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,7 @@
 #include "dist.h"
 #include "dist_pipe.h"
 #include "dspark.h"
+#include "kernels.h"
 #include "lproc.h"
 
 int ds41_spec_state_init(ds41_spec_state *st, const ds41_engine *e, ds41_err *err) {
@@ -354,9 +356,14 @@ double ds41_spec_best_theta(const ds41_spec_curve *c, int kmax, const double *su
     return best;
 }
 
-int ds41_spec_probe_floor(const ds41_spec_curve *c) {
+int ds41_spec_probe_floor(const ds41_spec_curve *c, int first) {
     if (!c || c->n < 1 || !(c->propose_s > 0)) return DS41_SPEC_PROBE_MIN;
-    double steps = (c->propose_s + c->draft_s) * ds41_spec_curve_sps(c, 1) / DS41_SPEC_PROBE_BUDGET;
+    /* a probe: the deferred ring writes of the dormant spell (flush_s: a window of them, as
+     * many as a spell of at least a window leaves), the proposal's stages and one draft; the
+     * session's first on new buffers (cold_s, measured whole) */
+    double probe = c->propose_s + c->draft_s + (c->flush_s > 0 ? c->flush_s : 0);
+    if (first && c->cold_s > probe) probe = c->cold_s;
+    double steps = probe * ds41_spec_curve_sps(c, 1) / DS41_SPEC_PROBE_BUDGET;
     if (!(steps < DS41_SPEC_PROBE_MAX)) return DS41_SPEC_PROBE_MAX;
     int n = (int)ceil(steps - 1e-9);   /* 55.000000000001 steps is 55 */
     return n < DS41_SPEC_PROBE_MIN ? DS41_SPEC_PROBE_MIN : n;
@@ -375,17 +382,20 @@ int ds41_spec_gate(ds41_spec_state *st, const ds41_spec_curve *c, int kmax) {
     if (ds41_spec_best_theta(c, kmax, surv, NULL) > plain) {
         st->plain_run = 0;
         st->probe_every = DS41_SPEC_PROBE_MIN;
+        st->opened = 1;
         return 1;
     }
     /* the recent acceptance says drafting does not pay; propose now and then to notice when
      * the text becomes predictable, less often while the probes keep failing, and never so
      * often that the probes cost more than DS41_SPEC_PROBE_BUDGET of the decode time (on the
-     * demo model a probe is about 0.7 of a decode step: every 8 steps cost 4-5 %) */
-    int every = ds41_spec_probe_floor(c);
+     * demo model a probe is about 0.7 of a decode step plus the deferred ring writes it
+     * flushes: every 8 steps cost 4-5 %) */
+    int every = ds41_spec_probe_floor(c, !st->opened);
     if (st->probe_every > every) every = st->probe_every;
     if (++st->plain_run >= every) {
         st->plain_run = 0;
         st->probe_every = every * 2 > DS41_SPEC_PROBE_MAX ? DS41_SPEC_PROBE_MAX : every * 2;
+        st->opened = 1;
         return 1;
     }
     st->dormant = 1;
@@ -543,12 +553,64 @@ int ds41_spec_calibrate(ds41_engine *e, int max_width, int prompt_len, int reps,
         qsort(td, (size_t)n, sizeof(double), cmp_dbl);
         out->propose_s = tb[n / 4] > 0 ? tb[n / 4] : 1e-9;
         out->draft_s = td[n / 4] > 0 ? td[n / 4] : 1e-9;
+        /* The flush a probe pays after a dormant spell (session.c, seed_flush): one
+         * ds41_dspark_seed of a window of context rows (copies of P's row, at positions from 0:
+         * the scratch sequence's stage rings are not read after this), reps times after a
+         * warm-up, the lower quartile. */
+        int nf = cfg->window < e->max_pos ? cfg->window : (int)e->max_pos;
+        float *rows = nf > 0 ? malloc((size_t)nf * mhw * sizeof(float)) : NULL;
+        if (!rows) { snprintf(errbuf, errcap, "out of memory"); goto done; }
+        for (int i = 0; i < nf; i++) memcpy(rows + (size_t)i * mhw, c.mh, mhw * sizeof(float));
+        for (int r = -1; r < reps; r++) {
+            double t0 = cal_now(e);
+            if (ds41_dspark_seed(e, &c.q.cache, rows, nf, 0, &err)) {
+                free(rows);
+                snprintf(errbuf, errcap, "%s", err.msg);
+                goto done;
+            }
+            if (r >= 0) tb[r] = cal_now(e) - t0;
+        }
+        qsort(tb, (size_t)reps, sizeof(double), cmp_dbl);
+        out->flush_s = tb[reps / 4] > 0 ? tb[reps / 4] : 1e-9;
+        /* The session's first probe, cold: its buffers are new (the deferred rows' buffer,
+         * filled as the dormant steps fill it; the proposal's work buffer; the thread's linear
+         * scratch, which grows to the flush's rows), so their pages fault in (about 12 us a
+         * page on the VMs here). Each round releases this thread's scratch and returns the
+         * freed memory to the kernel (malloc_trim) first; with a thread pool the workers'
+         * scratch stays (warm). The median of reps rounds. */
+        for (int r = 0; r < reps; r++) {
+            ds41_scratch_release();
+            malloc_trim(0);
+            double t0 = cal_now(e);
+            float *dp = malloc((size_t)nf * mhw * sizeof(float));
+            ds41_dspark_work *w2 = dp ? ds41_dspark_work_new(e, &err) : NULL;
+            int crc = !dp || !w2;
+            if (!crc) {
+                memcpy(dp, rows, (size_t)nf * mhw * sizeof(float));
+                crc = ds41_dspark_seed(e, &c.q.cache, dp, nf, 0, &err) ||
+                      ds41_dspark_begin(e, &c.q.cache, w2, c.mh, c.P, c.t_next, 1, &err);
+                float cf;
+                int32_t id;
+                if (!crc) crc = ds41_dspark_conf(e, w2, 0, &cf) || ds41_dspark_next(e, w2, NULL, &id);
+            }
+            tb[r] = cal_now(e) - t0;
+            free(dp);
+            ds41_dspark_work_free(w2);
+            if (crc) {
+                free(rows);
+                snprintf(errbuf, errcap, "calibrate: the cold probe failed: %s", err.msg);
+                goto done;
+            }
+        }
+        free(rows);
+        qsort(tb, (size_t)reps, sizeof(double), cmp_dbl);
+        out->cold_s = tb[reps / 2] > 0 ? tb[reps / 2] : 1e-9;
     }
     /* --split layers (the commands and serve): the drafter runs on the last stage only; its
      * timing for every rank (the verify widths' untimed proposals and these are skipped
      * elsewhere) */
     if (B > 0 && ds41_pipe_stages(e->pipe) > 1) {
-        double pd[2] = { out->propose_s, out->draft_s };
+        double pd[4] = { out->propose_s, out->draft_s, out->flush_s, out->cold_s };
         if (!ds41_pipe_last(e->pipe)) {   /* the same verifies as the last stage runs above, untimed */
             for (int r = -1; r < 4 * reps; r++)
                 if (ds41_spec_time_forward(e, &c.q, &c.st, c.vblock, max_width < 2 ? 1 : 2, &err)) {
@@ -559,6 +621,8 @@ int ds41_spec_calibrate(ds41_engine *e, int max_width, int prompt_len, int reps,
         ds41_pipe_spec(e->pipe, pd, sizeof pd, 4, "the proposal's timing, from the last stage");
         out->propose_s = pd[0];
         out->draft_s = pd[1];
+        out->flush_s = pd[2];
+        out->cold_s = pd[3];
     }
     rc = 0;
 done:
@@ -579,6 +643,9 @@ int ds41_spec_curve_path(const char *model_dir, int n_threads, int exact, char *
     char *rp = realpath(model_dir, NULL);
     const char *d = rp ? rp : model_dir;
     uint64_t h = 0xcbf29ce484222325ULL;
+    /* the format: a curve cached before flush_s was measured has another name, so it is
+     * measured again (an explicit $DS41_SPEC_CURVE without flush_s is taken as it is) */
+    h = ds41_digest_bytes(h, "flush_s", 7);
     h = ds41_digest_bytes(h, d, strlen(d));
     char cpath[4096];
     snprintf(cpath, sizeof cpath, "%s/config.json", d);
@@ -615,6 +682,8 @@ int ds41_spec_curve_load(const char *path, ds41_spec_curve *c) {
             if (!(v >= 0) || v > 1e6) bad = 1;
             else if (!strcmp(key, "propose_s")) { c->propose_s = v; have_propose = 1; }
             else if (!strcmp(key, "draft_s")) c->draft_s = v;
+            else if (!strcmp(key, "flush_s")) c->flush_s = v;
+            else if (!strcmp(key, "cold_s")) c->cold_s = v;
             /* other keys: from a later format, ignored */
         } else if (line[0] != '\n') {
             bad = 1;
@@ -645,7 +714,8 @@ int ds41_spec_curve_save(const char *path, const ds41_spec_curve *c) {
     if (!f) { free(tmp); return -1; }
     for (int w = 1; w <= c->n; w++) fprintf(f, "%d %.6f\n", w, c->sps[w]);
     /* after the widths: a loader of the older format stops here with the widths read */
-    fprintf(f, "propose_s %.9f\ndraft_s %.9f\n", c->propose_s, c->draft_s);
+    fprintf(f, "propose_s %.9f\ndraft_s %.9f\nflush_s %.9f\ncold_s %.9f\n", c->propose_s, c->draft_s, c->flush_s,
+            c->cold_s);
     int rc = fclose(f) ? -1 : rename(tmp, path) ? -1 : 0;
     if (rc) remove(tmp);
     free(tmp);

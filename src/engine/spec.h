@@ -20,13 +20,15 @@ typedef struct ds41_spec_state {
      * session then defers its DSpark ring writes until the next proposal, session.c) */
     double acc_num[DS41_SPEC_MAX_DRAFTS], acc_den[DS41_SPEC_MAX_DRAFTS];
     int plain_run, probe_every, dormant;
+    int opened;              /* the gate has said yes before: the session's proposal buffers exist */
 } ds41_spec_state;
 
 #define DS41_SPEC_DECAY 0.95       /* per verified step: the counts' memory is ~20 drafting steps */
 #define DS41_SPEC_PROBE_MIN 8
 #define DS41_SPEC_PROBE_MAX 1024
-/* the share of decode time the probes of a dormant gate may cost: a probe (a proposal and one
- * draft, by the curve) comes after at least its cost / this many plain steps */
+/* the share of decode time the probes of a dormant gate may cost: a probe (the flush of the
+ * ring writes its dormant spell deferred, a proposal and one draft, by the curve: flush_s +
+ * propose_s + draft_s) comes after at least its cost / this many plain steps */
 #define DS41_SPEC_PROBE_BUDGET 0.01
 
 /* Seconds of a step of `width` verify rows for R sequences of which `drafting` proposed
@@ -39,8 +41,10 @@ double ds41_spec_theta(const ds41_spec_curve *c, int R, int width, int drafting,
 int ds41_spec_gate(ds41_spec_state *st, const ds41_spec_curve *c, int kmax);
 void ds41_spec_observe(ds41_spec_state *st, int k, int accepted);
 double ds41_spec_survival(const ds41_spec_state *st, int j);
-/* The fewest plain steps between two probes of a dormant gate (DS41_SPEC_PROBE_BUDGET). */
-int ds41_spec_probe_floor(const ds41_spec_curve *c);
+/* The fewest plain steps before a probe of a dormant gate (DS41_SPEC_PROBE_BUDGET): first = 1,
+ * the session's first (the curve's cold_s when it is dearer than a warm probe), else between
+ * two (propose_s + draft_s + flush_s). */
+int ds41_spec_probe_floor(const ds41_spec_curve *c, int first);
 /* max over K = 1..kmax of Theta with survivals surv[0..K) (NULL: all 1), one sequence, drafting */
 double ds41_spec_best_theta(const ds41_spec_curve *c, int kmax, const double *surv, int *best_k);
 

@@ -131,6 +131,29 @@ ds41_pool *ds41_pool_create(int n_threads);
 void ds41_pool_destroy(ds41_pool *p);
 void ds41_parallel_for(const ds41_ctx *ctx, int n, void (*fn)(void *arg, int i0, int i1), void *arg);
 
+/* Per-thread scratch of the linears (kernels/scratch.c): buffer `slot` of the calling thread,
+ * 64-byte aligned, at least `bytes`, kept and grown (never shrunk) across calls and freed when
+ * the thread exits. A linear's activation tile and panels used to be allocated and freed per
+ * call: the ones above glibc's mmap threshold (a 64-row tile of 576 inputs is 147 KB) were
+ * mapped and unmapped each time, so every call faulted their pages in again (about 12 us a
+ * fault on the VMs here; 170 faults per flush of the deferred DSpark rows, docs/speculative.md).
+ * Contents are undefined (never zeroed); valid until this thread asks for the same slot again,
+ * so a slot has one user at a time per thread: the linear entry points (fast and exact, which
+ * never nest) own the DS41_SCR_LIN_* slots, their work items the DS41_SCR_ITEM_* ones. A thread
+ * holds what its largest linears asked for: the fast kernels' 64-row activation tile (64 x in
+ * floats), the exact kernels' tile of at most 8 MiB, the panels and accumulators of a work
+ * item. NULL when out of memory. */
+enum {
+    DS41_SCR_LIN_A, DS41_SCR_LIN_AW, DS41_SCR_LIN_SAV, DS41_SCR_LIN_AB, DS41_SCR_LIN_AM,
+    DS41_SCR_ITEM_A2, DS41_SCR_ITEM_P, DS41_SCR_ITEM_PW, DS41_SCR_ITEM_SW, DS41_SCR_ITEM_ACC,
+    DS41_SCR_N
+};
+void *ds41_scratch(int slot, size_t bytes);
+/* Bytes this thread's scratch holds now (tests). */
+size_t ds41_scratch_held(void);
+/* Frees this thread's scratch (the speculative calibration's cold first probe, spec.c). */
+void ds41_scratch_release(void);
+
 /* Side worker (P6): one extra thread running one task at a time beside the caller. start
  * returns 0 when the task runs there (the caller must ds41_side_wait before starting another
  * or reading its results), -1 when the worker is busy with another caller's task or s is NULL

@@ -101,12 +101,6 @@ static int few_max(int kind) {
     return kind == E_FP4 ? 8 : kind == E_FP8 ? 3 : kind == E_DQ ? 4 : kind == E_BF16 ? 2 : 1;
 }
 
-static void *amalloc(size_t n) {
-    void *p = NULL;
-    if (posix_memalign(&p, 64, n ? n : 64) != 0) return NULL;
-    return p;
-}
-
 static double ue8_tab[256];      /* ds41_ue8m0_to_f32 in double (val_init, before any kernel runs) */
 
 /* 8 E4M3 codes -> e4m3 * 2^-8 (normal FP32) */
@@ -293,9 +287,10 @@ static inline void quant_pass(const double *wt, int kc, const double *x0, const 
 static void ejob_items(void *arg, int i0, int i1) {
     const ejob *j = arg;
     int quant = j->kind == E_FP8 || j->kind == E_FP4;
-    double *wt = amalloc((size_t)KE * G * sizeof(double));
-    double *acc = amalloc((size_t)j->T * G * sizeof(double));
-    if (!wt || !acc) { free(wt); free(acc); return; }
+    /* this thread's scratch (kernels.h), kept from call to call */
+    double *wt = ds41_scratch(DS41_SCR_ITEM_P, (size_t)KE * G * sizeof(double));
+    double *acc = ds41_scratch(DS41_SCR_ITEM_ACC, (size_t)j->T * G * sizeof(double));
+    if (!wt || !acc) return;
     for (int it = i0; it < i1; it++) {
         int g0 = it * G, nr = j->out - g0 < G ? j->out - g0 : G;
         memset(acc, 0, (size_t)j->T * G * sizeof(double));
@@ -320,8 +315,6 @@ static void ejob_items(void *arg, int i0, int i1) {
                 j->y[(size_t)t * j->y_stride + g0 + r] = (quant || j->out_bf16) ? ds41_bf16_round(v) : v;
             }
     }
-    free(wt);
-    free(acc);
 }
 
 static void ejob_run(const ds41_ctx *ctx, ejob *j) {
@@ -629,10 +622,10 @@ static void e1_rows(void *arg, int i0, int i1) {
     int nb = j->in / 32;
     /* FP8: the blocks' scale products; FP4 on zmm: e1_fp4_group8's c8; FP4 on AVX2: none */
     int need = !j->fp4 || j->fp4z;
-    double *scl = need ? amalloc((size_t)nb * (j->fp4z ? 8 : 1) * sizeof(double)) : NULL;
+    double *scl = need ? ds41_scratch(DS41_SCR_ITEM_SW, (size_t)nb * (j->fp4z ? 8 : 1) * sizeof(double)) : NULL;
     e1cert ce = { NULL, NULL, NULL, NULL };
-    double *cbuf = j->fp4 || !j->cert8 ? NULL : amalloc((size_t)(2 * j->in + 2 * nb) * sizeof(double));
-    if ((need && !scl) || (j->cert8 && !cbuf)) { free(scl); free(cbuf); return; }
+    double *cbuf = j->fp4 || !j->cert8 ? NULL : ds41_scratch(DS41_SCR_ITEM_A2, (size_t)(2 * j->in + 2 * nb) * sizeof(double));
+    if ((need && !scl) || (j->cert8 && !cbuf)) return;
     if (cbuf) {
         ce = (e1cert){ cbuf, cbuf + j->in, cbuf + j->in + nb, cbuf + j->in + 2 * nb };
         e1_cert_prep(j, &ce);
@@ -656,8 +649,6 @@ static void e1_rows(void *arg, int i0, int i1) {
             }
         }
     }
-    free(scl);
-    free(cbuf);
 }
 
 /* The Q8 of one activation row (ds41_q8_group per 32) as E4M3 code values cv and scales sa:
@@ -699,9 +690,9 @@ void ds41_exact_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, in
     }
     if (T == 1) {
         int nb = in / 32;
-        double *ad = amalloc((size_t)(2 * in + 2 * nb) * sizeof(double));
-        int16_t *aq = fp4 ? amalloc((size_t)in * 2 * sizeof(int16_t)) : NULL;
-        if (!ad || (fp4 && !aq)) { free(ad); free(aq); return; }
+        double *ad = ds41_scratch(DS41_SCR_LIN_A, (size_t)(2 * in + 2 * nb) * sizeof(double));
+        int16_t *aq = fp4 ? ds41_scratch(DS41_SCR_LIN_AW, (size_t)in * 2 * sizeof(int16_t)) : NULL;
+        if (!ad || (fp4 && !aq)) return;
         double *ab = ad + in, *sab = ad + 2 * in;
         float *cv = (float *)ab, *saf = (float *)(sab + nb);   /* cv: read below before ab is written */
         q8_codes_row(x, in, cv, saf);
@@ -731,12 +722,10 @@ void ds41_exact_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, in
         int n_items = (out + 31) / 32;
         if ((long long)out * in >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, e1_rows, &j);
         else e1_rows(&j, 0, n_items);
-        free(ad);
-        free(aq);
         return;
     }
     int tt = tile_tokens(T, in);
-    double *ad = amalloc((size_t)tt * in * sizeof(double));
+    double *ad = ds41_scratch(DS41_SCR_LIN_A, (size_t)tt * in * sizeof(double));
     if (!ad) return;
     for (int t0 = 0; t0 < T; t0 += tt) {
         int nt = T - t0 < tt ? T - t0 : tt;
@@ -752,7 +741,6 @@ void ds41_exact_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, in
         ejob j = { fp4 ? E_FP4 : E_FP8, w, s, NULL, NULL, 0, out, in, nt, ad, y + (size_t)t0 * out, (size_t)out, 1, 0 };
         ejob_run(ctx, &j);
     }
-    free(ad);
 }
 
 /* ---- T = 1, BF16 / FP32 / dequantized FP8: no panel either. Q row quads per pass (Q = 2: 8 rows,
@@ -1131,9 +1119,9 @@ static void d1_rows(void *arg, int i0, int i1) {
         int t = (d->row0 + g0) / 32;
         if (t == (d->row0 + g0 + nr - 1) / 32) {
             if (!xs) {
-                xs = amalloc((size_t)d->in * sizeof(double));
-                xsa = amalloc((size_t)d->in * sizeof(float));
-                if (d->vbmi) xs8 = amalloc((size_t)d->in * sizeof(double));
+                xs = ds41_scratch(DS41_SCR_ITEM_P, (size_t)d->in * sizeof(double));
+                xsa = ds41_scratch(DS41_SCR_ITEM_PW, (size_t)d->in * sizeof(float));
+                if (d->vbmi) xs8 = ds41_scratch(DS41_SCR_ITEM_ACC, (size_t)d->in * sizeof(double));
             }
             if (xs && xsa && (xs8 || !d->vbmi) && t != xt) { xok = dq_tile_xs(d, t, xs, xsa, xs8, &sx); xt = t; }
             if (xs && xsa && (xs8 || !d->vbmi) && xok) {   /* the tile's exact products: certified lanes on its codes */
@@ -1146,9 +1134,6 @@ static void d1_rows(void *arg, int i0, int i1) {
         int w = nr > 8 ? 2 : nr > 4 ? 1 : 0;
         (w == 2 ? d1q_4 : w == 1 ? d1q_2 : d1q_1)(d, g0, d->x);
     }
-    free(xs);
-    free(xsa);
-    free(xs8);
 }
 
 void ds41_exact_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const float *wf, const ds41_fp8w *w8,
@@ -1164,9 +1149,9 @@ void ds41_exact_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const f
     }
     if (T == 1) {
         int z = !strcmp(ds41_kernels_isa(), "avx512"), pairs = ek == E_BF16 && !z;
-        double *ad = amalloc((size_t)(pairs ? 2 : 1) * in * sizeof(double));
-        float *xa = amalloc((size_t)(pairs ? 2 : 1) * in * sizeof(float));
-        if (!ad || !xa) { free(ad); free(xa); return; }
+        double *ad = ds41_scratch(DS41_SCR_LIN_A, (size_t)(pairs ? 2 : 1) * in * sizeof(double));
+        float *xa = ds41_scratch(DS41_SCR_LIN_AW, (size_t)(pairs ? 2 : 1) * in * sizeof(float));
+        if (!ad || !xa) return;
         for (int k = 0; k < in; k++) {
             ad[k] = (double)x[k];
             xa[k] = fabsf(x[k]);
@@ -1183,12 +1168,10 @@ void ds41_exact_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const f
         int n_items = (out + G - 1) / G;
         if ((long long)out * in >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, d1_rows, &d);
         else d1_rows(&d, 0, n_items);
-        free(ad);
-        free(xa);
         return;
     }
     int tt = tile_tokens(T, in);
-    double *ad = amalloc((size_t)tt * in * sizeof(double));
+    double *ad = ds41_scratch(DS41_SCR_LIN_A, (size_t)tt * in * sizeof(double));
     if (!ad) return;
     for (int t0 = 0; t0 < T; t0 += tt) {
         int nt = T - t0 < tt ? T - t0 : tt;
@@ -1201,5 +1184,4 @@ void ds41_exact_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const f
                    y + (size_t)t0 * y_stride, (size_t)y_stride, out_bf16, 0 };
         ejob_run(ctx, &j);
     }
-    free(ad);
 }

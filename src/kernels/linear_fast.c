@@ -110,12 +110,6 @@ static void luts_fill(void) {
     }
 }
 
-static void *amalloc(size_t n) {
-    void *p = NULL;
-    if (posix_memalign(&p, 64, n ? n : 64) != 0) return NULL;
-    return p;
-}
-
 static inline float hsum8(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
     __m128 s = _mm_add_ps(lo, hi);
@@ -1297,7 +1291,7 @@ static int mid_on(const ds41_fast_ops *ops, int kind, int T) {
  * permuted rows, zero padded to 32): ns steps of `step` floats from rows at src + t * lds.
  * FP4: per 64 K, the 64 int16 words of aw then the 16 pair scales of sav (96 int16 units). */
 static float *mid_acts_f(const float *src, size_t lds, int T, int ns, int step) {
-    float *d = amalloc((size_t)ns * T * step * sizeof(float));
+    float *d = ds41_scratch(DS41_SCR_LIN_AM, (size_t)ns * T * step * sizeof(float));
     if (!d) return NULL;
     for (int t = 0; t < T; t++)
         for (int i = 0; i < ns; i++)
@@ -1305,7 +1299,7 @@ static float *mid_acts_f(const float *src, size_t lds, int T, int ns, int step) 
     return d;
 }
 static int16_t *mid_acts_q(const int16_t *aw, size_t ldaw, const float *sav, size_t ldsa, int T, int ngrp) {
-    int16_t *d = amalloc((size_t)ngrp * T * 96 * sizeof(int16_t));
+    int16_t *d = ds41_scratch(DS41_SCR_LIN_AM, (size_t)ngrp * T * 96 * sizeof(int16_t));
     if (!d) return NULL;
     for (int t = 0; t < T; t++)
         for (int i = 0; i < ngrp; i++) {
@@ -1458,23 +1452,25 @@ static void item_prefill(const fjob *j, int r0, int r1, const fpanel *nxi, float
     finish_acc(j, r0, nr, acc);
 }
 
+/* The work items of a job on this thread; their buffers are the thread's scratch (kernels.h:
+ * ds41_scratch), kept from call to call. */
 static void fjob_items(void *arg, int i0, int i1) {
     const fjob *j = arg;
     float *a2 = NULL, *P = NULL, *SW = NULL, *acc = NULL;
     int16_t *PW = NULL;
     if (j->am) {
-        acc = amalloc((size_t)ITEM * j->T * 16 * sizeof(float));
+        acc = ds41_scratch(DS41_SCR_ITEM_ACC, (size_t)ITEM * j->T * 16 * sizeof(float));
         if (!acc) return;
     } else if (j->T <= DS41_FEW_MAX) {
-        a2 = amalloc((size_t)j->T * j->in * sizeof(float));
+        a2 = ds41_scratch(DS41_SCR_ITEM_A2, (size_t)j->T * j->in * sizeof(float));
         if (!a2) return;
     } else {
         int pk = j->ops->kc;
-        P = amalloc((size_t)ITEM * pk * sizeof(float));
-        PW = amalloc((size_t)ITEM * pk * sizeof(int16_t));
-        SW = amalloc((size_t)ITEM * (pk / 4) * sizeof(float));
-        acc = amalloc((size_t)ITEM * j->T * 16 * sizeof(float));
-        if (!P || !PW || !SW || !acc) { free(P); free(PW); free(SW); free(acc); return; }
+        P = ds41_scratch(DS41_SCR_ITEM_P, (size_t)ITEM * pk * sizeof(float));
+        PW = ds41_scratch(DS41_SCR_ITEM_PW, (size_t)ITEM * pk * sizeof(int16_t));
+        SW = ds41_scratch(DS41_SCR_ITEM_SW, (size_t)ITEM * (pk / 4) * sizeof(float));
+        acc = ds41_scratch(DS41_SCR_ITEM_ACC, (size_t)ITEM * j->T * 16 * sizeof(float));
+        if (!P || !PW || !SW || !acc) return;
     }
     for (int it = i0; it < i1; it++) {
         int r0, r1;
@@ -1492,7 +1488,6 @@ static void fjob_items(void *arg, int i0, int i1) {
             item_prefill(j, r0, r1, nx.r1 > nx.r0 ? &nx : NULL, P, PW, SW, acc);
         }
     }
-    free(a2); free(P); free(PW); free(SW); free(acc);
 }
 
 static void fjob_run(const ds41_ctx *ctx, fjob *j) {
@@ -1511,11 +1506,12 @@ void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int
     int tt = T < TT ? T : TT;
     int ngrp = (in / 32 + 1) / 2;
     size_t ldaw = (size_t)ngrp * 64, ldsa = (size_t)ngrp * 16;
-    float *a = amalloc((size_t)tt * in * sizeof(float));
-    int16_t *aw = fp4 ? amalloc((size_t)tt * ldaw * sizeof(int16_t)) : NULL;
-    float *sav = fp4 ? amalloc((size_t)tt * ldsa * sizeof(float)) : NULL;
-    int16_t *ab = NULL;   /* the BF16 road's activation words, allocated at first use */
-    if (!a || (fp4 && (!aw || !sav))) { free(a); free(aw); free(sav); return; }
+    /* the activation tile: this thread's scratch (kernels.h), kept from call to call */
+    float *a = ds41_scratch(DS41_SCR_LIN_A, (size_t)tt * in * sizeof(float));
+    int16_t *aw = fp4 ? ds41_scratch(DS41_SCR_LIN_AW, (size_t)tt * ldaw * sizeof(int16_t)) : NULL;
+    float *sav = fp4 ? ds41_scratch(DS41_SCR_LIN_SAV, (size_t)tt * ldsa * sizeof(float)) : NULL;
+    int16_t *ab = NULL;   /* the BF16 road's activation words, taken at first use */
+    if (!a || (fp4 && (!aw || !sav))) return;
     for (int t0 = 0; t0 < T; t0 += tt) {
         int nt = T - t0 < tt ? T - t0 : tt;
         for (int t = 0; t < nt; t++) {
@@ -1531,16 +1527,14 @@ void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int
             j.am = am;   /* NULL (out of memory): the prefill panels */
         }
         if (fp4 && !j.am && nt > DS41_FEW_MAX && bf16_of(ops)) {
-            if (!ab) ab = amalloc((size_t)tt * ldaw * sizeof(int16_t));
+            if (!ab) ab = ds41_scratch(DS41_SCR_LIN_AB, (size_t)tt * ldaw * sizeof(int16_t));
             if (ab && fp4_words_bf16(aw, (size_t)nt * ldaw, ab)) j.ab = ab;   /* else the int16 road */
         }
         uint8_t *rng = fp4 ? NULL : fp8_rng_make(ops, a, (size_t)in, nt, in / 32);
         j.rng = rng;
         fjob_run(ctx, &j);
-        free(am);
-        free(rng);
+        free(rng);   /* am is this thread's scratch (kept) */
     }
-    free(a); free(aw); free(sav); free(ab);
 }
 
 void ds41_fast_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const float *wf, const ds41_fp8w *w8,
@@ -1553,7 +1547,7 @@ void ds41_fast_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const fl
     size_t ldp = (size_t)((in + 31) & ~31);
     float *a = NULL;
     if (jk == J_BF16) {
-        a = amalloc((size_t)tt * ldp * sizeof(float));
+        a = ds41_scratch(DS41_SCR_LIN_A, (size_t)tt * ldp * sizeof(float));
         if (!a) return;
     }
     for (int t0 = 0; t0 < T; t0 += tt) {
@@ -1577,8 +1571,6 @@ void ds41_fast_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const fl
         uint8_t *rng = jk == J_DQ ? fp8_rng_make(ops, ap, lda, nt, in / 32) : NULL;
         j.rng = rng;
         fjob_run(ctx, &j);
-        free(am);
-        free(rng);
+        free(rng);   /* am is this thread's scratch (kept) */
     }
-    free(a);
 }
