@@ -1145,7 +1145,8 @@ static int fp8_range_ok(const uint8_t *st, const uint8_t *lo, const uint8_t *hi,
 
 int ds41_fast_fp8_range_verdicts(const float *a, const uint8_t *st, int nb, int *per_item) {
     ds41_fast_ops_get();   /* the LUTs */
-    float *o = amalloc((size_t)nb * 32 * sizeof(float));
+    void *ov = NULL;
+    float *o = posix_memalign(&ov, 64, (size_t)nb * 32 * sizeof(float) + 64) == 0 ? ov : NULL;
     uint8_t *r = malloc((size_t)nb * 2);
     if (!o || !r) { free(o); free(r); *per_item = -1; return -1; }
     *per_item = fp8_acts(a, st, nb, 1, o);
