@@ -55,7 +55,7 @@ void ds41_fwd_part_begin(seq_part *p) {
 }
 
 /* *buf holds at least n elements of size sz (grown to max(n, 2 x its size); contents lost). */
-static int grow(void **buf, size_t *cap, size_t n, size_t sz) {
+int ds41_fwd_grow(void **buf, size_t *cap, size_t n, size_t sz) {
     if (n <= *cap && *buf) return 0;
     size_t c = n > 2 * *cap ? n : 2 * *cap;
     if (c < 1) c = 1;
@@ -282,7 +282,7 @@ static int indexer_select(const ds41_ctx *ctx, ds41_seq *s, fwd_buf *b, int l, i
     long long E = (P + T) / r;
     int k = (int)(E < cfg->index_topk ? E : cfg->index_topk);
     seq_part *sp = b->sp;
-    if (grow((void **)&sp->sel[l], &sp->sel_cap[l], (size_t)T * (k ? k : 1), sizeof(int32_t)))
+    if (ds41_fwd_grow((void **)&sp->sel[l], &sp->sel_cap[l], (size_t)T * (k ? k : 1), sizeof(int32_t)))
         return ds41_errf(err, "out of memory in the indexer of layer %d", l);
     sp->sel_w[l] = k;
     for (size_t i = 0; i < (size_t)T * k; i++) sp->sel[l][i] = -1;
@@ -296,16 +296,16 @@ static int indexer_select(const ds41_ctx *ctx, ds41_seq *s, fwd_buf *b, int l, i
     if (!vofficial && (si < 0 || s->cache.stores[si].n_entries < E))
         return ds41_errf(err, "layer %d: index-K cache of layer %d holds %lld entries, need %lld", l, src,
                          si < 0 ? 0LL : s->cache.stores[si].n_entries, E);
-    if (grow((void **)&sp->scores, &sp->scores_cap, (size_t)E, sizeof(float)) ||
-        grow((void **)&sp->iscr, &sp->iscr_cap, (size_t)E * 2 + 8, sizeof(int)) ||
-        grow((void **)&sp->chosen, &sp->chosen_cap, (size_t)k, sizeof(int)))
+    if (ds41_fwd_grow((void **)&sp->scores, &sp->scores_cap, (size_t)E, sizeof(float)) ||
+        ds41_fwd_grow((void **)&sp->iscr, &sp->iscr_cap, (size_t)E * 2 + 8, sizeof(int)) ||
+        ds41_fwd_grow((void **)&sp->chosen, &sp->chosen_cap, (size_t)k, sizeof(int)))
         return ds41_errf(err, "out of memory in the indexer of layer %d", l);
     float *scores = sp->scores;
     int *scratch = sp->iscr, *chosen = sp->chosen;
     int B = cfg->candidate_block_size > 0 ? cfg->candidate_block_size : 1;
     int nb = (int)((E + B - 1) / B);
     if (lp->is_candidate_source) {
-        if (grow((void **)&sp->pool, &sp->pool_cap, (size_t)T * nb, 1)) return ds41_errf(err, "out of memory");
+        if (ds41_fwd_grow((void **)&sp->pool, &sp->pool_cap, (size_t)T * nb, 1)) return ds41_errf(err, "out of memory");
         memset(sp->pool, 0, (size_t)T * nb);
         sp->pool_nb = nb;
     }

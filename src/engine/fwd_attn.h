@@ -51,6 +51,8 @@ static inline int ds41_fwd_eg_cols(const ds41_config *cfg) {
 
 /* The buffers of one forward over N stacked rows (one sequence: N = T), the longest
  * sequence having Tmax rows and at most Emax compressed entries per store. */
+/* *buf holds at least n elements of size sz (grown to max(n, 2 x its size); contents lost). */
+int ds41_fwd_grow(void **buf, size_t *cap, size_t n, size_t sz);
 int ds41_fwd_buf_alloc(fwd_buf *b, const ds41_engine *e, size_t N, size_t Tmax, long long Emax);
 void ds41_fwd_buf_free(fwd_buf *b);
 /* A forward starts: nothing of an earlier one in p is valid. */

@@ -26,18 +26,6 @@
 
 #include "dist_stage.h"
 
-static int need_rec_grow(void **buf, size_t *cap, size_t n, size_t sz) {
-    if (n <= *cap && *buf) return 0;
-    size_t c = n > 2 * *cap ? n : 2 * *cap;
-    if (c < 1) c = 1;
-    void *p = malloc(c * sz);
-    if (!p) return -1;
-    free(*buf);
-    *buf = p;
-    *cap = c;
-    return 0;
-}
-
 static long long sel_kmax(const ds41_config *cfg, int m, long long P, int T) {
     int r = cfg->layers[m].ratio > 0 ? cfg->layers[m].ratio : 1;
     long long E = (P + T) / r;
@@ -166,7 +154,7 @@ int ds41_fwd_cut_unpack(const fwd_seqs *fs, const ds41_cut_need *nd, const uint8
                 return ds41_errf(err, "--split layers: the stage before sent layer %d's top-k lists %d wide, expected %lld",
                                  m, w, kmax);
             if (w) {
-                if (need_rec_grow((void **)&sp->sel[m], &sp->sel_cap[m], (size_t)T * (size_t)kmax, sizeof(int32_t)))
+                if (ds41_fwd_grow((void **)&sp->sel[m], &sp->sel_cap[m], (size_t)T * (size_t)kmax, sizeof(int32_t)))
                     return ds41_errf(err, "out of memory");
                 memcpy(sp->sel[m], o, nb);
             }
@@ -181,7 +169,7 @@ int ds41_fwd_cut_unpack(const fwd_seqs *fs, const ds41_cut_need *nd, const uint8
                 return ds41_errf(err, "--split layers: the stage before sent a candidate pool of %d blocks, expected %lld",
                                  nb, nbmax);
             if (nb) {
-                if (need_rec_grow((void **)&sp->pool, &sp->pool_cap, (size_t)T * (size_t)nb, 1))
+                if (ds41_fwd_grow((void **)&sp->pool, &sp->pool_cap, (size_t)T * (size_t)nb, 1))
                     return ds41_errf(err, "out of memory");
                 for (int t = 0; t < T; t++)
                     for (int b = 0; b < nb; b++)
