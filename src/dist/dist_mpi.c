@@ -282,7 +282,11 @@ static void fatal(int code, const char *fmt, ...) {
     _exit(code);
 }
 
-/* Waits for r[0..n) for at most limit seconds; peer[i]: the rank request i talks to. Past
+/* a request of rank 0 that every other rank completes (its broadcasts) */
+#define PEER_OTHERS (-2)
+
+/* Waits for r[0..n) for at most limit seconds; peer[i]: the rank request i talks to (or
+ * PEER_OTHERS: every rank but 0). Past
  * the limit the job ends with one message naming the ranks that did not answer. A rank other
  * than 0 waits a grace period longer when rank 0 is not among them, so that rank 0, which
  * sees the same silence, is the one that reports it. */
@@ -310,7 +314,14 @@ static void wait_all(MPI_Request *r, int n, const int *peer, double limit, const
             for (int i = 0; i < n; i++) {
                 int f = 1;
                 MPI_Request_get_status(r[i], &f, MPI_STATUS_IGNORE);
-                if (f || peer[i] < 0) continue;
+                if (f || (peer[i] < 0 && peer[i] != PEER_OTHERS)) continue;
+                if (peer[i] == PEER_OTHERS) {   /* rank 0's broadcast: it cannot tell which of them */
+                    size_t L = strlen(list);
+                    if (g.size > 2) snprintf(list + L, sizeof list - L, "%s1..%d", nl ? ", " : "", g.size - 1);
+                    else snprintf(list + L, sizeof list - L, "%s1", nl ? ", " : "");
+                    nl += g.size > 2 ? 2 : 1;
+                    continue;
+                }
                 int dup = 0;
                 for (int j = 0; j < i; j++) {
                     int fj = 1;
@@ -631,7 +642,7 @@ int ds41_dist_bcast_wait(void *buf, size_t n, double limit) {
     if (g.size < 2 || !n) return 0;
     if (n > INT_MAX) return -1;
     MPI_Request rq;
-    int p0 = 0;
+    int p0 = g.rank == 0 ? PEER_OTHERS : 0;   /* rank 0 waits for the others, they for rank 0 */
     MPI_Ibcast(buf, (int)n, MPI_BYTE, 0, MPI_COMM_WORLD, &rq);
     wait_all(&rq, 1, &p0, limit, "broadcast from rank 0");
     return 0;
