@@ -119,6 +119,35 @@ ds41_pd_job *ds41_pd_start(ds41_pd_client *cl, ds41_session *s, const int32_t *i
 int ds41_pd_poll(ds41_pd_job *j, ds41_pd_result *res, char *msg, size_t cap);
 void ds41_pd_finish(ds41_pd_job *j);
 
+/* The decode node's install of what a fetch received (f, for prompt ids[0..n_prompt); a
+ * deferred fetch's pages must first go into the prefix cache, ds41_prefix_insert): session s
+ * (at position 0) gets the local hit's pages (prefix cache), the fetched ones and the RESUME state checked
+ * against g (ds41_session_install: with the decoder stream, a forward of the decoder layers).
+ * The tokens s holds (the fetch's M), or 0 when the hit's blocks were evicted meanwhile or the
+ * state was refused (s reset: the caller restores from the prefix cache). Deterministic in its
+ * arguments and the cache's state: under mpiexec every rank calls it with the same ones
+ * (serve_mpi.h, INSTALL) and so holds the same state. */
+long long ds41_pd_install(ds41_prefix_cache *pc, const ds41_kvx_geom *g, ds41_session *s, const int32_t *ids,
+                          size_t n_prompt, const ds41_pd_fetched *f);
+/* The geometry ds41_pd_install checks a RESUME payload against, for engine e's cache. */
+int ds41_pd_geom_of(ds41_engine *e, ds41_kvx_geom *g, ds41_err *err);
+const ds41_kvx_geom *ds41_pd_client_geom(const ds41_pd_client *cl);
+
+/* Under mpiexec (serve --role decode as a job): the install and the fallback restore run
+ * forwards, which are collective, so they must run on rank 0's scheduler thread between its
+ * records, not on the job's thread. After ds41_pd_client_defer, a job only fetches (nothing
+ * enters the prefix cache on its thread); once ds41_pd_poll says it ended, the scheduler's
+ * thread calls ds41_pd_complete with hooks that record and run the install (h->install, as
+ * ds41_prefix_insert of the pages then ds41_pd_install) and the restore (h->restore, as ds41_prefix_restore), with the same logic
+ * as the job's thread otherwise; ds41_pd_poll then gives res->restored. */
+typedef struct ds41_pd_hooks {
+    long long (*install)(void *ctx, ds41_session *s, const int32_t *ids, size_t n_prompt, const ds41_pd_fetched *f);
+    long long (*restore)(void *ctx, ds41_session *s, const int32_t *ids, size_t n);
+    void *ctx;
+} ds41_pd_hooks;
+void ds41_pd_client_defer(ds41_pd_client *cl);
+void ds41_pd_complete(ds41_pd_job *j, const ds41_pd_hooks *h);
+
 /* ---- resume state (pd_resume.c) ---- */
 /* The geometry of cache c of engine e as a RESUME payload describes it. */
 int ds41_pd_geom(const ds41_engine *e, const ds41_cache *c, ds41_kvx_geom *g, ds41_err *err);

@@ -37,6 +37,7 @@ struct ds41_pd_client {
     pd_node nodes[MAX_NODES];
     int timeout_ms;
     ds41_kvx_geom geom;       /* this node's cache, as a RESUME payload must describe it */
+    int defer;                /* under mpiexec: jobs only fetch; the caller completes (ds41_pd_complete) */
     _Atomic unsigned rr;
     _Atomic unsigned long long next_id;
 };
@@ -87,15 +88,23 @@ ds41_pd_client *ds41_pd_client_open(ds41_engine *e, ds41_prefix_cache *pc, const
         p = comma ? comma + 1 : NULL;
     }
     if (cl->n_nodes == 0) { ds41_errf(err, "--prefill: no HOST:PORT given"); free(cl); return NULL; }
-    ds41_cache c;
-    if (ds41_cache_init(&c, e->cfg, BT, err)) { free(cl); return NULL; }
-    int grc = ds41_pd_geom(e, &c, &cl->geom, err);
-    ds41_cache_free(&c);
-    if (grc) { free(cl); return NULL; }
+    if (ds41_pd_geom_of(e, &cl->geom, err)) { free(cl); return NULL; }
     cl->net = ds41_kvx_net_open(err);
     if (!cl->net) { free(cl); return NULL; }
     return cl;
 }
+
+int ds41_pd_geom_of(ds41_engine *e, ds41_kvx_geom *g, ds41_err *err) {
+    ds41_cache c;
+    if (ds41_cache_init(&c, e->cfg, BT, err)) return -1;
+    int grc = ds41_pd_geom(e, &c, g, err);
+    ds41_cache_free(&c);
+    return grc;
+}
+
+const ds41_kvx_geom *ds41_pd_client_geom(const ds41_pd_client *cl) { return &cl->geom; }
+
+void ds41_pd_client_defer(ds41_pd_client *cl) { cl->defer = 1; }
 
 void ds41_pd_client_close(ds41_pd_client *cl) {
     if (!cl) return;
@@ -212,7 +221,7 @@ static int try_node(ds41_pd_client *cl, pd_node *nd, const int32_t *ids, size_t 
         free(p);
         p = NULL;
     }
-    ds41_prefix_insert(cl->pc, ids, n, first, cnt, pages);
+    if (!cl->defer) ds41_prefix_insert(cl->pc, ids, n, first, cnt, pages);   /* deferred: the install's caller */
     out->pages = pages;
     out->first = first;
     out->nb = nb;
@@ -283,31 +292,33 @@ struct ds41_pd_job {
     int no_fallback;
     pthread_t th;
     _Atomic int state;          /* 0 running, 1 done, -1 the fetch failed */
+    int joined;                 /* the thread was joined (ds41_pd_complete) */
+    int rc;                     /* the fetch's: 0 or -1 */
+    int completed;              /* ds41_pd_complete ran (deferred jobs) */
+    ds41_pd_fetched f;          /* what the fetch received, until the install */
     ds41_pd_result res;
     ds41_err err;
 };
 
-/* The session from the local hit's pages (prefix cache), the fetched ones and the shipped state:
- * the tokens it holds, or 0 when the local hit's blocks were evicted meanwhile or the install
- * refused (the caller then restores from the prefix cache), -1 when the session broke. */
-static long long install(ds41_pd_job *j, ds41_pd_fetched *f) {
-    ds41_prefix_cache *pc = j->cl->pc;
-    int ns = j->cl->e->cfg->n_kv_sources;
+long long ds41_pd_install(ds41_prefix_cache *pc, const ds41_kvx_geom *g, ds41_session *s, const int32_t *ids,
+                          size_t n_prompt, const ds41_pd_fetched *f) {
+    const ds41_config *cfg = ds41_session_seq(s)->e->cfg;
+    int ns = cfg->n_kv_sources;
     long long M = f->nb * BT;
     uint8_t **hit = NULL, **all = calloc((size_t)(f->nb * ns + 1), sizeof *all);
-    long long nh = f->first > 0 ? ds41_prefix_pages(pc, j->ids, (size_t)(f->first * BT), &hit) : 0;
+    long long nh = f->first > 0 ? ds41_prefix_pages(pc, ids, (size_t)(f->first * BT), &hit) : 0;
     ds41_resume_state st;
     ds41_err err;
     long long rc = 0;
     /* the session's forward of the tail gives the first token's logits: at least one must remain */
-    if (all && nh == f->first && M < (long long)j->n_prompt && ds41_pd_resume_view(&j->cl->geom, f->resume, f->resume_len, M, &st, &err) == 0) {
+    if (all && nh == f->first && M < (long long)n_prompt && ds41_pd_resume_view(g, f->resume, f->resume_len, M, &st, &err) == 0) {
         memcpy(all, hit, (size_t)(nh * ns) * sizeof *all);
         memcpy(all + nh * ns, f->pages, (size_t)((f->nb - f->first) * ns) * sizeof *all);
-        if (ds41_session_install(j->s, j->ids, M, all, &st) == 0) rc = M;
+        if (ds41_session_install(s, ids, M, all, &st) == 0) rc = M;
         else {
             fprintf(stderr, "ds41 serve: installing a remote prefill's state: %s; restoring from the prefix cache\n",
-                    ds41_session_error(j->s));
-            ds41_session_reset(j->s);
+                    ds41_session_error(s));
+            ds41_session_reset(s);
         }
     }
     ds41_prefix_pages_free(pc, hit, nh);
@@ -315,25 +326,51 @@ static long long install(ds41_pd_job *j, ds41_pd_fetched *f) {
     return rc;
 }
 
-static void *job_main(void *arg) {
-    ds41_pd_job *j = arg;
-    ds41_pd_fetched f;
-    unsigned flags = ds41_session_drafts(j->s) ? DS41_KVX_REQ_CONTEXT : 0;
-    int rc = ds41_pd_fetch(j->cl, j->ids, j->n_fetch, j->first, flags, &j->res, &f, &j->err);
+static long long local_install(void *ctx, ds41_session *s, const int32_t *ids, size_t n_prompt, const ds41_pd_fetched *f) {
+    ds41_pd_client *cl = ctx;
+    return ds41_pd_install(cl->pc, &cl->geom, s, ids, n_prompt, f);
+}
+
+static long long local_restore(void *ctx, ds41_session *s, const int32_t *ids, size_t n) {
+    ds41_pd_client *cl = ctx;
+    return ds41_prefix_restore(cl->pc, s, ids, n);
+}
+
+/* after the fetch: the install, else (a refused install, or a failed fetch unless no_fallback)
+ * the prefix cache's restore */
+static void complete(ds41_pd_job *j, const ds41_pd_hooks *h) {
     j->res.restored = 0;
-    if (!rc) j->res.restored = install(j, &f);
+    if (!j->rc) j->res.restored = h->install(h->ctx, j->s, j->ids, j->n_prompt, &j->f);
     j->res.installed = j->res.restored > 0;
-    ds41_pd_fetched_free(&f, j->cl->e->cfg->n_kv_sources);
-    if ((!rc && j->res.restored == 0) || (rc && !j->no_fallback))
-        j->res.restored = ds41_prefix_restore(j->cl->pc, j->s, j->ids, j->n_prompt);
+    ds41_pd_fetched_free(&j->f, j->cl->e->cfg->n_kv_sources);
+    if ((!j->rc && j->res.restored == 0) || (j->rc && !j->no_fallback))
+        j->res.restored = h->restore(h->ctx, j->s, j->ids, j->n_prompt);
     /* the decode node's own share of a remote prefill, up to the tail's forward (docs/pd.md) */
-    if (!rc)
+    if (!j->rc)
         fprintf(stderr, "ds41 serve: remote prefill from %s: %lld blocks, %lld bytes; %s; session ready %.2f ms after "
                 "the last frame (monotonic %.6f)\n", j->res.node, j->res.blocks, j->res.bytes,
                 j->res.installed ? "state installed, 0 rows replayed" : "restored from the prefix cache (replayed)",
                 (now_s() - j->res.t_last_frame) * 1e3, j->res.t_last_frame);
-    atomic_store(&j->state, rc ? -1 : 1);
+    j->completed = 1;
+}
+
+static void *job_main(void *arg) {
+    ds41_pd_job *j = arg;
+    unsigned flags = ds41_session_drafts(j->s) ? DS41_KVX_REQ_CONTEXT : 0;
+    j->rc = ds41_pd_fetch(j->cl, j->ids, j->n_fetch, j->first, flags, &j->res, &j->f, &j->err);
+    if (!j->cl->defer) {
+        ds41_pd_hooks h = { .install = local_install, .restore = local_restore, .ctx = j->cl };
+        complete(j, &h);
+    }
+    atomic_store(&j->state, j->rc ? -1 : 1);
     return NULL;
+}
+
+void ds41_pd_complete(ds41_pd_job *j, const ds41_pd_hooks *h) {
+    if (!j || j->completed || atomic_load(&j->state) == 0) return;
+    pthread_join(j->th, NULL);   /* it has ended: its writes are seen here */
+    j->joined = 1;
+    complete(j, h);
 }
 
 ds41_pd_job *ds41_pd_start(ds41_pd_client *cl, ds41_session *s, const int32_t *ids, size_t n_prompt, size_t n_fetch,
@@ -363,7 +400,8 @@ int ds41_pd_poll(ds41_pd_job *j, ds41_pd_result *res, char *msg, size_t cap) {
 
 void ds41_pd_finish(ds41_pd_job *j) {
     if (!j) return;
-    pthread_join(j->th, NULL);
+    if (!j->joined) pthread_join(j->th, NULL);
+    ds41_pd_fetched_free(&j->f, j->cl->e->cfg->n_kv_sources);   /* a deferred job never completed */
     free(j->ids);
     free(j);
 }

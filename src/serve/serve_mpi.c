@@ -122,6 +122,7 @@ struct ds41_smirror {
     int dp;                       /* --dp-attention */
     int store;                    /* rank 0's cache has a --cache-dir store: disk reads are shipped (BLOCKS) */
     long long shipped_blocks, shipped_bytes;
+    long long installs, install_bytes;   /* INSTALL records sent (serve --role decode) and their pages' and states' bytes */
     int turn;                     /* the rank a tie goes to first */
     int route;                    /* the rank for the next open (ds41_smirror_route); -1: least-loaded */
     int *load;                    /* [ranks]: sessions each rank holds (scratch) */
@@ -544,6 +545,37 @@ static void ship_disk_blocks(ds41_smirror *m, ds41_prefix_cache *pc, const ds41_
         m->shipped_bytes += (long long)len;
     }
     free(bytes);
+}
+
+void ds41_smirror_install(ds41_smirror *m, ds41_prefix_cache *pc, const ds41_session *s, const int32_t *ids, size_t n,
+                          int first, int nb, uint8_t *const *pages, const size_t *page_bytes, int n_stores,
+                          const uint8_t *res, size_t res_len) {
+    if (!m) return;
+    /* the local hit's blocks that rank 0's cache reads from its store: in every rank's memory
+     * first, so that every rank's install finds the same chain */
+    if (m->store && first > 0) ship_disk_blocks(m, pc, s, ids, (size_t)first * DS41_PREFIX_BLOCK, NULL);
+    size_t pb = 0;
+    for (int j = 0; j < n_stores; j++) pb += page_bytes[j];
+    size_t len = pb * (size_t)nb;
+    if (len + res_len > (size_t)INT32_MAX - 3 || n > (size_t)INT32_MAX) oom();
+    put_ids(m, DS41_SOP_INSTALL, s, ids, n);
+    int32_t t[4] = { first, nb, (int32_t)len, (int32_t)res_len };
+    put(m, t, 4);
+    size_t words = (len + res_len + 3) / 4;
+    uint8_t *pad = calloc(words, sizeof(int32_t));
+    if (!pad) oom();
+    size_t off = 0;
+    for (int b = 0; b < nb; b++)
+        for (int j = 0; j < n_stores; j++) {
+            memcpy(pad + off, pages[(size_t)b * (size_t)n_stores + (size_t)j], page_bytes[j]);
+            off += page_bytes[j];
+        }
+    memcpy(pad + off, res, res_len);
+    put(m, (const int32_t *)(const void *)pad, words);
+    free(pad);
+    m->installs++;
+    m->install_bytes += (long long)(len + res_len);
+    flush(m);   /* the install of the decoder stream's form runs the decoder layers: a forward */
 }
 
 long long ds41_smirror_restore(ds41_smirror *m, ds41_engine *e, ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids,
@@ -1014,6 +1046,9 @@ void ds41_smirror_end(ds41_smirror *m) {
     if (m->store && !m->dp && verbose())
         fprintf(stderr, "ds41 serve [rank 0]: --cache-dir: %lld blocks read from the store sent to the other ranks (%lld bytes)\n",
                 m->shipped_blocks, m->shipped_bytes);
+    if (m->installs && verbose())
+        fprintf(stderr, "ds41 serve [rank 0]: --role decode: %lld remote prefills installed on every rank (INSTALL, %lld bytes "
+                        "of pages and state)\n", m->installs, m->install_bytes);
     put1(m, DS41_SOP_END);
     flush(m);
 }
@@ -1254,8 +1289,13 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
     if (op->op == DS41_SOP_BLOCKS && !(s = slot_find(f, op->id)))
         return snprintf(err, errcap, "serve mirror: rank 0 sent the stored blocks of session %d, which this rank does not hold",
                         (int)op->id), -1;
+    if (op->op == DS41_SOP_INSTALL && dp)
+        return snprintf(err, errcap, "serve mirror: rank 0 sent INSTALL under --dp-attention, which --role decode does not run"), -1;
+    if (op->op == DS41_SOP_INSTALL && !(s = slot_find(f, op->id)))
+        return snprintf(err, errcap, "serve mirror: rank 0 installs a remote prefill into session %d, which this rank does not hold",
+                        (int)op->id), -1;
     if ((op->op == DS41_SOP_RESTORE || op->op == DS41_SOP_PUBLISH || op->op == DS41_SOP_TRIM || op->op == DS41_SOP_PROBE ||
-         op->op == DS41_SOP_PROBE_IMG || op->op == DS41_SOP_BLOCKS) && !pc)
+         op->op == DS41_SOP_PROBE_IMG || op->op == DS41_SOP_BLOCKS || op->op == DS41_SOP_INSTALL) && !pc)
         return snprintf(err, errcap, "serve mirror: rank 0 uses a prefix cache and this rank has none"), -1;
     switch (op->op) {
     case DS41_SOP_OPEN:
@@ -1519,6 +1559,8 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
                             got < 0 ? "do not fit this rank's model" : "do not continue this rank's cached chain"), -1;
         return 0;
     }
+    case DS41_SOP_INSTALL:
+        return ds41_serve_pd_follow_install(e, pc, s, op, err, errcap);
     case DS41_SOP_STEP: {
         if (op->count > *items_cap) {
             ds41_batch_item *ni = realloc(*items, (size_t)op->count * sizeof *ni);

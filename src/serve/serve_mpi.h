@@ -30,8 +30,21 @@
  * the grammar restricts, ascending, row r being the one after r drafts; form 1: a bitset of c =
  * (vocab + 31) / 32 words, form 2: the c allowed ids ascending, whichever is shorter; a row not
  * listed is not constrained, before the grammar's gate) |
+ * INSTALL id n ids[n] first nb npage nres bytes[npage + nres, padded to words] (code 24, serve
+ * --role decode: a remote prefill of blocks [first, first + nb) of the prompt ids[n] of session
+ * id, (first + nb) x 128 < n: the fetched pages, block by block and in each block store by
+ * store (npage bytes), then the RESUME payload (nres bytes, src/store/kvx_resume.h)) |
  * DRAFTS n {id t_next}[n] (code 27, --dp-attention: the proposals of n sequences at once, each
  * as DRAFT would ask it; n >= 2).
+ *
+ * serve --role decode (replicated attention, docs/pd.md): rank 0's fetch thread only receives
+ * a remote prefill; its scheduler thread then sends INSTALL (after BLOCKS, when its cache read
+ * the local hit's blocks from its store), and every rank adds the pages to its prefix cache
+ * (ds41_prefix_insert) and installs the pages and the state into the session
+ * (ds41_pd_install): the same calls on the same state, so the same session on every rank (the
+ * decoder stream's form runs a forward of the decoder layers there, collective as any). An
+ * install refused for a reason (the hit evicted, a state that does not fit) is refused on
+ * every rank alike; rank 0 then sends RESTORE, as after a failed fetch.
  *
  * --cache-dir (replicated attention): rank 0 alone reads and writes the store. Before a
  * RESTORE whose chain rank 0 had to read from disk (ds41_prefix_load), BLOCKS carries those
@@ -107,7 +120,7 @@ enum { DS41_SOP_OPEN = 1, DS41_SOP_CLOSE, DS41_SOP_RESTORE, DS41_SOP_PUBLISH, DS
        DS41_SOP_OPEN_ON, DS41_SOP_SAMPLE, DS41_SOP_PROBE, DS41_SOP_DRAFT, DS41_SOP_CALIBRATE,
        /* 13 was EMBEDS (an image prompt fed alone), no longer sent */
        DS41_SOP_LPROC = 14, DS41_SOP_IMAGES = 18, DS41_SOP_PROBE_IMG = 19, DS41_SOP_BLOCKS = 20,
-       DS41_SOP_GMASK = 21, DS41_SOP_GRAMMAR = 22, DS41_SOP_VMASK = 23, DS41_SOP_DRAFTS = 27 };
+       DS41_SOP_GMASK = 21, DS41_SOP_GRAMMAR = 22, DS41_SOP_VMASK = 23, DS41_SOP_INSTALL = 24, DS41_SOP_DRAFTS = 27 };
 /* DRAFTS' bound on its sequences */
 #define DS41_SOP_DRAFTS_MAX 65536
 /* GMASK's bound on its words (a vocabulary of up to 2^26 tokens); also VMASK's on a row's
@@ -142,9 +155,11 @@ typedef struct ds41_sop {
     int eos, n_bias, n_ban;
     long long min_tokens;
     const int32_t *bias_id, *bias_val, *ban;
-    int first, nb;            /* BLOCKS: blocks [first, first + nb) of ids, their pages in blk (blk_len bytes) */
+    int first, nb;            /* BLOCKS, INSTALL: blocks [first, first + nb) of ids, their pages in blk (blk_len bytes) */
     size_t blk_len;
     const uint8_t *blk;
+    size_t res_len;           /* INSTALL: the RESUME payload at res (res_len bytes) */
+    const uint8_t *res;
     int on;                   /* GMASK: 1 when bits[n] (the allowed tokens) follow, 0: none constrained */
     const int32_t *bits;      /* GMASK: the words; VMASK: the first of its k restricted rows of a block of n rows,
                                * each {row form count words[count]} (ascending rows; form 1: a bitset, 2: ascending ids) */
@@ -228,6 +243,18 @@ void ds41_smirror_beat(ds41_smirror *m);
 void ds41_smirror_end(ds41_smirror *m);
 /* How long the scheduler may idle between beats (seconds). */
 double ds41_smirror_beat_s(void);
+
+/* serve --role decode under mpiexec: before rank 0 installs a remote prefill into s (blocks
+ * [first, first + nb) of ids[n], pages [nb][n_kv_sources] of page_bytes[store] bytes each,
+ * the RESUME payload res[res_len]): the hit's blocks it read from its store (BLOCKS), then
+ * INSTALL, sent at once (the install may run a forward). */
+void ds41_smirror_install(ds41_smirror *m, ds41_prefix_cache *pc, const ds41_session *s, const int32_t *ids, size_t n,
+                          int first, int nb, uint8_t *const *pages, const size_t *page_bytes, int n_stores,
+                          const uint8_t *res, size_t res_len);
+/* A follower's INSTALL (serve_pd.c; without UCX an error): the pages into its prefix cache and
+ * the install into s, as rank 0 does. 0, or -1 with err (the rank cannot go on). */
+int ds41_serve_pd_follow_install(ds41_engine *e, ds41_prefix_cache *pc, ds41_session *s, const ds41_sop *op, char *err,
+                                 size_t errcap);
 
 /* ---- followers: replays rank 0's operations until END. pc: this rank's prefix cache (NULL
  * when rank 0 has none), sp: the scheduler's session parameters. 0, or -1 with err. */

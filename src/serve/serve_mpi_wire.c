@@ -9,7 +9,7 @@
 
 static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH", "TRIM", "STEP", "END", "OPEN_ON", "SAMPLE", "PROBE", "DRAFT", "CALIBRATE",
                                         "?", "LPROC", "?", "?", "?", "IMAGES", "PROBE_IMG", "BLOCKS",
-                                        "GMASK", "GRAMMAR", "VMASK", "?", "?", "?", "DRAFTS" };
+                                        "GMASK", "GRAMMAR", "VMASK", "INSTALL", "?", "?", "DRAFTS" };
 
 /* IMAGES and PROBE_IMG: flags[n] (0 or 1) at w[*i], then a content key (8 words) per flag set */
 static int image_flags(const int32_t *w, size_t n, size_t *i, ds41_sop *op, const char *name, char *err, size_t errcap) {
@@ -36,10 +36,10 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
     memset(op, 0, sizeof *op);
     op->op = w[i];
     if (op->op < DS41_SOP_OPEN || (op->op > DS41_SOP_CALIBRATE && op->op < DS41_SOP_LPROC) ||
-        (op->op > DS41_SOP_LPROC && op->op < DS41_SOP_IMAGES) || (op->op > DS41_SOP_VMASK && op->op < DS41_SOP_DRAFTS) ||
+        (op->op > DS41_SOP_LPROC && op->op < DS41_SOP_IMAGES) || (op->op > DS41_SOP_INSTALL && op->op < DS41_SOP_DRAFTS) ||
         op->op > DS41_SOP_DRAFTS)
         return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, %d, %d..%d or %d, got %d", i,
-                        DS41_SOP_CALIBRATE, DS41_SOP_LPROC, DS41_SOP_IMAGES, DS41_SOP_VMASK, DS41_SOP_DRAFTS, (int)w[i]), -1;
+                        DS41_SOP_CALIBRATE, DS41_SOP_LPROC, DS41_SOP_IMAGES, DS41_SOP_INSTALL, DS41_SOP_DRAFTS, (int)w[i]), -1;
     const char *name = op_name[op->op];
     i++;
 #define NEED(k, what) \
@@ -221,6 +221,33 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
         NEED((op->blk_len + 3) / 4, "the blocks' bytes");
         op->blk = (const uint8_t *)(const void *)(w + i);
         i += (op->blk_len + 3) / 4;
+        break;
+    case DS41_SOP_INSTALL:
+        NEED(2, "a session id and a token count");
+        op->id = w[i];
+        if (w[i + 1] < 2) return snprintf(err, errcap, "serve mirror: word %zu: INSTALL: %d tokens (expected >= 2)", i + 1, (int)w[i + 1]), -1;
+        op->n = (size_t)w[i + 1];
+        i += 2;
+        NEED(op->n, "the tokens");
+        op->ids = w + i;
+        i += op->n;
+        NEED(4, "the first block, a block count and the pages' and the state's byte counts");
+        if (w[i] < 0 || w[i + 1] < 1 || ((int64_t)w[i] + w[i + 1]) * DS41_PREFIX_BLOCK >= (int64_t)op->n)
+            return snprintf(err, errcap, "serve mirror: word %zu: INSTALL: blocks %d + %d of %zu tokens (expected at least one "
+                            "whole block of %d tokens, short of the prompt's last token)", i, (int)w[i], (int)w[i + 1], op->n,
+                            DS41_PREFIX_BLOCK), -1;
+        if (w[i + 2] < 1 || w[i + 3] < 1 || (int64_t)w[i + 2] + w[i + 3] > (int64_t)INT32_MAX)
+            return snprintf(err, errcap, "serve mirror: word %zu: INSTALL: %d bytes of pages and %d of state (expected each >= 1, "
+                            "together < 2^31)", i + 2, (int)w[i + 2], (int)w[i + 3]), -1;
+        op->first = w[i];
+        op->nb = w[i + 1];
+        op->blk_len = (size_t)w[i + 2];
+        op->res_len = (size_t)w[i + 3];
+        i += 4;
+        NEED((op->blk_len + op->res_len + 3) / 4, "the pages' and the state's bytes");
+        op->blk = (const uint8_t *)(const void *)(w + i);
+        op->res = op->blk + op->blk_len;
+        i += (op->blk_len + op->res_len + 3) / 4;
         break;
     case DS41_SOP_GMASK:
         NEED(3, "a session id, a flag and a word count");

@@ -15,9 +15,13 @@
 #include <unistd.h>
 
 #include "serve_metrics.h"
+#include "serve_mpi.h"
 #include "serve_sched.h"
 
 #ifdef DS41_HAVE_UCX
+#include "cache.h"
+#include "dist.h"
+#include "forward.h"
 #include "pd.h"
 
 typedef struct prefill_run {
@@ -140,6 +144,91 @@ int ds41_serve_pd_prefill(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serv
     return r.rc ? 1 : 0;
 }
 
+/* ---- a decode node that is an MPI job (serve_mpi.h, INSTALL): rank 0's fetch thread only
+ * receives; the install and the fallback restore run on its scheduler thread (job_poll), each
+ * recorded for the other ranks first, which do the same on their own cache and session */
+typedef struct mpi_pd {
+    ds41_smirror *m;          /* NULL: one process */
+    ds41_engine *e;
+    ds41_prefix_cache *pc;
+    ds41_pd_client *cl;
+} mpi_pd;
+static mpi_pd g_mpi;
+
+/* page_bytes[n_kv_sources] of e's cache (malloc'd), NULL when out of memory */
+static size_t *page_sizes(const ds41_engine *e) {
+    int ns = e->cfg->n_kv_sources;
+    size_t *pb = malloc((size_t)(ns + 1) * sizeof *pb);
+    for (int j = 0; pb && j < ns; j++) pb[j] = ds41_cache_page_bytes(e->cfg, j);
+    return pb;
+}
+
+static long long mpi_install(void *ctx, ds41_session *s, const int32_t *ids, size_t n_prompt, const ds41_pd_fetched *f) {
+    mpi_pd *c = ctx;
+    size_t *pb = page_sizes(c->e);
+    if (!pb) { fprintf(stderr, "ds41 serve: out of memory installing a remote prefill; ending the job\n"); abort(); }
+    ds41_smirror_install(c->m, c->pc, s, ids, n_prompt, (int)f->first, (int)(f->nb - f->first), f->pages, pb,
+                         c->e->cfg->n_kv_sources, f->resume, f->resume_len);
+    free(pb);
+    ds41_prefix_insert(c->pc, ids, n_prompt, f->first, f->nb - f->first, f->pages);
+    return ds41_pd_install(c->pc, ds41_pd_client_geom(c->cl), s, ids, n_prompt, f);
+}
+
+static long long mpi_restore(void *ctx, ds41_session *s, const int32_t *ids, size_t n) {
+    mpi_pd *c = ctx;
+    return ds41_smirror_restore(c->m, c->e, c->pc, s, ids, n, NULL);
+}
+
+int ds41_serve_pd_follow_install(ds41_engine *e, ds41_prefix_cache *pc, ds41_session *s, const ds41_sop *op, char *err,
+                                 size_t errcap) {
+    static ds41_kvx_geom g;
+    static int have_g;
+    if (!have_g) {
+        ds41_err ge;
+        if (ds41_pd_geom_of(e, &g, &ge)) return snprintf(err, errcap, "serve mirror: INSTALL: %s", ge.msg), -1;
+        have_g = 1;
+    }
+    int ns = e->cfg->n_kv_sources;
+    size_t *pb = page_sizes(e), per = 0;
+    if (!pb) return snprintf(err, errcap, "out of memory"), -1;
+    for (int j = 0; j < ns; j++) per += pb[j];
+    if (op->blk_len != (size_t)op->nb * per) {
+        free(pb);
+        return snprintf(err, errcap, "serve mirror: INSTALL: %zu bytes of pages for %d blocks (this rank's model: %zu per block)",
+                        op->blk_len, op->nb, per), -1;
+    }
+    uint8_t **pages = calloc((size_t)op->nb * (size_t)ns + 1, sizeof *pages);
+    uint8_t *res = malloc(op->res_len);   /* aligned for the state's view */
+    int rc = 0;
+    size_t off = 0;
+    for (size_t i = 0; pages && res && i < (size_t)op->nb * (size_t)ns; i++) {
+        size_t len = pb[i % (size_t)ns];
+        if (!(pages[i] = ds41_page_new(len))) break;
+        memcpy(pages[i], op->blk + off, len);
+        off += len;
+    }
+    if (!pages || !res || off != op->blk_len) {
+        snprintf(err, errcap, "out of memory for a remote prefill's pages");
+        rc = -1;
+    } else {
+        memcpy(res, op->res, op->res_len);
+        ds41_pd_fetched f = { .pages = pages, .first = op->first, .nb = (long long)op->first + op->nb, .resume = res,
+                              .resume_len = op->res_len };
+        /* as rank 0: into the prefix cache, then the install (refused alike on every rank) */
+        ds41_prefix_insert(pc, op->ids, op->n, f.first, op->nb, pages);
+        long long got = ds41_pd_install(pc, &g, s, op->ids, op->n, &f);
+        if (getenv("DS41_MPI_VERBOSE"))
+            fprintf(stderr, "ds41 serve [rank %d]: remote prefill of blocks %d..%d of session %d: %s\n", ds41_dist_rank(),
+                    op->first, op->first + op->nb - 1, (int)op->id, got > 0 ? "state installed" : "refused, rank 0 restores");
+    }
+    for (size_t i = 0; pages && i < (size_t)op->nb * (size_t)ns; i++)
+        if (pages[i]) ds41_page_unref(pages[i]);
+    free(pages);
+    free(res);
+    free(pb);
+    return rc;
+}
+
 /* the scheduler's remote interface (serve_sched.h) over ds41_pd_start (src/pd/pd.h) */
 static int g_fail;
 static void *job_start(void *ctx, ds41_session *s, const int32_t *ids, size_t n_prompt, size_t n_fetch, long long first) {
@@ -149,6 +238,12 @@ static void *job_start(void *ctx, ds41_session *s, const int32_t *ids, size_t n_
 static int job_poll(void *job, long long *bytes, double *seconds, long long *hit, char *msg, size_t cap) {
     ds41_pd_result res;
     int st = ds41_pd_poll(job, &res, msg, cap);
+    if (st != 0 && g_mpi.m) {
+        /* under mpiexec: the install or the restore here, between the scheduler's records */
+        ds41_pd_hooks h = { .install = mpi_install, .restore = mpi_restore, .ctx = &g_mpi };
+        ds41_pd_complete(job, &h);
+        ds41_pd_poll(job, &res, NULL, 0);
+    }
     if (st != 0) { *bytes = res.bytes; *seconds = res.seconds; *hit = res.restored; }
     return st;
 }
@@ -161,6 +256,10 @@ int ds41_serve_pd_decode(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serve
     if (!o->prefill_nodes) { fprintf(stderr, "ds41 serve: --role decode needs --prefill HOST:PORT[,...]\n"); return -1; }
     ds41_pd_client *cl = ds41_pd_client_open(e, pc, o->prefill_nodes, o->prefill_timeout_ms, &err);
     if (!cl) { fprintf(stderr, "ds41 serve: %s\n", err.msg); return -1; }
+    if (sp->mirror) {
+        ds41_pd_client_defer(cl);
+        g_mpi = (mpi_pd){ .m = sp->mirror, .e = e, .pc = pc, .cl = cl };
+    }
     sp->remote.ctx = cl;
     sp->remote.start = job_start;
     sp->remote.poll = job_poll;
@@ -195,5 +294,10 @@ int ds41_serve_pd_decode(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serve
     return -no_ucx();
 }
 void ds41_serve_pd_close(void *client) { (void)client; }
+int ds41_serve_pd_follow_install(ds41_engine *e, ds41_prefix_cache *pc, ds41_session *s, const ds41_sop *op, char *err,
+                                 size_t errcap) {
+    (void)e; (void)pc; (void)s; (void)op;
+    return snprintf(err, errcap, "serve mirror: rank 0 sent INSTALL (serve --role decode) and this ds41 was built without UCX"), -1;
+}
 
 #endif

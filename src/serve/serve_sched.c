@@ -588,8 +588,15 @@ static int session_ready(ds41_sched *S, ds41_sseq *q) {
     if (S->p.remote.start && S->p.pc) {
         /* worth a prefill node: enough new tokens past the local hit, a whole block to fetch */
         uint8_t **pg = NULL;
-        long long hb = ds41_prefix_pages(S->p.pc, q->prompt, q->n_prompt, &pg);
-        ds41_prefix_pages_free(S->p.pc, pg, hb);
+        long long hb;
+        if (S->p.mirror) {
+            /* under mpiexec a query that moves nothing: the other ranks' caches do not see it
+             * (neither the LRU order nor blocks read from rank 0's store) */
+            hb = ds41_prefix_held(S->p.pc, q->prompt, q->n_prompt, NULL);
+        } else {
+            hb = ds41_prefix_pages(S->p.pc, q->prompt, q->n_prompt, &pg);
+            ds41_prefix_pages_free(S->p.pc, pg, hb);
+        }
         /* whole blocks short of the last token: the decode node's tail forward gives its logits */
         long long nb = ((long long)q->n_prompt - 1) / 128;
         if (nb * 128 > S->ctx) nb = S->ctx / 128;
