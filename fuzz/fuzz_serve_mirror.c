@@ -57,6 +57,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                                          (size_t)(op.first + op.nb) * DS41_PREFIX_BLOCK > op.n ||
                                          op.blk + op.blk_len > (const uint8_t *)(w + at) || op.blk < (const uint8_t *)w))
             abort();
+        if (op.op == DS41_SOP_INSTALL && (op.n < 2 || op.first < 0 || op.nb < 1 || op.blk_len < 1 || op.res_len < 1 ||
+                                          (size_t)(op.first + op.nb) * DS41_PREFIX_BLOCK >= op.n || op.ids != w + at - op.n - 4 -
+                                          (op.blk_len + op.res_len + 3) / 4 || op.res != op.blk + op.blk_len ||
+                                          op.res + op.res_len > (const uint8_t *)(w + at) || op.blk < (const uint8_t *)w))
+            abort();
         if (op.op == DS41_SOP_GMASK && ((op.on != 0 && op.on != 1) || (op.on ? op.n < 1 || op.n > DS41_SOP_GMASK_MAX_WORDS : op.n != 0) ||
                                         op.bits != w + at - op.n))
             abort();

@@ -58,6 +58,25 @@ static void valid_records(void) {
           op.items == sw + 9 && op.items[2] == DS41_SOP_VERIFY && op.items[6] == 2 && op.items[8] == 0 && at == sn,
           "STEP with a verify block (at %zu)", at);
     CHECK(!err[0], "no message on valid --spec records: %s", err);
+    /* serve --role decode: INSTALL 6, a 130-token prompt, its block 0 (128 tokens < 130: a tail
+     * remains), 6 bytes of pages and 3 of state (3 words with the padding); END */
+    int32_t iw[3 + 130 + 4 + 3 + 1] = { 24, 6, 130 };
+    for (int k = 0; k < 130; k++) iw[3 + k] = 2 + k;
+    iw[133] = 0; iw[134] = 1; iw[135] = 6; iw[136] = 3;
+    iw[140] = 7;
+    size_t in = sizeof iw / sizeof *iw;
+    at = 0;
+    CHECK(ds41_sop_next(iw, in, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_INSTALL && op.id == 6 && op.n == 130 &&
+          op.ids == iw + 3 && op.first == 0 && op.nb == 1 && op.blk_len == 6 && op.res_len == 3 &&
+          op.blk == (const uint8_t *)(iw + 137) && op.res == op.blk + 6 && at == 140, "INSTALL (at %zu)", at);
+    CHECK(ds41_sop_next(iw, in, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_END && at == in, "END after INSTALL");
+    /* the same blocks end at the prompt's last token: no tail to compute the first logits */
+    iw[2] = 128;
+    iw[131] = 0; iw[132] = 1;
+    at = 0;
+    CHECK(ds41_sop_next(iw, 3 + 128 + 4, &at, &op, err, sizeof err) == -1 && strstr(err, "INSTALL: blocks 0 + 1 of 128 tokens"),
+          "INSTALL up to the prompt's end refused: %s", err);
+    err[0] = 0;
     /* an image prompt: IMAGES 3: 4 tokens, flags [0 1 1 0], 2 content keys of 8 words, 2 rows
      * of width 2; PROBE_IMG [1 500 7], flags [0 1 0], 1 key */
     const int32_t ew[] = { 18, 3, 4, 2, 0, 1, 1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13,
@@ -166,9 +185,9 @@ static void one_malformed(const char *path, const char *name) {
     CHECK(txt && want, "%s: words or expected missing", name);
     if (txt && want) {
         want[strcspn(want, "\n")] = 0;
-        int32_t w[64];
+        int32_t w[512];   /* INSTALL's cases need a prompt of more than one block */
         size_t n = 0;
-        for (char *s = txt, *e; n < 64; s = e) {
+        for (char *s = txt, *e; n < 512; s = e) {
             long v = strtol(s, &e, 10);
             if (e == s) break;
             w[n++] = (int32_t)v;
@@ -183,7 +202,7 @@ static void one_malformed(const char *path, const char *name) {
 
 static void malformed_corpus(void) {
     int cases = each_entry("tests/malformed/serve-mirror", one_malformed);
-    CHECK(cases >= 78, "%d malformed cases", cases);
+    CHECK(cases >= 90, "%d malformed cases", cases);
 }
 
 /* a fuzz seed: whole int32 words that decode to the end */
