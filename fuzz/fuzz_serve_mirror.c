@@ -62,6 +62,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                                           (op.blk_len + op.res_len + 3) / 4 || op.res != op.blk + op.blk_len ||
                                           op.res + op.res_len > (const uint8_t *)(w + at) || op.blk < (const uint8_t *)w))
             abort();
+        if (op.op == DS41_SOP_PD_SEQ && (op.stop < 0 || op.n < 1 || op.ids + op.n != w + at)) abort();
+        if (op.op == DS41_SOP_PD_FWD && (op.at_pos < 0 || op.n < 1 || op.at_pos >= (long long)op.n || op.ids + op.n != w + at)) abort();
         if (op.op == DS41_SOP_GMASK && ((op.on != 0 && op.on != 1) || (op.on ? op.n < 1 || op.n > DS41_SOP_GMASK_MAX_WORDS : op.n != 0) ||
                                         op.bits != w + at - op.n))
             abort();

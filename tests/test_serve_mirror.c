@@ -70,6 +70,13 @@ static void valid_records(void) {
           op.ids == iw + 3 && op.first == 0 && op.nb == 1 && op.blk_len == 6 && op.res_len == 3 &&
           op.blk == (const uint8_t *)(iw + 137) && op.res == op.blk + 6 && at == 140, "INSTALL (at %zu)", at);
     CHECK(ds41_sop_next(iw, in, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_END && at == in, "END after INSTALL");
+    /* serve --role prefill: PD_SEQ 2 stop at layer 3 [5 6 7]; PD_FWD 2 from position 1 [5 6 7] */
+    const int32_t pw[] = { 25, 2, 3, 3, 5, 6, 7, 26, 2, 1, 3, 5, 6, 7 };
+    at = 0;
+    CHECK(ds41_sop_next(pw, 14, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_PD_SEQ && op.id == 2 && op.stop == 3 &&
+          op.n == 3 && op.ids == pw + 4 && at == 7, "PD_SEQ");
+    CHECK(ds41_sop_next(pw, 14, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_PD_FWD && op.id == 2 && op.at_pos == 1 &&
+          op.n == 3 && op.ids == pw + 11 && at == 14, "PD_FWD");
     /* the same blocks end at the prompt's last token: no tail to compute the first logits */
     iw[2] = 128;
     iw[131] = 0; iw[132] = 1;
@@ -202,7 +209,7 @@ static void one_malformed(const char *path, const char *name) {
 
 static void malformed_corpus(void) {
     int cases = each_entry("tests/malformed/serve-mirror", one_malformed);
-    CHECK(cases >= 90, "%d malformed cases", cases);
+    CHECK(cases >= 98, "%d malformed cases", cases);
 }
 
 /* a fuzz seed: whole int32 words that decode to the end */

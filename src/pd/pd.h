@@ -52,6 +52,28 @@ typedef struct ds41_pd_prefill_stats {
     _Atomic int listening;      /* 1 once it accepts connections */
 } ds41_pd_prefill_stats;
 
+/* A prefill node that is an MPI job (serve --role prefill under mpiexec, docs/distributed.md):
+ * every forward is collective, so rank 0's compute tells the other ranks each engine call it
+ * makes on a request's session just before making it, all under the node's compute mutex (the
+ * calls of two requests never interleave): open; seq (after its own hit query, the same query
+ * on the other ranks, and the session's prefill form: CED rows, forwards stopped at
+ * stop_layer, 0: none); restore (records and runs the prefix cache's restore: the tokens the
+ * session then holds); forward (before its own forward of ids[k..n) from position k); publish
+ * (before its own); close. beat about every few hundred ms while the node is up; end once, when
+ * no request can compute any more. serve_pd.c implements it with the serve mirror's records
+ * (serve_mpi.h: OPEN, PD_SEQ, RESTORE, PD_FWD, PUBLISH, CLOSE). */
+typedef struct ds41_pd_mirror {
+    void (*open)(void *ctx, ds41_session *s);
+    void (*seq)(void *ctx, ds41_session *s, int stop_layer, const int32_t *ids, size_t n);
+    long long (*restore)(void *ctx, ds41_session *s, const int32_t *ids, size_t n);
+    void (*forward)(void *ctx, ds41_session *s, long long k, const int32_t *ids, size_t n);
+    void (*publish)(void *ctx, ds41_session *s, const int32_t *ids, size_t n);
+    void (*close)(void *ctx, ds41_session *s);
+    void (*beat)(void *ctx);
+    void (*end)(void *ctx);
+    void *ctx;
+} ds41_pd_mirror;
+
 typedef struct ds41_pd_prefill_opts {
     const char *host;         /* address to listen on (NULL: 127.0.0.1) */
     int port;                 /* 0: any free port (printed) */
@@ -63,6 +85,7 @@ typedef struct ds41_pd_prefill_opts {
      * reads no decoder weight */
     int decoder_on_decode;
     ds41_pd_prefill_stats *stats;   /* NULL: kept inside; else must outlive the node */
+    const ds41_pd_mirror *mirror;   /* under mpiexec (rank 0); NULL: one process */
 } ds41_pd_prefill_opts;
 
 /* Serves prefill requests until *stop becomes non-zero; prints "ds41 prefill node: listening

@@ -42,6 +42,7 @@ typedef struct pd_srv {
     ds41_kvx_net *net;
     pthread_mutex_t compute_mu;
     _Atomic int threads;
+    int ended;                /* under mpiexec: the other ranks left (end), no forward any more */
     ds41_pd_prefill_stats own, *st;   /* st: the caller's (o.stats) or own */
 } pd_srv;
 
@@ -260,11 +261,21 @@ static int compute(pd_req *r, const int32_t *ids, ds41_err *err) {
     long long M = r->nb * BT;
     uint8_t **pg = NULL;
     char eb[512];
+    const ds41_pd_mirror *mi = S->o.mirror;
     ds41_session *s = ds41_session_open(S->e, &S->sp, eb, sizeof eb);
     if (!s) return ds41_errf(err, "%s", eb);
-    long long hit = S->pc ? ds41_prefix_pages(S->pc, ids, (size_t)M, &pg) : 0;
     int rc = 0;
     pthread_mutex_lock(&S->compute_mu);
+    if (S->ended) {
+        pthread_mutex_unlock(&S->compute_mu);
+        ds41_session_close(s);
+        return ds41_errf(err, "the node is shutting down");
+    }
+    /* under mpiexec the other ranks see each engine call first (ds41_pd_mirror), the hit query
+     * included: it moves the blocks it finds to the front of the cache's LRU */
+    if (mi) mi->open(mi->ctx, s);
+    long long hit = S->pc ? ds41_prefix_pages(S->pc, ids, (size_t)M, &pg) : 0;
+    if (mi) mi->seq(mi->ctx, s, r->stream ? S->e->cfg->first_decoder_layer : 0, ids, (size_t)M);
     ds41_seq *q = ds41_session_seq(s);
     /* the exact CED row reach: every row a ring keeps, as a one-node prefill computes it (the
      * decode node's --prefill mode does not travel; an approximate replay would not be exact) */
@@ -288,25 +299,36 @@ static int compute(pd_req *r, const int32_t *ids, ds41_err *err) {
         }
         /* the state from the cache's restore; blocks evicted since ds41_prefix_pages, and the
          * blocks past the hit, are computed (and published) */
-        long long k = ds41_prefix_restore(S->pc, s, ids, (size_t)(use * BT));
+        long long k = mi ? mi->restore(mi->ctx, s, ids, (size_t)(use * BT)) : ds41_prefix_restore(S->pc, s, ids, (size_t)(use * BT));
         if (k < 0) rc = ds41_errf(err, "restore from the prefix cache: %s", ds41_session_error(s));
         else {
             r->restored = k / BT;
-            if (k < M) rc = ds41_forward(q, ids + k, (int)(M - k), 0, err);
+            if (k < M) {
+                if (mi) mi->forward(mi->ctx, s, k, ids, (size_t)M);
+                rc = ds41_forward(q, ids + k, (int)(M - k), 0, err);
+            }
             if (!rc && k < M && !atomic_load(&r->failed)) {
                 for (int i = 0; i < ns; i++) queue_store(r, &q->cache, i);
+                if (mi) mi->publish(mi->ctx, s, ids, (size_t)M);
                 ds41_prefix_publish(S->pc, s, ids, (size_t)M);
             }
         }
     } else {
-        rc = atomic_load(&r->failed) ? 0 : ds41_forward(q, ids, (int)M, 0, err);
+        if (!atomic_load(&r->failed)) {
+            if (mi) mi->forward(mi->ctx, s, 0, ids, (size_t)M);
+            rc = ds41_forward(q, ids, (int)M, 0, err);
+        }
         if (!rc && !atomic_load(&r->failed)) {
             for (int i = 0; i < ns; i++) queue_store(r, &q->cache, i);
-            if (S->pc) ds41_prefix_publish(S->pc, s, ids, (size_t)M);
+            if (S->pc) {
+                if (mi) mi->publish(mi->ctx, s, ids, (size_t)M);
+                ds41_prefix_publish(S->pc, s, ids, (size_t)M);
+            }
         }
     }
     q->layer_done = NULL;
     q->stop_layer = 0;
+    if (mi) mi->close(mi->ctx, s);
     pthread_mutex_unlock(&S->compute_mu);
     ds41_prefix_pages_free(S->pc, pg, hit);
     if (!rc && !atomic_load(&r->failed)) rc = queue_resume(r, s, err);
@@ -485,6 +507,11 @@ int ds41_pd_prefill_run(ds41_engine *e, ds41_prefix_cache *pc, const ds41_sessio
     atomic_store(&S->st->listening, 1);
     while (!*stop) {
         ds41_err aerr;
+        if (S->o.mirror) {   /* the other ranks wait for rank 0's records: a beat while idle */
+            pthread_mutex_lock(&S->compute_mu);
+            S->o.mirror->beat(S->o.mirror->ctx);
+            pthread_mutex_unlock(&S->compute_mu);
+        }
         ds41_kvx_conn *c = ds41_kvx_accept(l, 200, &aerr);
         if (!c) {
             if (aerr.msg[0]) fprintf(stderr, "ds41 prefill node: %s\n", aerr.msg);
@@ -511,7 +538,20 @@ int ds41_pd_prefill_run(ds41_engine *e, ds41_prefix_cache *pc, const ds41_sessio
     atomic_store(&S->st->listening, 0);
     /* handlers end within their lease: wait for them before the engine goes */
     double end = now_s() + S->o.lease_ms / 1000.0 + 2;
-    while (atomic_load(&S->threads) > 0 && now_s() < end) usleep(10000);
+    while (atomic_load(&S->threads) > 0 && now_s() < end) {
+        usleep(10000);
+        if (S->o.mirror) {
+            pthread_mutex_lock(&S->compute_mu);
+            S->o.mirror->beat(S->o.mirror->ctx);
+            pthread_mutex_unlock(&S->compute_mu);
+        }
+    }
+    if (S->o.mirror) {   /* the other ranks leave; a handler still computing after this is refused */
+        pthread_mutex_lock(&S->compute_mu);
+        S->ended = 1;
+        S->o.mirror->end(S->o.mirror->ctx);
+        pthread_mutex_unlock(&S->compute_mu);
+    }
     fprintf(stderr, "ds41 prefill node: stopped (%lld requests served, %lld failed, %lld bytes sent)\n",
             (long long)atomic_load(&S->st->served), (long long)atomic_load(&S->st->failed),
             (long long)atomic_load(&S->st->bytes));

@@ -60,11 +60,13 @@ typedef struct ds41_serve_opts {
 enum { DS41_SERVE_ROLE_BOTH = 0, DS41_SERVE_ROLE_PREFILL = 1, DS41_SERVE_ROLE_DECODE = 2 };
 
 /* serve_pd.c: the roles' parts of ds41_serve. prefill: serves until SIGINT / SIGTERM (ss, the
- * blocked signals; model_name labels its metrics) and returns the exit status. decode: sets sp->remote up (*client to close
+ * blocked signals; model_name labels its metrics; mirror: rank 0's record under mpiexec, else
+ * NULL) and returns the exit status. decode: sets sp->remote up (*client to close
  * with ds41_serve_pd_close after the scheduler stopped); 0 or -1 with a message on stderr. */
 struct ds41_sched_params;
+struct ds41_smirror;
 int ds41_serve_pd_prefill(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serve_opts *o, const char *model_name,
-                          const void *ss);
+                          const void *ss, struct ds41_smirror *mirror);
 int ds41_serve_pd_decode(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serve_opts *o, struct ds41_sched_params *sp,
                          void **client);
 void ds41_serve_pd_close(void *client);

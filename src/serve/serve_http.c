@@ -1313,7 +1313,8 @@ int ds41_serve(const ds41_serve_opts *o) {
         /* under mpiexec: the other ranks replay rank 0's engine calls (serve_mpi.h) */
         if (ds41_dist_rank() > 0) {
             if (sp.spec_mode != DS41_SPEC_OFF) sp.sp.draft = 1;   /* as rank 0's scheduler keeps the DSpark rings */
-            rc = ds41_smirror_follow(sv->e, sv->pc, &sp.sp, eb, sizeof eb) ? 1 : 0;
+            /* a prefill node's sessions take the node's parameters (pd_prefill.c), not the scheduler's */
+            rc = ds41_smirror_follow(sv->e, sv->pc, o->role == DS41_SERVE_ROLE_PREFILL ? &o->sp : &sp.sp, eb, sizeof eb) ? 1 : 0;
             if (rc) fprintf(stderr, "ds41 serve: %s\n", eb);
             goto out;
         }
@@ -1322,7 +1323,7 @@ int ds41_serve(const ds41_serve_opts *o) {
         /* rank 0's store shipped in BLOCKS records; not under --split layers (a store per stage) */
         if (sv->pc && o->cache_dir && !ds41_pipe_on()) ds41_smirror_store(sv->mirror);
     }
-    if (o->role == DS41_SERVE_ROLE_PREFILL) { rc = ds41_serve_pd_prefill(sv->e, sv->pc, o, sv->model_name, &ss); goto out; }
+    if (o->role == DS41_SERVE_ROLE_PREFILL) { rc = ds41_serve_pd_prefill(sv->e, sv->pc, o, sv->model_name, &ss, sv->mirror); goto out; }
     if (o->role == DS41_SERVE_ROLE_DECODE) {
         if (ds41_serve_pd_decode(sv->e, sv->pc, o, &sp, &sv->pdc)) goto out;
         sv->m.pd = 1;

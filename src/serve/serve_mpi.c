@@ -123,6 +123,8 @@ struct ds41_smirror {
     int store;                    /* rank 0's cache has a --cache-dir store: disk reads are shipped (BLOCKS) */
     long long shipped_blocks, shipped_bytes;
     long long installs, install_bytes;   /* INSTALL records sent (serve --role decode) and their pages' and states' bytes */
+    long long pd_forwards;        /* PD_FWD records sent (serve --role prefill) */
+    int ended;                    /* END sent */
     int turn;                     /* the rank a tie goes to first */
     int route;                    /* the rank for the next open (ds41_smirror_route); -1: least-loaded */
     int *load;                    /* [ranks]: sessions each rank holds (scratch) */
@@ -576,6 +578,24 @@ void ds41_smirror_install(ds41_smirror *m, ds41_prefix_cache *pc, const ds41_ses
     m->installs++;
     m->install_bytes += (long long)(len + res_len);
     flush(m);   /* the install of the decoder stream's form runs the decoder layers: a forward */
+}
+
+void ds41_smirror_pd_seq(ds41_smirror *m, const ds41_session *s, int stop_layer, const int32_t *ids, size_t n) {
+    if (!m) return;
+    if (n > (size_t)INT32_MAX) oom();
+    int32_t v[4] = { DS41_SOP_PD_SEQ, sid_of(m, s), stop_layer, (int32_t)n };
+    put(m, v, 4);
+    put(m, ids, n);
+}
+
+void ds41_smirror_pd_forward(ds41_smirror *m, const ds41_session *s, long long k, const int32_t *ids, size_t n) {
+    if (!m) return;
+    if (n > (size_t)INT32_MAX) oom();
+    int32_t v[4] = { DS41_SOP_PD_FWD, sid_of(m, s), (int32_t)k, (int32_t)n };
+    put(m, v, 4);
+    put(m, ids, n);
+    m->pd_forwards++;
+    flush(m);   /* the forward */
 }
 
 long long ds41_smirror_restore(ds41_smirror *m, ds41_engine *e, ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids,
@@ -1041,7 +1061,8 @@ void ds41_smirror_beat(ds41_smirror *m) {
 }
 
 void ds41_smirror_end(ds41_smirror *m) {
-    if (!m) return;
+    if (!m || m->ended) return;   /* once (a prefill node ends it itself, serve_pd.c) */
+    m->ended = 1;
     dp_report(&m->dpc);
     if (m->store && !m->dp && verbose())
         fprintf(stderr, "ds41 serve [rank 0]: --cache-dir: %lld blocks read from the store sent to the other ranks (%lld bytes)\n",
@@ -1049,6 +1070,8 @@ void ds41_smirror_end(ds41_smirror *m) {
     if (m->installs && verbose())
         fprintf(stderr, "ds41 serve [rank 0]: --role decode: %lld remote prefills installed on every rank (INSTALL, %lld bytes "
                         "of pages and state)\n", m->installs, m->install_bytes);
+    if (m->pd_forwards && verbose())
+        fprintf(stderr, "ds41 serve [rank 0]: --role prefill: %lld prefill forwards run on every rank (PD_FWD)\n", m->pd_forwards);
     put1(m, DS41_SOP_END);
     flush(m);
 }
@@ -1289,6 +1312,9 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
     if (op->op == DS41_SOP_BLOCKS && !(s = slot_find(f, op->id)))
         return snprintf(err, errcap, "serve mirror: rank 0 sent the stored blocks of session %d, which this rank does not hold",
                         (int)op->id), -1;
+    if ((op->op == DS41_SOP_PD_SEQ || op->op == DS41_SOP_PD_FWD) && (dp || !(s = slot_find(f, op->id))))
+        return snprintf(err, errcap, "serve mirror: rank 0 sent %s for session %d, %s", op->op == DS41_SOP_PD_SEQ ? "PD_SEQ" : "PD_FWD",
+                        (int)op->id, dp ? "under --dp-attention, which --role prefill does not run" : "which this rank does not hold"), -1;
     if (op->op == DS41_SOP_INSTALL && dp)
         return snprintf(err, errcap, "serve mirror: rank 0 sent INSTALL under --dp-attention, which --role decode does not run"), -1;
     if (op->op == DS41_SOP_INSTALL && !(s = slot_find(f, op->id)))
@@ -1561,6 +1587,30 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
     }
     case DS41_SOP_INSTALL:
         return ds41_serve_pd_follow_install(e, pc, s, op, err, errcap);
+    case DS41_SOP_PD_SEQ: {
+        ds41_seq *q = ds41_session_seq(s);
+        if (op->stop >= e->cfg->n_layers)
+            return snprintf(err, errcap, "serve mirror: PD_SEQ: layer %d (this rank's model has %d)", op->stop, e->cfg->n_layers), -1;
+        q->prefill = DS41_PREFILL_CED;
+        q->stop_layer = op->stop;
+        if (pc) {   /* rank 0's hit query, for the same LRU order */
+            uint8_t **pg = NULL;
+            long long hb = ds41_prefix_pages(pc, op->ids, op->n, &pg);
+            ds41_prefix_pages_free(pc, pg, hb);
+        }
+        return 0;
+    }
+    case DS41_SOP_PD_FWD: {
+        ds41_seq *q = ds41_session_seq(s);
+        if (ds41_session_pos(s) != op->at_pos)
+            return snprintf(err, errcap, "serve mirror: PD_FWD of session %d from position %lld, which holds %lld tokens here",
+                            (int)op->id, op->at_pos, ds41_session_pos(s)), -1;
+        ds41_err fe;
+        /* a failure is rank 0's too (the same forward): its request fails there */
+        if (ds41_forward(q, op->ids + op->at_pos, (int)(op->n - (size_t)op->at_pos), 0, &fe))
+            fprintf(stderr, "ds41 serve [rank %d]: a prefill forward failed: %s\n", me, fe.msg);
+        return 0;
+    }
     case DS41_SOP_STEP: {
         if (op->count > *items_cap) {
             ds41_batch_item *ni = realloc(*items, (size_t)op->count * sizeof *ni);

@@ -34,6 +34,11 @@
  * --role decode: a remote prefill of blocks [first, first + nb) of the prompt ids[n] of session
  * id, (first + nb) x 128 < n: the fetched pages, block by block and in each block store by
  * store (npage bytes), then the RESUME payload (nres bytes, src/store/kvx_resume.h)) |
+ * PD_SEQ id stop n ids[n] (code 25, serve --role prefill: session id prefills as a prefill
+ * node's, CED rows, its forwards stopped at layer stop (0: none), no logits; every rank runs
+ * the hit query rank 0 ran, the longest cached chain of ids, which moves those blocks to the
+ * front of its cache's LRU) | PD_FWD id k n ids[n] (code 26: the forward of ids[k..n) from
+ * position k, 0 <= k < n, no logits) |
  * DRAFTS n {id t_next}[n] (code 27, --dp-attention: the proposals of n sequences at once, each
  * as DRAFT would ask it; n >= 2).
  *
@@ -120,7 +125,8 @@ enum { DS41_SOP_OPEN = 1, DS41_SOP_CLOSE, DS41_SOP_RESTORE, DS41_SOP_PUBLISH, DS
        DS41_SOP_OPEN_ON, DS41_SOP_SAMPLE, DS41_SOP_PROBE, DS41_SOP_DRAFT, DS41_SOP_CALIBRATE,
        /* 13 was EMBEDS (an image prompt fed alone), no longer sent */
        DS41_SOP_LPROC = 14, DS41_SOP_IMAGES = 18, DS41_SOP_PROBE_IMG = 19, DS41_SOP_BLOCKS = 20,
-       DS41_SOP_GMASK = 21, DS41_SOP_GRAMMAR = 22, DS41_SOP_VMASK = 23, DS41_SOP_INSTALL = 24, DS41_SOP_DRAFTS = 27 };
+       DS41_SOP_GMASK = 21, DS41_SOP_GRAMMAR = 22, DS41_SOP_VMASK = 23, DS41_SOP_INSTALL = 24, DS41_SOP_PD_SEQ = 25, DS41_SOP_PD_FWD = 26,
+       DS41_SOP_DRAFTS = 27 };
 /* DRAFTS' bound on its sequences */
 #define DS41_SOP_DRAFTS_MAX 65536
 /* GMASK's bound on its words (a vocabulary of up to 2^26 tokens); also VMASK's on a row's
@@ -155,6 +161,8 @@ typedef struct ds41_sop {
     int eos, n_bias, n_ban;
     long long min_tokens;
     const int32_t *bias_id, *bias_val, *ban;
+    int stop;                 /* PD_SEQ: the layer its forwards stop at (0: none) */
+    long long at_pos;         /* PD_FWD: the position the forward starts at (k) */
     int first, nb;            /* BLOCKS, INSTALL: blocks [first, first + nb) of ids, their pages in blk (blk_len bytes) */
     size_t blk_len;
     const uint8_t *blk;
@@ -255,6 +263,12 @@ void ds41_smirror_install(ds41_smirror *m, ds41_prefix_cache *pc, const ds41_ses
  * the install into s, as rank 0 does. 0, or -1 with err (the rank cannot go on). */
 int ds41_serve_pd_follow_install(ds41_engine *e, ds41_prefix_cache *pc, ds41_session *s, const ds41_sop *op, char *err,
                                  size_t errcap);
+
+/* serve --role prefill under mpiexec (rank 0, the prefill node's compute, under its mutex):
+ * PD_SEQ for s after rank 0's own hit query over ids[n]; PD_FWD before its forward of
+ * ids[k..n), sent at once. */
+void ds41_smirror_pd_seq(ds41_smirror *m, const ds41_session *s, int stop_layer, const int32_t *ids, size_t n);
+void ds41_smirror_pd_forward(ds41_smirror *m, const ds41_session *s, long long k, const int32_t *ids, size_t n);
 
 /* ---- followers: replays rank 0's operations until END. pc: this rank's prefix cache (NULL
  * when rank 0 has none), sp: the scheduler's session parameters. 0, or -1 with err. */

@@ -9,7 +9,7 @@
 
 static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH", "TRIM", "STEP", "END", "OPEN_ON", "SAMPLE", "PROBE", "DRAFT", "CALIBRATE",
                                         "?", "LPROC", "?", "?", "?", "IMAGES", "PROBE_IMG", "BLOCKS",
-                                        "GMASK", "GRAMMAR", "VMASK", "INSTALL", "?", "?", "DRAFTS" };
+                                        "GMASK", "GRAMMAR", "VMASK", "INSTALL", "PD_SEQ", "PD_FWD", "DRAFTS" };
 
 /* IMAGES and PROBE_IMG: flags[n] (0 or 1) at w[*i], then a content key (8 words) per flag set */
 static int image_flags(const int32_t *w, size_t n, size_t *i, ds41_sop *op, const char *name, char *err, size_t errcap) {
@@ -36,10 +36,9 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
     memset(op, 0, sizeof *op);
     op->op = w[i];
     if (op->op < DS41_SOP_OPEN || (op->op > DS41_SOP_CALIBRATE && op->op < DS41_SOP_LPROC) ||
-        (op->op > DS41_SOP_LPROC && op->op < DS41_SOP_IMAGES) || (op->op > DS41_SOP_INSTALL && op->op < DS41_SOP_DRAFTS) ||
-        op->op > DS41_SOP_DRAFTS)
-        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, %d, %d..%d or %d, got %d", i,
-                        DS41_SOP_CALIBRATE, DS41_SOP_LPROC, DS41_SOP_IMAGES, DS41_SOP_INSTALL, DS41_SOP_DRAFTS, (int)w[i]), -1;
+        (op->op > DS41_SOP_LPROC && op->op < DS41_SOP_IMAGES) || op->op > DS41_SOP_DRAFTS)
+        return snprintf(err, errcap, "serve mirror: word %zu: expected an operation code 1..%d, %d or %d..%d, got %d", i,
+                        DS41_SOP_CALIBRATE, DS41_SOP_LPROC, DS41_SOP_IMAGES, DS41_SOP_DRAFTS, (int)w[i]), -1;
     const char *name = op_name[op->op];
     i++;
 #define NEED(k, what) \
@@ -248,6 +247,31 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
         op->blk = (const uint8_t *)(const void *)(w + i);
         op->res = op->blk + op->blk_len;
         i += (op->blk_len + op->res_len + 3) / 4;
+        break;
+    case DS41_SOP_PD_SEQ:
+        NEED(3, "a session id, a layer and a token count");
+        if (w[i + 1] < 0) return snprintf(err, errcap, "serve mirror: word %zu: PD_SEQ: layer %d is negative", i + 1, (int)w[i + 1]), -1;
+        if (w[i + 2] < 1) return snprintf(err, errcap, "serve mirror: word %zu: PD_SEQ: %d tokens (expected >= 1)", i + 2, (int)w[i + 2]), -1;
+        op->id = w[i];
+        op->stop = w[i + 1];
+        op->n = (size_t)w[i + 2];
+        i += 3;
+        NEED(op->n, "the tokens");
+        op->ids = w + i;
+        i += op->n;
+        break;
+    case DS41_SOP_PD_FWD:
+        NEED(3, "a session id, a position and a token count");
+        if (w[i + 1] < 0 || w[i + 2] < 1 || w[i + 1] >= w[i + 2])
+            return snprintf(err, errcap, "serve mirror: word %zu: PD_FWD: from position %d of %d tokens (expected 0 <= position < "
+                            "tokens)", i + 1, (int)w[i + 1], (int)w[i + 2]), -1;
+        op->id = w[i];
+        op->at_pos = w[i + 1];
+        op->n = (size_t)w[i + 2];
+        i += 3;
+        NEED(op->n, "the tokens");
+        op->ids = w + i;
+        i += op->n;
         break;
     case DS41_SOP_GMASK:
         NEED(3, "a session id, a flag and a word count");

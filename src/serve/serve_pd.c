@@ -24,10 +24,35 @@
 #include "forward.h"
 #include "pd.h"
 
+/* ---- a prefill node that is an MPI job: rank 0's compute tells the other ranks each engine
+ * call first (pd.h ds41_pd_mirror, serve_mpi.h OPEN, PD_SEQ, RESTORE, PD_FWD, PUBLISH, CLOSE) */
+typedef struct mpi_prefill {
+    ds41_smirror *m;
+    ds41_engine *e;
+    ds41_prefix_cache *pc;
+} mpi_prefill;
+
+static void mp_open(void *c, ds41_session *s) { ds41_smirror_open(((mpi_prefill *)c)->m, s, 0); }
+static void mp_seq(void *c, ds41_session *s, int stop, const int32_t *ids, size_t n) {
+    ds41_smirror_pd_seq(((mpi_prefill *)c)->m, s, stop, ids, n);
+}
+static long long mp_restore(void *c, ds41_session *s, const int32_t *ids, size_t n) {
+    mpi_prefill *p = c;
+    return ds41_smirror_restore(p->m, p->e, p->pc, s, ids, n, NULL);
+}
+static void mp_forward(void *c, ds41_session *s, long long k, const int32_t *ids, size_t n) {
+    ds41_smirror_pd_forward(((mpi_prefill *)c)->m, s, k, ids, n);
+}
+static void mp_publish(void *c, ds41_session *s, const int32_t *ids, size_t n) { ds41_smirror_publish(((mpi_prefill *)c)->m, s, ids, n); }
+static void mp_close(void *c, ds41_session *s) { ds41_smirror_close(((mpi_prefill *)c)->m, s); }
+static void mp_beat(void *c) { ds41_smirror_beat(((mpi_prefill *)c)->m); }
+static void mp_end(void *c) { ds41_smirror_end(((mpi_prefill *)c)->m); }
+
 typedef struct prefill_run {
     ds41_engine *e;
     ds41_prefix_cache *pc;
     const ds41_serve_opts *o;
+    const ds41_pd_mirror *mirror;
     volatile sig_atomic_t stop;
     int rc;
     ds41_err err;
@@ -40,7 +65,7 @@ static void *prefill_main(void *arg) {
     prefill_run *r = arg;
     ds41_pd_prefill_opts po = { .host = r->o->host, .port = r->o->port, .capacity = r->o->parallel,
                                 .lease_ms = r->o->lease_ms, .decoder_on_decode = r->o->pd_decoder_decode,
-                                .stats = &g_stats };
+                                .stats = &g_stats, .mirror = r->mirror };
     r->rc = ds41_pd_prefill_run(r->e, r->pc, &r->o->sp, &po, &r->stop, &r->err);
     if (r->rc) {
         fprintf(stderr, "ds41 serve --role prefill: %s\n", r->err.msg);
@@ -109,8 +134,16 @@ static enum MHD_Result prefill_http_handler(void *cls, struct MHD_Connection *c,
 }
 
 int ds41_serve_pd_prefill(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serve_opts *o, const char *model_name,
-                          const void *ss) {
+                          const void *ss, ds41_smirror *mirror) {
+    static mpi_prefill mp;
+    static ds41_pd_mirror mh;
     prefill_run r = { .e = e, .pc = pc, .o = o };
+    if (mirror) {
+        mp = (mpi_prefill){ .m = mirror, .e = e, .pc = pc };
+        mh = (ds41_pd_mirror){ .open = mp_open, .seq = mp_seq, .restore = mp_restore, .forward = mp_forward,
+                               .publish = mp_publish, .close = mp_close, .beat = mp_beat, .end = mp_end, .ctx = &mp };
+        r.mirror = &mh;
+    }
     prefill_http h = { .capacity = o->parallel < 1 ? 1 : o->parallel };
     ds41_metrics_label(model_name, h.lbl, sizeof h.lbl);
     struct MHD_Daemon *d = NULL;
@@ -284,8 +317,8 @@ static int no_ucx(void) {
     return 1;
 }
 int ds41_serve_pd_prefill(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serve_opts *o, const char *model_name,
-                          const void *ss) {
-    (void)e; (void)pc; (void)o; (void)model_name; (void)ss;
+                          const void *ss, ds41_smirror *mirror) {
+    (void)e; (void)pc; (void)o; (void)model_name; (void)ss; (void)mirror;
     return no_ucx();
 }
 int ds41_serve_pd_decode(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serve_opts *o, ds41_sched_params *sp,
