@@ -34,7 +34,25 @@ TMP=$(mktemp -d /tmp/ds41-pd.XXXXXX)
 PIDS=()
 NS=ds41pd$$ IN=
 ns_cleanup() { ip netns del "${NS}0" 2>/dev/null; ip netns del "${NS}1" 2>/dev/null; }
+# the ranks of the mpiexec job below carry this tag in their environment, so that the cleanup
+# finds exactly them (and a rank stopped on purpose is continued and killed)
+tagged() {
+    local f p
+    for f in $(grep -lzx "DS41_PD_TEST_TAG=$TMP" /proc/[0-9]*/environ 2>/dev/null); do
+        p=${f#/proc/}; echo "${p%/environ}"
+    done
+}
+rank_of() {   # rank_of JOB R -> the PID of rank R of the tagged job JOB (DS41_PD_JOB)
+    local p
+    for p in $(tagged); do
+        [ "$(cat "/proc/$p/comm" 2>/dev/null)" = ds41 ] && grep -qzx "PMI_RANK=$2" "/proc/$p/environ" 2>/dev/null &&
+            grep -qzx "DS41_PD_JOB=$1" "/proc/$p/environ" 2>/dev/null && echo "$p"
+    done | head -n 1
+}
+# MPI=1 when the MPI jobs below can run (mpiexec there, ds41 built with MPI)
+MPI=; command -v mpiexec >/dev/null && ! "$DS41" --help 2>&1 | grep -q "this build has no MPI" && MPI=1
 cleanup() {
+    for p in $(tagged); do kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
     for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
     wait 2>/dev/null
     ns_cleanup
@@ -51,10 +69,10 @@ fi
 ck=$(serve_checkpoint) || { fail pd_checkpoint "serve_checkpoint failed"; exit 1; }
 tinyck=$(checkpoint tiny) || { fail pd_checkpoint "checkpoint tiny failed"; exit 1; }
 
-# start_prefill NAME ARGS...: a prefill node on a free port -> PPORT, PPID_
+# start_prefill NAME ARGS...: a prefill node on a free port -> PPORT, PPID_ ($PL: a launcher, such as mpiexec)
 start_prefill() {
     local name=$1; shift
-    "$DS41" serve --role prefill --port 0 "$@" >"$TMP/$name.log" 2>&1 &
+    $PL "$DS41" serve --role prefill --port 0 "$@" >"$TMP/$name.log" 2>&1 </dev/null &
     PPID_=$!
     PIDS+=("$PPID_")
     PPORT=
@@ -99,9 +117,17 @@ against() {
 
 # ---------------------------------------------------------------- identity
 # exact, DSpark off and on
+# with DSpark off the prefill node is an MPI job (mpiexec -n 2: routed experts split, attention
+# replicated; every prefill forward and prefix-cache restore runs on both ranks, PD_SEQ / PD_FWD):
+# every check below then holds for it as for one process (the answers, the frame bytes, its own
+# prefix cache's partial hit, /health and /metrics on rank 0)
 for spec in off fixed:2; do
     tag=${spec%%:*}
-    start_prefill p_$tag -m "$ck" --exact -c 1024 --parallel 4 --http-port 0 || exit 1
+    PL= PX=
+    [ "$tag" = off ] && [ -n "$MPI" ] &&
+        PL="env DS41_PD_TEST_TAG=$TMP DS41_PD_JOB=prefill DS41_MPI_VERBOSE=1 timeout 300 mpiexec -n 2" PX="--mpi-timeout 10"
+    start_prefill p_$tag -m "$ck" --exact -c 1024 --parallel 4 --http-port 0 $PX || exit 1
+    PL=
     P1=$PPID_; PP1=$PPORT
     PH=$(sed -n 's/.*metrics on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/p_$tag.log")
     serve_start one_$tag -m "$ck" --exact $S --spec $spec || exit 1
@@ -162,13 +188,72 @@ for spec in off fixed:2; do
         else fail pd_split${run}_metrics_spec_$tag "remote $n, bytes $b, installed $i (want $reqs $want $reqs)"; fi
         stop $PID
     done
+    # the decode node as an MPI job (mpiexec -n 2: routed experts split, attention replicated):
+    # rank 0 fetches, every rank installs the same pages and state (the INSTALL record); with
+    # both prefill nodes (the plain one and the decoder split's, taken in turn: each form is
+    # installed, the split's runs the decoder layers on every rank) rounds 1 and 2 must give one
+    # node's answers, all 6 prompts installed on rank 0 and on rank 1. Then rank 1 is stopped
+    # (a follower that hangs or died mid-install): a fresh prompt gets a 503 naming rank 1
+    # within --mpi-timeout (3 s) + 2 s, and the job ends non-zero.
+    if [ "$tag" = off ] && [ -n "$MPI" ]; then
+        DS41_PD_TEST_TAG=$TMP DS41_PD_JOB=decode DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n 2 "$DS41" serve --port 0 -m "$ck" --exact $S \
+            --mpi-timeout 3 --role decode --prefill 127.0.0.1:$PP1,127.0.0.1:$PSP --remote-prefill-min 100 \
+            >"$TMP/mpi_dec.log" 2>&1 </dev/null &
+        MJ=$!
+        MPORT=
+        for _ in $(seq 1 300); do
+            MPORT=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/mpi_dec.log" 2>/dev/null)
+            [ -n "$MPORT" ] && break
+            kill -0 $MJ 2>/dev/null || break
+            sleep 0.1
+        done
+        if [ -n "$MPORT" ]; then
+            against pd_mpi_n2_decode_concurrent "$TMP/pd_exact_spec_off_concurrent.one" $MPORT round1
+            against pd_mpi_n2_decode_shared_prefix "$TMP/pd_exact_spec_off_shared_prefix.one" $MPORT round2
+            n=$(metric $MPORT ds41:remote_prefills_total); f=$(metric $MPORT ds41:remote_prefill_fallbacks_total)
+            i0=$(grep -c "state installed, 0 rows replayed" "$TMP/mpi_dec.log")
+            i1=$(grep -c "\[rank 1\]: remote prefill of blocks .*: state installed" "$TMP/mpi_dec.log")
+            u1=$(grep -c "remote prefill from 127.0.0.1:$PP1:" "$TMP/mpi_dec.log"); u2=$(grep -c "remote prefill from 127.0.0.1:$PSP:" "$TMP/mpi_dec.log")
+            if [ "$n" = 6 ] && [ "$f" = 0 ] && [ "$i0" = 6 ] && [ "$i1" = 6 ] && [ "$u1" -ge 1 ] && [ "$u2" -ge 1 ]; then
+                pass pd_mpi_n2_decode_installed
+            else fail pd_mpi_n2_decode_installed "remote $n fallbacks $f, installed on rank 0 $i0 and rank 1 $i1 (want 6 0 6 6), from the plain node $u1 and the split's $u2 (want >= 1 each)"; fi
+            r1=$(rank_of decode 1)
+            "$PY" - "$TMP" <<'PYEOF'
+import json, random, sys
+r = random.Random(29)
+json.dump([[r.randrange(2, 500) for _ in range(300)]], open(sys.argv[1] + "/fresh.json", "w"))
+PYEOF
+            t0=$(date +%s.%N)
+            [ -n "$r1" ] && kill -STOP "$r1"
+            timeout 60 "$PY" tests/pd/client.py $MPORT "$TMP/fresh.json" 12 >"$TMP/mpi_fault.out" 2>&1
+            wait $MJ; rc=$?
+            dt=$("$PY" -c "print(round($(date +%s.%N) - $t0, 2))")
+            [ -n "$r1" ] && { kill -CONT "$r1"; kill -9 "$r1"; } 2>/dev/null
+            if [ -n "$r1" ] && [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "HTTP 503.*rank 1" "$TMP/mpi_fault.out" &&
+                grep -q "rank 1 did not answer" "$TMP/mpi_dec.log" && "$PY" -c "import sys; sys.exit(0 if $dt < 15 else 1)"; then
+                pass pd_mpi_n2_decode_follower_lost
+            else fail pd_mpi_n2_decode_follower_lost "rank 1 pid '$r1', job status $rc after $dt s, client: $(head -c 300 "$TMP/mpi_fault.out"); $(grep -m1 "did not answer" "$TMP/mpi_dec.log")"; fi
+        else
+            fail pd_mpi_n2_decode_start "$(tail -n 3 "$TMP/mpi_dec.log")"
+            kill $MJ 2>/dev/null; wait $MJ 2>/dev/null
+        fi
+        # the prefill job ends cleanly on SIGTERM to rank 0, having run every prefill on both ranks
+        # (round 1's 4 and round 2's 2 for the plain decode node, then its share of the job's)
+        p0=$(rank_of prefill 0)
+        [ -n "$p0" ] && kill -TERM "$p0"
+        wait $P1; rc=$?
+        nf=$(sed -n 's/.*--role prefill: \([0-9]*\) prefill forwards run on every rank.*/\1/p' "$TMP/p_off.log")
+        if [ -n "$p0" ] && [ $rc -eq 0 ] && [ -n "$nf" ] && [ "$nf" -ge 6 ] && grep -q "\[rank 1\]: replicated attention" "$TMP/p_off.log"; then
+            pass pd_mpi_n2_prefill_job
+        else fail pd_mpi_n2_prefill_job "rank 0 '$p0', status $rc, prefill forwards '$nf' (want >= 6): $(tail -n 3 "$TMP/p_off.log")"; fi
+    fi
     # the partial hit with the split: 384 - 2 x 128 = 128 computed rows cover the stream's 46
     grep -q "1 blocks from block 2 (2 of 3 restored from the prefix cache)" "$TMP/ps_$tag.log" &&
         pass pd_split_partial_hit_spec_$tag || fail pd_split_partial_hit_spec_$tag "$(grep -m3 "from block" "$TMP/ps_$tag.log")"
     grep -q "decoder on the decode node" "$TMP/ps_$tag.log" && pass pd_split_announced_spec_$tag ||
         fail pd_split_announced_spec_$tag "$(head -n 2 "$TMP/ps_$tag.log")"
     stop $PS
-    [ "$tag" = off ] && { KEEP_P=$P1; KEEP_PP=$PP1; } || stop $P1
+    [ "$tag" = off ] && [ -n "$MPI" ] || stop $P1   # (the MPI prefill job stopped above)
 done
 
 # fast kernels (batch invariant: equal to one node)
