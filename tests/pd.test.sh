@@ -172,29 +172,14 @@ for spec in off fixed:2; do
     stop $DECPID; stop $ONEPID
     start_prefill ps_$tag -m "$ck" --exact -c 1024 --parallel 4 --pd-decoder decode || exit 1
     PS=$PPID_; PSP=$PPORT
-    runs=1; [ "$tag" = off ] && runs="1 2"
-    for run in $runs; do
-        serve_start decs${run}_$tag -m "$ck" --exact $S --spec $spec --role decode --prefill 127.0.0.1:$PSP \
-            --remote-prefill-min 100 || exit 1
-        against pd_split${run}_exact_spec_${tag}_concurrent "$TMP/pd_exact_spec_${tag}_concurrent.one" $PORT round1
-        [ $run = 1 ] && against pd_split_exact_spec_${tag}_shared_prefix "$TMP/pd_exact_spec_${tag}_shared_prefix.one" \
-            $PORT round2
-        n=$(metric $PORT ds41:remote_prefills_total); b=$(metric $PORT ds41:kv_transfer_bytes_total)
-        res=$(( 112 + 12 + 3 * 16 * 66 + 2 * 2 * 64 * 4 + 46 * 4 * 257 * 4 ))
-        blocks=8 reqs=4; [ $run = 1 ] && blocks=10 reqs=6
-        want=$(( blocks * (13440 + 2 * 48) + reqs * (48 + 48 + res) ))
-        i=$(grep -c "state installed, 0 rows replayed" "$TMP/decs${run}_$tag.log")
-        if [ "$n" = $reqs ] && [ "$b" = "$want" ] && [ "$i" = $reqs ]; then pass pd_split${run}_metrics_spec_$tag
-        else fail pd_split${run}_metrics_spec_$tag "remote $n, bytes $b, installed $i (want $reqs $want $reqs)"; fi
-        stop $PID
-    done
     # the decode node as an MPI job (mpiexec -n 2: routed experts split, attention replicated):
     # rank 0 fetches, every rank installs the same pages and state (the INSTALL record); with
     # both prefill nodes (the plain one and the decoder split's, taken in turn: each form is
     # installed, the split's runs the decoder layers on every rank) rounds 1 and 2 must give one
     # node's answers, all 6 prompts installed on rank 0 and on rank 1. Then rank 1 is stopped
     # (a follower that hangs or died mid-install): a fresh prompt gets a 503 naming rank 1
-    # within --mpi-timeout (3 s) + 2 s, and the job ends non-zero.
+    # within --mpi-timeout (3 s) + 2 s, and the job ends non-zero. (Before the split's runs
+    # below: the prefill job is stopped right after, its ranks poll while they wait.)
     if [ "$tag" = off ] && [ -n "$MPI" ]; then
         DS41_PD_TEST_TAG=$TMP DS41_PD_JOB=decode DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n 2 "$DS41" serve --port 0 -m "$ck" --exact $S \
             --mpi-timeout 3 --role decode --prefill 127.0.0.1:$PP1,127.0.0.1:$PSP --remote-prefill-min 100 \
@@ -247,6 +232,22 @@ PYEOF
             pass pd_mpi_n2_prefill_job
         else fail pd_mpi_n2_prefill_job "rank 0 '$p0', status $rc, prefill forwards '$nf' (want >= 6): $(tail -n 3 "$TMP/p_off.log")"; fi
     fi
+    runs=1; [ "$tag" = off ] && runs="1 2"
+    for run in $runs; do
+        serve_start decs${run}_$tag -m "$ck" --exact $S --spec $spec --role decode --prefill 127.0.0.1:$PSP \
+            --remote-prefill-min 100 || exit 1
+        against pd_split${run}_exact_spec_${tag}_concurrent "$TMP/pd_exact_spec_${tag}_concurrent.one" $PORT round1
+        [ $run = 1 ] && against pd_split_exact_spec_${tag}_shared_prefix "$TMP/pd_exact_spec_${tag}_shared_prefix.one" \
+            $PORT round2
+        n=$(metric $PORT ds41:remote_prefills_total); b=$(metric $PORT ds41:kv_transfer_bytes_total)
+        res=$(( 112 + 12 + 3 * 16 * 66 + 2 * 2 * 64 * 4 + 46 * 4 * 257 * 4 ))
+        blocks=8 reqs=4; [ $run = 1 ] && blocks=10 reqs=6
+        want=$(( blocks * (13440 + 2 * 48) + reqs * (48 + 48 + res) ))
+        i=$(grep -c "state installed, 0 rows replayed" "$TMP/decs${run}_$tag.log")
+        if [ "$n" = $reqs ] && [ "$b" = "$want" ] && [ "$i" = $reqs ]; then pass pd_split${run}_metrics_spec_$tag
+        else fail pd_split${run}_metrics_spec_$tag "remote $n, bytes $b, installed $i (want $reqs $want $reqs)"; fi
+        stop $PID
+    done
     # the partial hit with the split: 384 - 2 x 128 = 128 computed rows cover the stream's 46
     grep -q "1 blocks from block 2 (2 of 3 restored from the prefix cache)" "$TMP/ps_$tag.log" &&
         pass pd_split_partial_hit_spec_$tag || fail pd_split_partial_hit_spec_$tag "$(grep -m3 "from block" "$TMP/ps_$tag.log")"
