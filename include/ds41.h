@@ -558,6 +558,21 @@ void ds41_prefix_flush(ds41_prefix_cache *pc);
  * (blocks on disk stay). Returns the bytes it holds afterwards. A serving pool calls it when a
  * waiting sequence needs the room. */
 long long ds41_prefix_trim(ds41_prefix_cache *pc, long long max_bytes);
+/* Moves the blocks of this cache's fingerprint from another store directory (src_dir) into
+ * the cache's store (pstore.h ds41_pstore_adopt), before any block is written: *blocks and
+ * *bytes moved, *dups the keys the store already held (the source's copy removed). 0, or -1
+ * with a message in errbuf (no store, src_dir unreadable, a move that failed). */
+int ds41_prefix_adopt(ds41_prefix_cache *pc, const char *src_dir, long long *blocks, long long *bytes, long long *dups,
+                      char *errbuf, size_t errcap);
+/* serve --dp-attention --cache-dir dir under mpiexec -n N, after ds41_prefix_open on every rank
+ * (a collective: every rank calls it at the same point): the stores of ranks past N that an
+ * earlier, larger job left (dir/rank-X, X >= N) are taken by rank X mod N, which moves their
+ * blocks of this fingerprint into its own store (ds41_prefix_adopt), so that a job restarted
+ * with fewer ranks finds every block; each rank says what it moved on its stderr, rank 0 sums
+ * them and names any such store that still holds blocks (one it cannot see, on another host's
+ * disk, or a move that failed): not read. Nothing without dir, in one process, or when no
+ * such store exists. */
+void ds41_prefix_job_adopt(ds41_prefix_cache *pc, const char *dir);
 /* Bytes of the model fingerprint the cache keys on (32), hex for display (65 bytes). */
 void ds41_prefix_fingerprint_hex(const ds41_prefix_cache *pc, char out[65]);
 /* Bytes one cached token holds (global KV of every KV source, page granularity). */

@@ -922,9 +922,39 @@ print(" ".join("%s:%s:%s" % (m.group(1) or 0, m.group(2), m.group(4)) for m in r
     # samples them (LPROC: the settings and the prompt's ids once, the counts kept from the
     # tokens it draws), so rank 0 gets no logits row for any of them (DS41_MPI_VERBOSE: rows
     # answered with a token, none with logits).
-    pair_start s5 "--exact --dp-attention" --exact
+    # The job also restarts the --cache-dir stores of s3/s4 with fewer ranks: they are arranged
+    # as a -n 4 job would have left them, the long prompt's blocks in the stores of ranks 2 and
+    # 3 only (rank-0's moved to rank-2, rank-1's to rank-3), plus a damaged block file in
+    # rank-2. At start ranks 0 and 1 take the stores of ranks 2 and 3 (X mod 2) and move their
+    # blocks into their own; the processed prompts are too short for a whole block (no hit
+    # either side), then the answers client (s5a) gives the bytes of one process restarted on
+    # its store (cdB.one.out: the first long prompt 128 cached tokens, here from the moved
+    # blocks), rank 0 says how many blocks moved and names the damaged file left in rank-2.
+    fp=""
+    if [ -d "$TMP/dpcd/rank-1" ] && [ -d "$TMP/dpcd/rank-2" ]; then
+        fp=$(ls "$TMP/dpcd/rank-0" | grep -E '^[0-9a-f]{64}$' | head -n 1)
+        rm -rf "$TMP/dpcd/rank-3"
+        mv "$TMP/dpcd/rank-1" "$TMP/dpcd/rank-3"
+        mv "$TMP/dpcd/rank-0" "$TMP/dpcd/rank-x" && mv "$TMP/dpcd/rank-2" "$TMP/dpcd/rank-0" &&
+            mv "$TMP/dpcd/rank-x" "$TMP/dpcd/rank-2"
+        [ -n "$fp" ] && printf 'not a block' >"$TMP/dpcd/rank-2/$fp/00000000000000000000000000000000.blk"
+    fi
+    pair_start s5 "--exact --dp-attention --cache-dir $TMP/dpcd" --exact
     pair_clients s5 processed
+    [ -n "$pr_why" ] || "$PY" tests/serve/mpi_client.py answers "$pr_pm" >"$TMP/s5a.out" 2>&1
     pair_end
+    moved=$(sed -n 's/^ds41: prefix cache: \([0-9]*\) blocks ([0-9]* bytes) of the stores of ranks past this job.s 2 moved.*/\1/p' "$TMP/s5.mpi.log")
+    sh=$(head -n 1 "$TMP/s5a.out" 2>/dev/null | sed -n 's/.*"cached_tokens": \([0-9]*\).*/\1/p')
+    left=$(find "$TMP/dpcd/rank-2" "$TMP/dpcd/rank-3" -name '*.blk' 2>/dev/null | wc -l)
+    if [ -z "$fp" ]; then fail serve_dp_cache_dir_shrink "no stores of s3/s4 to restart: $(ls "$TMP/dpcd" 2>&1)"
+    elif [ -n "$pr_why" ]; then fail serve_dp_cache_dir_shrink "$pr_why"
+    elif ! cmp -s "$TMP/cdB.one.out" "$TMP/s5a.out"; then
+        fail serve_dp_cache_dir_shrink "answers differ from one process on its store: $(cmp "$TMP/cdB.one.out" "$TMP/s5a.out")"
+    elif [ -z "$sh" ] || [ "$sh" -lt 128 ]; then fail serve_dp_cache_dir_shrink "the first long prompt restored '$sh' tokens (expected >= 128, moved blocks)"
+    elif [ -z "$moved" ] || [ "$moved" -lt 1 ]; then fail serve_dp_cache_dir_shrink "blocks moved: '$moved': $(grep 'prefix cache' "$TMP/s5.mpi.log" | head -c 400)"
+    elif [ "$left" != 1 ] || ! grep -q "rank-2 (the store of rank 2, past this job's 2 ranks) still holds 1 block files .*: not read" "$TMP/s5.mpi.log"; then
+        fail serve_dp_cache_dir_shrink "block files left in rank-2/3: $left (expected the damaged one, named): $(grep 'prefix cache' "$TMP/s5.mpi.log" | head -c 400)"
+    else pass "serve_dp_cache_dir_shrink (-n 4 stores restarted under -n 2: $moved blocks moved, $sh tokens restored)"; fi
     rows=$(sed -n 's/.*\[rank 0\]: --dp-attention: .*their answers: [0-9]* bytes, \([0-9]*\) rows with a token, \([0-9]*\) with logits; grammar masks sent: \([0-9]*\) .*/\1 \2 \3/p' "$TMP/s5.mpi.log")
     if [ -n "$pr_why" ]; then fail serve_dp_owner_lproc "$pr_why"
     elif ! cmp -s "$TMP/s5.one.out" "$TMP/s5.mpi.out"; then fail serve_dp_owner_lproc "answers differ from one process: $(cmp "$TMP/s5.one.out" "$TMP/s5.mpi.out")"

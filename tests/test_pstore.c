@@ -672,6 +672,105 @@ static void threads_share_a_store(void) {
     ds41_pstore_close(s);
 }
 
+static long long mtime_of(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 ? (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec : -1;
+}
+static void set_mtime(const char *p, long long ns) {
+    struct timespec t[2] = { { (time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL) } };
+    t[1] = t[0];
+    utimensat(AT_FDCWD, p, t, 0);
+}
+
+/* serve --dp-attention restarted with fewer ranks: the store of a rank past the new count is
+ * moved into a remaining rank's store (ds41_pstore_adopt). Valid blocks of this fingerprint
+ * move with their LRU ages; a key both hold keeps the destination's file with the later age;
+ * a file with a bad header, a block under another key's name, a temporary file and another
+ * fingerprint's block stay in the source; the running total grows by the bytes moved; a
+ * capacity is applied at once; a missing source or the store itself is an error naming it. */
+static void adopt_moves_valid_blocks(void) {
+    char src[256], dst[256];
+    case_dir(src, sizeof src);
+    case_dir(dst, sizeof dst);
+    ds41_pstore *s = open_fp(src, 1, 0), *s2 = open_fp(src, 2, 0), *d = open_fp(dst, 1, 0);
+    if (!s || !s2 || !d) { CHECK(0, "open"); ds41_pstore_close(s); ds41_pstore_close(s2); ds41_pstore_close(d); return; }
+    blk a, b, c, e, f;
+    blk_make(&a, 0, 1000);   /* a chain a <- b */
+    blk_make(&b, 1, 1200);
+    blk_make(&c, 7, 900);    /* held by both stores */
+    blk_make(&e, 9, 800);    /* fingerprint 2 */
+    blk_make(&f, 11, 700);   /* its file gets a bad header */
+    CHECK(put(s, &a) == 0 && put(s, &b) == 0 && put(s, &c) == 0 && put(s, &f) == 0 && put(s2, &e) == 0, "source puts");
+    CHECK(put(d, &c) == 0, "destination put");
+    const long long size_a = 108 + 4 * NID + 1000, size_b = 108 + 4 * NID + 1200;
+    char pa[512], pb[512], pc_src[512], pc_dst[512], pf[512], mis[512], tmp[512], da[512], db[512];
+    blk_path(s, a.key, pa, sizeof pa);
+    blk_path(s, b.key, pb, sizeof pb);
+    blk_path(s, c.key, pc_src, sizeof pc_src);
+    blk_path(d, c.key, pc_dst, sizeof pc_dst);
+    blk_path(s, f.key, pf, sizeof pf);
+    blk_path(d, a.key, da, sizeof da);
+    blk_path(d, b.key, db, sizeof db);
+    set_mtime(pc_dst, 1000000000000000000LL);   /* the destination's c older than the source's (2001) */
+    const long long ta = mtime_of(pa), tb = mtime_of(pb), tc = mtime_of(pc_src);
+    size_t n;
+    uint8_t *img = slurp(pf, &n);
+    if (img) { img[0] ^= 1; spit(pf, img, n); free(img); }
+    /* a valid block (a's bytes) under another key's name: misplaced */
+    char hx[33];
+    uint8_t k2[16];
+    key_of(42, k2);
+    ds41_pstore_hex(k2, 16, hx);
+    snprintf(mis, sizeof mis, "%s/%s.blk", ds41_pstore_path(s), hx);
+    img = slurp(pa, &n);
+    if (img) { spit(mis, img, n); free(img); }
+    snprintf(tmp, sizeof tmp, "%s/.tmp.00112233445566778899aabbccddeeff.999999.0", ds41_pstore_path(s));
+    spit(tmp, (const uint8_t *)"DS41PBLK half a block", 21);
+    long long used0 = ds41_pstore_used(d), blocks = -1, bytes = -1, dups = -1;
+    ds41_err err;
+    CHECK(ds41_pstore_adopt(d, src, &blocks, &bytes, &dups, &err) == 0, "adopt: %s", err.msg);
+    CHECK(blocks == 2 && bytes == size_a + size_b && dups == 1, "moved %lld blocks, %lld bytes, %lld already held (expected 2, %lld, 1)",
+          blocks, bytes, dups, size_a + size_b);
+    CHECK(ds41_pstore_used(d) == used0 + size_a + size_b, "used %lld (expected %lld)", ds41_pstore_used(d), used0 + size_a + size_b);
+    /* the ages (before any get, which refreshes them): a and b their own, c the later of its two */
+    CHECK(mtime_of(da) == ta && mtime_of(db) == tb, "a, b ages %lld %lld (expected %lld %lld)", mtime_of(da), mtime_of(db), ta, tb);
+    CHECK(mtime_of(pc_dst) == tc, "c's age %lld (expected the source's %lld)", mtime_of(pc_dst), tc);
+    CHECK(get(d, &a) == 1 && get(d, &b) == 1 && get(d, &c) == 1, "the destination serves a, b and c");
+    CHECK(!exists(pa) && !exists(pb) && !exists(pc_src), "a, b and c left the source");
+    CHECK(exists(pf) && exists(mis) && exists(tmp), "the bad header, the misplaced block and the temporary file stay");
+    CHECK(get(s2, &e) == 1, "fingerprint 2's block stays in the source");
+    CHECK(ds41_pstore_adopt(d, src, &blocks, &bytes, &dups, &err) == 0 && blocks == 0 && dups == 0, "a second adopt moves nothing");
+    char missing[300];
+    snprintf(missing, sizeof missing, "%s/none", src);
+    CHECK(ds41_pstore_adopt(d, missing, &blocks, &bytes, &dups, &err) == -1 && strstr(err.msg, missing), "missing source: %s",
+          err.msg);
+    CHECK(ds41_pstore_adopt(d, dst, &blocks, &bytes, &dups, &err) == -1 && strstr(err.msg, "the store itself"), "itself: %s",
+          err.msg);
+    ds41_pstore_close(d);
+    /* past a capacity the oldest blocks go at once: the moved chain g1 <- g2 is older than the
+     * destination's h, put after it */
+    char src2[256], dst2[256];
+    case_dir(src2, sizeof src2);
+    case_dir(dst2, sizeof dst2);
+    const long long fb = 108 + 4 * NID + 500;
+    blk g1, g2, h;
+    blk_make(&g1, 20, 500);
+    blk_make(&g2, 21, 500);
+    blk_make(&h, 30, 500);
+    ds41_pstore *t = open_fp(src2, 1, 0), *u = open_fp(dst2, 1, 2 * fb + 100);
+    CHECK(t && u && put(t, &g1) == 0 && put(t, &g2) == 0 && put(u, &h) == 0, "puts");
+    if (t && u) {
+        CHECK(ds41_pstore_adopt(u, src2, &blocks, &bytes, &dups, &err) == 0 && blocks == 2, "adopt under a capacity: %s", err.msg);
+        CHECK(ds41_pstore_used(u) <= 2 * fb + 100 && get(u, &h) == 1, "used %lld over the capacity %lld, or h evicted",
+              ds41_pstore_used(u), 2 * fb + 100);
+    }
+    ds41_pstore_close(t);
+    ds41_pstore_close(u);
+    ds41_pstore_close(s);
+    ds41_pstore_close(s2);
+    free(a.p); free(b.p); free(c.p); free(e.p); free(f.p); free(g1.p); free(g2.p); free(h.p);
+}
+
 int main(void) {
     snprintf(root, sizeof root, "/tmp/ds41-test-pstore-XXXXXX");
     if (!mkdtemp(root)) { printf("FAIL pstore_setup: mkdtemp: %s\n", strerror(errno)); return 1; }
@@ -690,6 +789,7 @@ int main(void) {
     RUN_CASE(scan_verify_fix_clear);
     RUN_CASE(put_failure_is_clean);
     RUN_CASE(threads_share_a_store);
+    RUN_CASE(adopt_moves_valid_blocks);
     rm_rf(root);
     return check_exit();
 }

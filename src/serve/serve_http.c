@@ -1301,6 +1301,9 @@ int ds41_serve(const ds41_serve_opts *o) {
         pp.index_k = o->sp.index_k;
         sv->pc = ds41_prefix_open(sv->e, &pp, eb, sizeof eb);
         if (!sv->pc) { fprintf(stderr, "ds41 serve: %s\n", eb); goto out; }
+        /* a job restarted with fewer ranks: the stores of the ranks past the new count move to
+         * the ranks that take them (every rank at this point) */
+        if (o->cache_dir && ds41_dist_dp() && !ds41_pipe_on()) ds41_prefix_job_adopt(sv->pc, o->cache_dir);
         sp.pc = sv->pc;
         sv->m.prefix_cache = 1;
     }

@@ -415,6 +415,20 @@ long long ds41_prefix_trim(ds41_prefix_cache *pc, long long max_bytes) {
     return b;
 }
 
+int ds41_prefix_adopt(ds41_prefix_cache *pc, const char *src_dir, long long *blocks, long long *bytes, long long *dups,
+                      char *errbuf, size_t errcap) {
+    ds41_err err;
+    if (!pc->disk) {
+        if (errbuf && errcap) snprintf(errbuf, errcap, "%s: the cache keeps no store to move its blocks into", src_dir);
+        return -1;
+    }
+    if (ds41_pstore_adopt(pc->disk, src_dir, blocks, bytes, dups, &err) != 0) {
+        if (errbuf && errcap) snprintf(errbuf, errcap, "%s", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
 void ds41_prefix_fingerprint_hex(const ds41_prefix_cache *pc, char out[65]) {
     static const char hx[] = "0123456789abcdef";
     for (int i = 0; i < 32; i++) { out[2 * i] = hx[pc->fp[i] >> 4]; out[2 * i + 1] = hx[pc->fp[i] & 15]; }

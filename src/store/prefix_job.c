@@ -17,9 +17,12 @@
  * which so stay alike (serve's stages replay rank 0's cache decisions on them). */
 #include "ds41.h"
 
+#include <dirent.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "dist.h"
 #include "dist_pipe.h"
@@ -35,6 +38,109 @@ int ds41_prefix_job_dir(const char *dir, int per_rank, char *out, size_t cap, co
     if (n < 0 || (size_t)n >= cap) return -1;
     *res = out;
     return 0;
+}
+
+/* X of a directory name "rank-X" (X decimal, no sign, no leading zero), else -1 */
+static int rank_of_name(const char *name) {
+    if (strncmp(name, "rank-", 5)) return -1;
+    const char *d = name + 5;
+    if (!*d || (d[0] == '0' && d[1])) return -1;
+    long long x = 0;
+    for (; *d; d++) {
+        if (*d < '0' || *d > '9') return -1;
+        x = 10 * x + (*d - '0');
+        if (x > INT_MAX) return -1;
+    }
+    return (int)x;
+}
+
+/* the block files (*.blk) in dir/rank-X/<fp> */
+static long long blocks_in(const char *dir, int x, const char *fp) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/rank-%d/%s", dir, x, fp);
+    DIR *d = opendir(path);
+    if (!d) return 0;
+    long long n = 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        size_t l = strlen(de->d_name);
+        if (l == 36 && !strcmp(de->d_name + 32, ".blk")) n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static int cmp_int(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* the X >= n of dir's rank-X directories, ascending (malloc'd; *count) */
+static int *ranks_past(const char *dir, int n, int *count) {
+    *count = 0;
+    DIR *d = opendir(dir);
+    if (!d) return NULL;
+    int *v = NULL, cap = 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        int x = rank_of_name(de->d_name);
+        if (x < n) continue;
+        if (*count == cap) {
+            int *nv = realloc(v, (size_t)(cap = cap ? 2 * cap : 8) * sizeof *v);
+            if (!nv) break;
+            v = nv;
+        }
+        v[(*count)++] = x;
+    }
+    closedir(d);
+    if (*count) qsort(v, (size_t)*count, sizeof *v, cmp_int);
+    return v;
+}
+
+void ds41_prefix_job_adopt(ds41_prefix_cache *pc, const char *dir) {
+    int N = ds41_dist_size(), me = ds41_dist_rank();
+    if (!dir || !pc || N < 2) return;
+    char fp[65], src[4200];
+    ds41_prefix_fingerprint_hex(pc, fp);
+    int count, *past = ranks_past(dir, N, &count);
+    long long moved = 0, bytes = 0, dups = 0;
+    for (int i = 0; i < count; i++) {
+        if (past[i] % N != me) continue;
+        long long b = 0, by = 0, du = 0;
+        char eb[600];
+        snprintf(src, sizeof src, "%s/rank-%d", dir, past[i]);
+        int rc = ds41_prefix_adopt(pc, src, &b, &by, &du, eb, sizeof eb);
+        moved += b;
+        bytes += by;
+        dups += du;
+        if (rc)
+            fprintf(stderr, "ds41%s%.0d%s: prefix cache: %s (the store of rank %d, past this job's %d ranks): %s; its "
+                    "blocks left there are not read\n", me ? " [rank " : "", me, me ? "]" : "", src, past[i], N, eb);
+        else if (b || du)
+            fprintf(stderr, "ds41%s%.0d%s: prefix cache: %s (the store of rank %d, past this job's %d ranks): %lld "
+                    "blocks (%lld bytes) moved into this rank's store %s/rank-%d, %lld it already held\n",
+                    me ? " [rank " : "", me, me ? "]" : "", src, past[i], N, b, by, dir, me, du);
+    }
+    free(past);
+    /* rank 0 gets every rank's counts (one exchange per rank, at start only): once it has them
+     * every rank's moves are done, so a store past N that still holds blocks is one no rank
+     * could move (on a host none of its takers runs on, or a move failed) */
+    long long all_moved = 0, all_bytes = 0;
+    for (int q = 0; q < N; q++) {
+        all_moved += ds41_dist_min(q == me ? moved : LLONG_MAX, "the prefix-cache blocks each rank moved");
+        all_bytes += ds41_dist_min(q == me ? bytes : LLONG_MAX, "the prefix-cache bytes each rank moved");
+    }
+    if (me != 0) return;
+    if (all_moved)
+        fprintf(stderr, "ds41: prefix cache: %lld blocks (%lld bytes) of the stores of ranks past this job's %d moved into "
+                "the stores of ranks X mod %d\n", all_moved, all_bytes, N, N);
+    past = ranks_past(dir, N, &count);
+    for (int i = 0; i < count; i++) {
+        long long left = blocks_in(dir, past[i], fp);
+        if (left)
+            fprintf(stderr, "ds41: prefix cache: %s/rank-%d (the store of rank %d, past this job's %d ranks) still holds "
+                    "%lld block files of this fingerprint that rank %d did not move (damaged, on a disk that rank does "
+                    "not see, or a move that failed): not read\n", dir, past[i], past[i], N, left, past[i] % N);
+    }
+    free(past);
 }
 
 long long ds41_prefix_restore_job(ds41_prefix_cache *pc, ds41_session *s, const int32_t *ids, size_t n,

@@ -819,3 +819,102 @@ int ds41_pstore_clear(const char *dir, const uint8_t *fingerprint, long long *bl
     if (bytes) *bytes = c.bytes;
     return rc;
 }
+
+/* ---- adopting another store's blocks ------------------------------------------------------ */
+
+typedef struct adopt_ctx {
+    ds41_pstore *s;
+    long long blocks, bytes, dups;
+    ds41_err *err;
+} adopt_ctx;
+
+static long long mtime_ns(const struct stat *st) { return (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec; }
+
+/* Under both exclusive locks: moves one file of the source's fingerprint directory into s's,
+ * after checking its header (a valid block of this fingerprint whose key is its name); any
+ * other file is left where it is. */
+static int adopt_visit(const walk_item *it, void *ctx) {
+    adopt_ctx *a = ctx;
+    if (is_tmp_name(it->name)) return 0;   /* an orphan write: the source's next open removes it */
+    uint8_t h[HDR];
+    size_t got = 0;
+    int fd = open(it->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || read_all(fd, h, HDR, &got) != 0 || got != HDR) {
+        if (fd >= 0) close(fd);
+        return 0;   /* unreadable or shorter than a header: left */
+    }
+    close(fd);
+    ds41_pstore_block b;
+    char name[32 + sizeof BLK_SUFFIX];
+    if (ds41_pstore_parse(h, HDR, (uint64_t)it->st.st_size, &b) != DS41_PSTORE_OK || memcmp(b.fingerprint, a->s->fp, 32) ||
+        (block_name(b.key, name), strcmp(name, it->name))) {
+        return 0;   /* damaged, foreign or misplaced: never served from here, not moved */
+    }
+    char *dst = ds41_path_join(a->s->fpdir, it->name);
+    if (!dst) return ds41_errf(a->err, "%s: out of memory", a->s->fpdir);
+    struct stat ds;
+    if (stat(dst, &ds) == 0) {
+        /* the same key is already here (the prompt was held on both ranks): keep this store's
+         * copy, with the later of the two LRU ages (its chain's descendants, from either store,
+         * stay older than it), and drop the source's */
+        if (mtime_ns(&it->st) > mtime_ns(&ds)) {
+            struct timespec t[2] = { it->st.st_mtim, it->st.st_mtim };
+            (void)utimensat(AT_FDCWD, dst, t, 0);
+        }
+        if (unlink(it->path) == 0) a->dups++;
+        free(dst);
+        return 0;
+    }
+    if (rename(it->path, dst) != 0) {
+        int e = errno;
+        ds41_errf(a->err, "cannot move %s to %s: %s", it->path, dst, strerror(e));
+        free(dst);
+        return -1;
+    }
+    free(dst);
+    a->blocks++;
+    a->bytes += (long long)it->st.st_size;
+    return 0;
+}
+
+int ds41_pstore_adopt(ds41_pstore *s, const char *src_dir, long long *blocks, long long *bytes, long long *dups,
+                      ds41_err *err) {
+    if (blocks) *blocks = 0;
+    if (bytes) *bytes = 0;
+    if (dups) *dups = 0;
+    if (check_dir(src_dir, err) != 0) return -1;
+    struct stat a, b;
+    if (stat(src_dir, &a) != 0 || stat(s->dir, &b) != 0)
+        return ds41_errf(err, "%s: %s", src_dir, strerror(errno));
+    if (a.st_dev == b.st_dev && a.st_ino == b.st_ino) return ds41_errf(err, "%s: the store itself", src_dir);
+    int srclock = lock_dir(src_dir, err);
+    if (srclock < 0) return -1;
+    pthread_mutex_lock(&s->mu);
+    if (flock_retry(s->lockfd, LOCK_EX) != 0) {
+        ds41_errf(err, "%s/lock: cannot lock: %s", s->dir, strerror(errno));
+        pthread_mutex_unlock(&s->mu);
+        close(srclock);
+        return -1;
+    }
+    char fphex[65];
+    ds41_pstore_hex(s->fp, 32, fphex);
+    adopt_ctx c = { s, 0, 0, 0, err };
+    int rc = walk_dir(src_dir, fphex, adopt_visit, &c, err);
+    if (c.blocks && fsync(s->dirfd) != 0 && rc == 0)
+        rc = ds41_errf(err, "%s: fsync of the directory failed: %s", s->fpdir, strerror(errno));
+    if (c.blocks || c.dups) {
+        char *srcfp = ds41_path_join(src_dir, fphex);
+        if (srcfp) (void)fsync_path(srcfp);
+        free(srcfp);
+    }
+    s->used += c.bytes;
+    flock_retry(s->lockfd, LOCK_UN);
+    close(srclock);
+    /* past the capacity: evict now (oldest first, any store's blocks alike) */
+    if (rc == 0 && s->cap && s->used > s->cap) rc = evict(s, 0, err);
+    pthread_mutex_unlock(&s->mu);
+    if (blocks) *blocks = c.blocks;
+    if (bytes) *bytes = c.bytes;
+    if (dups) *dups = c.dups;
+    return rc ? -1 : 0;
+}

@@ -85,6 +85,19 @@ int ds41_pstore_put(ds41_pstore *s, const uint8_t key[16], const uint8_t parent[
  * parent or ids differ (a hash collision) are left in place. Thread-safe. */
 int ds41_pstore_get(ds41_pstore *s, const uint8_t key[16], const uint8_t parent[16], const int32_t *ids, int n_ids,
                     void **payload, size_t *n, ds41_err *err);
+/* Moves the blocks of this store's fingerprint out of another store directory src_dir into this
+ * one (serve --dp-attention restarted with fewer ranks: the store of a rank past the new count
+ * goes to a rank that is still there). Both directories' locks are held exclusively throughout,
+ * so call it before any put of this process. Each file's header is checked (a valid block of
+ * this fingerprint whose key is its name, the size the header gives): such a block is renamed
+ * into this store (mtime, the LRU age, kept); a key already here keeps this store's file, with
+ * the later of the two ages, and the source's copy is removed (*dups); damaged, foreign or
+ * temporary files and other fingerprints stay in src_dir. The running total grows by the bytes
+ * moved, and past the capacity the least recently used blocks are evicted. *blocks, *bytes:
+ * what moved. -1 with a message (src_dir missing or this store itself, a lock, a rename that
+ * failed, e.g. across file systems: what moved before it stays moved, the rest stays). */
+int ds41_pstore_adopt(ds41_pstore *s, const char *src_dir, long long *blocks, long long *bytes, long long *dups,
+                      ds41_err *err);
 /* The fingerprint subdirectory of this store (DIR/<64 hex>). */
 const char *ds41_pstore_path(const ds41_pstore *s);
 /* This process's running total of DIR's block bytes (see capacity above; without a capacity,
