@@ -784,7 +784,7 @@ static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 
 int ds41_fast_bf16_on;
 double ds41_fast_bf16_ratio;
-long long ds41_fast_bf16_panels, ds41_fast_bf16_fallbacks;
+long long ds41_fast_bf16_panels, ds41_fast_bf16_fallbacks, ds41_fast_fp4_dot_tiles, ds41_fast_fp4_dot_refused;
 
 int ds41_kernels_isa_supported(const char *name) {
     if (!strcmp(name, "avx2"))
@@ -795,6 +795,7 @@ int ds41_kernels_isa_supported(const char *name) {
                __builtin_cpu_supports("avx512vnni");
     if (!strcmp(name, "avx512bf16"))
         return ds41_kernels_isa_supported("avx512") && ds41_fast_bf16_avx512() && __builtin_cpu_supports("avx512bf16");
+    if (!strcmp(name, "avx512dot")) return ds41_kernels_isa_supported("avx512bf16");
     return 0;
 }
 
@@ -817,10 +818,13 @@ static void isa_init(void) {
     const char *e = getenv("DS41_ISA");
     int dflt = !e || !*e || !strcmp(e, "auto");
     g_ops = &ops_avx2;
-    if ((dflt || !strcmp(e, "avx512") || !strcmp(e, "avx512bf16")) && ds41_kernels_isa_supported("avx512"))
+    if ((dflt || !strcmp(e, "avx512") || !strcmp(e, "avx512bf16") || !strcmp(e, "avx512dot")) &&
+        ds41_kernels_isa_supported("avx512"))
         g_ops = ds41_fast_ops_avx512();
     if (g_ops != &ops_avx2)
-        ds41_fast_bf16_on = dflt ? bf16_auto() : !strcmp(e, "avx512bf16") && ds41_kernels_isa_supported("avx512bf16");
+        ds41_fast_bf16_on = dflt ? bf16_auto()
+                          : !ds41_kernels_isa_supported("avx512bf16") ? 0
+                          : !strcmp(e, "avx512dot") ? 2 : !strcmp(e, "avx512bf16");
 }
 
 const ds41_fast_ops *ds41_fast_ops_get(void) {
@@ -845,7 +849,9 @@ const char *ds41_kernels_fp8_decode(void) {
 static const ds41_fast_bf16 *bf16_of(const ds41_fast_ops *ops) {
     return ops != &ops_avx2 && __atomic_load_n(&ds41_fast_bf16_on, __ATOMIC_RELAXED) ? ds41_fast_bf16_avx512() : NULL;
 }
-const char *ds41_kernels_fp4_products(void) { return bf16_of(ds41_fast_ops_get()) ? "vdpbf16ps" : "int16"; }
+const char *ds41_kernels_fp4_products(void) {
+    return !bf16_of(ds41_fast_ops_get()) ? "int16" : ds41_fast_bf16_on == 2 ? "vdpbf16ps-dot" : "vdpbf16ps";
+}
 double ds41_kernels_bf16_ratio(void) {
     ds41_fast_ops_get();
     if (ds41_fast_bf16_ratio == 0 && ds41_kernels_isa_supported("avx512bf16"))
@@ -864,7 +870,7 @@ int ds41_kernels_set_isa(const char *name) {
         return -1;
     } else {
         o = !strcmp(name, "avx2") ? &ops_avx2 : ds41_fast_ops_avx512();
-        bf = !strcmp(name, "avx512bf16");
+        bf = !strcmp(name, "avx512dot") ? 2 : !strcmp(name, "avx512bf16");
     }
     __atomic_store_n(&ds41_fast_bf16_on, bf, __ATOMIC_RELAXED);
     __atomic_store_n(&g_ops, o, __ATOMIC_RELEASE);
@@ -941,6 +947,28 @@ static int fp4_words_bf16(const int16_t *aw, size_t n, int16_t *ab) {
         uint32_t u = ds41_f32_bits((float)aw[i]);
         lost |= u & 0xFFFFu;
         ab[i] = (int16_t)(u >> 16);
+    }
+    return lost == 0;
+}
+
+/* The dot order's activation words (linear_avx512bf16.c, "FP4 in the dot order") of one row from
+ * fp4_act_row's words aw and pair scales sav: ad[k] = bf16(q_k u / 2), K order. Returns 0 when
+ * one is not exact in BF16 (never: q has at most 4 significant bits and u / 2 is a power of
+ * two at least 2^-126; checked all the same); widens [*emin, *emax] to the biased exponents of
+ * the blocks' u / 2. */
+static int fp4_words_dot(const int16_t *aw, const float *sav, int in, uint16_t *ad, int *emin, int *emax) {
+    uint32_t lost = 0;
+    for (int b = 0; b < in / 32; b++) {
+        float hu = sav[16 * (b >> 1) + 8 * (b & 1)];
+        int e = (int)(ds41_f32_bits(hu) >> 23);
+        *emin = e < *emin ? e : *emin;
+        *emax = e > *emax ? e : *emax;
+        const int16_t *we = aw + 64 * (b >> 1) + 16 * (b & 1);
+        for (int i = 0; i < 32; i++) {
+            uint32_t u = ds41_f32_bits((float)we[(i & 1) * 32 + (i >> 1)] * hu);
+            lost |= u & 0xFFFFu;
+            ad[32 * b + i] = (uint16_t)(u >> 16);
+        }
     }
     return lost == 0;
 }
@@ -1526,6 +1554,18 @@ void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int
         if (mid_on(ops, j.kind, nt)) {
             am = fp4 ? (void *)mid_acts_q(aw, ldaw, sav, ldsa, nt, ngrp) : (void *)mid_acts_f(a, (size_t)in, nt, in / 16, 16);
             j.am = am;   /* NULL (out of memory): the prefill panels */
+        }
+        if (fp4 && !j.am && nt > DS41_FEW_MAX && bf16_of(ops) && ds41_fast_bf16_on == 2) {   /* the dot order */
+            if (!ab) ab = ds41_scratch(DS41_SCR_LIN_AB, (size_t)tt * ldaw * sizeof(int16_t));
+            int emin = 255, emax = 0, ok = ab != NULL;
+            for (int t = 0; ok && t < nt; t++)
+                ok = fp4_words_dot(aw + (size_t)t * ldaw, sav + (size_t)t * ldsa, in, (uint16_t *)ab + (size_t)t * ldaw, &emin, &emax);
+            if (ok && ds41_fast_bf16_avx512()->dot_fp4(ctx, w, s, out, in, (const uint16_t *)ab, ldaw, nt, emin, emax,
+                                                       y + (size_t)t0 * out, (size_t)out)) {
+                __atomic_fetch_add(&ds41_fast_fp4_dot_tiles, 1, __ATOMIC_RELAXED);
+                continue;
+            }
+            __atomic_fetch_add(&ds41_fast_fp4_dot_refused, 1, __ATOMIC_RELAXED);
         }
         if (fp4 && !j.am && nt > DS41_FEW_MAX && bf16_of(ops)) {
             if (!ab) ab = ds41_scratch(DS41_SCR_LIN_AB, (size_t)tt * ldaw * sizeof(int16_t));
