@@ -736,7 +736,7 @@ static void ref_fp4_dot(const uint8_t *w4, const uint8_t *s4, int out, int in, c
  * vdpbf16ps performs each of those adds with one rounding, no flushing, no overflow). T = 1 ..
  * 70 (64-token tiles: the tiles of more than DS41_MID_MAX tokens take the road, the others and
  * the remainders keep the canonical order and must equal DS41_ISA=avx512's bits), K of 17
- * and 41 blocks (panels of 512 elements plus a part panel; odd block counts), odd row counts
+ * and 41 blocks (one part panel; a panel of 1,024 elements plus a part one; odd block counts), odd row counts
  * (not a multiple of the 32-row item, 8-row stores or the 4-row micro-kernel), one and two
  * threads, random, adversarial and cancelling activations (large blocks whose products cancel
  * between blocks 0 and 2, which makes the FP32 roundings of the small ones visible in the BF16

@@ -226,10 +226,16 @@ static double probe_ratio(void) {
  * swapped) and runs every token of the 64-token tile through it (mk_q, 4 rows x 6 tokens),
  * the accumulators in memory between panels as the FMA road keeps them. */
 
-#define BITEM 32          /* rows per work item */
+#define BITEM 32          /* rows per work item, T <= 8 */
+#ifndef PITEM
+#define PITEM 16          /* rows per work item, T > 8 (the panel: KCB below) */
+#endif
+#define ITEM_ROWS(T) ((T) > 8 ? PITEM : BITEM)
 #define BTT 64            /* tokens per activation tile */
 #ifndef KCB
-#define KCB 512           /* words per panel row: 32 rows x 1 KiB, 32 KiB of the 48 KiB L1 */
+#define KCB 1024          /* words per panel row: 16 rows x 2 KiB, 32 KiB of the 48 KiB L1 (32 steps
+                           * per micro-kernel call: its 24 accumulators loaded and stored half as
+                           * often as with 32 rows x 512; performance.md) */
 #endif
 #define BPFD 1024         /* prefetch distance per weight row stream at T <= 8, bytes */
 #define PAR_MIN_WORK 65536LL
@@ -253,6 +259,24 @@ static inline float hsum8(__m256 v) {
 /* hsum8(A + B) of an accumulator register (linear_avx512.c's hsum16) */
 static inline float hsum16(__m512 v) {
     return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+/* the sums of 8 accumulator blocks (block i at acc + i * stride; n of them, the others 0) in
+ * hsum16's order, as 8 floats */
+static inline __m256 hsum16x8(const float *acc, size_t stride, int n) {
+    __m256 v[8], s[4], p[2];
+    for (int i = 0; i < 8; i++)
+        v[i] = i < n ? _mm256_add_ps(_mm256_load_ps(acc + stride * i), _mm256_load_ps(acc + stride * i + 8))
+                     : _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++)   /* x_j + x_(j+4) of blocks 2i (low half) and 2i + 1 (high half) */
+        s[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+    for (int i = 0; i < 2; i++)   /* s_0 + s_2, s_1 + s_3 */
+        p[i] = _mm256_add_ps(_mm256_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m256 y = _mm256_add_ps(_mm256_shuffle_ps(p[0], p[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm256_shuffle_ps(p[0], p[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm256_permutevar8x32_ps(y, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));   /* blocks 0, 2, .. 7 -> 0 .. 7 */
 }
 
 /* Activations of one token tile, rows t < T of x (stride xs), K [0, kv) (kv % 16 == 0): BF16
@@ -544,7 +568,7 @@ static void item_p(const bjob *j, int r0, int r1, int nxr0, int nxr1, bscratch *
         }
         /* the FMA road for this panel, in DS41_KC-wide parts */
         __atomic_fetch_add(&ds41_fast_bf16_dfall_w, 1, __ATOMIC_RELAXED);
-        if (!s->P) s->P = amalloc((size_t)BITEM * DS41_KC * sizeof(float));
+        if (!s->P) s->P = amalloc((size_t)PITEM * DS41_KC * sizeof(float));
         if (!s->P || !fma_acts(j, s)) return;
         const ds41_fast_ops *o = ds41_fast_ops_avx512();
         for (int k1 = k0; k1 < k0 + kc; k1 += DS41_KC) {
@@ -552,6 +576,24 @@ static void item_p(const bjob *j, int r0, int r1, int nxr0, int nxr1, bscratch *
             int nch = pan_f(j, r0, r1, k1, kc1, s->P);
             o->pf_float(s->P, nr, s->xp + k1, s->ldp, T, nch, acc, k1 == 0);
         }
+    }
+    if (j->kv == j->in) {   /* no tail: 8 rows of a token at a time, side by side in y */
+        float v[8];
+        for (int t = 0; t < T; t++) {
+            float *yt = j->y + (size_t)t * j->ys + r0;
+            for (int r = 0; r < nr; r += 8) {
+                int n = nr - r < 8 ? nr - r : 8;
+                __m256 sv = hsum16x8(acc + ((size_t)r * T + t) * 16, (size_t)T * 16, n);
+                if (j->out_bf16) sv = ds41_bf16_round8(sv);
+                if (n == 8) {
+                    _mm256_storeu_ps(yt + r, sv);
+                } else {
+                    _mm256_storeu_ps(v, sv);
+                    memcpy(yt + r, v, (size_t)n * sizeof(float));
+                }
+            }
+        }
+        return;
     }
     for (int r = 0; r < nr; r++)
         for (int t = 0; t < T; t++)
@@ -562,16 +604,16 @@ static void bjob_items(void *arg, int i0, int i1) {
     const bjob *j = arg;
     bscratch s = { NULL, NULL, NULL, NULL, 0 };
     if (j->T > 8) {
-        s.PB = amalloc((size_t)BITEM * KCB * 2);
-        s.acc = amalloc((size_t)BITEM * j->T * 16 * sizeof(float));
+        s.PB = amalloc((size_t)PITEM * KCB * 2);
+        s.acc = amalloc((size_t)PITEM * j->T * 16 * sizeof(float));
         if (!s.PB || !s.acc) { free(s.PB); free(s.acc); return; }
     }
     for (int it = i0; it < i1; it++) {
-        int r0 = it * BITEM, r1 = r0 + BITEM < j->out ? r0 + BITEM : j->out;
+        int ir = ITEM_ROWS(j->T), r0 = it * ir, r1 = r0 + ir < j->out ? r0 + ir : j->out;
         if (j->T <= 8) {
             item_d(j, r0, r1, &s);
         } else {
-            int n0 = it + 1 < i1 ? r1 : 0, n1 = it + 1 < i1 ? (r1 + BITEM < j->out ? r1 + BITEM : j->out) : 0;
+            int n0 = it + 1 < i1 ? r1 : 0, n1 = it + 1 < i1 ? (r1 + ir < j->out ? r1 + ir : j->out) : 0;
             item_p(j, r0, r1, n0, n1, &s);
         }
     }
@@ -601,7 +643,7 @@ static void dense_b(const ds41_ctx *ctx, const uint16_t *wb, int out, int in, co
             continue;
         }
         __atomic_fetch_add(&ds41_fast_bf16_dtiles, 1, __ATOMIC_RELAXED);
-        int n_items = (out + BITEM - 1) / BITEM;
+        int n_items = (out + ITEM_ROWS(nt) - 1) / ITEM_ROWS(nt);
         if ((long long)out * in * nt >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, bjob_items, &j);
         else bjob_items(&j, 0, n_items);
     }
@@ -633,10 +675,10 @@ static void dense_b(const ds41_ctx *ctx, const uint16_t *wb, int out, int in, co
  * by the codes with vpermw), then every token runs through it (mk_q, PR rows x PC tokens of
  * accumulators), the lane sums in memory between panels. */
 #ifndef DITEM
-#define DITEM 32
+#define DITEM 16          /* rows per work item */
 #endif
 #ifndef KCD
-#define KCD 512
+#define KCD 1024          /* elements per panel row: 16 rows x 2 KiB of BF16 words in L1, as KCB */
 #endif
 
 /* 2 e2m1 of the 16 codes as BF16 words (code 8, -0, as +0: the int16 road's integer 0), twice */
@@ -658,22 +700,38 @@ static void pan_d_row(const uint8_t *c, const uint8_t *st, int nblk, uint16_t *p
     }
 }
 
-/* the sums of 8 accumulator blocks (block i at acc + i * stride; n of them, the others 0) in
- * hsum16's order, as 8 floats */
-static inline __m256 hsum16x8(const float *acc, size_t stride, int n) {
-    __m256 v[8], s[4], p[2];
-    for (int i = 0; i < 8; i++)
-        v[i] = i < n ? _mm256_add_ps(_mm256_load_ps(acc + stride * i), _mm256_load_ps(acc + stride * i + 8))
-                     : _mm256_setzero_ps();
-    for (int i = 0; i < 4; i++)   /* x_j + x_(j+4) of blocks 2i (low half) and 2i + 1 (high half) */
-        s[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
-                             _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
-    for (int i = 0; i < 2; i++)   /* s_0 + s_2, s_1 + s_3 */
-        p[i] = _mm256_add_ps(_mm256_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm256_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    __m256 y = _mm256_add_ps(_mm256_shuffle_ps(p[0], p[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm256_shuffle_ps(p[0], p[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    return _mm256_permutevar8x32_ps(y, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));   /* blocks 0, 2, .. 7 -> 0 .. 7 */
+/* The dot order's activation words of one row from its Q8 values a (ds41_fast_q8_row): fp4_act_row's
+ * (linear_fast.c) integers q and block scales u, as ad[k] = bf16(q_k u / 2) in K order: per
+ * 32-block m = max |a| (NaNs ignored), ue = m's biased exponent - 14 (127 when m = 0), at
+ * least 2, q = (int16) cvt(a 2^(127 - ue)) (round to nearest even; NaN -> 0). Returns 0 when a
+ * word is not exact in BF16 (never: q has at most 4 significant bits; checked all the same);
+ * widens [*emin, *emax] to the biased exponents of the blocks' u / 2 (ue - 1). */
+static int dot_acts(const float *a, int in, uint16_t *ad, int *emin, int *emax) {
+    const __m512 absm = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+    __m512i lost = _mm512_setzero_si512();
+    int lo = *emin, hi = *emax;
+    for (int b = 0; b < in / 32; b++) {
+        __m512 v0 = _mm512_loadu_ps(a + 32 * b), v1 = _mm512_loadu_ps(a + 32 * b + 16);
+        /* max_ps returns its second operand when the first is NaN: NaNs drop out */
+        __m512 m = _mm512_max_ps(_mm512_and_ps(v1, absm), _mm512_max_ps(_mm512_and_ps(v0, absm), _mm512_setzero_ps()));
+        float mf = _mm512_reduce_max_ps(m);
+        int ue = mf > 0.0f ? (int)(ds41_f32_bits(mf) >> 23) - 14 : 127;
+        if (ue < 2) ue = 2;
+        __m512 inv = _mm512_set1_ps(ds41_bits_f32((uint32_t)(254 - ue) << 23));
+        __m512 hu = _mm512_set1_ps(ds41_bits_f32((uint32_t)(ue - 1) << 23));
+        lo = ue - 1 < lo ? ue - 1 : lo;
+        hi = ue - 1 > hi ? ue - 1 : hi;
+        __m256i q0 = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv)));   /* truncated to int16 */
+        __m256i q1 = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inv)));
+        __m512i w0 = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(q0)), hu));
+        __m512i w1 = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(q1)), hu));
+        lost = _mm512_or_si512(lost, _mm512_and_si512(_mm512_or_si512(w0, w1), _mm512_set1_epi32(0xFFFF)));
+        _mm256_storeu_si256((__m256i *)(ad + 32 * b), _mm512_cvtepi32_epi16(_mm512_srli_epi32(w0, 16)));
+        _mm256_storeu_si256((__m256i *)(ad + 32 * b + 16), _mm512_cvtepi32_epi16(_mm512_srli_epi32(w1, 16)));
+    }
+    *emin = lo;
+    *emax = hi;
+    return _mm512_test_epi32_mask(lost, lost) == 0;
 }
 
 typedef struct djob {
@@ -778,7 +836,7 @@ static int dot_fp4(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int 
     return 1;
 }
 
-static const ds41_fast_bf16 bf16_ops = { pan_fp4b, pf_fp4b, probe_ratio, dense_b, dot_fp4 };
+static const ds41_fast_bf16 bf16_ops = { pan_fp4b, pf_fp4b, probe_ratio, dense_b, dot_fp4, dot_acts };
 const ds41_fast_bf16 *ds41_fast_bf16_avx512(void) { return &bf16_ops; }
 
 #ifdef __clang__

@@ -951,28 +951,6 @@ static int fp4_words_bf16(const int16_t *aw, size_t n, int16_t *ab) {
     return lost == 0;
 }
 
-/* The dot order's activation words (linear_avx512bf16.c, "FP4 in the dot order") of one row from
- * fp4_act_row's words aw and pair scales sav: ad[k] = bf16(q_k u / 2), K order. Returns 0 when
- * one is not exact in BF16 (never: q has at most 4 significant bits and u / 2 is a power of
- * two at least 2^-126; checked all the same); widens [*emin, *emax] to the biased exponents of
- * the blocks' u / 2. */
-static int fp4_words_dot(const int16_t *aw, const float *sav, int in, uint16_t *ad, int *emin, int *emax) {
-    uint32_t lost = 0;
-    for (int b = 0; b < in / 32; b++) {
-        float hu = sav[16 * (b >> 1) + 8 * (b & 1)];
-        int e = (int)(ds41_f32_bits(hu) >> 23);
-        *emin = e < *emin ? e : *emin;
-        *emax = e > *emax ? e : *emax;
-        const int16_t *we = aw + 64 * (b >> 1) + 16 * (b & 1);
-        for (int i = 0; i < 32; i++) {
-            uint32_t u = ds41_f32_bits((float)we[(i & 1) * 32 + (i >> 1)] * hu);
-            lost |= u & 0xFFFFu;
-            ad[32 * b + i] = (uint16_t)(u >> 16);
-        }
-    }
-    return lost == 0;
-}
-
 /* BF16 activation order per 32: even elements of k0..k0+15, even of k0+16..+31, odd of the
  * first 16, odd of the second (a lone last 16 as if the second were zeros); zero padded to a
  * multiple of 32. */
@@ -1529,6 +1507,28 @@ static void fjob_run(const ds41_ctx *ctx, fjob *j) {
 
 /* ---------------------------------------------------------------- entry points */
 
+/* The dot order's activations of a tile (TT tokens at most): Q8 values into a (token stride in),
+ * the words into ad (token stride ldad), per token whether they are exact and their exponents */
+typedef struct dacts_job {
+    const float *x;
+    int in;
+    float *a;
+    uint16_t *ad;
+    size_t ldad;
+    int ok[TT], emin[TT], emax[TT];
+} dacts_job;
+
+static void dacts_rows(void *arg, int t0, int t1) {
+    dacts_job *d = arg;
+    for (int t = t0; t < t1; t++) {
+        float *ar = d->a + (size_t)t * d->in;
+        ds41_fast_q8_row(d->x + (size_t)t * d->in, d->in, 1.0f, ar);
+        d->emin[t] = 255;
+        d->emax[t] = 0;
+        d->ok[t] = ds41_fast_bf16_avx512()->dot_acts(ar, d->in, d->ad + (size_t)t * d->ldad, &d->emin[t], &d->emax[t]);
+    }
+}
+
 void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int fp4, int out, int in,
                     const float *x, int T, float *y) {
     const ds41_fast_ops *ops = ds41_fast_ops_get();
@@ -1543,6 +1543,28 @@ void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int
     if (!a || (fp4 && (!aw || !sav))) return;
     for (int t0 = 0; t0 < T; t0 += tt) {
         int nt = T - t0 < tt ? T - t0 : tt;
+        if (fp4 && nt > DS41_FEW_MAX && bf16_of(ops) && ds41_fast_bf16_on == 2 && !mid_on(ops, J_FP4, nt)) {
+            /* the dot order (linear_avx512bf16.c): its activation words straight from the Q8
+             * values, the tokens split between the threads */
+            if (!ab) ab = ds41_scratch(DS41_SCR_LIN_AB, (size_t)tt * ldaw * sizeof(int16_t));
+            if (ab) {
+                dacts_job dj = { x + (size_t)t0 * in, in, a, (uint16_t *)ab, ldaw, { 0 }, { 0 }, { 0 } };
+                if ((long long)nt * in >= 16384) ds41_parallel_for(ctx, nt, dacts_rows, &dj);
+                else dacts_rows(&dj, 0, nt);
+                int ok = 1, emin = 255, emax = 0;
+                for (int t = 0; t < nt; t++) {
+                    ok &= dj.ok[t];
+                    emin = dj.emin[t] < emin ? dj.emin[t] : emin;
+                    emax = dj.emax[t] > emax ? dj.emax[t] : emax;
+                }
+                if (ok && ds41_fast_bf16_avx512()->dot_fp4(ctx, w, s, out, in, (const uint16_t *)ab, ldaw, nt, emin, emax,
+                                                           y + (size_t)t0 * out, (size_t)out)) {
+                    __atomic_fetch_add(&ds41_fast_fp4_dot_tiles, 1, __ATOMIC_RELAXED);
+                    continue;
+                }
+            }
+            __atomic_fetch_add(&ds41_fast_fp4_dot_refused, 1, __ATOMIC_RELAXED);
+        }
         for (int t = 0; t < nt; t++) {
             float *ar = a + (size_t)t * in;
             ds41_fast_q8_row(x + (size_t)(t0 + t) * in, in, 1.0f, ar);
@@ -1554,18 +1576,6 @@ void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int
         if (mid_on(ops, j.kind, nt)) {
             am = fp4 ? (void *)mid_acts_q(aw, ldaw, sav, ldsa, nt, ngrp) : (void *)mid_acts_f(a, (size_t)in, nt, in / 16, 16);
             j.am = am;   /* NULL (out of memory): the prefill panels */
-        }
-        if (fp4 && !j.am && nt > DS41_FEW_MAX && bf16_of(ops) && ds41_fast_bf16_on == 2) {   /* the dot order */
-            if (!ab) ab = ds41_scratch(DS41_SCR_LIN_AB, (size_t)tt * ldaw * sizeof(int16_t));
-            int emin = 255, emax = 0, ok = ab != NULL;
-            for (int t = 0; ok && t < nt; t++)
-                ok = fp4_words_dot(aw + (size_t)t * ldaw, sav + (size_t)t * ldsa, in, (uint16_t *)ab + (size_t)t * ldaw, &emin, &emax);
-            if (ok && ds41_fast_bf16_avx512()->dot_fp4(ctx, w, s, out, in, (const uint16_t *)ab, ldaw, nt, emin, emax,
-                                                       y + (size_t)t0 * out, (size_t)out)) {
-                __atomic_fetch_add(&ds41_fast_fp4_dot_tiles, 1, __ATOMIC_RELAXED);
-                continue;
-            }
-            __atomic_fetch_add(&ds41_fast_fp4_dot_refused, 1, __ATOMIC_RELAXED);
         }
         if (fp4 && !j.am && nt > DS41_FEW_MAX && bf16_of(ops)) {
             if (!ab) ab = ds41_scratch(DS41_SCR_LIN_AB, (size_t)tt * ldaw * sizeof(int16_t));

@@ -126,6 +126,10 @@ typedef struct ds41_fast_bf16 {
      * outside the range that keeps vdpbf16ps exact (the caller then takes the int16 road). */
     int (*dot_fp4)(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int out, int in, const uint16_t *ad,
                    size_t ldad, int T, int eamin, int eamax, float *y, size_t ys);
+    /* dot_fp4's activation words of one row from its Q8 values a (ds41_fast_q8_row), in words:
+     * fp4_act_row's integers times their block's u / 2; 0 when one is not exact in BF16; widens
+     * [*emin, *emax] to the exponents of the u / 2 */
+    int (*dot_acts)(const float *a, int in, uint16_t *ad, int *emin, int *emax);
 } ds41_fast_bf16;
 const ds41_fast_bf16 *ds41_fast_bf16_avx512(void);
 /* 1 when the AVX-512 path uses the BF16 FP4 panels (set at first use from the probe, or by
