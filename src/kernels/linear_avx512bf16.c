@@ -760,9 +760,10 @@ static void djob_items(void *arg, int i0, int i1) {
             int nr1 = nk0 ? r1 : (it + 1 < i1 ? (r1 + DITEM < j->out ? r1 + DITEM : j->out) : r1);
             int nkc = j->in - nk0 < KCD ? j->in - nk0 : KCD;
             for (int r = r0; r < r1; r++) {
-                if (nr0 + (r - r0) < nr1) {
+                if (nr0 + (r - r0) < nr1) {   /* its codes and its scale bytes (a miss each otherwise) */
                     const char *b = (const char *)(j->w + (size_t)(nr0 + (r - r0)) * lw + nk0 / 2);
                     for (int o = 0; o < nkc / 2; o += 64) _mm_prefetch(b + o, _MM_HINT_T1);
+                    _mm_prefetch((const char *)(j->s + (size_t)(nr0 + (r - r0)) * nb + nk0 / 32), _MM_HINT_T1);
                 }
                 pan_d_row(j->w + (size_t)r * lw + k0 / 2, j->s + (size_t)r * nb + k0 / 32, nblk, PW + (size_t)(r - r0) * KCD);
             }
