@@ -222,7 +222,7 @@ static double probe_ratio(void) {
  * T = 2 .. 8 (and the last token tile of a longer call, 1 .. 8 tokens) streams each weight row
  * once for all tokens (mk_d, R rows x C tokens in zmm accumulators, the rows read in place:
  * vdpbf16ps wants the pairs of K side by side, which is the checkpoint's row-major layout, so
- * nothing is repacked at load); T > 8 copies a 32-row x KCB-word panel into L1 (the halves
+ * nothing is repacked at load); T > 8 copies a PITEM-row x KCB-word panel (16 x 1,024) into L1 (the halves
  * swapped) and runs every token of the 64-token tile through it (mk_q, 4 rows x 6 tokens),
  * the accumulators in memory between panels as the FMA road keeps them. */
 
