@@ -850,7 +850,8 @@ static const ds41_fast_bf16 *bf16_of(const ds41_fast_ops *ops) {
     return ops != &ops_avx2 && __atomic_load_n(&ds41_fast_bf16_on, __ATOMIC_RELAXED) ? ds41_fast_bf16_avx512() : NULL;
 }
 const char *ds41_kernels_fp4_products(void) {
-    return !bf16_of(ds41_fast_ops_get()) ? "int16" : ds41_fast_bf16_on == 2 ? "vdpbf16ps-dot" : "vdpbf16ps";
+    return !bf16_of(ds41_fast_ops_get()) ? "int16"
+           : __atomic_load_n(&ds41_fast_bf16_on, __ATOMIC_RELAXED) == 2 ? "vdpbf16ps-dot" : "vdpbf16ps";
 }
 double ds41_kernels_bf16_ratio(void) {
     ds41_fast_ops_get();
@@ -1543,7 +1544,8 @@ void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int
     if (!a || (fp4 && (!aw || !sav))) return;
     for (int t0 = 0; t0 < T; t0 += tt) {
         int nt = T - t0 < tt ? T - t0 : tt;
-        if (fp4 && nt > DS41_FEW_MAX && bf16_of(ops) && ds41_fast_bf16_on == 2 && !mid_on(ops, J_FP4, nt)) {
+        if (fp4 && nt > DS41_FEW_MAX && bf16_of(ops) && __atomic_load_n(&ds41_fast_bf16_on, __ATOMIC_RELAXED) == 2 &&
+            !mid_on(ops, J_FP4, nt)) {
             /* the dot order (linear_avx512bf16.c): its activation words straight from the Q8
              * values, the tokens split between the threads */
             if (!ab) ab = ds41_scratch(DS41_SCR_LIN_AB, (size_t)tt * ldaw * sizeof(int16_t));
