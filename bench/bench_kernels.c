@@ -1,10 +1,10 @@
 /* Kernel micro-benchmark: the fast linears at production shapes, against the machine's limits.
  *
  *   build/bench/bench_kernels [--quick] [--threads 1,2] [--T 1,8,64] [--only NAME] [--exact] [--resident] [--huge]
- *                             [--best] [--isa avx2|avx512|avx512bf16|auto[,ISA...]] [--e4m3 f16c|shuffle|vbmi[,...]]
+ *                             [--best] [--isa avx2|avx512|avx512bf16|avx512dot|auto[,ISA...]] [--e4m3 f16c|shuffle|vbmi[,...]]
  *
  * The ISA path of the fast kernels (CPUID, DS41_ISA or --isa) is printed first, with the FP4
- * products (vdpbf16ps or int16) and the start-up probe's vdpbf16ps / zmm FMA time ratio. A list
+ * products (vdpbf16ps, vdpbf16ps-dot: avx512dot, the FP4 dot order, or int16) and the start-up probe's vdpbf16ps / zmm FMA time ratio. A list
  * (--isa avx512,avx512bf16, or --e4m3 shuffle,vbmi: the FP8 decodes of the T = 1 .. 8 kernels,
  * DS41_E4M3's choices) interleaves the paths call by call in one run: each kernel line is
  * printed per path, the medians of the same rounds, and the later paths end with their speed
@@ -490,7 +490,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--T") && i + 1 < argc) n_T = parse_list(argv[++i], Ts, 8);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else {
-            fprintf(stderr, "usage: bench_kernels [--quick] [--exact] [--no-probes] [--resident] [--huge] [--best] [--threads 1,2] [--T 1,8,64] [--only SUBSTR] [--isa avx2|avx512|avx512bf16|auto[,ISA...]] [--e4m3 f16c|shuffle|vbmi[,...]]\n");
+            fprintf(stderr, "usage: bench_kernels [--quick] [--exact] [--no-probes] [--resident] [--huge] [--best] [--threads 1,2] [--T 1,8,64] [--only SUBSTR] [--isa avx2|avx512|avx512bf16|avx512dot|auto[,ISA...]] [--e4m3 f16c|shuffle|vbmi[,...]]\n");
             return 2;
         }
         if (n_thr < 1 || n_T < 1) { fprintf(stderr, "bench_kernels: bad list\n"); return 2; }

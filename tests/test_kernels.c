@@ -691,6 +691,146 @@ static void test_fp4_bf16_road(void) {
     ds41_kernels_set_isa("auto");
 }
 
+/* The dot order's reference (linear_avx512bf16.c, "FP4 in the dot order"), written out from
+ * its definition: the activations quantized as the fast kernels do (ds41_fast_q8_row, then per
+ * 32-block u = 2^(ue - 127), ue = the largest magnitude's exponent - 14 (127 for a zero block),
+ * at least 2, q = rint(a / u)), word values 2 e2m1 s_w and q u / 2; per output 16 lane sums
+ * from +0, lane i adding the product of element 32 b + 2 i + 1, then of 32 b + 2 i, per block b
+ * in K order, each add rounded to FP32; then x_i = l_i + l_(i+8), s_j = x_j + x_(j+4),
+ * (s_0 + s_2) + (s_1 + s_3), rounded to BF16. */
+static void ref_fp4_dot(const uint8_t *w4, const uint8_t *s4, int out, int in, const float *x, int T, float *y) {
+    static const float tab[16] = { 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
+    float *a = malloc((size_t)in * 4), *av = malloc((size_t)in * 4);
+    for (int t = 0; t < T; t++) {
+        ds41_fast_q8_row(x + (size_t)t * in, in, 1.0f, a);
+        for (int b = 0; b < in / 32; b++) {
+            float m = 0;
+            for (int i = 0; i < 32; i++) m = fabsf(a[32 * b + i]) > m ? fabsf(a[32 * b + i]) : m;
+            int ue = m > 0 ? (int)(bits(m) >> 23) - 14 : 127;
+            if (ue < 2) ue = 2;
+            for (int i = 0; i < 32; i++)
+                av[32 * b + i] = (float)(int16_t)(int)rintf(a[32 * b + i] * ldexpf(1.0f, 127 - ue)) * ldexpf(1.0f, ue - 128);
+        }
+        for (int o = 0; o < out; o++) {
+            float l[16] = { 0 };
+            for (int b = 0; b < in / 32; b++) {
+                float sw = ldexpf(1.0f, s4[(size_t)o * (in / 32) + b] - 127);
+                for (int i = 0; i < 16; i++)
+                    for (int e = 1; e >= 0; e--) {
+                        int k = 32 * b + 2 * i + e;
+                        float wv = tab[(w4[(size_t)o * in / 2 + k / 2] >> (4 * (k & 1))) & 15] * sw;
+                        l[i] = l[i] + wv * av[k];
+                    }
+            }
+            float xx[8], ss[4];
+            for (int i = 0; i < 8; i++) xx[i] = l[i] + l[i + 8];
+            for (int i = 0; i < 4; i++) ss[i] = xx[i] + xx[i + 4];
+            y[(size_t)t * out + o] = ds41_bf16_round((ss[0] + ss[2]) + (ss[1] + ss[3]));
+        }
+    }
+    free(a); free(av);
+}
+
+/* The FP4 prefill tiles in the dot order (DS41_ISA=avx512dot) against ref_fp4_dot, bit for
+ * bit (tolerance 0: the order is this road's definition, and its exactness argument says
+ * vdpbf16ps performs each of those adds with one rounding, no flushing, no overflow). T = 1 ..
+ * 70 (64-token tiles: the tiles of more than DS41_MID_MAX tokens take the road, the others and
+ * the remainders keep the canonical order and must equal DS41_ISA=avx512's bits), K of 17
+ * and 41 blocks (one part panel; a panel of 1,024 elements plus a part one; odd block counts), odd row counts
+ * (not a multiple of the 32-row item, 8-row stores or the 4-row micro-kernel), one and two
+ * threads, random, adversarial and cancelling activations (large blocks whose products cancel
+ * between blocks 0 and 2, which makes the FP32 roundings of the small ones visible in the BF16
+ * outputs: with the two adds of a lane's pair swapped in the reference, 98 of the 1,485 outputs
+ * of T = 33 differed, 134 of 1,620 at T = 36; random and adversarial tiles alone did not see
+ * it). A scale byte outside the road's range (0: a
+ * subnormal s_w, 255: NaN) sends the call to the int16 road: the int16 road's bits. */
+static void test_fp4_dot_order(void) {
+    if (!ds41_kernels_isa_supported("avx512dot")) {
+        printf("  (this CPU has no AVX512_BF16: the dot order is not tested)\n");
+        return;
+    }
+    ds41_pool *pool = ds41_pool_create(2);
+    ds41_ctx fa2 = { 0, 2, pool, 0, NULL, NULL, NULL };
+    int shapes[][2] = { { 45, 544 }, { 100, 1312 } };
+    int Ts2[] = { 33, 47, 48, 64, 65, 70 };
+    long long tiles = 0, checked = 0;
+    for (int si = 0; si < 2; si++) {
+        int out = shapes[si][0], in = shapes[si][1];
+        mats m;
+        mats_make(&m, out, in);
+        /* every row's block 2 the negation of its block 0 (the sign bits of the codes flipped,
+         * the same scale): with the cancelling activations below, the large products cancel
+         * in each lane and leave the small ones' FP32 roundings visible in the BF16 outputs,
+         * so that any other order of the adds is caught */
+        for (int r = 0; r < out; r++) {
+            for (int i = 0; i < 16; i++) m.w4[(size_t)r * in / 2 + 32 + i] = m.w4[(size_t)r * in / 2 + i] ^ 0x88;
+            m.s4[(size_t)r * (in / 32) + 2] = m.s4[(size_t)r * (in / 32)];
+        }
+        int nT = si == 0 ? 70 : (int)(sizeof Ts2 / sizeof Ts2[0]);
+        for (int ti = 0; ti < nT; ti++) {
+            int T = si == 0 ? ti + 1 : Ts2[ti];
+            float *x = malloc((size_t)T * in * 4), *yr = malloc((size_t)T * out * 4), *yi = malloc((size_t)T * out * 4),
+                  *yd = malloc((size_t)T * out * 4);
+            if (T % 3 == 0) {   /* cancellation: blocks 0 and 2 large and equal, the others small */
+                for (int t = 0; t < T; t++)
+                    for (int k = 0; k < in; k++)
+                        x[(size_t)t * in + k] = ds41_bf16_round(urand() * (k < 32 ? 1024.0f : 0.015625f));
+                for (int t = 0; t < T; t++) memcpy(x + (size_t)t * in + 64, x + (size_t)t * in, 32 * sizeof(float));
+            } else if (T % 2) {
+                fill_adversarial(x, T * in);
+            } else {
+                for (int i = 0; i < T * in; i++) x[i] = ds41_bf16_round(urand() * (i % 11 == 0 ? 6.0f : 1.0f));
+            }
+            ds41_fp4w f4 = { m.w4, m.s4, out, in };
+            int elig = 0;
+            for (int t0 = 0; t0 < T; t0 += 64) elig += (T - t0 < 64 ? T - t0 : 64) > DS41_MID_MAX;
+            if (elig) ref_fp4_dot(m.w4, m.s4, out, in, x, T, yr);
+            for (int th = 1; th <= 2; th++) {
+                const ds41_ctx *c = th == 1 ? &FA : &fa2;
+                CHECK(ds41_kernels_set_isa("avx512") == 0, "set avx512");
+                ds41_linear_fp4(c, &f4, x, T, yi);
+                CHECK(ds41_kernels_set_isa("avx512dot") == 0, "set avx512dot");
+                CHECK(!strcmp(ds41_kernels_fp4_products(), "vdpbf16ps-dot"), "avx512dot: %s", ds41_kernels_fp4_products());
+                long long d0 = ds41_fast_fp4_dot_tiles;
+                ds41_linear_fp4(c, &f4, x, T, yd);
+                CHECK(ds41_fast_fp4_dot_tiles - d0 == elig, "fp4 %dx%d T=%d: %lld dot tiles, %d expected", out, in, T,
+                      ds41_fast_fp4_dot_tiles - d0, elig);
+                tiles += ds41_fast_fp4_dot_tiles - d0;
+                for (int t0 = 0; t0 < T; t0 += 64) {
+                    int nt = T - t0 < 64 ? T - t0 : 64, dot = nt > DS41_MID_MAX;
+                    const float *want = (dot ? yr : yi) + (size_t)t0 * out;
+                    int d = count_diff(want, yd + (size_t)t0 * out, nt * out);
+                    CHECK(d == 0, "fp4 %dx%d T=%d tokens %d..%d threads %d: dot road differs from the %s in %d of %d", out, in,
+                          T, t0, t0 + nt - 1, th, dot ? "dot-order reference" : "int16 road", d, nt * out);
+                    checked += dot ? (long long)nt * out : 0;
+                }
+            }
+            /* a scale byte outside the range: the whole call on the int16 road */
+            if (T == 64) {
+                for (int bad = 0; bad < 2; bad++) {
+                    uint8_t keep = m.s4[(size_t)(out / 2) * (in / 32) + 3];
+                    m.s4[(size_t)(out / 2) * (in / 32) + 3] = bad ? 255 : 0;
+                    CHECK(ds41_kernels_set_isa("avx512") == 0, "set avx512");
+                    ds41_linear_fp4(&fa2, &f4, x, T, yi);
+                    CHECK(ds41_kernels_set_isa("avx512dot") == 0, "set avx512dot");
+                    long long r0 = ds41_fast_fp4_dot_refused, d0 = ds41_fast_fp4_dot_tiles;
+                    ds41_linear_fp4(&fa2, &f4, x, T, yd);
+                    int d = count_diff(yi, yd, T * out);
+                    CHECK(d == 0 && ds41_fast_fp4_dot_refused == r0 + 1 && ds41_fast_fp4_dot_tiles == d0,
+                          "fp4 %dx%d scale byte %d: %d outputs differ from the int16 road (refused %lld, taken %lld)", out, in,
+                          bad ? 255 : 0, d, ds41_fast_fp4_dot_refused - r0, ds41_fast_fp4_dot_tiles - d0);
+                    m.s4[(size_t)(out / 2) * (in / 32) + 3] = keep;
+                }
+            }
+            free(x); free(yr); free(yi); free(yd);
+        }
+        mats_free(&m);
+    }
+    printf("  dot order: %lld tiles, %lld outputs equal to the reference bit for bit\n", tiles, checked);
+    ds41_pool_destroy(pool);
+    ds41_kernels_set_isa("auto");
+}
+
 /* The BF16 linears on the vdpbf16ps road (linear_avx512bf16.c: the head, the compressor and
  * indexer linears, ...) against the FMA road (DS41_ISA=avx512), bit for bit: tolerance 0,
  * because each vdpbf16ps lane, given the pairs' halves swapped, performs the FMA road's two
@@ -1421,6 +1561,7 @@ static void test_threads(void) {
 int main(void) {
     RUN_CASE(test_isa_paths);
     RUN_CASE(test_fp4_bf16_road);
+    RUN_CASE(test_fp4_dot_order);
     RUN_CASE(test_bf16_dense_road);
     /* the linear tests on every ISA path the CPU has */
     const char *isas[2] = { "avx2", "avx512" };

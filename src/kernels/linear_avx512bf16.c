@@ -222,14 +222,20 @@ static double probe_ratio(void) {
  * T = 2 .. 8 (and the last token tile of a longer call, 1 .. 8 tokens) streams each weight row
  * once for all tokens (mk_d, R rows x C tokens in zmm accumulators, the rows read in place:
  * vdpbf16ps wants the pairs of K side by side, which is the checkpoint's row-major layout, so
- * nothing is repacked at load); T > 8 copies a 32-row x KCB-word panel into L1 (the halves
- * swapped) and runs every token of the 64-token tile through it (mk_p, 4 rows x 6 tokens),
+ * nothing is repacked at load); T > 8 copies a PITEM-row x KCB-word panel (16 x 1,024) into L1 (the halves
+ * swapped) and runs every token of the 64-token tile through it (mk_q, 4 rows x 6 tokens),
  * the accumulators in memory between panels as the FMA road keeps them. */
 
-#define BITEM 32          /* rows per work item */
+#define BITEM 32          /* rows per work item, T <= 8 */
+#ifndef PITEM
+#define PITEM 16          /* rows per work item, T > 8 (the panel: KCB below) */
+#endif
+#define ITEM_ROWS(T) ((T) > 8 ? PITEM : BITEM)
 #define BTT 64            /* tokens per activation tile */
 #ifndef KCB
-#define KCB 512           /* words per panel row: 32 rows x 1 KiB, 32 KiB of the 48 KiB L1 */
+#define KCB 1024          /* words per panel row: 16 rows x 2 KiB, 32 KiB of the 48 KiB L1 (32 steps
+                           * per micro-kernel call: its 24 accumulators loaded and stored half as
+                           * often as with 32 rows x 512; performance.md) */
 #endif
 #define BPFD 1024         /* prefetch distance per weight row stream at T <= 8, bytes */
 #define PAR_MIN_WORK 65536LL
@@ -253,6 +259,24 @@ static inline float hsum8(__m256 v) {
 /* hsum8(A + B) of an accumulator register (linear_avx512.c's hsum16) */
 static inline float hsum16(__m512 v) {
     return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+/* the sums of 8 accumulator blocks (block i at acc + i * stride; n of them, the others 0) in
+ * hsum16's order, as 8 floats */
+static inline __m256 hsum16x8(const float *acc, size_t stride, int n) {
+    __m256 v[8], s[4], p[2];
+    for (int i = 0; i < 8; i++)
+        v[i] = i < n ? _mm256_add_ps(_mm256_load_ps(acc + stride * i), _mm256_load_ps(acc + stride * i + 8))
+                     : _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++)   /* x_j + x_(j+4) of blocks 2i (low half) and 2i + 1 (high half) */
+        s[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+    for (int i = 0; i < 2; i++)   /* s_0 + s_2, s_1 + s_3 */
+        p[i] = _mm256_add_ps(_mm256_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m256 y = _mm256_add_ps(_mm256_shuffle_ps(p[0], p[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm256_shuffle_ps(p[0], p[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm256_permutevar8x32_ps(y, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));   /* blocks 0, 2, .. 7 -> 0 .. 7 */
 }
 
 /* Activations of one token tile, rows t < T of x (stride xs), K [0, kv) (kv % 16 == 0): BF16
@@ -369,30 +393,31 @@ static const mk_d_fn mk_d[8][4] = { MK_D_ROW(1), MK_D_ROW(2), MK_D_ROW(3), MK_D_
 /* rows per call at C tokens: R C accumulators and C activations within the 32 zmm registers */
 static const int mk_d_rows[9] = { 0, 4, 4, 4, 4, 4, 4, 3, 3 };
 
-/* R panel rows (row stride KCB / 2 dwords) x C tokens, ns steps of 32 words, into the
- * accumulator blocks of acc (16 floats per row and token, row r token t at (r T + t) 16),
- * starting from +0 when z */
-#define MK_P(R, C)                                                                                    \
-    static void mk_p_##R##_##C(const uint32_t *PB, const uint32_t *AB, size_t ldab, int ns, float *acc, int T, int z) { \
+/* R panel rows (row stride ldp dwords) x C tokens (token stride lda dwords), ns steps of 32
+ * words, into the accumulator blocks of acc (16 floats per row and token, row r token t at
+ * (r T + t) 16), starting from +0 when z */
+#define MK_Q(R, C)                                                                                    \
+    static void mk_q_##R##_##C(const uint32_t *PB, size_t ldp, const uint32_t *AB, size_t ldab, int ns, float *acc, \
+                               int T, int z) {                                                    \
         __m512 c[R][C];                                                                           \
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++)                     \
-            c[r][t] = z ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + ((size_t)r * T + t) * 16); \
+            c[r][t] = z ? _mm512_setzero_ps() : _mm512_load_ps(acc + ((size_t)r * T + t) * 16);   \
         for (int s = 0; s < ns; s++) {                                                            \
             __m512bh a[C];                                                                        \
             UNROLL for (int t = 0; t < C; t++) a[t] = (__m512bh)_mm512_load_si512(AB + t * ldab + 16 * s); \
             UNROLL for (int r = 0; r < R; r++) {                                                  \
-                __m512bh wv = (__m512bh)_mm512_load_si512(PB + r * (KCB / 2) + 16 * s);           \
+                __m512bh wv = (__m512bh)_mm512_load_si512(PB + r * ldp + 16 * s);                 \
                 UNROLL for (int t = 0; t < C; t++) c[r][t] = _mm512_dpbf16_ps(c[r][t], wv, a[t]); \
             }                                                                                     \
         }                                                                                         \
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++)                     \
-            _mm512_storeu_ps(acc + ((size_t)r * T + t) * 16, c[r][t]);                            \
+            _mm512_store_ps(acc + ((size_t)r * T + t) * 16, c[r][t]);                             \
     }
-#define MK_P_R(R) MK_P(R, 1) MK_P(R, 2) MK_P(R, 3) MK_P(R, 4) MK_P(R, 5) MK_P(R, 6)
-MK_P_R(1) MK_P_R(2) MK_P_R(3) MK_P_R(4)
-typedef void (*mk_p_fn)(const uint32_t *, const uint32_t *, size_t, int, float *, int, int);
-#define MK_P_ROW(R) { mk_p_##R##_1, mk_p_##R##_2, mk_p_##R##_3, mk_p_##R##_4, mk_p_##R##_5, mk_p_##R##_6 }
-static const mk_p_fn mk_p[4][6] = { MK_P_ROW(1), MK_P_ROW(2), MK_P_ROW(3), MK_P_ROW(4) };
+#define MK_Q_R(R) MK_Q(R, 1) MK_Q(R, 2) MK_Q(R, 3) MK_Q(R, 4) MK_Q(R, 5) MK_Q(R, 6)
+MK_Q_R(1) MK_Q_R(2) MK_Q_R(3) MK_Q_R(4)
+typedef void (*mk_q_fn)(const uint32_t *, size_t, const uint32_t *, size_t, int, float *, int, int);
+#define MK_Q_ROW(R) { mk_q_##R##_1, mk_q_##R##_2, mk_q_##R##_3, mk_q_##R##_4, mk_q_##R##_5, mk_q_##R##_6 }
+static const mk_q_fn mk_q[4][6] = { MK_Q_ROW(1), MK_Q_ROW(2), MK_Q_ROW(3), MK_Q_ROW(4) };
 #ifndef PR
 #define PR 4
 #define PC 6
@@ -535,15 +560,15 @@ static void item_p(const bjob *j, int r0, int r1, int nxr0, int nxr1, bscratch *
                 int C = T - t0 < PC ? T - t0 : PC;
                 for (int q = 0; q < nr; q += PR) {
                     int R = nr - q < PR ? nr - q : PR;
-                    mk_p[R - 1][C - 1](s->PB + (size_t)q * (KCB / 2), j->ab + (size_t)t0 * j->ldab + k0 / 2, j->ldab, ns,
-                                       acc + ((size_t)q * T + t0) * 16, T, k0 == 0);
+                    mk_q[R - 1][C - 1](s->PB + (size_t)q * (KCB / 2), KCB / 2, j->ab + (size_t)t0 * j->ldab + k0 / 2, j->ldab,
+                                       ns, acc + ((size_t)q * T + t0) * 16, T, k0 == 0);
                 }
             }
             continue;
         }
         /* the FMA road for this panel, in DS41_KC-wide parts */
         __atomic_fetch_add(&ds41_fast_bf16_dfall_w, 1, __ATOMIC_RELAXED);
-        if (!s->P) s->P = amalloc((size_t)BITEM * DS41_KC * sizeof(float));
+        if (!s->P) s->P = amalloc((size_t)PITEM * DS41_KC * sizeof(float));
         if (!s->P || !fma_acts(j, s)) return;
         const ds41_fast_ops *o = ds41_fast_ops_avx512();
         for (int k1 = k0; k1 < k0 + kc; k1 += DS41_KC) {
@@ -551,6 +576,24 @@ static void item_p(const bjob *j, int r0, int r1, int nxr0, int nxr1, bscratch *
             int nch = pan_f(j, r0, r1, k1, kc1, s->P);
             o->pf_float(s->P, nr, s->xp + k1, s->ldp, T, nch, acc, k1 == 0);
         }
+    }
+    if (j->kv == j->in) {   /* no tail: 8 rows of a token at a time, side by side in y */
+        float v[8];
+        for (int t = 0; t < T; t++) {
+            float *yt = j->y + (size_t)t * j->ys + r0;
+            for (int r = 0; r < nr; r += 8) {
+                int n = nr - r < 8 ? nr - r : 8;
+                __m256 sv = hsum16x8(acc + ((size_t)r * T + t) * 16, (size_t)T * 16, n);
+                if (j->out_bf16) sv = ds41_bf16_round8(sv);
+                if (n == 8) {
+                    _mm256_storeu_ps(yt + r, sv);
+                } else {
+                    _mm256_storeu_ps(v, sv);
+                    memcpy(yt + r, v, (size_t)n * sizeof(float));
+                }
+            }
+        }
+        return;
     }
     for (int r = 0; r < nr; r++)
         for (int t = 0; t < T; t++)
@@ -561,16 +604,16 @@ static void bjob_items(void *arg, int i0, int i1) {
     const bjob *j = arg;
     bscratch s = { NULL, NULL, NULL, NULL, 0 };
     if (j->T > 8) {
-        s.PB = amalloc((size_t)BITEM * KCB * 2);
-        s.acc = amalloc((size_t)BITEM * j->T * 16 * sizeof(float));
+        s.PB = amalloc((size_t)PITEM * KCB * 2);
+        s.acc = amalloc((size_t)PITEM * j->T * 16 * sizeof(float));
         if (!s.PB || !s.acc) { free(s.PB); free(s.acc); return; }
     }
     for (int it = i0; it < i1; it++) {
-        int r0 = it * BITEM, r1 = r0 + BITEM < j->out ? r0 + BITEM : j->out;
+        int ir = ITEM_ROWS(j->T), r0 = it * ir, r1 = r0 + ir < j->out ? r0 + ir : j->out;
         if (j->T <= 8) {
             item_d(j, r0, r1, &s);
         } else {
-            int n0 = it + 1 < i1 ? r1 : 0, n1 = it + 1 < i1 ? (r1 + BITEM < j->out ? r1 + BITEM : j->out) : 0;
+            int n0 = it + 1 < i1 ? r1 : 0, n1 = it + 1 < i1 ? (r1 + ir < j->out ? r1 + ir : j->out) : 0;
             item_p(j, r0, r1, n0, n1, &s);
         }
     }
@@ -600,14 +643,201 @@ static void dense_b(const ds41_ctx *ctx, const uint16_t *wb, int out, int in, co
             continue;
         }
         __atomic_fetch_add(&ds41_fast_bf16_dtiles, 1, __ATOMIC_RELAXED);
-        int n_items = (out + BITEM - 1) / BITEM;
+        int n_items = (out + ITEM_ROWS(nt) - 1) / ITEM_ROWS(nt);
         if ((long long)out * in * nt >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, bjob_items, &j);
         else bjob_items(&j, 0, n_items);
     }
     free(ab);
 }
 
-static const ds41_fast_bf16 bf16_ops = { pan_fp4b, pf_fp4b, probe_ratio, dense_b };
+/* ================================================================ FP4 in the dot order
+ *
+ * DS41_ISA=avx512dot: the FP4 prefill panels (T > DS41_FEW_MAX where the mid kernels do not
+ * serve, i.e. T = 33 .. 64 per 64-token tile) with one vdpbf16ps per 32 products, the
+ * canonical order given up for this order (performance.md, "FP4 in the dot order"):
+ *   - the weight words are bf16(2 e2m1 * s_w) (s_w = 2^(e - 127) of the row's 32-block), the
+ *     activation words bf16(q * u / 2) (fp4_act_row's integers and the block's power-of-two
+ *     scale), both in K order, so that every product is e2m1 * s_w * q * u exactly, as on
+ *     the int16 road;
+ *   - output (row n, token t) has 16 lane sums, each from +0; for the 32-element blocks b in K
+ *     order, lane i adds (rounded to nearest even, one rounding each) the product of element
+ *     32 b + 2 i + 1, then that of element 32 b + 2 i (vdpbf16ps's odd-first order); the lanes
+ *     are then summed as hsum16 does (x_i = l_i + l_(i+8); s_j = x_j + x_(j+4); (s_0 + s_2) +
+ *     (s_1 + s_3)) and rounded to BF16, as the int16 road ends;
+ *   - vdpbf16ps flushes subnormal inputs and results: with ea the biased exponent of u / 2,
+ *     every product is an integer times 2^(e + ea - 254), so e + ea >= 128 makes every nonzero
+ *     product and partial sum at least 2^-126; |2 e2m1 q| < 2^19, so e + ea + log2(in) <= 361
+ *     keeps every partial sum below 2^127 (and the words are normal and finite for e in
+ *     [1, 251], ea >= 1). The call checks its scale bytes' range against its activations'
+ *     (dot_fp4 returns 0, and the caller takes the int16 road, when a byte is outside).
+ * A work item is DITEM rows: per panel of KCD elements its rows are decoded once (a 32-word
+ * table per block, scaled by adding (e - 127) << 7 to the nonzero entries' exponents, indexed
+ * by the codes with vpermw), then every token runs through it (mk_q, PR rows x PC tokens of
+ * accumulators), the lane sums in memory between panels. */
+#ifndef DITEM
+#define DITEM 16          /* rows per work item */
+#endif
+#ifndef KCD
+#define KCD 1024          /* elements per panel row: 16 rows x 2 KiB of BF16 words in L1, as KCB */
+#endif
+
+/* 2 e2m1 of the 16 codes as BF16 words (code 8, -0, as +0: the int16 road's integer 0), twice */
+static const uint16_t e2m1_bf16x2[32] = {
+    0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40C0, 0x4100, 0x4140, 0x0000, 0xBF80, 0xC000, 0xC040, 0xC080, 0xC0C0, 0xC100, 0xC140,
+    0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40C0, 0x4100, 0x4140, 0x0000, 0xBF80, 0xC000, 0xC040, 0xC080, 0xC0C0, 0xC100, 0xC140 };
+
+/* nblk blocks of one FP4 row (codes c, scale bytes st in [1, 251]) as BF16 words 2 e2m1 s_w in
+ * K order (element k at pw[k]: byte i of a block holds elements 2 i, low nibble, and 2 i + 1) */
+static void pan_d_row(const uint8_t *c, const uint8_t *st, int nblk, uint16_t *pw) {
+    const __m512i base = _mm512_loadu_si512(e2m1_bf16x2), m4 = _mm512_set1_epi32(0x000F000F);
+    const __mmask32 nz = ~(__mmask32)0x01010101u;   /* the zero codes 0 and 8 keep +0 */
+    for (int b = 0; b < nblk; b++) {
+        __m512i tab = _mm512_mask_add_epi16(base, nz, base, _mm512_set1_epi16((short)((st[b] - 127) * 128)));
+        __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c + 16 * b)));
+        /* word 2 i: byte i's low nibble; word 2 i + 1: its high nibble */
+        __m512i ix = _mm512_ternarylogic_epi32(d, _mm512_slli_epi32(d, 12), m4, 0xA8);
+        _mm512_store_si512(pw + 32 * b, _mm512_permutexvar_epi16(ix, tab));
+    }
+}
+
+/* The dot order's activation words of one row from its Q8 values a (ds41_fast_q8_row): fp4_act_row's
+ * (linear_fast.c) integers q and block scales u, as ad[k] = bf16(q_k u / 2) in K order: per
+ * 32-block m = max |a| (NaNs ignored), ue = m's biased exponent - 14 (127 when m = 0), at
+ * least 2, q = (int16) cvt(a 2^(127 - ue)) (round to nearest even; NaN -> 0). Returns 0 when a
+ * word is not exact in BF16 (never: q has at most 4 significant bits; checked all the same);
+ * widens [*emin, *emax] to the biased exponents of the blocks' u / 2 (ue - 1). */
+static int dot_acts(const float *a, int in, uint16_t *ad, int *emin, int *emax) {
+    const __m512 absm = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+    __m512i lost = _mm512_setzero_si512();
+    int lo = *emin, hi = *emax;
+    for (int b = 0; b < in / 32; b++) {
+        __m512 v0 = _mm512_loadu_ps(a + 32 * b), v1 = _mm512_loadu_ps(a + 32 * b + 16);
+        /* max_ps returns its second operand when the first is NaN: NaNs drop out */
+        __m512 m = _mm512_max_ps(_mm512_and_ps(v1, absm), _mm512_max_ps(_mm512_and_ps(v0, absm), _mm512_setzero_ps()));
+        float mf = _mm512_reduce_max_ps(m);
+        int ue = mf > 0.0f ? (int)(ds41_f32_bits(mf) >> 23) - 14 : 127;
+        if (ue < 2) ue = 2;
+        __m512 inv = _mm512_set1_ps(ds41_bits_f32((uint32_t)(254 - ue) << 23));
+        __m512 hu = _mm512_set1_ps(ds41_bits_f32((uint32_t)(ue - 1) << 23));
+        lo = ue - 1 < lo ? ue - 1 : lo;
+        hi = ue - 1 > hi ? ue - 1 : hi;
+        __m256i q0 = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv)));   /* truncated to int16 */
+        __m256i q1 = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inv)));
+        __m512i w0 = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(q0)), hu));
+        __m512i w1 = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(q1)), hu));
+        lost = _mm512_or_si512(lost, _mm512_and_si512(_mm512_or_si512(w0, w1), _mm512_set1_epi32(0xFFFF)));
+        _mm256_storeu_si256((__m256i *)(ad + 32 * b), _mm512_cvtepi32_epi16(_mm512_srli_epi32(w0, 16)));
+        _mm256_storeu_si256((__m256i *)(ad + 32 * b + 16), _mm512_cvtepi32_epi16(_mm512_srli_epi32(w1, 16)));
+    }
+    *emin = lo;
+    *emax = hi;
+    return _mm512_test_epi32_mask(lost, lost) == 0;
+}
+
+typedef struct djob {
+    const uint8_t *w, *s;
+    int out, in, T;
+    const uint16_t *ad;   /* activation words, token stride ldad words */
+    size_t ldad;
+    float *y;
+    size_t ys;
+} djob;
+
+static void djob_items(void *arg, int i0, int i1) {
+    const djob *j = arg;
+    int T = j->T, nb = j->in / 32;
+    size_t lw = (size_t)j->in / 2;
+    uint16_t *PW = ds41_scratch(DS41_SCR_ITEM_PW, (size_t)DITEM * KCD * sizeof(uint16_t));
+    float *acc = ds41_scratch(DS41_SCR_ITEM_ACC, (size_t)DITEM * T * 16 * sizeof(float));
+    if (!PW || !acc) return;
+    for (int it = i0; it < i1; it++) {
+        int r0 = it * DITEM, r1 = r0 + DITEM < j->out ? r0 + DITEM : j->out, nr = r1 - r0;
+        for (int k0 = 0; k0 < j->in; k0 += KCD) {
+            int kc = j->in - k0 < KCD ? j->in - k0 : KCD, nblk = kc / 32;
+            /* the next panel's codes into L2 as this one is decoded: this item's next K, or
+             * the next item's first */
+            int nk0 = k0 + KCD < j->in ? k0 + KCD : 0, nr0 = nk0 ? r0 : r1;
+            int nr1 = nk0 ? r1 : (it + 1 < i1 ? (r1 + DITEM < j->out ? r1 + DITEM : j->out) : r1);
+            int nkc = j->in - nk0 < KCD ? j->in - nk0 : KCD;
+            for (int r = r0; r < r1; r++) {
+                if (nr0 + (r - r0) < nr1) {   /* its codes and its scale bytes (a miss each otherwise) */
+                    const char *b = (const char *)(j->w + (size_t)(nr0 + (r - r0)) * lw + nk0 / 2);
+                    for (int o = 0; o < nkc / 2; o += 64) _mm_prefetch(b + o, _MM_HINT_T1);
+                    _mm_prefetch((const char *)(j->s + (size_t)(nr0 + (r - r0)) * nb + nk0 / 32), _MM_HINT_T1);
+                }
+                pan_d_row(j->w + (size_t)r * lw + k0 / 2, j->s + (size_t)r * nb + k0 / 32, nblk, PW + (size_t)(r - r0) * KCD);
+            }
+            for (int t0 = 0; t0 < T; t0 += PC) {
+                int C = T - t0 < PC ? T - t0 : PC;
+                for (int q = 0; q < nr; q += PR) {
+                    int R = nr - q < PR ? nr - q : PR;
+                    mk_q[R - 1][C - 1]((const uint32_t *)(PW + (size_t)q * KCD), KCD / 2,
+                                       (const uint32_t *)(j->ad + (size_t)t0 * j->ldad + k0), j->ldad / 2, nblk,
+                                       acc + ((size_t)q * T + t0) * 16, T, k0 == 0);
+                }
+            }
+        }
+        float v[8];
+        for (int t = 0; t < T; t++) {
+            float *yt = j->y + (size_t)t * j->ys + r0;
+            for (int r = 0; r < nr; r += 8) {
+                int n = nr - r < 8 ? nr - r : 8;
+                __m256 s = ds41_bf16_round8(hsum16x8(acc + ((size_t)r * T + t) * 16, (size_t)T * 16, n));
+                if (n == 8) {
+                    _mm256_storeu_ps(yt + r, s);
+                } else {
+                    _mm256_storeu_ps(v, s);
+                    memcpy(yt + r, v, (size_t)n * sizeof(float));
+                }
+            }
+        }
+    }
+}
+
+/* the smallest and largest of n bytes */
+static void u8_range(const uint8_t *p, size_t n, int *mn, int *mx) {
+    __m512i a = _mm512_set1_epi8(-1), b = _mm512_setzero_si512();
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m512i v = _mm512_loadu_si512(p + i);
+        a = _mm512_min_epu8(a, v);
+        b = _mm512_max_epu8(b, v);
+    }
+    uint8_t la[64], lb[64];
+    _mm512_storeu_si512(la, a);
+    _mm512_storeu_si512(lb, b);
+    int lo = 255, hi = 0;
+    for (int k = 0; k < 64; k++) {
+        lo = la[k] < lo ? la[k] : lo;
+        hi = lb[k] > hi ? lb[k] : hi;
+    }
+    for (; i < n; i++) {
+        lo = p[i] < lo ? p[i] : lo;
+        hi = p[i] > hi ? p[i] : hi;
+    }
+    *mn = lo;
+    *mx = hi;
+}
+
+/* The FP4 linear of T tokens in the dot order (the head of this part): y[t ys + n] for the
+ * activation words ad (token stride ldad words, in of them per token, 64-byte aligned rows)
+ * whose u / 2 exponents span [eamin, eamax]. Returns 0, having written nothing, where a scale
+ * byte of w is outside the range the argument above allows; 1 when done. */
+static int dot_fp4(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int out, int in, const uint16_t *ad,
+                   size_t ldad, int T, int eamin, int eamax, float *y, size_t ys) {
+    int smin, smax, lg = 0;
+    while (lg < 31 && (1LL << lg) < in) lg++;
+    u8_range(s, (size_t)out * (in / 32), &smin, &smax);
+    int lo = 128 - eamin > 1 ? 128 - eamin : 1, hi = 361 - lg - eamax < 251 ? 361 - lg - eamax : 251;
+    if (smin < lo || smax > hi) return 0;
+    djob j = { w, s, out, in, T, ad, ldad, y, ys };
+    int n_items = (out + DITEM - 1) / DITEM;
+    if ((long long)out * in * T >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, djob_items, &j);
+    else djob_items(&j, 0, n_items);
+    return 1;
+}
+
+static const ds41_fast_bf16 bf16_ops = { pan_fp4b, pf_fp4b, probe_ratio, dense_b, dot_fp4, dot_acts };
 const ds41_fast_bf16 *ds41_fast_bf16_avx512(void) { return &bf16_ops; }
 
 #ifdef __clang__

@@ -784,7 +784,7 @@ static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 
 int ds41_fast_bf16_on;
 double ds41_fast_bf16_ratio;
-long long ds41_fast_bf16_panels, ds41_fast_bf16_fallbacks;
+long long ds41_fast_bf16_panels, ds41_fast_bf16_fallbacks, ds41_fast_fp4_dot_tiles, ds41_fast_fp4_dot_refused;
 
 int ds41_kernels_isa_supported(const char *name) {
     if (!strcmp(name, "avx2"))
@@ -795,6 +795,7 @@ int ds41_kernels_isa_supported(const char *name) {
                __builtin_cpu_supports("avx512vnni");
     if (!strcmp(name, "avx512bf16"))
         return ds41_kernels_isa_supported("avx512") && ds41_fast_bf16_avx512() && __builtin_cpu_supports("avx512bf16");
+    if (!strcmp(name, "avx512dot")) return ds41_kernels_isa_supported("avx512bf16");
     return 0;
 }
 
@@ -817,10 +818,13 @@ static void isa_init(void) {
     const char *e = getenv("DS41_ISA");
     int dflt = !e || !*e || !strcmp(e, "auto");
     g_ops = &ops_avx2;
-    if ((dflt || !strcmp(e, "avx512") || !strcmp(e, "avx512bf16")) && ds41_kernels_isa_supported("avx512"))
+    if ((dflt || !strcmp(e, "avx512") || !strcmp(e, "avx512bf16") || !strcmp(e, "avx512dot")) &&
+        ds41_kernels_isa_supported("avx512"))
         g_ops = ds41_fast_ops_avx512();
     if (g_ops != &ops_avx2)
-        ds41_fast_bf16_on = dflt ? bf16_auto() : !strcmp(e, "avx512bf16") && ds41_kernels_isa_supported("avx512bf16");
+        ds41_fast_bf16_on = dflt ? bf16_auto()
+                          : !ds41_kernels_isa_supported("avx512bf16") ? 0
+                          : !strcmp(e, "avx512dot") ? 2 : !strcmp(e, "avx512bf16");
 }
 
 const ds41_fast_ops *ds41_fast_ops_get(void) {
@@ -845,7 +849,10 @@ const char *ds41_kernels_fp8_decode(void) {
 static const ds41_fast_bf16 *bf16_of(const ds41_fast_ops *ops) {
     return ops != &ops_avx2 && __atomic_load_n(&ds41_fast_bf16_on, __ATOMIC_RELAXED) ? ds41_fast_bf16_avx512() : NULL;
 }
-const char *ds41_kernels_fp4_products(void) { return bf16_of(ds41_fast_ops_get()) ? "vdpbf16ps" : "int16"; }
+const char *ds41_kernels_fp4_products(void) {
+    return !bf16_of(ds41_fast_ops_get()) ? "int16"
+           : __atomic_load_n(&ds41_fast_bf16_on, __ATOMIC_RELAXED) == 2 ? "vdpbf16ps-dot" : "vdpbf16ps";
+}
 double ds41_kernels_bf16_ratio(void) {
     ds41_fast_ops_get();
     if (ds41_fast_bf16_ratio == 0 && ds41_kernels_isa_supported("avx512bf16"))
@@ -864,7 +871,7 @@ int ds41_kernels_set_isa(const char *name) {
         return -1;
     } else {
         o = !strcmp(name, "avx2") ? &ops_avx2 : ds41_fast_ops_avx512();
-        bf = !strcmp(name, "avx512bf16");
+        bf = !strcmp(name, "avx512dot") ? 2 : !strcmp(name, "avx512bf16");
     }
     __atomic_store_n(&ds41_fast_bf16_on, bf, __ATOMIC_RELAXED);
     __atomic_store_n(&g_ops, o, __ATOMIC_RELEASE);
@@ -1501,6 +1508,28 @@ static void fjob_run(const ds41_ctx *ctx, fjob *j) {
 
 /* ---------------------------------------------------------------- entry points */
 
+/* The dot order's activations of a tile (TT tokens at most): Q8 values into a (token stride in),
+ * the words into ad (token stride ldad), per token whether they are exact and their exponents */
+typedef struct dacts_job {
+    const float *x;
+    int in;
+    float *a;
+    uint16_t *ad;
+    size_t ldad;
+    int ok[TT], emin[TT], emax[TT];
+} dacts_job;
+
+static void dacts_rows(void *arg, int t0, int t1) {
+    dacts_job *d = arg;
+    for (int t = t0; t < t1; t++) {
+        float *ar = d->a + (size_t)t * d->in;
+        ds41_fast_q8_row(d->x + (size_t)t * d->in, d->in, 1.0f, ar);
+        d->emin[t] = 255;
+        d->emax[t] = 0;
+        d->ok[t] = ds41_fast_bf16_avx512()->dot_acts(ar, d->in, d->ad + (size_t)t * d->ldad, &d->emin[t], &d->emax[t]);
+    }
+}
+
 void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int fp4, int out, int in,
                     const float *x, int T, float *y) {
     const ds41_fast_ops *ops = ds41_fast_ops_get();
@@ -1515,6 +1544,29 @@ void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int
     if (!a || (fp4 && (!aw || !sav))) return;
     for (int t0 = 0; t0 < T; t0 += tt) {
         int nt = T - t0 < tt ? T - t0 : tt;
+        if (fp4 && nt > DS41_FEW_MAX && bf16_of(ops) && __atomic_load_n(&ds41_fast_bf16_on, __ATOMIC_RELAXED) == 2 &&
+            !mid_on(ops, J_FP4, nt)) {
+            /* the dot order (linear_avx512bf16.c): its activation words straight from the Q8
+             * values, the tokens split between the threads */
+            if (!ab) ab = ds41_scratch(DS41_SCR_LIN_AB, (size_t)tt * ldaw * sizeof(int16_t));
+            if (ab) {
+                dacts_job dj = { x + (size_t)t0 * in, in, a, (uint16_t *)ab, ldaw, { 0 }, { 0 }, { 0 } };
+                if ((long long)nt * in >= 16384) ds41_parallel_for(ctx, nt, dacts_rows, &dj);
+                else dacts_rows(&dj, 0, nt);
+                int ok = 1, emin = 255, emax = 0;
+                for (int t = 0; t < nt; t++) {
+                    ok &= dj.ok[t];
+                    emin = dj.emin[t] < emin ? dj.emin[t] : emin;
+                    emax = dj.emax[t] > emax ? dj.emax[t] : emax;
+                }
+                if (ok && ds41_fast_bf16_avx512()->dot_fp4(ctx, w, s, out, in, (const uint16_t *)ab, ldaw, nt, emin, emax,
+                                                           y + (size_t)t0 * out, (size_t)out)) {
+                    __atomic_fetch_add(&ds41_fast_fp4_dot_tiles, 1, __ATOMIC_RELAXED);
+                    continue;
+                }
+            }
+            __atomic_fetch_add(&ds41_fast_fp4_dot_refused, 1, __ATOMIC_RELAXED);
+        }
         for (int t = 0; t < nt; t++) {
             float *ar = a + (size_t)t * in;
             ds41_fast_q8_row(x + (size_t)(t0 + t) * in, in, 1.0f, ar);

@@ -119,17 +119,32 @@ typedef struct ds41_fast_bf16 {
      * when the road is on (ds41_fast_bf16_on with the AVX-512 ops). */
     void (*dense)(const ds41_ctx *ctx, const uint16_t *wb, int out, int in, const float *x, int x_stride, int T,
                   float *y, int y_stride, int out_bf16);
+    /* The FP4 linear of T tokens in the dot order (DS41_ISA=avx512dot; linear_avx512bf16.c, "FP4
+     * in the dot order"): ad the activation words bf16(q u / 2) in K order (token stride ldad
+     * words, 64-byte aligned), eamin / eamax the range of the biased exponents of their u / 2;
+     * y[t ys + n], rounded to BF16. Returns 0, having written nothing, when a scale byte of w is
+     * outside the range that keeps vdpbf16ps exact (the caller then takes the int16 road). */
+    int (*dot_fp4)(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int out, int in, const uint16_t *ad,
+                   size_t ldad, int T, int eamin, int eamax, float *y, size_t ys);
+    /* dot_fp4's activation words of one row from its Q8 values a (ds41_fast_q8_row), in words:
+     * fp4_act_row's integers times their block's u / 2; 0 when one is not exact in BF16; widens
+     * [*emin, *emax] to the exponents of the u / 2 */
+    int (*dot_acts)(const float *a, int in, uint16_t *ad, int *emin, int *emax);
 } ds41_fast_bf16;
 const ds41_fast_bf16 *ds41_fast_bf16_avx512(void);
 /* 1 when the AVX-512 path uses the BF16 FP4 panels (set at first use from the probe, or by
- * DS41_ISA / ds41_kernels_set_isa: "avx512bf16" on, "avx512" off); the probe's ratio (0: not
- * run) and the threshold below which auto turns them on */
+ * DS41_ISA / ds41_kernels_set_isa: "avx512bf16" on, "avx512" off), 2 when it also takes the
+ * FP4 prefill tiles in the dot order ("avx512dot", never auto: other bits than the canonical
+ * order's); the probe's ratio (0: not run) and the threshold below which auto turns them on */
 extern int ds41_fast_bf16_on;
 extern double ds41_fast_bf16_ratio;
 #define DS41_BF16_RATIO_MAX 1.5
 /* panels that asked for the BF16 road and took the int16 one (a scale byte out of range, or an
  * activation word not exact in BF16), and those that took it (tests check both run) */
 extern long long ds41_fast_bf16_panels, ds41_fast_bf16_fallbacks;
+/* FP4 tiles that took the dot order (DS41_ISA=avx512dot), and those it refused (a scale byte
+ * outside its range: the int16 road served them) */
+extern long long ds41_fast_fp4_dot_tiles, ds41_fast_fp4_dot_refused;
 /* the BF16 linears (dense above): 64-token tiles that took the vdpbf16ps road; tiles sent to
  * the FMA road by their activations (a value not BF16, or subnormal, infinite, NaN); 32-row
  * items (T <= 8) or panels (T > 8) sent there by their weights */
