@@ -90,8 +90,12 @@ run_list() {
 # (a clean-clone run on a 2-core AMD EPYC at 1d7b275 + pipe23: the ASan run 543 s, conformance
 # 155 s, pd 61 s, store_faults 26 s, configs 10 s, 795 s in all, against 833 s for everything
 # else, with mpi.test.sh 134 s, demo_model 106 s, fuzz 105 s and tokenizer 54 s; tokenizer.test.sh
-# moved here and 55 s taken out of the ASan run, so about 775 s against 780 s)
-lane_a=${DS41_LANE_A-sanitizers.test.sh conformance.test.sh pd.test.sh store_faults.test.sh configs.test.sh tokenizer.test.sh}
+# moved here and 55 s taken out of the ASan run, so about 775 s against 780 s. At 41dd6b3: lane A
+# 738 s (the ASan run 419 s), lane B 756 s; trim29 takes about 60 s out of the ASan run (its
+# build at -g1 without the skipped programs' binaries, test_kernels' doubled ISA loop, the
+# checkpoint cache) and about 30 s out of lane B (the cache, the fuzz build at -g1), and moves
+# train_resume_test.py (25 s) here: about 705 s against 705 s)
+lane_a=${DS41_LANE_A-sanitizers.test.sh conformance.test.sh pd.test.sh store_faults.test.sh configs.test.sh tokenizer.test.sh train_resume_test.py}
 jobs=${DS41_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}
 all_tests >"$BUILD/test-logs/list"
 if [ -z "${DS41_ASAN:-}" ] && [ "$jobs" -gt 1 ] && [ -n "$lane_a" ]; then
