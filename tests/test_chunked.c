@@ -45,11 +45,10 @@ static int make_ck_ctx(const char *name, int ctx, char *dir, size_t cap) {
     snprintf(cfg, sizeof cfg, "%s.cfg", base);
     char cmd[16384];
     snprintf(cmd, sizeof cmd,
-             "[ -f '%s/.complete' ] || { rm -rf '%s' '%s' && mkdir -p '%s' '%s' && "
+             "[ -f '%s/.complete' ] || { rm -rf '%s' && mkdir -p '%s' && "
              "sed 's/\"max_position_embeddings\": 128,/\"max_position_embeddings\": %d,/' '%s/tests/configs/%s/config.json' "
-             ">'%s/config.json' && %s '%s/tools/make_checkpoint.py' '%s' '%s' --seed 3 --token-map stub -q && "
-             "touch '%s/.complete'; }",
-             base, base, cfg, base, cfg, ctx > 0 ? ctx : 128, root, name, cfg, py, root, cfg, base, base);
+             ">'%s/config.json' && PYTHON='%s' bash '%s/tests/ckcache.sh' '%s' '%s' --seed 3 --token-map stub -q; }",
+             base, cfg, cfg, ctx > 0 ? ctx : 128, root, name, cfg, py, root, base, cfg);
     return system(cmd);
 }
 

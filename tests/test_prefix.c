@@ -33,10 +33,10 @@ static int make_tiny(void) {
     char cmd[8192];
     snprintf(tiny, sizeof tiny, "%.1000s/prefix_tiny", tmpdir);
     snprintf(cmd, sizeof cmd,
-             "rm -rf '%s' '%s.cfg' && mkdir -p '%s.cfg' && sed 's/\"max_position_embeddings\": 128/\"max_position_embeddings\": 1024/' "
-             "'%s/tests/configs/tiny/config.json' > '%s.cfg/config.json' && %s '%s/tools/make_checkpoint.py' '%s.cfg' '%s' "
+             "rm -rf '%s.cfg' && mkdir -p '%s.cfg' && sed 's/\"max_position_embeddings\": 128/\"max_position_embeddings\": 1024/' "
+             "'%s/tests/configs/tiny/config.json' > '%s.cfg/config.json' && PYTHON='%s' bash '%s/tests/ckcache.sh' '%s' '%s.cfg' "
              "--seed 11 --token-map stub -q",
-             tiny, tiny, tiny, root, tiny, py, root, tiny, tiny);
+             tiny, tiny, root, tiny, py, root, tiny, tiny);
     return sh(cmd);
 }
 
@@ -44,8 +44,8 @@ static int make_small43(void) {
     const char *root = env_or("DS41_ROOT", "."), *py = env_or("PYTHON", "/usr/bin/python3");
     char cmd[8192];
     snprintf(small43, sizeof small43, "%.1000s/prefix_small43", tmpdir);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s' && %s '%s/tools/make_checkpoint.py' '%s/tests/configs/small43' '%s' --seed 3 --token-map stub -q",
-             small43, py, root, root, small43);
+    snprintf(cmd, sizeof cmd, "PYTHON='%s' bash '%s/tests/ckcache.sh' '%s' '%s/tests/configs/small43' --seed 3 --token-map stub -q",
+             py, root, small43, root);
     return sh(cmd);
 }
 

@@ -22,8 +22,8 @@ static int make_checkpoint(void) {
     if (build[0] == '/') snprintf(ckpt, sizeof ckpt, "%s/test-tmp/session_tiny", build);
     else snprintf(ckpt, sizeof ckpt, "%s/%s/test-tmp/session_tiny", root, build);
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s' && %s '%s/tools/make_checkpoint.py' '%s/tests/configs/tiny' "
-             "'%s' --seed 5 --token-map stub -q", ckpt, ckpt, py, root, root, ckpt);
+    snprintf(cmd, sizeof cmd, "PYTHON='%s' bash '%s/tests/ckcache.sh' '%s' '%s/tests/configs/tiny' --seed 5 --token-map stub -q",
+             py, root, ckpt, root);
     return system(cmd);
 }
 

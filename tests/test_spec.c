@@ -30,10 +30,9 @@ static int make_tiny(void) {
     const char *py = env_or("PYTHON", "/usr/bin/python3");
     if (build[0] == '/') snprintf(tiny, sizeof tiny, "%s/test-tmp/spec_tiny", build);
     else snprintf(tiny, sizeof tiny, "%s/%s/test-tmp/spec_tiny", root, build);
-    char cmd[32768];   /* 6 paths of up to 4096 bytes + the text */
-    snprintf(cmd, sizeof cmd, "[ -f '%s/.complete' ] || { rm -rf '%s' && mkdir -p '%s' && %s '%s/tools/make_checkpoint.py' "
-             "'%s/tests/configs/tiny' '%s' --seed 7 --token-map stub -q && touch '%s/.complete'; }",
-             tiny, tiny, tiny, py, root, root, tiny, tiny);
+    char cmd[32768];   /* 5 paths of up to 4096 bytes + the text */
+    snprintf(cmd, sizeof cmd, "[ -f '%s/.complete' ] || PYTHON='%s' bash '%s/tests/ckcache.sh' '%s' '%s/tests/configs/tiny' "
+             "--seed 7 --token-map stub -q", tiny, py, root, tiny, root);
     return system(cmd);
 }
 

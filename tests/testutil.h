@@ -22,7 +22,9 @@ static inline int under_sanitizers(void) { return *env_or("DS41_ASAN", "") != 0;
 
 /* Writes the checkpoint of tests/configs/CONFIG (stub Engram token map) with tools/
  * make_checkpoint.py into $DS41_BUILD/test-tmp/LEAF, its path into out; reuse: keep one that
- * is already complete. 0 = ready. */
+ * is already complete. 0 = ready. The files are links into tests/ckcache.sh's cache
+ * (build/test-ck/gen), which writes each distinct checkpoint once for every test and both
+ * builds (normal and sanitizer). */
 /* write_test_ck with more make_checkpoint.py arguments (extra, e.g. "--vision") */
 static inline int write_test_ck_args(const char *leaf, const char *config, int seed, int reuse, const char *extra, char *out,
                                      size_t cap) {
@@ -33,9 +35,8 @@ static inline int write_test_ck_args(const char *leaf, const char *config, int s
     char head[8192] = "";
     if (reuse) snprintf(head, sizeof head, "[ -f '%s/.complete' ] || ", out);
     char cmd[32768];
-    snprintf(cmd, sizeof cmd, "%s{ rm -rf '%s' && mkdir -p '%s' && %s '%s/tools/make_checkpoint.py' "
-             "'%s/tests/configs/%s' '%s' --seed %d --token-map stub -q %s && touch '%s/.complete'; }",
-             head, out, out, py, root, root, config, out, seed, extra, out);
+    snprintf(cmd, sizeof cmd, "%sPYTHON='%s' bash '%s/tests/ckcache.sh' '%s' '%s/tests/configs/%s' --seed %d --token-map stub -q %s",
+             head, py, root, out, root, config, seed, extra);
     return system(cmd);
 }
 

@@ -27,6 +27,7 @@
 #include "kernels.h"
 #include "formats.h"
 #include "linear_fast.h"
+#include "hsum.h"
 
 #include <immintrin.h>
 #include <pthread.h>
@@ -70,14 +71,6 @@ static void quantize_rows(const float *x, int x_stride, int T, int in, float *qa
 }
 
 /* ---------------------------------------------------------------- SIMD helpers */
-
-static inline float hsum8(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    __m128 s = _mm_add_ps(lo, hi);
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
 
 static inline double hsum4d(__m256d v) {
     __m128d lo = _mm256_castpd256_pd128(v), hi = _mm256_extractf128_pd(v, 1);

@@ -22,6 +22,8 @@
 #ifdef __clang__
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"))), apply_to = function)
 #endif
+/* after the push: clang gives these this file's target (hsum.h) */
+#include "hsum512.h"
 
 #define KC DS41_KC
 #define PFD 1024
@@ -31,16 +33,6 @@
 #define DPFD 2048
 #define UNROLL _Pragma("GCC unroll 8")
 
-static inline float hsum8(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    __m128 s = _mm_add_ps(lo, hi);
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
-static inline float hsum16(__m512 v) {
-    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
-}
 static inline __m512 zext(__m256 v) { return _mm512_zextps256_ps512(v); }
 
 static float ue8_lut[256];    /* ue8m0(e) */

@@ -47,6 +47,8 @@
 #ifdef __clang__
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c"))), apply_to = function)
 #endif
+/* after the push: clang gives these this file's target (hsum.h) */
+#include "hsum512.h"
 
 #define KC DS41_KC
 #define UNROLL _Pragma("GCC unroll 8")
@@ -247,18 +249,6 @@ static void *amalloc(size_t n) {
     void *p = NULL;
     if (posix_memalign(&p, 64, n ? n : 64) != 0) return NULL;
     return p;
-}
-
-static inline float hsum8(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    __m128 s = _mm_add_ps(lo, hi);
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
-/* hsum8(A + B) of an accumulator register (linear_avx512.c's hsum16) */
-static inline float hsum16(__m512 v) {
-    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
 }
 
 /* the sums of 8 accumulator blocks (block i at acc + i * stride; n of them, the others 0) in

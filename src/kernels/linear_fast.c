@@ -69,6 +69,7 @@
  * tiles), split statically; results do not depend on the split. */
 #include "linear_fast.h"
 #include "formats.h"
+#include "hsum.h"
 
 #include <float.h>
 #include <immintrin.h>
@@ -110,13 +111,6 @@ static void luts_fill(void) {
     }
 }
 
-static inline float hsum8(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    __m128 s = _mm_add_ps(lo, hi);
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
 /* hsum8(A + B) of n <= 8 accumulator blocks acc + stride i (A: floats 0-7, B: 8-15) at once,
  * lane i: the same additions of the same pairs as hsum8 (A + B; low half + high half; lanes
  * 0, 1 + lanes 2, 3; lane 0 + lane 1), with two or four outputs side by side in a register
