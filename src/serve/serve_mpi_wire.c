@@ -12,6 +12,21 @@ static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH
                                         "GMASK", "GRAMMAR", "VMASK", "INSTALL", "PD_SEQ", "PD_FWD", "DRAFTS" };
 
 /* IMAGES and PROBE_IMG: flags[n] (0 or 1) at w[*i], then a content key (8 words) per flag set */
+/* a session id, a token count (at least min) and the tokens, as BLOCKS and INSTALL begin */
+static int id_tokens(const int32_t *w, size_t n, size_t *i, ds41_sop *op, const char *name, int min, char *err, size_t errcap) {
+    if (n - *i < 2)
+        return snprintf(err, errcap, "serve mirror: word %zu: %s: expected a session id and a token count, the record ends", *i, name), -1;
+    op->id = w[*i];
+    if (w[*i + 1] < min)
+        return snprintf(err, errcap, "serve mirror: word %zu: %s: %d tokens (expected >= %d)", *i + 1, name, (int)w[*i + 1], min), -1;
+    op->n = (size_t)w[*i + 1];
+    *i += 2;
+    if (n - *i < op->n) return snprintf(err, errcap, "serve mirror: word %zu: %s: expected the tokens, the record ends", *i, name), -1;
+    op->ids = w + *i;
+    *i += op->n;
+    return 0;
+}
+
 static int image_flags(const int32_t *w, size_t n, size_t *i, ds41_sop *op, const char *name, char *err, size_t errcap) {
     if (n - *i < op->n) return snprintf(err, errcap, "serve mirror: word %zu: %s: expected a flag per token, the record ends", *i, name), -1;
     op->flags = w + *i;
@@ -200,14 +215,7 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
         if (image_flags(w, n, &i, op, name, err, errcap)) return -1;
         break;
     case DS41_SOP_BLOCKS:
-        NEED(2, "a session id and a token count");
-        op->id = w[i];
-        if (w[i + 1] < 1) return snprintf(err, errcap, "serve mirror: word %zu: BLOCKS: %d tokens (expected >= 1)", i + 1, (int)w[i + 1]), -1;
-        op->n = (size_t)w[i + 1];
-        i += 2;
-        NEED(op->n, "the tokens");
-        op->ids = w + i;
-        i += op->n;
+        if (id_tokens(w, n, &i, op, name, 1, err, errcap)) return -1;
         NEED(3, "the first block, a block count and a byte count");
         if (w[i] < 0 || w[i + 1] < 1 || w[i + 2] < 1 || ((int64_t)w[i] + w[i + 1]) * DS41_PREFIX_BLOCK > (int64_t)op->n)
             return snprintf(err, errcap, "serve mirror: word %zu: BLOCKS: blocks %d + %d of %zu tokens, %d bytes (expected whole "
@@ -222,14 +230,7 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
         i += (op->blk_len + 3) / 4;
         break;
     case DS41_SOP_INSTALL:
-        NEED(2, "a session id and a token count");
-        op->id = w[i];
-        if (w[i + 1] < 2) return snprintf(err, errcap, "serve mirror: word %zu: INSTALL: %d tokens (expected >= 2)", i + 1, (int)w[i + 1]), -1;
-        op->n = (size_t)w[i + 1];
-        i += 2;
-        NEED(op->n, "the tokens");
-        op->ids = w + i;
-        i += op->n;
+        if (id_tokens(w, n, &i, op, name, 2, err, errcap)) return -1;
         NEED(4, "the first block, a block count and the pages' and the state's byte counts");
         if (w[i] < 0 || w[i + 1] < 1 || ((int64_t)w[i] + w[i + 1]) * DS41_PREFIX_BLOCK >= (int64_t)op->n)
             return snprintf(err, errcap, "serve mirror: word %zu: INSTALL: blocks %d + %d of %zu tokens (expected at least one "
