@@ -12,6 +12,14 @@ static const char *const op_name[] = { "?", "OPEN", "CLOSE", "RESTORE", "PUBLISH
                                         "GMASK", "GRAMMAR", "VMASK", "INSTALL", "PD_SEQ", "PD_FWD", "DRAFTS" };
 
 /* IMAGES and PROBE_IMG: flags[n] (0 or 1) at w[*i], then a content key (8 words) per flag set */
+/* op->n tokens at word *i */
+static int tokens(const int32_t *w, size_t n, size_t *i, ds41_sop *op, const char *name, char *err, size_t errcap) {
+    if (n - *i < op->n) return snprintf(err, errcap, "serve mirror: word %zu: %s: expected the tokens, the record ends", *i, name), -1;
+    op->ids = w + *i;
+    *i += op->n;
+    return 0;
+}
+
 /* a session id, a token count (at least min) and the tokens, as BLOCKS and INSTALL begin */
 static int id_tokens(const int32_t *w, size_t n, size_t *i, ds41_sop *op, const char *name, int min, char *err, size_t errcap) {
     if (n - *i < 2)
@@ -21,10 +29,7 @@ static int id_tokens(const int32_t *w, size_t n, size_t *i, ds41_sop *op, const 
         return snprintf(err, errcap, "serve mirror: word %zu: %s: %d tokens (expected >= %d)", *i + 1, name, (int)w[*i + 1], min), -1;
     op->n = (size_t)w[*i + 1];
     *i += 2;
-    if (n - *i < op->n) return snprintf(err, errcap, "serve mirror: word %zu: %s: expected the tokens, the record ends", *i, name), -1;
-    op->ids = w + *i;
-    *i += op->n;
-    return 0;
+    return tokens(w, n, i, op, name, err, errcap);
 }
 
 static int image_flags(const int32_t *w, size_t n, size_t *i, ds41_sop *op, const char *name, char *err, size_t errcap) {
@@ -95,9 +100,7 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
         NEED(1, "a token count");
         if (w[i] < 0) return snprintf(err, errcap, "serve mirror: word %zu: PROBE: token count %d is negative", i, (int)w[i]), -1;
         op->n = (size_t)w[i++];
-        NEED(op->n, "the tokens");
-        op->ids = w + i;
-        i += op->n;
+        if (tokens(w, n, &i, op, name, err, errcap)) return -1;
         break;
     case DS41_SOP_RESTORE:
     case DS41_SOP_PUBLISH:
@@ -105,9 +108,7 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
         op->id = w[i++];
         if (w[i] < 0) return snprintf(err, errcap, "serve mirror: word %zu: %s: token count %d is negative", i, name, (int)w[i]), -1;
         op->n = (size_t)w[i++];
-        NEED(op->n, "the tokens");
-        op->ids = w + i;
-        i += op->n;
+        if (tokens(w, n, &i, op, name, err, errcap)) return -1;
         break;
     case DS41_SOP_TRIM:
         NEED(2, "a byte count (two words)");
@@ -209,9 +210,7 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
         NEED(1, "a token count");
         if (w[i] < 1) return snprintf(err, errcap, "serve mirror: word %zu: PROBE_IMG: token count %d, expected at least 1", i, (int)w[i]), -1;
         op->n = (size_t)w[i++];
-        NEED(op->n, "the tokens");
-        op->ids = w + i;
-        i += op->n;
+        if (tokens(w, n, &i, op, name, err, errcap)) return -1;
         if (image_flags(w, n, &i, op, name, err, errcap)) return -1;
         break;
     case DS41_SOP_BLOCKS:
@@ -257,9 +256,7 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
         op->stop = w[i + 1];
         op->n = (size_t)w[i + 2];
         i += 3;
-        NEED(op->n, "the tokens");
-        op->ids = w + i;
-        i += op->n;
+        if (tokens(w, n, &i, op, name, err, errcap)) return -1;
         break;
     case DS41_SOP_PD_FWD:
         NEED(3, "a session id, a position and a token count");
@@ -270,9 +267,7 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
         op->at_pos = w[i + 1];
         op->n = (size_t)w[i + 2];
         i += 3;
-        NEED(op->n, "the tokens");
-        op->ids = w + i;
-        i += op->n;
+        if (tokens(w, n, &i, op, name, err, errcap)) return -1;
         break;
     case DS41_SOP_GMASK:
         NEED(3, "a session id, a flag and a word count");
