@@ -100,6 +100,8 @@ int ds41_dist_bcast_wait(void *buf, size_t n, double limit);
 /* The least of every rank's v, on every rank (rank 0 gathers and broadcasts it; a silent
  * rank is named, what: the exchange, in the message). One process: v. */
 long long ds41_dist_min(long long v, const char *what);
+/* The sum of every rank's v, on every rank (the same exchange). One process: v. */
+long long ds41_dist_sum(long long v, const char *what);
 /* This rank's routed-expert bytes and the replicated ones, and the bytes each token sent and
  * received in expert exchanges so far (for bench and inspect). */
 typedef struct ds41_dist_stats {

@@ -656,7 +656,8 @@ int ds41_dist_bcast(void *buf, size_t n) {
  * back to every rank */
 enum { MIN_TAG = 41 };
 
-long long ds41_dist_min(long long v, const char *what) {
+/* every rank's v, combined on rank 0 (the least, or the sum) and broadcast */
+static long long reduce0(long long v, int sum, const char *what) {
     if (g.size < 2) return v;
     int64_t x = v;
     if (g.rank == 0) {
@@ -670,7 +671,7 @@ long long ds41_dist_min(long long v, const char *what) {
         }
         wait_all(rq, g.size - 1, peer, g.timeout, what);
         for (int q = 1; q < g.size; q++)
-            if (all[q] < x) x = all[q];
+            x = sum ? x + all[q] : (all[q] < x ? all[q] : x);
         free(all);
         free(rq);
         free(peer);
@@ -686,6 +687,9 @@ long long ds41_dist_min(long long v, const char *what) {
     wait_all(&rq, 1, &p0, g.timeout, what);
     return (long long)x;
 }
+
+long long ds41_dist_min(long long v, const char *what) { return reduce0(v, 0, what); }
+long long ds41_dist_sum(long long v, const char *what) { return reduce0(v, 1, what); }
 
 /* ------------------------------------------------------------------ step plan */
 
@@ -765,6 +769,10 @@ int ds41_dist_bcast(void *buf, size_t n) {
 }
 
 long long ds41_dist_min(long long v, const char *what) {
+    (void)what;
+    return v;
+}
+long long ds41_dist_sum(long long v, const char *what) {
     (void)what;
     return v;
 }

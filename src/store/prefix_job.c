@@ -120,14 +120,11 @@ void ds41_prefix_job_adopt(ds41_prefix_cache *pc, const char *dir) {
                     me ? " [rank " : "", me, me ? "]" : "", src, past[i], N, b, by, dir, me, du);
     }
     free(past);
-    /* rank 0 gets every rank's counts (one exchange per rank, at start only): once it has them
-     * every rank's moves are done, so a store past N that still holds blocks is one no rank
-     * could move (on a host none of its takers runs on, or a move failed) */
-    long long all_moved = 0, all_bytes = 0;
-    for (int q = 0; q < N; q++) {
-        all_moved += ds41_dist_min(q == me ? moved : LLONG_MAX, "the prefix-cache blocks each rank moved");
-        all_bytes += ds41_dist_min(q == me ? bytes : LLONG_MAX, "the prefix-cache bytes each rank moved");
-    }
+    /* every rank's counts summed (two exchanges, at start only): once rank 0 has them every
+     * rank's moves are done, so a store past N that still holds blocks is one no rank could
+     * move (on a host none of its takers runs on, or a move failed) */
+    long long all_moved = ds41_dist_sum(moved, "the prefix-cache blocks each rank moved");
+    long long all_bytes = ds41_dist_sum(bytes, "the prefix-cache bytes each rank moved");
     if (me != 0) return;
     if (all_moved)
         fprintf(stderr, "ds41: prefix cache: %lld blocks (%lld bytes) of the stores of ranks past this job's %d moved into "
