@@ -505,9 +505,39 @@ def check_template(n, model_dir, data_dir):
     return bad == 0
 
 
+def chatmix(out, model_dir, dest):
+    """DEST/train.bin: the train split's tokens followed by a chat rendering ("What does WORD
+    mean?") of every training GCIDE entry that has none (build() renders 18 %), so that about a
+    third of the stream asks for a definition; DEST/heldout.bin: the held-out split as is. The text
+    mixed into make train-vision's steps (tools/train/README.md): it teaches the chat answer's
+    "WORD, POS." line while the general text keeps the held-out figures."""
+    import shutil
+    import numpy as np
+    os.makedirs(dest, exist_ok=True)
+    docs = [json.loads(l) for l in open(os.path.join(out, "train.jsonl"), encoding="utf-8")]
+    have = {d["key"] for d in docs if d["src"] == "gcide-chat"}
+    extra = []
+    for d in docs:
+        if d["src"] != "gcide" or d["key"] in have:
+            continue
+        word = d["text"].split(",", 1)[0].strip()
+        if not word or "\n" in word or len(word) > 40:
+            continue
+        extra.append(render_chat(clean_specials("What does %s mean?" % word), clean_specials(cut_answer(d["text"]))))
+    enc = encode_all(extra, model_dir)
+    base = np.fromfile(os.path.join(out, "train.bin"), dtype="<u2")
+    add = np.asarray([t for e in enc for t in e], dtype="<u2")
+    np.concatenate([base, add]).tofile(os.path.join(dest, "train.bin"))
+    for f in ("heldout.bin", "heldout.idx"):
+        shutil.copyfile(os.path.join(out, f), os.path.join(dest, f))
+    print("chatmix: %d training tokens + %d tokens of %d chat renderings of GCIDE entries -> %s"
+          % (len(base), len(add), len(extra), dest))
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("cmd", choices=["build", "heldout", "tokenize", "check-template"])
+    ap.add_argument("cmd", choices=["build", "heldout", "tokenize", "check-template", "chatmix"])
+    ap.add_argument("--dest", default=os.path.join(ROOT, "build/demo-chatmix"), help="chatmix's output folder")
     ap.add_argument("--out", default=os.path.join(ROOT, "build/demo-data"))
     ap.add_argument("-m", default=os.path.join(ROOT, "models/demo"))
     ap.add_argument("-n", type=int, default=300)
@@ -518,6 +548,8 @@ def main():
         build(a.out, heldout_only=True)
     elif a.cmd == "tokenize":
         tokenize(a.out, a.m)
+    elif a.cmd == "chatmix":
+        chatmix(a.out, a.m, a.dest)
     else:
         sys.exit(0 if check_template(a.n, a.m, a.out) else 1)
 

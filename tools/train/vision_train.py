@@ -240,6 +240,19 @@ def cell_words(tok, objs, V):
     return t
 
 
+def ground_acc(cos, w, tok):
+    """Share of the drawn cells whose aligned token is nearest (mean cosine over a word's tokens) to
+    its own colour among the five and to its own shape among the three: [colour, shape]."""
+    out = []
+    for words in (sorted(vision_data.COLOURS), vision_data.SHAPES):
+        ids = [tok(x) for x in words]
+        score = torch.stack([cos[:, i].mean(-1) for i in ids], -1)          # [cells, words]
+        truth = torch.stack([(w[:, i] > 0).all(-1) for i in ids], -1)
+        has = truth.any(-1)
+        out.append((truth[has].gather(1, score[has].argmax(-1, keepdim=True))).float().mean().item())
+    return out
+
+
 def answer_text(answer, space):
     """The answer as trained: --answer-space puts a space before it (' red' is one token of the demo
     vocabulary, 'red' at the start of a text is another; ' top left' is 2 tokens, 'top left' 3)."""
@@ -459,11 +472,15 @@ def main():
     ap.add_argument("--text-eval-n", type=int, default=16,
                     help="held-out text windows of 256 for the text loss at the start and every --eval-every "
                          "(with --train-lm; 0: never)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the run's figures were measured so)")
+    ap.add_argument("--init-tower", default="",
+                    help="a fresh run's tower (weights and shape) from another run's vision_state.pt, such as a "
+                         "--ground-only pre-phase on an earlier text model")
     ap.add_argument("--text-eval-every", type=int, default=0,
                     help="the held-out text loss only at evaluations on multiples of N steps and at the last "
                          "step (default: at every evaluation)")
     a = ap.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
     torch.set_flush_denormal(True)
     os.makedirs(a.out, exist_ok=True)
     parts = parse_parts(a.train_lm)
@@ -479,7 +496,9 @@ def main():
         if st.get("base_sha256", base_sha) != base_sha:
             raise SystemExit("vision_train: %s was trained on a %s/model.safetensors of sha256 %s; it now has %s: "
                              "remove the state to start over on the new model" % (path, a.model, st["base_sha256"], base_sha))
-    vc = dict(st["vision"]) if st is not None else dict(VISION, hidden_size=a.width, intermediate_size=2 * a.width)
+    init = torch.load(a.init_tower) if (st is None and a.init_tower) else None
+    vc = dict(st["vision"]) if st is not None else (dict(init["vision"]) if init is not None else
+                                                    dict(VISION, hidden_size=a.width, intermediate_size=2 * a.width))
     lm = LM(a.model, sim=not a.no_sim, parts=parts)
     dim = lm.model.cfg["dim"]
     V = lm.model.cfg["vocab_size"]
@@ -489,6 +508,10 @@ def main():
         rms = lm.model.embed.pow(2).mean().sqrt()
         for v in (tower.image_start, tower.image_end, tower.image_newline):
             v.mul_(rms)
+    if init is not None:
+        tower.load_state_dict(init["tower"])
+        print("tower from %s (its step %d)" % (a.init_tower, init["step"]), flush=True)
+    init = None
     groups_ = [{"params": list(tower.parameters()), "lr": a.lr}]
     if parts:
         groups_.append({"params": list(lm.trainable.values()), "lr": a.lm_lr})
@@ -560,6 +583,9 @@ def main():
             cos = F.normalize(grid.reshape(-1, grid.shape[-1]), dim=-1) @ F.normalize(emb, dim=-1).t()
             lp = F.log_softmax(cos * 10.0, dim=-1)
             total = total + a.ground * -(w[has] * lp[has]).sum(-1).mean()
+            with torch.no_grad():
+                ga = ground_acc(cos.detach(), w, tok)
+                run["gacc"] = [x + y for x, y in zip(run.get("gacc", [0.0, 0.0]), ga)]
         tl = torch.zeros(())
         if text_mix > 0:
             tl = text.loss(lm, text.batch(a.seed, step, text_mix))
@@ -588,6 +614,7 @@ def main():
             n = run["n"]
             rec = {"step": step, "loss": round(run["loss"] / n, 4), "acc": round(run["acc"] / n, 4),
                    "ground": round(run["ground"] / n, 4),
+                   "ground_acc": [round(x / n, 3) for x in run.get("gacc", [0.0, 0.0])],
                    "kind_loss": {k: round(v[0] / v[1], 4) for k, v in sorted(run["kind"].items())},
                    "seconds": round(time.time() - t0, 1)}
             if text_mix > 0:
