@@ -580,6 +580,10 @@ void ds41_smirror_install(ds41_smirror *m, ds41_prefix_cache *pc, const ds41_ses
     flush(m);   /* the install of the decoder stream's form runs the decoder layers: a forward */
 }
 
+void ds41_smirror_pd_load(ds41_smirror *m, ds41_prefix_cache *pc, const ds41_session *s, const int32_t *ids, size_t n) {
+    if (m && m->store && !m->dp && pc) ship_disk_blocks(m, pc, s, ids, n, NULL);
+}
+
 void ds41_smirror_pd_seq(ds41_smirror *m, const ds41_session *s, int stop_layer, const int32_t *ids, size_t n) {
     if (!m) return;
     if (n > (size_t)INT32_MAX) oom();

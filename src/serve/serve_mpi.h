@@ -55,7 +55,10 @@
  * RESTORE whose chain rank 0 had to read from disk (ds41_prefix_load), BLOCKS carries those
  * blocks' pages (blocks first..first+nb-1 of the prompt ids of session id, whose image
  * positions, if any, key the blocks as IMAGES gave them) and the followers add them to their
- * memory caches (ds41_prefix_insert_bytes), which so keep holding exactly rank 0's.
+ * memory caches (ds41_prefix_insert_bytes), which so keep holding exactly rank 0's. A prefill
+ * node (serve --role prefill) sends the same BLOCKS before PD_SEQ, for the chain of the
+ * request's ids that rank 0's cache read from its store ahead of its hit query
+ * (ds41_smirror_pd_load): every rank's hit query, restore and suffix forward then see it.
  *
  * Images: rank 0 encodes them (the tower runs no collective). After OPEN, IMAGES gives the
  * other ranks the prompt's image positions (flags over its n tokens), their content keys and
@@ -265,8 +268,12 @@ int ds41_serve_pd_follow_install(ds41_engine *e, ds41_prefix_cache *pc, ds41_ses
                                  size_t errcap);
 
 /* serve --role prefill under mpiexec (rank 0, the prefill node's compute, under its mutex):
- * PD_SEQ for s after rank 0's own hit query over ids[n]; PD_FWD before its forward of
- * ids[k..n), sent at once. */
+ * pd_load before rank 0's own hit query over ids[n]: with --cache-dir (ds41_smirror_store) the
+ * blocks of the chain that rank 0's cache reads from its store come into its memory and go to
+ * the other ranks (BLOCKS), so that the hit query, the restore and the forward of the suffix
+ * find the same chain on every rank (nothing without a store); PD_SEQ for s after rank 0's
+ * own hit query over ids[n]; PD_FWD before its forward of ids[k..n), sent at once. */
+void ds41_smirror_pd_load(ds41_smirror *m, ds41_prefix_cache *pc, const ds41_session *s, const int32_t *ids, size_t n);
 void ds41_smirror_pd_seq(ds41_smirror *m, const ds41_session *s, int stop_layer, const int32_t *ids, size_t n);
 void ds41_smirror_pd_forward(ds41_smirror *m, const ds41_session *s, long long k, const int32_t *ids, size_t n);
 

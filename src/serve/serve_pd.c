@@ -25,7 +25,7 @@
 #include "pd.h"
 
 /* ---- a prefill node that is an MPI job: rank 0's compute tells the other ranks each engine
- * call first (pd.h ds41_pd_mirror, serve_mpi.h OPEN, PD_SEQ, RESTORE, PD_FWD, PUBLISH, CLOSE) */
+ * call first (pd.h ds41_pd_mirror, serve_mpi.h OPEN, BLOCKS, PD_SEQ, RESTORE, PD_FWD, PUBLISH, CLOSE) */
 typedef struct mpi_prefill {
     ds41_smirror *m;
     ds41_engine *e;
@@ -33,6 +33,10 @@ typedef struct mpi_prefill {
 } mpi_prefill;
 
 static void mp_open(void *c, ds41_session *s) { ds41_smirror_open(((mpi_prefill *)c)->m, s, 0); }
+static void mp_load(void *c, ds41_session *s, const int32_t *ids, size_t n) {
+    mpi_prefill *p = c;
+    ds41_smirror_pd_load(p->m, p->pc, s, ids, n);
+}
 static void mp_seq(void *c, ds41_session *s, int stop, const int32_t *ids, size_t n) {
     ds41_smirror_pd_seq(((mpi_prefill *)c)->m, s, stop, ids, n);
 }
@@ -140,7 +144,7 @@ int ds41_serve_pd_prefill(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serv
     prefill_run r = { .e = e, .pc = pc, .o = o };
     if (mirror) {
         mp = (mpi_prefill){ .m = mirror, .e = e, .pc = pc };
-        mh = (ds41_pd_mirror){ .open = mp_open, .seq = mp_seq, .restore = mp_restore, .forward = mp_forward,
+        mh = (ds41_pd_mirror){ .open = mp_open, .load = mp_load, .seq = mp_seq, .restore = mp_restore, .forward = mp_forward,
                                .publish = mp_publish, .close = mp_close, .beat = mp_beat, .end = mp_end, .ctx = &mp };
         r.mirror = &mh;
     }
