@@ -204,11 +204,15 @@ static long long mpi_install(void *ctx, ds41_session *s, const int32_t *ids, siz
     mpi_pd *c = ctx;
     size_t *pb = page_sizes(c->e);
     if (!pb) { fprintf(stderr, "ds41 serve: out of memory installing a remote prefill; ending the job\n"); abort(); }
-    ds41_smirror_install(c->m, c->pc, s, ids, n_prompt, (int)f->first, (int)(f->nb - f->first), f->pages, pb,
-                         c->e->cfg->n_kv_sources, f->resume, f->resume_len);
+    int here = ds41_smirror_install(c->m, c->pc, s, ids, n_prompt, (int)f->first, (int)(f->nb - f->first), f->pages, pb,
+                                    c->e->cfg->n_kv_sources, f->resume, f->resume_len);
     free(pb);
-    ds41_prefix_insert(c->pc, ids, n_prompt, f->first, f->nb - f->first, f->pages);
-    return ds41_pd_install(c->pc, ds41_pd_client_geom(c->cl), s, ids, n_prompt, f);
+    long long got = 0;
+    if (here) {   /* under --dp-attention only the owner's cache takes the pages */
+        ds41_prefix_insert(c->pc, ids, n_prompt, f->first, f->nb - f->first, f->pages);
+        got = ds41_pd_install(c->pc, ds41_pd_client_geom(c->cl), s, ids, n_prompt, f);
+    }
+    return ds41_smirror_install_end(c->m, c->e, s, n_prompt, got);
 }
 
 static long long mpi_restore(void *ctx, ds41_session *s, const int32_t *ids, size_t n) {
@@ -216,9 +220,10 @@ static long long mpi_restore(void *ctx, ds41_session *s, const int32_t *ids, siz
     return ds41_smirror_restore(c->m, c->e, c->pc, s, ids, n, NULL);
 }
 
-int ds41_serve_pd_follow_install(ds41_engine *e, ds41_prefix_cache *pc, ds41_session *s, const ds41_sop *op, char *err,
-                                 size_t errcap) {
+int ds41_serve_pd_follow_install(ds41_engine *e, ds41_prefix_cache *pc, ds41_session *s, const ds41_sop *op,
+                                 long long *got_out, char *err, size_t errcap) {
     static ds41_kvx_geom g;
+    *got_out = 0;
     static int have_g;
     if (!have_g) {
         ds41_err ge;
@@ -254,6 +259,7 @@ int ds41_serve_pd_follow_install(ds41_engine *e, ds41_prefix_cache *pc, ds41_ses
         /* as rank 0: into the prefix cache, then the install (refused alike on every rank) */
         ds41_prefix_insert(pc, op->ids, op->n, f.first, op->nb, pages);
         long long got = ds41_pd_install(pc, &g, s, op->ids, op->n, &f);
+        *got_out = got;
         if (getenv("DS41_MPI_VERBOSE"))
             fprintf(stderr, "ds41 serve [rank %d]: remote prefill of blocks %d..%d of session %d: %s\n", ds41_dist_rank(),
                     op->first, op->first + op->nb - 1, (int)op->id, got > 0 ? "state installed" : "refused, rank 0 restores");
@@ -331,9 +337,10 @@ int ds41_serve_pd_decode(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serve
     return -no_ucx();
 }
 void ds41_serve_pd_close(void *client) { (void)client; }
-int ds41_serve_pd_follow_install(ds41_engine *e, ds41_prefix_cache *pc, ds41_session *s, const ds41_sop *op, char *err,
-                                 size_t errcap) {
+int ds41_serve_pd_follow_install(ds41_engine *e, ds41_prefix_cache *pc, ds41_session *s, const ds41_sop *op,
+                                 long long *got, char *err, size_t errcap) {
     (void)e; (void)pc; (void)s; (void)op;
+    *got = 0;
     return snprintf(err, errcap, "serve mirror: rank 0 sent INSTALL (serve --role decode) and this ds41 was built without UCX"), -1;
 }
 
