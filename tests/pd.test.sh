@@ -20,6 +20,12 @@
 #   the decoder split (--pd-decoder decode: the stream at the first decoder layer travels, the
 #     decode node runs the decoder): the same answers, exact, DSpark off and on, the exact frame
 #     bytes, also when the prefill node serves the prompts from its own prefix cache; fast kernels;
+#   MPI jobs (mpiexec -n 2, where built with MPI): with DSpark off the identity section's prefill
+#     node is a job with --cache-dir, restarted on its store, and a decode job fetches rounds 1-3
+#     from it and the decoder split's node (round 3: two blocks from rank 0's disk, the third
+#     computed on both ranks); the decode job's follower stopped: a 503 naming it; the splits a
+#     role does not take are refused (DS41_PD_MPI_DECODE_ARGS=--dp-attention: the decode job with
+#     the flag, by hand);
 #   two network namespaces joined by a veth pair (ip netns; root): the prefill node in one, the
 #     decode node in the other, UCX over TCP on the veth: four concurrent requests get one node's
 #     answers and the veth carries the frames (skipped with a line on stderr where namespaces
@@ -206,7 +212,7 @@ for spec in off fixed:2; do
         PL=
         P1=$PPID_; PP1=$PPORT
         DS41_PD_TEST_TAG=$TMP DS41_PD_JOB=decode DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n 2 "$DS41" serve --port 0 -m "$ck" --exact $S \
-            --mpi-timeout 3 --role decode --prefill 127.0.0.1:$PP1,127.0.0.1:$PSP --remote-prefill-min 100 \
+            --mpi-timeout 3 ${DS41_PD_MPI_DECODE_ARGS:-} --role decode --prefill 127.0.0.1:$PP1,127.0.0.1:$PSP --remote-prefill-min 100 \
             >"$TMP/mpi_dec.log" 2>&1 </dev/null &
         MJ=$!
         MPORT=
@@ -224,9 +230,12 @@ for spec in off fixed:2; do
             i0=$(grep -c "state installed, 0 rows replayed" "$TMP/mpi_dec.log")
             i1=$(grep -c "\[rank 1\]: remote prefill of blocks .*: state installed" "$TMP/mpi_dec.log")
             u1=$(grep -c "remote prefill from 127.0.0.1:$PP1:" "$TMP/mpi_dec.log"); u2=$(grep -c "remote prefill from 127.0.0.1:$PSP:" "$TMP/mpi_dec.log")
-            if [ "$n" = 7 ] && [ "$f" = 0 ] && [ "$i0" = 7 ] && [ "$i1" = 7 ] && [ "$u1" -ge 1 ] && [ "$u2" -ge 1 ]; then
+            # (by hand, DS41_PD_MPI_DECODE_ARGS=--dp-attention: only each sequence's owner installs
+            # it, rank 1 some of the 7 and rank 0 the others; rank 0's line is printed for all 7)
+            w1=7; [ "$i1" -ge 1 ] && [ "$i1" -lt 7 ] && case " ${DS41_PD_MPI_DECODE_ARGS:-} " in *" --dp-attention "*) w1=$i1;; esac
+            if [ "$n" = 7 ] && [ "$f" = 0 ] && [ "$i0" = 7 ] && [ "$i1" = $w1 ] && [ "$u1" -ge 1 ] && [ "$u2" -ge 1 ]; then
                 pass pd_mpi_n2_decode_installed
-            else fail pd_mpi_n2_decode_installed "remote $n fallbacks $f, installed on rank 0 $i0 and rank 1 $i1 (want 7 0 7 7), from the prefill job $u1 and the split's $u2 (want >= 1 each)"; fi
+            else fail pd_mpi_n2_decode_installed "remote $n fallbacks $f, installed on rank 0 $i0 and rank 1 $i1 (want 7 0 7 7; under --dp-attention 1..6 on rank 1), from the prefill job $u1 and the split's $u2 (want >= 1 each)"; fi
             r1=$(rank_of decode 1)
             "$PY" - "$TMP" <<'PYEOF'
 import json, random, sys
@@ -540,3 +549,13 @@ grep -q "^role prefill: 194 tensors, 2879416 bytes .* of $tot " "$TMP/rs" && pas
 [ $rc -eq 2 ] && grep -q -- "--role" "$TMP/u4" && pass pd_usage_bad_role || fail pd_usage_bad_role "status $rc"
 "$DS41" serve -m "$ck" --role prefill --no-prefix-cache >/dev/null 2>"$TMP/u5"; rc=$?
 [ $rc -eq 2 ] && grep -q "prefix cache" "$TMP/u5" && pass pd_usage_no_cache || fail pd_usage_no_cache "status $rc"
+# under mpiexec the splits a role does not take are refused before the model loads (about 0.3 s each)
+if [ -n "$MPI" ]; then
+    timeout 60 mpiexec -n 2 "$DS41" serve -m "$ck" --role decode --split layers --prefill 127.0.0.1:1 --port 0 \
+        >/dev/null 2>"$TMP/u6" </dev/null; rc=$?
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "--role decode under mpiexec takes the expert split (attention replicated or --dp-attention), not --split layers" "$TMP/u6" &&
+        pass pd_usage_mpi_decode_split || fail pd_usage_mpi_decode_split "status $rc: $(head -c 300 "$TMP/u6")"
+    timeout 60 mpiexec -n 2 "$DS41" serve -m "$ck" --role prefill --dp-attention --port 0 >/dev/null 2>"$TMP/u7" </dev/null; rc=$?
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "--role prefill under mpiexec takes the expert split with replicated attention only, not --dp-attention" "$TMP/u7" &&
+        pass pd_usage_mpi_prefill_dp || fail pd_usage_mpi_prefill_dp "status $rc: $(head -c 300 "$TMP/u7")"
+fi

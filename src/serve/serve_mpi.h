@@ -49,7 +49,12 @@
  * (ds41_pd_install): the same calls on the same state, so the same session on every rank (the
  * decoder stream's form runs a forward of the decoder layers there, collective as any). An
  * install refused for a reason (the hit evicted, a state that does not fit) is refused on
- * every rank alike; rank 0 then sends RESTORE, as after a failed fetch.
+ * every rank alike; rank 0 then sends RESTORE, as after a failed fetch. Under --dp-attention
+ * the fetch starts past the owner's local hit (its PROBE answer, ds41_smirror_held), INSTALL
+ * is the same record and only the session's owner inserts and installs (its own cache and
+ * store: no BLOCKS); every rank joins its forward (ds41_dist_dp_done) and the owner answers
+ * rank 0 with the tokens installed (int64; 0: refused, then RESTORE on the owner), by which
+ * rank 0 moves its copy on (ds41_session_absorb).
  *
  * --cache-dir (replicated attention): rank 0 alone reads and writes the store. Before a
  * RESTORE whose chain rank 0 had to read from disk (ds41_prefix_load), BLOCKS carries those
