@@ -20,6 +20,12 @@
 #   the decoder split (--pd-decoder decode: the stream at the first decoder layer travels, the
 #     decode node runs the decoder): the same answers, exact, DSpark off and on, the exact frame
 #     bytes, also when the prefill node serves the prompts from its own prefix cache; fast kernels;
+#   MPI jobs (mpiexec -n 2, where built with MPI): with DSpark off the identity section's prefill
+#     node is a job with --cache-dir, restarted on its store, and a decode job fetches rounds 1-3
+#     from it and the decoder split's node (round 3: two blocks from rank 0's disk, the third
+#     computed on both ranks); the decode job's follower stopped: a 503 naming it; the splits a
+#     role does not take are refused (DS41_PD_MPI_DECODE_ARGS=--dp-attention: the decode job with
+#     the flag, by hand);
 #   two network namespaces joined by a veth pair (ip netns; root): the prefill node in one, the
 #     decode node in the other, UCX over TCP on the veth: four concurrent requests get one node's
 #     answers and the veth carries the frames (skipped with a line on stderr where namespaces
@@ -96,6 +102,9 @@ a = p(300)
 json.dump([a, p(140), p(420), p(260)], open(sys.argv[1] + "/round1.json", "w"))
 # round 2: shares a's first two blocks (a local hit on the decode node), and a fresh one
 json.dump([a[:256] + p(150), p(200)], open(sys.argv[1] + "/round2.json", "w"))
+# round 3 (the MPI decode job's, after the prefill job's restart): a's first two blocks again and
+# a new third block, a partial hit in the restarted prefill job's store
+json.dump([a[:256] + p(200)], open(sys.argv[1] + "/round3.json", "w"))
 EOF
 S="-c 1024 --parallel 8 --batch-tokens 64"
 
@@ -118,14 +127,16 @@ against() {
 # ---------------------------------------------------------------- identity
 # exact, DSpark off and on
 # with DSpark off the prefill node is an MPI job (mpiexec -n 2: routed experts split, attention
-# replicated; every prefill forward and prefix-cache restore runs on both ranks, PD_SEQ / PD_FWD):
-# every check below then holds for it as for one process (the answers, the frame bytes, its own
-# prefix cache's partial hit, /health and /metrics on rank 0)
+# replicated; every prefill forward and prefix-cache restore runs on both ranks, PD_SEQ / PD_FWD)
+# with a store (--cache-dir: rank 0 reads and writes it, the blocks it reads go to rank 1 first,
+# BLOCKS): every check below then holds for it as for one process (the answers, the frame bytes,
+# its own prefix cache's partial hit, /health and /metrics on rank 0)
 for spec in off fixed:2; do
     tag=${spec%%:*}
     PL= PX=
     [ "$tag" = off ] && [ -n "$MPI" ] &&
-        PL="env DS41_PD_TEST_TAG=$TMP DS41_PD_JOB=prefill DS41_MPI_VERBOSE=1 timeout 300 mpiexec -n 2" PX="--mpi-timeout 10"
+        PL="env DS41_PD_TEST_TAG=$TMP DS41_PD_JOB=prefill DS41_MPI_VERBOSE=1 timeout 300 mpiexec -n 2" PX="--mpi-timeout 10 --cache-dir $TMP/pstore"
+    PL1=$PL
     start_prefill p_$tag -m "$ck" --exact -c 1024 --parallel 4 --http-port 0 $PX || exit 1
     PL=
     P1=$PPID_; PP1=$PPORT
@@ -136,6 +147,9 @@ for spec in off fixed:2; do
     DEC=$PORT; DECPID=$PID
     compare pd_exact_spec_${tag}_concurrent $ONE $DEC round1
     compare pd_exact_spec_${tag}_shared_prefix $ONE $DEC round2
+    # one node's answer to round 3 after rounds 1 and 2 (its cache holds a's blocks, as the MPI
+    # decode job's will: the same usage.cached_tokens)
+    [ "$tag" = off ] && [ -n "$MPI" ] && "$PY" tests/pd/client.py $ONE "$TMP/round3.json" 12 >"$TMP/round3.one" 2>&1
     # round 1: 4 remote prefills of 2, 1, 3, 2 blocks; round 2: 1 block past the local hit of 2, then 1
     n=$(metric $DEC ds41:remote_prefills_total); b=$(metric $DEC ds41:kv_transfer_bytes_total)
     f=$(metric $DEC ds41:remote_prefill_fallbacks_total); c=$(metric $DEC ds41:kv_transfer_seconds_count)
@@ -174,15 +188,31 @@ for spec in off fixed:2; do
     PS=$PPID_; PSP=$PPORT
     # the decode node as an MPI job (mpiexec -n 2: routed experts split, attention replicated):
     # rank 0 fetches, every rank installs the same pages and state (the INSTALL record); with
-    # both prefill nodes (the plain one and the decoder split's, taken in turn: each form is
-    # installed, the split's runs the decoder layers on every rank) rounds 1 and 2 must give one
-    # node's answers, all 6 prompts installed on rank 0 and on rank 1. Then rank 1 is stopped
+    # both prefill nodes (the restarted prefill job and the decoder split's, taken in turn: each
+    # form is installed, the split's runs the decoder layers on every rank) rounds 1, 2 and 3
+    # must give one node's answers, all 7 prompts installed on rank 0 and on rank 1 (round 3's,
+    # the 7th fetch, on the prefill job: blocks 0-1 from its store, block 2 computed on both
+    # ranks). Then rank 1 is stopped
     # (a follower that hangs or died mid-install): a fresh prompt gets a 503 naming rank 1
     # within --mpi-timeout (3 s) + 2 s, and the job ends non-zero. (Before the split's runs
     # below: the prefill job is stopped right after, its ranks poll while they wait.)
     if [ "$tag" = off ] && [ -n "$MPI" ]; then
+        # the prefill job ends cleanly on SIGTERM to rank 0, having run every prefill on both
+        # ranks (round 1's 4 and round 2's 2); restarted on the same --cache-dir, it finds them
+        # in rank 0's store
+        p0=$(rank_of prefill 0)
+        [ -n "$p0" ] && kill -TERM "$p0"
+        wait $P1; rc=$?
+        nf=$(sed -n 's/.*--role prefill: \([0-9]*\) prefill forwards run on every rank.*/\1/p' "$TMP/p_off.log")
+        if [ -n "$p0" ] && [ $rc -eq 0 ] && [ -n "$nf" ] && [ "$nf" -ge 6 ] && grep -q "\[rank 1\]: replicated attention" "$TMP/p_off.log"; then
+            pass pd_mpi_n2_prefill_job
+        else fail pd_mpi_n2_prefill_job "rank 0 '$p0', status $rc, prefill forwards '$nf' (want >= 6): $(tail -n 3 "$TMP/p_off.log")"; fi
+        PL=$PL1
+        start_prefill p_off2 -m "$ck" --exact -c 1024 --parallel 4 $PX || exit 1
+        PL=
+        P1=$PPID_; PP1=$PPORT
         DS41_PD_TEST_TAG=$TMP DS41_PD_JOB=decode DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n 2 "$DS41" serve --port 0 -m "$ck" --exact $S \
-            --mpi-timeout 3 --role decode --prefill 127.0.0.1:$PP1,127.0.0.1:$PSP --remote-prefill-min 100 \
+            --mpi-timeout 3 ${DS41_PD_MPI_DECODE_ARGS:-} --role decode --prefill 127.0.0.1:$PP1,127.0.0.1:$PSP --remote-prefill-min 100 \
             >"$TMP/mpi_dec.log" 2>&1 </dev/null &
         MJ=$!
         MPORT=
@@ -195,13 +225,17 @@ for spec in off fixed:2; do
         if [ -n "$MPORT" ]; then
             against pd_mpi_n2_decode_concurrent "$TMP/pd_exact_spec_off_concurrent.one" $MPORT round1
             against pd_mpi_n2_decode_shared_prefix "$TMP/pd_exact_spec_off_shared_prefix.one" $MPORT round2
+            against pd_mpi_n2_decode_store_hit "$TMP/round3.one" $MPORT round3
             n=$(metric $MPORT ds41:remote_prefills_total); f=$(metric $MPORT ds41:remote_prefill_fallbacks_total)
             i0=$(grep -c "state installed, 0 rows replayed" "$TMP/mpi_dec.log")
             i1=$(grep -c "\[rank 1\]: remote prefill of blocks .*: state installed" "$TMP/mpi_dec.log")
             u1=$(grep -c "remote prefill from 127.0.0.1:$PP1:" "$TMP/mpi_dec.log"); u2=$(grep -c "remote prefill from 127.0.0.1:$PSP:" "$TMP/mpi_dec.log")
-            if [ "$n" = 6 ] && [ "$f" = 0 ] && [ "$i0" = 6 ] && [ "$i1" = 6 ] && [ "$u1" -ge 1 ] && [ "$u2" -ge 1 ]; then
+            # (by hand, DS41_PD_MPI_DECODE_ARGS=--dp-attention: only each sequence's owner installs
+            # it, rank 1 some of the 7 and rank 0 the others; rank 0's line is printed for all 7)
+            w1=7; [ "$i1" -ge 1 ] && [ "$i1" -lt 7 ] && case " ${DS41_PD_MPI_DECODE_ARGS:-} " in *" --dp-attention "*) w1=$i1;; esac
+            if [ "$n" = 7 ] && [ "$f" = 0 ] && [ "$i0" = 7 ] && [ "$i1" = $w1 ] && [ "$u1" -ge 1 ] && [ "$u2" -ge 1 ]; then
                 pass pd_mpi_n2_decode_installed
-            else fail pd_mpi_n2_decode_installed "remote $n fallbacks $f, installed on rank 0 $i0 and rank 1 $i1 (want 6 0 6 6), from the plain node $u1 and the split's $u2 (want >= 1 each)"; fi
+            else fail pd_mpi_n2_decode_installed "remote $n fallbacks $f, installed on rank 0 $i0 and rank 1 $i1 (want 7 0 7 7; under --dp-attention 1..6 on rank 1), from the prefill job $u1 and the split's $u2 (want >= 1 each)"; fi
             r1=$(rank_of decode 1)
             "$PY" - "$TMP" <<'PYEOF'
 import json, random, sys
@@ -222,15 +256,20 @@ PYEOF
             fail pd_mpi_n2_decode_start "$(tail -n 3 "$TMP/mpi_dec.log")"
             kill $MJ 2>/dev/null; wait $MJ 2>/dev/null
         fi
-        # the prefill job ends cleanly on SIGTERM to rank 0, having run every prefill on both ranks
-        # (round 1's 4 and round 2's 2 for the plain decode node, then its share of the job's)
+        # the restarted prefill job: its share of rounds 1 and 2 restored from the store (whole
+        # hits, no forward), round 3's block 2 computed past blocks 0-1 (one PD_FWD at least); the
+        # blocks rank 0 read from disk went to rank 1 (13440 bytes each: 105 B a token x 128), and
+        # it ends cleanly on SIGTERM
         p0=$(rank_of prefill 0)
         [ -n "$p0" ] && kill -TERM "$p0"
         wait $P1; rc=$?
-        nf=$(sed -n 's/.*--role prefill: \([0-9]*\) prefill forwards run on every rank.*/\1/p' "$TMP/p_off.log")
-        if [ -n "$p0" ] && [ $rc -eq 0 ] && [ -n "$nf" ] && [ "$nf" -ge 6 ] && grep -q "\[rank 1\]: replicated attention" "$TMP/p_off.log"; then
-            pass pd_mpi_n2_prefill_job
-        else fail pd_mpi_n2_prefill_job "rank 0 '$p0', status $rc, prefill forwards '$nf' (want >= 6): $(tail -n 3 "$TMP/p_off.log")"; fi
+        nf=$(sed -n 's/.*--role prefill: \([0-9]*\) prefill forwards run on every rank.*/\1/p' "$TMP/p_off2.log")
+        sb=$(sed -n 's/.*--cache-dir: \([0-9]*\) blocks read from the store sent to the other ranks (\([0-9]*\) bytes).*/\1 \2/p' "$TMP/p_off2.log")
+        set -- $sb
+        if [ -n "$p0" ] && [ $rc -eq 0 ] && [ -n "$nf" ] && [ "$nf" -ge 1 ] && [ "${1:-0}" -ge 1 ] && [ "${2:-}" = $(( ${1:-0} * 13440 )) ] &&
+            grep -q "1 blocks from block 2 (2 of 3 restored from the prefix cache)" "$TMP/p_off2.log"; then
+            pass pd_mpi_n2_prefill_store
+        else fail pd_mpi_n2_prefill_store "rank 0 '$p0', status $rc, prefill forwards '$nf' (want >= 1), blocks and bytes shipped '$sb', $(grep -c "from block" "$TMP/p_off2.log") requests: $(tail -n 3 "$TMP/p_off2.log")"; fi
     fi
     runs=1; [ "$tag" = off ] && runs="1 2"
     for run in $runs; do
@@ -239,9 +278,14 @@ PYEOF
         against pd_split${run}_exact_spec_${tag}_concurrent "$TMP/pd_exact_spec_${tag}_concurrent.one" $PORT round1
         [ $run = 1 ] && against pd_split_exact_spec_${tag}_shared_prefix "$TMP/pd_exact_spec_${tag}_shared_prefix.one" \
             $PORT round2
+        # round 3 too where the MPI decode job ran (its round 2 may have given this node all of
+        # a's 3 blocks, in the race of two concurrent fetches; round 3's third block went to the
+        # prefill job): blocks 0-1 restored here, block 2 computed, whatever that race gave
+        r3=; [ $run = 1 ] && [ -f "$TMP/round3.one" ] && r3=1 &&
+            against pd_split_exact_spec_${tag}_partial_hit "$TMP/round3.one" $PORT round3
         n=$(metric $PORT ds41:remote_prefills_total); b=$(metric $PORT ds41:kv_transfer_bytes_total)
         res=$(( 112 + 12 + 3 * 16 * 66 + 2 * 2 * 64 * 4 + 46 * 4 * 257 * 4 ))
-        blocks=8 reqs=4; [ $run = 1 ] && blocks=10 reqs=6
+        blocks=8 reqs=4; [ $run = 1 ] && blocks=10 reqs=6; [ -n "$r3" ] && blocks=11 reqs=7
         want=$(( blocks * (13440 + 2 * 48) + reqs * (48 + 48 + res) ))
         i=$(grep -c "state installed, 0 rows replayed" "$TMP/decs${run}_$tag.log")
         if [ "$n" = $reqs ] && [ "$b" = "$want" ] && [ "$i" = $reqs ]; then pass pd_split${run}_metrics_spec_$tag
@@ -505,3 +549,13 @@ grep -q "^role prefill: 194 tensors, 2879416 bytes .* of $tot " "$TMP/rs" && pas
 [ $rc -eq 2 ] && grep -q -- "--role" "$TMP/u4" && pass pd_usage_bad_role || fail pd_usage_bad_role "status $rc"
 "$DS41" serve -m "$ck" --role prefill --no-prefix-cache >/dev/null 2>"$TMP/u5"; rc=$?
 [ $rc -eq 2 ] && grep -q "prefix cache" "$TMP/u5" && pass pd_usage_no_cache || fail pd_usage_no_cache "status $rc"
+# under mpiexec the splits a role does not take are refused before the model loads (about 0.3 s each)
+if [ -n "$MPI" ]; then
+    timeout 60 mpiexec -n 2 "$DS41" serve -m "$ck" --role decode --split layers --prefill 127.0.0.1:1 --port 0 \
+        >/dev/null 2>"$TMP/u6" </dev/null; rc=$?
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "--role decode under mpiexec takes the expert split (attention replicated or --dp-attention), not --split layers" "$TMP/u6" &&
+        pass pd_usage_mpi_decode_split || fail pd_usage_mpi_decode_split "status $rc: $(head -c 300 "$TMP/u6")"
+    timeout 60 mpiexec -n 2 "$DS41" serve -m "$ck" --role prefill --dp-attention --port 0 >/dev/null 2>"$TMP/u7" </dev/null; rc=$?
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "--role prefill under mpiexec takes the expert split with replicated attention only, not --dp-attention" "$TMP/u7" &&
+        pass pd_usage_mpi_prefill_dp || fail pd_usage_mpi_prefill_dp "status $rc: $(head -c 300 "$TMP/u7")"
+fi

@@ -76,8 +76,9 @@ static const char *SERVE_USAGE =
     "under mpiexec (docs/distributed.md): rank 0 serves HTTP, the other ranks mirror its batches (routed\n"
     "experts split over the ranks, the same answers); speculation off unless --spec is given (with\n"
     "--dp-attention each rank proposes and verifies for its own sequences, with --split layers the last\n"
-    "stage proposes), --role prefill|decode (expert split only; prefill without --cache-dir), --cache-dir on\n"
-    "rank 0 only (with --dp-attention and --split layers a store per rank, DIR/rank-R);\n"
+    "stage proposes), --role prefill|decode (expert split; decode also with --dp-attention), --cache-dir on\n"
+    "rank 0 only (its disk reads shipped to the other ranks; with --dp-attention and --split layers a store\n"
+    "per rank, DIR/rank-R);\n"
     "--mpi-timeout S: a lost rank answers the requests in flight with 503 and ends the job\n\n"
     "Examples:\n"
     "  ds41 serve -m models/demo --port 8000 &\n"
@@ -228,18 +229,24 @@ int ds41_cli_serve(int argc, char **argv) {
             return 2;
         }
         /* --role decode: rank 0 fetches, every rank installs (INSTALL, serve_mpi.h) under the
-         * replicated attention of the expert split only */
+         * replicated attention of the expert split; under --dp-attention the owner of the
+         * sequence installs it and answers rank 0. Not under --split layers: each stage would
+         * install its own layers' part of the pages and of the resume state, and the decoder
+         * stream's form would run its forward through the stages (docs/distributed.md) */
         /* --role prefill: rank 0's node computes, every rank runs each prefill with it (PD_SEQ,
-         * PD_FWD); its hit queries would read rank 0's store alone */
-        if (o.role != DS41_SERVE_ROLE_BOTH && (dp_attention || ds41_pipe_on())) {
-            fprintf(stderr, "ds41 serve: --role %s under mpiexec takes the expert split with replicated attention only, not "
-                            "%s (docs/distributed.md)\n", o.role == DS41_SERVE_ROLE_PREFILL ? "prefill" : "decode",
-                    dp_attention ? "--dp-attention" : "--split layers");
+         * PD_FWD); with --cache-dir rank 0 alone reads and writes the store, and the blocks its
+         * hit query would read from disk go to every rank first (BLOCKS, ds41_smirror_pd_load) */
+        if (o.role == DS41_SERVE_ROLE_DECODE && ds41_pipe_on()) {
+            fprintf(stderr, "ds41 serve: --role decode under mpiexec takes the expert split (attention replicated or "
+                            "--dp-attention), not --split layers (docs/distributed.md)\n");
             return 2;
         }
-        if (o.role == DS41_SERVE_ROLE_PREFILL && o.cache_dir) {
-            fprintf(stderr, "ds41 serve: --role prefill under mpiexec keeps its prefix cache in memory (--cache-dir: its "
-                            "lookups would read rank 0's store alone, docs/distributed.md)\n");
+        /* --role prefill: one request computes at a time (the node's compute mutex), so
+         * --dp-attention would hold one sequence on one rank and leave the others idle, and
+         * under --split layers the pages of each stage's layers would have to come to rank 0 */
+        if (o.role == DS41_SERVE_ROLE_PREFILL && (dp_attention || ds41_pipe_on())) {
+            fprintf(stderr, "ds41 serve: --role prefill under mpiexec takes the expert split with replicated attention only, "
+                            "not %s (docs/distributed.md)\n", dp_attention ? "--dp-attention" : "--split layers");
             return 2;
         }
         /* --cache-dir: rank 0 alone reads and writes the store and ships the blocks it reads to

@@ -55,15 +55,19 @@ typedef struct ds41_pd_prefill_stats {
 /* A prefill node that is an MPI job (serve --role prefill under mpiexec, docs/distributed.md):
  * every forward is collective, so rank 0's compute tells the other ranks each engine call it
  * makes on a request's session just before making it, all under the node's compute mutex (the
- * calls of two requests never interleave): open; seq (after its own hit query, the same query
- * on the other ranks, and the session's prefill form: CED rows, forwards stopped at
+ * calls of two requests never interleave): open; load (before its own hit query over ids[n]:
+ * with --cache-dir, rank 0 alone has the store, so the blocks of the chain it holds on disk
+ * only come into memory on every rank, rank 0's read from its store and shipped to the others,
+ * and the hit query then finds the same chain everywhere); seq (after its own hit query, the
+ * same query on the other ranks, and the session's prefill form: CED rows, forwards stopped at
  * stop_layer, 0: none); restore (records and runs the prefix cache's restore: the tokens the
  * session then holds); forward (before its own forward of ids[k..n) from position k); publish
  * (before its own); close. beat about every few hundred ms while the node is up; end once, when
  * no request can compute any more. serve_pd.c implements it with the serve mirror's records
- * (serve_mpi.h: OPEN, PD_SEQ, RESTORE, PD_FWD, PUBLISH, CLOSE). */
+ * (serve_mpi.h: OPEN, BLOCKS, PD_SEQ, RESTORE, PD_FWD, PUBLISH, CLOSE). */
 typedef struct ds41_pd_mirror {
     void (*open)(void *ctx, ds41_session *s);
+    void (*load)(void *ctx, ds41_session *s, const int32_t *ids, size_t n);
     void (*seq)(void *ctx, ds41_session *s, int stop_layer, const int32_t *ids, size_t n);
     long long (*restore)(void *ctx, ds41_session *s, const int32_t *ids, size_t n);
     void (*forward)(void *ctx, ds41_session *s, long long k, const int32_t *ids, size_t n);

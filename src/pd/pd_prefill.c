@@ -274,6 +274,8 @@ static int compute(pd_req *r, const int32_t *ids, ds41_err *err) {
     /* under mpiexec the other ranks see each engine call first (ds41_pd_mirror), the hit query
      * included: it moves the blocks it finds to the front of the cache's LRU */
     if (mi) mi->open(mi->ctx, s);
+    /* --cache-dir under mpiexec: the chain's blocks on rank 0's disk into every rank's memory */
+    if (mi && S->pc) mi->load(mi->ctx, s, ids, (size_t)M);
     long long hit = S->pc ? ds41_prefix_pages(S->pc, ids, (size_t)M, &pg) : 0;
     if (mi) mi->seq(mi->ctx, s, r->stream ? S->e->cfg->first_decoder_layer : 0, ids, (size_t)M);
     ds41_seq *q = ds41_session_seq(s);

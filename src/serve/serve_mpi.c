@@ -127,6 +127,8 @@ struct ds41_smirror {
     int ended;                    /* END sent */
     int turn;                     /* the rank a tie goes to first */
     int route;                    /* the rank for the next open (ds41_smirror_route); -1: least-loaded */
+    const ds41_session *open_s;   /* --dp-attention: the session opened last after a route, and the blocks */
+    long long open_hit;           /* its owner's cache held of its prompt (the owner's PROBE answer; -1: none) */
     int *load;                    /* [ranks]: sessions each rank holds (scratch) */
     long long *held;              /* [ranks]: tokens they hold (scratch) */
     long long *hit;               /* [ranks]: cached blocks of the prompt being routed (scratch) */
@@ -278,6 +280,8 @@ void ds41_smirror_open(ds41_smirror *m, const ds41_session *s, int rank0) {
     int32_t id = m->next_id;
     m->next_id = (m->next_id + 1) & INT32_MAX;
     int rank = !m->dp || rank0 ? 0 : m->route >= 0 ? m->route : least_loaded(m, NULL);
+    m->open_s = s;
+    m->open_hit = m->dp && m->route >= 0 ? m->hit[rank] : -1;
     m->route = -1;
     m->sess[m->n_sess] = s;
     m->own[m->n_sess] = rank;
@@ -549,13 +553,19 @@ static void ship_disk_blocks(ds41_smirror *m, ds41_prefix_cache *pc, const ds41_
     free(bytes);
 }
 
-void ds41_smirror_install(ds41_smirror *m, ds41_prefix_cache *pc, const ds41_session *s, const int32_t *ids, size_t n,
-                          int first, int nb, uint8_t *const *pages, const size_t *page_bytes, int n_stores,
-                          const uint8_t *res, size_t res_len) {
-    if (!m) return;
+long long ds41_smirror_held(ds41_smirror *m, ds41_prefix_cache *pc, const ds41_session *s, const int32_t *ids, size_t n) {
+    if (!m || !m->dp) return ds41_prefix_held(pc, ids, n, NULL);
+    return s == m->open_s && m->open_hit > 0 ? m->open_hit : 0;
+}
+
+int ds41_smirror_install(ds41_smirror *m, ds41_prefix_cache *pc, const ds41_session *s, const int32_t *ids, size_t n,
+                         int first, int nb, uint8_t *const *pages, const size_t *page_bytes, int n_stores,
+                         const uint8_t *res, size_t res_len) {
+    if (!m) return 1;
     /* the local hit's blocks that rank 0's cache reads from its store: in every rank's memory
-     * first, so that every rank's install finds the same chain */
-    if (m->store && first > 0) ship_disk_blocks(m, pc, s, ids, (size_t)first * DS41_PREFIX_BLOCK, NULL);
+     * first, so that every rank's install finds the same chain (under --dp-attention the owner
+     * reads its own store) */
+    if (m->store && !m->dp && first > 0) ship_disk_blocks(m, pc, s, ids, (size_t)first * DS41_PREFIX_BLOCK, NULL);
     size_t pb = 0;
     for (int j = 0; j < n_stores; j++) pb += page_bytes[j];
     size_t len = pb * (size_t)nb;
@@ -578,6 +588,28 @@ void ds41_smirror_install(ds41_smirror *m, ds41_prefix_cache *pc, const ds41_ses
     m->installs++;
     m->install_bytes += (long long)(len + res_len);
     flush(m);   /* the install of the decoder stream's form runs the decoder layers: a forward */
+    return !m->dp || m->own[slot_of(m, s)] == 0;
+}
+
+long long ds41_smirror_install_end(ds41_smirror *m, ds41_engine *e, ds41_session *s, size_t n, long long got) {
+    if (!m || !m->dp) return got;
+    ds41_dist_dp_done(&e->ctx);   /* the owner's forward of the decoder layers (the stream's form) */
+    int q = m->own[slot_of(m, s)];
+    if (q == 0) return got;
+    int64_t h = 0;
+    recv_from(m, q, &h, sizeof h);
+    if (h < 0 || h >= (int64_t)n) {
+        char eb[160];
+        snprintf(eb, sizeof eb, "rank %d installed %lld tokens of a remote prefill of a %zu-token prompt", q, (long long)h, n);
+        ds41_session_absorb(s, 0, NULL, eb);
+        return -1;
+    }
+    if (h > 0) ds41_session_absorb(s, (size_t)h, NULL, NULL);   /* a prompt part: no logits */
+    return h;
+}
+
+void ds41_smirror_pd_load(ds41_smirror *m, ds41_prefix_cache *pc, const ds41_session *s, const int32_t *ids, size_t n) {
+    if (m && m->store && !m->dp && pc) ship_disk_blocks(m, pc, s, ids, n, NULL);
 }
 
 void ds41_smirror_pd_seq(ds41_smirror *m, const ds41_session *s, int stop_layer, const int32_t *ids, size_t n) {
@@ -1068,8 +1100,8 @@ void ds41_smirror_end(ds41_smirror *m) {
         fprintf(stderr, "ds41 serve [rank 0]: --cache-dir: %lld blocks read from the store sent to the other ranks (%lld bytes)\n",
                 m->shipped_blocks, m->shipped_bytes);
     if (m->installs && verbose())
-        fprintf(stderr, "ds41 serve [rank 0]: --role decode: %lld remote prefills installed on every rank (INSTALL, %lld bytes "
-                        "of pages and state)\n", m->installs, m->install_bytes);
+        fprintf(stderr, "ds41 serve [rank 0]: --role decode: %lld remote prefills installed %s (INSTALL, %lld bytes "
+                        "of pages and state)\n", m->installs, m->dp ? "by their owners" : "on every rank", m->install_bytes);
     if (m->pd_forwards && verbose())
         fprintf(stderr, "ds41 serve [rank 0]: --role prefill: %lld prefill forwards run on every rank (PD_FWD)\n", m->pd_forwards);
     put1(m, DS41_SOP_END);
@@ -1315,9 +1347,7 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
     if ((op->op == DS41_SOP_PD_SEQ || op->op == DS41_SOP_PD_FWD) && (dp || !(s = slot_find(f, op->id))))
         return snprintf(err, errcap, "serve mirror: rank 0 sent %s for session %d, %s", op->op == DS41_SOP_PD_SEQ ? "PD_SEQ" : "PD_FWD",
                         (int)op->id, dp ? "under --dp-attention, which --role prefill does not run" : "which this rank does not hold"), -1;
-    if (op->op == DS41_SOP_INSTALL && dp)
-        return snprintf(err, errcap, "serve mirror: rank 0 sent INSTALL under --dp-attention, which --role decode does not run"), -1;
-    if (op->op == DS41_SOP_INSTALL && !(s = slot_find(f, op->id)))
+    if (op->op == DS41_SOP_INSTALL && !(s = slot_find(f, op->id)) && !(dp && slot_at(f, op->id) >= 0))
         return snprintf(err, errcap, "serve mirror: rank 0 installs a remote prefill into session %d, which this rank does not hold",
                         (int)op->id), -1;
     if ((op->op == DS41_SOP_RESTORE || op->op == DS41_SOP_PUBLISH || op->op == DS41_SOP_TRIM || op->op == DS41_SOP_PROBE ||
@@ -1585,8 +1615,19 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
                             got < 0 ? "do not fit this rank's model" : "do not continue this rank's cached chain"), -1;
         return 0;
     }
-    case DS41_SOP_INSTALL:
-        return ds41_serve_pd_follow_install(e, pc, s, op, err, errcap);
+    case DS41_SOP_INSTALL: {
+        long long got = 0;
+        if (s && ds41_serve_pd_follow_install(e, pc, s, op, &got, err, errcap)) return -1;
+        if (!dp) return 0;
+        /* --dp-attention: the owner installed (s held here); every rank joins its forward, and
+         * the owner answers rank 0 with the tokens the session holds (0: refused) */
+        ds41_dist_dp_done(&e->ctx);
+        if (s) {
+            int64_t h = got;
+            ds41_dist_dp_send0(&h, sizeof h);
+        }
+        return 0;
+    }
     case DS41_SOP_PD_SEQ: {
         ds41_seq *q = ds41_session_seq(s);
         if (op->stop >= e->cfg->n_layers)

@@ -49,13 +49,21 @@
  * (ds41_pd_install): the same calls on the same state, so the same session on every rank (the
  * decoder stream's form runs a forward of the decoder layers there, collective as any). An
  * install refused for a reason (the hit evicted, a state that does not fit) is refused on
- * every rank alike; rank 0 then sends RESTORE, as after a failed fetch.
+ * every rank alike; rank 0 then sends RESTORE, as after a failed fetch. Under --dp-attention
+ * the fetch starts past the owner's local hit (its PROBE answer, ds41_smirror_held), INSTALL
+ * is the same record and only the session's owner inserts and installs (its own cache and
+ * store: no BLOCKS); every rank joins its forward (ds41_dist_dp_done) and the owner answers
+ * rank 0 with the tokens installed (int64; 0: refused, then RESTORE on the owner), by which
+ * rank 0 moves its copy on (ds41_session_absorb).
  *
  * --cache-dir (replicated attention): rank 0 alone reads and writes the store. Before a
  * RESTORE whose chain rank 0 had to read from disk (ds41_prefix_load), BLOCKS carries those
  * blocks' pages (blocks first..first+nb-1 of the prompt ids of session id, whose image
  * positions, if any, key the blocks as IMAGES gave them) and the followers add them to their
- * memory caches (ds41_prefix_insert_bytes), which so keep holding exactly rank 0's.
+ * memory caches (ds41_prefix_insert_bytes), which so keep holding exactly rank 0's. A prefill
+ * node (serve --role prefill) sends the same BLOCKS before PD_SEQ, for the chain of the
+ * request's ids that rank 0's cache read from its store ahead of its hit query
+ * (ds41_smirror_pd_load): every rank's hit query, restore and suffix forward then see it.
  *
  * Images: rank 0 encodes them (the tower runs no collective). After OPEN, IMAGES gives the
  * other ranks the prompt's image positions (flags over its n tokens), their content keys and
@@ -252,21 +260,38 @@ void ds41_smirror_end(ds41_smirror *m);
 /* How long the scheduler may idle between beats (seconds). */
 double ds41_smirror_beat_s(void);
 
-/* serve --role decode under mpiexec: before rank 0 installs a remote prefill into s (blocks
- * [first, first + nb) of ids[n], pages [nb][n_kv_sources] of page_bytes[store] bytes each,
- * the RESUME payload res[res_len]): the hit's blocks it read from its store (BLOCKS), then
- * INSTALL, sent at once (the install may run a forward). */
-void ds41_smirror_install(ds41_smirror *m, ds41_prefix_cache *pc, const ds41_session *s, const int32_t *ids, size_t n,
-                          int first, int nb, uint8_t *const *pages, const size_t *page_bytes, int n_stores,
-                          const uint8_t *res, size_t res_len);
-/* A follower's INSTALL (serve_pd.c; without UCX an error): the pages into its prefix cache and
- * the install into s, as rank 0 does. 0, or -1 with err (the rank cannot go on). */
-int ds41_serve_pd_follow_install(ds41_engine *e, ds41_prefix_cache *pc, ds41_session *s, const ds41_sop *op, char *err,
-                                 size_t errcap);
+/* serve --role decode under mpiexec: the local hit (whole blocks of ids[n]) that a remote
+ * prefill of session s starts past, without moving anything: rank 0's cache
+ * (ds41_prefix_held), or under --dp-attention the one the owner answered to the PROBE that
+ * routed s (0 when s was not routed so: the whole prompt is fetched). */
+long long ds41_smirror_held(ds41_smirror *m, ds41_prefix_cache *pc, const ds41_session *s, const int32_t *ids, size_t n);
+/* Before rank 0 installs a remote prefill into s (blocks [first, first + nb) of ids[n], pages
+ * [nb][n_kv_sources] of page_bytes[store] bytes each, the RESUME payload res[res_len]): the
+ * hit's blocks it read from its store (BLOCKS; not under --dp-attention), then INSTALL, sent
+ * at once (the install may run a forward). 1 when rank 0 installs too (it holds s: always,
+ * but under --dp-attention only when it owns s); then ds41_smirror_install_end with what
+ * rank 0's install gave (got; 0 when it did not install). */
+int ds41_smirror_install(ds41_smirror *m, ds41_prefix_cache *pc, const ds41_session *s, const int32_t *ids, size_t n,
+                         int first, int nb, uint8_t *const *pages, const size_t *page_bytes, int n_stores,
+                         const uint8_t *res, size_t res_len);
+/* The tokens s holds after the install (ds41_pd_install's result): got; under --dp-attention
+ * rank 0 joins the owner's forward and, for another rank's s, takes the owner's answer (the
+ * tokens installed, 0: refused) and moves its copy of s on by them (ds41_session_absorb);
+ * -1 (s broken, ds41_session_error) on an answer out of range. */
+long long ds41_smirror_install_end(ds41_smirror *m, ds41_engine *e, ds41_session *s, size_t n, long long got);
+/* A follower's INSTALL of a session it holds (serve_pd.c; without UCX an error): the pages
+ * into its prefix cache and the install into s, as rank 0 does; *got: the tokens s holds
+ * (0: refused). 0, or -1 with err (the rank cannot go on). */
+int ds41_serve_pd_follow_install(ds41_engine *e, ds41_prefix_cache *pc, ds41_session *s, const ds41_sop *op,
+                                 long long *got, char *err, size_t errcap);
 
 /* serve --role prefill under mpiexec (rank 0, the prefill node's compute, under its mutex):
- * PD_SEQ for s after rank 0's own hit query over ids[n]; PD_FWD before its forward of
- * ids[k..n), sent at once. */
+ * pd_load before rank 0's own hit query over ids[n]: with --cache-dir (ds41_smirror_store) the
+ * blocks of the chain that rank 0's cache reads from its store come into its memory and go to
+ * the other ranks (BLOCKS), so that the hit query, the restore and the forward of the suffix
+ * find the same chain on every rank (nothing without a store); PD_SEQ for s after rank 0's
+ * own hit query over ids[n]; PD_FWD before its forward of ids[k..n), sent at once. */
+void ds41_smirror_pd_load(ds41_smirror *m, ds41_prefix_cache *pc, const ds41_session *s, const int32_t *ids, size_t n);
 void ds41_smirror_pd_seq(ds41_smirror *m, const ds41_session *s, int stop_layer, const int32_t *ids, size_t n);
 void ds41_smirror_pd_forward(ds41_smirror *m, const ds41_session *s, long long k, const int32_t *ids, size_t n);
 

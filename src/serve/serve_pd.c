@@ -25,7 +25,7 @@
 #include "pd.h"
 
 /* ---- a prefill node that is an MPI job: rank 0's compute tells the other ranks each engine
- * call first (pd.h ds41_pd_mirror, serve_mpi.h OPEN, PD_SEQ, RESTORE, PD_FWD, PUBLISH, CLOSE) */
+ * call first (pd.h ds41_pd_mirror, serve_mpi.h OPEN, BLOCKS, PD_SEQ, RESTORE, PD_FWD, PUBLISH, CLOSE) */
 typedef struct mpi_prefill {
     ds41_smirror *m;
     ds41_engine *e;
@@ -33,6 +33,10 @@ typedef struct mpi_prefill {
 } mpi_prefill;
 
 static void mp_open(void *c, ds41_session *s) { ds41_smirror_open(((mpi_prefill *)c)->m, s, 0); }
+static void mp_load(void *c, ds41_session *s, const int32_t *ids, size_t n) {
+    mpi_prefill *p = c;
+    ds41_smirror_pd_load(p->m, p->pc, s, ids, n);
+}
 static void mp_seq(void *c, ds41_session *s, int stop, const int32_t *ids, size_t n) {
     ds41_smirror_pd_seq(((mpi_prefill *)c)->m, s, stop, ids, n);
 }
@@ -140,7 +144,7 @@ int ds41_serve_pd_prefill(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serv
     prefill_run r = { .e = e, .pc = pc, .o = o };
     if (mirror) {
         mp = (mpi_prefill){ .m = mirror, .e = e, .pc = pc };
-        mh = (ds41_pd_mirror){ .open = mp_open, .seq = mp_seq, .restore = mp_restore, .forward = mp_forward,
+        mh = (ds41_pd_mirror){ .open = mp_open, .load = mp_load, .seq = mp_seq, .restore = mp_restore, .forward = mp_forward,
                                .publish = mp_publish, .close = mp_close, .beat = mp_beat, .end = mp_end, .ctx = &mp };
         r.mirror = &mh;
     }
@@ -200,11 +204,15 @@ static long long mpi_install(void *ctx, ds41_session *s, const int32_t *ids, siz
     mpi_pd *c = ctx;
     size_t *pb = page_sizes(c->e);
     if (!pb) { fprintf(stderr, "ds41 serve: out of memory installing a remote prefill; ending the job\n"); abort(); }
-    ds41_smirror_install(c->m, c->pc, s, ids, n_prompt, (int)f->first, (int)(f->nb - f->first), f->pages, pb,
-                         c->e->cfg->n_kv_sources, f->resume, f->resume_len);
+    int here = ds41_smirror_install(c->m, c->pc, s, ids, n_prompt, (int)f->first, (int)(f->nb - f->first), f->pages, pb,
+                                    c->e->cfg->n_kv_sources, f->resume, f->resume_len);
     free(pb);
-    ds41_prefix_insert(c->pc, ids, n_prompt, f->first, f->nb - f->first, f->pages);
-    return ds41_pd_install(c->pc, ds41_pd_client_geom(c->cl), s, ids, n_prompt, f);
+    long long got = 0;
+    if (here) {   /* under --dp-attention only the owner's cache takes the pages */
+        ds41_prefix_insert(c->pc, ids, n_prompt, f->first, f->nb - f->first, f->pages);
+        got = ds41_pd_install(c->pc, ds41_pd_client_geom(c->cl), s, ids, n_prompt, f);
+    }
+    return ds41_smirror_install_end(c->m, c->e, s, n_prompt, got);
 }
 
 static long long mpi_restore(void *ctx, ds41_session *s, const int32_t *ids, size_t n) {
@@ -212,9 +220,10 @@ static long long mpi_restore(void *ctx, ds41_session *s, const int32_t *ids, siz
     return ds41_smirror_restore(c->m, c->e, c->pc, s, ids, n, NULL);
 }
 
-int ds41_serve_pd_follow_install(ds41_engine *e, ds41_prefix_cache *pc, ds41_session *s, const ds41_sop *op, char *err,
-                                 size_t errcap) {
+int ds41_serve_pd_follow_install(ds41_engine *e, ds41_prefix_cache *pc, ds41_session *s, const ds41_sop *op,
+                                 long long *got_out, char *err, size_t errcap) {
     static ds41_kvx_geom g;
+    *got_out = 0;
     static int have_g;
     if (!have_g) {
         ds41_err ge;
@@ -250,6 +259,7 @@ int ds41_serve_pd_follow_install(ds41_engine *e, ds41_prefix_cache *pc, ds41_ses
         /* as rank 0: into the prefix cache, then the install (refused alike on every rank) */
         ds41_prefix_insert(pc, op->ids, op->n, f.first, op->nb, pages);
         long long got = ds41_pd_install(pc, &g, s, op->ids, op->n, &f);
+        *got_out = got;
         if (getenv("DS41_MPI_VERBOSE"))
             fprintf(stderr, "ds41 serve [rank %d]: remote prefill of blocks %d..%d of session %d: %s\n", ds41_dist_rank(),
                     op->first, op->first + op->nb - 1, (int)op->id, got > 0 ? "state installed" : "refused, rank 0 restores");
@@ -327,9 +337,10 @@ int ds41_serve_pd_decode(ds41_engine *e, ds41_prefix_cache *pc, const ds41_serve
     return -no_ucx();
 }
 void ds41_serve_pd_close(void *client) { (void)client; }
-int ds41_serve_pd_follow_install(ds41_engine *e, ds41_prefix_cache *pc, ds41_session *s, const ds41_sop *op, char *err,
-                                 size_t errcap) {
+int ds41_serve_pd_follow_install(ds41_engine *e, ds41_prefix_cache *pc, ds41_session *s, const ds41_sop *op,
+                                 long long *got, char *err, size_t errcap) {
     (void)e; (void)pc; (void)s; (void)op;
+    *got = 0;
     return snprintf(err, errcap, "serve mirror: rank 0 sent INSTALL (serve --role decode) and this ds41 was built without UCX"), -1;
 }
 

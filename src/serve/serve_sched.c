@@ -591,8 +591,9 @@ static int session_ready(ds41_sched *S, ds41_sseq *q) {
         long long hb;
         if (S->p.mirror) {
             /* under mpiexec a query that moves nothing: the other ranks' caches do not see it
-             * (neither the LRU order nor blocks read from rank 0's store) */
-            hb = ds41_prefix_held(S->p.pc, q->prompt, q->n_prompt, NULL);
+             * (neither the LRU order nor blocks read from rank 0's store); under --dp-attention
+             * the owner's answer to the PROBE that routed the prompt */
+            hb = ds41_smirror_held(S->p.mirror, S->p.pc, q->s, q->prompt, q->n_prompt);
         } else {
             hb = ds41_prefix_pages(S->p.pc, q->prompt, q->n_prompt, &pg);
             ds41_prefix_pages_free(S->p.pc, pg, hb);
