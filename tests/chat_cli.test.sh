@@ -65,6 +65,7 @@ check_scripted() {
     local ids
     ids=$("$PY" -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['ids'])))" "$TMP/$name.c1.out")
     "$DS41" run -m "$dir" --exact --prompt-ids "$ids" -n "$n" --ignore-eos --json >"$TMP/$name.run" 2>&1
+    "$DS41" run -m "$dir" --exact --chat -p "$U1" -n "$n" --ignore-eos --json >"$TMP/$name.runchat" 2>&1
     "$PY" - "$TMP" "$name" "$DS41" "$dir" "$U1" "$U2" "$reuse" <<'EOF'
 import json, re, subprocess, sys
 tmp, name, ds41, d, u1, u2, reuse = sys.argv[1:8]
@@ -99,6 +100,10 @@ for t in gen:
 want = subprocess.run([ds41, "tokenize", "-m", d, "--decode", ",".join(map(str, cut)) or "", "--skip-special"],
                       capture_output=True).stdout if cut else b""
 check("first_answer_equals_run", out.startswith(want + b"\n"), "chat %r, run %r" % (out[:80], want[:80]))
+# ds41 run --chat -p U1 renders the same prompt as chat-template: the same tokens generated
+rc_ = [json.loads(l) for l in open("%s/%s.runchat" % (tmp, name)) if l.startswith("{")]
+gc = [o["id"] for o in rc_ if "id" in o]
+check("run_chat_equals_template", gc == gen and len(gen) > 0, "run --chat %s, run --prompt-ids %s" % (gc[:8], gen[:8]))
 r1, r2, r3 = st
 check("reset_same_answer", r3[0] == r1[0] and r3[1] == 0 and out.endswith(out[:len(want) + 1]),
       "turn 3 %s vs turn 1 %s" % (r3, r1))
@@ -213,6 +218,8 @@ notok=$TMP/notok
 mkdir -p "$notok"
 for f in config.json model.safetensors engram_token_map.i32; do ln -s "$(readlink -f "$tiny/$f")" "$notok/$f"; done
 expect_status err_chat_no_tokenizer 1 "no tokenizer.json" -m "$notok"
+"$DS41" run -m "$tiny" --chat --prompt-ids 1,2 >"$TMP/out" 2>"$TMP/err"; rc=$?
+if [ $rc -eq 2 ] && grep -q -- "--chat renders -p TEXT" "$TMP/err"; then pass err_run_chat_ids; else fail err_run_chat_ids "status $rc: $(head -c 200 "$TMP/err")"; fi
 
 # ---------------------------------------------------------------- further checkpoints
 for m in ${DS41_TEXT_MODELS:-}; do

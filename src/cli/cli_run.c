@@ -30,6 +30,8 @@ static const char *RUN_USAGE =
     "                         image_token_id in --prompt-ids); a -p TEXT without any gets the images\n"
     "                         in front, each followed by a blank line, as a chat user message with\n"
     "                         the image parts first renders (docs/vision.md)\n"
+    "  --chat                 -p TEXT is a user message: the prompt is the chat template's rendering\n"
+    "                         of it (chat mode, with the assistant header), as ds41 chat sends it\n"
     "  -n, --n-predict N      tokens to generate (default 32)\n"
     "  --temp T               temperature (default 0 = greedy, first maximum)\n"
     "  --top-k K, --top-p P, --min-p P, --seed S   sampling filters and seed\n"
@@ -69,7 +71,30 @@ static const char *RUN_USAGE =
     "  ds41 run -m models/demo -p \"And God said unto Noah,\" -n 60 --temp 0.7 --top-p 0.9 --seed 1\n"
     "  ds41 run -m models/demo -p \"Telescope, n.\" -n 40 --exact --spec off     # exact mode, plain decoding\n"
     "  ds41 run -m models/demo --prompt-ids 1,2,3 -n 8 --json                  # ids in, one JSON line per token\n"
-    "  ds41 run -m DIR --image photo.png -p \"What colour is the circle?\" -n 20 # DIR with a vision tower\n";
+    "  ds41 run -m models/demo --chat -p \"What does telescope mean?\" -n 40   # a chat question\n"
+    "  ds41 run -m models/demo --chat --image models/demo/samples/000.png -p \"What colour is the square?\"\n";
+
+/* --chat: the chat template's rendering (chat mode, assistant header) of one user message, text;
+ * a text without an image placeholder gets n_images of them in front, each followed by a blank
+ * line, as ds41 chat's /image messages (a user message whose image parts come first). */
+static int chat_prompt(const char *text, int n_images, char **out, ds41_err *err) {
+    const char *ph = DS41_CHAT_IMAGE_PLACEHOLDER;
+    size_t phl = strlen(ph), tl = strlen(text);
+    int lead = strstr(text, ph) ? 0 : n_images;
+    char *user = malloc((size_t)lead * (phl + 2) + tl + 1), *q = user;
+    if (!user) return ds41_errf(err, "out of memory");
+    for (int k = 0; k < lead; k++, q += phl + 2) { memcpy(q, ph, phl); memcpy(q + phl, "\n\n", 2); }
+    memcpy(q, text, tl + 1);
+    ds41_chat c;
+    ds41_chat_options o;
+    ds41_chat_init(&c);
+    ds41_chat_options_init(&o);
+    size_t len;
+    int rc = ds41_chat_push(&c, DS41_ROLE_USER, user, NULL, err) ? ds41_chat_render(&c, &o, out, &len, err) : -1;
+    ds41_chat_free(&c);
+    free(user);
+    return rc;
+}
 
 /* "1,2,3" -> ids; rejects anything that is not a comma-separated list of integers. */
 static int parse_ids(const char *s, int32_t **out, size_t *n, const char *what) {
@@ -111,7 +136,7 @@ int ds41_cli_run(int argc, char **argv) {
     const char *dir = NULL, *prompt = NULL, *prompt_ids = NULL, *force_ids = NULL, *dump = NULL, *trace = NULL;
     int draft_trace = 0, no_draft = 0;
     const char *spec_arg = NULL;   /* --spec (cli_spec.c) */
-    int json = 0, top_lp = 5, ignore_eos = 0, replay = DS41_REPLAY_EXACT;
+    int json = 0, top_lp = 5, ignore_eos = 0, replay = DS41_REPLAY_EXACT, chat = 0;
     const char *cache_dir = NULL;
     long long cache_bytes = 0;
     const char *image_paths[16];
@@ -133,6 +158,7 @@ int ds41_cli_run(int argc, char **argv) {
         else if (ARG("-m", "--model")) { NEED(); dir = argv[++i]; }
         else if (ARG("-p", "--prompt")) { NEED(); prompt = argv[++i]; }
         else if (ARG("--prompt-ids", NULL)) { NEED(); prompt_ids = argv[++i]; }
+        else if (ARG("--chat", NULL)) chat = 1;
         else if (ARG("--image", NULL)) {
             NEED();
             if (n_images == 16) { fprintf(stderr, "ds41 run: at most 16 --image\n"); return 2; }
@@ -164,6 +190,7 @@ int ds41_cli_run(int argc, char **argv) {
     if (!dir) { fprintf(stderr, "ds41 run: -m DIR is required (a checkpoint directory, e.g. -m models/demo)\n%s", RUN_USAGE); return 2; }
     if (ds41_cli_model_dir_ok("run", dir)) return 1;
     if (!prompt == !prompt_ids) { fprintf(stderr, "ds41 run: give exactly one of -p TEXT and --prompt-ids LIST\n"); return 2; }
+    if (chat && !prompt) { fprintf(stderr, "ds41 run: --chat renders -p TEXT as a user message; it takes no --prompt-ids\n"); return 2; }
     /* output only from rank 0: the other ranks write their logits nowhere */
     if (dump && ds41_dist_rank() > 0) dump = "/dev/null";
     if (n_images && g.prefill == DS41_PREFILL_MODE_REPLAY) {
@@ -181,8 +208,8 @@ int ds41_cli_run(int argc, char **argv) {
     ds41_cli_vprompt vp;
     memset(images, 0, sizeof images);
     memset(&vp, 0, sizeof vp);
-    char *ptext = NULL;
-    int ids_vp = 0;
+    char *ptext = NULL, *rendered = NULL;
+    int ids_vp = 0, pbos = 1;   /* pbos: the tokenizer adds BOS (not to a chat rendering, which has it) */
     int32_t *ids = NULL, *forced = NULL;
     size_t n_ids = 0, n_forced = 0;
     FILE *fdump = NULL;
@@ -198,7 +225,9 @@ int ds41_cli_run(int argc, char **argv) {
             fprintf(stderr, "ds41 run: %s has no tokenizer.json; give the prompt as --prompt-ids\n", dir);
             goto out;
         }
-        if (ds41_tokenize(tok, prompt, strlen(prompt), 1, 1, &ids, &n_ids, &err)) {
+        if (chat && chat_prompt(prompt, n_images, &rendered, &err)) { fprintf(stderr, "ds41 run: --chat: %s\n", err.msg); goto out; }
+        if (rendered) { prompt = rendered; pbos = 0; }
+        if (ds41_tokenize(tok, prompt, strlen(prompt), 1, pbos, &ids, &n_ids, &err)) {
             fprintf(stderr, "ds41 run: %s\n", err.msg);
             goto out;
         }
@@ -237,7 +266,7 @@ int ds41_cli_run(int argc, char **argv) {
             if (!strstr(prompt, DS41_CHAT_IMAGE_PLACEHOLDER))
                 for (int k = 0; k < n_images; k++) strcat(strcat(ptext, DS41_CHAT_IMAGE_PLACEHOLDER), "\n\n");
             strcat(ptext, prompt);
-            r = ds41_cli_vprompt_text(&vp, tok, ptext, strlen(ptext), 1, images, n_images, ds41_model_dim(e),
+            r = ds41_cli_vprompt_text(&vp, tok, ptext, strlen(ptext), pbos, images, n_images, ds41_model_dim(e),
                                       ds41_image_token_id(e), &err);
         } else {
             r = ds41_cli_vprompt_ids(&vp, ids, n_ids, images, n_images, ds41_model_dim(e), ds41_image_token_id(e), &err);
@@ -510,6 +539,7 @@ out:
     for (int k = 0; k < n_images; k++) ds41_cli_image_free(&images[k]);
     free(topb);
     free(ptext);
+    free(rendered);
     free(ids);
     free(forced);
     return rc;

@@ -505,18 +505,19 @@ def check_template(n, model_dir, data_dir):
     return bad == 0
 
 
-def chatmix(out, model_dir, dest):
+def chatmix(out, model_dir, dest, only=False):
     """DEST/train.bin: the train split's tokens followed by a chat rendering ("What does WORD
     mean?") of every training GCIDE entry that has none (build() renders 18 %), so that about a
     third of the stream asks for a definition; DEST/heldout.bin: the held-out split as is. The text
     mixed into make train-vision's steps (tools/train/README.md): it teaches the chat answer's
-    "WORD, POS." line while the general text keeps the held-out figures."""
+    "WORD, POS." line while the general text keeps the held-out figures. only: DEST/train.bin holds
+    the GCIDE chat renderings alone (build()'s and these), nothing else."""
     import shutil
     import numpy as np
     os.makedirs(dest, exist_ok=True)
     docs = [json.loads(l) for l in open(os.path.join(out, "train.jsonl"), encoding="utf-8")]
     have = {d["key"] for d in docs if d["src"] == "gcide-chat"}
-    extra = []
+    extra = [d["text"] for d in docs if only and d["src"] == "gcide-chat"]
     for d in docs:
         if d["src"] != "gcide" or d["key"] in have:
             continue
@@ -525,7 +526,7 @@ def chatmix(out, model_dir, dest):
             continue
         extra.append(render_chat(clean_specials("What does %s mean?" % word), clean_specials(cut_answer(d["text"]))))
     enc = encode_all(extra, model_dir)
-    base = np.fromfile(os.path.join(out, "train.bin"), dtype="<u2")
+    base = np.zeros(0, dtype="<u2") if only else np.fromfile(os.path.join(out, "train.bin"), dtype="<u2")
     add = np.asarray([t for e in enc for t in e], dtype="<u2")
     np.concatenate([base, add]).tofile(os.path.join(dest, "train.bin"))
     for f in ("heldout.bin", "heldout.idx"):
@@ -538,6 +539,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("cmd", choices=["build", "heldout", "tokenize", "check-template", "chatmix"])
     ap.add_argument("--dest", default=os.path.join(ROOT, "build/demo-chatmix"), help="chatmix's output folder")
+    ap.add_argument("--only", action="store_true", help="chatmix: the GCIDE chat renderings alone")
     ap.add_argument("--out", default=os.path.join(ROOT, "build/demo-data"))
     ap.add_argument("-m", default=os.path.join(ROOT, "models/demo"))
     ap.add_argument("-n", type=int, default=300)
@@ -549,7 +551,7 @@ def main():
     elif a.cmd == "tokenize":
         tokenize(a.out, a.m)
     elif a.cmd == "chatmix":
-        chatmix(a.out, a.m, a.dest)
+        chatmix(a.out, a.m, a.dest, a.only)
     else:
         sys.exit(0 if check_template(a.n, a.m, a.out) else 1)
 

@@ -4,14 +4,16 @@ seed that training never draws: training seeds are strings "vision-train:..."), 
 turn of colour, count and position (vision_data.py), greedy answers compared with the truth
 (case, surrounding space and a final full stop ignored).
 
-    python3 tools/train/vision_eval.py -m models/demo [--via lib|torch] [--exact] [-n 200]
+    python3 tools/train/vision_eval.py -m models/demo [--via lib|torch|cli] [--exact] [-n 200]
 
 --via lib (default): ds41 itself: each PNG preprocessed by `ds41 image --dump-pixels` (decode,
 resize plan, BF16 normalisation), then tests/tools/vision_ask (the library's ds41_image_span +
 ds41_feed_embeds, greedy; --exact for the exact kernels). --via torch: the trainer's torch twin
 on the weights the safetensors decode to (the language model with the release numerics
 simulated, the tower in FP32 from the BF16 weights). The prompt is vision_train.layout's: the
-chat template with the image span first in the user message. Prints one JSON object (accuracy
+chat template with the image span first in the user message. --via cli: the command a user
+types, `ds41 run -m M --chat --image PNG -p QUESTION` (its rendering has a blank line after the
+image span, which training never showed). Prints one JSON object (accuracy
 overall and per kind); --details FILE writes every question, answer and verdict."""
 
 import argparse
@@ -63,6 +65,20 @@ def answers_lib(a, items, tok, tmp):
     return [decode(a, l) for l in lines]
 
 
+def answers_cli(a, items, tmp):
+    """What a user types: `ds41 run -m M --chat --image PNG -p QUESTION` (greedy, plain decoding),
+    whose chat rendering puts a blank line after the image (the trained layout has none)."""
+    out = []
+    for i, (im, kind, q, ans, _) in enumerate(items):
+        png = os.path.join(tmp, "%03d.png" % i)
+        im.save(png)
+        cmd = [a.ds41, "run", "-m", a.model, "--chat", "--image", png, "-p", q, "-n", str(a.max_tokens),
+               "--spec", "off"] + (["--exact"] if a.exact else [])
+        txt = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=True).stdout
+        out.append(txt.decode("utf-8", "replace").split("<\uff5cend\u2581of\u2581sentence\uff5c>")[0])
+    return out
+
+
 def decode(a, ids):
     if not ids.strip():
         return ""
@@ -112,7 +128,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", default="models/demo")
     ap.add_argument("-n", type=int, default=200)
-    ap.add_argument("--via", choices=("lib", "torch"), default="lib")
+    ap.add_argument("--via", choices=("lib", "torch", "cli"), default="lib")
     ap.add_argument("--exact", action="store_true")
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--ds41", default="build/ds41")
@@ -121,9 +137,9 @@ def main():
     a = ap.parse_args()
     items = heldout(a.n)
     tok = vt.Tokens(a.ds41, a.model)
-    if a.via == "lib":
+    if a.via in ("lib", "cli"):
         with tempfile.TemporaryDirectory(prefix="ds41-veval.") as tmp:
-            got = answers_lib(a, items, tok, tmp)
+            got = answers_lib(a, items, tok, tmp) if a.via == "lib" else answers_cli(a, items, tmp)
     else:
         got = answers_torch(a, items, tok)
     per = {}

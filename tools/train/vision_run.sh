@@ -2,14 +2,16 @@
 # make train-vision: the demo model learns to see (docs/vision.md, "The demo model's tower"), run
 # after the text model is final, on whatever models/demo holds. Resumable across sittings.
 #   1. the text token files (build/demo-data, as make train-demo writes them) when missing
-#   2. vision_train.py: the tower and the language model (--train-lm, in the release formats) on
+#   2. vision_train.py --ground-only (OUT/ground, GROUND_STEPS, about 0.2 s a step): the tower alone
+#      learns to put each cell's colour, shape, position and count words in its aligned token
+#   3. vision_train.py: that tower and the language model (--train-lm, in the release formats) on
 #      generated scenes, text windows mixed in; resumable (OUT/vision_state.pt): MINUTES=M trains
 #      for M minutes of this sitting, saves and stops; the next run continues (FRESH=1 starts over)
-#   3. when its last step (STEPS) is reached: vision_export.py writes OUT/model, a copy of
+#   4. when its last step (STEPS) is reached: vision_export.py writes OUT/model, a copy of
 #      models/demo with the tower and the changed text tensors (every other tensor's bytes kept)
-#   4. the DSpark stages retrained on the changed backbone (train.py --init-release OUT/model,
+#   5. the DSpark stages retrained on the changed backbone (train.py --init-release OUT/model,
 #      DSPARK_MINUTES of wall time), merged into OUT/model by dspark_swap.py (DSPARK_MINUTES=0 skips)
-#   5. the figures: vision_eval.py through the library (200 held-out scenes), ds41 perplexity on the
+#   6. the figures: vision_eval.py through the library (200 held-out scenes), ds41 perplexity on the
 #      held-out text (before / after), dspark_accept.py (before / after) -> OUT/figures.txt
 # INSTALL=1 then copies OUT/model into models/demo (the model card's figures are then to be updated).
 set -euo pipefail
@@ -17,18 +19,26 @@ cd "$(dirname "$0")/../.."
 PY=/usr/bin/python3
 OUT=${OUT:-build/demo-vision}
 BASE=${BASE:-models/demo}
-STEPS=${STEPS:-3000}     # a guess (about 4 CPU hours at 4.7 s a step): 80 steps reached only the prior (docs/vision.md)
+STEPS=${STEPS:-1000}     # 95 % of 60 held-out scenes at step 800 in the release run (docs/vision.md); about 3 s a step
+GROUND_STEPS=${GROUND_STEPS:-600}
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1   # one thread: 3 s a step; two threads took 11 (small matrices)
 mkdir -p "$OUT"
 if [ ! -f build/demo-data/train.bin ]; then
     $PY tools/train/corpus.py build
     $PY tools/train/corpus.py tokenize
 fi
-if [ "${FRESH:-0}" = 1 ]; then rm -rf "$OUT/vision_state.pt" "$OUT/model" "$OUT/dspark" "$OUT/figures.txt"; fi
+if [ "${FRESH:-0}" = 1 ]; then rm -rf "$OUT/ground" "$OUT/vision_state.pt" "$OUT/model" "$OUT/dspark" "$OUT/figures.txt"; fi
+if [ ! -f "$OUT/vision_state.pt" ]; then
+    $PY tools/train/vision_train.py -m "$BASE" --out "$OUT/ground" --ds41 build/ds41 --steps "$GROUND_STEPS" \
+        --ground-only --ground 1.0 --ground-count --text-mix 0 --eval-every 0 --text-eval-n 0 --minutes 100000 \
+        2>&1 | tee -a "$OUT/ground.log"
+fi
 [ -f "$OUT/vision_state.pt" ] && echo "make train-vision: continuing from $OUT/vision_state.pt (FRESH=1 starts over)"
 rc=0
 $PY tools/train/vision_train.py -m "$BASE" --out "$OUT" --ds41 build/ds41 --steps "$STEPS" \
-    --train-lm "${TRAIN_LM:-all}" --lm-lr "${LM_LR:-1e-3}" --lr "${LR:-3e-3}" --text-mix "${TEXT_MIX:-1}" --text-ctx "${TEXT_CTX:-64}" \
-    --batch 16 --save-every 50 --eval-every 200 --eval-n 60 --text-eval-n 16 ${VISION_ARGS:-} \
+    --train-lm "${TRAIN_LM:-all}" --lm-lr "${LM_LR:-5e-4}" --lr "${LR:-1e-3}" --text-mix "${TEXT_MIX:-2}" --text-ctx "${TEXT_CTX:-128}" \
+    --init-tower "$OUT/ground/vision_state.pt" --ground-count --threads 1 \
+    --batch 16 --save-every 25 --eval-every 100 --eval-n 60 --text-eval-n 16 ${VISION_ARGS:-} \
     --minutes "${MINUTES:-100000}" 2>&1 | tee -a "$OUT/train.log" || rc=$?
 if [ "$rc" = 3 ]; then
     echo "make train-vision: stopped and saved; run make train-vision again to continue"

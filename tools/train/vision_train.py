@@ -228,13 +228,20 @@ def layout(tok, question, answer, S):
     return head + tok(answer) + [EOS], 2, len(head)
 
 
+GROUND_COUNT = False     # --ground-count
+
+
 def cell_words(tok, objs, V):
     """The grounding target of each 3 x 3 cell [9, V]: equal weights on the tokens of the colour,
-    the shape and the position words of the shape drawn there (as the answers spell them);
-    empty cells get none (all zero)."""
+    the shape and the position words of the shape drawn there (as the answers spell them), and
+    with --ground-count the number of shapes of its kind in the image ("2": the tower sees the
+    whole image, so a cell can carry its kind's count and "How many squares are there?" becomes
+    a look-up like the colour's); empty cells get none (all zero)."""
     t = torch.zeros(9, V)
     for shape, colour, cell, *_ in objs:
         ids = tok(colour) + tok(shape) + tok(vision_data.CELLS[cell])
+        if GROUND_COUNT:
+            ids = ids + tok(str(sum(1 for o in objs if o[0] == shape)))
         for i in ids:
             t[cell, i] += 1.0 / len(ids)
     return t
@@ -277,8 +284,11 @@ def encode(rng_items, tok, S, V, space):
     return torch.stack(ims), ids, tgt, torch.stack(words), kinds
 
 
-def batch(rng, tok, n, S, V, n_max=4, space=False):
-    return encode([vision_data.sample(rng, n_max=n_max) for _ in range(n)], tok, S, V, space)
+def batch(rng, tok, n, S, V, n_max=4, space=False, count_share=0.0):
+    """n training scenes; count_share > 0: that share of them asks a count question (the rest as
+    vision_data.sample draws them)."""
+    kinds = [("count" if count_share > 0 and rng.random() < count_share else None) for _ in range(n)]
+    return encode([vision_data.sample(rng, kind=k, n_max=n_max) for k in kinds], tok, S, V, space)
 
 
 # the parts of the language model --train-lm can unfreeze (backbone only: the DSpark stages stay
@@ -472,6 +482,11 @@ def main():
     ap.add_argument("--text-eval-n", type=int, default=16,
                     help="held-out text windows of 256 for the text loss at the start and every --eval-every "
                          "(with --train-lm; 0: never)")
+    ap.add_argument("--ground-count", action="store_true",
+                    help="the grounding target of a drawn cell also holds its kind's count in the image")
+    ap.add_argument("--count-share", type=float, default=0.0,
+                    help="share of the training scenes asked a count question (0: vision_data's mix, "
+                         "about 30 %%); the held-out scenes are unchanged")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the run's figures were measured so)")
     ap.add_argument("--init-tower", default="",
                     help="a fresh run's tower (weights and shape) from another run's vision_state.pt, such as a "
@@ -481,6 +496,8 @@ def main():
                          "step (default: at every evaluation)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    global GROUND_COUNT
+    GROUND_COUNT = a.ground_count
     torch.set_flush_denormal(True)
     os.makedirs(a.out, exist_ok=True)
     parts = parse_parts(a.train_lm)
@@ -564,7 +581,7 @@ def main():
     while step < a.steps and time.time() - t0 < a.minutes * 60:
         rng = random.Random("vision-train:%d:%d" % (a.seed, step))
         n_max = min(4, 1 + (3 * step) // a.curriculum) if a.curriculum > 0 and step < a.curriculum else 4
-        px, ids, tgt, words, kinds = batch(rng, tok, a.batch, S, V, n_max, a.answer_space)
+        px, ids, tgt, words, kinds = batch(rng, tok, a.batch, S, V, n_max, a.answer_space, a.count_share)
         lr = min(1.0, (step + 1) / 50)
         opt.param_groups[0]["lr"] = a.lr * lr
         if parts:
