@@ -122,7 +122,8 @@ run: setup
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@bash scripts/run.sh
 
-# make train-demo: rebuild models/demo from the Debian packages (about 45 minutes on 2 cores;
+# make train-demo: train models/demo's language model from the Debian packages (one epoch by default, about 6
+# hours on 2 cores, resumable: MINUTES=60 make train-demo trains for an hour and saves;
 # tools/train/README.md). Not part of make test.
 train-demo:
 	@DS41_SETUP_TRAIN=1 bash scripts/setup.sh

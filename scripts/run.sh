@@ -21,3 +21,9 @@ echo
 echo "== ds41 chat -m $M (one question over stdin) =="
 echo "> What does telescope mean?"
 echo "What does telescope mean?" | ./ds41 chat -m "$M" -n 80 -t 2 --temp 0.7 --top-p 0.9 --seed 1 --verbose
+echo
+# The demo model sees generated scenes (models/demo/samples: its questions and answers in qa.jsonl).
+if grep -q '"vision_config"' "$M/config.json" && [ -f "$M/samples/000.png" ]; then
+    echo "== ds41 run -m $M --chat --image $M/samples/000.png -p \"What colour is the square?\" =="
+    ./ds41 run -m "$M" --chat --image "$M/samples/000.png" -p "What colour is the square?" -n 8 -t 2
+fi

@@ -433,7 +433,8 @@ int ds41_cli_run(int argc, char **argv) {
             if (line) { puts(line); free(line); }
             json_decref(o);
         } else if (tok) {
-            fwrite(text, 1, tl, stdout);
+            /* the end-of-sequence token that stops the run is not part of the text */
+            if (ignore_eos || forced || next != eos) fwrite(text, 1, tl, stdout);
         } else {
             printf("%s%d", step ? " " : "", next);
         }

@@ -120,7 +120,7 @@ int ds41_cli_spec_generate(ds41_cli_spec_run *r) {
                 if (held) put_json(held);
                 held = o;
             } else if (r->tok) {
-                fwrite(text, 1, tl, stdout);
+                if (r->ignore_eos || r->eos < 0 || next != r->eos) fwrite(text, 1, tl, stdout);   /* the stop token is not text */
             } else {
                 printf("%s%d", r->n_gen ? " " : "", next);
             }

@@ -8,7 +8,9 @@
 #      stopped (Ctrl-C, a reboot, MINUTES=M) continues from build/demo-train/state.pt the next
 #      time (FRESH=1 starts over); MINUTES=60 trains for an hour of this sitting, then saves
 #   5. export to models/demo/model.safetensors (release formats) and the loss plot
-# Steps can be overridden: DENSE=30 SPARSE=230 QAT=20 DSPARK=50 (the release run); TRAIN_ARGS="..."
+# Steps can be overridden: the defaults train one epoch (about 6 hours on 2 cores: MINUTES=M per sitting;
+# tools/train/README.md "One epoch"); models/demo's text model is the shorter run of its MODEL_CARD.md
+# (DENSE=30 SPARSE=230 QAT=20 DSPARK=50, about 45 minutes); TRAIN_ARGS="..."
 # adds train.py options (e.g. "--draft-positions 64 --draft-ce 0.2 --draft-kl 0.8", the drafter settings).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,7 +26,7 @@ resume=
 if [ -f "$OUT/state.pt" ]; then resume=--resume; echo "make train-demo: continuing from $OUT/state.pt (FRESH=1 starts over)"; fi
 rc=0
 $PY tools/train/train.py --data build/demo-data --out "$OUT" \
-    --dense "${DENSE:-30}" --sparse "${SPARSE:-230}" --qat "${QAT:-20}" --dspark "${DSPARK:-50}" \
+    --dense "${DENSE:-30}" --sparse "${SPARSE:-2100}" --qat "${QAT:-40}" --dspark "${DSPARK:-300}" \
     --batch 8 --procs 2 --lr 3e-3 --warmup 30 --eval-every 100 --save-every "${SAVE_EVERY:-10}" $resume \
     ${MINUTES:+--stop-after-minutes "$MINUTES"} ${TRAIN_ARGS:-} 2>&1 | tee -a "$OUT/train.log" || rc=$?
 if [ "$rc" = 3 ]; then

@@ -13,7 +13,7 @@ on the weights the safetensors decode to (the language model with the release nu
 simulated, the tower in FP32 from the BF16 weights). The prompt is vision_train.layout's: the
 chat template with the image span first in the user message. --via cli: the command a user
 types, `ds41 run -m M --chat --image PNG -p QUESTION` (its rendering has a blank line after the
-image span, which training never showed). Prints one JSON object (accuracy
+image span: vision_train.layout's gap, 70 % of the training prompts). Prints one JSON object (accuracy
 overall and per kind); --details FILE writes every question, answer and verdict."""
 
 import argparse
@@ -67,7 +67,7 @@ def answers_lib(a, items, tok, tmp):
 
 def answers_cli(a, items, tmp):
     """What a user types: `ds41 run -m M --chat --image PNG -p QUESTION` (greedy, plain decoding),
-    whose chat rendering puts a blank line after the image (the trained layout has none)."""
+    whose chat rendering puts a blank line after the image (layout's gap; --via lib asks without it)."""
     out = []
     for i, (im, kind, q, ans, _) in enumerate(items):
         png = os.path.join(tmp, "%03d.png" % i)

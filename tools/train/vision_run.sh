@@ -11,7 +11,7 @@
 #      models/demo with the tower and the changed text tensors (every other tensor's bytes kept)
 #   5. the DSpark stages retrained on the changed backbone (train.py --init-release OUT/model,
 #      DSPARK_MINUTES of wall time), merged into OUT/model by dspark_swap.py (DSPARK_MINUTES=0 skips)
-#   6. the figures: vision_eval.py through the library (200 held-out scenes), ds41 perplexity on the
+#   6. the figures: vision_eval.py through the library and through ds41 run --chat (200 held-out scenes), ds41 perplexity on the
 #      held-out text (before / after), dspark_accept.py (before / after) -> OUT/figures.txt
 # INSTALL=1 then copies OUT/model into models/demo (the model card's figures are then to be updated).
 set -euo pipefail
@@ -19,7 +19,7 @@ cd "$(dirname "$0")/../.."
 PY=/usr/bin/python3
 OUT=${OUT:-build/demo-vision}
 BASE=${BASE:-models/demo}
-STEPS=${STEPS:-1000}     # 95 % of 60 held-out scenes at step 800 in the release run (docs/vision.md); about 3 s a step
+STEPS=${STEPS:-1950}     # the shipped run's last step (models/demo/MODEL_CARD.md, "Vision"); about 2.4 s a step
 GROUND_STEPS=${GROUND_STEPS:-600}
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1   # one thread: 3 s a step; two threads took 11 (small matrices)
 mkdir -p "$OUT"
@@ -37,7 +37,7 @@ fi
 rc=0
 $PY tools/train/vision_train.py -m "$BASE" --out "$OUT" --ds41 build/ds41 --steps "$STEPS" \
     --train-lm "${TRAIN_LM:-all}" --lm-lr "${LM_LR:-5e-4}" --lr "${LR:-1e-3}" --text-mix "${TEXT_MIX:-2}" --text-ctx "${TEXT_CTX:-128}" \
-    --init-tower "$OUT/ground/vision_state.pt" --ground-count --threads 1 \
+    --init-tower "$OUT/ground/vision_state.pt" --ground-count --ground 1.0 --count-share 0.5 --gap-share 0.7 --threads 1 \
     --batch 16 --save-every 25 --eval-every 100 --eval-n 60 --text-eval-n 16 ${VISION_ARGS:-} \
     --minutes "${MINUTES:-100000}" 2>&1 | tee -a "$OUT/train.log" || rc=$?
 if [ "$rc" = 3 ]; then
@@ -68,6 +68,8 @@ fi
 {
     echo "== vision: 200 held-out scenes through the library (ds41 exact kernels off)"
     $PY tools/train/vision_eval.py -m "$OUT/model" --ds41 build/ds41
+    echo "== vision: the same through ds41 run --chat --image (the command a user types)"
+    $PY tools/train/vision_eval.py -m "$OUT/model" --ds41 build/ds41 --via cli
     for m in "$BASE" "$OUT/model"; do
         echo "== held-out text, $m"
         build/ds41 perplexity -m "$m" -f build/demo-data/heldout.txt --ctx 256 -t 2 | grep -E "nll per token|bits per byte"

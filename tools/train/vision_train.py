@@ -222,13 +222,16 @@ class Tokens:
         return self.cache[text]
 
 
-def layout(tok, question, answer, S):
-    """-> (ids, span_at, first answer position): BOS User span question Assistant </think> answer EOS"""
-    head = [BOS, USER] + [IMAGE_TOKEN_ID] * S + tok(question) + [ASSISTANT, END_THINK]
+def layout(tok, question, answer, S, gap=False):
+    """-> (ids, span_at, first answer position): BOS User span question Assistant </think> answer EOS;
+    gap: a blank line between the span and the question, as `ds41 run --chat` and `ds41 chat`'s
+    /image render an attached image"""
+    head = [BOS, USER] + [IMAGE_TOKEN_ID] * S + tok(("\n\n" + question) if gap else question) + [ASSISTANT, END_THINK]
     return head + tok(answer) + [EOS], 2, len(head)
 
 
 GROUND_COUNT = False     # --ground-count
+GAP_EVAL = False         # --gap-share > 0: the held-out answers are asked in the gap layout
 
 
 def cell_words(tok, objs, V):
@@ -266,11 +269,11 @@ def answer_text(answer, space):
     return (" " + answer) if space else answer
 
 
-def encode(rng_items, tok, S, V, space):
+def encode(rng_items, tok, S, V, space, gaps=None):
     """[(PIL image, kind, question, answer, objects)] -> pixels, ids, targets, grounding words, kinds."""
     ims, seqs, words, kinds = [], [], [], []
-    for im, kind, q, a, objs in rng_items:
-        ids, at, first = layout(tok, q, answer_text(a, space), S)
+    for j, (im, kind, q, a, objs) in enumerate(rng_items):
+        ids, at, first = layout(tok, q, answer_text(a, space), S, bool(gaps[j]) if gaps else GAP_EVAL)
         ims.append(pixels(im))
         seqs.append((ids, first))
         words.append(cell_words(tok, objs, V))
@@ -284,11 +287,12 @@ def encode(rng_items, tok, S, V, space):
     return torch.stack(ims), ids, tgt, torch.stack(words), kinds
 
 
-def batch(rng, tok, n, S, V, n_max=4, space=False, count_share=0.0):
+def batch(rng, tok, n, S, V, n_max=4, space=False, count_share=0.0, gap_share=0.0):
     """n training scenes; count_share > 0: that share of them asks a count question (the rest as
-    vision_data.sample draws them)."""
+    vision_data.sample draws them); gap_share > 0: that share has the blank line of layout()'s gap."""
     kinds = [("count" if count_share > 0 and rng.random() < count_share else None) for _ in range(n)]
-    return encode([vision_data.sample(rng, kind=k, n_max=n_max) for k in kinds], tok, S, V, space)
+    gaps = [gap_share > 0 and rng.random() < gap_share for _ in range(n)] if gap_share > 0 else None
+    return encode([vision_data.sample(rng, kind=k, n_max=n_max) for k in kinds], tok, S, V, space, gaps)
 
 
 # the parts of the language model --train-lm can unfreeze (backbone only: the DSpark stages stay
@@ -487,6 +491,9 @@ def main():
     ap.add_argument("--count-share", type=float, default=0.0,
                     help="share of the training scenes asked a count question (0: vision_data's mix, "
                          "about 30 %%); the held-out scenes are unchanged")
+    ap.add_argument("--gap-share", type=float, default=0.0,
+                    help="share of the training scenes asked with a blank line between the image and the question, "
+                         "as ds41 run --chat and ds41 chat render them (held-out answers are then asked so)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the run's figures were measured so)")
     ap.add_argument("--init-tower", default="",
                     help="a fresh run's tower (weights and shape) from another run's vision_state.pt, such as a "
@@ -496,8 +503,9 @@ def main():
                          "step (default: at every evaluation)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    global GROUND_COUNT
+    global GROUND_COUNT, GAP_EVAL
     GROUND_COUNT = a.ground_count
+    GAP_EVAL = a.gap_share > 0
     torch.set_flush_denormal(True)
     os.makedirs(a.out, exist_ok=True)
     parts = parse_parts(a.train_lm)
@@ -581,7 +589,7 @@ def main():
     while step < a.steps and time.time() - t0 < a.minutes * 60:
         rng = random.Random("vision-train:%d:%d" % (a.seed, step))
         n_max = min(4, 1 + (3 * step) // a.curriculum) if a.curriculum > 0 and step < a.curriculum else 4
-        px, ids, tgt, words, kinds = batch(rng, tok, a.batch, S, V, n_max, a.answer_space, a.count_share)
+        px, ids, tgt, words, kinds = batch(rng, tok, a.batch, S, V, n_max, a.answer_space, a.count_share, a.gap_share)
         lr = min(1.0, (step + 1) / 50)
         opt.param_groups[0]["lr"] = a.lr * lr
         if parts:
