@@ -166,8 +166,15 @@ static void bit_set(uint32_t *bits, int i, int on) {
 int ds41_lproc_allowed(ds41_lproc *lp, const int32_t *tail, int n_tail, uint32_t *bits) {
     if (!lp->gm) return 0;
     int V = lp->V, gated = 0, s = tail_state(lp, tail, n_tail, &gated);
-    if (gated) return 0;
     size_t W = ((size_t)V + 31) / 32;
+    if (gated) {
+        /* before the gate (the reasoning, up to </think>) every token but the end token: a
+         * constrained reply (a forced tool call, a schema) cannot end before its grammar starts */
+        if (lp->eos < 0 || lp->eos >= V) return 0;
+        memset(bits, 0xff, W * sizeof *bits);
+        bit_set(bits, lp->eos, 0);
+        return 1;
+    }
     /* the end tokens are outside the trie: allowed exactly when the grammar may end */
     int can_end = s >= 0 && ds41_gmatch_can_end(lp->gm, s);
     const uint32_t *mask = s >= 0 ? ds41_gmatch_mask(lp->gm, s) : NULL;
@@ -199,7 +206,11 @@ int ds41_lproc_valid_prefix(ds41_lproc *lp, const int32_t *drafts, int k) {
     if (!lp || !lp->gm) return k;
     int s = lp->gstate, open = lp->gate < 0 || lp->gate_open;
     for (int i = 0; i < k; i++) {
-        if (!open) { open = drafts[i] == lp->gate; continue; }
+        if (!open) {
+            if (drafts[i] == lp->eos) return i;   /* banned before the gate (ds41_lproc_allowed) */
+            open = drafts[i] == lp->gate;
+            continue;
+        }
         if (s < 0) return i;
         if (is_stop(lp, drafts[i])) return ds41_gmatch_can_end(lp->gm, s) ? i + 1 : i;
         s = ds41_gmatch_advance(lp->gm, s, drafts[i]);

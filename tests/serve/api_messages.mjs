@@ -15,7 +15,7 @@ const ant = anthropicClient(port), oai = openaiClient(port);
 const model = (await oai.models.list()).data[0].id;
 const textOf = (m) => m.content.filter((b) => b.type === "text").map((b) => b.text).join("");
 const sys = "You are terse.";
-const user = "Name three colours.";
+const user = "What does telescope mean?";
 
 await test("messages_create_equals_chat", async () => {
   const m = await ant.messages.create({ model, max_tokens: 12, temperature: 0, system: sys, messages: [{ role: "user", content: user }] });
