@@ -136,7 +136,7 @@ int ds41_cli_run(int argc, char **argv) {
     const char *dir = NULL, *prompt = NULL, *prompt_ids = NULL, *force_ids = NULL, *dump = NULL, *trace = NULL;
     int draft_trace = 0, no_draft = 0;
     const char *spec_arg = NULL;   /* --spec (cli_spec.c) */
-    int json = 0, top_lp = 5, ignore_eos = 0, replay = DS41_REPLAY_EXACT, chat = 0;
+    int json = 0, top_lp = 5, ignore_eos = 0, line_ended = 0, replay = DS41_REPLAY_EXACT, chat = 0;
     const char *cache_dir = NULL;
     long long cache_bytes = 0;
     const char *image_paths[16];
@@ -386,6 +386,7 @@ int ds41_cli_run(int argc, char **argv) {
                                  .eos = eos, .ignore_eos = ignore_eos, .fdump = fdump };
         if (ds41_cli_spec_generate(&sr)) goto out;
         n_gen = sr.n_gen;
+        line_ended = sr.line_ended;
         n_dec = sr.n_dec;
         t_decode = sr.t_decode;
         spec_json = sr.stats_json;
@@ -471,12 +472,13 @@ int ds41_cli_run(int argc, char **argv) {
             n_dec++;
         }
     }
-    if (tok && !json) {
+    if (tok && !json && !line_ended) {
         char text[64];
         size_t tl = ds41_detok_stream_flush(&ds, text, sizeof text);
         fwrite(text, 1, tl, stdout);
     }
-    if (!json && n_gen) putchar('\n');
+    if (!json && n_gen && !line_ended) putchar('\n');
+    fflush(stdout);   /* the text before the statistics on stderr */
 
     ds41_state_info si;
     ds41_session_state(s, &si);

@@ -159,6 +159,16 @@ int ds41_cli_spec_generate(ds41_cli_spec_run *r) {
                               "drafted_at", da, "accepted_at", aa, "acceptance_at", ra, "curve_steps_per_s", cv);
         r->stats_json = o;   /* ds41 run puts it into the timing object */
     } else {
+        if (r->n_gen) {   /* the statistics start a line of their own, after the text's */
+            if (r->tok) {
+                char t[64];
+                size_t tl = ds41_detok_stream_flush(r->ds, t, sizeof t);
+                fwrite(t, 1, tl, stdout);
+            }
+            putchar('\n');
+            fflush(stdout);
+            r->line_ended = 1;
+        }
         fprintf(stderr, "ds41 run: spec %s: %lld steps, drafted %lld, accepted %lld (%.1f %%), mean accepted length %.2f, "
                 "%.2f tokens/step; acceptance by position:", mname, st.steps, st.drafted, st.accepted, 100 * rate,
                 mean_acc, st.steps ? (double)st.emitted / st.steps : 0.0);

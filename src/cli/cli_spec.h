@@ -33,6 +33,7 @@ typedef struct ds41_cli_spec_run {
     FILE *fdump;
     /* out */
     int n_gen, n_dec;
+    int line_ended;               /* the text's line was ended (and the detokenizer flushed) before the statistics */
     double t_decode;
     void *stats_json;             /* --json: the statistics object (a jansson json_t *, owned by the caller) */
 } ds41_cli_spec_run;
