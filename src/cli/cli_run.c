@@ -136,7 +136,7 @@ int ds41_cli_run(int argc, char **argv) {
     const char *dir = NULL, *prompt = NULL, *prompt_ids = NULL, *force_ids = NULL, *dump = NULL, *trace = NULL;
     int draft_trace = 0, no_draft = 0;
     const char *spec_arg = NULL;   /* --spec (cli_spec.c) */
-    int json = 0, top_lp = 5, ignore_eos = 0, line_ended = 0, replay = DS41_REPLAY_EXACT, chat = 0;
+    int json = 0, top_lp = 5, ignore_eos = 0, replay = DS41_REPLAY_EXACT, chat = 0;
     const char *cache_dir = NULL;
     long long cache_bytes = 0;
     const char *image_paths[16];
@@ -380,13 +380,14 @@ int ds41_cli_run(int argc, char **argv) {
     }
     int n_dec = 0, n_gen = 0;
     void *spec_json = NULL;   /* --json statistics of --spec (cli_spec.c) */
+    char spec_line[512] = "";   /* else its stderr line, printed after the text */
     if (spc.mode != DS41_SPEC_OFF) {
         ds41_cli_spec_run sr = { .spec = spc, .e = e, .s = s, .dir = dir, .threads = g.threads, .exact = g.exact,
                                  .tok = tok, .ds = &ds, .json = json, .top_lp = top_lp, .n_predict = g.n_predict,
                                  .eos = eos, .ignore_eos = ignore_eos, .fdump = fdump };
         if (ds41_cli_spec_generate(&sr)) goto out;
         n_gen = sr.n_gen;
-        line_ended = sr.line_ended;
+        snprintf(spec_line, sizeof spec_line, "%s", sr.stats_line);
         n_dec = sr.n_dec;
         t_decode = sr.t_decode;
         spec_json = sr.stats_json;
@@ -472,13 +473,14 @@ int ds41_cli_run(int argc, char **argv) {
             n_dec++;
         }
     }
-    if (tok && !json && !line_ended) {
+    if (tok && !json) {
         char text[64];
         size_t tl = ds41_detok_stream_flush(&ds, text, sizeof text);
         fwrite(text, 1, tl, stdout);
     }
-    if (!json && n_gen && !line_ended) putchar('\n');
+    if (!json && n_gen) putchar('\n');
     fflush(stdout);   /* the text before the statistics on stderr */
+    if (spec_line[0]) fprintf(stderr, "%s\n", spec_line);
 
     ds41_state_info si;
     ds41_session_state(s, &si);

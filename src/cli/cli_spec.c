@@ -159,22 +159,14 @@ int ds41_cli_spec_generate(ds41_cli_spec_run *r) {
                               "drafted_at", da, "accepted_at", aa, "acceptance_at", ra, "curve_steps_per_s", cv);
         r->stats_json = o;   /* ds41 run puts it into the timing object */
     } else {
-        if (r->n_gen) {   /* the statistics start a line of their own, after the text's */
-            if (r->tok) {
-                char t[64];
-                size_t tl = ds41_detok_stream_flush(r->ds, t, sizeof t);
-                fwrite(t, 1, tl, stdout);
-            }
-            putchar('\n');
-            fflush(stdout);
-            r->line_ended = 1;
-        }
-        fprintf(stderr, "ds41 run: spec %s: %lld steps, drafted %lld, accepted %lld (%.1f %%), mean accepted length %.2f, "
-                "%.2f tokens/step; acceptance by position:", mname, st.steps, st.drafted, st.accepted, 100 * rate,
-                mean_acc, st.steps ? (double)st.emitted / st.steps : 0.0);
-        for (int i = 0; i < B; i++)
-            fprintf(stderr, " %.3f", st.drafted_at[i] ? (double)st.accepted_at[i] / st.drafted_at[i] : 0.0);
-        fputc('\n', stderr);
+        /* printed by ds41 run after the text's line ends */
+        size_t o = (size_t)snprintf(r->stats_line, sizeof r->stats_line,
+                                    "ds41 run: spec %s: %lld steps, drafted %lld, accepted %lld (%.1f %%), mean accepted length %.2f, "
+                                    "%.2f tokens/step; acceptance by position:", mname, st.steps, st.drafted, st.accepted, 100 * rate,
+                                    mean_acc, st.steps ? (double)st.emitted / st.steps : 0.0);
+        for (int i = 0; i < B && o < sizeof r->stats_line; i++)
+            o += (size_t)snprintf(r->stats_line + o, sizeof r->stats_line - o, " %.3f",
+                                  st.drafted_at[i] ? (double)st.accepted_at[i] / st.drafted_at[i] : 0.0);
     }
     rc = 0;
 end:

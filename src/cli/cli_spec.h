@@ -33,13 +33,14 @@ typedef struct ds41_cli_spec_run {
     FILE *fdump;
     /* out */
     int n_gen, n_dec;
-    int line_ended;               /* the text's line was ended (and the detokenizer flushed) before the statistics */
+    char stats_line[512];         /* else the statistics' stderr line, without its newline */
     double t_decode;
     void *stats_json;             /* --json: the statistics object (a jansson json_t *, owned by the caller) */
 } ds41_cli_spec_run;
 /* Generates after the prompt was fed; prints tokens as ds41 run does (--json: the last token
  * object of each step carries "spec_step": {proposal, proposed, drafted, accepted, emitted, expected,
- * conf}), and the statistics (--json: stats_json, else a stderr line). */
+ * conf}), and the statistics (--json: stats_json, else stats_line, which ds41 run prints on stderr
+ * after the text's line ends). */
 int ds41_cli_spec_generate(ds41_cli_spec_run *r);
 
 #endif
