@@ -103,9 +103,64 @@ static void test_never_empty(void) {
     case_end("lproc_never_empty");
 }
 
+/* The reasoning budget: think_end (5) alone once `budget` reasoning tokens are accepted or in
+ * the tail; nothing after the reasoning closed; drafts past it cut at the first refusal */
+static void test_think_budget(void) {
+    CASE_BEGIN();
+    ds41_lproc lp;
+    ds41_lproc_init(&lp, V, 7);
+    ds41_lproc_think_budget(&lp, 9, 2);   /* not a token of the vocabulary: stays off */
+    CHECK(!ds41_lproc_active(&lp), "an end outside the vocabulary: off");
+    ds41_lproc_think_budget(&lp, 5, 2);
+    CHECK(ds41_lproc_active(&lp) && ds41_lproc_ready(&lp) == 0, "ready");
+    float r[V];
+    row_init(r);
+    ds41_lproc_apply(&lp, r, NULL, 0);
+    CHECK(r[0] == 1.0f && r[7] == 4.0f && r[5] == 2.0f, "nothing spent: the row as it was");
+    int32_t t2[2] = { 1, 3 };
+    row_init(r);
+    ds41_lproc_apply(&lp, r, t2, 2);
+    int allowed = 0;
+    for (int i = 0; i < V; i++) allowed += r[i] > -INFINITY;
+    CHECK(allowed == 1 && r[5] == 2.0f, "two in the tail: </think> alone, its logit kept (%d allowed, %g)", allowed, r[5]);
+    int32_t closed[2] = { 5, 3 };
+    row_init(r);
+    ds41_lproc_apply(&lp, r, closed, 2);
+    CHECK(r[0] == 1.0f && r[7] == 4.0f, "closed in the tail: free");
+    ds41_lproc_accept(&lp, 1);
+    row_init(r);
+    ds41_lproc_apply(&lp, r, NULL, 0);
+    CHECK(r[7] == 4.0f, "one accepted: free");
+    int32_t d[4] = { 2, 3, 5, 6 };
+    CHECK(ds41_lproc_valid_prefix(&lp, d, 4) == 1, "drafts: the second is past the budget");
+    int32_t d2[4] = { 5, 3, 4, 6 };
+    CHECK(ds41_lproc_valid_prefix(&lp, d2, 4) == 4, "drafts that close it: all");
+    ds41_lproc_accept(&lp, 1);
+    row_init(r);
+    r[5] = -INFINITY;   /* a bias of -inf on </think> does not keep the reasoning going */
+    ds41_lproc_apply(&lp, r, NULL, 0);
+    allowed = 0;
+    for (int i = 0; i < V; i++) allowed += r[i] > -INFINITY;
+    CHECK(allowed == 1 && r[5] == 0.0f, "two accepted: </think> alone at 0 (%d allowed, %g)", allowed, r[5]);
+    ds41_lproc_accept(&lp, 5);
+    row_init(r);
+    ds41_lproc_apply(&lp, r, NULL, 0);
+    CHECK(r[0] == 1.0f && r[5] == 2.0f && r[7] == 4.0f && ds41_lproc_valid_prefix(&lp, d, 4) == 4, "closed: free again");
+    ds41_lproc_free(&lp);
+    ds41_lproc_init(&lp, V, 7);
+    ds41_lproc_think_budget(&lp, 5, 0);
+    ds41_lproc_ready(&lp);
+    row_init(r);
+    ds41_lproc_apply(&lp, r, NULL, 0);
+    CHECK(r[5] == 2.0f && r[0] == -INFINITY && r[7] == -INFINITY, "budget 0: </think> first");
+    ds41_lproc_free(&lp);
+    case_end("lproc_think_budget");
+}
+
 int main(void) {
     test_bias_and_penalties();
     test_min_tokens();
     test_never_empty();
+    test_think_budget();
     return check_total_failed ? 1 : 0;
 }

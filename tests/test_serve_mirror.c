@@ -96,15 +96,31 @@ static void valid_records(void) {
           op.ids == ew + 30 && op.flags == ew + 33 && op.k == 1 && op.keys == ew + 36 && at == en, "PROBE_IMG (at %zu)", at);
     CHECK(!err[0], "no message on valid image records: %s", err);
     /* a logits processor for the owner: LPROC 5: frequency 1.5, presence 0.5, repetition 1.25,
-     * eos 2, min_tokens 12, biases {100: 6, 262: -100}, banned [2], prompt ids [7 8 9]; END */
-    const int32_t lw[] = { 14, 5, 1069547520, 1056964608, 1067450368, 2, 12, 0, 2, 1, 3, 100, 262, 1086324736, -1027080192, 2, 7, 8, 9, 7 };
+     * eos 2, min_tokens 12, reasoning end 9 with a budget of 3,
+     * biases {100: 6, 262: -100}, banned [2], prompt ids [7 8 9]; END */
+    const int32_t lw[] = { 14, 5, 1069547520, 1056964608, 1067450368, 2, 12, 0, 9, 3, 0, 2, 1, 3, 100, 262, 1086324736, -1027080192,
+                           2, 7, 8, 9, 7 };
     size_t ln = sizeof lw / sizeof *lw;
     at = 0;
     CHECK(ds41_sop_next(lw, ln, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_LPROC && op.id == 5 && op.freq == 1.5f &&
-          op.pres == 0.5f && op.rep == 1.25f && op.eos == 2 && op.min_tokens == 12 && op.n_bias == 2 && op.bias_id == lw + 11 &&
-          op.bias_val == lw + 13 && op.n_ban == 1 && op.ban == lw + 15 && op.n == 3 && op.ids == lw + 16 && at == ln - 1, "LPROC");
+          op.pres == 0.5f && op.rep == 1.25f && op.eos == 2 && op.min_tokens == 12 && op.think_end == 9 && op.think_budget == 3 &&
+          op.n_bias == 2 && op.bias_id == lw + 14 && op.bias_val == lw + 16 && op.n_ban == 1 && op.ban == lw + 18 && op.n == 3 &&
+          op.ids == lw + 19 && at == ln - 1, "LPROC");
     CHECK(ds41_sop_next(lw, ln, &at, &op, err, sizeof err) == 1 && op.op == DS41_SOP_END && at == ln, "END after LPROC");
     CHECK(!err[0], "no message on a valid LPROC: %s", err);
+    /* malformed: a budget without an end token, an end token without a budget, a budget past
+     * 2^31 - 1 (its high word set) */
+    static const int32_t bad_think[3][3] = { { -1, 3, 0 }, { 9, -1, -1 }, { 9, 0, 1 } };
+    for (int b = 0; b < 3; b++) {
+        int32_t bw[sizeof lw / sizeof *lw];
+        memcpy(bw, lw, sizeof lw);
+        memcpy(bw + 8, bad_think[b], sizeof bad_think[b]);
+        at = 0;
+        err[0] = 0;
+        CHECK(ds41_sop_next(bw, ln, &at, &op, err, sizeof err) == -1 && strstr(err, "reasoning end"),
+              "LPROC reasoning budget case %d refused: %s", b, err);
+    }
+    err[0] = 0;
     /* a grammar held by rank 0: GRAMMAR 5; GMASK 5 with 2 words of allowed tokens; GMASK 5 with
      * none constrained; END */
     const int32_t gw[] = { 22, 5, 21, 5, 1, 2, -1, 65535, 21, 5, 0, 0, 7 };

@@ -8,7 +8,9 @@
  *
  * Order on a row (the vLLM order): min_tokens ban, logit_bias, repetition penalty (over
  * prompt and generated tokens: l > 0 ? l / r : l * r), frequency and presence penalties (over
- * generated tokens: l -= f * count + p * (count > 0)), then the grammar mask (-inf outside).
+ * generated tokens: l -= f * count + p * (count > 0)), then the grammar mask (-inf outside),
+ * then the reasoning budget (a reply that starts as reasoning and has spent think_budget tokens
+ * in it: every entry but the end of the reasoning -inf, that one kept, or 0 if it was -inf).
  *
  * The processor's state covers the tokens accepted so far (ds41_lproc_accept). A verify block
  * samples rows past tokens not accepted yet (the drafts before the row): they are passed as a
@@ -39,6 +41,14 @@ typedef struct ds41_lproc {
     int gate, gate_open;
     int32_t *stop_ids;            /* also end a constrained sequence (allowed when it may end) */
     int n_stop_ids;
+    /* reasoning budget (vLLM's thinking_token_budget, Anthropic's thinking.budget_tokens): a
+     * reply that starts inside its reasoning (think_open 1 at the start) may spend at most
+     * think_budget tokens there; the row after that many allows only think_end (</think>).
+     * think_budget < 0: off. think_open and n_think follow the accepted tokens. */
+    int think_end;
+    long long think_budget;
+    int think_open;
+    long long n_think;
     /* the allowed tokens of the row being processed, [(V + 31) / 32] bits (ds41_lproc_allowed);
      * remote: the grammar's matcher is held elsewhere (serve --dp-attention: rank 0 sends the
      * owner of the sequence these bits ahead of each row it samples, gm stays NULL here) and
@@ -84,10 +94,14 @@ int ds41_lproc_allowed(ds41_lproc *lp, const int32_t *tail, int n_tail, uint32_t
 /* remote: room for the allowed tokens of a verify block of `rows` rows, none constrained yet
  * (xrows = rows, xon[0..rows) = 0); 0, or -1 out of memory. */
 int ds41_lproc_xrows(ds41_lproc *lp, int rows);
+/* Turns the reasoning budget on for a reply that starts inside its reasoning: at most budget
+ * (>= 0) tokens before end (</think>, a token id of the vocabulary). */
+void ds41_lproc_think_budget(ds41_lproc *lp, int end, long long budget);
 /* Accepts a generated token. */
 void ds41_lproc_accept(ds41_lproc *lp, int32_t id);
-/* How many of drafts[0..k) the grammar accepts in order after the accepted tokens (k when
- * there is no grammar): drafts past a refusal cannot be accepted and are not worth verifying. */
+/* How many of drafts[0..k) the grammar and the reasoning budget accept in order after the
+ * accepted tokens (k when neither applies): drafts past a refusal cannot be accepted and are
+ * not worth verifying. */
 int ds41_lproc_valid_prefix(ds41_lproc *lp, const int32_t *drafts, int k);
 
 #endif

@@ -314,6 +314,8 @@ static int convert(json_t *chat, const json_t *root, int count_only, ds41_anth_i
         if (!strcmp(ty, "enabled") && mt && json_integer_value(bt) >= json_integer_value(mt) && !count_only)
             return BAD("thinking", "thinking.budget_tokens: must be less than max_tokens");
         info->thinking = !strcmp(ty, "enabled");
+        /* the budget holds: after budget_tokens of reasoning, </think> is forced (lproc.h) */
+        if (info->thinking) json_object_set_new(chat, "thinking_token_budget", json_integer(json_integer_value(bt)));
     }
     json_object_set_new(chat, "chat_template_kwargs", json_pack("{s:b}", "thinking", info->thinking));
     const json_t *t = json_object_get(root, "temperature");

@@ -18,6 +18,8 @@ int ds41_serve_lproc(const ds41_req *r, int V, int eos, ds41_gmatch *gm, int gat
             lp->n_stop_ids = (int)r->n_stop_token_ids;
         }
     }
+    /* gate: </think> when the reply starts as reasoning; the budget counts the tokens before it */
+    if (gate >= 0 && r->think_budget >= 0) ds41_lproc_think_budget(lp, gate, r->think_budget);
     lp->freq = (float)r->frequency_penalty;
     lp->pres = (float)r->presence_penalty;
     lp->rep = (float)r->repetition_penalty;

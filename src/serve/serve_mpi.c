@@ -388,9 +388,11 @@ void ds41_smirror_sampling(ds41_smirror *m, const ds41_session *s, float tempera
     /* the processor's settings and the prompt's distinct ids (ds41_lproc_prompt's, for the
      * repetition penalty); the counts follow from the tokens the owner draws */
     uint64_t mt = (uint64_t)(lp->min_tokens < 0 ? 0 : lp->min_tokens);
-    int32_t h[11] = { DS41_SOP_LPROC, m->sid[i], (int32_t)fbits(lp->freq), (int32_t)fbits(lp->pres), (int32_t)fbits(lp->rep),
-                      lp->eos, (int32_t)(uint32_t)mt, (int32_t)(uint32_t)(mt >> 32), lp->n_bias, lp->n_ban, (int32_t)lp->n_pr_ids };
-    put(m, h, 11);
+    uint64_t tb = (uint64_t)(lp->think_budget < 0 ? -1 : lp->think_budget);
+    int32_t h[14] = { DS41_SOP_LPROC, m->sid[i], (int32_t)fbits(lp->freq), (int32_t)fbits(lp->pres), (int32_t)fbits(lp->rep),
+                      lp->eos, (int32_t)(uint32_t)mt, (int32_t)(uint32_t)(mt >> 32), lp->think_budget < 0 ? -1 : lp->think_end,
+                      (int32_t)(uint32_t)tb, (int32_t)(uint32_t)(tb >> 32), lp->n_bias, lp->n_ban, (int32_t)lp->n_pr_ids };
+    put(m, h, 14);
     put(m, lp->bias_id, (size_t)lp->n_bias);
     for (int k = 0; k < lp->n_bias; k++) put1(m, (int32_t)fbits(lp->bias_val[k]));
     put(m, lp->ban_ids, (size_t)lp->n_ban);
@@ -1197,6 +1199,8 @@ static void lp_drop(ds41_lproc *lp) {
 static int lp_build(ds41_engine *e, fslots *f, int slot, const ds41_sop *op, char *err, size_t errcap) {
     int V = ds41_vocab_size(e);
     if (op->eos >= V) return snprintf(err, errcap, "serve mirror: LPROC: eos %d outside the vocabulary of %d", op->eos, V), -1;
+    if (op->think_end >= V)
+        return snprintf(err, errcap, "serve mirror: LPROC: reasoning end %d outside the vocabulary of %d", op->think_end, V), -1;
     for (int k = 0; k < op->n_bias; k++)
         if (op->bias_id[k] >= V) return snprintf(err, errcap, "serve mirror: LPROC: a bias on token %d, outside the vocabulary of %d", (int)op->bias_id[k], V), -1;
     ds41_lproc *lp = calloc(1, sizeof *lp);
@@ -1206,6 +1210,7 @@ static int lp_build(ds41_engine *e, fslots *f, int slot, const ds41_sop *op, cha
     lp->pres = op->pres;
     lp->rep = op->rep;
     lp->min_tokens = op->min_tokens;
+    ds41_lproc_think_budget(lp, op->think_end, op->think_budget);
     lp->bias_id = malloc(((size_t)op->n_bias + 1) * sizeof *lp->bias_id);
     lp->bias_val = malloc(((size_t)op->n_bias + 1) * sizeof *lp->bias_val);
     lp->ban_ids = malloc(((size_t)op->n_ban + 1) * sizeof *lp->ban_ids);

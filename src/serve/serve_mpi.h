@@ -17,9 +17,10 @@
  * PUBLISH id n ids[n] | TRIM lo hi (bytes) | STEP count {id n ahead ids[n]}[count] | END |
  * OPEN_ON id rank | SAMPLE id temperature top_k top_p min_p seed_lo seed_hi n_top (floats as
  * their bits) | PROBE n ids[n] | DRAFT id t_next | CALIBRATE width prompt_len reps |
- * LPROC id freq pres rep eos min_tokens_lo min_tokens_hi n_bias n_ban n bias_ids[n_bias]
- * bias_values[n_bias] ban_ids[n_ban] ids[n] (floats as their bits; ids: the prompt's distinct
- * ids, for the repetition penalty) | IMAGES id n dim flags[n] keys[k][8] rows[k][dim] |
+ * LPROC id freq pres rep eos min_tokens_lo min_tokens_hi think_end think_budget_lo
+ * think_budget_hi n_bias n_ban n bias_ids[n_bias] bias_values[n_bias] ban_ids[n_ban] ids[n]
+ * (floats as their bits; ids: the prompt's distinct ids, for the repetition penalty; think_budget
+ * -1: no reasoning budget, else the reply starts in its reasoning and think_end ends it) | IMAGES id n dim flags[n] keys[k][8] rows[k][dim] |
  * PROBE_IMG n ids[n] flags[n] keys[k][8] (k = the flags set, at least 1; keys: each image
  * position's content key, 32 bytes; rows: float bits) |
  * BLOCKS id n ids[n] first nb nbytes bytes[nbytes, padded to words] (code 20) |
@@ -168,6 +169,8 @@ typedef struct ds41_sop {
     float freq, pres, rep;    /* LPROC: the penalties; bias ids and values (float bits), ban ids, the prompt's ids at ids */
     int eos, n_bias, n_ban;
     long long min_tokens;
+    int think_end;            /* LPROC: the reasoning budget (think_budget -1: none) */
+    long long think_budget;
     const int32_t *bias_id, *bias_val, *ban;
     int stop;                 /* PD_SEQ: the layer its forwards stop at (0: none) */
     long long at_pos;         /* PD_FWD: the position the forward starts at (k) */

@@ -168,7 +168,8 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
         i += op->k * (size_t)op->dim;
         break;
     case DS41_SOP_LPROC: {
-        NEED(10, "a session id, three penalties, eos, min_tokens (two words) and the bias, ban and prompt counts");
+        NEED(13, "a session id, three penalties, eos, min_tokens (two words), the reasoning's end and budget (three words) "
+                 "and the bias, ban and prompt counts");
         op->id = w[i];
         memcpy(&op->freq, &w[i + 1], 4);
         memcpy(&op->pres, &w[i + 2], 4);
@@ -180,13 +181,20 @@ int ds41_sop_next(const int32_t *w, size_t n, size_t *at, ds41_sop *op, char *er
             op->eos < -1 || op->min_tokens < 0)
             return snprintf(err, errcap, "serve mirror: word %zu: LPROC: frequency %g, presence %g, repetition %g, eos %d, "
                             "min_tokens %lld out of range", i + 1, op->freq, op->pres, op->rep, op->eos, op->min_tokens), -1;
-        if (w[i + 7] < 0 || w[i + 7] > DS41_REQ_MAX_BIAS || w[i + 8] < 0 || w[i + 9] < 0)
+        op->think_end = w[i + 7];
+        op->think_budget = (long long)(((uint64_t)(uint32_t)w[i + 9] << 32) | (uint32_t)w[i + 8]);
+        /* what the request parser takes: a budget 0..2^31-1 with a token id, or none (-1, -1) */
+        if (op->think_budget < -1 || op->think_budget > INT32_MAX || (op->think_budget >= 0) != (op->think_end >= 0) ||
+            op->think_end < -1)
+            return snprintf(err, errcap, "serve mirror: word %zu: LPROC: reasoning end %d and budget %lld (expected a token id "
+                            "and 0..%d, or -1 and -1)", i + 7, op->think_end, op->think_budget, INT32_MAX), -1;
+        if (w[i + 10] < 0 || w[i + 10] > DS41_REQ_MAX_BIAS || w[i + 11] < 0 || w[i + 12] < 0)
             return snprintf(err, errcap, "serve mirror: word %zu: LPROC: %d biases (at most %d), %d banned ids, %d prompt ids",
-                            i + 7, (int)w[i + 7], DS41_REQ_MAX_BIAS, (int)w[i + 8], (int)w[i + 9]), -1;
-        op->n_bias = w[i + 7];
-        op->n_ban = w[i + 8];
-        op->n = (size_t)w[i + 9];
-        i += 10;
+                            i + 10, (int)w[i + 10], DS41_REQ_MAX_BIAS, (int)w[i + 11], (int)w[i + 12]), -1;
+        op->n_bias = w[i + 10];
+        op->n_ban = w[i + 11];
+        op->n = (size_t)w[i + 12];
+        i += 13;
         NEED(2 * (size_t)op->n_bias, "the biases' ids and values");
         op->bias_id = w + i;
         op->bias_val = w + i + op->n_bias;

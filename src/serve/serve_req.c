@@ -737,6 +737,7 @@ static int parse_sampling(ds41_req *r, const json_t *root, ds41_req_error *e) {
         return -1;
     if (!(r->repetition_penalty > 0)) return BAD("repetition_penalty", "repetition_penalty: must be in (0, 2]");
     if (opt_int(root, "min_tokens", 0, INT32_MAX, &r->min_tokens, e)) return -1;
+    if (r->kind == DS41_REQ_CHAT && opt_int(root, "thinking_token_budget", 0, INT32_MAX, &r->think_budget, e)) return -1;
     if (r->max_tokens >= 0 && r->min_tokens > r->max_tokens)
         return BAD("min_tokens", "min_tokens: %lld is more than max_tokens %lld", r->min_tokens, r->max_tokens);
     if (parse_logit_bias(r, root, e)) return -1;
@@ -758,6 +759,7 @@ int ds41_req_parse(ds41_req_kind kind, const char *body, size_t len, ds41_req *r
     r->top_p = 1.0;
     r->skip_special_tokens = 1;
     r->repetition_penalty = 1.0;
+    r->think_budget = -1;
     json_t *root = ds41_req_load_body(body, len, e);
     if (!root) return -1;
     int rc = -1;

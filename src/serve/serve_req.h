@@ -68,6 +68,8 @@ typedef struct ds41_req {
     int tokens_as_ids;            /* vLLM return_tokens_as_token_ids: logprob tokens as "token_id:N" */
     /* chat */
     int thinking;                 /* the prompt ends in <think>: output starts as reasoning */
+    long long think_budget;       /* vLLM thinking_token_budget (Anthropic thinking.budget_tokens): at most
+                                   * this many tokens of reasoning, then </think> is forced; -1: none */
     int tools;                    /* tools offered and tool_choice != "none": parse DSML calls */
     char *tool_choice_name;       /* a named function: the call is forced */
     int tool_required;            /* tool_choice "required": some call is forced */

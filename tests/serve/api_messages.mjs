@@ -119,10 +119,15 @@ await test("messages_thinking", async () => {
   const req = { model, max_tokens: 16, temperature: 0, thinking: { type: "enabled", budget_tokens: 8 }, messages: [{ role: "user", content: user }] };
   const m = await ant.messages.create(req);
   const c = await oai.chat.completions.create({ model, max_tokens: 16, temperature: 0, messages: [{ role: "user", content: user }],
-    chat_template_kwargs: { thinking: true } });
+    chat_template_kwargs: { thinking: true }, thinking_token_budget: 8 });
   const th = m.content.filter((b) => b.type === "thinking").map((b) => b.thinking).join("");
   check("messages_thinking_equals_chat", m.content[0].type === "thinking" && th === c.choices[0].message.reasoning_content &&
         textOf(m) === (c.choices[0].message.content || ""), { m, c: c.choices[0].message });
+  // budget_tokens holds: at most 8 tokens of reasoning, then </think> (the demo model does not
+  // end its reasoning by itself within 16 tokens), so the answer gets the rest of max_tokens
+  const rt = c.usage.completion_tokens_details.reasoning_tokens;
+  check("messages_thinking_budget_holds", rt >= 1 && rt <= 9 && m.usage.output_tokens === c.usage.completion_tokens &&
+        textOf(m).length > 0, { rt, usage: m.usage, text: textOf(m) });
   const s = ant.messages.stream(req);
   const td = [];
   s.on("streamEvent", (ev) => { if (ev.type === "content_block_delta" && ev.delta.type === "thinking_delta") td.push(ev.delta.thinking); });

@@ -53,6 +53,8 @@ bad = [
     ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools", "letters"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": 5}}]}, "tools", "parameters"),
     ({"parallel_tool_calls": "no"}, "parallel_tool_calls", "true or false"),
+    ({"thinking_token_budget": -1}, "thinking_token_budget", "outside 0.."),
+    ({"thinking_token_budget": "8"}, "thinking_token_budget", "an integer"),
 ]
 for i, (extra, param, word) in enumerate(bad):
     b = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
@@ -129,5 +131,27 @@ THINK_END = 8
 st, j = post(pa, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "temperature": 0,
                                          "reasoning_effort": "high", "logit_bias": {str(THINK_END): 100}})
 ok("api_usage_reasoning_tokens", st == 200 and j["usage"]["completion_tokens_details"]["reasoning_tokens"] == 1, str(j)[:300])
+# ---- thinking_token_budget: after B tokens of reasoning </think> is the only choice. The demo
+# model does not close its reasoning within 24 tokens by itself, so the reply is exactly: the
+# unbudgeted reasoning's first B tokens, </think>, then the answer; the same on the spec path
+def think(port, budget, n=24):
+    b = {"messages": [{"role": "user", "content": "What does telescope mean?"}], "max_tokens": n, "temperature": 0,
+         "chat_template_kwargs": {"thinking": True}, "logprobs": True, "return_tokens_as_token_ids": True}
+    if budget is not None:
+        b["thinking_token_budget"] = budget
+    st, j = post(port, "/v1/chat/completions", b)
+    if st != 200:
+        return None, j
+    return [int(t["token"].split(":")[1]) for t in j["choices"][0]["logprobs"]["content"]], j
+free, _ = think(pa, None)
+ok("api_think_unbudgeted", free is not None and THINK_END not in free[:8], str(free))
+for B in (0, 3, 8):
+    t, j = think(pa, B)
+    ok("api_think_budget_%d" % B, t is not None and free is not None and t[:B] == free[:B] and t[B] == THINK_END and
+       j["usage"]["completion_tokens_details"]["reasoning_tokens"] == B + 1 and len(t) > B + 1, "%s (free %s)" % (t, free))
+    ts, js = think(pb, B)
+    ok("api_think_budget_%d_spec_equal_plain" % B, ts == t, "%s vs %s" % (ts, t))
+t, j = think(pa, 8, n=5)
+ok("api_think_budget_past_max_tokens", t == free[:5] and j["choices"][0]["finish_reason"] == "length", str(t))
 st, j = post(pa, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "temperature": 0})
 ok("api_usage_no_reasoning", st == 200 and j["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0, str(j)[:300])

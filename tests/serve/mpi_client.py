@@ -21,7 +21,9 @@
   mpi_client.py processed PORT      8 concurrent requests with logits processors (logit_bias,
                                     frequency / presence / repetition penalties, min_tokens, and
                                     2 with a grammar: a JSON object with seeded sampling, a JSON
-                                    schema greedy with logprobs; 2 streamed): one line per
+                                    schema greedy with logprobs; 2 streamed), then 2 chat
+                                    requests with a reasoning budget (thinking_token_budget,
+                                    greedy with logprobs and seeded sampling): one line per
                                     request, as answers prints them
   mpi_client.py grammars PORT       requests with a grammar, each twice in a row (under
                                     --dp-attention an idle server gives the two to two ranks in
@@ -191,7 +193,20 @@ def processed(port):
              "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}},
     ]
     out = run_all(port, bodies)
+    # the owner forces </think> after the budget (LPROC carries it): the demo model does not end
+    # its reasoning within 24 tokens by itself
+    ask = [{"role": "user", "content": "What does telescope mean?"}]
+    think = [{"messages": ask, "max_tokens": 24, "temperature": 0, "logprobs": True, "top_logprobs": 2,
+              "chat_template_kwargs": {"thinking": True}, "thinking_token_budget": 5},
+             {"messages": ask, "max_tokens": 24, "temperature": 0.9, "top_k": 40, "seed": 3,
+              "chat_template_kwargs": {"thinking": True}, "thinking_token_budget": 2}]
+    out += run_all(port, think, path="/v1/chat/completions")
     bad = 0
+    for o in out[-2:]:
+        rt = ((o.get("usage") or {}).get("completion_tokens_details") or {}).get("reasoning_tokens")
+        if rt is None or rt > 6:
+            print("a reasoning budget of at most 5 tokens gave reasoning_tokens %s" % rt)
+            bad += 1
     for o in out:
         print(json.dumps(o, sort_keys=True))
         bad += o.get("status") != 200 or bool(o.get("error"))
