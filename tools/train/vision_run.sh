@@ -14,13 +14,26 @@
 #   6. the figures: vision_eval.py through the library and through ds41 run --chat (200 held-out scenes), ds41 perplexity on the
 #      held-out text (before / after), dspark_accept.py (before / after) -> OUT/figures.txt
 # INSTALL=1 then copies OUT/model into models/demo (the model card's figures are then to be updated).
+# CONTINUE=1: a continuation of the tower and backbone BASE ships (tools/train/README.md, "Continuing
+# the shipped tower"): no ground phase, the tower read from BASE, both rates on a cosine to 5 % of
+# theirs over STEPS (default 600), LM_LR 2.5e-4, LR 5e-4, COUNT_SHARE 0.6, OUT build/demo-vision-cont.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=/usr/bin/python3
-OUT=${OUT:-build/demo-vision}
 BASE=${BASE:-models/demo}
-STEPS=${STEPS:-1950}     # the shipped run's last step (models/demo/MODEL_CARD.md, "Vision"); about 2.4 s a step
+if [ "${CONTINUE:-0}" = 1 ]; then
+    OUT=${OUT:-build/demo-vision-cont}
+    STEPS=${STEPS:-600}
+    INIT_TOWER=$BASE
+    LM_LR=${LM_LR:-2.5e-4} LR=${LR:-5e-4} COUNT_SHARE=${COUNT_SHARE:-0.6}
+    DECAY="--decay-from 0 --lr-final 0.05"
+else
+    OUT=${OUT:-build/demo-vision}
+    STEPS=${STEPS:-1950}     # the first run's last step (models/demo/MODEL_CARD.md, "Vision"); about 2.4 s a step
+    DECAY=
+fi
 GROUND_STEPS=${GROUND_STEPS:-600}
+INIT_TOWER=${INIT_TOWER:-$OUT/ground/vision_state.pt}
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1   # one thread: 3 s a step; two threads took 11 (small matrices)
 mkdir -p "$OUT"
 if [ ! -f build/demo-data/train.bin ]; then
@@ -28,7 +41,7 @@ if [ ! -f build/demo-data/train.bin ]; then
     $PY tools/train/corpus.py tokenize
 fi
 if [ "${FRESH:-0}" = 1 ]; then rm -rf "$OUT/ground" "$OUT/vision_state.pt" "$OUT/model" "$OUT/dspark" "$OUT/figures.txt"; fi
-if [ ! -f "$OUT/vision_state.pt" ]; then
+if [ ! -f "$OUT/vision_state.pt" ] && [ "$INIT_TOWER" = "$OUT/ground/vision_state.pt" ]; then
     $PY tools/train/vision_train.py -m "$BASE" --out "$OUT/ground" --ds41 build/ds41 --steps "$GROUND_STEPS" \
         --ground-only --ground 1.0 --ground-count --text-mix 0 --eval-every 0 --text-eval-n 0 --minutes 100000 \
         2>&1 | tee -a "$OUT/ground.log"
@@ -37,8 +50,8 @@ fi
 rc=0
 $PY tools/train/vision_train.py -m "$BASE" --out "$OUT" --ds41 build/ds41 --steps "$STEPS" \
     --train-lm "${TRAIN_LM:-all}" --lm-lr "${LM_LR:-5e-4}" --lr "${LR:-1e-3}" --text-mix "${TEXT_MIX:-2}" --text-ctx "${TEXT_CTX:-128}" \
-    --init-tower "$OUT/ground/vision_state.pt" --ground-count --ground 1.0 --count-share 0.5 --gap-share 0.7 --threads 1 \
-    --batch 16 --save-every 25 --eval-every 100 --eval-n 60 --text-eval-n 16 ${VISION_ARGS:-} \
+    --init-tower "$INIT_TOWER" --ground-count --ground 1.0 --count-share "${COUNT_SHARE:-0.5}" --gap-share 0.7 --threads 1 \
+    --batch 16 --save-every 25 --eval-every 100 --eval-n 60 --text-eval-n 16 $DECAY ${VISION_ARGS:-} \
     --minutes "${MINUTES:-100000}" 2>&1 | tee -a "$OUT/train.log" || rc=$?
 if [ "$rc" = 3 ]; then
     echo "make train-vision: stopped and saved; run make train-vision again to continue"

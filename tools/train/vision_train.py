@@ -446,6 +446,43 @@ def heldout_answers(lm, tower, tok, items, S, space, chunk=20):
     return out
 
 
+def lr_factor(step, last, decay_from=-1, final=0.1):
+    """The rates' factor at a step: a linear warm-up over the first 50 steps, then 1; with decay_from >= 0,
+    a cosine from 1 at decay_from to `final` at `last` (a function of the step alone, so a resumed run
+    continues the same schedule)."""
+    f = min(1.0, (step + 1) / 50)
+    if 0 <= decay_from < last and step >= decay_from:
+        t = min(1.0, (step - decay_from) / (last - decay_from))
+        f *= final + (1.0 - final) * 0.5 * (1.0 + math.cos(math.pi * t))
+    return f
+
+
+def load_tower(src):
+    """--init-tower: {"tower": state dict, "vision": config, "step": int} from a vision_state.pt, or from a
+    released model directory's config.json (vision_config) and model.safetensors (the BF16 tower tensors,
+    read back under vision_export.tower_names' keys)."""
+    if not os.path.isdir(src):
+        return torch.load(src)
+    import vision_export
+    with open(os.path.join(src, "config.json")) as f:
+        cfg = json.load(f)
+    vc = cfg.get("vision_config")
+    if not vc:
+        raise SystemExit("vision_train: %s/config.json has no vision_config: that model has no tower to start from" % src)
+    vc = {k: v for k, v in vc.items() if k in VISION}
+    raw = vision_export.read_raw(os.path.join(src, "model.safetensors"))
+    tower = {}
+    for key, name in vision_export.tower_names(vc["num_hidden_layers"]).items():
+        if name not in raw:
+            raise SystemExit("vision_train: %s/model.safetensors lacks %s" % (src, name))
+        dtype, shape, data = raw[name]
+        if dtype != "BF16":
+            raise SystemExit("vision_train: %s/model.safetensors has %s as %s; the tower is exported in BF16" % (src, name, dtype))
+        bits = np.frombuffer(data.tobytes(), dtype=np.uint16).astype(np.uint32) << 16
+        tower[key] = torch.from_numpy(bits.view(np.float32).reshape(shape).copy())
+    return {"tower": tower, "vision": vc, "step": 0}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", default="models/demo")
@@ -497,7 +534,12 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the run's figures were measured so)")
     ap.add_argument("--init-tower", default="",
                     help="a fresh run's tower (weights and shape) from another run's vision_state.pt, such as a "
-                         "--ground-only pre-phase on an earlier text model")
+                         "--ground-only pre-phase on an earlier text model, or from a released model directory "
+                         "that has one (its BF16 tower, as ds41 runs it: a continuation of that model's run)")
+    ap.add_argument("--decay-from", type=int, default=-1,
+                    help="from this step to --steps, both learning rates fall on a cosine from their values to "
+                         "--lr-final of them (default: no decay, constant after the 50-step warm-up)")
+    ap.add_argument("--lr-final", type=float, default=0.1, help="the share of the rates left at --steps (with --decay-from)")
     ap.add_argument("--text-eval-every", type=int, default=0,
                     help="the held-out text loss only at evaluations on multiples of N steps and at the last "
                          "step (default: at every evaluation)")
@@ -521,7 +563,7 @@ def main():
         if st.get("base_sha256", base_sha) != base_sha:
             raise SystemExit("vision_train: %s was trained on a %s/model.safetensors of sha256 %s; it now has %s: "
                              "remove the state to start over on the new model" % (path, a.model, st["base_sha256"], base_sha))
-    init = torch.load(a.init_tower) if (st is None and a.init_tower) else None
+    init = load_tower(a.init_tower) if (st is None and a.init_tower) else None
     vc = dict(st["vision"]) if st is not None else (dict(init["vision"]) if init is not None else
                                                     dict(VISION, hidden_size=a.width, intermediate_size=2 * a.width))
     lm = LM(a.model, sim=not a.no_sim, parts=parts)
@@ -590,7 +632,7 @@ def main():
         rng = random.Random("vision-train:%d:%d" % (a.seed, step))
         n_max = min(4, 1 + (3 * step) // a.curriculum) if a.curriculum > 0 and step < a.curriculum else 4
         px, ids, tgt, words, kinds = batch(rng, tok, a.batch, S, V, n_max, a.answer_space, a.count_share, a.gap_share)
-        lr = min(1.0, (step + 1) / 50)
+        lr = lr_factor(step, a.steps, a.decay_from, a.lr_final)
         opt.param_groups[0]["lr"] = a.lr * lr
         if parts:
             opt.param_groups[1]["lr"] = a.lm_lr * lr
