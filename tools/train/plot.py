@@ -4,7 +4,7 @@ where evaluated, phase boundaries). train.py calls it at the end of a run. --vis
 make train-vision from its state (answer loss per kind, held-out answers, held-out text loss).
 
     python3 tools/train/plot.py build/demo-train/log.jsonl models/demo/loss.png
-    python3 tools/train/plot.py --vision build/demo-vision/vision_state.pt models/demo/vision.png"""
+    python3 tools/train/plot.py --vision build/demo-vision/vision_state.pt models/demo/vision.png [TITLE]"""
 
 import json
 import sys
@@ -42,7 +42,7 @@ def plot(log_path, png_path):
 KIND_COLOUR = {"colour": "C0", "count": "C1", "where": "C2", "caption": "C3"}
 
 
-def plot_vision(state_path, png_path):
+def plot_vision(state_path, png_path, title="ds41 demo model learns to see (make train-vision)"):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -75,13 +75,13 @@ def plot_vision(state_path, png_path):
     a3.set_ylabel("held-out text loss (nats/token)")
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=8, loc="center right")
-    fig.suptitle("ds41 demo model learns to see (make train-vision)")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(png_path)
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "--vision":
-        plot_vision(sys.argv[2], sys.argv[3])
+        plot_vision(sys.argv[2], sys.argv[3], *sys.argv[4:5])
     else:
         plot(sys.argv[1], sys.argv[2])
