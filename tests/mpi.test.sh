@@ -649,8 +649,10 @@ rm -f "$TMP/curve.txt" "$TMP"/dp[ABCF].err
 SP_MPI=--dp-attention SP_PROC=1 spec_phase dpA auto fixed:3
 SP_MPI=--dp-attention SP_PROC=1 spec_phase dpB fixed:3 auto
 dp_spec_check serve_dp_spec_fixed dpB.mpi dpA.one drafts
-# --spec with logits processors under --dp-attention: the 8 requests of `processed` (penalties,
-# logit_bias, min_tokens; 2 with a grammar) after the answers above, on both pairs of servers:
+# --spec with logits processors under --dp-attention: the 10 requests of `processed` (penalties,
+# logit_bias, min_tokens; 2 with a grammar; 2 chat requests with a reasoning budget, whose
+# drafts past the budget the owner cuts: ds41_lproc_valid_prefix) after the answers above, on
+# both pairs of servers:
 # the job with fixed:3 against the one process with fixed:3 (seeded sampling's draws depend on
 # the drafts, so the same --spec on both sides). A
 # sequence with a processor goes to the least-loaded rank, whose owner decides its verify
@@ -659,8 +661,8 @@ dp_spec_check serve_dp_spec_fixed dpB.mpi dpA.one drafts
 # (DS41_MPI_VERBOSE: "N verify blocks (M with a logits processor, G with a grammar)").
 lpv=$(sed -n 's/.*\[rank 1\]: --dp-attention: .*verify blocks (\([0-9]*\) with a logits processor,.*/\1/p' "$TMP/dpB.mpi.log")
 if [ -s "$TMP/dpA.err" ] || [ -s "$TMP/dpB.err" ]; then fail serve_dp_spec_lproc "$(cat "$TMP/dpA.err" "$TMP/dpB.err" 2>/dev/null)"
-elif [ "$(wc -l <"$TMP/dpB.p.mpi.out" 2>/dev/null)" != 8 ] || ! cmp -s "$TMP/dpB.p.mpi.out" "$TMP/dpA.p.one.out"; then
-    fail serve_dp_spec_lproc "answers differ from one process: $(cmp "$TMP/dpB.p.mpi.out" "$TMP/dpA.p.one.out" 2>&1)"
+elif [ "$(wc -l <"$TMP/dpB.p.mpi.out" 2>/dev/null)" != 10 ] || ! cmp -s "$TMP/dpB.p.mpi.out" "$TMP/dpA.p.one.out"; then
+    fail serve_dp_spec_lproc "answers differ from one process ($(wc -l <"$TMP/dpB.p.mpi.out" 2>/dev/null) lines, expected 10): $(cmp "$TMP/dpB.p.mpi.out" "$TMP/dpA.p.one.out" 2>&1)"
 elif [ -z "$lpv" ] || [ "$lpv" -lt 1 ]; then
     fail serve_dp_spec_lproc "rank 1 verified '$lpv' blocks of sequences with a logits processor (expected some)"
 else pass "serve_dp_spec_lproc (rank 1: $lpv verify blocks with a logits processor)"; fi

@@ -1477,15 +1477,23 @@ static void test_scratch_reuse(void) {
             if (kind == 0) ds41_linear_fp8(&FA, &f8, x, T, y1);
             else ds41_linear_fp4(&FA, &f4, x, T, y1);
             size_t held = ds41_scratch_held();
-            long f0 = minor_faults();
-            if (kind == 0) ds41_linear_fp8(&FA, &f8, x, T, y2);
-            else ds41_linear_fp4(&FA, &f4, x, T, y2);
-            long faults = minor_faults() - f0;
-            CHECK(count_diff(y1, y2, T * out) == 0, "%s T %d: a second call differs", kind ? "fp4" : "fp8", T);
+            /* the fewest pages any of three more calls faulted in: a scratch allocated again
+             * faults on every call; the machine (another process, ASan's shadow) only now and
+             * then (a loaded CI run once saw 4 on one call) */
+            long faults = -1;
+            for (int rep = 0; rep < 3 && faults != 0; rep++) {
+                memset(y2, 0xff, (size_t)Tmax * out * 4);
+                long f0 = minor_faults();
+                if (kind == 0) ds41_linear_fp8(&FA, &f8, x, T, y2);
+                else ds41_linear_fp4(&FA, &f4, x, T, y2);
+                long f = minor_faults() - f0;
+                if (faults < 0 || f < faults) faults = f;
+                CHECK(count_diff(y1, y2, T * out) == 0, "%s T %d: call %d differs from the first", kind ? "fp4" : "fp8", T, rep + 2);
+            }
             CHECK(ds41_scratch_held() == held, "%s T %d: the scratch grew on a second call (%zu -> %zu bytes)",
                   kind ? "fp4" : "fp8", T, held, ds41_scratch_held());
             /* the bound: a page or two of stack at most, not the scratch's pages again */
-            CHECK(faults <= 2, "%s T %d: a second call faulted %ld pages in", kind ? "fp4" : "fp8", T, faults);
+            CHECK(faults <= 2, "%s T %d: each of three more calls faulted pages in (the fewest %ld)", kind ? "fp4" : "fp8", T, faults);
         }
     /* grown, never shrunk: a smaller call after a larger one keeps the larger buffers */
     size_t held = ds41_scratch_held();
