@@ -14,25 +14,24 @@ void ds41_lproc_init(ds41_lproc *lp, int V, int eos) {
     lp->gate = -1;
     lp->gstate = -1;
     lp->xset = -1;
-    lp->think_end = -1;
     lp->think_budget = -1;
 }
 
 void ds41_lproc_think_budget(ds41_lproc *lp, int end, long long budget) {
     if (end < 0 || end >= lp->V || budget < 0) return;
-    lp->think_end = end;
+    lp->gate = end;
+    lp->gate_open = 0;
     lp->think_budget = budget;
-    lp->think_open = 1;
     lp->n_think = 0;
 }
 
-/* 1 when the row after the accepted tokens plus tail must end the reasoning: it is still open
- * there and has spent its budget */
+/* 1 when the row after the accepted tokens plus tail must end the reasoning: the gate is still
+ * closed there and the reasoning has spent its budget */
 static int think_forced(const ds41_lproc *lp, const int32_t *tail, int n_tail) {
-    if (lp->think_budget < 0 || !lp->think_open) return 0;
+    if (lp->think_budget < 0 || lp->gate < 0 || lp->gate_open) return 0;
     long long n = lp->n_think;
     for (int i = 0; i < n_tail; i++) {
-        if (tail[i] == lp->think_end) return 0;
+        if (tail[i] == lp->gate) return 0;
         n++;
     }
     return n >= lp->think_budget;
@@ -160,9 +159,9 @@ void ds41_lproc_apply(ds41_lproc *lp, float *row, const int32_t *tail, int n_tai
     /* the reasoning's budget spent: its end alone (before the grammar's gate, the grammar
      * allows it; a bias of -inf on it does not keep the reasoning going) */
     if (think_forced(lp, tail, n_tail)) {
-        float keep = row[lp->think_end];
+        float keep = row[lp->gate];
         for (int i = 0; i < V; i++) row[i] = -INFINITY;
-        row[lp->think_end] = keep > -INFINITY ? keep : 0.0f;
+        row[lp->gate] = keep > -INFINITY ? keep : 0.0f;
         return;
     }
     /* nothing allowed (a grammar that cannot continue, min_tokens against a finished grammar):
@@ -228,27 +227,22 @@ int ds41_lproc_allowed(ds41_lproc *lp, const int32_t *tail, int n_tail, uint32_t
 void ds41_lproc_accept(ds41_lproc *lp, int32_t id) {
     lp->n_gen++;
     count_add(lp, id);
-    if (lp->think_budget >= 0 && lp->think_open) {
-        if (id == lp->think_end) lp->think_open = 0;
-        else lp->n_think++;
+    if (lp->gate >= 0 && !lp->gate_open) {   /* the reasoning: the grammar starts after it */
+        lp->gate_open = id == lp->gate;
+        lp->n_think += !lp->gate_open;
+        return;
     }
     if (!lp->gm) return;
-    if (lp->gate >= 0 && !lp->gate_open) { lp->gate_open = id == lp->gate; return; }
     if (lp->gstate >= 0 && !is_stop(lp, id)) lp->gstate = ds41_gmatch_advance(lp->gm, lp->gstate, id);
 }
 
 int ds41_lproc_valid_prefix(ds41_lproc *lp, const int32_t *drafts, int k) {
     if (!lp) return k;
-    if (lp->think_budget >= 0 && lp->think_open) {   /* past the budget only the end of the reasoning */
-        long long n = lp->n_think;
-        for (int i = 0; i < k; i++) {
-            if (drafts[i] == lp->think_end) break;
-            if (n++ >= lp->think_budget) {
-                k = i;
-                break;
-            }
+    for (int i = 0; i < k; i++)   /* past the budget only the end of the reasoning */
+        if (drafts[i] != lp->gate && think_forced(lp, drafts, i)) {
+            k = i;
+            break;
         }
-    }
     if (!lp->gm) return k;
     int s = lp->gstate, open = lp->gate < 0 || lp->gate_open;
     for (int i = 0; i < k; i++) {

@@ -35,19 +35,17 @@ typedef struct ds41_lproc {
     int32_t *ban_ids;             /* banned while fewer than min_tokens are generated */
     int n_ban;
     /* grammar: the compiled grammar (owned by the caller, shared by the choices of a request)
-     * and this sequence's state; gate >= 0: the grammar starts after that token (</think>) */
+     * and this sequence's state; gate >= 0: the reply starts as reasoning, which that token
+     * (</think>) ends and after which the grammar starts; gate_open: it has been accepted */
     ds41_gmatch *gm;
     int gstate;
     int gate, gate_open;
     int32_t *stop_ids;            /* also end a constrained sequence (allowed when it may end) */
     int n_stop_ids;
-    /* reasoning budget (vLLM's thinking_token_budget, Anthropic's thinking.budget_tokens): a
-     * reply that starts inside its reasoning (think_open 1 at the start) may spend at most
-     * think_budget tokens there; the row after that many allows only think_end (</think>).
-     * think_budget < 0: off. think_open and n_think follow the accepted tokens. */
-    int think_end;
+    /* reasoning budget (vLLM's thinking_token_budget, Anthropic's thinking.budget_tokens): the
+     * reasoning before the gate may spend at most think_budget tokens; the row after that many
+     * allows only the gate. think_budget < 0: off. n_think: the accepted tokens before the gate */
     long long think_budget;
-    int think_open;
     long long n_think;
     /* the allowed tokens of the row being processed, [(V + 31) / 32] bits (ds41_lproc_allowed);
      * remote: the grammar's matcher is held elsewhere (serve --dp-attention: rank 0 sends the
@@ -94,8 +92,8 @@ int ds41_lproc_allowed(ds41_lproc *lp, const int32_t *tail, int n_tail, uint32_t
 /* remote: room for the allowed tokens of a verify block of `rows` rows, none constrained yet
  * (xrows = rows, xon[0..rows) = 0); 0, or -1 out of memory. */
 int ds41_lproc_xrows(ds41_lproc *lp, int rows);
-/* Turns the reasoning budget on for a reply that starts inside its reasoning: at most budget
- * (>= 0) tokens before end (</think>, a token id of the vocabulary). */
+/* Turns the reasoning budget on for a reply that starts inside its reasoning: gate = end
+ * (</think>, a token id of the vocabulary), at most budget (>= 0) tokens before it. */
 void ds41_lproc_think_budget(ds41_lproc *lp, int end, long long budget);
 /* Accepts a generated token. */
 void ds41_lproc_accept(ds41_lproc *lp, int32_t id);

@@ -390,7 +390,7 @@ void ds41_smirror_sampling(ds41_smirror *m, const ds41_session *s, float tempera
     uint64_t mt = (uint64_t)(lp->min_tokens < 0 ? 0 : lp->min_tokens);
     uint64_t tb = (uint64_t)(lp->think_budget < 0 ? -1 : lp->think_budget);
     int32_t h[14] = { DS41_SOP_LPROC, m->sid[i], (int32_t)fbits(lp->freq), (int32_t)fbits(lp->pres), (int32_t)fbits(lp->rep),
-                      lp->eos, (int32_t)(uint32_t)mt, (int32_t)(uint32_t)(mt >> 32), lp->think_budget < 0 ? -1 : lp->think_end,
+                      lp->eos, (int32_t)(uint32_t)mt, (int32_t)(uint32_t)(mt >> 32), lp->think_budget < 0 ? -1 : lp->gate,
                       (int32_t)(uint32_t)tb, (int32_t)(uint32_t)(tb >> 32), lp->n_bias, lp->n_ban, (int32_t)lp->n_pr_ids };
     put(m, h, 14);
     put(m, lp->bias_id, (size_t)lp->n_bias);
