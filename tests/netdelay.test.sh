@@ -2,10 +2,13 @@
 # The delay line of the link-latency sweep (tests/tools/netdelay.c, bench/mpi_netem.sh): two
 # namespaces, a TAP device in each, netdelay forwarding the frames between them. It must delay
 # by what it claims: 20 UDP round trips (one each 20 ms) across it take at least 2 x the one-way delay
-# (a frame is never written before its due time: a hard bound), and their median at most
-# 2 x delay + 1.5 ms (the forwarding itself and the scheduling of netdelay and the echo on a shared
-# 2-core machine: at delay 0 the median was 0.1-0.3 ms); delays 0, 200 us and 2 ms. A bad
-# argument is refused naming it. Needs root, ip netns and /dev/net/tun, else SKIP. About 4 s.
+# (a frame is never written before its due time: a hard bound), the fastest at most 2 x delay + 1.5 ms
+# (a line that adds its own constant lag fails this: the forwarding itself and the scheduling of
+# netdelay and the echo on a shared 2-core machine cost 0.1-0.5 ms at delay 0), and their median at
+# most 2 x delay + 4 ms (not + 1.5: make test runs this beside the ASan lane, and one CI run on a
+# 2-core EPYC measured min 4.44 / median 6.80 ms at 2 ms, the wake-ups of the packet path late,
+# not the line); delays 0, 200 us and 2 ms. A bad argument is refused naming it. Needs root,
+# ip netns and /dev/net/tun, else SKIP. About 4 s.
 set -u
 cd "${DS41_ROOT:-$(dirname "$0")/..}"
 ND=${DS41_BUILD:-build}/tests/tools/netdelay
@@ -66,7 +69,7 @@ t = [float(x) for x in re.findall(r"time=([0-9.]+) ms", open(sys.argv[1]).read()
 d = int(sys.argv[2]) / 1000.0
 if len(t) < 18: print("only %d of 20 replies" % len(t)); sys.exit()
 lo, med = min(t), statistics.median(t)
-ok = lo >= 2 * d and med <= 2 * d + 1.5
+ok = 2 * d <= lo <= 2 * d + 1.5 and med <= 2 * d + 4
 print("%s min %.3f ms median %.3f ms (2 x delay = %.3f ms)" % ("ok" if ok else "bad", lo, med, 2 * d))
 PY
 )
