@@ -206,6 +206,13 @@ int ds41_session_set_lproc(ds41_session *s, struct ds41_lproc *lp);
  * acceptance probability). Greedy Markov loop. The trace (if any) records them. */
 int ds41_draft_block_size(const ds41_engine *e);     /* 0 without DSpark stages */
 int ds41_session_draft(ds41_session *s, int32_t t_next, int32_t *ids, float *conf);
+/* The proposals of n sessions of one engine at once (t_next[i], ids[i], conf[i] as above): each
+ * equals what ds41_session_draft gives that session alone, bit for bit, but the DSpark stages
+ * run once over the n blocks and each draft's vocabulary head once over n rows (one weight
+ * stream instead of n). rc[i] = 0, or -1 with ds41_session_error(s[i]) set; a session that
+ * fails its checks does not hold the others back. Returns the number that failed. */
+int ds41_session_draft_all(int n, ds41_session *const *s, const int32_t *t_next, int32_t *const *ids,
+                           float *const *conf, int *rc);
 
 /* ---- Speculative decoding (spec 5.3-5.4; README "Speculative decoding") ----
  * One step on a session: t_next = the pending token (see below) or a sample from the current

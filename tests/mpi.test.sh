@@ -596,6 +596,8 @@ spec_phase specB fixed:3 auto
 for x in "fixed:3 specB.mpi specA.one" "auto specA.mpi specB.one"; do
     set -- $x
     name=serve_n2_spec_${1%%:*}
+    # replicated: a step's proposals go in one DRAFTS record and every rank runs them in one batched forward
+    rb=$(sed -n 's/.*\[rank 1\]: replicated attention: .*--spec: \([0-9]*\) proposals (\([0-9]*\) batched forwards).*/\1 \2/p' "$TMP/$2.log")
     if [ -s "$TMP/specA.err" ] || [ -s "$TMP/specB.err" ]; then fail "$name" "$(cat "$TMP/specA.err" "$TMP/specB.err" 2>/dev/null)"
     elif ! cmp -s "$TMP/$2.out" "$TMP/$3.out"; then fail "$name" "answers differ from one process: $(cmp "$TMP/$2.out" "$TMP/$3.out")"
     elif [ "$(wc -l <"$TMP/$2.out")" -ne 10 ]; then fail "$name" "$(wc -l <"$TMP/$2.out") answers, expected 10"
@@ -603,7 +605,9 @@ for x in "fixed:3 specB.mpi specA.one" "auto specA.mpi specB.one"; do
         fail "$name" "the job did not calibrate: $(tail -n 2 "$TMP/specA.mpi.log")"
     elif [ "$1" = fixed:3 ] && { ! cmp -s "$TMP/$2.met" "$TMP/$3.met" || [ "$(cut -d' ' -f2 "$TMP/$2.met")" -lt 1 ]; }; then
         fail "$name" "drafts verified / accepted: '$(cat "$TMP/$2.met")' (one process: '$(cat "$TMP/$3.met")', expected equal, some accepted)"
-    else pass "$name ($(cat "$TMP/$2.met") drafts verified / accepted)"; fi
+    elif [ "$1" = fixed:3 ] && { [ -z "$rb" ] || [ "${rb#* }" -lt 1 ] || [ "${rb% *}" -lt $((2 * ${rb#* })) ]; }; then
+        fail "$name" "rank 1 ran '$rb' proposals / batched forwards of DRAFTS records (expected at least one, each of 2 or more)"
+    else pass "$name ($(cat "$TMP/$2.met") drafts verified / accepted; rank 1: ${rb:-0 0} proposals in batched forwards)"; fi
 done
 
 # ---------------------------------------------------------------- serve --spec --dp-attention
@@ -628,7 +632,8 @@ done
 # counts not compared)
 dp_spec_check() {
     local name=$1 m=$2 o=$3 mode=$4 p1
-    p1=$(sed -n 's/.*\[rank 1\]: --dp-attention: .*--spec: \([0-9]*\) proposals, \([0-9]*\) verify blocks.*/\1 \2/p' "$TMP/$m.log")
+    p1=$(sed -n 's/.*\[rank 1\]: --dp-attention: .*--spec: \([0-9]*\) proposals ([0-9]* batched forwards), \([0-9]*\) verify blocks.*/\1 \2/p' "$TMP/$m.log")
+    b1=$(sed -n 's/.*\[rank 1\]: --dp-attention: .*--spec: [0-9]* proposals (\([0-9]*\) batched forwards).*/\1/p' "$TMP/$m.log")
     dr=$(sed -n 's/.*\[rank 0\]: --dp-attention: .*proposals asked together: \([0-9]*\) DRAFTS records for \([0-9]*\) proposals.*/\1 \2/p' "$TMP/$m.log")
     if [ -s "$TMP/${m%%.*}.err" ] || [ -s "$TMP/${o%%.*}.err" ]; then fail "$name" "$(cat "$TMP/${m%%.*}.err" "$TMP/${o%%.*}.err" 2>/dev/null)"
     elif ! cmp -s "$TMP/$m.out" "$TMP/$o.out"; then fail "$name" "answers differ from one process: $(cmp "$TMP/$m.out" "$TMP/$o.out")"
@@ -641,6 +646,8 @@ dp_spec_check() {
         fail "$name" "no drafts accepted: '$(cat "$TMP/$m.met")'"
     elif [ "$mode" != auto ] && { [ -z "$p1" ] || [ "${p1#* }" -lt 1 ] || [ "${p1% *}" -lt 1 ]; }; then
         fail "$name" "rank 1 proposed / verified '$p1' (expected some): $(grep 'rank 1' "$TMP/$m.log" | tail -n 2)"
+    elif [ "$mode" != auto ] && { [ -z "$b1" ] || [ "$b1" -lt 1 ] || [ "$b1" -gt "${p1% *}" ]; }; then
+        fail "$name" "rank 1 ran its ${p1% *} proposals in '$b1' batched forwards (expected 1 to ${p1% *})"
     elif [ "$mode" = drafts ] && { [ -z "$dr" ] || [ "${dr% *}" -lt 1 ]; }; then
         fail "$name" "rank 0 asked no proposals together (DRAFTS records, proposals: '$dr'; expected some with 8 concurrent requests)"
     else pass "$name ($(cat "$TMP/$m.met") drafts verified / accepted; rank 1: ${p1:-0 0} proposals / verify blocks; DRAFTS records / proposals: ${dr:-0 0})"; fi

@@ -219,6 +219,82 @@ static void conformance(const char *config, int seed, int n_prompt, int n_gen, l
     if (ff) fclose(ff);
 }
 
+/* ds41_dspark_propose_batch: 3 sequences of one engine (prompts of 9, 21 and 40 tokens: a ring
+ * not yet full and two full ones, on tiny's window of 16; small43: 3 stages, block 5, MoE), each
+ * after a decode step; the batch's drafts and confidences equal each sequence's own proposal
+ * bit for bit, with P5 reuse and without, exact and fast, and its ring writes are the single
+ * proposal's. A bad token fails the batch with the single proposal's message. */
+static void batch_case(const char *config, int seed, int exact) {
+    char dir[1024];
+    if (make_checkpoint_of(config, seed, dir, sizeof dir)) { CHECK(0, "make_checkpoint %s", config); return; }
+    run r;
+    if (run_open_dir(&r, dir, exact, 2, 128)) return;
+    ds41_err err;
+    const int n = 3, lens[3] = { 9, 21, 40 };
+    int B = r.e.cfg->dspark_block_size, V = r.e.cfg->vocab_size, bad = 0;
+    ds41_seq q[3];
+    ds41_cache *c[3];
+    const float *row[3];
+    long long P[3];
+    int32_t tn[3], one[3][DS41_DSPARK_MAX_BLOCK], got[3][DS41_DSPARK_MAX_BLOCK], *gp[3];
+    float onec[3][DS41_DSPARK_MAX_BLOCK], gotc[3][DS41_DSPARK_MAX_BLOCK], *gcp[3];
+    int reuse[3] = { 1, 1, 1 }, ok = 1;
+    for (int i = 0; i < n && ok; i++) {
+        ok = ds41_seq_init(&q[i], &r.e, &err) == 0;
+        int32_t prompt[40];
+        for (int t = 0; t < lens[i]; t++) prompt[t] = (int32_t)((t * 37 + 11 + 101 * i) % 500);
+        ok = ok && ds41_forward(&q[i], prompt, lens[i], 1, &err) == 0;
+        ok = ok && ds41_dspark_seed(&r.e, &q[i].cache, q[i].main_hidden, q[i].mh_rows, q[i].mh_pos0, &err) == 0;
+        int32_t tok = ds41_argmax(q[i].logits, V);
+        ok = ok && ds41_forward(&q[i], &tok, 1, 1, &err) == 0;
+        ok = ok && ds41_dspark_seed(&r.e, &q[i].cache, q[i].main_hidden, 1, q[i].cache.pos - 1, &err) == 0;
+        c[i] = &q[i].cache;
+        row[i] = q[i].main_hidden;
+        P[i] = q[i].cache.pos - 1;
+        tn[i] = ds41_argmax(q[i].logits, V);
+        gp[i] = got[i];
+        gcp[i] = gotc[i];
+    }
+    CHECK(ok, "%s: sequences: %s", config, err.msg);
+    for (int pass = 0; pass < 2 && ok; pass++) {   /* pass 0: P5 reuse; 1: none (the ring slot rewritten) */
+        size_t rb[3];
+        uint8_t *ring1[3] = { 0 };
+        for (int i = 0; i < n; i++) {
+            if (ds41_dspark_propose_ex(&r.e, c[i], row[i], P[i], tn[i], NULL, pass == 0, one[i], onec[i], &err)) {
+                CHECK(0, "%s: propose: %s", config, err.msg);
+                ok = 0;
+            }
+            ds41_ring *rg = &c[i]->rings[r.e.cfg->n_layers];
+            rb[i] = (size_t)rg->slots * rg->rec_bytes;
+            ring1[i] = malloc(rb[i]);
+            memcpy(ring1[i], rg->rec, rb[i]);
+        }
+        memset(got, 0xAB, sizeof got);
+        bad = 0;
+        memset(gotc, 0xAB, sizeof gotc);
+        int brc = ds41_dspark_propose_batch(&r.e, n, c, row, P, tn, pass == 0 ? reuse : NULL, gp, gcp, &err);
+        CHECK(brc == 0, "%s: batch: %s", config, brc ? err.msg : "");
+        for (int i = 0; i < n; i++) {
+            bad += memcmp(got[i], one[i], (size_t)B * sizeof(int32_t)) != 0 || memcmp(gotc[i], onec[i], (size_t)B * sizeof(float)) != 0;
+            bad += memcmp(ring1[i], c[i]->rings[r.e.cfg->n_layers].rec, rb[i]) != 0;
+            free(ring1[i]);
+        }
+        CHECK(bad == 0, "%s %s pass %d: %d of %d batched proposals (or rings) differ from the single ones", config,
+              exact ? "exact" : "fast", pass, bad, 2 * n);
+    }
+    int32_t t2[3] = { tn[0], V, tn[2] };
+    CHECK(ds41_dspark_propose_batch(&r.e, n, c, row, P, t2, NULL, gp, gcp, &err) == -1 && strstr(err.msg, "outside the vocabulary"),
+          "%s: a token outside the vocabulary was accepted", config);
+    for (int i = 0; i < n; i++) ds41_seq_free(&q[i]);
+    run_close(&r);
+}
+static void test_dspark_batch(void) {
+    for (int exact = 1; exact >= 0; exact--) {
+        batch_case("tiny", 3, exact);
+        batch_case("small43", 6, exact);
+    }
+}
+
 /* tiny: 1 stage, block 2, window 16; 45 prompt tokens (several windows) + 24 steps */
 static void test_dspark_vs_reference_tiny(void) { conformance("tiny", 5, 45, 24, 128); }
 /* the 43-layer production plan at small width: 3 stages, block 5 */
@@ -234,6 +310,7 @@ int main(void) {
     }
     RUN_CASE(test_dspark_exact);
     RUN_CASE(test_dspark_fast);
+    RUN_CASE(test_dspark_batch);
     RUN_CASE(test_dspark_vs_reference_tiny);
     RUN_CASE(test_dspark_vs_reference_small43);
     return check_exit();

@@ -353,3 +353,135 @@ int ds41_dspark_propose_ex(const ds41_engine *e, ds41_cache *c, const float *mai
     ds41_dspark_work_free(w);
     return rc;
 }
+
+/* ---- n proposals at once (ds41_dspark_propose_batch) */
+
+int ds41_dspark_propose_batch(const ds41_engine *e, int n, ds41_cache *const *c, const float *const *mh_row,
+                              const long long *P, const int32_t *t_next, const int *reuse, int32_t *const *ids,
+                              float *const *conf, ds41_err *err) {
+    if (check_model(e, err)) return -1;
+    if (n < 1) return 0;
+    const ds41_config *cfg = e->cfg;
+    const ds41_weights *w = e->w;
+    const ds41_ctx *ctx = &e->ctx;
+    const int B = cfg->dspark_block_size, dim = cfg->dim, W = cfg->window, D = cfg->head_dim;
+    const int HD = cfg->n_heads * cfg->head_dim, V = cfg->vocab_size, rank = cfg->dspark_markov_rank;
+    if (cfg->dspark_noise_token_id < 0 || cfg->dspark_noise_token_id >= V)
+        return ds41_errf(err, "dspark: dspark_noise_token_id %d outside the vocabulary", cfg->dspark_noise_token_id);
+    for (int i = 0; i < n; i++) {
+        if (P[i] < 1) return ds41_errf(err, "dspark: a proposal needs P >= 1 (got %lld)", P[i]);
+        if (P[i] >= e->max_pos) return ds41_errf(err, "dspark: position %lld outside the context of %lld", P[i], e->max_pos);
+        if (t_next[i] < 0 || t_next[i] >= V) return ds41_errf(err, "dspark: token %d outside the vocabulary of %d", t_next[i], V);
+    }
+    if ((size_t)n * (size_t)B > (size_t)INT32_MAX / ((size_t)HD + (size_t)dim + (size_t)V))
+        return ds41_errf(err, "dspark: %d proposals of %d rows are too many for one batch", n, B);
+    const size_t R = (size_t)n * B;   /* the rows of every block, block i at rows i B .. i B + B - 1 */
+    ds41_stream S;
+    int fail = ds41_stream_alloc(&S, cfg, R) != 0;
+    float *cx = zalloc((size_t)n * dim, sizeof(float), &fail);
+    int *rused = zalloc((size_t)n, sizeof(int), &fail);
+    int *pos = zalloc(R, sizeof(int), &fail);
+    float *kctx = zalloc((size_t)D, sizeof(float), &fail);
+    uint8_t *rec = zalloc((size_t)ds41_swa_rec_bytes(cfg), 1, &fail);
+    float *cq = zalloc(R * cfg->q_lora_rank, sizeof(float), &fail);
+    float *q = zalloc(R * HD, sizeof(float), &fail);
+    float *kblk = zalloc(R * D, sizeof(float), &fail);
+    float *kv = zalloc(((size_t)W + B) * D, sizeof(float), &fail);
+    int32_t *list = zalloc((size_t)B * ((size_t)W + B), sizeof(int32_t), &fail);
+    float *o = zalloc(R * HD, sizeof(float), &fail);
+    float *wos = zalloc(R * cfg->o_groups * cfg->o_lora_rank, sizeof(float), &fail);
+    float *cin = zalloc((size_t)n * (dim + rank), sizeof(float), &fail);   /* [row k of block i, Markov embedding] */
+    float *me = zalloc((size_t)n * rank, sizeof(float), &fail);
+    float *xk = zalloc((size_t)n * dim, sizeof(float), &fail);
+    float *base = zalloc((size_t)n * V, sizeof(float), &fail);
+    float *bias = zalloc((size_t)n * V, sizeof(float), &fail);
+    float *cf = zalloc((size_t)n, sizeof(float), &fail);
+    int rc = 0;
+    if (fail) {
+        rc = ds41_errf(err, "dspark: out of memory for %d proposals of %d rows", n, B);
+        goto done;
+    }
+    for (int i = 0; i < n; i++) {
+        /* P5 as in ds41_dspark_begin: the seed's context row of P when it covered it */
+        const ds41_cache *ci = c[i];
+        rused[i] = reuse && reuse[i] && ci->dctx.n > 0 && P[i] >= ci->dctx.pos0 && P[i] < ci->dctx.pos0 + ci->dctx.n;
+        if (rused[i]) memcpy(cx + (size_t)i * dim, ci->dctx.rows + (size_t)(P[i] - ci->dctx.pos0) * dim, (size_t)dim * sizeof(float));
+        else if (ds41_dspark_context_into(e, mh_row[i], cx + (size_t)i * dim, err)) { rc = -1; goto done; }
+        for (int j = 0; j < B; j++) {
+            pos[(size_t)i * B + j] = (int)(P[i] + 1 + j);
+            ds41_stream_embed(cfg, w, &S, (size_t)i * B + j, j == 0 ? t_next[i] : cfg->dspark_noise_token_id, NULL);
+        }
+    }
+    const float scale = ds41_attn_scale(cfg);
+    for (int s = 0; s < cfg->n_mtp && !rc; s++) {
+        int l = cfg->n_layers + s;
+        const ds41_layer_weights *lw = &w->layers[l];
+        const ds41_layer_plan *lp = &cfg->layers[l];
+        const ds41_rope *rope = &e->ropes[e->layer_rope[l]];
+        for (int i = 0; i < n; i++)
+            if (l >= c[i]->n_rings || c[i]->rings[l].slots != W) {
+                rc = ds41_errf(err, "dspark: the cache has no %d-slot ring for stage %d", W, s);
+                goto done;
+            }
+        /* ---- attention sublayer: the row-wise parts over every block's rows at once */
+        ds41_block_attn_in(ctx, cfg, lw, &S, 0, (int)R, 0, (int)R);
+        for (int i = 0; i < n; i++)
+            if (!rused[i]) {
+                int32_t Pi = (int32_t)P[i];
+                ds41_attn_swa_k(ctx, cfg, lw, rope, cx + (size_t)i * dim, 1, &Pi, kctx, rec);
+                memcpy(ds41_ring_slot(&c[i]->rings[l], P[i]), rec, (size_t)c[i]->rings[l].rec_bytes);
+            }
+        ds41_attn_query(ctx, cfg, lw, rope, S.xa, (int)R, pos, cq, q);
+        ds41_attn_swa_k(ctx, cfg, lw, rope, S.xa, (int)R, pos, kblk, NULL);
+        /* each block attends its own ring and its own keys (ds41_dspark_begin's list) */
+        for (int i = 0; i < n; i++) {
+            ds41_ring *ring = &c[i]->rings[l];
+            int nring = P[i] + 1 < W ? (int)(P[i] + 1) : W, L = nring + B;
+            for (int r = 0; r < B; r++) {
+                int32_t *li = list + (size_t)r * L;
+                for (int j = 0; j < nring; j++) li[j] = j;
+                for (int j = 0; j < B; j++) li[nring + j] = W + j;
+            }
+            ds41_swa_rec_unpack(cfg, ring->rec, W, kv);
+            memcpy(kv + (size_t)W * D, kblk + (size_t)i * B * D, (size_t)B * D * sizeof(float));
+            ds41_kvset kvs = { { kv, kv + (size_t)W * D, NULL }, { W, B, 0 }, { NULL, NULL, NULL } };
+            ds41_sparse_attn(ctx, cfg->n_heads, D, q + (size_t)i * B * HD, B, &kvs, list, L, lw->attn_sink, scale,
+                             o + (size_t)i * B * HD);
+        }
+        ds41_attn_output(ctx, cfg, lw, rope, o, (int)R, pos, wos, S.y);
+        ds41_block_attn_out(ctx, cfg, &S, 0, (int)R);
+        /* ---- MoE sublayer over every block's rows */
+        ds41_block_ffn(ctx, cfg, lw, lp, &S, 0, (int)R, NULL);
+    }
+    if (rc) goto done;
+    ds41_hc_apply_pre(ctx, S.X, S.pre, (int)R, cfg->hc_mult, dim, S.xin);
+    /* draft k of every block: its confidence, then its head and Markov passes over n rows */
+    const ds41_layer_weights *last = &w->layers[cfg->n_layers + cfg->n_mtp - 1];
+    ds41_bf16w head = { w->head, cfg->vocab_size, cfg->dim };
+    for (int k = 0; k < B; k++) {
+        for (int i = 0; i < n; i++) {
+            int32_t prev = k == 0 ? t_next[i] : ids[i][k - 1];
+            const uint16_t *mr = last->markov_embed.w + (size_t)prev * rank;
+            float *ci = cin + (size_t)i * (dim + rank);
+            memcpy(ci, S.xin + ((size_t)i * B + k) * dim, (size_t)dim * sizeof(float));
+            for (int r = 0; r < rank; r++) ci[dim + r] = me[(size_t)i * rank + r] = ds41_bf16_to_f32(mr[r]);
+            memcpy(xk + (size_t)i * dim, S.xin + ((size_t)i * B + k) * dim, (size_t)dim * sizeof(float));
+        }
+        ds41_linear_bf16(ctx, &last->conf_proj, cin, n, cf, 0);
+        ds41_rmsnorm(ctx, xk, last->final_norm, n, dim, cfg->norm_eps, xk);
+        ds41_linear_bf16(ctx, &head, xk, n, base, 0);
+        ds41_linear_bf16(ctx, &last->markov_head, me, n, bias, 0);
+        for (int i = 0; i < n; i++) {
+            float *bi = base + (size_t)i * V;
+            const float *mi = bias + (size_t)i * V;
+            for (int v = 0; v < V; v++) bi[v] = bi[v] + mi[v];
+            conf[i][k] = cf[i];
+            ids[i][k] = ds41_argmax(bi, V);
+        }
+    }
+done:
+    ds41_stream_free(&S);
+    free(cx); free(rused); free(pos); free(kctx); free(rec); free(cq); free(q); free(kblk); free(kv); free(list);
+    free(o); free(wos); free(cin); free(me); free(xk); free(base); free(bias); free(cf);
+    return rc ? -1 : 0;
+}

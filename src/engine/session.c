@@ -688,6 +688,66 @@ int ds41_session_draft(ds41_session *s, int32_t t_next, int32_t *ids, float *con
     return 0;
 }
 
+int ds41_session_draft_all(int n, ds41_session *const *s, const int32_t *t_next, int32_t *const *ids,
+                           float *const *conf, int *rc) {
+    if (n <= 0) return 0;
+    const ds41_engine *e = s[0]->e;
+    int nf = 0, m = 0;
+    ds41_cache **c = malloc((size_t)n * sizeof *c);
+    const float **row = malloc((size_t)n * sizeof *row);
+    long long *P = malloc((size_t)n * sizeof *P);
+    int32_t *tn = malloc((size_t)n * sizeof *tn);
+    int *reuse = malloc((size_t)n * sizeof *reuse), *at = malloc((size_t)n * sizeof *at);
+    int32_t **bi = malloc((size_t)n * sizeof *bi);
+    float **bc = malloc((size_t)n * sizeof *bc);
+    if (!c || !row || !P || !tn || !reuse || !at || !bi || !bc) {
+        for (int i = 0; i < n; i++) {
+            snprintf(s[i]->err, sizeof s[i]->err, "draft: out of memory for %d proposals", n);
+            rc[i] = -1;
+        }
+        nf = n;
+        goto done;
+    }
+    /* each session's checks (and its deferred ring writes) first; those that pass propose together */
+    for (int i = 0; i < n; i++) {
+        rc[i] = -1;
+        if (s[i]->e != e) {
+            snprintf(s[i]->err, sizeof s[i]->err, "draft: the sessions of one batch of proposals must share an engine");
+            nf++;
+            continue;
+        }
+        const float *r = draft_prepare(s[i], t_next[i]);
+        if (!r) { nf++; continue; }
+        c[m] = &s[i]->seq.cache;
+        row[m] = r;
+        P[m] = s[i]->seq.cache.pos - 1;
+        tn[m] = t_next[i];
+        reuse[m] = !s[i]->p.no_meta_reuse;
+        bi[m] = ids[i];
+        bc[m] = conf[i];
+        at[m++] = i;
+    }
+    if (m > 0) {
+        ds41_err err;
+        int brc = ds41_dspark_propose_batch(e, m, c, row, P, tn, reuse, bi, bc, &err);
+        int B = ds41_draft_block_size(e);
+        for (int j = 0; j < m; j++) {
+            ds41_session *q = s[at[j]];
+            if (brc) {
+                snprintf(q->err, sizeof q->err, "%s", err.msg);
+                nf++;
+                continue;
+            }
+            rc[at[j]] = 0;
+            if (q->t_dspark_i) fwrite(ids[at[j]], sizeof(int32_t), (size_t)B, q->t_dspark_i);
+            if (q->t_dspark_f) fwrite(conf[at[j]], sizeof(float), (size_t)B, q->t_dspark_f);
+        }
+    }
+done:
+    free(c); free(row); free(P); free(tn); free(reuse); free(at); free(bi); free(bc);
+    return nf;
+}
+
 void ds41_session_state(const ds41_session *s, ds41_state_info *o) {
     ds41_state_bytes b;
     ds41_cache_bytes(&s->seq.cache, &b);

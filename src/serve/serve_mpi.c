@@ -38,6 +38,7 @@ typedef struct dp_count {
     long long seqs, peak, peak_kv, peak_copies;
     long long ans_bytes, ans_tok, ans_lg;   /* rank 0: the other ranks' answers: bytes, rows answered with a token, with logits */
     long long props, verifies;    /* --spec: proposals and verify blocks run here for the sequences held here */
+    long long batches;            /* --spec: the batched forwards those proposals ran in (DRAFTS) */
     long long lp_verifies;        /* --spec: those of sequences with a logits processor */
     long long g_verifies;         /* --spec: those of sequences with a grammar (rank 0's VMASK) */
     long long masks, mask_bytes;  /* rank 0: grammar masks sent to the owners (GMASK records, their bytes) */
@@ -81,8 +82,12 @@ static void dp_report(const dp_count *c) {
         "pages)", ds41_dist_rank(), dp ? "--dp-attention" : ds41_pipe_on() ? "--split layers" : "replicated attention",
         c->seqs, c->peak, c->peak_kv);
     if (c->props || c->verifies)
-        ADD("; --spec: %lld proposals, %lld verify blocks (%lld with a logits processor, %lld with a grammar)", c->props,
-            c->verifies, c->lp_verifies, c->g_verifies);
+    {
+        ADD("; --spec: %lld proposals", c->props);
+        if (!ds41_pipe_on()) ADD(" (%lld batched forwards)", c->batches);
+        ADD(", %lld verify blocks (%lld with a logits processor, %lld with a grammar)", c->verifies, c->lp_verifies,
+            c->g_verifies);
+    }
     long long os = 0, ob = 0;
     ds41_smirror_pipe_outcomes(&os, &ob);
     if (os) ADD("; verify outcomes: %lld steps, %lld bytes", os, ob);
@@ -820,8 +825,27 @@ int ds41_smirror_propose(ds41_smirror *m, ds41_engine *e, ds41_session *s, int32
 
 void ds41_smirror_propose_all(ds41_smirror *m, ds41_engine *e, int n, ds41_session *const *s, const int32_t *t_next,
                               int32_t *const *ids, float *const *conf, int *rc) {
-    if (!m || !m->dp || n < 2) {
+    if (!m) {   /* one process: one batched proposal (ds41_session_draft_all) */
+        ds41_session_draft_all(n, s, t_next, ids, conf, rc);
+        return;
+    }
+    if (n < 2 || (!m->dp && ds41_pipe_stages(e->pipe) > 1)) {   /* --split layers: the last stage, one by one */
         for (int i = 0; i < n; i++) rc[i] = ds41_smirror_propose(m, e, s[i], t_next[i], ids[i], conf[i]);
+        return;
+    }
+    if (!m->dp) {   /* replicated: one DRAFTS record, and every rank proposes them all in one batched forward */
+        int32_t v[2] = { DS41_SOP_DRAFTS, n };
+        put(m, v, 2);
+        for (int i = 0; i < n; i++) {
+            int32_t p[2] = { sid_of(m, s[i]), t_next[i] };
+            put(m, p, 2);
+        }
+        m->dpc.drafts_recs++;
+        m->dpc.drafts_props += n;
+        flush(m);   /* the proposals run DSpark's MoE layers */
+        ds41_session_draft_all(n, s, t_next, ids, conf, rc);
+        m->dpc.props += n;
+        m->dpc.batches++;
         return;
     }
     int N = ds41_dist_size(), B = ds41_draft_block_size(e);
@@ -841,13 +865,24 @@ void ds41_smirror_propose_all(ds41_smirror *m, ds41_engine *e, int n, ds41_sessi
     m->dpc.drafts_recs++;
     m->dpc.drafts_props += n;
     flush(m);   /* the proposals run DSpark's MoE layers */
-    /* rank 0's own, in order; each owner proposes its own meanwhile, their forwards sharing the
-     * exchange's rounds, and the ranks with fewer join the rest with zero rows */
-    for (int i = 0; i < n; i++)
-        if (own[i] == 0) {
-            rc[i] = ds41_session_draft(s[i], t_next[i], ids[i], conf[i]);
-            m->dpc.props++;
-        }
+    /* rank 0's own in one batched proposal (ds41_session_draft_all); each owner proposes its
+     * own meanwhile, the forwards sharing the exchange's rounds, and the ranks with fewer join
+     * the rest with zero rows */
+    {
+        ds41_session **ms = malloc((size_t)n * sizeof *ms);
+        int32_t *mt = malloc((size_t)n * sizeof *mt), **mi = malloc((size_t)n * sizeof *mi);
+        float **mc = malloc((size_t)n * sizeof *mc);
+        int *mrc = malloc((size_t)n * sizeof *mrc), k = 0;
+        if (!ms || !mt || !mi || !mc || !mrc) oom();
+        for (int i = 0; i < n; i++)
+            if (own[i] == 0) ms[k] = s[i], mt[k] = t_next[i], mi[k] = ids[i], mc[k++] = conf[i];
+        if (k) ds41_session_draft_all(k, ms, mt, mi, mc, mrc);
+        for (int i = 0, j = 0; i < n; i++)
+            if (own[i] == 0) rc[i] = mrc[j++];
+        m->dpc.props += k;
+        m->dpc.batches += k > 0;
+        free(ms); free(mt); free(mi); free(mc); free(mrc);
+    }
     ds41_dist_dp_done(&e->ctx);
     for (int q = 1; q < N; q++)
         if (nb[q] && !(buf[q] = malloc(nb[q]))) oom();
@@ -1568,16 +1603,14 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
         return 0;
     }
     case DS41_SOP_DRAFTS: {
-        /* --dp-attention: this rank's sequences of the list, in order (their forward rounds
-         * shared with the other ranks' proposals), then one answer to rank 0 for them all */
+        /* the sequences of the list this rank holds (replicated: all; --dp-attention: its own,
+         * their forward rounds shared with the other ranks' proposals) in one batched proposal;
+         * under --dp-attention then one answer to rank 0 for them all */
         int B = ds41_draft_block_size(e);
-        if (!dp) return snprintf(err, errcap, "serve mirror: rank 0 sent DRAFTS, which only --dp-attention uses"), -1;
+        if (!dp && ds41_pipe_stages(e->pipe) > 1)
+            return snprintf(err, errcap, "serve mirror: rank 0 sent DRAFTS under --split layers, where the last stage "
+                            "proposes one sequence at a time (DRAFT)"), -1;
         if (B < 1) return snprintf(err, errcap, "serve mirror: rank 0 drafts and this rank's model has no DSpark stages"), -1;
-        if (!f->dids) {
-            f->dids = malloc((size_t)B * sizeof *f->dids);
-            f->dconf = malloc((size_t)B * sizeof *f->dconf);
-            if (!f->dids || !f->dconf) return snprintf(err, errcap, "out of memory"), -1;
-        }
         size_t mine = 0, ab = draft_answer_bytes(B);
         for (size_t k = 0; k < op->n; k++) {
             if (slot_at(f, op->ids[2 * k]) < 0)
@@ -1585,17 +1618,37 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
                                 (int)op->ids[2 * k]), -1;
             mine += slot_find(f, op->ids[2 * k]) != NULL;
         }
-        if (grow_buf(&f->ans, &f->ans_cap, mine * ab)) return snprintf(err, errcap, "out of memory for the answers to proposals"), -1;
-        if (mine) memset(f->ans, 0, mine * ab);
-        unsigned char *a = f->ans;
-        for (size_t k = 0; k < op->n; k++) {
-            ds41_session *ds = slot_find(f, op->ids[2 * k]);
-            if (!ds) continue;
-            int rc = ds41_session_draft(ds, op->ids[2 * k + 1], f->dids, f->dconf);
-            f->dpc.props++;
-            draft_fill(a, ds, rc, f->dids, f->dconf, B);
-            a += ab;
+        if (!dp && mine != op->n)
+            return snprintf(err, errcap, "serve mirror: rank 0 drafts for %zu sessions, of which this rank holds %zu", op->n,
+                            mine), -1;
+        if (dp && grow_buf(&f->ans, &f->ans_cap, mine * ab))
+            return snprintf(err, errcap, "out of memory for the answers to proposals"), -1;
+        if (dp && mine) memset(f->ans, 0, mine * ab);
+        /* this rank's in one batched proposal (ds41_session_draft_all), answered in order */
+        if (mine) {
+            ds41_session **ms = malloc(mine * sizeof *ms);
+            int32_t *mt = malloc(mine * sizeof *mt), **mi = malloc(mine * sizeof *mi), *di = malloc(mine * B * sizeof *di);
+            float **mc = malloc(mine * sizeof *mc), *dc = malloc(mine * B * sizeof *dc);
+            int *mrc = malloc(mine * sizeof *mrc);
+            if (!ms || !mt || !mi || !di || !mc || !dc || !mrc) {
+                free(ms); free(mt); free(mi); free(di); free(mc); free(dc); free(mrc);
+                return snprintf(err, errcap, "out of memory for %zu proposals", mine), -1;
+            }
+            size_t j = 0;
+            for (size_t k = 0; k < op->n; k++) {
+                ds41_session *ds = slot_find(f, op->ids[2 * k]);
+                if (!ds) continue;
+                ms[j] = ds, mt[j] = op->ids[2 * k + 1], mi[j] = di + j * B, mc[j] = dc + j * B;
+                j++;
+            }
+            ds41_session_draft_all((int)mine, ms, mt, mi, mc, mrc);   /* replicated: a failure is rank 0's too */
+            if (dp)
+                for (j = 0; j < mine; j++) draft_fill(f->ans + j * ab, ms[j], mrc[j], mi[j], mc[j], B);
+            f->dpc.props += (long long)mine;
+            f->dpc.batches++;
+            free(ms); free(mt); free(mi); free(di); free(mc); free(dc); free(mrc);
         }
+        if (!dp) return 0;
         ds41_dist_dp_done(&e->ctx);
         if (mine) ds41_dist_dp_send0(f->ans, mine * ab);
         return 0;
