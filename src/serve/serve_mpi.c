@@ -84,7 +84,7 @@ static void dp_report(const dp_count *c) {
     if (c->props || c->verifies)
     {
         ADD("; --spec: %lld proposals", c->props);
-        if (!ds41_pipe_on()) ADD(" (%lld batched forwards)", c->batches);
+        ADD(" (%lld batched forwards)", c->batches);
         ADD(", %lld verify blocks (%lld with a logits processor, %lld with a grammar)", c->verifies, c->lp_verifies,
             c->g_verifies);
     }
@@ -731,11 +731,11 @@ static int pipe_draft_check(const ds41_engine *e, char *err, size_t errcap) {
     return 0;
 }
 
-static void pipe_draft_answer(ds41_engine *e, ds41_session *s, int32_t t_next, int32_t *ids, float *conf) {
+/* the last stage's answer to rank 0 for one proposal (rc != 0: failed with message msg) */
+static void pipe_answer_send(ds41_engine *e, int rc, const char *msg, const int32_t *ids, const float *conf) {
     int B = ds41_draft_block_size(e);
     char eb[ANSWER_ERR] = { 0 };
-    int rc = pipe_draft_check(e, eb, sizeof eb);
-    if (!rc && (rc = ds41_session_draft(s, t_next, ids, conf)) != 0) snprintf(eb, sizeof eb, "%s", ds41_session_error(s));
+    if (rc) snprintf(eb, sizeof eb, "%s", msg);
     size_t nb = sizeof(int32_t) * (1 + 2 * (size_t)B);
     unsigned char *a = calloc(1, nb);
     if (!a) ds41_dist_fatal(1, "out of memory for the answer to a proposal");
@@ -748,6 +748,13 @@ static void pipe_draft_answer(ds41_engine *e, ds41_session *s, int32_t t_next, i
     ds41_pipe_answer(e->pipe, a, nb, 5, "the proposal, from the last stage");
     if (st) ds41_pipe_answer(e->pipe, eb, sizeof eb, 6, "the proposal's error, from the last stage");
     free(a);
+}
+
+static void pipe_draft_answer(ds41_engine *e, ds41_session *s, int32_t t_next, int32_t *ids, float *conf) {
+    char eb[ANSWER_ERR] = { 0 };
+    int rc = pipe_draft_check(e, eb, sizeof eb);
+    if (!rc && (rc = ds41_session_draft(s, t_next, ids, conf)) != 0) snprintf(eb, sizeof eb, "%s", ds41_session_error(s));
+    pipe_answer_send(e, rc, eb, ids, conf);
 }
 
 static int pipe_draft_take(ds41_engine *e, ds41_session *s, int32_t *ids, float *conf) {
@@ -829,11 +836,13 @@ void ds41_smirror_propose_all(ds41_smirror *m, ds41_engine *e, int n, ds41_sessi
         ds41_session_draft_all(n, s, t_next, ids, conf, rc);
         return;
     }
-    if (n < 2 || (!m->dp && ds41_pipe_stages(e->pipe) > 1)) {   /* --split layers: the last stage, one by one */
+    if (n < 2) {
         for (int i = 0; i < n; i++) rc[i] = ds41_smirror_propose(m, e, s[i], t_next[i], ids[i], conf[i]);
         return;
     }
-    if (!m->dp) {   /* replicated: one DRAFTS record, and every rank proposes them all in one batched forward */
+    if (!m->dp) {
+        /* replicated: one DRAFTS record, and every rank proposes them all in one batched
+         * forward; --split layers: the last stage does, and answers rank 0 for each in order */
         int32_t v[2] = { DS41_SOP_DRAFTS, n };
         put(m, v, 2);
         for (int i = 0; i < n; i++) {
@@ -843,6 +852,10 @@ void ds41_smirror_propose_all(ds41_smirror *m, ds41_engine *e, int n, ds41_sessi
         m->dpc.drafts_recs++;
         m->dpc.drafts_props += n;
         flush(m);   /* the proposals run DSpark's MoE layers */
+        if (ds41_pipe_stages(e->pipe) > 1) {
+            for (int i = 0; i < n; i++) rc[i] = pipe_draft_take(e, s[i], ids[i], conf[i]);
+            return;
+        }
         ds41_session_draft_all(n, s, t_next, ids, conf, rc);
         m->dpc.props += n;
         m->dpc.batches++;
@@ -1607,9 +1620,7 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
          * their forward rounds shared with the other ranks' proposals) in one batched proposal;
          * under --dp-attention then one answer to rank 0 for them all */
         int B = ds41_draft_block_size(e);
-        if (!dp && ds41_pipe_stages(e->pipe) > 1)
-            return snprintf(err, errcap, "serve mirror: rank 0 sent DRAFTS under --split layers, where the last stage "
-                            "proposes one sequence at a time (DRAFT)"), -1;
+        int pipe = !dp && ds41_pipe_stages(e->pipe) > 1;   /* --split layers: the last stage proposes and answers */
         if (B < 1) return snprintf(err, errcap, "serve mirror: rank 0 drafts and this rank's model has no DSpark stages"), -1;
         size_t mine = 0, ab = draft_answer_bytes(B);
         for (size_t k = 0; k < op->n; k++) {
@@ -1621,6 +1632,9 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
         if (!dp && mine != op->n)
             return snprintf(err, errcap, "serve mirror: rank 0 drafts for %zu sessions, of which this rank holds %zu", op->n,
                             mine), -1;
+        if (pipe && !ds41_pipe_last(e->pipe)) return 0;
+        char ceb[ANSWER_ERR] = { 0 };
+        int crc = pipe ? pipe_draft_check(e, ceb, sizeof ceb) : 0;
         if (dp && grow_buf(&f->ans, &f->ans_cap, mine * ab))
             return snprintf(err, errcap, "out of memory for the answers to proposals"), -1;
         if (dp && mine) memset(f->ans, 0, mine * ab);
@@ -1641,9 +1655,14 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
                 ms[j] = ds, mt[j] = op->ids[2 * k + 1], mi[j] = di + j * B, mc[j] = dc + j * B;
                 j++;
             }
-            ds41_session_draft_all((int)mine, ms, mt, mi, mc, mrc);   /* replicated: a failure is rank 0's too */
+            if (crc)
+                for (j = 0; j < mine; j++) mrc[j] = -1;
+            else
+                ds41_session_draft_all((int)mine, ms, mt, mi, mc, mrc);   /* replicated: a failure is rank 0's too */
             if (dp)
                 for (j = 0; j < mine; j++) draft_fill(f->ans + j * ab, ms[j], mrc[j], mi[j], mc[j], B);
+            if (pipe)
+                for (j = 0; j < mine; j++) pipe_answer_send(e, mrc[j], crc ? ceb : ds41_session_error(ms[j]), mi[j], mc[j]);
             f->dpc.props += (long long)mine;
             f->dpc.batches++;
             free(ms); free(mt); free(mi); free(di); free(mc); free(dc); free(mrc);
