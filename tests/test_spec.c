@@ -296,6 +296,48 @@ static void meta_reuse_same_drafts(void) {
     ds41_unload(e);
 }
 
+/* ds41_session_draft_all (the public batch): sessions a and b (other prompts; b without P5
+ * reuse) beside c, opened without params.draft; the batch {a, c, b} gives a and b exactly what
+ * ds41_session_draft gives their twins (drafts, confidences, and the state digest after), c its
+ * own error, and does not hold a and b back; three steps. */
+static void draft_all_public(void) {
+    ds41_engine *e = load_checked(cur_dir, 1, 0);
+    if (!e) return;
+    int V = ds41_vocab_size(e), B = ds41_draft_block_size(e);
+    int32_t pa[11], pb[17];
+    rand_ids(pa, 11, V, 71);
+    rand_ids(pb, 17, V, 72);
+    ds41_session *a = open_s(e, 0, 1), *a2 = open_s(e, 0, 1), *b = open_s(e, 0, 0), *b2 = open_s(e, 0, 0);
+    ds41_session_params sp;
+    ds41_session_params_default(&sp);
+    char err[512];
+    ds41_session *c = ds41_session_open(e, &sp, err, sizeof err);
+    CHECK(a && a2 && b && b2 && c, "sessions");
+    if (!(a && a2 && b && b2 && c)) return;
+    CHECK(ds41_feed(a, pa, 11) == 0 && ds41_feed(a2, pa, 11) == 0 && ds41_feed(b, pb, 17) == 0 && ds41_feed(b2, pb, 17) == 0 &&
+          ds41_feed(c, pa, 11) == 0, "prefill");
+    int bad = 0;
+    for (int step = 0; step < 3; step++) {
+        int32_t ta = ds41_session_sample(a), tb = ds41_session_sample(b), da[64], db[64], dc[64], xa[64], xb[64];
+        float ca[64], cb[64], cc[64], ya[64], yb[64];
+        ds41_session *all[3] = { a, c, b };
+        int32_t tn[3] = { ta, ta, tb }, *ids[3] = { da, dc, db };
+        float *cf[3] = { ca, cc, cb };
+        int rc[3] = { 9, 9, 9 };
+        int nf = ds41_session_draft_all(3, all, tn, ids, cf, rc);
+        CHECK(nf == 1 && rc[0] == 0 && rc[1] == -1 && rc[2] == 0 && strstr(ds41_session_error(c), "without params.draft"),
+              "step %d: %d failed, rc %d %d %d, c: %s", step, nf, rc[0], rc[1], rc[2], ds41_session_error(c));
+        CHECK(ds41_session_draft(a2, ta, xa, ya) == 0 && ds41_session_draft(b2, tb, xb, yb) == 0, "twins' drafts");
+        bad += memcmp(da, xa, (size_t)B * 4) || memcmp(ca, ya, (size_t)B * 4) || memcmp(db, xb, (size_t)B * 4) ||
+               memcmp(cb, yb, (size_t)B * 4) || ds41_session_digest(a) != ds41_session_digest(a2) ||
+               ds41_session_digest(b) != ds41_session_digest(b2);
+        ds41_feed(a, &ta, 1); ds41_feed(a2, &ta, 1); ds41_feed(b, &tb, 1); ds41_feed(b2, &tb, 1);
+    }
+    CHECK(bad == 0, "%d of 3 steps: the batch's drafts or states differ from the twins'", bad);
+    ds41_session_close(a); ds41_session_close(a2); ds41_session_close(b); ds41_session_close(b2); ds41_session_close(c);
+    ds41_unload(e);
+}
+
 /* ---- sampling: chi-square of (x1, x2) after a fixed t_next ---- */
 #define TOPK 4
 static void topk_probs(const float *lg, int V, float temp, int *ids, double *p) {
@@ -567,6 +609,7 @@ int main(int argc, char **argv) {
         RUN_CASE(exact_auto_proposal_too_dear);
         RUN_CASE(exact_dormant_rings);
         RUN_CASE(meta_reuse_same_drafts);
+        RUN_CASE(draft_all_public);
         RUN_CASE(sampling_chi_square);
     }
     for (int a = 1; a < argc; a++) {   /* further checkpoints (tests/spec.test.sh: small43) */

@@ -82,12 +82,8 @@ static void dp_report(const dp_count *c) {
         "pages)", ds41_dist_rank(), dp ? "--dp-attention" : ds41_pipe_on() ? "--split layers" : "replicated attention",
         c->seqs, c->peak, c->peak_kv);
     if (c->props || c->verifies)
-    {
-        ADD("; --spec: %lld proposals", c->props);
-        ADD(" (%lld batched forwards)", c->batches);
-        ADD(", %lld verify blocks (%lld with a logits processor, %lld with a grammar)", c->verifies, c->lp_verifies,
-            c->g_verifies);
-    }
+        ADD("; --spec: %lld proposals (%lld batched forwards), %lld verify blocks (%lld with a logits processor, %lld "
+            "with a grammar)", c->props, c->batches, c->verifies, c->lp_verifies, c->g_verifies);
     long long os = 0, ob = 0;
     ds41_smirror_pipe_outcomes(&os, &ob);
     if (os) ADD("; verify outcomes: %lld steps, %lld bytes", os, ob);
