@@ -209,9 +209,11 @@ int ds41_session_draft(ds41_session *s, int32_t t_next, int32_t *ids, float *con
 /* The proposals of n sessions of one engine at once (t_next[i], ids[i], conf[i] as above): each
  * equals what ds41_session_draft gives that session alone, bit for bit, but the DSpark stages
  * run once over the n blocks and each draft's vocabulary head once over n rows (one weight
- * stream instead of n). rc[i] = 0, or -1 with ds41_session_error(s[i]) set; a session that
- * fails its checks does not hold the others back. Returns the number that failed. */
-int ds41_session_draft_all(int n, ds41_session *const *s, const int32_t *t_next, int32_t *const *ids,
+ * stream instead of n). ndraft: make only the first ndraft drafts of each block (the rest of
+ * ids / conf 0; 0 or above the block size: all), for a caller that verifies no more.
+ * rc[i] = 0, or -1 with ds41_session_error(s[i]) set; a session that fails its checks does not
+ * hold the others back. Returns the number that failed. */
+int ds41_session_draft_all(int n, ds41_session *const *s, const int32_t *t_next, int ndraft, int32_t *const *ids,
                            float *const *conf, int *rc);
 
 /* ---- Speculative decoding (spec 5.3-5.4; README "Speculative decoding") ----

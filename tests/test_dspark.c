@@ -272,7 +272,7 @@ static void batch_case(const char *config, int seed, int exact) {
         memset(got, 0xAB, sizeof got);
         bad = 0;
         memset(gotc, 0xAB, sizeof gotc);
-        int brc = ds41_dspark_propose_batch(&r.e, n, c, row, P, tn, pass == 0 ? reuse : NULL, gp, gcp, &err);
+        int brc = ds41_dspark_propose_batch(&r.e, n, c, row, P, tn, pass == 0 ? reuse : NULL, 0, gp, gcp, &err);
         CHECK(brc == 0, "%s: batch: %s", config, brc ? err.msg : "");
         for (int i = 0; i < n; i++) {
             bad += memcmp(got[i], one[i], (size_t)B * sizeof(int32_t)) != 0 || memcmp(gotc[i], onec[i], (size_t)B * sizeof(float)) != 0;
@@ -282,8 +282,24 @@ static void batch_case(const char *config, int seed, int exact) {
         CHECK(bad == 0, "%s %s pass %d: %d of %d batched proposals (or rings) differ from the single ones", config,
               exact ? "exact" : "fast", pass, bad, 2 * n);
     }
+    /* the first nd = B - 1 drafts only: those equal the single proposals', the last is 0 / 0.0 */
+    if (ok && B > 1) {
+        int32_t one2[3][DS41_DSPARK_MAX_BLOCK];
+        float onec2[3][DS41_DSPARK_MAX_BLOCK];
+        bad = 0;
+        for (int i = 0; i < n; i++)
+            bad += ds41_dspark_propose_ex(&r.e, c[i], row[i], P[i], tn[i], NULL, 1, one2[i], onec2[i], &err) != 0;
+        memset(got, 0xAB, sizeof got);
+        memset(gotc, 0xAB, sizeof gotc);
+        CHECK(ds41_dspark_propose_batch(&r.e, n, c, row, P, tn, reuse, B - 1, gp, gcp, &err) == 0, "%s: nd: %s", config, err.msg);
+        for (int i = 0; i < n; i++)
+            bad += memcmp(got[i], one2[i], (size_t)(B - 1) * sizeof(int32_t)) != 0 ||
+                   memcmp(gotc[i], onec2[i], (size_t)(B - 1) * sizeof(float)) != 0 || got[i][B - 1] != 0 || gotc[i][B - 1] != 0.0f;
+        CHECK(bad == 0, "%s %s: %d of %d batches of %d drafts differ from the single proposals' first drafts", config,
+              exact ? "exact" : "fast", bad, n, B - 1);
+    }
     int32_t t2[3] = { tn[0], V, tn[2] };
-    CHECK(ds41_dspark_propose_batch(&r.e, n, c, row, P, t2, NULL, gp, gcp, &err) == -1 && strstr(err.msg, "outside the vocabulary"),
+    CHECK(ds41_dspark_propose_batch(&r.e, n, c, row, P, t2, NULL, 0, gp, gcp, &err) == -1 && strstr(err.msg, "outside the vocabulary"),
           "%s: a token outside the vocabulary was accepted", config);
     for (int i = 0; i < n; i++) ds41_seq_free(&q[i]);
     run_close(&r);

@@ -324,7 +324,7 @@ static void draft_all_public(void) {
         int32_t tn[3] = { ta, ta, tb }, *ids[3] = { da, dc, db };
         float *cf[3] = { ca, cc, cb };
         int rc[3] = { 9, 9, 9 };
-        int nf = ds41_session_draft_all(3, all, tn, ids, cf, rc);
+        int nf = ds41_session_draft_all(3, all, tn, 0, ids, cf, rc);
         CHECK(nf == 1 && rc[0] == 0 && rc[1] == -1 && rc[2] == 0 && strstr(ds41_session_error(c), "without params.draft"),
               "step %d: %d failed, rc %d %d %d, c: %s", step, nf, rc[0], rc[1], rc[2], ds41_session_error(c));
         CHECK(ds41_session_draft(a2, ta, xa, ya) == 0 && ds41_session_draft(b2, tb, xb, yb) == 0, "twins' drafts");

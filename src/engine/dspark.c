@@ -357,7 +357,7 @@ int ds41_dspark_propose_ex(const ds41_engine *e, ds41_cache *c, const float *mai
 /* ---- n proposals at once (ds41_dspark_propose_batch) */
 
 int ds41_dspark_propose_batch(const ds41_engine *e, int n, ds41_cache *const *c, const float *const *mh_row,
-                              const long long *P, const int32_t *t_next, const int *reuse, int32_t *const *ids,
+                              const long long *P, const int32_t *t_next, const int *reuse, int nd, int32_t *const *ids,
                               float *const *conf, ds41_err *err) {
     if (check_model(e, err)) return -1;
     if (n < 1) return 0;
@@ -375,6 +375,7 @@ int ds41_dspark_propose_batch(const ds41_engine *e, int n, ds41_cache *const *c,
     }
     if ((size_t)n * (size_t)B > (size_t)INT32_MAX / ((size_t)HD + (size_t)dim + (size_t)V))
         return ds41_errf(err, "dspark: %d proposals of %d rows are too many for one batch", n, B);
+    if (nd < 1 || nd > B) nd = B;
     const size_t R = (size_t)n * B;   /* the rows of every block, block i at rows i B .. i B + B - 1 */
     ds41_stream S;
     int fail = ds41_stream_alloc(&S, cfg, R) != 0;
@@ -458,7 +459,9 @@ int ds41_dspark_propose_batch(const ds41_engine *e, int n, ds41_cache *const *c,
     /* draft k of every block: its confidence, then its head and Markov passes over n rows */
     const ds41_layer_weights *last = &w->layers[cfg->n_layers + cfg->n_mtp - 1];
     ds41_bf16w head = { w->head, cfg->vocab_size, cfg->dim };
-    for (int k = 0; k < B; k++) {
+    for (int i = 0; i < n; i++)   /* the drafts not made (k >= nd): 0, confidence 0 */
+        for (int k = nd; k < B; k++) ids[i][k] = 0, conf[i][k] = 0.0f;
+    for (int k = 0; k < nd; k++) {
         for (int i = 0; i < n; i++) {
             int32_t prev = k == 0 ? t_next[i] : ids[i][k - 1];
             const uint16_t *mr = last->markov_embed.w + (size_t)prev * rank;

@@ -62,15 +62,16 @@ int ds41_dspark_propose_w(const ds41_engine *e, ds41_cache *c, ds41_dspark_work 
                           ds41_err *err);
 
 /* n proposals at once, one per sequence (its cache c[i], the main_hidden row of its position
- * P[i], its token t_next[i], P5 reuse when reuse[i]; reuse NULL: none): every block's B drafts
- * ids[i][0..B) and raw confidences conf[i][0..B), greedy. The DSpark stages run once over the
+ * P[i], its token t_next[i], P5 reuse when reuse[i]; reuse NULL: none): every block's first nd
+ * drafts ids[i][0..nd) and raw confidences conf[i][0..nd), greedy (nd outside 1..B: all B; the
+ * entries from nd to B are 0, each draft being a head pass over the n rows). The DSpark stages run once over the
  * n blocks' rows (each block attending its own ring and keys) and each draft's confidence,
  * vocabulary head and Markov head run once over n rows; every row computes what it computes
  * alone (norms, linears and MoE rows do not depend on the rows beside them, in exact and in
  * fast mode), so each proposal equals ds41_dspark_propose_w's with sampler NULL, bit for bit.
  * Scratch is allocated per call. */
 int ds41_dspark_propose_batch(const ds41_engine *e, int n, ds41_cache *const *c, const float *const *mh_row,
-                              const long long *P, const int32_t *t_next, const int *reuse, int32_t *const *ids,
+                              const long long *P, const int32_t *t_next, const int *reuse, int nd, int32_t *const *ids,
                               float *const *conf, ds41_err *err);
 
 #endif

@@ -688,7 +688,7 @@ int ds41_session_draft(ds41_session *s, int32_t t_next, int32_t *ids, float *con
     return 0;
 }
 
-int ds41_session_draft_all(int n, ds41_session *const *s, const int32_t *t_next, int32_t *const *ids,
+int ds41_session_draft_all(int n, ds41_session *const *s, const int32_t *t_next, int ndraft, int32_t *const *ids,
                            float *const *conf, int *rc) {
     if (n <= 0) return 0;
     const ds41_engine *e = s[0]->e;
@@ -729,7 +729,7 @@ int ds41_session_draft_all(int n, ds41_session *const *s, const int32_t *t_next,
     }
     if (m > 0) {
         ds41_err err;
-        int brc = ds41_dspark_propose_batch(e, m, c, row, P, tn, reuse, bi, bc, &err);
+        int brc = ds41_dspark_propose_batch(e, m, c, row, P, tn, reuse, ndraft, bi, bc, &err);
         int B = ds41_draft_block_size(e);
         for (int j = 0; j < m; j++) {
             ds41_session *q = s[at[j]];

@@ -827,9 +827,9 @@ int ds41_smirror_propose(ds41_smirror *m, ds41_engine *e, ds41_session *s, int32
 }
 
 void ds41_smirror_propose_all(ds41_smirror *m, ds41_engine *e, int n, ds41_session *const *s, const int32_t *t_next,
-                              int32_t *const *ids, float *const *conf, int *rc) {
+                              int ndraft, int32_t *const *ids, float *const *conf, int *rc) {
     if (!m) {   /* one process: one batched proposal (ds41_session_draft_all) */
-        ds41_session_draft_all(n, s, t_next, ids, conf, rc);
+        ds41_session_draft_all(n, s, t_next, ndraft, ids, conf, rc);
         return;
     }
     if (n < 2) {
@@ -852,7 +852,7 @@ void ds41_smirror_propose_all(ds41_smirror *m, ds41_engine *e, int n, ds41_sessi
             for (int i = 0; i < n; i++) rc[i] = pipe_draft_take(e, s[i], ids[i], conf[i]);
             return;
         }
-        ds41_session_draft_all(n, s, t_next, ids, conf, rc);
+        ds41_session_draft_all(n, s, t_next, ndraft, ids, conf, rc);   /* the followers make every draft: the head is local */
         m->dpc.props += n;
         m->dpc.batches++;
         return;
@@ -885,7 +885,7 @@ void ds41_smirror_propose_all(ds41_smirror *m, ds41_engine *e, int n, ds41_sessi
         if (!ms || !mt || !mi || !mc || !mrc) oom();
         for (int i = 0; i < n; i++)
             if (own[i] == 0) ms[k] = s[i], mt[k] = t_next[i], mi[k] = ids[i], mc[k++] = conf[i];
-        if (k) ds41_session_draft_all(k, ms, mt, mi, mc, mrc);
+        if (k) ds41_session_draft_all(k, ms, mt, ndraft, mi, mc, mrc);
         for (int i = 0, j = 0; i < n; i++)
             if (own[i] == 0) rc[i] = mrc[j++];
         m->dpc.props += k;
@@ -1654,7 +1654,7 @@ static int apply(ds41_engine *e, ds41_prefix_cache *pc, const ds41_session_param
             if (crc)
                 for (j = 0; j < mine; j++) mrc[j] = -1;
             else
-                ds41_session_draft_all((int)mine, ms, mt, mi, mc, mrc);   /* replicated: a failure is rank 0's too */
+                ds41_session_draft_all((int)mine, ms, mt, 0, mi, mc, mrc);   /* replicated: a failure is rank 0's too */
             if (dp)
                 for (j = 0; j < mine; j++) draft_fill(f->ans + j * ab, ms[j], mrc[j], mi[j], mc[j], B);
             if (pipe)

@@ -234,8 +234,11 @@ int ds41_smirror_propose(ds41_smirror *m, ds41_engine *e, ds41_session *s, int32
  * ids[i] and conf[i] its B drafts and confidences); under --dp-attention one DRAFTS record for
  * them all: each owner proposes its own in order, the ranks' proposals sharing the forward
  * rounds of the expert exchange (the rounds of a step are those of the rank with the most
- * proposals, not their sum), and each rank answers rank 0 in one message. */
-void ds41_smirror_propose_all(ds41_smirror *m, ds41_engine *e, int n, ds41_session *const *s, const int32_t *t_next,
+ * proposals, not their sum), and each rank answers rank 0 in one message. ndraft: the drafts
+ * each proposal needs (ds41_session_draft_all; 0: all), honoured where rank 0 proposes (one
+ * process, replicated, its own under --dp-attention); the other ranks make every draft, which
+ * only costs them their local head passes. */
+void ds41_smirror_propose_all(ds41_smirror *m, ds41_engine *e, int n, ds41_session *const *s, const int32_t *t_next, int ndraft,
                               int32_t *const *ids, float *const *conf, int *rc);
 /* ds41_spec_calibrate(e, width, prompt_len, reps, c, err, errcap) with the other ranks (their
  * own calibration, or under --dp-attention joining rank 0's forwards) */

@@ -866,6 +866,8 @@ static void *sched_main(void *arg) {
                 int32_t *blk = S->vblk + (size_t)nb * W;
                 blk[0] = q->next;
                 kmax[nb] = ds41_spec_max_drafts(q->s);
+                /* fixed:K verifies at most K: the drafts past K are neither made nor read */
+                if (S->p.spec_mode == DS41_SPEC_FIXED && kmax[nb] > S->p.spec_k) kmax[nb] = S->p.spec_k;
                 /* auto: no proposal where the gate says drafting cannot pay */
                 if (kmax[nb] > 0 && S->p.spec_mode == DS41_SPEC_AUTO && S->curve.n > 0 &&
                     !ds41_spec_want_draft(q->s, &S->curve))
@@ -886,7 +888,10 @@ static void *sched_main(void *arg) {
                 pconf[np] = S->conf + (size_t)r * S->B;
                 np++;
             }
-            if (np > 0) ds41_smirror_propose_all(S->p.mirror, S->e, np, ps, pt, pids, pconf, prc);
+            if (np > 0)
+                ds41_smirror_propose_all(S->p.mirror, S->e, np, ps, pt,
+                                         S->p.spec_mode == DS41_SPEC_FIXED && S->p.spec_k < S->B ? S->p.spec_k : 0, pids,
+                                         pconf, prc);
             /* a failed proposal ends its sequence; the rows after it move up */
             int k = 0;
             for (int r = 0, p = 0; r < nb; r++) {
