@@ -127,6 +127,17 @@ int ds41_dspark_seed(const ds41_engine *e, ds41_cache *c, const float *main_hidd
     return rc;
 }
 
+/* The KV index list of a draft block, the same for every one of its B queries: ring slots
+ * 0 .. nring-1 in slot order (not chronological), then the block's keys at KV rows W .. W+B-1. */
+static void block_list(int32_t *list, int nring, int B, int W) {
+    int L = nring + B;
+    for (int i = 0; i < B; i++) {
+        int32_t *li = list + (size_t)i * L;
+        for (int j = 0; j < nring; j++) li[j] = j;
+        for (int j = 0; j < B; j++) li[nring + j] = W + j;
+    }
+}
+
 /* Scratch of one proposal, allocated once (ds41_dspark_work_new) and reused: no allocation per
  * call. The stages run on the whole block; the heads run lazily, one row when its draft is
  * asked for (ds41_dspark_next), so a step that verifies K drafts pays K head + Markov passes,
@@ -233,11 +244,7 @@ int ds41_dspark_begin(const ds41_engine *e, ds41_cache *c, ds41_dspark_work *b, 
     /* the index list, the same for every query: ring slots 0 .. min(W, P+1)-1 in slot order
      * (not chronological), then the block keys at KV rows W .. W+B-1 */
     int nring = P + 1 < W ? (int)(P + 1) : W, L = nring + B;
-    for (int i = 0; i < B; i++) {
-        int32_t *li = b->list + (size_t)i * L;
-        for (int j = 0; j < nring; j++) li[j] = j;
-        for (int j = 0; j < B; j++) li[nring + j] = W + j;
-    }
+    block_list(b->list, nring, B, W);
     const float scale = ds41_attn_scale(cfg);
     int P32 = (int)P;
 
@@ -282,11 +289,14 @@ int ds41_dspark_begin(const ds41_engine *e, ds41_cache *c, ds41_dspark_work *b, 
 int ds41_dspark_made(const ds41_dspark_work *b) { return b && b->ready ? b->made : 0; }
 const int32_t *ds41_dspark_ids(const ds41_dspark_work *b) { return b->ids; }
 
-/* the Markov embedding of token prev (BF16 row widened) into cin[dim ..] */
+/* the Markov embedding of token prev (its BF16 row of rank values widened) into out */
+static void markov_row(const ds41_layer_weights *last, int rank, int32_t prev, float *out) {
+    const uint16_t *mr = last->markov_embed.w + (size_t)prev * rank;
+    for (int r = 0; r < rank; r++) out[r] = ds41_bf16_to_f32(mr[r]);
+}
+/* ... into cin[dim ..] of a work buffer */
 static void markov_embed(const ds41_layer_weights *last, ds41_dspark_work *b, int32_t prev) {
-    float *me = b->cin + b->dim;
-    const uint16_t *mr = last->markov_embed.w + (size_t)prev * b->rank;
-    for (int r = 0; r < b->rank; r++) me[r] = ds41_bf16_to_f32(mr[r]);
+    markov_row(last, b->rank, prev, b->cin + b->dim);
 }
 
 int ds41_dspark_conf(const ds41_engine *e, ds41_dspark_work *b, int k, float *conf) {
@@ -438,11 +448,7 @@ int ds41_dspark_propose_batch(const ds41_engine *e, int n, ds41_cache *const *c,
         for (int i = 0; i < n; i++) {
             ds41_ring *ring = &c[i]->rings[l];
             int nring = P[i] + 1 < W ? (int)(P[i] + 1) : W, L = nring + B;
-            for (int r = 0; r < B; r++) {
-                int32_t *li = list + (size_t)r * L;
-                for (int j = 0; j < nring; j++) li[j] = j;
-                for (int j = 0; j < B; j++) li[nring + j] = W + j;
-            }
+            block_list(list, nring, B, W);
             ds41_swa_rec_unpack(cfg, ring->rec, W, kv);
             memcpy(kv + (size_t)W * D, kblk + (size_t)i * B * D, (size_t)B * D * sizeof(float));
             ds41_kvset kvs = { { kv, kv + (size_t)W * D, NULL }, { W, B, 0 }, { NULL, NULL, NULL } };
@@ -464,10 +470,10 @@ int ds41_dspark_propose_batch(const ds41_engine *e, int n, ds41_cache *const *c,
     for (int k = 0; k < nd; k++) {
         for (int i = 0; i < n; i++) {
             int32_t prev = k == 0 ? t_next[i] : ids[i][k - 1];
-            const uint16_t *mr = last->markov_embed.w + (size_t)prev * rank;
             float *ci = cin + (size_t)i * (dim + rank);
             memcpy(ci, S.xin + ((size_t)i * B + k) * dim, (size_t)dim * sizeof(float));
-            for (int r = 0; r < rank; r++) ci[dim + r] = me[(size_t)i * rank + r] = ds41_bf16_to_f32(mr[r]);
+            markov_row(last, rank, prev, me + (size_t)i * rank);
+            memcpy(ci + dim, me + (size_t)i * rank, (size_t)rank * sizeof(float));
             memcpy(xk + (size_t)i * dim, S.xin + ((size_t)i * B + k) * dim, (size_t)dim * sizeof(float));
         }
         ds41_linear_bf16(ctx, &last->conf_proj, cin, n, cf, 0);
