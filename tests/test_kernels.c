@@ -955,6 +955,98 @@ static void test_bf16_dense_road(void) {
  * ones must not. FP8 and the dequantized FP8 of wo_a (with an 8-element tail), T = 1, 3, 8
  * and 70 (a 64-token tile on the panels, then a 6-token tail on the few-row kernels), 1 and 2
  * threads. */
+/* The FP8 tiles of 9 .. 64 tokens on vdpbf16ps (linear_avx512bf16.c, "FP8 on vdpbf16ps")
+ * against the FMA road, bit for bit (T = 65 and 70 end in a tile of 1 or 6 tokens, which the
+ * T = 1 and few-row kernels serve; 100 = 64 + 36), rows not a multiple
+ * of the 16-row items, K not a multiple of the 1,024-wide panels, one and two threads, random
+ * and adversarial activations, every code (the NaN codes decode to 480 on both roads). Then
+ * the refusals: a scale byte below 10 (weights that would be FP32 subnormals) and products
+ * below 2^-126 send the tile to the FMA road, with the same bits; with the guard off the
+ * road's outputs change, so the guard is needed. */
+static void test_fp8_bf16_road(void) {
+    if (!ds41_kernels_isa_supported("avx512bf16")) {
+        printf("  (this CPU has no AVX512_BF16: the FP8 road is not tested)\n");
+        return;
+    }
+    ds41_pool *pool = ds41_pool_create(2);
+    ds41_ctx fa2 = { 0, 2, pool, 0, NULL, NULL, NULL };
+    int shapes[][3] = { { 100, 544, 0 }, { 67, 1056, 0 }, { 40, 2080, 0 }, { 2304, 5120, 64 } };
+    const int TM = 100;
+    long long taken = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int out = shapes[si][0], in = shapes[si][1], nsc = ((out + 31) / 32) * (in / 32);
+        uint8_t *w = malloc((size_t)out * in), *sc = malloc((size_t)nsc);
+        float *x = malloc((size_t)TM * in * 4), *y0 = malloc((size_t)TM * out * 4), *y1 = malloc((size_t)TM * out * 4);
+        for (size_t i = 0; i < (size_t)out * in; i++) w[i] = (uint8_t)rnd();
+        for (int i = 0; i < nsc; i++) sc[i] = (uint8_t)(116 + rnd() % 8);
+        ds41_fp8w f8 = { w, sc, out, in };
+        int Ts[] = { 9, 16, 32, 33, 40, 64, 65, 70, 100 };
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            int T = Ts[ti];
+            if (shapes[si][2] && T != shapes[si][2]) continue;
+            for (int adv = 0; adv < 2; adv++) {
+                if (adv) fill_adversarial(x, T * in);
+                else for (int i = 0; i < T * in; i++) x[i] = ds41_bf16_round(urand() * (i % 13 == 0 ? 8.0f : 1.0f));
+                for (int th = 1; th <= 2; th++) {
+                    const ds41_ctx *c = th == 1 ? &FA : &fa2;
+                    CHECK(ds41_kernels_set_isa("avx512") == 0, "set avx512");
+                    ds41_linear_fp8(c, &f8, x, T, y0);
+                    CHECK(ds41_kernels_set_isa("avx512bf16") == 0, "set avx512bf16");
+                    long long t0 = ds41_fast_fp8_bf16_tiles, r0 = ds41_fast_fp8_bf16_refused;
+                    ds41_linear_fp8(c, &f8, x, T, y1);
+                    int d = count_diff(y0, y1, T * out), tiles = (T > 8) + (T - 64 > 8);
+                    CHECK(d == 0, "fp8 %dx%d T=%d %s threads %d: vdpbf16ps road differs from the FMA road in %d of %d",
+                          out, in, T, adv ? "adversarial" : "random", th, d, T * out);
+                    /* random activations: every tile of 9 .. 64 tokens takes the road */
+                    CHECK(ds41_fast_fp8_bf16_tiles + ds41_fast_fp8_bf16_refused - t0 - r0 == tiles &&
+                              (adv || ds41_fast_fp8_bf16_tiles - t0 == tiles),
+                          "fp8 %dx%d T=%d %s: %lld tiles on the road, %lld refused, %d expected", out, in, T,
+                          adv ? "adversarial" : "random", ds41_fast_fp8_bf16_tiles - t0, ds41_fast_fp8_bf16_refused - r0,
+                          tiles);
+                    taken += ds41_fast_fp8_bf16_tiles - t0;
+                }
+            }
+        }
+        free(w); free(sc); free(x); free(y0); free(y1);
+    }
+    /* refusals, 100 x 544 at T = 40, one thread */
+    const int out = 100, in = 544, T = 40, nsc = 4 * 17;
+    uint8_t *w = malloc((size_t)out * in), *sc = malloc(nsc);
+    float *x = malloc((size_t)T * in * 4), *y0 = malloc((size_t)T * out * 4), *y1 = malloc((size_t)T * out * 4);
+    ds41_fp8w f8 = { w, sc, out, in };
+    const char *names[4] = { "scale bytes of 9", "products below 2^-126", "scale bytes of 9, guard off",
+                             "products below 2^-126, guard off" };
+    for (int cs = 0; cs < 4; cs++) {
+        for (int i = 0; i < out * in; i++) w[i] = (uint8_t)rnd();
+        for (int i = 0; i < T * in; i++) x[i] = ds41_bf16_round(urand());
+        /* 9: the codes of 2^-9 decode to 2^-127, an FP32 subnormal, which vdpbf16ps reads as 0;
+         * 10 .. 12 against activations near 2^-12 (the Q8 floor keeps them above 2^-31):
+         * products near 2^-138, partial sums that vdpbf16ps flushes */
+        for (int i = 0; i < nsc; i++) sc[i] = (uint8_t)(cs % 2 == 0 ? 9 : 10 + rnd() % 3);
+        if (cs % 2 == 1)
+            for (int i = 0; i < T * in; i++) x[i] = ldexpf(x[i], -12);
+        ds41_fast_bf16_dguard = cs < 2;
+        CHECK(ds41_kernels_set_isa("avx512") == 0, "set avx512");
+        ds41_linear_fp8(&FA, &f8, x, T, y0);
+        CHECK(ds41_kernels_set_isa("avx512bf16") == 0, "set avx512bf16");
+        long long t0 = ds41_fast_fp8_bf16_tiles, r0 = ds41_fast_fp8_bf16_refused;
+        ds41_linear_fp8(&FA, &f8, x, T, y1);
+        int d = count_diff(y0, y1, T * out);
+        if (cs < 2)
+            CHECK(d == 0 && ds41_fast_fp8_bf16_refused == r0 + 1 && ds41_fast_fp8_bf16_tiles == t0,
+                  "fp8 with %s: refused %lld, taken %lld, %d outputs differ", names[cs], ds41_fast_fp8_bf16_refused - r0,
+                  ds41_fast_fp8_bf16_tiles - t0, d);
+        else
+            CHECK(d > 0 && ds41_fast_fp8_bf16_tiles == t0 + 1, "fp8 with %s: the road ran (%lld) and changed %d outputs",
+                  names[cs], ds41_fast_fp8_bf16_tiles - t0, d);
+    }
+    ds41_fast_bf16_dguard = 1;
+    printf("  FP8 on vdpbf16ps: %lld tiles bit-identical to the FMA road\n", taken);
+    free(w); free(sc); free(x); free(y0); free(y1);
+    ds41_pool_destroy(pool);
+    ds41_kernels_set_isa("auto");
+}
+
 static void test_fp8_shuffle_decode(void) {
     ds41_pool *pool = ds41_pool_create(2);
     ds41_ctx FA2 = FA;
@@ -1570,6 +1662,7 @@ int main(void) {
     RUN_CASE(test_fp4_bf16_road);
     RUN_CASE(test_fp4_dot_order);
     RUN_CASE(test_bf16_dense_road);
+    RUN_CASE(test_fp8_bf16_road);
     /* the linear tests on every ISA path the CPU has */
     const char *isas[2] = { "avx2", "avx512" };
     for (int ii = 0; ii < 2; ii++) {

@@ -529,11 +529,14 @@ int ds41_cli_bench(int argc, char **argv) {
         json_decref(pre);
         printf("peak RSS %.1f MiB; state after decode: %lld B total, global KV %lld B (%.1f B/token)\n", rss / 1048576.0,
                last_state.total_bytes, last_state.global_kv_bytes, last_state.global_kv_bytes_per_token);
-        long long br[3];
+        long long br[5];
         ds41_kernels_bf16_road(br);
         if (br[0] + br[1] > 0)
             printf("BF16 linears on vdpbf16ps: %lld token tiles; sent to the FMA road: %lld tiles by their activations, "
                    "%lld items / panels by their weights\n", br[0], br[1], br[2]);
+        if (br[3] + br[4] > 0)
+            printf("FP8 linears on vdpbf16ps: %lld token tiles; %lld sent to the FMA road by their scales or activations\n",
+                   br[3], br[4]);
         ds41_engram_stats eg;
         ds41_engram_get_stats(e, &eg);
         if (eg.mode == DS41_ENGRAM_PREFETCH)

@@ -180,8 +180,10 @@ const char *ds41_kernels_fp4_products(void);
  * their activations are BF16 values (the same bits as the FMA road: linear_avx512bf16.c).
  * Counts since start: n[0] 64-token tiles that took it, n[1] tiles its activations sent to the
  * FMA road (a value not BF16, or subnormal, infinite, NaN), n[2] 32-row items (T <= 8) or
- * 512-wide panels (T > 8) its weights sent there (subnormal or extreme values). */
-void ds41_kernels_bf16_road(long long n[3]);
+ * 512-wide panels (T > 8) its weights sent there (subnormal or extreme values). The FP8
+ * linears' tiles of 9 .. 64 tokens take it too (the same bits): n[3] tiles that did, n[4]
+ * tiles sent to the FMA road (scale bytes or activations out of its range). */
+void ds41_kernels_bf16_road(long long n[5]);
 double ds41_kernels_bf16_ratio(void);
 /* the FP8 decode of the fast T = 1 .. 8 kernels: "shuffle" or "f16c" (DS41_E4M3, linear_fast.h) */
 const char *ds41_kernels_fp8_decode(void);

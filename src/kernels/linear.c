@@ -430,10 +430,12 @@ void ds41_linear_bf16(const ds41_ctx *ctx, const ds41_bf16w *w, const float *x, 
     if (ctx->bd) ds41_bd_leave(ctx);
 }
 
-void ds41_kernels_bf16_road(long long n[3]) {
+void ds41_kernels_bf16_road(long long n[5]) {
     n[0] = __atomic_load_n(&ds41_fast_bf16_dtiles, __ATOMIC_RELAXED);
     n[1] = __atomic_load_n(&ds41_fast_bf16_dfall_x, __ATOMIC_RELAXED);
     n[2] = __atomic_load_n(&ds41_fast_bf16_dfall_w, __ATOMIC_RELAXED);
+    n[3] = __atomic_load_n(&ds41_fast_fp8_bf16_tiles, __ATOMIC_RELAXED);
+    n[4] = __atomic_load_n(&ds41_fast_fp8_bf16_refused, __ATOMIC_RELAXED);
 }
 
 void ds41_linear_f32(const ds41_ctx *ctx, const float *w, int out, int in, const float *x, int T, float *y) {

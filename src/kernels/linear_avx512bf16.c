@@ -269,17 +269,43 @@ static inline __m256 hsum16x8(const float *acc, size_t stride, int n) {
     return _mm256_permutevar8x32_ps(y, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));   /* blocks 0, 2, .. 7 -> 0 .. 7 */
 }
 
+/* The outputs of nr rows x T tokens from their accumulator blocks (row r token t at acc + (r T
+ * + t) 16): y[t ys + r] = hsum16, rounded to BF16 when round; 8 rows of a token at a time, side
+ * by side in y */
+static void store_outs(const float *acc, int T, int nr, float *y, size_t ys, int round) {
+    float v[8];
+    for (int t = 0; t < T; t++) {
+        float *yt = y + (size_t)t * ys;
+        for (int r = 0; r < nr; r += 8) {
+            int n = nr - r < 8 ? nr - r : 8;
+            __m256 sv = hsum16x8(acc + ((size_t)r * T + t) * 16, (size_t)T * 16, n);
+            if (round) sv = ds41_bf16_round8(sv);
+            if (n == 8) {
+                _mm256_storeu_ps(yt + r, sv);
+            } else {
+                _mm256_storeu_ps(v, sv);
+                memcpy(yt + r, v, (size_t)n * sizeof(float));
+            }
+        }
+    }
+}
+
 /* Activations of one token tile, rows t < T of x (stride xs), K [0, kv) (kv % 16 == 0): BF16
  * words with the halves of each pair swapped (dword i = bf16(x[2i]) << 16 | bf16(x[2i + 1])),
  * zero padded to a multiple of 32 words, row stride ldab dwords. Returns 0 when a value is not
  * a BF16 value or is subnormal, infinite or NaN; else *emin / *emax: the smallest and largest
  * biased exponents of the nonzero values (256 / 0 when all are zero). */
-static int acts_b(const float *x, size_t xs, int T, int kv, uint32_t *ab, size_t ldab, int *emin, int *emax) {
+static int acts_b(const float *x, size_t xs, int T, int kv, uint32_t *ab, size_t ldab, int *emin, int *emax, int fp8) {
     const __m512i lo16 = _mm512_set1_epi32(0xFFFF), mag = _mm512_set1_epi32(0x7FFFFFFF), one = _mm512_set1_epi32(1);
-    /* word 2i of the result: the high word of x[2i + 1] (word 4i + 3 of the pair of
-     * registers), word 2i + 1: that of x[2i] (word 4i + 1) */
+    /* BF16 (fp8 = 0): word 2i of the result is the high word of x[2i + 1] (word 4i + 3 of the
+     * pair of registers), word 2i + 1 that of x[2i] (word 4i + 1). FP8 (fp8 = 1; "FP8 on
+     * vdpbf16ps" below): word 2i that of x[16 + i] (word 32 + 2i + 1), word 2i + 1 that of x[i]
+     * (word 2i + 1). */
     int16_t ix[32];
-    for (int i = 0; i < 16; i++) { ix[2 * i] = (int16_t)(4 * i + 3); ix[2 * i + 1] = (int16_t)(4 * i + 1); }
+    for (int i = 0; i < 16; i++) {
+        ix[2 * i] = (int16_t)(fp8 ? 32 + 2 * i + 1 : 4 * i + 3);
+        ix[2 * i + 1] = (int16_t)(fp8 ? 2 * i + 1 : 4 * i + 1);
+    }
     const __m512i idx = _mm512_loadu_si512(ix);
     __m512i lost = _mm512_setzero_si512(), mn = _mm512_set1_epi32(-1), mx = _mm512_setzero_si512();
 #define TRACK(u) do {                                                                       \
@@ -567,22 +593,8 @@ static void item_p(const bjob *j, int r0, int r1, int nxr0, int nxr1, bscratch *
             o->pf_float(s->P, nr, s->xp + k1, s->ldp, T, nch, acc, k1 == 0);
         }
     }
-    if (j->kv == j->in) {   /* no tail: 8 rows of a token at a time, side by side in y */
-        float v[8];
-        for (int t = 0; t < T; t++) {
-            float *yt = j->y + (size_t)t * j->ys + r0;
-            for (int r = 0; r < nr; r += 8) {
-                int n = nr - r < 8 ? nr - r : 8;
-                __m256 sv = hsum16x8(acc + ((size_t)r * T + t) * 16, (size_t)T * 16, n);
-                if (j->out_bf16) sv = ds41_bf16_round8(sv);
-                if (n == 8) {
-                    _mm256_storeu_ps(yt + r, sv);
-                } else {
-                    _mm256_storeu_ps(v, sv);
-                    memcpy(yt + r, v, (size_t)n * sizeof(float));
-                }
-            }
-        }
+    if (j->kv == j->in) {   /* no tail */
+        store_outs(acc, T, nr, j->y + r0, j->ys, j->out_bf16);
         return;
     }
     for (int r = 0; r < nr; r++)
@@ -627,7 +639,7 @@ static void dense_b(const ds41_ctx *ctx, const uint16_t *wb, int out, int in, co
         const float *xt = x + (size_t)t0 * x_stride;
         float *yt = y + (size_t)t0 * y_stride;
         bjob j = { wb, out, in, kv, nt, ab, ldab, 0, 0, xt, (size_t)x_stride, yt, (size_t)y_stride, out_bf16 };
-        if (!ab || !acts_b(xt, (size_t)x_stride, nt, kv, ab, ldab, &j.xmin, &j.xmax)) {
+        if (!ab || !acts_b(xt, (size_t)x_stride, nt, kv, ab, ldab, &j.xmin, &j.xmax, 0)) {
             if (ab) __atomic_fetch_add(&ds41_fast_bf16_dfall_x, 1, __ATOMIC_RELAXED);
             ds41_fast_dense(ctx, 0, wb, NULL, NULL, 0, out, in, xt, x_stride, nt, yt, y_stride, out_bf16);
             continue;
@@ -767,20 +779,7 @@ static void djob_items(void *arg, int i0, int i1) {
                 }
             }
         }
-        float v[8];
-        for (int t = 0; t < T; t++) {
-            float *yt = j->y + (size_t)t * j->ys + r0;
-            for (int r = 0; r < nr; r += 8) {
-                int n = nr - r < 8 ? nr - r : 8;
-                __m256 s = ds41_bf16_round8(hsum16x8(acc + ((size_t)r * T + t) * 16, (size_t)T * 16, n));
-                if (n == 8) {
-                    _mm256_storeu_ps(yt + r, s);
-                } else {
-                    _mm256_storeu_ps(v, s);
-                    memcpy(yt + r, v, (size_t)n * sizeof(float));
-                }
-            }
-        }
+        store_outs(acc, T, nr, j->y + r0, j->ys, 1);
     }
 }
 
@@ -827,7 +826,122 @@ static int dot_fp4(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int 
     return 1;
 }
 
-static const ds41_fast_bf16 bf16_ops = { pan_fp4b, pf_fp4b, probe_ratio, dense_b, dot_fp4, dot_acts };
+/* ================================================================ FP8 on vdpbf16ps
+ *
+ * The FP8 linears' tiles of 9 .. 64 tokens (in place of the mid kernels and the prefill panels)
+ * with one vdpbf16ps per 32 products where the FMA road (pan_e4m3 + pf_float, mid_e4m3) issues
+ * two FMAs, with the FMA road's bits, by the argument of the BF16 linears above:
+ *   - the canonical order of an FP8 output (linear_fast.c) is, per lane l of the zmm holding A
+ *     and B: acc = fma(w[32 m + l], a[32 m + l], acc), then acc = fma(w[32 m + 16 + l],
+ *     a[32 m + 16 + l], acc), over the 32-element steps m in K order (the weights e4m3 * s_tile
+ *     as pan_e4m3 decodes them, the activations the Q8 values a), then hsum8(A + B) and the
+ *     rounding to BF16;
+ *   - so dword l of step m holds element 32 m + l in its high (odd) word and 32 m + 16 + l in
+ *     its low one, weights (pan8_row) and activations (acts_b with fp8) alike: vdpbf16ps adds
+ *     the odd word's product first, each add rounded to nearest even, as the two FMAs do;
+ *   - both operands are exact in BF16: e4m3 * s_tile has at most 4 significant bits, and so
+ *     has a Q8 value (an E4M3 value times a power of two; acts_b checks that each is a BF16
+ *     value all the same); their products are exact in FP32;
+ *   - flushing and overflow: the weights' biased exponents lie in [st - 9, st + 8] for a tile
+ *     scale byte st (|e4m3| in [2^-9, 480], the NaN codes decoding to 480 on both roads), so
+ *     the call is taken only where, over its scale bytes [smin, smax] and its activations'
+ *     exponents [xmin, xmax], smin >= 10 (every weight an FP32 normal: its BF16 word is the
+ *     value, not a truncation), smax <= 246, (smin - 9) + xmin >= 142 and (smax + 8) + xmax +
+ *     log2(in) <= 378 (fits() above). Elsewhere dense_fp8 returns 0 and the caller runs the
+ *     tile on the FMA road, with the same bits.
+ * A work item is PITEM rows (one 32-row scale tile): per panel of KCB elements its rows are
+ * decoded once into BF16 dwords, then every token of the tile runs through it (mk_q), the
+ * accumulators in memory between panels, the next panel's codes prefetched into L2. */
+
+/* nstep 32-element steps of one FP8 row: codes c, the tile scale bytes st (one per step) ->
+ * dwords p in the order above; lut: ue8m0(st) * 2^8 */
+static void pan8_row(const uint8_t *c, const uint8_t *st, int nstep, uint32_t *p, const float *lut) {
+    const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000), m = _mm512_set1_epi16((short)0xBFFF);
+    for (int b = 0; b < nstep; b++) {
+        /* the FP16 pattern of e4m3 * 2^-8 (the code sign-extended, shifted left by 7, bit 14
+         * cleared; normals and subnormals alike), converted exactly, times s_tile * 2^8 */
+        __m512i h = _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(c + 32 * b))), 7), m);
+        __m512 sc = _mm512_set1_ps(lut[st[b]]);
+        __m512i f0 = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), sc));
+        __m512i f1 = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), sc));
+        /* (f0 & hi) | (f1 >> 16) */
+        _mm512_store_si512(p + 16 * b, _mm512_ternarylogic_epi32(f0, hi, _mm512_srli_epi32(f1, 16), 0xEA));
+    }
+}
+
+typedef struct ejob {
+    const uint8_t *w, *s;
+    int out, in, T;
+    const uint32_t *ab;   /* activation dwords, token stride ldab */
+    size_t ldab;
+    float *y;
+    size_t ys;
+    const float *lut;
+} ejob;
+
+static void ejob_items(void *arg, int i0, int i1) {
+    const ejob *j = arg;
+    int T = j->T, nbk = j->in / 32;
+    uint32_t *PB = ds41_scratch(DS41_SCR_ITEM_PW, (size_t)PITEM * KCB * sizeof(uint16_t));
+    float *acc = ds41_scratch(DS41_SCR_ITEM_ACC, (size_t)PITEM * T * 16 * sizeof(float));
+    if (!PB || !acc) return;
+    for (int it = i0; it < i1; it++) {
+        int r0 = it * PITEM, r1 = r0 + PITEM < j->out ? r0 + PITEM : j->out, nr = r1 - r0;
+        const uint8_t *st = j->s + (size_t)(r0 / 32) * nbk;
+        for (int k0 = 0; k0 < j->in; k0 += KCB) {
+            int kc = j->in - k0 < KCB ? j->in - k0 : KCB, ns = kc / 32;
+            /* the next panel: this item's next K, or the next item's first */
+            int nk0 = k0 + KCB < j->in ? k0 + KCB : 0, nr0 = nk0 ? r0 : r1;
+            int nr1 = nk0 ? r1 : (it + 1 < i1 ? (r1 + PITEM < j->out ? r1 + PITEM : j->out) : r1);
+            int nkc = j->in - nk0 < KCB ? j->in - nk0 : KCB;
+            for (int r = r0; r < r1; r++) {
+                if (nr0 + (r - r0) < nr1) {
+                    const char *b = (const char *)(j->w + (size_t)(nr0 + (r - r0)) * j->in + nk0);
+                    for (int o = 0; o < nkc; o += 64) _mm_prefetch(b + o, _MM_HINT_T1);
+                }
+                pan8_row(j->w + (size_t)r * j->in + k0, st + k0 / 32, ns, PB + (size_t)(r - r0) * (KCB / 2), j->lut);
+            }
+            for (int t0 = 0; t0 < T; t0 += PC) {
+                int C = T - t0 < PC ? T - t0 : PC;
+                for (int q = 0; q < nr; q += PR) {
+                    int R = nr - q < PR ? nr - q : PR;
+                    mk_q[R - 1][C - 1](PB + (size_t)q * (KCB / 2), KCB / 2, j->ab + (size_t)t0 * j->ldab + k0 / 2, j->ldab,
+                                       ns, acc + ((size_t)q * T + t0) * 16, T, k0 == 0);
+                }
+            }
+        }
+        store_outs(acc, T, nr, j->y + r0, j->ys, 1);
+    }
+}
+
+long long ds41_fast_fp8_bf16_tiles, ds41_fast_fp8_bf16_refused;
+
+/* The FP8 linear of one tile of T tokens (9 <= T <= 64; weights w, 32 x 32 tile scale bytes s, in %
+ * 32 == 0) on vdpbf16ps: a the Q8 activations (ds41_fast_q8_row, token stride in); y[t ys + n]
+ * rounded to BF16, the FMA road's bits. Returns 0, having written nothing to y, where the
+ * activations or the scale bytes fall outside the conditions above. */
+static int dense_fp8(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int out, int in, const float *a, int T,
+                     float *y, size_t ys, const float *lut) {
+    size_t ldab = (size_t)in / 2;
+    uint32_t *ab = ds41_scratch(DS41_SCR_LIN_AB, (size_t)T * ldab * sizeof(uint32_t));
+    int xmin, xmax, smin, smax, lg = 0;
+    while (lg < 31 && (1LL << lg) < in) lg++;
+    if (!ab || !acts_b(a, (size_t)in, T, in, ab, ldab, &xmin, &xmax, 1)) goto refuse;
+    u8_range(s, (size_t)((out + 31) / 32) * (in / 32), &smin, &smax);
+    if (ds41_fast_bf16_dguard &&
+        (smin < 10 || smax > 246 || smin - 9 + xmin < 142 || smax + 8 + xmax + lg > 378)) goto refuse;
+    ejob j = { w, s, out, in, T, ab, ldab, y, ys, lut };
+    int n_items = (out + PITEM - 1) / PITEM;
+    if ((long long)out * in * T >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, ejob_items, &j);
+    else ejob_items(&j, 0, n_items);
+    __atomic_fetch_add(&ds41_fast_fp8_bf16_tiles, 1, __ATOMIC_RELAXED);
+    return 1;
+refuse:
+    __atomic_fetch_add(&ds41_fast_fp8_bf16_refused, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+static const ds41_fast_bf16 bf16_ops = { pan_fp4b, pf_fp4b, probe_ratio, dense_b, dot_fp4, dot_acts, dense_fp8 };
 const ds41_fast_bf16 *ds41_fast_bf16_avx512(void) { return &bf16_ops; }
 
 #ifdef __clang__

@@ -1566,6 +1566,12 @@ void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int
             ds41_fast_q8_row(x + (size_t)(t0 + t) * in, in, 1.0f, ar);
             if (fp4) fp4_act_row(ar, in, aw + (size_t)t * ldaw, sav + (size_t)t * ldsa);
         }
+        /* FP8 tiles of 9 .. 64 tokens on vdpbf16ps (the same bits; linear_avx512bf16.c), before
+         * the mid kernels (1.2-1.4x them at T = 9, 2-2.8x at T = 32: performance.md), the FMA
+         * road where refused */
+        if (!fp4 && nt > DS41_FEW_MAX && bf16_of(ops) &&
+            ds41_fast_bf16_avx512()->dense_fp8(ctx, w, s, out, in, a, nt, y + (size_t)t0 * out, (size_t)out, ue8_lut8))
+            continue;
         fjob j = { ops, fp4 ? J_FP4 : J_FP8, w, s, NULL, NULL, 0, out, in, nt, in, a, (size_t)in,
                    aw, ldaw, sav, ldsa, NULL, 0, y + (size_t)t0 * out, (size_t)out, 1, 0, NULL, NULL, NULL };
         void *am = NULL;

@@ -130,6 +130,13 @@ typedef struct ds41_fast_bf16 {
      * fp4_act_row's integers times their block's u / 2; 0 when one is not exact in BF16; widens
      * [*emin, *emax] to the exponents of the u / 2 */
     int (*dot_acts)(const float *a, int in, uint16_t *ad, int *emin, int *emax);
+    /* The FP8 linear of one tile of T <= 64 tokens (9 .. 64 in use) on vdpbf16ps with the FMA road's bits
+     * (linear_avx512bf16.c, "FP8 on vdpbf16ps"): a the Q8 activations (token stride in), lut
+     * ue8m0(e) * 2^8; y[t ys + n] rounded to BF16. Returns 0, having written nothing to y,
+     * where the activations or the scale bytes rule the road out (the caller then runs the
+     * tile on the FMA road). */
+    int (*dense_fp8)(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int out, int in, const float *a, int T,
+                     float *y, size_t ys, const float *lut);
 } ds41_fast_bf16;
 const ds41_fast_bf16 *ds41_fast_bf16_avx512(void);
 /* 1 when the AVX-512 path uses the BF16 FP4 panels (set at first use from the probe, or by
@@ -149,6 +156,8 @@ extern long long ds41_fast_fp4_dot_tiles, ds41_fast_fp4_dot_refused;
  * the FMA road by their activations (a value not BF16, or subnormal, infinite, NaN); 32-row
  * items (T <= 8) or panels (T > 8) sent there by their weights */
 extern long long ds41_fast_bf16_dtiles, ds41_fast_bf16_dfall_x, ds41_fast_bf16_dfall_w;
+/* FP8 prefill tiles that took vdpbf16ps (dense_fp8 above), and those it sent to the FMA road */
+extern long long ds41_fast_fp8_bf16_tiles, ds41_fast_fp8_bf16_refused;
 /* tests: 0 switches off the range conditions of that road (not the check that the activations
  * are BF16 values), to show that the cases they refuse would change bits; 1 otherwise */
 extern int ds41_fast_bf16_dguard;
