@@ -690,6 +690,68 @@ static void test_fp4_bf16_road(void) {
     ds41_kernels_set_isa("auto");
 }
 
+/* The FP4 tiles of 9 .. 64 tokens on the canonical BF16 road in wide panels (linear_avx512bf16.c,
+ * "FP4 in the canonical order, wide panels") against the int16 road, bit for bit: scale bytes
+ * in [1, 233] (both ends present), rows not a multiple of the 16-row items, K not a multiple of
+ * the 1,024-wide panels and an odd block count, one and two threads, random and adversarial
+ * activations; a call with a scale byte of 234 is refused (the int16 road, the same bits). */
+static void test_fp4_wide_road(void) {
+    if (!ds41_kernels_isa_supported("avx512bf16")) return;
+    ds41_pool *pool = ds41_pool_create(2);
+    ds41_ctx fa2 = { 0, 2, pool, 0, NULL, NULL, NULL };
+    int shapes[][3] = { { 100, 544, 0 }, { 67, 1056, 0 }, { 2304, 5120, 64 } };
+    const int TM = 100;
+    long long taken = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int out = shapes[si][0], in = shapes[si][1], nsc = out * (in / 32);
+        uint8_t *w = malloc((size_t)out * in / 2), *sc = malloc((size_t)nsc);
+        float *x = malloc((size_t)TM * in * 4), *yi = malloc((size_t)TM * out * 4), *yb = malloc((size_t)TM * out * 4);
+        for (size_t i = 0; i < (size_t)out * in / 2; i++) w[i] = (uint8_t)rnd();
+        for (int i = 0; i < nsc; i++) sc[i] = (uint8_t)(118 + rnd() % 6);
+        sc[nsc / 3] = 1;
+        sc[nsc / 2] = 233;
+        ds41_fp4w f4 = { w, sc, out, in };
+        int Ts[] = { 9, 16, 32, 40, 64, 70, 100 };
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            int T = Ts[ti];
+            if (shapes[si][2] && T != shapes[si][2]) continue;
+            for (int adv = 0; adv < 2; adv++) {
+                if (adv) fill_adversarial(x, T * in);
+                else for (int i = 0; i < T * in; i++) x[i] = ds41_bf16_round(urand() * (i % 11 == 0 ? 6.0f : 1.0f));
+                for (int th = 1; th <= 2; th++) {
+                    const ds41_ctx *c = th == 1 ? &FA : &fa2;
+                    CHECK(ds41_kernels_set_isa("avx512") == 0, "set avx512");
+                    ds41_linear_fp4(c, &f4, x, T, yi);
+                    CHECK(ds41_kernels_set_isa("avx512bf16") == 0, "set avx512bf16");
+                    long long t0 = ds41_fast_fp4_wide_tiles;
+                    ds41_linear_fp4(c, &f4, x, T, yb);
+                    int d = count_diff(yi, yb, T * out), tiles = (T > 8) + (T - 64 > 8);
+                    CHECK(d == 0, "fp4 %dx%d T=%d %s threads %d: wide panels differ from the int16 road in %d of %d", out,
+                          in, T, adv ? "adversarial" : "random", th, d, T * out);
+                    CHECK(ds41_fast_fp4_wide_tiles - t0 == tiles, "fp4 %dx%d T=%d: %lld wide tiles, %d expected", out, in,
+                          T, ds41_fast_fp4_wide_tiles - t0, tiles);
+                    taken += ds41_fast_fp4_wide_tiles - t0;
+                }
+            }
+        }
+        /* one byte out of range: refused, the int16 road's bits */
+        sc[nsc - 1] = 234;
+        for (int i = 0; i < 40 * in; i++) x[i] = ds41_bf16_round(urand());
+        CHECK(ds41_kernels_set_isa("avx512") == 0, "set avx512");
+        ds41_linear_fp4(&FA, &f4, x, 40, yi);
+        CHECK(ds41_kernels_set_isa("avx512bf16") == 0, "set avx512bf16");
+        long long t0 = ds41_fast_fp4_wide_tiles;
+        ds41_linear_fp4(&FA, &f4, x, 40, yb);
+        CHECK(count_diff(yi, yb, 40 * out) == 0 && ds41_fast_fp4_wide_tiles == t0,
+              "fp4 %dx%d with a scale byte of 234: %lld wide tiles, %d outputs differ", out, in,
+              ds41_fast_fp4_wide_tiles - t0, count_diff(yi, yb, 40 * out));
+        free(w); free(sc); free(x); free(yi); free(yb);
+    }
+    printf("  FP4 wide canonical panels: %lld tiles bit-identical to the int16 road\n", taken);
+    ds41_pool_destroy(pool);
+    ds41_kernels_set_isa("auto");
+}
+
 /* The dot order's reference (linear_avx512bf16.c, "FP4 in the dot order"), written out from
  * its definition: the activations quantized as the fast kernels do (ds41_fast_q8_row, then per
  * 32-block u = 2^(ue - 127), ue = the largest magnitude's exponent - 14 (127 for a zero block),
@@ -1663,6 +1725,7 @@ int main(void) {
     RUN_CASE(test_fp4_dot_order);
     RUN_CASE(test_bf16_dense_road);
     RUN_CASE(test_fp8_bf16_road);
+    RUN_CASE(test_fp4_wide_road);
     /* the linear tests on every ISA path the CPU has */
     const char *isas[2] = { "avx2", "avx512" };
     for (int ii = 0; ii < 2; ii++) {

@@ -80,10 +80,10 @@ static int pan_fp4b(const uint8_t *c, const uint8_t *st, int nblk, int16_t *pw) 
     return 1;
 }
 
-/* R rows x C tokens over ngrp groups: PW the BF16 panel (row stride KC words), AB the BF16
+/* R rows x C tokens over ngrp groups: PW the BF16 panel (row stride ldp words), AB the BF16
  * activation words (token stride ldab), SAV the pair scale vectors u / 2 (stride ldsa). */
 #define MK_B(R, C)                                                                                    \
-    static void mk_b_##R##_##C(const int16_t *PW, const int16_t *AB, size_t ldab, const float *SAV,  \
+    static void mk_b_##R##_##C(const int16_t *PW, size_t ldp, const int16_t *AB, size_t ldab, const float *SAV, \
                                size_t ldsa, int ngrp, float *acc, int T, int z) {                 \
         __m512 c[R][C];                                                                           \
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++)                     \
@@ -95,8 +95,8 @@ static int pan_fp4b(const uint8_t *c, const uint8_t *st, int nblk, int16_t *pw) 
                 ao[t] = (__m512bh)_mm512_load_si512(AB + t * ldab + 64 * g + 32);                 \
             }                                                                                     \
             UNROLL for (int r = 0; r < R; r++) {                                                  \
-                __m512bh we = (__m512bh)_mm512_load_si512(PW + r * KC + 64 * g);                  \
-                __m512bh wo = (__m512bh)_mm512_load_si512(PW + r * KC + 64 * g + 32);             \
+                __m512bh we = (__m512bh)_mm512_load_si512(PW + r * ldp + 64 * g);                 \
+                __m512bh wo = (__m512bh)_mm512_load_si512(PW + r * ldp + 64 * g + 32);            \
                 UNROLL for (int t = 0; t < C; t++) {                                              \
                     __m512 x = _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), we, ae[t]), wo, ao[t]); \
                     c[r][t] = _mm512_fmadd_ps(x, _mm512_load_ps(SAV + t * ldsa + 16 * g), c[r][t]); \
@@ -108,7 +108,7 @@ static int pan_fp4b(const uint8_t *c, const uint8_t *st, int nblk, int16_t *pw) 
     }
 #define MK_B_R(R) MK_B(R, 1) MK_B(R, 2) MK_B(R, 3) MK_B(R, 4)
 MK_B_R(1) MK_B_R(2) MK_B_R(3) MK_B_R(4)
-typedef void (*mk_b_fn)(const int16_t *, const int16_t *, size_t, const float *, size_t, int, float *, int, int);
+typedef void (*mk_b_fn)(const int16_t *, size_t, const int16_t *, size_t, const float *, size_t, int, float *, int, int);
 #define MK_B_ROW(R) { mk_b_##R##_1, mk_b_##R##_2, mk_b_##R##_3, mk_b_##R##_4 }
 static const mk_b_fn mk_b[4][4] = { MK_B_ROW(1), MK_B_ROW(2), MK_B_ROW(3), MK_B_ROW(4) };
 
@@ -120,7 +120,7 @@ static void pf_fp4b(const int16_t *PW, int nr, const int16_t *AB, size_t ldab, c
         int C = T - t0 < 4 ? T - t0 : 4;
         for (int r0 = 0; r0 < nr; r0 += 4) {
             int R = nr - r0 < 4 ? nr - r0 : 4;
-            mk_b[R - 1][C - 1](PW + (size_t)r0 * KC, AB + (size_t)t0 * ldab, ldab, SAV + (size_t)t0 * ldsa, ldsa, ngrp,
+            mk_b[R - 1][C - 1](PW + (size_t)r0 * KC, KC, AB + (size_t)t0 * ldab, ldab, SAV + (size_t)t0 * ldsa, ldsa, ngrp,
                                acc + ((size_t)r0 * T + t0) * 16, T, z);
         }
     }
@@ -941,7 +941,79 @@ refuse:
     return 0;
 }
 
-static const ds41_fast_bf16 bf16_ops = { pan_fp4b, pf_fp4b, probe_ratio, dense_b, dot_fp4, dot_acts, dense_fp8 };
+/* ================================================================ FP4 in the canonical order, wide panels
+ *
+ * The FP4 linears' tiles of 9 .. 64 tokens on the canonical BF16 road (pan_fp4b + mk_b: the
+ * int16 road's bits, the argument at the head of this file) in place of the mid kernels and
+ * linear_fast.c's 32-row x 256-wide prefill panels: PITEM-row x KCB-wide panels (16 groups of
+ * 64 per micro-kernel call against 4, so the accumulators are loaded and stored a quarter as
+ * often), every token of the tile through each panel. The call is taken only where every scale
+ * byte of the weights is in [1, 233] (pan_fp4b's range; dense_fp4 returns 0 otherwise and the
+ * caller takes the int16 road, with the same bits). */
+typedef struct cjob {
+    const uint8_t *w, *s;
+    int out, in, T;
+    const int16_t *ab;    /* activation words as BF16 (the int16 layout), token stride ldab */
+    size_t ldab;
+    const float *sav;     /* pair scale vectors u / 2, token stride ldsa */
+    size_t ldsa;
+    float *y;
+    size_t ys;
+} cjob;
+
+static void cjob_items(void *arg, int i0, int i1) {
+    const cjob *j = arg;
+    int T = j->T, nb = j->in / 32;
+    size_t lw = (size_t)j->in / 2;
+    int16_t *PW = ds41_scratch(DS41_SCR_ITEM_PW, (size_t)PITEM * KCB * sizeof(int16_t));
+    float *acc = ds41_scratch(DS41_SCR_ITEM_ACC, (size_t)PITEM * T * 16 * sizeof(float));
+    if (!PW || !acc) return;
+    for (int it = i0; it < i1; it++) {
+        int r0 = it * PITEM, r1 = r0 + PITEM < j->out ? r0 + PITEM : j->out, nr = r1 - r0;
+        for (int k0 = 0; k0 < j->in; k0 += KCB) {
+            int kc = j->in - k0 < KCB ? j->in - k0 : KCB, nblk = kc / 32, ngrp = (nblk + 1) / 2;
+            /* the next panel's codes and scale bytes into L2: this item's next K, or the next item's first */
+            int nk0 = k0 + KCB < j->in ? k0 + KCB : 0, nr0 = nk0 ? r0 : r1;
+            int nr1 = nk0 ? r1 : (it + 1 < i1 ? (r1 + PITEM < j->out ? r1 + PITEM : j->out) : r1);
+            int nkc = j->in - nk0 < KCB ? j->in - nk0 : KCB;
+            for (int r = r0; r < r1; r++) {
+                if (nr0 + (r - r0) < nr1) {
+                    const char *b = (const char *)(j->w + (size_t)(nr0 + (r - r0)) * lw + nk0 / 2);
+                    for (int o = 0; o < nkc / 2; o += 64) _mm_prefetch(b + o, _MM_HINT_T1);
+                    _mm_prefetch((const char *)(j->s + (size_t)(nr0 + (r - r0)) * nb + nk0 / 32), _MM_HINT_T1);
+                }
+                pan_fp4b(j->w + (size_t)r * lw + k0 / 2, j->s + (size_t)r * nb + k0 / 32, nblk, PW + (size_t)(r - r0) * KCB);
+            }
+            for (int t0 = 0; t0 < T; t0 += 4) {
+                int C = T - t0 < 4 ? T - t0 : 4;
+                for (int q = 0; q < nr; q += 4) {
+                    int R = nr - q < 4 ? nr - q : 4;
+                    mk_b[R - 1][C - 1](PW + (size_t)q * KCB, KCB, j->ab + (size_t)t0 * j->ldab + k0, j->ldab,
+                                       j->sav + (size_t)t0 * j->ldsa + k0 / 4, j->ldsa, ngrp,
+                                       acc + ((size_t)q * T + t0) * 16, T, k0 == 0);
+                }
+            }
+        }
+        store_outs(acc, T, nr, j->y + r0, j->ys, 1);
+    }
+}
+
+long long ds41_fast_fp4_wide_tiles;
+
+static int dense_fp4(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int out, int in, const int16_t *ab,
+                     size_t ldab, const float *sav, size_t ldsa, int T, float *y, size_t ys) {
+    int smin, smax;
+    u8_range(s, (size_t)out * (in / 32), &smin, &smax);
+    if (smin < 1 || smax > 233) return 0;
+    cjob j = { w, s, out, in, T, ab, ldab, sav, ldsa, y, ys };
+    int n_items = (out + PITEM - 1) / PITEM;
+    if ((long long)out * in * T >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, cjob_items, &j);
+    else cjob_items(&j, 0, n_items);
+    __atomic_fetch_add(&ds41_fast_fp4_wide_tiles, 1, __ATOMIC_RELAXED);
+    return 1;
+}
+
+static const ds41_fast_bf16 bf16_ops = { pan_fp4b, pf_fp4b, probe_ratio, dense_b, dot_fp4, dot_acts, dense_fp8, dense_fp4 };
 const ds41_fast_bf16 *ds41_fast_bf16_avx512(void) { return &bf16_ops; }
 
 #ifdef __clang__

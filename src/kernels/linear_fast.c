@@ -1572,6 +1572,15 @@ void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int
         if (!fp4 && nt > DS41_FEW_MAX && bf16_of(ops) &&
             ds41_fast_bf16_avx512()->dense_fp8(ctx, w, s, out, in, a, nt, y + (size_t)t0 * out, (size_t)out, ue8_lut8))
             continue;
+        /* FP4 tiles of 9 .. 64 tokens on the canonical BF16 road in wide panels (the same bits),
+         * before the mid kernels and the 256-wide panels; the int16 road where refused */
+        if (fp4 && nt > DS41_FEW_MAX && bf16_of(ops)) {
+            if (!ab) ab = ds41_scratch(DS41_SCR_LIN_AB, (size_t)tt * ldaw * sizeof(int16_t));
+            if (ab && fp4_words_bf16(aw, (size_t)nt * ldaw, ab) &&
+                ds41_fast_bf16_avx512()->dense_fp4(ctx, w, s, out, in, ab, ldaw, sav, ldsa, nt, y + (size_t)t0 * out,
+                                                   (size_t)out))
+                continue;
+        }
         fjob j = { ops, fp4 ? J_FP4 : J_FP8, w, s, NULL, NULL, 0, out, in, nt, in, a, (size_t)in,
                    aw, ldaw, sav, ldsa, NULL, 0, y + (size_t)t0 * out, (size_t)out, 1, 0, NULL, NULL, NULL };
         void *am = NULL;

@@ -137,6 +137,13 @@ typedef struct ds41_fast_bf16 {
      * tile on the FMA road). */
     int (*dense_fp8)(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int out, int in, const float *a, int T,
                      float *y, size_t ys, const float *lut);
+    /* The FP4 linear of one tile of T <= 64 tokens (9 .. 64 in use) on the canonical BF16 road
+     * in wide panels (linear_avx512bf16.c, "FP4 in the canonical order, wide panels"): ab the
+     * activation words as BF16 (fp4_act_row's layout, token stride ldab), sav the pair scale
+     * vectors (stride ldsa); y[t ys + n] rounded to BF16, the int16 road's bits. Returns 0,
+     * having written nothing, where a scale byte is outside [1, 233]. */
+    int (*dense_fp4)(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int out, int in, const int16_t *ab,
+                     size_t ldab, const float *sav, size_t ldsa, int T, float *y, size_t ys);
 } ds41_fast_bf16;
 const ds41_fast_bf16 *ds41_fast_bf16_avx512(void);
 /* 1 when the AVX-512 path uses the BF16 FP4 panels (set at first use from the probe, or by
@@ -158,6 +165,8 @@ extern long long ds41_fast_fp4_dot_tiles, ds41_fast_fp4_dot_refused;
 extern long long ds41_fast_bf16_dtiles, ds41_fast_bf16_dfall_x, ds41_fast_bf16_dfall_w;
 /* FP8 prefill tiles that took vdpbf16ps (dense_fp8 above), and those it sent to the FMA road */
 extern long long ds41_fast_fp8_bf16_tiles, ds41_fast_fp8_bf16_refused;
+/* FP4 tiles that took the wide canonical panels (dense_fp4 above) */
+extern long long ds41_fast_fp4_wide_tiles;
 /* tests: 0 switches off the range conditions of that road (not the check that the activations
  * are BF16 values), to show that the cases they refuse would change bits; 1 otherwise */
 extern int ds41_fast_bf16_dguard;
