@@ -71,6 +71,16 @@ for d in tests/malformed/expert-map/*/; do
     fi
 done
 [ -z "$bad" ] && [ $n -ge 8 ] && pass "expert_map_malformed_corpus ($n cases)" || fail expert_map_malformed_corpus "$n cases;$bad"
+# routing counts (bench --routing-counts) for inspect --expert-map-from: a layer past the
+# model's, then a count that is not a number: FILE:LINE, exit 1, nothing on stdout
+printf '0 0 5\n7 0 1\n' >"$TMP/rc-layer"; printf '# c\n0 0 x\n' >"$TMP/rc-count"
+bad=""
+for f in "rc-layer:2: expected a layer (0..6)" "rc-count:2: expected a count"; do
+    "$DS41" inspect --ranks 2 --expert-map-from "$TMP/${f%%:*}" --write-expert-map "$TMP/never" tests/configs/tiny >"$TMP/m.out" 2>"$TMP/m.err"
+    rc=$?
+    { [ $rc -eq 1 ] && grep -qF -- "$f" "$TMP/m.err" && [ ! -s "$TMP/m.out" ] && [ ! -e "$TMP/never" ]; } || bad="$bad $f(exit $rc: $(head -c 200 "$TMP/m.err"))"
+done
+[ -z "$bad" ] && pass expert_map_from_malformed_counts || fail expert_map_from_malformed_counts "$bad"
 
 # inspect --ranks 2 --split layers (no MPI needed): tiny's second stage may start at KV source 1
 # (stages of 1.14 MB and 4.55 MB) or 3 (2.72 MB and 2.96 MB); the default takes 3, whose largest
@@ -164,6 +174,38 @@ same fast_small43_n3 3 -m "$small" --prompt-ids "$P90" -n 8 --ignore-eos --spec 
 # ---------------------------------------------------------------- an expert map: every expert of layer 0 on rank 1, expert 0 everywhere on rank 0
 printf '# test map\n0 0 1\n0 1 1\n0 2 1\n* 0 0   # hot expert\n\n0 3 1\n' >"$TMP/map"
 same expert_map_demo_n2 2 -m "$demo" -p "Once upon a time" -n 12 --exact --ignore-eos --spec off --expert-map "$TMP/map"
+# ---------------------------------------------------------------- bench under mpiexec; its routing counts -> a balanced map
+# bench --routing-counts alone and under mpiexec -n 2: the job completes, rank 0 alone prints
+# (one table), the counts equal the one process's (the router is replicated); inspect
+# --expert-map-from balances them (per layer an equal number of experts per rank, the busiest
+# rank's share of the counted load no larger than under the default) and writes the map; run
+# --exact with that map under mpiexec -n 2 gives the one process's tokens and logits
+BARGS="-m $tiny --lengths 16 --modes full --decode 4 --exact --settle never"
+if "$DS41" bench $BARGS --routing-counts "$TMP/rc1" >"$TMP/a.out" 2>"$TMP/a.err" &&
+   $RUN -n 2 "$DS41" bench $BARGS --routing-counts "$TMP/rc2" --mpi-timeout 30 >"$TMP/b.out" 2>"$TMP/b.err"; then
+    if [ "$(grep -c '^kernels:' "$TMP/b.out")" != 1 ] || [ "$(grep -c '^decode after' "$TMP/b.out")" != 1 ]; then
+        fail bench_n2_rank0_output "not one table on stdout: $(head -c 300 "$TMP/b.out")"
+    elif ! diff <(grep -v '^#' "$TMP/rc1") <(grep -v '^#' "$TMP/rc2") >/dev/null || [ "$(grep -vc '^#' "$TMP/rc1")" != 28 ]; then
+        fail bench_n2_rank0_output "routing counts differ or are not 7 layers x 4 experts"
+    else
+        pass bench_n2_rank0_output
+    fi
+else
+    fail bench_n2_rank0_output "$(tail -n 3 "$TMP/a.err" "$TMP/b.err")"
+fi
+if "$DS41" inspect --ranks 2 --json --expert-map-from "$TMP/rc2" --write-expert-map "$TMP/balmap" "$tiny" >"$TMP/i.json" 2>"$TMP/i.err" &&
+   "$PY" -c "
+import json, sys
+r = json.load(open(sys.argv[1]))['ranks']; p = r['per_rank']
+assert p[0]['expert_bytes'] == p[1]['expert_bytes'] > 0, r
+assert max(q['routed_share'] for q in p) <= max(q['routed_share_default'] for q in p), r
+m = [tuple(map(int, l.split())) for l in open(sys.argv[2]) if not l.startswith('#')]
+assert m and all(sum(1 for l, e, k in m if l == L and k == 0) == 2 for L in {l for l, _, _ in m}), m
+" "$TMP/i.json" "$TMP/balmap"; then
+    same expert_map_from_counts_tiny_n2 2 -m "$tiny" --prompt-ids "$P20" -n 8 --exact --ignore-eos --spec off --expert-map "$TMP/balmap"
+else
+    fail expert_map_from_counts_tiny_n2 "$(head -c 300 "$TMP/i.err")"
+fi
 
 # ---------------------------------------------------------------- Engram tables sharded by rows
 # tiny-bigengram (99 MB of tables): every --engram-mode gives one process's tokens and logits;

@@ -9,9 +9,13 @@
  * ranks as FP32 (dim x 4 bytes), plus a 24-byte header per message and step. Engram exchange
  * per token: each of its rows (cols per Engram layer, head_dim E4M3 bytes + head_dim / 32
  * scales) travels from its owner to the N - 1 other ranks (every rank runs every row), fewer
- * when a step looks up a row twice, plus a 32-byte header per message and step. */
+ * when a step looks up a row twice, plus a 32-byte header per message and step.
+ * --expert-map-from COUNTS: the placement balanced on ds41 bench's routing counts
+ * (ds41_placement_balance), each rank's share of the counted (token, choice) pairs beside the
+ * default's, and --write-expert-map FILE writes that placement as a map for --expert-map. */
 #include "cli_inspect_ranks.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,9 +45,68 @@ static int acc_cb(const ds41_tensor_spec *t, void *ctx) {
     return 0;
 }
 
-int ds41_cli_inspect_ranks(const ds41_config *c, const ds41_budgets *bud, int n, const char *map, json_t **json) {
+/* The share of the counted (token, choice) pairs each rank's experts take under p, into
+ * share[n]; 0 when nothing was counted. */
+static int route_share(const ds41_placement *p, const unsigned long long *counts, double *share) {
+    unsigned long long total = 0;
+    memset(share, 0, (size_t)p->n_ranks * sizeof *share);
+    for (int l = 0; l < p->n_layers; l++)
+        for (int e = 0; e < p->n_experts; e++) {
+            unsigned long long k = counts[(size_t)l * p->n_experts + e];
+            share[ds41_dist_owner(p, l, e)] += (double)k;
+            total += k;
+        }
+    for (int r = 0; r < p->n_ranks && total; r++) share[r] /= (double)total;
+    return total > 0;
+}
+
+/* --expert-map-from: the counts into *counts, p balanced on them, share[r] / share0[r] under
+ * p and under the default; writes --write-expert-map when asked (write = 1). 0, or 1 after a
+ * message. */
+static int from_counts(const ds41_config *c, const ds41_inspect_ranks_opts *o, ds41_placement *p, int write,
+                       unsigned long long **counts, double *share, double *share0) {
+    int nl = p->n_layers, ne = p->n_experts;
+    char err[512];
+    int *experts = malloc((size_t)nl * sizeof *experts);
+    *counts = calloc((size_t)nl * (ne ? ne : 1), sizeof **counts);
+    if (!experts || !*counts) {
+        free(experts);
+        fprintf(stderr, "ds41 inspect: out of memory\n");
+        return 1;
+    }
+    for (int l = 0; l < nl; l++) experts[l] = c->layers[l].n_experts;
+    int rc = 0;
+    if (ds41_route_counts_load(p, o->counts, *counts, err, sizeof err)) {
+        fprintf(stderr, "ds41 inspect: %s\n", err);
+        rc = 1;
+    } else if (!route_share(p, *counts, share0)) {
+        fprintf(stderr, "ds41 inspect: --expert-map-from %s: no expert was counted (every COUNT is 0)\n", o->counts);
+        rc = 1;
+    } else {
+        ds41_placement_balance(p, *counts, experts);
+        route_share(p, *counts, share);
+    }
+    if (!rc && write && o->map_out) {
+        FILE *f = fopen(o->map_out, "w");
+        if (!f || ds41_placement_write(p, *counts, experts, o->counts, f)) {
+            fprintf(stderr, "ds41 inspect: --write-expert-map %s: %s\n", o->map_out, f ? "write error" : strerror(errno));
+            rc = 1;
+        }
+        if (f && fclose(f) && !rc) {
+            fprintf(stderr, "ds41 inspect: --write-expert-map %s: write error\n", o->map_out);
+            rc = 1;
+        }
+    }
+    free(experts);
+    return rc;
+}
+
+int ds41_cli_inspect_ranks(const ds41_config *c, const ds41_budgets *bud, const ds41_inspect_ranks_opts *opt,
+                           json_t **json) {
     ds41_placement p;
-    int nl = c->n_layers + c->n_mtp, ne = c->n_routed_experts > c->dspark_n_experts ? c->n_routed_experts : c->dspark_n_experts;
+    int n = opt->n, nl = c->n_layers + c->n_mtp;
+    int ne = c->n_routed_experts > c->dspark_n_experts ? c->n_routed_experts : c->dspark_n_experts;
+    const char *map = opt->map;
     char err[512];
     if (ds41_placement_default(&p, n, nl, ne)) { fprintf(stderr, "ds41 inspect: out of memory\n"); return 1; }
     if (map && ds41_placement_load(&p, map, err, sizeof err)) {
@@ -51,8 +114,26 @@ int ds41_cli_inspect_ranks(const ds41_config *c, const ds41_budgets *bud, int n,
         ds41_placement_free(&p);
         return 1;
     }
+    unsigned long long *counts = NULL;
+    double *share = calloc((size_t)n * 2, sizeof *share), *share0 = share ? share + n : NULL;
+    if (!share || (opt->counts && from_counts(c, opt, &p, json != NULL, &counts, share, share0))) {
+        if (!share) fprintf(stderr, "ds41 inspect: out of memory\n");
+        free(counts);
+        free(share);
+        ds41_placement_free(&p);
+        return 1;
+    }
+    char placement[600];
+    if (opt->counts) snprintf(placement, sizeof placement, "balanced on the routing counts of %s", opt->counts);
+    else snprintf(placement, sizeof placement, "%s", map ? map : "default, expert e on rank e mod N");
     rank_acc a = { &p, n, calloc((size_t)n, sizeof(unsigned long long)), 0, 0, 0 };
-    if (!a.experts) { ds41_placement_free(&p); fprintf(stderr, "ds41 inspect: out of memory\n"); return 1; }
+    if (!a.experts) {
+        free(counts);
+        free(share);
+        ds41_placement_free(&p);
+        fprintf(stderr, "ds41 inspect: out of memory\n");
+        return 1;
+    }
     ds41_contract_each(c, NULL, acc_cb, &a);
     /* per token: a MoE layer's k outputs each go to N - 1 ranks */
     double row = (double)c->dim * 4.0;
@@ -61,7 +142,14 @@ int ds41_cli_inspect_ranks(const ds41_config *c, const ds41_budgets *bud, int n,
     /* this rank's rows of every Engram table */
     int eg_cols = (c->engram_max_ngram - 1) * c->engram_n_heads, eg_rb = c->engram_head_dim + c->engram_head_dim / 32;
     unsigned long long *eg = calloc((size_t)n, sizeof *eg);
-    if (!eg) { free(a.experts); ds41_placement_free(&p); fprintf(stderr, "ds41 inspect: out of memory\n"); return 1; }
+    if (!eg) {
+        free(a.experts);
+        free(counts);
+        free(share);
+        ds41_placement_free(&p);
+        fprintf(stderr, "ds41 inspect: out of memory\n");
+        return 1;
+    }
     for (int t = 0; t < c->n_engram_layers; t++)
         for (int r = 0; r < n; r++) {
             int64_t lo, hi;
@@ -82,10 +170,14 @@ int ds41_cli_inspect_ranks(const ds41_config *c, const ds41_budgets *bud, int n,
             json_object_set_new(e, "expert_bytes", json_integer((json_int_t)a.experts[r]));
             json_object_set_new(e, "engram_bytes", json_integer((json_int_t)eg[r]));
             json_object_set_new(e, "weight_bytes", json_integer((json_int_t)(a.experts[r] + a.replicated + eg[r])));
+            if (counts) {
+                json_object_set_new(e, "routed_share", json_real(share[r]));
+                json_object_set_new(e, "routed_share_default", json_real(share0[r]));
+            }
             json_array_append_new(per, e);
         }
         json_object_set_new(o, "ranks", json_integer(n));
-        json_object_set_new(o, "placement", json_string(map ? map : "default: expert e on rank e mod N"));
+        json_object_set_new(o, "placement", json_string(placement));
         json_object_set_new(o, "replicated_bytes", json_integer((json_int_t)a.replicated));
         json_object_set_new(o, "engram_bytes", json_integer((json_int_t)a.engram));
         json_object_set_new(o, "engram_sharded", json_true());
@@ -99,7 +191,7 @@ int ds41_cli_inspect_ranks(const ds41_config *c, const ds41_budgets *bud, int n,
         json_object_set_new(o, "engram_exchange_bytes_per_token_per_rank", json_real(eg_tok / n));
         *json = o;
     } else {
-        printf("\nranks: %d (mpiexec -n %d; placement %s)\n", n, n, map ? map : "default, expert e on rank e mod N");
+        printf("\nranks: %d (mpiexec -n %d; placement %s)\n", n, n, placement);
         printf("  replicated weights         %llu B on every rank (attention, shared experts, norms, router, embeddings, head)\n",
                a.replicated);
         printf("  Engram tables              %llu B in all, sharded by rows (rank r: the r-th 1/N of each table's rows)\n",
@@ -107,6 +199,10 @@ int ds41_cli_inspect_ranks(const ds41_config *c, const ds41_budgets *bud, int n,
         for (int r = 0; r < n; r++)
             printf("  rank %-3d routed experts    %llu B, Engram rows %llu B, weights in all %llu B\n", r, a.experts[r],
                    eg[r], a.experts[r] + a.replicated + eg[r]);
+        for (int r = 0; r < n && counts; r++)
+            printf("  rank %-3d routed load       %.1f %% of the counted (token, choice) pairs (default placement %.1f %%)\n",
+                   r, 100 * share[r], 100 * share0[r]);
+        if (counts && opt->map_out) printf("  expert map written to      %s (--expert-map %s)\n", opt->map_out, opt->map_out);
         printf("  routed experts in all      %llu B (per rank %llu .. %llu)\n", a.expert_total, mn, mx);
         printf("  KV per token per rank      %g B (attention replicated: every rank holds every sequence)\n",
                bud->global_kv_bytes_per_token);
@@ -119,6 +215,8 @@ int ds41_cli_inspect_ranks(const ds41_config *c, const ds41_budgets *bud, int n,
     }
     free(a.experts);
     free(eg);
+    free(counts);
+    free(share);
     ds41_placement_free(&p);
     return 0;
 }
