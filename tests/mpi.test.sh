@@ -129,13 +129,14 @@ small=$(checkpoint small43) || exit 1
 demo=models/demo
 
 # same NAME N ARGS...: `ds41 run ARGS` alone and under mpiexec -n N: the same stdout and the
-# same --dump-logits bytes (every generated step's logits row)
+# same --dump-logits bytes (every generated step's logits row); $SAME_MPI: more mpiexec flags
+# (a hostfile)
 same() {
     local name=$1 n=$2; shift 2
     if ! "$DS41" run "$@" --dump-logits "$TMP/a.f32" >"$TMP/a.out" 2>"$TMP/a.err"; then
         fail "$name" "one process failed: $(tail -n 2 "$TMP/a.err")"; return
     fi
-    if ! $RUN -n "$n" "$DS41" run "$@" --mpi-timeout 30 --dump-logits "$TMP/b.f32" >"$TMP/b.out" 2>"$TMP/b.err"; then
+    if ! $RUN ${SAME_MPI:-} -n "$n" "$DS41" run "$@" --mpi-timeout 30 --dump-logits "$TMP/b.f32" >"$TMP/b.out" 2>"$TMP/b.err"; then
         fail "$name" "mpiexec -n $n failed: $(tail -n 3 "$TMP/b.err")"; return
     fi
     if [ ! -s "$TMP/a.f32" ]; then fail "$name" "no logits written"; return; fi
@@ -206,6 +207,11 @@ assert m and all(sum(1 for l, e, k in m if l == L and k == 0) == 2 for L in {l f
 else
     fail expert_map_from_counts_tiny_n2 "$(head -c 300 "$TMP/i.err")"
 fi
+# threads per rank (-t 2 on each of 2 ranks) and a hostfile naming localhost: fast mode's tokens
+# and logits equal one process's at -t 2
+same fast_tiny_n2_t2 2 -m "$tiny" --prompt-ids "$P20" -n 8 --ignore-eos --spec off -t 2
+printf 'localhost:2\n' >"$TMP/hosts"
+SAME_MPI="-f $TMP/hosts" same hostfile_localhost_tiny_n2 2 -m "$tiny" --prompt-ids "$P20" -n 8 --exact --ignore-eos --spec off
 
 # ---------------------------------------------------------------- Engram tables sharded by rows
 # tiny-bigengram (99 MB of tables): every --engram-mode gives one process's tokens and logits;
