@@ -36,7 +36,8 @@ const char *ds41_dist_expert_map(void);
 int ds41_dist_size(void);
 /* 1 when the binary was built with MPI. */
 int ds41_dist_built(void);
-/* --mpi-timeout in seconds. */
+/* --mpi-timeout in seconds, or its 30 s default (the bound of the waits on rank 0's decisions;
+ * inside a replicated forward the default is derived from the forwards' times, dist_mpi.c). */
 double ds41_dist_timeout(void);
 /* fn(message) runs on rank 0 when the job is about to end on a fault (a lost rank, ranks that
  * drifted apart), on the thread that saw it, before MPI_Abort: serve answers the requests in
