@@ -53,6 +53,23 @@ assert r['per_rank'][0]['weight_bytes'] == r['replicated_bytes'] + r['per_rank']
 assert [p['engram_bytes'] for p in r['per_rank']] == [(330 + 432) * 33] * 2 and r['engram_bytes'] == (660 + 864) * 33, r
 assert r['engram_sharded'] and r['engram_exchange_bytes_per_token'] == 2 * 6 * 33 * 1, r
 " "$TMP/i.json"; then pass inspect_ranks_tiny; else fail inspect_ranks_tiny "$(head -c 300 "$TMP/i.err")"; fi
+# --dp-attention on tiny (2 ranks, 2 of the 4 experts each, top-2): a token's row (256 + 2 x 2
+# values, 1040 B) goes to the other rank unless both its choices are on its own rank (1 in
+# C(4,2) = 6 pairs): 5/6 x 1040 B expected, at most 1040; its choices' outputs (1024 B each) come
+# back from the other rank for half of them: 1024 B expected, at most 2048; 6 MoE layers; the KV
+# of a sequence on its owner only (half the sequences a rank); the Engram rows held by the other
+# rank (half) asked for with an 8-byte key: 2 layers x 6 rows x (33 + 8) B / 2
+if "$DS41" inspect --ranks 2 --dp-attention --json tests/configs/tiny >"$TMP/i.json" 2>"$TMP/i.err" &&
+   "$PY" -c "
+import json, sys
+r = json.load(open(sys.argv[1]))['ranks']
+close = lambda a, b: abs(a - b) < 1e-6
+assert r['attention'] == 'data-parallel' and r['kv_share_per_rank'] == 0.5, r
+assert close(r['dispatch_bytes_per_token_per_moe_layer'], 5 / 6 * 1040) and r['dispatch_bytes_per_token_per_moe_layer_max'] == 1040, r
+assert r['combine_bytes_per_token_per_moe_layer'] == 1024 and r['combine_bytes_per_token_per_moe_layer_max'] == 2048, r
+assert close(r['exchange_bytes_per_token_per_forward'], 6 * (5 / 6 * 1040 + 1024)), r
+assert r['engram_exchange_bytes_per_token'] == 2 * 6 * 41 / 2, r
+" "$TMP/i.json"; then pass inspect_ranks_dp_attention; else fail inspect_ranks_dp_attention "$(head -c 300 "$TMP/i.err")"; fi
 # every expert of every layer on rank 1: rank 0 holds none
 printf '* 0 1\n* 1 1\n* 2 1\n* 3 1\n' >"$TMP/allmap"
 if "$DS41" inspect --ranks 2 --json --expert-map "$TMP/allmap" tests/configs/tiny 2>/dev/null |

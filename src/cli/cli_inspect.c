@@ -20,7 +20,7 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: ds41 inspect [--json] [--role prefill|decode [--pd-decoder prefill|decode]]\n"
-            "       [--ranks N [--expert-map FILE | --expert-map-from COUNTS [--write-expert-map FILE]\n"
+            "       [--ranks N [--dp-attention] [--expert-map FILE | --expert-map-from COUNTS [--write-expert-map FILE]\n"
             "                   | --split layers [--layer-map RANGES]]] PATH\n"
             "\n"
             "PATH is a checkpoint directory (config.json plus safetensors: one file or a sharded\n"
@@ -43,6 +43,9 @@ static void usage(FILE *f) {
             "              `ds41 bench --routing-counts COUNTS` (per layer the hottest experts spread, every\n"
             "              rank an equal number of them) and each rank's share of the counted load\n"
             "  --write-expert-map FILE   writes that placement as an --expert-map FILE for mpiexec -n N\n"
+            "  --dp-attention  with --ranks: sizing for serve --dp-attention: each rank holds the KV of\n"
+            "              its own sequences (1/N of them), and a token's row goes to its experts' owners\n"
+            "              and back (dispatch + combine per MoE layer, expected and at most)\n"
             "  -h, --help  this help\n"
             "\n"
             "Exit status: 0 ok; 1 bad config, unreadable checkpoint or a missing/misshaped tensor\n"
@@ -416,7 +419,7 @@ int ds41_cli_inspect(int argc, char **argv) {
     int as_json = 0;
     long long ranks = 0;
     const char *path = NULL, *role = NULL;
-    ds41_inspect_ranks_opts ro = { 0, NULL, NULL, NULL };
+    ds41_inspect_ranks_opts ro = { 0, NULL, NULL, NULL, 0 };
     int pd_decoder = -1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) as_json = 1;
@@ -438,6 +441,7 @@ int ds41_cli_inspect(int argc, char **argv) {
             if (i + 1 >= argc) { fprintf(stderr, "ds41 inspect: --ranks needs a value\n"); return 2; }
             if (ds41_cli_int("inspect", "--ranks", argv[++i], 1, 4096, &ranks)) return 2;
         }
+        else if (!strcmp(argv[i], "--dp-attention")) ro.dp = 1;
         else if (!strcmp(argv[i], "--expert-map-from") || !strcmp(argv[i], "--write-expert-map")) {
             if (i + 1 >= argc) { fprintf(stderr, "ds41 inspect: %s needs a file\n", argv[i]); return 2; }
             if (!strcmp(argv[i], "--expert-map-from")) ro.counts = argv[++i];
@@ -467,8 +471,14 @@ int ds41_cli_inspect(int argc, char **argv) {
         fprintf(stderr, "ds41 inspect: --pd-decoder goes with --role prefill\n");
         return 2;
     }
-    if ((ro.counts || ro.map_out) && ranks <= 0) {
-        fprintf(stderr, "ds41 inspect: %s goes with --ranks N\n", ro.counts ? "--expert-map-from" : "--write-expert-map");
+    if ((ro.counts || ro.map_out || ro.dp) && ranks <= 0) {
+        fprintf(stderr, "ds41 inspect: %s goes with --ranks N\n",
+                ro.dp ? "--dp-attention" : ro.counts ? "--expert-map-from" : "--write-expert-map");
+        return 2;
+    }
+    if (ro.dp && ds41_pipe_on()) {
+        fprintf(stderr, "ds41 inspect: --dp-attention splits the sequences over the ranks of --split experts; with "
+                        "--split layers every stage runs every sequence\n");
         return 2;
     }
     if (ro.map_out && !ro.counts) {

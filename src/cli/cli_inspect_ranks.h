@@ -13,6 +13,7 @@ typedef struct ds41_inspect_ranks_opts {
     const char *map;        /* --expert-map FILE, or NULL */
     const char *counts;     /* --expert-map-from COUNTS (ds41 bench --routing-counts), or NULL */
     const char *map_out;    /* --write-expert-map FILE (with counts), or NULL */
+    int dp;                 /* --dp-attention: each rank attends its own share of the sequences */
 } ds41_inspect_ranks_opts;
 
 /* Prints the section (json == NULL) or stores it in *json (and then writes o->map_out, so a
