@@ -199,11 +199,11 @@ same expert_map_demo_n2 2 -m "$demo" -p "Once upon a time" -n 12 --exact --ignor
 # rank's share of the counted load no larger than under the default) and writes the map; run
 # --exact with that map under mpiexec -n 2 gives the one process's tokens and logits
 BARGS="-m $tiny --lengths 16 --modes full --decode 4 --exact --settle never"
-if "$DS41" bench $BARGS --routing-counts "$TMP/rc1" >"$TMP/a.out" 2>"$TMP/a.err" &&
-   $RUN -n 2 "$DS41" bench $BARGS --routing-counts "$TMP/rc2" --mpi-timeout 30 >"$TMP/b.out" 2>"$TMP/b.err"; then
+if "$DS41" bench $BARGS --routing-counts "$TMP/routes-1" >"$TMP/a.out" 2>"$TMP/a.err" &&
+   $RUN -n 2 "$DS41" bench $BARGS --routing-counts "$TMP/routes-2" --mpi-timeout 30 >"$TMP/b.out" 2>"$TMP/b.err"; then
     if [ "$(grep -c '^kernels:' "$TMP/b.out")" != 1 ] || [ "$(grep -c '^decode after' "$TMP/b.out")" != 1 ]; then
         fail bench_n2_rank0_output "not one table on stdout: $(head -c 300 "$TMP/b.out")"
-    elif ! diff <(grep -v '^#' "$TMP/rc1") <(grep -v '^#' "$TMP/rc2") >/dev/null || [ "$(grep -vc '^#' "$TMP/rc1")" != 28 ]; then
+    elif ! diff <(grep -v '^#' "$TMP/routes-1") <(grep -v '^#' "$TMP/routes-2") >/dev/null || [ "$(grep -vc '^#' "$TMP/routes-1")" != 28 ]; then
         fail bench_n2_rank0_output "routing counts differ or are not 7 layers x 4 experts"
     else
         pass bench_n2_rank0_output
@@ -211,7 +211,7 @@ if "$DS41" bench $BARGS --routing-counts "$TMP/rc1" >"$TMP/a.out" 2>"$TMP/a.err"
 else
     fail bench_n2_rank0_output "$(tail -n 3 "$TMP/a.err" "$TMP/b.err")"
 fi
-if "$DS41" inspect --ranks 2 --json --expert-map-from "$TMP/rc2" --write-expert-map "$TMP/balmap" "$tiny" >"$TMP/i.json" 2>"$TMP/i.err" &&
+if "$DS41" inspect --ranks 2 --json --expert-map-from "$TMP/routes-2" --write-expert-map "$TMP/balmap" "$tiny" >"$TMP/i.json" 2>"$TMP/i.err" &&
    "$PY" -c "
 import json, sys
 r = json.load(open(sys.argv[1]))['ranks']; p = r['per_rank']
