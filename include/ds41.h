@@ -446,6 +446,15 @@ void ds41_engine_breakdown_stop(ds41_engine *e, ds41_breakdown *out);
 const char *ds41_breakdown_name(int section);
 /* 1 for the weight-stream sections (FP8, FP8 dequantized, FP4, BF16 head, BF16 other, FP32) */
 int ds41_breakdown_is_stream(int section);
+/* Routing counts (ds41 bench --routing-counts, docs/distributed.md "Placement of the experts"):
+ * from this call on, every MoE sublayer of e's forwards counts the (token, choice) pairs its
+ * router sends to each routed expert: the load a balanced --expert-map is built from. Under
+ * mpiexec every rank counts the same (the router is replicated). 0, or -1 (out of memory). A
+ * second start restarts from zero. */
+int ds41_engine_route_count_start(ds41_engine *e);
+/* The counts since the start, [*layers][*experts] (layers: the backbone's, then the DSpark
+ * stages; experts: the most any layer has), owned by e; NULL before a start. */
+const unsigned long long *ds41_engine_route_counts(const ds41_engine *e, int *layers, int *experts);
 /* Streaming read bandwidth in GB/s with the engine's threads: a 256 MiB buffer (well past the
  * last-level cache) summed by the same static split the linears use, the median of 5 reads. */
 double ds41_engine_read_bandwidth(ds41_engine *e);

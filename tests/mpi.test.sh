@@ -53,6 +53,23 @@ assert r['per_rank'][0]['weight_bytes'] == r['replicated_bytes'] + r['per_rank']
 assert [p['engram_bytes'] for p in r['per_rank']] == [(330 + 432) * 33] * 2 and r['engram_bytes'] == (660 + 864) * 33, r
 assert r['engram_sharded'] and r['engram_exchange_bytes_per_token'] == 2 * 6 * 33 * 1, r
 " "$TMP/i.json"; then pass inspect_ranks_tiny; else fail inspect_ranks_tiny "$(head -c 300 "$TMP/i.err")"; fi
+# --dp-attention on tiny (2 ranks, 2 of the 4 experts each, top-2): a token's row (256 + 2 x 2
+# values, 1040 B) goes to the other rank unless both its choices are on its own rank (1 in
+# C(4,2) = 6 pairs): 5/6 x 1040 B expected, at most 1040; its choices' outputs (1024 B each) come
+# back from the other rank for half of them: 1024 B expected, at most 2048; 6 MoE layers; the KV
+# of a sequence on its owner only (half the sequences a rank); the Engram rows held by the other
+# rank (half) asked for with an 8-byte key: 2 layers x 6 rows x (33 + 8) B / 2
+if "$DS41" inspect --ranks 2 --dp-attention --json tests/configs/tiny >"$TMP/i.json" 2>"$TMP/i.err" &&
+   "$PY" -c "
+import json, sys
+r = json.load(open(sys.argv[1]))['ranks']
+close = lambda a, b: abs(a - b) < 1e-6
+assert r['attention'] == 'data-parallel' and r['kv_share_per_rank'] == 0.5, r
+assert close(r['dispatch_bytes_per_token_per_moe_layer'], 5 / 6 * 1040) and r['dispatch_bytes_per_token_per_moe_layer_max'] == 1040, r
+assert r['combine_bytes_per_token_per_moe_layer'] == 1024 and r['combine_bytes_per_token_per_moe_layer_max'] == 2048, r
+assert close(r['exchange_bytes_per_token_per_forward'], 6 * (5 / 6 * 1040 + 1024)), r
+assert r['engram_exchange_bytes_per_token'] == 2 * 6 * 41 / 2, r
+" "$TMP/i.json"; then pass inspect_ranks_dp_attention; else fail inspect_ranks_dp_attention "$(head -c 300 "$TMP/i.err")"; fi
 # every expert of every layer on rank 1: rank 0 holds none
 printf '* 0 1\n* 1 1\n* 2 1\n* 3 1\n' >"$TMP/allmap"
 if "$DS41" inspect --ranks 2 --json --expert-map "$TMP/allmap" tests/configs/tiny 2>/dev/null |
@@ -71,6 +88,16 @@ for d in tests/malformed/expert-map/*/; do
     fi
 done
 [ -z "$bad" ] && [ $n -ge 8 ] && pass "expert_map_malformed_corpus ($n cases)" || fail expert_map_malformed_corpus "$n cases;$bad"
+# routing counts (bench --routing-counts) for inspect --expert-map-from: a layer past the
+# model's, then a count that is not a number: FILE:LINE, exit 1, nothing on stdout
+printf '0 0 5\n7 0 1\n' >"$TMP/rc-layer"; printf '# c\n0 0 x\n' >"$TMP/rc-count"
+bad=""
+for f in "rc-layer:2: expected a layer (0..6)" "rc-count:2: expected a count"; do
+    "$DS41" inspect --ranks 2 --expert-map-from "$TMP/${f%%:*}" --write-expert-map "$TMP/never" tests/configs/tiny >"$TMP/m.out" 2>"$TMP/m.err"
+    rc=$?
+    { [ $rc -eq 1 ] && grep -qF -- "$f" "$TMP/m.err" && [ ! -s "$TMP/m.out" ] && [ ! -e "$TMP/never" ]; } || bad="$bad $f(exit $rc: $(head -c 200 "$TMP/m.err"))"
+done
+[ -z "$bad" ] && pass expert_map_from_malformed_counts || fail expert_map_from_malformed_counts "$bad"
 
 # inspect --ranks 2 --split layers (no MPI needed): tiny's second stage may start at KV source 1
 # (stages of 1.14 MB and 4.55 MB) or 3 (2.72 MB and 2.96 MB); the default takes 3, whose largest
@@ -119,13 +146,14 @@ small=$(checkpoint small43) || exit 1
 demo=models/demo
 
 # same NAME N ARGS...: `ds41 run ARGS` alone and under mpiexec -n N: the same stdout and the
-# same --dump-logits bytes (every generated step's logits row)
+# same --dump-logits bytes (every generated step's logits row); $SAME_MPI: more mpiexec flags
+# (a hostfile)
 same() {
     local name=$1 n=$2; shift 2
     if ! "$DS41" run "$@" --dump-logits "$TMP/a.f32" >"$TMP/a.out" 2>"$TMP/a.err"; then
         fail "$name" "one process failed: $(tail -n 2 "$TMP/a.err")"; return
     fi
-    if ! $RUN -n "$n" "$DS41" run "$@" --mpi-timeout 30 --dump-logits "$TMP/b.f32" >"$TMP/b.out" 2>"$TMP/b.err"; then
+    if ! $RUN ${SAME_MPI:-} -n "$n" "$DS41" run "$@" --mpi-timeout 30 --dump-logits "$TMP/b.f32" >"$TMP/b.out" 2>"$TMP/b.err"; then
         fail "$name" "mpiexec -n $n failed: $(tail -n 3 "$TMP/b.err")"; return
     fi
     if [ ! -s "$TMP/a.f32" ]; then fail "$name" "no logits written"; return; fi
@@ -164,6 +192,43 @@ same fast_small43_n3 3 -m "$small" --prompt-ids "$P90" -n 8 --ignore-eos --spec 
 # ---------------------------------------------------------------- an expert map: every expert of layer 0 on rank 1, expert 0 everywhere on rank 0
 printf '# test map\n0 0 1\n0 1 1\n0 2 1\n* 0 0   # hot expert\n\n0 3 1\n' >"$TMP/map"
 same expert_map_demo_n2 2 -m "$demo" -p "Once upon a time" -n 12 --exact --ignore-eos --spec off --expert-map "$TMP/map"
+# ---------------------------------------------------------------- bench under mpiexec; its routing counts -> a balanced map
+# bench --routing-counts alone and under mpiexec -n 2: the job completes, rank 0 alone prints
+# (one table), the counts equal the one process's (the router is replicated); inspect
+# --expert-map-from balances them (per layer an equal number of experts per rank, the busiest
+# rank's share of the counted load no larger than under the default) and writes the map; run
+# --exact with that map under mpiexec -n 2 gives the one process's tokens and logits
+BARGS="-m $tiny --lengths 16 --modes full --decode 4 --exact --settle never"
+if "$DS41" bench $BARGS --routing-counts "$TMP/routes-1" >"$TMP/a.out" 2>"$TMP/a.err" &&
+   $RUN -n 2 "$DS41" bench $BARGS --routing-counts "$TMP/routes-2" --mpi-timeout 30 >"$TMP/b.out" 2>"$TMP/b.err"; then
+    if [ "$(grep -c '^kernels:' "$TMP/b.out")" != 1 ] || [ "$(grep -c '^decode after' "$TMP/b.out")" != 1 ]; then
+        fail bench_n2_rank0_output "not one table on stdout: $(head -c 300 "$TMP/b.out")"
+    elif ! diff <(grep -v '^#' "$TMP/routes-1") <(grep -v '^#' "$TMP/routes-2") >/dev/null || [ "$(grep -vc '^#' "$TMP/routes-1")" != 28 ]; then
+        fail bench_n2_rank0_output "routing counts differ or are not 7 layers x 4 experts"
+    else
+        pass bench_n2_rank0_output
+    fi
+else
+    fail bench_n2_rank0_output "$(tail -n 3 "$TMP/a.err" "$TMP/b.err")"
+fi
+if "$DS41" inspect --ranks 2 --json --expert-map-from "$TMP/routes-2" --write-expert-map "$TMP/balmap" "$tiny" >"$TMP/i.json" 2>"$TMP/i.err" &&
+   "$PY" -c "
+import json, sys
+r = json.load(open(sys.argv[1]))['ranks']; p = r['per_rank']
+assert p[0]['expert_bytes'] == p[1]['expert_bytes'] > 0, r
+assert max(q['routed_share'] for q in p) <= max(q['routed_share_default'] for q in p), r
+m = [tuple(map(int, l.split())) for l in open(sys.argv[2]) if not l.startswith('#')]
+assert m and all(sum(1 for l, e, k in m if l == L and k == 0) == 2 for L in {l for l, _, _ in m}), m
+" "$TMP/i.json" "$TMP/balmap"; then
+    same expert_map_from_counts_tiny_n2 2 -m "$tiny" --prompt-ids "$P20" -n 8 --exact --ignore-eos --spec off --expert-map "$TMP/balmap"
+else
+    fail expert_map_from_counts_tiny_n2 "$(head -c 300 "$TMP/i.err")"
+fi
+# threads per rank (-t 2 on each of 2 ranks) and a hostfile naming localhost: fast mode's tokens
+# and logits equal one process's at -t 2
+same fast_tiny_n2_t2 2 -m "$tiny" --prompt-ids "$P20" -n 8 --ignore-eos --spec off -t 2
+printf 'localhost:2\n' >"$TMP/hosts"
+SAME_MPI="-f $TMP/hosts" same hostfile_localhost_tiny_n2 2 -m "$tiny" --prompt-ids "$P20" -n 8 --exact --ignore-eos --spec off
 
 # ---------------------------------------------------------------- Engram tables sharded by rows
 # tiny-bigengram (99 MB of tables): every --engram-mode gives one process's tokens and logits;

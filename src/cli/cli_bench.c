@@ -37,6 +37,10 @@ static const char *BENCH_USAGE =
     "                      a checkpoint written minutes ago is measured in its steady state (auto:\n"
     "                      when a shard is younger than 10 minutes); prints the state measured\n"
     DS41_CLI_ENGRAM_USAGE
+    "  --routing-counts FILE  write how many (token, choice) pairs the router sent to each routed\n"
+    "                      expert over the run, per MoE layer (\"LAYER EXPERT COUNT\" lines): ds41 inspect\n"
+    "                      --ranks N --expert-map-from FILE --write-expert-map MAP builds a balanced\n"
+    "                      --expert-map from them (docs/distributed.md)\n"
     "  --spec              speculative-decoding section: plain vs --spec fixed:1..B / auto / auto\n"
     "                      without P5 reuse (greedy), acceptance, scheduler choices, the verify-width\n"
     "                      curve (also cached for ds41 run --spec auto)\n"
@@ -267,6 +271,7 @@ int ds41_cli_bench(int argc, char **argv) {
     const char *spec_prompt = NULL;
     int batch[16], n_batch = 0;
     int profile = 0;                              /* --profile */
+    const char *routes = NULL;                    /* --routing-counts (cli_bench_routes.c) */
     /* long-context decode and the performance points on/off: cli_bench_long.c */
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--synthetic-context") || !strcmp(argv[i], "--ablate")) return ds41_cli_bench_long(argc, argv);
@@ -322,6 +327,7 @@ int ds41_cli_bench(int argc, char **argv) {
         }
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--profile")) profile = 1;
+        else if (!strcmp(a, "--routing-counts") && has) routes = argv[++i];
         else if (!strcmp(a, "--spec")) spec = 1;
         else if (!strcmp(a, "--spec-curve")) spec_curve = 1;
         else if (!strcmp(a, "--spec-prompt") && has) { spec = 1; spec_prompt = argv[++i]; }
@@ -346,6 +352,7 @@ int ds41_cli_bench(int argc, char **argv) {
         return 2;
     }
     if (profile && n_dec < 1) { fprintf(stderr, "ds41 bench: --profile times decode steps: it needs --decode >= 1\n"); return 2; }
+    if ((r = ds41_cli_bench_routes_check(routes, spec_curve)) != 0) return r;
     if (!dir) { fprintf(stderr, "ds41 bench: -m DIR is required (a checkpoint directory, e.g. -m models/demo)\n"); return 2; }
     if (ds41_cli_model_dir_ok("bench", dir)) return 1;
     if (ds41_cli_bench_settle(dir, settle, json ? stderr : stdout)) return 1;
@@ -373,6 +380,7 @@ int ds41_cli_bench(int argc, char **argv) {
         e = ds41_load(dir, &lp, ebuf, sizeof ebuf);
     }
     if (!e) { fprintf(stderr, "ds41 bench: %s\n", ebuf); return 1; }
+    if (ds41_cli_bench_routes_start(e, routes)) { ds41_unload(e); return 1; }
     long long C = ds41_ctx_size(e);
     int V = ds41_vocab_size(e);
     if (spec_curve) {   /* measure and cache the verify-width curve only */
@@ -437,6 +445,7 @@ int ds41_cli_bench(int argc, char **argv) {
             json_decref(r);
         }
         free(ids);
+        if (!rb) rb = ds41_cli_bench_routes_write(e, routes, dir);
         ds41_unload(e);
         return rb;
     }
@@ -549,6 +558,7 @@ int ds41_cli_bench(int argc, char **argv) {
     }
     json_decref(root);
     free(ids);
+    if (!rc) rc = ds41_cli_bench_routes_write(e, routes, dir);
     ds41_unload(e);
     return rc;
 }

@@ -20,7 +20,8 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: ds41 inspect [--json] [--role prefill|decode [--pd-decoder prefill|decode]]\n"
-            "       [--ranks N [--expert-map FILE | --split layers [--layer-map RANGES]]] PATH\n"
+            "       [--ranks N [--dp-attention] [--expert-map FILE | --expert-map-from COUNTS [--write-expert-map FILE]\n"
+            "                   | --split layers [--layer-map RANGES]]] PATH\n"
             "\n"
             "PATH is a checkpoint directory (config.json plus safetensors: one file or a sharded\n"
             "model.safetensors.index.json), a directory holding only config.json, or a config.json file.\n"
@@ -38,6 +39,13 @@ static void usage(FILE *f) {
             "              routed experts under the default placement or --expert-map FILE, Engram, KV per\n"
             "              token) and the bytes each token sends per layer (docs/distributed.md); with --split\n"
             "              layers: each stage's layers and bytes, and the bytes per token and hop\n"
+            "  --expert-map-from COUNTS  with --ranks: the placement balanced on the routing counts of\n"
+            "              `ds41 bench --routing-counts COUNTS` (per layer the hottest experts spread, every\n"
+            "              rank an equal number of them) and each rank's share of the counted load\n"
+            "  --write-expert-map FILE   writes that placement as an --expert-map FILE for mpiexec -n N\n"
+            "  --dp-attention  with --ranks: sizing for serve --dp-attention: each rank holds the KV of\n"
+            "              its own sequences (1/N of them), and a token's row goes to its experts' owners\n"
+            "              and back (dispatch + combine per MoE layer, expected and at most)\n"
             "  -h, --help  this help\n"
             "\n"
             "Exit status: 0 ok; 1 bad config, unreadable checkpoint or a missing/misshaped tensor\n"
@@ -411,6 +419,7 @@ int ds41_cli_inspect(int argc, char **argv) {
     int as_json = 0;
     long long ranks = 0;
     const char *path = NULL, *role = NULL;
+    ds41_inspect_ranks_opts ro = { 0, NULL, NULL, NULL, 0 };
     int pd_decoder = -1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) as_json = 1;
@@ -431,6 +440,12 @@ int ds41_cli_inspect(int argc, char **argv) {
         else if (!strcmp(argv[i], "--ranks")) {
             if (i + 1 >= argc) { fprintf(stderr, "ds41 inspect: --ranks needs a value\n"); return 2; }
             if (ds41_cli_int("inspect", "--ranks", argv[++i], 1, 4096, &ranks)) return 2;
+        }
+        else if (!strcmp(argv[i], "--dp-attention")) ro.dp = 1;
+        else if (!strcmp(argv[i], "--expert-map-from") || !strcmp(argv[i], "--write-expert-map")) {
+            if (i + 1 >= argc) { fprintf(stderr, "ds41 inspect: %s needs a file\n", argv[i]); return 2; }
+            if (!strcmp(argv[i], "--expert-map-from")) ro.counts = argv[++i];
+            else ro.map_out = argv[++i];
         }
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(stdout);
@@ -456,6 +471,27 @@ int ds41_cli_inspect(int argc, char **argv) {
         fprintf(stderr, "ds41 inspect: --pd-decoder goes with --role prefill\n");
         return 2;
     }
+    if ((ro.counts || ro.map_out || ro.dp) && ranks <= 0) {
+        fprintf(stderr, "ds41 inspect: %s goes with --ranks N\n",
+                ro.dp ? "--dp-attention" : ro.counts ? "--expert-map-from" : "--write-expert-map");
+        return 2;
+    }
+    if (ro.dp && ds41_pipe_on()) {
+        fprintf(stderr, "ds41 inspect: --dp-attention splits the sequences over the ranks of --split experts; with "
+                        "--split layers every stage runs every sequence\n");
+        return 2;
+    }
+    if (ro.map_out && !ro.counts) {
+        fprintf(stderr, "ds41 inspect: --write-expert-map writes the placement of --expert-map-from COUNTS; give the counts\n");
+        return 2;
+    }
+    if (ro.counts && (ds41_dist_expert_map() || ds41_pipe_on())) {
+        fprintf(stderr, "ds41 inspect: --expert-map-from builds the placement itself; it does not combine with %s\n",
+                ds41_pipe_on() ? "--split layers" : "--expert-map");
+        return 2;
+    }
+    ro.n = (int)ranks;
+    ro.map = ds41_dist_expert_map();
     if (role) return print_role(path, role, pd_decoder == 1);
     report r;
     memset(&r, 0, sizeof r);
@@ -496,7 +532,7 @@ int ds41_cli_inspect(int argc, char **argv) {
 
     /* --ranks: checked (the expert map) before anything is printed */
     if (ranks > 0 && (ds41_pipe_on() ? ds41_cli_inspect_stages(&r.cfg, (int)ranks, ds41_pipe_layer_map(), &r.ranks)
-                                     : ds41_cli_inspect_ranks(&r.cfg, &r.bud, (int)ranks, ds41_dist_expert_map(), &r.ranks))) {
+                                     : ds41_cli_inspect_ranks(&r.cfg, &r.bud, &ro, &r.ranks))) {
         if (r.has_tensors) {
             ds41_check_stats_free(&r.chk);
             ds41_st_close(r.st);
@@ -509,7 +545,7 @@ int ds41_cli_inspect(int argc, char **argv) {
     } else {
         print_text(&r);
         if (r.ranks && ds41_pipe_on()) ds41_cli_inspect_stages(&r.cfg, (int)ranks, ds41_pipe_layer_map(), NULL);
-        else if (r.ranks) ds41_cli_inspect_ranks(&r.cfg, &r.bud, (int)ranks, ds41_dist_expert_map(), NULL);
+        else if (r.ranks) ds41_cli_inspect_ranks(&r.cfg, &r.bud, &ro, NULL);
     }
     json_decref(r.ranks);
     fflush(stdout);

@@ -8,8 +8,18 @@
 #include "config.h"
 #include "dist.h"
 
-/* Prints the section (json == NULL) or stores it in *json. map: an --expert-map file or NULL.
- * Returns 0, or 1 after a message on stderr. */
-int ds41_cli_inspect_ranks(const ds41_config *c, const ds41_budgets *bud, int n, const char *map, json_t **json);
+typedef struct ds41_inspect_ranks_opts {
+    int n;                  /* --ranks N */
+    const char *map;        /* --expert-map FILE, or NULL */
+    const char *counts;     /* --expert-map-from COUNTS (ds41 bench --routing-counts), or NULL */
+    const char *map_out;    /* --write-expert-map FILE (with counts), or NULL */
+    int dp;                 /* --dp-attention: each rank attends its own share of the sequences */
+} ds41_inspect_ranks_opts;
+
+/* Prints the section (json == NULL) or stores it in *json (and then writes o->map_out, so a
+ * caller that prints the text after the JSON call writes it once). Returns 0, or 1 after a
+ * message on stderr. */
+int ds41_cli_inspect_ranks(const ds41_config *c, const ds41_budgets *bud, const ds41_inspect_ranks_opts *o,
+                           json_t **json);
 
 #endif

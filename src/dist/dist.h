@@ -16,6 +16,7 @@
 #define DS41_DIST_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "moe.h"
 
@@ -35,7 +36,8 @@ const char *ds41_dist_expert_map(void);
 int ds41_dist_size(void);
 /* 1 when the binary was built with MPI. */
 int ds41_dist_built(void);
-/* --mpi-timeout in seconds. */
+/* --mpi-timeout in seconds, or its 30 s default (the bound of the waits on rank 0's decisions;
+ * inside a replicated forward the default is derived from the forwards' times, dist_mpi.c). */
 double ds41_dist_timeout(void);
 /* fn(message) runs on rank 0 when the job is about to end on a fault (a lost rank, ranks that
  * drifted apart), on the thread that saw it, before MPI_Abort: serve answers the requests in
@@ -62,6 +64,22 @@ void ds41_placement_free(ds41_placement *p);
 static inline int ds41_dist_owner(const ds41_placement *p, int layer, int expert) {
     return p->owner[(size_t)layer * p->n_experts + expert];
 }
+/* Routing counts (`ds41 bench --routing-counts FILE` writes them): lines "LAYER EXPERT COUNT",
+ * '#' comments, blank lines, the layers and experts of p. Adds each line's COUNT into
+ * counts [p->n_layers][p->n_experts]. 0, or -1 with err naming the file and line. */
+int ds41_route_counts_load(const ds41_placement *p, const char *path, unsigned long long *counts, char *err,
+                           size_t errcap);
+/* A placement balanced on the counts: per layer with any count, its experts (experts[l] of
+ * them) in descending count (ties: ascending id) each go to the rank with the least count so
+ * far among those holding fewer than ceil(experts[l] / N) of the layer's experts (ties: the
+ * fewest experts, then the lowest rank), so every rank keeps an equal share of the layer's
+ * bytes and the hot experts spread; a layer without counts keeps the default. */
+void ds41_placement_balance(ds41_placement *p, const unsigned long long *counts, const int *experts);
+/* Writes p as a map file for --expert-map: "LAYER EXPERT RANK" for every expert of the layers
+ * with counts (experts[l] each; the other layers keep the default and get no line); header
+ * names the source in a comment. 0, or -1 (a write error). */
+int ds41_placement_write(const ds41_placement *p, const unsigned long long *counts, const int *experts,
+                         const char *header, FILE *f);
 
 /* ---- the job, once the model is loaded (dist_mpi.c) ----
  * What every rank must agree on, hashed: the config, the shard list (names and sizes), the

@@ -9,6 +9,8 @@
  * completed in end, so the shared expert runs while they travel. Each rank then adds, row by
  * row, the k outputs in ascending expert id: the additions of one process, in its order.
  * Point-to-point rather than a collective so that a rank that does not answer is named.
+ * The waits inside a forward (these exchanges, the Engram rows) are bounded, without
+ * --mpi-timeout, by a few seconds past the slowest forward this rank has run (fwd_limit).
  * Every message starts with a header (layer, rows, a hash of the routing) so that ranks that
  * drifted apart stop with a message instead of adding another layer's numbers. */
 #include "dist.h"
@@ -31,7 +33,10 @@
 
 static struct {
     int on, rank, size;
-    double timeout;             /* seconds a rank waits for a peer */
+    double timeout;             /* seconds a rank waits for a peer (--mpi-timeout, or the default) */
+    int timeout_set;            /* --mpi-timeout was given: every wait uses it */
+    double fwd_t0, fwd_last;    /* the forward under way began; its last in-forward wait ended */
+    double fwd_slowest;         /* the slowest forward so far (0: none measured) */
     const char *map_path;
     int argc;
     char **argv;
@@ -43,7 +48,7 @@ static struct {
     ds41_dist_stats st;
     void (*fault_hook)(const char *msg);
     double fault_delay;
-} g = { 0, 0, 1, 30.0, NULL, 0, NULL, 2, 0, { 0, 0, 0, NULL }, NULL, NULL, { 0, 0, 0, 0, 0.0 }, NULL, 0.0 };
+} g = { 0, 0, 1, 30.0, 0, 0.0, 0.0, 0.0, NULL, 0, NULL, 2, 0, { 0, 0, 0, NULL }, NULL, NULL, { 0, 0, 0, 0, 0.0 }, NULL, 0.0 };
 
 int ds41_dist_rank(void) { return g.rank; }
 const char *ds41_dist_expert_map(void) { return g.map_path; }
@@ -119,6 +124,7 @@ int ds41_dist_start(int *argc, char **argv) {
                     return 2;
                 }
                 g.timeout = t;
+                g.timeout_set = 1;
             }
             continue;
         }
@@ -280,6 +286,25 @@ static void fatal(int code, const char *fmt, ...) {
     }
     MPI_Abort(MPI_COMM_WORLD, code);
     _exit(code);
+}
+
+/* The default bound of a wait inside a forward (an expert or Engram exchange): a peer there
+ * lags this rank by at most the work of one forward (the ranks run the same rows, layer by
+ * layer), so FWD_MARGIN_S seconds past FWD_TIMES times the slowest forward this rank has run
+ * (from its step hook to its last exchange; a longer prefill chunk or context than any before
+ * stays inside the factor). Before the first forward is measured, and when --mpi-timeout was
+ * given, g.timeout. The waits for rank 0's own decisions (the step plan, broadcasts, serve's
+ * records) keep g.timeout: rank 0 may work between forwards (tokenize, compile a grammar). */
+#define FWD_MARGIN_S 5.0
+#define FWD_TIMES 4.0
+static double fwd_limit(void) {
+    if (g.timeout_set || g.fwd_slowest <= 0) return g.timeout;
+    return FWD_MARGIN_S + FWD_TIMES * g.fwd_slowest;
+}
+
+/* A wait inside a forward ended: the forward under way lasted at least until now. */
+static void fwd_mark(void) {
+    if (g.fwd_t0 > 0) g.fwd_last = now_s();
 }
 
 /* a request of rank 0 that every other rank completes (its broadcasts) */
@@ -451,7 +476,8 @@ static void xend(void *self, const ds41_ctx *ctx, const ds41_moe_rows *r, float 
     size_t nslot = (size_t)T * k, row = (size_t)dim * sizeof(float);
     char what[64];
     snprintf(what, sizeof what, "expert exchange of layer %d", l);
-    wait_all(x.req, x.nreq, x.peer, g.timeout, what);
+    wait_all(x.req, x.nreq, x.peer, fwd_limit(), what);
+    fwd_mark();
     /* the peers' outputs into their slots, after checking they answer this exchange */
     for (int q = 0; q < N; q++) {
         if (q == g.rank) continue;
@@ -493,7 +519,12 @@ void ds41_dist_combine(const ds41_moe_rows *r, const float *slots, float *acc) {
 }
 
 void ds41_dist_wait(MPI_Request *r, int n, const int *peer, const char *what) {
-    wait_all(r, n, peer, g.timeout, what);
+    /* the Engram exchange, and under --dp-attention and --split layers the exchanges and
+     * hops: the ranks there run different work, so no forward of this rank bounds a peer's
+     * and fwd_limit stays at g.timeout (no forward is measured: ds41_dist_step measures only
+     * the replicated forwards) */
+    wait_all(r, n, peer, fwd_limit(), what);
+    fwd_mark();
 }
 
 const ds41_placement *ds41_dist_placement(void) { return &g.place; }
@@ -695,6 +726,13 @@ long long ds41_dist_sum(long long v, const char *what) { return reduce0(v, 1, wh
 
 int ds41_dist_step(int count, const long long *pos, const int *T, const int32_t *const *tokens, char *err, size_t errcap) {
     if (g.size < 2) return 0;
+    if (!ds41_dist_dp()) {
+        /* the forward before this one ended at its last exchange (the time after it, sampling
+         * or an idle server, is not a forward's) */
+        if (g.fwd_t0 > 0 && g.fwd_last > g.fwd_t0 && g.fwd_last - g.fwd_t0 > g.fwd_slowest)
+            g.fwd_slowest = g.fwd_last - g.fwd_t0;
+        g.fwd_t0 = now_s();
+    }
     if (ds41_dist_dp()) {
         /* each rank runs its own sequences: no common plan, only the round that keeps the
          * ranks' exchanges in step */

@@ -2,7 +2,9 @@
  *
  * Default: expert e of every layer and DSpark stage on rank e mod N, so that each rank holds
  * an equal share of every layer (a step's work and bytes spread evenly whatever the routing).
- * A map file moves single experts, for example the hot ones that `ds41 bench` counts:
+ * A map file moves single experts, for example the hot ones that `ds41 bench --routing-counts`
+ * counts (ds41_placement_balance builds a whole map from those counts; `ds41 inspect --ranks N
+ * --expert-map-from COUNTS --write-expert-map FILE` writes it):
  *
  *   # LAYER EXPERT RANK     (LAYER: 0.. backbone layers, then the DSpark stages; * = all)
  *   * 0 1
@@ -92,32 +94,143 @@ int ds41_placement_parse(ds41_placement *p, const char *text, size_t len, const 
     return 0;
 }
 
-int ds41_placement_load(ds41_placement *p, const char *path, char *err, size_t errcap) {
+/* The whole file at path into *buf (its length *n), at most 64 MiB; what: the flag that named
+ * it, for messages. 0, or -1 with err. */
+static int read_all(const char *path, const char *what, char **buf, size_t *n, char *err, size_t errcap) {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        snprintf(err, errcap, "--expert-map %s: %s", path, strerror(errno));
+        snprintf(err, errcap, "%s %s: %s", what, path, strerror(errno));
         return -1;
     }
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    int rc = -1;
-    while (buf) {
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (n < cap) break;
-        if (cap >= (64u << 20)) { snprintf(err, errcap, "--expert-map %s: larger than 64 MiB", path); goto out; }
-        char *nb = realloc(buf, cap * 2);
-        if (!nb) { free(buf); buf = NULL; break; }
-        buf = nb;
+    size_t cap = 4096;
+    char *b = malloc(cap);
+    *n = 0;
+    while (b) {
+        size_t got = fread(b + *n, 1, cap - *n, f);
+        *n += got;
+        if (*n < cap) break;
+        if (cap >= (64u << 20)) {
+            snprintf(err, errcap, "%s %s: larger than 64 MiB", what, path);
+            free(b);
+            fclose(f);
+            return -1;
+        }
+        char *nb = realloc(b, cap * 2);
+        if (!nb) { free(b); b = NULL; break; }
+        b = nb;
         cap *= 2;
     }
-    if (!buf) { snprintf(err, errcap, "--expert-map %s: out of memory", path); goto out; }
-    if (ferror(f)) { snprintf(err, errcap, "--expert-map %s: read error", path); goto out; }
-    rc = ds41_placement_parse(p, buf, n, path, err, errcap);
-out:
-    free(buf);
+    int bad = !b || ferror(f);
+    if (bad) snprintf(err, errcap, "%s %s: %s", what, path, b ? "read error" : "out of memory");
     fclose(f);
+    if (bad) {
+        free(b);
+        return -1;
+    }
+    *buf = b;
+    return 0;
+}
+
+int ds41_placement_load(ds41_placement *p, const char *path, char *err, size_t errcap) {
+    char *buf;
+    size_t n;
+    if (read_all(path, "--expert-map", &buf, &n, err, errcap)) return -1;
+    int rc = ds41_placement_parse(p, buf, n, path, err, errcap);
+    free(buf);
     return rc;
+}
+
+/* ---- routing counts and the balanced placement built from them ---- */
+
+int ds41_route_counts_load(const ds41_placement *p, const char *path, unsigned long long *counts, char *err,
+                           size_t errcap) {
+    char *buf;
+    size_t len;
+    if (read_all(path, "--expert-map-from", &buf, &len, err, errcap)) return -1;
+    const char *s = buf, *end = buf + len;
+    int line = 0, rc = 0;
+    while (s < end && !rc) {
+        const char *nl = memchr(s, '\n', (size_t)(end - s));
+        const char *le = nl ? nl : end;
+        line++;
+        const char *q = s;
+        while (q < le && (*q == ' ' || *q == '\t' || *q == '\r')) q++;
+        if (q < le && *q != '#') {
+            long l, e, c;
+            char w[64] = "";
+            if (field(&q, le, 0, p->n_layers - 1L, 0, &l)) snprintf(w, sizeof w, "a layer (0..%d)", p->n_layers - 1);
+            else if (field(&q, le, 0, p->n_experts - 1L, 0, &e)) snprintf(w, sizeof w, "an expert id (0..%d)", p->n_experts - 1);
+            else if (field(&q, le, 0, (1L << 62), 0, &c)) snprintf(w, sizeof w, "a count (0..2^62)");
+            while (!w[0] && q < le && (*q == ' ' || *q == '\t' || *q == '\r')) q++;
+            if (w[0]) {
+                snprintf(err, errcap, "%s:%d: expected %s in \"LAYER EXPERT COUNT\" (a file of ds41 bench --routing-counts "
+                         "for this model)", path, line, w);
+                rc = -1;
+            } else if (q < le && *q != '#') {
+                snprintf(err, errcap, "%s:%d: unexpected text after \"LAYER EXPERT COUNT\"", path, line);
+                rc = -1;
+            } else {
+                counts[(size_t)l * p->n_experts + e] += (unsigned long long)c;
+            }
+        }
+        s = nl ? nl + 1 : end;
+    }
+    free(buf);
+    return rc;
+}
+
+static unsigned long long layer_sum(const ds41_placement *p, const unsigned long long *counts, int l) {
+    unsigned long long t = 0;
+    for (int e = 0; e < p->n_experts; e++) t += counts[(size_t)l * p->n_experts + e];
+    return t;
+}
+
+void ds41_placement_balance(ds41_placement *p, const unsigned long long *counts, const int *experts) {
+    int N = p->n_ranks, E = p->n_experts;
+    int *ord = malloc((size_t)(E ? E : 1) * sizeof *ord), *held = malloc((size_t)N * sizeof *held);
+    unsigned long long *load = malloc((size_t)N * sizeof *load);
+    if (!ord || !held || !load) goto out;   /* out of memory: the default stays */
+    for (int l = 0; l < p->n_layers; l++) {
+        const unsigned long long *c = counts + (size_t)l * E;
+        int El = experts[l] < E ? experts[l] : E;
+        if (El <= 0 || !layer_sum(p, counts, l)) continue;
+        /* the layer's experts, hottest first (an insertion sort: at most a few hundred) */
+        for (int i = 0; i < El; i++) {
+            int j = i;
+            while (j > 0 && c[ord[j - 1]] < c[i]) { ord[j] = ord[j - 1]; j--; }
+            ord[j] = i;
+        }
+        int cap = (El + N - 1) / N;
+        memset(held, 0, (size_t)N * sizeof *held);
+        memset(load, 0, (size_t)N * sizeof *load);
+        for (int i = 0; i < El; i++) {
+            int best = -1;
+            for (int r = 0; r < N; r++) {
+                if (held[r] >= cap) continue;
+                if (best < 0 || load[r] < load[best] || (load[r] == load[best] && held[r] < held[best])) best = r;
+            }
+            p->owner[(size_t)l * E + ord[i]] = (int16_t)best;
+            held[best]++;
+            load[best] += c[ord[i]];
+        }
+    }
+out:
+    free(ord);
+    free(held);
+    free(load);
+}
+
+int ds41_placement_write(const ds41_placement *p, const unsigned long long *counts, const int *experts,
+                         const char *header, FILE *f) {
+    fprintf(f, "# ds41 --expert-map for %d ranks (LAYER EXPERT RANK), balanced on %s\n"
+               "# layers without counts keep the default (expert e on rank e mod %d) and have no line\n",
+            p->n_ranks, header, p->n_ranks);
+    for (int l = 0; l < p->n_layers; l++) {
+        if (!layer_sum(p, counts, l)) continue;
+        int El = experts[l] < p->n_experts ? experts[l] : p->n_experts;
+        for (int e = 0; e < El; e++) fprintf(f, "%d %d %d\n", l, e, ds41_dist_owner(p, l, e));
+    }
+    return fflush(f) || ferror(f) ? -1 : 0;
 }
 
 uint64_t ds41_fnv(uint64_t h, const void *p, size_t n) {

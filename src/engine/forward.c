@@ -96,6 +96,7 @@ void ds41_engine_free(ds41_engine *e) {
     ds41_readahead_free(e->ra);
     ds41_engine_engram_free(e);
     ds41_pipe_close(e->pipe);
+    ds41_route_count_free(e->routes);
     if (e->own_model && e->model) { ds41_model_close(e->model); free(e->model); }
     memset(e, 0, sizeof *e);
 }

@@ -53,6 +53,9 @@ typedef struct ds41_engine {
     /* --split layers under MPI (src/dist/dist_pipe.c): this rank runs one range of layers, the
      * stream crossing to the next rank in front of its first layer; NULL: every layer here */
     struct ds41_pipe *pipe;
+    /* ds41_engine_route_count_start (route_count.c): the dispatch that counts the routing,
+     * wrapped around ctx.moe; NULL: not counting */
+    struct ds41_route_count *routes;
 } ds41_engine;
 
 /* The CSA2-less twin (twin.c; ds41 bench --configs only): on = 1 swaps e->cfg and e->w for
@@ -60,6 +63,9 @@ typedef struct ds41_engine {
  * of e is open. */
 int ds41_engine_twin(ds41_engine *e, int on, ds41_err *err);
 void ds41_engine_twin_free(ds41_engine *e);
+
+/* Frees what ds41_engine_route_count_start made (route_count.c); NULL: nothing. */
+void ds41_route_count_free(struct ds41_route_count *rc);
 
 /* Read-ahead of the weights (longctx.c): ranges of every layer's tensors, and
  * madvise(MADV_WILLNEED) on those of layer l (l = n_layers: the head and the DSpark stages). */
