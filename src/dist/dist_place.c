@@ -59,15 +59,27 @@ static int field(const char **s, const char *end, long lo, long hi, int star, lo
     return 0;
 }
 
+static const char *skip_blank(const char *q, const char *le) {
+    while (q < le && (*q == ' ' || *q == '\t' || *q == '\r')) q++;
+    return q;
+}
+
+/* The next line of the text [*s, end) (the map and count files): *le its end, before the
+ * newline; *s moves past it. Returns its first character that is not a blank (*le if none). */
+static const char *next_line(const char **s, const char *end, const char **le) {
+    const char *nl = memchr(*s, '\n', (size_t)(end - *s));
+    *le = nl ? nl : end;
+    const char *q = skip_blank(*s, *le);
+    *s = nl ? nl + 1 : end;
+    return q;
+}
+
 int ds41_placement_parse(ds41_placement *p, const char *text, size_t len, const char *name, char *err, size_t errcap) {
     const char *s = text, *end = text + len;
     int line = 0;
     while (s < end) {
-        const char *nl = memchr(s, '\n', (size_t)(end - s));
-        const char *le = nl ? nl : end;
+        const char *le, *q = next_line(&s, end, &le);
         line++;
-        const char *q = s;
-        while (q < le && (*q == ' ' || *q == '\t' || *q == '\r')) q++;
         if (q < le && *q != '#') {
             long l, e, r;
             const char *what = NULL;
@@ -81,7 +93,7 @@ int ds41_placement_parse(ds41_placement *p, const char *text, size_t len, const 
                 snprintf(err, errcap, "%s:%d: expected %s in \"LAYER EXPERT RANK\"", name, line, w);
                 return -1;
             }
-            while (q < le && (*q == ' ' || *q == '\t' || *q == '\r')) q++;
+            q = skip_blank(q, le);
             if (q < le && *q != '#') {
                 snprintf(err, errcap, "%s:%d: unexpected text after \"LAYER EXPERT RANK\"", name, line);
                 return -1;
@@ -89,7 +101,6 @@ int ds41_placement_parse(ds41_placement *p, const char *text, size_t len, const 
             for (int k = 0; k < p->n_layers; k++)
                 if (l < 0 || k == l) p->owner[(size_t)k * p->n_experts + e] = (int16_t)r;
         }
-        s = nl ? nl + 1 : end;
     }
     return 0;
 }
@@ -150,18 +161,15 @@ int ds41_route_counts_load(const ds41_placement *p, const char *path, unsigned l
     const char *s = buf, *end = buf + len;
     int line = 0, rc = 0;
     while (s < end && !rc) {
-        const char *nl = memchr(s, '\n', (size_t)(end - s));
-        const char *le = nl ? nl : end;
+        const char *le, *q = next_line(&s, end, &le);
         line++;
-        const char *q = s;
-        while (q < le && (*q == ' ' || *q == '\t' || *q == '\r')) q++;
         if (q < le && *q != '#') {
             long l, e, c;
             char w[64] = "";
             if (field(&q, le, 0, p->n_layers - 1L, 0, &l)) snprintf(w, sizeof w, "a layer (0..%d)", p->n_layers - 1);
             else if (field(&q, le, 0, p->n_experts - 1L, 0, &e)) snprintf(w, sizeof w, "an expert id (0..%d)", p->n_experts - 1);
             else if (field(&q, le, 0, (1L << 62), 0, &c)) snprintf(w, sizeof w, "a count (0..2^62)");
-            while (!w[0] && q < le && (*q == ' ' || *q == '\t' || *q == '\r')) q++;
+            if (!w[0]) q = skip_blank(q, le);
             if (w[0]) {
                 snprintf(err, errcap, "%s:%d: expected %s in \"LAYER EXPERT COUNT\" (a file of ds41 bench --routing-counts "
                          "for this model)", path, line, w);
@@ -173,7 +181,6 @@ int ds41_route_counts_load(const ds41_placement *p, const char *path, unsigned l
                 counts[(size_t)l * p->n_experts + e] += (unsigned long long)c;
             }
         }
-        s = nl ? nl + 1 : end;
     }
     free(buf);
     return rc;
