@@ -1071,6 +1071,39 @@ static void test_fp8_bf16_road(void) {
         }
         free(w); free(sc); free(x); free(y0); free(y1);
     }
+    /* the dequantized FP8 linear (the grouped wo_a: BF16 activations at a stride, no Q8): rows
+     * [row0, row0 + 64) of a 160 x 544 matrix, outputs at a stride; row0 = 8 is refused (a
+     * 16-row item would straddle two scale tiles) */
+    {
+        const int out = 160, in = 544, xs = in + 16, ys = 64 + 5, nsc = 5 * 17;
+        uint8_t *w = malloc((size_t)out * in), *sc = malloc(nsc);
+        float *x = malloc((size_t)TM * xs * 4), *y0 = malloc((size_t)TM * ys * 4), *y1 = malloc((size_t)TM * ys * 4);
+        for (int i = 0; i < out * in; i++) w[i] = (uint8_t)rnd();
+        for (int i = 0; i < nsc; i++) sc[i] = (uint8_t)(116 + rnd() % 8);
+        for (int i = 0; i < TM * xs; i++) x[i] = ds41_bf16_round(urand() * (i % 7 == 0 ? 5.0f : 1.0f));
+        ds41_fp8w f8 = { w, sc, out, in };
+        int Ts[] = { 9, 40, 64, 70 }, r0s[] = { 32, 96, 8 };
+        for (int ri = 0; ri < 3; ri++)
+            for (int ti = 0; ti < 4; ti++)
+                for (int th = 1; th <= 2; th++) {
+                    int T = Ts[ti], row0 = r0s[ri];
+                    const ds41_ctx *c = th == 1 ? &FA : &fa2;
+                    memset(y0, 0, (size_t)TM * ys * 4);
+                    memset(y1, 0, (size_t)TM * ys * 4);
+                    CHECK(ds41_kernels_set_isa("avx512") == 0, "set avx512");
+                    ds41_linear_fp8_dq(c, &f8, row0, 64, x, xs, T, y0, ys);
+                    CHECK(ds41_kernels_set_isa("avx512bf16") == 0, "set avx512bf16");
+                    long long t0 = ds41_fast_fp8_bf16_tiles;
+                    ds41_linear_fp8_dq(c, &f8, row0, 64, x, xs, T, y1, ys);
+                    int d = count_diff(y0, y1, T * ys);
+                    CHECK(d == 0, "fp8 dq rows %d.. T=%d threads %d: vdpbf16ps road differs from the FMA road in %d", row0, T,
+                          th, d);
+                    CHECK(ds41_fast_fp8_bf16_tiles - t0 == (row0 % 16 ? 0 : 1), "fp8 dq rows %d.. T=%d: %lld tiles taken",
+                          row0, T, ds41_fast_fp8_bf16_tiles - t0);
+                    taken += ds41_fast_fp8_bf16_tiles - t0;
+                }
+        free(w); free(sc); free(x); free(y0); free(y1);
+    }
     /* refusals, 100 x 544 at T = 40, one thread */
     const int out = 100, in = 544, T = 40, nsc = 4 * 17;
     uint8_t *w = malloc((size_t)out * in), *sc = malloc(nsc);

@@ -828,7 +828,9 @@ static int dot_fp4(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int 
 
 /* ================================================================ FP8 on vdpbf16ps
  *
- * The FP8 linears' tiles of 9 .. 64 tokens (in place of the mid kernels and the prefill panels)
+ * The FP8 linears' tiles of 9 .. 64 tokens, and those of the dequantized FP8 linear (the
+ * grouped wo_a: BF16 activations, no Q8; the same order), in place of the mid kernels and the
+ * prefill panels,
  * with one vdpbf16ps per 32 products where the FMA road (pan_e4m3 + pf_float, mid_e4m3) issues
  * two FMAs, with the FMA road's bits, by the argument of the BF16 linears above:
  *   - the canonical order of an FP8 output (linear_fast.c) is, per lane l of the zmm holding A
@@ -870,8 +872,8 @@ static void pan8_row(const uint8_t *c, const uint8_t *st, int nstep, uint32_t *p
 }
 
 typedef struct ejob {
-    const uint8_t *w, *s;
-    int out, in, T;
+    const uint8_t *w, *s;   /* the whole matrix: rows row0 .. row0 + out - 1 are this call's */
+    int row0, out, in, T;
     const uint32_t *ab;   /* activation dwords, token stride ldab */
     size_t ldab;
     float *y;
@@ -887,7 +889,7 @@ static void ejob_items(void *arg, int i0, int i1) {
     if (!PB || !acc) return;
     for (int it = i0; it < i1; it++) {
         int r0 = it * PITEM, r1 = r0 + PITEM < j->out ? r0 + PITEM : j->out, nr = r1 - r0;
-        const uint8_t *st = j->s + (size_t)(r0 / 32) * nbk;
+        const uint8_t *st = j->s + (size_t)((j->row0 + r0) / 32) * nbk, *w = j->w + (size_t)j->row0 * j->in;
         for (int k0 = 0; k0 < j->in; k0 += KCB) {
             int kc = j->in - k0 < KCB ? j->in - k0 : KCB, ns = kc / 32;
             /* the next panel: this item's next K, or the next item's first */
@@ -896,10 +898,10 @@ static void ejob_items(void *arg, int i0, int i1) {
             int nkc = j->in - nk0 < KCB ? j->in - nk0 : KCB;
             for (int r = r0; r < r1; r++) {
                 if (nr0 + (r - r0) < nr1) {
-                    const char *b = (const char *)(j->w + (size_t)(nr0 + (r - r0)) * j->in + nk0);
+                    const char *b = (const char *)(w + (size_t)(nr0 + (r - r0)) * j->in + nk0);
                     for (int o = 0; o < nkc; o += 64) _mm_prefetch(b + o, _MM_HINT_T1);
                 }
-                pan8_row(j->w + (size_t)r * j->in + k0, st + k0 / 32, ns, PB + (size_t)(r - r0) * (KCB / 2), j->lut);
+                pan8_row(w + (size_t)r * j->in + k0, st + k0 / 32, ns, PB + (size_t)(r - r0) * (KCB / 2), j->lut);
             }
             for (int t0 = 0; t0 < T; t0 += PC) {
                 int C = T - t0 < PC ? T - t0 : PC;
@@ -917,20 +919,21 @@ static void ejob_items(void *arg, int i0, int i1) {
 long long ds41_fast_fp8_bf16_tiles, ds41_fast_fp8_bf16_refused;
 
 /* The FP8 linear of one tile of T tokens (9 <= T <= 64; weights w, 32 x 32 tile scale bytes s, in %
- * 32 == 0) on vdpbf16ps: a the Q8 activations (ds41_fast_q8_row, token stride in); y[t ys + n]
- * rounded to BF16, the FMA road's bits. Returns 0, having written nothing to y, where the
- * activations or the scale bytes fall outside the conditions above. */
-static int dense_fp8(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int out, int in, const float *a, int T,
-                     float *y, size_t ys, const float *lut) {
+ * 32 == 0; rows [row0, row0 + out), row0 % 16 == 0) on vdpbf16ps: a the activations (Q8 values,
+ * or the BF16 values of the dequantized FP8 linear; token stride lda); y[t ys + n] rounded to
+ * BF16, the FMA road's bits. Returns 0, having written nothing to y, where the activations or
+ * the scale bytes fall outside the conditions above. */
+static int dense_fp8(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int row0, int out, int in, const float *a,
+                     size_t lda, int T, float *y, size_t ys, const float *lut) {
     size_t ldab = (size_t)in / 2;
     uint32_t *ab = ds41_scratch(DS41_SCR_LIN_AB, (size_t)T * ldab * sizeof(uint32_t));
-    int xmin, xmax, smin, smax, lg = 0;
+    int xmin, xmax, smin, smax, lg = 0, nbk = in / 32;
     while (lg < 31 && (1LL << lg) < in) lg++;
-    if (!ab || !acts_b(a, (size_t)in, T, in, ab, ldab, &xmin, &xmax, 1)) goto refuse;
-    u8_range(s, (size_t)((out + 31) / 32) * (in / 32), &smin, &smax);
+    if ((row0 & 15) || !ab || !acts_b(a, lda, T, in, ab, ldab, &xmin, &xmax, 1)) goto refuse;
+    u8_range(s + (size_t)(row0 / 32) * nbk, (size_t)((row0 + out - 1) / 32 - row0 / 32 + 1) * nbk, &smin, &smax);
     if (ds41_fast_bf16_dguard &&
         (smin < 10 || smax > 246 || smin - 9 + xmin < 142 || smax + 8 + xmax + lg > 378)) goto refuse;
-    ejob j = { w, s, out, in, T, ab, ldab, y, ys, lut };
+    ejob j = { w, s, row0, out, in, T, ab, ldab, y, ys, lut };
     int n_items = (out + PITEM - 1) / PITEM;
     if ((long long)out * in * T >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, ejob_items, &j);
     else ejob_items(&j, 0, n_items);

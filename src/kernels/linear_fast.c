@@ -1570,7 +1570,8 @@ void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int
          * the mid kernels (1.2-1.4x them at T = 9, 2-2.8x at T = 32: performance.md), the FMA
          * road where refused */
         if (!fp4 && nt > DS41_FEW_MAX && bf16_of(ops) &&
-            ds41_fast_bf16_avx512()->dense_fp8(ctx, w, s, out, in, a, nt, y + (size_t)t0 * out, (size_t)out, ue8_lut8))
+            ds41_fast_bf16_avx512()->dense_fp8(ctx, w, s, 0, out, in, a, (size_t)in, nt, y + (size_t)t0 * out, (size_t)out,
+                                               ue8_lut8))
             continue;
         /* FP4 tiles of 9 .. 64 tokens on the canonical BF16 road in wide panels (the same bits),
          * before the mid kernels and the 256-wide panels; the int16 road where refused */
@@ -1617,6 +1618,12 @@ void ds41_fast_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const fl
         const float *xt = x + (size_t)t0 * x_stride;
         const float *ap = xt;
         size_t lda = (size_t)x_stride;
+        /* the dequantized FP8 linear's tiles of 9 .. 64 tokens on vdpbf16ps (the same bits), as
+         * ds41_fast_qlin's FP8 */
+        if (jk == J_DQ && nt > DS41_FEW_MAX && bf16_of(ops) &&
+            ds41_fast_bf16_avx512()->dense_fp8(ctx, w8->w, w8->s, row0, out, in, xt, lda, nt, y + (size_t)t0 * y_stride,
+                                               (size_t)y_stride, ue8_lut8))
+            continue;
         if (jk == J_BF16) {
             for (int t = 0; t < nt; t++) perm_bf16_row(xt + (size_t)t * x_stride, in, a + (size_t)t * ldp);
             ap = a;

@@ -131,12 +131,13 @@ typedef struct ds41_fast_bf16 {
      * [*emin, *emax] to the exponents of the u / 2 */
     int (*dot_acts)(const float *a, int in, uint16_t *ad, int *emin, int *emax);
     /* The FP8 linear of one tile of T <= 64 tokens (9 .. 64 in use) on vdpbf16ps with the FMA road's bits
-     * (linear_avx512bf16.c, "FP8 on vdpbf16ps"): a the Q8 activations (token stride in), lut
-     * ue8m0(e) * 2^8; y[t ys + n] rounded to BF16. Returns 0, having written nothing to y,
-     * where the activations or the scale bytes rule the road out (the caller then runs the
-     * tile on the FMA road). */
-    int (*dense_fp8)(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int out, int in, const float *a, int T,
-                     float *y, size_t ys, const float *lut);
+     * (linear_avx512bf16.c, "FP8 on vdpbf16ps"), rows [row0, row0 + out) of w (row0 % 16 ==
+     * 0, else refused): a the Q8 activations, or the dequantized linear's BF16 ones (token
+     * stride lda), lut ue8m0(e) * 2^8; y[t ys + n] rounded to BF16. Returns 0, having written
+     * nothing to y, where the activations or the scale bytes rule the road out (the caller
+     * then runs the tile on the FMA road). */
+    int (*dense_fp8)(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int row0, int out, int in, const float *a,
+                     size_t lda, int T, float *y, size_t ys, const float *lut);
     /* The FP4 linear of one tile of T <= 64 tokens (9 .. 64 in use) on the canonical BF16 road
      * in wide panels (linear_avx512bf16.c, "FP4 in the canonical order, wide panels"): ab the
      * activation words as BF16 (fp4_act_row's layout, token stride ldab), sav the pair scale
