@@ -1017,9 +1017,10 @@ static void test_bf16_dense_road(void) {
  * ones must not. FP8 and the dequantized FP8 of wo_a (with an 8-element tail), T = 1, 3, 8
  * and 70 (a 64-token tile on the panels, then a 6-token tail on the few-row kernels), 1 and 2
  * threads. */
-/* The FP8 tiles of 9 .. 64 tokens on vdpbf16ps (linear_avx512bf16.c, "FP8 on vdpbf16ps")
- * against the FMA road, bit for bit (T = 65 and 70 end in a tile of 1 or 6 tokens, which the
- * T = 1 and few-row kernels serve; 100 = 64 + 36), rows not a multiple
+/* The FP8 tiles of 9 .. 64 tokens on vdpbf16ps (linear_avx512bf16.c, "FP8 on vdpbf16ps") and the
+ * calls of 2 .. 8 tokens ("FP8 few rows on vdpbf16ps", where the CPU has AVX-512 VBMI) against
+ * the FMA road, bit for bit (T = 1 keeps the FMA road; T = 65 and 70 end in a tile of 1 or 6
+ * tokens; 100 = 64 + 36), rows not a multiple
  * of the 16-row items, K not a multiple of the 1,024-wide panels, one and two threads, random
  * and adversarial activations, every code (the NaN codes decode to 480 on both roads). Then
  * the refusals: a scale byte below 10 (weights that would be FP32 subnormals) and products
@@ -1042,10 +1043,10 @@ static void test_fp8_bf16_road(void) {
         for (size_t i = 0; i < (size_t)out * in; i++) w[i] = (uint8_t)rnd();
         for (int i = 0; i < nsc; i++) sc[i] = (uint8_t)(116 + rnd() % 8);
         ds41_fp8w f8 = { w, sc, out, in };
-        int Ts[] = { 9, 16, 32, 33, 40, 64, 65, 70, 100 };
+        int Ts[] = { 1, 2, 3, 5, 8, 9, 16, 32, 33, 40, 64, 65, 70, 100 };
         for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
             int T = Ts[ti];
-            if (shapes[si][2] && T != shapes[si][2]) continue;
+            if (shapes[si][2] && T != shapes[si][2] && T != 1 && T != 8) continue;
             for (int adv = 0; adv < 2; adv++) {
                 if (adv) fill_adversarial(x, T * in);
                 else for (int i = 0; i < T * in; i++) x[i] = ds41_bf16_round(urand() * (i % 13 == 0 ? 8.0f : 1.0f));
@@ -1054,9 +1055,14 @@ static void test_fp8_bf16_road(void) {
                     CHECK(ds41_kernels_set_isa("avx512") == 0, "set avx512");
                     ds41_linear_fp8(c, &f8, x, T, y0);
                     CHECK(ds41_kernels_set_isa("avx512bf16") == 0, "set avx512bf16");
-                    long long t0 = ds41_fast_fp8_bf16_tiles, r0 = ds41_fast_fp8_bf16_refused;
+                    long long t0 = ds41_fast_fp8_bf16_tiles, r0 = ds41_fast_fp8_bf16_refused, f0 = ds41_fast_fp8_few_tiles;
                     ds41_linear_fp8(c, &f8, x, T, y1);
                     int d = count_diff(y0, y1, T * out), tiles = (T > 8) + (T - 64 > 8);
+                    int few = (T >= 2 && T <= 8) + (T > 65 && T - 64 <= 8);
+                    CHECK(adv || ds41_fast_fp8_few_tiles - f0 == (__builtin_cpu_supports("avx512vbmi") ? few : 0),
+                          "fp8 %dx%d T=%d: %lld calls of <= 8 tokens on vdpbf16ps, %d expected", out, in, T,
+                          ds41_fast_fp8_few_tiles - f0, few);
+                    taken += ds41_fast_fp8_few_tiles - f0;
                     CHECK(d == 0, "fp8 %dx%d T=%d %s threads %d: vdpbf16ps road differs from the FMA road in %d of %d",
                           out, in, T, adv ? "adversarial" : "random", th, d, T * out);
                     /* random activations: every tile of 9 .. 64 tokens takes the road */
@@ -1143,6 +1149,8 @@ static void test_fp8_bf16_road(void) {
 }
 
 static void test_fp8_shuffle_decode(void) {
+    int few = ds41_fast_fp8_few;
+    ds41_fast_fp8_few = 0;   /* the FMA road's decodes (the vdpbf16ps road: test_fp8_bf16_road) */
     ds41_pool *pool = ds41_pool_create(2);
     ds41_ctx FA2 = FA;
     FA2.pool = pool;
@@ -1183,7 +1191,7 @@ static void test_fp8_shuffle_decode(void) {
                                   "%s %dx%d T=%d weights %d acts %d threads %d: shuffle / vbmi decode differ in %d / %d of %d",
                                   kind ? "fp8_dq" : "fp8", out, kin, T, wk, ak, th + 1, d, d2, T * out);
                             if (wk == 0 && ak == 0)
-                                CHECK(its > 0 && fbs == 0, "random operands: %lld shuffle items, %lld fallbacks", its, fbs);
+                                CHECK(its > 0 && fbs == 0, "random operands, %s T=%d: %lld shuffle items, %lld fallbacks", kind ? "fp8_dq" : "fp8", T, its, fbs);
                             if (ak == 2 || (ak == 3 && kind == 1) || wk == 1)
                                 CHECK(fbs > 0, "weights %d acts %d: out of the shuffle range, %lld fallbacks (%lld items)", wk, ak, fbs, its);
                             cases++;
@@ -1194,6 +1202,7 @@ static void test_fp8_shuffle_decode(void) {
     printf("  FP8 shuffle and vbmi decodes: %d cases bit-identical to F16C (vbmi kernel %s)\n", cases,
            ds41_kernels_isa_supported("avx512") && __builtin_cpu_supports("avx512vbmi") ? "run on avx512" : "not on this CPU");
     ds41_pool_destroy(pool);
+    ds41_fast_fp8_few = few;
 }
 
 /* The shuffle decode's operand check, made once per call and token (per-block ranges of the tile

@@ -1016,7 +1016,125 @@ static int dense_fp4(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, in
     return 1;
 }
 
-static const ds41_fast_bf16 bf16_ops = { pan_fp4b, pf_fp4b, probe_ratio, dense_b, dot_fp4, dot_acts, dense_fp8, dense_fp4 };
+/* ================================================================ FP8 few rows on vdpbf16ps
+ *
+ * The FP8 linears of T = 2 .. 8 tokens (the speculative verify blocks, small batches) on
+ * vdpbf16ps, with the FMA road's bits by the argument of "FP8 on vdpbf16ps" above (the same
+ * pairing of 32 m + l with 32 m + 16 + l, the same conditions on the scale bytes and the
+ * activations, checked per call). Each weight row is streamed once for all T tokens, as the
+ * few-row kernels do, and decoded in registers to bf16(e4m3 * s_tile): a byte permute puts
+ * code l in the high byte of word 2 l + 1 and code 16 + l in that of word 2 l (sign at bit 15,
+ * the magnitude code c at bits 8 .. 14); a normal code's BF16 word is (c << 4) + ((st - 7) <<
+ * 7) (e4m3 exponent E, mantissa M: bf16 exponent E - 7 + 127 + st - 127, mantissa M << 4), the
+ * codes below 8 (zero and the subnormals M * 2^-9) come from an 8-entry table rescaled per
+ * 32-element block, and the sign goes back with one ternary op: eight instructions per 32
+ * weights of a row, then one vdpbf16ps per token. The FMA road issues its decode, two FMAs
+ * per token and, per 32-row item, the activations times the tile scales. A work item is one
+ * 32-row scale tile. */
+#define FITEM 32
+
+/* bf16(e4m3(c)) for the codes c = 0 .. 7 (0 and the subnormals M * 2^-9), in a 32-word table */
+static const uint16_t e4m3_sub[32] __attribute__((aligned(64))) = { 0x0000, 0x3B00, 0x3B80, 0x3BC0, 0x3C00, 0x3C20,
+                                                                     0x3C40, 0x3C60 };
+
+/* word 2 l + 1 <- byte l, word 2 l <- byte 16 + l, in the words' high bytes (low bytes zeroed) */
+static const uint8_t perm_e4m3b[64] __attribute__((aligned(64))) = {
+    0, 16, 0, 0, 0, 17, 0, 1, 0, 18, 0, 2, 0, 19, 0, 3, 0, 20, 0, 4, 0, 21, 0, 5, 0, 22, 0, 6, 0, 23, 0, 7,
+    0, 24, 0, 8, 0, 25, 0, 9, 0, 26, 0, 10, 0, 27, 0, 11, 0, 28, 0, 12, 0, 29, 0, 13, 0, 30, 0, 14, 0, 31, 0, 15 };
+
+#define MK_F8(R, C)                                                                                   \
+    __attribute__((target("avx512vbmi"))) static void mk_f8_##R##_##C(                              \
+        const uint8_t *w, size_t ld, int ns, const uint8_t *st, const uint32_t *ab, size_t ldab, float *out, int ldo) { \
+        const __m512i pidx = _mm512_load_si512(perm_e4m3b), sgn = _mm512_set1_epi16((short)0x8000);  \
+        const __m512i tsub = _mm512_load_si512(e4m3_sub), mag = _mm512_set1_epi16(0x07F0);          \
+        const __m512i ehi = _mm512_set1_epi16(0x7800);                                            \
+        __m512 c[R][C];                                                                           \
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++) c[r][t] = _mm512_setzero_ps(); \
+        for (int s = 0; s < ns; s++) {                                                            \
+            if (!(s & 1)) ds41_pf_rows(w, ld, (size_t)32 * s + DPF8, R);                          \
+            __m512i ex = _mm512_set1_epi16((short)((st[s] - 7) * 128));                           \
+            __m512i sub = _mm512_mask_add_epi16(tsub, (__mmask32)0xFE, tsub,                      \
+                                                _mm512_set1_epi16((short)((st[s] - 127) * 128))); \
+            __m512bh a[C];                                                                        \
+            UNROLL for (int t = 0; t < C; t++) a[t] = (__m512bh)_mm512_loadu_si512(ab + t * ldab + 16 * s); \
+            UNROLL for (int r = 0; r < R; r++) {                                                  \
+                __m512i x = _mm512_maskz_permutexvar_epi8(0xAAAAAAAAAAAAAAAAull, pidx,            \
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w + r * ld + 32 * s)))); \
+                __m512i v = _mm512_add_epi16(_mm512_and_si512(_mm512_srli_epi16(x, 4), mag), ex); \
+                v = _mm512_mask_permutexvar_epi16(v, _mm512_testn_epi16_mask(x, ehi), _mm512_srli_epi16(x, 8), sub); \
+                v = _mm512_ternarylogic_epi32(v, x, sgn, 0xF8);                                   \
+                UNROLL for (int t = 0; t < C; t++) c[r][t] = _mm512_dpbf16_ps(c[r][t], (__m512bh)v, a[t]); \
+            }                                                                                     \
+        }                                                                                         \
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < C; t++)                     \
+            out[r * ldo + t] = ds41_bf16_round(hsum16(c[r][t]));                                  \
+    }
+#define DPF8 1024   /* prefetch distance per row stream, bytes */
+#define MK_F8_C(C) MK_F8(1, C) MK_F8(2, C) MK_F8(4, C) MK_F8(8, C)
+MK_F8_C(1) MK_F8_C(2) MK_F8_C(3) MK_F8_C(4) MK_F8_C(5) MK_F8_C(6) MK_F8_C(7) MK_F8_C(8)
+typedef void (*mk_f8_fn)(const uint8_t *, size_t, int, const uint8_t *, const uint32_t *, size_t, float *, int);
+#define MK_F8_ROW(C) { mk_f8_1_##C, mk_f8_2_##C, mk_f8_4_##C, mk_f8_8_##C }
+static const mk_f8_fn mk_f8[8][4] = { MK_F8_ROW(1), MK_F8_ROW(2), MK_F8_ROW(3), MK_F8_ROW(4),
+                                      MK_F8_ROW(5), MK_F8_ROW(6), MK_F8_ROW(7), MK_F8_ROW(8) };
+/* the rows per call at C tokens (index into 1, 2, 4, 8): R C accumulators and C activations
+ * within the 32 registers, beside the constants and the temporaries */
+static const int mk_f8_ri[9] = { 0, 3, 3, 2, 2, 1, 1, 1, 1 };
+
+typedef struct fjob8 {
+    const uint8_t *w, *s;
+    int out, in, T;
+    const uint32_t *ab;
+    size_t ldab;
+    float *y;
+    size_t ys;
+} fjob8;
+
+static void fjob8_items(void *arg, int i0, int i1) {
+    const fjob8 *j = arg;
+    int T = j->T, nbk = j->in / 32, ri = mk_f8_ri[T];
+    float v[FITEM * 8];
+    for (int it = i0; it < i1; it++) {
+        int r0 = it * FITEM, r1 = r0 + FITEM < j->out ? r0 + FITEM : j->out;
+        const uint8_t *st = j->s + (size_t)it * nbk;
+        for (int r = r0; r < r1;) {
+            int q = ri;
+            while (q > 0 && r + (1 << q) > r1) q--;
+            mk_f8[T - 1][q](j->w + (size_t)r * j->in, (size_t)j->in, nbk, st, j->ab, j->ldab, v + (r - r0) * T, T);
+            r += 1 << q;
+        }
+        for (int r = r0; r < r1; r++)
+            for (int t = 0; t < T; t++) j->y[(size_t)t * j->ys + r] = v[(r - r0) * T + t];
+    }
+}
+
+long long ds41_fast_fp8_few_tiles;
+
+/* The FP8 linear of T = 1 .. 8 tokens on vdpbf16ps (the head of this part; linear_fast.c
+ * calls it for T >= 2): a the Q8
+ * activations (token stride in); y[t ys + n] rounded to BF16, the FMA road's bits. Returns 0,
+ * having written nothing to y, where the activations or the scale bytes fall outside the
+ * conditions of "FP8 on vdpbf16ps". */
+static int few_fp8(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int out, int in, const float *a, int T,
+                   float *y, size_t ys) {
+    size_t ldab = (size_t)in / 2;
+    uint32_t *ab = ds41_scratch(DS41_SCR_LIN_AB, (size_t)T * ldab * sizeof(uint32_t));
+    int xmin, xmax, smin, smax, lg = 0, nbk = in / 32;
+    while (lg < 31 && (1LL << lg) < in) lg++;
+    if (T < 1 || T > 8 || !__builtin_cpu_supports("avx512vbmi") || !ab ||
+        !acts_b(a, (size_t)in, T, in, ab, ldab, &xmin, &xmax, 1))
+        return 0;
+    u8_range(s, (size_t)((out + 31) / 32) * nbk, &smin, &smax);
+    if (ds41_fast_bf16_dguard &&
+        (smin < 10 || smax > 246 || smin - 9 + xmin < 142 || smax + 8 + xmax + lg > 378)) return 0;
+    fjob8 j = { w, s, out, in, T, ab, ldab, y, ys };
+    int n_items = (out + FITEM - 1) / FITEM;
+    if ((long long)out * in * T >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, fjob8_items, &j);
+    else fjob8_items(&j, 0, n_items);
+    __atomic_fetch_add(&ds41_fast_fp8_few_tiles, 1, __ATOMIC_RELAXED);
+    return 1;
+}
+
+static const ds41_fast_bf16 bf16_ops = { pan_fp4b, pf_fp4b, probe_ratio, dense_b, dot_fp4, dot_acts, dense_fp8, dense_fp4, few_fp8 };
 const ds41_fast_bf16 *ds41_fast_bf16_avx512(void) { return &bf16_ops; }
 
 #ifdef __clang__

@@ -778,6 +778,7 @@ static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 
 int ds41_fast_bf16_on;
 double ds41_fast_bf16_ratio;
+int ds41_fast_fp8_few = 1;
 long long ds41_fast_bf16_panels, ds41_fast_bf16_fallbacks, ds41_fast_fp4_dot_tiles, ds41_fast_fp4_dot_refused;
 
 int ds41_kernels_isa_supported(const char *name) {
@@ -809,6 +810,8 @@ static void isa_init(void) {
     cpu_vbmi = __builtin_cpu_supports("avx512vbmi");
     e4m3s_default = d && !strcmp(d, "f16c") ? 0 : d && !strcmp(d, "shuffle") ? 1 : d && !strcmp(d, "vbmi") ? 2
                   : __builtin_cpu_is("amd") ? 2 : 0;
+    const char *f = getenv("DS41_FP8_FEW");
+    if (f && !strcmp(f, "0")) ds41_fast_fp8_few = 0;
     const char *e = getenv("DS41_ISA");
     int dflt = !e || !*e || !strcmp(e, "auto");
     g_ops = &ops_avx2;
@@ -1566,6 +1569,11 @@ void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int
             ds41_fast_q8_row(x + (size_t)(t0 + t) * in, in, 1.0f, ar);
             if (fp4) fp4_act_row(ar, in, aw + (size_t)t * ldaw, sav + (size_t)t * ldsa);
         }
+        /* FP8 calls of 2 .. 8 tokens on vdpbf16ps, the rows streamed once (the same bits; T = 1
+         * keeps the FMA road's VBMI decode, as fast there: performance.md) */
+        if (!fp4 && nt >= 2 && nt <= DS41_FEW_MAX && ds41_fast_fp8_few && bf16_of(ops) &&
+            ds41_fast_bf16_avx512()->few_fp8(ctx, w, s, out, in, a, nt, y + (size_t)t0 * out, (size_t)out))
+            continue;
         /* FP8 tiles of 9 .. 64 tokens on vdpbf16ps (the same bits; linear_avx512bf16.c), before
          * the mid kernels (1.2-1.4x them at T = 9, 2-2.8x at T = 32: performance.md), the FMA
          * road where refused */

@@ -145,6 +145,11 @@ typedef struct ds41_fast_bf16 {
      * having written nothing, where a scale byte is outside [1, 233]. */
     int (*dense_fp4)(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int out, int in, const int16_t *ab,
                      size_t ldab, const float *sav, size_t ldsa, int T, float *y, size_t ys);
+    /* The FP8 linear of T = 1 .. 8 tokens on vdpbf16ps, rows streamed once (linear_avx512bf16.c,
+     * "FP8 few rows on vdpbf16ps"): a the Q8 activations (token stride in); y[t ys + n]
+     * rounded to BF16, the FMA road's bits; 0 (nothing written) where refused. */
+    int (*few_fp8)(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int out, int in, const float *a, int T,
+                   float *y, size_t ys);
 } ds41_fast_bf16;
 const ds41_fast_bf16 *ds41_fast_bf16_avx512(void);
 /* 1 when the AVX-512 path uses the BF16 FP4 panels (set at first use from the probe, or by
@@ -168,6 +173,10 @@ extern long long ds41_fast_bf16_dtiles, ds41_fast_bf16_dfall_x, ds41_fast_bf16_d
 extern long long ds41_fast_fp8_bf16_tiles, ds41_fast_fp8_bf16_refused;
 /* FP4 tiles that took the wide canonical panels (dense_fp4 above) */
 extern long long ds41_fast_fp4_wide_tiles;
+/* FP8 calls of T = 2 .. 8 tokens that took vdpbf16ps (few_fp8 above, where the CPU has AVX-512
+ * VBMI too), and the switch (1; DS41_FP8_FEW=0 in the environment or tests set 0: the FMA road) */
+extern long long ds41_fast_fp8_few_tiles;
+extern int ds41_fast_fp8_few;
 /* tests: 0 switches off the range conditions of that road (not the check that the activations
  * are BF16 values), to show that the cases they refuse would change bits; 1 otherwise */
 extern int ds41_fast_bf16_dguard;
