@@ -1081,8 +1081,8 @@ static const mk_f8_fn mk_f8[8][4] = { MK_F8_ROW(1), MK_F8_ROW(2), MK_F8_ROW(3), 
 static const int mk_f8_ri[9] = { 0, 3, 3, 2, 2, 1, 1, 1, 1 };
 
 typedef struct fjob8 {
-    const uint8_t *w, *s;
-    int out, in, T;
+    const uint8_t *w, *s;   /* the whole matrix: rows row0 .. row0 + out - 1 are this call's */
+    int row0, out, in, T;
     const uint32_t *ab;
     size_t ldab;
     float *y;
@@ -1095,11 +1095,11 @@ static void fjob8_items(void *arg, int i0, int i1) {
     float v[FITEM * 8];
     for (int it = i0; it < i1; it++) {
         int r0 = it * FITEM, r1 = r0 + FITEM < j->out ? r0 + FITEM : j->out;
-        const uint8_t *st = j->s + (size_t)it * nbk;
+        const uint8_t *st = j->s + (size_t)((j->row0 + r0) / 32) * nbk;
         for (int r = r0; r < r1;) {
             int q = ri;
             while (q > 0 && r + (1 << q) > r1) q--;
-            mk_f8[T - 1][q](j->w + (size_t)r * j->in, (size_t)j->in, nbk, st, j->ab, j->ldab, v + (r - r0) * T, T);
+            mk_f8[T - 1][q](j->w + (size_t)(j->row0 + r) * j->in, (size_t)j->in, nbk, st, j->ab, j->ldab, v + (r - r0) * T, T);
             r += 1 << q;
         }
         for (int r = r0; r < r1; r++)
@@ -1110,23 +1110,24 @@ static void fjob8_items(void *arg, int i0, int i1) {
 long long ds41_fast_fp8_few_tiles;
 
 /* The FP8 linear of T = 1 .. 8 tokens on vdpbf16ps (the head of this part; linear_fast.c
- * calls it for T >= 2): a the Q8
- * activations (token stride in); y[t ys + n] rounded to BF16, the FMA road's bits. Returns 0,
- * having written nothing to y, where the activations or the scale bytes fall outside the
- * conditions of "FP8 on vdpbf16ps". */
-static int few_fp8(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int out, int in, const float *a, int T,
-                   float *y, size_t ys) {
+ * calls it for T >= 2), rows [row0, row0 + out) of w (row0 % 32 == 0, so that an item is one
+ * scale tile; else refused): a the Q8 activations, or the dequantized linear's BF16 ones (token
+ * stride lda); y[t ys + n] rounded to BF16, the FMA road's bits. Returns 0, having written
+ * nothing to y, where the activations or the scale bytes fall outside the conditions of "FP8
+ * on vdpbf16ps". */
+static int few_fp8(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int row0, int out, int in, const float *a,
+                   size_t lda, int T, float *y, size_t ys) {
     size_t ldab = (size_t)in / 2;
     uint32_t *ab = ds41_scratch(DS41_SCR_LIN_AB, (size_t)T * ldab * sizeof(uint32_t));
     int xmin, xmax, smin, smax, lg = 0, nbk = in / 32;
     while (lg < 31 && (1LL << lg) < in) lg++;
-    if (T < 1 || T > 8 || !__builtin_cpu_supports("avx512vbmi") || !ab ||
-        !acts_b(a, (size_t)in, T, in, ab, ldab, &xmin, &xmax, 1))
+    if (T < 1 || T > 8 || (row0 & 31) || !__builtin_cpu_supports("avx512vbmi") || !ab ||
+        !acts_b(a, lda, T, in, ab, ldab, &xmin, &xmax, 1))
         return 0;
-    u8_range(s, (size_t)((out + 31) / 32) * nbk, &smin, &smax);
+    u8_range(s + (size_t)(row0 / 32) * nbk, (size_t)((out + 31) / 32) * nbk, &smin, &smax);
     if (ds41_fast_bf16_dguard &&
         (smin < 10 || smax > 246 || smin - 9 + xmin < 142 || smax + 8 + xmax + lg > 378)) return 0;
-    fjob8 j = { w, s, out, in, T, ab, ldab, y, ys };
+    fjob8 j = { w, s, row0, out, in, T, ab, ldab, y, ys };
     int n_items = (out + FITEM - 1) / FITEM;
     if ((long long)out * in * T >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, fjob8_items, &j);
     else fjob8_items(&j, 0, n_items);

@@ -1572,7 +1572,7 @@ void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int
         /* FP8 calls of 2 .. 8 tokens on vdpbf16ps, the rows streamed once (the same bits; T = 1
          * keeps the FMA road's VBMI decode, as fast there: performance.md) */
         if (!fp4 && nt >= 2 && nt <= DS41_FEW_MAX && ds41_fast_fp8_few && bf16_of(ops) &&
-            ds41_fast_bf16_avx512()->few_fp8(ctx, w, s, out, in, a, nt, y + (size_t)t0 * out, (size_t)out))
+            ds41_fast_bf16_avx512()->few_fp8(ctx, w, s, 0, out, in, a, (size_t)in, nt, y + (size_t)t0 * out, (size_t)out))
             continue;
         /* FP8 tiles of 9 .. 64 tokens on vdpbf16ps (the same bits; linear_avx512bf16.c), before
          * the mid kernels (1.2-1.4x them at T = 9, 2-2.8x at T = 32: performance.md), the FMA
@@ -1631,6 +1631,10 @@ void ds41_fast_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const fl
         if (jk == J_DQ && nt > DS41_FEW_MAX && bf16_of(ops) &&
             ds41_fast_bf16_avx512()->dense_fp8(ctx, w8->w, w8->s, row0, out, in, xt, lda, nt, y + (size_t)t0 * y_stride,
                                                (size_t)y_stride, ue8_lut8))
+            continue;
+        if (jk == J_DQ && nt >= 2 && nt <= DS41_FEW_MAX && ds41_fast_fp8_few && bf16_of(ops) &&
+            ds41_fast_bf16_avx512()->few_fp8(ctx, w8->w, w8->s, row0, out, in, xt, lda, nt, y + (size_t)t0 * y_stride,
+                                             (size_t)y_stride))
             continue;
         if (jk == J_BF16) {
             for (int t = 0; t < nt; t++) perm_bf16_row(xt + (size_t)t * x_stride, in, a + (size_t)t * ldp);

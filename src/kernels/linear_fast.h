@@ -146,10 +146,11 @@ typedef struct ds41_fast_bf16 {
     int (*dense_fp4)(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int out, int in, const int16_t *ab,
                      size_t ldab, const float *sav, size_t ldsa, int T, float *y, size_t ys);
     /* The FP8 linear of T = 1 .. 8 tokens on vdpbf16ps, rows streamed once (linear_avx512bf16.c,
-     * "FP8 few rows on vdpbf16ps"): a the Q8 activations (token stride in); y[t ys + n]
+     * "FP8 few rows on vdpbf16ps"), rows [row0, row0 + out) of w (row0 % 32 == 0): a the Q8
+     * activations, or the dequantized linear's BF16 ones (token stride lda); y[t ys + n]
      * rounded to BF16, the FMA road's bits; 0 (nothing written) where refused. */
-    int (*few_fp8)(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int out, int in, const float *a, int T,
-                   float *y, size_t ys);
+    int (*few_fp8)(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int row0, int out, int in, const float *a,
+                   size_t lda, int T, float *y, size_t ys);
 } ds41_fast_bf16;
 const ds41_fast_bf16 *ds41_fast_bf16_avx512(void);
 /* 1 when the AVX-512 path uses the BF16 FP4 panels (set at first use from the probe, or by
