@@ -84,6 +84,7 @@ static struct {
     int64_t *sids;            /* its ids */
     size_t sids_cap;
     long long served_read;    /* rows read with it (distinct per request round) */
+    double served_stall_s;    /* time this rank's own forwards stood still for those reads */
     long long io_read;        /* prefetch: rows this rank read from the files (at close, for the report) */
     int io_uring;
     int64_t *fids;            /* the step's ids with other ranks' rows masked out (-1) */
@@ -186,12 +187,19 @@ int ds41_dist_engram_report(char *line, size_t cap) {
              g.own_bytes, g.mode, g.res_in, g.res_out, g.st.steps, g.st.rows, g.st.bytes_sent, g.st.bytes_recv, g.st.wait_s);
     L = strlen(line);
     if (g.io_read || g.served_read)
-        snprintf(line + L, cap > L ? cap - L : 0, "; prefetch: %lld rows read from the files (%s), %lld rows looked up for other ranks",
-                 g.io_read, g.io_uring ? "io_uring" : "pread", g.served_read);
+        snprintf(line + L, cap > L ? cap - L : 0,
+                 "; prefetch: %lld rows read from the files (%s), %lld rows looked up for other ranks (its forwards stood "
+                 "%.3f s for those reads)", g.io_read, g.io_uring ? "io_uring" : "pread", g.served_read, g.served_stall_s);
     return 1;
 }
 
 #ifdef DS41_HAVE_MPI
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
 
 static int cmp_u64(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -243,9 +251,11 @@ enum { KTAG = 51, RTAG = 52 };
 static size_t dp_bound(int q) { return (size_t)ds41_dist_dp_rows(q) * (size_t)g.cols * (size_t)g.n_slots; }
 
 /* Prefetch mode: the n rows the peers asked for (their keys in kin) read from the files with
- * the serve step, ids laid out [slot][n] (one column), the other slots' places -1 */
-static void serve_reads(size_t n) {
+ * the serve step, ids laid out [slot][n] (one column), the other slots' places -1; fwd: this
+ * rank's own forward is under way (the time counts as its stall) */
+static void serve_reads(size_t n, int fwd) {
     if (!n) return;
+    double t0 = now_s();
     size_t total = n * (size_t)g.n_slots;
     if (grow((void **)&g.sids, &g.sids_cap, total, sizeof *g.sids)) ds41_dist_fatal(1, "out of memory for the Engram rows asked");
     for (size_t i = 0; i < total; i++) g.sids[i] = -1;
@@ -263,11 +273,12 @@ static void serve_reads(size_t n) {
     for (int s = 0; s < g.n_slots; s++)
         if (ds41_engram_step_wait(g.serve, s, &err)) ds41_dist_fatal(1, "engram rows asked by other ranks: %s", err.msg);
     g.served_read += (long long)n;
+    if (fwd) g.served_stall_s += now_s() - t0;
 }
 
 /* Round K (the keys in kout, peer q's at koff[q]: a count, then the keys), then each peer's
- * keys answered (sends posted in g.req) */
-static void dp_exchange(void) {
+ * keys answered (sends posted in g.req); fwd: from this rank's forward */
+static void dp_exchange(int fwd) {
     int N = g.size, me = g.me, nk = 0;
     size_t tin = 0;
     for (int q = 0; q < N; q++) {
@@ -317,7 +328,7 @@ static void dp_exchange(void) {
                                    "ranks' row splits differ; ending the job", q, (long long)id, s);
         }
     }
-    if (g.io) serve_reads(trep / (size_t)g.rb);   /* prefetch: the asked rows read now (no mapping to copy from) */
+    if (g.io) serve_reads(trep / (size_t)g.rb, fwd);   /* prefetch: the asked rows read now (no mapping to copy from) */
     for (int q = 0; q < N; q++) {
         if (q == me) continue;
         uint64_t c = g.kin[g.kioff[q]];
@@ -366,7 +377,7 @@ static int dp_issue(const size_t *cnt, const int *own, ds41_err *err) {
         (*c)++;
     }
     g.asked = 1;
-    dp_exchange();
+    dp_exchange(1);
     for (int q = 0; q < N; q++) {
         if (q == me || !cnt[q]) continue;
         size_t len = cnt[q] * (size_t)g.rb;
@@ -389,7 +400,7 @@ void ds41_dist_engram_dp_serve(void) {
         g.koff[q] = (size_t)q;
         g.kout[q] = 0;
     }
-    dp_exchange();
+    dp_exchange(0);
     ds41_dist_wait(g.req, g.nreq, g.peer, "Engram rows to the other ranks");
     g.nreq = 0;
 }
