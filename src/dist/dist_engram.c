@@ -252,7 +252,8 @@ static int eg_wait(void *self, int slot, ds41_err *err);
  * keys at issue, posts the receives of its rows and completes them at the first wait, as the
  * push of replicated attention does; a rank outside a forward answers from the lock-step loop
  * (ds41_dist_engram_dp_serve). Receives have room for the keys a peer's forward can ask (its
- * rows x lookups per row), so no round of counts goes first. */
+ * rows x lookups per row), so no round of counts goes first. In prefetch mode the asked rows
+ * are read while the asked rank's own forward runs, and answered when they are in (dp_answer). */
 enum { KTAG = 51, RTAG = 52 };
 
 static size_t dp_bound(int q) { return (size_t)ds41_dist_dp_rows(q) * (size_t)g.cols * (size_t)g.n_slots; }
