@@ -13,6 +13,8 @@
  *   retried, the logits stay bit-identical, the retry is counted.
  * read_error_*: every read fails (EIO, end of file): the feed fails with an error naming the
  *   table and offset, and is never computed with a zero row.
+ * step_poll*: ds41_engram_step_poll (io_uring, pread, every read failing): never blocks, and
+ *   once it says the rows are in, the waits read nothing more and give the mapping's bytes.
  * cache_clock: the row cache's hit accounting on a crafted sequence of steps (distinct rows per
  *   step, duplicates, CLOCK eviction with a 2-row cache) and the bytes of the rows it hands out
  *   (equal to the mapping's). */
@@ -310,6 +312,61 @@ static void cache_clock(void) {
     ds41_model_close(&m);
 }
 
+/* ds41_engram_step_poll (the reads --dp-attention answers other ranks with, overlapped with the
+ * rank's forward): it submits every slot's reads (issue submits the first slot's only) and
+ * never blocks; once it says 1 every slot's wait returns at once with the mapping's rows. On
+ * the pread path it reads at once; with every read failing it ends at 1 and the wait reports
+ * the error. */
+static void poll_case(const char *pread_env, const char *fault) {
+    if (pread_env) setenv("DS41_ENGRAM_PREAD", pread_env, 1);
+    if (fault) setenv("DS41_ENGRAM_FAULT", fault, 1);
+    ds41_model m;
+    ds41_err err;
+    if (ds41_model_open(tiny, &m, &err)) { CHECK(0, "open: %s", err.msg); goto out; }
+    const ds41_config *cfg = &m.cfg;
+    int cols = (cfg->engram_max_ngram - 1) * cfg->engram_n_heads, L = cfg->n_engram_layers, hd = cfg->engram_head_dim;
+    ds41_engram_io *io;
+    if (ds41_engram_io_open(&io, cfg, &m.w, m.st, 0, 0, &err)) { CHECK(0, "io: %s", err.msg); ds41_model_close(&m); goto out; }
+    ds41_engram_step *st = ds41_engram_step_new(io);
+    int64_t *ids = malloc((size_t)L * cols * sizeof(int64_t));
+    for (int i = 0; i < L * cols; i++) ids[i] = 7 + 3 * i;
+    CHECK(ds41_engram_step_issue(st, ids, 1, cols, &err) == 0, "issue: %s", err.msg);
+    int polls = 0, in = 0;
+    for (; polls < 2000000 && !(in = ds41_engram_step_poll(st)); polls++) {}
+    CHECK(in, "the reads never came in (%d polls)", polls);
+    CHECK(!pread_env || polls == 0, "pread: %d polls before the rows were in", polls);
+    ds41_engram_io_stats s0, s1;
+    ds41_engram_io_get_stats(io, &s0);
+    for (int sl = 0; sl < L; sl++) {
+        int rc = ds41_engram_step_wait(st, sl, &err);
+        if (fault) {
+            CHECK(rc != 0 && strstr(err.msg, "failed after 4 tries"), "slot %d: wait %d '%s'", sl, rc, rc ? err.msg : "");
+            continue;
+        }
+        CHECK(rc == 0, "wait %d: %s", sl, err.msg);
+        const ds41_layer_weights *lw = NULL;
+        for (int l = 0; l < cfg->n_layers; l++) if (cfg->layers[l].engram_slot == sl) lw = &m.w.layers[l];
+        for (int c = 0; c < cols && lw; c++) {
+            int64_t id = ids[sl * cols + c];
+            const uint8_t *r = ds41_engram_step_row(st, sl, id);
+            CHECK(r && !memcmp(r, lw->eg_embed + id * hd, (size_t)hd) && !memcmp(r + hd, lw->eg_scale + id * (hd / 32), (size_t)(hd / 32)),
+                  "slot %d row %lld differs from the mapping", sl, (long long)id);
+        }
+    }
+    ds41_engram_io_get_stats(io, &s1);
+    CHECK(fault || s1.bytes_read == s0.bytes_read, "the waits read %lld more bytes after the poll said 1", s1.bytes_read - s0.bytes_read);
+    free(ids);
+    ds41_engram_step_free(st);
+    ds41_engram_io_close(io);
+    ds41_model_close(&m);
+out:
+    unsetenv("DS41_ENGRAM_PREAD");
+    unsetenv("DS41_ENGRAM_FAULT");
+}
+static void step_poll(void) { poll_case(NULL, NULL); }
+static void step_poll_pread(void) { poll_case("1", NULL); }
+static void step_poll_error(void) { poll_case(NULL, "eio-all"); }
+
 int main(void) {
     if (make_ck("egio", "tiny", tiny, sizeof tiny) || make_ck("egio", "small43", small, sizeof small)) {
         printf("FAIL engram_io_checkpoints: make_checkpoint.py failed\n");
@@ -329,6 +386,9 @@ int main(void) {
     RUN_CASE(read_error_eof);
     RUN_CASE(bad_fault_setting);
     RUN_CASE(cache_clock);
+    RUN_CASE(step_poll);
+    RUN_CASE(step_poll_pread);
+    RUN_CASE(step_poll_error);
     if (!under_sanitizers()) {
         RUN_CASE(identity_small43);
         RUN_CASE(identity_batch_small43);

@@ -148,6 +148,11 @@ int ds41_dist_dp_rows(int q);
 /* --dp-attention, a rank outside a forward in a forward round: answers the other ranks' Engram
  * row requests (dist_engram.c). */
 void ds41_dist_engram_dp_serve(void);
+/* --dp-attention, prefetch mode: the rows other ranks asked of this rank, read while its own
+ * forward runs, are sent once their reads are in; called in front of each MoE round of layer
+ * `layer` (-1: a round that starts a forward), it sends them if they are in, and always from
+ * the first Engram layer on (a peer's forward may be waiting there for them). */
+void ds41_dist_engram_dp_progress(int layer);
 /* This rank's part of a step is done (it ran its sequences' forwards, perhaps none): joins
  * the other ranks' remaining forwards with zero rows until every rank's part is done. ctx:
  * the engine's (its kernels run the rows other ranks route to this rank's experts). */

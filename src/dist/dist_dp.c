@@ -121,6 +121,7 @@ static void wait_posted(const char *phase) {
 static void round_begin(const ds41_ctx *ctx, int l, const ds41_moe_rows *r) {
     int N = d.N, me = d.me, k = layer_k(l), dim = d.cfg->dim, T = r ? r->T : 0;
     if (r && r->k != k) ds41_dist_fatal(1, "expert exchange: layer %d routes %d experts per token, its plan %d", l, r->k, k);
+    ds41_dist_engram_dp_progress(l);   /* Engram rows read for the peers go out once they are in */
     d.layer = l;
     d.T = T;
     d.k = k;
@@ -261,6 +262,7 @@ static int sync_round(int rows, int kind) {
     int32_t out[3] = { (int32_t)DMAGIC, rows, rows > 0 ? kind : FWD_NONE }, in[3 * 64];
     int32_t *inb = d.N <= 64 ? in : malloc(3 * (size_t)d.N * sizeof *inb);
     if (!inb) ds41_dist_fatal(1, "out of memory for the forward round");
+    ds41_dist_engram_dp_progress(-1);   /* every peer's Engram rows are out before a new round */
     d.layer = -1;
     for (int q = 0; q < d.N; q++)
         if (q != d.me) post(inb + 3 * q, sizeof out, q, TAG_SYNC, 0);

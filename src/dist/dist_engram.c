@@ -84,6 +84,12 @@ static struct {
     int64_t *sids;            /* its ids */
     size_t sids_cap;
     long long served_read;    /* rows read with it (distinct per request round) */
+    double served_stall_s;    /* time this rank's own forwards stood still for those reads */
+    int answer_due;           /* --dp-attention: the peers' keys of this round are not answered yet */
+    size_t serve_n;           /* rows the peers asked of this rank in this round */
+    long long ans_now, ans_later, ans_waited;   /* a forward's rounds answered with the reads in at the keys, in later, or
+                                                 * after waiting for them */
+    int first_layer;          /* the first Engram layer: answers must be out before its MoE round */
     long long io_read;        /* prefetch: rows this rank read from the files (at close, for the report) */
     int io_uring;
     int64_t *fids;            /* the step's ids with other ranks' rows masked out (-1) */
@@ -186,12 +192,21 @@ int ds41_dist_engram_report(char *line, size_t cap) {
              g.own_bytes, g.mode, g.res_in, g.res_out, g.st.steps, g.st.rows, g.st.bytes_sent, g.st.bytes_recv, g.st.wait_s);
     L = strlen(line);
     if (g.io_read || g.served_read)
-        snprintf(line + L, cap > L ? cap - L : 0, "; prefetch: %lld rows read from the files (%s), %lld rows looked up for other ranks",
-                 g.io_read, g.io_uring ? "io_uring" : "pread", g.served_read);
+        snprintf(line + L, cap > L ? cap - L : 0,
+                 "; prefetch: %lld rows read from the files (%s), %lld rows looked up for other ranks (its forwards' rounds "
+                 "answered: %lld at the keys, %lld later with the reads in, %lld after waiting for them, %.3f s in all)",
+                 g.io_read, g.io_uring ? "io_uring" : "pread", g.served_read, g.ans_now, g.ans_later, g.ans_waited,
+                 g.served_stall_s);
     return 1;
 }
 
 #ifdef DS41_HAVE_MPI
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
 
 static int cmp_u64(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -237,14 +252,17 @@ static int eg_wait(void *self, int slot, ds41_err *err);
  * keys at issue, posts the receives of its rows and completes them at the first wait, as the
  * push of replicated attention does; a rank outside a forward answers from the lock-step loop
  * (ds41_dist_engram_dp_serve). Receives have room for the keys a peer's forward can ask (its
- * rows x lookups per row), so no round of counts goes first. */
+ * rows x lookups per row), so no round of counts goes first. In prefetch mode the asked rows
+ * are read while the asked rank's own forward runs, and answered when they are in (dp_answer). */
 enum { KTAG = 51, RTAG = 52 };
 
 static size_t dp_bound(int q) { return (size_t)ds41_dist_dp_rows(q) * (size_t)g.cols * (size_t)g.n_slots; }
 
-/* Prefetch mode: the n rows the peers asked for (their keys in kin) read from the files with
- * the serve step, ids laid out [slot][n] (one column), the other slots' places -1 */
+/* Prefetch mode: the reads of the n rows the peers asked for (their keys in kin) issued on the
+ * serve step, ids laid out [slot][n] (one column), the other slots' places -1. They complete
+ * while this rank's forward computes; dp_answer sends the rows once they are in. */
 static void serve_reads(size_t n) {
+    g.serve_n = n;
     if (!n) return;
     size_t total = n * (size_t)g.n_slots;
     if (grow((void **)&g.sids, &g.sids_cap, total, sizeof *g.sids)) ds41_dist_fatal(1, "out of memory for the Engram rows asked");
@@ -260,14 +278,61 @@ static void serve_reads(size_t n) {
     }
     ds41_err err;
     if (ds41_engram_step_issue(g.serve, g.sids, n, 1, &err)) ds41_dist_fatal(1, "engram rows asked by other ranks: %s", err.msg);
-    for (int s = 0; s < g.n_slots; s++)
-        if (ds41_engram_step_wait(g.serve, s, &err)) ds41_dist_fatal(1, "engram rows asked by other ranks: %s", err.msg);
     g.served_read += (long long)n;
 }
 
-/* Round K (the keys in kout, peer q's at koff[q]: a count, then the keys), then each peer's
- * keys answered (sends posted in g.req) */
-static void dp_exchange(void) {
+/* The peers' keys of this round answered with their rows (sends posted in g.req). Prefetch
+ * mode: only once the serve step's reads are in; block = 0 returns without answering while
+ * they are in flight, block = 1 waits for them (fwd: this rank's forward stands still, the
+ * time is counted). A peer's forward needs its rows at its first Engram layer and reaches it
+ * only through the MoE rounds before it, so an answer is given at the latest when this rank's
+ * forward reaches that layer (eg_wait) or a MoE round from it on (ds41_dist_engram_dp_progress),
+ * and before anything else that waits for a peer (a new round, the lock-step loop). */
+static void dp_answer(int block, int fwd, int at_keys) {
+    if (!g.answer_due) return;
+    if (g.io) {
+        int in = ds41_engram_step_poll(g.serve);
+        if (!in && !block) return;
+        if (fwd && g.serve_n) *(!in ? &g.ans_waited : at_keys ? &g.ans_now : &g.ans_later) += 1;
+        double t0 = now_s();
+        ds41_err err;
+        for (int s = 0; s < g.n_slots; s++)
+            if (ds41_engram_step_wait(g.serve, s, &err)) ds41_dist_fatal(1, "engram rows asked by other ranks: %s", err.msg);
+        if (fwd) g.served_stall_s += now_s() - t0;
+    }
+    g.answer_due = 0;
+    for (int q = 0; q < g.size; q++) {
+        if (q == g.me) continue;
+        uint64_t c = g.kin[g.kioff[q]];
+        for (uint64_t j = 0; j < c; j++) {
+            uint64_t key = g.kin[g.kioff[q] + 1 + j];
+            uint8_t *dst = g.rep + g.roff[q] + j * (size_t)g.rb;
+            if (!g.io) {
+                own_row(key, dst);
+                continue;
+            }
+            const uint8_t *r = ds41_engram_step_row(g.serve, (int)(key >> SLOT_SHIFT), (int64_t)(key & ((1ULL << SLOT_SHIFT) - 1)));
+            if (!r) ds41_dist_fatal(1, "engram exchange: row %llu of table %d asked by rank %d was not read",
+                                    (unsigned long long)(key & ((1ULL << SLOT_SHIFT) - 1)), (int)(key >> SLOT_SHIFT), q);
+            memcpy(dst, r, (size_t)g.rb);
+        }
+        if (!c) continue;
+        size_t b = (size_t)c * (size_t)g.rb;
+        if (b > INT_MAX) ds41_dist_fatal(1, "Engram rows for rank %d: %zu bytes, too large for one message", q, b);
+        g.peer[g.nreq] = q;
+        MPI_Isend(g.rep + g.roff[q], (int)b, MPI_BYTE, q, RTAG, MPI_COMM_WORLD, &g.req[g.nreq++]);
+        g.st.bytes_sent += (long long)b;
+    }
+}
+
+void ds41_dist_engram_dp_progress(int layer) {
+    if (g.on && ds41_dist_dp()) dp_answer(layer < 0 || layer >= g.first_layer, 1, 0);
+}
+
+/* Round K (the keys in kout, peer q's at koff[q]: a count, then the keys), then the reads of
+ * the rows the peers asked for issued (prefetch) and answered: from a forward (fwd) if they
+ * are in already, else later; outside one at once */
+static void dp_exchange(int fwd) {
     int N = g.size, me = g.me, nk = 0;
     size_t tin = 0;
     for (int q = 0; q < N; q++) {
@@ -317,29 +382,9 @@ static void dp_exchange(void) {
                                    "ranks' row splits differ; ending the job", q, (long long)id, s);
         }
     }
-    if (g.io) serve_reads(trep / (size_t)g.rb);   /* prefetch: the asked rows read now (no mapping to copy from) */
-    for (int q = 0; q < N; q++) {
-        if (q == me) continue;
-        uint64_t c = g.kin[g.kioff[q]];
-        for (uint64_t j = 0; j < c; j++) {
-            uint64_t key = g.kin[g.kioff[q] + 1 + j];
-            uint8_t *dst = g.rep + g.roff[q] + j * (size_t)g.rb;
-            if (!g.io) {
-                own_row(key, dst);
-                continue;
-            }
-            const uint8_t *r = ds41_engram_step_row(g.serve, (int)(key >> SLOT_SHIFT), (int64_t)(key & ((1ULL << SLOT_SHIFT) - 1)));
-            if (!r) ds41_dist_fatal(1, "engram exchange: row %llu of table %d asked by rank %d was not read",
-                                    (unsigned long long)(key & ((1ULL << SLOT_SHIFT) - 1)), (int)(key >> SLOT_SHIFT), q);
-            memcpy(dst, r, (size_t)g.rb);
-        }
-        if (!c) continue;
-        size_t b = (size_t)c * (size_t)g.rb;
-        if (b > INT_MAX) ds41_dist_fatal(1, "Engram rows for rank %d: %zu bytes, too large for one message", q, b);
-        g.peer[g.nreq] = q;
-        MPI_Isend(g.rep + g.roff[q], (int)b, MPI_BYTE, q, RTAG, MPI_COMM_WORLD, &g.req[g.nreq++]);
-        g.st.bytes_sent += (long long)b;
-    }
+    g.answer_due = 1;
+    if (g.io) serve_reads(trep / (size_t)g.rb);   /* no mapping to copy from: read, answered when in */
+    dp_answer(!fwd, fwd, 1);
     if (krq != kr) free(krq);
     if (kpe != kp) free(kpe);
 }
@@ -366,7 +411,7 @@ static int dp_issue(const size_t *cnt, const int *own, ds41_err *err) {
         (*c)++;
     }
     g.asked = 1;
-    dp_exchange();
+    dp_exchange(1);
     for (int q = 0; q < N; q++) {
         if (q == me || !cnt[q]) continue;
         size_t len = cnt[q] * (size_t)g.rb;
@@ -382,14 +427,14 @@ static int dp_issue(const size_t *cnt, const int *own, ds41_err *err) {
 void ds41_dist_engram_dp_serve(void) {
     if (!g.on || !ds41_dist_dp()) return;
     ds41_err err;
-    if (g.nreq && !g.done && eg_wait(NULL, 0, &err)) ds41_dist_fatal(1, "%s", err.msg);
+    if ((g.nreq || g.answer_due) && !g.done && eg_wait(NULL, 0, &err)) ds41_dist_fatal(1, "%s", err.msg);
     g.nreq = 0;
     if (grow((void **)&g.kout, &g.kout_cap, (size_t)g.size, sizeof *g.kout)) ds41_dist_fatal(1, "out of memory");
     for (int q = 0; q < g.size; q++) {
         g.koff[q] = (size_t)q;
         g.kout[q] = 0;
     }
-    dp_exchange();
+    dp_exchange(0);   /* no forward here to overlap the reads with: answered at once */
     ds41_dist_wait(g.req, g.nreq, g.peer, "Engram rows to the other ranks");
     g.nreq = 0;
 }
@@ -412,7 +457,7 @@ static int own_reads(const int64_t *ids, size_t N, int cols, ds41_err *err) {
 static int eg_issue(void *self, const int64_t *ids, size_t N, int cols, ds41_err *err) {
     /* a step whose Engram layers did not run (a prompt part before their rows, an error): every
      * rank finishes its messages (and sends what prefetch still held back) first */
-    if (g.nreq && !g.done && eg_wait(self, 0, err)) return -1;
+    if ((g.nreq || g.answer_due) && !g.done && eg_wait(self, 0, err)) return -1;
     g.nreq = 0;
     g.done = 0;
     g.send_pending = 0;
@@ -496,6 +541,7 @@ static int eg_wait(void *self, int slot, ds41_err *err) {
     (void)self;
     (void)slot;   /* both slots' rows travel together */
     if (g.done) return 0;
+    dp_answer(1, 1, 0);   /* the peers' rows first: their forwards may be waiting for them too */
     if (g.send_pending) {
         for (int s = 0; s < g.n_slots; s++)
             if (ds41_engram_step_wait(g.local, s, err)) return -1;
@@ -616,10 +662,12 @@ int ds41_dist_engram_open(const ds41_config *cfg, const ds41_weights *w, const d
     if (!g.sec || !g.req || !g.peer || !g.koff || !g.kioff || !g.roff) return snprintf(why, cap, "out of memory"), -1;
     int found = 0;
     size_t ram_len = 0;
+    g.first_layer = cfg->n_layers;
     for (int l = 0; l < w->n_layers && l < cfg->n_layers; l++) {
         int s = cfg->layers[l].engram_slot;
         const ds41_layer_weights *lw = &w->layers[l];
         if (s < 0 || s >= L || !lw->eg_embed || !lw->eg_scale) continue;
+        if (l < g.first_layer) g.first_layer = l;
         eg_tab *t = &g.t[s];
         t->rows = lw->eg_rows;
         t->lo = calloc((size_t)size + 1, sizeof *t->lo);
@@ -677,7 +725,7 @@ int ds41_dist_engram_open(const ds41_config *cfg, const ds41_weights *w, const d
 void ds41_dist_engram_close(void) {
     if (!g.on) return;
     ds41_err err;
-    if (g.nreq && !g.done && eg_wait(NULL, 0, &err)) ds41_log(1, "%s", err.msg);
+    if ((g.nreq || g.answer_due) && !g.done && eg_wait(NULL, 0, &err)) ds41_log(1, "%s", err.msg);
     g.nreq = 0;
     measure();
     if (g.io) {
@@ -713,5 +761,7 @@ int ds41_dist_engram_open(const ds41_config *cfg, const ds41_weights *w, const d
 void ds41_dist_engram_close(void) {}
 
 void ds41_dist_engram_dp_serve(void) {}
+
+void ds41_dist_engram_dp_progress(int layer) { (void)layer; }
 
 #endif

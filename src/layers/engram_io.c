@@ -821,6 +821,31 @@ int ds41_engram_step_wait(ds41_engram_step *st, int slot, ds41_err *err) {
     return 0;
 }
 
+int ds41_engram_step_poll(ds41_engram_step *st) {
+#ifdef DS41_HAVE_LIBURING
+    if (st->have_ring) {
+        /* the reads issue held back (the later slots') and any retries go out now; what has
+         * completed is taken, nothing is waited for. A ring that fails is left to the wait,
+         * which falls back to pread */
+        if (submit_queue(st, SIZE_MAX) < 0) return 0;
+        struct io_uring_cqe *cqe;
+        while (st->inflight > 0 && io_uring_peek_cqe(&st->ring, &cqe) == 0) {
+            uint32_t ri = (uint32_t)io_uring_cqe_get_data64(cqe);
+            long long res = cqe->res;
+            io_uring_cqe_seen(&st->ring, cqe);
+            st->inflight--;
+            read_complete(st, ri, res);
+        }
+        if (st->qhead < st->qtail) submit_queue(st, SIZE_MAX);   /* retries queued by read_complete */
+        for (int s = 0; s < st->io->n_slots; s++)
+            if (st->pending[s]) return 0;
+        return 1;
+    }
+#endif
+    pump(st, -1);   /* pread: the reads can only be done here */
+    return 1;
+}
+
 const uint8_t *ds41_engram_step_row(const ds41_engram_step *st, int slot, int64_t id) {
     if (!st->n || id < 0) return NULL;
     size_t u = step_find(st, (uint64_t)slot << SLOT_SHIFT | (uint64_t)id);

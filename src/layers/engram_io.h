@@ -62,6 +62,11 @@ int ds41_engram_step_issue(ds41_engram_step *st, const int64_t *ids, size_t N, i
 /* Waits until every row of slot is in the step's buffer (retrying failed or short reads);
  * -1 with the file, offset and reason when a read keeps failing. */
 int ds41_engram_step_wait(ds41_engram_step *st, int slot, ds41_err *err);
+/* Moves the step's reads on without blocking: submits the ones not yet submitted (issue holds
+ * back all but the first slot's) and takes the completions that are in. 1 when every slot's
+ * rows are in (ds41_engram_step_wait then returns at once and reports any failure), 0 while
+ * reads are in flight. On the pread path the reads are done here, so it returns 1. */
+int ds41_engram_step_poll(ds41_engram_step *st);
 /* The step's copy of row id of slot: head_dim E4M3 bytes, then head_dim / 32 scale bytes; NULL
  * when the step did not issue it. Valid until the next issue. */
 const uint8_t *ds41_engram_step_row(const ds41_engram_step *st, int slot, int64_t id);
