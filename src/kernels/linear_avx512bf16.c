@@ -736,13 +736,20 @@ static int dot_acts(const float *a, int in, uint16_t *ad, int *emin, int *emax) 
     return _mm512_test_epi32_mask(lost, lost) == 0;
 }
 
+/* An FP4 call in 16-row x 1,024-wide panels: the dot order (ad), or the canonical BF16 road
+ * (ab, sav: "FP4 in the canonical order, wide panels" below) */
 typedef struct djob {
     const uint8_t *w, *s;
     int out, in, T;
-    const uint16_t *ad;   /* activation words, token stride ldad words */
+    const uint16_t *ad;   /* dot order: activation words, token stride ldad words */
     size_t ldad;
     float *y;
     size_t ys;
+    const int16_t *ab;    /* canonical road (ad NULL): the activation words as BF16 (the int16
+                           * layout), token stride ldab; the pair scale vectors u / 2, stride ldsa */
+    size_t ldab;
+    const float *sav;
+    size_t ldsa;
 } djob;
 
 static void djob_items(void *arg, int i0, int i1) {
@@ -755,7 +762,7 @@ static void djob_items(void *arg, int i0, int i1) {
     for (int it = i0; it < i1; it++) {
         int r0 = it * DITEM, r1 = r0 + DITEM < j->out ? r0 + DITEM : j->out, nr = r1 - r0;
         for (int k0 = 0; k0 < j->in; k0 += KCD) {
-            int kc = j->in - k0 < KCD ? j->in - k0 : KCD, nblk = kc / 32;
+            int kc = j->in - k0 < KCD ? j->in - k0 : KCD, nblk = kc / 32, ngrp = (nblk + 1) / 2;
             /* the next panel's codes into L2 as this one is decoded: this item's next K, or
              * the next item's first */
             int nk0 = k0 + KCD < j->in ? k0 + KCD : 0, nr0 = nk0 ? r0 : r1;
@@ -767,7 +774,21 @@ static void djob_items(void *arg, int i0, int i1) {
                     for (int o = 0; o < nkc / 2; o += 64) _mm_prefetch(b + o, _MM_HINT_T1);
                     _mm_prefetch((const char *)(j->s + (size_t)(nr0 + (r - r0)) * nb + nk0 / 32), _MM_HINT_T1);
                 }
-                pan_d_row(j->w + (size_t)r * lw + k0 / 2, j->s + (size_t)r * nb + k0 / 32, nblk, PW + (size_t)(r - r0) * KCD);
+                const uint8_t *c = j->w + (size_t)r * lw + k0 / 2, *st = j->s + (size_t)r * nb + k0 / 32;
+                if (j->ad) pan_d_row(c, st, nblk, PW + (size_t)(r - r0) * KCD);
+                else pan_fp4b(c, st, nblk, (int16_t *)PW + (size_t)(r - r0) * KCD);
+            }
+            if (!j->ad) {   /* the canonical road: 4 rows x 4 tokens, 2 vdpbf16ps + 1 FMA per 64 */
+                for (int t0 = 0; t0 < T; t0 += 4) {
+                    int C = T - t0 < 4 ? T - t0 : 4;
+                    for (int q = 0; q < nr; q += 4) {
+                        int R = nr - q < 4 ? nr - q : 4;
+                        mk_b[R - 1][C - 1]((const int16_t *)PW + (size_t)q * KCD, KCD, j->ab + (size_t)t0 * j->ldab + k0,
+                                           j->ldab, j->sav + (size_t)t0 * j->ldsa + k0 / 4, j->ldsa, ngrp,
+                                           acc + ((size_t)q * T + t0) * 16, T, k0 == 0);
+                    }
+                }
+                continue;
             }
             for (int t0 = 0; t0 < T; t0 += PC) {
                 int C = T - t0 < PC ? T - t0 : PC;
@@ -819,7 +840,7 @@ static int dot_fp4(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int 
     u8_range(s, (size_t)out * (in / 32), &smin, &smax);
     int lo = 128 - eamin > 1 ? 128 - eamin : 1, hi = 361 - lg - eamax < 251 ? 361 - lg - eamax : 251;
     if (smin < lo || smax > hi) return 0;
-    djob j = { w, s, out, in, T, ad, ldad, y, ys };
+    djob j = { w, s, out, in, T, ad, ldad, y, ys, NULL, 0, NULL, 0 };
     int n_items = (out + DITEM - 1) / DITEM;
     if ((long long)out * in * T >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, djob_items, &j);
     else djob_items(&j, 0, n_items);
@@ -948,59 +969,12 @@ refuse:
  *
  * The FP4 linears' tiles of 9 .. 64 tokens on the canonical BF16 road (pan_fp4b + mk_b: the
  * int16 road's bits, the argument at the head of this file) in place of the mid kernels and
- * linear_fast.c's 32-row x 256-wide prefill panels: PITEM-row x KCB-wide panels (16 groups of
- * 64 per micro-kernel call against 4, so the accumulators are loaded and stored a quarter as
- * often), every token of the tile through each panel. The call is taken only where every scale
+ * linear_fast.c's 32-row x 256-wide prefill panels: the dot order's DITEM-row x KCD-wide panels
+ * and their walk (djob_items; 16 groups of 64 per micro-kernel call against 4, so the
+ * accumulators are loaded and stored a quarter as often), every token of the tile through each
+ * panel. The call is taken only where every scale
  * byte of the weights is in [1, 233] (pan_fp4b's range; dense_fp4 returns 0 otherwise and the
  * caller takes the int16 road, with the same bits). */
-typedef struct cjob {
-    const uint8_t *w, *s;
-    int out, in, T;
-    const int16_t *ab;    /* activation words as BF16 (the int16 layout), token stride ldab */
-    size_t ldab;
-    const float *sav;     /* pair scale vectors u / 2, token stride ldsa */
-    size_t ldsa;
-    float *y;
-    size_t ys;
-} cjob;
-
-static void cjob_items(void *arg, int i0, int i1) {
-    const cjob *j = arg;
-    int T = j->T, nb = j->in / 32;
-    size_t lw = (size_t)j->in / 2;
-    int16_t *PW = ds41_scratch(DS41_SCR_ITEM_PW, (size_t)PITEM * KCB * sizeof(int16_t));
-    float *acc = ds41_scratch(DS41_SCR_ITEM_ACC, (size_t)PITEM * T * 16 * sizeof(float));
-    if (!PW || !acc) return;
-    for (int it = i0; it < i1; it++) {
-        int r0 = it * PITEM, r1 = r0 + PITEM < j->out ? r0 + PITEM : j->out, nr = r1 - r0;
-        for (int k0 = 0; k0 < j->in; k0 += KCB) {
-            int kc = j->in - k0 < KCB ? j->in - k0 : KCB, nblk = kc / 32, ngrp = (nblk + 1) / 2;
-            /* the next panel's codes and scale bytes into L2: this item's next K, or the next item's first */
-            int nk0 = k0 + KCB < j->in ? k0 + KCB : 0, nr0 = nk0 ? r0 : r1;
-            int nr1 = nk0 ? r1 : (it + 1 < i1 ? (r1 + PITEM < j->out ? r1 + PITEM : j->out) : r1);
-            int nkc = j->in - nk0 < KCB ? j->in - nk0 : KCB;
-            for (int r = r0; r < r1; r++) {
-                if (nr0 + (r - r0) < nr1) {
-                    const char *b = (const char *)(j->w + (size_t)(nr0 + (r - r0)) * lw + nk0 / 2);
-                    for (int o = 0; o < nkc / 2; o += 64) _mm_prefetch(b + o, _MM_HINT_T1);
-                    _mm_prefetch((const char *)(j->s + (size_t)(nr0 + (r - r0)) * nb + nk0 / 32), _MM_HINT_T1);
-                }
-                pan_fp4b(j->w + (size_t)r * lw + k0 / 2, j->s + (size_t)r * nb + k0 / 32, nblk, PW + (size_t)(r - r0) * KCB);
-            }
-            for (int t0 = 0; t0 < T; t0 += 4) {
-                int C = T - t0 < 4 ? T - t0 : 4;
-                for (int q = 0; q < nr; q += 4) {
-                    int R = nr - q < 4 ? nr - q : 4;
-                    mk_b[R - 1][C - 1](PW + (size_t)q * KCB, KCB, j->ab + (size_t)t0 * j->ldab + k0, j->ldab,
-                                       j->sav + (size_t)t0 * j->ldsa + k0 / 4, j->ldsa, ngrp,
-                                       acc + ((size_t)q * T + t0) * 16, T, k0 == 0);
-                }
-            }
-        }
-        store_outs(acc, T, nr, j->y + r0, j->ys, 1);
-    }
-}
-
 long long ds41_fast_fp4_wide_tiles;
 
 static int dense_fp4(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int out, int in, const int16_t *ab,
@@ -1008,10 +982,10 @@ static int dense_fp4(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, in
     int smin, smax;
     u8_range(s, (size_t)out * (in / 32), &smin, &smax);
     if (smin < 1 || smax > 233) return 0;
-    cjob j = { w, s, out, in, T, ab, ldab, sav, ldsa, y, ys };
-    int n_items = (out + PITEM - 1) / PITEM;
-    if ((long long)out * in * T >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, cjob_items, &j);
-    else cjob_items(&j, 0, n_items);
+    djob j = { w, s, out, in, T, NULL, 0, y, ys, ab, ldab, sav, ldsa };
+    int n_items = (out + DITEM - 1) / DITEM;
+    if ((long long)out * in * T >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, djob_items, &j);
+    else djob_items(&j, 0, n_items);
     __atomic_fetch_add(&ds41_fast_fp4_wide_tiles, 1, __ATOMIC_RELAXED);
     return 1;
 }
