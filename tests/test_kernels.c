@@ -567,6 +567,13 @@ static void fill_adversarial(float *x, int n) {
     }
 }
 
+/* Activations for the road tests: adversarial (fill_adversarial), or BF16 values of urand()
+ * with every period-th one times big */
+static void fill_acts(float *x, int n, int adv, int period, float big) {
+    if (adv) fill_adversarial(x, n);
+    else for (int i = 0; i < n; i++) x[i] = ds41_bf16_round(urand() * (i % period == 0 ? big : 1.0f));
+}
+
 static void test_isa_paths(void) {
     const char *isas[3] = { "avx2", "avx512", "avx512bf16" };
     printf("  kernels ISA at start: %s; avx512 supported: %d\n", ds41_kernels_isa(), ds41_kernels_isa_supported("avx512"));
@@ -664,8 +671,7 @@ static void test_fp4_bf16_road(void) {
         ds41_fp4w f4 = { w, sc, out, in };
         float *x = malloc((size_t)T * in * 4), *yi = malloc((size_t)T * out * 4), *yb = malloc((size_t)T * out * 4);
         for (int adv = 0; adv < 2; adv++) {
-            if (adv) fill_adversarial(x, T * in);
-            else for (int i = 0; i < T * in; i++) x[i] = ds41_bf16_round(urand() * (i % 11 == 0 ? 6.0f : 1.0f));
+            fill_acts(x, T * in, adv, 11, 6.0f);
             for (int th = 1; th <= 2; th++) {
                 const ds41_ctx *c = th == 1 ? &FA : &fa2;
                 CHECK(ds41_kernels_set_isa("avx512") == 0, "set avx512");
@@ -716,8 +722,7 @@ static void test_fp4_wide_road(void) {
             int T = Ts[ti];
             if (shapes[si][2] && T != shapes[si][2]) continue;
             for (int adv = 0; adv < 2; adv++) {
-                if (adv) fill_adversarial(x, T * in);
-                else for (int i = 0; i < T * in; i++) x[i] = ds41_bf16_round(urand() * (i % 11 == 0 ? 6.0f : 1.0f));
+                fill_acts(x, T * in, adv, 11, 6.0f);
                 for (int th = 1; th <= 2; th++) {
                     const ds41_ctx *c = th == 1 ? &FA : &fa2;
                     CHECK(ds41_kernels_set_isa("avx512") == 0, "set avx512");
@@ -1048,8 +1053,7 @@ static void test_fp8_bf16_road(void) {
             int T = Ts[ti];
             if (shapes[si][2] && T != shapes[si][2] && T != 1 && T != 8) continue;
             for (int adv = 0; adv < 2; adv++) {
-                if (adv) fill_adversarial(x, T * in);
-                else for (int i = 0; i < T * in; i++) x[i] = ds41_bf16_round(urand() * (i % 13 == 0 ? 8.0f : 1.0f));
+                fill_acts(x, T * in, adv, 13, 8.0f);
                 for (int th = 1; th <= 2; th++) {
                     const ds41_ctx *c = th == 1 ? &FA : &fa2;
                     CHECK(ds41_kernels_set_isa("avx512") == 0, "set avx512");
