@@ -574,6 +574,61 @@ static void fill_acts(float *x, int n, int adv, int period, float big) {
     else for (int i = 0; i < n; i++) x[i] = ds41_bf16_round(urand() * (i % period == 0 ? big : 1.0f));
 }
 
+/* The FP4 linears' activation words (linear_fast.c fp4_act_row, vectorised) against their
+ * definition written out here: per 32-block m = max |a| (NaNs ignored), ue = m's biased exponent
+ * - 14 (127 for m = 0), at least 2; word (int16) rint(a 2^(127 - ue)) (NaN, infinities and
+ * overflow: 0), the even elements of the block's group then the odd ones, u / 2 = 2^(ue - 128)
+ * x 8; a lone last block's partner zeros. Random, adversarial and special rows (NaN, infinity,
+ * -0, subnormals, huge), odd and even block counts, on a buffer full of garbage. */
+static void ref_fp4_act_row(const float *a, int in, int16_t *aw, float *sav) {
+    int nb = in / 32, ngrp = (nb + 1) / 2;
+    memset(aw, 0, (size_t)ngrp * 64 * sizeof(int16_t));
+    memset(sav, 0, (size_t)ngrp * 16 * sizeof(float));
+    for (int b = 0; b < nb; b++) {
+        const float *ab = a + 32 * b;
+        float m = 0.0f;
+        for (int i = 0; i < 32; i++) { float v = fabsf(ab[i]); if (v > m) m = v; }
+        int ue = m > 0.0f ? (int)(ds41_f32_bits(m) >> 23) - 14 : 127;
+        if (ue < 2) ue = 2;
+        float inv = ldexpf(1.0f, 127 - ue), half_u = ldexpf(1.0f, ue - 128);
+        for (int i = 0; i < 32; i++) {
+            float x = ab[i] * inv;
+            long long q = x != x || fabsf(x) >= 2147483648.0f ? (long long)INT32_MIN : (long long)rintf(x);
+            aw[64 * (b >> 1) + 16 * (b & 1) + 32 * (i & 1) + i / 2] = (int16_t)(uint16_t)(q & 0xFFFF);
+        }
+        for (int i = 0; i < 8; i++) sav[16 * (b >> 1) + 8 * (b & 1) + i] = half_u;
+    }
+}
+
+static void test_fp4_act_row(void) {
+    const int ins[3] = { 32, 96, 544 };
+    int cases = 0;
+    for (int ii = 0; ii < 3; ii++)
+        for (int kind = 0; kind < 4; kind++) {
+            int in = ins[ii], ng = (in / 32 + 1) / 2;
+            float *a = malloc((size_t)in * 4), *s0 = malloc((size_t)ng * 64), *s1 = malloc((size_t)ng * 64);
+            int16_t *w0 = malloc((size_t)ng * 128), *w1 = malloc((size_t)ng * 128);
+            if (kind == 1) fill_adversarial(a, in);
+            else for (int i = 0; i < in; i++) a[i] = urand() * ldexpf(1.0f, (int)(rnd() % 40) - 20);
+            if (kind == 2)   /* specials, one block in four all subnormal */
+                for (int i = 0; i < in; i++) {
+                    static const float sp[6] = { NAN, INFINITY, -INFINITY, -0.0f, 1e-40f, 3e38f };
+                    if (i % 7 == 3) a[i] = sp[rnd() % 6];
+                    if ((i / 32) % 4 == 1) a[i] = ldexpf(urand(), -130);
+                }
+            if (kind == 3) for (int i = 0; i < in; i++) a[i] = 0.0f;
+            memset(w1, 0x5A, (size_t)ng * 128);   /* garbage where the words go */
+            memset(s1, 0x5A, (size_t)ng * 64);
+            ref_fp4_act_row(a, in, w0, s0);
+            ds41_fast_fp4_act_row(a, in, w1, s1);
+            CHECK(!memcmp(w0, w1, (size_t)ng * 128) && !memcmp(s0, s1, (size_t)ng * 64),
+                  "fp4 activation words, in %d, case %d: differ from the definition", in, kind);
+            cases++;
+            free(a); free(s0); free(s1); free(w0); free(w1);
+        }
+    printf("  FP4 activation words: %d rows bit-identical to the definition\n", cases);
+}
+
 static void test_isa_paths(void) {
     const char *isas[3] = { "avx2", "avx512", "avx512bf16" };
     printf("  kernels ISA at start: %s; avx512 supported: %d\n", ds41_kernels_isa(), ds41_kernels_isa_supported("avx512"));
@@ -1779,6 +1834,7 @@ int main(void) {
     RUN_CASE(test_bf16_dense_road);
     RUN_CASE(test_fp8_bf16_road);
     RUN_CASE(test_fp4_wide_road);
+    RUN_CASE(test_fp4_act_row);
     /* the linear tests on every ISA path the CPU has */
     const char *isas[2] = { "avx2", "avx512" };
     for (int ii = 0; ii < 2; ii++) {

@@ -916,37 +916,72 @@ void ds41_fast_q8_row(const float *x, int in, float mult, float *a) {
 /* FP4 activations of one row: Q8 values a[in] (v * s) -> int16 words aw (per 64: 32 even
  * elements, 32 odd; ngrp groups, zero padded) and pair scale vectors sav (per 64: u/2 of the
  * first block x 8, of the second x 8). */
+/* Per 32-block: m = max |a| (NaNs ignored: max_ps returns its second operand when the first is
+ * NaN), ue = m's biased exponent - 14 (127 when m = 0), at least 2; q = (int16) cvt(a 2^(127 -
+ * ue)), rounded as MXCSR says (to nearest even), truncated to 16 bits (NaN and out-of-range
+ * values convert to 0x80000000, whose low half is 0); u / 2 = 2^(ue - 128). The 16 low halves
+ * of each parity go out with two unsigned packs (exact: masked to 16 bits first) and a lane
+ * permute. Bit for bit the scalar definition (tests: test_fp4_act_row). */
 static void fp4_act_row(const float *a, int in, int16_t *aw, float *sav) {
-    int nb = in / 32, ngrp = (nb + 1) / 2;
-    memset(aw, 0, (size_t)ngrp * 64 * sizeof(int16_t));
-    memset(sav, 0, (size_t)ngrp * 16 * sizeof(float));
+    int nb = in / 32;
+    if (nb & 1) {   /* the lone last block's partner: zeros */
+        memset(aw + 64 * (nb >> 1), 0, 64 * sizeof(int16_t));
+        memset(sav + 16 * (nb >> 1), 0, 16 * sizeof(float));
+    }
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i lo16 = _mm256_set1_epi32(0xFFFF);
     for (int b = 0; b < nb; b++) {
         const float *ab = a + 32 * b;
-        float m = 0.0f;
-        for (int i = 0; i < 32; i++) { float v = ab[i] < 0 ? -ab[i] : ab[i]; m = v > m ? v : m; }
+        __m256 v[4], mx = _mm256_setzero_ps();
+        for (int q = 0; q < 4; q++) {
+            v[q] = _mm256_loadu_ps(ab + 8 * q);
+            mx = _mm256_max_ps(_mm256_and_ps(v[q], absm), mx);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        float m = _mm_cvtss_f32(m4);
         int ue = m > 0.0f ? (int)(ds41_f32_bits(m) >> 23) - 14 : 127;
         if (ue < 2) ue = 2;
-        float inv = ds41_bits_f32((uint32_t)(254 - ue) << 23), half_u = ds41_bits_f32((uint32_t)(ue - 1) << 23);
-        int16_t *we = aw + 64 * (b >> 1) + 16 * (b & 1), *wo = we + 32;
-        for (int i = 0; i < 16; i++) {
-            we[i] = (int16_t)_mm_cvtss_si32(_mm_set_ss(ab[2 * i] * inv));
-            wo[i] = (int16_t)_mm_cvtss_si32(_mm_set_ss(ab[2 * i + 1] * inv));
+        __m256 inv = _mm256_set1_ps(ds41_bits_f32((uint32_t)(254 - ue) << 23));
+        __m256i p[2];   /* the 32 words in K order, 16 per register */
+        for (int h = 0; h < 2; h++) {
+            __m256i q0 = _mm256_and_si256(_mm256_cvtps_epi32(_mm256_mul_ps(v[2 * h], inv)), lo16);
+            __m256i q1 = _mm256_and_si256(_mm256_cvtps_epi32(_mm256_mul_ps(v[2 * h + 1], inv)), lo16);
+            p[h] = _mm256_permute4x64_epi64(_mm256_packus_epi32(q0, q1), 0xD8);
         }
-        for (int i = 0; i < 8; i++) sav[16 * (b >> 1) + 8 * (b & 1) + i] = half_u;
+        /* a dword of p holds elements 2i (low half) and 2i + 1 (high half) */
+        __m256i we = _mm256_packus_epi32(_mm256_and_si256(p[0], lo16), _mm256_and_si256(p[1], lo16));
+        __m256i wo = _mm256_packus_epi32(_mm256_srli_epi32(p[0], 16), _mm256_srli_epi32(p[1], 16));
+        int16_t *o = aw + 64 * (b >> 1) + 16 * (b & 1);
+        _mm256_storeu_si256((__m256i *)o, _mm256_permute4x64_epi64(we, 0xD8));
+        _mm256_storeu_si256((__m256i *)(o + 32), _mm256_permute4x64_epi64(wo, 0xD8));
+        _mm256_storeu_ps(sav + 16 * (b >> 1) + 8 * (b & 1), _mm256_set1_ps(ds41_bits_f32((uint32_t)(ue - 1) << 23)));
     }
 }
+void ds41_fast_fp4_act_row(const float *a, int in, int16_t *aw, float *sav) { fp4_act_row(a, in, aw, sav); }
 
 /* The int16 activation words of the FP4 linears as BF16 words (n of them): 1, or 0 when one is
  * not exact in BF16 (never for fp4_act_row's words, whose magnitudes have at most 4
  * significant bits: checked all the same, since the BF16 road's exactness rests on it). */
 static int fp4_words_bf16(const int16_t *aw, size_t n, int16_t *ab) {
-    uint32_t lost = 0;
-    for (size_t i = 0; i < n; i++) {
+    __m256i lost = _mm256_setzero_si256();
+    const __m256i lo16 = _mm256_set1_epi32(0xFFFF);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i u0 = _mm256_castps_si256(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i *)(aw + i)))));
+        __m256i u1 = _mm256_castps_si256(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i *)(aw + i + 8)))));
+        lost = _mm256_or_si256(lost, _mm256_and_si256(_mm256_or_si256(u0, u1), lo16));
+        __m256i w = _mm256_packus_epi32(_mm256_srli_epi32(u0, 16), _mm256_srli_epi32(u1, 16));
+        _mm256_storeu_si256((__m256i *)(ab + i), _mm256_permute4x64_epi64(w, 0xD8));
+    }
+    uint32_t l = (uint32_t)!_mm256_testz_si256(lost, lost);
+    for (; i < n; i++) {
         uint32_t u = ds41_f32_bits((float)aw[i]);
-        lost |= u & 0xFFFFu;
+        l |= u & 0xFFFFu;
         ab[i] = (int16_t)(u >> 16);
     }
-    return lost == 0;
+    return l == 0;
 }
 
 /* BF16 activation order per 32: even elements of k0..k0+15, even of k0+16..+31, odd of the

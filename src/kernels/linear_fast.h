@@ -101,6 +101,9 @@ extern const int8_t ds41_shuf_e4m3[64];
  * an independent implementation of the canonical order (AVX2 FP4: the int16 words of
  * ds41_e2m1x32_i16 against the T = 1 .. 64 kernels' words times 256) */
 extern int ds41_fast_mid_off;
+/* tests: the FP4 linears' int16 activation words and pair scales of one row of Q8 values (in %
+ * 32 == 0; aw: 64 per group of two blocks, sav: 16), as every FP4 road takes them */
+void ds41_fast_fp4_act_row(const float *a, int in, int16_t *aw, float *sav);
 
 /* The AVX-512 BF16 FP4 prefill panels (linear_avx512bf16.c): the int16 road's bits with
  * vdpbf16ps (3 instructions per 64 MACs instead of 5). pan_fp4b: one panel row, nblk blocks of
