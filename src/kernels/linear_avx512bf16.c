@@ -251,45 +251,6 @@ static void *amalloc(size_t n) {
     return p;
 }
 
-/* the sums of 8 accumulator blocks (block i at acc + i * stride; n of them, the others 0) in
- * hsum16's order, as 8 floats */
-static inline __m256 hsum16x8(const float *acc, size_t stride, int n) {
-    __m256 v[8], s[4], p[2];
-    for (int i = 0; i < 8; i++)
-        v[i] = i < n ? _mm256_add_ps(_mm256_load_ps(acc + stride * i), _mm256_load_ps(acc + stride * i + 8))
-                     : _mm256_setzero_ps();
-    for (int i = 0; i < 4; i++)   /* x_j + x_(j+4) of blocks 2i (low half) and 2i + 1 (high half) */
-        s[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
-                             _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
-    for (int i = 0; i < 2; i++)   /* s_0 + s_2, s_1 + s_3 */
-        p[i] = _mm256_add_ps(_mm256_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm256_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    __m256 y = _mm256_add_ps(_mm256_shuffle_ps(p[0], p[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm256_shuffle_ps(p[0], p[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    return _mm256_permutevar8x32_ps(y, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));   /* blocks 0, 2, .. 7 -> 0 .. 7 */
-}
-
-/* The outputs of nr rows x T tokens from their accumulator blocks (row r token t at acc + (r T
- * + t) 16): y[t ys + r] = hsum16, rounded to BF16 when round; 8 rows of a token at a time, side
- * by side in y */
-static void store_outs(const float *acc, int T, int nr, float *y, size_t ys, int round) {
-    float v[8];
-    for (int t = 0; t < T; t++) {
-        float *yt = y + (size_t)t * ys;
-        for (int r = 0; r < nr; r += 8) {
-            int n = nr - r < 8 ? nr - r : 8;
-            __m256 sv = hsum16x8(acc + ((size_t)r * T + t) * 16, (size_t)T * 16, n);
-            if (round) sv = ds41_bf16_round8(sv);
-            if (n == 8) {
-                _mm256_storeu_ps(yt + r, sv);
-            } else {
-                _mm256_storeu_ps(v, sv);
-                memcpy(yt + r, v, (size_t)n * sizeof(float));
-            }
-        }
-    }
-}
-
 /* Activations of one token tile, rows t < T of x (stride xs), K [0, kv) (kv % 16 == 0): BF16
  * words with the halves of each pair swapped (dword i = bf16(x[2i]) << 16 | bf16(x[2i + 1])),
  * zero padded to a multiple of 32 words, row stride ldab dwords. Returns 0 when a value is not
@@ -351,6 +312,13 @@ static inline void wtrack_init(__m512i *mn, __m512i *mx) {
     *mx = _mm512_setzero_si512();
 }
 
+/* the smallest lg with 2^lg >= n (the bound on a dot product's growth) */
+static int lg_ceil(int n) {
+    int lg = 0;
+    while (lg < 31 && (1LL << lg) < n) lg++;
+    return lg;
+}
+
 /* 1 when the weights tracked in mn / mx and activations with exponents [xmin, xmax] meet the
  * conditions at the head of this part (no subnormal, infinite or NaN weight; every product a
  * multiple of 2^-126; no partial sum near 2^128), for dot products of length in */
@@ -361,9 +329,7 @@ static int fits(__m512i mn, __m512i mx, int xmin, int xmax, int in) {
     __m512i b = _mm512_max_epu32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(mx)),
                                  _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(mx, 1)));
     int wmin = (int)((_mm512_reduce_min_epu32(a) + 1) >> 8), wmax = (int)(_mm512_reduce_max_epu32(b) >> 8);
-    int lg = 0;
-    while (lg < 31 && (1LL << lg) < in) lg++;
-    return wmin >= 1 && wmax <= 254 && wmin + xmin >= 142 && wmax + xmax + lg <= 378;
+    return wmin >= 1 && wmax <= 254 && wmin + xmin >= 142 && wmax + xmax + lg_ceil(in) <= 378;
 }
 
 /* R weight rows (row r at w + r * ld words) x C tokens (activation row t at ab + t * ldab
@@ -594,7 +560,7 @@ static void item_p(const bjob *j, int r0, int r1, int nxr0, int nxr1, bscratch *
         }
     }
     if (j->kv == j->in) {   /* no tail */
-        store_outs(acc, T, nr, j->y + r0, j->ys, j->out_bf16);
+        ds41_fast_store_outs(acc, T, nr, j->y + r0, j->ys, j->out_bf16);
         return;
     }
     for (int r = 0; r < nr; r++)
@@ -800,7 +766,7 @@ static void djob_items(void *arg, int i0, int i1) {
                 }
             }
         }
-        store_outs(acc, T, nr, j->y + r0, j->ys, 1);
+        ds41_fast_store_outs(acc, T, nr, j->y + r0, j->ys, 1);
     }
 }
 
@@ -829,17 +795,23 @@ static void u8_range(const uint8_t *p, size_t n, int *mn, int *mx) {
     *mx = hi;
 }
 
+/* The smallest and largest scale bytes of a call's weights (n bytes at s) into rng[0] and
+ * rng[1], read once per call: the caller keeps rng across its token tiles, and rng[0] < 0 asks
+ * for them */
+static void call_range(const uint8_t *s, size_t n, int *rng) {
+    if (rng[0] < 0) u8_range(s, n, &rng[0], &rng[1]);
+}
+
 /* The FP4 linear of T tokens in the dot order (the head of this part): y[t ys + n] for the
  * activation words ad (token stride ldad words, in of them per token, 64-byte aligned rows)
  * whose u / 2 exponents span [eamin, eamax]. Returns 0, having written nothing, where a scale
  * byte of w is outside the range the argument above allows; 1 when done. */
 static int dot_fp4(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int out, int in, const uint16_t *ad,
-                   size_t ldad, int T, int eamin, int eamax, float *y, size_t ys) {
-    int smin, smax, lg = 0;
-    while (lg < 31 && (1LL << lg) < in) lg++;
-    u8_range(s, (size_t)out * (in / 32), &smin, &smax);
+                   size_t ldad, int T, int eamin, int eamax, float *y, size_t ys, int *srng) {
+    int lg = lg_ceil(in);
+    call_range(s, (size_t)out * (in / 32), srng);
     int lo = 128 - eamin > 1 ? 128 - eamin : 1, hi = 361 - lg - eamax < 251 ? 361 - lg - eamax : 251;
-    if (smin < lo || smax > hi) return 0;
+    if (srng[0] < lo || srng[1] > hi) return 0;
     djob j = { w, s, out, in, T, ad, ldad, y, ys, NULL, 0, NULL, 0 };
     int n_items = (out + DITEM - 1) / DITEM;
     if ((long long)out * in * T >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, djob_items, &j);
@@ -933,7 +905,7 @@ static void ejob_items(void *arg, int i0, int i1) {
                 }
             }
         }
-        store_outs(acc, T, nr, j->y + r0, j->ys, 1);
+        ds41_fast_store_outs(acc, T, nr, j->y + r0, j->ys, 1);
     }
 }
 
@@ -944,16 +916,25 @@ long long ds41_fast_fp8_bf16_tiles, ds41_fast_fp8_bf16_refused;
  * or the BF16 values of the dequantized FP8 linear; token stride lda); y[t ys + n] rounded to
  * BF16, the FMA road's bits. Returns 0, having written nothing to y, where the activations or
  * the scale bytes fall outside the conditions above. */
+/* The conditions above, for rows [row0, row0 + out) of an FP8 linear (scale bytes s, in % 32 ==
+ * 0; their range kept in srng across the call's tiles, call_range) against activations whose
+ * exponents span [xmin, xmax]: 1 when the road may run */
+static int fp8_fits(const uint8_t *s, int row0, int out, int in, int xmin, int xmax, int *srng) {
+    int nbk = in / 32;
+    call_range(s + (size_t)(row0 / 32) * nbk, (size_t)((row0 + out - 1) / 32 - row0 / 32 + 1) * nbk, srng);
+    int smin = srng[0], smax = srng[1];
+    return !ds41_fast_bf16_dguard ||
+           (smin >= 10 && smax <= 246 && smin - 9 + xmin >= 142 && smax + 8 + xmax + lg_ceil(in) <= 378);
+}
+
 static int dense_fp8(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int row0, int out, int in, const float *a,
-                     size_t lda, int T, float *y, size_t ys, const float *lut) {
+                     size_t lda, int T, float *y, size_t ys, const float *lut, int *srng) {
     size_t ldab = (size_t)in / 2;
     uint32_t *ab = ds41_scratch(DS41_SCR_LIN_AB, (size_t)T * ldab * sizeof(uint32_t));
-    int xmin, xmax, smin, smax, lg = 0, nbk = in / 32;
-    while (lg < 31 && (1LL << lg) < in) lg++;
-    if ((row0 & 15) || !ab || !acts_b(a, lda, T, in, ab, ldab, &xmin, &xmax, 1)) goto refuse;
-    u8_range(s + (size_t)(row0 / 32) * nbk, (size_t)((row0 + out - 1) / 32 - row0 / 32 + 1) * nbk, &smin, &smax);
-    if (ds41_fast_bf16_dguard &&
-        (smin < 10 || smax > 246 || smin - 9 + xmin < 142 || smax + 8 + xmax + lg > 378)) goto refuse;
+    int xmin, xmax;
+    if ((row0 & 15) || !ab || !acts_b(a, lda, T, in, ab, ldab, &xmin, &xmax, 1) ||
+        !fp8_fits(s, row0, out, in, xmin, xmax, srng))
+        goto refuse;
     ejob j = { w, s, row0, out, in, T, ab, ldab, y, ys, lut };
     int n_items = (out + PITEM - 1) / PITEM;
     if ((long long)out * in * T >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, ejob_items, &j);
@@ -978,10 +959,9 @@ refuse:
 long long ds41_fast_fp4_wide_tiles;
 
 static int dense_fp4(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int out, int in, const int16_t *ab,
-                     size_t ldab, const float *sav, size_t ldsa, int T, float *y, size_t ys) {
-    int smin, smax;
-    u8_range(s, (size_t)out * (in / 32), &smin, &smax);
-    if (smin < 1 || smax > 233) return 0;
+                     size_t ldab, const float *sav, size_t ldsa, int T, float *y, size_t ys, int *srng) {
+    call_range(s, (size_t)out * (in / 32), srng);
+    if (srng[0] < 1 || srng[1] > 233) return 0;
     djob j = { w, s, out, in, T, NULL, 0, y, ys, ab, ldab, sav, ldsa };
     int n_items = (out + DITEM - 1) / DITEM;
     if ((long long)out * in * T >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, djob_items, &j);
@@ -1090,17 +1070,13 @@ long long ds41_fast_fp8_few_tiles;
  * nothing to y, where the activations or the scale bytes fall outside the conditions of "FP8
  * on vdpbf16ps". */
 static int few_fp8(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int row0, int out, int in, const float *a,
-                   size_t lda, int T, float *y, size_t ys) {
+                   size_t lda, int T, float *y, size_t ys, int *srng) {
     size_t ldab = (size_t)in / 2;
     uint32_t *ab = ds41_scratch(DS41_SCR_LIN_AB, (size_t)T * ldab * sizeof(uint32_t));
-    int xmin, xmax, smin, smax, lg = 0, nbk = in / 32;
-    while (lg < 31 && (1LL << lg) < in) lg++;
+    int xmin, xmax;
     if (T < 1 || T > 8 || (row0 & 31) || !__builtin_cpu_supports("avx512vbmi") || !ab ||
-        !acts_b(a, lda, T, in, ab, ldab, &xmin, &xmax, 1))
+        !acts_b(a, lda, T, in, ab, ldab, &xmin, &xmax, 1) || !fp8_fits(s, row0, out, in, xmin, xmax, srng))
         return 0;
-    u8_range(s + (size_t)(row0 / 32) * nbk, (size_t)((out + 31) / 32) * nbk, &smin, &smax);
-    if (ds41_fast_bf16_dguard &&
-        (smin < 10 || smax > 246 || smin - 9 + xmin < 142 || smax + 8 + xmax + lg > 378)) return 0;
     fjob8 j = { w, s, row0, out, in, T, ab, ldab, y, ys };
     int n_items = (out + FITEM - 1) / FITEM;
     if ((long long)out * in * T >= PAR_MIN_WORK) ds41_parallel_for(ctx, n_items, fjob8_items, &j);

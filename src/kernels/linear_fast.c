@@ -132,17 +132,6 @@ static __m256 hsumab8v(const float *acc, size_t stride, int n) {
     return _mm256_permutevar8x32_ps(y, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-/* ds41_bf16_round of 8 floats (bf16r's integer steps, NaNs quieted the same way) */
-static inline __m256 bf16r8(__m256 v) {
-    __m256i u = _mm256_castps_si256(v);
-    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)), _mm256_set1_epi32(0x7F800000));
-    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb);
-    r = _mm256_and_si256(r, _mm256_set1_epi32((int)0xFFFF0000u));
-    __m256i q = _mm256_slli_epi32(_mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40)), 16);
-    return _mm256_castsi256_ps(_mm256_blendv_epi8(r, q, nan));
-}
-
 /* ds41_bf16_round inline (round to nearest even; NaN kept quiet with its top payload bits) */
 static inline float bf16r(float f) {
     uint32_t u = ds41_f32_bits(f);
@@ -1054,27 +1043,31 @@ static inline float finish(const fjob *j, float acc, int t, int n) {
     return j->out_bf16 ? bf16r(acc) : acc;
 }
 
+/* 8 rows of one token per sum, rounded and stored side by side in y (linear_fast.h) */
+void ds41_fast_store_outs(const float *acc, int T, int nr, float *y, size_t ys, int round) {
+    float v[8];
+    for (int t = 0; t < T; t++) {
+        float *yt = y + (size_t)t * ys;
+        for (int r = 0; r < nr; r += 8) {
+            int n = nr - r < 8 ? nr - r : 8;
+            __m256 s = hsumab8v(acc + ((size_t)r * T + t) * 16, (size_t)T * 16, n);
+            if (round) s = ds41_bf16_round8(s);
+            if (n == 8) {
+                _mm256_storeu_ps(yt + r, s);
+            } else {
+                _mm256_storeu_ps(v, s);
+                memcpy(yt + r, v, (size_t)n * sizeof(float));
+            }
+        }
+    }
+}
+
 /* The outputs of rows [r0, r0 + nr) x T tokens from their accumulator blocks (mid, prefill). */
 static void finish_acc(const fjob *j, int r0, int nr, const float *acc) {
     int T = j->T;
     float v[8];
-    if (quantized(j) || j->kv == j->in) {
-        /* no tails: 8 rows of one token per sum, rounded and stored side by side in y */
-        int round = quantized(j) || j->out_bf16;
-        for (int t = 0; t < T; t++) {
-            float *yt = j->y + (size_t)t * j->y_stride + r0;
-            for (int r = 0; r < nr; r += 8) {
-                int n = nr - r < 8 ? nr - r : 8;
-                __m256 s = hsumab8v(acc + ((size_t)r * T + t) * 16, (size_t)T * 16, n);
-                if (round) s = bf16r8(s);
-                if (n == 8) {
-                    _mm256_storeu_ps(yt + r, s);
-                } else {
-                    _mm256_storeu_ps(v, s);
-                    memcpy(yt + r, v, (size_t)n * sizeof(float));
-                }
-            }
-        }
+    if (quantized(j) || j->kv == j->in) {   /* no tails */
+        ds41_fast_store_outs(acc, T, nr, j->y + r0, j->y_stride, quantized(j) || j->out_bf16);
         return;
     }
     for (int r = 0; r < nr; r++)
@@ -1573,6 +1566,7 @@ void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int
     int16_t *aw = fp4 ? ds41_scratch(DS41_SCR_LIN_AW, (size_t)tt * ldaw * sizeof(int16_t)) : NULL;
     float *sav = fp4 ? ds41_scratch(DS41_SCR_LIN_SAV, (size_t)tt * ldsa * sizeof(float)) : NULL;
     int16_t *ab = NULL;   /* the BF16 road's activation words, taken at first use */
+    int srng[2] = { -1, -1 };   /* the range of the scale bytes, read by the first tile that needs it */
     if (!a || (fp4 && (!aw || !sav))) return;
     for (int t0 = 0; t0 < T; t0 += tt) {
         int nt = T - t0 < tt ? T - t0 : tt;
@@ -1592,7 +1586,7 @@ void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int
                     emax = dj.emax[t] > emax ? dj.emax[t] : emax;
                 }
                 if (ok && ds41_fast_bf16_avx512()->dot_fp4(ctx, w, s, out, in, (const uint16_t *)ab, ldaw, nt, emin, emax,
-                                                           y + (size_t)t0 * out, (size_t)out)) {
+                                                           y + (size_t)t0 * out, (size_t)out, srng)) {
                     __atomic_fetch_add(&ds41_fast_fp4_dot_tiles, 1, __ATOMIC_RELAXED);
                     continue;
                 }
@@ -1607,22 +1601,24 @@ void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int
         /* FP8 calls of 2 .. 8 tokens on vdpbf16ps, the rows streamed once (the same bits; T = 1
          * keeps the FMA road's VBMI decode, as fast there: performance.md) */
         if (!fp4 && nt >= 2 && nt <= DS41_FEW_MAX && ds41_fast_fp8_few && bf16_of(ops) &&
-            ds41_fast_bf16_avx512()->few_fp8(ctx, w, s, 0, out, in, a, (size_t)in, nt, y + (size_t)t0 * out, (size_t)out))
+            ds41_fast_bf16_avx512()->few_fp8(ctx, w, s, 0, out, in, a, (size_t)in, nt, y + (size_t)t0 * out, (size_t)out,
+                                             srng))
             continue;
         /* FP8 tiles of 9 .. 64 tokens on vdpbf16ps (the same bits; linear_avx512bf16.c), before
          * the mid kernels (1.2-1.4x them at T = 9, 2-2.8x at T = 32: performance.md), the FMA
          * road where refused */
         if (!fp4 && nt > DS41_FEW_MAX && bf16_of(ops) &&
             ds41_fast_bf16_avx512()->dense_fp8(ctx, w, s, 0, out, in, a, (size_t)in, nt, y + (size_t)t0 * out, (size_t)out,
-                                               ue8_lut8))
+                                               ue8_lut8, srng))
             continue;
         /* FP4 tiles of 9 .. 64 tokens on the canonical BF16 road in wide panels (the same bits),
          * before the mid kernels and the 256-wide panels; the int16 road where refused */
+        int abok = 0;   /* ab holds this tile's words as BF16 (both BF16 FP4 roads read them) */
         if (fp4 && nt > DS41_FEW_MAX && bf16_of(ops)) {
             if (!ab) ab = ds41_scratch(DS41_SCR_LIN_AB, (size_t)tt * ldaw * sizeof(int16_t));
-            if (ab && fp4_words_bf16(aw, (size_t)nt * ldaw, ab) &&
-                ds41_fast_bf16_avx512()->dense_fp4(ctx, w, s, out, in, ab, ldaw, sav, ldsa, nt, y + (size_t)t0 * out,
-                                                   (size_t)out))
+            abok = ab && fp4_words_bf16(aw, (size_t)nt * ldaw, ab);
+            if (abok && ds41_fast_bf16_avx512()->dense_fp4(ctx, w, s, out, in, ab, ldaw, sav, ldsa, nt,
+                                                           y + (size_t)t0 * out, (size_t)out, srng))
                 continue;
         }
         fjob j = { ops, fp4 ? J_FP4 : J_FP8, w, s, NULL, NULL, 0, out, in, nt, in, a, (size_t)in,
@@ -1632,10 +1628,7 @@ void ds41_fast_qlin(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int
             am = fp4 ? (void *)mid_acts_q(aw, ldaw, sav, ldsa, nt, ngrp) : (void *)mid_acts_f(a, (size_t)in, nt, in / 16, 16);
             j.am = am;   /* NULL (out of memory): the prefill panels */
         }
-        if (fp4 && !j.am && nt > DS41_FEW_MAX && bf16_of(ops)) {
-            if (!ab) ab = ds41_scratch(DS41_SCR_LIN_AB, (size_t)tt * ldaw * sizeof(int16_t));
-            if (ab && fp4_words_bf16(aw, (size_t)nt * ldaw, ab)) j.ab = ab;   /* else the int16 road */
-        }
+        if (fp4 && !j.am && abok) j.ab = ab;   /* the 256-wide BF16 panels; else the int16 road */
         uint8_t *rng = fp4 ? NULL : fp8_rng_make(ops, a, (size_t)in, nt, in / 32);
         j.rng = rng;
         fjob_run(ctx, &j);
@@ -1652,6 +1645,7 @@ void ds41_fast_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const fl
     int tt = T < TT ? T : TT;
     size_t ldp = (size_t)((in + 31) & ~31);
     float *a = NULL;
+    int srng[2] = { -1, -1 };   /* the dequantized FP8's scale range, read by the first tile that needs it */
     if (jk == J_BF16) {
         a = ds41_scratch(DS41_SCR_LIN_A, (size_t)tt * ldp * sizeof(float));
         if (!a) return;
@@ -1665,11 +1659,11 @@ void ds41_fast_dense(const ds41_ctx *ctx, int kind, const uint16_t *wb, const fl
          * ds41_fast_qlin's FP8 */
         if (jk == J_DQ && nt > DS41_FEW_MAX && bf16_of(ops) &&
             ds41_fast_bf16_avx512()->dense_fp8(ctx, w8->w, w8->s, row0, out, in, xt, lda, nt, y + (size_t)t0 * y_stride,
-                                               (size_t)y_stride, ue8_lut8))
+                                               (size_t)y_stride, ue8_lut8, srng))
             continue;
         if (jk == J_DQ && nt >= 2 && nt <= DS41_FEW_MAX && ds41_fast_fp8_few && bf16_of(ops) &&
             ds41_fast_bf16_avx512()->few_fp8(ctx, w8->w, w8->s, row0, out, in, xt, lda, nt, y + (size_t)t0 * y_stride,
-                                             (size_t)y_stride))
+                                             (size_t)y_stride, srng))
             continue;
         if (jk == J_BF16) {
             for (int t = 0; t < nt; t++) perm_bf16_row(xt + (size_t)t * x_stride, in, a + (size_t)t * ldp);

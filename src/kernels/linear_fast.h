@@ -101,6 +101,10 @@ extern const int8_t ds41_shuf_e4m3[64];
  * an independent implementation of the canonical order (AVX2 FP4: the int16 words of
  * ds41_e2m1x32_i16 against the T = 1 .. 64 kernels' words times 256) */
 extern int ds41_fast_mid_off;
+/* The outputs of nr rows x T tokens from their accumulator blocks (row r token t at acc + (r T +
+ * t) 16, A in lanes 0-7, B in 8-15): y[t ys + r] = hsum8(A + B), rounded to BF16 when round
+ * (the prefill panels of every road end here) */
+void ds41_fast_store_outs(const float *acc, int T, int nr, float *y, size_t ys, int round);
 /* tests: the FP4 linears' int16 activation words and pair scales of one row of Q8 values (in %
  * 32 == 0; aw: 64 per group of two blocks, sav: 16), as every FP4 road takes them */
 void ds41_fast_fp4_act_row(const float *a, int in, int16_t *aw, float *sav);
@@ -128,7 +132,7 @@ typedef struct ds41_fast_bf16 {
      * y[t ys + n], rounded to BF16. Returns 0, having written nothing, when a scale byte of w is
      * outside the range that keeps vdpbf16ps exact (the caller then takes the int16 road). */
     int (*dot_fp4)(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int out, int in, const uint16_t *ad,
-                   size_t ldad, int T, int eamin, int eamax, float *y, size_t ys);
+                   size_t ldad, int T, int eamin, int eamax, float *y, size_t ys, int *srng);
     /* dot_fp4's activation words of one row from its Q8 values a (ds41_fast_q8_row), in words:
      * fp4_act_row's integers times their block's u / 2; 0 when one is not exact in BF16; widens
      * [*emin, *emax] to the exponents of the u / 2 */
@@ -140,20 +144,22 @@ typedef struct ds41_fast_bf16 {
      * nothing to y, where the activations or the scale bytes rule the road out (the caller
      * then runs the tile on the FMA road). */
     int (*dense_fp8)(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int row0, int out, int in, const float *a,
-                     size_t lda, int T, float *y, size_t ys, const float *lut);
+                     size_t lda, int T, float *y, size_t ys, const float *lut, int *srng);
     /* The FP4 linear of one tile of T <= 64 tokens (9 .. 64 in use) on the canonical BF16 road
      * in wide panels (linear_avx512bf16.c, "FP4 in the canonical order, wide panels"): ab the
      * activation words as BF16 (fp4_act_row's layout, token stride ldab), sav the pair scale
      * vectors (stride ldsa); y[t ys + n] rounded to BF16, the int16 road's bits. Returns 0,
      * having written nothing, where a scale byte is outside [1, 233]. */
     int (*dense_fp4)(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int out, int in, const int16_t *ab,
-                     size_t ldab, const float *sav, size_t ldsa, int T, float *y, size_t ys);
+                     size_t ldab, const float *sav, size_t ldsa, int T, float *y, size_t ys, int *srng);
     /* The FP8 linear of T = 1 .. 8 tokens on vdpbf16ps, rows streamed once (linear_avx512bf16.c,
      * "FP8 few rows on vdpbf16ps"), rows [row0, row0 + out) of w (row0 % 32 == 0): a the Q8
      * activations, or the dequantized linear's BF16 ones (token stride lda); y[t ys + n]
      * rounded to BF16, the FMA road's bits; 0 (nothing written) where refused. */
     int (*few_fp8)(const ds41_ctx *ctx, const uint8_t *w, const uint8_t *s, int row0, int out, int in, const float *a,
-                   size_t lda, int T, float *y, size_t ys);
+                   size_t lda, int T, float *y, size_t ys, int *srng);
+    /* dot_fp4, dense_fp8, dense_fp4 and few_fp8 read the range of the call's scale bytes once
+     * per call: srng is the caller's int[2] kept across its token tiles, { -1, -1 } at first */
 } ds41_fast_bf16;
 const ds41_fast_bf16 *ds41_fast_bf16_avx512(void);
 /* 1 when the AVX-512 path uses the BF16 FP4 panels (set at first use from the probe, or by
