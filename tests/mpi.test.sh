@@ -411,7 +411,8 @@ expect_job expert_map_rank_out_of_range "rankmap:1: expected a rank (0..1)" 60 \
     mpiexec -n 2 "$DS41" run -m "$tiny" --prompt-ids 1,2,3 -n 2 --expert-map "$TMP/rankmap"
 
 # a rank that stops answering mid-decode (SIGSTOP: hung, or its link gone): rank 0 names it
-# within --mpi-timeout (3 s here) and the job ends; then one killed with SIGKILL: the launcher
+# within --mpi-timeout (3 s here) and the job ends; then one killed with SIGKILL, and one with
+# SIGSEGV: its watcher (dist_watch.c) names the rank, its pid and the signal, and the launcher
 # ends the job at once, status non-zero
 rank_pid() {   # rank_pid R -> PID of this test's ds41 rank R (empty while not started)
     local p
@@ -443,7 +444,8 @@ fault_run() {   # fault_run NAME SIGNAL PATTERN LIMIT
     pass "$name"
 }
 fault_run hung_rank_named STOP "ds41: rank 1 did not answer within 3.0 s" 10
-fault_run killed_rank KILL "BAD TERMINATION\|rank 1" 10
+fault_run killed_rank_named KILL "^ds41: rank 1 (pid [0-9]* on .*) was killed by signal 9 (SIGKILL" 10
+fault_run crashed_rank_named SEGV "^ds41: rank 1 (pid [0-9]* on .*) was killed by signal 11 (SIGSEGV" 10
 
 # ---------------------------------------------------------------- serve under mpiexec
 # (attention replicated; rank 0 serves, rank 1 replays its engine calls): 8 concurrent requests
@@ -1283,7 +1285,7 @@ expect_job split_missing_stage_file "rank 1: .*noshard" 60 \
     mpiexec -n 1 "$DS41" run -m "$tiny" --prompt-ids 1,2,3 -n 2 --split layers : -n 1 "$DS41" run -m "$TMP/noshard" --prompt-ids 1,2,3 -n 2 --split layers
 # the last stage stops mid-decode: rank 0, waiting for its logits, names it within --mpi-timeout
 FR_ARGS="--split layers" fault_run split_hung_stage STOP "ds41: rank 1 did not answer within 3.0 s (the sampled token, from the last stage)" 10
-FR_ARGS="--split layers" fault_run split_killed_stage KILL "BAD TERMINATION\|rank 1" 10
+FR_ARGS="--split layers" fault_run split_killed_stage_named KILL "^ds41: rank 1 (pid [0-9]* on .*) was killed by signal 9 (SIGKILL" 10
 
 # ---------------------------------------------------------------- run --cache-dir under mpiexec
 # Attention replicated: rank 0 alone keeps the store and broadcasts the blocks it reads from disk

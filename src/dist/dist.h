@@ -27,6 +27,11 @@
  * them. Returns 0, or an exit status after printing why (a bad flag, MPI without MPI built
  * in). */
 int ds41_dist_start(int *argc, char **argv);
+
+/* Under a launcher with world > 1 ranks: fork; the child execs this binary again with argv and
+ * returns from here as the rank, the parent waits for it and names the rank if a signal killed
+ * it (dist_watch.c). Returns at once without a launcher, with DS41_RANK_WATCH=0, or in the child. */
+void ds41_rank_watch(int world, char **argv);
 /* main()'s end: rc 0 on every rank -> MPI_Finalize; otherwise the job ends with MPI_Abort, so
  * that no rank waits for one that left. Returns rc. */
 int ds41_dist_finish(int rc);

@@ -93,6 +93,9 @@ static int launched_size(void) {
 }
 
 int ds41_dist_start(int *argc, char **argv) {
+#ifdef DS41_HAVE_MPI
+    ds41_rank_watch(launched_size(), argv);   /* before argv is edited: the rank gets it whole */
+#endif
     /* the job's flags, wherever they are on the command line */
     int o = 1;
     for (int i = 1; i < *argc; i++) {
