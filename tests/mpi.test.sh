@@ -230,6 +230,45 @@ same fast_tiny_n2_t2 2 -m "$tiny" --prompt-ids "$P20" -n 8 --ignore-eos --spec o
 printf 'localhost:2\n' >"$TMP/hosts"
 SAME_MPI="-f $TMP/hosts" same hostfile_localhost_tiny_n2 2 -m "$tiny" --prompt-ids "$P20" -n 8 --exact --ignore-eos --spec off
 
+# ---------------------------------------------------------------- each rank's experts only
+# tiny-bigexperts (tiny with 2048-wide experts: 256 KiB a weight tensor, 11.7 MB of experts a
+# rank at -n 2): every rank's DS41_MPI_VERBOSE line counts the routed experts' bytes present in
+# its page tables (/proc/self/pagemap). Its own experts must be there (the tokens ran through
+# them: the count sees reads); of the other ranks' experts none of the pages in the runs it
+# advised apart (dist_mpi.c advise_others: whole pages of runs of adjacent tensors), only pages
+# it shares with its own tensors at a run's ends. Without the advice the kernel mapped about
+# half of the other rank's bytes around this rank's faults (fault-around and large folios,
+# measured by hand); a rank that ran another rank's expert would show its pages.
+bigx=$(checkpoint tiny-bigexperts) || exit 1
+xres_check() {   # xres_check NAME N
+    local name=$1 n=$2
+    if ! DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n "$n" "$DS41" run -m "$bigx" --prompt-ids "$P20" -n 8 --ignore-eos --spec off \
+        >"$TMP/x.out" 2>"$TMP/x.err"; then
+        fail "$name" "status $?: $(tail -c 300 "$TMP/x.err")"
+        return
+    fi
+    if "$PY" - "$TMP/x.err" "$n" <<'PYEOF'; then pass "$name"; else fail "$name" "$(grep 'routed experts' "$TMP/x.err" | head -c 600)"; fi
+import re, sys
+pat = re.compile(r"^ds41(?: \[rank (\d+)\])?: routed experts in this rank's page tables: its own (\d+) of (\d+) bytes; "
+                 r"the other ranks' (\d+) of (\d+) bytes, (\d+) of the (\d+) in their (\d+) runs advised apart$")
+rows = {}
+for line in open(sys.argv[1]):
+    m = pat.match(line.strip())
+    if m:
+        rows[int(m.group(1) or 0)] = [int(x) for x in m.groups()[1:]]
+n = int(sys.argv[2])
+assert sorted(rows) == list(range(n)), rows
+total = rows[0][1] + rows[0][3]
+assert sum(r[1] for r in rows.values()) == total, rows       # the ranks' own experts tile them
+for r, (own_res, own, oth_res, oth, adv_res, adv, runs) in rows.items():
+    assert 0 < own_res <= own and own + oth == total, (r, rows[r])
+    assert runs > 0 and 0 < adv <= oth and adv_res == 0, (r, rows[r])
+    assert oth_res <= 2 * runs * 4096, (r, rows[r])          # a shared page at each end of a run
+PYEOF
+}
+xres_check experts_own_pages_n2 2
+xres_check experts_own_pages_n3 3
+
 # ---------------------------------------------------------------- Engram tables sharded by rows
 # tiny-bigengram (99 MB of tables): every --engram-mode gives one process's tokens and logits;
 # each rank holds rows lo..hi of each table (the default split: N equal runs, the first rows % N

@@ -35,6 +35,13 @@ void ds41_rank_watch(int world, char **argv);
 /* main()'s end: rc 0 on every rank -> MPI_Finalize; otherwise the job ends with MPI_Abort, so
  * that no rank waits for one that left. Returns rc. */
 int ds41_dist_finish(int rc);
+/* Bytes of [p, p + n) present in this process's page tables (/proc/self/pagemap bit 63): what
+ * this process has touched (or the kernel mapped around a touch), whoever else shares the page
+ * cache. -1 when unreadable. (MPI builds only.) */
+long long ds41_dist_resident(const void *p, size_t n);
+/* The weights w are about to be unmapped: under DS41_MPI_VERBOSE=1 the routed experts' residency
+ * is measured now (reported by ds41_dist_finish), and the job forgets w. */
+void ds41_dist_weights_closing(const struct ds41_weights *w);
 int ds41_dist_rank(void);
 /* --expert-map FILE of the command line, or NULL. */
 const char *ds41_dist_expert_map(void);

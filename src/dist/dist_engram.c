@@ -131,9 +131,7 @@ static int owner_of(const eg_tab *t, int64_t id) {
     return a;
 }
 
-/* Bytes of [p, p + n) present in this process's page tables (/proc/self/pagemap bit 63):
- * what this rank has touched, whoever else shares the page cache. -1 when unreadable. */
-static long long resident(const void *p, size_t n) {
+long long ds41_dist_resident(const void *p, size_t n) {
     if (!p || !n) return 0;
     long pg = sysconf(_SC_PAGESIZE);
     if (pg <= 0) return -1;
@@ -163,8 +161,8 @@ static void measure(void) {
         const eg_tab *t = &g.t[s];
         size_t n = (size_t)(t->lo[g.me + 1] - t->lo[g.me]);
         own += (long long)n * g.rb;
-        long long a = resident(t->e, n * g.hd), b = resident(t->s, n * g.nsc);
-        long long c = resident(t->map_e, (size_t)t->rows * g.hd), d = resident(t->map_s, (size_t)t->rows * g.nsc);
+        long long a = ds41_dist_resident(t->e, n * g.hd), b = ds41_dist_resident(t->s, n * g.nsc);
+        long long c = ds41_dist_resident(t->map_e, (size_t)t->rows * g.hd), d = ds41_dist_resident(t->map_s, (size_t)t->rows * g.nsc);
         if (a < 0 || b < 0 || c < 0 || d < 0 || in < 0) {
             in = out = -1;
             continue;

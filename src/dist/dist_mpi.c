@@ -23,6 +23,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -48,7 +49,11 @@ static struct {
     ds41_dist_stats st;
     void (*fault_hook)(const char *msg);
     double fault_delay;
-} g = { 0, 0, 1, 30.0, 0, 0.0, 0.0, 0.0, NULL, 0, NULL, 2, 0, { 0, 0, 0, NULL }, NULL, NULL, { 0, 0, 0, 0, 0.0 }, NULL, 0.0 };
+    char xres[400];             /* the routed experts' residency line (DS41_MPI_VERBOSE=1), taken at close */
+    struct xspan *adv;          /* the other ranks' expert runs advised MADV_NOHUGEPAGE (whole pages) */
+    size_t n_adv;
+} g = { 0, 0, 1, 30.0, 0, 0.0, 0.0, 0.0, NULL, 0, NULL, 2, 0, { 0, 0, 0, NULL }, NULL, NULL, { 0, 0, 0, 0, 0.0 }, NULL, 0.0, "",
+        NULL, 0 };
 
 int ds41_dist_rank(void) { return g.rank; }
 const char *ds41_dist_expert_map(void) { return g.map_path; }
@@ -202,6 +207,134 @@ static void *finalize_watchdog(void *arg) {
 }
 #endif
 
+#ifdef DS41_HAVE_MPI
+/* The routed experts of other ranks: this rank never reads them, but the kernel maps more than
+ * a fault's page: the page-cache pages around it (fault-around, 64 KiB) and, where the mapping is
+ * advised MADV_HUGEPAGE (safetensors.c), a whole large folio (up to 2 MiB, seen on Linux 6.18
+ * after a cold read: half the bytes of the other rank's experts of a test checkpoint were in a
+ * rank's page tables). Both stop at the end of a mapping (VMA). So the other ranks' experts, in
+ * runs of adjacent tensors, are advised MADV_NOHUGEPAGE, which gives each run a VMA of its own:
+ * a fault in this rank's tensors maps nothing of them, and with -bind-to numa their pages are
+ * not first touched here. (The page cache's readahead may still read a neighbour's bytes with
+ * this rank's, at most a folio at each end of a run.) */
+typedef struct xspan { uintptr_t a, z; } xspan;
+
+static int xspan_cmp(const void *x, const void *y) {
+    uintptr_t a = ((const xspan *)x)->a, b = ((const xspan *)y)->a;
+    return a < b ? -1 : a > b;
+}
+
+/* calls f(p, n, own, arg) for each routed expert tensor (weights and scales) */
+static void each_expert_tensor(void (*f)(const uint8_t *p, size_t n, int own, void *arg), void *arg) {
+    for (int l = 0; l < g.w->n_layers && l < g.place.n_layers; l++) {
+        const ds41_layer_weights *lw = &g.w->layers[l];
+        for (int e = 0; e < lw->n_experts && e < g.place.n_experts; e++) {
+            const ds41_fp4w *m[3] = { &lw->experts[e].w1, &lw->experts[e].w2, &lw->experts[e].w3 };
+            int own = g.own[(size_t)l * g.place.n_experts + e];
+            for (int k = 0; k < 6; k++) {
+                const ds41_fp4w *x = m[k / 2];
+                const uint8_t *p = k & 1 ? x->s : x->w;
+                size_t n = k & 1 ? (size_t)x->out * (size_t)((x->in + 31) / 32) : (size_t)x->out * (size_t)(x->in / 2);
+                if (p && n) f(p, n, own, arg);
+            }
+        }
+    }
+}
+
+typedef struct { xspan *v; size_t n; } xspans;
+
+static void add_other(const uint8_t *p, size_t n, int own, void *arg) {
+    xspans *s = arg;
+    if (own) return;
+    s->v[s->n].a = (uintptr_t)p;
+    s->v[s->n].z = (uintptr_t)p + n;
+    s->n++;
+}
+
+static void advise_others(void) {
+    free(g.adv);
+    g.adv = NULL;
+    g.n_adv = 0;
+    size_t cap = 0;
+    for (int l = 0; l < g.w->n_layers; l++) cap += (size_t)g.w->layers[l].n_experts * 6;
+    xspans s = { malloc((cap ? cap : 1) * sizeof(xspan)), 0 };
+    if (!s.v) return;   /* advice only: without it the pages are still read only when run */
+    each_expert_tensor(add_other, &s);
+    qsort(s.v, s.n, sizeof *s.v, xspan_cmp);
+    long pg = sysconf(_SC_PAGESIZE);
+    uintptr_t pm = (uintptr_t)(pg > 0 ? pg : 4096) - 1;
+    size_t m = 0;
+    for (size_t i = 0; i < s.n; i++) {   /* runs: tensors less than a page apart (the file's padding) */
+        if (m && s.v[i].a <= s.v[m - 1].z + pm) {
+            if (s.v[i].z > s.v[m - 1].z) s.v[m - 1].z = s.v[i].z;
+        } else {
+            s.v[m++] = s.v[i];
+        }
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < m; i++) {   /* whole pages only: a page shared with this rank's bytes stays */
+        uintptr_t a = (s.v[i].a + pm) & ~pm, z = s.v[i].z & ~pm;
+        if (z <= a) continue;
+#ifdef MADV_NOHUGEPAGE
+        if (madvise((void *)a, z - a, MADV_NOHUGEPAGE)) continue;
+#else
+        continue;
+#endif
+        s.v[k].a = a;
+        s.v[k].z = z;
+        k++;
+    }
+    g.adv = s.v;
+    g.n_adv = k;
+}
+
+/* Under DS41_MPI_VERBOSE=1: the routed experts' bytes in this rank's page tables, its own and the
+ * other ranks' (those in the runs advised above: none unless this rank read them). */
+typedef struct { long long all[2], res[2]; int bad; } xres_t;
+
+static void count_res(const uint8_t *p, size_t n, int own, void *arg) {
+    xres_t *r = arg;
+    long long b = ds41_dist_resident(p, n);
+    if (b < 0) r->bad = 1;
+    r->all[!own] += (long long)n;
+    r->res[!own] += b;
+}
+
+static int expert_residency(char *line, size_t cap) {
+    if (!g.w || !g.own) return 0;
+    xres_t r;
+    memset(&r, 0, sizeof r);
+    each_expert_tensor(count_res, &r);
+    long long adv = 0, adv_res = 0;
+    for (size_t i = 0; i < g.n_adv && !r.bad; i++) {
+        long long b = ds41_dist_resident((const void *)g.adv[i].a, g.adv[i].z - g.adv[i].a);
+        if (b < 0) r.bad = 1;
+        adv += (long long)(g.adv[i].z - g.adv[i].a);
+        adv_res += b;
+    }
+    if (r.bad) return 0;
+    snprintf(line, cap,
+             "routed experts in this rank's page tables: its own %lld of %lld bytes; the other ranks' %lld of %lld bytes, "
+             "%lld of the %lld in their %zu runs advised apart",
+             r.res[0], r.all[0], r.res[1], r.all[1], adv_res, adv, g.n_adv);
+    return 1;
+}
+#endif
+
+void ds41_dist_weights_closing(const ds41_weights *w) {
+#ifdef DS41_HAVE_MPI
+    if (!g.on || !w || g.w != w) return;
+    const char *v = getenv("DS41_MPI_VERBOSE");
+    if (v && !strcmp(v, "1") && g.size > 1 && !ds41_pipe_on() && !expert_residency(g.xres, sizeof g.xres)) g.xres[0] = 0;
+    g.w = NULL;
+    free(g.adv);
+    g.adv = NULL;
+    g.n_adv = 0;
+#else
+    (void)w;
+#endif
+}
+
 int ds41_dist_finish(int rc) {
 #ifdef DS41_HAVE_MPI
     if (!g.on) return rc;
@@ -230,6 +363,7 @@ int ds41_dist_finish(int rc) {
         if (f) fclose(f);
         say("%lld expert exchanges over %lld rows: %lld bytes sent, %lld received, %.3f s waiting for peers; peak RSS "
             "%lld KiB", g.st.exchanges, g.st.rows, g.st.bytes_sent, g.st.bytes_recv, g.st.wait_s, hwm);
+        if (g.xres[0]) say("%s", g.xres);
         char eg[1024];
         if (ds41_dist_engram_report(eg, sizeof eg)) say("%s", eg);
         if (ds41_pipe_report(eg, sizeof eg)) say("%s", eg);
@@ -663,6 +797,7 @@ int ds41_dist_join(const ds41_config *cfg, const ds41_weights *w, const ds41_dis
     for (int l = 0; l < g.place.n_layers; l++)
         for (int e = 0; e < g.place.n_experts; e++)
             g.own[(size_t)l * g.place.n_experts + e] = ds41_dist_owner(&g.place, l, e) == g.rank;
+    if (!ds41_pipe_on() && w) advise_others();   /* --split layers: a stage runs all its layers' experts */
     d.self = NULL;
     d.begin = xbegin;
     d.end = xend;

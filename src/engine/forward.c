@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "attention.h"
+#include "dist.h"
 #include "dist_pipe.h"
 #include "engram_place.h"
 #include "formats.h"
@@ -97,6 +98,7 @@ void ds41_engine_free(ds41_engine *e) {
     ds41_engine_engram_free(e);
     ds41_pipe_close(e->pipe);
     ds41_route_count_free(e->routes);
+    ds41_dist_weights_closing(e->w);   /* the job's view of the experts ends with the mapping */
     if (e->own_model && e->model) { ds41_model_close(e->model); free(e->model); }
     memset(e, 0, sizeof *e);
 }
