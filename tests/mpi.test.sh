@@ -142,6 +142,46 @@ export XDG_CACHE_HOME=$TMP/cache   # the --spec auto curve: measured by this tes
 RUN="timeout 120 mpiexec"   # stdin: run.sh gives /dev/null (mpiexec would forward it to rank 0)
 
 tiny=$(checkpoint tiny) || exit 1
+# inspect --ranks N --node-bandwidth: the decode projection against the bytes read from the
+# checkpoint's own header (an independent sum: the backbone's tensors whole but the embedding (one
+# BF16 row) and the routed experts (k/E of them, 1/N per rank), no DSpark stage, no Engram table;
+# the Engram rows a token reads, 1/N per rank; the exchanges' bytes / N on the link; one latency
+# per MoE layer and one for the Engram exchange); and the usage errors
+proj_check() {   # proj_check N BW LINK LAT
+    "$DS41" inspect --ranks "$1" --json --node-bandwidth "$2" --link "$3" --latency "$4" "$tiny" >"$TMP/p.json" 2>"$TMP/p.err" &&
+    "$PY" - "$TMP/p.json" "$tiny/model.safetensors" "$tiny/config.json" "$@" <<'EOF'
+import json, struct, sys
+r = json.load(open(sys.argv[1]))['ranks']; q = r['projection']
+f = open(sys.argv[2], 'rb'); h = json.loads(f.read(struct.unpack('<Q', f.read(8))[0]))
+c = json.load(open(sys.argv[3])); c = c.get('text_config', c)
+n, bw, link, lat = int(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6]), float(sys.argv[7])
+k, E = c['num_experts_per_tok'], c['n_routed_experts']
+repl = exp = 0
+for name, t in h.items():
+    if name == '__metadata__' or name.startswith('mtp.') or '.engram.embed.' in name:
+        continue
+    b = t['data_offsets'][1] - t['data_offsets'][0]
+    if name == 'embed.weight': repl += c['hidden_size'] * 2
+    elif '.ffn.experts.' in name: exp += b * k / E
+    else: repl += b
+eg_rows = r['engram_exchange_bytes_per_token'] / (n - 1)     # a token's Engram rows, all owners
+read = repl + exp / n + eg_rows / n
+wire = (r['exchange_bytes_per_token_per_forward'] + r['engram_exchange_bytes_per_token']) / n
+x = c['num_hidden_layers'] + 1
+ms = read / (bw * 1e9) * 1e3 + wire / (link * 1e9 / 8) * 1e3 + x * lat * 1e-3
+close = lambda a, b: abs(a - b) <= 1e-9 * max(1, abs(b))
+assert close(q['read_bytes_per_token_per_rank'], read) and close(q['wire_bytes_per_token_per_rank'], wire), (q, read, wire)
+assert q['exchanges_per_token'] == x and close(q['ms_per_token'], ms) and close(q['tokens_per_second'], 1e3 / ms), (q, ms)
+EOF
+}
+if proj_check 2 10 1 50 && proj_check 3 0.5 25 0 &&
+   ! "$DS41" inspect --node-bandwidth 10 "$tiny" >/dev/null 2>"$TMP/p.err" && grep -q -- "--node-bandwidth goes with --ranks N" "$TMP/p.err" &&
+   ! "$DS41" inspect --ranks 2 --link 10 "$tiny" >/dev/null 2>"$TMP/p.err" && grep -q -- "give it too" "$TMP/p.err" &&
+   ! "$DS41" inspect --ranks 2 --node-bandwidth 0 "$tiny" >/dev/null 2>&1; then
+    pass inspect_ranks_projection
+else
+    fail inspect_ranks_projection "$(head -c 400 "$TMP/p.err")"
+fi
 small=$(checkpoint small43) || exit 1
 demo=models/demo
 

@@ -21,7 +21,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: ds41 inspect [--json] [--role prefill|decode [--pd-decoder prefill|decode]]\n"
             "       [--ranks N [--dp-attention] [--expert-map FILE | --expert-map-from COUNTS [--write-expert-map FILE]\n"
-            "                   | --split layers [--layer-map RANGES]]] PATH\n"
+            "                   | --split layers [--layer-map RANGES]]\n"
+            "                  [--node-bandwidth GB/s [--link Gbit/s] [--latency us]]] PATH\n"
             "\n"
             "PATH is a checkpoint directory (config.json plus safetensors: one file or a sharded\n"
             "model.safetensors.index.json), a directory holding only config.json, or a config.json file.\n"
@@ -46,6 +47,10 @@ static void usage(FILE *f) {
             "  --dp-attention  with --ranks: sizing for serve --dp-attention: each rank holds the KV of\n"
             "              its own sequences (1/N of them), and a token's row goes to its experts' owners\n"
             "              and back (dispatch + combine per MoE layer, expected and at most)\n"
+            "  --node-bandwidth GB/s  with --ranks: adds a projection of one stream's decode, one rank per\n"
+            "              machine: the bytes a rank reads a token at this memory bandwidth (measure yours:\n"
+            "              the probe of `ds41 bench --profile`), the bytes it sends at --link Gbit/s (default\n"
+            "              100) and --latency us per exchange (default 20)\n"
             "  -h, --help  this help\n"
             "\n"
             "Exit status: 0 ok; 1 bad config, unreadable checkpoint or a missing/misshaped tensor\n"
@@ -419,7 +424,8 @@ int ds41_cli_inspect(int argc, char **argv) {
     int as_json = 0;
     long long ranks = 0;
     const char *path = NULL, *role = NULL;
-    ds41_inspect_ranks_opts ro = { 0, NULL, NULL, NULL, 0 };
+    ds41_inspect_ranks_opts ro = { 0, NULL, NULL, NULL, 0, 0, 0, -1 };
+    int link_set = 0;
     int pd_decoder = -1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) as_json = 1;
@@ -442,6 +448,13 @@ int ds41_cli_inspect(int argc, char **argv) {
             if (ds41_cli_int("inspect", "--ranks", argv[++i], 1, 4096, &ranks)) return 2;
         }
         else if (!strcmp(argv[i], "--dp-attention")) ro.dp = 1;
+        else if (!strcmp(argv[i], "--node-bandwidth") || !strcmp(argv[i], "--link") || !strcmp(argv[i], "--latency")) {
+            const char *f = argv[i];
+            if (i + 1 >= argc) { fprintf(stderr, "ds41 inspect: %s needs a value\n", f); return 2; }
+            double *dst = !strcmp(f, "--node-bandwidth") ? &ro.node_gbps : !strcmp(f, "--link") ? &ro.link_gbits : &ro.latency_us;
+            if (ds41_cli_double("inspect", f, argv[++i], !strcmp(f, "--latency") ? 0 : 1e-3, 1e6, dst)) return 2;
+            if (strcmp(f, "--node-bandwidth")) link_set = 1;
+        }
         else if (!strcmp(argv[i], "--expert-map-from") || !strcmp(argv[i], "--write-expert-map")) {
             if (i + 1 >= argc) { fprintf(stderr, "ds41 inspect: %s needs a file\n", argv[i]); return 2; }
             if (!strcmp(argv[i], "--expert-map-from")) ro.counts = argv[++i];
@@ -474,6 +487,19 @@ int ds41_cli_inspect(int argc, char **argv) {
     if ((ro.counts || ro.map_out || ro.dp) && ranks <= 0) {
         fprintf(stderr, "ds41 inspect: %s goes with --ranks N\n",
                 ro.dp ? "--dp-attention" : ro.counts ? "--expert-map-from" : "--write-expert-map");
+        return 2;
+    }
+    if ((ro.node_gbps > 0 || link_set) && ranks <= 0) {
+        fprintf(stderr, "ds41 inspect: %s goes with --ranks N\n", ro.node_gbps > 0 ? "--node-bandwidth" : "--link / --latency");
+        return 2;
+    }
+    if (link_set && !(ro.node_gbps > 0)) {
+        fprintf(stderr, "ds41 inspect: --link and --latency shape the projection of --node-bandwidth GB/s; give it too\n");
+        return 2;
+    }
+    if (ro.node_gbps > 0 && ds41_pipe_on()) {
+        fprintf(stderr, "ds41 inspect: --node-bandwidth projects the expert split; with --split layers see the stages' "
+                        "bytes per hop (docs/distributed.md)\n");
         return 2;
     }
     if (ro.dp && ds41_pipe_on()) {

@@ -15,7 +15,15 @@
  * default's, and --write-expert-map FILE writes that placement as a map for --expert-map.
  * --dp-attention (serve's): each rank holds the KV of the sequences it owns only, and a token
  * travels to its experts' owners and back (dp_layer); Engram rows are asked of their owners by
- * the rank whose token needs them. */
+ * the rank whose token needs them.
+ * --node-bandwidth GB/s [--link Gbit/s] [--latency us]: a projection (not a measurement) of one
+ * stream's decode (batch 1, --spec off, one rank per machine): per token a rank reads the
+ * backbone's replicated tensors whole (attention, shared experts, norms, router, head; one row
+ * of the embedding), its 1/N share of the active routed experts (k of each layer's E, at the
+ * layer's mean expert size) and of the token's Engram rows, at the machine's bandwidth; sends
+ * its share of the exchanges' bytes over the link; and waits the latency once per exchange (a
+ * MoE layer, plus one Engram exchange per step). Not modelled: compute beyond the reads, the
+ * routing's imbalance, DSpark, batches (docs/distributed.md, "Projection"). */
 #include "cli_inspect_ranks.h"
 
 #include <errno.h>
@@ -30,12 +38,22 @@ typedef struct rank_acc {
     int n;
     unsigned long long *experts;   /* [n] routed-expert bytes per rank */
     unsigned long long replicated, engram, expert_total;
+    const ds41_config *c;
+    double read_repl, read_expert;  /* projection: bytes a decode step reads (replicated; active routed, all ranks) */
 } rank_acc;
 
 static int acc_cb(const ds41_tensor_spec *t, void *ctx) {
     rank_acc *a = ctx;
     if (t->optional) return 0;
     unsigned long long b = ds41_spec_nbytes(t);
+    const ds41_config *c = a->c;
+    int backbone = t->layer < c->n_layers;   /* global tensors: layer -1 */
+    if (t->role == DS41_ROLE_EMBED) a->read_repl += (double)c->dim * 2.0;   /* one BF16 row a token */
+    else if (t->role == DS41_ROLE_ROUTED_EXPERT && backbone && t->layer >= 0 && c->n_routed_experts > 0)
+        a->read_expert += (double)b * c->n_active_experts / c->n_routed_experts;
+    else if (t->role != DS41_ROLE_ENGRAM_TABLE && t->role != DS41_ROLE_DSPARK_HEAD && t->role != DS41_ROLE_ROUTED_EXPERT &&
+             backbone)
+        a->read_repl += (double)b;
     if (t->role == DS41_ROLE_ROUTED_EXPERT && t->expert >= 0 && t->layer >= 0 && t->layer < a->p->n_layers &&
         t->expert < a->p->n_experts) {
         a->experts[ds41_dist_owner(a->p, t->layer, t->expert)] += b;
@@ -163,7 +181,7 @@ int ds41_cli_inspect_ranks(const ds41_config *c, const ds41_budgets *bud, const 
     char placement[600];
     if (opt->counts) snprintf(placement, sizeof placement, "balanced on the routing counts of %s", opt->counts);
     else snprintf(placement, sizeof placement, "%s", map ? map : "default, expert e on rank e mod N");
-    rank_acc a = { &p, n, calloc((size_t)n, sizeof(unsigned long long)), 0, 0, 0 };
+    rank_acc a = { &p, n, calloc((size_t)n, sizeof(unsigned long long)), 0, 0, 0, c, 0, 0 };
     if (!a.experts) {
         free(counts);
         free(share);
@@ -210,6 +228,14 @@ int ds41_cli_inspect_ranks(const ds41_config *c, const ds41_budgets *bud, const 
     if (opt->dp && c->n_mtp > 0) dps = dp_layer(c, &p, c->n_layers);
     double dp_fwd = dpl.disp + dpl.comb, dp_layer_mean = dpn ? dp_fwd / dpn : 0;
     if (opt->dp) eg_tok = (double)c->n_engram_layers * eg_cols * (eg_rb + 8.0) * (n - 1) / n;
+    /* the projection (opt->node_gbps > 0): per rank and token */
+    double pr_read = a.read_repl + a.read_expert / n + (double)c->n_engram_layers * eg_cols * eg_rb / n;
+    double pr_wire = (opt->dp ? dp_fwd + eg_tok : step_tok + eg_tok) / n;   /* bytes each rank sends (and receives) */
+    int pr_x = n > 1 ? c->n_layers + (c->n_engram_layers > 0) : 0;
+    double link = opt->link_gbits > 0 ? opt->link_gbits : 100, lat = opt->latency_us >= 0 ? opt->latency_us : 20;
+    double pr_mem_ms = opt->node_gbps > 0 ? pr_read / (opt->node_gbps * 1e9) * 1e3 : 0;
+    double pr_wire_ms = pr_wire / (link * 1e9 / 8) * 1e3, pr_lat_ms = pr_x * lat * 1e-3;
+    double pr_ms = pr_mem_ms + pr_wire_ms + pr_lat_ms;
     unsigned long long mn = a.experts[0], mx = a.experts[0];
     for (int r = 1; r < n; r++) {
         if (a.experts[r] < mn) mn = a.experts[r];
@@ -251,6 +277,21 @@ int ds41_cli_inspect_ranks(const ds41_config *c, const ds41_budgets *bud, const 
         }
         json_object_set_new(o, "engram_exchange_bytes_per_token", json_real(eg_tok));
         json_object_set_new(o, "engram_exchange_bytes_per_token_per_rank", json_real(eg_tok / n));
+        if (opt->node_gbps > 0) {
+            json_t *q = json_object();
+            json_object_set_new(q, "node_bandwidth_gbps", json_real(opt->node_gbps));
+            json_object_set_new(q, "link_gbits", json_real(link));
+            json_object_set_new(q, "latency_us", json_real(lat));
+            json_object_set_new(q, "read_bytes_per_token_per_rank", json_real(pr_read));
+            json_object_set_new(q, "wire_bytes_per_token_per_rank", json_real(pr_wire));
+            json_object_set_new(q, "exchanges_per_token", json_integer(pr_x));
+            json_object_set_new(q, "memory_ms", json_real(pr_mem_ms));
+            json_object_set_new(q, "wire_ms", json_real(pr_wire_ms));
+            json_object_set_new(q, "latency_ms", json_real(pr_lat_ms));
+            json_object_set_new(q, "ms_per_token", json_real(pr_ms));
+            json_object_set_new(q, "tokens_per_second", json_real(1e3 / pr_ms));
+            json_object_set_new(o, "projection", q);
+        }
         *json = o;
     } else {
         printf("\nranks: %d (mpiexec -n %d; placement %s)\n", n, n, placement);
@@ -288,6 +329,16 @@ int ds41_cli_inspect_ranks(const ds41_config *c, const ds41_budgets *bud, const 
                    "another rank), asked of their owners by the token's rank\n", eg_tok, c->n_engram_layers, eg_cols,
                    eg_rb, n - 1, n);
         }
+    }
+    if (!json && opt->node_gbps > 0) {
+        printf("  projection (not a measurement): decode of one stream, one rank per machine, --spec off\n");
+        printf("    memory   %.3f GB a token per rank (replicated %.3f GB, its share of the active experts %.3f GB,"
+               " of the Engram rows %.0f B) at %g GB/s = %.2f ms\n", pr_read / 1e9, a.read_repl / 1e9,
+               a.read_expert / n / 1e9, (double)c->n_engram_layers * eg_cols * eg_rb / n, opt->node_gbps, pr_mem_ms);
+        printf("    wire     %.0f B a token per rank at %g Gbit/s = %.3f ms\n", pr_wire, link, pr_wire_ms);
+        printf("    latency  %d exchanges a token x %g us = %.3f ms\n", pr_x, lat, pr_lat_ms);
+        printf("    total    %.2f ms a token: %.2f tok/s (not modelled: compute beyond the reads, routing imbalance, "
+               "DSpark, batches)\n", pr_ms, 1e3 / pr_ms);
     }
     free(a.experts);
     free(eg);

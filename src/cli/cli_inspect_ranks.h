@@ -14,6 +14,9 @@ typedef struct ds41_inspect_ranks_opts {
     const char *counts;     /* --expert-map-from COUNTS (ds41 bench --routing-counts), or NULL */
     const char *map_out;    /* --write-expert-map FILE (with counts), or NULL */
     int dp;                 /* --dp-attention: each rank attends its own share of the sequences */
+    double node_gbps;       /* --node-bandwidth GB/s: > 0 adds the decode projection */
+    double link_gbits;      /* --link Gbit/s (default 100) */
+    double latency_us;      /* --latency us per exchange (default 20) */
 } ds41_inspect_ranks_opts;
 
 /* Prints the section (json == NULL) or stores it in *json (and then writes o->map_out, so a
