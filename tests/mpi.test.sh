@@ -280,10 +280,11 @@ SAME_MPI="-f $TMP/hosts" same hostfile_localhost_tiny_n2 2 -m "$tiny" --prompt-i
 # half of the other rank's bytes around this rank's faults (fault-around and large folios,
 # measured by hand); a rank that ran another rank's expert would show its pages.
 bigx=$(checkpoint tiny-bigexperts) || exit 1
-xres_check() {   # xres_check NAME N
+xres_check() {   # xres_check NAME N [run flags]
     local name=$1 n=$2
+    shift 2
     if ! DS41_MPI_VERBOSE=1 timeout 120 mpiexec -n "$n" "$DS41" run -m "$bigx" --prompt-ids "$P20" -n 8 --ignore-eos --spec off \
-        >"$TMP/x.out" 2>"$TMP/x.err"; then
+        "$@" >"$TMP/x.out" 2>"$TMP/x.err"; then
         fail "$name" "status $?: $(tail -c 300 "$TMP/x.err")"
         return
     fi
@@ -308,6 +309,11 @@ PYEOF
 }
 xres_check experts_own_pages_n2 2
 xres_check experts_own_pages_n3 3
+# --load copy: a rank copies the replicated tensors and its own experts into anonymous memory,
+# not the other ranks' (their pages are never touched: advised out of huge pages first); the
+# same check on the copy, and its tokens and logits equal one process's
+xres_check experts_own_pages_copy_n2 2 --load copy
+same load_copy_bigexperts_n2 2 -m "$bigx" --load copy --prompt-ids "$P20" -n 8 --exact --ignore-eos --spec off
 
 # ---------------------------------------------------------------- Engram tables sharded by rows
 # tiny-bigengram (99 MB of tables): every --engram-mode gives one process's tokens and logits;

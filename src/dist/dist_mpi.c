@@ -294,8 +294,9 @@ typedef struct { long long all[2], res[2]; int bad; } xres_t;
 
 static void count_res(const uint8_t *p, size_t n, int own, void *arg) {
     xres_t *r = arg;
-    long long b = ds41_dist_resident(p, n);
+    long long b = ds41_dist_resident(p, n);   /* whole pages: at most the tensor's bytes counted */
     if (b < 0) r->bad = 1;
+    if (b > (long long)n) b = (long long)n;
     r->all[!own] += (long long)n;
     r->res[!own] += b;
 }
@@ -320,6 +321,36 @@ static int expert_residency(char *line, size_t cap) {
     return 1;
 }
 #endif
+
+int ds41_dist_copy_skip(const ds41_config *c, const char *name) {
+#ifdef DS41_HAVE_MPI
+    static int early;   /* 1: g.place built for the copy, -1: it could not be (every tensor copied) */
+    if (!g.on || g.size < 2 || ds41_pipe_on() || !c || !name) return 0;
+    int l, e, n = 0;
+    if (sscanf(name, "layers.%d.ffn.experts.%d.%n", &l, &e, &n) == 2 && n > 0) {
+    } else if (n = 0, sscanf(name, "mtp.%d.ffn.experts.%d.%n", &l, &e, &n) == 2 && n > 0) {
+        l += c->n_layers;
+    } else {
+        return 0;
+    }
+    if (!early) {
+        /* the placement ds41_dist_join builds again (and checks across the ranks) */
+        char why[256];
+        int ne = c->n_routed_experts > c->dspark_n_experts ? c->n_routed_experts : c->dspark_n_experts;
+        ds41_placement_free(&g.place);
+        early = ds41_placement_default(&g.place, g.size, c->n_layers + c->n_mtp, ne) ||
+                        (g.map_path && ds41_placement_load(&g.place, g.map_path, why, sizeof why))
+                    ? -1
+                    : 1;
+    }
+    return early > 0 && l >= 0 && e >= 0 && l < g.place.n_layers && e < g.place.n_experts &&
+           ds41_dist_owner(&g.place, l, e) != g.rank;
+#else
+    (void)c;
+    (void)name;
+    return 0;
+#endif
+}
 
 void ds41_dist_weights_closing(const ds41_weights *w) {
 #ifdef DS41_HAVE_MPI

@@ -208,6 +208,12 @@ static int load_token_map(const char *dir, const ds41_config *cfg, int32_t **map
     return rc;
 }
 
+/* --load copy in an MPI job: the other ranks' routed experts are not copied */
+static int copy_skip(const ds41_tensor *t, void *arg) {
+    const ds41_model *m = arg;
+    return ds41_dist_copy_skip(&m->cfg, t->name);
+}
+
 static ds41_engine *load_local(const char *dir, const ds41_load_params *p, char *errbuf, size_t errcap) {
     ds41_load_params def;
     if (!p) { ds41_load_params_default(&def); p = &def; }
@@ -217,7 +223,8 @@ static ds41_engine *load_local(const char *dir, const ds41_load_params *p, char 
     int32_t *map = NULL;
     int n_comp = 0;
     if (!m || !e) { copy_err(errbuf, errcap, "out of memory"); free(m); free(e); return NULL; }
-    if (ds41_model_open_load(dir, m, p->load == DS41_LOAD_COPY, &err)) goto fail_model;
+    if (ds41_model_open_load(dir, m, p->load == DS41_LOAD_COPY, ds41_dist_size() > 1 ? copy_skip : NULL, m, &err))
+        goto fail_model;
     /* checked before the token map, so a config-only directory is reported as such rather
      * than as lacking engram_token_map.i32 */
     if (!m->st) { ds41_errf(&err, "%s: the checkpoint holds no tensors (config.json only)", dir); goto fail_open; }

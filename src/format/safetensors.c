@@ -812,7 +812,30 @@ int ds41_st_dir_has_tensors(const char *dir) {
 
 /* ------------------------------------------------------------------ copy into anonymous memory */
 
-int ds41_st_copy_anon(ds41_st *st, ds41_err *err) {
+typedef struct byte_range { uint64_t a, z; } byte_range;
+
+static int range_cmp(const void *x, const void *y) {
+    uint64_t a = ((const byte_range *)x)->a, b = ((const byte_range *)y)->a;
+    return a < b ? -1 : a > b;
+}
+
+/* pread [off, end) of fd into m + off; 0, or -1 with errno set */
+static int read_span(int fd, uint8_t *m, uint64_t off, uint64_t end) {
+    while (off < end) {
+        size_t want = end - off > ((uint64_t)64 << 20) ? ((size_t)64 << 20) : (size_t)(end - off);
+        ssize_t got = pread(fd, m + off, want, (off_t)off);
+        if (got <= 0) {
+            if (got == 0) errno = EIO;
+            return -1;
+        }
+        off += (uint64_t)got;
+    }
+    return 0;
+}
+
+int ds41_st_copy_anon(ds41_st *st, ds41_err *err) { return ds41_st_copy_anon_skip(st, NULL, NULL, err); }
+
+int ds41_st_copy_anon_skip(ds41_st *st, int (*skip)(const ds41_tensor *t, void *arg), void *arg, ds41_err *err) {
     for (int i = 0; i < st->nshards; i++) {
         st_shard *sh = &st->shards[i];
         if (!sh->map || sh->map_len) continue;   /* a caller's buffer, or already copied */
@@ -826,19 +849,48 @@ int ds41_st_copy_anon(ds41_st *st, ds41_err *err) {
 #endif
         int fd = open(sh->path, O_RDONLY | O_CLOEXEC);
         if (fd < 0) { munmap(m, len); return ds41_errf(err, "%s: cannot open: %s", sh->path, strerror(errno)); }
-        uint64_t off = 0;
-        while (off < sh->size) {
-            size_t want = sh->size - off > ((size_t)64 << 20) ? ((size_t)64 << 20) : (size_t)(sh->size - off);
-            ssize_t got = pread(fd, m + off, want, (off_t)off);
-            if (got <= 0) {
-                int e = got < 0 ? errno : EIO;
-                close(fd);
-                munmap(m, len);
-                return ds41_errf(err, "%s: read failed at byte %llu: %s", sh->path, (unsigned long long)off, strerror(e));
+        /* the skipped tensors' bytes, in file order; everything between them is read */
+        size_t ns = 0;
+        byte_range *sk = NULL;
+        if (skip) {
+            sk = malloc((st->ntensors ? st->ntensors : 1) * sizeof *sk);
+            if (!sk) { close(fd); munmap(m, len); return ds41_errf(err, "out of memory"); }
+            for (size_t t = 0; t < st->ntensors; t++)
+                if (st->tensors[t].shard == i && st->tensors[t].nbytes && skip(&st->tensors[t], arg)) {
+                    sk[ns].a = (uint64_t)((const uint8_t *)st->tensors[t].data - sh->base);
+                    sk[ns].z = sk[ns].a + st->tensors[t].nbytes;
+                    ns++;
+                }
+            qsort(sk, ns, sizeof *sk, range_cmp);
+#ifdef MADV_NOHUGEPAGE
+            /* a huge page would fill the skipped bytes around a copied one: their whole pages
+             * (runs of skipped tensors less than a page apart) are kept out of huge pages */
+            for (size_t k = 0; k < ns;) {
+                uint64_t a = sk[k].a, z = sk[k].z;
+                for (k++; k < ns && sk[k].a < z + 4096; k++)
+                    if (sk[k].z > z) z = sk[k].z;
+                uint64_t pa = (a + 4095) & ~(uint64_t)4095, pz = z & ~(uint64_t)4095;
+                if (pz > pa) madvise(m + pa, (size_t)(pz - pa), MADV_NOHUGEPAGE);
             }
-            off += (uint64_t)got;
+#endif
         }
+        uint64_t off = 0;
+        int bad = 0;
+        for (size_t k = 0; k <= ns; k++) {
+            uint64_t end = k < ns ? sk[k].a : sh->size;
+            if (end > off && read_span(fd, m, off, end)) {
+                bad = 1;
+                break;
+            }
+            if (k < ns && sk[k].z > off) off = sk[k].z;   /* overlapping ranges: the furthest end */
+        }
+        int e = errno;
+        free(sk);
         close(fd);
+        if (bad) {
+            munmap(m, len);
+            return ds41_errf(err, "%s: read failed: %s", sh->path, strerror(e));
+        }
         mprotect(m, len, PROT_READ);
         /* the copy replaces the file mapping: every tensor of the shard moves with it */
         for (size_t t = 0; t < st->ntensors; t++)

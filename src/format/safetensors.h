@@ -51,6 +51,10 @@ int ds41_st_open_buffer(const void *buf, size_t len, const char *label, ds41_st 
 /* Replaces every shard's file mapping by a read-only copy in anonymous memory (2 MiB aligned,
  * MADV_HUGEPAGE advised), read with pread; tensor data pointers move with it. */
 int ds41_st_copy_anon(ds41_st *st, ds41_err *err);
+/* The same, but the bytes of a tensor t with skip(t, arg) != 0 are not read: they stay zero in the
+ * copy, and pages that hold nothing else are never touched (no memory). Under MPI a rank skips
+ * the other ranks' routed experts. skip NULL: every byte. */
+int ds41_st_copy_anon_skip(ds41_st *st, int (*skip)(const ds41_tensor *t, void *arg), void *arg, ds41_err *err);
 /* madvise(MADV_WILLNEED) on the pages of [p, p + n): start reading them in, do not wait. */
 void ds41_st_willneed(const void *p, uint64_t n);
 

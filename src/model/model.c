@@ -219,16 +219,17 @@ void ds41_check_stats_free(ds41_check_stats *s) {
 
 /* ------------------------------------------------------------------------------------------ */
 
-int ds41_model_open(const char *dir, ds41_model *m, ds41_err *err) { return ds41_model_open_load(dir, m, 0, err); }
+int ds41_model_open(const char *dir, ds41_model *m, ds41_err *err) { return ds41_model_open_load(dir, m, 0, NULL, NULL, err); }
 
-int ds41_model_open_load(const char *dir, ds41_model *m, int copy, ds41_err *err) {
+int ds41_model_open_load(const char *dir, ds41_model *m, int copy, int (*skip)(const ds41_tensor *t, void *arg), void *arg,
+                         ds41_err *err) {
     memset(m, 0, sizeof *m);
     m->dir = strdup(dir);
     if (!m->dir) return ds41_errf(err, "out of memory");
     if (ds41_config_load(dir, &m->cfg, err)) goto fail;
     if (ds41_st_dir_has_tensors(dir)) {
         if (ds41_st_open(dir, &m->st, err)) goto fail;
-        if (copy && ds41_st_copy_anon(m->st, err)) goto fail;
+        if (copy && ds41_st_copy_anon_skip(m->st, skip, arg, err)) goto fail;
         ds41_err e;
         if (ds41_weights_bind(&m->cfg, m->st, &m->w, &e)) {
             ds41_errf(err, "%s: %s", dir, e.msg);

@@ -82,8 +82,10 @@ typedef struct ds41_model {
 /* Loads DIR: config.json, then safetensors (if any), then binding. */
 int ds41_model_open(const char *dir, ds41_model *m, ds41_err *err);
 /* copy = 1: the weights are read into anonymous memory (ds41_st_copy_anon) before binding
- * instead of staying mmap'd from the files (--load copy). */
-int ds41_model_open_load(const char *dir, ds41_model *m, int copy, ds41_err *err);
+ * instead of staying mmap'd from the files (--load copy); a tensor t with skip(t, arg) != 0 is
+ * not read (ds41_st_copy_anon_skip; skip may be NULL). */
+int ds41_model_open_load(const char *dir, ds41_model *m, int copy, int (*skip)(const ds41_tensor *t, void *arg), void *arg,
+                         ds41_err *err);
 void ds41_model_close(ds41_model *m);
 
 #endif
