@@ -269,6 +269,9 @@ fi
 same fast_tiny_n2_t2 2 -m "$tiny" --prompt-ids "$P20" -n 8 --ignore-eos --spec off -t 2
 printf 'localhost:2\n' >"$TMP/hosts"
 SAME_MPI="-f $TMP/hosts" same hostfile_localhost_tiny_n2 2 -m "$tiny" --prompt-ids "$P20" -n 8 --exact --ignore-eos --spec off
+# one rank per NUMA node (hydra binds through hwloc; this machine has one node, so this checks
+# the launch and the bits, not the placement)
+SAME_MPI="-bind-to numa" same bind_numa_tiny_n2 2 -m "$tiny" --prompt-ids "$P20" -n 8 --exact --ignore-eos --spec off
 
 # ---------------------------------------------------------------- each rank's experts only
 # tiny-bigexperts (tiny with 2048-wide experts: 256 KiB a weight tensor, 11.7 MB of experts a
