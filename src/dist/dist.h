@@ -42,10 +42,11 @@ long long ds41_dist_resident(const void *p, size_t n);
 /* The weights w are about to be unmapped: under DS41_MPI_VERBOSE=1 the routed experts' residency
  * is measured now (reported by ds41_dist_finish), and the job forgets w. */
 void ds41_dist_weights_closing(const struct ds41_weights *w);
-/* --load copy under the expert split (not --split layers): 1 when the tensor NAME is a routed
- * expert (backbone or DSpark) another rank owns under the job's placement (the default, or
- * --expert-map), so that this rank does not copy it; 0 otherwise, and for one process. */
-int ds41_dist_copy_skip(const ds41_config *c, const char *name);
+/* Under the expert split (not --split layers): 1 when the tensor NAME is a routed expert
+ * (backbone or DSpark) another rank owns under the job's placement (the default, or
+ * --expert-map), which this rank never reads: --load copy does not copy it, --readahead does not
+ * advise it; 0 otherwise, and for one process. */
+int ds41_dist_not_mine(const ds41_config *c, const char *name);
 int ds41_dist_rank(void);
 /* --expert-map FILE of the command line, or NULL. */
 const char *ds41_dist_expert_map(void);

@@ -322,7 +322,7 @@ static int expert_residency(char *line, size_t cap) {
 }
 #endif
 
-int ds41_dist_copy_skip(const ds41_config *c, const char *name) {
+int ds41_dist_not_mine(const ds41_config *c, const char *name) {
 #ifdef DS41_HAVE_MPI
     static int early;   /* 1: g.place built for the copy, -1: it could not be (every tensor copied) */
     if (!g.on || g.size < 2 || ds41_pipe_on() || !c || !name) return 0;

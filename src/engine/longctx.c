@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "attention.h"
+#include "dist.h"
 #include "ds41.h"
 #include "formats.h"
 #include "safetensors.h"
@@ -160,7 +161,8 @@ int ds41_engine_readahead_init(ds41_engine *e, ds41_err *err) {
     ra->len = calloc(nt + 1, sizeof(uint64_t));
     if (!ra->off || !ra->p || !ra->len) { ds41_readahead_free(ra); return ds41_errf(err, "out of memory"); }
     for (size_t i = 0; i < nt; i++) {   /* counts, then offsets, then fill */
-        int g = ra_group(ds41_st_at(st, i)->name, e->cfg->n_layers);
+        const char *name = ds41_st_at(st, i)->name;
+        int g = ds41_dist_not_mine(e->cfg, name) ? -1 : ra_group(name, e->cfg->n_layers);   /* another rank's expert */
         if (g >= 0) ra->off[g + 1]++;
     }
     for (int g = 0; g < G; g++) ra->off[g + 1] += ra->off[g];
@@ -168,7 +170,7 @@ int ds41_engine_readahead_init(ds41_engine *e, ds41_err *err) {
     if (!fill) { ds41_readahead_free(ra); return ds41_errf(err, "out of memory"); }
     for (size_t i = 0; i < nt; i++) {
         const ds41_tensor *t = ds41_st_at(st, i);
-        int g = ra_group(t->name, e->cfg->n_layers);
+        int g = ds41_dist_not_mine(e->cfg, t->name) ? -1 : ra_group(t->name, e->cfg->n_layers);
         if (g < 0) continue;
         int k = ra->off[g] + fill[g]++;
         ra->p[k] = t->data;

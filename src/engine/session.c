@@ -211,7 +211,7 @@ static int load_token_map(const char *dir, const ds41_config *cfg, int32_t **map
 /* --load copy in an MPI job: the other ranks' routed experts are not copied */
 static int copy_skip(const ds41_tensor *t, void *arg) {
     const ds41_model *m = arg;
-    return ds41_dist_copy_skip(&m->cfg, t->name);
+    return ds41_dist_not_mine(&m->cfg, t->name);
 }
 
 static ds41_engine *load_local(const char *dir, const ds41_load_params *p, char *errbuf, size_t errcap) {
