@@ -22,7 +22,7 @@ ours() {   # PIDs of this test's ds41 ranks and launchers still alive (one grep 
     for f in $(grep -lzx "DS41_MPI_TEST_TAG=$TMP" /proc/[0-9]*/environ 2>/dev/null); do
         p=${f#/proc/}; p=${p%/environ}
         c=$(cat "/proc/$p/comm" 2>/dev/null) || continue
-        case $c in ds41|ds41-guard|mpiexec*|hydra_pmi_proxy|strace) echo "$p" ;; esac
+        case $c in ds41|ds41-watch|ds41-guard|mpiexec*|hydra_pmi_proxy|strace) echo "$p" ;; esac
     done
 }
 cleanup() {
@@ -317,6 +317,29 @@ xres_check experts_own_pages_n3 3
 # same check on the copy, and its tokens and logits equal one process's
 xres_check experts_own_pages_copy_n2 2 --load copy
 same load_copy_bigexperts_n2 2 -m "$bigx" --load copy --prompt-ids "$P20" -n 8 --exact --ignore-eos --spec off
+# --readahead: a rank advises (MADV_WILLNEED) the replicated tensors and its own experts, not
+# the other rank's: counted with strace, each rank's advised bytes are below one process's by
+# at least a fifth (the other rank's half of the experts is 31 % of what one process advises
+# here), and the bits equal one process's
+if command -v strace >/dev/null; then
+    ra_bytes() { grep MADV_WILLNEED "$1" | sed -E 's/^([0-9]+) .*madvise\(0x[0-9a-f]+, ([0-9]+), MADV_WILLNEED.*/\1 \2/' |
+        awk '{s[$1] += $2} END {for (p in s) print s[p]}' | sort -n; }
+    if timeout 120 strace -f -e trace=madvise -o "$TMP/ra1" "$DS41" run -m "$bigx" --readahead --prompt-ids 1,2,3,4 -n 4 \
+           --spec off >/dev/null 2>&1 &&
+       timeout 120 strace -f -e trace=madvise -o "$TMP/ra2" mpiexec -n 2 "$DS41" run -m "$bigx" --readahead \
+           --prompt-ids 1,2,3,4 -n 4 --spec off >/dev/null 2>&1; then
+        one=$(ra_bytes "$TMP/ra1") ranks=$(ra_bytes "$TMP/ra2" | tr '\n' ' ')
+        if [ "$(echo "$ranks" | wc -w)" = 2 ] && [ -n "$one" ] &&
+           [ "$(for b in $ranks; do [ $((b * 5)) -le $((one * 4)) ] && echo ok; done | wc -l)" = 2 ]; then
+            pass readahead_own_experts_n2
+        else
+            fail readahead_own_experts_n2 "advised bytes: one process $one, ranks $ranks"
+        fi
+    else
+        fail readahead_own_experts_n2 "a run failed"
+    fi
+fi
+same readahead_bigexperts_n2 2 -m "$bigx" --readahead --prompt-ids "$P20" -n 8 --exact --ignore-eos --spec off
 
 # ---------------------------------------------------------------- Engram tables sharded by rows
 # tiny-bigengram (99 MB of tables): every --engram-mode gives one process's tokens and logits;
