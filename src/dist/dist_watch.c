@@ -70,9 +70,12 @@ void ds41_rank_watch(int world, char **argv) {
     if (l <= 0) return;   /* no /proc: run unwatched rather than not at all */
     exe[l] = 0;
     fflush(NULL);
-    pid_t child = fork();
+    pid_t parent = getpid(), child = fork();
     if (child < 0) return;
     if (child == 0) {
+        /* the rank never outlives its watcher (a launcher that kills the watcher's pid alone) */
+        prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+        if (getppid() != parent) _exit(1);
         setenv(WATCHED_ENV, "1", 1);
         execv(exe, argv);
         fprintf(stderr, "ds41: cannot start the rank (%s: %s)\n", exe, strerror(errno));
