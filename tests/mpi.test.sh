@@ -174,7 +174,39 @@ assert close(q['read_bytes_per_token_per_rank'], read) and close(q['wire_bytes_p
 assert q['exchanges_per_token'] == x and close(q['ms_per_token'], ms) and close(q['tokens_per_second'], 1e3 / ms), (q, ms)
 EOF
 }
-if proj_check 2 10 1 50 && proj_check 3 0.5 25 0 &&
+# --split layers: a stream's step runs the stages in turn, so the bytes read are one process's
+# (the experts k/E of them, the token's Engram rows all), split over the stages by layer; each hop
+# carries its cut's bytes and a 32-byte header, the sampled token 36 B to each other rank; one
+# latency per hop and one for the token
+proj_split_check() {   # proj_split_check N BW LINK LAT
+    "$DS41" inspect --ranks "$1" --split layers --json --node-bandwidth "$2" --link "$3" --latency "$4" "$tiny" \
+        >"$TMP/p.json" 2>"$TMP/p.err" &&
+    "$PY" - "$TMP/p.json" "$tiny/model.safetensors" "$tiny/config.json" "$@" <<'EOF'
+import json, struct, sys
+r = json.load(open(sys.argv[1]))['ranks']; q = r['projection']
+f = open(sys.argv[2], 'rb'); h = json.loads(f.read(struct.unpack('<Q', f.read(8))[0]))
+c = json.load(open(sys.argv[3])); c = c.get('text_config', c)
+n, bw, link, lat = int(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6]), float(sys.argv[7])
+read = 0
+for name, t in h.items():
+    if name == '__metadata__' or name.startswith('mtp.') or '.engram.embed.' in name:
+        continue
+    b = t['data_offsets'][1] - t['data_offsets'][0]
+    if name == 'embed.weight': read += c['hidden_size'] * 2
+    elif '.ffn.experts.' in name: read += b * c['num_experts_per_tok'] / c['n_routed_experts']
+    else: read += b
+hd = c['engram_head_dim']
+read += len(c['engram_layer_ids']) * (c['engram_max_ngram_size'] - 1) * c['engram_n_heads'] * (hd + hd // 32)
+wire = sum(hp['bytes_per_token'] + 32 for hp in r['per_hop']) + 36
+ms = read / (bw * 1e9) * 1e3 + wire / (link * 1e9 / 8) * 1e3 + n * lat * 1e-3
+close = lambda a, b: abs(a - b) <= 1e-9 * max(1, abs(b))
+assert len(r['per_hop']) == n - 1 and len(q['read_bytes_per_token_per_stage']) == n, q
+assert close(q['read_bytes_per_token'], read) and close(sum(q['read_bytes_per_token_per_stage']), read), (q, read)
+assert close(q['ms_per_token'], ms) and close(q['tokens_per_second'], 1e3 / ms), (q, ms)
+assert q['busiest_stage_ms'] <= q['ms_per_token'] and close(q['pipelined_tokens_per_second'], 1e3 / q['busiest_stage_ms']), q
+EOF
+}
+if proj_check 2 10 1 50 && proj_check 3 0.5 25 0 && proj_split_check 2 10 1 50 && proj_split_check 3 0.5 25 5 &&
    ! "$DS41" inspect --node-bandwidth 10 "$tiny" >/dev/null 2>"$TMP/p.err" && grep -q -- "--node-bandwidth goes with --ranks N" "$TMP/p.err" &&
    ! "$DS41" inspect --ranks 2 --link 10 "$tiny" >/dev/null 2>"$TMP/p.err" && grep -q -- "give it too" "$TMP/p.err" &&
    ! "$DS41" inspect --ranks 2 --node-bandwidth 0 "$tiny" >/dev/null 2>&1; then

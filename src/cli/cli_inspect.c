@@ -50,7 +50,8 @@ static void usage(FILE *f) {
             "  --node-bandwidth GB/s  with --ranks: adds a projection of one stream's decode, one rank per\n"
             "              machine: the bytes a rank reads a token at this memory bandwidth (measure yours:\n"
             "              the probe of `ds41 bench --profile`), the bytes it sends at --link Gbit/s (default\n"
-            "              100) and --latency us per exchange (default 20)\n"
+            "              100) and --latency us per exchange (default 20); with --split layers the stages in\n"
+            "              turn, and the rate with a stream per stage in flight\n"
             "  -h, --help  this help\n"
             "\n"
             "Exit status: 0 ok; 1 bad config, unreadable checkpoint or a missing/misshaped tensor\n"
@@ -497,11 +498,6 @@ int ds41_cli_inspect(int argc, char **argv) {
         fprintf(stderr, "ds41 inspect: --link and --latency shape the projection of --node-bandwidth GB/s; give it too\n");
         return 2;
     }
-    if (ro.node_gbps > 0 && ds41_pipe_on()) {
-        fprintf(stderr, "ds41 inspect: --node-bandwidth projects the expert split; with --split layers see the stages' "
-                        "bytes per hop (docs/distributed.md)\n");
-        return 2;
-    }
     if (ro.dp && ds41_pipe_on()) {
         fprintf(stderr, "ds41 inspect: --dp-attention splits the sequences over the ranks of --split experts; with "
                         "--split layers every stage runs every sequence\n");
@@ -557,7 +553,8 @@ int ds41_cli_inspect(int argc, char **argv) {
     }
 
     /* --ranks: checked (the expert map) before anything is printed */
-    if (ranks > 0 && (ds41_pipe_on() ? ds41_cli_inspect_stages(&r.cfg, (int)ranks, ds41_pipe_layer_map(), &r.ranks)
+    double pr_link = ro.link_gbits > 0 ? ro.link_gbits : 100, pr_lat = ro.latency_us >= 0 ? ro.latency_us : 20;
+    if (ranks > 0 && (ds41_pipe_on() ? ds41_cli_inspect_stages_proj(&r.cfg, (int)ranks, ds41_pipe_layer_map(), ro.node_gbps, pr_link, pr_lat, &r.ranks)
                                      : ds41_cli_inspect_ranks(&r.cfg, &r.bud, &ro, &r.ranks))) {
         if (r.has_tensors) {
             ds41_check_stats_free(&r.chk);
@@ -570,7 +567,7 @@ int ds41_cli_inspect(int argc, char **argv) {
         print_json(&r);
     } else {
         print_text(&r);
-        if (r.ranks && ds41_pipe_on()) ds41_cli_inspect_stages(&r.cfg, (int)ranks, ds41_pipe_layer_map(), NULL);
+        if (r.ranks && ds41_pipe_on()) ds41_cli_inspect_stages_proj(&r.cfg, (int)ranks, ds41_pipe_layer_map(), ro.node_gbps, pr_link, pr_lat, NULL);
         else if (r.ranks) ds41_cli_inspect_ranks(&r.cfg, &r.bud, &ro, NULL);
     }
     json_decref(r.ranks);

@@ -42,18 +42,30 @@ typedef struct rank_acc {
     double read_repl, read_expert;  /* projection: bytes a decode step reads (replicated; active routed, all ranks) */
 } rank_acc;
 
+double ds41_inspect_read_bytes(const ds41_config *c, const ds41_tensor_spec *t) {
+    if (t->optional || t->layer >= c->n_layers) return 0;   /* DSpark stages: not run under --spec off */
+    double b = (double)ds41_spec_nbytes(t);
+    switch (t->role) {
+    case DS41_ROLE_EMBED: return (double)c->dim * 2.0;   /* one BF16 row a token */
+    case DS41_ROLE_ROUTED_EXPERT:
+        return t->layer >= 0 && c->n_routed_experts > 0 ? b * c->n_active_experts / c->n_routed_experts : 0;
+    case DS41_ROLE_ENGRAM_TABLE: return 0;   /* its rows: ds41_inspect_engram_row_bytes */
+    case DS41_ROLE_DSPARK_HEAD: return 0;
+    default: return b;
+    }
+}
+
+double ds41_inspect_engram_row_bytes(const ds41_config *c) {
+    return (double)(c->engram_max_ngram - 1) * c->engram_n_heads * (c->engram_head_dim + c->engram_head_dim / 32);
+}
+
 static int acc_cb(const ds41_tensor_spec *t, void *ctx) {
     rank_acc *a = ctx;
     if (t->optional) return 0;
     unsigned long long b = ds41_spec_nbytes(t);
-    const ds41_config *c = a->c;
-    int backbone = t->layer < c->n_layers;   /* global tensors: layer -1 */
-    if (t->role == DS41_ROLE_EMBED) a->read_repl += (double)c->dim * 2.0;   /* one BF16 row a token */
-    else if (t->role == DS41_ROLE_ROUTED_EXPERT && backbone && t->layer >= 0 && c->n_routed_experts > 0)
-        a->read_expert += (double)b * c->n_active_experts / c->n_routed_experts;
-    else if (t->role != DS41_ROLE_ENGRAM_TABLE && t->role != DS41_ROLE_DSPARK_HEAD && t->role != DS41_ROLE_ROUTED_EXPERT &&
-             backbone)
-        a->read_repl += (double)b;
+    double rb = ds41_inspect_read_bytes(a->c, t);
+    if (t->role == DS41_ROLE_ROUTED_EXPERT) a->read_expert += rb;
+    else a->read_repl += rb;
     if (t->role == DS41_ROLE_ROUTED_EXPERT && t->expert >= 0 && t->layer >= 0 && t->layer < a->p->n_layers &&
         t->expert < a->p->n_experts) {
         a->experts[ds41_dist_owner(a->p, t->layer, t->expert)] += b;
@@ -229,7 +241,7 @@ int ds41_cli_inspect_ranks(const ds41_config *c, const ds41_budgets *bud, const 
     double dp_fwd = dpl.disp + dpl.comb, dp_layer_mean = dpn ? dp_fwd / dpn : 0;
     if (opt->dp) eg_tok = (double)c->n_engram_layers * eg_cols * (eg_rb + 8.0) * (n - 1) / n;
     /* the projection (opt->node_gbps > 0): per rank and token */
-    double pr_read = a.read_repl + a.read_expert / n + (double)c->n_engram_layers * eg_cols * eg_rb / n;
+    double pr_read = a.read_repl + a.read_expert / n + c->n_engram_layers * ds41_inspect_engram_row_bytes(c) / n;
     double pr_wire = (opt->dp ? dp_fwd + eg_tok : step_tok + eg_tok) / n;   /* bytes each rank sends (and receives) */
     int pr_x = n > 1 ? c->n_layers + (c->n_engram_layers > 0) : 0;
     double link = opt->link_gbits > 0 ? opt->link_gbits : 100, lat = opt->latency_us >= 0 ? opt->latency_us : 20;

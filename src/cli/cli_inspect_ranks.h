@@ -19,6 +19,14 @@ typedef struct ds41_inspect_ranks_opts {
     double latency_us;      /* --latency us per exchange (default 20) */
 } ds41_inspect_ranks_opts;
 
+/* The projection's rule (--node-bandwidth): the bytes of tensor t that one stream's decode step
+ * reads per token under --spec off (the backbone's tensors whole, one embedding row, k/E of a
+ * routed expert, nothing of the DSpark stages or of an Engram table); and the bytes of the
+ * Engram rows a token reads per Engram layer. */
+struct ds41_tensor_spec;
+double ds41_inspect_read_bytes(const ds41_config *c, const struct ds41_tensor_spec *t);
+double ds41_inspect_engram_row_bytes(const ds41_config *c);
+
 /* Prints the section (json == NULL) or stores it in *json (and then writes o->map_out, so a
  * caller that prints the text after the JSON call writes it once). Returns 0, or 1 after a
  * message on stderr. */
