@@ -13,7 +13,15 @@ each release format moved off its released values and one trained tensor left wh
 tensor of the base file outside the moved ones keeps its bytes, the moved ones decode to the
 trained values in their format (v41.py's torch fake quantizers, the ones the training computes
 with, an implementation independent of export.py's NumPy encoders), the tower to its BF16 values,
-and a state trained on another file is refused."""
+and a state trained on another file is refused.
+
+Also (issue 26 item 5: training continued from the committed model when a sitting's state was
+lost): train.py --init-release models/demo --release-phase sparse starts at the sparse phase
+from the release's decoded values (one step at learning rate 0 leaves every weight but the
+routing biases, which the balancing moves by 1e-3, exactly load_release's); its export put
+beside models/demo's tower by dspark_swap.py merge --part text holds the export's bytes for
+every text tensor and the base's for every tower tensor, check --part text accepts it and
+refuses a file whose tower changed."""
 import os
 import subprocess
 import sys
@@ -70,7 +78,67 @@ def main():
              "steps %r %r evals %r %r" % (sa["step"], sb["step"], sa["evals"], sb["evals"]))
         case("train_no_tmp_left", not os.path.exists(os.path.join(b, "state.pt.tmp")), "state.pt.tmp left behind")
         vision_export_roundtrip(tmp)
+        release_continuation(tmp, data)
     return 0
+
+
+def release_continuation(tmp, data):
+    import json
+    import v41
+    import export
+    import dspark_swap
+    from vision_export import read_raw
+    base = os.path.join(ROOT, "models", "demo")
+    out = os.path.join(tmp, "cont")
+    rc, log = run(out, data, ["--init-release", base, "--release-phase", "sparse", "--lr", "0"])
+    case("release_phase_sparse_starts", rc == 0 and "sparse phase from step 2" in log, "status %d: %s" % (rc, log[-400:]))
+    st = torch.load(os.path.join(out, "state.pt"))
+    with open(os.path.join(base, "config.json")) as f:
+        model = v41.V41(json.load(f))
+    rel = export.load_release(model, base)
+    moved = sorted(k for k in rel if not torch.equal(rel[k], st["model"][k]))
+    biases = [k for k in moved if k.endswith("ffn.bias")]
+    step = max((st["model"][k] - rel[k]).abs().max().item() for k in biases) if biases else 0.0
+    case("release_phase_sparse_from_release", st["step"] == 3 and moved == biases and abs(step - 1e-3) < 1e-6,
+         "step %r; changed beyond the routing biases: %s; bias step %g" % (st["step"], sorted(set(moved) - set(biases))[:4], step))
+    exp = os.path.join(tmp, "cont-export")
+    os.makedirs(exp)
+    with open(os.path.join(base, "config.json")) as f, open(os.path.join(exp, "config.json"), "w") as g:
+        g.write(f.read())
+    argv = sys.argv
+    try:
+        sys.argv = ["export.py", "--state", os.path.join(out, "state.pt"), "--out", exp,
+                    "--released", os.path.join(exp, "released.pt")]
+        export.main()
+        merged = os.path.join(tmp, "merged.safetensors")
+        sys.argv = ["dspark_swap.py", "merge", "--part", "text", "--base", os.path.join(base, "model.safetensors"),
+                    "--drafter", os.path.join(exp, "model.safetensors"), "--out", merged]
+        dspark_swap.main()
+        rb, re_, rm = (read_raw(os.path.join(base, "model.safetensors")), read_raw(os.path.join(exp, "model.safetensors")),
+                       read_raw(merged))
+        wrong = [n for n in rm if not np.array_equal(rm[n][2], (rb if dspark_swap.is_tower(n) else re_)[n][2])]
+        n_tower = sum(dspark_swap.is_tower(n) for n in rm)
+        case("merge_text_bytes", set(rm) == set(rb) and not wrong and n_tower > 0 and len(re_) == len(rm) - n_tower,
+             "%d tensors with the wrong bytes (first %s), %d tower tensors" % (len(wrong), wrong[:3], n_tower))
+
+        def check(new):
+            sys.argv = ["dspark_swap.py", "check", "--part", "text", "--old", os.path.join(base, "model.safetensors"),
+                        "--new", new]
+            try:
+                dspark_swap.main()
+            except SystemExit as e:
+                return e.code
+            return None
+        case("check_text_accepts", check(merged) == 0, "check --part text refused the merge")
+        raw = bytearray(open(merged, "rb").read())
+        hdr = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+        a = hdr["vision.norm.weight"]["data_offsets"][0] + 8 + int.from_bytes(raw[:8], "little")
+        raw[a] ^= 1
+        bad = os.path.join(tmp, "bad-tower.safetensors")
+        open(bad, "wb").write(raw)
+        case("check_text_refuses_tower_change", check(bad) == 1, "a changed tower byte was accepted")
+    finally:
+        sys.argv = argv
 
 
 def vision_export_roundtrip(tmp):

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Replaces only the DSpark tensors (`mtp.*`) of a release checkpoint and checks that nothing
-else changed.
+"""Replaces only the DSpark tensors (`mtp.*`) of a release checkpoint, or (--part text) its whole
+language model, and checks that nothing else changed.
 
     python3 tools/train/dspark_swap.py merge --base models/demo/model.safetensors \\
         --drafter build/dspark-export/model.safetensors --out build/dspark-cand/model.safetensors
@@ -9,11 +9,14 @@ else changed.
 
 merge: the output is the base file with the data of every `mtp.*` tensor taken from the
 drafter file (same names, dtypes and shapes required): the same header, the same offsets, and
-every other byte the base file's. A re-export of the backbone is not byte-identical in general
+every other byte the base file's. `--part text` takes every tensor of the drafter file that is
+not the vision tower's (`vision.*`, `aligner.*`, `image_*`): a text model trained on from the
+release (train.py --init-release --release-phase sparse) put back beside the tower it lacks.
+A re-export of the backbone is not byte-identical in general
 (the exporter's scale choice on already-quantized values can pick a different power of two
 for an FP8 tile with the same decoded values), so the backbone is never re-exported.
 
-check: every tensor that is not `mtp.*` has the same dtype, shape and bytes in both files, the
+check: every tensor that is not `mtp.*` (--part text: every tower tensor) has the same dtype, shape and bytes in both files, the
 two files hold the same tensor names, and the header metadata is equal; prints how many DSpark
 tensors differ. Exit status 1 on any backbone difference."""
 
@@ -44,6 +47,15 @@ def is_dspark(name):
     return name.startswith("mtp.")
 
 
+def is_tower(name):
+    return name.startswith(("vision.", "aligner.", "image_"))
+
+
+def in_part(name, part):
+    """The tensors merge replaces and check lets change."""
+    return is_dspark(name) if part == "dspark" else not is_tower(name)
+
+
 def merge(args):
     braw, bbase, bhdr = read_st(args.base)
     draw, dbase, dhdr = read_st(args.drafter)
@@ -51,7 +63,7 @@ def merge(args):
     out = bytearray(braw)
     n = 0
     for name, t in bt.items():
-        if not is_dspark(name):
+        if not in_part(name, args.part):
             continue
         if name not in dt:
             sys.exit("merge: %s is not in %s" % (name, args.drafter))
@@ -65,15 +77,15 @@ def merge(args):
             sys.exit("merge: %s: %d bytes, expected %d" % (name, len(src), b - a))
         out[bbase + a:bbase + b] = src
         n += 1
-    extra = sorted(k for k in dt if is_dspark(k) and k not in bt)
+    extra = sorted(k for k in dt if in_part(k, args.part) and k not in bt)
     if extra:
-        sys.exit("merge: the drafter file has DSpark tensors the base lacks: %s" % extra[:5])
+        sys.exit("merge: the drafter file has %s tensors the base lacks: %s" % (args.part, extra[:5]))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     tmp = args.out + ".tmp"
     with open(tmp, "wb") as f:
         f.write(out)
     os.replace(tmp, args.out)
-    print("merge: %s = %s with %d DSpark tensors from %s" % (args.out, args.base, n, args.drafter))
+    print("merge: %s = %s with %d %s tensors from %s" % (args.out, args.base, n, args.part, args.drafter))
 
 
 def check(args):
@@ -90,16 +102,17 @@ def check(args):
     for name in sorted(set(ot) & set(nt)):
         o, n = ot[name], nt[name]
         same = (o["dtype"], o["shape"]) == (n["dtype"], n["shape"]) and data(oraw, obase, o) == data(nraw, nbase, n)
-        if is_dspark(name):
+        if in_part(name, args.part):
             n_ds += 1
             changed_ds += not same
         elif same:
             same_bb += 1
         else:
-            bad.append("backbone tensor %s differs" % name)
-    n_bb = sum(1 for k in ot if not is_dspark(k))
-    print("check: %d of %d backbone tensors byte-identical; %d of %d DSpark tensors changed" % (same_bb, n_bb, changed_ds,
-                                                                                                n_ds))
+            bad.append("%s tensor %s differs" % ("backbone" if args.part == "dspark" else "tower", name))
+    n_bb = sum(1 for k in ot if not in_part(k, args.part))
+    kept, moved = ("backbone", "DSpark") if args.part == "dspark" else ("tower", "text")
+    print("check: %d of %d %s tensors byte-identical; %d of %d %s tensors changed" % (same_bb, n_bb, kept, changed_ds,
+                                                                                    n_ds, moved))
     for b in bad[:20]:
         print("check: " + b)
     sys.exit(1 if bad else 0)
@@ -115,6 +128,9 @@ def main():
     c = sub.add_parser("check")
     c.add_argument("--old", required=True)
     c.add_argument("--new", required=True)
+    for p in (m, c):
+        p.add_argument("--part", choices=("dspark", "text"), default="dspark",
+                       help="what is replaced: the DSpark stages (default) or the whole language model")
     args = ap.parse_args()
     merge(args) if args.cmd == "merge" else check(args)
 

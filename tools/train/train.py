@@ -225,8 +225,12 @@ def main():
                     help="save and exit (status 3) once this step is reached; --resume continues (0: none)")
     ap.add_argument("--init-release", metavar="DIR",
                     help="start from a release checkpoint (e.g. models/demo): every tensor decoded from "
-                         "DIR/model.safetensors (export.load_release), the run begins at the dspark phase "
-                         "with the backbone frozen as released; only the DSpark stages train")
+                         "DIR/model.safetensors (export.load_release); the run begins at --release-phase")
+    ap.add_argument("--release-phase", choices=PHASES[1:], default="dspark",
+                    help="with --init-release: the phase the run begins at; dspark (default): the backbone "
+                         "frozen as released, only the DSpark stages train; sparse: the backbone trains on "
+                         "from the released values (a training continued across sittings whose state was "
+                         "lost, from the model that was committed), then qat and dspark as their steps say")
     ap.add_argument("--dspark-minutes", type=float, default=0.0,
                     help="end the dspark phase after this much wall time (its learning-rate schedule then "
                          "runs on elapsed time; --dspark is only the upper bound on steps)")
@@ -275,9 +279,11 @@ def main():
     elif args.init_release:
         import export
         model.load_state_dict(export.load_release(model, args.init_release))
-        step = args.dense + args.sparse + args.qat
-        evals = {"backbone": "release %s" % args.init_release}
-        print("initialised from the release in %s; dspark phase from step %d" % (args.init_release, step), flush=True)
+        step = int(np.sum([getattr(args, p) for p in PHASES[:PHASES.index(args.release_phase)]]))
+        if args.release_phase == "dspark":
+            evals = {"backbone": "release %s" % args.init_release}
+        print("initialised from the release in %s; %s phase from step %d" % (args.init_release, args.release_phase, step),
+              flush=True)
     total = args.dense + args.sparse + args.qat + args.dspark
     log = open(os.path.join(args.out, "log.jsonl"), "a")
     n_params = sum(p.numel() for p in model.parameters())
