@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The prefix cache through the commands, on the demo model (exact kernels):
 #   - ds41 run --cache-dir: a second run of a 600-token prompt restores its whole blocks from
-#     disk and prints the same tokens and top logprobs as a run without the cache; approx
+#     disk and prints the same 12 tokens (--ignore-eos: the demo model may end its answer sooner)
+#     and top logprobs as a run without the cache; approx
 #     replay runs; usage errors (--replay value, --cache-dir with --trace) exit 2, a cache dir
 #     that is a file exits 1 naming it;
 #   - ds41 serve: a two-turn chat whose second request repeats the first turn: /metrics counts
@@ -24,11 +25,11 @@ PROMPT=$(head -c 2400 /usr/share/common-licenses/GPL-3 | tr '\n' ' ')
 printf '%s' "$PROMPT" >"$TMP/prompt.txt"
 
 # ---------------------------------------------------------------- ds41 run
-"$DS41" run -m $M -p "$PROMPT" -n 12 --exact --json --top-logprobs 3 >"$TMP/plain.json" 2>"$TMP/plain.err" ||
+"$DS41" run -m $M -p "$PROMPT" -n 12 --ignore-eos --exact --json --top-logprobs 3 >"$TMP/plain.json" 2>"$TMP/plain.err" ||
     fail run_plain "$(tail -n 2 "$TMP/plain.err")"
-"$DS41" run -m $M -p "$PROMPT" -n 12 --exact --json --top-logprobs 3 --cache-dir "$TMP/store" >"$TMP/c1.json" 2>"$TMP/c1.err" ||
+"$DS41" run -m $M -p "$PROMPT" -n 12 --ignore-eos --exact --json --top-logprobs 3 --cache-dir "$TMP/store" >"$TMP/c1.json" 2>"$TMP/c1.err" ||
     fail run_cache_first "$(tail -n 2 "$TMP/c1.err")"
-"$DS41" run -m $M -p "$PROMPT" -n 12 --exact --json --top-logprobs 3 --cache-dir "$TMP/store" >"$TMP/c2.json" 2>"$TMP/c2.err" ||
+"$DS41" run -m $M -p "$PROMPT" -n 12 --ignore-eos --exact --json --top-logprobs 3 --cache-dir "$TMP/store" >"$TMP/c2.json" 2>"$TMP/c2.err" ||
     fail run_cache_second "$(tail -n 2 "$TMP/c2.err")"
 "$PY" - "$TMP" <<'EOF' && pass run_cache_dir_exact || fail run_cache_dir_exact "see above"
 import json, sys
@@ -74,7 +75,7 @@ with open(p3, "r+b") as f:
 os.truncate(p4, os.path.getsize(p4) - 100)
 v = subprocess.run([ds41, "cache", "verify", "--cache-dir", f"{t}/store"], capture_output=True, text=True)
 if v.returncode != 1: print("  verify exit", v.returncode, v.stdout[-300:], v.stderr[-300:]); ok = False
-r = subprocess.run([ds41, "run", "-m", "models/demo", "-p", open(f"{t}/prompt.txt").read(), "-n", "12", "--exact",
+r = subprocess.run([ds41, "run", "-m", "models/demo", "-p", open(f"{t}/prompt.txt").read(), "-n", "12", "--ignore-eos", "--exact",
                     "--json", "--top-logprobs", "3", "--cache-dir", f"{t}/store"], capture_output=True, text=True)
 lines = r.stdout.splitlines()
 plain = open(f"{t}/plain.json").read().splitlines()
