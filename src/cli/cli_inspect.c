@@ -425,7 +425,7 @@ int ds41_cli_inspect(int argc, char **argv) {
     int as_json = 0;
     long long ranks = 0;
     const char *path = NULL, *role = NULL;
-    ds41_inspect_ranks_opts ro = { 0, NULL, NULL, NULL, 0, 0, 0, -1 };
+    ds41_inspect_ranks_opts ro = { 0, NULL, NULL, NULL, 0, 0, 100, 20 };   /* --link, --latency defaults */
     int link_set = 0;
     int pd_decoder = -1;
     for (int i = 1; i < argc; i++) {
@@ -553,8 +553,7 @@ int ds41_cli_inspect(int argc, char **argv) {
     }
 
     /* --ranks: checked (the expert map) before anything is printed */
-    double pr_link = ro.link_gbits > 0 ? ro.link_gbits : 100, pr_lat = ro.latency_us >= 0 ? ro.latency_us : 20;
-    if (ranks > 0 && (ds41_pipe_on() ? ds41_cli_inspect_stages_proj(&r.cfg, (int)ranks, ds41_pipe_layer_map(), ro.node_gbps, pr_link, pr_lat, &r.ranks)
+    if (ranks > 0 && (ds41_pipe_on() ? ds41_cli_inspect_stages_proj(&r.cfg, (int)ranks, ds41_pipe_layer_map(), ro.node_gbps, ro.link_gbits, ro.latency_us, &r.ranks)
                                      : ds41_cli_inspect_ranks(&r.cfg, &r.bud, &ro, &r.ranks))) {
         if (r.has_tensors) {
             ds41_check_stats_free(&r.chk);
@@ -567,7 +566,7 @@ int ds41_cli_inspect(int argc, char **argv) {
         print_json(&r);
     } else {
         print_text(&r);
-        if (r.ranks && ds41_pipe_on()) ds41_cli_inspect_stages_proj(&r.cfg, (int)ranks, ds41_pipe_layer_map(), ro.node_gbps, pr_link, pr_lat, NULL);
+        if (r.ranks && ds41_pipe_on()) ds41_cli_inspect_stages_proj(&r.cfg, (int)ranks, ds41_pipe_layer_map(), ro.node_gbps, ro.link_gbits, ro.latency_us, NULL);
         else if (r.ranks) ds41_cli_inspect_ranks(&r.cfg, &r.bud, &ro, NULL);
     }
     json_decref(r.ranks);

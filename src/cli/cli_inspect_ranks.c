@@ -244,7 +244,7 @@ int ds41_cli_inspect_ranks(const ds41_config *c, const ds41_budgets *bud, const 
     double pr_read = a.read_repl + a.read_expert / n + c->n_engram_layers * ds41_inspect_engram_row_bytes(c) / n;
     double pr_wire = (opt->dp ? dp_fwd + eg_tok : step_tok + eg_tok) / n;   /* bytes each rank sends (and receives) */
     int pr_x = n > 1 ? c->n_layers + (c->n_engram_layers > 0) : 0;
-    double link = opt->link_gbits > 0 ? opt->link_gbits : 100, lat = opt->latency_us >= 0 ? opt->latency_us : 20;
+    double link = opt->link_gbits, lat = opt->latency_us;
     double pr_mem_ms = opt->node_gbps > 0 ? pr_read / (opt->node_gbps * 1e9) * 1e3 : 0;
     double pr_wire_ms = pr_wire / (link * 1e9 / 8) * 1e3, pr_lat_ms = pr_x * lat * 1e-3;
     double pr_ms = pr_mem_ms + pr_wire_ms + pr_lat_ms;

@@ -15,8 +15,8 @@ typedef struct ds41_inspect_ranks_opts {
     const char *map_out;    /* --write-expert-map FILE (with counts), or NULL */
     int dp;                 /* --dp-attention: each rank attends its own share of the sequences */
     double node_gbps;       /* --node-bandwidth GB/s: > 0 adds the decode projection */
-    double link_gbits;      /* --link Gbit/s (default 100) */
-    double latency_us;      /* --latency us per exchange (default 20) */
+    double link_gbits;      /* --link Gbit/s (the caller sets the default, 100) */
+    double latency_us;      /* --latency us per exchange (the caller sets the default, 20) */
 } ds41_inspect_ranks_opts;
 
 /* The projection's rule (--node-bandwidth): the bytes of tensor t that one stream's decode step
