@@ -495,9 +495,15 @@ if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && ip netns add "${NS}0" 2>/de
     ns_launcher "$TMP/launch"
     "$DS41" run -m "$demo" -p "Once upon a time" -n 12 --exact --ignore-eos --spec off >"$TMP/a.out" 2>/dev/null
     tx0=$(ip netns exec "${NS}0" cat "/sys/class/net/${NS}a/statistics/tx_bytes")
-    if DS41_MPI_VERBOSE=1 MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NOLOCAL=1 UCX_TLS=tcp,self $RUN -n 2 "$TMP/launch" \
-        "$DS41" run -m "$PWD/$demo" -p "Once upon a time" -n 12 --exact --ignore-eos --spec off --mpi-timeout 30 \
-        >"$TMP/b.out" 2>"$TMP/b.err"; nrc=$?; [ $nrc -eq 0 ]; then
+    # hydra's "callback returned error status" (status 255) in 2 of 4 clean-clone runs on
+    # 2026-12-08, quiet or loaded: retried twice at most, as tcp_no_shm_n2's UCX-TCP stall
+    for try in 1 2 3; do
+        DS41_MPI_VERBOSE=1 MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NOLOCAL=1 UCX_TLS=tcp,self $RUN -n 2 "$TMP/launch" \
+            "$DS41" run -m "$PWD/$demo" -p "Once upon a time" -n 12 --exact --ignore-eos --spec off --mpi-timeout 30 \
+            >"$TMP/b.out" 2>"$TMP/b.err"; nrc=$?
+        [ $nrc -ne 255 ] && break
+    done
+    if [ $nrc -eq 0 ]; then
         tx1=$(ip netns exec "${NS}0" cat "/sys/class/net/${NS}a/statistics/tx_bytes")
         sent=$(sed -n 's/^ds41: [0-9]* expert exchanges over [0-9]* rows: \([0-9]*\) bytes sent.*/\1/p' "$TMP/b.err")
         if cmp -s "$TMP/a.out" "$TMP/b.out" && [ -n "$sent" ] && [ "$sent" -gt 0 ] && [ $((tx1 - tx0)) -ge "$sent" ]; then
